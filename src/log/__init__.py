@@ -1,0 +1,35 @@
+"""The sequenced write log: the store's source of truth.
+
+``Environment`` opens a store directory, ``WriteLog`` appends and reads its records, ``records``
+holds the persisted shapes and ``codec`` the lossless strict-JSON encoding they use.
+"""
+
+from .environment import Durability, Environment
+from .errors import (
+    CorruptRecordError,
+    ForkedEnvironmentError,
+    LogError,
+    StoreFormatError,
+    WriterLockedError,
+)
+from .records import FORMAT_VERSION, Commit, Write, decode_batch, encode_batch, write_to_builtins
+from .writelog import WriteLog, key_seq, seq_key
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Commit",
+    "CorruptRecordError",
+    "Durability",
+    "Environment",
+    "ForkedEnvironmentError",
+    "LogError",
+    "StoreFormatError",
+    "Write",
+    "WriteLog",
+    "WriterLockedError",
+    "decode_batch",
+    "encode_batch",
+    "key_seq",
+    "seq_key",
+    "write_to_builtins",
+]

@@ -1,0 +1,180 @@
+"""Lossless, strict JSON on msgpack.
+
+msgspec encodes the common case in C, but it cannot encode lone surrogates (``"\\ud800"``) or
+integers outside 64 bits, both of which the Storage contract must keep. Such a value takes a slow
+path that wraps only the offending parts in msgpack extension types, so ordinary values pay
+nothing and every value decodes back to exactly what was written (a surrogate pair held as two
+code points stays two code points).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import msgspec
+
+EXT_STR: Final = 1
+"""A str that is not valid UTF-8 (it holds surrogates); the payload is UTF-8 with surrogatepass."""
+EXT_INT: Final = 2
+"""An int outside msgpack's 64-bit range; the payload is its decimal ASCII digits."""
+EXT_OBJECT: Final = 3
+"""An object with a key that needs EXT_STR; the payload is a flat msgpack array k1, v1, k2, v2."""
+
+MAX_DEPTH: Final = 1_000
+"""Deeper values are refused: the reference backends overflow Python's stack at about this depth."""
+
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**64 - 1
+
+try:  # pi-durable hands out frozen records; they are strict JSON too. It is not a dependency.
+    from pi_durable.json import FrozenDict as _FrozenDict
+    from pi_durable.json import FrozenList as _FrozenList
+
+    _OBJECT_TYPES: frozenset[type] = frozenset({dict, _FrozenDict})
+    _ARRAY_TYPES: frozenset[type] = frozenset({list, _FrozenList})
+except ImportError:  # pragma: no cover - exercised only without pi-durable installed
+    _OBJECT_TYPES = frozenset({dict})
+    _ARRAY_TYPES = frozenset({list})
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == EXT_STR:
+        return bytes(data).decode("utf-8", "surrogatepass")
+    if code == EXT_INT:
+        return int(bytes(data))
+    if code == EXT_OBJECT:
+        items = _any_decoder.decode(data)
+        return dict(zip(items[::2], items[1::2]))
+    raise ValueError(f"unknown msgpack extension type {code}")
+
+
+_encoder: Final = msgspec.msgpack.Encoder()
+_any_decoder: Final = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+
+
+def decoder(type: Any = Any) -> msgspec.msgpack.Decoder[Any]:
+    """A decoder for ``type`` that restores the slow path's extension values."""
+
+    return msgspec.msgpack.Decoder(type, ext_hook=_ext_hook)
+
+
+def encode(value: Any) -> bytes:
+    """Encode an already checked value losslessly."""
+
+    try:
+        return _encoder.encode(value)
+    except (UnicodeEncodeError, OverflowError):
+        return _encoder.encode(_escape(value))
+
+
+def decode(data: bytes | memoryview) -> Any:
+    return _any_decoder.decode(data)
+
+
+def _needs_escape(value: str) -> bool:
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _escape(value: Any) -> Any:
+    """Replace what msgpack cannot hold with extension values (the rare, slow path)."""
+
+    kind = type(value)
+    if kind in _OBJECT_TYPES:
+        if any(_needs_escape(key) for key in value):
+            flat: list[Any] = []
+            for key, item in value.items():
+                flat.append(_escape(key))
+                flat.append(_escape(item))
+            return msgspec.msgpack.Ext(EXT_OBJECT, _encoder.encode(flat))
+        return {key: _escape(item) for key, item in value.items()}
+    if kind in _ARRAY_TYPES:
+        return [_escape(item) for item in value]
+    if isinstance(value, str):
+        if _needs_escape(value):
+            return msgspec.msgpack.Ext(EXT_STR, value.encode("utf-8", "surrogatepass"))
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < _INT_MIN or value > _INT_MAX:
+            return msgspec.msgpack.Ext(EXT_INT, str(int(value)).encode("ascii"))
+        return value
+    if isinstance(value, (list, tuple)):  # the batch envelope itself, never a JSON value
+        return [_escape(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _escape(item) for key, item in value.items()}
+    return value
+
+
+def check_json(value: object) -> None:
+    """Raise ``TypeError`` (saying "strict JSON") unless ``value`` is strict JSON.
+
+    The messages are those of pi-durable's ``copy_json``. Cycles are found by depth alone, so the
+    common path keeps no set of ancestors.
+    """
+
+    try:
+        _check(value, 0)
+    except (_TooDeep, RecursionError):
+        if _has_cycle(value, set()):
+            raise TypeError("Value contains cycles and is not strict JSON") from None
+        raise TypeError(
+            f"Value nests deeper than {MAX_DEPTH} levels and is not strict JSON"
+        ) from None
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _check(value: object, depth: int) -> None:
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return
+    if kind is float:
+        if not math.isfinite(value):  # type: ignore[arg-type]
+            raise TypeError("Value contains a non-finite number and is not strict JSON")
+        return
+    if kind in _OBJECT_TYPES:
+        if depth >= MAX_DEPTH:
+            raise _TooDeep
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if not isinstance(key, str):
+                raise TypeError("Value must contain strict JSON string keys")
+            _check(item, depth + 1)
+        return
+    if kind in _ARRAY_TYPES:
+        if depth >= MAX_DEPTH:
+            raise _TooDeep
+        for item in value:  # type: ignore[attr-defined]
+            _check(item, depth + 1)
+        return
+    if isinstance(value, (str, int)):  # subclasses such as StrEnum, IntEnum and bool
+        return
+    if isinstance(value, float):
+        _check(float(value), depth)
+        return
+    raise TypeError(f"Value contains a non-JSON {kind.__name__}; expected strict JSON")
+
+
+def _has_cycle(value: object, ancestors: set[int]) -> bool:
+    stack: list[tuple[object, bool]] = [(value, False)]
+    while stack:
+        item, leaving = stack.pop()
+        if leaving:
+            ancestors.discard(id(item))
+            continue
+        kind = type(item)
+        if kind in _OBJECT_TYPES or kind in _ARRAY_TYPES:
+            if id(item) in ancestors:
+                return True
+            ancestors.add(id(item))
+            stack.append((item, True))
+            children = item.values() if kind in _OBJECT_TYPES else item  # type: ignore[attr-defined]
+            stack.extend((child, False) for child in children)
+    return False

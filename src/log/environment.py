@@ -1,0 +1,302 @@
+"""One LMDB environment per store directory: opening, the writer lock, map growth, durability.
+
+A store is a directory holding LMDB's ``data.mdb`` and ``lock.mdb`` and our ``writer.lock``.
+LMDB already serialises write transactions, but a second writer *process* would only queue behind
+the first; ``writer.lock`` (``flock``) turns that into a clear error instead. Readers never take it.
+
+Durability modes:
+
+``"power"`` (default)
+    LMDB syncs data and meta pages on every commit: an acknowledged commit survives power loss.
+``"process"``
+    ``MDB_NOSYNC``: a commit is in the OS page cache when acknowledged, so it survives the process
+    being killed. An OS crash or power loss may lose the newest commits; as LMDB documents, the
+    store stays consistent on file systems that preserve write order (ext4, xfs with default
+    options). The store is synced on close.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Final, Literal, TypeVar
+
+import lmdb
+import msgspec
+
+from .errors import ForkedEnvironmentError, StoreFormatError, WriterLockedError
+
+T = TypeVar("T")
+
+Durability = Literal["power", "process"]
+
+STORE_FORMAT: Final = 1
+DEFAULT_MAP_SIZE: Final = 1 << 30
+MAX_DBS: Final = 64
+_META_DB: Final = b"meta"
+_HEADER_KEY: Final = b"store"
+_WRITER_LOCK: Final = "writer.lock"
+
+
+class StoreHeader(msgspec.Struct):
+    """Written once when a store is created; refuses stores of another format."""
+
+    format: int
+    created_at: int
+
+
+_header_encoder: Final = msgspec.msgpack.Encoder()
+_header_decoder: Final = msgspec.msgpack.Decoder(StoreHeader)
+
+
+class Environment:
+    """An open store directory. Use one per process per directory; never across ``fork()``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        durability: Durability = "power",
+        map_size: int = DEFAULT_MAP_SIZE,
+    ) -> None:
+        if durability not in ("power", "process"):
+            raise ValueError(f"durability must be 'power' or 'process', not {durability!r}")
+        self.path = os.path.abspath(os.fspath(path))
+        self.readonly = readonly
+        self.durability: Durability = durability
+        self._pid = os.getpid()
+        self._lock_fd: int | None = None
+        if readonly:
+            if not os.path.isfile(os.path.join(self.path, "data.mdb")):
+                raise FileNotFoundError(f"No store at {self.path} (no data.mdb)")
+        else:
+            _make_private_dir(self.path)
+            self._lock_fd = _take_writer_lock(self.path)
+        try:
+            self._shared = _acquire(self.path, readonly, durability, map_size)
+            self.env = self._shared.env
+            self._dbs = self._shared.dbs
+            self._check_header()
+        except BaseException:
+            self._release_lock()
+            raise
+        self._closed = False
+
+    # ── databases and transactions ──────────────────────────────────────────
+
+    def db(self, name: str) -> lmdb._Database:
+        """A named database, created by a writer when missing."""
+
+        key = name.encode()
+        db = self._dbs.get(key)
+        if db is None:
+            self.check_process()
+            if self.readonly:
+                with self.read() as txn:
+                    if txn.get(key) is None:
+                        raise StoreFormatError(f"The store at {self.path} has no database {name!r}")
+                db = self.env.open_db(key, create=False)
+            else:
+                db = self.env.open_db(key)
+            self._dbs[key] = db
+        return db
+
+    def has_db(self, name: str) -> bool:
+        with self.read() as txn:
+            return txn.get(name.encode()) is not None
+
+    @contextmanager
+    def read(self) -> Iterator[lmdb.Transaction]:
+        """A short read transaction; adopts a map grown by the writer in another process."""
+
+        self.check_process()
+        try:
+            txn = self.env.begin(buffers=False)
+        except lmdb.MapResizedError:
+            self.env.set_mapsize(0)
+            txn = self.env.begin(buffers=False)
+        try:
+            yield txn
+        finally:
+            txn.abort()
+
+    def write(self, work: Callable[[lmdb.Transaction], T]) -> T:
+        """Run ``work`` in one write transaction and commit it, growing the map when it is full.
+
+        ``work`` is run again from the start after a growth, so it must change nothing outside
+        the transaction before it returns.
+        """
+
+        self.check_process()
+        if self.readonly:
+            raise PermissionError(f"The store at {self.path} is open read-only")
+        while True:
+            txn = self.env.begin(write=True)
+            try:
+                result = work(txn)
+                txn.commit()
+                return result
+            except lmdb.MapFullError:
+                txn.abort()
+                self.grow()
+            except BaseException:
+                txn.abort()
+                raise
+
+    def grow(self) -> None:
+        size = self.env.info()["map_size"]
+        self.env.set_mapsize(size * 2)
+
+    # ── lifecycle ───────────────────────────────────────────────────────────
+
+    def check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise ForkedEnvironmentError(
+                f"The store at {self.path} was opened in process {self._pid}; "
+                "an LMDB environment must not be used across fork(), open it again in this process"
+            )
+
+    def sync(self) -> None:
+        if not self.readonly:
+            self.env.sync(True)
+
+    def close(self) -> None:
+        if os.getpid() != self._pid or self._closed:
+            return  # a forked child must not touch the parent's environment
+        self._closed = True
+        try:
+            if not self.readonly:
+                self.env.sync(True)
+        finally:
+            _release(self._shared)
+            self._release_lock()
+
+    def stat_sizes(self) -> dict[str, int]:
+        """File size and the bytes each named database uses (pages times page size)."""
+
+        self.check_process()
+        sizes: dict[str, int] = {}
+        with self.read() as txn:
+            names = [bytes(key) for key, _ in txn.cursor()]
+        for name in names:
+            try:
+                db = self.env.open_db(name, create=False)
+            except lmdb.Error:
+                continue
+            with self.read() as txn:
+                stat = txn.stat(db)
+            pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+            sizes[name.decode(errors="replace")] = pages * stat["psize"]
+        sizes["file"] = os.path.getsize(os.path.join(self.path, "data.mdb"))
+        return sizes
+
+    # ── internals ───────────────────────────────────────────────────────────
+
+    def _check_header(self) -> None:
+        meta = self.db("meta") if not self.readonly or self.has_db("meta") else None
+        if meta is None:
+            raise StoreFormatError(f"{self.path} is not a pi-durable-lmdb store (no header)")
+        with self.read() as txn:
+            raw = txn.get(_HEADER_KEY, db=meta)
+        if raw is None:
+            if self.readonly:
+                raise StoreFormatError(f"{self.path} is not a pi-durable-lmdb store (no header)")
+            header = StoreHeader(STORE_FORMAT, int(time.time() * 1000))
+            self.write(lambda txn: txn.put(_HEADER_KEY, _header_encoder.encode(header), db=meta))
+            return
+        try:
+            header = _header_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise StoreFormatError(f"{self.path} has an unreadable store header: {error}") from None
+        if header.format != STORE_FORMAT:
+            raise StoreFormatError(
+                f"{self.path} holds store format {header.format}; this version reads {STORE_FORMAT}"
+            )
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _make_private_dir(path: str) -> None:
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise NotADirectoryError(f"{path} exists and is not a directory") from None
+
+
+def _take_writer_lock(path: str) -> int:
+    lock_path = os.path.join(path, _WRITER_LOCK)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(lock_path, flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            raise
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise WriterLockedError(path, f" by process {holder}" if holder.isdigit() else "") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+class _SharedEnv:
+    """py-lmdb allows one environment per directory per process; handles share it."""
+
+    def __init__(self, env: lmdb.Environment, readonly: bool) -> None:
+        self.env = env
+        self.readonly = readonly
+        self.users = 0
+        self.dbs: dict[bytes, lmdb._Database] = {}
+
+
+_open_envs: dict[str, _SharedEnv] = {}
+
+
+def _acquire(path: str, readonly: bool, durability: Durability, map_size: int) -> _SharedEnv:
+    real = os.path.realpath(path)
+    shared = _open_envs.get(real)
+    if shared is None:
+        env = lmdb.open(
+            path,
+            map_size=map_size,
+            max_dbs=MAX_DBS,
+            readonly=readonly,
+            sync=durability == "power",
+            metasync=True,
+            mode=0o600,
+            create=not readonly,
+            max_spare_txns=4,
+        )
+        env.reader_check()
+        shared = _open_envs[real] = _SharedEnv(env, readonly)
+    elif shared.readonly and not readonly:
+        raise WriterLockedError(path, " read-only by this process; close those readers first")
+    shared.users += 1
+    return shared
+
+
+def _release(shared: _SharedEnv) -> None:
+    shared.users -= 1
+    if shared.users == 0:
+        for key, value in list(_open_envs.items()):
+            if value is shared:
+                del _open_envs[key]
+        shared.env.close()
+
+
+def _forget_after_fork() -> None:
+    _open_envs.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -1,0 +1,35 @@
+"""Errors of the log layer, each naming what it is about (a path, a sequence)."""
+
+from __future__ import annotations
+
+
+class LogError(Exception):
+    """Base of the log's own errors."""
+
+
+class CorruptRecordError(LogError):
+    """A stored record does not decode or does not match its checksum; it is never served as data."""
+
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(f"Log record {seq} is corrupt: {reason}")
+        self.seq = seq
+        self.reason = reason
+
+
+class WriterLockedError(LogError):
+    """Another process (or another handle in this one) already writes to this store."""
+
+    def __init__(self, path: str, holder: str) -> None:
+        super().__init__(
+            f"The store at {path} is already open for writing{holder}; "
+            "one writer at a time (open it read-only to read while it runs)"
+        )
+        self.path = path
+
+
+class StoreFormatError(LogError):
+    """The directory holds a store this version cannot read, or something that is not a store."""
+
+
+class ForkedEnvironmentError(LogError):
+    """An LMDB environment was used in a process forked after it was opened."""

@@ -1,0 +1,166 @@
+"""The persisted shapes of the log: one tagged union of writes, and the record header around a batch.
+
+The wire names are the Storage contract's own (``type``, ``value``, ``record``, ``content``,
+``source``, ``id``), so a batch of contract dicts encodes to exactly the bytes its Structs would,
+and decoding validates it into Structs. JSON payloads (records, values, ops) stay ``Any``: they are
+the caller's data, kept as written.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal, TypeAlias, Union
+
+import msgspec
+
+from . import codec
+from .errors import CorruptRecordError
+
+FORMAT_VERSION: Final = 1
+"""The version of the log record layout; every record carries it."""
+
+
+class ConversationWrite(msgspec.Struct, tag="conversation", tag_field="type"):
+    value: Any
+
+
+class EntryWrite(msgspec.Struct, tag="entry", tag_field="type"):
+    value: Any
+
+
+class TaskWrite(msgspec.Struct, tag="task", tag_field="type"):
+    value: Any
+
+
+class SubmissionWrite(msgspec.Struct, tag="submission", tag_field="type"):
+    value: Any
+
+
+class BaseContent(msgspec.Struct, tag="base", tag_field="kind"):
+    version: int
+    value: Any
+
+
+class DeltaContent(msgspec.Struct, tag="delta", tag_field="kind"):
+    version: int
+    ops: Any
+
+
+Content: TypeAlias = Union[BaseContent, DeltaContent]
+
+
+class CopySource(msgspec.Struct):
+    id: int
+    at: Union[int, Literal["current"]]
+
+
+class DocumentCreateWrite(msgspec.Struct, tag="document.create", tag_field="type"):
+    record: Any
+    content: Content
+
+
+class DocumentCopyWrite(msgspec.Struct, tag="document.copy", tag_field="type"):
+    record: Any
+    source: CopySource
+
+
+class DocumentChangeWrite(msgspec.Struct, tag="document.change", tag_field="type"):
+    id: int
+    content: Content
+
+
+class DocumentRetireWrite(msgspec.Struct, tag="document.retire", tag_field="type"):
+    id: int
+
+
+Write: TypeAlias = Union[
+    ConversationWrite,
+    EntryWrite,
+    TaskWrite,
+    SubmissionWrite,
+    DocumentCreateWrite,
+    DocumentCopyWrite,
+    DocumentChangeWrite,
+    DocumentRetireWrite,
+]
+
+WRITE_TYPES: Final = (
+    "conversation",
+    "entry",
+    "task",
+    "submission",
+    "document.create",
+    "document.copy",
+    "document.change",
+    "document.retire",
+)
+
+
+class LogRecord(msgspec.Struct, array_like=True):
+    """What one log key holds. ``checksum`` is the CRC-32 of ``payload``, the encoded writes."""
+
+    format: int
+    committed_at: int
+    checksum: int
+    payload: bytes
+
+
+class Commit(msgspec.Struct, frozen=True):
+    """One decoded, verified log record."""
+
+    seq: int
+    committed_at: int
+    writes: list[Write]
+
+
+_batch_decoder: Final = codec.decoder(list[Write])
+_record_decoder: Final = msgspec.msgpack.Decoder(LogRecord)
+_record_encoder: Final = msgspec.msgpack.Encoder()
+
+
+def encode_batch(writes: Sequence[Mapping[str, Any]]) -> bytes:
+    """Check a batch of contract writes as strict JSON and encode it as one payload."""
+
+    batch = list(writes)
+    codec.check_json(batch)
+    return codec.encode(batch)
+
+
+def decode_batch(payload: bytes | memoryview) -> list[Write]:
+    """Decode and validate a payload; a write that is not of the contract raises ``ValueError``."""
+
+    try:
+        return _batch_decoder.decode(payload)
+    except msgspec.ValidationError as error:
+        raise ValueError(f"Invalid storage write: {error}") from None
+
+
+def encode_record(payload: bytes, committed_at: int) -> bytes:
+    return _record_encoder.encode(
+        LogRecord(FORMAT_VERSION, committed_at, zlib.crc32(payload), payload)
+    )
+
+
+def decode_record(seq: int, data: bytes | memoryview) -> Commit:
+    """Verify and decode one stored record; damage raises ``CorruptRecordError`` naming ``seq``."""
+
+    try:
+        record = _record_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise CorruptRecordError(seq, f"undecodable header ({error})") from None
+    if record.format != FORMAT_VERSION:
+        raise CorruptRecordError(seq, f"unsupported record format {record.format}")
+    if zlib.crc32(record.payload) != record.checksum:
+        raise CorruptRecordError(seq, "checksum mismatch")
+    try:
+        writes = _batch_decoder.decode(record.payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as error:
+        raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
+    return Commit(seq, record.committed_at, writes)
+
+
+def write_to_builtins(write: Write) -> dict[str, Any]:
+    """The contract dict of a write, exactly as it was committed."""
+
+    return msgspec.to_builtins(write)  # type: ignore[no-any-return]

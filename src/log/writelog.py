@@ -1,0 +1,159 @@
+"""The sequenced write log: append in a caller's transaction, read ranges, follow live.
+
+Key: the commit sequence as 8 bytes big-endian, so LMDB's byte order is numeric order and
+appends go to the end of the tree. Value: one ``LogRecord``. Records are never rewritten or
+deleted, so the last key plus one is always a fresh sequence, across reopen and crashes alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Final
+
+import lmdb
+
+from .environment import Environment
+from .records import Commit, decode_record, encode_record
+
+LOG_DB: Final = "log"
+READ_CHUNK: Final = 256
+"""Records read per read transaction: transactions stay short however long the range is."""
+
+_SEQ = struct.Struct(">Q")
+
+
+def seq_key(seq: int) -> bytes:
+    return _SEQ.pack(seq)
+
+
+def key_seq(key: bytes) -> int:
+    return _SEQ.unpack(key)[0]  # type: ignore[no-any-return]
+
+
+class WriteLog:
+    """Append-only records in the ``log`` database of one environment."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.db = env.db(LOG_DB) if not env.readonly or env.has_db(LOG_DB) else None
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    # ── writing ─────────────────────────────────────────────────────────────
+
+    def append(self, txn: lmdb.Transaction, payload: bytes, committed_at: int | None = None) -> int:
+        """Append one encoded batch inside ``txn``; the sequence is durable once ``txn`` commits."""
+
+        seq = self.head(txn) + 1
+        if committed_at is None:
+            committed_at = time.time_ns() // 1_000_000
+        txn.put(seq_key(seq), encode_record(payload, committed_at), db=self.db, append=True)
+        return seq
+
+    def committed(self) -> None:
+        """Wake this process's followers; another process's followers find out by polling."""
+
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    # ── reading ─────────────────────────────────────────────────────────────
+
+    def head(self, txn: lmdb.Transaction | None = None) -> int:
+        """The last committed sequence, 0 for an empty log."""
+
+        if self.db is None:
+            return 0
+        if txn is None:
+            with self.env.read() as read_txn:
+                return self.head(read_txn)
+        cursor = txn.cursor(db=self.db)
+        return key_seq(cursor.key()) if cursor.last() else 0
+
+    def first(self) -> int:
+        if self.db is None:
+            return 0
+        with self.env.read() as txn:
+            cursor = txn.cursor(db=self.db)
+            return key_seq(cursor.key()) if cursor.first() else 0
+
+    def count(self) -> int:
+        if self.db is None:
+            return 0
+        with self.env.read() as txn:
+            return txn.stat(self.db)["entries"]  # type: ignore[no-any-return]
+
+    def get(self, seq: int) -> Commit | None:
+        if self.db is None:
+            return None
+        with self.env.read() as txn:
+            data = txn.get(seq_key(seq), db=self.db)
+        return None if data is None else decode_record(seq, data)
+
+    def raw_chunk(self, first: int, last: int | None, limit: int = READ_CHUNK) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` stored records with ``first <= seq <= last``, from one short transaction."""
+
+        if self.db is None:
+            return []
+        rows: list[tuple[int, bytes]] = []
+        with self.env.read() as txn:
+            cursor = txn.cursor(db=self.db)
+            if not cursor.set_range(seq_key(max(first, 0))):
+                return rows
+            for key, value in cursor:
+                seq = key_seq(key)
+                if last is not None and seq > last:
+                    break
+                rows.append((seq, value))
+                if len(rows) >= limit:
+                    break
+        return rows
+
+    def read(self, first: int = 1, last: int | None = None) -> Iterator[Commit]:
+        """Verified records from ``first`` to ``last`` (inclusive; ``None``: the head when reached)."""
+
+        next_seq = first
+        while True:
+            rows = self.raw_chunk(next_seq, last)
+            if not rows:
+                return
+            for seq, data in rows:
+                yield decode_record(seq, data)
+            next_seq = rows[-1][0] + 1
+
+    async def follow(
+        self,
+        from_seq: int,
+        *,
+        poll_interval: float = 0.01,
+        max_poll_interval: float = 0.1,
+    ) -> AsyncIterator[Commit]:
+        """Yield every record from ``from_seq`` on, forever, as it is committed.
+
+        Idle, it holds no transaction: it polls the head with a short one, backing off from
+        ``poll_interval`` to ``max_poll_interval``; a commit in this process wakes it at once.
+        """
+
+        next_seq = from_seq
+        interval = poll_interval
+        while True:
+            if self.db is None and self.env.has_db(LOG_DB):
+                self.db = self.env.db(LOG_DB)
+            rows = self.raw_chunk(next_seq, None)
+            if rows:
+                interval = poll_interval
+                for seq, data in rows:
+                    yield decode_record(seq, data)
+                next_seq = rows[-1][0] + 1
+                continue
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.add(waiter)
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), interval)
+            except asyncio.TimeoutError:
+                interval = min(interval * 1.5, max_poll_interval)
+            finally:
+                self._waiters.discard(waiter)
