@@ -104,6 +104,8 @@ def _escape(value: Any) -> Any:
         if value < _INT_MIN or value > _INT_MAX:
             return msgspec.msgpack.Ext(EXT_INT, str(int(value)).encode("ascii"))
         return value
+    if isinstance(value, msgspec.Struct):  # a row around JSON values: same wire as its builtins
+        return _escape(msgspec.to_builtins(value))
     if isinstance(value, (list, tuple)):  # the batch envelope itself, never a JSON value
         return [_escape(item) for item in value]
     if isinstance(value, dict):

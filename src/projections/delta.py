@@ -1,0 +1,277 @@
+"""Chord-style JSON delta batches, applied exactly as pi-durable's reference applier does.
+
+Projections replay persisted batches, so a document materialized here must be byte-for-byte what
+pi-durable itself would materialize, and a batch it rejects must fail with the same exception.
+The verbs are ``r`` (replace root), ``s`` (set), ``d`` (delete), ``a`` (append text), ``t``
+(trim text from the front), ``p`` (splice an array) and ``m`` (permute an array).
+
+Behaviours kept on purpose because the reference has them:
+
+* ``t`` removes ``count`` Python code points, not UTF-16 code units: an astral character counts
+  as one, and so does each lone surrogate.
+* A missing object key in the middle of a path raises ``KeyError``; ``s`` at index ``len`` of an
+  array and ``a``/``t`` there raise ``IndexError``; ``p`` clamps an index past the end.
+* A path prefix that cannot be walked reports that prefix, not the whole path.
+* An integer segment addressing an object sets or deletes an integer key there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias
+
+Json: TypeAlias = Any
+Op: TypeAlias = list[Any]
+Path: TypeAlias = list[str | int]
+
+RESERVED_SEGMENTS = frozenset({"__proto__", "constructor", "prototype"})
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+class UnsafePathError(Exception):
+    """A path segment is reserved, malformed, or an array index past the end."""
+
+    def __init__(self, segment: object) -> None:
+        super().__init__(f"unsafe path segment: {segment}")
+        self.segment = segment
+        self.name = "UnsafePathError"
+
+
+class PathError(Exception):
+    """A path does not lead to a value of the shape the operation needs."""
+
+    def __init__(self, path: object) -> None:
+        super().__init__(f"unresolvable path: {path}")
+        self.path = path
+        self.name = "PathError"
+
+
+def copy_json(value: Json) -> Json:
+    """Deep-copy a JSON tree so the result shares no container with its source."""
+
+    kind = type(value)
+    if kind is dict:
+        return {key: item if type(item) in _SCALARS else copy_json(item) for key, item in value.items()}
+    if kind is list:
+        return [item if type(item) in _SCALARS else copy_json(item) for item in value]
+    if kind in _SCALARS:
+        return value
+    return _copy_subclassed(value)
+
+
+def _copy_subclassed(value: object) -> Json:
+    """Turn container subclasses (frozen JSON) into plain ones; refuse what JSON cannot hold."""
+
+    if isinstance(value, dict):
+        return {str(key): copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [copy_json(item) for item in value]
+    if isinstance(value, (str, int, float)):
+        return value
+    raise TypeError(f"Value contains a non-JSON {type(value).__name__}; expected strict JSON")
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise TypeError(message)
+
+
+def _check_path(path: object, *, non_empty: bool = True) -> None:
+    _require(isinstance(path, list), "path is not an array")
+    _require(not non_empty or bool(path), "path is empty")
+    for segment in path:  # type: ignore[union-attr]
+        if isinstance(segment, str) and segment in RESERVED_SEGMENTS:
+            raise UnsafePathError(segment)
+        if not isinstance(segment, str) and not _is_index(segment):
+            raise UnsafePathError(segment)
+
+
+def _check_r(op: Op) -> None:
+    _require(len(op) == 2, "r arity")
+
+
+def _check_s(op: Op) -> None:
+    _require(len(op) == 3, "s arity")
+    _check_path(op[1])
+
+
+def _check_d(op: Op) -> None:
+    _require(len(op) == 2, "d arity")
+    _check_path(op[1])
+
+
+def _check_a(op: Op) -> None:
+    _require(len(op) == 3 and isinstance(op[2], str), "a shape")
+    _check_path(op[1])
+
+
+def _check_t(op: Op) -> None:
+    _require(len(op) == 3 and _is_index(op[2]), "t shape")
+    _check_path(op[1])
+
+
+def _check_p(op: Op) -> None:
+    _require(len(op) == 5, "p arity")
+    _check_path(op[1], non_empty=False)
+    _require(_is_index(op[2]), "p index")
+    _require(_is_index(op[3]), "p remove")
+    _require(isinstance(op[4], list), "p items")
+
+
+def _check_m(op: Op) -> None:
+    _require(len(op) == 3, "m arity")
+    _check_path(op[1], non_empty=False)
+    order = op[2]
+    _require(isinstance(order, list), "m permutation is not an array")
+    size = len(order)
+    bijective = all(_is_index(index) and index < size for index in order) and len(set(order)) == size
+    _require(bijective, "m permutation is not a bijection")
+
+
+_VALIDATORS: dict[str, Callable[[Op], None]] = {
+    "r": _check_r, "s": _check_s, "d": _check_d, "a": _check_a,
+    "t": _check_t, "p": _check_p, "m": _check_m,
+}
+
+
+def validate_op(op: object) -> None:
+    """Reject a malformed operation before it touches the document."""
+
+    _require(isinstance(op, list) and bool(op), "op is not a tuple")
+    verb = op[0]  # type: ignore[index]
+    check = _VALIDATORS.get(verb) if isinstance(verb, str) else None
+    if check is None:
+        raise TypeError(f"unknown op verb: {verb}")
+    check(op)  # type: ignore[arg-type]
+
+
+def _resolve(root: Json, path: Path) -> Json:
+    """Walk ``path``; a missing object key raises ``KeyError`` as the reference's lookup does."""
+
+    node = root
+    for segment in path:
+        if isinstance(segment, str) and isinstance(node, dict):
+            node = node[segment]
+        elif isinstance(segment, int) and isinstance(node, list) and segment < len(node):
+            node = node[segment]
+        else:
+            raise PathError(list(path))
+    return node
+
+
+def _array_at(root: Json, path: Path) -> list[Json]:
+    node = _resolve(root, path)
+    if not isinstance(node, list):
+        raise PathError(path)
+    return node
+
+
+def _member(root: Json, path: Path) -> tuple[dict[Any, Json] | list[Json], Any]:
+    """Find the container holding the path's last segment, checking that segment fits it."""
+
+    parent = _resolve(root, path[:-1])
+    key = path[-1]
+    if isinstance(parent, list):
+        if isinstance(key, str) or key > len(parent):
+            raise UnsafePathError(key)
+    elif not isinstance(parent, dict):
+        raise PathError(path)
+    return parent, key
+
+
+def _replace(root: Json, op: Op) -> Json:
+    return copy_json(op[1])
+
+
+def _set(root: Json, op: Op) -> Json:
+    parent, key = _member(root, op[1])
+    parent[key] = copy_json(op[2])
+    return root
+
+
+def _delete(root: Json, op: Op) -> Json:
+    parent, key = _member(root, op[1])
+    if isinstance(parent, dict):
+        parent.pop(key, None)
+    elif key < len(parent):
+        del parent[key]
+    else:
+        raise PathError(op[1])
+    return root
+
+
+def _edit_text(edit: Callable[[str, Any], str]) -> Callable[[Json, Op], Json]:
+    def apply_edit(root: Json, op: Op) -> Json:
+        parent, key = _member(root, op[1])
+        current = parent.get(key) if isinstance(parent, dict) else parent[key]
+        if not isinstance(current, str):
+            raise PathError(op[1])
+        parent[key] = edit(current, op[2])
+        return root
+
+    return apply_edit
+
+
+def _splice(root: Json, op: Op) -> Json:
+    _, path, index, remove, items = op
+    _array_at(root, path)[index:index + remove] = copy_json(items)
+    return root
+
+
+def _permute(root: Json, op: Op) -> Json:
+    path, order = op[1], op[2]
+    array = _resolve(root, path)
+    if not isinstance(array, list) or len(array) != len(order):
+        raise PathError(path)
+    array[:] = [array[source] for source in order]
+    return root
+
+
+_APPLIERS: dict[str, Callable[[Json, Op], Json]] = {
+    "r": _replace,
+    "s": _set,
+    "d": _delete,
+    "a": _edit_text(lambda text, suffix: text + suffix),
+    "t": _edit_text(lambda text, count: text[count:]),
+    "p": _splice,
+    "m": _permute,
+}
+
+
+def apply_ops(root: Json, ops: Iterable[Op]) -> Json:
+    """Apply one batch in place and return the root, which ``r`` may have replaced.
+
+    Each op is validated just before it runs, so a failing op leaves earlier ones applied, as in
+    the reference. Inserted payloads are copied so the tree never aliases the caller's ops.
+    """
+
+    for op in ops:
+        validate_op(op)
+        root = _APPLIERS[op[0]](root, op)
+    return root
+
+
+def apply_batches(root: Json, batches: Iterable[Iterable[Op]]) -> Json:
+    """Apply ordered batches to a copy, leaving the caller's tree untouched."""
+
+    root = copy_json(root)
+    for ops in batches:
+        root = apply_ops(root, ops)
+    return root
+
+
+__all__ = [
+    "Op",
+    "PathError",
+    "RESERVED_SEGMENTS",
+    "UnsafePathError",
+    "apply_batches",
+    "apply_ops",
+    "copy_json",
+    "validate_op",
+]

@@ -1,0 +1,303 @@
+"""Queries over the projected tables, each inside a caller's (short) transaction.
+
+The same queries serve the Storage reads and the commit checks, so both see one truth. Results
+are freshly decoded objects: nothing returned aliases stored state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+import lmdb
+
+from log import Environment, codec
+
+from . import tables as t
+from .delta import apply_batches
+from .errors import StorageRequestError
+
+MAX_SAFE_INTEGER: Final = 9_007_199_254_740_991
+_FAR_BELOW: Final = -(2**63)
+_FAR_ABOVE: Final = 2**63 - 1
+
+
+def is_safe_int(value: object) -> bool:
+    return type(value) is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+
+
+def as_key_id(value: object) -> int | None:
+    """``value`` as an integer key part, or None when no stored id can equal it."""
+
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= t.MAX_ID:
+        return value
+    return None
+
+
+def scope_key(scope: Any) -> bytes:
+    """The reference's scope identity: session, a conversation, or (anything else) a task."""
+
+    kind = scope["kind"]
+    if kind == "session":
+        return t.text_key(["session"])
+    if kind == "conversation":
+        return t.text_key(["conversation", scope["conversationId"]])
+    return t.text_key(["task", scope["taskId"]])
+
+
+def address_key(address: Any) -> bytes:
+    """The reference's address identity: kind, scope kind, owner and optional key."""
+
+    scope = address["scope"]
+    owner = None if scope["kind"] == "session" else scope.get("conversationId", scope.get("taskId"))
+    return t.text_key([address["kind"], scope["kind"], owner, address.get("key")])
+
+
+def is_current_only(record: Any) -> bool:
+    return record["scope"]["kind"] != "conversation" or record.get("history") == "latest"
+
+
+def is_alive_at(record: Any, at: Any) -> bool:
+    if at == "current":
+        return "retiredAt" not in record
+    return record["createdAt"] <= at and ("retiredAt" not in record or at < record["retiredAt"])
+
+
+def ids_in_range(
+    txn: lmdb.Transaction,
+    db: lmdb._Database,
+    prefix: bytes,
+    low: int,
+    high: int,
+    descending: bool,
+) -> Iterator[tuple[int, bytes]]:
+    """``(id, value)`` for keys ``prefix + u64(id)`` with ``low <= id <= high``, in id order."""
+
+    low = max(low, 0)
+    high = min(high, t.MAX_ID)
+    if low > high:
+        return
+    size = len(prefix)
+    cursor = txn.cursor(db=db)
+    if descending:
+        start = prefix + t.u64(high)
+        if cursor.set_range(start):
+            found = cursor.key() == start or cursor.prev()
+        else:
+            found = cursor.last()
+        step = cursor.prev
+    else:
+        found = cursor.set_range(prefix + t.u64(low))
+        step = cursor.next
+    while found:
+        key = cursor.key()
+        if len(key) != size + 8 or key[:size] != prefix:
+            return
+        id = t.read_u64(key, size)
+        if id < low or id > high:
+            return
+        yield id, cursor.value()
+        found = step()
+
+
+class ReadModel:
+    """Handles to every projected table of one environment, and the queries over them."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.db = {name: env.db(name) for name in t.TABLES}
+
+    # ── records by id ───────────────────────────────────────────────────────
+
+    def _get(self, txn: lmdb.Transaction, table: str, id: object) -> Any | None:
+        key = as_key_id(id)
+        if key is None:
+            return None
+        raw = txn.get(t.u64(key), db=self.db[table])
+        return None if raw is None else codec.decode(raw)
+
+    def record_type(self, txn: lmdb.Transaction, id: int) -> str | None:
+        key = as_key_id(id)
+        raw = None if key is None else txn.get(t.u64(key), db=self.db[t.RECORD_IDS])
+        return None if raw is None else t.RECORD_TYPE_NAMES[raw]
+
+    def max_record_id(self, txn: lmdb.Transaction) -> int:
+        cursor = txn.cursor(db=self.db[t.RECORD_IDS])
+        return t.read_u64(cursor.key()) if cursor.last() else 0
+
+    def conversation(self, txn: lmdb.Transaction, id: object) -> Any | None:
+        return self._get(txn, t.CONVERSATIONS, id)
+
+    def task(self, txn: lmdb.Transaction, id: object) -> Any | None:
+        return self._get(txn, t.TASKS, id)
+
+    def submission(self, txn: lmdb.Transaction, id: object) -> Any | None:
+        return self._get(txn, t.SUBMISSIONS, id)
+
+    def document_record(self, txn: lmdb.Transaction, id: object) -> Any | None:
+        return self._get(txn, t.DOCUMENTS, id)
+
+    def entry_row(self, txn: lmdb.Transaction, id: object) -> t.EntryRow | None:
+        key = as_key_id(id)
+        raw = None if key is None else txn.get(t.u64(key), db=self.db[t.ENTRIES])
+        return None if raw is None else t.entry_decoder.decode(raw)
+
+    def submission_id_by_request(
+        self, txn: lmdb.Transaction, conversation_id: object, request_id: object
+    ) -> int | None:
+        key = as_key_id(conversation_id)
+        if key is None:
+            return None
+        raw = txn.get(t.u64(key) + t.text_key(request_id), db=self.db[t.SUBMISSIONS_BY_REQUEST])
+        return None if raw is None else t.read_u64(raw)
+
+    # ── scans ───────────────────────────────────────────────────────────────
+
+    def scan_table(
+        self,
+        txn: lmdb.Transaction,
+        table: str,
+        index: str | None,
+        prefix: bytes,
+        after: int | None,
+        descending: bool,
+    ) -> Iterator[Any]:
+        """Records of ``table`` in id order after a cursor, through ``index`` when given."""
+
+        if descending:
+            low, high = 0, t.MAX_ID if after is None else after - 1
+        else:
+            low, high = (0 if after is None else after + 1), t.MAX_ID
+        rows = ids_in_range(txn, self.db[index or table], prefix, low, high, descending)
+        if index is None:
+            for _, raw in rows:
+                yield codec.decode(raw)
+        else:
+            records = self.db[table]
+            for id, _ in rows:
+                yield codec.decode(txn.get(t.u64(id), db=records))
+
+    def visible_entries(
+        self,
+        txn: lmdb.Transaction,
+        conversation_id: Any,
+        min_entry_id: Any,
+        max_entry_id: Any,
+        descending: bool,
+    ) -> Iterator[Any]:
+        """Entries visible from a conversation through its fork ancestry, each parent capped at
+        the fork point, newest or oldest first."""
+
+        conversation = self.conversation(txn, conversation_id)
+        if conversation is None:
+            raise StorageRequestError(f"Unknown conversation: {conversation_id}")
+        minimum = _FAR_BELOW if min_entry_id is None else min_entry_id
+        upper = _FAR_ABOVE if max_entry_id is None else max_entry_id
+        segments = self._fork_segments(txn, conversation, minimum, upper)
+        entries = self.db[t.ENTRIES]
+        index = self.db[t.ENTRIES_BY_CONVERSATION]
+        for segment_id, segment_upper in segments if descending else reversed(list(segments)):
+            for id, _ in ids_in_range(
+                txn, index, t.u64(segment_id), minimum, segment_upper, descending
+            ):
+                yield t.entry_decoder.decode(txn.get(t.u64(id), db=entries)).record
+
+    def _fork_segments(
+        self, txn: lmdb.Transaction, conversation: Any, minimum: Any, upper: Any
+    ) -> Iterator[tuple[int, Any]]:
+        """``(conversation id, highest visible entry id)`` from a conversation up to its root."""
+
+        while True:
+            yield conversation["id"], upper
+            parent = conversation.get("parent")
+            if parent is None:
+                return
+            upper = min(upper, parent["at"])
+            if upper < minimum:
+                return
+            conversation = self.conversation(txn, parent["conversationId"])
+            if conversation is None:
+                raise KeyError(parent["conversationId"])
+
+    def latest_head_marker(
+        self, txn: lmdb.Transaction, conversation_id: Any, at_or_before: Any
+    ) -> Any | None:
+        conversation = self.conversation(txn, conversation_id)
+        if conversation is None:
+            raise StorageRequestError(f"Unknown conversation: {conversation_id}")
+        upper = MAX_SAFE_INTEGER if at_or_before is None else at_or_before
+        heads = self.db[t.HEADS_BY_CONVERSATION]
+        while True:
+            for id, _ in ids_in_range(txn, heads, t.u64(conversation["id"]), 0, upper, True):
+                return self.entry_row(txn, id).record  # type: ignore[union-attr]
+            parent = conversation.get("parent")
+            if parent is None:
+                return None
+            upper = min(upper, parent["at"])
+            conversation = self.conversation(txn, parent["conversationId"])
+            if conversation is None:
+                raise KeyError(parent["conversationId"])
+
+    # ── documents ───────────────────────────────────────────────────────────
+
+    def current_document_id(self, txn: lmdb.Transaction, address: bytes) -> int | None:
+        raw = txn.get(address, db=self.db[t.DOCUMENT_CURRENT])
+        return None if raw is None else t.read_u64(raw)
+
+    def incarnations(self, txn: lmdb.Transaction, address: bytes) -> Iterator[int]:
+        for id, _ in ids_in_range(txn, self.db[t.DOCUMENT_INCARNATIONS], address, 0, t.MAX_ID, False):
+            yield id
+
+    def current_value(self, txn: lmdb.Transaction, id: int) -> t.CurrentValue | None:
+        raw = txn.get(t.u64(id), db=self.db[t.DOCUMENT_VALUES])
+        return None if raw is None else t.current_decoder.decode(raw)
+
+    def last_revision_version(self, txn: lmdb.Transaction, id: int) -> int | None:
+        for _, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):
+            return t.revision_decoder.decode(raw).version
+        return None
+
+    def materialize(self, txn: lmdb.Transaction, id: Any, at: Any) -> dict[str, Any] | None:
+        """One incarnation at a point: ``{record, version, value, deltasSinceBase}``."""
+
+        record = self.document_record(txn, id)
+        if record is None:
+            return None
+        if at != "current" and is_current_only(record):
+            raise StorageRequestError(f"Document {id} does not retain historical content")
+        if not is_alive_at(record, at):
+            return None
+        if at == "current":
+            current = self.current_value(txn, id)
+            if current is not None and not current.broken:
+                return {
+                    "record": record,
+                    "version": current.version,
+                    "value": current.value,
+                    "deltasSinceBase": current.deltas_since_base,
+                }
+            upper = t.MAX_ID
+        else:
+            upper = at
+        version, value, deltas = self.replay(txn, id, upper)
+        return {"record": record, "version": version, "value": value, "deltasSinceBase": deltas}
+
+    def replay(self, txn: lmdb.Transaction, id: int, upper: int) -> tuple[int, Any, int]:
+        """The newest base at or before ``upper`` with the deltas after it applied."""
+
+        deltas: list[t.Revision] = []
+        base: t.Revision | None = None
+        for _, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, upper, True):
+            revision = t.revision_decoder.decode(raw)
+            if revision.kind == "base":
+                base = revision
+                break
+            deltas.append(revision)
+        if base is None:
+            raise ValueError(f"Document {id} is missing a required base")
+        deltas.reverse()
+        for revision in deltas:
+            if revision.version != base.version:
+                raise ValueError(f"Document {id} crosses a stored version boundary without a base")
+        value = apply_batches(base.body, [revision.body for revision in deltas])
+        return base.version, value, len(deltas)

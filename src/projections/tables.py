@@ -1,0 +1,154 @@
+"""The named databases the projector folds the log into, their keys and their row shapes.
+
+Integer parts of keys are 8-byte big-endian, so LMDB's byte order is numeric order and a prefix
+cursor walks one conversation's entries (or one status's tasks) in id order. Composite keys are
+``prefix + id``; string parts are encoded with the log's lossless codec, which is prefix-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any, Final
+
+import msgspec
+
+from log import codec
+
+SCHEMA_VERSION: Final = 1
+"""Bump when any table below changes shape: the projections are then rebuilt from the log."""
+
+RECORD_IDS: Final = "p.record_ids"
+CONVERSATIONS: Final = "p.conversations"
+CONVERSATIONS_BY_OWNER_CONVERSATION: Final = "p.conversations.by_owner_conversation"
+CONVERSATIONS_BY_OWNER_TASK: Final = "p.conversations.by_owner_task"
+ENTRIES: Final = "p.entries"
+ENTRIES_BY_CONVERSATION: Final = "p.entries.by_conversation"
+HEADS_BY_CONVERSATION: Final = "p.entries.heads_by_conversation"
+TASKS: Final = "p.tasks"
+TASKS_BY_STATUS: Final = "p.tasks.by_status"
+SUBMISSIONS: Final = "p.submissions"
+SUBMISSIONS_BY_STATUS: Final = "p.submissions.by_status"
+SUBMISSIONS_BY_REQUEST: Final = "p.submissions.by_request"
+DOCUMENTS: Final = "p.documents"
+DOCUMENT_INCARNATIONS: Final = "p.documents.incarnations"
+DOCUMENT_CURRENT: Final = "p.documents.current"
+DOCUMENTS_BY_SCOPE: Final = "p.documents.by_scope"
+DOCUMENT_REVISIONS: Final = "p.documents.revisions"
+DOCUMENT_VALUES: Final = "p.documents.values"
+STATE: Final = "p.state"
+
+TABLES: Final = (
+    RECORD_IDS,
+    CONVERSATIONS,
+    CONVERSATIONS_BY_OWNER_CONVERSATION,
+    CONVERSATIONS_BY_OWNER_TASK,
+    ENTRIES,
+    ENTRIES_BY_CONVERSATION,
+    HEADS_BY_CONVERSATION,
+    TASKS,
+    TASKS_BY_STATUS,
+    SUBMISSIONS,
+    SUBMISSIONS_BY_STATUS,
+    SUBMISSIONS_BY_REQUEST,
+    DOCUMENTS,
+    DOCUMENT_INCARNATIONS,
+    DOCUMENT_CURRENT,
+    DOCUMENTS_BY_SCOPE,
+    DOCUMENT_REVISIONS,
+    DOCUMENT_VALUES,
+    STATE,
+)
+
+RECORD_TYPES: Final = {
+    "conversation": b"c",
+    "entry": b"e",
+    "task": b"t",
+    "submission": b"s",
+    "document": b"d",
+}
+RECORD_TYPE_NAMES: Final = {code: name for name, code in RECORD_TYPES.items()}
+
+TASK_STATUSES: Final = ("pending", "running", "waiting", "sleeping", "completing", "terminal")
+SUBMISSION_STATUSES: Final = ("queued", "placed", "done", "unanswered")
+TASK_STATUS_KEYS: Final = {status: bytes([index]) for index, status in enumerate(TASK_STATUSES)}
+SUBMISSION_STATUS_KEYS: Final = {
+    status: bytes([index]) for index, status in enumerate(SUBMISSION_STATUSES)
+}
+
+MAX_ID: Final = 2**64 - 1
+_U64 = struct.Struct(">Q")
+_U64_PAIR = struct.Struct(">QQ")
+_MAX_KEY_PART: Final = 400
+"""LMDB keys are at most 511 bytes; longer string parts are replaced by a digest."""
+
+
+def u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def u64_pair(first: int, second: int) -> bytes:
+    return _U64_PAIR.pack(first, second)
+
+
+def read_u64(data: bytes, offset: int = 0) -> int:
+    return _U64.unpack_from(data, offset)[0]  # type: ignore[no-any-return]
+
+
+def text_key(value: Any) -> bytes:
+    """A prefix-free key part for any JSON value, hashed when too long for LMDB."""
+
+    encoded = codec.encode(value)
+    if len(encoded) <= _MAX_KEY_PART:
+        return encoded
+    return b"\xff" + hashlib.blake2b(encoded, digest_size=32).digest()
+
+
+class EntryRow(msgspec.Struct, array_like=True):
+    commit_seq: int
+    record: Any
+
+
+class Revision(msgspec.Struct, array_like=True):
+    """One stored document content command: a base value or a batch of delta ops."""
+
+    kind: str
+    version: int
+    body: Any
+
+
+class CurrentValue(msgspec.Struct, array_like=True):
+    """The materialized current value of a live document, so ``current`` reads decode once.
+
+    ``broken`` marks a delta that failed to apply: reads then replay the revisions, raising as the
+    reference does, until the next base.
+    """
+
+    version: int
+    deltas_since_base: int
+    value: Any
+    broken: bool = False
+
+
+class ProjectionState(msgspec.Struct):
+    """Beside the tables: which schema they are in and the last log sequence folded into them."""
+
+    schema_version: int
+    folded_seq: int
+
+
+STATE_KEY: Final = b"core"
+
+_encoder: Final = msgspec.msgpack.Encoder()
+entry_decoder: Final = codec.decoder(EntryRow)
+revision_decoder: Final = codec.decoder(Revision)
+current_decoder: Final = codec.decoder(CurrentValue)
+state_decoder: Final = msgspec.msgpack.Decoder(ProjectionState)
+
+
+def encode_row(row: msgspec.Struct) -> bytes:
+    return codec.encode(row)
+
+
+def encode_state(state: ProjectionState) -> bytes:
+    return _encoder.encode(state)

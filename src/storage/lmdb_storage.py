@@ -1,0 +1,316 @@
+"""``LmdbStorage``: pi-durable's ``Storage`` contract on the log and its projections.
+
+A commit encodes the batch once, checks it against the projections, appends it to the log and
+folds it, all in one LMDB write transaction, and returns after that transaction is durable. Reads
+are short read transactions over the projections. Everything runs on the caller's thread: LMDB
+calls take microseconds, and py-lmdb binds a write transaction to its thread.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, TypeVar
+
+import lmdb
+
+from log import Durability, Environment, WriteLog, decode_batch, encode_batch
+from log.environment import DEFAULT_MAP_SIZE
+from projections import Projector, ReadModel, StorageRequestError
+from projections import tables as t
+from projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
+from projections.rebuild import behind, catch_up
+
+from .scan import cursor_after, scan_start, take_page
+
+T = TypeVar("T")
+
+ID_BLOCK: Final = 4096
+"""Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
+_RESERVED_KEY: Final = b"ids.reserved"
+_U64 = struct.Struct(">Q")
+_TASK_FILTERS: Final = ("conversationId", "kind", "abortRequested", "background")
+
+
+class LmdbStorage:
+    """An embedded, event-sourced implementation of ``pi_durable.types.Storage``."""
+
+    def __init__(self, env: Environment, progress: Callable[[int, int], None] | None = None) -> None:
+        self._env = env
+        self.log = WriteLog(env)
+        self._model = ReadModel(env)
+        self._projector = Projector(self._model)
+        self._closed = False
+        self._meta = env.db("meta")
+        if env.readonly:
+            schema_differs, folded, head = behind(env, self.log, self._projector)
+            if schema_differs or folded < head:
+                raise RuntimeError(
+                    f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
+                    "open it for writing once to bring them up to date"
+                )
+        else:
+            catch_up(env, self.log, self._projector, progress)
+        with env.read() as txn:
+            stored = self._model.max_record_id(txn) + 1
+            raw = txn.get(_RESERVED_KEY, db=self._meta)
+        self._reserved = 0 if raw is None else _U64.unpack(raw)[0]
+        self._next_id = max(2, stored, self._reserved)
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "power",
+        readonly: bool = False,
+        map_size: int = DEFAULT_MAP_SIZE,
+    ) -> LmdbStorage:
+        """Open (or create) the store in directory ``path``; see ``log.environment`` for modes."""
+
+        env = Environment(path, readonly=readonly, durability=durability, map_size=map_size)
+        try:
+            return cls(env)
+        except BaseException:
+            env.close()
+            raise
+
+    @property
+    def path(self) -> str:
+        return self._env.path
+
+    # ── commits ─────────────────────────────────────────────────────────────
+
+    async def commit(self, writes: Sequence[Any], context: Any = None) -> int:
+        self._assert_open()
+        payload = encode_batch(writes)
+        batch = decode_batch(payload)
+
+        def work(txn: lmdb.Transaction) -> tuple[int, int]:
+            plan = self._projector.prepare(txn, batch)
+            seq = self.log.append(txn, payload)
+            self._projector.apply(txn, seq, plan)
+            return seq, plan.max_id
+
+        seq, max_id = self._env.write(work)
+        self.log.committed()
+        if max_id >= self._next_id:
+            self._next_id = max_id + 1
+        return seq
+
+    async def mint_id(self) -> int:
+        self._assert_open()
+        if self._next_id > MAX_SAFE_INTEGER:
+            raise ValueError("ID space is exhausted")
+        if self._next_id >= self._reserved:
+            reserved = self._next_id + ID_BLOCK
+            self._env.write(lambda txn: txn.put(_RESERVED_KEY, _U64.pack(reserved), db=self._meta))
+            self._reserved = reserved
+        value = self._next_id
+        self._next_id += 1
+        return value
+
+    # ── table reads ─────────────────────────────────────────────────────────
+
+    async def conversation(self, id: int, context: Any = None) -> Any | None:
+        with self._read() as txn:
+            return self._model.conversation(txn, id)
+
+    async def scan_conversations(
+        self, query: Any, limit: int, cursor: Any | None, context: Any = None
+    ) -> dict[str, Any]:
+        owner_task = query.get("ownerTaskId")
+        owner_conversation = query.get("ownerConversationId")
+        with self._read() as txn:
+            start = scan_start(query.get("order"), cursor, "ascending")
+            descending = start.order == "descending"
+            if owner_task is not None:
+                index, owner = t.CONVERSATIONS_BY_OWNER_TASK, owner_task
+            elif owner_conversation is not None:
+                index, owner = t.CONVERSATIONS_BY_OWNER_CONVERSATION, owner_conversation
+            else:
+                index, owner = None, None
+            if index is not None and as_key_id(owner) is None:
+                return {"items": []}
+            prefix = b"" if index is None else t.u64(owner)
+            records = self._model.scan_table(txn, t.CONVERSATIONS, index, prefix, start.after, descending)
+            if owner_conversation is not None:
+                records = (
+                    record
+                    for record in records
+                    if record.get("owner") is not None
+                    and record["owner"]["conversationId"] == owner_conversation
+                )
+            return take_page(records, limit, start.order)
+
+    async def entry(
+        self, id_or_conversation_id: Any, id_or_context: Any = None, context: Any = None
+    ) -> Any | None:
+        """``entry(id, context)`` globally, or ``entry(conversation_id, id, context)`` through
+        the conversation's fork ancestry."""
+
+        if context is not None:
+            return await self._entry_through(id_or_conversation_id, id_or_context)
+        self._assert_open()
+        id = _positive_id(id_or_conversation_id)
+        with self._read() as txn:
+            row = self._model.entry_row(txn, id)
+        return None if row is None else {"entry": row.record, "commitSeq": row.commit_seq}
+
+    async def _entry_through(self, conversation_id: Any, id: Any) -> Any | None:
+        self._assert_open()
+        if not _is_safe_int(id):
+            raise StorageRequestError("Storage.entry() requires an entry ID")
+        conversation_id = _positive_id(conversation_id)
+        id = _positive_id(id)
+        with self._read() as txn:
+            for record in self._model.visible_entries(txn, conversation_id, id, id, True):
+                row = self._model.entry_row(txn, record["id"])
+                return {"entry": record, "commitSeq": row.commit_seq}  # type: ignore[union-attr]
+            return None
+
+    async def find_latest_head_marker(
+        self, conversation_id: int, at_or_before_entry_id: int | None, context: Any = None
+    ) -> Any | None:
+        with self._read() as txn:
+            return self._model.latest_head_marker(txn, conversation_id, at_or_before_entry_id)
+
+    async def scan_entries(
+        self, query: Any, limit: int, cursor: Any | None, context: Any = None
+    ) -> dict[str, Any]:
+        with self._read() as txn:
+            start = scan_start(query.get("order"), cursor, "descending")
+            min_entry_id = query.get("minEntryId")
+            max_entry_id = query.get("maxEntryId")
+            if start.after is not None and start.order == "descending":
+                bound = start.after if max_entry_id is None else max_entry_id
+                max_entry_id = min(bound, start.after - 1)
+            if start.after is not None and start.order == "ascending":
+                bound = start.after if min_entry_id is None else min_entry_id
+                min_entry_id = max(bound, start.after + 1)
+            records = self._model.visible_entries(
+                txn, query["conversationId"], min_entry_id, max_entry_id, start.order == "descending"
+            )
+            return take_page(records, limit, start.order, reads_first=True)
+
+    async def task(self, id: int, context: Any = None) -> Any | None:
+        with self._read() as txn:
+            return self._model.task(txn, id)
+
+    async def scan_tasks(
+        self, query: Any, limit: int, cursor: Any | None, context: Any = None
+    ) -> dict[str, Any]:
+        with self._read() as txn:
+            start = scan_start(query.get("order"), cursor, "ascending")
+            status = query.get("status")
+            if status is None:
+                index, prefix = None, b""
+            else:
+                index, prefix = t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS[status]
+            records = self._model.scan_table(
+                txn, t.TASKS, index, prefix, start.after, start.order == "descending"
+            )
+            filters = [(name, query[name]) for name in _TASK_FILTERS if name in query]
+            if filters:
+                records = _matching(records, filters)
+            return take_page(records, limit, start.order)
+
+    async def submission(self, id: int, context: Any = None) -> Any | None:
+        with self._read() as txn:
+            return self._model.submission(txn, id)
+
+    async def scan_submissions(
+        self, query: Any, limit: int, cursor: Any | None, context: Any = None
+    ) -> dict[str, Any]:
+        with self._read() as txn:
+            start = scan_start(query.get("order"), cursor, "ascending")
+            status = query.get("status")
+            if status is None:
+                index, prefix = None, b""
+            else:
+                index, prefix = t.SUBMISSIONS_BY_STATUS, t.SUBMISSION_STATUS_KEYS[status]
+            records = self._model.scan_table(
+                txn, t.SUBMISSIONS, index, prefix, start.after, start.order == "descending"
+            )
+            if "conversationId" in query:
+                records = _matching(records, [("conversationId", query["conversationId"])])
+            return take_page(records, limit, start.order)
+
+    async def submission_by_request(
+        self, conversation_id: int, request_id: str, context: Any = None
+    ) -> Any | None:
+        with self._read() as txn:
+            id = self._model.submission_id_by_request(txn, conversation_id, request_id)
+            return None if id is None else self._model.submission(txn, id)
+
+    # ── document reads ──────────────────────────────────────────────────────
+
+    async def find_document(self, address: Any, at: Any, context: Any = None) -> Any | None:
+        with self._read() as txn:
+            key = address_key(address)
+            if at == "current":
+                id = self._model.current_document_id(txn, key)
+                return None if id is None else self._model.document_record(txn, id)
+            for id in self._model.incarnations(txn, key):
+                record = self._model.document_record(txn, id)
+                if is_alive_at(record, at):
+                    return record
+            return None
+
+    async def document(self, id: int, at: Any, context: Any = None) -> Any | None:
+        with self._read() as txn:
+            return self._model.materialize(txn, id, at)
+
+    async def scan_documents(
+        self, query: Any, limit: int, cursor: Any | None, context: Any = None
+    ) -> dict[str, Any]:
+        with self._read() as txn:
+            scope = scope_key(query["scope"])
+            after = cursor_after(cursor)
+            records = self._model.scan_table(
+                txn, t.DOCUMENTS, t.DOCUMENTS_BY_SCOPE, scope, after, False
+            )
+            kind_filter = "kind" in query
+            kind, at = query.get("kind"), query["at"]
+            alive = (
+                record
+                for record in records
+                if (not kind_filter or record["kind"] == kind) and is_alive_at(record, at)
+            )
+            return take_page(alive, limit, "ascending")
+
+    # ── lifecycle ───────────────────────────────────────────────────────────
+
+    async def close(self, context: Any = None) -> None:
+        """Sync and release the store; every later call is refused. Reads never span an await,
+        so none is in flight here."""
+
+        if self._closed:
+            return
+        self._closed = True
+        self._env.close()
+
+    def _assert_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("LmdbStorage is closed")
+
+    def _read(self) -> Any:
+        self._assert_open()
+        return self._env.read()
+
+
+def _is_safe_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_SAFE_INTEGER
+
+
+def _positive_id(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TypeError(f"{value!r} is not a positive ID")
+    return value
+
+
+def _matching(records: Iterator[Any], filters: list[tuple[str, Any]]) -> Iterator[Any]:
+    for record in records:
+        if all(record[name] == wanted for name, wanted in filters):
+            yield record
