@@ -57,7 +57,37 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--to", dest="to_seq", type=int)
     export.set_defaults(run=_export)
 
+    importer = commands.add_parser(
+        "import", help="build a new store from an export, or from a pi-durable SQLite/JSONL store"
+    )
+    importer.add_argument("source", help="an export (.jsonl, or - for stdin), a SQLite file or a JSONL directory")
+    importer.add_argument("path", help="the new store's directory (must be empty)")
+    importer.add_argument(
+        "--from-pi-durable", action="store_true", help="the source is a pi-durable SQLite file or JSONL directory"
+    )
+    importer.add_argument("--durability", choices=("power", "process"), default="power")
+    importer.set_defaults(run=_import)
+
     return parser
+
+
+def _import(args: argparse.Namespace) -> int:
+    from . import migrate
+
+    async def run() -> migrate.ImportReport:
+        if args.from_pi_durable:
+            source = await migrate.open_pi_durable_store(args.source)
+            try:
+                return await migrate.import_pi_durable(source, args.path, args.durability)
+            finally:
+                await source.close(None)
+        if args.source == "-":
+            return await migrate.import_export(sys.stdin, args.path, args.durability)
+        with open(args.source, encoding="utf-8") as lines:
+            return await migrate.import_export(lines, args.path, args.durability)
+
+    print(asyncio.run(run()))
+    return 0
 
 
 def _stats(args: argparse.Namespace) -> int:

@@ -82,14 +82,21 @@ class LmdbStorage:
 
     # ── commits ─────────────────────────────────────────────────────────────
 
-    async def commit(self, writes: Sequence[Any], context: Any = None) -> int:
+    async def commit(
+        self, writes: Sequence[Any], context: Any = None, *, committed_at: int | None = None
+    ) -> int:
+        """Validate, log, fold and durably commit one batch; returns its sequence.
+
+        ``committed_at`` (Unix ms) replaces the clock, for imports that keep original times.
+        """
+
         self._assert_open()
         payload = encode_batch(writes)
         batch = decode_batch(payload)
 
         def work(txn: lmdb.Transaction) -> tuple[int, int]:
             plan = self._projector.prepare(txn, batch)
-            seq = self.log.append(txn, payload)
+            seq = self.log.append(txn, payload, committed_at)
             self._projector.apply(txn, seq, plan)
             return seq, plan.max_id
 
