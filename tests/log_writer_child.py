@@ -50,7 +50,7 @@ def _say(line: str) -> None:
 
 
 def _append(env: Environment, log: WriteLog, n: int, size: int) -> int:
-    payload = encode_batch(batch(n, size))
+    payload = encode_batch(batch(n, size)).payload
     seq = env.write(lambda txn: log.append(txn, payload))
     log.committed()
     return seq

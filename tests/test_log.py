@@ -21,11 +21,13 @@ import stat
 import subprocess
 import sys
 import time
+import weakref
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import lmdb
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,6 +43,7 @@ from log import (
     seq_key,
     write_to_builtins,
 )
+from log import codec
 from log.records import encode_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,23 +66,27 @@ child = _load_child_module()
 
 
 def same(a: Any, b: Any, where: str = "$") -> None:
-    """Assert ``a`` and ``b`` are the same JSON value: types, float signs, code points, key order."""
+    """Assert ``a`` and ``b`` are the same JSON value: types, float signs, code points, key order.
 
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__} ({a!r} vs {b!r})"
-    if isinstance(a, float):
-        assert a == b and math.copysign(1.0, a) == math.copysign(1.0, b), f"{where}: {a!r} != {b!r}"
-    elif isinstance(a, str):
-        assert len(a) == len(b) and a == b, f"{where}: {a!r} != {b!r}"
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)!r} != {list(b)!r}"
-        for key in a:
-            same(a[key], b[key], f"{where}.{key!r}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
-        for index, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{where}[{index}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
+    Iterative, so it compares values of any depth.
+    """
+
+    stack = [(a, b, where)]
+    while stack:
+        a, b, at = stack.pop()
+        assert type(a) is type(b), f"{at}: {type(a).__name__} != {type(b).__name__} ({a!r:.80} vs {b!r:.80})"
+        if isinstance(a, float):
+            assert a == b and math.copysign(1.0, a) == math.copysign(1.0, b), f"{at}: {a!r} != {b!r}"
+        elif isinstance(a, str):
+            assert len(a) == len(b) and a == b, f"{at}: {a!r} != {b!r}"
+        elif isinstance(a, dict):
+            assert list(a) == list(b), f"{at}: keys {list(a)!r} != {list(b)!r}"
+            stack.extend((a[key], b[key], f"{at}.{key!r}") for key in a)
+        elif isinstance(a, list):
+            assert len(a) == len(b), f"{at}: length {len(a)} != {len(b)}"
+            stack.extend((x, y, f"{at}[{index}]") for index, (x, y) in enumerate(zip(a, b)))
+        else:
+            assert a == b, f"{at}: {a!r} != {b!r}"
 
 
 def open_log(path: Path, **options: Any) -> tuple[Environment, WriteLog]:
@@ -88,7 +95,8 @@ def open_log(path: Path, **options: Any) -> tuple[Environment, WriteLog]:
 
 
 def commit(env: Environment, log: WriteLog, writes: list[dict[str, Any]]) -> int:
-    seq = env.write(lambda txn: log.append(txn, encode_batch(writes)))
+    payload = encode_batch(writes).payload
+    seq = env.write(lambda txn: log.append(txn, payload))
     log.committed()
     return seq
 
@@ -105,7 +113,8 @@ def run_child(*args: str, **popen: Any) -> subprocess.Popen[str]:
     )
 
 
-_pending: dict[int, bytearray] = {}  # per child pid: bytes read from its stdout, not yet returned
+_pending: weakref.WeakKeyDictionary[subprocess.Popen[str], bytearray] = weakref.WeakKeyDictionary()
+"""Per child: bytes read from its stdout and not yet returned."""
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
@@ -117,7 +126,7 @@ def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
 
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
-    buffer = _pending.setdefault(proc.pid, bytearray())
+    buffer = _pending.setdefault(proc, bytearray())
     deadline = time.monotonic() + timeout
     while b"\n" not in buffer:
         remaining = deadline - time.monotonic()
@@ -140,7 +149,7 @@ def drain(proc: subprocess.Popen[str], timeout: float = 10.0) -> str:
 
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
-    buffer = _pending.pop(proc.pid, bytearray())
+    buffer = _pending.pop(proc, bytearray())
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
@@ -289,7 +298,9 @@ def test_every_write_kind_round_trips_through_reopen(tmp_path: Path, durability:
 @given(writes=st.lists(WRITE, min_size=1, max_size=5))
 def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, writes: list[dict[str, Any]]) -> None:
     path = tmp_path_factory.getbasetemp() / "property-store"
-    same([write_to_builtins(w) for w in decode_batch(encode_batch(writes))], writes)
+    encoded = encode_batch(writes)
+    same([write_to_builtins(w) for w in encoded.writes], writes)
+    same([write_to_builtins(w) for w in decode_batch(encoded.payload)], writes)
 
     env, log = open_log(path, durability="process")
     before = log.head()
@@ -379,53 +390,88 @@ def test_deep_nesting_round_trips(tmp_path: Path) -> None:
     same(back[2]["content"]["ops"], [tricky])
 
 
-# Values nested between ~450 and MAX_DEPTH (1000) are accepted by the strict JSON check, but the
-# slow path (codec._escape / codec._ext_hook) recurses in Python, two frames per level.
+# The deepest accepted value: the batch list and the write dict are two levels, so a value may
+# nest 998 containers (MAX_DEPTH = 1000); one more is refused. Deep values with surrogates or big
+# integers take the codec's slow path, which recurses in Python.
+DEEPEST = 998
+DEEP_VALUES = {
+    "lists-surrogate": lambda depth: nest_lists(depth, "\ud800"),
+    "lists-bigint": lambda depth: nest_lists(depth, 2**70),
+    "dicts-surrogate-keys": lambda depth: nest_dicts(depth, -(2**80), key="\udc00"),
+    "dicts-plain": lambda depth: nest_dicts(depth, 1.5),
+}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="BUG src/log/codec.py _escape: a lone surrogate or >64-bit int nested ~490+ deep "
-    "(within MAX_DEPTH=1000) makes encode_batch raise RecursionError instead of encoding",
-)
-@pytest.mark.parametrize("leaf", ["\ud800", 2**70], ids=["surrogate", "bigint"])
-def test_slow_path_handles_every_accepted_depth(leaf: Any) -> None:
-    value = nest_lists(700, leaf)
-    same(write_to_builtins(decode_batch(encode_batch([{"type": "entry", "value": value}]))[0])["value"], value)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="BUG src/log/codec.py _ext_hook + records.decode_record: a dict with a surrogate key nested "
-    "~500+ deep encodes and is committed, then every get/read/follow of it raises RecursionError "
-    "(neither decoded nor reported as CorruptRecordError)",
-)
-def test_committed_deep_surrogate_keys_stay_readable(tmp_path: Path) -> None:
-    env, log = open_log(tmp_path / "store")
+@pytest.mark.parametrize("shape", list(DEEP_VALUES))
+@pytest.mark.parametrize("depth", [700, DEEPEST])
+def test_every_accepted_depth_encodes_commits_and_reads(tmp_path: Path, shape: str, depth: int) -> None:
+    value = DEEP_VALUES[shape](depth)
+    encoded = encode_batch([{"type": "entry", "value": value}])
+    same(encoded.writes[0].value, value)
+    same(decode_batch(encoded.payload)[0].value, value)
+    env, log = open_log(tmp_path / "store", durability="process")
     try:
-        seq = commit(env, log, [{"type": "entry", "value": nest_dicts(600, 1, key="\ud800")}])
+        seq = env.write(lambda txn: log.append(txn, encoded.payload))
         got = log.get(seq)
         assert got is not None
-        same(write_to_builtins(got.writes[0])["value"], nest_dicts(600, 1, key="\ud800"))
+        same(got.writes[0].value, value)
+        (ranged,) = list(log.read(seq, seq))
+        same(ranged.writes[0].value, value)
+    finally:
+        env.close()
+    with pytest.raises(TypeError, match="strict JSON"):
+        encode_batch([{"type": "entry", "value": DEEP_VALUES[shape](DEEPEST + 1)}])
+
+
+async def test_follow_serves_the_deepest_values(tmp_path: Path) -> None:
+    env, log = open_log(tmp_path / "store", durability="process")
+    try:
+        values = [DEEP_VALUES[shape](DEEPEST) for shape in DEEP_VALUES]
+        for value in values:
+            commit(env, log, [{"type": "entry", "value": value}])
+        got = []
+        async with contextlib.aclosing(log.follow(1)) as commits:
+            async for c in commits:
+                got.append(c.writes[0].value)
+                if len(got) == len(values):
+                    break
+        for back, value in zip(got, values):
+            same(back, value)
     finally:
         env.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GAP src/log/records.py encode_batch: only strict JSON is checked, not the write schema, so a "
-    "batch decode_batch rejects is committed and then reads back as CorruptRecordError forever",
-)
+@pytest.mark.parametrize("shape", list(DEEP_VALUES))
+def test_write_to_builtins_handles_every_accepted_depth(shape: str) -> None:
+    value = DEEP_VALUES[shape](DEEPEST)
+    (write,) = encode_batch([{"type": "entry", "value": value}]).writes
+    same(write_to_builtins(write), {"type": "entry", "value": value})
+
+
 @pytest.mark.parametrize(
     "bad",
-    [{"type": "bogus", "value": 1}, {"type": "entry"}, {"type": "document.retire", "id": 2**70}],
-    ids=["unknown-type", "missing-field", "id-beyond-64-bits"],
+    [
+        {"type": "bogus", "value": 1},
+        {"type": "entry"},
+        {"value": 1},
+        {"type": "document.retire", "id": 2**70},
+        {"type": "document.retire", "id": "7"},
+        {"type": "document.change", "id": 1, "content": {"kind": "patch", "version": 1, "ops": []}},
+        {"type": "document.copy", "record": {}, "source": {"id": 1, "at": "latest"}},
+    ],
+    ids=["unknown-type", "missing-field", "no-type", "id-beyond-64-bits", "id-str", "bad-kind", "bad-at"],
 )
-def test_encode_batch_refuses_what_decode_batch_refuses(tmp_path: Path, bad: dict[str, Any]) -> None:
-    with pytest.raises((TypeError, ValueError)):
-        encode_batch([bad])
+def test_non_contract_writes_are_refused_before_the_log(tmp_path: Path, bad: dict[str, Any]) -> None:
+    env, log = open_log(tmp_path / "store")
+    try:
+        commit(env, log, [{"type": "entry", "value": 0}])
+        with pytest.raises(ValueError, match="Invalid storage write"):
+            env.write(lambda txn: log.append(txn, encode_batch([{"type": "task", "value": 1}, bad]).payload))
+        with pytest.raises(ValueError, match="Invalid storage write"):
+            decode_batch(codec.encode([bad]))
+        assert log.head() == 1 and log.count() == 1
+    finally:
+        env.close()
 
 
 # ── 2. strict JSON rejections ───────────────────────────────────────────────
@@ -487,7 +533,7 @@ def test_strict_json_rejected_and_nothing_written(tmp_path: Path, name: str) -> 
             ],
         ):
             with pytest.raises(TypeError, match="strict JSON") as caught:
-                env.write(lambda txn: log.append(txn, encode_batch(writes)))
+                env.write(lambda txn: log.append(txn, encode_batch(writes).payload))
             if name.startswith("cycle"):
                 assert "cycles" in str(caught.value)
             if name.startswith("deep"):
@@ -532,11 +578,16 @@ def test_sequences_ranges_and_reopen(tmp_path: Path) -> None:
         head = log.head()
         assert head == 14 and log.count() == 14 and log.first() == 1
         # Two appends in one transaction take consecutive sequences.
-        pair = env.write(lambda txn: (log.append(txn, encode_batch([])), log.append(txn, encode_batch([]))))
+        empty = encode_batch([]).payload
+        pair = env.write(lambda txn: (log.append(txn, empty), log.append(txn, empty)))
         assert pair == (15, 16)
         # An aborted transaction commits nothing; the next commit takes the next free sequence.
-        with pytest.raises(RuntimeError):
-            env.write(lambda txn: (log.append(txn, encode_batch([])), (_ for _ in ()).throw(RuntimeError("x"))))
+        def append_then_fail(txn: lmdb.Transaction) -> None:
+            assert log.append(txn, empty) == 17
+            raise RuntimeError("abort")
+
+        with pytest.raises(RuntimeError, match="abort"):
+            env.write(append_then_fail)
         assert log.head() == 16
         assert commit(env, log, [{"type": "entry", "value": "x"}]) == 17
 
@@ -564,7 +615,7 @@ def test_sequences_ranges_and_reopen(tmp_path: Path) -> None:
 def test_read_spans_many_chunks(tmp_path: Path) -> None:
     env, log = open_log(tmp_path / "store", durability="process")
     try:
-        payloads = [encode_batch([{"type": "entry", "value": i}]) for i in range(700)]
+        payloads = [encode_batch([{"type": "entry", "value": i}]).payload for i in range(700)]
         last = env.write(lambda txn: [log.append(txn, p) for p in payloads][-1])
         assert last == 700
         assert [c.seq for c in log.read(1)] == list(range(1, 701))
@@ -886,11 +937,6 @@ def test_reader_in_this_process_adopts_a_map_grown_by_another(tmp_path: Path) ->
         env.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG src/log/writelog.py:41: a read-only WriteLog made before the log database existed keeps "
-    "db=None; head/get/read/count/first stay empty forever (only follow() looks again)",
-)
 def test_reader_opened_before_the_first_commit_sees_later_commits(tmp_path: Path) -> None:
     path = tmp_path / "store"
     Environment(path).close()  # a store with no log database yet
@@ -921,7 +967,7 @@ CORRUPTIONS = {
     "empty": lambda raw: b"",
     "garbage": lambda raw: b"\xc1\xff\x00garbage",
     "format": lambda raw: raw[:1] + b"\x09" + raw[2:],
-    "valid-crc-invalid-writes": lambda raw: encode_record(encode_batch([{"type": "bogus"}]), 1),
+    "valid-crc-invalid-writes": lambda raw: encode_record(msgspec.msgpack.encode([{"type": "bogus"}]), 1),
     "valid-crc-not-msgpack": lambda raw: encode_record(b"\xc1\xc1", 1),
 }
 

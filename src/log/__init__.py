@@ -12,7 +12,15 @@ from .errors import (
     StoreFormatError,
     WriterLockedError,
 )
-from .records import FORMAT_VERSION, Commit, Write, decode_batch, encode_batch, write_to_builtins
+from .records import (
+    FORMAT_VERSION,
+    Commit,
+    EncodedBatch,
+    Write,
+    decode_batch,
+    encode_batch,
+    write_to_builtins,
+)
 from .writelog import WriteLog, key_seq, seq_key
 
 __all__ = [
@@ -20,6 +28,7 @@ __all__ = [
     "Commit",
     "CorruptRecordError",
     "Durability",
+    "EncodedBatch",
     "Environment",
     "ForkedEnvironmentError",
     "LogError",

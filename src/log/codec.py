@@ -10,7 +10,9 @@ code points stays two code points).
 from __future__ import annotations
 
 import math
-from typing import Any, Final
+import sys
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -23,6 +25,11 @@ EXT_OBJECT: Final = 3
 
 MAX_DEPTH: Final = 1_000
 """Deeper values are refused: the reference backends overflow Python's stack at about this depth."""
+
+_DEEP_STACK: Final = 4 * MAX_DEPTH + 2_000
+"""Frames enough for every recursive step here on a value ``MAX_DEPTH`` deep."""
+
+T = TypeVar("T")
 
 _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**64 - 1
@@ -59,9 +66,31 @@ def decoder(type: Any = Any) -> msgspec.msgpack.Decoder[Any]:
     return msgspec.msgpack.Decoder(type, ext_hook=_ext_hook)
 
 
+def deep(work: Callable[..., T], *args: Any) -> T:
+    """Run ``work``; if a deep (but accepted) value overflows the default stack, run it again
+    with room for ``MAX_DEPTH`` levels. Ordinary values never pay for this."""
+
+    try:
+        return work(*args)
+    except RecursionError:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, _DEEP_STACK))
+        try:
+            return work(*args)
+        finally:
+            sys.setrecursionlimit(limit)
+
+
 def encode(value: Any) -> bytes:
     """Encode an already checked value losslessly."""
 
+    try:
+        return _encoder.encode(value)
+    except (UnicodeEncodeError, OverflowError, RecursionError):
+        return deep(_encode_escaped, value)
+
+
+def _encode_escaped(value: Any) -> bytes:
     try:
         return _encoder.encode(value)
     except (UnicodeEncodeError, OverflowError):
@@ -69,7 +98,7 @@ def encode(value: Any) -> bytes:
 
 
 def decode(data: bytes | memoryview) -> Any:
-    return _any_decoder.decode(data)
+    return deep(_any_decoder.decode, data)
 
 
 def _needs_escape(value: str) -> bool:
@@ -121,8 +150,8 @@ def check_json(value: object) -> None:
     """
 
     try:
-        _check(value, 0)
-    except (_TooDeep, RecursionError):
+        deep(_check, value, 0)
+    except _TooDeep:
         if _has_cycle(value, set()):
             raise TypeError("Value contains cycles and is not strict JSON") from None
         raise TypeError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, TypeAlias, Union
+from typing import Any, Final, Literal, NamedTuple, TypeAlias, Union
 
 import msgspec
 
@@ -21,28 +21,28 @@ FORMAT_VERSION: Final = 1
 """The version of the log record layout; every record carries it."""
 
 
-class ConversationWrite(msgspec.Struct, tag="conversation", tag_field="type"):
+class ConversationWrite(msgspec.Struct, tag="conversation", tag_field="type", forbid_unknown_fields=True):
     value: Any
 
 
-class EntryWrite(msgspec.Struct, tag="entry", tag_field="type"):
+class EntryWrite(msgspec.Struct, tag="entry", tag_field="type", forbid_unknown_fields=True):
     value: Any
 
 
-class TaskWrite(msgspec.Struct, tag="task", tag_field="type"):
+class TaskWrite(msgspec.Struct, tag="task", tag_field="type", forbid_unknown_fields=True):
     value: Any
 
 
-class SubmissionWrite(msgspec.Struct, tag="submission", tag_field="type"):
+class SubmissionWrite(msgspec.Struct, tag="submission", tag_field="type", forbid_unknown_fields=True):
     value: Any
 
 
-class BaseContent(msgspec.Struct, tag="base", tag_field="kind"):
+class BaseContent(msgspec.Struct, tag="base", tag_field="kind", forbid_unknown_fields=True):
     version: int
     value: Any
 
 
-class DeltaContent(msgspec.Struct, tag="delta", tag_field="kind"):
+class DeltaContent(msgspec.Struct, tag="delta", tag_field="kind", forbid_unknown_fields=True):
     version: int
     ops: Any
 
@@ -50,27 +50,27 @@ class DeltaContent(msgspec.Struct, tag="delta", tag_field="kind"):
 Content: TypeAlias = Union[BaseContent, DeltaContent]
 
 
-class CopySource(msgspec.Struct):
+class CopySource(msgspec.Struct, forbid_unknown_fields=True):
     id: int
     at: Union[int, Literal["current"]]
 
 
-class DocumentCreateWrite(msgspec.Struct, tag="document.create", tag_field="type"):
+class DocumentCreateWrite(msgspec.Struct, tag="document.create", tag_field="type", forbid_unknown_fields=True):
     record: Any
     content: Content
 
 
-class DocumentCopyWrite(msgspec.Struct, tag="document.copy", tag_field="type"):
+class DocumentCopyWrite(msgspec.Struct, tag="document.copy", tag_field="type", forbid_unknown_fields=True):
     record: Any
     source: CopySource
 
 
-class DocumentChangeWrite(msgspec.Struct, tag="document.change", tag_field="type"):
+class DocumentChangeWrite(msgspec.Struct, tag="document.change", tag_field="type", forbid_unknown_fields=True):
     id: int
     content: Content
 
 
-class DocumentRetireWrite(msgspec.Struct, tag="document.retire", tag_field="type"):
+class DocumentRetireWrite(msgspec.Struct, tag="document.retire", tag_field="type", forbid_unknown_fields=True):
     id: int
 
 
@@ -98,7 +98,8 @@ WRITE_TYPES: Final = (
 
 
 class LogRecord(msgspec.Struct, array_like=True):
-    """What one log key holds. ``checksum`` is the CRC-32 of ``payload``, the encoded writes."""
+    """What one log key holds. ``checksum`` is the CRC-32 of ``committed_at`` (8 bytes
+    big-endian) followed by ``payload``, the encoded writes."""
 
     format: int
     committed_at: int
@@ -119,26 +120,45 @@ _record_decoder: Final = msgspec.msgpack.Decoder(LogRecord)
 _record_encoder: Final = msgspec.msgpack.Encoder()
 
 
-def encode_batch(writes: Sequence[Mapping[str, Any]]) -> bytes:
-    """Check a batch of contract writes as strict JSON and encode it as one payload."""
+class EncodedBatch(NamedTuple):
+    """A batch ready for the log: its payload, and the validated Structs it decodes to."""
+
+    payload: bytes
+    writes: list[Write]
+
+
+def encode_batch(writes: Sequence[Mapping[str, Any]]) -> EncodedBatch:
+    """Check a batch of contract writes (strict JSON, then the write schema) and encode it.
+
+    The Structs are decoded from the payload itself, so they are detached from the caller's
+    values and are exactly what a later read of the log will see.
+    """
 
     batch = list(writes)
     codec.check_json(batch)
-    return codec.encode(batch)
+    payload = codec.encode(batch)
+    try:
+        return EncodedBatch(payload, codec.deep(_batch_decoder.decode, payload))
+    except msgspec.ValidationError as error:
+        raise ValueError(f"Invalid storage write: {error}") from None
 
 
 def decode_batch(payload: bytes | memoryview) -> list[Write]:
     """Decode and validate a payload; a write that is not of the contract raises ``ValueError``."""
 
     try:
-        return _batch_decoder.decode(payload)
+        return codec.deep(_batch_decoder.decode, payload)
     except msgspec.ValidationError as error:
         raise ValueError(f"Invalid storage write: {error}") from None
 
 
+def _checksum(committed_at: int, payload: bytes) -> int:
+    return zlib.crc32(payload, zlib.crc32(committed_at.to_bytes(8, "big", signed=True)))
+
+
 def encode_record(payload: bytes, committed_at: int) -> bytes:
     return _record_encoder.encode(
-        LogRecord(FORMAT_VERSION, committed_at, zlib.crc32(payload), payload)
+        LogRecord(FORMAT_VERSION, committed_at, _checksum(committed_at, payload), payload)
     )
 
 
@@ -151,11 +171,15 @@ def decode_record(seq: int, data: bytes | memoryview) -> Commit:
         raise CorruptRecordError(seq, f"undecodable header ({error})") from None
     if record.format != FORMAT_VERSION:
         raise CorruptRecordError(seq, f"unsupported record format {record.format}")
-    if zlib.crc32(record.payload) != record.checksum:
+    try:
+        checksum = _checksum(record.committed_at, record.payload)
+    except OverflowError:
+        raise CorruptRecordError(seq, "commit time out of range") from None
+    if checksum != record.checksum:
         raise CorruptRecordError(seq, "checksum mismatch")
     try:
-        writes = _batch_decoder.decode(record.payload)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as error:
+        writes = codec.deep(_batch_decoder.decode, record.payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as error:
         raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
     return Commit(seq, record.committed_at, writes)
 
@@ -163,4 +187,4 @@ def decode_record(seq: int, data: bytes | memoryview) -> Commit:
 def write_to_builtins(write: Write) -> dict[str, Any]:
     """The contract dict of a write, exactly as it was committed."""
 
-    return msgspec.to_builtins(write)  # type: ignore[no-any-return]
+    return codec.deep(msgspec.to_builtins, write)  # type: ignore[no-any-return]

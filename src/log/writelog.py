@@ -38,13 +38,22 @@ class WriteLog:
 
     def __init__(self, env: Environment) -> None:
         self.env = env
-        self.db = env.db(LOG_DB) if not env.readonly or env.has_db(LOG_DB) else None
+        self._db = env.db(LOG_DB) if not env.readonly or env.has_db(LOG_DB) else None
         self._waiters: set[asyncio.Future[None]] = set()
+
+    @property
+    def db(self) -> lmdb._Database | None:
+        """The log database; a reader opened before the first commit finds it once it exists."""
+
+        if self._db is None and self.env.has_db(LOG_DB):
+            self._db = self.env.db(LOG_DB)
+        return self._db
 
     # ── writing ─────────────────────────────────────────────────────────────
 
     def append(self, txn: lmdb.Transaction, payload: bytes, committed_at: int | None = None) -> int:
-        """Append one encoded batch inside ``txn``; the sequence is durable once ``txn`` commits."""
+        """Append one batch's payload (from ``encode_batch``) inside ``txn``; the sequence is
+        durable once ``txn`` commits."""
 
         seq = self.head(txn) + 1
         if committed_at is None:
@@ -140,8 +149,6 @@ class WriteLog:
         next_seq = from_seq
         interval = poll_interval
         while True:
-            if self.db is None and self.env.has_db(LOG_DB):
-                self.db = self.env.db(LOG_DB)
             rows = self.raw_chunk(next_seq, None)
             if rows:
                 interval = poll_interval

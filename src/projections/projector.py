@@ -34,6 +34,7 @@ from .readmodel import (
     MAX_SAFE_INTEGER,
     ReadModel,
     address_key,
+    ids_in_range,
     is_current_only,
     scope_key,
 )
@@ -206,114 +207,111 @@ class Projector:
     # ── application ─────────────────────────────────────────────────────────
 
     def apply(self, txn: lmdb.Transaction, seq: int, plan: Plan) -> None:
+        rows = _Rows(txn, self.db, seq)
         for write in plan.writes:
             kind = type(write)
             if kind is EntryWrite:
-                self._put_entry(txn, seq, write.value)  # type: ignore[union-attr]
+                self._put_entry(rows, write.value)  # type: ignore[union-attr]
             elif kind is TaskWrite:
-                self._put_task(txn, write.value)  # type: ignore[union-attr]
+                self._put_task(rows, write.value)  # type: ignore[union-attr]
             elif kind is SubmissionWrite:
-                self._put_submission(txn, write.value)  # type: ignore[union-attr]
+                self._put_submission(rows, write.value)  # type: ignore[union-attr]
             elif kind is ConversationWrite:
-                self._put_conversation(txn, write.value)  # type: ignore[union-attr]
+                self._put_conversation(rows, write.value)  # type: ignore[union-attr]
         for id, action in plan.actions.items():
-            self._apply_document(txn, seq, id, action)
+            self._apply_document(rows, id, action)
         state = t.ProjectionState(t.SCHEMA_VERSION, seq)
         txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
 
-    def _claim(self, txn: lmdb.Transaction, id: int, table: str) -> None:
-        txn.put(t.u64(id), t.RECORD_TYPES[table], db=self.db[t.RECORD_IDS])
-
-    def _put_conversation(self, txn: lmdb.Transaction, value: Any) -> None:
+    def _put_conversation(self, rows: _Rows, value: Any) -> None:
         id = value["id"]
-        self._claim(txn, id, "conversation")
-        txn.put(t.u64(id), codec.encode(value), db=self.db[t.CONVERSATIONS])
+        rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["conversation"])
+        rows.put(t.CONVERSATIONS, t.u64(id), codec.encode(value))
         owner = value.get("owner")
         if owner is not None:
-            txn.put(t.u64_pair(owner["conversationId"], id), b"", db=self.db[t.CONVERSATIONS_BY_OWNER_CONVERSATION])
-            txn.put(t.u64_pair(owner["taskId"], id), b"", db=self.db[t.CONVERSATIONS_BY_OWNER_TASK])
+            rows.put(t.CONVERSATIONS_BY_OWNER_CONVERSATION, t.u64_pair(owner["conversationId"], id), b"")
+            rows.put(t.CONVERSATIONS_BY_OWNER_TASK, t.u64_pair(owner["taskId"], id), b"")
 
-    def _put_entry(self, txn: lmdb.Transaction, seq: int, value: Any) -> None:
+    def _put_entry(self, rows: _Rows, value: Any) -> None:
         id, conversation_id = value["id"], value["conversationId"]
-        self._claim(txn, id, "entry")
-        txn.put(t.u64(id), t.encode_row(t.EntryRow(seq, value)), db=self.db[t.ENTRIES])
-        txn.put(t.u64_pair(conversation_id, id), b"", db=self.db[t.ENTRIES_BY_CONVERSATION])
+        rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["entry"])
+        rows.put(t.ENTRIES, t.u64(id), t.encode_row(t.EntryRow(rows.seq, value)))
+        rows.put(t.ENTRIES_BY_CONVERSATION, t.u64_pair(conversation_id, id), b"")
         if "head" in value:
-            txn.put(t.u64_pair(conversation_id, id), b"", db=self.db[t.HEADS_BY_CONVERSATION])
+            rows.put(t.HEADS_BY_CONVERSATION, t.u64_pair(conversation_id, id), b"")
 
-    def _put_task(self, txn: lmdb.Transaction, value: Any) -> None:
+    def _put_task(self, rows: _Rows, value: Any) -> None:
         id = value["id"]
-        self._claim(txn, id, "task")
-        by_status = self.db[t.TASKS_BY_STATUS]
-        previous = self.model.task(txn, id)
-        status = value["state"]["status"]
+        rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["task"])
+        previous = rows.replace(t.TASKS, t.u64(id), codec.encode(value))
+        status = t.TASK_STATUS_KEYS[value["state"]["status"]]
         if previous is not None:
-            txn.delete(t.TASK_STATUS_KEYS[previous["state"]["status"]] + t.u64(id), db=by_status)
-        txn.put(t.TASK_STATUS_KEYS[status] + t.u64(id), b"", db=by_status)
-        txn.put(t.u64(id), codec.encode(value), db=self.db[t.TASKS])
+            old_status = t.TASK_STATUS_KEYS[codec.decode(previous)["state"]["status"]]
+            if old_status == status:
+                return
+            rows.delete(t.TASKS_BY_STATUS, old_status + t.u64(id))
+        rows.put(t.TASKS_BY_STATUS, status + t.u64(id), b"")
 
-    def _put_submission(self, txn: lmdb.Transaction, value: Any) -> None:
+    def _put_submission(self, rows: _Rows, value: Any) -> None:
         id = value["id"]
-        self._claim(txn, id, "submission")
-        by_status = self.db[t.SUBMISSIONS_BY_STATUS]
-        by_request = self.db[t.SUBMISSIONS_BY_REQUEST]
-        previous = self.model.submission(txn, id)
+        rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["submission"])
+        raw = rows.replace(t.SUBMISSIONS, t.u64(id), codec.encode(value))
+        previous = None if raw is None else codec.decode(raw)
+        status = t.SUBMISSION_STATUS_KEYS[value["status"]]
         if previous is not None:
-            txn.delete(t.SUBMISSION_STATUS_KEYS[previous["status"]] + t.u64(id), db=by_status)
+            old_status = t.SUBMISSION_STATUS_KEYS[previous["status"]]
+            if old_status != status:
+                rows.delete(t.SUBMISSIONS_BY_STATUS, old_status + t.u64(id))
             previous_request = previous.get("requestId")
             if previous_request is not None:
                 key = t.u64(previous["conversationId"]) + t.text_key(previous_request)
-                if txn.get(key, db=by_request) == t.u64(id):
-                    txn.delete(key, db=by_request)
-        txn.put(t.SUBMISSION_STATUS_KEYS[value["status"]] + t.u64(id), b"", db=by_status)
+                if rows.get(t.SUBMISSIONS_BY_REQUEST, key) == t.u64(id):
+                    rows.delete(t.SUBMISSIONS_BY_REQUEST, key)
+        if previous is None or previous["status"] != value["status"]:
+            rows.put(t.SUBMISSIONS_BY_STATUS, status + t.u64(id), b"")
         request = value.get("requestId")
         if request is not None:
-            key = t.u64(value["conversationId"]) + t.text_key(request)
-            txn.put(key, t.u64(id), db=by_request)
-        txn.put(t.u64(id), codec.encode(value), db=self.db[t.SUBMISSIONS])
+            rows.put(t.SUBMISSIONS_BY_REQUEST, t.u64(value["conversationId"]) + t.text_key(request), t.u64(id))
 
-    def _apply_document(self, txn: lmdb.Transaction, seq: int, id: int, action: DocumentAction) -> None:
-        documents = self.db[t.DOCUMENTS]
+    def _apply_document(self, rows: _Rows, id: int, action: DocumentAction) -> None:
         key = t.u64(id)
+        seq = rows.seq
         if action.create is not None:
             record = {**action.create, "createdAt": seq}
             if action.retire:
                 record["retiredAt"] = seq
-            self._claim(txn, id, "document")
+            rows.put(t.RECORD_IDS, key, t.RECORD_TYPES["document"])
             address = address_key(record)
-            txn.put(address + key, b"", db=self.db[t.DOCUMENT_INCARNATIONS])
-            txn.put(scope_key(record["scope"]) + key, b"", db=self.db[t.DOCUMENTS_BY_SCOPE])
+            rows.put(t.DOCUMENT_INCARNATIONS, address + key, b"")
+            rows.put(t.DOCUMENTS_BY_SCOPE, scope_key(record["scope"]) + key, b"")
             if not action.retire:
-                txn.put(address, key, db=self.db[t.DOCUMENT_CURRENT])
+                rows.put(t.DOCUMENT_CURRENT, address, key)
         else:
-            record = self.model.document_record(txn, id)
+            record = codec.decode(rows.get(t.DOCUMENTS, key))
             if action.retire:
                 record["retiredAt"] = seq
                 address = address_key(record)
-                if self.model.current_document_id(txn, address) == id:
-                    txn.delete(address, db=self.db[t.DOCUMENT_CURRENT])
+                if rows.get(t.DOCUMENT_CURRENT, address) == key:
+                    rows.delete(t.DOCUMENT_CURRENT, address)
         if action.create is not None or action.retire:
-            txn.put(key, codec.encode(record), db=documents)
+            rows.put(t.DOCUMENTS, key, codec.encode(record))
         current_only = is_current_only(record)
         if action.content is not None:
-            self._put_revision(txn, seq, id, action.content, current_only)
+            self._put_revision(rows, id, action.content, current_only)
         if action.retire:
-            txn.delete(key, db=self.db[t.DOCUMENT_VALUES])
+            rows.delete(t.DOCUMENT_VALUES, key)
             if current_only:
-                self._drop_revisions(txn, id)
+                self._drop_revisions(rows, id)
 
-    def _put_revision(
-        self, txn: lmdb.Transaction, seq: int, id: int, content: Content, current_only: bool
-    ) -> None:
-        values = self.db[t.DOCUMENT_VALUES]
+    def _put_revision(self, rows: _Rows, id: int, content: Content, current_only: bool) -> None:
         if isinstance(content, BaseContent):
             if current_only:
-                self._drop_revisions(txn, id)
+                self._drop_revisions(rows, id)
             revision = t.Revision("base", content.version, content.value)
             current = t.CurrentValue(content.version, 0, content.value)
         else:
             revision = t.Revision("delta", content.version, content.ops)
-            previous = self.model.current_value(txn, id)
+            previous = self.model.current_value(rows.txn, id)
             assert previous is not None, f"document {id} has no current value"
             current = t.CurrentValue(
                 previous.version, previous.deltas_since_base + 1, previous.value, previous.broken
@@ -323,18 +321,53 @@ class Projector:
                     current.value = apply_ops(current.value, content.ops)
                 except Exception:
                     current.broken = True
-        txn.put(t.u64_pair(id, seq), t.encode_row(revision), db=self.db[t.DOCUMENT_REVISIONS])
-        txn.put(t.u64(id), t.encode_row(current), db=values)
+        rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), t.encode_row(revision))
+        rows.put(t.DOCUMENT_VALUES, t.u64(id), t.encode_row(current))
 
-    def _drop_revisions(self, txn: lmdb.Transaction, id: int) -> None:
-        revisions = self.db[t.DOCUMENT_REVISIONS]
-        prefix = t.u64(id)
-        cursor = txn.cursor(db=revisions)
-        if not cursor.set_range(prefix):
+    def _drop_revisions(self, rows: _Rows, id: int) -> None:
+        stale = [
+            t.u64_pair(id, seq)
+            for seq, _ in ids_in_range(rows.txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, False)
+        ]
+        for key in stale:
+            rows.delete(t.DOCUMENT_REVISIONS, key)
+
+
+class _Rows:
+    """Writes of one commit to the tables, keeping in ``HISTORY`` what each key held before, so a
+    view can read any table as of an earlier sequence."""
+
+    __slots__ = ("txn", "db", "seq", "_history")
+
+    def __init__(self, txn: lmdb.Transaction, db: dict[str, lmdb._Database], seq: int) -> None:
+        self.txn, self.db, self.seq = txn, db, seq
+        self._history = db[t.HISTORY]
+
+    def get(self, table: str, key: bytes) -> bytes | None:
+        return self.txn.get(key, db=self.db[table])  # type: ignore[no-any-return]
+
+    def put(self, table: str, key: bytes, value: bytes) -> None:
+        previous = self.txn.replace(key, value, db=self.db[table])
+        if previous != value:
+            self._remember(table, key, previous)
+
+    def replace(self, table: str, key: bytes, value: bytes) -> bytes | None:
+        previous: bytes | None = self.txn.replace(key, value, db=self.db[table])
+        if previous != value:
+            self._remember(table, key, previous)
+        return previous
+
+    def delete(self, table: str, key: bytes) -> None:
+        previous = self.txn.pop(key, db=self.db[table])
+        if previous is not None:
+            self._remember(table, key, previous)
+
+    def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:
+        if table in t.UNVERSIONED:
             return
-        while cursor.key()[:8] == prefix:
-            if not cursor.delete():
-                break
+        before = t.ABSENT if previous is None else t.PRESENT + previous
+        # The first change in a commit holds the value from before the commit; keep it.
+        self.txn.put(t.history_key(table, key, self.seq), before, db=self._history, overwrite=False)
 
 
 # ── shape checks: what the folds rely on, named precisely ─────────────────────

@@ -37,6 +37,7 @@ DOCUMENTS_BY_SCOPE: Final = "p.documents.by_scope"
 DOCUMENT_REVISIONS: Final = "p.documents.revisions"
 DOCUMENT_VALUES: Final = "p.documents.values"
 STATE: Final = "p.state"
+HISTORY: Final = "p.history"
 
 TABLES: Final = (
     RECORD_IDS,
@@ -58,7 +59,17 @@ TABLES: Final = (
     DOCUMENT_REVISIONS,
     DOCUMENT_VALUES,
     STATE,
+    HISTORY,
 )
+
+UNVERSIONED: Final = frozenset({DOCUMENT_VALUES, STATE, HISTORY})
+"""Tables without history: views replay document values from revisions instead."""
+TABLE_CODES: Final = {
+    name: bytes([code]) for code, name in enumerate(TABLES) if name not in UNVERSIONED
+}
+"""The one-byte prefix of a table's rows in ``HISTORY``."""
+ABSENT: Final = b"\x00"
+PRESENT: Final = b"\x01"
 
 RECORD_TYPES: Final = {
     "conversation": b"c",
@@ -102,6 +113,12 @@ def text_key(value: Any) -> bytes:
     if len(encoded) <= _MAX_KEY_PART:
         return encoded
     return b"\xff" + hashlib.blake2b(encoded, digest_size=32).digest()
+
+
+def history_key(table: str, key: bytes, seq: int) -> bytes:
+    """Where the value ``key`` held *before* commit ``seq`` changed it is kept."""
+
+    return TABLE_CODES[table] + key + _U64.pack(seq)
 
 
 class EntryRow(msgspec.Struct, array_like=True):

@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 import lmdb
 
-from log import Durability, Environment, WriteLog, decode_batch, encode_batch
+from log import Durability, Environment, WriteLog, encode_batch
 from log.environment import DEFAULT_MAP_SIZE
 from projections import Projector, ReadModel, StorageRequestError
 from projections import tables as t
+from projections.history import AsOfTxn
 from projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
 from projections.rebuild import behind, catch_up
 
@@ -33,92 +35,17 @@ _U64 = struct.Struct(">Q")
 _TASK_FILTERS: Final = ("conversationId", "kind", "abortRequested", "background")
 
 
-class LmdbStorage:
-    """An embedded, event-sourced implementation of ``pi_durable.types.Storage``."""
+class StorageReads:
+    """Every read of the contract, over whatever ``_read()`` yields: the live tables in a short
+    read transaction, or (``StorageView``) the same tables as of an earlier commit."""
 
-    def __init__(self, env: Environment, progress: Callable[[int, int], None] | None = None) -> None:
-        self._env = env
-        self.log = WriteLog(env)
-        self._model = ReadModel(env)
-        self._projector = Projector(self._model)
-        self._closed = False
-        self._meta = env.db("meta")
-        if env.readonly:
-            schema_differs, folded, head = behind(env, self.log, self._projector)
-            if schema_differs or folded < head:
-                raise RuntimeError(
-                    f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
-                    "open it for writing once to bring them up to date"
-                )
-        else:
-            catch_up(env, self.log, self._projector, progress)
-        with env.read() as txn:
-            stored = self._model.max_record_id(txn) + 1
-            raw = txn.get(_RESERVED_KEY, db=self._meta)
-        self._reserved = 0 if raw is None else _U64.unpack(raw)[0]
-        self._next_id = max(2, stored, self._reserved)
+    _model: ReadModel
 
-    @classmethod
-    async def open(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        durability: Durability = "power",
-        readonly: bool = False,
-        map_size: int = DEFAULT_MAP_SIZE,
-    ) -> LmdbStorage:
-        """Open (or create) the store in directory ``path``; see ``log.environment`` for modes."""
+    def _read(self) -> Any:
+        raise NotImplementedError
 
-        env = Environment(path, readonly=readonly, durability=durability, map_size=map_size)
-        try:
-            return cls(env)
-        except BaseException:
-            env.close()
-            raise
-
-    @property
-    def path(self) -> str:
-        return self._env.path
-
-    # ── commits ─────────────────────────────────────────────────────────────
-
-    async def commit(
-        self, writes: Sequence[Any], context: Any = None, *, committed_at: int | None = None
-    ) -> int:
-        """Validate, log, fold and durably commit one batch; returns its sequence.
-
-        ``committed_at`` (Unix ms) replaces the clock, for imports that keep original times.
-        """
-
-        self._assert_open()
-        payload = encode_batch(writes)
-        batch = decode_batch(payload)
-
-        def work(txn: lmdb.Transaction) -> tuple[int, int]:
-            plan = self._projector.prepare(txn, batch)
-            seq = self.log.append(txn, payload, committed_at)
-            self._projector.apply(txn, seq, plan)
-            return seq, plan.max_id
-
-        seq, max_id = self._env.write(work)
-        self.log.committed()
-        if max_id >= self._next_id:
-            self._next_id = max_id + 1
-        return seq
-
-    async def mint_id(self) -> int:
-        self._assert_open()
-        if self._next_id > MAX_SAFE_INTEGER:
-            raise ValueError("ID space is exhausted")
-        if self._next_id >= self._reserved:
-            reserved = self._next_id + ID_BLOCK
-            self._env.write(lambda txn: txn.put(_RESERVED_KEY, _U64.pack(reserved), db=self._meta))
-            self._reserved = reserved
-        value = self._next_id
-        self._next_id += 1
-        return value
-
-    # ── table reads ─────────────────────────────────────────────────────────
+    def _assert_open(self) -> None:
+        raise NotImplementedError
 
     async def conversation(self, id: int, context: Any = None) -> Any | None:
         with self._read() as txn:
@@ -287,7 +214,103 @@ class LmdbStorage:
             )
             return take_page(alive, limit, "ascending")
 
+class LmdbStorage(StorageReads):
+    """An embedded, event-sourced implementation of ``pi_durable.types.Storage``."""
+
+    def __init__(self, env: Environment, progress: Callable[[int, int], None] | None = None) -> None:
+        self._env = env
+        self.log = WriteLog(env)
+        self._model = ReadModel(env)
+        self._projector = Projector(self._model)
+        self._closed = False
+        self._meta = env.db("meta")
+        if env.readonly:
+            schema_differs, folded, head = behind(env, self.log, self._projector)
+            if schema_differs or folded < head:
+                raise RuntimeError(
+                    f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
+                    "open it for writing once to bring them up to date"
+                )
+        else:
+            catch_up(env, self.log, self._projector, progress)
+        with env.read() as txn:
+            stored = self._model.max_record_id(txn) + 1
+            raw = txn.get(_RESERVED_KEY, db=self._meta)
+        self._reserved = 0 if raw is None else _U64.unpack(raw)[0]
+        self._next_id = max(2, stored, self._reserved)
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "power",
+        readonly: bool = False,
+        map_size: int = DEFAULT_MAP_SIZE,
+    ) -> LmdbStorage:
+        """Open (or create) the store in directory ``path``; see ``log.environment`` for modes."""
+
+        env = Environment(path, readonly=readonly, durability=durability, map_size=map_size)
+        try:
+            return cls(env)
+        except BaseException:
+            env.close()
+            raise
+
+    @property
+    def path(self) -> str:
+        return self._env.path
+
+    # ── commits ─────────────────────────────────────────────────────────────
+
+    async def commit(
+        self, writes: Sequence[Any], context: Any = None, *, committed_at: int | None = None
+    ) -> int:
+        """Validate, log, fold and durably commit one batch; returns its sequence.
+
+        ``committed_at`` (Unix ms) replaces the clock, for imports that keep original times.
+        """
+
+        self._assert_open()
+        payload, batch = encode_batch(writes)
+
+        def work(txn: lmdb.Transaction) -> tuple[int, int]:
+            plan = self._projector.prepare(txn, batch)
+            seq = self.log.append(txn, payload, committed_at)
+            self._projector.apply(txn, seq, plan)
+            return seq, plan.max_id
+
+        seq, max_id = self._env.write(work)
+        self.log.committed()
+        if max_id >= self._next_id:
+            self._next_id = max_id + 1
+        return seq
+
+    async def mint_id(self) -> int:
+        self._assert_open()
+        if self._next_id > MAX_SAFE_INTEGER:
+            raise ValueError("ID space is exhausted")
+        if self._next_id >= self._reserved:
+            reserved = self._next_id + ID_BLOCK
+            self._env.write(lambda txn: txn.put(_RESERVED_KEY, _U64.pack(reserved), db=self._meta))
+            self._reserved = reserved
+        value = self._next_id
+        self._next_id += 1
+        return value
+
     # ── lifecycle ───────────────────────────────────────────────────────────
+
+    async def as_of(self, seq: int) -> StorageView:
+        """A read-only view answering every read as the store did right after commit ``seq``.
+
+        Opening it costs nothing; each read seeks the history table once per key it touches.
+        """
+
+        self._assert_open()
+        head = self.log.head()
+        if type(seq) is not int or not 0 <= seq <= head:
+            raise ValueError(f"as_of() needs a committed sequence from 0 to {head}, not {seq!r}")
+        return StorageView(self, seq)
 
     async def close(self, context: Any = None) -> None:
         """Sync and release the store; every later call is refused. Reads never span an await,
@@ -305,6 +328,34 @@ class LmdbStorage:
     def _read(self) -> Any:
         self._assert_open()
         return self._env.read()
+
+
+
+
+class StorageView(StorageReads):
+    """The store exactly as it answered right after commit ``seq``; read-only."""
+
+    def __init__(self, storage: LmdbStorage, seq: int) -> None:
+        self._storage = storage
+        self._model = storage._model
+        self.seq = seq
+
+    @contextmanager
+    def _read(self) -> Iterator[AsOfTxn]:
+        with self._storage._read() as txn:
+            yield AsOfTxn(txn, self._model.db, self.seq)
+
+    def _assert_open(self) -> None:
+        self._storage._assert_open()
+
+    async def commit(self, writes: Sequence[Any], context: Any = None) -> int:
+        raise PermissionError(f"A view as of sequence {self.seq} is read-only")
+
+    async def mint_id(self) -> int:
+        raise PermissionError(f"A view as of sequence {self.seq} is read-only")
+
+    async def close(self, context: Any = None) -> None:
+        """Views hold nothing open between reads."""
 
 
 def _is_safe_int(value: object) -> bool:

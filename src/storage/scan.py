@@ -52,6 +52,8 @@ def cursor_after(cursor: Any) -> int | None:
     after = cursor.get("after")
     if not _is_safe_int(after):
         raise StorageRequestError("Invalid storage cursor")
+    if after < 1:
+        raise TypeError(f"{after!r} is not a positive ID")  # as the reference's id_from_number
     return after  # type: ignore[no-any-return]
 
 
