@@ -1,0 +1,83 @@
+"""``as_of(seq)`` answers every read exactly as a MemoryStorage fed the first ``seq`` commits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.storage.memory import MemoryStorage
+
+from storage import LmdbStorage
+
+from .workload import Workload, snapshot
+
+
+async def _fill(path: Path, seed: int, commits: int) -> tuple[LmdbStorage, Workload, list[list[dict]]]:
+    storage = await LmdbStorage.open(path, durability="process")
+    reference = MemoryStorage()
+    work = Workload(seed)
+    accepted: list[list[dict]] = []
+    while len(accepted) < commits:
+        writes = work.batch()
+        try:
+            reference.prepare_commit(writes)
+        except Exception as error:
+            with pytest.raises(type(error)):
+                await storage.commit(writes, CTX)
+            continue
+        await reference.commit(writes, CTX)
+        assert await storage.commit(writes, CTX) == len(accepted) + 1
+        accepted.append(writes)
+    return storage, work, accepted
+
+
+async def _memory_after(batches: list[list[dict]]) -> MemoryStorage:
+    memory = MemoryStorage()
+    for writes in batches:
+        await memory.commit(writes, CTX)
+    return memory
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32), data=st.data())
+async def test_as_of_equals_memory_storage_fed_the_prefix(tmp_path: Path, seed: int, data: st.DataObject) -> None:
+    directory = tmp_path / f"store-{seed}"
+    storage, work, batches = await _fill(directory, seed, 24)
+    try:
+        points = data.draw(st.lists(st.integers(0, len(batches)), min_size=2, max_size=4, unique=True))
+        for seq in points + [len(batches)]:
+            view = await storage.as_of(seq)
+            expected = await snapshot(await _memory_after(batches[:seq]), work, seq)
+            actual = await snapshot(view, work, seq)
+            differing = [key for key in expected if expected[key] != actual[key]]
+            assert not differing, (seq, differing[:3], [(expected[k], actual[k]) for k in differing[:2]])
+    finally:
+        await storage.close(CTX)
+
+
+async def test_live_reads_equal_memory_storage_and_survive_reopen(tmp_path: Path) -> None:
+    storage, work, batches = await _fill(tmp_path / "store", 7, 60)
+    expected = await snapshot(await _memory_after(batches), work, len(batches))
+    assert await snapshot(storage, work, len(batches)) == expected
+    await storage.close(CTX)
+    reopened = await LmdbStorage.open(tmp_path / "store", durability="process")
+    try:
+        assert await snapshot(reopened, work, len(batches)) == expected
+    finally:
+        await reopened.close(CTX)
+
+
+async def test_views_are_read_only_and_bounded(tmp_path: Path) -> None:
+    storage, _, batches = await _fill(tmp_path / "store", 3, 5)
+    try:
+        view = await storage.as_of(2)
+        with pytest.raises(PermissionError, match="read-only"):
+            await view.commit([], CTX)
+        for bad in (-1, len(batches) + 1, "2"):
+            with pytest.raises(ValueError, match="committed sequence"):
+                await storage.as_of(bad)  # type: ignore[arg-type]
+    finally:
+        await storage.close(CTX)
