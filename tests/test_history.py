@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,10 @@ async def _memory_after(batches: list[list[dict]]) -> MemoryStorage:
     return memory
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32), data=st.data())
 async def test_as_of_equals_memory_storage_fed_the_prefix(tmp_path: Path, seed: int, data: st.DataObject) -> None:
-    directory = tmp_path / f"store-{seed}"
+    directory = Path(tempfile.mkdtemp(dir=tmp_path))
     storage, work, batches = await _fill(directory, seed, 24)
     try:
         points = data.draw(st.lists(st.integers(0, len(batches)), min_size=2, max_size=4, unique=True))

@@ -36,7 +36,7 @@ Durability = Literal["power", "process"]
 
 STORE_FORMAT: Final = 1
 DEFAULT_MAP_SIZE: Final = 1 << 30
-MAX_DBS: Final = 64
+MAX_DBS: Final = 256
 _META_DB: Final = b"meta"
 _HEADER_KEY: Final = b"store"
 _WRITER_LOCK: Final = "writer.lock"
@@ -105,6 +105,12 @@ class Environment:
                 db = self.env.open_db(key)
             self._dbs[key] = db
         return db
+
+    def forget_dbs(self, names: list[str]) -> None:
+        """Drop cached handles of databases a committed transaction deleted."""
+
+        for name in names:
+            self._dbs.pop(name.encode(), None)
 
     def has_db(self, name: str) -> bool:
         with self.read() as txn:

@@ -103,9 +103,10 @@ def ids_in_range(
 class ReadModel:
     """Handles to every projected table of one environment, and the queries over them."""
 
-    def __init__(self, env: Environment) -> None:
+    def __init__(self, env: Environment, generation: int) -> None:
         self.env = env
-        self.db = {name: env.db(name) for name in t.TABLES}
+        self.generation = generation
+        self.db = {name: env.db(t.db_name(generation, name)) for name in t.TABLES}
 
     # ── records by id ───────────────────────────────────────────────────────
 
@@ -205,19 +206,26 @@ class ReadModel:
     def _fork_segments(
         self, txn: lmdb.Transaction, conversation: Any, minimum: Any, upper: Any
     ) -> Iterator[tuple[int, Any]]:
-        """``(conversation id, highest visible entry id)`` from a conversation up to its root."""
+        """``(conversation id, highest visible entry id)`` from a conversation up to its root.
 
+        A segment is yielded before its conversation's record is read, as the reference walks:
+        a missing ancestor fails only when the walk goes past it.
+        """
+
+        current = conversation["id"]
         while True:
-            yield conversation["id"], upper
+            yield current, upper
+            if conversation is None:
+                conversation = self.conversation(txn, current)
+                if conversation is None:
+                    raise KeyError(current)
             parent = conversation.get("parent")
             if parent is None:
                 return
             upper = min(upper, parent["at"])
             if upper < minimum:
                 return
-            conversation = self.conversation(txn, parent["conversationId"])
-            if conversation is None:
-                raise KeyError(parent["conversationId"])
+            current, conversation = parent["conversationId"], None
 
     def latest_head_marker(
         self, txn: lmdb.Transaction, conversation_id: Any, at_or_before: Any
@@ -225,18 +233,21 @@ class ReadModel:
         conversation = self.conversation(txn, conversation_id)
         if conversation is None:
             raise StorageRequestError(f"Unknown conversation: {conversation_id}")
+        current = conversation["id"]
         upper = MAX_SAFE_INTEGER if at_or_before is None else at_or_before
         heads = self.db[t.HEADS_BY_CONVERSATION]
         while True:
-            for id, _ in ids_in_range(txn, heads, t.u64(conversation["id"]), 0, upper, True):
+            for id, _ in ids_in_range(txn, heads, t.u64(current), 0, upper, True):
                 return self.entry_row(txn, id).record  # type: ignore[union-attr]
+            if conversation is None:
+                conversation = self.conversation(txn, current)
+                if conversation is None:
+                    raise KeyError(current)
             parent = conversation.get("parent")
             if parent is None:
                 return None
             upper = min(upper, parent["at"])
-            conversation = self.conversation(txn, parent["conversationId"])
-            if conversation is None:
-                raise KeyError(parent["conversationId"])
+            current, conversation = parent["conversationId"], None
 
     # ── documents ───────────────────────────────────────────────────────────
 

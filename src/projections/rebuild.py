@@ -1,5 +1,11 @@
-"""Bringing the projections level with the log: after a crash between steps, an older program, or a
-schema change (then the tables are dropped and folded again from the first record)."""
+"""Keeping the core projections level with the log, and rebuilding them when their schema changes.
+
+The ``projections`` database holds a ``CoreHeader``: the generation of tables that serves reads
+and, during a rebuild, the generation being built beside it. A rebuild folds the whole log into
+the new generation in chunks (each chunk commits its checkpoint with its rows, so a killed rebuild
+resumes where it stopped) and swaps in one transaction at the end, dropping the old tables. Until
+the swap, the old generation is untouched.
+"""
 
 from __future__ import annotations
 
@@ -7,51 +13,86 @@ from collections.abc import Callable
 
 import lmdb
 
-from log import Environment, WriteLog
+from log import Commit, Environment, WriteLog
 
 from . import tables as t
 from .projector import Projector
+from .readmodel import ReadModel
 
+REGISTRY_DB = "projections"
+CORE_KEY = b"core"
 FOLD_CHUNK = 512
-"""Records folded per write transaction while catching up."""
+"""Records folded per write transaction while catching up or rebuilding."""
+
+Progress = Callable[[int, int], None]
 
 
-def projection_state(txn: lmdb.Transaction, projector: Projector) -> t.ProjectionState | None:
-    raw = txn.get(t.STATE_KEY, db=projector.db[t.STATE])
+class ProjectionsBehind(RuntimeError):
+    """A read-only open found projections that only a writer can bring up to date."""
+
+
+def read_header(env: Environment) -> t.CoreHeader | None:
+    if env.readonly and not env.has_db(REGISTRY_DB):
+        return None
+    db = env.db(REGISTRY_DB)  # opening a database needs its own transaction: first
+    with env.read() as txn:
+        raw = txn.get(CORE_KEY, db=db)
+    return None if raw is None else t.header_decoder.decode(raw)
+
+
+def _put_header(txn: lmdb.Transaction, env: Environment, header: t.CoreHeader) -> None:
+    txn.put(CORE_KEY, t.encode_state(header), db=env.db(REGISTRY_DB))
+
+
+def projection_state(txn: lmdb.Transaction, model: ReadModel) -> t.ProjectionState | None:
+    raw = txn.get(t.STATE_KEY, db=model.db[t.STATE])
     return None if raw is None else t.state_decoder.decode(raw)
 
 
-def behind(env: Environment, log: WriteLog, projector: Projector) -> tuple[bool, int, int]:
-    """``(schema differs, folded sequence, log head)``."""
-
+def folded_seq(env: Environment, model: ReadModel) -> int:
     with env.read() as txn:
-        state = projection_state(txn, projector)
-        head = log.head(txn)
-    if state is None:
-        return False, 0, head
-    return state.schema_version != t.SCHEMA_VERSION, state.folded_seq, head
+        state = projection_state(txn, model)
+    return 0 if state is None else state.folded_seq
 
 
-def drop_tables(txn: lmdb.Transaction, projector: Projector) -> None:
-    for name in t.TABLES:
-        txn.drop(projector.db[name], delete=False)
+def open_core(env: Environment, log: WriteLog, progress: Progress | None = None) -> ReadModel:
+    """The read model of the active generation, brought level with the log (writers), or
+    checked to be level (read-only opens, which refuse otherwise)."""
+
+    header = read_header(env)
+    if env.readonly:
+        if header is None or header.schema_version != t.SCHEMA_VERSION:
+            found = "none" if header is None else header.schema_version
+            raise ProjectionsBehind(
+                f"The projections of {env.path} have schema {found}, this program reads "
+                f"{t.SCHEMA_VERSION}; open the store for writing once to rebuild them"
+            )
+        model = ReadModel(env, header.generation)
+        folded, head = folded_seq(env, model), log.head()
+        if folded < head:
+            raise ProjectionsBehind(
+                f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
+                "open the store for writing once to bring them up to date"
+            )
+        return model
+    if header is None:
+        header = t.CoreHeader(0, t.SCHEMA_VERSION)
+        env.write(lambda txn: _put_header(txn, env, header))
+    if header.schema_version != t.SCHEMA_VERSION or header.building is not None:
+        return rebuild(env, log, progress)
+    model = ReadModel(env, header.generation)
+    catch_up(env, log, model, progress)
+    return model
 
 
-def catch_up(
-    env: Environment,
-    log: WriteLog,
-    projector: Projector,
-    progress: Callable[[int, int], None] | None = None,
-) -> int:
-    """Fold every record the projections lack; returns how many were folded."""
+def catch_up(env: Environment, log: WriteLog, model: ReadModel, progress: Progress | None = None) -> int:
+    """Fold every record ``model`` lacks, a chunk per transaction; returns how many."""
 
-    schema_differs, folded, head = behind(env, log, projector)
-    if schema_differs:
-        env.write(lambda txn: drop_tables(txn, projector))
-        folded = 0
+    projector = Projector(model)
+    folded, head = folded_seq(env, model), log.head()
     done = 0
     while folded < head:
-        commits = list(_take(log, folded + 1, head, FOLD_CHUNK))
+        commits = _take(log, folded + 1, head, FOLD_CHUNK)
 
         def fold_chunk(txn: lmdb.Transaction) -> None:
             for commit in commits:
@@ -65,8 +106,40 @@ def catch_up(
     return done
 
 
-def _take(log: WriteLog, first: int, last: int, count: int) -> list:  # type: ignore[type-arg]
-    result = []
+def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -> ReadModel:
+    """Fold the whole log into a new generation beside the active one, then swap."""
+
+    header = read_header(env) or t.CoreHeader(0, t.SCHEMA_VERSION)
+    target = header.generation + 1 if header.building is None else header.building
+    building = ReadModel(env, target)
+    with env.read() as txn:
+        state = projection_state(txn, building)
+    restart = state is not None and state.schema_version != t.SCHEMA_VERSION
+
+    def begin(txn: lmdb.Transaction) -> None:
+        if restart:
+            for name in t.TABLES:
+                txn.drop(building.db[name], delete=False)
+        _put_header(txn, env, t.CoreHeader(header.generation, header.schema_version, target))
+
+    env.write(begin)
+    catch_up(env, log, building, progress)
+    old = [t.db_name(header.generation, name) for name in t.TABLES]
+    old_dbs = [env.db(name) for name in old if env.has_db(name)]
+
+    def swap(txn: lmdb.Transaction) -> None:
+        for db in old_dbs:
+            txn.drop(db, delete=True)
+        _put_header(txn, env, t.CoreHeader(target, t.SCHEMA_VERSION))
+
+    if target != header.generation:
+        env.write(swap)
+        env.forget_dbs(old)
+    return building
+
+
+def _take(log: WriteLog, first: int, last: int, count: int) -> list[Commit]:
+    result: list[Commit] = []
     for commit in log.read(first, last):
         result.append(commit)
         if len(result) >= count:

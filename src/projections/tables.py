@@ -18,26 +18,33 @@ from log import codec
 SCHEMA_VERSION: Final = 1
 """Bump when any table below changes shape: the projections are then rebuilt from the log."""
 
-RECORD_IDS: Final = "p.record_ids"
-CONVERSATIONS: Final = "p.conversations"
-CONVERSATIONS_BY_OWNER_CONVERSATION: Final = "p.conversations.by_owner_conversation"
-CONVERSATIONS_BY_OWNER_TASK: Final = "p.conversations.by_owner_task"
-ENTRIES: Final = "p.entries"
-ENTRIES_BY_CONVERSATION: Final = "p.entries.by_conversation"
-HEADS_BY_CONVERSATION: Final = "p.entries.heads_by_conversation"
-TASKS: Final = "p.tasks"
-TASKS_BY_STATUS: Final = "p.tasks.by_status"
-SUBMISSIONS: Final = "p.submissions"
-SUBMISSIONS_BY_STATUS: Final = "p.submissions.by_status"
-SUBMISSIONS_BY_REQUEST: Final = "p.submissions.by_request"
-DOCUMENTS: Final = "p.documents"
-DOCUMENT_INCARNATIONS: Final = "p.documents.incarnations"
-DOCUMENT_CURRENT: Final = "p.documents.current"
-DOCUMENTS_BY_SCOPE: Final = "p.documents.by_scope"
-DOCUMENT_REVISIONS: Final = "p.documents.revisions"
-DOCUMENT_VALUES: Final = "p.documents.values"
-STATE: Final = "p.state"
-HISTORY: Final = "p.history"
+
+def db_name(generation: int, table: str) -> str:
+    """Each rebuild writes a new generation of tables beside the active one, then swaps."""
+
+    return f"p{generation}.{table}"
+
+
+RECORD_IDS: Final = "record_ids"
+CONVERSATIONS: Final = "conversations"
+CONVERSATIONS_BY_OWNER_CONVERSATION: Final = "conversations.by_owner_conversation"
+CONVERSATIONS_BY_OWNER_TASK: Final = "conversations.by_owner_task"
+ENTRIES: Final = "entries"
+ENTRIES_BY_CONVERSATION: Final = "entries.by_conversation"
+HEADS_BY_CONVERSATION: Final = "entries.heads_by_conversation"
+TASKS: Final = "tasks"
+TASKS_BY_STATUS: Final = "tasks.by_status"
+SUBMISSIONS: Final = "submissions"
+SUBMISSIONS_BY_STATUS: Final = "submissions.by_status"
+SUBMISSIONS_BY_REQUEST: Final = "submissions.by_request"
+DOCUMENTS: Final = "documents"
+DOCUMENT_INCARNATIONS: Final = "documents.incarnations"
+DOCUMENT_CURRENT: Final = "documents.current"
+DOCUMENTS_BY_SCOPE: Final = "documents.by_scope"
+DOCUMENT_REVISIONS: Final = "documents.revisions"
+DOCUMENT_VALUES: Final = "documents.values"
+STATE: Final = "state"
+HISTORY: Final = "history"
 
 TABLES: Final = (
     RECORD_IDS,
@@ -147,6 +154,14 @@ class CurrentValue(msgspec.Struct, array_like=True):
     broken: bool = False
 
 
+class CoreHeader(msgspec.Struct):
+    """Which generation of the core tables serves reads, and a rebuild in progress, if any."""
+
+    generation: int
+    schema_version: int
+    building: int | None = None
+
+
 class ProjectionState(msgspec.Struct):
     """Beside the tables: which schema they are in and the last log sequence folded into them."""
 
@@ -161,11 +176,12 @@ entry_decoder: Final = codec.decoder(EntryRow)
 revision_decoder: Final = codec.decoder(Revision)
 current_decoder: Final = codec.decoder(CurrentValue)
 state_decoder: Final = msgspec.msgpack.Decoder(ProjectionState)
+header_decoder: Final = msgspec.msgpack.Decoder(CoreHeader)
 
 
 def encode_row(row: msgspec.Struct) -> bytes:
     return codec.encode(row)
 
 
-def encode_state(state: ProjectionState) -> bytes:
+def encode_state(state: ProjectionState | CoreHeader) -> bytes:
     return _encoder.encode(state)

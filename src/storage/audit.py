@@ -22,7 +22,7 @@ from log import Commit, Environment, WriteLog, write_to_builtins
 from log.records import FORMAT_VERSION, WRITE_TYPES
 from projections import Projector, ReadModel
 from projections import tables as t
-from projections.rebuild import projection_state
+from projections.rebuild import open_core, projection_state
 
 _json_encoder = msgspec.json.Encoder()
 
@@ -109,7 +109,7 @@ class Tail:
 
     def _document_record(self, id: int) -> Any:
         if self._model is None:
-            self._model = ReadModel(self.env)
+            self._model = open_core(self.env, self.log)
         with self.env.read() as txn:
             return self._model.document_record(txn, id)
 
@@ -176,7 +176,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
     env = Environment(path, readonly=True)
     try:
         log = WriteLog(env)
-        model = ReadModel(env)
+        model = open_core(env, log)
         head, first, count = log.head(), log.first(), log.count()
         first_commit = log.get(first) if first else None
         last_commit = log.get(head) if head else None
@@ -190,7 +190,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
                 "documents": txn.stat(model.db[t.DOCUMENTS])["entries"],
             }
             live_documents = txn.stat(model.db[t.DOCUMENT_CURRENT])["entries"]
-            state = projection_state(txn, Projector(model))
+            state = projection_state(txn, model)
         return {
             "path": env.path,
             "formatVersion": FORMAT_VERSION,
@@ -200,11 +200,12 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             "lastCommittedAt": None if last_commit is None else last_commit.committed_at,
             "fileBytes": sizes["file"],
             "logBytes": sizes.get("log", 0),
-            "projectionBytes": sum(size for name, size in sizes.items() if name.startswith("p.")),
+            "projectionBytes": sum(size for name, size in sizes.items() if name.startswith("p")),
             "counts": counts,
             "liveDocuments": live_documents,
             "projections": {
                 "core": {
+                    "generation": model.generation,
                     "schemaVersion": None if state is None else state.schema_version,
                     "foldedSeq": None if state is None else state.folded_seq,
                 }
@@ -294,7 +295,7 @@ def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference |
         head = log.head()
         scratch = Environment(os.path.join(scratch_dir, "store"), durability="process")
         try:
-            projector = Projector(ReadModel(scratch))
+            projector = Projector(ReadModel(scratch, 0))
             report = Progress("verify", head, progress)
             previous = 0
             commits: list[Commit] = []
@@ -315,7 +316,7 @@ def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference |
             if commits:
                 scratch.write(fold)
             report(head)
-            return _compare(env, scratch, head)
+            return _compare(open_core(env, log), ReadModel(scratch, 0))
         finally:
             scratch.close()
     finally:
@@ -323,10 +324,9 @@ def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference |
         shutil.rmtree(scratch_dir, ignore_errors=True)
 
 
-def _compare(live: Environment, scratch: Environment, head: int) -> Difference | None:
-    live_model, scratch_model = ReadModel(live), ReadModel(scratch)
+def _compare(live_model: ReadModel, scratch_model: ReadModel) -> Difference | None:
     for name in t.TABLES:
-        with live.read() as live_txn, scratch.read() as scratch_txn:
+        with live_model.env.read() as live_txn, scratch_model.env.read() as scratch_txn:
             ours = iter(live_txn.cursor(db=live_model.db[name]))
             theirs = iter(scratch_txn.cursor(db=scratch_model.db[name]))
             while True:

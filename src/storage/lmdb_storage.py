@@ -22,7 +22,7 @@ from projections import Projector, ReadModel, StorageRequestError
 from projections import tables as t
 from projections.history import AsOfTxn
 from projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
-from projections.rebuild import behind, catch_up
+from projections.rebuild import open_core, rebuild
 
 from .scan import cursor_after, scan_start, take_page
 
@@ -220,19 +220,10 @@ class LmdbStorage(StorageReads):
     def __init__(self, env: Environment, progress: Callable[[int, int], None] | None = None) -> None:
         self._env = env
         self.log = WriteLog(env)
-        self._model = ReadModel(env)
+        self._meta = env.db("meta")
+        self._model = open_core(env, self.log, progress)
         self._projector = Projector(self._model)
         self._closed = False
-        self._meta = env.db("meta")
-        if env.readonly:
-            schema_differs, folded, head = behind(env, self.log, self._projector)
-            if schema_differs or folded < head:
-                raise RuntimeError(
-                    f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
-                    "open it for writing once to bring them up to date"
-                )
-        else:
-            catch_up(env, self.log, self._projector, progress)
         with env.read() as txn:
             stored = self._model.max_record_id(txn) + 1
             raw = txn.get(_RESERVED_KEY, db=self._meta)
@@ -247,12 +238,18 @@ class LmdbStorage(StorageReads):
         durability: Durability = "power",
         readonly: bool = False,
         map_size: int = DEFAULT_MAP_SIZE,
+        progress: Callable[[int, int], None] | None = None,
     ) -> LmdbStorage:
-        """Open (or create) the store in directory ``path``; see ``log.environment`` for modes."""
+        """Open (or create) the store in directory ``path``; see ``log.environment`` for modes.
+
+        A writer first brings the projections level with the log (rebuilding them when their
+        schema changed), calling ``progress(folded, head)`` as it goes; a read-only open refuses
+        projections that are not level.
+        """
 
         env = Environment(path, readonly=readonly, durability=durability, map_size=map_size)
         try:
-            return cls(env)
+            return cls(env, progress)
         except BaseException:
             env.close()
             raise
@@ -299,6 +296,15 @@ class LmdbStorage(StorageReads):
         return value
 
     # ── lifecycle ───────────────────────────────────────────────────────────
+
+    async def rebuild(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Fold the whole log into fresh projections beside the live ones, then swap to them."""
+
+        self._assert_open()
+        if self._env.readonly:
+            raise PermissionError(f"The store at {self.path} is open read-only")
+        self._model = rebuild(self._env, self.log, progress)
+        self._projector = Projector(self._model)
 
     async def as_of(self, seq: int) -> StorageView:
         """A read-only view answering every read as the store did right after commit ``seq``.
