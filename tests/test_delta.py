@@ -281,6 +281,12 @@ def test_trim_counts_python_code_points_like_the_reference(text: str, count: int
     [
         ({}, [["s", ["__proto__"], 1]], UnsafePathError, "unsafe path segment: __proto__"),
         ({}, [["s", [-1], 1]], UnsafePathError, "unsafe path segment: -1"),
+        ({}, [["d", ["prototype"]]], UnsafePathError, "unsafe path segment: prototype"),
+        ({"a": {}}, [["s", ["a", "constructor"], 1]], UnsafePathError, "unsafe path segment: constructor"),
+        ({}, [["a", [-1], 5]], TypeError, "a shape"),
+        ({}, [["p", "x", -1, 0, []]], TypeError, "path is not an array"),
+        ({}, [["p", [], -1, 0, []]], TypeError, "p index"),
+        ({}, [["s", [1.0], 1]], UnsafePathError, "unsafe path segment: 1.0"),
         ({}, [["s", [True], 1]], UnsafePathError, "unsafe path segment: True"),
         ([1], [["s", [2], 1]], UnsafePathError, "unsafe path segment: 2"),
         ([1], [["s", ["a"], 1]], UnsafePathError, "unsafe path segment: a"),
@@ -320,6 +326,14 @@ def test_hand_written_batch() -> None:
     ]
     expected = {"list": [8, 9, 3, 7], "text": "😀!", "new": {"x": [1]}}
     assert apply_ops(None, ops) == reference.apply(None, copy.deepcopy(ops)) == expected
+
+
+def test_apply_batches_copies_its_input() -> None:
+    root: dict[str, Any] = {"l": [1, {"x": "y"}], "s": "ab"}
+    batches = [[["p", ["l"], 0, 1, []], ["s", ["l", 0, "x"], "z"]], [["t", ["s"], 1], ["d", ["l", 0]]]]
+    result = apply_batches(root, batches)
+    assert result == {"l": [], "s": "b"}
+    assert root == {"l": [1, {"x": "y"}], "s": "ab"}
 
 
 def test_failed_op_keeps_earlier_ops_applied() -> None:

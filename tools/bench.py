@@ -425,9 +425,11 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
                   "| workload | class | backend | bytes on disk | commits | bytes / commit |",
                   "|---|---|---|---:|---:|---:|"]
         for (name, mode, backend), sizes in results.sizes.items():
+            if backend == "memory":
+                continue
             size, commits = sizes[-1]
-            per = _bytes(size / commits) if commits else "—"
-            lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {_bytes(size)} | {commits:,} | {per} |")
+            count, per = (f"{commits:,}", _bytes(size / commits)) if commits else ("—", "—")
+            lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {_bytes(size)} | {count} | {per} |")
     if results.rss:
         baseline = results.rss.get(("none", "-", "-"), 0)
         lines += ["", f"### Peak RSS (one subprocess each: populate + one pass; interpreter + imports "

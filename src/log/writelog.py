@@ -121,6 +121,11 @@ class WriteLog:
                     break
         return rows
 
+    def take(self, first: int, last: int | None, count: int) -> list[Commit]:
+        """At most ``count`` verified records from ``first`` on (to ``last``, inclusive)."""
+
+        return [decode_record(seq, data) for seq, data in self.raw_chunk(first, last, count)]
+
     def read(self, first: int = 1, last: int | None = None) -> Iterator[Commit]:
         """Verified records from ``first`` to ``last`` (inclusive; ``None``: the head when reached)."""
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import lmdb
 
-from log import Commit, Environment, WriteLog
+from log import Environment, WriteLog
 
 from . import tables as t
 from .projector import Projector
@@ -92,7 +92,7 @@ def catch_up(env: Environment, log: WriteLog, model: ReadModel, progress: Progre
     folded, head = folded_seq(env, model), log.head()
     done = 0
     while folded < head:
-        commits = _take(log, folded + 1, head, FOLD_CHUNK)
+        commits = log.take(folded + 1, head, FOLD_CHUNK)
 
         def fold_chunk(txn: lmdb.Transaction) -> None:
             for commit in commits:
@@ -136,12 +136,3 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
         env.write(swap)
         env.forget_dbs(old)
     return building
-
-
-def _take(log: WriteLog, first: int, last: int, count: int) -> list[Commit]:
-    result: list[Commit] = []
-    for commit in log.read(first, last):
-        result.append(commit)
-        if len(result) >= count:
-            break
-    return result

@@ -57,6 +57,18 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--to", dest="to_seq", type=int)
     export.set_defaults(run=_export)
 
+    rebuild = commands.add_parser(
+        "rebuild", help="fold the whole log into fresh projections beside the live ones, then swap"
+    )
+    rebuild.add_argument("path")
+    rebuild.add_argument(
+        "--projection",
+        default="core",
+        help="core (default), or a user projection's name: its rows are dropped and its program "
+        "folds the log again on its next open",
+    )
+    rebuild.set_defaults(run=_rebuild)
+
     importer = commands.add_parser(
         "import", help="build a new store from an export, or from a pi-durable SQLite/JSONL store"
     )
@@ -69,6 +81,27 @@ def _parser() -> argparse.ArgumentParser:
     importer.set_defaults(run=_import)
 
     return parser
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from .lmdb_storage import LmdbStorage
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(args.path)
+        try:
+            if args.projection == "core":
+                head = storage.log.head()
+                report = audit.Progress("rebuild", head, True)
+                await storage.rebuild(report)
+                print(f"{args.path}: rebuilt the core projections from {head} log records")
+            else:
+                storage.projections.reset_stored(args.projection)
+                print(f"{args.path}: dropped projection {args.projection!r}; its program rebuilds it on open")
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    return 0
 
 
 def _import(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ import lmdb
 from log import Durability, Environment, WriteLog, encode_batch
 from log.environment import DEFAULT_MAP_SIZE
 from projections import Projector, ReadModel, StorageRequestError
+from projections.user import Projection, UserProjections
 from projections import tables as t
 from projections.history import AsOfTxn
 from projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
@@ -217,12 +218,18 @@ class StorageReads:
 class LmdbStorage(StorageReads):
     """An embedded, event-sourced implementation of ``pi_durable.types.Storage``."""
 
-    def __init__(self, env: Environment, progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        progress: Callable[[int, int], None] | None = None,
+        projections: Sequence[Projection] = (),
+    ) -> None:
         self._env = env
         self.log = WriteLog(env)
         self._meta = env.db("meta")
         self._model = open_core(env, self.log, progress)
         self._projector = Projector(self._model)
+        self.projections = UserProjections(env, self.log, projections)
         self._closed = False
         with env.read() as txn:
             stored = self._model.max_record_id(txn) + 1
@@ -239,20 +246,24 @@ class LmdbStorage(StorageReads):
         readonly: bool = False,
         map_size: int = DEFAULT_MAP_SIZE,
         progress: Callable[[int, int], None] | None = None,
+        projections: Sequence[Projection] = (),
     ) -> LmdbStorage:
         """Open (or create) the store in directory ``path``; see ``log.environment`` for modes.
 
         A writer first brings the projections level with the log (rebuilding them when their
         schema changed), calling ``progress(folded, head)`` as it goes; a read-only open refuses
-        projections that are not level.
+        projections that are not level. ``projections`` are the user projections to keep up to
+        date (``storage.projections``), folded behind the commits.
         """
 
         env = Environment(path, readonly=readonly, durability=durability, map_size=map_size)
         try:
-            return cls(env, progress)
+            storage = cls(env, progress, projections)
         except BaseException:
             env.close()
             raise
+        storage.projections.kick()
+        return storage
 
     @property
     def path(self) -> str:
@@ -279,6 +290,7 @@ class LmdbStorage(StorageReads):
 
         seq, max_id = self._env.write(work)
         self.log.committed()
+        self.projections.kick()
         if max_id >= self._next_id:
             self._next_id = max_id + 1
         return seq
@@ -325,6 +337,7 @@ class LmdbStorage(StorageReads):
         if self._closed:
             return
         self._closed = True
+        await self.projections.close()
         self._env.close()
 
     def _assert_open(self) -> None:

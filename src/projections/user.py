@@ -1,0 +1,260 @@
+"""Projections defined by the store's users: a name, a version and a fold from log records to rows
+in databases of their own, kept up to date from the log behind the commits.
+
+Each projection's checkpoint (the last sequence it folded) is written in the same transaction as
+its rows, so it never double-counts or skips a record across crashes. A version change drops its
+databases and folds the log again from the start. A fold that raises stops only that projection:
+it is reported with the sequence and the error, commits and other projections go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import lmdb
+import msgspec
+
+from log import Commit, Environment, WriteLog
+
+from .rebuild import REGISTRY_DB, FOLD_CHUNK
+
+_PREFIX = b"user:"
+
+
+class Projection:
+    """Subclass and set ``name``, ``version`` and ``databases``; implement ``fold``."""
+
+    name: ClassVar[str]
+    version: ClassVar[int]
+    databases: ClassVar[tuple[str, ...]] = ("main",)
+
+    def fold(self, tables: Tables, commit: Commit) -> None:
+        raise NotImplementedError
+
+
+class ProjectionFailed(RuntimeError):
+    def __init__(self, name: str, seq: int, error: str) -> None:
+        super().__init__(f"Projection {name!r} stopped at log sequence {seq}: {error}")
+        self.name, self.seq, self.error = name, seq, error
+
+
+class _FoldFailed(Exception):
+    def __init__(self, seq: int, error: Exception) -> None:
+        super().__init__(seq, error)
+        self.seq, self.error = seq, error
+
+
+class ProjectionStatus(msgspec.Struct):
+    """Stored beside a projection's rows: its version, checkpoint and failure, if any."""
+
+    version: int
+    folded_seq: int
+    failed_seq: int | None = None
+    error: str | None = None
+
+
+_status_encoder = msgspec.msgpack.Encoder()
+_status_decoder = msgspec.msgpack.Decoder(ProjectionStatus)
+
+
+class Tables:
+    """A projection's own databases inside one transaction (write during a fold, read after)."""
+
+    def __init__(self, txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> None:
+        self._txn = txn
+        self._dbs = dbs
+
+    def _db(self, name: str) -> lmdb._Database:
+        try:
+            return self._dbs[name]
+        except KeyError:
+            raise KeyError(f"This projection has no database {name!r}; it declares {sorted(self._dbs)}") from None
+
+    def get(self, db: str, key: bytes) -> bytes | None:
+        return self._txn.get(key, db=self._db(db))  # type: ignore[no-any-return]
+
+    def put(self, db: str, key: bytes, value: bytes) -> None:
+        self._txn.put(key, value, db=self._db(db))
+
+    def delete(self, db: str, key: bytes) -> None:
+        self._txn.delete(key, db=self._db(db))
+
+    def items(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        cursor = self._txn.cursor(db=self._db(db))
+        if not cursor.set_range(prefix):
+            return
+        for key, value in cursor:
+            if not key.startswith(prefix):
+                return
+            yield key, value
+
+
+class UserProjections:
+    """The registered projections of one open store, and the worker that keeps them level."""
+
+    def __init__(self, env: Environment, log: WriteLog, projections: Sequence[Projection] = ()) -> None:
+        names = [projection.name for projection in projections]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Projection names must be unique: {names}")
+        self._env = env
+        self._log = log
+        self._registry = env.db(REGISTRY_DB)
+        self._projections = {projection.name: projection for projection in projections}
+        self._dbs = {
+            projection.name: {db: env.db(f"u.{projection.name}.{db}") for db in projection.databases}
+            for projection in projections
+        }
+        self._status: dict[str, ProjectionStatus] = {}
+        self._worker: asyncio.Task[None] | None = None
+        self._progress = asyncio.Event() if projections else None
+        for projection in projections:
+            self._status[projection.name] = self._open(projection)
+
+    # ── public ──────────────────────────────────────────────────────────────
+
+    def status(self) -> dict[str, ProjectionStatus]:
+        return {name: msgspec.structs.replace(status) for name, status in self._status.items()}
+
+    @contextmanager
+    def read(self, name: str) -> Iterator[Tables]:
+        """A short read transaction over one projection's databases."""
+
+        dbs = self._dbs_of(name)
+        with self._env.read() as txn:
+            yield Tables(txn, dbs)
+
+    async def wait(self, seq: int, name: str | None = None) -> None:
+        """Return once the projection (or all) folded ``seq``; raise if one stopped before it."""
+
+        names = [name] if name is not None else list(self._projections)
+        for item in names:
+            self._dbs_of(item)
+        while True:
+            pending = False
+            for item in names:
+                status = self._status[item]
+                if status.error is not None and status.folded_seq < seq:
+                    raise ProjectionFailed(item, status.failed_seq or 0, status.error)
+                pending |= status.folded_seq < seq
+            if not pending:
+                return
+            self.kick()
+            assert self._progress is not None
+            self._progress.clear()
+            await self._progress.wait()
+
+    def kick(self) -> None:
+        """Schedule the worker if it is idle and there is a running loop."""
+
+        if not self._projections or (self._worker is not None and not self._worker.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._worker = loop.create_task(self._run())
+
+    def reset(self, name: str) -> None:
+        """Drop one projection's rows and checkpoint: it folds the log again from the start."""
+
+        projection = self._projections[name]
+        self._status[name] = self._drop(projection)
+
+    def reset_stored(self, name: str) -> None:
+        """Forget a projection this program does not define: its program folds it again on open."""
+
+        key = _PREFIX + name.encode()
+        with self._env.read() as txn:
+            if txn.get(key, db=self._registry) is None:
+                raise KeyError(f"The store has no projection {name!r}")
+        self._env.write(lambda txn: txn.delete(key, db=self._registry))
+
+    async def close(self) -> None:
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+
+    # ── folding ─────────────────────────────────────────────────────────────
+
+    async def _run(self) -> None:
+        while self.step():
+            await asyncio.sleep(0)
+
+    def step(self) -> bool:
+        """Fold one chunk into every projection that is behind; True while any still is."""
+
+        if self._env.readonly:
+            return False
+        head = self._log.head()
+        behind = False
+        for name, projection in self._projections.items():
+            status = self._status[name]
+            if status.error is not None or status.folded_seq >= head:
+                continue
+            commits = self._log.take(status.folded_seq + 1, head, FOLD_CHUNK)
+            try:
+                self._status[name] = self._env.write(lambda txn: self._fold(txn, projection, commits))
+            except _FoldFailed as failure:
+                before = [commit for commit in commits if commit.seq < failure.seq]
+                if before:  # keep what folded cleanly, so the checkpoint stops right before it
+                    status = self._env.write(lambda txn: self._fold(txn, projection, before))
+                self._status[name] = self._record_failure(name, status, failure.seq, failure.error)
+                continue
+            behind |= self._status[name].folded_seq < head
+        if self._progress is not None:
+            self._progress.set()
+        return behind
+
+    def _fold(self, txn: lmdb.Transaction, projection: Projection, commits: list[Commit]) -> ProjectionStatus:
+        tables = Tables(txn, self._dbs[projection.name])
+        for commit in commits:
+            try:
+                projection.fold(tables, commit)
+            except Exception as error:
+                raise _FoldFailed(commit.seq, error) from error
+        status = ProjectionStatus(projection.version, commits[-1].seq)
+        txn.put(_PREFIX + projection.name.encode(), _status_encoder.encode(status), db=self._registry)
+        return status
+
+    def _record_failure(self, name: str, status: ProjectionStatus, seq: int, error: Exception) -> ProjectionStatus:
+        failed = msgspec.structs.replace(status, failed_seq=seq, error=f"{type(error).__name__}: {error}")
+        key = _PREFIX + name.encode()
+        self._env.write(lambda txn: txn.put(key, _status_encoder.encode(failed), db=self._registry))
+        return failed
+
+    # ── opening ─────────────────────────────────────────────────────────────
+
+    def _open(self, projection: Projection) -> ProjectionStatus:
+        with self._env.read() as txn:
+            raw = txn.get(_PREFIX + projection.name.encode(), db=self._registry)
+        status = None if raw is None else _status_decoder.decode(raw)
+        if status is not None and status.version == projection.version:
+            return status
+        if self._env.readonly:
+            return ProjectionStatus(
+                projection.version, 0, 0, "its stored version differs; a writer must rebuild it first"
+            )
+        return self._drop(projection)
+
+    def _drop(self, projection: Projection) -> ProjectionStatus:
+        status = ProjectionStatus(projection.version, 0)
+
+        def drop(txn: lmdb.Transaction) -> None:
+            for db in self._dbs[projection.name].values():
+                txn.drop(db, delete=False)
+            txn.put(_PREFIX + projection.name.encode(), _status_encoder.encode(status), db=self._registry)
+
+        self._env.write(drop)
+        return status
+
+    def _dbs_of(self, name: str) -> dict[str, lmdb._Database]:
+        try:
+            return self._dbs[name]
+        except KeyError:
+            raise KeyError(f"No projection {name!r} is registered; registered: {sorted(self._dbs)}") from None

@@ -1,0 +1,239 @@
+"""Projections rebuild themselves from the log: on a schema change, on demand, after a killed
+rebuild; user projections catch up, survive version changes and fail alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.storage.memory import MemoryStorage
+
+from log import Commit
+from log.records import EntryWrite
+from projections import tables
+from projections.rebuild import read_header
+from projections.user import Projection, ProjectionFailed, Tables
+from storage import LmdbStorage
+from storage.audit import verify
+from tools.task_outcomes import TaskOutcomes, outcome_counts
+
+from .workload import Workload, snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def _filled(path: Path, commits: int, seed: int = 5) -> tuple[Workload, MemoryStorage]:
+    storage = await LmdbStorage.open(path, durability="process")
+    reference = MemoryStorage()
+    work = Workload(seed)
+    done = 0
+    while done < commits:
+        writes = work.batch()
+        try:
+            reference.prepare_commit(writes)
+        except Exception:
+            continue
+        await reference.commit(writes, CTX)
+        await storage.commit(writes, CTX)
+        done += 1
+    await storage.close()
+    return work, reference
+
+
+async def test_schema_change_rebuilds_beside_and_reads_are_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "store"
+    work, reference = await _filled(path, 80)
+    expected = await snapshot(reference, work, 80)
+    storage = await LmdbStorage.open(path)
+    before = read_header(storage._env)
+    await storage.close()
+
+    monkeypatch.setattr(tables, "SCHEMA_VERSION", tables.SCHEMA_VERSION + 1)
+    seen: list[tuple[int, int]] = []
+    storage = await LmdbStorage.open(path, progress=lambda done, total: seen.append((done, total)))
+    try:
+        after = read_header(storage._env)
+        assert after is not None and before is not None
+        assert after.generation == before.generation + 1 and after.building is None
+        assert after.schema_version == tables.SCHEMA_VERSION
+        assert seen and seen[-1] == (80, 80)
+        assert await snapshot(storage, work, 80) == expected
+        old = tables.db_name(before.generation, tables.ENTRIES)
+        assert not storage._env.has_db(old), "the old generation is dropped at the swap"
+    finally:
+        await storage.close()
+    assert verify(path) is None
+
+
+async def test_forced_rebuild_and_cli(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    work, reference = await _filled(path, 40)
+    result = subprocess.run(
+        [sys.executable, "-m", "storage.cli", "rebuild", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "rebuilt" in result.stdout
+    storage = await LmdbStorage.open(path, readonly=True)
+    try:
+        assert await snapshot(storage, work, 40) == await snapshot(reference, work, 40)
+    finally:
+        await storage.close()
+
+
+KILLED_REBUILD = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from projections import tables
+    tables.SCHEMA_VERSION += 1
+    from storage import LmdbStorage
+    def progress(done, total):
+        print(done, flush=True)
+    asyncio.run(LmdbStorage.open(sys.argv[1], progress=progress))
+    """
+)
+
+
+async def test_a_rebuild_killed_half_way_leaves_a_store_that_opens_and_finishes(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    work, reference = await _filled(path, 3000, seed=9)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_REBUILD, str(path)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert child.stdout is not None
+    first = child.stdout.readline()  # one chunk folded into the new generation
+    assert first.strip(), "the rebuild reported no progress"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    interrupted = None
+    storage = await LmdbStorage.open(path, readonly=True)  # the old generation still serves
+    try:
+        header = read_header(storage._env)
+        interrupted = header
+        assert await storage.conversation(1, CTX) == {"id": 1}
+    finally:
+        await storage.close()
+    assert interrupted is not None and interrupted.building is not None, "the kill landed after the swap"
+    storage = await LmdbStorage.open(path)  # same schema: resumes into the same generation
+    try:
+        header = read_header(storage._env)
+        assert header is not None and header.building is None
+        assert header.generation == interrupted.building
+        assert await snapshot(storage, work, 3000) == await snapshot(reference, work, 3000)
+    finally:
+        await storage.close()
+    assert verify(path) is None
+
+
+class EntryCounter(Projection):
+    name = "entry_counter"
+    version = 1
+    databases = ("by_conversation",)
+
+    def fold(self, tables: Tables, commit: Commit) -> None:
+        for write in commit.writes:
+            if type(write) is EntryWrite:
+                key = str(write.value["conversationId"]).encode()
+                count = int(tables.get("by_conversation", key) or b"0")
+                tables.put("by_conversation", key, str(count + 1).encode())
+
+
+def _counts(storage: Any, name: str = "entry_counter") -> dict[int, int]:
+    with storage.projections.read(name) as view:
+        return {int(key): int(value) for key, value in view.items("by_conversation")}
+
+
+def _expected_counts(work: Workload, reference: MemoryStorage) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for entry in reference._state.entries.values():
+        counts[entry["conversationId"]] = counts.get(entry["conversationId"], 0) + 1
+    return counts
+
+
+async def test_a_user_projection_catches_up_on_history_and_after_a_version_change(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    work, reference = await _filled(path, 1500)
+    storage = await LmdbStorage.open(path, projections=[EntryCounter()])
+    try:
+        await storage.projections.wait(storage.log.head())
+        assert _counts(storage) == _expected_counts(work, reference)
+        seq = await storage.commit(
+            [{"type": "entry", "value": {"id": 10**6, "conversationId": 1, "kind": "x"}}], CTX
+        )
+        await storage.projections.wait(seq)
+        assert _counts(storage)[1] == _expected_counts(work, reference).get(1, 0) + 1
+    finally:
+        await storage.close()
+
+    class EntryCounterV2(EntryCounter):
+        version = 2
+
+    storage = await LmdbStorage.open(path, projections=[EntryCounterV2()])
+    try:
+        assert storage.projections.status()["entry_counter"].folded_seq == 0
+        await storage.projections.wait(storage.log.head())
+        assert _counts(storage)[1] == _expected_counts(work, reference).get(1, 0) + 1
+    finally:
+        await storage.close()
+
+
+class Exploding(Projection):
+    name = "exploding"
+    version = 1
+
+    def fold(self, tables: Tables, commit: Commit) -> None:
+        if commit.seq == 7:
+            raise RuntimeError("boom")
+        tables.put("main", commit.seq.to_bytes(8, "big"), b"")
+
+
+async def test_a_failing_user_projection_stops_alone(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, projections=[Exploding(), EntryCounter(), TaskOutcomes()])
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        for id in range(2, 21):
+            await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX)
+        head = storage.log.head()
+        await storage.projections.wait(head, "entry_counter")
+        assert _counts(storage) == {1: 19}
+        with pytest.raises(ProjectionFailed, match="'exploding' stopped at log sequence 7: RuntimeError: boom"):
+            await storage.projections.wait(head)
+        status = storage.projections.status()["exploding"]
+        assert (status.folded_seq, status.failed_seq) == (6, 7)
+        with storage.projections.read("exploding") as view:
+            assert len(list(view.items("main"))) == 6, "the failing chunk left nothing behind"
+        assert await storage.commit([{"type": "entry", "value": {"id": 99, "conversationId": 1, "kind": "m"}}], CTX)
+    finally:
+        await storage.close()
+    storage = await LmdbStorage.open(path, projections=[Exploding()])
+    try:
+        assert storage.projections.status()["exploding"].error == "RuntimeError: boom", "failures persist"
+    finally:
+        await storage.close()
+
+
+async def test_task_outcomes_example(tmp_path: Path) -> None:
+    storage = await LmdbStorage.open(tmp_path / "store", projections=[TaskOutcomes()])
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        for id, (kind, outcome) in enumerate([("fetch", "completed"), ("fetch", "failed"), ("sum", "completed")], 2):
+            task = {"id": id, "conversationId": 1, "kind": kind, "version": 1, "input": None,
+                    "background": False, "abortRequested": False, "state": {"status": "running"}}
+            await storage.commit([{"type": "task", "value": task}], CTX)
+            settled = {**task, "state": {"status": "terminal", "outcome": {"status": outcome}}}
+            await storage.commit([{"type": "task", "value": settled}], CTX)
+            await storage.commit([{"type": "task", "value": settled}], CTX)  # rewritten: counted once
+        await storage.projections.wait(storage.log.head())
+        assert outcome_counts(storage) == {("fetch", "completed"): 1, ("fetch", "failed"): 1, ("sum", "completed"): 1}
+    finally:
+        await storage.close()
