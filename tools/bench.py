@@ -452,7 +452,7 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=None, help="size multiplier (default 1; --quick 0.2)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7; --quick 3)")
     parser.add_argument("--quick", action="store_true", help="~30 s smoke run")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help=f"workloads to run (repeat or comma-separate): {', '.join(WORKLOADS)}")
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale is None:
         args.scale = 0.2 if args.quick else 1.0
     if args.rounds is None:
-        args.rounds = 3 if args.quick else 5
+        args.rounds = 3 if args.quick else 7
     args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     args.backends = [backend.strip() for backend in args.backends.split(",") if backend.strip()]
 

@@ -314,7 +314,7 @@ async def populate_pages(store: Any, scale: float) -> PagesState:
             writes.append({"type": "entry", "value": entry(at, id, n)})
         await commit_batches(storage, writes, 100)
         parent = id
-    return PagesState(linear, parent, 1 if scale >= 1 else 2)  # type: ignore[arg-type]
+    return PagesState(linear, parent, 3)  # type: ignore[arg-type]
 
 
 async def _scan_all(storage: Any, conversation_id: int) -> int:
@@ -407,7 +407,7 @@ async def populate_tasks(store: Any, scale: float) -> int:
         for n in range(_n(5000, scale, 100))
     ]
     await commit_batches(storage, writes, 100)
-    return 1 if scale >= 1 else 2
+    return 5
 
 
 async def measure_tasks(store: Any, passes: int, round: int) -> Timings:
@@ -442,7 +442,7 @@ async def populate_reopen(store: Any, scale: float) -> ReopenState:
     state = await populate_turns(store, scale)
     state.count = _n(2000, scale, 50)
     await measure_turns(store, state, 0)
-    return ReopenState(state.task_id, state.commits, 3)
+    return ReopenState(state.task_id, state.commits, 5)
 
 
 async def measure_reopen(store: Any, state: ReopenState, round: int) -> Timings:

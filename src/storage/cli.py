@@ -31,6 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="durable-log", description=__doc__)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
+    demo = commands.add_parser("demo", help="run a small agent host on an embedded store, then show it")
+    demo.add_argument("path", nargs="?", help="store directory (default: ./demo-store)")
+    demo.set_defaults(run=lambda args: _demo(args.path))
+
     stats = commands.add_parser("stats", help="head sequence, record counts, sizes, versions")
     stats.add_argument("path")
     stats.add_argument("--json", action="store_true", help="one JSON object")
@@ -121,6 +125,12 @@ def _import(args: argparse.Namespace) -> int:
 
     print(asyncio.run(run()))
     return 0
+
+
+def _demo(path: str | None) -> int:
+    from . import demo
+
+    return demo.main(path)
 
 
 def _stats(args: argparse.Namespace) -> int:
