@@ -163,9 +163,12 @@ class _TooDeep(Exception):
     pass
 
 
+_PLAIN: Final = frozenset({str, int, bool, type(None)})
+
+
 def _check(value: object, depth: int) -> None:
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind in _PLAIN:
         return
     if kind is float:
         if not math.isfinite(value):  # type: ignore[arg-type]
@@ -175,17 +178,19 @@ def _check(value: object, depth: int) -> None:
         if depth >= MAX_DEPTH:
             raise _TooDeep
         for key, item in value.items():  # type: ignore[attr-defined]
-            if not isinstance(key, str):
+            if type(key) is not str and not isinstance(key, str):
                 raise TypeError("Value must contain strict JSON string keys")
-            _check(item, depth + 1)
+            if type(item) not in _PLAIN:
+                _check(item, depth + 1)
         return
     if kind in _ARRAY_TYPES:
         if depth >= MAX_DEPTH:
             raise _TooDeep
         for item in value:  # type: ignore[attr-defined]
-            _check(item, depth + 1)
+            if type(item) not in _PLAIN:
+                _check(item, depth + 1)
         return
-    if isinstance(value, (str, int)):  # subclasses such as StrEnum, IntEnum and bool
+    if isinstance(value, (str, int)):  # subclasses such as StrEnum, IntEnum
         return
     if isinstance(value, float):
         _check(float(value), depth)

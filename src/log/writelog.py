@@ -40,6 +40,7 @@ class WriteLog:
         self.env = env
         self._db = env.db(LOG_DB) if not env.readonly or env.has_db(LOG_DB) else None
         self._waiters: set[asyncio.Future[None]] = set()
+        self._head: int | None = None
 
     @property
     def db(self) -> lmdb._Database | None:
@@ -55,15 +56,18 @@ class WriteLog:
         """Append one batch's payload (from ``encode_batch``) inside ``txn``; the sequence is
         durable once ``txn`` commits."""
 
-        seq = self.head(txn) + 1
+        seq = (self.head(txn) if self._head is None else self._head) + 1
         if committed_at is None:
             committed_at = time.time_ns() // 1_000_000
         txn.put(seq_key(seq), encode_record(payload, committed_at), db=self.db, append=True)
         return seq
 
-    def committed(self) -> None:
-        """Wake this process's followers; another process's followers find out by polling."""
+    def committed(self, seq: int | None = None) -> None:
+        """Call after a transaction holding appends commits: note the new head (saving a lookup
+        per append; None looks it up again) and wake this process's followers. Another
+        process's followers find out by polling."""
 
+        self._head = seq
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)

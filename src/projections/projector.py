@@ -72,8 +72,12 @@ class Projector:
         self.db = model.db
 
     def fold(self, txn: lmdb.Transaction, commit: Commit) -> Plan:
+        """Check and apply one record, and write it down as the last folded (catch-ups)."""
+
         plan = self.prepare(txn, commit.writes)
         self.apply(txn, commit.seq, plan)
+        state = t.ProjectionState(t.SCHEMA_VERSION, commit.seq)
+        txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
         return plan
 
     # ── checks ──────────────────────────────────────────────────────────────
@@ -207,6 +211,8 @@ class Projector:
     # ── application ─────────────────────────────────────────────────────────
 
     def apply(self, txn: lmdb.Transaction, seq: int, plan: Plan) -> None:
+        """Write a prepared batch; a live commit calls this in the log's transaction."""
+
         rows = _Rows(txn, self.db, seq)
         for write in plan.writes:
             kind = type(write)
@@ -220,8 +226,6 @@ class Projector:
                 self._put_conversation(rows, write.value)  # type: ignore[union-attr]
         for id, action in plan.actions.items():
             self._apply_document(rows, id, action)
-        state = t.ProjectionState(t.SCHEMA_VERSION, seq)
-        txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
 
     def _put_conversation(self, rows: _Rows, value: Any) -> None:
         id = value["id"]

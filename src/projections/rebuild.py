@@ -49,10 +49,17 @@ def projection_state(txn: lmdb.Transaction, model: ReadModel) -> t.ProjectionSta
     return None if raw is None else t.state_decoder.decode(raw)
 
 
-def folded_seq(env: Environment, model: ReadModel) -> int:
+def folded_seq(env: Environment, log: WriteLog, model: ReadModel) -> int:
     with env.read() as txn:
         state = projection_state(txn, model)
+        if state is not None and state.lockstep:
+            return log.head(txn)
     return 0 if state is None else state.folded_seq
+
+
+def mark_lockstep(txn: lmdb.Transaction, model: ReadModel, head: int) -> None:
+    state = t.ProjectionState(t.SCHEMA_VERSION, head, lockstep=True)
+    txn.put(t.STATE_KEY, t.encode_state(state), db=model.db[t.STATE])
 
 
 def open_core(env: Environment, log: WriteLog, progress: Progress | None = None) -> ReadModel:
@@ -68,7 +75,7 @@ def open_core(env: Environment, log: WriteLog, progress: Progress | None = None)
                 f"{t.SCHEMA_VERSION}; open the store for writing once to rebuild them"
             )
         model = ReadModel(env, header.generation)
-        folded, head = folded_seq(env, model), log.head()
+        folded, head = folded_seq(env, log, model), log.head()
         if folded < head:
             raise ProjectionsBehind(
                 f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
@@ -82,6 +89,11 @@ def open_core(env: Environment, log: WriteLog, progress: Progress | None = None)
         return rebuild(env, log, progress)
     model = ReadModel(env, header.generation)
     catch_up(env, log, model, progress)
+    with env.read() as txn:
+        state = projection_state(txn, model)
+    if state is None or not state.lockstep:
+        head = log.head()
+        env.write(lambda txn: mark_lockstep(txn, model, head))
     return model
 
 
@@ -89,7 +101,7 @@ def catch_up(env: Environment, log: WriteLog, model: ReadModel, progress: Progre
     """Fold every record ``model`` lacks, a chunk per transaction; returns how many."""
 
     projector = Projector(model)
-    folded, head = folded_seq(env, model), log.head()
+    folded, head = folded_seq(env, log, model), log.head()
     done = 0
     while folded < head:
         commits = log.take(folded + 1, head, FOLD_CHUNK)
@@ -127,10 +139,13 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
     old = [t.db_name(header.generation, name) for name in t.TABLES]
     old_dbs = [env.db(name) for name in old if env.has_db(name)]
 
+    head = log.head()
+
     def swap(txn: lmdb.Transaction) -> None:
         for db in old_dbs:
             txn.drop(db, delete=True)
         _put_header(txn, env, t.CoreHeader(target, t.SCHEMA_VERSION))
+        mark_lockstep(txn, building, head)
 
     if target != header.generation:
         env.write(swap)

@@ -69,8 +69,9 @@ TABLES: Final = (
     HISTORY,
 )
 
-UNVERSIONED: Final = frozenset({DOCUMENT_VALUES, STATE, HISTORY})
-"""Tables without history: views replay document values from revisions instead."""
+UNVERSIONED: Final = frozenset({RECORD_IDS, DOCUMENT_VALUES, STATE, HISTORY})
+"""Tables without history: no read uses the id registry, and views replay document values from
+their revisions instead."""
 TABLE_CODES: Final = {
     name: bytes([code]) for code, name in enumerate(TABLES) if name not in UNVERSIONED
 }
@@ -163,10 +164,16 @@ class CoreHeader(msgspec.Struct):
 
 
 class ProjectionState(msgspec.Struct):
-    """Beside the tables: which schema they are in and the last log sequence folded into them."""
+    """Beside the tables: which schema they are in and the last log sequence folded into them.
+
+    ``lockstep``: every commit folds in the log's own transaction, so the tables are level with
+    the log head without writing a checkpoint per commit. Catch-ups and rebuilds, which fold in
+    chunks, write ``folded_seq`` instead until they are level.
+    """
 
     schema_version: int
     folded_seq: int
+    lockstep: bool = False
 
 
 STATE_KEY: Final = b"core"

@@ -22,7 +22,7 @@ from log import Commit, Environment, WriteLog, write_to_builtins
 from log.records import FORMAT_VERSION, WRITE_TYPES
 from projections import Projector, ReadModel
 from projections import tables as t
-from projections.rebuild import open_core, projection_state
+from projections.rebuild import folded_seq, mark_lockstep, open_core, projection_state
 
 _json_encoder = msgspec.json.Encoder()
 
@@ -207,7 +207,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
                 "core": {
                     "generation": model.generation,
                     "schemaVersion": None if state is None else state.schema_version,
-                    "foldedSeq": None if state is None else state.folded_seq,
+                    "foldedSeq": None if state is None else folded_seq(env, log, model),
                 }
             },
         }
@@ -315,8 +315,10 @@ def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference |
                     commits = []
             if commits:
                 scratch.write(fold)
+            scratch_model = projector.model
+            scratch.write(lambda txn: mark_lockstep(txn, scratch_model, head))
             report(head)
-            return _compare(open_core(env, log), ReadModel(scratch, 0))
+            return _compare(open_core(env, log), scratch_model)
         finally:
             scratch.close()
     finally:

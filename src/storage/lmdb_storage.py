@@ -289,7 +289,7 @@ class LmdbStorage(StorageReads):
             return seq, plan.max_id
 
         seq, max_id = self._env.write(work)
-        self.log.committed()
+        self.log.committed(seq)
         self.projections.kick()
         if max_id >= self._next_id:
             self._next_id = max_id + 1
