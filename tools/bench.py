@@ -262,19 +262,13 @@ def child_rss(workload: str, mode: str, backend: str, scale: float, base: str) -
     """Runs in the child: populate and one timed pass, then print this process's peak RSS."""
 
     async def run() -> None:
-        if workload == "none":  # the baseline: the interpreter and every backend's modules
-            import pi_durable.env.posix  # noqa: F401
-            import pi_durable.storage.jsonl  # noqa: F401
-            import pi_durable.storage.memory  # noqa: F401
-            import pi_durable.storage.sqlite.posix  # noqa: F401
-            import storage  # noqa: F401
-        else:
+        store = Store(backend, mode, os.path.join(base, "store"))
+        await store.open()
+        if workload != "none":  # "none": the baseline, an empty store of this backend
             spec = WORKLOADS[workload]
-            store = Store(backend, mode, os.path.join(base, "store"))
-            await store.open()
             state = await spec.populate(store, scale)
             await spec.measure(store, state, 0)
-            await store.close()
+        await store.close()
 
     asyncio.run(run())
     print(json.dumps({"maxrss_kib": _peak_rss_kib()}))
@@ -307,7 +301,9 @@ def measure_rss(args: argparse.Namespace, names: list[str], base: str, results: 
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
-    results.rss[("none", "-", "-")] = spawn("none", "process", "memory")
+    for backend in BACKENDS:
+        if backend in args.backends or backend == "sqlite":
+            results.rss[("none", "process", backend)] = spawn("none", "process", backend)
     for name in names:
         workload = WORKLOADS[name]
         for mode in workload.modes:
@@ -451,16 +447,19 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
             count, per = (f"{commits:,}", _bytes(size / commits)) if commits else ("—", "—")
             lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {_bytes(size)} | {count} | {per} |")
     if results.rss:
-        baseline = results.rss.get(("none", "-", "-"), 0)
-        lines += ["", f"### Peak RSS (VmHWM of one subprocess each: populate + one pass; interpreter + "
-                      f"all backends' imports alone: {baseline / 1024:.1f} MiB; LMDB's count includes "
-                      f"the mapped pages of its file)", "",
+        baselines = {backend: kib for (name, _mode, backend), kib in results.rss.items() if name == "none"}
+        lines += ["", "### Peak RSS (VmHWM of one subprocess each: populate + one pass; baseline: the same "
+                      "backend opening and closing an empty store; LMDB's count includes the mapped pages "
+                      "of its file)", "",
                   "| workload | class | backend | peak RSS | above baseline |", "|---|---|---|---:|---:|"]
         for (name, mode, backend), kib in results.rss.items():
             if name == "none":
                 continue
+            above = kib - baselines.get(backend, kib)
             lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {kib / 1024:.1f} MiB "
-                         f"| {(kib - baseline) / 1024:.1f} MiB |")
+                         f"| {above / 1024:+.1f} MiB |")
+        lines.append("")
+        lines.append("Baselines: " + ", ".join(f"{backend} {kib / 1024:.1f} MiB" for backend, kib in baselines.items()))
     if results.mismatches:
         lines += ["", "### Answers that differ from SQLite", ""]
         lines += [f"- {mismatch}" for mismatch in results.mismatches]

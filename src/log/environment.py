@@ -21,8 +21,7 @@ import errno
 import fcntl
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Final, Literal, TypeVar
 
 import lmdb
@@ -116,20 +115,17 @@ class Environment:
         with self.read() as txn:
             return txn.get(name.encode()) is not None
 
-    @contextmanager
-    def read(self) -> Iterator[lmdb.Transaction]:
-        """A short read transaction; adopts a map grown by the writer in another process."""
+    def read(self) -> lmdb.Transaction:
+        """A short read transaction, used as ``with env.read() as txn:`` (leaving ends it);
+        adopts a map grown by the writer in another process."""
 
-        self.check_process()
+        if os.getpid() != self._pid:
+            self.check_process()
         try:
-            txn = self.env.begin(buffers=False)
+            return self.env.begin(buffers=False)
         except lmdb.MapResizedError:
             self.env.set_mapsize(0)
-            txn = self.env.begin(buffers=False)
-        try:
-            yield txn
-        finally:
-            txn.abort()
+            return self.env.begin(buffers=False)
 
     def write(self, work: Callable[[lmdb.Transaction], T]) -> T:
         """Run ``work`` in one write transaction and commit it, growing the map when it is full.

@@ -81,10 +81,10 @@ def _require(condition: bool, message: str) -> None:
         raise TypeError(message)
 
 
-def _check_path(path: object, *, non_empty: bool = True) -> None:
+def _check_path(path: Any, *, non_empty: bool = True) -> None:
     _require(isinstance(path, list), "path is not an array")
     _require(not non_empty or bool(path), "path is empty")
-    for segment in path:  # type: ignore[union-attr]
+    for segment in path:
         if isinstance(segment, str) and segment in RESERVED_SEGMENTS:
             raise UnsafePathError(segment)
         if not isinstance(segment, str) and not _is_index(segment):
@@ -139,15 +139,15 @@ _VALIDATORS: dict[str, Callable[[Op], None]] = {
 }
 
 
-def validate_op(op: object) -> None:
+def validate_op(op: Any) -> None:
     """Reject a malformed operation before it touches the document."""
 
     _require(isinstance(op, list) and bool(op), "op is not a tuple")
-    verb = op[0]  # type: ignore[index]
+    verb = op[0]
     check = _VALIDATORS.get(verb) if isinstance(verb, str) else None
     if check is None:
         raise TypeError(f"unknown op verb: {verb}")
-    check(op)  # type: ignore[arg-type]
+    check(op)
 
 
 def _resolve(root: Json, path: Path) -> Json:
