@@ -57,8 +57,8 @@ def folded_seq(env: Environment, log: WriteLog, model: ReadModel) -> int:
     return 0 if state is None else state.folded_seq
 
 
-def mark_lockstep(txn: lmdb.Transaction, model: ReadModel, head: int) -> None:
-    state = t.ProjectionState(t.SCHEMA_VERSION, head, lockstep=True)
+def mark_lockstep(txn: lmdb.Transaction, model: ReadModel) -> None:
+    state = t.ProjectionState(t.SCHEMA_VERSION, 0, lockstep=True)
     txn.put(t.STATE_KEY, t.encode_state(state), db=model.db[t.STATE])
 
 
@@ -92,8 +92,7 @@ def open_core(env: Environment, log: WriteLog, progress: Progress | None = None)
     with env.read() as txn:
         state = projection_state(txn, model)
     if state is None or not state.lockstep:
-        head = log.head()
-        env.write(lambda txn: mark_lockstep(txn, model, head))
+        env.write(lambda txn: mark_lockstep(txn, model))
     return model
 
 
@@ -139,13 +138,11 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
     old = [t.db_name(header.generation, name) for name in t.TABLES]
     old_dbs = [env.db(name) for name in old if env.has_db(name)]
 
-    head = log.head()
-
     def swap(txn: lmdb.Transaction) -> None:
         for db in old_dbs:
             txn.drop(db, delete=True)
         _put_header(txn, env, t.CoreHeader(target, t.SCHEMA_VERSION))
-        mark_lockstep(txn, building, head)
+        mark_lockstep(txn, building)
 
     if target != header.generation:
         env.write(swap)

@@ -167,8 +167,8 @@ class ProjectionState(msgspec.Struct):
     """Beside the tables: which schema they are in and the last log sequence folded into them.
 
     ``lockstep``: every commit folds in the log's own transaction, so the tables are level with
-    the log head without writing a checkpoint per commit. Catch-ups and rebuilds, which fold in
-    chunks, write ``folded_seq`` instead until they are level.
+    the log head without writing a checkpoint per commit (``folded_seq`` is then 0, unused).
+    Catch-ups and rebuilds, which fold in chunks, write ``folded_seq`` until they are level.
     """
 
     schema_version: int

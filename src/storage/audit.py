@@ -22,7 +22,7 @@ from log import Commit, Environment, WriteLog, write_to_builtins
 from log.records import FORMAT_VERSION, WRITE_TYPES
 from projections import Projector, ReadModel
 from projections import tables as t
-from projections.rebuild import folded_seq, mark_lockstep, open_core, projection_state
+from projections.rebuild import folded_seq, mark_lockstep, open_core, projection_state, read_header
 
 _json_encoder = msgspec.json.Encoder()
 
@@ -108,8 +108,9 @@ class Tail:
         return None
 
     def _document_record(self, id: int) -> Any:
-        if self._model is None:
-            self._model = open_core(self.env, self.log)
+        header = read_header(self.env)
+        if self._model is None or header is None or header.generation != self._model.generation:
+            self._model = open_core(self.env, self.log)  # a rebuild elsewhere swapped generations
         with self.env.read() as txn:
             return self._model.document_record(txn, id)
 
@@ -120,6 +121,8 @@ class Tail:
 
         shown = 0
         source: Any = self.log.follow(from_seq) if follow else _as_async(self.log.read(from_seq))
+        if limit is not None and limit <= 0:
+            return
         async for commit in source:
             writes = self.select(commit)
             if not writes:
@@ -316,7 +319,7 @@ def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference |
             if commits:
                 scratch.write(fold)
             scratch_model = projector.model
-            scratch.write(lambda txn: mark_lockstep(txn, scratch_model, head))
+            scratch.write(lambda txn: mark_lockstep(txn, scratch_model))
             report(head)
             return _compare(open_core(env, log), scratch_model)
         finally:

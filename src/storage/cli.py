@@ -153,8 +153,8 @@ async def _print_tail(tail: audit.Tail, first: int, args: argparse.Namespace) ->
     async for commit, writes in tail.commits(first, follow=args.follow, limit=args.limit):
         if args.json:
             line = audit.to_json(audit.commit_to_builtins(commit, writes))
-        else:
-            line = audit.summarize(commit, writes)
+        else:  # readable text: lone surrogates shown as \udXXX escapes, never an encoding error
+            line = audit.summarize(commit, writes).encode("utf-8", "backslashreplace").decode("utf-8")
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
     return 0
