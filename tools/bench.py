@@ -156,6 +156,7 @@ class Results:
     rss: dict[tuple[str, str, str], int] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     elapsed: float = 0.0
+    source: str = "unknown"
 
     def add(self, mode: str, backend: str, round: int, timings: dict[str, tuple[float, int, Any]]) -> None:
         for row, (seconds, ops, digest) in timings.items():
@@ -238,7 +239,7 @@ def _check_digests(results: Results) -> None:
 
 
 async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Results:
-    results = Results()
+    results = Results(source=_source_version())
     started = time.perf_counter()
     for name in names:
         workload = WORKLOADS[name]
@@ -251,6 +252,9 @@ async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Resu
             _log(f"{name} [{mode}]: {', '.join(backends)}")
             await run_workload(workload, mode, backends, args.rounds, args.scale, base, results)
     results.elapsed = time.perf_counter() - started
+    after = _source_version()
+    if after != results.source:
+        results.source += f" at the start, {after} at the end (src/ changed during the run)"
     _check_digests(results)
     return results
 
@@ -389,9 +393,24 @@ def _bytes(value: float) -> str:
     return f"{value:,.0f} B"
 
 
+def _source_version() -> str:
+    """The git commit of the engine benchmarked, marked dirty when ``src/`` has local changes."""
+
+    root = os.path.dirname(HERE)
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "src"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + uncommitted changes in src/" if dirty else "")
+
+
 def render(results: Results, args: argparse.Namespace, command: str) -> str:
     lines = [
         f"Command: `{command}`  ",
+        f"Engine: git {results.source}  ",
         f"Machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}; "
         f"{args.rounds} rounds, scale {args.scale}, run took {results.elapsed:.0f} s",

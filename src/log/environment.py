@@ -247,8 +247,7 @@ def _take_writer_lock(path: str) -> int:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
         os.close(fd)
         raise WriterLockedError(path, f" by process {holder}" if holder.isdigit() else "") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    os.pwrite(fd, f"{os.getpid():<20}".encode(), 0)  # fixed width: no truncate, which can cost ms
     return fd
 
 

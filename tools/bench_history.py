@@ -1,0 +1,95 @@
+"""Rebuild speed and the cost of ``as_of`` views on a long log.
+
+    python tools/bench_history.py --commits 100000
+
+Builds a store of typical agent turns (an entry plus a task update per commit, a document delta
+every tenth), then measures: a full rebuild of the projections (records/s), ``verify``
+(records/s), and opening a view at random sequences plus its first reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from storage import LmdbStorage
+from storage.audit import verify
+
+MESSAGE = {"role": "assistant", "content": "word " * 100}
+
+
+async def build(path: Path, commits: int) -> float:
+    storage = await LmdbStorage.open(path, durability="process")
+    started = time.perf_counter()
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}])
+    notes = {"id": 3, "kind": "notes", "scope": {"kind": "conversation", "conversationId": 1},
+             "history": "rewindable", "fork": "asOf"}
+    await storage.commit([{"type": "document.create", "record": notes,
+                           "content": {"kind": "base", "version": 1, "value": {"text": ""}}}])
+    task = {"id": 2, "conversationId": 1, "kind": "agent", "version": 1, "input": None,
+            "background": False, "abortRequested": False}
+    for turn in range(commits - 2):
+        writes = [
+            {"type": "entry", "value": {"id": 10 + turn, "conversationId": 1, "kind": "message", "model": [MESSAGE]}},
+            {"type": "task", "value": {**task, "state": {"status": "running", "checkpoint": {"turn": turn}}}},
+        ]
+        if turn % 10 == 0:
+            writes.append({"type": "document.change", "id": 3,
+                           "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "x"]]}})
+        await storage.commit(writes)
+    elapsed = time.perf_counter() - started
+    await storage.close()
+    return elapsed
+
+
+async def measure(path: Path, commits: int, views: int) -> None:
+    build_s = await build(path, commits)
+    print(f"built {commits} commits in {build_s:.1f} s ({commits / build_s:,.0f} commits/s, process mode)")
+
+    storage = await LmdbStorage.open(path, durability="process")
+    started = time.perf_counter()
+    await storage.rebuild()
+    rebuild_s = time.perf_counter() - started
+    print(f"rebuild: {rebuild_s:.1f} s, {commits / rebuild_s:,.0f} records/s")
+
+    rng = random.Random(1)
+    opens, first_reads = [], []
+    for _ in range(views):
+        seq = rng.randint(1, commits)
+        started = time.perf_counter()
+        view = await storage.as_of(seq)
+        opened = time.perf_counter()
+        await view.task(2)
+        await view.scan_entries({"conversationId": 1}, 50, None)
+        await view.document(3, "current")
+        first_reads.append(time.perf_counter() - opened)
+        opens.append(opened - started)
+    print(
+        f"as_of: open median {statistics.median(opens) * 1e6:.0f} us (max {max(opens) * 1e6:.0f} us); "
+        f"task + a page of 50 entries + the document at that point: median "
+        f"{statistics.median(first_reads) * 1e3:.2f} ms (max {max(first_reads) * 1e3:.2f} ms) over {views} random seqs"
+    )
+    await storage.close()
+
+    started = time.perf_counter()
+    assert verify(path) is None
+    verify_s = time.perf_counter() - started
+    print(f"verify: {verify_s:.1f} s, {commits / verify_s:,.0f} records/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--commits", type=int, default=100_000)
+    parser.add_argument("--views", type=int, default=50)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        asyncio.run(measure(Path(directory) / "store", args.commits, args.views))
+
+
+if __name__ == "__main__":
+    main()
