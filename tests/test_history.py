@@ -82,3 +82,45 @@ async def test_views_are_read_only_and_bounded(tmp_path: Path) -> None:
                 await storage.as_of(bad)  # type: ignore[arg-type]
     finally:
         await storage.close(CTX)
+
+
+async def test_long_document_tails_read_from_snapshots_equal_memory_storage(tmp_path: Path) -> None:
+    """Past reads start from the kept snapshot nearest below them; they must equal a full replay,
+    across a broken delta, a new base and a version change."""
+
+    storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+    reference = MemoryStorage()
+    record = {"id": 2, "kind": "notes", "scope": {"kind": "conversation", "conversationId": 1},
+              "history": "rewindable", "fork": "asOf"}
+    batches: list[list[dict]] = [
+        [{"type": "conversation", "value": {"id": 1}}],
+        [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"t": "", "n": []}}}],
+    ]
+    for step in range(300):
+        if step == 150:
+            content = {"kind": "base", "version": 2, "value": {"t": "reset", "n": []}}
+        else:
+            ops = [["a", ["t"], str(step % 10)], ["p", ["n"], 0, 0, [step]]]
+            if step == 100:
+                ops = [["d", ["missing", "path"]]]  # fails to apply: reads raise until the next base
+            content = {"kind": "delta", "version": 1 if step < 150 else 2, "ops": ops}
+        batches.append([{"type": "document.change", "id": 2, "content": content}])
+    try:
+        for writes in batches:
+            await reference.commit(writes, CTX)
+            await storage.commit(writes, CTX)
+
+        async def outcome(store, *args):
+            try:
+                return ("ok", await store.document(*args))
+            except Exception as error:
+                return ("error", type(error).__name__, str(error))
+
+        for at in list(range(1, len(batches) + 1)) + ["current"]:
+            assert await outcome(storage, 2, at, CTX) == await outcome(reference, 2, at, CTX), at
+        for seq in (70, 130, 250):
+            view = await storage.as_of(seq)
+            past = await _memory_after(batches[:seq])
+            assert await outcome(view, 2, "current", CTX) == await outcome(past, 2, "current", CTX), seq
+    finally:
+        await storage.close(CTX)

@@ -326,15 +326,19 @@ class Projector:
                 except Exception:
                     current.broken = True
         rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), t.encode_row(revision))
-        rows.put(t.DOCUMENT_VALUES, t.u64(id), t.encode_row(current))
+        encoded = t.encode_row(current)
+        rows.put(t.DOCUMENT_VALUES, t.u64(id), encoded)
+        if current.deltas_since_base and current.deltas_since_base % t.SNAPSHOT_EVERY == 0 and not current.broken:
+            rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), encoded)
 
     def _drop_revisions(self, rows: _Rows, id: int) -> None:
-        stale = [
-            t.u64_pair(id, seq)
-            for seq, _ in ids_in_range(rows.txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, False)
-        ]
-        for key in stale:
-            rows.delete(t.DOCUMENT_REVISIONS, key)
+        for table in (t.DOCUMENT_REVISIONS, t.DOCUMENT_SNAPSHOTS):
+            stale = [
+                t.u64_pair(id, seq)
+                for seq, _ in ids_in_range(rows.txn, self.db[table], t.u64(id), 0, t.MAX_ID, False)
+            ]
+            for key in stale:
+                rows.delete(table, key)
 
 
 class _Rows:

@@ -294,21 +294,32 @@ class ReadModel:
         return {"record": record, "version": version, "value": value, "deltasSinceBase": deltas}
 
     def replay(self, txn: lmdb.Transaction, id: int, upper: int) -> tuple[int, Any, int]:
-        """The newest base at or before ``upper`` with the deltas after it applied."""
+        """The value at ``upper``: the newest base at or before it with the deltas after it
+        applied, starting from a kept snapshot when one is newer than that base."""
 
+        snapshot: t.CurrentValue | None = None
+        snapshot_seq = 0
+        for snapshot_seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True):
+            snapshot = t.current_decoder.decode(raw)
+            break
         deltas: list[t.Revision] = []
         base: t.Revision | None = None
-        for _, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, upper, True):
+        revisions = self.db[t.DOCUMENT_REVISIONS]
+        for _, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
             revision = t.revision_decoder.decode(raw)
             if revision.kind == "base":
                 base = revision
                 break
             deltas.append(revision)
-        if base is None:
-            raise ValueError(f"Document {id} is missing a required base")
+        if base is not None or snapshot is None:
+            if base is None:
+                raise ValueError(f"Document {id} is missing a required base")
+            version, value, earlier = base.version, base.body, 0
+        else:
+            version, value, earlier = snapshot.version, snapshot.value, snapshot.deltas_since_base
         deltas.reverse()
         for revision in deltas:
-            if revision.version != base.version:
+            if revision.version != version:
                 raise ValueError(f"Document {id} crosses a stored version boundary without a base")
-        value = apply_batches(base.body, [revision.body for revision in deltas])
-        return base.version, value, len(deltas)
+        value = apply_batches(value, [revision.body for revision in deltas])
+        return version, value, earlier + len(deltas)

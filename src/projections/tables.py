@@ -43,6 +43,7 @@ DOCUMENT_CURRENT: Final = "documents.current"
 DOCUMENTS_BY_SCOPE: Final = "documents.by_scope"
 DOCUMENT_REVISIONS: Final = "documents.revisions"
 DOCUMENT_VALUES: Final = "documents.values"
+DOCUMENT_SNAPSHOTS: Final = "documents.snapshots"
 STATE: Final = "state"
 HISTORY: Final = "history"
 
@@ -65,9 +66,14 @@ TABLES: Final = (
     DOCUMENTS_BY_SCOPE,
     DOCUMENT_REVISIONS,
     DOCUMENT_VALUES,
+    DOCUMENT_SNAPSHOTS,
     STATE,
     HISTORY,
 )
+
+SNAPSHOT_EVERY: Final = 64
+"""A document's value is kept every this many deltas since its base, so a read at a past point
+(or in a view) replays at most this many deltas however long the tail is."""
 
 UNVERSIONED: Final = frozenset({RECORD_IDS, DOCUMENT_VALUES, STATE, HISTORY})
 """Tables without history: no read uses the id registry, and views replay document values from
