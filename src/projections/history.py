@@ -30,6 +30,12 @@ class AsOfTxn:
         self._db = db
         self._seek = txn.cursor(db=self._history)
 
+    @property
+    def horizon(self) -> int:
+        """The last sequence this view sees: no key written later is visible."""
+
+        return self.seq
+
     def _table(self, db: lmdb._Database) -> str:
         return self._tables[id(db)]
 
@@ -92,6 +98,12 @@ class _AsOfCursor:
     def last(self) -> bool:
         return self._backward(self._last())
 
+    def seek_at_or_before(self, key: bytes) -> bool:
+        """The last visible key ``<= key``, found walking down (``set_range`` would walk up over
+        every key written after the view)."""
+
+        return self._backward(self._last_at_or_before(key))
+
     def first(self) -> bool:
         return self._forward(self._first_at_or_after(b""))
 
@@ -137,6 +149,18 @@ class _AsOfCursor:
         found = self._live.prev() if self._live.set_range(key) else self._live.last()
         live = self._live.key() if found else None
         if self._history.set_range(self._code + key):
+            found = self._history.prev()
+        else:
+            found = self._history.last()
+        return _larger(live, self._history_group(found))
+
+    def _last_at_or_before(self, key: bytes) -> bytes | None:
+        if self._live.set_range(key):
+            found = self._live.key() == key or self._live.prev()
+        else:
+            found = self._live.last()
+        live = self._live.key() if found else None
+        if self._history.set_range(self._code + key + _AFTER_ALL_SEQS):
             found = self._history.prev()
         else:
             found = self._history.last()

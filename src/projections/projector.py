@@ -71,10 +71,14 @@ class Projector:
         self.model = model
         self.db = model.db
 
-    def fold(self, txn: lmdb.Transaction, commit: Commit) -> Plan:
-        """Check and apply one record, and write it down as the last folded (catch-ups)."""
+    def fold(self, txn: lmdb.Transaction, commit: Commit, check: bool = True) -> Plan:
+        """Apply one record and write it down as the last folded (catch-ups and rebuilds).
 
-        plan = self.prepare(txn, commit.writes)
+        ``check=False`` skips the commit checks, which the record passed when it was committed;
+        ``verify`` keeps them, to prove it.
+        """
+
+        plan = self.prepare(txn, commit.writes, check)
         self.apply(txn, commit.seq, plan)
         state = t.ProjectionState(t.SCHEMA_VERSION, commit.seq)
         txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
@@ -82,13 +86,16 @@ class Projector:
 
     # ── checks ──────────────────────────────────────────────────────────────
 
-    def prepare(self, txn: lmdb.Transaction, writes: list[Write]) -> Plan:
-        for write in writes:
-            _check_shape(write)
+    def prepare(self, txn: lmdb.Transaction, writes: list[Write], check: bool = True) -> Plan:
+        if check:
+            for write in writes:
+                _check_shape(write)
         plan = Plan(self._resolve_copies(txn, writes))
-        self._check_ids(txn, plan)
+        if check:
+            self._check_ids(txn, plan)
         self._group_document_commands(plan)
-        self._check_document_actions(txn, plan)
+        if check:
+            self._check_document_actions(txn, plan)
         return plan
 
     def _resolve_copies(self, txn: lmdb.Transaction, writes: list[Write]) -> list[Write]:

@@ -81,7 +81,9 @@ def ids_in_range(
     cursor = txn.cursor(db=db)
     if descending:
         start = prefix + t.u64(high)
-        if cursor.set_range(start):
+        if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
+            found = cursor.seek_at_or_before(start)
+        elif cursor.set_range(start):
             found = cursor.key() == start or cursor.prev()
         else:
             found = cursor.last()
@@ -287,7 +289,7 @@ class ReadModel:
                     "value": current.value,
                     "deltasSinceBase": current.deltas_since_base,
                 }
-            upper = t.MAX_ID
+            upper = getattr(txn, "horizon", t.MAX_ID)  # a view sees nothing past its sequence
         else:
             upper = at
         version, value, deltas = self.replay(txn, id, upper)

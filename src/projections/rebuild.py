@@ -107,7 +107,7 @@ def catch_up(env: Environment, log: WriteLog, model: ReadModel, progress: Progre
 
         def fold_chunk(txn: lmdb.Transaction) -> None:
             for commit in commits:
-                projector.fold(txn, commit)
+                projector.fold(txn, commit, check=False)
 
         env.write(fold_chunk)
         folded = commits[-1].seq
