@@ -246,8 +246,8 @@ class Projector:
     def _put_entry(self, rows: _Rows, value: Any) -> None:
         id, conversation_id = value["id"], value["conversationId"]
         rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["entry"])
-        rows.put(t.ENTRIES, t.u64(id), t.encode_row(t.EntryRow(rows.seq, value)))
-        rows.put(t.ENTRIES_BY_CONVERSATION, t.u64_pair(conversation_id, id), b"")
+        rows.put(t.ENTRIES, t.u64(id), t.u64(conversation_id))
+        rows.put(t.ENTRIES_BY_CONVERSATION, t.u64_pair(conversation_id, id), t.encode_row(t.EntryRow(rows.seq, value)))
         if "head" in value:
             rows.put(t.HEADS_BY_CONVERSATION, t.u64_pair(conversation_id, id), b"")
 

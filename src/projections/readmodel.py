@@ -142,7 +142,10 @@ class ReadModel:
 
     def entry_row(self, txn: lmdb.Transaction, id: object) -> t.EntryRow | None:
         key = as_key_id(id)
-        raw = None if key is None else txn.get(t.u64(key), db=self.db[t.ENTRIES])
+        conversation = None if key is None else txn.get(t.u64(key), db=self.db[t.ENTRIES])
+        if conversation is None:
+            return None
+        raw = txn.get(conversation + t.u64(key), db=self.db[t.ENTRIES_BY_CONVERSATION])  # type: ignore[arg-type]
         return None if raw is None else t.entry_decoder.decode(raw)
 
     def submission_id_by_request(
@@ -180,14 +183,14 @@ class ReadModel:
             for id, _ in rows:
                 yield codec.decode(txn.get(t.u64(id), db=records))
 
-    def visible_entries(
+    def visible_entry_rows(
         self,
         txn: lmdb.Transaction,
         conversation_id: Any,
         min_entry_id: Any,
         max_entry_id: Any,
         descending: bool,
-    ) -> Iterator[Any]:
+    ) -> Iterator[t.EntryRow]:
         """Entries visible from a conversation through its fork ancestry, each parent capped at
         the fork point, newest or oldest first."""
 
@@ -197,13 +200,11 @@ class ReadModel:
         minimum = _FAR_BELOW if min_entry_id is None else min_entry_id
         upper = _FAR_ABOVE if max_entry_id is None else max_entry_id
         segments = self._fork_segments(txn, conversation, minimum, upper)
-        entries = self.db[t.ENTRIES]
-        index = self.db[t.ENTRIES_BY_CONVERSATION]
+        rows = self.db[t.ENTRIES_BY_CONVERSATION]
+        decode = t.entry_decoder.decode
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
-            for id, _ in ids_in_range(
-                txn, index, t.u64(segment_id), minimum, segment_upper, descending
-            ):
-                yield t.entry_decoder.decode(txn.get(t.u64(id), db=entries)).record
+            for _, raw in ids_in_range(txn, rows, t.u64(segment_id), minimum, segment_upper, descending):
+                yield decode(raw)
 
     def _fork_segments(
         self, txn: lmdb.Transaction, conversation: Any, minimum: Any, upper: Any
@@ -240,7 +241,8 @@ class ReadModel:
         heads = self.db[t.HEADS_BY_CONVERSATION]
         while True:
             for id, _ in ids_in_range(txn, heads, t.u64(current), 0, upper, True):
-                return self.entry_row(txn, id).record  # type: ignore[union-attr]
+                raw = txn.get(t.u64_pair(current, id), db=self.db[t.ENTRIES_BY_CONVERSATION])
+                return t.entry_decoder.decode(raw).record
             if conversation is None:
                 conversation = self.conversation(txn, current)
                 if conversation is None:

@@ -15,7 +15,7 @@ import msgspec
 
 from log import codec
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """Bump when any table below changes shape: the projections are then rebuilt from the log."""
 
 
@@ -30,6 +30,8 @@ CONVERSATIONS: Final = "conversations"
 CONVERSATIONS_BY_OWNER_CONVERSATION: Final = "conversations.by_owner_conversation"
 CONVERSATIONS_BY_OWNER_TASK: Final = "conversations.by_owner_task"
 ENTRIES: Final = "entries"
+"""Entry id -> its conversation id; the rows live in ``ENTRIES_BY_CONVERSATION``, so a page of a
+conversation is one cursor walk."""
 ENTRIES_BY_CONVERSATION: Final = "entries.by_conversation"
 HEADS_BY_CONVERSATION: Final = "entries.heads_by_conversation"
 TASKS: Final = "tasks"

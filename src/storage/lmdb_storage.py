@@ -100,9 +100,8 @@ class StorageReads:
         conversation_id = _positive_id(conversation_id)
         id = _positive_id(id)
         with self._read() as txn:
-            for record in self._model.visible_entries(txn, conversation_id, id, id, True):
-                row = self._model.entry_row(txn, record["id"])
-                return {"entry": record, "commitSeq": row.commit_seq}  # type: ignore[union-attr]
+            for row in self._model.visible_entry_rows(txn, conversation_id, id, id, True):
+                return {"entry": row.record, "commitSeq": row.commit_seq}
             return None
 
     async def find_latest_head_marker(
@@ -124,10 +123,10 @@ class StorageReads:
             if start.after is not None and start.order == "ascending":
                 bound = start.after if min_entry_id is None else min_entry_id
                 min_entry_id = max(bound, start.after + 1)
-            records = self._model.visible_entries(
+            rows = self._model.visible_entry_rows(
                 txn, query["conversationId"], min_entry_id, max_entry_id, start.order == "descending"
             )
-            return take_page(records, limit, start.order, reads_first=True)
+            return take_page((row.record for row in rows), limit, start.order, reads_first=True)
 
     async def task(self, id: int, context: Any = None) -> Any | None:
         with self._read() as txn:
