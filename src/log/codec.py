@@ -98,7 +98,10 @@ def _encode_escaped(value: Any) -> bytes:
 
 
 def decode(data: bytes | memoryview) -> Any:
-    return deep(_any_decoder.decode, data)
+    try:
+        return _any_decoder.decode(data)
+    except RecursionError:
+        return deep(_any_decoder.decode, data)
 
 
 def _needs_escape(value: str) -> bool:

@@ -22,6 +22,9 @@ _FAR_BELOW: Final = -(2**63)
 _FAR_ABOVE: Final = 2**63 - 1
 
 
+_pack = t.u64
+
+
 def is_safe_int(value: object) -> bool:
     return type(value) is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
 
@@ -29,6 +32,8 @@ def is_safe_int(value: object) -> bool:
 def as_key_id(value: object) -> int | None:
     """``value`` as an integer key part, or None when no stored id can equal it."""
 
+    if type(value) is int:
+        return value if 0 <= value <= t.MAX_ID else None
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= t.MAX_ID:
         return value
     return None
@@ -114,9 +119,7 @@ class ReadModel:
 
     def _get(self, txn: lmdb.Transaction, table: str, id: object) -> Any | None:
         key = as_key_id(id)
-        if key is None:
-            return None
-        raw = txn.get(t.u64(key), db=self.db[table])
+        raw = None if key is None else txn.get(_pack(key), db=self.db[table])
         return None if raw is None else codec.decode(raw)
 
     def record_type(self, txn: lmdb.Transaction, id: int) -> str | None:

@@ -45,12 +45,17 @@ class StorageReads:
     def _read(self) -> Any:
         raise NotImplementedError
 
+    def _lookup(self, read: Callable[..., T], *args: Any) -> T:
+        """``read(txn, *args)`` in a read transaction of its own (point reads)."""
+
+        with self._read() as txn:
+            return read(txn, *args)
+
     def _assert_open(self) -> None:
         raise NotImplementedError
 
     async def conversation(self, id: int, context: Any = None) -> Any | None:
-        with self._read() as txn:
-            return self._model.conversation(txn, id)
+        return self._lookup(self._model.conversation, id)
 
     async def scan_conversations(
         self, query: Any, limit: int, cursor: Any | None, context: Any = None
@@ -87,10 +92,8 @@ class StorageReads:
 
         if context is not None:
             return await self._entry_through(id_or_conversation_id, id_or_context)
-        self._assert_open()
         id = _positive_id(id_or_conversation_id)
-        with self._read() as txn:
-            row = self._model.entry_row(txn, id)
+        row = self._lookup(self._model.entry_row, id)
         return None if row is None else {"entry": row.record, "commitSeq": row.commit_seq}
 
     async def _entry_through(self, conversation_id: Any, id: Any) -> Any | None:
@@ -129,8 +132,7 @@ class StorageReads:
             return take_page((row.record for row in rows), limit, start.order, reads_first=True)
 
     async def task(self, id: int, context: Any = None) -> Any | None:
-        with self._read() as txn:
-            return self._model.task(txn, id)
+        return self._lookup(self._model.task, id)
 
     async def scan_tasks(
         self, query: Any, limit: int, cursor: Any | None, context: Any = None
@@ -151,8 +153,7 @@ class StorageReads:
             return take_page(records, limit, start.order)
 
     async def submission(self, id: int, context: Any = None) -> Any | None:
-        with self._read() as txn:
-            return self._model.submission(txn, id)
+        return self._lookup(self._model.submission, id)
 
     async def scan_submissions(
         self, query: Any, limit: int, cursor: Any | None, context: Any = None
@@ -347,6 +348,15 @@ class LmdbStorage(StorageReads):
         self._assert_open()
         return self._env.read()
 
+    def _lookup(self, read: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise RuntimeError("LmdbStorage is closed")
+        txn = self._env.read()
+        try:
+            return read(txn, *args)
+        finally:
+            txn.abort()
+
 
 
 
@@ -381,6 +391,8 @@ def _is_safe_int(value: object) -> bool:
 
 
 def _positive_id(value: Any) -> int:
+    if type(value) is int and value >= 1:
+        return value
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise TypeError(f"{value!r} is not a positive ID")
     return value
