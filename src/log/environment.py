@@ -75,6 +75,7 @@ class Environment:
                 raise FileNotFoundError(f"No store at {self.path} (no data.mdb)")
         else:
             _make_private_dir(self.path)
+            _refuse_links(self.path)
             self._lock_fd = _take_writer_lock(self.path)
         try:
             self._shared = _acquire(self.path, readonly, durability, map_size)
@@ -264,10 +265,22 @@ class _SharedEnv:
 _open_envs: dict[str, _SharedEnv] = {}
 
 
+def _refuse_links(path: str) -> None:
+    """LMDB would follow a planted link and write the store (or its lock table) elsewhere."""
+
+    for name in ("data.mdb", "lock.mdb", _WRITER_LOCK):
+        file = os.path.join(path, name)
+        if os.path.islink(file):
+            raise StoreFormatError(
+                f"{file} is a symbolic link; refusing to follow it out of the store directory"
+            )
+
+
 def _acquire(path: str, readonly: bool, durability: Durability, map_size: int) -> _SharedEnv:
     real = os.path.realpath(path)
     shared = _open_envs.get(real)
     if shared is None:
+        _refuse_links(path)
         env = lmdb.open(
             path,
             map_size=map_size,
