@@ -6,6 +6,7 @@ are freshly decoded objects: nothing returned aliases stored state.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -23,6 +24,7 @@ _FAR_ABOVE: Final = 2**63 - 1
 
 
 _pack = t.u64
+_U64_FROM = struct.Struct(">Q").unpack_from
 
 
 def is_safe_int(value: object) -> bool:
@@ -83,6 +85,7 @@ def ids_in_range(
     if low > high:
         return
     size = len(prefix)
+    end = size + 8
     cursor = txn.cursor(db=db)
     if descending:
         start = prefix + t.u64(high)
@@ -96,14 +99,15 @@ def ids_in_range(
     else:
         found = cursor.set_range(prefix + t.u64(low))
         step = cursor.next
+    key_of, value_of, unpack = cursor.key, cursor.value, _U64_FROM
     while found:
-        key = cursor.key()
-        if len(key) != size + 8 or key[:size] != prefix:
+        key = key_of()
+        if len(key) != end or key[:size] != prefix:
             return
-        id = t.read_u64(key, size)
+        id = unpack(key, size)[0]
         if id < low or id > high:
             return
-        yield id, cursor.value()
+        yield id, value_of()
         found = step()
 
 

@@ -12,6 +12,7 @@ import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from operator import attrgetter
 from typing import Any, Final, TypeVar
 
 import lmdb
@@ -129,7 +130,7 @@ class StorageReads:
             rows = self._model.visible_entry_rows(
                 txn, query["conversationId"], min_entry_id, max_entry_id, start.order == "descending"
             )
-            return take_page((row.record for row in rows), limit, start.order, reads_first=True)
+            return take_page(map(_record_of, rows), limit, start.order, reads_first=True)
 
     async def task(self, id: int, context: Any = None) -> Any | None:
         return self._lookup(self._model.task, id)
@@ -384,6 +385,9 @@ class StorageView(StorageReads):
 
     async def close(self, context: Any = None) -> None:
         """Views hold nothing open between reads."""
+
+
+_record_of = attrgetter("record")
 
 
 def _is_safe_int(value: object) -> bool:

@@ -7,6 +7,7 @@ order is a foreign cursor and is refused, as the reference backends refuse it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import islice
 from typing import Any, Literal, NamedTuple
 
 from projections import StorageRequestError
@@ -64,13 +65,10 @@ def take_page(records: Iterable[Any], limit: int, order: Order, *, reads_first: 
     which read one record even for a negative limit (and then fail as the reference fails).
     """
 
-    values: list[Any] = []
-    iterator = iter(records)
-    while len(values) <= limit or (reads_first and not values):
-        record = next(iterator, _END)
-        if record is _END:
-            break
-        values.append(record)
+    if limit >= 0:
+        values = list(islice(records, limit + 1))
+    else:
+        values = list(islice(records, 1)) if reads_first else []
     if not values:
         return {"items": []}
     items = values[:limit]
@@ -78,5 +76,3 @@ def take_page(records: Iterable[Any], limit: int, order: Order, *, reads_first: 
         return {"items": items}
     return {"items": items, "next": {"after": items[-1]["id"], "order": order}}
 
-
-_END: Any = object()
