@@ -10,6 +10,7 @@ from .errors import (
     ForkedEnvironmentError,
     LogError,
     StoreFormatError,
+    StoreFullError,
     WriterLockedError,
 )
 from .records import (
@@ -33,6 +34,7 @@ __all__ = [
     "ForkedEnvironmentError",
     "LogError",
     "StoreFormatError",
+    "StoreFullError",
     "Write",
     "WriteLog",
     "WriterLockedError",

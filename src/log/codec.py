@@ -101,7 +101,38 @@ def decode(data: bytes | memoryview) -> Any:
     try:
         return _any_decoder.decode(data)
     except RecursionError:
-        return deep(_any_decoder.decode, data)
+        return decode_deep(_any_decoder, data)
+
+
+def decode_deep(decoder: msgspec.msgpack.Decoder[Any], data: bytes | memoryview) -> Any:
+    """Decode what overflowed the default stack; refuse (``ValueError``) anything nested deeper
+    than ``MAX_DEPTH`` levels, which nothing this store writes can be."""
+
+    try:
+        value = deep(decoder.decode, data)
+    except RecursionError:
+        value = None
+    if value is None or _deeper_than(value, MAX_DEPTH + 4):
+        raise ValueError(f"A stored value nests deeper than {MAX_DEPTH} levels; the store is damaged")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, msgspec.Struct):
+            item = msgspec.structs.astuple(item)
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _needs_escape(value: str) -> bool:

@@ -27,7 +27,7 @@ from typing import Final, Literal, TypeVar
 import lmdb
 import msgspec
 
-from .errors import ForkedEnvironmentError, StoreFormatError, WriterLockedError
+from .errors import ForkedEnvironmentError, StoreFormatError, StoreFullError, WriterLockedError
 
 T = TypeVar("T")
 
@@ -147,9 +147,28 @@ class Environment:
             except lmdb.MapFullError:
                 txn.abort()
                 self.grow()
+            except lmdb.Error as error:
+                txn.abort()
+                self._explain(error)
+                raise
             except BaseException:
                 txn.abort()
                 raise
+
+    def _explain(self, error: lmdb.Error) -> None:
+        """A full disk surfaces from LMDB as an I/O error; say what it is."""
+
+        try:
+            stat = os.statvfs(self.path)
+        except OSError:
+            return
+        free = stat.f_bavail * stat.f_frsize
+        if free < 1 << 20:
+            raise StoreFullError(
+                errno.ENOSPC,
+                f"No space left for a commit to the store at {self.path} ({free} bytes free); "
+                "nothing was written, free some space and commit again",
+            ) from error
 
     def grow(self) -> None:
         size = self.env.info()["map_size"]

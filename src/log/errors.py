@@ -33,3 +33,7 @@ class StoreFormatError(LogError):
 
 class ForkedEnvironmentError(LogError):
     """An LMDB environment was used in a process forked after it was opened."""
+
+
+class StoreFullError(LogError, OSError):
+    """The disk holding the store has no room for a commit; nothing was written."""

@@ -178,8 +178,11 @@ def decode_record(seq: int, data: bytes | memoryview) -> Commit:
     if checksum != record.checksum:
         raise CorruptRecordError(seq, "checksum mismatch")
     try:
-        writes = codec.deep(_batch_decoder.decode, record.payload)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as error:
+        try:
+            writes = _batch_decoder.decode(record.payload)
+        except RecursionError:
+            writes = codec.decode_deep(_batch_decoder, record.payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as error:
         raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
     return Commit(seq, record.committed_at, writes)
 
