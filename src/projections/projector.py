@@ -54,6 +54,8 @@ class Plan:
     writes: list[Write]
     actions: dict[int, DocumentAction] = field(default_factory=dict)
     max_id: int = 0
+    current: dict[int, t.CurrentValue] = field(default_factory=dict)
+    """Current values the checks read, for the fold to continue from."""
 
 
 _TABLE_OF = {
@@ -189,6 +191,13 @@ class Projector:
     def _check_document_actions(self, txn: lmdb.Transaction, plan: Plan) -> None:
         live_counts: dict[bytes, int] = {}
         for id, action in plan.actions.items():
+            if _is_plain_delta(action):
+                current = self.model.current_value(txn, id)
+                if current is not None:  # a live document: it exists, is not retired, has a base
+                    if current.version != action.content.version:  # type: ignore[union-attr]
+                        raise ValueError(f"Document {id} version transition requires a base")
+                    plan.current[id] = current
+                    continue  # its address keeps the one incarnation it has
             existing = self.model.document_record(txn, id)
             if action.create is None and existing is None:
                 raise ValueError(f"Unknown document: {id}")
@@ -232,7 +241,10 @@ class Projector:
             elif kind is ConversationWrite:
                 self._put_conversation(rows, write.value)  # type: ignore[union-attr]
         for id, action in plan.actions.items():
-            self._apply_document(rows, id, action)
+            if _is_plain_delta(action):
+                self._put_delta(rows, id, action.content, plan.current.get(id))  # type: ignore[arg-type]
+            else:
+                self._apply_document(rows, id, action)
 
     def _put_conversation(self, rows: _Rows, value: Any) -> None:
         id = value["id"]
@@ -315,23 +327,33 @@ class Projector:
                 self._drop_revisions(rows, id)
 
     def _put_revision(self, rows: _Rows, id: int, content: Content, current_only: bool) -> None:
-        if isinstance(content, BaseContent):
-            if current_only:
-                self._drop_revisions(rows, id)
-            revision = t.Revision("base", content.version, content.value)
-            current = t.CurrentValue(content.version, 0, content.value)
-        else:
-            revision = t.Revision("delta", content.version, content.ops)
+        if isinstance(content, DeltaContent):
+            self._put_delta(rows, id, content, None)
+            return
+        if current_only:
+            self._drop_revisions(rows, id)
+        revision = t.Revision("base", content.version, content.value)
+        self._put_current(rows, id, revision, t.CurrentValue(content.version, 0, content.value))
+
+    def _put_delta(
+        self, rows: _Rows, id: int, content: DeltaContent, previous: t.CurrentValue | None
+    ) -> None:
+        """Append a delta and fold it into the materialized value (the checks may have read it)."""
+
+        if previous is None:
             previous = self.model.current_value(rows.txn, id)
             assert previous is not None, f"document {id} has no current value"
-            current = t.CurrentValue(
-                previous.version, previous.deltas_since_base + 1, previous.value, previous.broken
-            )
-            if not current.broken:
-                try:
-                    current.value = apply_ops(current.value, content.ops)
-                except Exception:
-                    current.broken = True
+        current = t.CurrentValue(
+            previous.version, previous.deltas_since_base + 1, previous.value, previous.broken
+        )
+        if not current.broken:
+            try:
+                current.value = apply_ops(current.value, content.ops)
+            except Exception:
+                current.broken = True
+        self._put_current(rows, id, t.Revision("delta", content.version, content.ops), current)
+
+    def _put_current(self, rows: _Rows, id: int, revision: t.Revision, current: t.CurrentValue) -> None:
         rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), t.encode_row(revision))
         encoded = t.encode_row(current)
         rows.put(t.DOCUMENT_VALUES, t.u64(id), encoded)
@@ -383,6 +405,12 @@ class _Rows:
         before = t.ABSENT if previous is None else t.PRESENT + previous
         # The first change in a commit holds the value from before the commit; keep it.
         self.txn.put(t.history_key(table, key, self.seq), before, db=self._history, overwrite=False)
+
+
+def _is_plain_delta(action: DocumentAction) -> bool:
+    """A delta to an existing document, nothing else: the commonest document command."""
+
+    return action.create is None and not action.retire and isinstance(action.content, DeltaContent)
 
 
 # ── shape checks: what the folds rely on, named precisely ─────────────────────
