@@ -243,22 +243,13 @@ class ReadModel:
         conversation = self.conversation(txn, conversation_id)
         if conversation is None:
             raise StorageRequestError(f"Unknown conversation: {conversation_id}")
-        current = conversation["id"]
         upper = MAX_SAFE_INTEGER if at_or_before is None else at_or_before
         heads = self.db[t.HEADS_BY_CONVERSATION]
-        while True:
-            for id, _ in ids_in_range(txn, heads, t.u64(current), 0, upper, True):
-                raw = txn.get(t.u64_pair(current, id), db=self.db[t.ENTRIES_BY_CONVERSATION])
+        for segment_id, segment_upper in self._fork_segments(txn, conversation, _FAR_BELOW, upper):
+            for id, _ in ids_in_range(txn, heads, t.u64(segment_id), 0, segment_upper, True):
+                raw = txn.get(t.u64_pair(segment_id, id), db=self.db[t.ENTRIES_BY_CONVERSATION])
                 return t.entry_decoder.decode(raw).record
-            if conversation is None:
-                conversation = self.conversation(txn, current)
-                if conversation is None:
-                    raise KeyError(current)
-            parent = conversation.get("parent")
-            if parent is None:
-                return None
-            upper = min(upper, parent["at"])
-            current, conversation = parent["conversationId"], None
+        return None
 
     # ── documents ───────────────────────────────────────────────────────────
 

@@ -138,20 +138,7 @@ class StorageReads:
     async def scan_tasks(
         self, query: Any, limit: int, cursor: Any | None, context: Any = None
     ) -> dict[str, Any]:
-        with self._read() as txn:
-            start = scan_start(query.get("order"), cursor, "ascending")
-            status = query.get("status")
-            if status is None:
-                index, prefix = None, b""
-            else:
-                index, prefix = t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS[status]
-            records = self._model.scan_table(
-                txn, t.TASKS, index, prefix, start.after, start.order == "descending"
-            )
-            filters = [(name, query[name]) for name in _TASK_FILTERS if name in query]
-            if filters:
-                records = _matching(records, filters)
-            return take_page(records, limit, start.order)
+        return self._scan_by_status(query, limit, cursor, t.TASKS, t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS, _TASK_FILTERS)
 
     async def submission(self, id: int, context: Any = None) -> Any | None:
         return self._lookup(self._model.submission, id)
@@ -159,18 +146,31 @@ class StorageReads:
     async def scan_submissions(
         self, query: Any, limit: int, cursor: Any | None, context: Any = None
     ) -> dict[str, Any]:
+        return self._scan_by_status(
+            query, limit, cursor, t.SUBMISSIONS, t.SUBMISSIONS_BY_STATUS, t.SUBMISSION_STATUS_KEYS, ("conversationId",)
+        )
+
+    def _scan_by_status(
+        self,
+        query: Any,
+        limit: int,
+        cursor: Any | None,
+        table: str,
+        by_status: str,
+        status_keys: dict[str, bytes],
+        filters: tuple[str, ...],
+    ) -> dict[str, Any]:
+        """Tasks or submissions in id order, through the status index when the query has one,
+        filtered as the reference filters them."""
+
         with self._read() as txn:
             start = scan_start(query.get("order"), cursor, "ascending")
             status = query.get("status")
-            if status is None:
-                index, prefix = None, b""
-            else:
-                index, prefix = t.SUBMISSIONS_BY_STATUS, t.SUBMISSION_STATUS_KEYS[status]
-            records = self._model.scan_table(
-                txn, t.SUBMISSIONS, index, prefix, start.after, start.order == "descending"
-            )
-            if "conversationId" in query:
-                records = _matching(records, [("conversationId", query["conversationId"])])
+            index, prefix = (None, b"") if status is None else (by_status, status_keys[status])
+            records = self._model.scan_table(txn, table, index, prefix, start.after, start.order == "descending")
+            wanted = [(name, query[name]) for name in filters if name in query]
+            if wanted:
+                records = _matching(records, wanted)
             return take_page(records, limit, start.order)
 
     async def submission_by_request(
