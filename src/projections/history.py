@@ -1,8 +1,9 @@
 """Reading the tables as they were right after an earlier commit.
 
 ``HISTORY`` holds, under ``code + key + seq``, what ``key`` held just before commit ``seq``
-changed it (``ABSENT`` when the commit created it). So as of sequence ``S`` a key holds the
-before-image of its first change after ``S``, or, if nothing changed it since, its live value.
+changed it (``ABSENT`` when the commit created it, unless the key itself tells when it was
+created: ``tables.BORN_KNOWN``). So as of sequence ``S`` a key holds nothing if it was created
+after ``S``, else the before-image of its first change after ``S``, else its live value.
 ``AsOfTxn`` offers the two calls the read model makes, ``get`` and ``cursor``, with that meaning,
 so every read query runs unchanged against the past. Cost: one extra seek per key read, and
 nothing at all to open a view.
@@ -47,6 +48,8 @@ class AsOfTxn:
         return default if value is None else value
 
     def value(self, table: str, key: bytes) -> bytes | None:
+        if table in t.BORN_KNOWN and self._born(table, key) > self.seq:
+            return None
         code = t.TABLE_CODES[table]
         cursor = self._seek
         if cursor.set_range(code + key + t.u64(self.seq + 1)):
@@ -55,6 +58,15 @@ class AsOfTxn:
                 before = cursor.value()
                 return None if before == t.ABSENT else before[1:]
         return self.txn.get(key, db=self._db[table])  # type: ignore[no-any-return]
+
+    def _born(self, table: str, key: bytes) -> int:
+        """The commit that created ``key`` (tables in ``BORN_KNOWN``); past any view if unknown."""
+
+        if table in t.BORN_WITH_TRAILING_SEQ:
+            return t.read_u64(key, len(key) - 8)
+        id_key = key if table in t.BORN_WITH_ID else key[-8:]
+        registered = self.txn.get(id_key, db=self._db[t.RECORD_IDS])
+        return t.MAX_ID if registered is None else t.read_u64(registered, 1)
 
     def cursor(self, db: lmdb._Database) -> _AsOfCursor:
         return _AsOfCursor(self, self._table(db))

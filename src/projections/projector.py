@@ -248,7 +248,7 @@ class Projector:
 
     def _put_conversation(self, rows: _Rows, value: Any) -> None:
         id = value["id"]
-        rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["conversation"])
+        rows.claim(t.u64(id), "conversation")
         rows.put(t.CONVERSATIONS, t.u64(id), codec.encode(value))
         owner = value.get("owner")
         if owner is not None:
@@ -257,7 +257,7 @@ class Projector:
 
     def _put_entry(self, rows: _Rows, value: Any) -> None:
         id, conversation_id = value["id"], value["conversationId"]
-        rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["entry"])
+        rows.claim(t.u64(id), "entry")
         rows.put(t.ENTRIES, t.u64(id), t.u64(conversation_id))
         rows.put(t.ENTRIES_BY_CONVERSATION, t.u64_pair(conversation_id, id), t.encode_row(t.EntryRow(rows.seq, value)))
         if "head" in value:
@@ -265,7 +265,7 @@ class Projector:
 
     def _put_task(self, rows: _Rows, value: Any) -> None:
         id = value["id"]
-        rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["task"])
+        rows.claim(t.u64(id), "task")
         previous = rows.replace(t.TASKS, t.u64(id), codec.encode(value))
         status = t.TASK_STATUS_KEYS[value["state"]["status"]]
         if previous is not None:
@@ -277,7 +277,7 @@ class Projector:
 
     def _put_submission(self, rows: _Rows, value: Any) -> None:
         id = value["id"]
-        rows.put(t.RECORD_IDS, t.u64(id), t.RECORD_TYPES["submission"])
+        rows.claim(t.u64(id), "submission")
         raw = rows.replace(t.SUBMISSIONS, t.u64(id), codec.encode(value))
         previous = None if raw is None else codec.decode(raw)
         status = t.SUBMISSION_STATUS_KEYS[value["status"]]
@@ -303,7 +303,7 @@ class Projector:
             record = {**action.create, "createdAt": seq}
             if action.retire:
                 record["retiredAt"] = seq
-            rows.put(t.RECORD_IDS, key, t.RECORD_TYPES["document"])
+            rows.claim(key, "document")
             address = address_key(record)
             rows.put(t.DOCUMENT_INCARNATIONS, address + key, b"")
             rows.put(t.DOCUMENTS_BY_SCOPE, scope_key(record["scope"]) + key, b"")
@@ -383,6 +383,11 @@ class _Rows:
     def get(self, table: str, key: bytes) -> bytes | None:
         return self.txn.get(key, db=self.db[table])  # type: ignore[no-any-return]
 
+    def claim(self, key: bytes, record_type: str) -> None:
+        """Register an id with its type and the commit that first wrote it (kept thereafter)."""
+
+        self.txn.put(key, t.RECORD_TYPES[record_type] + t.u64(self.seq), db=self.db[t.RECORD_IDS], overwrite=False)
+
     def put(self, table: str, key: bytes, value: bytes) -> None:
         previous = self.txn.replace(key, value, db=self.db[table])
         if previous != value:
@@ -400,7 +405,7 @@ class _Rows:
             self._remember(table, key, previous)
 
     def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:
-        if table in t.UNVERSIONED:
+        if table in t.UNVERSIONED or (previous is None and table in t.BORN_KNOWN):
             return
         before = t.ABSENT if previous is None else t.PRESENT + previous
         # The first change in a commit holds the value from before the commit; keep it.

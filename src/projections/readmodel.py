@@ -129,7 +129,7 @@ class ReadModel:
     def record_type(self, txn: lmdb.Transaction, id: int) -> str | None:
         key = as_key_id(id)
         raw = None if key is None else txn.get(t.u64(key), db=self.db[t.RECORD_IDS])
-        return None if raw is None else t.RECORD_TYPE_NAMES[raw]
+        return None if raw is None else t.RECORD_TYPE_NAMES[raw[:1]]
 
     def max_record_id(self, txn: lmdb.Transaction) -> int:
         cursor = txn.cursor(db=self.db[t.RECORD_IDS])

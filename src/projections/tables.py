@@ -15,7 +15,7 @@ import msgspec
 
 from log import codec
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Bump when any table below changes shape: the projections are then rebuilt from the log."""
 
 
@@ -80,6 +80,24 @@ SNAPSHOT_EVERY: Final = 64
 UNVERSIONED: Final = frozenset({RECORD_IDS, DOCUMENT_VALUES, STATE, HISTORY})
 """Tables without history: no read uses the id registry, and views replay document values from
 their revisions instead."""
+BORN_WITH_ID: Final = frozenset({CONVERSATIONS, ENTRIES, TASKS, SUBMISSIONS, DOCUMENTS})
+"""Keyed by a record id: a key exists from the commit that first wrote that id."""
+BORN_WITH_TRAILING_ID: Final = frozenset(
+    {
+        CONVERSATIONS_BY_OWNER_CONVERSATION,
+        CONVERSATIONS_BY_OWNER_TASK,
+        ENTRIES_BY_CONVERSATION,
+        HEADS_BY_CONVERSATION,
+        DOCUMENT_INCARNATIONS,
+        DOCUMENTS_BY_SCOPE,
+    }
+)
+"""Keys ending in a record id, written once, when that record is."""
+BORN_WITH_TRAILING_SEQ: Final = frozenset({DOCUMENT_REVISIONS, DOCUMENT_SNAPSHOTS})
+"""Keys ending in the sequence that wrote them."""
+BORN_KNOWN: Final = BORN_WITH_ID | BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ
+"""Tables whose keys' first commit is known from the key, so ``HISTORY`` need not mark their
+creation: it keeps only what later commits overwrote or deleted."""
 TABLE_CODES: Final = {
     name: bytes([code]) for code, name in enumerate(TABLES) if name not in UNVERSIONED
 }
@@ -95,6 +113,7 @@ RECORD_TYPES: Final = {
     "document": b"d",
 }
 RECORD_TYPE_NAMES: Final = {code: name for name, code in RECORD_TYPES.items()}
+"""``RECORD_IDS`` values are a type code and the 8-byte sequence that first wrote the id."""
 
 TASK_STATUSES: Final = ("pending", "running", "waiting", "sleeping", "completing", "terminal")
 SUBMISSION_STATUSES: Final = ("queued", "placed", "done", "unanswered")
