@@ -165,6 +165,32 @@ def encode_record(payload: bytes, committed_at: int) -> bytes:
 def decode_record(seq: int, data: bytes | memoryview) -> Commit:
     """Verify and decode one stored record; damage raises ``CorruptRecordError`` naming ``seq``."""
 
+    record = _verified(seq, data)
+    try:
+        try:
+            writes = _batch_decoder.decode(record.payload)
+        except RecursionError:
+            writes = codec.decode_deep(_batch_decoder, record.payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as error:
+        raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
+    return Commit(seq, record.committed_at, writes)
+
+
+def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]:
+    """A verified record as ``{"seq", "committedAt", "writes"}`` of plain values, for JSON: the
+    writes exactly as committed, without building Structs (tailing and exporting)."""
+
+    record = _verified(seq, data)
+    try:
+        writes = codec.decode(record.payload)
+    except (msgspec.DecodeError, ValueError) as error:
+        raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
+    if not isinstance(writes, list):
+        raise CorruptRecordError(seq, "the writes are not an array")
+    return {"seq": seq, "committedAt": record.committed_at, "writes": writes}
+
+
+def _verified(seq: int, data: bytes | memoryview) -> LogRecord:
     try:
         record = _record_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
@@ -177,14 +203,7 @@ def decode_record(seq: int, data: bytes | memoryview) -> Commit:
         raise CorruptRecordError(seq, "commit time out of range") from None
     if checksum != record.checksum:
         raise CorruptRecordError(seq, "checksum mismatch")
-    try:
-        try:
-            writes = _batch_decoder.decode(record.payload)
-        except RecursionError:
-            writes = codec.decode_deep(_batch_decoder, record.payload)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as error:
-        raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
-    return Commit(seq, record.committed_at, writes)
+    return record
 
 
 def write_to_builtins(write: Write) -> dict[str, Any]:

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Final
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Final, TypeVar
 
 import lmdb
 
 from .environment import Environment
 from .records import Commit, decode_record, encode_record
+
+T = TypeVar("T")
 
 LOG_DB: Final = "log"
 READ_CHUNK: Final = 256
@@ -130,8 +132,11 @@ class WriteLog:
 
         return [decode_record(seq, data) for seq, data in self.raw_chunk(first, last, count)]
 
-    def read(self, first: int = 1, last: int | None = None) -> Iterator[Commit]:
-        """Verified records from ``first`` to ``last`` (inclusive; ``None``: the head when reached)."""
+    def read(
+        self, first: int = 1, last: int | None = None, decode: Callable[[int, bytes], T] = decode_record  # type: ignore[assignment]
+    ) -> Iterator[T]:
+        """Verified records from ``first`` to ``last`` (inclusive; ``None``: the head when
+        reached), each made by ``decode(seq, stored bytes)``: a ``Commit`` by default."""
 
         next_seq = first
         while True:
@@ -139,7 +144,7 @@ class WriteLog:
             if not rows:
                 return
             for seq, data in rows:
-                yield decode_record(seq, data)
+                yield decode(seq, data)
             next_seq = rows[-1][0] + 1
 
     async def follow(
@@ -148,8 +153,10 @@ class WriteLog:
         *,
         poll_interval: float = 0.01,
         max_poll_interval: float = 0.1,
-    ) -> AsyncIterator[Commit]:
-        """Yield every record from ``from_seq`` on, forever, as it is committed.
+        decode: Callable[[int, bytes], T] = decode_record,  # type: ignore[assignment]
+    ) -> AsyncIterator[T]:
+        """Yield every record from ``from_seq`` on, forever, as it is committed (``decode``
+        turns each verified record into what is yielded: a ``Commit`` by default).
 
         Idle, it holds no transaction: it polls the head with a short one, backing off from
         ``poll_interval`` to ``max_poll_interval``; a commit in this process wakes it at once.
@@ -162,7 +169,7 @@ class WriteLog:
             if rows:
                 interval = poll_interval
                 for seq, data in rows:
-                    yield decode_record(seq, data)
+                    yield decode(seq, data)
                 next_seq = rows[-1][0] + 1
                 continue
             waiter = asyncio.get_running_loop().create_future()

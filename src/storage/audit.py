@@ -19,7 +19,7 @@ import lmdb
 import msgspec
 
 from log import Commit, Environment, WriteLog, key_seq, seq_key, write_to_builtins
-from log.records import decode_record
+from log.records import decode_record, decode_record_builtins
 from log.records import FORMAT_VERSION, WRITE_TYPES
 from projections import Projector, ReadModel
 from projections import tables as t
@@ -134,7 +134,32 @@ class Tail:
                 return
 
 
-async def _as_async(commits: Iterator[Commit]) -> AsyncIterator[Commit]:
+    async def json_lines(
+        self, from_seq: int = 1, *, follow: bool = False, limit: int | None = None
+    ) -> AsyncIterator[str]:
+        """The ``--json`` lines: ``{"seq", "committedAt", "writes"}``, the writes exactly as
+        committed (only the kept ones when filtering)."""
+
+        if not self.filter.everything:
+            async for commit, writes in self.commits(from_seq, follow=follow, limit=limit):
+                yield to_json(commit_to_builtins(commit, writes))
+            return
+        if limit is not None and limit <= 0:
+            return
+        source: Any = (
+            self.log.follow(from_seq, decode=decode_record_builtins)
+            if follow
+            else _as_async(self.log.read(from_seq, decode=decode_record_builtins))
+        )
+        shown = 0
+        async for batch in source:  # unfiltered: no Structs are built, the fast path
+            yield to_json(batch)
+            shown += 1
+            if limit is not None and shown >= limit:
+                return
+
+
+async def _as_async(commits: Iterator[Any]) -> AsyncIterator[Any]:
     for commit in commits:
         yield commit
 
@@ -368,7 +393,7 @@ def _seq_of(table: str, key: bytes) -> int | None:
 def export_lines(path: str | os.PathLike[str], first: int = 1, last: int | None = None) -> Iterator[str]:
     env = Environment(path, readonly=True)
     try:
-        for commit in WriteLog(env).read(first, last):
-            yield to_json(commit_to_builtins(commit))
+        for batch in WriteLog(env).read(first, last, decode=decode_record_builtins):
+            yield to_json(batch)
     finally:
         env.close()

@@ -150,13 +150,19 @@ def _tail(args: argparse.Namespace) -> int:
 
 
 async def _print_tail(tail: audit.Tail, first: int, args: argparse.Namespace) -> int:
+    write, flush = sys.stdout.write, sys.stdout.flush
+    if args.json:
+        async for line in tail.json_lines(first, follow=args.follow, limit=args.limit):
+            write(line + "\n")
+            if args.follow:
+                flush()
+        return 0
     async for commit, writes in tail.commits(first, follow=args.follow, limit=args.limit):
-        if args.json:
-            line = audit.to_json(audit.commit_to_builtins(commit, writes))
-        else:  # readable text: lone surrogates shown as \udXXX escapes, never an encoding error
-            line = audit.summarize(commit, writes).encode("utf-8", "backslashreplace").decode("utf-8")
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        # readable text: lone surrogates shown as \udXXX escapes, never an encoding error
+        line = audit.summarize(commit, writes).encode("utf-8", "backslashreplace").decode("utf-8")
+        write(line + "\n")
+        if args.follow:
+            flush()
     return 0
 
 
