@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import lmdb
 import msgspec
@@ -199,11 +199,11 @@ class UserProjections:
                 continue
             commits = self._log.take(status.folded_seq + 1, head, FOLD_CHUNK)
             try:
-                self._status[name] = self._env.write(lambda txn: self._fold(txn, projection, commits))
+                self._status[name] = self._env.write(lambda txn, p=projection, c=commits: self._fold(txn, p, c))
             except _FoldFailed as failure:
                 before = [commit for commit in commits if commit.seq < failure.seq]
                 if before:  # keep what folded cleanly, so the checkpoint stops right before it
-                    status = self._env.write(lambda txn: self._fold(txn, projection, before))
+                    status = self._env.write(lambda txn, p=projection, b=before: self._fold(txn, p, b))
                 self._status[name] = self._record_failure(name, status, failure.seq, failure.error)
                 continue
             behind |= self._status[name].folded_seq < head
