@@ -30,6 +30,7 @@ class AsOfTxn:
         self._tables = {id(handle): name for name, handle in db.items()}
         self._db = db
         self._seek = txn.cursor(db=self._history)
+        self._has_history: dict[str, bool] = {}
 
     @property
     def horizon(self) -> int:
@@ -68,6 +69,16 @@ class AsOfTxn:
         registered = self.txn.get(id_key, db=self._db[t.RECORD_IDS])
         return t.MAX_ID if registered is None else t.read_u64(registered, 1)
 
+    def has_history(self, table: str) -> bool:
+        """Whether any key of ``table`` was ever overwritten or deleted."""
+
+        known = self._has_history.get(table)
+        if known is None:
+            code = t.TABLE_CODES[table]
+            found = self._seek.set_range(code)
+            known = self._has_history[table] = found and self._seek.key()[:1] == code
+        return known
+
     def cursor(self, db: lmdb._Database) -> _AsOfCursor:
         return _AsOfCursor(self, self._table(db))
 
@@ -85,6 +96,7 @@ class _AsOfCursor:
         self._code = t.TABLE_CODES[table]
         self._live = view.txn.cursor(db=view._db[table])
         self._history = view.txn.cursor(db=view._history)
+        self._has_history = view.has_history(table)
         self._key: bytes | None = None
         self._value: bytes | None = None
 
@@ -143,23 +155,35 @@ class _AsOfCursor:
         return True
 
     # ── candidates: the smaller (or larger) of the live and the history key ──
+    # A table with no history rows (one only ever inserted into) has only live candidates.
 
     def _first_at_or_after(self, key: bytes) -> bytes | None:
         live = self._live.key() if self._live.set_range(key) else None
+        if not self._has_history:
+            return live
         return _smaller(live, self._history_group(self._history.set_range(self._code + key)))
 
     def _first_after(self, key: bytes) -> bytes | None:
-        live = None
-        if self._live.set_range(key):
-            live = self._live.key()
-            if live == key:
-                live = self._live.key() if self._live.next() else None
+        if self._live.key() == key:  # walking: the live cursor is already there
+            found = self._live.next()
+        elif self._live.set_range(key):
+            found = self._live.key() != key or self._live.next()
+        else:
+            found = False
+        live = self._live.key() if found else None
+        if not self._has_history:
+            return live
         group = self._history_group(self._history.set_range(self._code + key + _AFTER_ALL_SEQS))
         return _smaller(live, group)
 
     def _last_before(self, key: bytes) -> bytes | None:
-        found = self._live.prev() if self._live.set_range(key) else self._live.last()
+        if self._live.key() == key:  # walking: the live cursor is already there
+            found = self._live.prev()
+        else:
+            found = self._live.prev() if self._live.set_range(key) else self._live.last()
         live = self._live.key() if found else None
+        if not self._has_history:
+            return live
         if self._history.set_range(self._code + key):
             found = self._history.prev()
         else:
@@ -172,6 +196,8 @@ class _AsOfCursor:
         else:
             found = self._live.last()
         live = self._live.key() if found else None
+        if not self._has_history:
+            return live
         if self._history.set_range(self._code + key + _AFTER_ALL_SEQS):
             found = self._history.prev()
         else:
@@ -180,6 +206,8 @@ class _AsOfCursor:
 
     def _last(self) -> bytes | None:
         live = self._live.key() if self._live.last() else None
+        if not self._has_history:
+            return live
         next_code = bytes([self._code[0] + 1])
         found = self._history.prev() if self._history.set_range(next_code) else self._history.last()
         return _larger(live, self._history_group(found))
