@@ -19,7 +19,10 @@ import msgspec
 EXT_STR: Final = 1
 """A str that is not valid UTF-8 (it holds surrogates); the payload is UTF-8 with surrogatepass."""
 EXT_INT: Final = 2
-"""An int outside msgpack's 64-bit range; the payload is its decimal ASCII digits."""
+"""An int outside msgpack's 64-bit range as decimal ASCII digits (read only: Python limits how
+many digits a process converts, so ``EXT_BIG_INT`` replaced it)."""
+EXT_BIG_INT: Final = 4
+"""An int outside msgpack's 64-bit range; the payload is its big-endian two's complement."""
 EXT_OBJECT: Final = 3
 """An object with a key that needs EXT_STR; the payload is a flat msgpack array k1, v1, k2, v2."""
 
@@ -48,6 +51,8 @@ except ImportError:  # pragma: no cover - exercised only without pi-durable inst
 def _ext_hook(code: int, data: memoryview) -> Any:
     if code == EXT_STR:
         return bytes(data).decode("utf-8", "surrogatepass")
+    if code == EXT_BIG_INT:
+        return int.from_bytes(data, "big", signed=True)
     if code == EXT_INT:
         return int(bytes(data))
     if code == EXT_OBJECT:
@@ -165,7 +170,9 @@ def _escape(value: Any) -> Any:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         if value < _INT_MIN or value > _INT_MAX:
-            return msgspec.msgpack.Ext(EXT_INT, str(int(value)).encode("ascii"))
+            number = int(value)
+            size = (number.bit_length() + 8) // 8
+            return msgspec.msgpack.Ext(EXT_BIG_INT, number.to_bytes(size, "big", signed=True))
         return value
     if isinstance(value, msgspec.Struct):  # a row around JSON values: same wire as its builtins
         return _escape(msgspec.to_builtins(value))

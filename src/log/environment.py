@@ -106,6 +106,15 @@ class Environment:
             self._dbs[key] = db
         return db
 
+    def drop_dbs(self, txn: lmdb.Transaction, names: list[str]) -> None:
+        """Delete named databases inside ``txn``. Their handles are opened in it too: LMDB closes
+        a dropped handle at once, even if the transaction then aborts and is run again."""
+
+        for name in names:
+            key = name.encode()
+            if txn.get(key) is not None:
+                txn.drop(self.env.open_db(key, txn=txn, create=False), delete=True)
+
     def forget_dbs(self, names: list[str]) -> None:
         """Drop cached handles of databases a committed transaction deleted."""
 

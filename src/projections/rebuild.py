@@ -75,7 +75,10 @@ def open_core(env: Environment, log: WriteLog, progress: Progress | None = None)
                 f"{t.SCHEMA_VERSION}; open the store for writing once to rebuild them"
             )
         model = ReadModel(env, header.generation)
-        folded, head = folded_seq(env, log, model), log.head()
+        with env.read() as txn:  # one snapshot, or a commit in between looks like a lag
+            state = projection_state(txn, model)
+            head = log.head(txn)
+            folded = head if state is not None and state.lockstep else (0 if state is None else state.folded_seq)
         if folded < head:
             raise ProjectionsBehind(
                 f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
@@ -134,17 +137,31 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
         _put_header(txn, env, t.CoreHeader(header.generation, header.schema_version, target))
 
     env.write(begin)
-    catch_up(env, log, building, progress)
+    try:
+        catch_up(env, log, building, progress)
+    except Exception:
+        abandon(env, header, target)  # e.g. a damaged record: keep the store writable as it was
+        raise
     old = [t.db_name(header.generation, name) for name in t.TABLES]
-    old_dbs = [env.db(name) for name in old if env.has_db(name)]
+    env.forget_dbs(old)
 
     def swap(txn: lmdb.Transaction) -> None:
-        for db in old_dbs:
-            txn.drop(db, delete=True)
+        env.drop_dbs(txn, old)
         _put_header(txn, env, t.CoreHeader(target, t.SCHEMA_VERSION))
         mark_lockstep(txn, building)
 
-    if target != header.generation:
-        env.write(swap)
-        env.forget_dbs(old)
+    env.write(swap)
     return building
+
+
+def abandon(env: Environment, header: t.CoreHeader, target: int) -> None:
+    """Forget a rebuild that failed: drop what it built and keep serving the active generation."""
+
+    partial = [t.db_name(target, name) for name in t.TABLES]
+    env.forget_dbs(partial)
+
+    def drop(txn: lmdb.Transaction) -> None:
+        env.drop_dbs(txn, partial)
+        _put_header(txn, env, t.CoreHeader(header.generation, header.schema_version))
+
+    env.write(drop)
