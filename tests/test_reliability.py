@@ -45,6 +45,7 @@ from log import CorruptRecordError, Environment, StoreFullError, WriteLog, seq_k
 from log.records import encode_record
 from projections import StorageRequestError
 from projections import tables as t
+from projections.errors import CorruptProjectionError
 from storage import LmdbStorage
 from storage.audit import verify
 
@@ -553,12 +554,6 @@ async def test_an_undecodable_projection_value_is_not_served(tmp_path: Path) -> 
         await storage.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG (gap): projection values carry no checksum, so a damaged value that still decodes "
-    "(here 'running' -> 'runninG') is served as data; only verify finds it",
-)
 async def test_a_plausibly_damaged_projection_value_is_not_served(tmp_path: Path) -> None:
     path = tmp_path / "store"
     storage = await seeded(path)
@@ -567,13 +562,13 @@ async def test_a_plausibly_damaged_projection_value_is_not_served(tmp_path: Path
     edit_on_disk(path, t.u64(3), raw, _plausible)
     storage = await LmdbStorage.open(path, readonly=True)
     try:
-        try:
-            served = await storage.task(3)
-        except Exception:
-            return  # refused: the promise holds
-        assert served["state"]["status"] == "running", f"served damaged data: {served}"
+        with pytest.raises(CorruptProjectionError, match="'tasks' holds a damaged value at key 0000000000000003"):
+            await storage.task(3)
+        with pytest.raises(CorruptProjectionError):
+            await storage.scan_tasks({}, 10, None)
     finally:
         await storage.close()
+    assert verify(path) is not None, "verify finds it too"
 
 
 async def test_a_failed_rebuild_leaves_the_store_writable(tmp_path: Path) -> None:

@@ -22,3 +22,18 @@ class StorageRequestError(_Base):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.name = "StorageRequestError"
+
+
+class CorruptProjectionError(Exception):
+    """A projected value does not match its checksum: damaged on disk, never served as data.
+
+    The log still holds the truth: ``durable-log rebuild`` folds it into fresh projections.
+    """
+
+    def __init__(self, table: str, key: bytes) -> None:
+        super().__init__(
+            f"Projection {table!r} holds a damaged value at key {key.hex()}; "
+            "run `durable-log rebuild` to fold the log into fresh projections"
+        )
+        self.table = table
+        self.key = key

@@ -67,7 +67,9 @@ class AsOfTxn:
             return t.read_u64(key, len(key) - 8)
         id_key = key if table in t.BORN_WITH_ID else key[-8:]
         registered = self.txn.get(id_key, db=self._db[t.RECORD_IDS])
-        return t.MAX_ID if registered is None else t.read_u64(registered, 1)
+        if registered is None:
+            return t.MAX_ID
+        return t.read_u64(t.unseal(registered, t.RECORD_IDS, id_key), 1)
 
     def has_history(self, table: str) -> bool:
         """Whether any key of ``table`` was ever overwritten or deleted."""

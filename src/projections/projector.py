@@ -381,23 +381,26 @@ class _Rows:
         self._history = db[t.HISTORY]
 
     def get(self, table: str, key: bytes) -> bytes | None:
-        return self.txn.get(key, db=self.db[table])  # type: ignore[no-any-return]
+        raw = self.txn.get(key, db=self.db[table])
+        return None if raw is None else t.unseal(raw, table, key)
 
     def claim(self, key: bytes, record_type: str) -> None:
         """Register an id with its type and the commit that first wrote it (kept thereafter)."""
 
-        self.txn.put(key, t.RECORD_TYPES[record_type] + t.u64(self.seq), db=self.db[t.RECORD_IDS], overwrite=False)
+        value = t.seal(t.RECORD_TYPES[record_type] + t.u64(self.seq))
+        self.txn.put(key, value, db=self.db[t.RECORD_IDS], overwrite=False)
 
     def put(self, table: str, key: bytes, value: bytes) -> None:
-        previous = self.txn.replace(key, value, db=self.db[table])
-        if previous != value:
-            self._remember(table, key, previous)
+        self.replace(table, key, value)
 
     def replace(self, table: str, key: bytes, value: bytes) -> bytes | None:
-        previous: bytes | None = self.txn.replace(key, value, db=self.db[table])
-        if previous != value:
+        """Store ``value`` (sealed) and return what the key held before, checked."""
+
+        sealed = t.seal(value)
+        previous: bytes | None = self.txn.replace(key, sealed, db=self.db[table])
+        if previous != sealed:
             self._remember(table, key, previous)
-        return previous
+        return None if previous is None else t.unseal(previous, table, key)
 
     def delete(self, table: str, key: bytes) -> None:
         previous = self.txn.pop(key, db=self.db[table])

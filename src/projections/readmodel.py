@@ -121,14 +121,20 @@ class ReadModel:
 
     # ── records by id ───────────────────────────────────────────────────────
 
+    def value(self, txn: lmdb.Transaction, table: str, key: bytes) -> bytes | None:
+        """The checked value at ``key``: damage raises ``CorruptProjectionError``."""
+
+        raw = txn.get(key, db=self.db[table])
+        return None if raw is None else t.unseal(raw, table, key)
+
     def _get(self, txn: lmdb.Transaction, table: str, id: object) -> Any | None:
         key = as_key_id(id)
-        raw = None if key is None else txn.get(_pack(key), db=self.db[table])
+        raw = None if key is None else self.value(txn, table, _pack(key))
         return None if raw is None else codec.decode(raw)
 
     def record_type(self, txn: lmdb.Transaction, id: int) -> str | None:
         key = as_key_id(id)
-        raw = None if key is None else txn.get(t.u64(key), db=self.db[t.RECORD_IDS])
+        raw = None if key is None else self.value(txn, t.RECORD_IDS, t.u64(key))
         return None if raw is None else t.RECORD_TYPE_NAMES[raw[:1]]
 
     def max_record_id(self, txn: lmdb.Transaction) -> int:
@@ -149,10 +155,10 @@ class ReadModel:
 
     def entry_row(self, txn: lmdb.Transaction, id: object) -> t.EntryRow | None:
         key = as_key_id(id)
-        conversation = None if key is None else txn.get(t.u64(key), db=self.db[t.ENTRIES])
+        conversation = None if key is None else self.value(txn, t.ENTRIES, t.u64(key))
         if conversation is None:
             return None
-        raw = txn.get(conversation + t.u64(key), db=self.db[t.ENTRIES_BY_CONVERSATION])  # type: ignore[arg-type]
+        raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, conversation + t.u64(key))  # type: ignore[arg-type]
         return None if raw is None else t.entry_decoder.decode(raw)
 
     def submission_id_by_request(
@@ -161,7 +167,7 @@ class ReadModel:
         key = as_key_id(conversation_id)
         if key is None:
             return None
-        raw = txn.get(t.u64(key) + t.text_key(request_id), db=self.db[t.SUBMISSIONS_BY_REQUEST])
+        raw = self.value(txn, t.SUBMISSIONS_BY_REQUEST, t.u64(key) + t.text_key(request_id))
         return None if raw is None else t.read_u64(raw)
 
     # ── scans ───────────────────────────────────────────────────────────────
@@ -183,12 +189,12 @@ class ReadModel:
             low, high = (0 if after is None else after + 1), t.MAX_ID
         rows = ids_in_range(txn, self.db[index or table], prefix, low, high, descending)
         if index is None:
-            for _, raw in rows:
-                yield codec.decode(raw)
+            for id, raw in rows:
+                yield codec.decode(t.unseal(raw, table, prefix + t.u64(id)))
         else:
             records = self.db[table]
             for id, _ in rows:
-                yield codec.decode(txn.get(t.u64(id), db=records))
+                yield codec.decode(self.value(txn, table, t.u64(id)))
 
     def visible_entry_rows(
         self,
@@ -210,8 +216,9 @@ class ReadModel:
         rows = self.db[t.ENTRIES_BY_CONVERSATION]
         decode = t.entry_decoder.decode
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
-            for _, raw in ids_in_range(txn, rows, t.u64(segment_id), minimum, segment_upper, descending):
-                yield decode(raw)
+            prefix = t.u64(segment_id)
+            for id, raw in ids_in_range(txn, rows, prefix, minimum, segment_upper, descending):
+                yield decode(t.unseal(raw, t.ENTRIES_BY_CONVERSATION, prefix + t.u64(id)))
 
     def _fork_segments(
         self, txn: lmdb.Transaction, conversation: Any, minimum: Any, upper: Any
@@ -247,14 +254,14 @@ class ReadModel:
         heads = self.db[t.HEADS_BY_CONVERSATION]
         for segment_id, segment_upper in self._fork_segments(txn, conversation, _FAR_BELOW, upper):
             for id, _ in ids_in_range(txn, heads, t.u64(segment_id), 0, segment_upper, True):
-                raw = txn.get(t.u64_pair(segment_id, id), db=self.db[t.ENTRIES_BY_CONVERSATION])
+                raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, t.u64_pair(segment_id, id))
                 return t.entry_decoder.decode(raw).record
         return None
 
     # ── documents ───────────────────────────────────────────────────────────
 
     def current_document_id(self, txn: lmdb.Transaction, address: bytes) -> int | None:
-        raw = txn.get(address, db=self.db[t.DOCUMENT_CURRENT])
+        raw = self.value(txn, t.DOCUMENT_CURRENT, address)
         return None if raw is None else t.read_u64(raw)
 
     def incarnations(self, txn: lmdb.Transaction, address: bytes) -> Iterator[int]:
@@ -262,12 +269,12 @@ class ReadModel:
             yield id
 
     def current_value(self, txn: lmdb.Transaction, id: int) -> t.CurrentValue | None:
-        raw = txn.get(t.u64(id), db=self.db[t.DOCUMENT_VALUES])
+        raw = self.value(txn, t.DOCUMENT_VALUES, t.u64(id))
         return None if raw is None else t.current_decoder.decode(raw)
 
     def last_revision_version(self, txn: lmdb.Transaction, id: int) -> int | None:
-        for _, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):
-            return t.revision_decoder.decode(raw).version
+        for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):
+            return t.revision_decoder.decode(t.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
         return None
 
     def materialize(self, txn: lmdb.Transaction, id: Any, at: Any) -> dict[str, Any] | None:
@@ -302,13 +309,13 @@ class ReadModel:
         snapshot: t.CurrentValue | None = None
         snapshot_seq = 0
         for snapshot_seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True):
-            snapshot = t.current_decoder.decode(raw)
+            snapshot = t.current_decoder.decode(t.unseal(raw, t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, snapshot_seq)))
             break
         deltas: list[t.Revision] = []
         base: t.Revision | None = None
         revisions = self.db[t.DOCUMENT_REVISIONS]
-        for _, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
-            revision = t.revision_decoder.decode(raw)
+        for seq, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
+            revision = t.revision_decoder.decode(t.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq)))
             if revision.kind == "base":
                 base = revision
                 break

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import zlib
 from typing import Any, Final
 
 import msgspec
 
 from log import codec
 
-SCHEMA_VERSION: Final = 3
+from .errors import CorruptProjectionError
+
+SCHEMA_VERSION: Final = 4
 """Bump when any table below changes shape: the projections are then rebuilt from the log."""
 
 
@@ -148,6 +151,21 @@ def text_key(value: Any) -> bytes:
     if len(encoded) <= _MAX_KEY_PART:
         return encoded
     return b"\xff" + hashlib.blake2b(encoded, digest_size=32).digest()
+
+
+def seal(value: bytes) -> bytes:
+    """Every projected value is stored behind the CRC-32 of its bytes."""
+
+    return zlib.crc32(value).to_bytes(4, "big") + value
+
+
+def unseal(raw: bytes, table: str, key: bytes) -> bytes:
+    """The value a sealed one holds; damage raises ``CorruptProjectionError`` naming the key."""
+
+    value = raw[4:]
+    if len(raw) < 4 or zlib.crc32(value) != int.from_bytes(raw[:4], "big"):
+        raise CorruptProjectionError(table, key)
+    return value
 
 
 def history_key(table: str, key: bytes, seq: int) -> bytes:
