@@ -1,10 +1,12 @@
-"""Rebuild speed and the cost of ``as_of`` views on a long log.
+"""Long-log costs: reopen, rebuild, verify, tail, and ``as_of`` views.
 
     python tools/bench_history.py --commits 100000
+    python tools/bench_history.py --commits 1000000 --views 10
 
 Builds a store of typical agent turns (an entry plus a task update per commit, a document delta
-every tenth), then measures: a full rebuild of the projections (records/s), ``verify``
-(records/s), and opening a view at random sequences plus its first reads.
+every tenth), then measures: close and reopen plus the first read, a full rebuild of the
+projections (records/s), ``verify`` (records/s), tail as JSON in-process (records/s), opening a
+view at random sequences plus its first reads, and the peak RSS of this process.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from storage import LmdbStorage
-from storage.audit import verify
+from storage.audit import Tail, verify
 
 MESSAGE = {"role": "assistant", "content": "word " * 100}
 
@@ -51,6 +54,23 @@ async def measure(path: Path, commits: int, views: int) -> None:
     build_s = await build(path, commits)
     print(f"built {commits} commits in {build_s:.1f} s ({commits / build_s:,.0f} commits/s, process mode)")
 
+    reopen = []
+    for _ in range(5):
+        started = time.perf_counter()
+        storage = await LmdbStorage.open(path, durability="process")
+        await storage.task(2)
+        reopen.append(time.perf_counter() - started)
+        await storage.close()
+    print(f"reopen + first read: median {statistics.median(reopen) * 1e3:.2f} ms")
+
+    tail = Tail(path)
+    started = time.perf_counter()
+    lines = 0
+    async for _ in tail.json_lines(1):
+        lines += 1
+    tail.close()
+    print(f"tail --json in-process: {lines / (time.perf_counter() - started):,.0f} records/s")
+
     storage = await LmdbStorage.open(path, durability="process")
     started = time.perf_counter()
     await storage.rebuild()
@@ -81,6 +101,9 @@ async def measure(path: Path, commits: int, views: int) -> None:
     assert verify(path) is None
     verify_s = time.perf_counter() - started
     print(f"verify: {verify_s:.1f} s, {commits / verify_s:,.0f} records/s")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    size = (path / "data.mdb").stat().st_size
+    print(f"peak RSS {peak:,.0f} MiB; data.mdb {size / 2**20:,.0f} MiB ({size / commits:,.0f} B per commit)")
 
 
 def main() -> None:
