@@ -102,8 +102,13 @@ async def measure(path: Path, commits: int, views: int) -> None:
     verify_s = time.perf_counter() - started
     print(f"verify: {verify_s:.1f} s, {commits / verify_s:,.0f} records/s")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    anonymous = int(status.get("RssAnon", "0 kB").split()[0]) / 1024
     size = (path / "data.mdb").stat().st_size
-    print(f"peak RSS {peak:,.0f} MiB; data.mdb {size / 2**20:,.0f} MiB ({size / commits:,.0f} B per commit)")
+    print(
+        f"peak RSS {peak:,.0f} MiB (mapped store pages included); anonymous memory now {anonymous:,.0f} MiB; "
+        f"data.mdb {size / 2**20:,.0f} MiB ({size / commits:,.0f} B per commit)"
+    )
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from .readmodel import ReadModel
 
 REGISTRY_DB = "projections"
 CORE_KEY = b"core"
-FOLD_CHUNK = 512
+FOLD_CHUNK = 2048
 """Records folded per write transaction while catching up or rebuilding."""
 
 Progress = Callable[[int, int], None]
