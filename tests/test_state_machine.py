@@ -16,12 +16,17 @@ What it drives:
   and delta contents using every op verb (``r s d a t p m``), version changes, and invalid ops;
 * deliberately invalid batches, often with valid writes around them: duplicate IDs, an ID of
   another record type, unknown documents, a delta without a base, a second current incarnation,
-  copies of changed/mismatched/unknown sources, non-JSON values, ...; after a rejection the full
-  state of both stores is compared;
+  copies of changed/mismatched/unknown sources, non-JSON values, ...; after every rejection all
+  records and secondary indexes of both stores are compared (``check_state``);
 * every read method, walking pages to the end through (JSON round-tripped) cursors in both
   orders, plus malformed cursors and orders, unknown conversations, historical document points;
 * strings with non-ASCII characters, astral characters and lone surrogates everywhere strings go;
-* closing and reopening the backend on the same directory (MemoryStorage keeps its state).
+* closing and reopening the backend on the same directory (MemoryStorage keeps its state);
+* ``check_everything``: all records, indexes, point reads and every document at each of its
+  revision points, as a rule of its own and after each reopen.
+
+Invalid delta ops are stored as MemoryStorage stores them (it does not check ops when it commits);
+reading such a document raises whatever ``pi_durable.delta.apply`` raises, and ours must match.
 
 IDs come from a small pool so collisions happen. ``mint_id`` must return exactly MemoryStorage's
 values until the first reopen; afterwards it must return an ID above every ID minted or stored
@@ -45,7 +50,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -61,8 +66,8 @@ from pi_durable.storage.memory import MemoryStorage
 CTX = BACKGROUND_CONTEXT
 MAX_SAFE = 9_007_199_254_740_991
 
-EXAMPLES = int(os.environ.get("PI_DURABLE_LMDB_MACHINE_EXAMPLES", "45"))
-STEPS = int(os.environ.get("PI_DURABLE_LMDB_MACHINE_STEPS", "35"))
+EXAMPLES = int(os.environ.get("PI_DURABLE_LMDB_MACHINE_EXAMPLES", "200"))
+STEPS = int(os.environ.get("PI_DURABLE_LMDB_MACHINE_STEPS", "50"))
 
 # ── Value pools ─────────────────────────────────────────────────────────────
 
@@ -109,6 +114,10 @@ BAD_OPS: list[Any] = [
     ["r"],
     ["s", ["a", -1], 1],
     ["a", ["a"], 5],
+    ["a", ["a"], "x"],
+    ["s", ["missing", "x"], 1],
+    ["p", ["missing"], 0, 0, []],
+    ["m", ["a"], [0]],
 ]
 
 BAD_CURSORS: list[Any] = [
@@ -902,7 +911,7 @@ class StorageMachine(RuleBasedStateMachine):
             id = data.draw(st.sampled_from(unknown), label="unknown document")
             if data.draw(st.booleans(), label="retire it"):
                 return [{"type": "document.retire", "id": id}]
-            return self_change(id, data)
+            return _change_of(id, data)
         if kind == "delta without base":
             write = self.draw_document_create(data, batch)
             write["content"] = {"kind": "delta", "version": write["content"]["version"], "ops": [["s", ["a"], 1]]}
@@ -912,7 +921,7 @@ class StorageMachine(RuleBasedStateMachine):
                 id = data.draw(st.sampled_from(sorted(self.documents)), label="document")
                 return [self.draw_document_change(data, batch, id), self.draw_document_change(data, batch, id)]
             create = self.draw_document_create(data, batch)
-            return [create, self_change(create["record"]["id"], data)[0]]
+            return [create, _change_of(create["record"]["id"], data)[0]]
         if kind == "retired twice":
             if self.documents and data.draw(st.booleans(), label="existing"):
                 id = data.draw(st.sampled_from(sorted(self.documents)), label="document")
@@ -1227,7 +1236,7 @@ SETTINGS = settings(
 )
 
 
-def self_change(id: int, data: Any) -> list[dict[str, Any]]:
+def _change_of(id: int, data: Any) -> list[dict[str, Any]]:
     """A plausible change of a document that may not exist."""
 
     content = data.draw(

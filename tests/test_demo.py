@@ -1,15 +1,15 @@
-"""A pi-durable Session on LmdbStorage: the real host path, closed and reopened."""
+"""The demo: its Session workload reads back after reopen, and the command runs end to end."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
 from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-from pi_durable.errors import StorageRequestError as PiStorageRequestError
 
-from storage import LmdbStorage, StorageRequestError
+from storage import LmdbStorage
 from storage.demo import QUESTIONS, _definitions, run_workload
 from storage.audit import verify
 
@@ -38,25 +38,12 @@ async def test_the_demo_workload_reads_back_after_reopen(tmp_path: Path) -> None
         await storage.close()
 
 
-async def test_a_session_fails_only_the_read_on_a_storage_request_error(tmp_path: Path) -> None:
-    storage = await LmdbStorage.open(tmp_path / "store", durability="process")
-    session = create_session(storage)
-    try:
-        async def root(tx):  # type: ignore[no-untyped-def]
-            return await tx.create_root_conversation()
-
-        await session.commit(root, CTX)
-        with pytest.raises(StorageRequestError) as raised:
-            await session.storage.scan_entries({"conversationId": 999}, 10, None, CTX)
-        assert isinstance(raised.value, PiStorageRequestError)
-        assert "Unknown conversation: 999" in str(raised.value)
-        assert session.failure is None, "a StorageRequestError must not fail the Session"
-
-        async def entry(tx):  # type: ignore[no-untyped-def]
-            return await tx.append_entry(1, {"kind": "message", "data": {"after": "the failed read"}})
-
-        record = await session.commit(entry, CTX)
-        assert (await storage.entry(record["id"], CTX))["entry"] == record
-    finally:
-        await session.close(CTX)
-        await storage.close()
+def test_the_demo_command_runs_and_points_the_way(tmp_path: Path) -> None:
+    store = tmp_path / "demo-store"
+    done = subprocess.run(
+        [sys.executable, "-m", "storage.cli", "demo", str(store)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    for words in ("through a pi-durable Session", "head sequence", "durable-log tail", "Try next"):
+        assert words in done.stdout
+    assert verify(store) is None
