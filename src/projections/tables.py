@@ -153,17 +153,22 @@ def text_key(value: Any) -> bytes:
     return b"\xff" + hashlib.blake2b(encoded, digest_size=32).digest()
 
 
+_CRC = struct.Struct(">I")
+_crc_of = _CRC.unpack_from
+_crc32 = zlib.crc32
+
+
 def seal(value: bytes) -> bytes:
     """Every projected value is stored behind the CRC-32 of its bytes."""
 
-    return zlib.crc32(value).to_bytes(4, "big") + value
+    return _CRC.pack(_crc32(value)) + value
 
 
 def unseal(raw: bytes, table: str, key: bytes) -> bytes:
     """The value a sealed one holds; damage raises ``CorruptProjectionError`` naming the key."""
 
     value = raw[4:]
-    if len(raw) < 4 or zlib.crc32(value) != int.from_bytes(raw[:4], "big"):
+    if len(raw) < 4 or _crc32(value) != _crc_of(raw)[0]:
         raise CorruptProjectionError(table, key)
     return value
 
