@@ -124,3 +124,14 @@ async def test_long_document_tails_read_from_snapshots_equal_memory_storage(tmp_
             assert await outcome(view, 2, "current", CTX) == await outcome(past, 2, "current", CTX), seq
     finally:
         await storage.close(CTX)
+
+
+async def test_reads_without_checksum_checks_answer_the_same(tmp_path: Path) -> None:
+    storage, work, batches = await _fill(tmp_path / "store", 11, 40)
+    expected = await snapshot(storage, work, len(batches))
+    await storage.close(CTX)
+    unchecked = await LmdbStorage.open(tmp_path / "store", readonly=True, verify_checksums=False)
+    try:
+        assert await snapshot(unchecked, work, len(batches)) == expected
+    finally:
+        await unchecked.close(CTX)

@@ -111,12 +111,17 @@ def ids_in_range(
         found = step()
 
 
+def _unchecked(raw: bytes, table: str, key: bytes) -> bytes:
+    return raw[4:]
+
+
 class ReadModel:
     """Handles to every projected table of one environment, and the queries over them."""
 
-    def __init__(self, env: Environment, generation: int) -> None:
+    def __init__(self, env: Environment, generation: int, verify_checksums: bool = True) -> None:
         self.env = env
         self.generation = generation
+        self.unseal = t.unseal if verify_checksums else _unchecked
         self.db = {name: env.db(t.db_name(generation, name)) for name in t.TABLES}
 
     # ── records by id ───────────────────────────────────────────────────────
@@ -125,7 +130,7 @@ class ReadModel:
         """The checked value at ``key``: damage raises ``CorruptProjectionError``."""
 
         raw = txn.get(key, db=self.db[table])
-        return None if raw is None else t.unseal(raw, table, key)
+        return None if raw is None else self.unseal(raw, table, key)
 
     def _get(self, txn: lmdb.Transaction, table: str, id: object) -> Any | None:
         key = as_key_id(id)
@@ -190,7 +195,7 @@ class ReadModel:
         rows = ids_in_range(txn, self.db[index or table], prefix, low, high, descending)
         if index is None:
             for id, raw in rows:
-                yield codec.decode(t.unseal(raw, table, prefix + t.u64(id)))
+                yield codec.decode(self.unseal(raw, table, prefix + t.u64(id)))
         else:
             records = self.db[table]
             for id, _ in rows:
@@ -218,7 +223,7 @@ class ReadModel:
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
             prefix = t.u64(segment_id)
             for id, raw in ids_in_range(txn, rows, prefix, minimum, segment_upper, descending):
-                yield decode(t.unseal(raw, t.ENTRIES_BY_CONVERSATION, prefix + t.u64(id)))
+                yield decode(self.unseal(raw, t.ENTRIES_BY_CONVERSATION, prefix + t.u64(id)))
 
     def _fork_segments(
         self, txn: lmdb.Transaction, conversation: Any, minimum: Any, upper: Any
@@ -274,7 +279,7 @@ class ReadModel:
 
     def last_revision_version(self, txn: lmdb.Transaction, id: int) -> int | None:
         for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):
-            return t.revision_decoder.decode(t.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
+            return t.revision_decoder.decode(self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
         return None
 
     def materialize(self, txn: lmdb.Transaction, id: Any, at: Any) -> dict[str, Any] | None:
@@ -309,13 +314,13 @@ class ReadModel:
         snapshot: t.CurrentValue | None = None
         snapshot_seq = 0
         for snapshot_seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True):
-            snapshot = t.current_decoder.decode(t.unseal(raw, t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, snapshot_seq)))
+            snapshot = t.current_decoder.decode(self.unseal(raw, t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, snapshot_seq)))
             break
         deltas: list[t.Revision] = []
         base: t.Revision | None = None
         revisions = self.db[t.DOCUMENT_REVISIONS]
         for seq, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
-            revision = t.revision_decoder.decode(t.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq)))
+            revision = t.revision_decoder.decode(self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq)))
             if revision.kind == "base":
                 base = revision
                 break

@@ -62,7 +62,9 @@ def mark_lockstep(txn: lmdb.Transaction, model: ReadModel) -> None:
     txn.put(t.STATE_KEY, t.encode_state(state), db=model.db[t.STATE])
 
 
-def open_core(env: Environment, log: WriteLog, progress: Progress | None = None) -> ReadModel:
+def open_core(
+    env: Environment, log: WriteLog, progress: Progress | None = None, verify_checksums: bool = True
+) -> ReadModel:
     """The read model of the active generation, brought level with the log (writers), or
     checked to be level (read-only opens, which refuse otherwise)."""
 
@@ -74,7 +76,7 @@ def open_core(env: Environment, log: WriteLog, progress: Progress | None = None)
                 f"The projections of {env.path} have schema {found}, this program reads "
                 f"{t.SCHEMA_VERSION}; open the store for writing once to rebuild them"
             )
-        model = ReadModel(env, header.generation)
+        model = ReadModel(env, header.generation, verify_checksums)
         with env.read() as txn:  # one snapshot, or a commit in between looks like a lag
             state = projection_state(txn, model)
             head = log.head(txn)
@@ -89,8 +91,10 @@ def open_core(env: Environment, log: WriteLog, progress: Progress | None = None)
         header = t.CoreHeader(0, t.SCHEMA_VERSION)
         env.write(lambda txn: _put_header(txn, env, header))
     if header.schema_version != t.SCHEMA_VERSION or header.building is not None:
-        return rebuild(env, log, progress)
-    model = ReadModel(env, header.generation)
+        rebuild(env, log, progress)
+        header = read_header(env)
+        assert header is not None
+    model = ReadModel(env, header.generation, verify_checksums)
     catch_up(env, log, model, progress)
     with env.read() as txn:
         state = projection_state(txn, model)
