@@ -16,7 +16,7 @@ from log import Environment, codec
 
 from . import tables as t
 from .delta import apply_batches
-from .errors import StorageRequestError
+from .errors import CorruptProjectionError, StorageRequestError
 
 MAX_SAFE_INTEGER: Final = 9_007_199_254_740_991
 _FAR_BELOW: Final = -(2**63)
@@ -193,13 +193,15 @@ class ReadModel:
         else:
             low, high = (0 if after is None else after + 1), t.MAX_ID
         rows = ids_in_range(txn, self.db[index or table], prefix, low, high, descending)
-        if index is None:
-            for id, raw in rows:
-                yield codec.decode(self.unseal(raw, table, prefix + t.u64(id)))
-        else:
-            records = self.db[table]
-            for id, _ in rows:
-                yield codec.decode(self.value(txn, table, t.u64(id)))
+        decode, checked = codec.decode, self.unseal is t.unseal
+        records = self.db[table]
+        for id, raw in rows:
+            if index is not None:
+                raw = txn.get(t.u64(id), db=records)
+            value = raw[4:]  # a scan loop: the checksum checked inline, the key built on damage only
+            if checked and t.crc32(value) != t.crc_of(raw)[0]:
+                raise CorruptProjectionError(table, t.u64(id) if index is not None else prefix + t.u64(id))
+            yield decode(value)
 
     def visible_entry_rows(
         self,
@@ -219,11 +221,14 @@ class ReadModel:
         upper = _FAR_ABOVE if max_entry_id is None else max_entry_id
         segments = self._fork_segments(txn, conversation, minimum, upper)
         rows = self.db[t.ENTRIES_BY_CONVERSATION]
-        decode = t.entry_decoder.decode
+        decode, checked = t.entry_decoder.decode, self.unseal is t.unseal
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
             prefix = t.u64(segment_id)
             for id, raw in ids_in_range(txn, rows, prefix, minimum, segment_upper, descending):
-                yield decode(self.unseal(raw, t.ENTRIES_BY_CONVERSATION, prefix + t.u64(id)))
+                value = raw[4:]  # the page loop: the checksum checked inline, the key built on damage only
+                if checked and t.crc32(value) != t.crc_of(raw)[0]:
+                    raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, prefix + t.u64(id))
+                yield decode(value)
 
     def _fork_segments(
         self, txn: lmdb.Transaction, conversation: Any, minimum: Any, upper: Any

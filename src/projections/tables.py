@@ -155,7 +155,9 @@ def text_key(value: Any) -> bytes:
 
 _CRC = struct.Struct(">I")
 _crc_of = _CRC.unpack_from
-_crc32 = zlib.crc32
+_crc32 = crc32 = zlib.crc32
+crc_of: Final = _crc_of
+"""``crc_of(raw)[0]``: the checksum a sealed value was stored with."""
 
 
 def seal(value: bytes) -> bytes:
