@@ -70,6 +70,46 @@ def is_alive_at(record: Any, at: Any) -> bool:
     return record["createdAt"] <= at and ("retiredAt" not in record or at < record["retiredAt"])
 
 
+def rows_in_range(
+    txn: lmdb.Transaction,
+    db: lmdb._Database,
+    prefix: bytes,
+    low: int,
+    high: int,
+    descending: bool,
+) -> Iterator[tuple[bytes, bytes]]:
+    """``(key, value)`` for keys ``prefix + u64(id)`` with ``low <= id <= high``, in key order.
+
+    Keys of one table share a shape and their prefixes are prefix-free, so the range is just
+    ``prefix + u64(low) <= key <= prefix + u64(high)``: a byte comparison per row.
+    """
+
+    low = max(low, 0)
+    high = min(high, t.MAX_ID)
+    if low > high:
+        return
+    first, last = prefix + t.u64(low), prefix + t.u64(high)
+    cursor = txn.cursor(db=db)
+    if descending:
+        if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
+            found = cursor.seek_at_or_before(last)
+        elif cursor.set_range(last):
+            found = cursor.key() == last or cursor.prev()
+        else:
+            found = cursor.last()
+        step = cursor.prev
+    else:
+        found = cursor.set_range(first)
+        step = cursor.next
+    key_of, value_of = cursor.key, cursor.value
+    while found:
+        key = key_of()
+        if key < first or key > last:
+            return
+        yield key, value_of()
+        found = step()
+
+
 def ids_in_range(
     txn: lmdb.Transaction,
     db: lmdb._Database,
@@ -78,37 +118,10 @@ def ids_in_range(
     high: int,
     descending: bool,
 ) -> Iterator[tuple[int, bytes]]:
-    """``(id, value)`` for keys ``prefix + u64(id)`` with ``low <= id <= high``, in id order."""
+    """``(id, value)``: ``rows_in_range`` with the trailing id of each key."""
 
-    low = max(low, 0)
-    high = min(high, t.MAX_ID)
-    if low > high:
-        return
-    size = len(prefix)
-    end = size + 8
-    cursor = txn.cursor(db=db)
-    if descending:
-        start = prefix + t.u64(high)
-        if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
-            found = cursor.seek_at_or_before(start)
-        elif cursor.set_range(start):
-            found = cursor.key() == start or cursor.prev()
-        else:
-            found = cursor.last()
-        step = cursor.prev
-    else:
-        found = cursor.set_range(prefix + t.u64(low))
-        step = cursor.next
-    key_of, value_of, unpack = cursor.key, cursor.value, _U64_FROM
-    while found:
-        key = key_of()
-        if len(key) != end or key[:size] != prefix:
-            return
-        id = unpack(key, size)[0]
-        if id < low or id > high:
-            return
-        yield id, value_of()
-        found = step()
+    for key, value in rows_in_range(txn, db, prefix, low, high, descending):
+        yield _U64_FROM(key, len(key) - 8)[0], value
 
 
 def _unchecked(raw: bytes, table: str, key: bytes) -> bytes:
@@ -192,15 +205,16 @@ class ReadModel:
             low, high = 0, t.MAX_ID if after is None else after - 1
         else:
             low, high = (0 if after is None else after + 1), t.MAX_ID
-        rows = ids_in_range(txn, self.db[index or table], prefix, low, high, descending)
+        rows = rows_in_range(txn, self.db[index or table], prefix, low, high, descending)
         decode, checked = codec.decode, self.unseal is t.unseal
         records = self.db[table]
-        for id, raw in rows:
+        for key, raw in rows:
             if index is not None:
-                raw = txn.get(t.u64(id), db=records)
-            value = raw[4:]  # a scan loop: the checksum checked inline, the key built on damage only
+                key = key[-8:]  # the index key ends with the record's id
+                raw = txn.get(key, db=records)
+            value = raw[4:]  # a scan loop: the checksum checked inline
             if checked and t.crc32(value) != t.crc_of(raw)[0]:
-                raise CorruptProjectionError(table, t.u64(id) if index is not None else prefix + t.u64(id))
+                raise CorruptProjectionError(table, key)
             yield decode(value)
 
     def visible_entry_rows(
@@ -223,11 +237,10 @@ class ReadModel:
         rows = self.db[t.ENTRIES_BY_CONVERSATION]
         decode, checked = t.entry_decoder.decode, self.unseal is t.unseal
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
-            prefix = t.u64(segment_id)
-            for id, raw in ids_in_range(txn, rows, prefix, minimum, segment_upper, descending):
-                value = raw[4:]  # the page loop: the checksum checked inline, the key built on damage only
+            for key, raw in rows_in_range(txn, rows, t.u64(segment_id), minimum, segment_upper, descending):
+                value = raw[4:]  # the page loop: the checksum checked inline
                 if checked and t.crc32(value) != t.crc_of(raw)[0]:
-                    raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, prefix + t.u64(id))
+                    raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
                 yield decode(value)
 
     def _fork_segments(
