@@ -6,7 +6,6 @@ also when the case itself already closed it (MemoryStorage's ``close()`` is idem
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,27 +13,9 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.testing import create_storage_conformance
 
+from .compare import canonical as _canonical
+
 EXPECTED_CASES = 25
-
-
-def _canonical(value: Any) -> Any:
-    """A strict structural form: booleans, integers and floats never compare equal to each other."""
-
-    if value is None:
-        return ("null",)
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, int):
-        return ("int", value)
-    if isinstance(value, float):
-        return ("float", "nan" if math.isnan(value) else repr(value))
-    if isinstance(value, str):
-        return ("str", value)
-    if isinstance(value, dict):
-        return ("object", sorted((key, _canonical(item)) for key, item in value.items()))
-    if isinstance(value, list):
-        return ("array", [_canonical(item) for item in value])
-    return ("other", type(value).__name__, repr(value))
 
 
 def _match_object(actual: Any, expected: Any, path: str = "$") -> None:

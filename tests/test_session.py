@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from pi_durable import (
@@ -31,6 +30,13 @@ from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.entries import define_entry
 from pi_durable.errors import SessionFailed, StorageRequestError
 from pi_durable.harness.define import define_extension
+
+from .compare import canonical as _strict
+
+
+def canonical(value: Any) -> Any:
+    return _strict(value, tuples_as_arrays=True)
+
 
 CTX = BACKGROUND_CONTEXT
 NOW = 1_700_000_000_000
@@ -105,26 +111,6 @@ Job = define_task(
     name="test.job", version=1, initial=lambda input: {"phase": "start", "input": input},
     phases={"start": _inert_phase}, abort=lambda *args: None,
 )
-
-
-def canonical(value: Any) -> Any:
-    """Strict structural form: booleans, integers and floats never compare equal to each other."""
-
-    if value is None:
-        return ("null",)
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, int):
-        return ("int", value)
-    if isinstance(value, float):
-        return ("float", "nan" if math.isnan(value) else repr(value))
-    if isinstance(value, str):
-        return ("str", value)
-    if isinstance(value, dict):
-        return ("object", sorted((key, canonical(item)) for key, item in value.items()))
-    if isinstance(value, (list, tuple)):
-        return ("array", [canonical(item) for item in value])
-    return ("other", type(value).__name__, repr(value))
 
 
 def assert_same(actual: Any, expected: Any, label: str) -> None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -62,6 +61,8 @@ from hypothesis.stateful import (
 from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.errors import StorageRequestError
 from pi_durable.storage.memory import MemoryStorage
+
+from .compare import canonical
 
 CTX = BACKGROUND_CONTEXT
 MAX_SAFE = 9_007_199_254_740_991
@@ -137,26 +138,6 @@ BAD_CURSORS: list[Any] = [
 
 
 # ── Comparison ──────────────────────────────────────────────────────────────
-
-
-def canonical(value: Any) -> Any:
-    """Strict structural form: JSON types never compare equal across types; key order is ignored."""
-
-    if value is None:
-        return ("null",)
-    if isinstance(value, bool):
-        return ("bool", value)
-    if isinstance(value, int):
-        return ("int", value)
-    if isinstance(value, float):
-        return ("float", "nan" if math.isnan(value) else repr(value))
-    if isinstance(value, str):
-        return ("str", value)
-    if isinstance(value, dict):
-        return ("object", sorted((key, canonical(item)) for key, item in value.items()))
-    if isinstance(value, list):
-        return ("array", [canonical(item) for item in value])
-    return ("other", type(value).__name__, repr(value))
 
 
 def _describe(outcome: tuple[str, Any]) -> str:
