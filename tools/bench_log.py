@@ -33,14 +33,7 @@ import msgspec  # noqa: E402
 from log import Environment, WriteLog, encode_batch  # noqa: E402
 from log.records import encode_record  # noqa: E402
 
-MESSAGE = (
-    "Here is the plan. First I will read the configuration file to see which storage backend is "
-    "selected, then run the failing test with verbose output so we can see the exact assertion. "
-    "If the failure comes from the map growing while a reader holds a snapshot, the fix is to "
-    "adopt the new size on the next read transaction instead of keeping the old mapping. After "
-    "that I will add a regression test that appends several megabytes from a tiny initial map "
-    "and checks that a reader in another process still sees every record, in order, once."
-)  # ~500 bytes of ordinary model text
+from sample import MESSAGE  # noqa: E402
 
 
 def turn_batch(n: int) -> list[dict[str, Any]]:
