@@ -20,11 +20,11 @@ import lmdb
 from log import Durability, Environment, WriteLog, encode_batch
 from log.environment import DEFAULT_MAP_SIZE
 from projections import Projector, ReadModel, StorageRequestError
-from projections.user import Projection, UserProjections
 from projections import tables as t
 from projections.history import AsOfTxn
 from projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
 from projections.rebuild import open_core, rebuild
+from projections.user import Projection, UserProjections
 
 from .scan import cursor_after, scan_start, take_page
 
@@ -215,6 +215,7 @@ class StorageReads:
                 if (not kind_filter or record["kind"] == kind) and is_alive_at(record, at)
             )
             return take_page(alive, limit, "ascending")
+
 
 class LmdbStorage(StorageReads):
     """An embedded, event-sourced implementation of ``pi_durable.types.Storage``."""
