@@ -27,10 +27,6 @@ _pack = t.u64
 _U64_FROM = struct.Struct(">Q").unpack_from
 
 
-def is_safe_int(value: object) -> bool:
-    return type(value) is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
-
-
 def as_key_id(value: object) -> int | None:
     """``value`` as an integer key part, or None when no stored id can equal it."""
 

@@ -157,12 +157,6 @@ class UserProjections:
             return
         self._worker = loop.create_task(self._run())
 
-    def reset(self, name: str) -> None:
-        """Drop one projection's rows and checkpoint: it folds the log again from the start."""
-
-        projection = self._projections[name]
-        self._status[name] = self._drop(projection)
-
     def reset_stored(self, name: str) -> None:
         """Forget a projection this program does not define: its program folds it again on open."""
 
