@@ -250,6 +250,9 @@ class Projector:
         id = value["id"]
         rows.claim(t.u64(id), "conversation")
         rows.put(t.CONVERSATIONS, t.u64(id), codec.encode(value))
+        parent = value.get("parent")
+        fork = b"" if parent is None else t.u64_pair(parent["conversationId"], parent["at"])
+        rows.put(t.CONVERSATION_PARENTS, t.u64(id), fork)
         owner = value.get("owner")
         if owner is not None:
             rows.put(t.CONVERSATIONS_BY_OWNER_CONVERSATION, t.u64_pair(owner["conversationId"], id), b"")

@@ -25,6 +25,7 @@ _FAR_ABOVE: Final = 2**63 - 1
 
 _pack = t.u64
 _U64_FROM = struct.Struct(">Q").unpack_from
+_U64_PAIR_FROM = struct.Struct(">QQ").unpack
 
 
 def as_key_id(value: object) -> int | None:
@@ -224,12 +225,9 @@ class ReadModel:
         """Entries visible from a conversation through its fork ancestry, each parent capped at
         the fork point, newest or oldest first."""
 
-        conversation = self.conversation(txn, conversation_id)
-        if conversation is None:
-            raise StorageRequestError(f"Unknown conversation: {conversation_id}")
         minimum = _FAR_BELOW if min_entry_id is None else min_entry_id
         upper = _FAR_ABOVE if max_entry_id is None else max_entry_id
-        segments = self._fork_segments(txn, conversation, minimum, upper)
+        segments = self._fork_segments(txn, conversation_id, minimum, upper)
         rows = self.db[t.ENTRIES_BY_CONVERSATION]
         decode, checked = t.entry_decoder.decode, self.unseal is t.unseal
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
@@ -240,38 +238,44 @@ class ReadModel:
                 yield decode(value)
 
     def _fork_segments(
-        self, txn: lmdb.Transaction, conversation: Any, minimum: Any, upper: Any
+        self, txn: lmdb.Transaction, conversation_id: Any, minimum: Any, upper: Any
     ) -> Iterator[tuple[int, Any]]:
         """``(conversation id, highest visible entry id)`` from a conversation up to its root.
 
-        A segment is yielded before its conversation's record is read, as the reference walks:
-        a missing ancestor fails only when the walk goes past it.
+        An unknown conversation raises before anything is yielded. Past it, a segment is yielded
+        before its parent row is read, as the reference walks: a missing ancestor fails only when
+        the walk goes past it.
         """
 
-        current = conversation["id"]
+        current = as_key_id(conversation_id)
+        fork = None if current is None else self.value(txn, t.CONVERSATION_PARENTS, t.u64(current))
+        if fork is None:
+            raise StorageRequestError(f"Unknown conversation: {conversation_id}")
+        return self._walk_forks(txn, current, fork, minimum, upper)  # type: ignore[arg-type]
+
+    def _walk_forks(
+        self, txn: lmdb.Transaction, current: int, fork: bytes | None, minimum: Any, upper: Any
+    ) -> Iterator[tuple[int, Any]]:
         while True:
             yield current, upper
-            if conversation is None:
-                conversation = self.conversation(txn, current)
-                if conversation is None:
+            if fork is None:
+                fork = self.value(txn, t.CONVERSATION_PARENTS, t.u64(current))
+                if fork is None:
                     raise KeyError(current)
-            parent = conversation.get("parent")
-            if parent is None:
+            if not fork:
                 return
-            upper = min(upper, parent["at"])
+            current, at = _U64_PAIR_FROM(fork)
+            upper = min(upper, at)
             if upper < minimum:
                 return
-            current, conversation = parent["conversationId"], None
+            fork = None
 
     def latest_head_marker(
         self, txn: lmdb.Transaction, conversation_id: Any, at_or_before: Any
     ) -> Any | None:
-        conversation = self.conversation(txn, conversation_id)
-        if conversation is None:
-            raise StorageRequestError(f"Unknown conversation: {conversation_id}")
         upper = MAX_SAFE_INTEGER if at_or_before is None else at_or_before
         heads = self.db[t.HEADS_BY_CONVERSATION]
-        for segment_id, segment_upper in self._fork_segments(txn, conversation, _FAR_BELOW, upper):
+        for segment_id, segment_upper in self._fork_segments(txn, conversation_id, _FAR_BELOW, upper):
             for id, _ in ids_in_range(txn, heads, t.u64(segment_id), 0, segment_upper, True):
                 raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, t.u64_pair(segment_id, id))
                 return t.entry_decoder.decode(raw).record

@@ -18,7 +18,7 @@ from log import codec
 
 from .errors import CorruptProjectionError
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """Bump when any table below changes shape: the projections are then rebuilt from the log."""
 
 
@@ -32,6 +32,9 @@ RECORD_IDS: Final = "record_ids"
 CONVERSATIONS: Final = "conversations"
 CONVERSATIONS_BY_OWNER_CONVERSATION: Final = "conversations.by_owner_conversation"
 CONVERSATIONS_BY_OWNER_TASK: Final = "conversations.by_owner_task"
+CONVERSATION_PARENTS: Final = "conversations.parents"
+"""Conversation id -> ``u64_pair(parent id, fork point)``, empty for a root: every entry page walks
+the fork ancestry, and these 16 bytes are read without decoding whole conversation records."""
 ENTRIES: Final = "entries"
 """Entry id -> its conversation id; the rows live in ``ENTRIES_BY_CONVERSATION``, so a page of a
 conversation is one cursor walk."""
@@ -57,6 +60,7 @@ TABLES: Final = (
     CONVERSATIONS,
     CONVERSATIONS_BY_OWNER_CONVERSATION,
     CONVERSATIONS_BY_OWNER_TASK,
+    CONVERSATION_PARENTS,
     ENTRIES,
     ENTRIES_BY_CONVERSATION,
     HEADS_BY_CONVERSATION,
@@ -83,7 +87,9 @@ SNAPSHOT_EVERY: Final = 64
 UNVERSIONED: Final = frozenset({RECORD_IDS, DOCUMENT_VALUES, STATE, HISTORY})
 """Tables without history: no read uses the id registry, and views replay document values from
 their revisions instead."""
-BORN_WITH_ID: Final = frozenset({CONVERSATIONS, ENTRIES, TASKS, SUBMISSIONS, DOCUMENTS})
+BORN_WITH_ID: Final = frozenset(
+    {CONVERSATIONS, CONVERSATION_PARENTS, ENTRIES, TASKS, SUBMISSIONS, DOCUMENTS}
+)
 """Keyed by a record id: a key exists from the commit that first wrote that id."""
 BORN_WITH_TRAILING_ID: Final = frozenset(
     {
