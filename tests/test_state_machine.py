@@ -533,11 +533,12 @@ class StorageMachine(RuleBasedStateMachine):
                 "input": data.draw(json_values, label="input"),
             }
         value["state"] = self.draw_task_state(data)
+        value["state"].update(data.draw(st.dictionaries(st.sampled_from(KEYS), scalars, max_size=1), label="state extras"))
         value["background"] = data.draw(st.booleans(), label="background")
         value["abortRequested"] = data.draw(st.booleans(), label="abortRequested")
         for field in data.draw(
             st.lists(
-                st.sampled_from(["owner", "abortReason", "abandonOnRestart", "startedAt", "endedAt", "restarts", "memos"]),
+                st.sampled_from(["owner", "abortReason", "abandonOnRestart", "startedAt", "endedAt", "restarts", "memos", "\udc01"]),
                 unique=True,
                 max_size=3,
             ),
@@ -547,6 +548,8 @@ class StorageMachine(RuleBasedStateMachine):
                 value["owner"] = data.draw(st.sampled_from(sorted(set(ID_POOL[:6]) | set(self.tasks))), label="owner")
             elif field == "abortReason":
                 value["abortReason"] = "restart"
+            elif field == "\udc01":  # an odd key: the codec escapes the whole task object
+                value[field] = data.draw(scalars, label="odd field")
             elif field == "abandonOnRestart":
                 value["abandonOnRestart"] = True
             elif field == "memos":

@@ -8,10 +8,12 @@ prepared batch. Both run inside the caller's write transaction, so a rejection l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import lmdb
+import msgspec
 
 from log import Commit, Write, codec
 from log.records import (
@@ -73,18 +75,18 @@ class Projector:
         self.model = model
         self.db = model.db
 
-    def fold(self, txn: lmdb.Transaction, commit: Commit, check: bool = True) -> Plan:
-        """Apply one record and write it down as the last folded (catch-ups and rebuilds).
+    def fold(self, txn: lmdb.Transaction, commits: Sequence[Commit], check: bool = True) -> None:
+        """Apply records in order and write the last down as folded (catch-ups, rebuilds, verify).
 
-        ``check=False`` skips the commit checks, which the record passed when it was committed;
-        ``verify`` keeps them, to prove it.
+        ``check=False`` skips the commit checks, which the records passed when they were
+        committed; ``verify`` keeps them, to prove it.
         """
 
-        plan = self.prepare(txn, commit.writes, check)
-        self.apply(txn, commit.seq, plan)
-        state = t.ProjectionState(t.SCHEMA_VERSION, commit.seq)
-        txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
-        return plan
+        for commit in commits:
+            self.apply(txn, commit.seq, self.prepare(txn, commit.writes, check))
+        if commits:
+            state = t.ProjectionState(t.SCHEMA_VERSION, commits[-1].seq)
+            txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
 
     # ── checks ──────────────────────────────────────────────────────────────
 
@@ -268,11 +270,12 @@ class Projector:
 
     def _put_task(self, rows: _Rows, value: Any) -> None:
         id = value["id"]
-        rows.claim(t.u64(id), "task")
         previous = rows.replace(t.TASKS, t.u64(id), codec.encode(value))
         status = t.TASK_STATUS_KEYS[value["state"]["status"]]
-        if previous is not None:
-            old_status = t.TASK_STATUS_KEYS[codec.decode(previous)["state"]["status"]]
+        if previous is None:
+            rows.claim(t.u64(id), "task")
+        else:
+            old_status = t.TASK_STATUS_KEYS[_task_status(previous)]
             if old_status == status:
                 return
             rows.delete(t.TASKS_BY_STATUS, old_status + t.u64(id))
@@ -416,6 +419,26 @@ class _Rows:
         before = t.ABSENT if previous is None else t.PRESENT + previous
         # The first change in a commit holds the value from before the commit; keep it.
         self.txn.put(t.history_key(table, key, self.seq), before, db=self._history, overwrite=False)
+
+
+class _TaskState(msgspec.Struct):
+    status: str
+
+
+class _TaskStatus(msgspec.Struct):
+    """The one field a task update needs of the task it replaces; the rest is skipped unbuilt."""
+
+    state: _TaskState
+
+
+_task_status_decoder: Final = codec.decoder(_TaskStatus)
+
+
+def _task_status(raw: bytes) -> str:
+    try:
+        return _task_status_decoder.decode(raw).state.status
+    except msgspec.ValidationError:  # an object the codec escaped (odd keys): decode it whole
+        return codec.decode(raw)["state"]["status"]  # type: ignore[no-any-return]
 
 
 def _is_plain_delta(action: DocumentAction) -> bool:

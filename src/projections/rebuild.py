@@ -112,11 +112,7 @@ def catch_up(env: Environment, log: WriteLog, model: ReadModel, progress: Progre
     while folded < head:
         commits = log.take(folded + 1, head, FOLD_CHUNK)
 
-        def fold_chunk(txn: lmdb.Transaction) -> None:
-            for commit in commits:
-                projector.fold(txn, commit, check=False)
-
-        env.write(fold_chunk)
+        env.write(lambda txn: projector.fold(txn, commits, check=False))
         folded = commits[-1].seq
         done += len(commits)
         if progress is not None:

@@ -353,12 +353,8 @@ def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference |
 
 
 def _fold_into(scratch: Environment, projector: Projector, commits: list[Commit]) -> None:
-    def fold(txn: lmdb.Transaction) -> None:
-        for commit in commits:
-            projector.fold(txn, commit)
-
     if commits:
-        scratch.write(fold)
+        scratch.write(lambda txn: projector.fold(txn, commits))
 
 
 def _compare(live_txn: lmdb.Transaction, live: ReadModel, scratch: ReadModel) -> Difference | None:
