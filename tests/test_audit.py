@@ -417,7 +417,7 @@ def _flip(path: Path, db_name: bytes | None, pick: Any) -> bytes:
         if db_name is None:
             with env.begin() as txn:
                 names = [bytes(key) for key, _ in txn.cursor()]
-            db_name = next(name for name in names if re.fullmatch(rb"p\d+\.entries", name))
+            db_name = next(name for name in names if re.fullmatch(rb"p\d+\.entries\.by_conversation", name))
         db = env.open_db(db_name, create=False)
         with env.begin(write=True, db=db) as txn:
             key, value = pick(txn)
@@ -458,7 +458,7 @@ def test_verify_names_a_damaged_projection(scratch_copy: Path) -> None:
     done = cli("verify", scratch_copy)
     assert done.returncode == 1, (done.stdout, done.stderr)
     output = (done.stdout + done.stderr).decode()
-    table = name.decode().split(".", 1)[1]  # "entries" of "p0.entries"
+    table = name.decode().split(".", 1)[1]  # "entries.by_conversation" of "p0.entries.by_conversation"
     assert re.search(rf"\b{re.escape(table)}\b", output), output
 
 

@@ -67,7 +67,7 @@ async def test_schema_change_rebuilds_beside_and_reads_are_unchanged(
         assert after.schema_version == tables.SCHEMA_VERSION
         assert seen and seen[-1] == (80, 80)
         assert await snapshot(storage, work, 80) == expected
-        old = tables.db_name(before.generation, tables.ENTRIES)
+        old = tables.db_name(before.generation, tables.ENTRIES_BY_CONVERSATION)
         assert not storage._env.has_db(old), "the old generation is dropped at the swap"
     finally:
         await storage.close()

@@ -45,6 +45,8 @@ class AsOfTxn:
         table = self._table(db)
         if table == t.DOCUMENT_VALUES:
             return default  # not versioned: documents are replayed from their revisions
+        if table == t.RECORD_IDS:  # not versioned: an id is seen from the commit that claimed it
+            return default if self._claimed_at(key) > self.seq else self.txn.get(key, db=db)
         value = self.value(table, key)
         return default if value is None else value
 
@@ -65,7 +67,11 @@ class AsOfTxn:
 
         if table in t.BORN_WITH_TRAILING_SEQ:
             return t.read_u64(key, len(key) - 8)
-        id_key = key if table in t.BORN_WITH_ID else key[-8:]
+        return self._claimed_at(key if table in t.BORN_WITH_ID else key[-8:])
+
+    def _claimed_at(self, id_key: bytes) -> int:
+        """The commit that first wrote a record id; past any view if none did."""
+
         registered = self.txn.get(id_key, db=self._db[t.RECORD_IDS])
         if registered is None:
             return t.MAX_ID

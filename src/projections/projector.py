@@ -262,8 +262,7 @@ class Projector:
 
     def _put_entry(self, rows: _Rows, value: Any) -> None:
         id, conversation_id = value["id"], value["conversationId"]
-        rows.claim(t.u64(id), "entry")
-        rows.put(t.ENTRIES, t.u64(id), t.u64(conversation_id))
+        rows.claim(t.u64(id), "entry", t.u64(conversation_id))
         rows.put(t.ENTRIES_BY_CONVERSATION, t.u64_pair(conversation_id, id), t.encode_row(t.EntryRow(rows.seq, value)))
         if "head" in value:
             rows.put(t.HEADS_BY_CONVERSATION, t.u64_pair(conversation_id, id), b"")
@@ -390,10 +389,10 @@ class _Rows:
         raw = self.txn.get(key, db=self.db[table])
         return None if raw is None else t.unseal(raw, table, key)
 
-    def claim(self, key: bytes, record_type: str) -> None:
+    def claim(self, key: bytes, record_type: str, detail: bytes = b"") -> None:
         """Register an id with its type and the commit that first wrote it (kept thereafter)."""
 
-        value = t.seal(t.RECORD_TYPES[record_type] + t.u64(self.seq))
+        value = t.seal(t.RECORD_TYPES[record_type] + t.u64(self.seq) + detail)
         self.txn.put(key, value, db=self.db[t.RECORD_IDS], overwrite=False)
 
     def put(self, table: str, key: bytes, value: bytes) -> None:

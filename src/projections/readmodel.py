@@ -170,10 +170,10 @@ class ReadModel:
 
     def entry_row(self, txn: lmdb.Transaction, id: object) -> t.EntryRow | None:
         key = as_key_id(id)
-        conversation = None if key is None else self.value(txn, t.ENTRIES, t.u64(key))
-        if conversation is None:
+        registered = None if key is None else self.value(txn, t.RECORD_IDS, t.u64(key))
+        if registered is None or registered[:1] != t.RECORD_TYPES["entry"]:
             return None
-        raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, conversation + t.u64(key))  # type: ignore[arg-type]
+        raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, registered[9:17] + t.u64(key))  # type: ignore[operator]
         return None if raw is None else t.entry_decoder.decode(raw)
 
     def submission_id_by_request(

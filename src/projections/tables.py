@@ -35,10 +35,9 @@ CONVERSATIONS_BY_OWNER_TASK: Final = "conversations.by_owner_task"
 CONVERSATION_PARENTS: Final = "conversations.parents"
 """Conversation id -> ``u64_pair(parent id, fork point)``, empty for a root: every entry page walks
 the fork ancestry, and these 16 bytes are read without decoding whole conversation records."""
-ENTRIES: Final = "entries"
-"""Entry id -> its conversation id; the rows live in ``ENTRIES_BY_CONVERSATION``, so a page of a
-conversation is one cursor walk."""
 ENTRIES_BY_CONVERSATION: Final = "entries.by_conversation"
+"""Entry rows keyed by conversation and id, so a page of a conversation is one cursor walk; an
+entry's conversation is found in its ``RECORD_IDS`` value."""
 HEADS_BY_CONVERSATION: Final = "entries.heads_by_conversation"
 TASKS: Final = "tasks"
 TASKS_BY_STATUS: Final = "tasks.by_status"
@@ -61,7 +60,6 @@ TABLES: Final = (
     CONVERSATIONS_BY_OWNER_CONVERSATION,
     CONVERSATIONS_BY_OWNER_TASK,
     CONVERSATION_PARENTS,
-    ENTRIES,
     ENTRIES_BY_CONVERSATION,
     HEADS_BY_CONVERSATION,
     TASKS,
@@ -88,7 +86,7 @@ UNVERSIONED: Final = frozenset({RECORD_IDS, DOCUMENT_VALUES, STATE, HISTORY})
 """Tables without history: no read uses the id registry, and views replay document values from
 their revisions instead."""
 BORN_WITH_ID: Final = frozenset(
-    {CONVERSATIONS, CONVERSATION_PARENTS, ENTRIES, TASKS, SUBMISSIONS, DOCUMENTS}
+    {CONVERSATIONS, CONVERSATION_PARENTS, TASKS, SUBMISSIONS, DOCUMENTS}
 )
 """Keyed by a record id: a key exists from the commit that first wrote that id."""
 BORN_WITH_TRAILING_ID: Final = frozenset(
@@ -122,7 +120,8 @@ RECORD_TYPES: Final = {
     "document": b"d",
 }
 RECORD_TYPE_NAMES: Final = {code: name for name, code in RECORD_TYPES.items()}
-"""``RECORD_IDS`` values are a type code and the 8-byte sequence that first wrote the id."""
+"""``RECORD_IDS`` values are a type code and the 8-byte sequence that first wrote the id; an
+entry's then holds its 8-byte conversation id (entries are never rewritten)."""
 
 TASK_STATUSES: Final = ("pending", "running", "waiting", "sleeping", "completing", "terminal")
 SUBMISSION_STATUSES: Final = ("queued", "placed", "done", "unanswered")

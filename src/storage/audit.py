@@ -213,7 +213,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
         with env.read() as txn:
             counts = {
                 "conversations": txn.stat(model.db[t.CONVERSATIONS])["entries"],
-                "entries": txn.stat(model.db[t.ENTRIES])["entries"],
+                "entries": txn.stat(model.db[t.ENTRIES_BY_CONVERSATION])["entries"],
                 "tasks": txn.stat(model.db[t.TASKS])["entries"],
                 "submissions": txn.stat(model.db[t.SUBMISSIONS])["entries"],
                 "documents": txn.stat(model.db[t.DOCUMENTS])["entries"],
