@@ -17,6 +17,7 @@ from pi_durable.storage.memory import MemoryStorage
 
 from log import Commit
 from log.records import EntryWrite
+from projections import rebuild as rebuild_module
 from projections import tables
 from projections.rebuild import read_header
 from projections.user import Projection, ProjectionFailed, Tables
@@ -71,6 +72,43 @@ async def test_schema_change_rebuilds_beside_and_reads_are_unchanged(
         assert not storage._env.has_db(old), "the old generation is dropped at the swap"
     finally:
         await storage.close()
+    assert verify(path) is None
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 2048])
+async def test_a_rebuild_folds_to_the_bytes_the_commits_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Rebuilds fold in chunks and keep documents' values back through a chunk; ``verify``
+    refolds every commit one by one, with the checks, and compares every table byte for byte."""
+
+    path = tmp_path / "store"
+    await _filled(path, 300, seed=11)
+    monkeypatch.setattr(rebuild_module, "FOLD_CHUNK", chunk)
+    storage = await LmdbStorage.open(path)
+    await storage.rebuild()
+    await storage.close()
+    assert verify(path) is None
+
+
+async def test_a_rebuild_copies_a_document_whose_deltas_it_has_kept_back(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path)
+    scope = {"kind": "conversation", "conversationId": 1}
+    notes = {"id": 2, "kind": "notes", "scope": scope, "history": "rewindable", "fork": "current"}
+    copy = {**notes, "id": 3, "scope": {"kind": "conversation", "conversationId": 4}}
+    base = {"kind": "base", "version": 1, "value": {"text": ""}}
+    delta = {"kind": "delta", "version": 1, "ops": [["a", ["text"], "x"]]}
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}])
+    await storage.commit([{"type": "conversation", "value": {"id": 4}}])
+    await storage.commit([{"type": "document.create", "record": notes, "content": base}])
+    for _ in range(70):  # past a snapshot
+        await storage.commit([{"type": "document.change", "id": 2, "content": delta}])
+    await storage.commit([{"type": "document.copy", "record": copy, "source": {"id": 2, "at": "current"}}])
+    await storage.commit([{"type": "document.change", "id": 3, "content": delta}])
+    await storage.rebuild()
+    assert (await storage.document(3, "current", CTX))["value"] == {"text": "x" * 71}
+    await storage.close()
     assert verify(path) is None
 
 

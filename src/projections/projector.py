@@ -82,8 +82,19 @@ class Projector:
         committed; ``verify`` keeps them, to prove it.
         """
 
+        # Unchecked folds keep each document's value here through the chunk's plain deltas and
+        # write it once: a long document would otherwise be unsealed, decoded, encoded and sealed
+        # again on every delta. Anything else that reads values runs after they are written.
+        values: dict[int, t.CurrentValue] | None = None if check else {}
         for commit in commits:
-            self.apply(txn, commit.seq, self.prepare(txn, commit.writes, check))
+            if values and any(type(write) is DocumentCopyWrite for write in commit.writes):
+                self._write_values(txn, values)
+            plan = self.prepare(txn, commit.writes, check)
+            if values and not all(map(_is_plain_delta, plan.actions.values())):
+                self._write_values(txn, values)
+            self.apply(txn, commit.seq, plan, values)
+        if values:
+            self._write_values(txn, values)
         if commits:
             state = t.ProjectionState(t.SCHEMA_VERSION, commits[-1].seq)
             txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
@@ -228,8 +239,11 @@ class Projector:
 
     # ── application ─────────────────────────────────────────────────────────
 
-    def apply(self, txn: lmdb.Transaction, seq: int, plan: Plan) -> None:
-        """Write a prepared batch; a live commit calls this in the log's transaction."""
+    def apply(
+        self, txn: lmdb.Transaction, seq: int, plan: Plan, values: dict[int, t.CurrentValue] | None = None
+    ) -> None:
+        """Write a prepared batch; a live commit calls this in the log's transaction. ``values``:
+        where plain deltas leave documents' values for the caller to write (see ``fold``)."""
 
         rows = _Rows(txn, self.db, seq)
         for write in plan.writes:
@@ -244,7 +258,7 @@ class Projector:
                 self._put_conversation(rows, write.value)  # type: ignore[union-attr]
         for id, action in plan.actions.items():
             if _is_plain_delta(action):
-                self._put_delta(rows, id, action.content, plan.current.get(id))  # type: ignore[arg-type]
+                self._put_delta(rows, id, action.content, plan.current.get(id), values)  # type: ignore[arg-type]
             else:
                 self._apply_document(rows, id, action)
 
@@ -341,10 +355,17 @@ class Projector:
         self._put_current(rows, id, revision, t.CurrentValue(content.version, 0, content.value))
 
     def _put_delta(
-        self, rows: _Rows, id: int, content: DeltaContent, previous: t.CurrentValue | None
+        self,
+        rows: _Rows,
+        id: int,
+        content: DeltaContent,
+        previous: t.CurrentValue | None,
+        values: dict[int, t.CurrentValue] | None = None,
     ) -> None:
         """Append a delta and fold it into the materialized value (the checks may have read it)."""
 
+        if previous is None and values is not None:
+            previous = values.get(id)
         if previous is None:
             previous = self.model.current_value(rows.txn, id)
             assert previous is not None, f"document {id} has no current value"
@@ -356,14 +377,31 @@ class Projector:
                 current.value = apply_ops(current.value, content.ops)
             except Exception:
                 current.broken = True
-        self._put_current(rows, id, t.Revision("delta", content.version, content.ops), current)
+        if values is not None:
+            values[id] = current
+        revision = t.Revision("delta", content.version, content.ops)
+        self._put_current(rows, id, revision, current, write_value=values is None)
 
-    def _put_current(self, rows: _Rows, id: int, revision: t.Revision, current: t.CurrentValue) -> None:
+    def _put_current(
+        self, rows: _Rows, id: int, revision: t.Revision, current: t.CurrentValue, write_value: bool = True
+    ) -> None:
         rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), t.encode_row(revision))
+        since_base = current.deltas_since_base
+        snapshot = since_base > 0 and since_base % t.SNAPSHOT_EVERY == 0 and not current.broken
+        if not write_value and not snapshot:
+            return
         encoded = t.encode_row(current)
-        rows.put(t.DOCUMENT_VALUES, t.u64(id), encoded)
-        if current.deltas_since_base and current.deltas_since_base % t.SNAPSHOT_EVERY == 0 and not current.broken:
+        if write_value:
+            rows.put(t.DOCUMENT_VALUES, t.u64(id), encoded)
+        if snapshot:
             rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), encoded)
+
+    def _write_values(self, txn: lmdb.Transaction, values: dict[int, t.CurrentValue]) -> None:
+        """Store the values ``fold`` kept back (the table has no history to keep)."""
+
+        for id, current in values.items():
+            txn.put(t.u64(id), t.seal(t.encode_row(current)), db=self.db[t.DOCUMENT_VALUES])
+        values.clear()
 
     def _drop_revisions(self, rows: _Rows, id: int) -> None:
         for table in (t.DOCUMENT_REVISIONS, t.DOCUMENT_SNAPSHOTS):
