@@ -4,7 +4,7 @@ process.
 
 Usage::
 
-    python tests/crash_writer_child.py write STORE --seed N [--durability D] [--bump-schema] [--map-size B] [--pad N]
+    python tests/crash_writer_child.py write STORE --seed N [--durability D] [--bump-schema] [--fold-chunk N] [--map-size B] [--pad N]
     python tests/crash_writer_child.py check STORE --ledger IN.json --result OUT.json
 
 ``write`` opens ``LmdbStorage`` on STORE and commits mixed batches until it is killed: entries,
@@ -261,11 +261,13 @@ def world_from_log(storage: Any) -> World:
 
 async def write(args: argparse.Namespace) -> int:
     from log import environment
-    from projections import tables
+    from projections import rebuild, tables
     from storage import LmdbStorage
 
     if args.bump_schema:
         tables.SCHEMA_VERSION = tables.SCHEMA_VERSION + 1  # type: ignore[misc]  # open rebuilds
+    if args.fold_chunk is not None:
+        rebuild.FOLD_CHUNK = args.fold_chunk  # type: ignore[misc]
     grow = environment.Environment.grow
 
     def announced_grow(self: Any) -> None:
@@ -444,6 +446,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--durability", default="power", choices=["power", "process"])
     parser.add_argument("--bump-schema", action="store_true", help="add 1 to projections.tables.SCHEMA_VERSION before opening")
+    parser.add_argument("--fold-chunk", type=int, help="records per rebuild transaction (projections.rebuild.FOLD_CHUNK)")
     parser.add_argument("--map-size", type=int, default=1 << 30)
     parser.add_argument("--pad", type=int, default=0, help="bytes of padding text in each entry")
     parser.add_argument("--count", type=int, help="commit this many batches, then close (default: until killed)")

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests" / "crash_writer_child.py"
 KINDS = ("normal", "rebuild", "normal", "tiny-map", "normal")
 TINY_MAP = 64 * 1024
-FOLD_CHUNK = 512  # records per rebuild transaction (projections.rebuild.FOLD_CHUNK)
+FOLD_CHUNK = 256  # records per rebuild transaction in rebuild rounds (passed to the writer)
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Round:
         self.out_path = work / f"round-{number:05d}.out"
         args = [sys.executable, str(CHILD), "write", str(store), "--seed", str(rng.randrange(2**32)), "--durability", durability]
         if kind == "rebuild":
-            args += ["--bump-schema"]
+            args += ["--bump-schema", "--fold-chunk", str(FOLD_CHUNK)]
         if kind == "tiny-map":
             args += ["--map-size", str(TINY_MAP), "--pad", "16384"]
         self.rng = rng

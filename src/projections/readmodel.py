@@ -26,6 +26,7 @@ _FAR_ABOVE: Final = 2**63 - 1
 _pack = t.u64
 _U64_FROM = struct.Struct(">Q").unpack_from
 _U64_PAIR_FROM = struct.Struct(">QQ").unpack
+_decode_entry = t.entry_decoder.decode
 
 
 def as_key_id(value: object) -> int | None:
@@ -74,11 +75,13 @@ def rows_in_range(
     low: int,
     high: int,
     descending: bool,
+    cursor: lmdb.Cursor | None = None,
 ) -> Iterator[tuple[bytes, bytes]]:
     """``(key, value)`` for keys ``prefix + u64(id)`` with ``low <= id <= high``, in key order.
 
     Keys of one table share a shape and their prefixes are prefix-free, so the range is just
-    ``prefix + u64(low) <= key <= prefix + u64(high)``: a byte comparison per row.
+    ``prefix + u64(low) <= key <= prefix + u64(high)``: a byte comparison per row. ``cursor``
+    (on ``db``) is repositioned, for callers that walk several ranges.
     """
 
     low = max(low, 0)
@@ -86,7 +89,8 @@ def rows_in_range(
     if low > high:
         return
     first, last = prefix + t.u64(low), prefix + t.u64(high)
-    cursor = txn.cursor(db=db)
+    if cursor is None:
+        cursor = txn.cursor(db=db)
     if descending:
         if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
             found = cursor.seek_at_or_before(last)
@@ -132,6 +136,7 @@ class ReadModel:
         self.env = env
         self.generation = generation
         self.unseal = t.unseal if verify_checksums else _unchecked
+        self.checked = verify_checksums
         self.db = {name: env.db(t.db_name(generation, name)) for name in t.TABLES}
 
     # ── records by id ───────────────────────────────────────────────────────
@@ -221,21 +226,27 @@ class ReadModel:
         min_entry_id: Any,
         max_entry_id: Any,
         descending: bool,
-    ) -> Iterator[t.EntryRow]:
+    ) -> Iterator[tuple[bytes, bytes]]:
         """Entries visible from a conversation through its fork ancestry, each parent capped at
-        the fork point, newest or oldest first."""
+        the fork point, newest or oldest first: stored ``(key, row)`` pairs, so that a page
+        decodes (``entry_of``) only the rows it returns, not the one that proves a next page."""
 
         minimum = _FAR_BELOW if min_entry_id is None else min_entry_id
         upper = _FAR_ABOVE if max_entry_id is None else max_entry_id
         segments = self._fork_segments(txn, conversation_id, minimum, upper)
         rows = self.db[t.ENTRIES_BY_CONVERSATION]
-        decode, checked = t.entry_decoder.decode, self.unseal is t.unseal
+        cursor = txn.cursor(db=rows)
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
-            for key, raw in rows_in_range(txn, rows, t.u64(segment_id), minimum, segment_upper, descending):
-                value = raw[4:]  # the page loop: the checksum checked inline
-                if checked and t.crc32(value) != t.crc_of(raw)[0]:
-                    raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
-                yield decode(value)
+            yield from rows_in_range(txn, rows, t.u64(segment_id), minimum, segment_upper, descending, cursor)
+
+    def entry_of(self, row: tuple[bytes, bytes]) -> t.EntryRow:
+        """A stored ``(key, row)`` of ``visible_entry_rows``, checked and decoded."""
+
+        key, raw = row
+        value = raw[4:]  # a page loop: the checksum checked inline
+        if self.checked and t.crc32(value) != t.crc_of(raw)[0]:
+            raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
+        return _decode_entry(value)
 
     def _fork_segments(
         self, txn: lmdb.Transaction, conversation_id: Any, minimum: Any, upper: Any

@@ -12,7 +12,6 @@ import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from operator import attrgetter
 from typing import Any, Final, TypeVar
 
 import lmdb
@@ -104,7 +103,8 @@ class StorageReads:
         conversation_id = _positive_id(conversation_id)
         id = _positive_id(id)
         with self._read() as txn:
-            for row in self._model.visible_entry_rows(txn, conversation_id, id, id, True):
+            for stored in self._model.visible_entry_rows(txn, conversation_id, id, id, True):
+                row = self._model.entry_of(stored)
                 return {"entry": row.record, "commitSeq": row.commit_seq}
             return None
 
@@ -130,7 +130,8 @@ class StorageReads:
             rows = self._model.visible_entry_rows(
                 txn, query["conversationId"], min_entry_id, max_entry_id, start.order == "descending"
             )
-            return take_page(map(_record_of, rows), limit, start.order, reads_first=True)
+            model = self._model
+            return take_page(rows, limit, start.order, reads_first=True, decode=lambda row: model.entry_of(row).record)
 
     async def task(self, id: int, context: Any = None) -> Any | None:
         return self._lookup(self._model.task, id)
@@ -394,7 +395,6 @@ class StorageView(StorageReads):
         """Views hold nothing open between reads."""
 
 
-_record_of = attrgetter("record")
 
 
 def _is_safe_int(value: object) -> bool:
