@@ -11,6 +11,7 @@ nothing at all to open a view.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import lmdb
@@ -138,6 +139,20 @@ class _AsOfCursor:
 
     def first(self) -> bool:
         return self._forward(self._first_at_or_after(b""))
+
+    def iternext(self) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` from the current row up, as an LMDB cursor yields them."""
+
+        found = self._key is not None
+        while found:
+            yield self.key(), self.value()
+            found = self.next()
+
+    def iterprev(self) -> Iterator[tuple[bytes, bytes]]:
+        found = self._key is not None
+        while found:
+            yield self.key(), self.value()
+            found = self.prev()
 
     def _forward(self, candidate: bytes | None) -> bool:
         while candidate is not None:

@@ -75,33 +75,20 @@ def rows_in_range(
     low: int,
     high: int,
     descending: bool,
-    cursor: lmdb.Cursor | None = None,
 ) -> Iterator[tuple[bytes, bytes]]:
     """``(key, value)`` for keys ``prefix + u64(id)`` with ``low <= id <= high``, in key order.
 
     Keys of one table share a shape and their prefixes are prefix-free, so the range is just
-    ``prefix + u64(low) <= key <= prefix + u64(high)``: a byte comparison per row. ``cursor``
-    (on ``db``) is repositioned, for callers that walk several ranges.
+    ``prefix + u64(low) <= key <= prefix + u64(high)``: a byte comparison per row.
     """
 
-    low = max(low, 0)
-    high = min(high, t.MAX_ID)
-    if low > high:
+    bounds = key_range(prefix, low, high)
+    if bounds is None:
         return
-    first, last = prefix + t.u64(low), prefix + t.u64(high)
-    if cursor is None:
-        cursor = txn.cursor(db=db)
-    if descending:
-        if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
-            found = cursor.seek_at_or_before(last)
-        elif cursor.set_range(last):
-            found = cursor.key() == last or cursor.prev()
-        else:
-            found = cursor.last()
-        step = cursor.prev
-    else:
-        found = cursor.set_range(first)
-        step = cursor.next
+    first, last = bounds
+    cursor = txn.cursor(db=db)
+    found = seek(cursor, first, last, descending)
+    step = cursor.prev if descending else cursor.next
     key_of, value_of = cursor.key, cursor.value
     while found:
         key = key_of()
@@ -109,6 +96,29 @@ def rows_in_range(
             return
         yield key, value_of()
         found = step()
+
+
+def key_range(prefix: bytes, low: int, high: int) -> tuple[bytes, bytes] | None:
+    """The first and last key of ``prefix + u64(id)`` for ``low <= id <= high``; None if empty."""
+
+    low = max(low, 0)
+    high = min(high, t.MAX_ID)
+    if low > high:
+        return None
+    return prefix + t.u64(low), prefix + t.u64(high)
+
+
+def seek(cursor: lmdb.Cursor, first: bytes, last: bytes, descending: bool) -> bool:
+    """Put ``cursor`` on the range's first row in scan order (if any row is there, the caller
+    checks the bounds)."""
+
+    if not descending:
+        return cursor.set_range(first)  # type: ignore[no-any-return]
+    if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
+        return cursor.seek_at_or_before(last)  # type: ignore[no-any-return]
+    if cursor.set_range(last):
+        return cursor.key() == last or cursor.prev()  # type: ignore[no-any-return]
+    return cursor.last()  # type: ignore[no-any-return]
 
 
 def ids_in_range(
@@ -219,34 +229,44 @@ class ReadModel:
                 raise CorruptProjectionError(table, key)
             yield decode(value)
 
-    def visible_entry_rows(
+    def entry_page(
         self,
         txn: lmdb.Transaction,
         conversation_id: Any,
         min_entry_id: Any,
         max_entry_id: Any,
         descending: bool,
-    ) -> Iterator[tuple[bytes, bytes]]:
-        """Entries visible from a conversation through its fork ancestry, each parent capped at
-        the fork point, newest or oldest first: stored ``(key, row)`` pairs, so that a page
-        decodes (``entry_of``) only the rows it returns, not the one that proves a next page."""
+        limit: int,
+    ) -> tuple[list[t.EntryRow], bool]:
+        """Up to ``limit`` (>= 0) entry rows visible from a conversation through its fork
+        ancestry, each parent capped at the fork point, newest or oldest first, and whether one
+        more exists. The read hosts spend their time in, so it is one loop: no generator layers
+        per row, and the row that proves a next page is seen, not decoded."""
 
         minimum = _FAR_BELOW if min_entry_id is None else min_entry_id
         upper = _FAR_ABOVE if max_entry_id is None else max_entry_id
         segments = self._fork_segments(txn, conversation_id, minimum, upper)
-        rows = self.db[t.ENTRIES_BY_CONVERSATION]
-        cursor = txn.cursor(db=rows)
+        cursor = txn.cursor(db=self.db[t.ENTRIES_BY_CONVERSATION])
+        walk = cursor.iterprev if descending else cursor.iternext
+        checked, crc32, crc_of, decode = self.checked, t.crc32, t.crc_of, _decode_entry
+        rows: list[t.EntryRow] = []
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
-            yield from rows_in_range(txn, rows, t.u64(segment_id), minimum, segment_upper, descending, cursor)
-
-    def entry_of(self, row: tuple[bytes, bytes]) -> t.EntryRow:
-        """A stored ``(key, row)`` of ``visible_entry_rows``, checked and decoded."""
-
-        key, raw = row
-        value = raw[4:]  # a page loop: the checksum checked inline
-        if self.checked and t.crc32(value) != t.crc_of(raw)[0]:
-            raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
-        return _decode_entry(value)
+            bounds = key_range(t.u64(segment_id), minimum, segment_upper)
+            if bounds is None:
+                continue
+            first, last = bounds
+            if not seek(cursor, first, last, descending):
+                continue
+            for key, raw in walk():  # (key, value) pairs made in C, from the current row on
+                if key < first or key > last:
+                    break
+                if len(rows) == limit:
+                    return rows, True
+                value = raw[4:]
+                if checked and crc32(value) != crc_of(raw)[0]:
+                    raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
+                rows.append(decode(value))
+        return rows, False
 
     def _fork_segments(
         self, txn: lmdb.Transaction, conversation_id: Any, minimum: Any, upper: Any

@@ -25,7 +25,7 @@ from projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_a
 from projections.rebuild import open_core, rebuild
 from projections.user import Projection, UserProjections
 
-from .scan import cursor_after, scan_start, take_page
+from .scan import cursor_after, page_of, scan_start, take_page
 
 T = TypeVar("T")
 
@@ -103,10 +103,8 @@ class StorageReads:
         conversation_id = _positive_id(conversation_id)
         id = _positive_id(id)
         with self._read() as txn:
-            for stored in self._model.visible_entry_rows(txn, conversation_id, id, id, True):
-                row = self._model.entry_of(stored)
-                return {"entry": row.record, "commitSeq": row.commit_seq}
-            return None
+            rows, _ = self._model.entry_page(txn, conversation_id, id, id, True, 1)
+            return {"entry": rows[0].record, "commitSeq": rows[0].commit_seq} if rows else None
 
     async def find_latest_head_marker(
         self, conversation_id: int, at_or_before_entry_id: int | None, context: Any = None
@@ -127,11 +125,15 @@ class StorageReads:
             if start.after is not None and start.order == "ascending":
                 bound = start.after if min_entry_id is None else min_entry_id
                 min_entry_id = max(bound, start.after + 1)
-            rows = self._model.visible_entry_rows(
-                txn, query["conversationId"], min_entry_id, max_entry_id, start.order == "descending"
+            rows, more = self._model.entry_page(
+                txn,
+                query["conversationId"],
+                min_entry_id,
+                max_entry_id,
+                start.order == "descending",
+                max(limit, 0),  # below 1, "more" is any entry: the page then fails as the reference's
             )
-            model = self._model
-            return take_page(rows, limit, start.order, reads_first=True, decode=lambda row: model.entry_of(row).record)
+            return page_of([row.record for row in rows], more, start.order)
 
     async def task(self, id: int, context: Any = None) -> Any | None:
         return self._lookup(self._model.task, id)

@@ -6,7 +6,7 @@ order is a foreign cursor and is refused, as the reference backends refuse it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import islice
 from typing import Any, Literal, NamedTuple
 
@@ -58,28 +58,17 @@ def cursor_after(cursor: Any) -> int | None:
     return after  # type: ignore[no-any-return]
 
 
-def take_page(
-    records: Iterable[Any],
-    limit: int,
-    order: Order,
-    *,
-    reads_first: bool = False,
-    decode: Callable[[Any], Any] | None = None,
-) -> dict[str, Any]:
-    """At most ``limit`` records, and a cursor when one more exists.
+def take_page(records: Iterable[Any], limit: int, order: Order) -> dict[str, Any]:
+    """At most ``limit`` records, and a cursor when one more exists (it pulls ``limit + 1``)."""
 
-    It pulls at most ``limit + 1`` records; ``decode`` turns the ones it returns into records. ``reads_first`` keeps the reference's entry scans,
-    which read one record even for a negative limit (and then fail as the reference fails).
-    """
+    values = list(islice(records, limit + 1)) if limit >= 0 else []
+    return page_of(values[:limit], len(values) > limit, order)
 
-    if limit >= 0:
-        values = list(islice(records, limit + 1))
-    else:
-        values = list(islice(records, 1)) if reads_first else []
-    if not values:
-        return {"items": []}
-    items = values[:limit] if decode is None else [decode(value) for value in values[:limit]]
-    if len(values) <= limit:
+
+def page_of(items: list[Any], more: bool, order: Order) -> dict[str, Any]:
+    """A page, with the cursor that continues it when ``more`` records follow."""
+
+    if not more:
         return {"items": items}
     return {"items": items, "next": {"after": items[-1]["id"], "order": order}}
 
