@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import operator
 import os
 import queue
 import shutil
@@ -41,7 +42,7 @@ import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from log import CorruptRecordError, Environment, StoreFullError, WriteLog, seq_key
+from log import CorruptRecordError, Environment, StoreFullError, WriteLog, codec, seq_key
 from log.records import encode_record
 from projections import StorageRequestError
 from projections import tables as t
@@ -408,6 +409,47 @@ async def test_big_values_commit_and_read_back(tmp_path: Path) -> None:
     finally:
         await storage.close()
     assert verify(tmp_path / "store") is None
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+async def test_values_nested_as_deep_as_a_commit_accepts_read_back_everywhere(tmp_path: Path, kind: str) -> None:
+    """Commits accept 1,000 levels, past Python's default stack: every read path, a delta that
+    sets such a value, views, a rebuild and verify must carry them (pi-durable's own backends
+    already fail at 900)."""
+
+    path = tmp_path / "store"
+    deep = nest(995, kind)
+    storage = await LmdbStorage.open(path, durability="process")
+    try:
+        conversation = {"id": 1, "data": deep}
+        entry = {"id": 2, "conversationId": 1, "kind": "m", "data": deep}
+        record = {"id": 4, "kind": "notes", "scope": {"kind": "conversation", "conversationId": 1},
+                  "history": "rewindable", "fork": "current"}
+        await storage.commit([{"type": "conversation", "value": conversation}])
+        await storage.commit([{"type": "entry", "value": entry}])
+        await storage.commit([{**task(3), "value": {**task(3)["value"], "input": deep}}])
+        created = await storage.commit([{"type": "document.create", "record": record,
+                                         "content": {"kind": "base", "version": 1, "value": {"x": deep}}}])
+        delta = {"kind": "delta", "version": 1, "ops": [["s", ["y"], deep]]}
+        changed = await storage.commit([{"type": "document.change", "id": 4, "content": delta}])
+        expected = {"x": deep, "y": deep}
+        def same(a: Any, b: Any) -> bool:  # == itself recurses once per level
+            return codec.deep(operator.eq, a, b)
+
+        for reads in (storage, await storage.as_of(changed)):
+            assert same((await reads.conversation(1))["data"], deep)
+            assert same((await reads.entry(2))["entry"], entry)
+            assert same((await reads.entry(1, 2, CTX))["entry"], entry)
+            assert same((await reads.scan_entries({"conversationId": 1}, 10, None))["items"], [entry])
+            assert same((await reads.task(3))["input"], deep)
+            assert same((await reads.document(4, "current"))["value"], expected)
+            assert same((await reads.document(4, changed))["value"], expected)
+            assert same((await reads.document(4, created))["value"], {"x": deep})
+        await storage.rebuild()
+        assert same((await storage.document(4, "current"))["value"], expected)
+    finally:
+        await storage.close()
+    assert verify(path) is None
 
 
 async def test_a_big_integer_committed_anywhere_reads_back_everywhere(tmp_path: Path) -> None:

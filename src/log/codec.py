@@ -103,13 +103,20 @@ def _encode_escaped(value: Any) -> bytes:
 
 
 def decode(data: bytes | memoryview) -> Any:
+    return decode_with(_any_decoder, data)
+
+
+def decode_with(decoder: msgspec.msgpack.Decoder[T], data: bytes | memoryview) -> T:
+    """``decoder.decode(data)``, also for values nested past the default stack (up to
+    ``MAX_DEPTH``, as deep as a commit may nest)."""
+
     try:
-        return _any_decoder.decode(data)
+        return decoder.decode(data)
     except RecursionError:
-        return decode_deep(_any_decoder, data)
+        return decode_deep(decoder, data)
 
 
-def decode_deep(decoder: msgspec.msgpack.Decoder[Any], data: bytes | memoryview) -> Any:
+def decode_deep(decoder: msgspec.msgpack.Decoder[T], data: bytes | memoryview) -> T:
     """Decode what overflowed the default stack; refuse (``ValueError``) anything nested deeper
     than ``MAX_DEPTH`` levels, which nothing this store writes can be."""
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
+from log import codec
+
 Json: TypeAlias = Any
 Op: TypeAlias = list[Any]
 Path: TypeAlias = list[str | int]
@@ -48,13 +50,18 @@ class PathError(Exception):
 
 
 def copy_json(value: Json) -> Json:
-    """Deep-copy a JSON tree so the result shares no container with its source."""
+    """Deep-copy a JSON tree so the result shares no container with its source; a tree nested
+    past the default stack (commits accept up to ``codec.MAX_DEPTH``) is copied with room."""
 
+    return codec.deep(_copy, value)
+
+
+def _copy(value: Json) -> Json:
     kind = type(value)
     if kind is dict:
-        return {key: item if type(item) in _SCALARS else copy_json(item) for key, item in value.items()}
+        return {key: item if type(item) in _SCALARS else _copy(item) for key, item in value.items()}
     if kind is list:
-        return [item if type(item) in _SCALARS else copy_json(item) for item in value]
+        return [item if type(item) in _SCALARS else _copy(item) for item in value]
     if kind in _SCALARS:
         return value
     return _copy_subclassed(value)
@@ -64,9 +71,9 @@ def _copy_subclassed(value: object) -> Json:
     """Turn container subclasses (frozen JSON) into plain ones; refuse what JSON cannot hold."""
 
     if isinstance(value, dict):
-        return {str(key): copy_json(item) for key, item in value.items()}
+        return {str(key): _copy(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [copy_json(item) for item in value]
+        return [_copy(item) for item in value]
     if isinstance(value, (str, int, float)):
         return value
     raise TypeError(f"Value contains a non-JSON {type(value).__name__}; expected strict JSON")

@@ -474,7 +474,7 @@ _task_status_decoder: Final = codec.decoder(_TaskStatus)
 def _task_status(raw: bytes) -> str:
     try:
         return _task_status_decoder.decode(raw).state.status
-    except msgspec.ValidationError:  # an object the codec escaped (odd keys): decode it whole
+    except (msgspec.ValidationError, RecursionError):  # escaped objects (odd keys), deep values
         return codec.decode(raw)["state"]["status"]  # type: ignore[no-any-return]
 
 

@@ -189,7 +189,7 @@ class ReadModel:
         if registered is None or registered[:1] != t.RECORD_TYPES["entry"]:
             return None
         raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, registered[9:17] + t.u64(key))  # type: ignore[operator]
-        return None if raw is None else t.entry_decoder.decode(raw)
+        return None if raw is None else codec.decode_with(t.entry_decoder, raw)
 
     def submission_id_by_request(
         self, txn: lmdb.Transaction, conversation_id: object, request_id: object
@@ -265,7 +265,10 @@ class ReadModel:
                 value = raw[4:]
                 if checked and crc32(value) != crc_of(raw)[0]:
                     raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
-                rows.append(decode(value))
+                try:
+                    rows.append(decode(value))
+                except RecursionError:  # an entry nested deeper than the default stack allows
+                    rows.append(codec.decode_deep(t.entry_decoder, value))
         return rows, False
 
     def _fork_segments(
@@ -309,7 +312,7 @@ class ReadModel:
         for segment_id, segment_upper in self._fork_segments(txn, conversation_id, _FAR_BELOW, upper):
             for id, _ in ids_in_range(txn, heads, t.u64(segment_id), 0, segment_upper, True):
                 raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, t.u64_pair(segment_id, id))
-                return t.entry_decoder.decode(raw).record
+                return codec.decode_with(t.entry_decoder, raw).record
         return None
 
     # ── documents ───────────────────────────────────────────────────────────
@@ -324,11 +327,11 @@ class ReadModel:
 
     def current_value(self, txn: lmdb.Transaction, id: int) -> t.CurrentValue | None:
         raw = self.value(txn, t.DOCUMENT_VALUES, t.u64(id))
-        return None if raw is None else t.current_decoder.decode(raw)
+        return None if raw is None else codec.decode_with(t.current_decoder, raw)
 
     def last_revision_version(self, txn: lmdb.Transaction, id: int) -> int | None:
         for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):
-            return t.revision_decoder.decode(self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
+            return codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
         return None
 
     def materialize(self, txn: lmdb.Transaction, id: Any, at: Any) -> dict[str, Any] | None:
@@ -363,13 +366,13 @@ class ReadModel:
         snapshot: t.CurrentValue | None = None
         snapshot_seq = 0
         for snapshot_seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True):
-            snapshot = t.current_decoder.decode(self.unseal(raw, t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, snapshot_seq)))
+            snapshot = codec.decode_with(t.current_decoder, self.unseal(raw, t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, snapshot_seq)))
             break
         deltas: list[t.Revision] = []
         base: t.Revision | None = None
         revisions = self.db[t.DOCUMENT_REVISIONS]
         for seq, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
-            revision = t.revision_decoder.decode(self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq)))
+            revision = codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq)))
             if revision.kind == "base":
                 base = revision
                 break
