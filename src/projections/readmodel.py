@@ -136,7 +136,7 @@ def ids_in_range(
 
 
 def _unchecked(raw: bytes, table: str, key: bytes) -> bytes:
-    return raw[4:]
+    return raw[t.SUM_SIZE:]
 
 
 class ReadModel:
@@ -224,8 +224,8 @@ class ReadModel:
             if index is not None:
                 key = key[-8:]  # the index key ends with the record's id
                 raw = txn.get(key, db=records)
-            value = raw[4:]  # a scan loop: the checksum checked inline
-            if checked and t.crc32(value) != t.crc_of(raw)[0]:
+            value = raw[t.SUM_SIZE:]  # a scan loop: the checksum checked inline
+            if checked and t.checksum(value) != t.checksum_of(raw)[0]:
                 raise CorruptProjectionError(table, key)
             yield decode(value)
 
@@ -248,7 +248,8 @@ class ReadModel:
         segments = self._fork_segments(txn, conversation_id, minimum, upper)
         cursor = txn.cursor(db=self.db[t.ENTRIES_BY_CONVERSATION])
         walk = cursor.iterprev if descending else cursor.iternext
-        checked, crc32, crc_of, decode = self.checked, t.crc32, t.crc_of, _decode_entry
+        checked, checksum, checksum_of, decode = self.checked, t.checksum, t.checksum_of, _decode_entry
+        skip = t.SUM_SIZE
         rows: list[t.EntryRow] = []
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
             bounds = key_range(t.u64(segment_id), minimum, segment_upper)
@@ -262,8 +263,8 @@ class ReadModel:
                     break
                 if len(rows) == limit:
                     return rows, True
-                value = raw[4:]
-                if checked and crc32(value) != crc_of(raw)[0]:
+                value = raw[skip:]
+                if checked and checksum(value) != checksum_of(raw)[0]:
                     raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
                 try:
                     rows.append(decode(value))
