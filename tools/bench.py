@@ -83,6 +83,10 @@ TARGETS: tuple[tuple[str, str, float, bool], ...] = (
 # ── stores ───────────────────────────────────────────────────────────────────
 
 
+LMDB_OPTIONS: dict[str, Any] = {}
+"""Extra ``LmdbStorage.open`` arguments for the whole run (``--no-read-checksums``)."""
+
+
 class Store:
     """One backend's store in its own directory; ``open`` again reopens the same files."""
 
@@ -95,7 +99,7 @@ class Store:
         if self.backend == "lmdb":
             from storage import LmdbStorage
 
-            self.storage = await LmdbStorage.open(self.path, durability=self.mode)
+            self.storage = await LmdbStorage.open(self.path, durability=self.mode, **LMDB_OPTIONS)
         elif self.backend == "sqlite":
             from pi_durable.storage.sqlite.posix import open_posix_sqlite_storage
 
@@ -298,7 +302,8 @@ def measure_rss(args: argparse.Namespace, names: list[str], base: str, results: 
         try:
             out = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--child-rss", workload, mode, backend,
-                 "--scale", str(args.scale), "--dir", directory],
+                 "--scale", str(args.scale), "--dir", directory,
+                 *(["--no-read-checksums"] if args.no_read_checksums else [])],
                 check=True, capture_output=True, text=True,
             ).stdout
             return int(json.loads(out.strip().splitlines()[-1])["maxrss_kib"])
@@ -502,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile the LMDB path instead of benchmarking")
     parser.add_argument("--profile-top", type=int, default=25, help="rows per profile (default 25)")
     parser.add_argument("--dir", help="parent of the temporary stores (default: the system temp dir)")
+    parser.add_argument("--no-read-checksums", action="store_true",
+                        help="open LMDB stores with verify_checksums=False (what the read checksums cost)")
     parser.add_argument("--child-rss", nargs=3, metavar=("WORKLOAD", "MODE", "BACKEND"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.scale is None:
@@ -510,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 3 if args.quick else 7
     args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     args.backends = [backend.strip() for backend in args.backends.split(",") if backend.strip()]
+    if args.no_read_checksums:
+        LMDB_OPTIONS["verify_checksums"] = False
 
     if args.child_rss:
         child_rss(*args.child_rss, args.scale, args.dir or tempfile.gettempdir())
