@@ -188,7 +188,8 @@ class ReadModel:
         registered = None if key is None else self.value(txn, t.RECORD_IDS, t.u64(key))
         if registered is None or registered[:1] != t.RECORD_TYPES["entry"]:
             return None
-        raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, registered[9:17] + t.u64(key))  # type: ignore[operator]
+        conversation = registered[9:17]  # after the type code and the claiming commit's sequence
+        raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, conversation + t.u64(key))
         return None if raw is None else codec.decode_with(t.entry_decoder, raw)
 
     def submission_id_by_request(
