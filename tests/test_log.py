@@ -764,14 +764,7 @@ def test_second_writer_refused_in_process_and_across_processes(tmp_path: Path) -
         assert f"by process {os.getpid()}" in result["message"]
 
         # Readers are allowed meanwhile, in another process and in this one.
-        reader = subprocess.Popen(
-            [sys.executable, CHILD, "reader", str(path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=CHILD_ENV,
-        )
+        reader = run_child("reader", str(path), stdin=subprocess.PIPE)
         assert read_line(reader) == "ready 1"
         out, err = reader.communicate(input="read\n", timeout=20)
         assert reader.returncode == 0, err
@@ -794,14 +787,7 @@ def test_writer_in_another_process_blocks_this_one(tmp_path: Path) -> None:
     commit(env, log, [{"type": "entry", "value": 1}])
     env.close()
 
-    holder = subprocess.Popen(
-        [sys.executable, CHILD, "hold", str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=CHILD_ENV,
-    )
+    holder = run_child("hold", str(path), stdin=subprocess.PIPE)
     try:
         ready = read_line(holder)
         assert ready == f"ready {holder.pid}"
@@ -832,14 +818,7 @@ def test_writer_in_another_process_blocks_this_one(tmp_path: Path) -> None:
 
 def test_killed_writer_releases_the_lock(tmp_path: Path) -> None:
     path = tmp_path / "store"
-    holder = subprocess.Popen(
-        [sys.executable, CHILD, "hold", str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=CHILD_ENV,
-    )
+    holder = run_child("hold", str(path), stdin=subprocess.PIPE)
     try:
         assert read_line(holder).startswith("ready")
         with pytest.raises(WriterLockedError):
@@ -863,14 +842,7 @@ def test_map_growth_with_a_reader_in_another_process(tmp_path: Path) -> None:
     try:
         for n in range(3):
             commit(env, log, child.batch(n, 100))
-        reader = subprocess.Popen(
-            [sys.executable, CHILD, "reader", str(path), "--map-size", str(small)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=CHILD_ENV,
-        )
+        reader = run_child("reader", str(path), "--map-size", str(small), stdin=subprocess.PIPE)
         assert reader.stdin is not None
         assert read_line(reader) == "ready 3"
         reader.stdin.write("read\n")
