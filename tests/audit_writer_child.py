@@ -22,7 +22,6 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 CONVERSATIONS = (1, 2, 3)
 TASKS = {10: 1, 11: 2}  # task id -> conversation id
@@ -120,7 +119,7 @@ def conversation_of(write: dict[str, Any]) -> int | None:
 
 
 async def _run(path: str, start: int, count: int, delay: float) -> None:
-    from storage import LmdbStorage
+    from pi_durable_lmdb.storage import LmdbStorage
 
     storage = await LmdbStorage.open(path, durability="process")
     try:

@@ -1,6 +1,6 @@
 """Shared fixtures: which Storage backend the tests open.
 
-The default backend is ``LmdbStorage`` (``from storage import LmdbStorage``); when it cannot be
+The default backend is ``LmdbStorage`` (``from pi_durable_lmdb import LmdbStorage``); when it cannot be
 imported the tests fail, they never skip. ``PI_DURABLE_LMDB_TEST_BACKEND`` selects a stand-in
 while the engine is being written:
 
@@ -55,7 +55,7 @@ async def _open_sqlite(path: str) -> Any:
 
 
 async def _open_lmdb(path: str) -> Any:
-    from storage import LmdbStorage  # an ImportError here fails the test
+    from pi_durable_lmdb.storage import LmdbStorage  # an ImportError here fails the test
 
     return await LmdbStorage.open(path, durability="process")
 

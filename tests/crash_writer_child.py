@@ -40,7 +40,6 @@ import sys
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 TEXTS = ["", "a", "héllo", "\ud800", "\ud83d\ude00", "日本", "x" * 60]
 STATUSES = ["pending", "running", "waiting", "sleeping", "completing", "terminal"]
@@ -245,7 +244,7 @@ def world_from_log(storage: Any) -> World:
     """What the last ``WORLD_WINDOW`` records created and left alive (documents created earlier
     are left alone: unknown to this writer, they are never changed by it)."""
 
-    from log import write_to_builtins
+    from pi_durable_lmdb.log import write_to_builtins
 
     world = World()
     for commit in storage.log.read(max(1, storage.log.head() - WORLD_WINDOW + 1)):
@@ -260,9 +259,9 @@ def world_from_log(storage: Any) -> World:
 
 
 async def write(args: argparse.Namespace) -> int:
-    from log import environment
-    from projections import rebuild, tables
-    from storage import LmdbStorage
+    from pi_durable_lmdb.log import environment
+    from pi_durable_lmdb.projections import rebuild, tables
+    from pi_durable_lmdb.storage import LmdbStorage
 
     if args.bump_schema:
         tables.SCHEMA_VERSION = tables.SCHEMA_VERSION + 1  # type: ignore[misc]  # open rebuilds
@@ -314,10 +313,10 @@ async def check(args: argparse.Namespace) -> int:
     any process was handed by ``mint_id`` (``minted_max``).
     """
 
-    from log import Environment, write_to_builtins
-    from projections.rebuild import ProjectionsBehind, read_header
-    from storage import LmdbStorage
-    from storage.audit import verify
+    from pi_durable_lmdb.log import Environment, write_to_builtins
+    from pi_durable_lmdb.projections.rebuild import ProjectionsBehind, read_header
+    from pi_durable_lmdb.storage import LmdbStorage
+    from pi_durable_lmdb.storage.audit import verify
 
     with open(args.ledger, encoding="utf-8") as file:
         ledger = json.load(file)

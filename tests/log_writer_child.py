@@ -24,11 +24,10 @@ import sys
 import time
 import zlib
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 import lmdb  # noqa: E402
 
-from log import Environment, WriteLog, WriterLockedError, encode_batch, write_to_builtins  # noqa: E402
+from pi_durable_lmdb.log import Environment, WriteLog, WriterLockedError, encode_batch, write_to_builtins  # noqa: E402
 
 
 def batch(n: int, size: int = 0) -> list[dict]:

@@ -35,7 +35,6 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 
 def _say(line: str) -> None:
@@ -67,7 +66,7 @@ def triple(n: int, ids: list[int], pad: int = 0) -> list[dict[str, Any]]:
 
 
 async def triples(args: argparse.Namespace) -> int:
-    from storage import LmdbStorage
+    from pi_durable_lmdb.storage import LmdbStorage
 
     storage = await LmdbStorage.open(args.path, durability=args.durability, map_size=args.map_size)
     if await storage.conversation(1) is None:
@@ -87,7 +86,7 @@ async def triples(args: argparse.Namespace) -> int:
 
 
 async def hold(args: argparse.Namespace) -> int:
-    from storage import LmdbStorage
+    from pi_durable_lmdb.storage import LmdbStorage
 
     storage = await LmdbStorage.open(args.path)
     _say(f"ready {os.getpid()}")
@@ -97,7 +96,7 @@ async def hold(args: argparse.Namespace) -> int:
 
 
 async def try_open(args: argparse.Namespace) -> int:
-    from storage import LmdbStorage
+    from pi_durable_lmdb.storage import LmdbStorage
 
     try:
         storage = await LmdbStorage.open(args.path)
@@ -112,7 +111,7 @@ async def try_open(args: argparse.Namespace) -> int:
 async def reader(args: argparse.Namespace) -> int:
     """Each read is one read transaction: it must see whole batches only."""
 
-    from storage import LmdbStorage
+    from pi_durable_lmdb.storage import LmdbStorage
 
     report: dict[str, Any] = {"opens": 0, "open_errors": {}, "reads": 0, "torn": [], "max_batches": 0}
     deadline = time.monotonic() + args.seconds
@@ -146,7 +145,7 @@ async def reader(args: argparse.Namespace) -> int:
 
 
 async def stale_reader(args: argparse.Namespace) -> int:
-    from log import Environment
+    from pi_durable_lmdb.log import Environment
 
     env = Environment(args.path, readonly=True)
     txn = env.env.begin()  # a snapshot pinned until this process dies
@@ -156,7 +155,7 @@ async def stale_reader(args: argparse.Namespace) -> int:
 
 
 async def decode(args: argparse.Namespace) -> int:
-    from log import CorruptRecordError, Environment, WriteLog
+    from pi_durable_lmdb.log import CorruptRecordError, Environment, WriteLog
 
     env = Environment(args.path, readonly=True)
     log = WriteLog(env)
@@ -189,7 +188,7 @@ def _peak_rss_kib() -> int:
 async def open_loop(args: argparse.Namespace) -> int:
     """Open the store read-only and close it again, as fast as possible, for ``--seconds``."""
 
-    from storage import LmdbStorage
+    from pi_durable_lmdb.storage import LmdbStorage
 
     report: dict[str, Any] = {"opens": 0, "open_errors": {}}
     deadline = time.monotonic() + args.seconds
@@ -209,8 +208,8 @@ async def open_loop(args: argparse.Namespace) -> int:
 
 
 async def umask_open(args: argparse.Namespace) -> int:
-    from storage import LmdbStorage
-    from storage.audit import verify
+    from pi_durable_lmdb.storage import LmdbStorage
+    from pi_durable_lmdb.storage.audit import verify
 
     os.umask(int(args.umask, 8))
     storage = await LmdbStorage.open(args.path)

@@ -24,19 +24,18 @@ import lmdb
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from log.records import FORMAT_VERSION
-from storage import LmdbStorage
+from pi_durable_lmdb.log.records import FORMAT_VERSION
+from pi_durable_lmdb.storage import LmdbStorage
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = str(Path(__file__).resolve().parent / "audit_writer_child.py")
 ENV = {
     **os.environ,
-    "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "src")])),
     "PYTHONUNBUFFERED": "1",
 }
 
 _script = Path(sys.executable).parent / "durable-log"
-DURABLE_LOG = [str(_script)] if _script.exists() else [sys.executable, "-m", "storage.cli"]
+DURABLE_LOG = [str(_script)] if _script.exists() else [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
 
 _spec = importlib.util.spec_from_file_location("audit_writer_child", CHILD)
 assert _spec is not None and _spec.loader is not None

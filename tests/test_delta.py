@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pi_durable import delta as reference
 from pi_durable.json import FrozenDict, FrozenList, copy_json as reference_copy_json
 
-from projections.delta import (
+from pi_durable_lmdb.projections.delta import (
     PathError,
     UnsafePathError,
     apply_batches,

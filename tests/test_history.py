@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 
-from storage import LmdbStorage
+from pi_durable_lmdb.storage import LmdbStorage
 
 from .workload import Workload, snapshot
 

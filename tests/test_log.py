@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from log import (
+from pi_durable_lmdb.log import (
     CorruptRecordError,
     Environment,
     ForkedEnvironmentError,
@@ -43,12 +43,12 @@ from log import (
     seq_key,
     write_to_builtins,
 )
-from log import codec
-from log.records import encode_record
+from pi_durable_lmdb.log import codec
+from pi_durable_lmdb.log.records import encode_record
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = str(Path(__file__).resolve().parent / "log_writer_child.py")
-CHILD_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+CHILD_ENV = dict(os.environ)
 
 
 def _load_child_module() -> Any:

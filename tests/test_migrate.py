@@ -8,9 +8,9 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.env.posix import PosixExecutionEnv
 from pi_durable.storage.jsonl import JsonlStorage
 
-from storage import LmdbStorage
-from storage.audit import verify
-from storage.migrate import import_pi_durable, open_pi_durable_store
+from pi_durable_lmdb.storage import LmdbStorage
+from pi_durable_lmdb.storage.audit import verify
+from pi_durable_lmdb.storage.migrate import import_pi_durable, open_pi_durable_store
 
 
 async def test_import_from_a_jsonl_store(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 
-from storage import LmdbStorage
+from pi_durable_lmdb.storage import LmdbStorage
 
 from .compare import canonical
 

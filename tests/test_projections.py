@@ -15,14 +15,14 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 
-from log import Commit
-from log.records import EntryWrite
-from projections import rebuild as rebuild_module
-from projections import tables
-from projections.rebuild import read_header
-from projections.user import Projection, ProjectionFailed, Tables
-from storage import LmdbStorage
-from storage.audit import verify
+from pi_durable_lmdb.log import Commit
+from pi_durable_lmdb.log.records import EntryWrite
+from pi_durable_lmdb.projections import rebuild as rebuild_module
+from pi_durable_lmdb.projections import tables
+from pi_durable_lmdb.projections.rebuild import read_header
+from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Tables
+from pi_durable_lmdb.storage import LmdbStorage
+from pi_durable_lmdb.storage.audit import verify
 from tools.task_outcomes import TaskOutcomes, outcome_counts
 
 from .workload import Workload, snapshot
@@ -116,7 +116,7 @@ async def test_forced_rebuild_and_cli(tmp_path: Path) -> None:
     path = tmp_path / "store"
     work, reference = await _filled(path, 40)
     result = subprocess.run(
-        [sys.executable, "-m", "storage.cli", "rebuild", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "pi_durable_lmdb.storage.cli", "rebuild", str(path)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     assert "rebuilt" in result.stdout
@@ -130,9 +130,9 @@ async def test_forced_rebuild_and_cli(tmp_path: Path) -> None:
 KILLED_REBUILD = textwrap.dedent(
     """
     import asyncio, os, sys
-    from projections import tables
+    from pi_durable_lmdb.projections import tables
     tables.SCHEMA_VERSION += 1
-    from storage import LmdbStorage
+    from pi_durable_lmdb.storage import LmdbStorage
     def progress(done, total):
         print(done, flush=True)
     asyncio.run(LmdbStorage.open(sys.argv[1], progress=progress))

@@ -42,20 +42,20 @@ import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from log import CorruptRecordError, Environment, StoreFullError, WriteLog, codec, seq_key
-from log.records import encode_record
-from projections import StorageRequestError
-from projections import tables as t
-from projections.errors import CorruptProjectionError
-from storage import LmdbStorage
-from storage.audit import verify
+from pi_durable_lmdb.log import CorruptRecordError, Environment, StoreFullError, WriteLog, codec, seq_key
+from pi_durable_lmdb.log.records import encode_record
+from pi_durable_lmdb.projections import StorageRequestError
+from pi_durable_lmdb.projections import tables as t
+from pi_durable_lmdb.projections.errors import CorruptProjectionError
+from pi_durable_lmdb.storage import LmdbStorage
+from pi_durable_lmdb.storage.audit import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 CHILD = str(Path(__file__).resolve().parent / "reliability_child.py")
 HARNESS = str(ROOT / "tools" / "crash_harness.py")
 CLI = str(Path(sys.executable).parent / "durable-log")
-CHILD_ENV = {**os.environ, "PYTHONPATH": str(SRC)}
+CHILD_ENV = dict(os.environ)
 
 
 # ── helpers ───────────────────────────────────────────────────────────────────
@@ -457,7 +457,7 @@ async def test_a_big_integer_committed_anywhere_reads_back_everywhere(tmp_path: 
     script = (
         "import asyncio, sys\n"
         "sys.set_int_max_str_digits(0)\n"
-        "from storage import LmdbStorage\n"
+        "from pi_durable_lmdb import LmdbStorage\n"
         "async def main():\n"
         f"    storage = await LmdbStorage.open({str(path)!r})\n"
         "    await storage.commit([{'type': 'conversation', 'value': {'id': 1, 'n': 10**5000}}])\n"
@@ -630,9 +630,9 @@ async def test_a_failed_rebuild_leaves_the_store_writable(tmp_path: Path) -> Non
 
 KILL_WHEN_BUILT = """
 import asyncio, sys, time
-from projections import tables
+from pi_durable_lmdb.projections import tables
 tables.SCHEMA_VERSION += 1  # a newer program: its open rebuilds the projections
-from storage import LmdbStorage
+from pi_durable_lmdb.storage import LmdbStorage
 
 def progress(folded, head):
     if folded >= head:  # the new generation is complete; the swap comes next
@@ -743,7 +743,7 @@ def test_verify_while_a_writer_commits_finds_no_difference(tmp_path: Path) -> No
     """``verify`` reads the newest records and the live tables from one snapshot, so a writer
     committing meanwhile causes no false difference."""
 
-    from projections.rebuild import ProjectionsBehind
+    from pi_durable_lmdb.projections.rebuild import ProjectionsBehind
 
     path = tmp_path / "store"
     writer = child("triples", str(path))

@@ -422,7 +422,7 @@ async def test_storage_request_error_fails_only_the_read(tmp_path: Any, open_sto
         except StorageRequestError as error:
             assert words in str(error), str(error)
             if backend == "lmdb":
-                from storage import StorageRequestError as LmdbStorageRequestError
+                from pi_durable_lmdb.storage import StorageRequestError as LmdbStorageRequestError
 
                 assert isinstance(error, LmdbStorageRequestError)
         else:

@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
 sys.path.insert(0, HERE)
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
@@ -97,7 +96,7 @@ class Store:
     async def open(self) -> None:
         os.makedirs(self.path, exist_ok=True)
         if self.backend == "lmdb":
-            from storage import LmdbStorage
+            from pi_durable_lmdb.storage import LmdbStorage
 
             self.storage = await LmdbStorage.open(self.path, durability=self.mode, **LMDB_OPTIONS)
         elif self.backend == "sqlite":

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from storage import LmdbStorage
-from storage.audit import Tail, verify
+from pi_durable_lmdb.storage import LmdbStorage
+from pi_durable_lmdb.storage.audit import Tail, verify
 
 MESSAGE = {"role": "assistant", "content": "word " * 100}
 

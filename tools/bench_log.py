@@ -25,13 +25,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 import lmdb  # noqa: E402
 import msgspec  # noqa: E402
 
-from log import Environment, WriteLog, encode_batch  # noqa: E402
-from log.records import encode_record  # noqa: E402
+from pi_durable_lmdb.log import Environment, WriteLog, encode_batch  # noqa: E402
+from pi_durable_lmdb.log.records import encode_record  # noqa: E402
 
 from sample import MESSAGE  # noqa: E402
 

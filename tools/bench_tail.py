@@ -34,20 +34,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
 
 import lmdb  # noqa: E402
 import msgspec  # noqa: E402
 
-from log import Environment, WriteLog  # noqa: E402
-from storage import LmdbStorage  # noqa: E402
-from storage.audit import commit_to_builtins, to_json  # noqa: E402
+from pi_durable_lmdb.log import Environment, WriteLog  # noqa: E402
+from pi_durable_lmdb.storage import LmdbStorage  # noqa: E402
+from pi_durable_lmdb.storage.audit import commit_to_builtins, to_json  # noqa: E402
 
 _script = Path(sys.executable).parent / "durable-log"
-DURABLE_LOG = [str(_script)] if _script.exists() else [sys.executable, "-m", "storage.cli"]
+DURABLE_LOG = [str(_script)] if _script.exists() else [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
 ENV = {
     **os.environ,
-    "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "src")])),
 }
 
 from sample import MESSAGE  # noqa: E402

@@ -90,7 +90,7 @@ class Round:
         self.max_delay = max_delay
         self.head = head
         self.out = open(self.out_path, "wb")
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        env = dict(os.environ)
         self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
     def lines(self) -> list[str]:
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> Summary:
                 capture_output=True,
                 text=True,
                 cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                env=dict(os.environ),
                 timeout=300,
             )
             if check.returncode != 0 or not result_path.exists():

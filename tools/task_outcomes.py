@@ -18,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from log import Commit
-from log.records import TaskWrite
-from projections.user import Projection, Tables
+from pi_durable_lmdb.log import Commit
+from pi_durable_lmdb.log.records import TaskWrite
+from pi_durable_lmdb.projections.user import Projection, Tables
 
 _COUNT = struct.Struct(">Q")
 _key_encoder = msgspec.msgpack.Encoder()
@@ -61,7 +61,7 @@ def outcome_counts(storage: Any) -> dict[tuple[str, str], int]:
 
 
 async def _main(path: str) -> None:
-    from storage import LmdbStorage
+    from pi_durable_lmdb.storage import LmdbStorage
 
     storage = await LmdbStorage.open(path, projections=[TaskOutcomes()])
     try:

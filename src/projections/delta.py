@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
-from log import codec
+from ..log import codec
 
 Json: TypeAlias = Any
 Op: TypeAlias = list[Any]

@@ -15,8 +15,8 @@ from typing import Any, Final
 import lmdb
 import msgspec
 
-from log import Commit, Write, codec
-from log.records import (
+from ..log import Commit, Write, codec
+from ..log.records import (
     BaseContent,
     Content,
     ConversationWrite,

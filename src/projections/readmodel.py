@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import lmdb
 
-from log import Environment, codec
+from ..log import Environment, codec
 
 from . import tables as t
 from .delta import apply_batches

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import lmdb
 
-from log import Environment, WriteLog
+from ..log import Environment, WriteLog
 
 from . import tables as t
 from .projector import Projector

@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 import xxhash
 
-from log import codec
+from ..log import codec
 
 from .errors import CorruptProjectionError
 

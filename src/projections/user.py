@@ -17,7 +17,7 @@ from typing import ClassVar
 import lmdb
 import msgspec
 
-from log import Commit, Environment, WriteLog
+from ..log import Commit, Environment, WriteLog
 
 from .rebuild import REGISTRY_DB, FOLD_CHUNK
 

@@ -1,6 +1,6 @@
 """The Storage contract facade: ``LmdbStorage``, served from projections folded from the log."""
 
-from projections import StorageRequestError
+from ..projections import StorageRequestError
 
 from .lmdb_storage import LmdbStorage
 

@@ -18,12 +18,12 @@ from typing import Any
 import lmdb
 import msgspec
 
-from log import Commit, Environment, WriteLog, key_seq, seq_key, write_to_builtins
-from log.records import decode_record, decode_record_builtins
-from log.records import FORMAT_VERSION, WRITE_TYPES
-from projections import Projector, ReadModel
-from projections import tables as t
-from projections.rebuild import folded_seq, mark_lockstep, open_core, projection_state, read_header
+from ..log import Commit, Environment, WriteLog, key_seq, seq_key, write_to_builtins
+from ..log.records import decode_record, decode_record_builtins
+from ..log.records import FORMAT_VERSION, WRITE_TYPES
+from ..projections import Projector, ReadModel
+from ..projections import tables as t
+from ..projections.rebuild import folded_seq, mark_lockstep, open_core, projection_state, read_header
 
 _json_encoder = msgspec.json.Encoder()
 

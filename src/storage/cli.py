@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from log import LogError
+from ..log import LogError
 
 from . import audit
 

@@ -16,14 +16,14 @@ from typing import Any, Final, TypeVar
 
 import lmdb
 
-from log import Durability, Environment, WriteLog, encode_batch
-from log.environment import DEFAULT_MAP_SIZE
-from projections import Projector, ReadModel, StorageRequestError
-from projections import tables as t
-from projections.history import AsOfTxn
-from projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
-from projections.rebuild import open_core, rebuild
-from projections.user import Projection, UserProjections
+from ..log import Durability, Environment, WriteLog, encode_batch
+from ..log.environment import DEFAULT_MAP_SIZE
+from ..projections import Projector, ReadModel, StorageRequestError
+from ..projections import tables as t
+from ..projections.history import AsOfTxn
+from ..projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
+from ..projections.rebuild import open_core, rebuild
+from ..projections.user import Projection, UserProjections
 
 from .scan import cursor_after, page_of, scan_start, take_page
 

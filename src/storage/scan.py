@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any, Literal, NamedTuple
 
-from projections import StorageRequestError
-from projections.readmodel import MAX_SAFE_INTEGER
+from ..projections import StorageRequestError
+from ..projections.readmodel import MAX_SAFE_INTEGER
 
 Order = Literal["ascending", "descending"]
 ORDERS = ("ascending", "descending")

@@ -1,0 +1,56 @@
+"""pi-durable-lmdb: an embedded, event-sourced LMDB engine for pi-durable's ``Storage`` contract.
+
+Three layers, each using only the ones below it: ``log`` (the sequenced write log, the source of
+truth), ``projections`` (read models folded from it) and ``storage`` (the contract facade and the
+``durable-log`` command). The public names are re-exported here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .log import (
+    CorruptRecordError,
+    Durability,
+    ForkedEnvironmentError,
+    LogError,
+    StoreFormatError,
+    StoreFullError,
+    WriterLockedError,
+)
+from .projections import StorageRequestError
+from .projections.errors import CorruptProjectionError
+from .projections.rebuild import ProjectionsBehind
+from .projections.user import Projection, ProjectionFailed
+from .storage import LmdbStorage
+
+__version__ = "0.2.0"
+
+
+async def open_lmdb_storage(path: str | os.PathLike[str], **options: Any) -> LmdbStorage:
+    """Open or create an LMDB store at directory ``path``; ``options`` are ``LmdbStorage.open``'s.
+
+    Shaped like pi-durable's ``open_posix_sqlite_storage``, so a host swaps one line.
+    """
+
+    return await LmdbStorage.open(path, **options)
+
+
+__all__ = [
+    "CorruptProjectionError",
+    "CorruptRecordError",
+    "Durability",
+    "ForkedEnvironmentError",
+    "LmdbStorage",
+    "LogError",
+    "Projection",
+    "ProjectionFailed",
+    "ProjectionsBehind",
+    "StorageRequestError",
+    "StoreFormatError",
+    "StoreFullError",
+    "WriterLockedError",
+    "__version__",
+    "open_lmdb_storage",
+]
