@@ -269,7 +269,7 @@ async def test_tail_is_read_only_and_cheap_when_idle(scratch_copy: Path) -> None
 
         storage = await LmdbStorage.open(scratch_copy, durability="process")  # the writer lock is free
         try:
-            seq = await storage.commit(batch(BUILT))
+            seq = await storage.commit(batch(BUILT), CTX)
         finally:
             await storage.close()
         assert seq == BUILT + 1
@@ -391,8 +391,8 @@ async def test_tail_readable_format_survives_lone_surrogates(tmp_path: Path) -> 
     path = tmp_path / "store"
     storage = await LmdbStorage.open(path, durability="process")
     try:
-        await storage.commit([{"type": "conversation", "value": {"id": 1}}])
-        await storage.commit([{"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "\ud800"}}])
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        await storage.commit([{"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "\ud800"}}], CTX)
     finally:
         await storage.close()
     out = cli_ok("tail", path)

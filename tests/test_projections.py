@@ -99,13 +99,13 @@ async def test_a_rebuild_copies_a_document_whose_deltas_it_has_kept_back(tmp_pat
     copy = {**notes, "id": 3, "scope": {"kind": "conversation", "conversationId": 4}}
     base = {"kind": "base", "version": 1, "value": {"text": ""}}
     delta = {"kind": "delta", "version": 1, "ops": [["a", ["text"], "x"]]}
-    await storage.commit([{"type": "conversation", "value": {"id": 1}}])
-    await storage.commit([{"type": "conversation", "value": {"id": 4}}])
-    await storage.commit([{"type": "document.create", "record": notes, "content": base}])
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+    await storage.commit([{"type": "conversation", "value": {"id": 4}}], CTX)
+    await storage.commit([{"type": "document.create", "record": notes, "content": base}], CTX)
     for _ in range(70):  # past a snapshot
-        await storage.commit([{"type": "document.change", "id": 2, "content": delta}])
-    await storage.commit([{"type": "document.copy", "record": copy, "source": {"id": 2, "at": "current"}}])
-    await storage.commit([{"type": "document.change", "id": 3, "content": delta}])
+        await storage.commit([{"type": "document.change", "id": 2, "content": delta}], CTX)
+    await storage.commit([{"type": "document.copy", "record": copy, "source": {"id": 2, "at": "current"}}], CTX)
+    await storage.commit([{"type": "document.change", "id": 3, "content": delta}], CTX)
     await storage.rebuild()
     assert (await storage.document(3, "current", CTX))["value"] == {"text": "x" * 71}
     await storage.close()

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pi_durable.context import BACKGROUND_CONTEXT
+
 from .lmdb_storage import LmdbStorage
 
 _BATCH = 256
@@ -60,7 +62,7 @@ async def import_export(
                 writes, committed_at, seq = batch["writes"], batch["committedAt"], batch["seq"]
             except (ValueError, KeyError, TypeError) as error:
                 raise ValueError(f"Line {number} of the export is not a batch: {error}") from None
-            new_seq = await storage.commit(writes, committed_at=committed_at)
+            new_seq = await storage.commit(writes, BACKGROUND_CONTEXT, committed_at=committed_at)
             report.renumbered |= new_seq != seq
             report.commits += 1
             for write in writes:
@@ -74,7 +76,6 @@ async def open_pi_durable_store(path: str) -> Any:
     """A pi-durable SQLite file or JSONL directory, through pi-durable's own backends."""
 
     if os.path.isdir(path):
-        from pi_durable.context import BACKGROUND_CONTEXT
         from pi_durable.env.posix import PosixExecutionEnv
         from pi_durable.storage.jsonl import JsonlStorage
 
@@ -115,7 +116,7 @@ async def import_pi_durable(
         conversations = [record async for record in _pages(source.scan_conversations, {})]
         for start in range(0, len(conversations), _BATCH):
             chunk = conversations[start : start + _BATCH]
-            await storage.commit([{"type": "conversation", "value": record} for record in chunk])
+            await storage.commit([{"type": "conversation", "value": record} for record in chunk], BACKGROUND_CONTEXT)
             report.commits += 1
             report.count("conversation", len(chunk))
 
@@ -129,7 +130,7 @@ async def import_pi_durable(
                 lookup = await source.entry(entry["id"], None)
                 by_commit.setdefault(lookup["commitSeq"], []).append(entry)
         for seq in sorted(by_commit):
-            await storage.commit([{"type": "entry", "value": entry} for entry in by_commit[seq]])
+            await storage.commit([{"type": "entry", "value": entry} for entry in by_commit[seq]], BACKGROUND_CONTEXT)
             report.commits += 1
             report.count("entry", len(by_commit[seq]))
 
@@ -138,7 +139,7 @@ async def import_pi_durable(
         for kind, records in (("task", tasks), ("submission", submissions)):
             for start in range(0, len(records), _BATCH):
                 chunk = records[start : start + _BATCH]
-                await storage.commit([{"type": kind, "value": record} for record in chunk])
+                await storage.commit([{"type": kind, "value": record} for record in chunk], BACKGROUND_CONTEXT)
                 report.commits += 1
                 report.count(kind, len(chunk))
 
@@ -152,7 +153,7 @@ async def import_pi_durable(
                     continue
                 create = {k: v for k, v in record.items() if k not in ("createdAt", "retiredAt")}
                 content = {"kind": "base", "version": stored["version"], "value": stored["value"]}
-                await storage.commit([{"type": "document.create", "record": create, "content": content}])
+                await storage.commit([{"type": "document.create", "record": create, "content": content}], BACKGROUND_CONTEXT)
                 report.commits += 1
                 report.count("document")
     finally:
