@@ -20,10 +20,10 @@ from pi_durable_lmdb.log.records import EntryWrite
 from pi_durable_lmdb.projections import rebuild as rebuild_module
 from pi_durable_lmdb.projections import tables
 from pi_durable_lmdb.projections.rebuild import read_header
+from pi_durable_lmdb.projections.task_outcomes import TaskOutcomes, outcome_counts
 from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Tables
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
-from tools.task_outcomes import TaskOutcomes, outcome_counts
 
 from .workload import Workload, snapshot
 
@@ -271,6 +271,6 @@ async def test_task_outcomes_example(tmp_path: Path) -> None:
             await storage.commit([{"type": "task", "value": settled}], CTX)
             await storage.commit([{"type": "task", "value": settled}], CTX)  # rewritten: counted once
         await storage.projections.wait(storage.log.head())
-        assert outcome_counts(storage) == {("fetch", "completed"): 1, ("fetch", "failed"): 1, ("sum", "completed"): 1}
+        assert outcome_counts(storage.projections) == {("fetch", "completed"): 1, ("fetch", "failed"): 1, ("sum", "completed"): 1}
     finally:
         await storage.close()
