@@ -129,6 +129,24 @@ class Tables:
             yield key, value
 
 
+def stored_statuses(env: Environment) -> dict[str, ProjectionStatus]:
+    """The user projections a store holds, by name, as their program last left them (for
+    ``durable-log stats``, which runs without that program)."""
+
+    if env.readonly and not env.has_db(REGISTRY_DB):
+        return {}
+    registry = env.db(REGISTRY_DB)
+    found: dict[str, ProjectionStatus] = {}
+    with env.read() as txn:
+        cursor = txn.cursor(db=registry)
+        if cursor.set_range(_PREFIX):
+            for key, value in cursor:
+                if not key.startswith(_PREFIX):
+                    break
+                found[key[len(_PREFIX):].decode(errors="replace")] = _status_decoder.decode(value)
+    return found
+
+
 class UserProjections:
     """The registered projections of one open store, and the worker that keeps them level."""
 
