@@ -34,6 +34,18 @@ def run(*args: object, input: bytes | None = None) -> subprocess.CompletedProces
     return subprocess.run([*DURABLE_LOG, *map(str, args)], input=input, capture_output=True, timeout=60)
 
 
+def call(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """``durable-log ARGS`` in this process (no interpreter start-up): exit code, stdout, stderr."""
+
+    capsys.readouterr()
+    try:
+        code = cli_module.main([str(arg) for arg in args])
+    except SystemExit as exit:  # argparse's usage errors
+        code = int(exit.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def ok(*args: object, input: bytes | None = None) -> bytes:
     done = run(*args, input=input)
     assert done.returncode == 0, (args, done.returncode, done.stderr.decode(errors="replace"))
@@ -124,14 +136,13 @@ USAGE_ERRORS = [
 
 @pytest.mark.parametrize("args, words", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
 def test_usage_and_environment_errors_exit_2_with_a_message_and_create_nothing(
-    store: Path, tmp_path: Path, args: list[str], words: str
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], words: str
 ) -> None:
     names = {"PATH": str(store), "MISSING": str(tmp_path / "MISSING"), "NEW": str(tmp_path / "NEW")}
-    done = run(*[names.get(arg, arg) for arg in args])
-    stderr = done.stderr.decode()
-    assert done.returncode == 2, (done.returncode, stderr)
+    code, stdout, stderr = call(capsys, *[names.get(arg, arg) for arg in args])
+    assert code == 2, (code, stderr)
     assert words.replace("MISSING", names["MISSING"]) in stderr, stderr
-    assert "Traceback" not in stderr and done.stdout == b""
+    assert "Traceback" not in stderr and stdout == ""
     assert sorted(os.listdir(tmp_path)) == [], "nothing was created"
 
 
@@ -187,14 +198,17 @@ SHOWN = [
 
 
 @pytest.mark.parametrize("args, check", SHOWN, ids=[" ".join(a) for a, _ in SHOWN])
-def test_show_any_record_now_or_as_of_a_sequence_or_time(store: Path, args: list[str], check: Any) -> None:
-    output = ok("show", store, *args).decode()
+def test_show_any_record_now_or_as_of_a_sequence_or_time(
+    store: Path, capsys: pytest.CaptureFixture[str], args: list[str], check: Any
+) -> None:
+    code, output, stderr = call(capsys, "show", store, *args)
+    assert code == 0, stderr
     assert check(from_json(output))
 
 
-def test_show_before_a_record_existed(store: Path) -> None:
-    done = run("show", store, "task", "3", "--as-of", "2")
-    assert done.returncode == 2 and b"no task 3" in done.stderr and b"as of log sequence 2" in done.stderr
+def test_show_before_a_record_existed(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, stderr = call(capsys, "show", store, "task", "3", "--as-of", "2")
+    assert code == 2 and "no task 3" in stderr and "as of log sequence 2" in stderr
 
 
 RANGES = [
@@ -209,11 +223,13 @@ RANGES = [
 
 
 @pytest.mark.parametrize("options, seqs", RANGES, ids=[" ".join(o) for o, _ in RANGES])
-def test_since_and_until_select_by_commit_time(store: Path, options: list[str], seqs: list[int]) -> None:
-    exported = [from_json(line.decode())["seq"] for line in ok("export", store, *options).splitlines()]
-    assert exported == seqs
-    tailed = [from_json(line.decode())["seq"] for line in ok("tail", store, "--json", *options).splitlines()]
-    assert tailed == seqs
+def test_since_and_until_select_by_commit_time(
+    store: Path, capsys: pytest.CaptureFixture[str], options: list[str], seqs: list[int]
+) -> None:
+    for command in (["export"], ["tail", "--json"]):
+        code, output, stderr = call(capsys, command[0], store, *command[1:], *options)
+        assert code == 0, stderr
+        assert [from_json(line)["seq"] for line in output.splitlines()] == seqs, command
 
 
 # ── export and import ─────────────────────────────────────────────────────────
@@ -291,14 +307,15 @@ BAD_LINES = [
 
 
 @pytest.mark.parametrize("line, words", BAD_LINES, ids=[words for _, words in BAD_LINES])
-def test_a_malformed_import_line_is_named_and_leaves_nothing_behind(tmp_path: Path, line: str, words: str) -> None:
+def test_a_malformed_import_line_is_named_and_leaves_nothing_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, words: str
+) -> None:
     good = '{"seq": 1, "committedAt": 5, "writes": [{"type": "conversation", "value": {"id": 1}}]}'
     source = tmp_path / "export.jsonl"
     source.write_text(f"{good}\n\n{line}\n")
     target = tmp_path / "out" / "store"
-    done = run("import", source, target)
-    stderr = done.stderr.decode()
-    assert done.returncode == 2 and "Line 3" in stderr and words in stderr, stderr
+    code, _, stderr = call(capsys, "import", source, target)
+    assert code == 2 and "Line 3" in stderr and words in stderr, stderr
     assert "Traceback" not in stderr
     assert os.listdir(tmp_path / "out") == [], "no store, no temporary directory"
 
