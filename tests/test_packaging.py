@@ -114,3 +114,20 @@ def test_the_typed_host_runs(tmp_path: Path) -> None:
     done = _run([sys.executable, str(ROOT / "tests" / "typed_host.py"), str(tmp_path / "store")])
     assert done.returncode == 0, done.stderr
     assert "'commitSeq': 1" in done.stdout
+
+
+def test_every_public_method_says_why() -> None:
+    import inspect
+
+    from pi_durable_lmdb import LmdbStorage, Projection
+    from pi_durable_lmdb.projections.user import Tables, UserProjections
+    from pi_durable_lmdb.storage.audit import Tail
+    from pi_durable_lmdb.storage.lmdb_storage import StorageView
+
+    missing = [
+        f"{cls.__name__}.{name}"
+        for cls in (LmdbStorage, StorageView, UserProjections, Tables, Projection, Tail)
+        for name, member in inspect.getmembers(cls)
+        if not name.startswith("_") and (callable(member) or isinstance(member, property)) and not member.__doc__
+    ]
+    assert missing == []

@@ -171,6 +171,8 @@ class UserProjections:
     # ── public ──────────────────────────────────────────────────────────────
 
     def status(self) -> dict[str, ProjectionStatus]:
+        """Each projection's version, checkpoint and failure (copies: the caller cannot alter them)."""
+
         return {name: msgspec.structs.replace(status) for name, status in self._status.items()}
 
     @contextmanager
@@ -222,6 +224,8 @@ class UserProjections:
         self._env.write(lambda txn: txn.delete(key, db=self._registry))
 
     async def close(self) -> None:
+        """Stop the fold worker; what it folded is committed with its checkpoint already."""
+
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             try:

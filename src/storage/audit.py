@@ -75,9 +75,13 @@ class Tail:
         self._model: ReadModel | None = None
 
     def close(self) -> None:
+        """Release the read-only environment (a tail holds no read transaction between reads)."""
+
         self.env.close()
 
     def head(self) -> int:
+        """The newest committed sequence, as of now."""
+
         return self.log.head()
 
     def select(self, commit: Commit) -> list[Any]:
