@@ -382,3 +382,14 @@ def test_tail_lines_in_words(store: Path) -> None:
     lines = ok("tail", store).decode().splitlines()
     assert lines[3].endswith("document 4 created (notes, definition version 1)")
     assert lines[4].endswith("document 4 changed (1 op, definition version 1)")
+
+
+def test_import_from_pi_durable_refuses_what_is_not_a_pi_durable_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    not_sqlite = tmp_path / "notes.txt"
+    not_sqlite.write_text("not a database\n" * 100)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for source, words in ((not_sqlite, "is not a pi-durable SQLite store"), (empty, "no main.jsonl")):
+        code, _, stderr = call(capsys, "import", "--from-pi-durable", source, tmp_path / "new")
+        assert code == 2 and words in stderr and "Traceback" not in stderr, stderr
+    assert sorted(os.listdir(tmp_path)) == ["empty", "notes.txt"] and os.listdir(empty) == []

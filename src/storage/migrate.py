@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -147,18 +148,24 @@ async def import_export(
 
 
 async def open_pi_durable_store(path: str) -> Any:
-    """A pi-durable SQLite file or JSONL directory, through pi-durable's own backends."""
+    """A pi-durable SQLite file or JSONL directory, through pi-durable's own backends; a path that
+    holds neither is refused (and never created: opening them would create a store)."""
 
     if os.path.isdir(path):
         from pi_durable.env.posix import PosixExecutionEnv
         from pi_durable.storage.jsonl import JsonlStorage
 
+        if not os.path.isfile(os.path.join(path, "main.jsonl")):
+            raise FileNotFoundError(f"No pi-durable JSONL store in {path} (no main.jsonl)")
         return await JsonlStorage.open(path, PosixExecutionEnv(), BACKGROUND_CONTEXT)
     from pi_durable.storage.sqlite.posix import open_posix_sqlite_storage
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No pi-durable store at {path}")
-    return await open_posix_sqlite_storage(path)
+    try:
+        return await open_posix_sqlite_storage(path)
+    except sqlite3.Error as error:
+        raise ValueError(f"{path} is not a pi-durable SQLite store ({error})") from None
 
 
 async def _pages(scan: Any, query: dict[str, Any], limit: int = 500) -> AsyncIterator[Any]:
