@@ -10,13 +10,13 @@ process that opens the store and checks that
   record an earlier check saw is still there byte for byte;
 * the log holds nothing else but, at most, the one batch the writer was committing when it was
   killed (whole, never partial);
-* the projections match a fresh fold of the log (``storage.audit.verify``), before and after the
+* the projections match a fresh fold of the log (``pi_durable_lmdb.storage.audit.verify``), before and after the
   checker's own commit;
 * a new commit gets the next sequence, and ``mint_id()`` returns an id above every stored id and
   every id handed out before.
 
 Round kinds (in a fixed rotation): ``normal``; ``rebuild`` (the writer bumps
-``projections.tables.SCHEMA_VERSION`` so its open rebuilds the projections, and is killed after a
+``pi_durable_lmdb.projections.tables.SCHEMA_VERSION`` so its open rebuilds the projections, and is killed after a
 random number of rebuild chunks); ``tiny-map`` (the writer opens with ``map_size=64 KiB`` and writes
 bigger batches, so the map grows under it; it is often killed right after it announces a growth).
 
