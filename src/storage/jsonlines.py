@@ -23,8 +23,10 @@ import msgspec
 from ..log.codec import deep
 
 _encoder: Final = msgspec.json.Encoder()
-_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-_SURROGATE_ESCAPE: Final = re.compile(r"\\(?:u([dD][89a-fA-F][0-9a-fA-F]{2})|.)", re.DOTALL)
+_SURROGATE: Final = "[\ud800-\udfff]"
+_SURROGATE_ESCAPE: Final = r"(?s)\\(?:u([dD][89a-fA-F][0-9a-fA-F]{2})|.)"
+"""Every backslash escape of a JSON text, capturing the code of a surrogate one (patterns as
+strings: ``re`` caches them compiled)."""
 _SAFE_BITS: Final = 13_000
 """Integers below 2**13000 (3,913 digits) convert to and from text in one piece under the limit."""
 _SAFE_DIGITS: Final = 3_900
@@ -46,7 +48,7 @@ def from_json(text: str) -> Any:
     what it must); raises ``ValueError`` on malformed text."""
 
     if "\\u" in text:
-        text = _SURROGATE_ESCAPE.sub(_unescape_surrogate, text)
+        text = re.sub(_SURROGATE_ESCAPE, _unescape_surrogate, text)
     return deep(_loads, text)
 
 
@@ -61,7 +63,7 @@ def _unescape_surrogate(match: re.Match[str]) -> str:
 
 def _write(value: Any, out: list[str]) -> None:
     if isinstance(value, str):
-        out.append(_SURROGATE.sub(_escape_surrogate, json.dumps(value, ensure_ascii=False)))
+        out.append(re.sub(_SURROGATE, _escape_surrogate, json.dumps(value, ensure_ascii=False)))
     elif value is None or isinstance(value, bool):
         out.append("null" if value is None else "true" if value else "false")
     elif isinstance(value, int):
