@@ -16,7 +16,7 @@ from typing import Any, Final, TypeVar
 
 import lmdb
 
-from ..log import Durability, Environment, WriteLog, encode_batch
+from ..log import Durability, Environment, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
@@ -25,7 +25,7 @@ from ..projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is
 from ..projections.rebuild import open_core, rebuild
 from ..projections.user import Projection, UserProjections
 
-from .scan import cursor_after, page_of, scan_start, take_page
+from .scan import cursor_after, page_of, reference_page, scan_start, take_page
 
 T = TypeVar("T")
 
@@ -75,14 +75,13 @@ class StorageReads:
                 return {"items": []}
             prefix = b"" if index is None else t.u64(owner)
             records = self._model.scan_table(txn, t.CONVERSATIONS, index, prefix, start.after, descending)
+            keep = None
             if owner_conversation is not None:
-                records = (
-                    record
-                    for record in records
-                    if record.get("owner") is not None
+                keep = lambda record: (  # noqa: E731
+                    record.get("owner") is not None
                     and record["owner"]["conversationId"] == owner_conversation
                 )
-            return take_page(records, limit, start.order)
+            return take_page(records, limit, start.order, keep)
 
     async def entry(
         self, id_or_conversation_id: Any, id_or_context: Any = None, context: Any = None
@@ -125,12 +124,21 @@ class StorageReads:
             if start.after is not None and start.order == "ascending":
                 bound = start.after if min_entry_id is None else min_entry_id
                 min_entry_id = max(bound, start.after + 1)
+            descending = start.order == "descending"
+            if not isinstance(limit, int):  # the reference's loop, compare for compare
+                rows, _ = self._model.entry_page(txn, query["conversationId"], min_entry_id, max_entry_id, descending, -1)
+                values = []
+                for row in rows:
+                    values.append(row.record)
+                    if len(values) > limit:
+                        break
+                return reference_page(values, limit, start.order)
             rows, more = self._model.entry_page(
                 txn,
                 query["conversationId"],
                 min_entry_id,
                 max_entry_id,
-                start.order == "descending",
+                descending,
                 max(limit, 0),  # below 1, "more" is any entry: the page then fails as the reference's
             )
             return page_of([row.record for row in rows], more, start.order)
@@ -172,9 +180,10 @@ class StorageReads:
             index, prefix = (None, b"") if status is None else (by_status, status_keys[status])
             records = self._model.scan_table(txn, table, index, prefix, start.after, start.order == "descending")
             wanted = [(name, query[name]) for name in filters if name in query]
+            keep = None
             if wanted:
-                records = _matching(records, wanted)
-            return take_page(records, limit, start.order)
+                keep = lambda record: all(record[name] == value for name, value in wanted)  # noqa: E731
+            return take_page(records, limit, start.order, keep)
 
     async def submission_by_request(
         self, conversation_id: int, request_id: str, context: Any = None
@@ -212,12 +221,12 @@ class StorageReads:
             )
             kind_filter = "kind" in query
             kind, at = query.get("kind"), query["at"]
-            alive = (
-                record
-                for record in records
-                if (not kind_filter or record["kind"] == kind) and is_alive_at(record, at)
+            return take_page(
+                records,
+                limit,
+                "ascending",
+                lambda record: (not kind_filter or record["kind"] == kind) and is_alive_at(record, at),
             )
-            return take_page(alive, limit, "ascending")
 
 
 class LmdbStorage(StorageReads):
@@ -289,6 +298,8 @@ class LmdbStorage(StorageReads):
         """
 
         self._assert_open()
+        if committed_at is not None:
+            committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
 
         def work(txn: lmdb.Transaction) -> tuple[int, int]:
@@ -411,7 +422,3 @@ def _positive_id(value: Any) -> int:
     return value
 
 
-def _matching(records: Iterator[Any], filters: list[tuple[str, Any]]) -> Iterator[Any]:
-    for record in records:
-        if all(record[name] == wanted for name, wanted in filters):
-            yield record
