@@ -197,3 +197,72 @@ def test_named_scan_limits_match_memory_storage(pair: _Pair, method: str, limit:
     assert got == expected
     if limit > 2**32:
         assert got[0] == "ok" and got[1]["items"] and "next" not in got[1]
+
+
+# ── 3. document addresses and scopes: the reference's text of them ─────────
+
+KEYS = ["😀", "\ud83d\ude00", "\ud83d", "\ude00", "é", "e\u0301", None, "k"]
+"""Keys whose texts collide in the reference (a pair and its character) or must not (a lone
+half, a combining sequence, an absent key)."""
+
+
+def _create(id: int, key: Any, scope: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    record: dict[str, Any] = {"id": id, "kind": "notes", "scope": scope or {"kind": "session"}}
+    if key is not None:
+        record["key"] = key
+    return [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"n": id}}}]
+
+
+async def _address_story(store: Any) -> list[Any]:
+    """Creates, retires and lookups over colliding addresses; every outcome, errors included."""
+
+    out: list[Any] = [await _outcome(store.commit([{"type": "conversation", "value": {"id": 1}}], CTX))]
+    for index, key in enumerate(KEYS):
+        out.append(await _outcome(store.commit(_create(10 + index, key), CTX)))
+    out.append(await _outcome(store.commit([{"type": "document.retire", "id": 10}], CTX)))
+    out.append(await _outcome(store.commit(_create(30, "\ud83d\ude00"), CTX)))
+    out.append(await _outcome(store.commit(_create(31, "x", {"kind": "task", "taskId": 5}), CTX)))
+    out.append(await _outcome(store.commit(_create(32, "x", {"kind": "conversation", "conversationId": 1}), CTX)))
+    for key in KEYS:
+        address: dict[str, Any] = {"kind": "notes", "scope": {"kind": "session"}}
+        if key is not None:
+            address["key"] = key
+        for at in ("current", 2, 3, 10, 11):
+            out.append(await _outcome(store.find_document(address, at, CTX)))
+    for scope in (
+        {"kind": "conversation", "conversationId": 1},
+        {"kind": "conversation", "conversationId": "1"},
+        {"kind": "conversation", "conversationId": True},
+        {"kind": "task", "taskId": 5},
+        {"kind": "task", "taskId": "5"},
+        {"kind": "other", "taskId": 5},
+    ):
+        out.append(await _outcome(store.scan_documents({"scope": scope, "at": "current"}, 10, None, CTX)))
+        out.append(await _outcome(store.find_document({"kind": "notes", "scope": scope, "key": "x"}, "current", CTX)))
+    return out
+
+
+async def test_document_addresses_are_the_reference_s_text_of_them(tmp_path: Path) -> None:
+    expected = await _address_story(MemoryStorage())
+    storage = await LmdbStorage.open(tmp_path / "s", durability="process")
+    try:
+        assert await _address_story(storage) == expected
+        # "😀" then "\ud83d\ude00": one address, so the second live create was refused
+        assert expected[1][0] == "ok" and expected[2][0] == "error"
+        head = storage.log.head()
+        views = [await storage.as_of(seq) for seq in range(head + 1)]
+        memory = MemoryStorage()
+        await _address_story(memory)
+        session = {"kind": "notes", "scope": {"kind": "session"}}
+        for seq, view in enumerate(views):  # a view sees the address as the live store did then
+            found = await view.find_document({**session, "key": "\ud83d\ude00"}, "current", CTX)
+            assert (None if found is None else found["id"]) == (None if seq < 2 or seq == 9 else 10 if seq < 9 else 30)
+            found = await view.find_document({**session, "key": "😀"}, "current", CTX)
+            assert (None if found is None else found["id"]) == (None if seq < 2 or seq == 9 else 10 if seq < 9 else 30)
+        await storage.rebuild()
+        again = [await _outcome(storage.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": key}, "current", CTX)) for key in KEYS]
+        want = [await _outcome(memory.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": key}, "current", CTX)) for key in KEYS]
+        assert again == want
+    finally:
+        await storage.close()
+    assert verify(str(tmp_path / "s")) is None
