@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 
-from pi_durable_lmdb.log import Environment, WriteLog
+from pi_durable_lmdb.log import Environment, TruncatedStoreError, WriterLockedError
 from pi_durable_lmdb.log.records import decode_record, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
@@ -266,3 +266,287 @@ async def test_document_addresses_are_the_reference_s_text_of_them(tmp_path: Pat
     finally:
         await storage.close()
     assert verify(str(tmp_path / "s")) is None
+
+
+# ── 4. every public method after close() ───────────────────────────────────
+
+STORAGE_CALLS: list[tuple[str, Any]] = [
+    ("conversation", lambda s: s.conversation(1, CTX)),
+    ("scan_conversations", lambda s: s.scan_conversations({}, 5, None, CTX)),
+    ("entry", lambda s: s.entry(2, CTX)),
+    ("entry through", lambda s: s.entry(1, 2, CTX)),
+    ("find_latest_head_marker", lambda s: s.find_latest_head_marker(1, None, CTX)),
+    ("scan_entries", lambda s: s.scan_entries({"conversationId": 1}, 5, None, CTX)),
+    ("task", lambda s: s.task(3, CTX)),
+    ("scan_tasks", lambda s: s.scan_tasks({}, 5, None, CTX)),
+    ("submission", lambda s: s.submission(4, CTX)),
+    ("scan_submissions", lambda s: s.scan_submissions({}, 5, None, CTX)),
+    ("submission_by_request", lambda s: s.submission_by_request(1, "r", CTX)),
+    ("find_document", lambda s: s.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": "😀"}, "current", CTX)),
+    ("document", lambda s: s.document(5, "current", CTX)),
+    ("scan_documents", lambda s: s.scan_documents({"scope": {"kind": "session"}, "at": "current"}, 5, None, CTX)),
+]
+"""Every read of the contract, each over a record ``_FILL`` writes."""
+
+_FILL = [
+    {"type": "conversation", "value": {"id": 1}},
+    {"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "message", "head": 2}},
+    {
+        "type": "task",
+        "value": {
+            "id": 3, "conversationId": 1, "kind": "k", "version": 1, "input": None,
+            "state": {"status": "pending"}, "background": False, "abortRequested": False,
+        },
+    },
+    {"type": "submission", "value": {"id": 4, "conversationId": 1, "status": "queued", "requestId": "r"}},
+    *_create(5, "😀"),
+]
+
+
+async def _filled_store(path: Path, commits: int = 1, projections: Any = ()) -> LmdbStorage:
+    storage = await LmdbStorage.open(path, durability="process", projections=projections)
+    reference = MemoryStorage()
+    reference.prepare_commit(_FILL)  # the fill is a batch the reference takes
+    await storage.commit(_FILL, CTX)
+    for index in range(commits - 1):
+        await storage.commit([{"type": "entry", "value": {"id": 100 + index, "conversationId": 1, "kind": "m"}}], CTX)
+    return storage
+
+
+async def test_every_public_method_after_close_refuses_by_name(tmp_path: Path) -> None:
+    storage = await _filled_store(tmp_path / "s")
+    view = await storage.as_of(1)
+    for name, call in STORAGE_CALLS:  # they all answer while open
+        assert (await _outcome(call(storage)))[0] == "ok", name
+        assert (await _outcome(call(view)))[0] == "ok", name
+    await storage.close()
+    calls: list[tuple[str, Any]] = [(name, lambda c=call: c(storage)) for name, call in STORAGE_CALLS]
+    calls += [(f"view {name}", lambda c=call: c(view)) for name, call in STORAGE_CALLS]
+    calls += [
+        ("commit", lambda: storage.commit(ENTRY, CTX)),
+        ("mint_id", lambda: storage.mint_id()),
+        ("as_of", lambda: storage.as_of(1)),
+        ("rebuild", lambda: storage.rebuild()),
+        ("log.head", lambda: storage.log.head()),
+        ("log.first", lambda: storage.log.first()),
+        ("log.count", lambda: storage.log.count()),
+        ("log.get", lambda: storage.log.get(1)),
+        ("log.read", lambda: list(storage.log.read(1))),
+        ("log.take", lambda: storage.log.take(1, None, 5)),
+        ("log.raw_chunk", lambda: storage.log.raw_chunk(1, None)),
+        ("log.follow", lambda: storage.log.follow(1).__anext__()),
+        ("projections.read", lambda: storage.projections.read("x").__enter__()),
+    ]
+    for name, call in calls:
+        with pytest.raises(Exception) as caught:
+            result = call()
+            if asyncio.iscoroutine(result) or hasattr(result, "__await__"):
+                await result
+        error = caught.value
+        if name == "projections.read":  # an unknown name is refused first, by name
+            assert isinstance(error, KeyError), (name, error)
+            continue
+        assert isinstance(error, RuntimeError) and not isinstance(error, lmdb.Error), (name, repr(error))
+        assert "closed" in str(error), (name, str(error))
+    assert (await _outcome(storage.close()))[0] == "ok"  # closing twice is fine
+
+
+async def test_a_running_follow_ends_with_a_clear_error_at_close(tmp_path: Path) -> None:
+    storage = await _filled_store(tmp_path / "s")
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for commit in storage.log.follow(1):
+            seen.append(commit.seq)
+
+    task = asyncio.ensure_future(follow())
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if seen:
+            break
+    await storage.close()
+    with pytest.raises(RuntimeError, match="closed") as caught:
+        await asyncio.wait_for(task, 5)
+    assert not isinstance(caught.value, lmdb.Error)
+    assert seen == [1]
+
+
+# ── 5. a projections.wait pending at close() ────────────────────────────────
+
+
+class _Slow:
+    """A user projection: a row per commit."""
+
+    name = "slow"
+    version = 1
+    databases = ("main",)
+
+    def fold(self, tables: Any, commit: Any) -> None:
+        tables.put("main", commit.seq.to_bytes(8, "big"), b"")
+
+
+async def test_close_ends_a_pending_projection_wait_and_the_worker_stays_stopped(tmp_path: Path) -> None:
+    loop = asyncio.get_running_loop()
+    unretrieved: list[Any] = []
+    loop.set_exception_handler(lambda loop, context: unretrieved.append(context))
+    storage = await _filled_store(tmp_path / "s", commits=1, projections=[_Slow()])
+    for index in range(50):
+        await storage.commit([{"type": "entry", "value": {"id": 10_000 + index, "conversationId": 1, "kind": "m"}}], CTX)
+    waiter = asyncio.ensure_future(storage.projections.wait(storage.log.head() + 1))  # a commit never made
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await storage.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(waiter, 5)
+    storage.projections.kick()  # must not start a worker on the closed environment
+    with pytest.raises(RuntimeError, match="closed"):
+        await storage.projections.wait(1)
+    await asyncio.sleep(0.05)
+    import gc
+
+    gc.collect()
+    await asyncio.sleep(0)
+    assert unretrieved == []
+    assert storage.projections._worker is None or storage.projections._worker.done()
+    loop.set_exception_handler(None)
+
+
+# ── 6. readers across a rebuild ─────────────────────────────────────────────
+
+CLI = str(Path(sys.executable).parent / "durable-log")
+
+
+async def _answers(store: Any) -> list[Any]:
+    return [await _outcome(call(store)) for _, call in STORAGE_CALLS]
+
+
+async def test_a_read_only_store_follows_a_rebuild_run_by_another_process(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    storage = await _filled_store(path, commits=400)
+    await storage.close()
+    reader = await LmdbStorage.open(path, readonly=True)
+    try:
+        view = await reader.as_of(1)
+        before, before_view = await _answers(reader), await _answers(view)
+        assert all(answer[0] == "ok" for answer in before)
+        for _ in range(2):  # twice: the second swap drops the generation the first one made
+            process = await asyncio.create_subprocess_exec(
+                CLI, "rebuild", str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+            during = []
+            while process.returncode is None:  # reads while it runs see whole generations
+                during.append(await _answers(reader))
+                try:
+                    await asyncio.wait_for(process.wait(), 0.01)
+                except asyncio.TimeoutError:
+                    pass
+            out, err = await process.communicate()
+            assert process.returncode == 0, err.decode()
+            for answers in during:
+                assert answers == before, [(a, b) for a, b in zip(answers, before) if a != b]
+            assert await _answers(reader) == before
+            assert await _answers(view) == before_view
+            assert [c.seq for c in reader.log.read(1)] == list(range(1, 401))
+    finally:
+        await reader.close()
+
+
+async def test_an_as_of_view_taken_before_a_rebuild_reads_after_it(tmp_path: Path) -> None:
+    storage = await _filled_store(tmp_path / "s", commits=30)
+    try:
+        views = [await storage.as_of(seq) for seq in (0, 1, 15, 30)]
+        before = [await _answers(view) for view in views]
+        await storage.rebuild()
+        assert [await _answers(view) for view in views] == before
+        await storage.rebuild()
+        assert [await _answers(view) for view in views] == before
+    finally:
+        await storage.close()
+
+
+async def test_a_read_only_handle_in_the_writer_s_process_follows_its_rebuild(tmp_path: Path) -> None:
+    storage = await _filled_store(tmp_path / "s", commits=30)
+    reader = await LmdbStorage.open(tmp_path / "s", readonly=True)
+    try:
+        before = await _answers(reader)
+        await storage.rebuild()
+        assert await _answers(reader) == before
+        await storage.commit([{"type": "conversation", "value": {"id": 77}}], CTX)
+        assert await reader.conversation(77, CTX) == {"id": 77}
+    finally:
+        await reader.close()
+        await storage.close()
+
+
+# ── 7. a truncated data.mdb ─────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("cut", ["one page", "half", "into the meta pages", "one byte"])
+async def test_a_truncated_data_file_is_named_at_open_and_never_read(tmp_path: Path, cut: str) -> None:
+    path = tmp_path / "s"
+    storage = await _filled_store(path, commits=300)
+    await storage.close()
+    data = path / "data.mdb"
+    size = data.stat().st_size
+    page = 4096
+    keep = {
+        "one page": size - page,
+        "half": size // 2,
+        "into the meta pages": page + 100,
+        "one byte": 1,
+    }[cut]
+    with open(data, "r+b") as handle:
+        handle.truncate(keep)
+    for readonly in (True, False):  # first in a child: on a regression, SIGBUS kills it, not pytest
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c",
+            "import asyncio, sys\nfrom pi_durable_lmdb import LmdbStorage\n"
+            f"asyncio.run(LmdbStorage.open({str(path)!r}, readonly={readonly}))",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await child.communicate()
+        assert child.returncode == 1 and b"TruncatedStoreError" in err, (readonly, child.returncode, err[-300:])
+        with pytest.raises(TruncatedStoreError, match="truncated") as caught:
+            await LmdbStorage.open(path, readonly=readonly)
+        assert str(data) in str(caught.value)
+    assert data.stat().st_size == keep  # the writer's open did not touch it
+    for command in (["stats", str(path)], ["verify", str(path)], ["tail", str(path)]):
+        process = await asyncio.create_subprocess_exec(
+            CLI, *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await process.communicate()
+        assert process.returncode not in (0, -7), (command, process.returncode)  # -7: SIGBUS
+        assert b"truncated" in err + out, (command, err)
+
+
+# ── 8. the writer lock names its holder ─────────────────────────────────────
+
+
+def test_writer_locked_names_the_process_holding_the_lock_now(tmp_path: Path) -> None:
+    import subprocess
+
+    path = tmp_path / "s"
+    env = Environment(path)
+    env.close()
+    with open(path / "writer.lock", "r+b") as handle:  # the pid an earlier writer left behind
+        handle.write(f"{4_000_000:<20}".encode())
+    holder = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(path / 'writer.lock')!r}, os.O_RDWR)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with pytest.raises(WriterLockedError) as caught:
+            Environment(path)
+        assert f"by process {holder.pid}" in str(caught.value)
+        assert "4000000" not in str(caught.value)
+    finally:
+        holder.communicate(b"", timeout=10)

@@ -9,8 +9,10 @@ from .errors import (
     CorruptRecordError,
     ForkedEnvironmentError,
     LogError,
+    StoreClosedError,
     StoreFormatError,
     StoreFullError,
+    TruncatedStoreError,
     WriterLockedError,
 )
 from .records import (
@@ -34,8 +36,10 @@ __all__ = [
     "Environment",
     "ForkedEnvironmentError",
     "LogError",
+    "StoreClosedError",
     "StoreFormatError",
     "StoreFullError",
+    "TruncatedStoreError",
     "Write",
     "WriteLog",
     "WriterLockedError",

@@ -16,13 +16,13 @@ from typing import Any, Final, TypeVar
 
 import lmdb
 
-from ..log import Durability, Environment, WriteLog, check_committed_at, encode_batch
+from ..log import Durability, Environment, StoreClosedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
 from ..projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
-from ..projections.rebuild import open_core, rebuild
+from ..projections.rebuild import CORE_KEY, REGISTRY_DB, follow_swap, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 
 from .scan import cursor_after, page_of, reference_page, scan_start, take_page
@@ -46,16 +46,17 @@ class StorageReads:
         raise NotImplementedError
 
     def _lookup(self, read: Callable[..., T], *args: Any) -> T:
-        """``read(txn, *args)`` in a read transaction of its own (point reads)."""
+        """``read(model, txn, *args)`` in a read transaction of its own (point reads); the model
+        is the one that transaction is served by."""
 
         with self._read() as txn:
-            return read(txn, *args)
+            return read(self._model, txn, *args)
 
     def _assert_open(self) -> None:
         raise NotImplementedError
 
     async def conversation(self, id: int, context: Any = None) -> Any | None:
-        return self._lookup(self._model.conversation, id)
+        return self._lookup(ReadModel.conversation, id)
 
     async def scan_conversations(
         self, query: Any, limit: int, cursor: Any | None, context: Any = None
@@ -92,7 +93,7 @@ class StorageReads:
         if context is not None:
             return await self._entry_through(id_or_conversation_id, id_or_context)
         id = _positive_id(id_or_conversation_id)
-        row = self._lookup(self._model.entry_row, id)
+        row = self._lookup(ReadModel.entry_row, id)
         return None if row is None else {"entry": row.record, "commitSeq": row.commit_seq}
 
     async def _entry_through(self, conversation_id: Any, id: Any) -> Any | None:
@@ -144,7 +145,7 @@ class StorageReads:
             return page_of([row.record for row in rows], more, start.order)
 
     async def task(self, id: int, context: Any = None) -> Any | None:
-        return self._lookup(self._model.task, id)
+        return self._lookup(ReadModel.task, id)
 
     async def scan_tasks(
         self, query: Any, limit: int, cursor: Any | None, context: Any = None
@@ -152,7 +153,7 @@ class StorageReads:
         return self._scan_by_status(query, limit, cursor, t.TASKS, t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS, _TASK_FILTERS)
 
     async def submission(self, id: int, context: Any = None) -> Any | None:
-        return self._lookup(self._model.submission, id)
+        return self._lookup(ReadModel.submission, id)
 
     async def scan_submissions(
         self, query: Any, limit: int, cursor: Any | None, context: Any = None
@@ -246,6 +247,10 @@ class LmdbStorage(StorageReads):
         self._projector = Projector(self._model)
         self.projections = UserProjections(env, self.log, projections)
         self._closed = False
+        self._registry = env.db(REGISTRY_DB)
+        self._core: bytes | None = None
+        """The core header the read model was checked against; read-only handles compare it at
+        each read, so they follow a rebuild's swap made by the writer."""
         with env.read() as txn:
             stored = self._model.max_record_id(txn) + 1
             raw = txn.get(_RESERVED_KEY, db=self._meta)
@@ -361,23 +366,46 @@ class LmdbStorage(StorageReads):
         self._closed = True
         await self.projections.close()
         self._env.close()
+        self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
 
     def _assert_open(self) -> None:
         if self._closed:
-            raise RuntimeError("LmdbStorage is closed")
+            raise StoreClosedError("LmdbStorage is closed")
 
     def _read(self) -> Any:
-        self._assert_open()
-        return self._env.read()
+        if self._closed:
+            raise StoreClosedError("LmdbStorage is closed")
+        txn = self._env.read()
+        return self._follow(txn) if self._env.readonly else txn
 
     def _lookup(self, read: Callable[..., T], *args: Any) -> T:
-        if self._closed:
-            raise RuntimeError("LmdbStorage is closed")
-        txn = self._env.read()
+        txn = self._read()
         try:
-            return read(txn, *args)
+            return read(self._model, txn, *args)
         finally:
             txn.abort()
+
+    def _follow(self, txn: lmdb.Transaction) -> lmdb.Transaction:
+        """A read transaction served by the generation its snapshot names: a rebuild by the writer
+        (another process, or another handle in this one) swaps generations and drops the old
+        tables. Tables opened after a transaction began are not usable in it, so a swap begins a
+        new one."""
+
+        raw = txn.get(CORE_KEY, db=self._registry)
+        while raw != self._core:
+            try:
+                model = follow_swap(self._env, self._model, raw)
+            except BaseException:
+                txn.abort()
+                raise
+            if model is self._model:  # the same generation (a rebuild began, or gave up)
+                self._core = raw
+                break
+            txn.abort()
+            self._model = model
+            txn = self._env.read()
+            raw = txn.get(CORE_KEY, db=self._registry)
+        return txn
 
 
 
@@ -387,8 +415,13 @@ class StorageView(StorageReads):
 
     def __init__(self, storage: LmdbStorage, seq: int) -> None:
         self._storage = storage
-        self._model = storage._model
         self.seq = seq
+
+    @property
+    def _model(self) -> ReadModel:  # type: ignore[override]
+        """The store's current tables: a rebuild swaps them, and they hold the same history."""
+
+        return self._storage._model
 
     @contextmanager
     def _read(self) -> Iterator[AsOfTxn]:
