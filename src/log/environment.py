@@ -382,14 +382,15 @@ def check_not_truncated(path: str) -> None:
 
     file = os.path.join(path, "data.mdb")
     try:
-        size = os.path.getsize(file)
+        handle = open(file, "rb")
     except FileNotFoundError:
         return  # a new store: LMDB creates it
-    if size == 0:
-        return  # LMDB initialises an empty file (a store whose creation never got further)
-    with open(file, "rb") as handle:
+    with handle:
         head = handle.read(_META_OFFSET + _META.size)
+        if not head:
+            return  # LMDB initialises an empty file (a store whose creation never got further)
         if len(head) < _META_OFFSET + _META.size:
+            size = os.fstat(handle.fileno()).st_size
             raise TruncatedStoreError(
                 f"{file} is truncated: {size} bytes cannot hold LMDB's meta pages; "
                 "restore the store from a copy"
@@ -405,6 +406,9 @@ def check_not_truncated(path: str) -> None:
                 magic, _, _, last_page, txnid = _META.unpack_from(data, _META_OFFSET)
                 if magic == _MAGIC:
                     metas.append((txnid, last_page))
+        # Only now the size: a writer elsewhere writes a commit's pages before its meta page and
+        # never shrinks the file, so a size taken after the metas were read covers them.
+        size = os.fstat(handle.fileno()).st_size
     if len(metas) < 2:
         raise TruncatedStoreError(
             f"{file} is truncated: {size} bytes cannot hold LMDB's two meta pages of "
