@@ -17,7 +17,7 @@ from typing import ClassVar
 import lmdb
 import msgspec
 
-from ..log import Commit, Environment, WriteLog
+from ..log import Commit, Environment, StoreClosedError, WriteLog
 
 from .rebuild import REGISTRY_DB, FOLD_CHUNK
 
@@ -163,6 +163,7 @@ class UserProjections:
             for projection in projections
         }
         self._status: dict[str, ProjectionStatus] = {}
+        self._closed = False
         self._worker: asyncio.Task[None] | None = None
         self._progress = asyncio.Event() if projections else None
         for projection in projections:
@@ -190,6 +191,10 @@ class UserProjections:
         for item in names:
             self._dbs_of(item)
         while True:
+            if self._closed:
+                raise StoreClosedError(
+                    f"The store at {self._env.path} was closed before its projections folded sequence {seq}"
+                )
             pending = False
             for item in names:
                 status = self._status[item]
@@ -206,7 +211,7 @@ class UserProjections:
     def kick(self) -> None:
         """Schedule the worker if it is idle and there is a running loop."""
 
-        if not self._projections or (self._worker is not None and not self._worker.done()):
+        if self._closed or not self._projections or (self._worker is not None and not self._worker.done()):
             return
         try:
             loop = asyncio.get_running_loop()
@@ -224,14 +229,17 @@ class UserProjections:
         self._env.write(lambda txn: txn.delete(key, db=self._registry))
 
     async def close(self) -> None:
-        """Stop the fold worker; what it folded is committed with its checkpoint already."""
+        """Stop the worker for good and wake every ``wait``, which then raises ``StoreClosedError``."""
 
+        self._closed = True
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             try:
                 await self._worker
             except asyncio.CancelledError:
                 pass
+        if self._progress is not None:
+            self._progress.set()
 
     # ── folding ─────────────────────────────────────────────────────────────
 
@@ -242,7 +250,7 @@ class UserProjections:
     def step(self) -> bool:
         """Fold one chunk into every projection that is behind; True while any still is."""
 
-        if self._env.readonly:
+        if self._closed or self._env.readonly:
             return False
         head = self._log.head()
         behind = False

@@ -44,16 +44,16 @@ from pi_durable.types import (
     TaskRecord,
 )
 
-from ..log import Durability, Environment, WriteLog, encode_batch
+from ..log import Durability, Environment, StoreClosedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
 from ..projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
-from ..projections.rebuild import open_core, rebuild
+from ..projections.rebuild import CORE_KEY, REGISTRY_DB, follow_swap, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 
-from .scan import cursor_after, page_of, scan_start, take_page
+from .scan import cursor_after, page_of, reference_page, scan_start, take_page
 
 T = TypeVar("T")
 
@@ -74,10 +74,11 @@ class StorageReads:
         raise NotImplementedError
 
     def _lookup(self, read: Callable[..., T], *args: Any) -> T:
-        """``read(txn, *args)`` in a read transaction of its own (point reads)."""
+        """``read(model, txn, *args)`` in a read transaction of its own (point reads); the model
+        is the one that transaction is served by."""
 
         with self._read() as txn:
-            return read(txn, *args)
+            return read(self._model, txn, *args)
 
     def _assert_open(self) -> None:
         raise NotImplementedError
@@ -85,7 +86,7 @@ class StorageReads:
     async def conversation(self, id: ConversationId, context: Context) -> ConversationRecord | None:
         """One conversation by exact id, detached (decoded afresh from its row)."""
 
-        return self._lookup(self._model.conversation, id)
+        return self._lookup(ReadModel.conversation, id)
 
     async def scan_conversations(
         self, query: ConversationQuery, limit: int, cursor: Cursor | None, context: Context
@@ -107,14 +108,13 @@ class StorageReads:
                 return {"items": []}
             prefix = b"" if index is None else t.u64(owner)
             records = self._model.scan_table(txn, t.CONVERSATIONS, index, prefix, start.after, descending)
+            keep = None
             if owner_conversation is not None:
-                records = (
-                    record
-                    for record in records
-                    if record.get("owner") is not None
+                keep = lambda record: (  # noqa: E731
+                    record.get("owner") is not None
                     and record["owner"]["conversationId"] == owner_conversation
                 )
-            return cast("Page[ConversationRecord, Cursor]", take_page(records, limit, start.order))
+            return cast("Page[ConversationRecord, Cursor]", take_page(records, limit, start.order, keep))
 
     @overload
     async def entry(self, id: EntryId, context: Context, /) -> EntryLookup | None: ...
@@ -136,7 +136,7 @@ class StorageReads:
         if context is not None:
             return await self._entry_through(id_or_conversation_id, id_or_context)
         id = _positive_id(id_or_conversation_id)
-        row = self._lookup(self._model.entry_row, id)
+        row = self._lookup(ReadModel.entry_row, id)
         return None if row is None else {"entry": row.record, "commitSeq": row.commit_seq}
 
     async def _entry_through(self, conversation_id: Any, id: Any) -> EntryLookup | None:
@@ -172,12 +172,21 @@ class StorageReads:
             if start.after is not None and start.order == "ascending":
                 bound = start.after if min_entry_id is None else min_entry_id
                 min_entry_id = max(bound, start.after + 1)
+            descending = start.order == "descending"
+            if not isinstance(limit, int):  # the reference's loop, compare for compare
+                rows, _ = self._model.entry_page(txn, query["conversationId"], min_entry_id, max_entry_id, descending, -1)
+                values = []
+                for row in rows:
+                    values.append(row.record)
+                    if len(values) > limit:
+                        break
+                return reference_page(values, limit, start.order)
             rows, more = self._model.entry_page(
                 txn,
                 query["conversationId"],
                 min_entry_id,
                 max_entry_id,
-                start.order == "descending",
+                descending,
                 max(limit, 0),  # below 1, "more" is any entry: the page then fails as the reference's
             )
             return cast("Page[EntryRecord, Cursor]", page_of([row.record for row in rows], more, start.order))
@@ -185,7 +194,7 @@ class StorageReads:
     async def task(self, id: TaskId, context: Context) -> TaskRecord | None:
         """The latest record of one task."""
 
-        return self._lookup(self._model.task, id)
+        return self._lookup(ReadModel.task, id)
 
     async def scan_tasks(
         self, query: TaskQuery, limit: int, cursor: Cursor | None, context: Context
@@ -197,7 +206,7 @@ class StorageReads:
     async def submission(self, id: SubmissionId, context: Context) -> SubmissionRecord | None:
         """The latest record of one admitted submission."""
 
-        return self._lookup(self._model.submission, id)
+        return self._lookup(ReadModel.submission, id)
 
     async def scan_submissions(
         self, query: SubmissionQuery, limit: int, cursor: Cursor | None, context: Context
@@ -227,9 +236,10 @@ class StorageReads:
             index, prefix = (None, b"") if status is None else (by_status, status_keys[status])
             records = self._model.scan_table(txn, table, index, prefix, start.after, start.order == "descending")
             wanted = [(name, query[name]) for name in filters if name in query]
+            keep = None
             if wanted:
-                records = _matching(records, wanted)
-            return take_page(records, limit, start.order)
+                keep = lambda record: all(record[name] == value for name, value in wanted)  # noqa: E731
+            return take_page(records, limit, start.order, keep)
 
     async def submission_by_request(
         self, conversation_id: ConversationId, request_id: str, context: Context
@@ -277,12 +287,12 @@ class StorageReads:
             )
             kind_filter = "kind" in query
             kind, at = query.get("kind"), query["at"]
-            alive = (
-                record
-                for record in records
-                if (not kind_filter or record["kind"] == kind) and is_alive_at(record, at)
-            )
-            return cast("Page[DocumentRecord, Cursor]", take_page(alive, limit, "ascending"))
+            return cast("Page[DocumentRecord, Cursor]", take_page(
+                records,
+                limit,
+                "ascending",
+                lambda record: (not kind_filter or record["kind"] == kind) and is_alive_at(record, at),
+            ))
 
 
 class LmdbStorage(StorageReads, Storage):
@@ -302,6 +312,10 @@ class LmdbStorage(StorageReads, Storage):
         self._projector = Projector(self._model)
         self.projections = UserProjections(env, self.log, projections)
         self._closed = False
+        self._registry = env.db(REGISTRY_DB)
+        self._core: bytes | None = None
+        """The core header the read model was checked against; read-only handles compare it at
+        each read, so they follow a rebuild's swap made by the writer."""
         with env.read() as txn:
             stored = self._model.max_record_id(txn) + 1
             raw = txn.get(_RESERVED_KEY, db=self._meta)
@@ -356,6 +370,8 @@ class LmdbStorage(StorageReads, Storage):
         """
 
         self._assert_open()
+        if committed_at is not None:
+            committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
 
         def work(txn: lmdb.Transaction) -> tuple[int, int]:
@@ -420,23 +436,46 @@ class LmdbStorage(StorageReads, Storage):
         self._closed = True
         await self.projections.close()
         self._env.close()
+        self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
 
     def _assert_open(self) -> None:
         if self._closed:
-            raise RuntimeError("LmdbStorage is closed")
+            raise StoreClosedError("LmdbStorage is closed")
 
     def _read(self) -> Any:
-        self._assert_open()
-        return self._env.read()
+        if self._closed:
+            raise StoreClosedError("LmdbStorage is closed")
+        txn = self._env.read()
+        return self._follow(txn) if self._env.readonly else txn
 
     def _lookup(self, read: Callable[..., T], *args: Any) -> T:
-        if self._closed:
-            raise RuntimeError("LmdbStorage is closed")
-        txn = self._env.read()
+        txn = self._read()
         try:
-            return read(txn, *args)
+            return read(self._model, txn, *args)
         finally:
             txn.abort()
+
+    def _follow(self, txn: lmdb.Transaction) -> lmdb.Transaction:
+        """A read transaction served by the generation its snapshot names: a rebuild by the writer
+        (another process, or another handle in this one) swaps generations and drops the old
+        tables. Tables opened after a transaction began are not usable in it, so a swap begins a
+        new one."""
+
+        raw = txn.get(CORE_KEY, db=self._registry)
+        while raw != self._core:
+            try:
+                model = follow_swap(self._env, self._model, raw)
+            except BaseException:
+                txn.abort()
+                raise
+            if model is self._model:  # the same generation (a rebuild began, or gave up)
+                self._core = raw
+                break
+            txn.abort()
+            self._model = model
+            txn = self._env.read()
+            raw = txn.get(CORE_KEY, db=self._registry)
+        return txn
 
 
 
@@ -446,8 +485,13 @@ class StorageView(StorageReads):
 
     def __init__(self, storage: LmdbStorage, seq: int) -> None:
         self._storage = storage
-        self._model = storage._model
         self.seq = seq
+
+    @property
+    def _model(self) -> ReadModel:  # type: ignore[override]
+        """The store's current tables: a rebuild swaps them, and they hold the same history."""
+
+        return self._storage._model
 
     @contextmanager
     def _read(self) -> Iterator[AsOfTxn]:
@@ -485,7 +529,3 @@ def _positive_id(value: Any) -> int:
     return value
 
 
-def _matching(records: Iterator[Any], filters: list[tuple[str, Any]]) -> Iterator[Any]:
-    for record in records:
-        if all(record[name] == wanted for name, wanted in filters):
-            yield record
