@@ -393,3 +393,14 @@ def test_import_from_pi_durable_refuses_what_is_not_a_pi_durable_store(tmp_path:
         code, _, stderr = call(capsys, "import", "--from-pi-durable", source, tmp_path / "new")
         assert code == 2 and words in stderr and "Traceback" not in stderr, stderr
     assert sorted(os.listdir(tmp_path)) == ["empty", "notes.txt"] and os.listdir(empty) == []
+
+
+def test_a_truncated_store_is_damage_for_every_reading_command(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy = tmp_path / "copy"
+    ok("backup", store, copy)
+    with open(copy / "data.mdb", "r+b") as data:
+        data.truncate(5 * 4096)
+    for command in (["stats"], ["verify"], ["tail"], ["export"], ["show", "task", "3"], ["backup"]):
+        args = [command[0], copy, *command[1:]] + ([tmp_path / "dest"] if command == ["backup"] else [])
+        code, _, stderr = call(capsys, *args)
+        assert code == 1 and "truncated" in stderr, (command, code, stderr)

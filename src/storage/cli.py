@@ -14,6 +14,7 @@ from typing import Any, Final
 import lmdb
 
 from ..log import CorruptRecordError, LogError
+from ..log.errors import TruncatedStoreError
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
 from ..projections.errors import CorruptProjectionError
 from ..projections.tables import SCHEMA_VERSION
@@ -22,8 +23,8 @@ from . import audit
 
 EXIT_OK: Final = 0
 EXIT_DAMAGE: Final = 1
-"""The store is damaged: a log record or projection row fails its checksum, or verify found a
-projection that differs from the log."""
+"""The store is damaged: a log record or projection row fails its checksum, data.mdb is truncated,
+or verify found a projection that differs from the log."""
 EXIT_USAGE: Final = 2
 """The command could not run: bad arguments, no store at the path, the writer lock held, nothing
 found by show, an import source that is not an export."""
@@ -31,8 +32,8 @@ found by show, an import source that is not an export."""
 EPILOG: Final = """\
 exit status:
   0  success
-  1  damage found: a log record or projection row fails its checksum, or verify
-     found projections that differ from the log
+  1  damage found: a log record or projection row fails its checksum, data.mdb
+     is truncated, or verify found projections that differ from the log
   2  the command could not run: bad arguments or ranges, no store at PATH, a
      store locked by another writer, nothing found by show, a malformed import
 
@@ -57,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (CorruptRecordError, CorruptProjectionError, lmdb.CorruptedError, lmdb.PageNotFoundError) as error:
+    except (
+        CorruptRecordError, CorruptProjectionError, TruncatedStoreError, lmdb.CorruptedError, lmdb.PageNotFoundError
+    ) as error:
         print(f"durable-log: damage: {error}", file=sys.stderr)
         return EXIT_DAMAGE
     except BrokenPipeError:
