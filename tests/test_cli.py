@@ -296,7 +296,7 @@ BAD_LINES = [
     ('{"seq": 1, "committedAt": 18446744073709551616, "writes": []}', "'committedAt'"),
     ('{"seq": 1, "committedAt": 9223372036854775808, "writes": []}', "'committedAt'"),
     ('{"seq": 1, "committedAt": true, "writes": []}', "'committedAt'"),
-    ('{"seq": 1, "committedAt": -1, "writes": []}', "'committedAt'"),
+    ('{"seq": 1, "committedAt": -9223372036854775809, "writes": []}', "'committedAt'"),
     ('{"seq": 1, "committedAt": 5}', "'writes'"),
     ('{"seq": 1, "committedAt": 5, "writes": {}}', "'writes'"),
     ('{"seq": "1", "committedAt": 5, "writes": []}', "'seq'"),
@@ -404,3 +404,15 @@ def test_a_truncated_store_is_damage_for_every_reading_command(store: Path, tmp_
         args = [command[0], copy, *command[1:]] + ([tmp_path / "dest"] if command == ["backup"] else [])
         code, _, stderr = call(capsys, *args)
         assert code == 1 and "truncated" in stderr, (command, code, stderr)
+
+
+async def test_every_commit_time_the_engine_writes_imports_back(tmp_path: Path) -> None:
+    storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+    try:
+        for n, when in enumerate((-(2**63), -1, 0, 2**63 - 1), 1):
+            await storage.commit([{"type": "conversation", "value": {"id": n}}], CTX, committed_at=when)
+    finally:
+        await storage.close()
+    exported = ok("export", tmp_path / "store")
+    assert b"imported 4 commits" in ok("import", "-", tmp_path / "copy", input=exported)
+    assert ok("export", tmp_path / "copy") == exported

@@ -20,14 +20,14 @@ from typing import Any, Final
 
 from pi_durable.context import BACKGROUND_CONTEXT
 
+from ..log.records import check_committed_at
+
 from .audit import plural
 from .jsonlines import from_json
 from .lmdb_storage import LmdbStorage
 
 _BATCH = 256
 """Records per commit when a source has no commit grouping of its own."""
-_MAX_TIME: Final = 2**63 - 1
-"""A commit time is stored as a signed 64-bit integer of Unix milliseconds."""
 
 Progress = Callable[[int], None]
 """Called with the number of commits made so far."""
@@ -113,8 +113,10 @@ def parse_batch(number: int, line: str) -> tuple[int, int, list[Any]]:
     seq, committed_at, writes = batch["seq"], batch["committedAt"], batch["writes"]
     if type(seq) is not int or seq < 1:
         raise refuse(f"'seq' must be a positive integer, not {_shown(seq)}")
-    if type(committed_at) is not int or not 0 <= committed_at <= _MAX_TIME:
-        raise refuse(f"'committedAt' must be an integer of Unix milliseconds from 0 to 2**63-1, not {_shown(committed_at)}")
+    try:
+        check_committed_at(committed_at)  # the engine's own rule: what it would refuse to write
+    except (TypeError, ValueError) as error:
+        raise refuse(f"'committedAt': {error}") from None
     if not isinstance(writes, list):
         raise refuse(f"'writes' must be an array, not {_shown(writes)}")
     return seq, committed_at, writes
