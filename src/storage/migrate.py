@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -19,14 +20,14 @@ from typing import Any, Final
 
 from pi_durable.context import BACKGROUND_CONTEXT
 
+from ..log.records import check_committed_at
+
 from .audit import plural
 from .jsonlines import from_json
 from .lmdb_storage import LmdbStorage
 
 _BATCH = 256
 """Records per commit when a source has no commit grouping of its own."""
-_MAX_TIME: Final = 2**63 - 1
-"""A commit time is stored as a signed 64-bit integer of Unix milliseconds."""
 
 Progress = Callable[[int], None]
 """Called with the number of commits made so far."""
@@ -112,8 +113,10 @@ def parse_batch(number: int, line: str) -> tuple[int, int, list[Any]]:
     seq, committed_at, writes = batch["seq"], batch["committedAt"], batch["writes"]
     if type(seq) is not int or seq < 1:
         raise refuse(f"'seq' must be a positive integer, not {_shown(seq)}")
-    if type(committed_at) is not int or not 0 <= committed_at <= _MAX_TIME:
-        raise refuse(f"'committedAt' must be an integer of Unix milliseconds from 0 to 2**63-1, not {_shown(committed_at)}")
+    try:
+        check_committed_at(committed_at)  # the engine's own rule: what it would refuse to write
+    except (TypeError, ValueError) as error:
+        raise refuse(f"'committedAt': {error}") from None
     if not isinstance(writes, list):
         raise refuse(f"'writes' must be an array, not {_shown(writes)}")
     return seq, committed_at, writes
@@ -149,18 +152,24 @@ async def import_export(
 
 
 async def open_pi_durable_store(path: str) -> Any:
-    """A pi-durable SQLite file or JSONL directory, through pi-durable's own backends."""
+    """A pi-durable SQLite file or JSONL directory, through pi-durable's own backends; a path that
+    holds neither is refused (and never created: opening them would create a store)."""
 
     if os.path.isdir(path):
         from pi_durable.env.posix import PosixExecutionEnv
         from pi_durable.storage.jsonl import JsonlStorage
 
+        if not os.path.isfile(os.path.join(path, "main.jsonl")):
+            raise FileNotFoundError(f"No pi-durable JSONL store in {path} (no main.jsonl)")
         return await JsonlStorage.open(path, PosixExecutionEnv(), BACKGROUND_CONTEXT)
     from pi_durable.storage.sqlite.posix import open_posix_sqlite_storage
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No pi-durable store at {path}")
-    return await open_posix_sqlite_storage(path)
+    try:
+        return await open_posix_sqlite_storage(path)
+    except sqlite3.Error as error:
+        raise ValueError(f"{path} is not a pi-durable SQLite store ({error})") from None
 
 
 async def _pages(scan: Any, query: dict[str, Any], limit: int = 500) -> AsyncIterator[Any]:
