@@ -314,7 +314,8 @@ async def _filled_store(path: Path, commits: int = 1, projections: Any = ()) -> 
 
 
 async def test_every_public_method_after_close_refuses_by_name(tmp_path: Path) -> None:
-    storage = await _filled_store(tmp_path / "s")
+    storage = await _filled_store(tmp_path / "s", projections=[_Slow()])
+    await storage.projections.wait(1)
     view = await storage.as_of(1)
     for name, call in STORAGE_CALLS:  # they all answer while open
         assert (await _outcome(call(storage)))[0] == "ok", name
@@ -335,7 +336,8 @@ async def test_every_public_method_after_close_refuses_by_name(tmp_path: Path) -
         ("log.take", lambda: storage.log.take(1, None, 5)),
         ("log.raw_chunk", lambda: storage.log.raw_chunk(1, None)),
         ("log.follow", lambda: storage.log.follow(1).__anext__()),
-        ("projections.read", lambda: storage.projections.read("x").__enter__()),
+        ("projections.read", lambda: storage.projections.read("slow").__enter__()),
+        ("projections.wait", lambda: storage.projections.wait(1)),
     ]
     for name, call in calls:
         with pytest.raises(Exception) as caught:
@@ -343,9 +345,6 @@ async def test_every_public_method_after_close_refuses_by_name(tmp_path: Path) -
             if asyncio.iscoroutine(result) or hasattr(result, "__await__"):
                 await result
         error = caught.value
-        if name == "projections.read":  # an unknown name is refused first, by name
-            assert isinstance(error, KeyError), (name, error)
-            continue
         assert isinstance(error, RuntimeError) and not isinstance(error, lmdb.Error), (name, repr(error))
         assert "closed" in str(error), (name, str(error))
     assert (await _outcome(storage.close()))[0] == "ok"  # closing twice is fine
@@ -550,3 +549,124 @@ def test_writer_locked_names_the_process_holding_the_lock_now(tmp_path: Path) ->
         assert "4000000" not in str(caught.value)
     finally:
         holder.communicate(b"", timeout=10)
+
+
+async def test_verify_and_stats_while_another_process_rebuilds(tmp_path: Path) -> None:
+    from pi_durable_lmdb.storage.audit import stats
+
+    path = tmp_path / "s"
+    storage = await _filled_store(path, commits=1500)
+    await storage.close()
+    expected = stats(path)["counts"]
+    for _ in range(2):
+        process = await asyncio.create_subprocess_exec(
+            CLI, "rebuild", str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        runs = 0
+        while process.returncode is None or runs < 2:
+            assert verify(path) is None
+            assert stats(path)["counts"] == expected
+            runs += 1
+            try:
+                await asyncio.wait_for(process.wait(), 0.001)
+            except asyncio.TimeoutError:
+                pass
+        _, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+
+
+# ── 9. the log's own reads with arguments of every kind ─────────────────────
+
+
+@pytest.mark.parametrize("seq", [-1, 0, 2, 2**63, 2**64, 2**64 + 1, -(2**70)], ids=repr)
+async def test_log_reads_with_any_integer_find_no_record_rather_than_fail(tmp_path: Path, seq: int) -> None:
+    storage = await _filled_store(tmp_path / "s")
+    try:
+        log = storage.log
+        assert log.get(seq) is None
+        assert list(log.read(seq)) == ([] if seq > 1 else [log.get(1)])
+        assert list(log.read(1, seq)) == ([log.get(1)] if seq >= 1 else [])
+        assert log.take(seq, None, 5) == ([] if seq > 1 else [log.get(1)])
+        assert log.take(1, None, seq) == ([log.get(1)] if seq >= 1 else [])
+        assert log.raw_chunk(1, None, seq) == (log.raw_chunk(1, None) if seq >= 1 else [])
+    finally:
+        await storage.close()
+
+
+@pytest.mark.parametrize("value", [True, 1.0, "1", None, b"\x01", [1]], ids=repr)
+async def test_log_reads_refuse_a_sequence_that_is_not_an_int_by_name(tmp_path: Path, value: Any) -> None:
+    storage = await _filled_store(tmp_path / "s")
+    try:
+        log = storage.log
+        calls = [lambda: log.take(value, None, 5), lambda: list(log.read(value)), lambda: log.take(1, None, value)]
+        if value is not None:  # None is "no upper bound" for ``last``
+            calls += [lambda: log.get(value), lambda: list(log.read(1, value))]
+        for call in calls:
+            with pytest.raises(TypeError, match="must be a log sequence"):
+                call()
+        with pytest.raises(TypeError, match="must be a log sequence"):
+            await log.follow(value).__anext__()
+    finally:
+        await storage.close()
+
+
+# ── 10. user projections: definitions the store could not read back ────────
+
+
+def _definition(**fields: Any) -> Any:
+    base = {"name": "p", "version": 1, "databases": ("main",), "fold": lambda self, tables, commit: None}
+    base.update(fields)
+    return type("Defined", (), base)()
+
+
+BAD_DEFINITIONS = {
+    "version str": {"version": "1"},
+    "version bool": {"version": True},
+    "version float": {"version": 1.0},
+    "version past 64 bits": {"version": 2**64},
+    "version below 64 bits": {"version": -(2**63) - 1},
+    "name int": {"name": 7},
+    "name empty": {"name": ""},
+    "name with a lone surrogate": {"name": "\ud800"},
+    "name too long": {"name": "n" * 600},
+    "databases a str": {"databases": "main"},
+    "databases empty": {"databases": ()},
+    "database name int": {"databases": (1,)},
+    "database names repeated": {"databases": ("a", "a")},
+}
+
+
+@pytest.mark.parametrize("fields", BAD_DEFINITIONS.values(), ids=BAD_DEFINITIONS.keys())
+async def test_a_projection_definition_the_store_could_not_read_back_is_refused(tmp_path: Path, fields: dict[str, Any]) -> None:
+    with pytest.raises((TypeError, ValueError), match="Projection"):
+        await LmdbStorage.open(tmp_path / "s", durability="process", projections=[_definition(**fields)])
+    storage = await LmdbStorage.open(tmp_path / "s", durability="process")  # nothing unreadable was left
+    await storage.close()
+
+
+async def test_projections_whose_databases_would_share_a_name_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="collide"):
+        await LmdbStorage.open(
+            tmp_path / "s",
+            projections=[_definition(name="a.b", databases=("c",)), _definition(name="a", databases=("b.c",))],
+        )
+
+
+async def test_a_fold_error_whose_message_holds_a_lone_surrogate_is_recorded(tmp_path: Path) -> None:
+    from pi_durable_lmdb.projections.user import ProjectionFailed
+
+    def fold(self: Any, tables: Any, commit: Any) -> None:
+        raise ValueError("bad \ud800 value")
+
+    storage = await _filled_store(tmp_path / "s", projections=[_definition(name="bad", fold=fold)])
+    try:
+        with pytest.raises(ProjectionFailed, match="ValueError"):
+            await asyncio.wait_for(storage.projections.wait(1), 10)
+    finally:
+        await storage.close()
+    storage = await LmdbStorage.open(tmp_path / "s", projections=[_definition(name="bad", fold=fold)])
+    try:
+        status = storage.projections.status()["bad"]
+        assert status.failed_seq == 1 and "ValueError: bad" in (status.error or "")
+    finally:
+        await storage.close()

@@ -31,6 +31,17 @@ def seq_key(seq: int) -> bytes:
     return _SEQ.pack(seq)
 
 
+MAX_SEQ: Final = 2**64 - 1
+
+
+def _position(value: object, name: str) -> int:
+    """A sequence argument of a read: an int (any: out of range it just matches no record)."""
+
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a log sequence (an int), not {type(value).__name__} {value!r:.40}")
+    return int(value)
+
+
 def key_seq(key: bytes) -> int:
     return _SEQ.unpack(key)[0]  # type: ignore[no-any-return]
 
@@ -107,7 +118,8 @@ class WriteLog:
             return txn.stat(self.db)["entries"]  # type: ignore[no-any-return]
 
     def get(self, seq: int) -> Commit | None:
-        if self.db is None:
+        seq = _position(seq, "seq")
+        if self.db is None or not 0 <= seq <= MAX_SEQ:
             return None
         with self.env.read() as txn:
             data = txn.get(seq_key(seq), db=self.db)
@@ -116,7 +128,11 @@ class WriteLog:
     def raw_chunk(self, first: int, last: int | None, limit: int = READ_CHUNK) -> list[tuple[int, bytes]]:
         """Up to ``limit`` stored records with ``first <= seq <= last``, from one short transaction."""
 
-        if self.db is None:
+        first = _position(first, "first")
+        if last is not None:
+            last = _position(last, "last")
+        limit = _position(limit, "limit")
+        if self.db is None or limit <= 0 or first > MAX_SEQ or (last is not None and last < max(first, 0)):
             return []
         rows: list[tuple[int, bytes]] = []
         with self.env.read() as txn:
@@ -143,7 +159,7 @@ class WriteLog:
         """Verified records from ``first`` to ``last`` (inclusive; ``None``: the head when
         reached), each made by ``decode(seq, stored bytes)``: a ``Commit`` by default."""
 
-        next_seq = first
+        next_seq = _position(first, "first")
         while True:
             rows = self.raw_chunk(next_seq, last)
             if not rows:
@@ -167,7 +183,7 @@ class WriteLog:
         ``poll_interval`` to ``max_poll_interval``; a commit in this process wakes it at once.
         """
 
-        next_seq = from_seq
+        next_seq = _position(from_seq, "from_seq")
         interval = poll_interval
         while True:
             rows = self.raw_chunk(next_seq, None)

@@ -119,6 +119,34 @@ def follow_swap(env: Environment, model: ReadModel, raw: bytes | None) -> ReadMo
     return ReadModel(env, header.generation, model.checked)
 
 
+def begin_following(
+    env: Environment, model: ReadModel, known: bytes | None = None
+) -> tuple[lmdb.Transaction, ReadModel, bytes | None]:
+    """A read transaction, the read model of the generation its snapshot names, and that core
+    header (pass it back as ``known``: while it is unchanged, nothing is decoded).
+
+    A reader's handles outlive the tables a rebuild by the writer swaps out and drops; a table
+    opened after a transaction began is not usable in it, so a swap begins a new one.
+    """
+
+    registry = env.db(REGISTRY_DB)
+    txn = env.read()
+    raw = txn.get(CORE_KEY, db=registry)
+    while raw != known:
+        try:
+            current = follow_swap(env, model, raw)
+        except BaseException:
+            txn.abort()
+            raise
+        if current is model:  # the same generation (a rebuild began, or gave up)
+            break
+        txn.abort()
+        model = current
+        txn = env.read()
+        raw = txn.get(CORE_KEY, db=registry)
+    return txn, model, raw
+
+
 def catch_up(env: Environment, log: WriteLog, model: ReadModel, progress: Progress | None = None) -> int:
     """Fold every record ``model`` lacks, a chunk per transaction; returns how many."""
 

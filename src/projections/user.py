@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import lmdb
 import msgspec
@@ -72,6 +72,53 @@ class _FoldFailed(Exception):
     def __init__(self, seq: int, error: Exception) -> None:
         super().__init__(seq, error)
         self.seq, self.error = seq, error
+
+
+_MAX_NAME: Final = 200
+"""Bytes of a projection's or database's name: LMDB names databases by keys of at most 511."""
+
+
+def _check_definition(projection: Projection) -> None:
+    """Refuse a definition whose name, version or databases the store could not write and read
+    back (its status is stored under its name, with its version)."""
+
+    name, version, databases = (
+        getattr(projection, "name", None),
+        getattr(projection, "version", None),
+        getattr(projection, "databases", None),
+    )
+    label = f"Projection {name!r:.60}"
+    _check_name(name, f"{label}: its name")
+    if isinstance(version, bool) or not isinstance(version, int) or not -(2**63) <= version < 2**63:
+        raise TypeError(f"{label}: its version must be a 64-bit int, not {version!r:.60}")
+    if not isinstance(databases, (tuple, list)) or not databases:
+        raise TypeError(f"{label}: databases must be a non-empty tuple of names, not {databases!r:.60}")
+    for db in databases:
+        _check_name(db, f"{label}: database name")
+    if len(set(databases)) != len(databases):
+        raise ValueError(f"{label}: database names must be unique: {list(databases)}")
+
+
+def _check_name(value: object, what: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{what} must be a non-empty str, not {value!r:.60}")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} {value!r:.60} is not valid Unicode (it holds a lone surrogate)") from None
+    if size > _MAX_NAME:
+        raise ValueError(f"{what} is {size} bytes long; at most {_MAX_NAME}")
+
+
+def _describe(error: BaseException) -> str:
+    """An error as stored text: whatever its message holds, it encodes (lone surrogates are
+    escaped) and it never raises."""
+
+    try:
+        text = f"{type(error).__name__}: {error}"
+    except Exception:
+        text = f"{type(error).__name__} (its message could not be made)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class ProjectionStatus(msgspec.Struct):
@@ -151,9 +198,14 @@ class UserProjections:
     """The registered projections of one open store, and the worker that keeps them level."""
 
     def __init__(self, env: Environment, log: WriteLog, projections: Sequence[Projection] = ()) -> None:
+        for projection in projections:
+            _check_definition(projection)
         names = [projection.name for projection in projections]
         if len(set(names)) != len(names):
             raise ValueError(f"Projection names must be unique: {names}")
+        tables = [f"u.{p.name}.{db}" for p in projections for db in p.databases]
+        if len(set(tables)) != len(tables):
+            raise ValueError(f"Projections' databases must have distinct names; these collide: {sorted(tables)}")
         self._env = env
         self._log = log
         self._registry = env.db(REGISTRY_DB)
@@ -284,7 +336,7 @@ class UserProjections:
         return status
 
     def _record_failure(self, name: str, status: ProjectionStatus, seq: int, error: Exception) -> ProjectionStatus:
-        failed = msgspec.structs.replace(status, failed_seq=seq, error=f"{type(error).__name__}: {error}")
+        failed = msgspec.structs.replace(status, failed_seq=seq, error=_describe(error))
         key = _PREFIX + name.encode()
         self._env.write(lambda txn: txn.put(key, _status_encoder.encode(failed), db=self._registry))
         return failed

@@ -25,7 +25,14 @@ from ..log.records import decode_record, decode_record_builtins
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
-from ..projections.rebuild import folded_seq, mark_lockstep, open_core, projection_state, read_header
+from ..projections.rebuild import (
+    begin_following,
+    folded_seq,
+    mark_lockstep,
+    open_core,
+    projection_state,
+    read_header,
+)
 from ..projections.user import stored_statuses
 
 from .jsonlines import to_json
@@ -248,7 +255,8 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
         first_commit = log.get(first) if first else None
         last_commit = log.get(head) if head else None
         sizes = env.stat_sizes()
-        with env.read() as txn:
+        txn, model, _ = begin_following(env, model)  # a rebuild elsewhere may have swapped
+        with txn:
             counts = {
                 "conversations": txn.stat(model.db[t.CONVERSATIONS])["entries"],
                 "entries": txn.stat(model.db[t.ENTRIES_BY_CONVERSATION])["entries"],
@@ -498,7 +506,8 @@ def check(path: str | os.PathLike[str], progress: bool = False, limit: int = 20)
                 folded = commits[-1].seq
                 records += len(commits)
                 report(folded, max(folded, report.total or 0))
-            with env.read() as txn:  # the rest and the live tables: one snapshot
+            txn, live, _ = begin_following(env, live)  # a rebuild elsewhere may have swapped
+            with txn:  # the rest and the live tables: one snapshot
                 head = log.head(txn)
                 cursor = txn.cursor(db=log.db)
                 rest: list[Commit] = []

@@ -50,7 +50,7 @@ from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
 from ..projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
-from ..projections.rebuild import CORE_KEY, REGISTRY_DB, follow_swap, open_core, rebuild
+from ..projections.rebuild import CORE_KEY, REGISTRY_DB, begin_following, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 
 from .scan import cursor_after, page_of, reference_page, scan_start, take_page
@@ -456,25 +456,14 @@ class LmdbStorage(StorageReads, Storage):
             txn.abort()
 
     def _follow(self, txn: lmdb.Transaction) -> lmdb.Transaction:
-        """A read transaction served by the generation its snapshot names: a rebuild by the writer
-        (another process, or another handle in this one) swaps generations and drops the old
-        tables. Tables opened after a transaction began are not usable in it, so a swap begins a
-        new one."""
+        """``txn``, or a newer one, served by the generation its snapshot names: a rebuild by the
+        writer (another process, or another handle in this one) swaps generations."""
 
         raw = txn.get(CORE_KEY, db=self._registry)
-        while raw != self._core:
-            try:
-                model = follow_swap(self._env, self._model, raw)
-            except BaseException:
-                txn.abort()
-                raise
-            if model is self._model:  # the same generation (a rebuild began, or gave up)
-                self._core = raw
-                break
-            txn.abort()
-            self._model = model
-            txn = self._env.read()
-            raw = txn.get(CORE_KEY, db=self._registry)
+        if raw == self._core:
+            return txn
+        txn.abort()
+        txn, self._model, self._core = begin_following(self._env, self._model, self._core)
         return txn
 
 
