@@ -1,0 +1,246 @@
+"""Group commit: the write transactions of one store's commits, shared by whoever commits at once.
+
+Callers on any thread and any event loop hand their encoded batch to the ``Committer`` and await
+it. A loop's commits made in the same turn of that loop are gathered first (a ``call_soon``), then
+run as one *group*: one LMDB write transaction, so one commit and, in ``power`` mode, one pair of
+syncs for all of them. Inside the group each batch is checked against the state the batches
+before it left, then appended and folded; a batch the checks reject is skipped (it wrote nothing)
+and gets the same error it gets alone, its neighbours are unaffected. Each batch gets its own
+sequence, in log order. A future resolves only after the group's transaction committed, so an
+acknowledged commit is durable in the mode's sense and visible to every later read.
+
+Where a group runs:
+
+- **the writer thread** (``power`` mode always, ``process`` mode whenever a group has more than
+  one batch or another group is running): LMDB's commit and syncs happen there, never on an event
+  loop. py-lmdb binds a write transaction to the thread that began it; each group's transaction
+  begins and ends on the writer thread.
+- **directly**, on the loop's own thread, for a lone ``process``-mode batch while nothing else is
+  being committed: no sync to wait for, and the thread hand-off would cost more than the commit.
+
+Either way ``_lock`` is held while a group's transaction runs, so groups never interleave, and
+anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
+Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
+aborted and each of its batches is run again alone, so only the batch at fault fails.
+
+Replicated durability would publish a group's records (``Group.records``) where ``_run`` marks it,
+after the checks gave them their sequences and before the local transaction commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+import lmdb
+
+from ..log import EncodedBatch, Environment, WriteLog
+from ..projections import Projector
+
+MAX_GROUP: Final = 256
+"""Batches per write transaction at most: bounds how long one group holds the writer lock."""
+
+
+class _Job:
+    """One caller's batch (or plain write) waiting for its group."""
+
+    __slots__ = ("loop", "future", "payload", "batch", "committed_at", "work", "result", "error")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        payload: bytes | None,
+        batch: EncodedBatch | None,
+        committed_at: int | None,
+        work: Callable[[lmdb.Transaction], Any] | None,
+    ) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.payload, self.batch, self.committed_at, self.work = payload, batch, committed_at, work
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class Committer:
+    """The one path of a store's commits and other durable writes (see the module docstring)."""
+
+    def __init__(self, env: Environment, log: WriteLog, projector: Projector) -> None:
+        self._env = env
+        self._log = log
+        self.projector = projector
+        """Swapped by a rebuild, under ``exclusive()``."""
+        self._direct = env.durability == "process"
+        self._lock = threading.Lock()
+        self._state = threading.Condition(threading.Lock())
+        self._queue: list[_Job] = []
+        self._gathering: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        self._unresolved = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # ── callers ─────────────────────────────────────────────────────────────
+
+    async def commit(self, payload: bytes, batch: EncodedBatch, committed_at: int | None) -> tuple[int, int]:
+        """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
+
+        return await self._submit(payload, batch, committed_at, None)  # type: ignore[no-any-return]
+
+    async def write(self, work: Callable[[lmdb.Transaction], Any]) -> Any:
+        """Run ``work(txn)`` in a group's transaction (durable writes that are not log records,
+        such as the id reservation); it must change nothing outside the transaction."""
+
+        return await self._submit(None, None, None, work)
+
+    def _submit(
+        self,
+        payload: bytes | None,
+        batch: EncodedBatch | None,
+        committed_at: int | None,
+        work: Callable[[lmdb.Transaction], Any] | None,
+    ) -> asyncio.Future[Any]:
+        self._env.check_process()
+        loop = asyncio.get_running_loop()
+        job = _Job(loop, payload, batch, committed_at, work)
+        with self._state:
+            if self._closed:
+                raise RuntimeError("LmdbStorage is closed")
+            self._unresolved += 1
+        gathering = self._gathering.get(loop)
+        if gathering is None:
+            gathering = self._gathering[loop] = []
+            loop.call_soon(self._flush, loop)
+        gathering.append(job)
+        return job.future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop's turn ended: its gathered commits go as one group (or more)."""
+
+        jobs = self._gathering.pop(loop)
+        if self._direct and len(jobs) == 1 and self._lock.acquire(blocking=False):
+            try:
+                with self._state:
+                    idle = not self._queue
+                if idle:
+                    self._run(jobs)
+            finally:
+                self._lock.release()
+            if idle:
+                self._resolve(jobs)
+                return
+        with self._state:
+            self._queue.extend(jobs)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._writer, name=f"lmdb-writer {self._env.path}", daemon=True)
+                self._thread.start()
+            self._state.notify()
+
+    # ── the writer thread ───────────────────────────────────────────────────
+
+    def _writer(self) -> None:
+        while True:
+            with self._state:
+                while not self._queue and not (self._closed and self._unresolved == 0):
+                    self._state.wait()
+                if not self._queue:
+                    return  # closed, and every accepted commit resolved
+                jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+            with self._lock:
+                self._run(jobs)
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+            for job in jobs:
+                by_loop.setdefault(job.loop, []).append(job)
+            for loop, resolved in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(self._resolve, resolved)
+                except RuntimeError:  # that loop is closed: nobody awaits these any more
+                    self._settle(len(resolved))
+
+    # ── running a group ─────────────────────────────────────────────────────
+
+    def _run(self, jobs: list[_Job]) -> None:
+        """One transaction for ``jobs``; on anything but a rejection, each alone instead."""
+
+        try:
+            self._env.write(lambda txn: self._group(txn, jobs))
+            return
+        except BaseException as error:
+            if len(jobs) == 1:
+                jobs[0].result, jobs[0].error = None, error
+                return
+        for job in jobs:
+            try:
+                self._env.write(lambda txn, alone=[job]: self._group(txn, alone))  # type: ignore[misc]
+            except BaseException as error:
+                job.result, job.error = None, error
+
+    def _group(self, txn: lmdb.Transaction, jobs: list[_Job]) -> None:
+        """Check, append and fold each batch in order, inside ``txn`` (run again from the start
+        after a map growth, so outcomes are set afresh)."""
+
+        projector = self.projector
+        records: list[tuple[int, bytes]] = []
+        for job in jobs:
+            job.result = job.error = None
+            if job.work is not None:
+                job.result = job.work(txn)
+                continue
+            assert job.batch is not None and job.payload is not None
+            try:
+                plan = projector.prepare(txn, job.batch)  # reads only: a rejection leaves nothing
+            except lmdb.Error:
+                raise
+            except Exception as error:
+                job.error = error
+                continue
+            seq = self._log.append(txn, job.payload, job.committed_at)
+            projector.apply(txn, seq, plan)
+            job.result = (seq, plan.max_id)
+            records.append((seq, job.payload))
+        # Replicated durability: publish ``records`` here and wait for the stream's
+        # acknowledgement before the transaction commits (the stream decides the order).
+
+    def _resolve(self, jobs: list[_Job]) -> None:
+        """On the jobs' loop: hand each caller its outcome."""
+
+        if any(job.batch is not None and job.error is None for job in jobs):
+            self._log.committed()
+        for job in jobs:
+            if job.future.done():  # the caller was cancelled; its commit stands regardless
+                continue
+            if job.error is not None:
+                job.future.set_exception(job.error)
+            else:
+                job.future.set_result(job.result)
+        self._settle(len(jobs))
+
+    def _settle(self, count: int) -> None:
+        with self._state:
+            self._unresolved -= count
+            self._state.notify_all()
+
+    # ── lifecycle ───────────────────────────────────────────────────────────
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No group runs while this is held (a rebuild swapping the projector)."""
+
+        with self._lock:
+            yield
+
+    async def close(self) -> None:
+        """Refuse new commits, wait for every accepted one, stop the writer thread."""
+
+        with self._state:
+            self._closed = True
+            self._state.notify_all()
+        while True:
+            with self._state:
+                if self._unresolved == 0:
+                    break
+            await asyncio.sleep(0.001)
+        thread = self._thread
+        if thread is not None:
+            thread.join()
