@@ -15,8 +15,10 @@ from .log import (
     Durability,
     ForkedEnvironmentError,
     LogError,
+    StoreClosedError,
     StoreFormatError,
     StoreFullError,
+    TruncatedStoreError,
     WriterLockedError,
 )
 from .projections import StorageRequestError
@@ -48,8 +50,10 @@ __all__ = [
     "ProjectionFailed",
     "ProjectionsBehind",
     "StorageRequestError",
+    "StoreClosedError",
     "StoreFormatError",
     "StoreFullError",
+    "TruncatedStoreError",
     "WriterLockedError",
     "__version__",
     "open_lmdb_storage",

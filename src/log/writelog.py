@@ -75,6 +75,12 @@ class WriteLog:
         """Call after a transaction holding appends commits, from any thread: wakes this
         process's followers. Another process's followers find out by polling."""
 
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake this process's followers, from any thread: after a commit, or a close that
+        ends them."""
+
         with self._waiters_lock:
             waiters, self._waiters = self._waiters, set()
         for waiter in waiters:

@@ -37,11 +37,15 @@ from typing import Any, Final
 
 import lmdb
 
-from ..log import EncodedBatch, Environment, WriteLog
+from ..log import EncodedBatch, Environment, StoreClosedError, WriteLog
 from ..projections import Projector
 
-MAX_GROUP: Final = 256
-"""Batches per write transaction at most: bounds how long one group holds the writer lock."""
+MAX_GROUP: Final = 64
+"""Batches per write transaction at most: bounds how long one group holds the writer (and the
+GIL) before its callers hear back."""
+RESOLVE_CHUNK: Final = 8
+"""Callers resumed per turn of their loop: a big group's callers must not all run before the
+loop's other tasks get a turn."""
 
 
 class _Job:
@@ -106,7 +110,7 @@ class Committer:
         job = _Job(loop, payload, batch, committed_at, work)
         with self._state:
             if self._closed:
-                raise RuntimeError("LmdbStorage is closed")
+                raise StoreClosedError("LmdbStorage is closed")
             self._unresolved += 1
         gathering = self._gathering.get(loop)
         if gathering is None:
@@ -203,8 +207,12 @@ class Committer:
         # acknowledgement before the transaction commits (the stream decides the order).
 
     def _resolve(self, jobs: list[_Job]) -> None:
-        """On the jobs' loop: hand each caller its outcome."""
+        """On the jobs' loop: hand each caller its outcome, ``RESOLVE_CHUNK`` callers per turn
+        of the loop, so a big group's callers do not all run before the loop's other tasks."""
 
+        if len(jobs) > RESOLVE_CHUNK:
+            jobs[0].loop.call_soon(self._resolve, jobs[RESOLVE_CHUNK:])
+            jobs = jobs[:RESOLVE_CHUNK]
         if any(job.batch is not None and job.error is None for job in jobs):
             self._log.committed()
         for job in jobs:
