@@ -253,9 +253,9 @@ async def test_concurrent_commits_share_write_transactions(tmp_path: Path) -> No
     await storage.close()
 
 
-async def test_a_commit_awaits_the_loop_while_its_group_syncs(tmp_path: Path) -> None:
-    """In ``power`` mode the loop keeps running while a commit is synced: a ticker started
-    beside a run of commits ticks in between them."""
+async def test_concurrent_power_commits_sync_off_the_loop(tmp_path: Path) -> None:
+    """Eight agents committing at once in ``power`` mode: their groups run (and sync) on the
+    writer thread while the loop keeps running other tasks between them."""
 
     storage = await LmdbStorage.open(tmp_path / "store", durability="power")
     await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
@@ -268,14 +268,18 @@ async def test_a_commit_awaits_the_loop_while_its_group_syncs(tmp_path: Path) ->
             ticks += 1
             await asyncio.sleep(0)
 
+    async def agent(n: int) -> None:
+        for turn in range(20):
+            await storage.commit([_entry(1000 * (n + 1) + turn)], CTX)
+
     task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    for n in range(20):
-        await storage.commit([_entry(100 + n)], CTX)
+    await asyncio.gather(*(agent(n) for n in range(8)))
     stop = True
     await task
-    assert ticks > 20, f"the loop ran {ticks} other steps during 20 synced commits"
+    assert any(thread.name.startswith("lmdb-writer") for thread in threading.enumerate())
+    assert ticks > 20, f"the loop ran {ticks} other steps during 160 concurrent synced commits"
     await storage.close()
+    assert not any(thread.name.startswith("lmdb-writer") for thread in threading.enumerate())
 
 
 # ── close under load ────────────────────────────────────────────────────────

@@ -81,6 +81,8 @@ class WriteLog:
         """Wake this process's followers, from any thread: after a commit, or a close that
         ends them."""
 
+        if not self._waiters:
+            return  # nobody follows (a follower registering meanwhile still polls)
         with self._waiters_lock:
             waiters, self._waiters = self._waiters, set()
         for waiter in waiters:

@@ -9,28 +9,34 @@ and gets the same error it gets alone, its neighbours are unaffected. Each batch
 sequence, in log order. A future resolves only after the group's transaction committed, so an
 acknowledged commit is durable in the mode's sense and visible to every later read.
 
-Where a group runs:
+Where a commit runs:
 
-- **the writer thread** (``power`` mode always, ``process`` mode whenever a group has more than
-  one batch or another group is running): LMDB's commit and syncs happen there, never on an event
-  loop. py-lmdb binds a write transaction to the thread that began it; each group's transaction
-  begins and ends on the writer thread.
-- **directly**, on the loop's own thread, for a lone ``process``-mode batch while nothing else is
-  being committed: no sync to wait for, and the thread hand-off would cost more than the commit.
+- **directly**, on the caller's thread, when nothing else is being committed (no other task of
+  the loop, no other thread): exactly as before groups existed, so one sequential committer
+  keeps its speed; the thread hand-off would cost more than a ``process`` commit and a good part
+  of a ``power`` one. A run of direct commits yields to the loop (every 2 ms in ``process`` mode,
+  before each commit in ``power`` mode); if another commit showed up meanwhile, the loop's
+  commits go to groups for a while (``CONTENDED``).
+- **in a group on the writer thread** otherwise: LMDB's commit and, in ``power`` mode, its syncs
+  happen there, never on an event loop. py-lmdb binds a write transaction to the thread that
+  began it; each group's transaction begins and ends on the writer thread, which is started on
+  the first group and stopped by ``close()``.
 
-Either way ``_lock`` is held while a group's transaction runs, so groups never interleave, and
+Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
 Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
 aborted and each of its batches is run again alone, so only the batch at fault fails.
 
-Replicated durability would publish a group's records (``Group.records``) where ``_run`` marks it,
-after the checks gave them their sequences and before the local transaction commits.
+Replicated durability would publish a group's records (``records`` in ``_group``) where it is
+marked, after the checks gave them their sequences and before the local transaction commits; it
+would also turn the direct path off (``_direct_run``), so that every commit goes through groups.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -43,6 +49,10 @@ from ..projections import Projector
 MAX_GROUP: Final = 64
 """Batches per write transaction at most: bounds how long one group holds the writer (and the
 GIL) before its callers hear back."""
+DIRECT_RUN: Final = 0.002
+"""Seconds a loop may spend in back-to-back direct commits before one of them yields."""
+CONTENDED: Final = 0.05
+"""Seconds a loop gathers its commits into groups after seeing others commit beside it."""
 RESOLVE_CHUNK: Final = 8
 """Callers resumed per turn of their loop: a big group's callers must not all run before the
 loop's other tasks get a turn."""
@@ -68,6 +78,16 @@ class _Job:
         self.error: BaseException | None = None
 
 
+class _DirectRun:
+    """One loop's run of direct commits (``Committer._uncontended``)."""
+
+    __slots__ = ("started", "contended_until")
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.contended_until = 0.0
+
+
 class Committer:
     """The one path of a store's commits and other durable writes (see the module docstring)."""
 
@@ -76,11 +96,17 @@ class Committer:
         self._log = log
         self.projector = projector
         """Swapped by a rebuild, under ``exclusive()``."""
-        self._direct = env.durability == "process"
+        self._direct_run = DIRECT_RUN if env.durability == "process" else 0.0
+        """How long a run of direct commits lasts between yields: in ``power`` mode each direct
+        commit yields first, so the loop waits for one commit's syncs at most, and only while
+        no other commit is about."""
         self._lock = threading.Lock()
         self._state = threading.Condition(threading.Lock())
         self._queue: list[_Job] = []
         self._gathering: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        self._runs: dict[asyncio.AbstractEventLoop, _DirectRun] = {}
+        self._commits = 0
+        """Commits begun, any path, any thread (a hint of contention: not locked)."""
         self._unresolved = 0
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -90,7 +116,56 @@ class Committer:
     async def commit(self, payload: bytes, batch: EncodedBatch, committed_at: int | None) -> tuple[int, int]:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
+        loop = asyncio.get_running_loop()
+        if loop not in self._gathering:
+            run = self._runs.get(loop)
+            now = time.perf_counter()
+            if run is None or now - run.started >= self._direct_run or now < run.contended_until:
+                direct = await self._uncontended(loop, now)
+            else:
+                direct = True
+            if direct and not self._queue and self._lock.acquire(blocking=False):
+                try:
+                    if not self._closed and not self._queue and loop not in self._gathering:
+                        self._commits += 1
+                        result = self._env.write(lambda txn: self._commit_one(txn, payload, batch, committed_at))
+                        self._log.committed()
+                        return result
+                finally:
+                    self._lock.release()
         return await self._submit(payload, batch, committed_at, None)  # type: ignore[no-any-return]
+
+    async def _uncontended(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
+        """Whether a commit may run directly on the caller's thread: one sequential committer
+        then keeps the speed it had before groups (a thread hand-off costs more than a
+        ``process`` commit, and a good part of a ``power`` one). A run of direct commits yields
+        to the loop every ``_direct_run`` seconds; if anything committed meanwhile, the loop's
+        commits are gathered into groups (on the writer thread) for the next ``CONTENDED``
+        seconds."""
+
+        run = self._runs.get(loop)
+        if run is None:
+            run = self._runs[loop] = _DirectRun()
+        if now < run.contended_until:
+            return False
+        before = self._commits
+        await asyncio.sleep(0)
+        run.started = now = time.perf_counter()
+        if self._commits != before or loop in self._gathering:
+            run.contended_until = now + CONTENDED
+            return False
+        return True
+
+    def _commit_one(
+        self, txn: lmdb.Transaction, payload: bytes, batch: EncodedBatch, committed_at: int | None
+    ) -> tuple[int, int]:
+        """A direct commit's transaction: check, append, fold."""
+
+        projector = self.projector
+        plan = projector.prepare(txn, batch)
+        seq = self._log.append(txn, payload, committed_at)
+        projector.apply(txn, seq, plan)
+        return seq, plan.max_id
 
     async def write(self, work: Callable[[lmdb.Transaction], Any]) -> Any:
         """Run ``work(txn)`` in a group's transaction (durable writes that are not log records,
@@ -108,6 +183,7 @@ class Committer:
         self._env.check_process()
         loop = asyncio.get_running_loop()
         job = _Job(loop, payload, batch, committed_at, work)
+        self._commits += 1
         with self._state:
             if self._closed:
                 raise StoreClosedError("LmdbStorage is closed")
@@ -123,7 +199,7 @@ class Committer:
         """The loop's turn ended: its gathered commits go as one group (or more)."""
 
         jobs = self._gathering.pop(loop)
-        if self._direct and len(jobs) == 1 and self._lock.acquire(blocking=False):
+        if self._direct_run and len(jobs) == 1 and self._lock.acquire(blocking=False):
             try:
                 with self._state:
                     idle = not self._queue
@@ -249,6 +325,8 @@ class Committer:
                 if self._unresolved == 0:
                     break
             await asyncio.sleep(0.001)
+        with self._lock:  # a direct commit on another thread finishes before the store closes
+            self._runs.clear()
         thread = self._thread
         if thread is not None:
             thread.join()

@@ -379,7 +379,8 @@ class LmdbStorage(StorageReads, Storage):
             committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
         seq, max_id = await self._committer.commit(payload, batch, committed_at)
-        self.projections.kick()
+        if not self._closed:  # a close waiting for this commit stops the projection worker
+            self.projections.kick()
         if max_id >= self._next_id:
             with self._ids:
                 self._next_id = max(self._next_id, max_id + 1)
