@@ -3,7 +3,8 @@
 Each of N agents (1, 8, 64 by default) owns a conversation and a task and commits turns (an entry
 and its task record, as ``commit_turn`` in ``tools/bench.py``) one after another, all on one
 event loop and one store. A ticker task sleeps 1 ms at a time and records how late it woke: that
-lateness is how long something held the loop. Backends run interleaved per round (rotated), so a
+lateness is how long something held the loop (a "no store" row gives the floor: the agents' own
+work and the machine's noise, with commits only encoded). Backends run interleaved per round (rotated), so a
 noisy machine slows all alike; ratios are taken per round and the median is reported.
 
 Classes, compared only within a class: ``power`` = LMDB ``power`` | SQLite WAL ``synchronous=FULL``;
@@ -85,6 +86,18 @@ async def run_agents(storage: Any, agents: int, turns: int) -> tuple[float, list
     return elapsed, [per_agent * agents / elapsed] + stalls
 
 
+class NoStore:
+    """The floor: the same agents and ticker, each commit only encoded (``encode_batch``) and
+    followed by a yield. Its stalls are the machine's and the agents' own, not a store's."""
+
+    async def commit(self, writes: Any, context: Any = None) -> int:
+        from pi_durable_lmdb.log import encode_batch
+
+        encode_batch(writes)
+        await asyncio.sleep(0)
+        return 0
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -93,6 +106,9 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -> dict[str, float]:
+    if backend == "none":
+        elapsed, rest = await run_agents(NoStore(), agents, turns)
+        return {"rate": rest[0], "p99": _percentile(rest[1:], 0.99), "max": max(rest[1:], default=0.0)}
     path = tempfile.mkdtemp(dir=base)
     store = Store(backend, mode, path)
     await store.open()
@@ -108,7 +124,7 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
 
 async def main_async(args: argparse.Namespace) -> str:
     base = tempfile.mkdtemp(prefix="bench-concurrent-")
-    backends = ("lmdb", "sqlite")
+    backends = ("lmdb", "sqlite", "none")
     results: dict[tuple[str, str, int], list[dict[str, float]]] = {}
     try:
         for round in range(args.rounds):
@@ -120,7 +136,7 @@ async def main_async(args: argparse.Namespace) -> str:
                         figures = await measure(backend, mode, agents, max(turns, agents), base)
                         results.setdefault((backend, mode, agents), []).append(figures)
                         print(
-                            f"round {round} {LABELS[(backend, mode)]:>16} agents={agents:<3} "
+                            f"round {round} {LABELS.get((backend, mode), 'no store'):>16} agents={agents:<3} "
                             f"{figures['rate']:>9,.0f}/s stall p99 {figures['p99'] * 1e3:6.2f} ms "
                             f"max {figures['max'] * 1e3:6.2f} ms",
                             file=sys.stderr,
@@ -140,9 +156,9 @@ async def main_async(args: argparse.Namespace) -> str:
                 rates = [run["rate"] for run in runs]
                 ratios = [run["rate"] / other["rate"] for run, other in zip(runs, sqlite)]
                 lines.append(
-                    f"| {mode} | {agents} | {LABELS[(backend, mode)]} | {statistics.median(rates):,.0f} "
+                    f"| {mode} | {agents} | {LABELS.get((backend, mode), 'no store (floor)')} | {statistics.median(rates):,.0f} "
                     f"| {min(rates):,.0f}–{max(rates):,.0f} "
-                    f"| {'—' if backend == 'sqlite' else f'{statistics.median(ratios):.2f}x'} "
+                    f"| {'—' if backend != 'lmdb' else f'{statistics.median(ratios):.2f}x'} "
                     f"| {statistics.median(run['p99'] for run in runs) * 1e3:.2f} ms "
                     f"| {max(run['max'] for run in runs) * 1e3:.1f} ms |"
                 )
