@@ -4,7 +4,7 @@ process.
 
 Usage::
 
-    python tests/crash_writer_child.py write STORE --seed N [--durability D] [--bump-schema] [--fold-chunk N] [--map-size B] [--pad N]
+    python tests/crash_writer_child.py write STORE --seed N [--durability D] [--bump-schema] [--fold-chunk N] [--map-size B] [--pad N] [--agents N]
     python tests/crash_writer_child.py check STORE --ledger IN.json --result OUT.json
 
 ``write`` opens ``LmdbStorage`` on STORE and commits mixed batches until it is killed: entries,
@@ -22,6 +22,9 @@ each, flushed at once:
 ``mint ID``              ``mint_id()`` returned ID (printed before the id is used)
 ``intent JSON``          the batch about to be committed (strict JSON, ``ensure_ascii``)
 ``ack SEQ``              ``await commit(intent)`` returned SEQ: the batch is acknowledged
+``intent#K JSON``, ``ack#K SEQ``  the same from agent K of ``--agents N`` concurrent agents (group
+                         commits): each agent keeps a world of its own (the conversations the
+                         log holds, the tasks and documents it made), so agents never conflict
 ``grow OLD NEW``         the environment grew its map (``--map-size`` starts it tiny, ``--pad``
                          makes entries bigger)
 
@@ -287,16 +290,28 @@ async def write(args: argparse.Namespace) -> int:
     )
     _say(f"opened {storage.log.head()}")
     world = world_from_log(storage)
-    writer = Writer(storage, world, rng, args.pad)
+    if args.agents:
+        worlds = [World() for _ in range(args.agents)]
+        for own in worlds:
+            own.conversations = list(world.conversations)
+            own.entries = {id: list(entries) for id, entries in world.entries.items()}
+        writers = [Writer(storage, own, random.Random(rng.random()), args.pad) for own in worlds]
+    else:
+        writers = [Writer(storage, world, rng, args.pad)]
     _say("ready")
-    count = 0
-    while args.count is None or count < args.count:
-        writes = await writer.batch()
-        _say("intent " + canonical(writes))
-        seq = await storage.commit(writes, CTX)
-        _say(f"ack {seq}")
-        world.apply(writes)
-        count += 1
+
+    async def agent(tag: str, writer: Writer) -> None:
+        count = 0
+        while args.count is None or count < args.count:
+            writes = await writer.batch()
+            _say(f"intent{tag} " + canonical(writes))
+            seq = await storage.commit(writes, CTX)
+            _say(f"ack{tag} {seq}")
+            writer.world.apply(writes)
+            count += 1
+
+    tags = [f"#{k}" for k in range(len(writers))] if args.agents else [""]
+    await asyncio.gather(*(agent(tag, writer) for tag, writer in zip(tags, writers)))
     await storage.close()
     _say("closed")
     return 0
@@ -450,7 +465,8 @@ def main() -> int:
     parser.add_argument("--fold-chunk", type=int, help="records per rebuild transaction (projections.rebuild.FOLD_CHUNK)")
     parser.add_argument("--map-size", type=int, default=1 << 30)
     parser.add_argument("--pad", type=int, default=0, help="bytes of padding text in each entry")
-    parser.add_argument("--count", type=int, help="commit this many batches, then close (default: until killed)")
+    parser.add_argument("--count", type=int, help="commit this many batches (per agent), then close (default: until killed)")
+    parser.add_argument("--agents", type=int, default=0, help="commit from this many concurrent agents (group commits)")
     parser.add_argument("--ledger")
     parser.add_argument("--result")
     args = parser.parse_args()

@@ -18,7 +18,10 @@ process that opens the store and checks that
 Round kinds (in a fixed rotation): ``normal``; ``rebuild`` (the writer bumps
 ``pi_durable_lmdb.projections.tables.SCHEMA_VERSION`` so its open rebuilds the projections, and is killed after a
 random number of rebuild chunks); ``tiny-map`` (the writer opens with ``map_size=64 KiB`` and writes
-bigger batches, so the map grows under it; it is often killed right after it announces a growth).
+bigger batches, so the map grows under it; it is often killed right after it announces a growth);
+``group`` (16 concurrent agents commit at once, so commits share write transactions and syncs; it
+is killed while groups are in flight, leaving up to one pending batch per agent, each whole or
+absent).
 
 Usage::
 
@@ -47,7 +50,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ROOT / "tests" / "crash_writer_child.py"
-KINDS = ("normal", "rebuild", "normal", "tiny-map", "normal")
+KINDS = ("normal", "rebuild", "normal", "tiny-map", "normal", "group")
+GROUP_AGENTS = 16
 TINY_MAP = 64 * 1024
 FOLD_CHUNK = 256  # records per rebuild transaction in rebuild rounds (passed to the writer)
 
@@ -67,6 +71,8 @@ class Summary:
     rebuild_rounds: int = 0
     kills_mid_rebuild: int = 0
     tiny_map_rounds: int = 0
+    group_rounds: int = 0
+    group_acknowledged: int = 0
     growths: int = 0
     kills_after_growth: int = 0
     kills_during_open: int = 0
@@ -86,6 +92,8 @@ class Round:
             args += ["--bump-schema", "--fold-chunk", str(FOLD_CHUNK)]
         if kind == "tiny-map":
             args += ["--map-size", str(TINY_MAP), "--pad", "16384"]
+        if kind == "group":
+            args += ["--agents", str(GROUP_AGENTS)]
         self.rng = rng
         self.max_delay = max_delay
         self.head = head
@@ -150,17 +158,19 @@ class Round:
 def parse(lines: list[str]) -> dict[str, Any]:
     acked: dict[int, str] = {}
     minted: list[int] = []
-    intent: str | None = None
-    pending: list[str] = []
+    intents: dict[str, str] = {}  # agent tag ("" for a lone writer) -> its batch in flight
     events = {"opened": False, "grows": 0, "progress": 0, "error": None, "closed": False}
     for line in lines:
         word, _, rest = line.partition(" ")
+        word, _, tag = word.partition("#")
         if word == "intent":
-            intent = rest
+            intents[tag] = rest
         elif word == "ack":
-            assert intent is not None, "ack without intent"
+            intent = intents.pop(tag, None)
+            assert intent is not None, f"ack#{tag} without intent"
+            if int(rest) in acked:
+                raise AssertionError(f"sequence {rest} acknowledged twice")
             acked[int(rest)] = intent
-            intent = None
         elif word == "mint":
             minted.append(int(rest))
         elif word == "opened":
@@ -173,8 +183,7 @@ def parse(lines: list[str]) -> dict[str, Any]:
             events["error"] = json.loads(rest)
         elif word == "closed":
             events["closed"] = True
-    if intent is not None:
-        pending.append(intent)
+    pending = list(intents.values())
     return {"acked": acked, "pending": pending, "minted": minted, "events": events}
 
 
@@ -196,8 +205,8 @@ def run(args: argparse.Namespace) -> Summary:
         for number in range(args.rounds):
             kind = KINDS[number % len(KINDS)] if number else "normal"
             durability = args.durability
-            if durability == "mixed":
-                durability = ("process", "power")[number % 2]
+            if durability == "mixed":  # group rounds fall on odd numbers: alternate them apart
+                durability = ("process", "power")[(number // len(KINDS) if kind == "group" else number) % 2]
             round_ = Round(store, work, number, kind, durability, rng, args.max_delay, checked_head)
             moment = round_.run_and_kill()
             summary.rounds += 1
@@ -210,6 +219,8 @@ def run(args: argparse.Namespace) -> Summary:
             summary.kills_during_open += not events["opened"]
             summary.rebuild_rounds += kind == "rebuild"
             summary.tiny_map_rounds += kind == "tiny-map"
+            summary.group_rounds += kind == "group"
+            summary.group_acknowledged += len(parsed["acked"]) if kind == "group" else 0
             summary.growths += events["grows"]
             summary.kills_after_growth += kind == "tiny-map" and moment == "right after a map growth"
             minted_max = max([minted_max, *parsed["minted"]])

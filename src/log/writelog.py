@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Final, TypeVar
@@ -16,6 +17,7 @@ from typing import Final, TypeVar
 import lmdb
 
 from .environment import Environment
+from .errors import LogError
 from .records import Commit, decode_record, encode_record
 
 T = TypeVar("T")
@@ -53,7 +55,7 @@ class WriteLog:
         self.env = env
         self._db = env.db(LOG_DB) if not env.readonly or env.has_db(LOG_DB) else None
         self._waiters: set[asyncio.Future[None]] = set()
-        self._head: int | None = None
+        self._waiters_lock = threading.Lock()
 
     @property
     def db(self) -> lmdb._Database | None:
@@ -67,29 +69,41 @@ class WriteLog:
 
     def append(self, txn: lmdb.Transaction, payload: bytes, committed_at: int | None = None) -> int:
         """Append one batch's payload (from ``encode_batch``) inside ``txn``; the sequence is
-        durable once ``txn`` commits."""
+        durable once ``txn`` commits.
 
-        seq = (self.head(txn) if self._head is None else self._head) + 1
+        The sequence comes from ``txn`` itself, never from a cache: another thread's commit may
+        have moved the head since this process last looked."""
+
+        cursor = txn.cursor(db=self.db)
+        seq = key_seq(cursor.key()) + 1 if cursor.last() else 1
         if committed_at is None:
             committed_at = time.time_ns() // 1_000_000
-        txn.put(seq_key(seq), encode_record(payload, committed_at), db=self.db, append=True)
+        if not cursor.put(seq_key(seq), encode_record(payload, committed_at), append=True):
+            raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
         return seq
 
-    def committed(self, seq: int | None = None) -> None:
-        """Call after a transaction holding appends commits: note the new head (saving a lookup
-        per append; None looks it up again) and wake this process's followers. Another
-        process's followers find out by polling."""
+    def committed(self) -> None:
+        """Call after a transaction holding appends commits, from any thread: wakes this
+        process's followers. Another process's followers find out by polling."""
 
-        self._head = seq
         self.wake()
 
     def wake(self) -> None:
-        """Wake this process's followers: after a commit, or a close that ends them."""
+        """Wake this process's followers, from any thread: after a commit, or a close that
+        ends them."""
 
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._waiters.clear()
+        if not self._waiters:
+            return  # nobody follows (a follower registering meanwhile still polls)
+        with self._waiters_lock:
+            waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            loop = waiter.get_loop()
+            if loop.is_closed():
+                continue
+            try:
+                loop.call_soon_threadsafe(_wake, waiter)
+            except RuntimeError:  # the loop closed meanwhile: nobody is following there
+                pass
 
     # ── reading ─────────────────────────────────────────────────────────────
 
@@ -194,10 +208,17 @@ class WriteLog:
                 next_seq = rows[-1][0] + 1
                 continue
             waiter = asyncio.get_running_loop().create_future()
-            self._waiters.add(waiter)
+            with self._waiters_lock:
+                self._waiters.add(waiter)
             try:
                 await asyncio.wait_for(asyncio.shield(waiter), interval)
             except asyncio.TimeoutError:
                 interval = min(interval * 1.5, max_poll_interval)
             finally:
-                self._waiters.discard(waiter)
+                with self._waiters_lock:
+                    self._waiters.discard(waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

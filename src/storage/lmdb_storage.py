@@ -1,15 +1,17 @@
 """``LmdbStorage``: pi-durable's ``Storage`` contract on the log and its projections.
 
-A commit encodes the batch once, checks it against the projections, appends it to the log and
-folds it, all in one LMDB write transaction, and returns after that transaction is durable. Reads
-are short read transactions over the projections. Everything runs on the caller's thread: LMDB
-calls take microseconds, and py-lmdb binds a write transaction to its thread.
+A commit encodes the batch once on the caller, then the ``Committer`` checks it against the
+projections, appends it to the log and folds it in one LMDB write transaction shared with the
+commits made at the same moment (group commit), off the event loop where it must sync; it returns
+after that transaction is durable. Reads are short read transactions over the projections, on the
+caller's thread. One store may be used from several threads and event loops at once.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar, cast, overload
@@ -53,6 +55,7 @@ from ..projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is
 from ..projections.rebuild import CORE_KEY, REGISTRY_DB, begin_following, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 
+from .committer import Committer
 from .scan import cursor_after, page_of, reference_page, scan_start, take_page
 
 T = TypeVar("T")
@@ -311,7 +314,9 @@ class LmdbStorage(StorageReads, Storage):
         self._model = open_core(env, self.log, progress, verify_checksums)
         self._projector = Projector(self._model)
         self.projections = UserProjections(env, self.log, projections)
+        self._committer = Committer(env, self.log, self._projector)
         self._closed = False
+        self._ids = threading.Lock()
         self._registry = env.db(REGISTRY_DB)
         self._core: bytes | None = None
         """The core header the read model was checked against; read-only handles compare it at
@@ -373,34 +378,32 @@ class LmdbStorage(StorageReads, Storage):
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
-
-        def work(txn: lmdb.Transaction) -> tuple[int, int]:
-            plan = self._projector.prepare(txn, batch)
-            seq = self.log.append(txn, payload, committed_at)
-            self._projector.apply(txn, seq, plan)
-            return seq, plan.max_id
-
-        seq, max_id = self._env.write(work)
-        self.log.committed(seq)
-        self.projections.kick()
+        seq, max_id = await self._committer.commit(payload, batch, committed_at)
+        if not self._closed:  # a close waiting for this commit stops the projection worker
+            self.projections.kick()
         if max_id >= self._next_id:
-            self._next_id = max_id + 1
+            with self._ids:
+                self._next_id = max(self._next_id, max_id + 1)
         return Seq(seq)
 
     async def mint_id(self) -> int:
-        """A fresh id above every id stored or minted, across reopen and crashes (blocks of
-        ``ID_BLOCK`` ids are reserved durably, so minting rarely touches the disk)."""
+        """A fresh id above every id stored or minted, across reopen and crashes, whichever
+        thread or loop asks (blocks of ``ID_BLOCK`` ids are reserved durably, through the
+        committer, so minting rarely touches the disk)."""
 
         self._assert_open()
-        if self._next_id > MAX_SAFE_INTEGER:
-            raise ValueError("ID space is exhausted")
-        if self._next_id >= self._reserved:
-            reserved = self._next_id + ID_BLOCK
-            self._env.write(lambda txn: txn.put(_RESERVED_KEY, _U64.pack(reserved), db=self._meta))
-            self._reserved = reserved
-        value = self._next_id
-        self._next_id += 1
-        return value
+        while True:
+            with self._ids:
+                if self._next_id > MAX_SAFE_INTEGER:
+                    raise ValueError("ID space is exhausted")
+                if self._next_id < self._reserved:
+                    value = self._next_id
+                    self._next_id += 1
+                    return value
+                wanted = self._next_id + ID_BLOCK
+            reserved = await self._committer.write(lambda txn: _reserve(txn, self._meta, wanted))
+            with self._ids:
+                self._reserved = max(self._reserved, reserved)
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
@@ -411,9 +414,10 @@ class LmdbStorage(StorageReads, Storage):
         if self._env.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
         verify_checksums = self._model.unseal is t.unseal
-        rebuild(self._env, self.log, progress)
-        self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
-        self._projector = Projector(self._model)
+        with self._committer.exclusive():  # no group folds into the tables being swapped
+            rebuild(self._env, self.log, progress)
+            self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
+            self._projector = self._committer.projector = Projector(self._model)
 
     async def as_of(self, seq: int) -> StorageView:
         """A read-only view answering every read as the store did right after commit ``seq``.
@@ -428,12 +432,13 @@ class LmdbStorage(StorageReads, Storage):
         return StorageView(self, seq)
 
     async def close(self, context: Context | None = None) -> None:
-        """Sync and release the store; every later call is refused. Reads never span an await,
-        so none is in flight here."""
+        """Wait for the commits in flight, sync and release the store; every later call is
+        refused. Reads never span an await, so none is in flight here."""
 
         if self._closed:
             return
         self._closed = True
+        await self._committer.close()
         await self.projections.close()
         self._env.close()
         self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
@@ -504,6 +509,15 @@ class StorageView(StorageReads):
         """Nothing to release: views hold nothing open between reads."""
 
 
+
+
+def _reserve(txn: lmdb.Transaction, meta: lmdb._Database, wanted: int) -> int:
+    """Raise the durable id reservation to ``wanted`` (never lower it); returns it."""
+
+    raw = txn.get(_RESERVED_KEY, db=meta)
+    reserved = max(wanted, 0 if raw is None else _U64.unpack(raw)[0])
+    txn.put(_RESERVED_KEY, _U64.pack(reserved), db=meta)
+    return reserved
 
 
 def _is_safe_int(value: object) -> bool:

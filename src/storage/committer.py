@@ -1,0 +1,332 @@
+"""Group commit: the write transactions of one store's commits, shared by whoever commits at once.
+
+Callers on any thread and any event loop hand their encoded batch to the ``Committer`` and await
+it. A loop's commits made in the same turn of that loop are gathered first (a ``call_soon``), then
+run as one *group*: one LMDB write transaction, so one commit and, in ``power`` mode, one pair of
+syncs for all of them. Inside the group each batch is checked against the state the batches
+before it left, then appended and folded; a batch the checks reject is skipped (it wrote nothing)
+and gets the same error it gets alone, its neighbours are unaffected. Each batch gets its own
+sequence, in log order. A future resolves only after the group's transaction committed, so an
+acknowledged commit is durable in the mode's sense and visible to every later read.
+
+Where a commit runs:
+
+- **directly**, on the caller's thread, when nothing else is being committed (no other task of
+  the loop, no other thread): exactly as before groups existed, so one sequential committer
+  keeps its speed; the thread hand-off would cost more than a ``process`` commit and a good part
+  of a ``power`` one. A run of direct commits yields to the loop (every 2 ms in ``process`` mode,
+  before each commit in ``power`` mode); if another commit showed up meanwhile, the loop's
+  commits go to groups for a while (``CONTENDED``).
+- **in a group on the writer thread** otherwise: LMDB's commit and, in ``power`` mode, its syncs
+  happen there, never on an event loop. py-lmdb binds a write transaction to the thread that
+  began it; each group's transaction begins and ends on the writer thread, which is started on
+  the first group and stopped by ``close()``.
+
+Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
+anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
+Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
+aborted and each of its batches is run again alone, so only the batch at fault fails.
+
+Replicated durability would publish a group's records (``records`` in ``_group``) where it is
+marked, after the checks gave them their sequences and before the local transaction commits; it
+would also turn the direct path off (``_direct_run``), so that every commit goes through groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+import lmdb
+
+from ..log import EncodedBatch, Environment, StoreClosedError, WriteLog
+from ..projections import Projector
+
+MAX_GROUP: Final = 64
+"""Batches per write transaction at most: bounds how long one group holds the writer (and the
+GIL) before its callers hear back."""
+DIRECT_RUN: Final = 0.002
+"""Seconds a loop may spend in back-to-back direct commits before one of them yields."""
+CONTENDED: Final = 0.05
+"""Seconds a loop gathers its commits into groups after seeing others commit beside it."""
+RESOLVE_CHUNK: Final = 8
+"""Callers resumed per turn of their loop: a big group's callers must not all run before the
+loop's other tasks get a turn."""
+
+
+class _Job:
+    """One caller's batch (or plain write) waiting for its group."""
+
+    __slots__ = ("loop", "future", "payload", "batch", "committed_at", "work", "result", "error")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        payload: bytes | None,
+        batch: EncodedBatch | None,
+        committed_at: int | None,
+        work: Callable[[lmdb.Transaction], Any] | None,
+    ) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.payload, self.batch, self.committed_at, self.work = payload, batch, committed_at, work
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _DirectRun:
+    """One loop's run of direct commits (``Committer._uncontended``)."""
+
+    __slots__ = ("started", "contended_until")
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.contended_until = 0.0
+
+
+class Committer:
+    """The one path of a store's commits and other durable writes (see the module docstring)."""
+
+    def __init__(self, env: Environment, log: WriteLog, projector: Projector) -> None:
+        self._env = env
+        self._log = log
+        self.projector = projector
+        """Swapped by a rebuild, under ``exclusive()``."""
+        self._direct_run = DIRECT_RUN if env.durability == "process" else 0.0
+        """How long a run of direct commits lasts between yields: in ``power`` mode each direct
+        commit yields first, so the loop waits for one commit's syncs at most, and only while
+        no other commit is about."""
+        self._lock = threading.Lock()
+        self._state = threading.Condition(threading.Lock())
+        self._queue: list[_Job] = []
+        self._gathering: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        self._runs: dict[asyncio.AbstractEventLoop, _DirectRun] = {}
+        self._commits = 0
+        """Commits begun, any path, any thread (a hint of contention: not locked)."""
+        self._unresolved = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # ── callers ─────────────────────────────────────────────────────────────
+
+    async def commit(self, payload: bytes, batch: EncodedBatch, committed_at: int | None) -> tuple[int, int]:
+        """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
+
+        loop = asyncio.get_running_loop()
+        if loop not in self._gathering:
+            run = self._runs.get(loop)
+            now = time.perf_counter()
+            if run is None or now - run.started >= self._direct_run or now < run.contended_until:
+                direct = await self._uncontended(loop, now)
+            else:
+                direct = True
+            if direct and not self._queue and self._lock.acquire(blocking=False):
+                try:
+                    if not self._closed and not self._queue and loop not in self._gathering:
+                        self._commits += 1
+                        result = self._env.write(lambda txn: self._commit_one(txn, payload, batch, committed_at))
+                        self._log.committed()
+                        return result
+                finally:
+                    self._lock.release()
+        return await self._submit(payload, batch, committed_at, None)  # type: ignore[no-any-return]
+
+    async def _uncontended(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
+        """Whether a commit may run directly on the caller's thread: one sequential committer
+        then keeps the speed it had before groups (a thread hand-off costs more than a
+        ``process`` commit, and a good part of a ``power`` one). A run of direct commits yields
+        to the loop every ``_direct_run`` seconds; if anything committed meanwhile, the loop's
+        commits are gathered into groups (on the writer thread) for the next ``CONTENDED``
+        seconds."""
+
+        run = self._runs.get(loop)
+        if run is None:
+            run = self._runs[loop] = _DirectRun()
+        if now < run.contended_until:
+            return False
+        before = self._commits
+        await asyncio.sleep(0)
+        run.started = now = time.perf_counter()
+        if self._commits != before or loop in self._gathering:
+            run.contended_until = now + CONTENDED
+            return False
+        return True
+
+    def _commit_one(
+        self, txn: lmdb.Transaction, payload: bytes, batch: EncodedBatch, committed_at: int | None
+    ) -> tuple[int, int]:
+        """A direct commit's transaction: check, append, fold."""
+
+        projector = self.projector
+        plan = projector.prepare(txn, batch)
+        seq = self._log.append(txn, payload, committed_at)
+        projector.apply(txn, seq, plan)
+        return seq, plan.max_id
+
+    async def write(self, work: Callable[[lmdb.Transaction], Any]) -> Any:
+        """Run ``work(txn)`` in a group's transaction (durable writes that are not log records,
+        such as the id reservation); it must change nothing outside the transaction."""
+
+        return await self._submit(None, None, None, work)
+
+    def _submit(
+        self,
+        payload: bytes | None,
+        batch: EncodedBatch | None,
+        committed_at: int | None,
+        work: Callable[[lmdb.Transaction], Any] | None,
+    ) -> asyncio.Future[Any]:
+        self._env.check_process()
+        loop = asyncio.get_running_loop()
+        job = _Job(loop, payload, batch, committed_at, work)
+        self._commits += 1
+        with self._state:
+            if self._closed:
+                raise StoreClosedError("LmdbStorage is closed")
+            self._unresolved += 1
+        gathering = self._gathering.get(loop)
+        if gathering is None:
+            gathering = self._gathering[loop] = []
+            loop.call_soon(self._flush, loop)
+        gathering.append(job)
+        return job.future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop's turn ended: its gathered commits go as one group (or more)."""
+
+        jobs = self._gathering.pop(loop)
+        if self._direct_run and len(jobs) == 1 and self._lock.acquire(blocking=False):
+            try:
+                with self._state:
+                    idle = not self._queue
+                if idle:
+                    self._run(jobs)
+            finally:
+                self._lock.release()
+            if idle:
+                self._resolve(jobs)
+                return
+        with self._state:
+            self._queue.extend(jobs)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._writer, name=f"lmdb-writer {self._env.path}", daemon=True)
+                self._thread.start()
+            self._state.notify()
+
+    # ── the writer thread ───────────────────────────────────────────────────
+
+    def _writer(self) -> None:
+        while True:
+            with self._state:
+                while not self._queue and not (self._closed and self._unresolved == 0):
+                    self._state.wait()
+                if not self._queue:
+                    return  # closed, and every accepted commit resolved
+                jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+            with self._lock:
+                self._run(jobs)
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+            for job in jobs:
+                by_loop.setdefault(job.loop, []).append(job)
+            for loop, resolved in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(self._resolve, resolved)
+                except RuntimeError:  # that loop is closed: nobody awaits these any more
+                    self._settle(len(resolved))
+
+    # ── running a group ─────────────────────────────────────────────────────
+
+    def _run(self, jobs: list[_Job]) -> None:
+        """One transaction for ``jobs``; on anything but a rejection, each alone instead."""
+
+        try:
+            self._env.write(lambda txn: self._group(txn, jobs))
+            return
+        except BaseException as error:
+            if len(jobs) == 1:
+                jobs[0].result, jobs[0].error = None, error
+                return
+        for job in jobs:
+            try:
+                self._env.write(lambda txn, alone=[job]: self._group(txn, alone))  # type: ignore[misc]
+            except BaseException as error:
+                job.result, job.error = None, error
+
+    def _group(self, txn: lmdb.Transaction, jobs: list[_Job]) -> None:
+        """Check, append and fold each batch in order, inside ``txn`` (run again from the start
+        after a map growth, so outcomes are set afresh)."""
+
+        projector = self.projector
+        records: list[tuple[int, bytes]] = []
+        for job in jobs:
+            job.result = job.error = None
+            if job.work is not None:
+                job.result = job.work(txn)
+                continue
+            assert job.batch is not None and job.payload is not None
+            try:
+                plan = projector.prepare(txn, job.batch)  # reads only: a rejection leaves nothing
+            except lmdb.Error:
+                raise
+            except Exception as error:
+                job.error = error
+                continue
+            seq = self._log.append(txn, job.payload, job.committed_at)
+            projector.apply(txn, seq, plan)
+            job.result = (seq, plan.max_id)
+            records.append((seq, job.payload))
+        # Replicated durability: publish ``records`` here and wait for the stream's
+        # acknowledgement before the transaction commits (the stream decides the order).
+
+    def _resolve(self, jobs: list[_Job]) -> None:
+        """On the jobs' loop: hand each caller its outcome, ``RESOLVE_CHUNK`` callers per turn
+        of the loop, so a big group's callers do not all run before the loop's other tasks."""
+
+        if len(jobs) > RESOLVE_CHUNK:
+            jobs[0].loop.call_soon(self._resolve, jobs[RESOLVE_CHUNK:])
+            jobs = jobs[:RESOLVE_CHUNK]
+        if any(job.batch is not None and job.error is None for job in jobs):
+            self._log.committed()
+        for job in jobs:
+            if job.future.done():  # the caller was cancelled; its commit stands regardless
+                continue
+            if job.error is not None:
+                job.future.set_exception(job.error)
+            else:
+                job.future.set_result(job.result)
+        self._settle(len(jobs))
+
+    def _settle(self, count: int) -> None:
+        with self._state:
+            self._unresolved -= count
+            self._state.notify_all()
+
+    # ── lifecycle ───────────────────────────────────────────────────────────
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No group runs while this is held (a rebuild swapping the projector)."""
+
+        with self._lock:
+            yield
+
+    async def close(self) -> None:
+        """Refuse new commits, wait for every accepted one, stop the writer thread."""
+
+        with self._state:
+            self._closed = True
+            self._state.notify_all()
+        while True:
+            with self._state:
+                if self._unresolved == 0:
+                    break
+            await asyncio.sleep(0.001)
+        with self._lock:  # a direct commit on another thread finishes before the store closes
+            self._runs.clear()
+        thread = self._thread
+        if thread is not None:
+            thread.join()

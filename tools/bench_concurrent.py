@@ -1,0 +1,184 @@
+"""Many agents on one store: throughput and event-loop stalls, LmdbStorage beside pi-durable's SQLite.
+
+Each of N agents (1, 8, 64 by default) owns a conversation and a task and commits turns (an entry
+and its task record, as ``commit_turn`` in ``tools/bench.py``) one after another, all on one
+event loop and one store. A ticker task sleeps 1 ms at a time and records how late it woke: that
+lateness is how long something held the loop (a "no store" row gives the floor: the agents' own
+work and the machine's noise, with commits only encoded). Backends run interleaved per round (rotated), so a
+noisy machine slows all alike; ratios are taken per round and the median is reported.
+
+Classes, compared only within a class: ``power`` = LMDB ``power`` | SQLite WAL ``synchronous=FULL``;
+``process`` = LMDB ``process`` | SQLite WAL ``synchronous=NORMAL``.
+
+Usage::
+
+    python tools/bench_concurrent.py                       # 1, 8, 64 agents, 3 rounds
+    python tools/bench_concurrent.py --agents 64 --rounds 5 --turns 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
+
+from bench import LABELS, Store  # noqa: E402
+from bench_workloads import Ids, conversation, entry, task  # noqa: E402
+
+TICK = 0.001
+"""The ticker's sleep: a wake later than this is a stall of the loop."""
+
+
+async def run_agents(storage: Any, agents: int, turns: int) -> tuple[float, list[float]]:
+    """``turns`` commits in all, spread over ``agents`` concurrent agents; returns the seconds
+    they took and the ticker's stalls (seconds) meanwhile."""
+
+    ids = Ids()
+    owned = []
+    for _ in range(agents):
+        conversation_id, task_id = ids(), ids()
+        await storage.commit(
+            [conversation(conversation_id), {"type": "task", "value": task(task_id, conversation_id, 0, "pending")}],
+            CTX,
+        )
+        owned.append((conversation_id, task_id))
+    per_agent = max(1, turns // agents)
+    stalls: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        loop = asyncio.get_running_loop()
+        while not done:
+            before = loop.time()
+            await asyncio.sleep(TICK)
+            stalls.append(max(0.0, loop.time() - before - TICK))
+
+    async def agent(conversation_id: int, task_id: int) -> None:
+        for n in range(1, per_agent + 1):
+            status = "running" if n % 3 else "sleeping"
+            await storage.commit(
+                [
+                    {"type": "entry", "value": entry(ids(), conversation_id, n, task_id)},
+                    {"type": "task", "value": task(task_id, conversation_id, n, status)},
+                ],
+                CTX,
+            )
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(TICK * 2)
+    started = time.perf_counter()
+    await asyncio.gather(*(agent(c, t) for c, t in owned))
+    elapsed = time.perf_counter() - started
+    done = True
+    await tick
+    return elapsed, [per_agent * agents / elapsed] + stalls
+
+
+class NoStore:
+    """The floor: the same agents and ticker, each commit only encoded (``encode_batch``) and
+    followed by a yield. Its stalls are the machine's and the agents' own, not a store's."""
+
+    async def commit(self, writes: Any, context: Any = None) -> int:
+        from pi_durable_lmdb.log import encode_batch
+
+        encode_batch(writes)
+        await asyncio.sleep(0)
+        return 0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -> dict[str, float]:
+    if backend == "none":
+        elapsed, rest = await run_agents(NoStore(), agents, turns)
+        return {"rate": rest[0], "p99": _percentile(rest[1:], 0.99), "max": max(rest[1:], default=0.0)}
+    path = tempfile.mkdtemp(dir=base)
+    store = Store(backend, mode, path)
+    await store.open()
+    try:
+        gc.collect()
+        elapsed, rest = await run_agents(store.storage, agents, turns)
+    finally:
+        await store.close()
+        shutil.rmtree(path, ignore_errors=True)
+    rate, stalls = rest[0], rest[1:]
+    return {"rate": rate, "p99": _percentile(stalls, 0.99), "max": max(stalls, default=0.0)}
+
+
+async def main_async(args: argparse.Namespace) -> str:
+    base = tempfile.mkdtemp(prefix="bench-concurrent-")
+    backends = ("lmdb", "sqlite", "none")
+    results: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+    try:
+        for round in range(args.rounds):
+            for agents in args.agents:
+                for mode in args.modes:
+                    order = backends if round % 2 == 0 else backends[::-1]
+                    for backend in order:
+                        turns = args.turns if mode == "process" else args.power_turns
+                        figures = await measure(backend, mode, agents, max(turns, agents), base)
+                        results.setdefault((backend, mode, agents), []).append(figures)
+                        print(
+                            f"round {round} {LABELS.get((backend, mode), 'no store'):>16} agents={agents:<3} "
+                            f"{figures['rate']:>9,.0f}/s stall p99 {figures['p99'] * 1e3:6.2f} ms "
+                            f"max {figures['max'] * 1e3:6.2f} ms",
+                            file=sys.stderr,
+                        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    lines = [
+        "| class | agents | backend | commits/s (median) | range over rounds | x SQLite (median of paired) "
+        "| stall p99 (median) | stall max (worst) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for mode in args.modes:
+        for agents in args.agents:
+            sqlite = results[("sqlite", mode, agents)]
+            for backend in backends:
+                runs = results[(backend, mode, agents)]
+                rates = [run["rate"] for run in runs]
+                ratios = [run["rate"] / other["rate"] for run, other in zip(runs, sqlite)]
+                lines.append(
+                    f"| {mode} | {agents} | {LABELS.get((backend, mode), 'no store (floor)')} | {statistics.median(rates):,.0f} "
+                    f"| {min(rates):,.0f}–{max(rates):,.0f} "
+                    f"| {'—' if backend != 'lmdb' else f'{statistics.median(ratios):.2f}x'} "
+                    f"| {statistics.median(run['p99'] for run in runs) * 1e3:.2f} ms "
+                    f"| {max(run['max'] for run in runs) * 1e3:.1f} ms |"
+                )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agents", type=int, action="append", help="agents per run (repeatable; default 1, 8, 64)")
+    parser.add_argument("--modes", default="power,process", help="durability classes")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=4000, help="commits per run in the process class")
+    parser.add_argument("--power-turns", type=int, default=1500, help="commits per run in the power class")
+    args = parser.parse_args(argv)
+    args.agents = args.agents or [1, 8, 64]
+    args.modes = [mode for mode in args.modes.split(",") if mode]
+    print(f"$ python tools/bench_concurrent.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(asyncio.run(main_async(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
