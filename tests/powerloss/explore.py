@@ -269,10 +269,17 @@ def _check_batch(
     for state_id, state, directory in by_id.values():
         result = results.get(str(state_id), {"outcome": None, "problems": []})
         summary.states += 1
-        outcome = str(result.get("outcome"))
-        summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
         summary.by_variant[state_id.variant] = summary.by_variant.get(state_id.variant, 0) + 1
         problems = judge(mode, state, expectations(recording.events, state_id.point, mode), result)
+        if problems:
+            outcome = "failed"
+        elif result.get("outcome") == "refused":
+            outcome = "refused"
+        elif result.get("problems"):
+            outcome = "not made yet"  # cut in the first open: readers refused, the writer finished it
+        else:
+            outcome = "ok"
+        summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
         if problems:
             point_event = recording.events[state_id.point - 1] if state_id.point else None
             detail = (
