@@ -15,9 +15,11 @@ from .log import (
     Durability,
     ForkedEnvironmentError,
     LogError,
+    StoreClosedError,
     StoreDamagedError,
     StoreFormatError,
     StoreFullError,
+    TruncatedStoreError,
     WriterLockedError,
 )
 from .projections import StorageRequestError
@@ -49,9 +51,11 @@ __all__ = [
     "ProjectionFailed",
     "ProjectionsBehind",
     "StorageRequestError",
+    "StoreClosedError",
     "StoreDamagedError",
     "StoreFormatError",
     "StoreFullError",
+    "TruncatedStoreError",
     "WriterLockedError",
     "__version__",
     "open_lmdb_storage",

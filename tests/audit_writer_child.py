@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
 
 CONVERSATIONS = (1, 2, 3)
 TASKS = {10: 1, 11: 2}  # task id -> conversation id
@@ -124,7 +126,7 @@ async def _run(path: str, start: int, count: int, delay: float) -> None:
     storage = await LmdbStorage.open(path, durability="process")
     try:
         for n in range(start, start + count):
-            seq = await storage.commit(batch(n))
+            seq = await storage.commit(batch(n), CTX)
             print(f"ack {seq} {n}", flush=True)
             if delay:
                 time.sleep(delay)

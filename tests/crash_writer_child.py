@@ -40,6 +40,8 @@ import sys
 import traceback
 from typing import Any
 
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
 
 TEXTS = ["", "a", "héllo", "\ud800", "\ud83d\ude00", "日本", "x" * 60]
 STATUSES = ["pending", "running", "waiting", "sleeping", "completing", "terminal"]
@@ -291,7 +293,7 @@ async def write(args: argparse.Namespace) -> int:
     while args.count is None or count < args.count:
         writes = await writer.batch()
         _say("intent " + canonical(writes))
-        seq = await storage.commit(writes)
+        seq = await storage.commit(writes, CTX)
         _say(f"ack {seq}")
         world.apply(writes)
         count += 1
@@ -416,7 +418,7 @@ async def check(args: argparse.Namespace) -> int:
             {"type": "conversation", "value": {"id": minted}},
             {"type": "entry", "value": {"id": await storage.mint_id(), "conversationId": minted, "kind": "check"}},
         ]
-        seq = await storage.commit(batch)
+        seq = await storage.commit(batch, CTX)
         if seq != head + 1:
             problems.append(f"SEQUENCE: a new commit got {seq} after head {head}")
         result["check_seq"] = seq

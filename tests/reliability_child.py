@@ -35,6 +35,8 @@ import sys
 import time
 from typing import Any
 
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
 
 
 def _say(line: str) -> None:
@@ -69,13 +71,13 @@ async def triples(args: argparse.Namespace) -> int:
     from pi_durable_lmdb.storage import LmdbStorage
 
     storage = await LmdbStorage.open(args.path, durability=args.durability, map_size=args.map_size)
-    if await storage.conversation(1) is None:
-        await storage.commit([{"type": "conversation", "value": {"id": 1}}])
+    if await storage.conversation(1, CTX) is None:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     n = 0
     _say("ready")
     while args.count is None or n < args.count:
         ids = [await storage.mint_id() for _ in range(3)]
-        seq = await storage.commit(triple(n, ids, args.pad))
+        seq = await storage.commit(triple(n, ids, args.pad), CTX)
         _say(f"ack {seq} {n}")
         n += 1
         if args.delay:
@@ -125,14 +127,14 @@ async def reader(args: argparse.Namespace) -> int:
         report["opens"] += 1
         try:
             for _ in range(5):
-                page = await storage.scan_entries({"conversationId": 1, "order": "ascending"}, 10**9, None)
+                page = await storage.scan_entries({"conversationId": 1, "order": "ascending"}, 10**9, None, CTX)
                 parts: dict[int, set[int]] = {}
                 for entry in page["items"]:
                     parts.setdefault(entry["batch"], set()).add(entry["part"])
                 torn = [batch for batch, seen in parts.items() if seen != {0, 1}]
                 if torn or sorted(parts) != list(range(len(parts))):
                     report["torn"].append({"entries": sorted(parts)[-5:], "torn": torn[:5]})
-                tasks = await storage.scan_tasks({}, 10**9, None)
+                tasks = await storage.scan_tasks({}, 10**9, None, CTX)
                 task_batches = sorted(task["batch"] for task in tasks["items"])
                 if task_batches != list(range(len(task_batches))):
                     report["torn"].append({"tasks": task_batches[-5:]})
@@ -213,7 +215,7 @@ async def umask_open(args: argparse.Namespace) -> int:
 
     os.umask(int(args.umask, 8))
     storage = await LmdbStorage.open(args.path)
-    await storage.commit([{"type": "conversation", "value": {"id": 1}}])
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     await storage.close()
     _say(json.dumps({"verify": None if verify(args.path) is None else "difference"}))
     return 0

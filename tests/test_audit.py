@@ -269,7 +269,7 @@ async def test_tail_is_read_only_and_cheap_when_idle(scratch_copy: Path) -> None
 
         storage = await LmdbStorage.open(scratch_copy, durability="process")  # the writer lock is free
         try:
-            seq = await storage.commit(batch(BUILT))
+            seq = await storage.commit(batch(BUILT), CTX)
         finally:
             await storage.close()
         assert seq == BUILT + 1
@@ -309,21 +309,37 @@ def test_tail_conversation_and_type_filters_print_only_matching_writes(built: Pa
     assert b"bogus" in unknown.stderr and unknown.stdout == b""
 
 
-def test_tail_limit(built: Path) -> None:
-    got = json_lines(cli_ok("tail", built, "--json", "--from", "1", "--limit", "5"))
-    assert seqs_and_writes(got) == expected(last=5)
-    got = json_lines(cli_ok("tail", built, "--json", "--from", "10", "--limit", "3", "--type", "submission"))
-    assert [line["seq"] for line in got] == [12, 23, 34]  # batches 11, 22, 33
-    got = json_lines(cli_ok("tail", built, "--json", "--from", str(BUILT - 1), "--limit", "5"))
-    assert [line["seq"] for line in got] == [BUILT - 1, BUILT]
-    # With --follow, the limit ends the command by itself.
-    done = cli("tail", built, "--follow", "--json", "--from", "1", "--limit", "4", timeout=15)
-    assert done.returncode == 0 and [line["seq"] for line in json_lines(done.stdout)] == [1, 2, 3, 4]
+TAIL_LIMITS = [
+    # (options, which batches: like tail -n and git log -n, the last N that match, oldest first)
+    (["--limit", "3"], expected()[-3:]),
+    (["--from", "1", "--limit", "5"], expected()[-5:]),
+    (["--from", "1", "--limit", str(BUILT + 5)], expected()),
+    (["--from", str(BUILT - 1), "--limit", "5"], expected(first=BUILT - 1)),
+    (["--from", "10", "--limit", "3", "--type", "submission"], expected(lambda w: w["type"] == "submission", 10)[-3:]),
+    (["--limit", "3", "--type", "submission"], expected(lambda w: w["type"] == "submission")[-3:]),
+    (["--limit", "2", "--conversation", "2"], expected(lambda w: conversation_of(w) == 2)[-2:]),
+    (["--from", "1", "--limit", "0"], []),
+    ([], expected()[-10:]),  # no range, no limit: the last 10, like tail
+    (["--from", "50"], expected(first=50)),  # a range and no limit: all of it
+]
 
 
-def test_tail_limit_zero_prints_nothing(built: Path) -> None:
-    done = cli("tail", built, "--json", "--from", "1", "--limit", "0")
-    assert done.stdout == b""
+@pytest.mark.parametrize("options, want", TAIL_LIMITS)
+def test_tail_limit_keeps_the_last_n_matching(built: Path, options: list[str], want: Any) -> None:
+    assert seqs_and_writes(json_lines(cli_ok("tail", built, "--json", *options))) == want
+    text = cli_ok("tail", built, *options).decode().splitlines()
+    assert [int(line.split()[0]) for line in text] == [seq for seq, _ in want]
+
+
+def test_tail_limit_with_follow_prints_the_last_n_then_follows(scratch_copy: Path) -> None:
+    tail = Proc([*DURABLE_LOG, "tail", str(scratch_copy), "-f", "--json", "--limit", "2"])
+    try:
+        assert [line["seq"] for line in tail.json_until(BUILT)] == [BUILT - 1, BUILT]
+        assert write_store(scratch_copy, BUILT, 3) == BUILT + 3
+        assert [line["seq"] for line in tail.json_until(BUILT + 3)] == [BUILT + 1, BUILT + 2, BUILT + 3]
+        assert tail.terminate() == 0, tail.stderr
+    finally:
+        tail.kill()
 
 
 def test_filtered_follow_survives_a_rebuild_in_another_process(scratch_copy: Path) -> None:
@@ -359,7 +375,7 @@ def test_tail_default_readable_format(built: Path) -> None:
         assert len(parts) == len(batch(seq - 1)), line  # one phrase per write
         if seq == 1:
             assert parts[:3] == ["conversation 1", "conversation 2", "conversation 3"]
-            assert "task 10 agent pending" in parts and "document 21 created (settings, v1)" in parts
+            assert "task 10 agent pending" in parts and "document 21 created (settings, definition version 1)" in parts
             continue
         n = seq - 1
         assert parts[0].startswith(f"entry {1000 + n} in {1 + n % 3} (message)"), line
@@ -367,7 +383,7 @@ def test_tail_default_readable_format(built: Path) -> None:
         if n % 2 == 0:
             assert f"task {10 if n % 4 == 0 else 11} agent running" in parts, line
         if n % 5 == 0:
-            assert "document 20 changed (2 ops, v1)" in parts, line
+            assert "document 20 changed (2 ops, definition version 1)" in parts, line
         if n % 11 == 0:
             assert f"submission {5000 + n} queued" in parts, line
     assert [int(LINE.match(line)[1]) for line in everything] == list(range(1, BUILT + 1))  # type: ignore[index]
@@ -391,8 +407,8 @@ async def test_tail_readable_format_survives_lone_surrogates(tmp_path: Path) -> 
     path = tmp_path / "store"
     storage = await LmdbStorage.open(path, durability="process")
     try:
-        await storage.commit([{"type": "conversation", "value": {"id": 1}}])
-        await storage.commit([{"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "\ud800"}}])
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        await storage.commit([{"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "\ud800"}}], CTX)
     finally:
         await storage.close()
     out = cli_ok("tail", path)
@@ -405,7 +421,9 @@ async def test_tail_readable_format_survives_lone_surrogates(tmp_path: Path) -> 
 def test_verify_passes_on_a_healthy_store(built: Path) -> None:
     done = cli("verify", built)
     assert done.returncode == 0, done.stderr
-    assert b"verifies" in done.stdout
+    summary = done.stdout.decode()
+    assert re.search(rf"verified {BUILT} log records \(checksums and order\) and \d+ projection keys in \d+ tables", summary), summary
+    assert "the projections match the log" in summary
 
 
 def _flip(path: Path, db_name: bytes | None, pick: Any) -> bytes:
@@ -434,13 +452,13 @@ def test_verify_names_a_damaged_log_record(scratch_copy: Path) -> None:
     key = damaged_seq.to_bytes(8, "big")
     _flip(scratch_copy, b"log", lambda txn: (key, txn.get(key)))
     done = cli("verify", scratch_copy)
-    assert done.returncode != 0
+    assert done.returncode == 1, "damage found: exit 1"
     output = (done.stdout + done.stderr).decode()
     assert re.search(rf"\b{damaged_seq}\b", output), output
-    # Tail and export refuse the damaged record too, naming it, instead of printing garbage.
-    for command in (["tail", scratch_copy, "--json", "--from", "1"], ["export", scratch_copy]):
+    # Every reading command refuses the damaged record too, naming it, instead of printing garbage.
+    for command in (["tail", scratch_copy, "--json", "--from", "1"], ["export", scratch_copy], ["tail", scratch_copy, "--limit", "30"]):
         failed = cli(*command)
-        assert failed.returncode != 0
+        assert failed.returncode == 1, (command, failed.stderr)
         assert re.search(rf"\b{damaged_seq}\b", failed.stderr.decode()), failed.stderr
         assert len(failed.stdout.splitlines()) <= damaged_seq - 1
 
@@ -459,6 +477,9 @@ def test_verify_names_a_damaged_projection(scratch_copy: Path) -> None:
     output = (done.stdout + done.stderr).decode()
     table = name.decode().split(".", 1)[1]  # "entries.by_conversation" of "p0.entries.by_conversation"
     assert re.search(rf"\b{re.escape(table)}\b", output), output
+    # In words: which entry of which conversation, not key bytes.
+    assert re.search(r"entry \d+ of conversation \d+ holds a value the log does not produce", output), output
+    assert "1 difference" in output, output
 
 
 # ── stats ─────────────────────────────────────────────────────────────────────

@@ -34,7 +34,7 @@ async def test_import_from_a_jsonl_store(tmp_path: Path) -> None:
 
     reopened = await open_pi_durable_store(source_dir)
     try:
-        report = await import_pi_durable(reopened, tmp_path / "store", durability="process")
+        report = await import_pi_durable(reopened, tmp_path / "store")
     finally:
         await reopened.close(CTX)
     assert report.records == {"conversation": 1, "entry": 2, "task": 1, "document": 1}

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from tests.powerloss.crash import CREATE, FDATASYNC, FSYNC, MARK, MKDIR, RENAME, TRUNCATE, UNLINK, WRITE, Event, crash_state, parse
 from tests.powerloss.explore import UNSYNCED_FILE, explore
@@ -185,7 +186,7 @@ import asyncio, sys, time
 from pi_durable_lmdb import LmdbStorage
 async def main():
     storage = await LmdbStorage.open({str(store)!r}, durability="process")
-    await storage.commit([{{"type": "conversation", "value": {{"id": await storage.mint_id()}}}}])
+    await storage.commit([{{"type": "conversation", "value": {{"id": await storage.mint_id()}}}}], None)
     print("ack", flush=True)
     time.sleep(60)
 asyncio.run(main())
@@ -238,7 +239,7 @@ def test_a_failed_open_leaves_nothing_open_behind_it(tmp_path: Path) -> None:
 
     async def write() -> int:
         storage = await LmdbStorage.open(store)
-        seq = await storage.commit([{"type": "conversation", "value": {"id": await storage.mint_id()}}])
+        seq = await storage.commit([{"type": "conversation", "value": {"id": await storage.mint_id()}}], CTX)
         await storage.close()
         return seq
 

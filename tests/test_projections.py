@@ -20,10 +20,10 @@ from pi_durable_lmdb.log.records import EntryWrite
 from pi_durable_lmdb.projections import rebuild as rebuild_module
 from pi_durable_lmdb.projections import tables
 from pi_durable_lmdb.projections.rebuild import read_header
+from pi_durable_lmdb.projections.task_outcomes import TaskOutcomes, outcome_counts
 from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Tables
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
-from tools.task_outcomes import TaskOutcomes, outcome_counts
 
 from .workload import Workload, snapshot
 
@@ -99,13 +99,13 @@ async def test_a_rebuild_copies_a_document_whose_deltas_it_has_kept_back(tmp_pat
     copy = {**notes, "id": 3, "scope": {"kind": "conversation", "conversationId": 4}}
     base = {"kind": "base", "version": 1, "value": {"text": ""}}
     delta = {"kind": "delta", "version": 1, "ops": [["a", ["text"], "x"]]}
-    await storage.commit([{"type": "conversation", "value": {"id": 1}}])
-    await storage.commit([{"type": "conversation", "value": {"id": 4}}])
-    await storage.commit([{"type": "document.create", "record": notes, "content": base}])
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+    await storage.commit([{"type": "conversation", "value": {"id": 4}}], CTX)
+    await storage.commit([{"type": "document.create", "record": notes, "content": base}], CTX)
     for _ in range(70):  # past a snapshot
-        await storage.commit([{"type": "document.change", "id": 2, "content": delta}])
-    await storage.commit([{"type": "document.copy", "record": copy, "source": {"id": 2, "at": "current"}}])
-    await storage.commit([{"type": "document.change", "id": 3, "content": delta}])
+        await storage.commit([{"type": "document.change", "id": 2, "content": delta}], CTX)
+    await storage.commit([{"type": "document.copy", "record": copy, "source": {"id": 2, "at": "current"}}], CTX)
+    await storage.commit([{"type": "document.change", "id": 3, "content": delta}], CTX)
     await storage.rebuild()
     assert (await storage.document(3, "current", CTX))["value"] == {"text": "x" * 71}
     await storage.close()
@@ -271,6 +271,6 @@ async def test_task_outcomes_example(tmp_path: Path) -> None:
             await storage.commit([{"type": "task", "value": settled}], CTX)
             await storage.commit([{"type": "task", "value": settled}], CTX)  # rewritten: counted once
         await storage.projections.wait(storage.log.head())
-        assert outcome_counts(storage) == {("fetch", "completed"): 1, ("fetch", "failed"): 1, ("sum", "completed"): 1}
+        assert outcome_counts(storage.projections) == {("fetch", "completed"): 1, ("fetch", "failed"): 1, ("sum", "completed"): 1}
     finally:
         await storage.close()

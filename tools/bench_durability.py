@@ -96,11 +96,11 @@ async def open_close(variant: str, path: str, times: int) -> float:
     from pi_durable_lmdb.storage import LmdbStorage
 
     storage = await LmdbStorage.open(path, durability=variant)
-    await storage.close()
+    await storage.close(CTX)
     started = time.perf_counter()
     for _ in range(times):
         storage = await LmdbStorage.open(path, durability=variant)
-        await storage.close()
+        await storage.close(CTX)
     return (time.perf_counter() - started) / times
 
 

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import Tail, verify
 
@@ -29,11 +31,11 @@ MESSAGE = {"role": "assistant", "content": "word " * 100}
 async def build(path: Path, commits: int) -> float:
     storage = await LmdbStorage.open(path, durability="process")
     started = time.perf_counter()
-    await storage.commit([{"type": "conversation", "value": {"id": 1}}])
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     notes = {"id": 3, "kind": "notes", "scope": {"kind": "conversation", "conversationId": 1},
              "history": "rewindable", "fork": "asOf"}
     await storage.commit([{"type": "document.create", "record": notes,
-                           "content": {"kind": "base", "version": 1, "value": {"text": ""}}}])
+                           "content": {"kind": "base", "version": 1, "value": {"text": ""}}}], CTX)
     task = {"id": 2, "conversationId": 1, "kind": "agent", "version": 1, "input": None,
             "background": False, "abortRequested": False}
     for turn in range(commits - 2):
@@ -44,7 +46,7 @@ async def build(path: Path, commits: int) -> float:
         if turn % 10 == 0:
             writes.append({"type": "document.change", "id": 3,
                            "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "x"]]}})
-        await storage.commit(writes)
+        await storage.commit(writes, CTX)
     elapsed = time.perf_counter() - started
     await storage.close()
     return elapsed
@@ -58,7 +60,7 @@ async def measure(path: Path, commits: int, views: int) -> None:
     for _ in range(5):
         started = time.perf_counter()
         storage = await LmdbStorage.open(path, durability="process")
-        await storage.task(2)
+        await storage.task(2, CTX)
         reopen.append(time.perf_counter() - started)
         await storage.close()
     print(f"reopen + first read: median {statistics.median(reopen) * 1e3:.2f} ms")
@@ -85,9 +87,9 @@ async def measure(path: Path, commits: int, views: int) -> None:
         view = await storage.as_of(seq)
         timings["open"].append(time.perf_counter() - started)
         for name, read in (
-            ("task", view.task(2)),
-            ("document", view.document(3, "current")),
-            ("entry page", view.scan_entries({"conversationId": 1}, 50, None)),
+            ("task", view.task(2, CTX)),
+            ("document", view.document(3, "current", CTX)),
+            ("entry page", view.scan_entries({"conversationId": 1}, 50, None, CTX)),
         ):
             started = time.perf_counter()
             await read

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import lmdb  # noqa: E402
 import msgspec  # noqa: E402
+from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
 from pi_durable_lmdb.log import Environment, WriteLog  # noqa: E402
 from pi_durable_lmdb.storage import LmdbStorage  # noqa: E402
@@ -93,9 +94,9 @@ async def build(path: str, count: int) -> float:
     storage = await LmdbStorage.open(path, durability="process")
     try:
         started = time.perf_counter()
-        await storage.commit(setup_batch())
+        await storage.commit(setup_batch(), CTX)
         for n in range(1, count):
-            await storage.commit(turn_batch(n))
+            await storage.commit(turn_batch(n), CTX)
         return time.perf_counter() - started
     finally:
         await storage.close()
@@ -170,7 +171,7 @@ async def follow_latency(path: str, count: int, interval: float) -> dict[str, An
     try:
         # Warm up: the tail has started and printed one commit before the measurement.
         first_id = FIRST_ENTRY + 10_000_000
-        await storage.commit(turn_batch(first_id - FIRST_ENTRY))
+        await storage.commit(turn_batch(first_id - FIRST_ENTRY), CTX)
         if not reader.wait_for(1, 30):
             raise RuntimeError("the tail printed nothing within 30 s")
         time.sleep(0.5)
@@ -185,7 +186,7 @@ async def follow_latency(path: str, count: int, interval: float) -> dict[str, An
             if delay > 0:
                 time.sleep(delay)
             sent = time.time_ns()
-            seq = await storage.commit(turn_batch(first_id - FIRST_ENTRY + 1 + i, sent))
+            seq = await storage.commit(turn_batch(first_id - FIRST_ENTRY + 1 + i, sent), CTX)
             committed[seq] = time.time_ns()
         if not reader.wait_for(count + 1, 30):
             raise RuntimeError(f"the tail printed {len(reader.items) - 1} of {count} commits")

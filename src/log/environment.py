@@ -24,6 +24,7 @@ import errno
 import fcntl
 import os
 import shutil
+import struct
 import time
 from collections.abc import Callable
 from typing import Final, Literal, TypeVar
@@ -31,7 +32,15 @@ from typing import Final, Literal, TypeVar
 import lmdb
 import msgspec
 
-from .errors import ForkedEnvironmentError, StoreDamagedError, StoreFormatError, StoreFullError, WriterLockedError
+from .errors import (
+    ForkedEnvironmentError,
+    StoreClosedError,
+    StoreDamagedError,
+    StoreFormatError,
+    StoreFullError,
+    TruncatedStoreError,
+    WriterLockedError,
+)
 
 T = TypeVar("T")
 
@@ -74,6 +83,7 @@ class Environment:
         if durability not in ("power", "process"):
             raise ValueError(f"durability must be 'power' or 'process', not {durability!r}")
         self.path = os.path.abspath(os.fspath(path))
+        self._closed = False
         self.readonly = readonly
         self.durability: Durability = durability
         self._pid = os.getpid()
@@ -106,7 +116,6 @@ class Environment:
                 _release(shared)
             self._release_lock()
             raise
-        self._closed = False
 
     # ── databases and transactions ──────────────────────────────────────────
 
@@ -116,6 +125,7 @@ class Environment:
         key = name.encode()
         db = self._dbs.get(key)
         if db is None:
+            self.check_open()
             self.check_process()
             if self.readonly:
                 with self.read() as txn:
@@ -150,6 +160,8 @@ class Environment:
         """A short read transaction, used as ``with env.read() as txn:`` (leaving ends it);
         adopts a map grown by the writer in another process."""
 
+        if self._closed:
+            self.check_open()
         if os.getpid() != self._pid:
             self.check_process()
         try:
@@ -165,6 +177,7 @@ class Environment:
         the transaction before it returns.
         """
 
+        self.check_open()
         self.check_process()
         if self.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
@@ -206,6 +219,16 @@ class Environment:
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        """Refuse use after ``close()`` by name, not with py-lmdb's "closed object" error."""
+
+        if self._closed:
+            raise StoreClosedError(f"The store at {self.path} is closed; open it again to use it")
+
     def check_process(self) -> None:
         if os.getpid() != self._pid:
             raise ForkedEnvironmentError(
@@ -214,6 +237,7 @@ class Environment:
             )
 
     def sync(self) -> None:
+        self.check_open()
         if not self.readonly:
             self.env.sync(True)
 
@@ -232,6 +256,7 @@ class Environment:
     def stat_sizes(self) -> dict[str, int]:
         """File size and the bytes each named database uses (pages times page size)."""
 
+        self.check_open()
         self.check_process()
         sizes: dict[str, int] = {}
         with self.read() as txn:
@@ -375,11 +400,47 @@ def _take_writer_lock(path: str) -> int:
         if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             os.close(fd)
             raise
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        holders = _lock_holders(fd)
         os.close(fd)
-        raise WriterLockedError(path, f" by process {holder}" if holder.isdigit() else "") from None
+        named = ", ".join(str(pid) for pid in holders)
+        raise WriterLockedError(path, f" by process {named}" if holders else "") from None
     os.pwrite(fd, f"{os.getpid():<20}".encode(), 0)  # fixed width: no truncate, which can cost ms
     return fd
+
+
+def _lock_holders(fd: int) -> list[int]:
+    """The processes holding ``flock`` on the file ``fd`` opens, as the kernel lists them.
+
+    ``writer.lock`` holds the pid of the writer that last took it, which goes stale (a writer that
+    forked, one that died before another wrote over it); the kernel's lock table does not. Where
+    it cannot be read, the pid in the file is named only if that process is alive.
+    """
+
+    stat = os.fstat(fd)
+    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        with open("/proc/locks") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        lines = None
+    if lines is not None:
+        holders = []
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+                holders.append(int(fields[4]))  # waiters are listed as "->", so they never match
+        if holders:
+            return sorted(set(holders))
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    if not text.isdigit():
+        return []
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    return [int(text)]
 
 
 class _SharedEnv:
@@ -406,11 +467,72 @@ def _refuse_links(path: str) -> None:
             )
 
 
+_META_OFFSET: Final = 16
+"""LMDB's page header; ``MDB_meta`` follows it on each of the two meta pages (64-bit layout)."""
+_META = struct.Struct("=II8x8xI44x48xQQ")
+"""magic, version, (address, map size), the free DB's ``md_pad`` (the page size), (the rest of
+both DB records), ``mm_last_pg``, ``mm_txnid``."""
+_MAGIC: Final = 0xBEEFC0DE
+
+
+def check_not_truncated(path: str) -> None:
+    """Refuse a ``data.mdb`` shorter than the last page its newest meta page names.
+
+    LMDB maps the file and trusts it: a reader touching a page past the end dies from SIGBUS, and
+    a writer would commit on top of pages that are gone. So the meta pages are read with plain
+    file reads first, and the damage is named before LMDB maps anything.
+    """
+
+    file = os.path.join(path, "data.mdb")
+    try:
+        handle = open(file, "rb")
+    except FileNotFoundError:
+        return  # a new store: LMDB creates it
+    with handle:
+        head = handle.read(_META_OFFSET + _META.size)
+        if not head:
+            return  # LMDB initialises an empty file (a store whose creation never got further)
+        if len(head) < _META_OFFSET + _META.size:
+            size = os.fstat(handle.fileno()).st_size
+            raise TruncatedStoreError(
+                f"{file} is truncated: {size} bytes cannot hold LMDB's meta pages; "
+                "restore the store from a copy"
+            )
+        magic, _, page_size, _, _ = _META.unpack_from(head, _META_OFFSET)
+        if magic != _MAGIC or page_size < 512 or page_size & (page_size - 1):
+            return  # not an LMDB file, or one this layout does not describe: LMDB says so itself
+        metas = []
+        for page in (0, 1):
+            handle.seek(page * page_size)
+            data = handle.read(_META_OFFSET + _META.size)
+            if len(data) == _META_OFFSET + _META.size:
+                magic, _, _, last_page, txnid = _META.unpack_from(data, _META_OFFSET)
+                if magic == _MAGIC:
+                    metas.append((txnid, last_page))
+        # Only now the size: a writer elsewhere writes a commit's pages before its meta page and
+        # never shrinks the file, so a size taken after the metas were read covers them.
+        size = os.fstat(handle.fileno()).st_size
+    if len(metas) < 2:
+        raise TruncatedStoreError(
+            f"{file} is truncated: {size} bytes cannot hold LMDB's two meta pages of "
+            f"{page_size} bytes; restore the store from a copy"
+        )
+    _, last_page = max(metas)  # the meta LMDB will use: the newest transaction's
+    needed = (last_page + 1) * page_size
+    if size < needed:
+        raise TruncatedStoreError(
+            f"{file} is truncated: it holds {size} bytes, but its last page ({last_page}, "
+            f"{page_size} bytes each) ends at {needed}; {needed - size} bytes are missing. "
+            "Restore the store from a copy (opening it would read past the end of the file)"
+        )
+
+
 def _acquire(path: str, readonly: bool, durability: Durability, map_size: int) -> _SharedEnv:
     real = os.path.realpath(path)
     shared = _open_envs.get(real)
     if shared is None:
         _refuse_links(path)
+        check_not_truncated(path)
         env = lmdb.open(
             path,
             map_size=map_size,

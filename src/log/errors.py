@@ -39,6 +39,15 @@ class StoreFullError(LogError, OSError):
     """The disk holding the store has no room for a commit; nothing was written."""
 
 
+class StoreClosedError(LogError, RuntimeError):
+    """A store, or a handle on it (its log, a view, a projection), was used after ``close()``."""
+
+
+class TruncatedStoreError(StoreFormatError):
+    """``data.mdb`` is shorter than LMDB's own meta pages say: reading it would fault (SIGBUS) and
+    writing to it would build on pages that are gone."""
+
+
 class StoreDamagedError(StoreFormatError):
     """The machine stopped (OS crash, power loss) while a ``durability="process"`` writer had the
     store open: the OS may have written its unsynced pages out of order, which LMDB cannot detect."""

@@ -152,11 +152,44 @@ def decode_batch(payload: bytes | memoryview) -> list[Write]:
         raise ValueError(f"Invalid storage write: {error}") from None
 
 
+COMMITTED_AT_MIN: Final = -(2**63)
+COMMITTED_AT_MAX: Final = 2**63 - 1
+"""A record's commit time is Unix milliseconds in a signed 64-bit integer: its checksum covers
+those 8 bytes, so nothing outside them may be written (it could never be read back)."""
+
+
+def check_committed_at(value: object) -> int:
+    """``value`` as a record's commit time, or ``TypeError``/``ValueError`` naming what is wrong;
+    checked before anything is written, so every record written can be read back."""
+
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"committed_at must be an integer of Unix milliseconds, not {type(value).__name__} {_short(value)}"
+        )
+    if not COMMITTED_AT_MIN <= value <= COMMITTED_AT_MAX:
+        raise ValueError(
+            f"committed_at must be Unix milliseconds from {COMMITTED_AT_MIN} to {COMMITTED_AT_MAX}, "
+            f"not {value if value.bit_length() < 256 else f'an integer of {value.bit_length()} bits'}"
+        )
+    return int(value)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _checksum(committed_at: int, payload: bytes) -> int:
     return zlib.crc32(payload, zlib.crc32(committed_at.to_bytes(8, "big", signed=True)))
 
 
 def encode_record(payload: bytes, committed_at: int) -> bytes:
+    """One record for the log; a header field it could not read back is refused here."""
+
+    committed_at = check_committed_at(committed_at)
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError(f"A log record's payload must be bytes, not {type(payload).__name__}")
+    payload = bytes(payload)
     return _record_encoder.encode(
         LogRecord(FORMAT_VERSION, committed_at, _checksum(committed_at, payload), payload)
     )

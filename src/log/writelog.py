@@ -70,6 +70,11 @@ class WriteLog:
         process's followers find out by polling."""
 
         self._head = seq
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake this process's followers: after a commit, or a close that ends them."""
+
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)

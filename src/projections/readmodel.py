@@ -6,6 +6,7 @@ are freshly decoded objects: nothing returned aliases stored state.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
 from typing import Any, Final
@@ -40,22 +41,27 @@ def as_key_id(value: object) -> int | None:
 
 
 def scope_key(scope: Any) -> bytes:
-    """The reference's scope identity: session, a conversation, or (anything else) a task."""
+    """The reference's scope identity, its text: session, a conversation, or (anything else) a
+    task; an owner id is written as Python writes it, so equal texts are one scope."""
 
     kind = scope["kind"]
     if kind == "session":
-        return t.text_key(["session"])
+        return t.text_key('["session"]')
     if kind == "conversation":
-        return t.text_key(["conversation", scope["conversationId"]])
-    return t.text_key(["task", scope["taskId"]])
+        return t.text_key(f'["conversation",{scope["conversationId"]}]')
+    return t.text_key(f'["task",{scope["taskId"]}]')
 
 
 def address_key(address: Any) -> bytes:
-    """The reference's address identity: kind, scope kind, owner and optional key."""
+    """The reference's address identity: the JSON text (ASCII, escaped) of kind, scope kind, owner
+    and optional key. A surrogate pair held as two code points and the character it encodes are
+    one address there, as is an absent key and a null one; so they are here."""
 
     scope = address["scope"]
     owner = None if scope["kind"] == "session" else scope.get("conversationId", scope.get("taskId"))
-    return t.text_key([address["kind"], scope["kind"], owner, address.get("key")])
+    return t.text_key(
+        json.dumps([address["kind"], scope["kind"], owner, address.get("key")], separators=(",", ":"))
+    )
 
 
 def is_current_only(record: Any) -> bool:

@@ -103,6 +103,22 @@ def open_core(
     return model
 
 
+def follow_swap(env: Environment, model: ReadModel, raw: bytes | None) -> ReadModel:
+    """The read model a reader should use, given the core header ``raw`` its snapshot holds:
+    ``model`` while its generation is active, the new generation after a rebuild swapped."""
+
+    header = None if raw is None else t.header_decoder.decode(raw)
+    if header is None or header.schema_version != t.SCHEMA_VERSION:
+        found = "none" if header is None else header.schema_version
+        raise ProjectionsBehind(
+            f"The projections of {env.path} were rebuilt with schema {found}; this program reads "
+            f"{t.SCHEMA_VERSION}; close this store and open it with a program of that schema"
+        )
+    if header.generation == model.generation:
+        return model
+    return ReadModel(env, header.generation, model.checked)
+
+
 def catch_up(env: Environment, log: WriteLog, model: ReadModel, progress: Progress | None = None) -> int:
     """Fold every record ``model`` lacks, a chunk per transaction; returns how many."""
 

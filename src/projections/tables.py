@@ -18,8 +18,9 @@ from ..log import codec
 
 from .errors import CorruptProjectionError
 
-SCHEMA_VERSION: Final = 5
-"""Bump when any table below changes shape: the projections are then rebuilt from the log."""
+SCHEMA_VERSION: Final = 6
+"""Bump when any table below changes shape: the projections are then rebuilt from the log.
+6: document addresses and scopes are keyed by the reference's text of them (issue 12)."""
 
 
 def db_name(generation: int, table: str) -> str:

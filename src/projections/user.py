@@ -17,7 +17,7 @@ from typing import ClassVar
 import lmdb
 import msgspec
 
-from ..log import Commit, Environment, WriteLog
+from ..log import Commit, Environment, StoreClosedError, WriteLog
 
 from .rebuild import REGISTRY_DB, FOLD_CHUNK
 
@@ -25,13 +25,40 @@ _PREFIX = b"user:"
 
 
 class Projection:
-    """Subclass and set ``name``, ``version`` and ``databases``; implement ``fold``."""
+    """A read model of your own, folded from the log: subclass it, set ``name``, ``version`` and
+    ``databases``, implement ``fold``, and pass instances to ``LmdbStorage.open(projections=...)``.
+
+    - ``name`` names it in the store (``storage.projections.read(name)``, ``durable-log stats``).
+    - ``version``: change it when the fold changes; the store then drops the rows and refolds
+      the whole log, so old rows never mix with new ones.
+    - ``databases``: the names of its own LMDB databases (stored as ``u.<name>.<database>``).
+
+    See ``projections.task_outcomes`` for a complete example.
+    """
 
     name: ClassVar[str]
     version: ClassVar[int]
     databases: ClassVar[tuple[str, ...]] = ("main",)
 
     def fold(self, tables: Tables, commit: Commit) -> None:
+        """Fold one committed batch into this projection's rows.
+
+        ``tables`` holds only this projection's ``databases``, inside the write transaction that
+        also stores its checkpoint, so rows and checkpoint commit together and no record is
+        folded twice or skipped across crashes. ``commit.seq`` and ``commit.committed_at`` (Unix
+        ms) identify the batch; ``commit.writes`` is the batch as committed, a list of the tagged
+        Structs of ``log.records`` (``ConversationWrite``, ``EntryWrite``, ``TaskWrite``,
+        ``SubmissionWrite`` with the record in ``.value``; ``DocumentCreateWrite``/``DocumentCopyWrite``
+        with ``.record`` and ``.content``/``.source``; ``DocumentChangeWrite`` with ``.id`` and
+        ``.content``, a ``BaseContent`` or ``DeltaContent``; ``DocumentRetireWrite`` with
+        ``.id``). Match them with ``type(write) is TaskWrite``.
+
+        Folds run in the writer process, on its event loop, in a background task behind the
+        commits (a chunk of commits per write transaction): a commit never waits for them, and
+        ``await storage.projections.wait(seq)`` waits for them. Read-only opens never fold. An
+        exception stops only this projection, at that sequence (``storage.projections.status()``).
+        """
+
         raise NotImplementedError
 
 
@@ -61,7 +88,9 @@ _status_decoder = msgspec.msgpack.Decoder(ProjectionStatus)
 
 
 class Tables:
-    """A projection's own databases inside one transaction (write during a fold, read after)."""
+    """A projection's own databases inside one transaction: writable during ``fold``, read-only
+    in ``storage.projections.read(name)``. Keys and values are bytes; keys sort bytewise, so
+    encode integers big-endian to keep them in numeric order."""
 
     def __init__(self, txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> None:
         self._txn = txn
@@ -74,15 +103,23 @@ class Tables:
             raise KeyError(f"This projection has no database {name!r}; it declares {sorted(self._dbs)}") from None
 
     def get(self, db: str, key: bytes) -> bytes | None:
+        """The value at ``key`` in database ``db``, or None."""
+
         return self._txn.get(key, db=self._db(db))  # type: ignore[no-any-return]
 
     def put(self, db: str, key: bytes, value: bytes) -> None:
+        """Set ``key`` to ``value`` (only inside ``fold``)."""
+
         self._txn.put(key, value, db=self._db(db))
 
     def delete(self, db: str, key: bytes) -> None:
+        """Remove ``key`` if present (only inside ``fold``)."""
+
         self._txn.delete(key, db=self._db(db))
 
     def items(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs whose key starts with ``prefix``, in key order."""
+
         cursor = self._txn.cursor(db=self._db(db))
         if not cursor.set_range(prefix):
             return
@@ -90,6 +127,24 @@ class Tables:
             if not key.startswith(prefix):
                 return
             yield key, value
+
+
+def stored_statuses(env: Environment) -> dict[str, ProjectionStatus]:
+    """The user projections a store holds, by name, as their program last left them (for
+    ``durable-log stats``, which runs without that program)."""
+
+    if env.readonly and not env.has_db(REGISTRY_DB):
+        return {}
+    registry = env.db(REGISTRY_DB)
+    found: dict[str, ProjectionStatus] = {}
+    with env.read() as txn:
+        cursor = txn.cursor(db=registry)
+        if cursor.set_range(_PREFIX):
+            for key, value in cursor:
+                if not key.startswith(_PREFIX):
+                    break
+                found[key[len(_PREFIX):].decode(errors="replace")] = _status_decoder.decode(value)
+    return found
 
 
 class UserProjections:
@@ -108,6 +163,7 @@ class UserProjections:
             for projection in projections
         }
         self._status: dict[str, ProjectionStatus] = {}
+        self._closed = False
         self._worker: asyncio.Task[None] | None = None
         self._progress = asyncio.Event() if projections else None
         for projection in projections:
@@ -116,6 +172,8 @@ class UserProjections:
     # ── public ──────────────────────────────────────────────────────────────
 
     def status(self) -> dict[str, ProjectionStatus]:
+        """Each projection's version, checkpoint and failure (copies: the caller cannot alter them)."""
+
         return {name: msgspec.structs.replace(status) for name, status in self._status.items()}
 
     @contextmanager
@@ -133,6 +191,10 @@ class UserProjections:
         for item in names:
             self._dbs_of(item)
         while True:
+            if self._closed:
+                raise StoreClosedError(
+                    f"The store at {self._env.path} was closed before its projections folded sequence {seq}"
+                )
             pending = False
             for item in names:
                 status = self._status[item]
@@ -149,7 +211,7 @@ class UserProjections:
     def kick(self) -> None:
         """Schedule the worker if it is idle and there is a running loop."""
 
-        if not self._projections or (self._worker is not None and not self._worker.done()):
+        if self._closed or not self._projections or (self._worker is not None and not self._worker.done()):
             return
         try:
             loop = asyncio.get_running_loop()
@@ -167,12 +229,17 @@ class UserProjections:
         self._env.write(lambda txn: txn.delete(key, db=self._registry))
 
     async def close(self) -> None:
+        """Stop the worker for good and wake every ``wait``, which then raises ``StoreClosedError``."""
+
+        self._closed = True
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             try:
                 await self._worker
             except asyncio.CancelledError:
                 pass
+        if self._progress is not None:
+            self._progress.set()
 
     # ── folding ─────────────────────────────────────────────────────────────
 
@@ -183,7 +250,7 @@ class UserProjections:
     def step(self) -> bool:
         """Fold one chunk into every projection that is behind; True while any still is."""
 
-        if self._env.readonly:
+        if self._closed or self._env.readonly:
             return False
         head = self._log.head()
         behind = False

@@ -1,22 +1,24 @@
 """What auditors and operators run against a store, possibly while another process writes to it:
-tailing committed batches, verifying the log against the projections, statistics, export and
-import. Read-side functions open the store read-only: they never take the writer lock.
+tailing committed batches, verifying the log against the projections, statistics, export, look-ups
+by time, backups. Read-side functions open the store read-only: they never take the writer lock,
+and never create a store.
 """
 
 from __future__ import annotations
 
-import json
+import bisect
 import os
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import lmdb
-import msgspec
+from pi_durable.context import BACKGROUND_CONTEXT
 
 from ..log import Commit, Environment, WriteLog, key_seq, seq_key, write_to_builtins
 from ..log.records import decode_record, decode_record_builtins
@@ -24,17 +26,15 @@ from ..log.records import FORMAT_VERSION, WRITE_TYPES
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.rebuild import folded_seq, mark_lockstep, open_core, projection_state, read_header
+from ..projections.user import stored_statuses
 
-_json_encoder = msgspec.json.Encoder()
+from .jsonlines import to_json
+from .lmdb_storage import LmdbStorage
 
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """``1 op``, ``2 ops``: every count a person reads goes through here."""
 
-def to_json(value: Any) -> str:
-    """One line of JSON; lone surrogates become ``\\udXXX`` escapes, so nothing is lost."""
-
-    try:
-        return _json_encoder.encode(value).decode()
-    except (UnicodeEncodeError, OverflowError):
-        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
 def commit_to_builtins(commit: Commit, writes: Iterable[Any] | None = None) -> dict[str, Any]:
@@ -75,9 +75,13 @@ class Tail:
         self._model: ReadModel | None = None
 
     def close(self) -> None:
+        """Release the read-only environment (a tail holds no read transaction between reads)."""
+
         self.env.close()
 
     def head(self) -> int:
+        """The newest committed sequence, as of now."""
+
         return self.log.head()
 
     def select(self, commit: Commit) -> list[Any]:
@@ -115,13 +119,28 @@ class Tail:
         with self.env.read() as txn:
             return self._model.document_record(txn, id)
 
+    def last(self, count: int, first: int = 1, last: int | None = None) -> list[tuple[Commit, list[Any]]]:
+        """The last ``count`` commits from ``first`` to ``last`` (default: the head) with a kept
+        write, oldest first, with their kept writes: what ``tail -n`` and ``git log -n`` show.
+        Reads backwards in chunks, so a filter that matches rarely costs what it has to."""
+
+        found: list[tuple[Commit, list[Any]]] = []
+        high = self.head() if last is None else min(last, self.head())
+        while high >= first and len(found) < count:
+            low = max(first, high - 255)
+            chunk = [(commit, writes) for commit in self.log.read(low, high) if (writes := self.select(commit))]
+            found[:0] = chunk
+            high = low - 1
+        return found[max(0, len(found) - count) :] if count else []
+
     async def commits(
-        self, from_seq: int = 1, *, follow: bool = False, limit: int | None = None
+        self, from_seq: int = 1, *, follow: bool = False, limit: int | None = None, last: int | None = None
     ) -> AsyncIterator[tuple[Commit, list[Any]]]:
-        """``(commit, kept writes)`` for each commit with at least one kept write."""
+        """``(commit, kept writes)`` for each commit with at least one kept write, up to ``last``
+        (default: the head) or, with ``follow``, on as new ones are committed; at most ``limit``."""
 
         shown = 0
-        source: Any = self.log.follow(from_seq) if follow else _as_async(self.log.read(from_seq))
+        source: Any = self.log.follow(from_seq) if follow else _as_async(self.log.read(from_seq, last))
         if limit is not None and limit <= 0:
             return
         async for commit in source:
@@ -135,13 +154,13 @@ class Tail:
 
 
     async def json_lines(
-        self, from_seq: int = 1, *, follow: bool = False, limit: int | None = None
+        self, from_seq: int = 1, *, follow: bool = False, limit: int | None = None, last: int | None = None
     ) -> AsyncIterator[str]:
         """The ``--json`` lines: ``{"seq", "committedAt", "writes"}``, the writes exactly as
         committed (only the kept ones when filtering)."""
 
         if not self.filter.everything:
-            async for commit, writes in self.commits(from_seq, follow=follow, limit=limit):
+            async for commit, writes in self.commits(from_seq, follow=follow, limit=limit, last=last):
                 yield to_json(commit_to_builtins(commit, writes))
             return
         if limit is not None and limit <= 0:
@@ -149,7 +168,7 @@ class Tail:
         source: Any = (
             self.log.follow(from_seq, decode=decode_record_builtins)
             if follow
-            else _as_async(self.log.read(from_seq, decode=decode_record_builtins))
+            else _as_async(self.log.read(from_seq, last, decode=decode_record_builtins))
         )
         shown = 0
         async for batch in source:  # unfiltered: no Structs are built, the fast path
@@ -188,17 +207,36 @@ def _describe(write: Any) -> str:
     if tag == "submission":
         return f"submission {value.get('id')} {value.get('status')}"
     if tag == "document.create":
-        return f"document {write.record.get('id')} created ({write.record.get('kind')}, v{write.content.version})"
+        record = write.record
+        return f"document {record.get('id')} created ({record.get('kind')}, definition version {write.content.version})"
     if tag == "document.copy":
         return f"document {write.record.get('id')} copied from {write.source.id}@{write.source.at}"
     if tag == "document.change":
         content = write.content
-        detail = f"{len(content.ops)} ops" if hasattr(content, "ops") and isinstance(content.ops, list) else "base"
-        return f"document {write.id} changed ({detail}, v{content.version})"
+        ops = getattr(content, "ops", None)
+        detail = plural(len(ops), "op") if isinstance(ops, list) else "new base"
+        return f"document {write.id} changed ({detail}, definition version {content.version})"
     return f"document {write.id} retired"
 
 
 # ── stats ─────────────────────────────────────────────────────────────────────
+
+
+def require_store(path: str | os.PathLike[str]) -> None:
+    """Refuse a path that holds no store, before a command that takes the writer lock (which
+    would create one): no read-or-repair command creates a store."""
+
+    Environment(path, readonly=True).close()
+
+
+def stored_projections(path: str | os.PathLike[str]) -> list[str]:
+    """The names of the user projections a store holds rows for."""
+
+    env = Environment(path, readonly=True)
+    try:
+        return sorted(stored_statuses(env))
+    finally:
+        env.close()
 
 
 def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -220,6 +258,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             }
             live_documents = txn.stat(model.db[t.DOCUMENT_CURRENT])["entries"]
             state = projection_state(txn, model)
+        users = stored_statuses(env)
         return {
             "path": env.path,
             "formatVersion": FORMAT_VERSION,
@@ -237,7 +276,16 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
                     "generation": model.generation,
                     "schemaVersion": None if state is None else state.schema_version,
                     "foldedSeq": None if state is None else folded_seq(env, log, model),
-                }
+                },
+                "user": {
+                    name: {
+                        "version": status.version,
+                        "foldedSeq": status.folded_seq,
+                        "failedSeq": status.failed_seq,
+                        "error": status.error,
+                    }
+                    for name, status in sorted(users.items())
+                },
             },
         }
     finally:
@@ -253,21 +301,35 @@ def format_stats(info: dict[str, Any]) -> str:
         f"store            {info['path']}",
         f"format version   {info['formatVersion']}",
         f"head sequence    {info['headSeq']}",
-        f"log records      {info['records']}",
+        f"log records      {info['records']:,}",
         f"first commit     {when(info['firstCommittedAt'])}",
         f"last commit      {when(info['lastCommittedAt'])}",
-        f"file size        {_bytes(info['fileBytes'])}",
-        f"log size         {_bytes(info['logBytes'])}",
-        f"projection size  {_bytes(info['projectionBytes'])}",
+        f"file size        {format_bytes(info['fileBytes'])}",
+        f"log size         {format_bytes(info['logBytes'])}",
+        f"projection size  {format_bytes(info['projectionBytes'])}",
         "records          "
-        + ", ".join(f"{count} {name}" for name, count in info["counts"].items()),
-        f"live documents   {info['liveDocuments']}",
-        f"projections      core: schema {core['schemaVersion']}, folded to {core['foldedSeq']}",
+        + ", ".join(plural(count, *_KINDS[name]) for name, count in info["counts"].items()),
+        f"live documents   {info['liveDocuments']:,}",
+        f"projections      core: schema {core['schemaVersion']}, folded to sequence {core['foldedSeq']}",
     ]
+    for name, user in info["projections"].get("user", {}).items():
+        state = f"version {user['version']}, folded to sequence {user['foldedSeq']}"
+        if user["error"] is not None:
+            state += f", stopped at sequence {user['failedSeq']}: {user['error']}"
+        lines.append(f"                 {name}: {state}")
     return "\n".join(lines)
 
 
-def _bytes(size: int) -> str:
+_KINDS = {
+    "conversations": ("conversation", "conversations"),
+    "entries": ("entry", "entries"),
+    "tasks": ("task", "tasks"),
+    "submissions": ("submission", "submissions"),
+    "documents": ("document", "documents"),
+}
+
+
+def format_bytes(size: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
@@ -286,15 +348,95 @@ class Difference:
     detail: str
 
     def __str__(self) -> str:
-        where = f" (log sequence {self.seq})" if self.seq is not None else ""
-        return f"{self.database}: key {self.key.hex()} {self.detail}{where}"
+        where = f", log sequence {self.seq}" if self.seq is not None else ""
+        return f"{describe_key(self.database, self.key)} {self.detail} (table {self.database}{where})"
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What ``check`` looked at and what it found; ``differences`` holds at most ``limit``."""
+
+    records: int = 0
+    keys: int = 0
+    tables: int = 0
+    seconds: float = 0.0
+    differences: list[Difference] = field(default_factory=list)
+    more: int = 0
+    """Differences found beyond the ones kept."""
+
+    @property
+    def sound(self) -> bool:
+        return not self.differences
+
+    def summary(self) -> str:
+        checked = (
+            f"{plural(self.records, 'log record')} (checksums and order) and "
+            f"{plural(self.keys, 'projection key')} in {plural(self.tables, 'table')}, in {self.seconds:.1f} s"
+        )
+        if self.sound:
+            return f"verified {checked}: the projections match the log"
+        found = plural(len(self.differences) + self.more, "difference")
+        lines = [f"checked {checked}: {found}"]
+        lines += [f"  {difference}" for difference in self.differences]
+        if self.more:
+            lines.append(f"  ... and {self.more} more")
+        return "\n".join(lines)
+
+
+_ROW_KINDS = {
+    t.CONVERSATIONS: "conversation",
+    t.TASKS: "task",
+    t.SUBMISSIONS: "submission",
+    t.DOCUMENTS: "document",
+}
+_INDEXES = {
+    t.CONVERSATIONS_BY_OWNER_CONVERSATION: ("conversation", "conversations by owner conversation"),
+    t.CONVERSATIONS_BY_OWNER_TASK: ("conversation", "conversations by owner task"),
+    t.TASKS_BY_STATUS: ("task", "tasks by status"),
+    t.SUBMISSIONS_BY_STATUS: ("submission", "submissions by status"),
+    t.DOCUMENT_INCARNATIONS: ("document", "documents by address"),
+    t.DOCUMENTS_BY_SCOPE: ("document", "documents by scope"),
+}
+
+
+def describe_key(table: str, key: bytes) -> str:
+    """A projection key in words (``task 9``, ``entry 1005 of conversation 2``), from the key
+    layouts of ``projections.tables``; raw bytes only for what has no simpler name."""
+
+    if len(key) == 8 and table in _ROW_KINDS:
+        return f"{_ROW_KINDS[table]} {t.read_u64(key)}"
+    if len(key) == 8 and table == t.RECORD_IDS:
+        return f"id {t.read_u64(key)} in the id registry"
+    if len(key) == 8 and table == t.CONVERSATION_PARENTS:
+        return f"the fork parent of conversation {t.read_u64(key)}"
+    if len(key) == 8 and table == t.DOCUMENT_VALUES:
+        return f"the current value of document {t.read_u64(key)}"
+    if len(key) == 16 and table == t.ENTRIES_BY_CONVERSATION:
+        return f"entry {t.read_u64(key, 8)} of conversation {t.read_u64(key)}"
+    if len(key) == 16 and table == t.HEADS_BY_CONVERSATION:
+        return f"head marker {t.read_u64(key, 8)} of conversation {t.read_u64(key)}"
+    if len(key) == 16 and table == t.DOCUMENT_REVISIONS:
+        return f"the revision of document {t.read_u64(key)} at sequence {t.read_u64(key, 8)}"
+    if len(key) == 16 and table == t.DOCUMENT_SNAPSHOTS:
+        return f"the kept value of document {t.read_u64(key)} at sequence {t.read_u64(key, 8)}"
+    if len(key) >= 8 and table in _INDEXES:
+        kind, index = _INDEXES[table]
+        return f"{kind} {t.read_u64(key, len(key) - 8)} in the index of {index}"
+    if table == t.DOCUMENT_CURRENT:
+        return f"the current-document row of address key {key.hex()}"
+    if table == t.STATE:
+        return f"the projection state row {key.decode(errors='replace')!r}"
+    if table == t.HISTORY:
+        return f"the history row {key.hex()} (kept for as_of views)"
+    return f"key {key.hex()}"
 
 
 class Progress:
-    """Records/s and an ETA on stderr, at most a few times a second."""
+    """Progress of a long command on stderr, at most a few times a second: done/total, rate and
+    an ETA, or just done and rate when the total is unknown. Silent unless ``enabled``."""
 
-    def __init__(self, label: str, total: int, enabled: bool) -> None:
-        self.label, self.total, self.enabled = label, total, enabled
+    def __init__(self, label: str, total: int | None, enabled: bool, unit: str = "records") -> None:
+        self.label, self.total, self.enabled, self.unit = label, total, enabled, unit
         self.started = self.last = time.monotonic()
 
     def __call__(self, done: int, total: int | None = None) -> None:
@@ -302,22 +444,42 @@ class Progress:
             return
         now = time.monotonic()
         total = self.total if total is None else total
-        if now - self.last < 0.25 and done < total:
+        finished = total is not None and done >= total
+        if now - self.last < 0.25 and not finished:
             return
         self.last = now
         rate = done / max(now - self.started, 1e-9)
-        eta = (total - done) / rate if rate > 0 else 0.0
-        end = "\n" if done >= total else ""
-        print(f"\r{self.label}: {done}/{total} records, {rate:,.0f} records/s, ETA {eta:.0f} s ", end=end, file=sys.stderr, flush=True)
+        if total is None:
+            text = f"{done:,} {self.unit}, {rate:,.0f} {self.unit}/s"
+        else:
+            eta = (total - done) / rate if rate > 0 else 0.0
+            text = f"{done:,}/{total:,} {self.unit}, {rate:,.0f} {self.unit}/s, ETA {eta:.0f} s"
+        print(f"\r{self.label}: {text} ", end="\n" if finished else "", file=sys.stderr, flush=True)
+
+    def finish(self, done: int) -> None:
+        """End the progress line (when the total was not known up front)."""
+
+        if self.enabled and (self.total is None or done < self.total):
+            self.total = done
+            self.last = 0.0
+            self(done, done)
 
 
 def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference | None:
+    """The first difference ``check`` finds, or None when the store is sound."""
+
+    report = check(path, progress, limit=1)
+    return report.differences[0] if report.differences else None
+
+
+def check(path: str | os.PathLike[str], progress: bool = False, limit: int = 20) -> VerifyReport:
     """Check every record, fold them all into scratch projections, compare key by key.
 
-    Returns the first difference, or None when the store is sound. A writer may keep committing:
+    Keeps the first ``limit`` differences and counts the rest. A writer may keep committing:
     the last records and the live tables are read from one snapshot, so they agree.
     """
 
+    started = time.monotonic()
     env = Environment(path, readonly=True)
     scratch_dir = tempfile.mkdtemp(prefix="durable-verify-")
     try:
@@ -327,14 +489,15 @@ def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference |
         try:
             projector = Projector(ReadModel(scratch, 0))
             report = Progress("verify", log.head(), progress)
-            folded = 0
+            folded = records = 0
             while True:  # the bulk, in chunks, each from its own short read transaction
                 commits = log.take(folded + 1, None, 512)
                 if len(commits) < 512:
                     break
                 _fold_into(scratch, projector, commits)
                 folded = commits[-1].seq
-                report(folded, max(folded, report.total))
+                records += len(commits)
+                report(folded, max(folded, report.total or 0))
             with env.read() as txn:  # the rest and the live tables: one snapshot
                 head = log.head(txn)
                 cursor = txn.cursor(db=log.db)
@@ -344,12 +507,15 @@ def verify(path: str | os.PathLike[str], progress: bool = False) -> Difference |
                 _fold_into(scratch, projector, rest)
                 scratch.write(lambda scratch_txn: mark_lockstep(scratch_txn, projector.model))
                 report(head, head)
-                return _compare(txn, live, projector.model)
+                result = VerifyReport(records=records + len(rest), tables=len(t.TABLES))
+                _compare(txn, live, projector.model, result, limit)
         finally:
             scratch.close()
     finally:
         env.close()
         shutil.rmtree(scratch_dir, ignore_errors=True)
+    result.seconds = time.monotonic() - started
+    return result
 
 
 def _fold_into(scratch: Environment, projector: Projector, commits: list[Commit]) -> None:
@@ -357,24 +523,32 @@ def _fold_into(scratch: Environment, projector: Projector, commits: list[Commit]
         scratch.write(lambda txn: projector.fold(txn, commits))
 
 
-def _compare(live_txn: lmdb.Transaction, live: ReadModel, scratch: ReadModel) -> Difference | None:
+def _compare(
+    live_txn: lmdb.Transaction, live: ReadModel, scratch: ReadModel, report: VerifyReport, limit: int
+) -> None:
+    def found(name: str, key: bytes, detail: str) -> None:
+        if len(report.differences) < limit:
+            report.differences.append(Difference(name, key, _seq_of(name, key), detail))
+        else:
+            report.more += 1
+
     for name in t.TABLES:
         with scratch.env.read() as scratch_txn:
             ours = iter(live_txn.cursor(db=live.db[name]))
             theirs = iter(scratch_txn.cursor(db=scratch.db[name]))
-            while True:
-                a, b = next(ours, None), next(theirs, None)
-                if a is None and b is None:
-                    break
-                if a is None:
-                    return Difference(name, b[0], _seq_of(name, b[0]), "is missing from the live projection")  # type: ignore[index]
-                if b is None or a[0] < b[0]:
-                    return Difference(name, a[0], _seq_of(name, a[0]), "is in the live projection but not in the log")
-                if a[0] > b[0]:
-                    return Difference(name, b[0], _seq_of(name, b[0]), "is missing from the live projection")
-                if a[1] != b[1]:
-                    return Difference(name, a[0], _seq_of(name, a[0]), "holds a value the log does not produce")
-    return None
+            a, b = next(ours, None), next(theirs, None)
+            while a is not None or b is not None:
+                report.keys += 1
+                if a is None or (b is not None and a[0] > b[0]):
+                    found(name, b[0], "is missing from the live projection")  # type: ignore[index]
+                    b = next(theirs, None)
+                elif b is None or a[0] < b[0]:
+                    found(name, a[0], "is in the live projection but not in the log")
+                    a = next(ours, None)
+                else:
+                    if a[1] != b[1]:
+                        found(name, a[0], "holds a value the log does not produce")
+                    a, b = next(ours, None), next(theirs, None)
 
 
 def _seq_of(table: str, key: bytes) -> int | None:
@@ -383,13 +557,151 @@ def _seq_of(table: str, key: bytes) -> int | None:
     return None
 
 
-# ── export and import ─────────────────────────────────────────────────────────
+# ── time ──────────────────────────────────────────────────────────────────────
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def export_lines(path: str | os.PathLike[str], first: int = 1, last: int | None = None) -> Iterator[str]:
+def parse_time(text: str) -> int:
+    """Unix milliseconds of an ISO 8601 timestamp (``2026-12-02T18:30:00Z``, ``2026-12-02``,
+    ``...+02:00``); one without a zone is UTC, as every time the CLI prints is."""
+
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a timestamp; write ISO 8601, e.g. 2026-12-02T18:30:00Z") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return (moment - _EPOCH) // timedelta(milliseconds=1)
+
+
+def seq_at(log: WriteLog, ms: int) -> int:
+    """The last sequence committed at or before Unix ms ``ms``, or the one before the first.
+
+    Commit times follow the log's order (a writer stamps its clock; an import keeps its source's
+    times), so this is a binary search; a clock that stepped back makes the answer one of the
+    commits around the step.
+    """
+
+    first, head = log.first(), log.head()
+    if not first:
+        return 0
+    seqs = range(first, head + 1)
+    return first - 1 + bisect.bisect_right(seqs, ms, key=lambda seq: _committed_at(log, seq))
+
+
+def _committed_at(log: WriteLog, seq: int) -> int:
+    commit = log.get(seq)
+    if commit is None:
+        raise LookupError(f"log sequence {seq} is missing between the first and the head")
+    return commit.committed_at
+
+
+def seq_range(
+    log: WriteLog,
+    first: int | None = None,
+    last: int | None = None,
+    since: int | None = None,
+    until: int | None = None,
+) -> tuple[int, int]:
+    """``(first, last)`` sequences from explicit sequences and/or times (Unix ms, inclusive)."""
+
+    low = 1 if first is None else first
+    high = log.head() if last is None else last
+    if since is not None:
+        low = max(low, seq_at(log, since - 1) + 1)
+    if until is not None:
+        high = min(high, seq_at(log, until))
+    return low, high
+
+
+# ── export, show, backup ──────────────────────────────────────────────────────
+
+
+def export_lines(
+    path: str | os.PathLike[str], first: int = 1, last: int | None = None, *, since: int | None = None, until: int | None = None
+) -> Iterator[str]:
+    """The log from ``first`` to ``last`` (and/or between two times) as JSON Lines,
+    ``{"seq", "committedAt", "writes"}`` per line; ``jsonlines.from_json`` reads a line back."""
+
     env = Environment(path, readonly=True)
     try:
-        for batch in WriteLog(env).read(first, last, decode=decode_record_builtins):
-            yield to_json(batch)
+        log = WriteLog(env)
+        low, high = seq_range(log, first, last, since, until)
+        if low <= high:
+            for batch in log.read(low, high, decode=decode_record_builtins):
+                yield to_json(batch)
     finally:
         env.close()
+
+
+SHOW_KINDS = ("conversation", "entry", "task", "submission", "document")
+
+
+async def show(
+    path: str | os.PathLike[str], kind: str, id: int, as_of: int | None = None, as_of_time: int | None = None
+) -> tuple[Any | None, int | None]:
+    """One record as the contract reads it (a document with its value), now, right after commit
+    ``as_of``, or as of Unix ms ``as_of_time``; and the sequence it was read at (None: now).
+    The record is None when there is none."""
+
+    storage = await LmdbStorage.open(path, readonly=True)
+    try:
+        if as_of_time is not None:
+            as_of = seq_at(storage.log, as_of_time)
+        source: Any = storage if as_of is None else await storage.as_of(as_of)
+        return await _read_one(source, kind, id), as_of
+    finally:
+        await storage.close()
+
+
+async def _read_one(source: Any, kind: str, id: int) -> Any | None:
+    if kind == "conversation":
+        return await source.conversation(id, BACKGROUND_CONTEXT)
+    if kind == "entry":
+        return await source.entry(id, BACKGROUND_CONTEXT)
+    if kind == "task":
+        return await source.task(id, BACKGROUND_CONTEXT)
+    if kind == "submission":
+        return await source.submission(id, BACKGROUND_CONTEXT)
+    if kind == "document":
+        return await source.document(id, "current", BACKGROUND_CONTEXT)
+    raise ValueError(f"Unknown kind {kind!r}; one of {', '.join(SHOW_KINDS)}")
+
+
+def backup(path: str | os.PathLike[str], dest: str | os.PathLike[str], compact: bool = False) -> int:
+    """A consistent copy of a store, live or not, in the new directory ``dest``: LMDB's own copy
+    from one read snapshot (``compact`` leaves out free pages, so the copy is as small as the data).
+
+    The copy is made beside ``dest`` and renamed into place once synced, so a failed backup leaves
+    nothing. Returns the copy's size in bytes.
+    """
+
+    target = os.path.abspath(os.fspath(dest))
+    if os.path.lexists(target):
+        raise FileExistsError(f"{target} already exists; back up into a new directory")
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"No directory {parent} to hold the backup")
+    env = Environment(path, readonly=True)
+    building = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+    try:
+        env.env.copy(building, compact=compact)
+        data = os.path.join(building, "data.mdb")
+        _fsync(data)
+        os.rename(building, target)
+        _fsync(parent)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    finally:
+        env.close()
+    return os.path.getsize(os.path.join(target, "data.mdb"))
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

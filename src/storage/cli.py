@@ -1,18 +1,55 @@
-"""``durable-log``: look at, check, move and demonstrate a pi-durable-lmdb store."""
+"""durable-log: look at, check, copy, move and demonstrate a pi-durable-lmdb store."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from importlib import metadata
+from typing import Any, Final
 
-from ..log import LogError
+import lmdb
+
+from ..log import CorruptRecordError, LogError
+from ..log.records import FORMAT_VERSION, WRITE_TYPES
+from ..projections.errors import CorruptProjectionError
+from ..projections.tables import SCHEMA_VERSION
 
 from . import audit
+
+EXIT_OK: Final = 0
+EXIT_DAMAGE: Final = 1
+"""The store is damaged: a log record or projection row fails its checksum, or verify found a
+projection that differs from the log."""
+EXIT_USAGE: Final = 2
+"""The command could not run: bad arguments, no store at the path, the writer lock held, nothing
+found by show, an import source that is not an export."""
+
+EPILOG: Final = """\
+exit status:
+  0  success
+  1  damage found: a log record or projection row fails its checksum, or verify
+     found projections that differ from the log
+  2  the command could not run: bad arguments or ranges, no store at PATH, a
+     store locked by another writer, nothing found by show, a malformed import
+
+times (--since, --until, --as-of) are ISO 8601, e.g. 2026-12-02T18:30:00Z or
+2026-12-02; without a zone they are UTC, as every time durable-log prints is.
+Progress goes to stderr when it is a terminal, or with --progress.
+
+examples:
+  durable-log tail STORE --follow --json --type entry    # live, while a host writes
+  durable-log tail STORE --conversation 1 --limit 5      # its last 5 batches
+  durable-log show STORE task 9 --as-of 120
+  durable-log export STORE --since 2026-12-01 > log.jsonl
+  durable-log import log.jsonl NEW_STORE
+  durable-log backup STORE STORE-copy --compact
+"""
+
+READ_ONLY: Final = "read-only: never blocks the writer and never creates a store"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,111 +57,219 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (LogError, FileNotFoundError, RuntimeError, ValueError) as error:
-        print(f"durable-log: {error}", file=sys.stderr)
-        return 2
+    except (CorruptRecordError, CorruptProjectionError, lmdb.CorruptedError, lmdb.PageNotFoundError) as error:
+        print(f"durable-log: damage: {error}", file=sys.stderr)
+        return EXIT_DAMAGE
     except BrokenPipeError:
-        return 0
+        sys.stderr.close()  # the reader went away (``| head``): not an error
+        return EXIT_OK
+    except (LogError, OSError, LookupError, RuntimeError, ValueError, lmdb.Error) as error:
+        print(f"durable-log: {_message(error)}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _message(error: BaseException) -> str:
+    if isinstance(error, KeyError) and error.args:
+        return str(error.args[0])  # not repr'd in quotes
+    return str(error) or type(error).__name__
+
+
+# ── arguments ─────────────────────────────────────────────────────────────────
+
+
+def _sequence(text: str) -> int:
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a log sequence is 1 or more, not {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a count is 0 or more, not {value}")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _time(text: str) -> int:
+    try:
+        return audit.parse_time(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _point(text: str) -> tuple[str, int]:
+    """``--as-of``: a sequence (digits) or a time."""
+
+    if text.strip().isdigit():
+        return "seq", int(text)
+    return "time", _time(text)
+
+
+def _version() -> str:
+    try:
+        version = metadata.version("pi-durable-lmdb")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"durable-log {version} (log format {FORMAT_VERSION}, projection schema {SCHEMA_VERSION})"
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Descriptions wrapped to the terminal; the epilog (a table and examples) kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="durable-log", description=__doc__)
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    parser = argparse.ArgumentParser(prog="durable-log", description=__doc__, epilog=EPILOG, formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(required=True, metavar="COMMAND", title="commands")
 
-    demo = commands.add_parser("demo", help="run a small agent host on an embedded store, then show it")
-    demo.add_argument("path", nargs="?", help="store directory (default: ./demo-store)")
+    def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name, help=help, description=description or help, epilog=EPILOG, formatter_class=_Formatter
+        )
+
+    def store(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("path", metavar="PATH", help="the store's directory")
+
+    def progress(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
+
+    demo = command("demo", "run a small agent host on a store, then show what it wrote")
+    demo.add_argument("path", nargs="?", metavar="PATH", help="the store's directory (default: ./demo-store)")
     demo.set_defaults(run=lambda args: _demo(args.path))
 
-    stats = commands.add_parser("stats", help="head sequence, record counts, sizes, versions")
-    stats.add_argument("path")
-    stats.add_argument("--json", action="store_true", help="one JSON object")
+    stats = command("stats", "head sequence, record counts, sizes, projections", f"Statistics of a store; {READ_ONLY}.")
+    store(stats)
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.set_defaults(run=_stats)
 
-    tail = commands.add_parser("tail", help="print committed batches, one line each")
-    tail.add_argument("path")
-    tail.add_argument("--from", dest="from_seq", type=int, help="first sequence (default: the last 10 batches, like tail)")
-    tail.add_argument("--follow", "-f", action="store_true", help="keep printing new commits")
-    tail.add_argument("--json", action="store_true", help="one JSON object per batch")
-    tail.add_argument("--conversation", type=int, help="only writes of this conversation")
-    tail.add_argument("--type", dest="types", action="append", help="only writes of this type (repeatable)")
-    tail.add_argument("--limit", type=int, help="stop after this many batches")
+    tail = command(
+        "tail",
+        "print committed batches, one line each",
+        "Print committed batches, one line each: by default the last 10 (like tail); with --from or "
+        f"--since, every batch from there on. --limit N keeps the last N that match. {READ_ONLY}.",
+    )
+    store(tail)
+    tail.add_argument("--from", dest="from_seq", type=_sequence, metavar="SEQ", help="start at this log sequence")
+    tail.add_argument("--since", type=_time, metavar="TIME", help="start at the first batch committed at or after TIME")
+    tail.add_argument("--until", type=_time, metavar="TIME", help="stop at the last batch committed at or before TIME")
+    tail.add_argument("--limit", "-n", type=_count, metavar="N", help="only the last N matching batches of the range")
+    tail.add_argument("--follow", "-f", action="store_true", help="then keep printing new batches as they are committed, until Ctrl-C")
+    tail.add_argument("--json", action="store_true", help='one JSON object per batch: {"seq", "committedAt", "writes"}')
+    tail.add_argument("--conversation", type=_sequence, metavar="ID", help="only the writes of this conversation (its entries, tasks, submissions and documents)")
+    tail.add_argument(
+        "--type",
+        dest="types",
+        action="append",
+        choices=WRITE_TYPES,
+        metavar="KIND",
+        help=f"only writes of this kind (repeatable): {', '.join(WRITE_TYPES)}",
+    )
     tail.set_defaults(run=_tail)
 
-    verify = commands.add_parser("verify", help="check the log and re-fold it against the projections")
-    verify.add_argument("path")
-    verify.add_argument("--progress", action="store_true", help="progress on stderr even when not a terminal")
+    show = command(
+        "show",
+        "print one record as the store reads it, now or at an earlier point",
+        f"Print one record as JSON (a document with its value), as the Storage contract reads it; {READ_ONLY}.",
+    )
+    store(show)
+    show.add_argument("kind", choices=audit.SHOW_KINDS, metavar="KIND", help=f"one of: {', '.join(audit.SHOW_KINDS)}")
+    show.add_argument("id", type=_sequence, metavar="ID", help="the record's id")
+    show.add_argument("--as-of", type=_point, metavar="SEQ|TIME", help="as the store was right after this log sequence, or at this time")
+    show.set_defaults(run=_show)
+
+    verify = command(
+        "verify",
+        "check the log and re-fold it against the projections",
+        "Check every log record's checksum and order, fold the whole log into scratch projections and "
+        f"compare them with the live ones key by key; {READ_ONLY}. Exit 1 if anything differs.",
+    )
+    store(verify)
+    verify.add_argument("--max-differences", type=_count, default=20, metavar="N", help="list at most N differences (default 20)")
+    progress(verify)
     verify.set_defaults(run=_verify)
 
-    export = commands.add_parser("export", help="the log as JSON Lines")
-    export.add_argument("path")
-    export.add_argument("--from", dest="from_seq", type=int, default=1)
-    export.add_argument("--to", dest="to_seq", type=int)
+    export = command(
+        "export",
+        "the log as JSON Lines",
+        'The log as JSON Lines, {"seq", "committedAt", "writes"} per line, lossless: `durable-log import` '
+        f"rebuilds the same store from it; {READ_ONLY}.".replace("`", ""),
+    )
+    store(export)
+    export.add_argument("--from", dest="from_seq", type=_sequence, metavar="SEQ", help="first log sequence (default 1)")
+    export.add_argument("--to", dest="to_seq", type=_sequence, metavar="SEQ", help="last log sequence (default: the head)")
+    export.add_argument("--since", type=_time, metavar="TIME", help="from the first batch committed at or after TIME")
+    export.add_argument("--until", type=_time, metavar="TIME", help="to the last batch committed at or before TIME")
+    progress(export)
     export.set_defaults(run=_export)
 
-    rebuild = commands.add_parser(
-        "rebuild", help="fold the whole log into fresh projections beside the live ones, then swap"
+    importer = command(
+        "import",
+        "build a new store from an export, or from a pi-durable SQLite/JSONL store",
+        "Build a new store from an export (every batch replayed through the normal commit path) or, "
+        "with --from-pi-durable, from a pi-durable SQLite file or JSONL directory. The store is built "
+        "in a temporary directory, synced once and renamed to NEWPATH at the end: a failed import "
+        "leaves nothing behind.",
     )
-    rebuild.add_argument("path")
+    importer.add_argument("source", metavar="SOURCE", help="an export (a .jsonl file, or - for stdin), or with --from-pi-durable a SQLite file or JSONL directory")
+    importer.add_argument("path", metavar="NEWPATH", help="the new store's directory (must not exist, or be empty)")
+    importer.add_argument("--from-pi-durable", action="store_true", help="SOURCE is a pi-durable SQLite file or JSONL directory")
+    progress(importer)
+    importer.set_defaults(run=_import)
+
+    rebuild = command(
+        "rebuild",
+        "fold the whole log into fresh projections beside the live ones, then swap",
+        "Fold the whole log into fresh core projections beside the live ones, then swap them in "
+        "(a killed rebuild resumes). Takes the writer lock; never creates a store.",
+    )
+    store(rebuild)
     rebuild.add_argument(
         "--projection",
         default="core",
-        help="core (default), or a user projection's name: its rows are dropped and its program "
-        "folds the log again on its next open",
+        metavar="NAME",
+        help="core (default), or a user projection's name (see stats): its rows are dropped and its "
+        "program folds the log again on its next open",
     )
+    progress(rebuild)
     rebuild.set_defaults(run=_rebuild)
 
-    importer = commands.add_parser(
-        "import", help="build a new store from an export, or from a pi-durable SQLite/JSONL store"
+    backup = command(
+        "backup",
+        "a consistent copy of a store, even while a writer commits",
+        "Copy a store, even while a writer commits, with LMDB's own copy from one read snapshot, into "
+        "the new directory DEST (made beside it and renamed into place when complete). LMDB files "
+        f"never shrink: --compact leaves out free pages, so the copy is as small as the data; {READ_ONLY}.",
     )
-    importer.add_argument("source", help="an export (.jsonl, or - for stdin), a SQLite file or a JSONL directory")
-    importer.add_argument("path", help="the new store's directory (must be empty)")
-    importer.add_argument(
-        "--from-pi-durable", action="store_true", help="the source is a pi-durable SQLite file or JSONL directory"
-    )
-    importer.add_argument("--durability", choices=("power", "process"), default="power")
-    importer.set_defaults(run=_import)
+    store(backup)
+    backup.add_argument("dest", metavar="DEST", help="the copy's directory (must not exist)")
+    backup.add_argument("--compact", action="store_true", help="leave out free pages (slower; the copy is as small as the data)")
+    backup.set_defaults(run=_backup)
 
     return parser
 
 
-def _rebuild(args: argparse.Namespace) -> int:
-    from .lmdb_storage import LmdbStorage
-
-    async def run() -> None:
-        storage = await LmdbStorage.open(args.path)
-        try:
-            if args.projection == "core":
-                head = storage.log.head()
-                report = audit.Progress("rebuild", head, True)
-                await storage.rebuild(report)
-                print(f"{args.path}: rebuilt the core projections from {head} log records")
-            else:
-                storage.projections.reset_stored(args.projection)
-                print(f"{args.path}: dropped projection {args.projection!r}; its program rebuilds it on open")
-        finally:
-            await storage.close()
-
-    asyncio.run(run())
-    return 0
+def _progress_on(args: argparse.Namespace) -> bool:
+    return bool(args.progress) or sys.stderr.isatty()
 
 
-def _import(args: argparse.Namespace) -> int:
-    from . import migrate
+def _usage(message: str) -> ValueError:
+    return ValueError(message)
 
-    async def run() -> migrate.ImportReport:
-        if args.from_pi_durable:
-            source = await migrate.open_pi_durable_store(args.source)
-            try:
-                return await migrate.import_pi_durable(source, args.path, args.durability)
-            finally:
-                await source.close(None)
-        if args.source == "-":
-            return await migrate.import_export(sys.stdin, args.path, args.durability)
-        with open(args.source, encoding="utf-8") as lines:
-            return await migrate.import_export(lines, args.path, args.durability)
 
-    print(asyncio.run(run()))
-    return 0
+# ── commands ──────────────────────────────────────────────────────────────────
 
 
 def _demo(path: str | None) -> int:
@@ -135,35 +280,58 @@ def _demo(path: str | None) -> int:
 
 def _stats(args: argparse.Namespace) -> int:
     info = audit.stats(args.path)
-    print(json.dumps(info) if args.json else audit.format_stats(info))
-    return 0
+    print(audit.to_json(info) if args.json else audit.format_stats(info))
+    return EXIT_OK
 
 
 def _tail(args: argparse.Namespace) -> int:
+    if args.follow and args.until is not None:
+        raise _usage("--until ends the range, --follow never ends: use one")
+    if args.from_seq is not None and args.since is not None:
+        raise _usage("--from and --since both start the range: use one")
     types = frozenset(args.types) if args.types else None
     tail = audit.Tail(args.path, audit.TailFilter(args.conversation, types))
     try:
-        first = args.from_seq if args.from_seq is not None else max(1, tail.head() - 9)
-        return _run_until_signalled(_print_tail(tail, first, args))
+        first, last = audit.seq_range(tail.log, args.from_seq, None, args.since, args.until)
+        limit = args.limit
+        if limit is None and args.from_seq is None and args.since is None:
+            limit = 10  # like tail: the last 10
+        return _run_until_signalled(_print_tail(tail, first, last, limit, args))
     finally:
         tail.close()
 
 
-async def _print_tail(tail: audit.Tail, first: int, args: argparse.Namespace) -> int:
+async def _print_tail(tail: audit.Tail, first: int, last: int, limit: int | None, args: argparse.Namespace) -> int:
     write, flush = sys.stdout.write, sys.stdout.flush
-    if args.json:
-        async for line in tail.json_lines(first, follow=args.follow, limit=args.limit):
-            write(line + "\n")
-            if args.follow:
-                flush()
-        return 0
-    async for commit, writes in tail.commits(first, follow=args.follow, limit=args.limit):
+
+    def line(commit: Any, writes: list[Any]) -> str:
+        if args.json:
+            return audit.to_json(audit.commit_to_builtins(commit, writes))
         # readable text: lone surrogates shown as \udXXX escapes, never an encoding error
-        line = audit.summarize(commit, writes).encode("utf-8", "backslashreplace").decode("utf-8")
-        write(line + "\n")
-        if args.follow:
+        return audit.summarize(commit, writes).encode("utf-8", "backslashreplace").decode("utf-8")
+
+    if limit is not None:
+        for commit, writes in tail.last(limit, first, last):
+            write(line(commit, writes) + "\n")
+    elif args.json:
+        async for text in tail.json_lines(first, last=last):
+            write(text + "\n")
+    else:
+        async for commit, writes in tail.commits(first, last=last):
+            write(line(commit, writes) + "\n")
+    if not args.follow:
+        return EXIT_OK
+    flush()
+    start = max(first, last + 1)
+    if args.json:
+        async for text in tail.json_lines(start, follow=True):
+            write(text + "\n")
             flush()
-    return 0
+    else:
+        async for commit, writes in tail.commits(start, follow=True):
+            write(line(commit, writes) + "\n")
+            flush()
+    return EXIT_OK
 
 
 def _run_until_signalled(work: Any) -> int:
@@ -177,24 +345,110 @@ def _run_until_signalled(work: Any) -> int:
         try:
             return await task  # type: ignore[no-any-return]
         except asyncio.CancelledError:
-            return 0
+            return EXIT_OK
 
     return asyncio.run(runner())
 
 
+def _show(args: argparse.Namespace) -> int:
+    as_of = as_of_time = None
+    if args.as_of is not None:
+        kind, value = args.as_of
+        as_of, as_of_time = (value, None) if kind == "seq" else (None, value)
+    found, seq = asyncio.run(audit.show(args.path, args.kind, args.id, as_of, as_of_time))
+    if found is None:
+        when = "" if seq is None else f" as of log sequence {seq}"
+        print(f"durable-log: no {args.kind} {args.id} in {os.path.abspath(args.path)}{when}", file=sys.stderr)
+        return EXIT_USAGE
+    print(audit.to_json(found))
+    return EXIT_OK
+
+
 def _verify(args: argparse.Namespace) -> int:
-    difference = audit.verify(args.path, progress=args.progress or sys.stderr.isatty())
-    if difference is None:
-        print(f"{args.path}: the log verifies and the projections match it")
-        return 0
-    print(f"{args.path}: first difference: {difference}", file=sys.stderr)
-    return 1
+    report = audit.check(args.path, progress=_progress_on(args), limit=max(1, args.max_differences))
+    if report.sound:
+        print(f"{args.path}: {report.summary()}")
+        return EXIT_OK
+    print(f"{args.path}: {report.summary()}", file=sys.stderr)
+    return EXIT_DAMAGE
 
 
 def _export(args: argparse.Namespace) -> int:
-    for line in audit.export_lines(args.path, args.from_seq, args.to_seq):
+    if args.from_seq is not None and args.to_seq is not None and args.from_seq > args.to_seq:
+        raise _usage(f"--from {args.from_seq} is after --to {args.to_seq}: an empty range")
+    if args.since is not None and args.until is not None and args.since > args.until:
+        raise _usage("--since is after --until: an empty range")
+    report = audit.Progress("export", None, _progress_on(args), unit="commits")
+    done = 0
+    for line in audit.export_lines(args.path, args.from_seq or 1, args.to_seq, since=args.since, until=args.until):
         sys.stdout.write(line + "\n")
-    return 0
+        done += 1
+        report(done)
+    report.finish(done)
+    return EXIT_OK
+
+
+def _import(args: argparse.Namespace) -> int:
+    from . import migrate
+
+    async def run() -> migrate.ImportReport:
+        if args.from_pi_durable:
+            report = audit.Progress("import", None, _progress_on(args), unit="commits")
+            source = await migrate.open_pi_durable_store(args.source)
+            try:
+                return await migrate.import_pi_durable(source, args.path, report)
+            finally:
+                await source.close(None)
+        if args.source == "-":
+            report = audit.Progress("import", None, _progress_on(args), unit="commits")
+            return await migrate.import_export(sys.stdin, args.path, report)
+        report = audit.Progress("import", _count_lines(args.source), _progress_on(args), unit="commits")
+        with open(args.source, encoding="utf-8", errors="surrogateescape") as lines:
+            return await migrate.import_export(lines, args.path, report)
+
+    print(asyncio.run(run()))
+    return EXIT_OK
+
+
+def _count_lines(path: str) -> int | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as data:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: data.read(1 << 20), b""))
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from .lmdb_storage import LmdbStorage
+
+    audit.require_store(args.path)
+    if args.projection != "core":
+        known = audit.stored_projections(args.path)
+        if args.projection not in known:
+            names = ", ".join(["core", *sorted(known)])
+            raise _usage(f"The store has no projection {args.projection!r}; it has: {names}")
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(args.path)
+        try:
+            if args.projection == "core":
+                head = storage.log.head()
+                await storage.rebuild(audit.Progress("rebuild", head, _progress_on(args)))
+                print(f"{args.path}: rebuilt the core projections from {audit.plural(head, 'log record')}")
+            else:
+                storage.projections.reset_stored(args.projection)
+                print(f"{args.path}: dropped projection {args.projection!r}; its program refolds it on its next open")
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    return EXIT_OK
+
+
+def _backup(args: argparse.Namespace) -> int:
+    size = audit.backup(args.path, args.dest, compact=args.compact)
+    how = "compacted copy" if args.compact else "copy"
+    print(f"{args.path}: a consistent {how} is in {args.dest} ({audit.format_bytes(size)})")
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,14 +1,13 @@
 """``durable-log demo``: a small agent host on an embedded store, then a look at what it wrote.
 
-It needs pi-durable (``pip install 'pi-durable-lmdb[demo]'``): the workload runs through a real
-pi-durable ``Session``, exactly as a host would use this store.
+The workload runs through a real pi-durable ``Session`` on a store opened the way the README shows
+(``open_lmdb_storage`` with the default ``power`` durability), exactly as a host would use it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 from typing import Any
 
@@ -62,7 +61,7 @@ async def run_workload(path: str) -> dict[str, Any]:
     from pi_durable.context import BACKGROUND_CONTEXT as ctx
 
     notes, settings, answer = _definitions()
-    storage = await LmdbStorage.open(path, durability="process")
+    storage = await LmdbStorage.open(path)  # the README's way: the default, power durability
     session = create_session(storage)
     started = time.perf_counter()
     commits_before = storage.log.head()
@@ -92,7 +91,7 @@ async def run_workload(path: str) -> dict[str, Any]:
             tx.set_task({**task, "state": {"status": "terminal", "outcome": {"status": "completed", "result": text}}})
             doc = await tx.doc(notes, root["id"])
             doc.answers.append(text)
-            doc.summary = f"{number + 1} questions answered"
+            doc.summary = f"{_count(number + 1, 'question', 'questions')} answered"
             config = await tx.doc(settings)
             config.turns = config.turns + 1
 
@@ -106,7 +105,7 @@ async def run_workload(path: str) -> dict[str, Any]:
     await storage.close()
     elapsed = time.perf_counter() - started
 
-    storage = await LmdbStorage.open(path, durability="process")
+    storage = await LmdbStorage.open(path, readonly=True)
     session = create_session(storage)
     try:
         root_notes = await session.snapshot(notes, root["id"], ctx)
@@ -114,11 +113,8 @@ async def run_workload(path: str) -> dict[str, Any]:
         page = await storage.scan_entries({"conversationId": fork["id"]}, 50, None, ctx)
         head = storage.log.head()
         first_turn = await storage.as_of(commits_before + 3)
-        past = await first_turn.document(
-            (await storage.find_document({"kind": "notes", "scope": {"kind": "conversation", "conversationId": root["id"]}}, "current", ctx))["id"],
-            "current",
-            ctx,
-        )
+        notes_id = (await storage.find_document({"kind": "notes", "scope": {"kind": "conversation", "conversationId": root["id"]}}, "current", ctx))["id"]
+        past = await first_turn.document(notes_id, "current", ctx)
     finally:
         await session.close(ctx)
         await storage.close()
@@ -132,6 +128,8 @@ async def run_workload(path: str) -> dict[str, Any]:
         "fork_entries": len(page["items"]),
         "past_answers": None if past is None else len(past["value"]["answers"]),
         "head": head,
+        "notes": notes_id,
+        "first_turn": commits_before + 3,
     }
 
 
@@ -140,16 +138,12 @@ def _count(n: int | None, one: str, many: str) -> str:
 
 
 def main(path: str | None) -> int:
-    try:
-        import pi_durable  # noqa: F401
-    except ImportError:
-        print("durable-log demo runs a pi-durable Session: pip install 'pi-durable-lmdb[demo]'", file=sys.stderr)
-        return 2
     path = path or "demo-store"
     print(f"Running a small agent host on the embedded store at {os.path.abspath(path)} ...\n")
     result = asyncio.run(run_workload(path))
     print(
-        f"Wrote {result['commits']} commits in {result['elapsed'] * 1000:.0f} ms through a pi-durable Session:\n"
+        f"Wrote {_count(result['commits'], 'commit', 'commits')} in {result['elapsed'] * 1000:.0f} ms through a pi-durable Session\n"
+        f"(durability 'power', the default: each commit synced to disk before it returns):\n"
         f"  - conversation {result['root']}: {len(QUESTIONS)} questions and answers (entries), one task per\n"
         f"    question created and settled, a rewindable 'notes' document updated every turn\n"
         f"    ({result['root_answers']} answers now) and a session-wide 'settings' document;\n"
@@ -176,6 +170,8 @@ def main(path: str | None) -> int:
         f"  durable-log tail {path} --follow          # watch commits live, from another terminal\n"
         f"  durable-log tail {path} --from 1 --json --type document.change\n"
         f"  durable-log verify {path}                 # re-fold the log and compare every projection\n"
+        f"  durable-log show {path} document {result['notes']} --as-of {result['first_turn']}"
+        f"   # the notes as they were, by sequence or time\n"
         f"  durable-log export {path} > log.jsonl && durable-log import log.jsonl copy-store\n"
         f"  durable-log rebuild {path}                # rebuild projections beside the live ones\n"
     )

@@ -12,20 +12,48 @@ import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast, overload
 
 import lmdb
+from pi_durable.context import Context
+from pi_durable.types import (
+    ConversationId,
+    ConversationQuery,
+    ConversationRecord,
+    Cursor,
+    DocumentAddress,
+    DocumentId,
+    DocumentPoint,
+    DocumentQuery,
+    DocumentRecord,
+    EntryId,
+    EntryLookup,
+    EntryQuery,
+    EntryRecord,
+    EntryWithHead,
+    Page,
+    Seq,
+    Storage,
+    StorageWrite,
+    StoredDocument,
+    SubmissionId,
+    SubmissionQuery,
+    SubmissionRecord,
+    TaskId,
+    TaskQuery,
+    TaskRecord,
+)
 
-from ..log import Durability, Environment, WriteLog, encode_batch
+from ..log import Durability, Environment, StoreClosedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
 from ..projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
-from ..projections.rebuild import open_core, rebuild
+from ..projections.rebuild import CORE_KEY, REGISTRY_DB, follow_swap, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 
-from .scan import cursor_after, page_of, scan_start, take_page
+from .scan import cursor_after, page_of, reference_page, scan_start, take_page
 
 T = TypeVar("T")
 
@@ -46,20 +74,25 @@ class StorageReads:
         raise NotImplementedError
 
     def _lookup(self, read: Callable[..., T], *args: Any) -> T:
-        """``read(txn, *args)`` in a read transaction of its own (point reads)."""
+        """``read(model, txn, *args)`` in a read transaction of its own (point reads); the model
+        is the one that transaction is served by."""
 
         with self._read() as txn:
-            return read(txn, *args)
+            return read(self._model, txn, *args)
 
     def _assert_open(self) -> None:
         raise NotImplementedError
 
-    async def conversation(self, id: int, context: Any = None) -> Any | None:
-        return self._lookup(self._model.conversation, id)
+    async def conversation(self, id: ConversationId, context: Context) -> ConversationRecord | None:
+        """One conversation by exact id, detached (decoded afresh from its row)."""
+
+        return self._lookup(ReadModel.conversation, id)
 
     async def scan_conversations(
-        self, query: Any, limit: int, cursor: Any | None, context: Any = None
-    ) -> dict[str, Any]:
+        self, query: ConversationQuery, limit: int, cursor: Cursor | None, context: Context
+    ) -> Page[ConversationRecord, Cursor]:
+        """Conversations by id, through an owner index when the query names an owner."""
+
         owner_task = query.get("ownerTaskId")
         owner_conversation = query.get("ownerConversationId")
         with self._read() as txn:
@@ -75,28 +108,38 @@ class StorageReads:
                 return {"items": []}
             prefix = b"" if index is None else t.u64(owner)
             records = self._model.scan_table(txn, t.CONVERSATIONS, index, prefix, start.after, descending)
+            keep = None
             if owner_conversation is not None:
-                records = (
-                    record
-                    for record in records
-                    if record.get("owner") is not None
+                keep = lambda record: (  # noqa: E731
+                    record.get("owner") is not None
                     and record["owner"]["conversationId"] == owner_conversation
                 )
-            return take_page(records, limit, start.order)
+            return cast("Page[ConversationRecord, Cursor]", take_page(records, limit, start.order, keep))
+
+    @overload
+    async def entry(self, id: EntryId, context: Context, /) -> EntryLookup | None: ...
+
+    @overload
+    async def entry(
+        self, conversation_id: ConversationId, id: EntryId, context: Context, /
+    ) -> EntryLookup | None: ...
 
     async def entry(
-        self, id_or_conversation_id: Any, id_or_context: Any = None, context: Any = None
-    ) -> Any | None:
+        self,
+        id_or_conversation_id: EntryId | ConversationId | int,
+        id_or_context: EntryId | Context | None = None,
+        context: Context | None = None,
+    ) -> EntryLookup | None:
         """``entry(id, context)`` globally, or ``entry(conversation_id, id, context)`` through
-        the conversation's fork ancestry."""
+        the conversation's fork ancestry (the contract's two forms, told apart by arity)."""
 
         if context is not None:
             return await self._entry_through(id_or_conversation_id, id_or_context)
         id = _positive_id(id_or_conversation_id)
-        row = self._lookup(self._model.entry_row, id)
+        row = self._lookup(ReadModel.entry_row, id)
         return None if row is None else {"entry": row.record, "commitSeq": row.commit_seq}
 
-    async def _entry_through(self, conversation_id: Any, id: Any) -> Any | None:
+    async def _entry_through(self, conversation_id: Any, id: Any) -> EntryLookup | None:
         self._assert_open()
         if not _is_safe_int(id):
             raise StorageRequestError("Storage.entry() requires an entry ID")
@@ -107,14 +150,18 @@ class StorageReads:
             return {"entry": rows[0].record, "commitSeq": rows[0].commit_seq} if rows else None
 
     async def find_latest_head_marker(
-        self, conversation_id: int, at_or_before_entry_id: int | None, context: Any = None
-    ) -> Any | None:
+        self, conversation_id: ConversationId, at_or_before_entry_id: EntryId | None, context: Context
+    ) -> EntryWithHead | None:
+        """The newest head marker visible from the conversation, walking up its forks."""
+
         with self._read() as txn:
             return self._model.latest_head_marker(txn, conversation_id, at_or_before_entry_id)
 
     async def scan_entries(
-        self, query: Any, limit: int, cursor: Any | None, context: Any = None
-    ) -> dict[str, Any]:
+        self, query: EntryQuery, limit: int, cursor: Cursor | None, context: Context
+    ) -> Page[EntryRecord, Cursor]:
+        """Entries visible in a conversation (its own and its ancestors' up to each fork point)."""
+
         with self._read() as txn:
             start = scan_start(query.get("order"), cursor, "descending")
             min_entry_id = query.get("minEntryId")
@@ -125,30 +172,47 @@ class StorageReads:
             if start.after is not None and start.order == "ascending":
                 bound = start.after if min_entry_id is None else min_entry_id
                 min_entry_id = max(bound, start.after + 1)
+            descending = start.order == "descending"
+            if not isinstance(limit, int):  # the reference's loop, compare for compare
+                rows, _ = self._model.entry_page(txn, query["conversationId"], min_entry_id, max_entry_id, descending, -1)
+                values = []
+                for row in rows:
+                    values.append(row.record)
+                    if len(values) > limit:
+                        break
+                return reference_page(values, limit, start.order)
             rows, more = self._model.entry_page(
                 txn,
                 query["conversationId"],
                 min_entry_id,
                 max_entry_id,
-                start.order == "descending",
+                descending,
                 max(limit, 0),  # below 1, "more" is any entry: the page then fails as the reference's
             )
-            return page_of([row.record for row in rows], more, start.order)
+            return cast("Page[EntryRecord, Cursor]", page_of([row.record for row in rows], more, start.order))
 
-    async def task(self, id: int, context: Any = None) -> Any | None:
-        return self._lookup(self._model.task, id)
+    async def task(self, id: TaskId, context: Context) -> TaskRecord | None:
+        """The latest record of one task."""
+
+        return self._lookup(ReadModel.task, id)
 
     async def scan_tasks(
-        self, query: Any, limit: int, cursor: Any | None, context: Any = None
-    ) -> dict[str, Any]:
+        self, query: TaskQuery, limit: int, cursor: Cursor | None, context: Context
+    ) -> Page[TaskRecord, Cursor]:
+        """Tasks matching every filter of the query, through the status index when it has one."""
+
         return self._scan_by_status(query, limit, cursor, t.TASKS, t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS, _TASK_FILTERS)
 
-    async def submission(self, id: int, context: Any = None) -> Any | None:
-        return self._lookup(self._model.submission, id)
+    async def submission(self, id: SubmissionId, context: Context) -> SubmissionRecord | None:
+        """The latest record of one admitted submission."""
+
+        return self._lookup(ReadModel.submission, id)
 
     async def scan_submissions(
-        self, query: Any, limit: int, cursor: Any | None, context: Any = None
-    ) -> dict[str, Any]:
+        self, query: SubmissionQuery, limit: int, cursor: Cursor | None, context: Context
+    ) -> Page[SubmissionRecord, Cursor]:
+        """Submissions matching every filter of the query, through the status index when it has one."""
+
         return self._scan_by_status(
             query, limit, cursor, t.SUBMISSIONS, t.SUBMISSIONS_BY_STATUS, t.SUBMISSION_STATUS_KEYS, ("conversationId",)
         )
@@ -157,12 +221,12 @@ class StorageReads:
         self,
         query: Any,
         limit: int,
-        cursor: Any | None,
+        cursor: Cursor | None,
         table: str,
         by_status: str,
         status_keys: dict[str, bytes],
         filters: tuple[str, ...],
-    ) -> dict[str, Any]:
+    ) -> Any:
         """Tasks or submissions in id order, through the status index when the query has one,
         filtered as the reference filters them."""
 
@@ -172,20 +236,27 @@ class StorageReads:
             index, prefix = (None, b"") if status is None else (by_status, status_keys[status])
             records = self._model.scan_table(txn, table, index, prefix, start.after, start.order == "descending")
             wanted = [(name, query[name]) for name in filters if name in query]
+            keep = None
             if wanted:
-                records = _matching(records, wanted)
-            return take_page(records, limit, start.order)
+                keep = lambda record: all(record[name] == value for name, value in wanted)  # noqa: E731
+            return take_page(records, limit, start.order, keep)
 
     async def submission_by_request(
-        self, conversation_id: int, request_id: str, context: Any = None
-    ) -> Any | None:
+        self, conversation_id: ConversationId, request_id: str, context: Context
+    ) -> SubmissionRecord | None:
+        """A submission by the host's per-conversation deduplication key."""
+
         with self._read() as txn:
             id = self._model.submission_id_by_request(txn, conversation_id, request_id)
             return None if id is None else self._model.submission(txn, id)
 
     # ── document reads ──────────────────────────────────────────────────────
 
-    async def find_document(self, address: Any, at: Any, context: Any = None) -> Any | None:
+    async def find_document(
+        self, address: DocumentAddress, at: DocumentPoint, context: Context
+    ) -> DocumentRecord | None:
+        """The incarnation occupying one logical address now, or at commit ``at``."""
+
         with self._read() as txn:
             key = address_key(address)
             if at == "current":
@@ -197,13 +268,17 @@ class StorageReads:
                     return record
             return None
 
-    async def document(self, id: int, at: Any, context: Any = None) -> Any | None:
+    async def document(self, id: DocumentId, at: DocumentPoint, context: Context) -> StoredDocument | None:
+        """One incarnation's value and version, materialized from its nearest base and deltas."""
+
         with self._read() as txn:
             return self._model.materialize(txn, id, at)
 
     async def scan_documents(
-        self, query: Any, limit: int, cursor: Any | None, context: Any = None
-    ) -> dict[str, Any]:
+        self, query: DocumentQuery, limit: int, cursor: Cursor | None, context: Context
+    ) -> Page[DocumentRecord, Cursor]:
+        """Incarnations alive in one exact scope at the selected point, by id."""
+
         with self._read() as txn:
             scope = scope_key(query["scope"])
             after = cursor_after(cursor)
@@ -212,15 +287,15 @@ class StorageReads:
             )
             kind_filter = "kind" in query
             kind, at = query.get("kind"), query["at"]
-            alive = (
-                record
-                for record in records
-                if (not kind_filter or record["kind"] == kind) and is_alive_at(record, at)
-            )
-            return take_page(alive, limit, "ascending")
+            return cast("Page[DocumentRecord, Cursor]", take_page(
+                records,
+                limit,
+                "ascending",
+                lambda record: (not kind_filter or record["kind"] == kind) and is_alive_at(record, at),
+            ))
 
 
-class LmdbStorage(StorageReads):
+class LmdbStorage(StorageReads, Storage):
     """An embedded, event-sourced implementation of ``pi_durable.types.Storage``."""
 
     def __init__(
@@ -237,6 +312,10 @@ class LmdbStorage(StorageReads):
         self._projector = Projector(self._model)
         self.projections = UserProjections(env, self.log, projections)
         self._closed = False
+        self._registry = env.db(REGISTRY_DB)
+        self._core: bytes | None = None
+        """The core header the read model was checked against; read-only handles compare it at
+        each read, so they follow a rebuild's swap made by the writer."""
         with env.read() as txn:
             stored = self._model.max_record_id(txn) + 1
             raw = txn.get(_RESERVED_KEY, db=self._meta)
@@ -276,19 +355,23 @@ class LmdbStorage(StorageReads):
 
     @property
     def path(self) -> str:
+        """The store's directory, absolute, as the environment resolved it."""
+
         return self._env.path
 
     # ── commits ─────────────────────────────────────────────────────────────
 
     async def commit(
-        self, writes: Sequence[Any], context: Any = None, *, committed_at: int | None = None
-    ) -> int:
+        self, writes: Sequence[StorageWrite], context: Context, *, committed_at: int | None = None
+    ) -> Seq:
         """Validate, log, fold and durably commit one batch; returns its sequence.
 
         ``committed_at`` (Unix ms) replaces the clock, for imports that keep original times.
         """
 
         self._assert_open()
+        if committed_at is not None:
+            committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
 
         def work(txn: lmdb.Transaction) -> tuple[int, int]:
@@ -302,9 +385,12 @@ class LmdbStorage(StorageReads):
         self.projections.kick()
         if max_id >= self._next_id:
             self._next_id = max_id + 1
-        return seq
+        return Seq(seq)
 
     async def mint_id(self) -> int:
+        """A fresh id above every id stored or minted, across reopen and crashes (blocks of
+        ``ID_BLOCK`` ids are reserved durably, so minting rarely touches the disk)."""
+
         self._assert_open()
         if self._next_id > MAX_SAFE_INTEGER:
             raise ValueError("ID space is exhausted")
@@ -341,7 +427,7 @@ class LmdbStorage(StorageReads):
             raise ValueError(f"as_of() needs a committed sequence from 0 to {head}, not {seq!r}")
         return StorageView(self, seq)
 
-    async def close(self, context: Any = None) -> None:
+    async def close(self, context: Context | None = None) -> None:
         """Sync and release the store; every later call is refused. Reads never span an await,
         so none is in flight here."""
 
@@ -350,23 +436,46 @@ class LmdbStorage(StorageReads):
         self._closed = True
         await self.projections.close()
         self._env.close()
+        self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
 
     def _assert_open(self) -> None:
         if self._closed:
-            raise RuntimeError("LmdbStorage is closed")
+            raise StoreClosedError("LmdbStorage is closed")
 
     def _read(self) -> Any:
-        self._assert_open()
-        return self._env.read()
+        if self._closed:
+            raise StoreClosedError("LmdbStorage is closed")
+        txn = self._env.read()
+        return self._follow(txn) if self._env.readonly else txn
 
     def _lookup(self, read: Callable[..., T], *args: Any) -> T:
-        if self._closed:
-            raise RuntimeError("LmdbStorage is closed")
-        txn = self._env.read()
+        txn = self._read()
         try:
-            return read(txn, *args)
+            return read(self._model, txn, *args)
         finally:
             txn.abort()
+
+    def _follow(self, txn: lmdb.Transaction) -> lmdb.Transaction:
+        """A read transaction served by the generation its snapshot names: a rebuild by the writer
+        (another process, or another handle in this one) swaps generations and drops the old
+        tables. Tables opened after a transaction began are not usable in it, so a swap begins a
+        new one."""
+
+        raw = txn.get(CORE_KEY, db=self._registry)
+        while raw != self._core:
+            try:
+                model = follow_swap(self._env, self._model, raw)
+            except BaseException:
+                txn.abort()
+                raise
+            if model is self._model:  # the same generation (a rebuild began, or gave up)
+                self._core = raw
+                break
+            txn.abort()
+            self._model = model
+            txn = self._env.read()
+            raw = txn.get(CORE_KEY, db=self._registry)
+        return txn
 
 
 
@@ -376,8 +485,13 @@ class StorageView(StorageReads):
 
     def __init__(self, storage: LmdbStorage, seq: int) -> None:
         self._storage = storage
-        self._model = storage._model
         self.seq = seq
+
+    @property
+    def _model(self) -> ReadModel:  # type: ignore[override]
+        """The store's current tables: a rebuild swaps them, and they hold the same history."""
+
+        return self._storage._model
 
     @contextmanager
     def _read(self) -> Iterator[AsOfTxn]:
@@ -387,14 +501,18 @@ class StorageView(StorageReads):
     def _assert_open(self) -> None:
         self._storage._assert_open()
 
-    async def commit(self, writes: Sequence[Any], context: Any = None) -> int:
+    async def commit(self, writes: Sequence[StorageWrite], context: Context | None = None) -> Seq:
+        """Refused: a view shows the past."""
+
         raise PermissionError(f"A view as of sequence {self.seq} is read-only")
 
     async def mint_id(self) -> int:
+        """Refused: a view shows the past."""
+
         raise PermissionError(f"A view as of sequence {self.seq} is read-only")
 
-    async def close(self, context: Any = None) -> None:
-        """Views hold nothing open between reads."""
+    async def close(self, context: Context | None = None) -> None:
+        """Nothing to release: views hold nothing open between reads."""
 
 
 
@@ -411,7 +529,3 @@ def _positive_id(value: Any) -> int:
     return value
 
 
-def _matching(records: Iterator[Any], filters: list[tuple[str, Any]]) -> Iterator[Any]:
-    for record in records:
-        if all(record[name] == wanted for name, wanted in filters):
-            yield record

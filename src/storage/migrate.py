@@ -1,20 +1,35 @@
 """Building a store from elsewhere: a ``durable-log export`` (every batch replayed through the
 normal commit path, so everything is validated again), or a pi-durable SQLite or JSONL store read
 through its own ``Storage`` API (which shows final states, not the history that led to them).
+
+A new store is built in a temporary directory beside its target without a sync per commit, synced
+once at the end and renamed into place: an import is as fast as ``process`` durability allows, and
+a failed or interrupted one leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import AsyncIterator, Iterable
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
+from pi_durable.context import BACKGROUND_CONTEXT
+
+from .audit import plural
+from .jsonlines import from_json
 from .lmdb_storage import LmdbStorage
 
 _BATCH = 256
 """Records per commit when a source has no commit grouping of its own."""
+_MAX_TIME: Final = 2**63 - 1
+"""A commit time is stored as a signed 64-bit integer of Unix milliseconds."""
+
+Progress = Callable[[int], None]
+"""Called with the number of commits made so far."""
 
 
 @dataclass
@@ -28,45 +43,106 @@ class ImportReport:
         self.records[kind] = self.records.get(kind, 0) + n
 
     def __str__(self) -> str:
-        counts = ", ".join(f"{n} {kind}" for kind, n in self.records.items()) or "nothing"
-        lines = [f"imported {self.commits} commits ({counts})"]
+        counts = ", ".join(plural(n, kind, _PLURALS.get(kind)) for kind, n in self.records.items()) or "nothing"
+        lines = [f"imported {plural(self.commits, 'commit')} ({counts})"]
         if self.renumbered:
             lines.append("note: the export did not start at sequence 1; sequences were renumbered")
         lines.extend(f"not carried over: {what}" for what in self.lacking)
         return "\n".join(lines)
 
 
-async def _open_empty(target: str | os.PathLike[str], durability: Any) -> LmdbStorage:
-    storage = await LmdbStorage.open(target, durability=durability)
-    if storage.log.head() != 0:
-        await storage.close()
-        raise ValueError(f"The store at {storage.path} is not empty; import only into a new store")
-    return storage
+_PLURALS: Final = {"entry": "entries"}
+
+
+def _refuse_existing(target: str) -> None:
+    if os.path.isdir(target):
+        if os.listdir(target):
+            raise ValueError(f"{target} is not empty; import only into a new store")
+    elif os.path.lexists(target):
+        raise ValueError(f"{target} exists and is not a directory; import only into a new store")
+
+
+@asynccontextmanager
+async def new_store(target: str | os.PathLike[str]) -> AsyncIterator[LmdbStorage]:
+    """A store built in a temporary directory beside ``target`` (which must not exist, or be an
+    empty directory), synced once and renamed to ``target`` when the block ends without error;
+    removed when it raises."""
+
+    final = os.path.abspath(os.fspath(target))
+    _refuse_existing(final)
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    building = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.importing-", dir=parent)
+    try:
+        storage = await LmdbStorage.open(building, durability="process")
+        try:
+            yield storage
+        finally:
+            await storage.close()  # syncs the store once, as a process-durability store does
+        _refuse_existing(final)  # someone may have made it meanwhile
+        os.rename(building, final)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives power loss
+    finally:
+        os.close(fd)
+
+
+def parse_batch(number: int, line: str) -> tuple[int, int, list[Any]]:
+    """``(seq, committedAt, writes)`` of one export line; a ``ValueError`` naming the line and
+    the field when it is not a batch this program could have written."""
+
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"Line {number} of the export is not a batch: {why}")
+
+    try:
+        batch = from_json(line)
+    except (ValueError, RecursionError) as error:
+        raise refuse(f"not JSON ({error})") from None
+    if not isinstance(batch, dict):
+        raise refuse(f"a JSON {type(batch).__name__}, not an object")
+    missing = [name for name in ("seq", "committedAt", "writes") if name not in batch]
+    if missing:
+        raise refuse(f"no {', '.join(repr(name) for name in missing)}")
+    seq, committed_at, writes = batch["seq"], batch["committedAt"], batch["writes"]
+    if type(seq) is not int or seq < 1:
+        raise refuse(f"'seq' must be a positive integer, not {_shown(seq)}")
+    if type(committed_at) is not int or not 0 <= committed_at <= _MAX_TIME:
+        raise refuse(f"'committedAt' must be an integer of Unix milliseconds from 0 to 2**63-1, not {_shown(committed_at)}")
+    if not isinstance(writes, list):
+        raise refuse(f"'writes' must be an array, not {_shown(writes)}")
+    return seq, committed_at, writes
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 async def import_export(
-    lines: Iterable[str], target: str | os.PathLike[str], durability: Any = "power"
+    lines: Iterable[str], target: str | os.PathLike[str], progress: Progress | None = None
 ) -> ImportReport:
     """Replay an export's batches, keeping their commit times; sequences match from 1 on."""
 
-    storage = await _open_empty(target, durability)
     report = ImportReport()
-    try:
+    async with new_store(target) as storage:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
+            seq, committed_at, writes = parse_batch(number, line)
             try:
-                batch = json.loads(line)
-                writes, committed_at, seq = batch["writes"], batch["committedAt"], batch["seq"]
-            except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"Line {number} of the export is not a batch: {error}") from None
-            new_seq = await storage.commit(writes, committed_at=committed_at)
+                new_seq = await storage.commit(writes, BACKGROUND_CONTEXT, committed_at=committed_at)
+            except (ValueError, TypeError) as error:
+                raise ValueError(f"Line {number} of the export (sequence {seq}) is refused: {error}") from None
             report.renumbered |= new_seq != seq
             report.commits += 1
             for write in writes:
                 report.count(write["type"])
-    finally:
-        await storage.close()
+            if progress is not None:
+                progress(report.commits)
     return report
 
 
@@ -74,7 +150,6 @@ async def open_pi_durable_store(path: str) -> Any:
     """A pi-durable SQLite file or JSONL directory, through pi-durable's own backends."""
 
     if os.path.isdir(path):
-        from pi_durable.context import BACKGROUND_CONTEXT
         from pi_durable.env.posix import PosixExecutionEnv
         from pi_durable.storage.jsonl import JsonlStorage
 
@@ -98,12 +173,16 @@ async def _pages(scan: Any, query: dict[str, Any], limit: int = 500) -> AsyncIte
 
 
 async def import_pi_durable(
-    source: Any, target: str | os.PathLike[str], durability: Any = "power"
+    source: Any, target: str | os.PathLike[str], progress: Progress | None = None
 ) -> ImportReport:
     """Copy what a pi-durable ``Storage`` exposes: conversations, entries grouped by their original
     commits, tasks and submissions in their final state, and live documents' current values."""
 
-    storage = await _open_empty(target, durability)
+    async with new_store(target) as storage:
+        return await _copy_pi_durable(source, storage, progress)
+
+
+async def _copy_pi_durable(source: Any, storage: LmdbStorage, progress: Progress | None) -> ImportReport:
     report = ImportReport(
         lacking=[
             "the order of commits other than entries' (tasks and submissions keep only their final state)",
@@ -111,50 +190,50 @@ async def import_pi_durable(
             "commit sequences and times: the new store numbers its own commits",
         ]
     )
-    try:
-        conversations = [record async for record in _pages(source.scan_conversations, {})]
-        for start in range(0, len(conversations), _BATCH):
-            chunk = conversations[start : start + _BATCH]
-            await storage.commit([{"type": "conversation", "value": record} for record in chunk])
-            report.commits += 1
-            report.count("conversation", len(chunk))
 
-        by_commit: dict[int, list[Any]] = {}
-        for conversation in conversations:
-            async for entry in _pages(
-                source.scan_entries, {"conversationId": conversation["id"], "order": "ascending"}
-            ):
-                if entry["conversationId"] != conversation["id"]:
-                    continue
-                lookup = await source.entry(entry["id"], None)
-                by_commit.setdefault(lookup["commitSeq"], []).append(entry)
-        for seq in sorted(by_commit):
-            await storage.commit([{"type": "entry", "value": entry} for entry in by_commit[seq]])
-            report.commits += 1
-            report.count("entry", len(by_commit[seq]))
+    async def commit(writes: list[Any]) -> None:
+        await storage.commit(writes, BACKGROUND_CONTEXT)
+        report.commits += 1
+        if progress is not None:
+            progress(report.commits)
 
-        tasks = [record async for record in _pages(source.scan_tasks, {})]
-        submissions = [record async for record in _pages(source.scan_submissions, {})]
-        for kind, records in (("task", tasks), ("submission", submissions)):
-            for start in range(0, len(records), _BATCH):
-                chunk = records[start : start + _BATCH]
-                await storage.commit([{"type": kind, "value": record} for record in chunk])
-                report.commits += 1
-                report.count(kind, len(chunk))
+    conversations = [record async for record in _pages(source.scan_conversations, {})]
+    for start in range(0, len(conversations), _BATCH):
+        chunk = conversations[start : start + _BATCH]
+        await commit([{"type": "conversation", "value": record} for record in chunk])
+        report.count("conversation", len(chunk))
 
-        scopes = [{"kind": "session"}]
-        scopes += [{"kind": "conversation", "conversationId": c["id"]} for c in conversations]
-        scopes += [{"kind": "task", "taskId": task["id"]} for task in tasks]
-        for scope in scopes:
-            async for record in _pages(source.scan_documents, {"scope": scope, "at": "current"}):
-                stored = await source.document(record["id"], "current", None)
-                if stored is None:
-                    continue
-                create = {k: v for k, v in record.items() if k not in ("createdAt", "retiredAt")}
-                content = {"kind": "base", "version": stored["version"], "value": stored["value"]}
-                await storage.commit([{"type": "document.create", "record": create, "content": content}])
-                report.commits += 1
-                report.count("document")
-    finally:
-        await storage.close()
+    by_commit: dict[int, list[Any]] = {}
+    for conversation in conversations:
+        async for entry in _pages(
+            source.scan_entries, {"conversationId": conversation["id"], "order": "ascending"}
+        ):
+            if entry["conversationId"] != conversation["id"]:
+                continue
+            lookup = await source.entry(entry["id"], None)
+            by_commit.setdefault(lookup["commitSeq"], []).append(entry)
+    for seq in sorted(by_commit):
+        await commit([{"type": "entry", "value": entry} for entry in by_commit[seq]])
+        report.count("entry", len(by_commit[seq]))
+
+    tasks = [record async for record in _pages(source.scan_tasks, {})]
+    submissions = [record async for record in _pages(source.scan_submissions, {})]
+    for kind, records in (("task", tasks), ("submission", submissions)):
+        for start in range(0, len(records), _BATCH):
+            chunk = records[start : start + _BATCH]
+            await commit([{"type": kind, "value": record} for record in chunk])
+            report.count(kind, len(chunk))
+
+    scopes = [{"kind": "session"}]
+    scopes += [{"kind": "conversation", "conversationId": c["id"]} for c in conversations]
+    scopes += [{"kind": "task", "taskId": task["id"]} for task in tasks]
+    for scope in scopes:
+        async for record in _pages(source.scan_documents, {"scope": scope, "at": "current"}):
+            stored = await source.document(record["id"], "current", None)
+            if stored is None:
+                continue
+            create = {k: v for k, v in record.items() if k not in ("createdAt", "retiredAt")}
+            content = {"kind": "base", "version": stored["version"], "value": stored["value"]}
+            await commit([{"type": "document.create", "record": create, "content": content}])
+            report.count("document")
     return report

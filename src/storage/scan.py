@@ -6,7 +6,8 @@ order is a foreign cursor and is refused, as the reference backends refuse it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any, Literal, NamedTuple
 
@@ -58,11 +59,40 @@ def cursor_after(cursor: Any) -> int | None:
     return after  # type: ignore[no-any-return]
 
 
-def take_page(records: Iterable[Any], limit: int, order: Order) -> dict[str, Any]:
-    """At most ``limit`` records, and a cursor when one more exists (it pulls ``limit + 1``)."""
+def take_page(
+    candidates: Iterable[Any], limit: Any, order: Order, keep: Callable[[Any], bool] | None = None
+) -> dict[str, Any]:
+    """At most ``limit`` of the candidates ``keep`` accepts, and a cursor when one more exists.
 
-    values = list(islice(records, limit + 1)) if limit >= 0 else []
-    return page_of(values[:limit], len(values) > limit, order)
+    Any limit the reference accepts gives its page: it compares ``len(page) > limit`` before
+    each candidate and slices ``page[:limit]``, so a negative limit is an empty page, a huge one
+    is every record, and a limit of another type fails (or not) exactly where it fails there.
+    """
+
+    if isinstance(limit, int):
+        if limit < 0:
+            return {"items": []}
+        kept = candidates if keep is None else filter(keep, candidates)
+        values = list(islice(kept, limit + 1)) if limit < sys.maxsize else list(kept)
+        return page_of(values[:limit], len(values) > limit, order)
+    values = []
+    for record in candidates:
+        if len(values) > limit:
+            break
+        if keep is None or keep(record):
+            values.append(record)
+    return reference_page(values, limit, order)
+
+
+def reference_page(values: list[Any], limit: Any, order: Order) -> dict[str, Any]:
+    """The page the reference makes of the records its loop collected, for a limit of any type."""
+
+    if not values:
+        return {"items": []}
+    items = values[:limit]
+    if len(values) <= limit:
+        return {"items": items}
+    return {"items": items, "next": {"after": items[-1]["id"], "order": order}}
 
 
 def page_of(items: list[Any], more: bool, order: Order) -> dict[str, Any]:

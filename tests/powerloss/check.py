@@ -31,6 +31,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
+
 from tests.powerloss.workload import EntryCounts, canonical, counts_of, read_counts  # noqa: E402
 
 
@@ -126,7 +128,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             {"type": "entry", "value": {"id": entry_id, "conversationId": minted, "kind": "check"}},
         ]
         writer_head = storage.log.head()
-        seq = await storage.commit(batch)
+        seq = await storage.commit(batch, CTX)
         if seq != writer_head + 1:
             problems.append(f"SEQUENCE: a new commit got {seq} after head {writer_head}")
         await asyncio.wait_for(storage.projections.wait(seq), 10)

@@ -30,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
+
 from tests.powerloss.workload import EntryCounts, canonical  # noqa: E402
 
 TEXTS = ["", "a", "héllo", "\ud800", "日本", "x" * 300]
@@ -60,7 +62,7 @@ class Workload:
 
     async def commit(self, writes: list[dict[str, Any]]) -> int:
         self.marks.say("intent " + canonical(writes))
-        seq = await self.storage.commit(writes)
+        seq = await self.storage.commit(writes, CTX)
         self.marks.say(f"ack {seq}")
         self.apply(writes)
         return seq

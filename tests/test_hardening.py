@@ -1,0 +1,552 @@
+"""Hardening (issue 12): each finding of a hostile session, and the family it stands for.
+
+* record headers: every value a caller can put in one is checked before anything is written, so
+  every record the program wrote reads back;
+* scan limits: any limit, of any type, gives ``MemoryStorage``'s page (or its error);
+* document addresses and scopes are identified by the reference's text of them;
+* readers across a rebuild, reads after ``close()``, a ``wait`` pending at ``close()``;
+* a truncated ``data.mdb`` is named at open, never read past its end.
+
+``docs/reliability.md`` lists each finding with its test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.storage.memory import MemoryStorage
+
+from pi_durable_lmdb.log import Environment, TruncatedStoreError, WriterLockedError
+from pi_durable_lmdb.log.records import decode_record, encode_record
+from pi_durable_lmdb.storage import LmdbStorage
+from pi_durable_lmdb.storage.audit import verify
+
+from .workload import Workload
+
+ENTRY = [{"type": "conversation", "value": {"id": 1}}]
+
+
+async def _outcome(call: Any) -> tuple[Any, ...]:
+    try:
+        return ("ok", await call)
+    except Exception as error:  # the comparison covers the reference's errors too
+        return ("error", type(error).__name__, str(error))
+
+
+# ── 1. record headers ───────────────────────────────────────────────────────
+
+BAD_COMMITTED_AT = [
+    True,
+    False,
+    1.5,
+    1.0,
+    "1700000000000",
+    b"1",
+    None.__class__,
+    [1],
+    {"t": 1},
+    2**63,
+    2**64,
+    -(2**63) - 1,
+    10**5000,
+]
+
+
+@pytest.mark.parametrize("value", BAD_COMMITTED_AT, ids=lambda value: f"{type(value).__name__}-{str(value)[:20] if not isinstance(value, int) or value.bit_length() < 100 else 'huge'}")
+async def test_a_commit_time_the_header_cannot_hold_is_refused_before_writing(tmp_path: Path, value: Any) -> None:
+    storage = await LmdbStorage.open(tmp_path / "s", durability="process")
+    try:
+        await storage.commit(ENTRY, CTX)
+        with pytest.raises((TypeError, ValueError), match="committed_at"):
+            await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX, committed_at=value)
+        assert storage.log.head() == 1
+        assert await storage.conversation(2, CTX) is None
+        seq = await storage.commit([{"type": "conversation", "value": {"id": 3}}], CTX)
+        assert seq == 2
+    finally:
+        await storage.close()
+    assert verify(str(tmp_path / "s")) is None
+
+
+@pytest.mark.parametrize("value", BAD_COMMITTED_AT, ids=lambda value: f"{type(value).__name__}-{str(value)[:20] if not isinstance(value, int) or value.bit_length() < 100 else 'huge'}")
+def test_the_log_layer_refuses_such_a_header_too(value: Any) -> None:
+    with pytest.raises((TypeError, ValueError), match="committed_at"):
+        encode_record(b"\x90", value)
+
+
+@pytest.mark.parametrize("value", [0, 1, -(2**63), 2**63 - 1, 1_760_000_000_000])
+async def test_every_commit_time_accepted_reads_back(tmp_path: Path, value: int) -> None:
+    storage = await LmdbStorage.open(tmp_path / "s", durability="process")
+    try:
+        seq = await storage.commit(ENTRY, CTX, committed_at=value)
+        commit = storage.log.get(seq)
+        assert commit is not None and commit.committed_at == value
+        assert [c.committed_at for c in storage.log.read(1)] == [value]
+    finally:
+        await storage.close()
+    assert verify(str(tmp_path / "s")) is None
+    assert decode_record(1, encode_record(b"\x90", value)).committed_at == value
+
+
+@pytest.mark.parametrize("payload", ["\x90", 144, None, [1]], ids=repr)
+def test_a_record_payload_must_be_bytes(payload: Any) -> None:
+    with pytest.raises(TypeError, match="payload"):
+        encode_record(payload, 1)
+
+
+# ── 2. scan limits against MemoryStorage ────────────────────────────────────
+
+
+class _Pair:
+    """The same batches in this engine and in the reference, on one event loop."""
+
+    def __init__(self, path: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.reference = MemoryStorage()
+        self.storage = self.loop.run_until_complete(LmdbStorage.open(path, durability="process"))
+        self.work = Workload(12)
+        done = 0
+        while done < 60:
+            writes = self.work.batch()
+            try:
+                self.reference.prepare_commit(writes)
+            except Exception:
+                continue
+            self.loop.run_until_complete(self.reference.commit(writes, CTX))
+            self.loop.run_until_complete(self.storage.commit(writes, CTX))
+            done += 1
+
+    def both(self, method: str, *args: Any) -> tuple[Any, Any]:
+        run = self.loop.run_until_complete
+        return (
+            run(_outcome(getattr(self.reference, method)(*args))),
+            run(_outcome(getattr(self.storage, method)(*args))),
+        )
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.storage.close())
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Pair]:
+    made = _Pair(tmp_path_factory.mktemp("hardening") / "store")
+    yield made
+    made.close()
+
+
+LIMITS = st.one_of(
+    st.integers(-10, 12),
+    st.sampled_from([sys.maxsize, sys.maxsize + 1, 2**64, 2**100, -(2**64), -sys.maxsize - 1]),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([2.0, -1.0, 0.5, float("inf"), float("-inf")]),
+    st.text(max_size=2),
+    st.sampled_from([[], [1], {}, (1,), b"2", object]),
+)
+
+
+def _scans(work: Workload) -> list[tuple[str, dict[str, Any]]]:
+    conversations = work.conversations or [1]
+    return [
+        ("scan_conversations", {}),
+        ("scan_conversations", {"order": "descending"}),
+        ("scan_conversations", {"ownerConversationId": conversations[0]}),
+        ("scan_conversations", {"ownerTaskId": (work.tasks or [7])[0]}),
+        ("scan_tasks", {}),
+        ("scan_tasks", {"order": "descending", "background": True}),
+        ("scan_tasks", {"status": "pending"}),
+        ("scan_tasks", {"kind": "no such kind"}),
+        ("scan_submissions", {}),
+        ("scan_submissions", {"status": "queued", "order": "descending"}),
+        ("scan_submissions", {"conversationId": 10**6}),
+        ("scan_entries", {"conversationId": conversations[0]}),
+        ("scan_entries", {"conversationId": conversations[-1], "order": "ascending"}),
+        ("scan_entries", {"conversationId": conversations[0], "minEntryId": 10**9}),
+        ("scan_documents", {"scope": {"kind": "session"}, "at": "current"}),
+        ("scan_documents", {"scope": {"kind": "conversation", "conversationId": conversations[0]}, "at": "current"}),
+        ("scan_documents", {"scope": {"kind": "session"}, "at": 5, "kind": "no such kind"}),
+    ]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(limit=LIMITS, which=st.integers(0, 16), cursor=st.sampled_from([None, {"after": 3}]))
+def test_every_scan_with_any_limit_matches_memory_storage(pair: _Pair, limit: Any, which: int, cursor: Any) -> None:
+    method, query = _scans(pair.work)[which]
+    if cursor is not None and method != "scan_documents":
+        cursor = {**cursor, "order": query.get("order", "descending" if method == "scan_entries" else "ascending")}
+    expected, got = pair.both(method, query, limit, cursor, CTX)
+    assert got == expected, (method, query, limit)
+
+
+@pytest.mark.parametrize("limit", [-1, -5, 0, sys.maxsize, 2**64], ids=repr)
+@pytest.mark.parametrize("method", ["scan_tasks", "scan_conversations", "scan_submissions", "scan_documents", "scan_entries"])
+def test_named_scan_limits_match_memory_storage(pair: _Pair, method: str, limit: int) -> None:
+    query = next(query for name, query in _scans(pair.work) if name == method)
+    expected, got = pair.both(method, query, limit, None, CTX)
+    assert got == expected
+    if limit > 2**32:
+        assert got[0] == "ok" and got[1]["items"] and "next" not in got[1]
+
+
+# ── 3. document addresses and scopes: the reference's text of them ─────────
+
+KEYS = ["😀", "\ud83d\ude00", "\ud83d", "\ude00", "é", "e\u0301", None, "k"]
+"""Keys whose texts collide in the reference (a pair and its character) or must not (a lone
+half, a combining sequence, an absent key)."""
+
+
+def _create(id: int, key: Any, scope: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    record: dict[str, Any] = {"id": id, "kind": "notes", "scope": scope or {"kind": "session"}}
+    if key is not None:
+        record["key"] = key
+    return [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"n": id}}}]
+
+
+async def _address_story(store: Any) -> list[Any]:
+    """Creates, retires and lookups over colliding addresses; every outcome, errors included."""
+
+    out: list[Any] = [await _outcome(store.commit([{"type": "conversation", "value": {"id": 1}}], CTX))]
+    for index, key in enumerate(KEYS):
+        out.append(await _outcome(store.commit(_create(10 + index, key), CTX)))
+    out.append(await _outcome(store.commit([{"type": "document.retire", "id": 10}], CTX)))
+    out.append(await _outcome(store.commit(_create(30, "\ud83d\ude00"), CTX)))
+    out.append(await _outcome(store.commit(_create(31, "x", {"kind": "task", "taskId": 5}), CTX)))
+    out.append(await _outcome(store.commit(_create(32, "x", {"kind": "conversation", "conversationId": 1}), CTX)))
+    for key in KEYS:
+        address: dict[str, Any] = {"kind": "notes", "scope": {"kind": "session"}}
+        if key is not None:
+            address["key"] = key
+        for at in ("current", 2, 3, 10, 11):
+            out.append(await _outcome(store.find_document(address, at, CTX)))
+    for scope in (
+        {"kind": "conversation", "conversationId": 1},
+        {"kind": "conversation", "conversationId": "1"},
+        {"kind": "conversation", "conversationId": True},
+        {"kind": "task", "taskId": 5},
+        {"kind": "task", "taskId": "5"},
+        {"kind": "other", "taskId": 5},
+    ):
+        out.append(await _outcome(store.scan_documents({"scope": scope, "at": "current"}, 10, None, CTX)))
+        out.append(await _outcome(store.find_document({"kind": "notes", "scope": scope, "key": "x"}, "current", CTX)))
+    return out
+
+
+async def test_document_addresses_are_the_reference_s_text_of_them(tmp_path: Path) -> None:
+    expected = await _address_story(MemoryStorage())
+    storage = await LmdbStorage.open(tmp_path / "s", durability="process")
+    try:
+        assert await _address_story(storage) == expected
+        # "😀" then "\ud83d\ude00": one address, so the second live create was refused
+        assert expected[1][0] == "ok" and expected[2][0] == "error"
+        head = storage.log.head()
+        views = [await storage.as_of(seq) for seq in range(head + 1)]
+        memory = MemoryStorage()
+        await _address_story(memory)
+        session = {"kind": "notes", "scope": {"kind": "session"}}
+        for seq, view in enumerate(views):  # a view sees the address as the live store did then
+            found = await view.find_document({**session, "key": "\ud83d\ude00"}, "current", CTX)
+            assert (None if found is None else found["id"]) == (None if seq < 2 or seq == 9 else 10 if seq < 9 else 30)
+            found = await view.find_document({**session, "key": "😀"}, "current", CTX)
+            assert (None if found is None else found["id"]) == (None if seq < 2 or seq == 9 else 10 if seq < 9 else 30)
+        await storage.rebuild()
+        again = [await _outcome(storage.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": key}, "current", CTX)) for key in KEYS]
+        want = [await _outcome(memory.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": key}, "current", CTX)) for key in KEYS]
+        assert again == want
+    finally:
+        await storage.close()
+    assert verify(str(tmp_path / "s")) is None
+
+
+# ── 4. every public method after close() ───────────────────────────────────
+
+STORAGE_CALLS: list[tuple[str, Any]] = [
+    ("conversation", lambda s: s.conversation(1, CTX)),
+    ("scan_conversations", lambda s: s.scan_conversations({}, 5, None, CTX)),
+    ("entry", lambda s: s.entry(2, CTX)),
+    ("entry through", lambda s: s.entry(1, 2, CTX)),
+    ("find_latest_head_marker", lambda s: s.find_latest_head_marker(1, None, CTX)),
+    ("scan_entries", lambda s: s.scan_entries({"conversationId": 1}, 5, None, CTX)),
+    ("task", lambda s: s.task(3, CTX)),
+    ("scan_tasks", lambda s: s.scan_tasks({}, 5, None, CTX)),
+    ("submission", lambda s: s.submission(4, CTX)),
+    ("scan_submissions", lambda s: s.scan_submissions({}, 5, None, CTX)),
+    ("submission_by_request", lambda s: s.submission_by_request(1, "r", CTX)),
+    ("find_document", lambda s: s.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": "😀"}, "current", CTX)),
+    ("document", lambda s: s.document(5, "current", CTX)),
+    ("scan_documents", lambda s: s.scan_documents({"scope": {"kind": "session"}, "at": "current"}, 5, None, CTX)),
+]
+"""Every read of the contract, each over a record ``_FILL`` writes."""
+
+_FILL = [
+    {"type": "conversation", "value": {"id": 1}},
+    {"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "message", "head": 2}},
+    {
+        "type": "task",
+        "value": {
+            "id": 3, "conversationId": 1, "kind": "k", "version": 1, "input": None,
+            "state": {"status": "pending"}, "background": False, "abortRequested": False,
+        },
+    },
+    {"type": "submission", "value": {"id": 4, "conversationId": 1, "status": "queued", "requestId": "r"}},
+    *_create(5, "😀"),
+]
+
+
+async def _filled_store(path: Path, commits: int = 1, projections: Any = ()) -> LmdbStorage:
+    storage = await LmdbStorage.open(path, durability="process", projections=projections)
+    reference = MemoryStorage()
+    reference.prepare_commit(_FILL)  # the fill is a batch the reference takes
+    await storage.commit(_FILL, CTX)
+    for index in range(commits - 1):
+        await storage.commit([{"type": "entry", "value": {"id": 100 + index, "conversationId": 1, "kind": "m"}}], CTX)
+    return storage
+
+
+async def test_every_public_method_after_close_refuses_by_name(tmp_path: Path) -> None:
+    storage = await _filled_store(tmp_path / "s")
+    view = await storage.as_of(1)
+    for name, call in STORAGE_CALLS:  # they all answer while open
+        assert (await _outcome(call(storage)))[0] == "ok", name
+        assert (await _outcome(call(view)))[0] == "ok", name
+    await storage.close()
+    calls: list[tuple[str, Any]] = [(name, lambda c=call: c(storage)) for name, call in STORAGE_CALLS]
+    calls += [(f"view {name}", lambda c=call: c(view)) for name, call in STORAGE_CALLS]
+    calls += [
+        ("commit", lambda: storage.commit(ENTRY, CTX)),
+        ("mint_id", lambda: storage.mint_id()),
+        ("as_of", lambda: storage.as_of(1)),
+        ("rebuild", lambda: storage.rebuild()),
+        ("log.head", lambda: storage.log.head()),
+        ("log.first", lambda: storage.log.first()),
+        ("log.count", lambda: storage.log.count()),
+        ("log.get", lambda: storage.log.get(1)),
+        ("log.read", lambda: list(storage.log.read(1))),
+        ("log.take", lambda: storage.log.take(1, None, 5)),
+        ("log.raw_chunk", lambda: storage.log.raw_chunk(1, None)),
+        ("log.follow", lambda: storage.log.follow(1).__anext__()),
+        ("projections.read", lambda: storage.projections.read("x").__enter__()),
+    ]
+    for name, call in calls:
+        with pytest.raises(Exception) as caught:
+            result = call()
+            if asyncio.iscoroutine(result) or hasattr(result, "__await__"):
+                await result
+        error = caught.value
+        if name == "projections.read":  # an unknown name is refused first, by name
+            assert isinstance(error, KeyError), (name, error)
+            continue
+        assert isinstance(error, RuntimeError) and not isinstance(error, lmdb.Error), (name, repr(error))
+        assert "closed" in str(error), (name, str(error))
+    assert (await _outcome(storage.close()))[0] == "ok"  # closing twice is fine
+
+
+async def test_a_running_follow_ends_with_a_clear_error_at_close(tmp_path: Path) -> None:
+    storage = await _filled_store(tmp_path / "s")
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for commit in storage.log.follow(1):
+            seen.append(commit.seq)
+
+    task = asyncio.ensure_future(follow())
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if seen:
+            break
+    await storage.close()
+    with pytest.raises(RuntimeError, match="closed") as caught:
+        await asyncio.wait_for(task, 5)
+    assert not isinstance(caught.value, lmdb.Error)
+    assert seen == [1]
+
+
+# ── 5. a projections.wait pending at close() ────────────────────────────────
+
+
+class _Slow:
+    """A user projection: a row per commit."""
+
+    name = "slow"
+    version = 1
+    databases = ("main",)
+
+    def fold(self, tables: Any, commit: Any) -> None:
+        tables.put("main", commit.seq.to_bytes(8, "big"), b"")
+
+
+async def test_close_ends_a_pending_projection_wait_and_the_worker_stays_stopped(tmp_path: Path) -> None:
+    loop = asyncio.get_running_loop()
+    unretrieved: list[Any] = []
+    loop.set_exception_handler(lambda loop, context: unretrieved.append(context))
+    storage = await _filled_store(tmp_path / "s", commits=1, projections=[_Slow()])
+    for index in range(50):
+        await storage.commit([{"type": "entry", "value": {"id": 10_000 + index, "conversationId": 1, "kind": "m"}}], CTX)
+    waiter = asyncio.ensure_future(storage.projections.wait(storage.log.head() + 1))  # a commit never made
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await storage.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(waiter, 5)
+    storage.projections.kick()  # must not start a worker on the closed environment
+    with pytest.raises(RuntimeError, match="closed"):
+        await storage.projections.wait(1)
+    await asyncio.sleep(0.05)
+    import gc
+
+    gc.collect()
+    await asyncio.sleep(0)
+    assert unretrieved == []
+    assert storage.projections._worker is None or storage.projections._worker.done()
+    loop.set_exception_handler(None)
+
+
+# ── 6. readers across a rebuild ─────────────────────────────────────────────
+
+CLI = str(Path(sys.executable).parent / "durable-log")
+
+
+async def _answers(store: Any) -> list[Any]:
+    return [await _outcome(call(store)) for _, call in STORAGE_CALLS]
+
+
+async def test_a_read_only_store_follows_a_rebuild_run_by_another_process(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    storage = await _filled_store(path, commits=400)
+    await storage.close()
+    reader = await LmdbStorage.open(path, readonly=True)
+    try:
+        view = await reader.as_of(1)
+        before, before_view = await _answers(reader), await _answers(view)
+        assert all(answer[0] == "ok" for answer in before)
+        for _ in range(2):  # twice: the second swap drops the generation the first one made
+            process = await asyncio.create_subprocess_exec(
+                CLI, "rebuild", str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+            during = []
+            while process.returncode is None:  # reads while it runs see whole generations
+                during.append(await _answers(reader))
+                try:
+                    await asyncio.wait_for(process.wait(), 0.01)
+                except asyncio.TimeoutError:
+                    pass
+            out, err = await process.communicate()
+            assert process.returncode == 0, err.decode()
+            for answers in during:
+                assert answers == before, [(a, b) for a, b in zip(answers, before) if a != b]
+            assert await _answers(reader) == before
+            assert await _answers(view) == before_view
+            assert [c.seq for c in reader.log.read(1)] == list(range(1, 401))
+    finally:
+        await reader.close()
+
+
+async def test_an_as_of_view_taken_before_a_rebuild_reads_after_it(tmp_path: Path) -> None:
+    storage = await _filled_store(tmp_path / "s", commits=30)
+    try:
+        views = [await storage.as_of(seq) for seq in (0, 1, 15, 30)]
+        before = [await _answers(view) for view in views]
+        await storage.rebuild()
+        assert [await _answers(view) for view in views] == before
+        await storage.rebuild()
+        assert [await _answers(view) for view in views] == before
+    finally:
+        await storage.close()
+
+
+async def test_a_read_only_handle_in_the_writer_s_process_follows_its_rebuild(tmp_path: Path) -> None:
+    storage = await _filled_store(tmp_path / "s", commits=30)
+    reader = await LmdbStorage.open(tmp_path / "s", readonly=True)
+    try:
+        before = await _answers(reader)
+        await storage.rebuild()
+        assert await _answers(reader) == before
+        await storage.commit([{"type": "conversation", "value": {"id": 77}}], CTX)
+        assert await reader.conversation(77, CTX) == {"id": 77}
+    finally:
+        await reader.close()
+        await storage.close()
+
+
+# ── 7. a truncated data.mdb ─────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("cut", ["one page", "half", "into the meta pages", "one byte"])
+async def test_a_truncated_data_file_is_named_at_open_and_never_read(tmp_path: Path, cut: str) -> None:
+    path = tmp_path / "s"
+    storage = await _filled_store(path, commits=300)
+    await storage.close()
+    data = path / "data.mdb"
+    size = data.stat().st_size
+    page = 4096
+    keep = {
+        "one page": size - page,
+        "half": size // 2,
+        "into the meta pages": page + 100,
+        "one byte": 1,
+    }[cut]
+    with open(data, "r+b") as handle:
+        handle.truncate(keep)
+    for readonly in (True, False):  # first in a child: on a regression, SIGBUS kills it, not pytest
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c",
+            "import asyncio, sys\nfrom pi_durable_lmdb import LmdbStorage\n"
+            f"asyncio.run(LmdbStorage.open({str(path)!r}, readonly={readonly}))",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await child.communicate()
+        assert child.returncode == 1 and b"TruncatedStoreError" in err, (readonly, child.returncode, err[-300:])
+        with pytest.raises(TruncatedStoreError, match="truncated") as caught:
+            await LmdbStorage.open(path, readonly=readonly)
+        assert str(data) in str(caught.value)
+    assert data.stat().st_size == keep  # the writer's open did not touch it
+    for command in (["stats", str(path)], ["verify", str(path)], ["tail", str(path)]):
+        process = await asyncio.create_subprocess_exec(
+            CLI, *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await process.communicate()
+        assert process.returncode not in (0, -7), (command, process.returncode)  # -7: SIGBUS
+        assert b"truncated" in err + out, (command, err)
+
+
+# ── 8. the writer lock names its holder ─────────────────────────────────────
+
+
+def test_writer_locked_names_the_process_holding_the_lock_now(tmp_path: Path) -> None:
+    import subprocess
+
+    path = tmp_path / "s"
+    env = Environment(path)
+    env.close()
+    with open(path / "writer.lock", "r+b") as handle:  # the pid an earlier writer left behind
+        handle.write(f"{4_000_000:<20}".encode())
+    holder = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(path / 'writer.lock')!r}, os.O_RDWR)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with pytest.raises(WriterLockedError) as caught:
+            Environment(path)
+        assert f"by process {holder.pid}" in str(caught.value)
+        assert "4000000" not in str(caught.value)
+    finally:
+        holder.communicate(b"", timeout=10)
