@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from tests.powerloss.crash import CREATE, FDATASYNC, FSYNC, MARK, MKDIR, RENAME, TRUNCATE, UNLINK, WRITE, Event, crash_state, parse
+from tests.powerloss.crash import CREATE, FDATASYNC, FSYNC, MARK, MKDIR, MSYNC, RENAME, TRUNCATE, UNLINK, WRITE, Event, crash_state, parse
 from tests.powerloss.explore import UNSYNCED_FILE, explore
 from tests.powerloss.record import build_recorder
 
@@ -110,6 +110,7 @@ def test_the_recorder_catches_lmdb_inside_the_py_lmdb_extension(recorder: str, t
     """)
     kinds = [(event.kind, event.path, event.synced) for event in events if event.kind != MKDIR]
     assert not any(path == "lock.mdb" for _, path, _ in kinds)
+    assert not any(kind == MSYNC for kind, _, _ in kinds)  # no writemap: nothing written through the map
     assert (CREATE, "data.mdb", False) in kinds
     first_meta = kinds.index((WRITE, "data.mdb", True))  # the synced commit's meta page
     assert (FDATASYNC, "data.mdb", False) in kinds[:first_meta]

@@ -15,6 +15,9 @@
  * The libc functions are interposed (py-lmdb's bundled LMDB calls open, pwrite, writev, lseek,
  * fdatasync, fsync, msync and ftruncate through the dynamic linker). Each recorded call runs under
  * one mutex, so threads' events are recorded in the order the OS saw the calls complete.
+ * Descriptors duplicated with dup/dup2/fcntl(F_DUPFD) are not followed: neither LMDB nor the
+ * engine duplicates one. Writes through a shared mapping are invisible here; LMDB makes them only
+ * with MDB_WRITEMAP, which the engine does not use (an msync would show it).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
