@@ -56,8 +56,10 @@ _PLURALS: Final = {"entry": "entries"}
 
 def _refuse_existing(target: str) -> None:
     if os.path.isdir(target):
-        if os.listdir(target):
-            raise ValueError(f"{target} is not empty; import only into a new store")
+        held = sorted(os.listdir(target))
+        if held:
+            shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+            raise ValueError(f"{target} is not empty (it holds {shown}); import only into a new store")
     elif os.path.lexists(target):
         raise ValueError(f"{target} exists and is not a directory; import only into a new store")
 
