@@ -10,9 +10,12 @@ Durability modes:
     LMDB syncs data and meta pages on every commit: an acknowledged commit survives power loss.
 ``"process"``
     ``MDB_NOSYNC``: a commit is in the OS page cache when acknowledged, so it survives the process
-    being killed. An OS crash or power loss may lose the newest commits; as LMDB documents, the
-    store stays consistent on file systems that preserve write order (ext4, xfs with default
-    options). The store is synced on close.
+    being killed. It does not survive an OS crash or power loss: the OS writes unsynced pages back
+    in any order (ext4 and xfs included), so the disk can hold a meta page whose tree was never
+    written, and LMDB cannot tell. So a process-mode writer keeps ``process.unsynced`` in the store
+    (holding the boot id, made durable before LMDB writes anything) until it has synced and closed;
+    any open that finds one from an earlier boot refuses with ``StoreDamagedError``
+    (tests/powerloss: docs/reliability.md, "Power loss").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 import struct
 import time
 from collections.abc import Callable
@@ -31,6 +35,7 @@ import msgspec
 from .errors import (
     ForkedEnvironmentError,
     StoreClosedError,
+    StoreDamagedError,
     StoreFormatError,
     StoreFullError,
     TruncatedStoreError,
@@ -47,6 +52,10 @@ MAX_DBS: Final = 256
 _META_DB: Final = b"meta"
 _HEADER_KEY: Final = b"store"
 _WRITER_LOCK: Final = "writer.lock"
+_STAGING: Final = "creating"
+UNSYNCED_FILE: Final = "process.unsynced"
+"""Present while a ``process``-mode writer may have commits the disk does not hold in order."""
+_BOOT_ID: Final = "/proc/sys/kernel/random/boot_id"
 
 
 class StoreHeader(msgspec.Struct):
@@ -79,19 +88,32 @@ class Environment:
         self.durability: Durability = durability
         self._pid = os.getpid()
         self._lock_fd: int | None = None
+        created = False
         if readonly:
             if not os.path.isfile(os.path.join(self.path, "data.mdb")):
                 raise FileNotFoundError(f"No store at {self.path} (no data.mdb)")
+            _refuse_after_crash(self.path)
         else:
-            _make_private_dir(self.path)
+            created = _make_private_dir(self.path)
             _refuse_links(self.path)
             self._lock_fd = _take_writer_lock(self.path)
+        shared: _SharedEnv | None = None
         try:
-            self._shared = _acquire(self.path, readonly, durability, map_size)
+            if not readonly:
+                _refuse_after_crash(self.path)
+                if durability == "process":
+                    _mark_unsynced(self.path)
+                if not os.path.exists(os.path.join(self.path, "data.mdb")):
+                    _create_data_file(self.path, map_size)
+            shared = self._shared = _acquire(self.path, readonly, durability, map_size)
+            if created:
+                _sync_directory(os.path.dirname(self.path))
             self.env = self._shared.env
             self._dbs = self._shared.dbs
             self._check_header()
         except BaseException:
+            if shared is not None:  # a failed open leaves nothing open behind it
+                _release(shared)
             self._release_lock()
             raise
 
@@ -226,6 +248,7 @@ class Environment:
         try:
             if not self.readonly:
                 self.env.sync(True)
+                _clear_unsynced(self.path)
         finally:
             _release(self._shared)
             self._release_lock()
@@ -279,12 +302,92 @@ class Environment:
             self._lock_fd = None
 
 
-def _make_private_dir(path: str) -> None:
+def _make_private_dir(path: str) -> bool:
+    """Create the store directory; True when it did not exist."""
+
     try:
         os.makedirs(path, mode=0o700)
     except FileExistsError:
         if not os.path.isdir(path):
             raise NotADirectoryError(f"{path} exists and is not a directory") from None
+        return False
+    return True
+
+
+def _create_data_file(path: str, map_size: int) -> None:
+    """Make a new data.mdb appear whole or not at all. LMDB writes a new file's two meta pages
+    without syncing them, so a power cut right after leaves a file no open accepts
+    (``MDB_INVALID``); here it is made in a staging directory, synced, renamed in, and the
+    directory synced (fsync of a file does not make its name durable: fsync(2))."""
+
+    staging = os.path.join(path, _STAGING)
+    shutil.rmtree(staging, ignore_errors=True)  # left by a cut during an earlier creation
+    os.mkdir(staging, 0o700)
+    env = lmdb.open(staging, map_size=map_size, max_dbs=MAX_DBS, mode=0o600, lock=False)
+    try:
+        env.sync(True)
+    finally:
+        env.close()
+    os.rename(os.path.join(staging, "data.mdb"), os.path.join(path, "data.mdb"))
+    _sync_directory(path)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _boot_id() -> bytes | None:
+    try:
+        with open(_BOOT_ID, "rb") as file:
+            return file.read().strip()
+    except OSError:
+        return None
+
+
+def _refuse_after_crash(path: str) -> None:
+    """Refuse a store a ``process``-mode writer had open when the machine stopped."""
+
+    marker = os.path.join(path, UNSYNCED_FILE)
+    try:
+        with open(marker, "rb") as file:
+            boot = file.read().strip()
+    except FileNotFoundError:
+        return
+    current = _boot_id()
+    if current is not None and boot != current:
+        raise StoreDamagedError(path, marker)
+
+
+def _mark_unsynced(path: str) -> None:
+    """Write the boot id to ``process.unsynced`` and make it durable before LMDB writes a page."""
+
+    marker = os.path.join(path, UNSYNCED_FILE)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(marker, flags, 0o600)
+    try:
+        os.write(fd, (_boot_id() or b"unknown") + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _sync_directory(path)
+
+
+def _clear_unsynced(path: str) -> None:
+    """After the final sync: the disk holds every commit, in order."""
+
+    try:
+        os.unlink(os.path.join(path, UNSYNCED_FILE))
+    except FileNotFoundError:
+        return
+    _sync_directory(path)
+
+
+def _sync_directory(path: str) -> None:
+    """Make the directory's entries durable: fsync of a file does not persist the file's name
+    (fsync(2)), so without this a power cut can drop a new data.mdb with every commit in it."""
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _take_writer_lock(path: str) -> int:

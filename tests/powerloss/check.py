@@ -1,0 +1,187 @@
+"""Checks crash states, one after the other, in a fresh process (LMDB may meet damaged pages).
+
+Usage: ``python tests/powerloss/check.py JOBS.json RESULTS.jsonl``. Each job names a state
+directory and what the recording says about it; one JSON line per state goes to RESULTS (a
+``start`` line first, so a crash of this process is pinned on its state).
+
+Per state, in this order:
+
+1. ``verify`` on the state as the power cut left it (read-only; nothing has touched it);
+2. a read-only ``LmdbStorage.open``: the log holds sequences 1..head; each acknowledged one the
+   job lists holds exactly the acknowledged batch, every other one is the batch being committed
+   at the cut (whole, never partial), the ``required`` ones are all there, and every entry of
+   an acknowledged batch reads back through ``storage.entry`` with its sequence;
+3. a writer open (with the user projection): it must open as it is, no repair; ``mint_id()``
+   returns an id above every id handed out before the cut and every stored id; a new commit gets
+   the next sequence; the user projection catches up and equals a fresh count over the log;
+4. ``verify`` again after the writer closed.
+
+The outcome is ``ok``, ``refused`` (the writer open raised ``StoreDamagedError``: the store says
+it may be damaged; whether that is allowed is the explorer's call) or ``failed`` with problems.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
+
+from tests.powerloss.workload import EntryCounts, canonical, counts_of, read_counts  # noqa: E402
+
+
+def _error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error)[:300]}"
+
+
+async def check_state(job: dict[str, Any]) -> dict[str, Any]:
+    from pi_durable_lmdb.log import write_to_builtins
+    from pi_durable_lmdb.storage import LmdbStorage
+    from pi_durable_lmdb.storage.audit import verify
+
+    damaged_error: type[BaseException] | None
+    try:
+        from pi_durable_lmdb.log import StoreDamagedError as damaged_error  # type: ignore[attr-defined]
+    except ImportError:
+        damaged_error = None
+
+    path = job["dir"]
+    acked: dict[int, str] = {int(seq): batch for seq, batch in job["acked"].items()}
+    required: list[int] = job["required"]
+    pending: str | None = job["pending"]
+    minted_max: int = job["minted_max"]
+    problems: list[str] = []
+    result: dict[str, Any] = {"id": job["id"], "problems": problems}
+    exists = os.path.exists(os.path.join(path, "data.mdb"))
+    result["data_file"] = exists
+
+    # 1. verify the state as it is
+    if exists:
+        try:
+            difference = verify(path)
+            if difference is not None:
+                problems.append(f"VERIFY (as left): {difference}")
+        except BaseException as error:  # noqa: BLE001 - every failure is a finding
+            problems.append(f"VERIFY (as left) raised {_error(error)}")
+
+    # 2. read-only: the log against the acknowledgements
+    head = 0
+    if exists:
+        try:
+            reader = await LmdbStorage.open(path, readonly=True)
+            try:
+                head = reader.log.head()
+                seqs = [seq for seq, _ in _all_rows(reader)]
+                if seqs != list(range(1, head + 1)):
+                    problems.append(f"LOG: sequences are not 1..{head}: {seqs[:5]}...{seqs[-5:]}")
+                pending_seq = max(acked, default=0) + 1
+                for seq in seqs:
+                    found = canonical([write_to_builtins(write) for write in reader.log.get(seq).writes])  # type: ignore[union-attr]
+                    if seq in acked:
+                        if found != acked[seq]:
+                            problems.append(f"CHANGED: sequence {seq} holds {found[:150]}, acknowledged {acked[seq][:150]}")
+                            continue
+                        for write in json.loads(found):
+                            if write["type"] == "entry":
+                                got = await reader.entry(write["value"]["id"])
+                                if got is None or got["commitSeq"] != seq or canonical(got["entry"]) != canonical(write["value"]):
+                                    problems.append(f"READ: entry {write['value']['id']} of sequence {seq} reads back as {str(got)[:150]}")
+                    elif seq == pending_seq and found == pending:
+                        result["adopted"] = seq  # committed whole, cut before it was acknowledged
+                    else:
+                        problems.append(f"UNEXPECTED: sequence {seq} holds a batch not committed as sequence {seq}: {found[:150]}")
+            finally:
+                await reader.close()
+        except BaseException as error:  # noqa: BLE001
+            problems.append(f"READ-ONLY OPEN/READ raised {_error(error)}")
+    missing = [seq for seq in required if seq > head]
+    if missing:
+        problems.append(f"LOST: acknowledged sequences {missing[:10]} (of {len(missing)}) missing; head {head}")
+    result["head"] = head
+
+    # 3. the writer
+    try:
+        storage = await LmdbStorage.open(path, projections=[EntryCounts()])
+    except BaseException as error:  # noqa: BLE001
+        if damaged_error is not None and isinstance(error, damaged_error):
+            result["outcome"] = "refused"
+            result["refusal"] = str(error)
+            return result
+        problems.append(f"WRITER OPEN raised {_error(error)}")
+        result["outcome"] = "failed"
+        return result
+    try:
+        with storage._env.read() as txn:
+            stored_max = storage._model.max_record_id(txn)
+        minted = await storage.mint_id()
+        if minted <= max(minted_max, stored_max):
+            problems.append(f"MINT: mint_id() returned {minted}; ids up to {minted_max} were handed out before the cut, stored up to {stored_max}")
+        entry_id = await storage.mint_id()
+        batch = [
+            {"type": "conversation", "value": {"id": minted}},
+            {"type": "entry", "value": {"id": entry_id, "conversationId": minted, "kind": "check"}},
+        ]
+        writer_head = storage.log.head()
+        seq = await storage.commit(batch, CTX)
+        if seq != writer_head + 1:
+            problems.append(f"SEQUENCE: a new commit got {seq} after head {writer_head}")
+        await asyncio.wait_for(storage.projections.wait(seq), 10)
+        with storage.projections.read("entry_counts") as tables:
+            held = read_counts(tables)
+        expected = counts_of(storage.log.read())
+        if held != expected:
+            problems.append(f"USER PROJECTION: holds {sorted(held.items())[:6]}, the log counts {sorted(expected.items())[:6]}")
+    except BaseException as error:  # noqa: BLE001
+        problems.append(f"WRITER raised {_error(error)}")
+    finally:
+        try:
+            await storage.close()
+        except BaseException as error:  # noqa: BLE001
+            problems.append(f"CLOSE raised {_error(error)}")
+
+    # 4. verify after the writer
+    try:
+        difference = verify(path)
+        if difference is not None:
+            problems.append(f"VERIFY (after the writer): {difference}")
+    except BaseException as error:  # noqa: BLE001
+        problems.append(f"VERIFY (after the writer) raised {_error(error)}")
+    result["outcome"] = "failed" if problems else "ok"
+    return result
+
+
+def _all_rows(storage: Any) -> list[tuple[int, bytes]]:
+    rows: list[tuple[int, bytes]] = []
+    next_seq = 1
+    while True:
+        chunk = storage.log.raw_chunk(next_seq, None)
+        if not chunk:
+            return rows
+        rows.extend(chunk)
+        next_seq = chunk[-1][0] + 1
+
+
+async def main() -> None:
+    jobs_path, results_path = sys.argv[1], sys.argv[2]
+    with open(jobs_path, encoding="utf-8") as file:
+        jobs = json.load(file)
+    with open(results_path, "a", encoding="utf-8") as out:
+        for job in jobs:
+            out.write(json.dumps({"start": job["id"]}) + "\n")
+            out.flush()
+            try:
+                result = await check_state(job)
+            except BaseException:  # noqa: BLE001
+                result = {"id": job["id"], "outcome": "failed", "problems": ["CHECKER: " + traceback.format_exc()[-800:]]}
+            out.write(json.dumps(result) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,213 @@
+"""The writer whose file operations are recorded: a real process committing through ``LmdbStorage``.
+
+Usage (run by ``record.py`` under the recorder)::
+
+    python tests/powerloss/writer.py STORE MARKS --durability power|process --seed N --batches N
+
+It creates STORE with a 64 KiB map (so the map grows several times under it) and a user projection,
+and commits mixed batches (conversations, entries, task replacements, documents created, changed
+and retired, forks copying documents), every id from ``mint_id()`` (with small id blocks, so the
+reservation is written often). Halfway it rebuilds the projections (``storage.rebuild()``, folded
+in small chunks, so the swap happens after several transactions), and it closes and reopens the
+store every few batches. Each step is announced by one write to MARKS, a file outside the store that the
+recorder logs in order with the store's writes:
+
+``intent JSON``  the batch about to be committed
+``ack SEQ``      ``commit`` returned SEQ for the last intent (written after it returned)
+``mint ID``      ``mint_id()`` returned ID
+``phase TEXT``   open, opened (the store exists: its first open returned), rebuild, reopen,
+                 close, closed
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
+
+from tests.powerloss.workload import EntryCounts, canonical  # noqa: E402
+
+TEXTS = ["", "a", "héllo", "\ud800", "日本", "x" * 300]
+
+
+class Marks:
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def say(self, line: str) -> None:
+        os.write(self.fd, (line + "\n").encode())
+
+
+class Workload:
+    def __init__(self, storage: Any, marks: Marks, rng: random.Random) -> None:
+        self.storage = storage
+        self.marks = marks
+        self.rng = rng
+        self.conversations: list[int] = []
+        self.entries: dict[int, list[int]] = {}
+        self.tasks: dict[int, int] = {}
+        self.documents: dict[int, dict[str, Any]] = {}  # live id -> {record, version}
+
+    async def mint(self) -> int:
+        id = await self.storage.mint_id()
+        self.marks.say(f"mint {id}")
+        return id
+
+    async def commit(self, writes: list[dict[str, Any]]) -> int:
+        self.marks.say("intent " + canonical(writes))
+        seq = await self.storage.commit(writes, CTX)
+        self.marks.say(f"ack {seq}")
+        self.apply(writes)
+        return seq
+
+    def apply(self, writes: list[dict[str, Any]]) -> None:
+        for write in writes:
+            kind = write["type"]
+            if kind == "conversation":
+                self.conversations.append(write["value"]["id"])
+            elif kind == "entry":
+                self.entries.setdefault(write["value"]["conversationId"], []).append(write["value"]["id"])
+            elif kind == "task":
+                self.tasks[write["value"]["id"]] = write["value"]["conversationId"]
+            elif kind in ("document.create", "document.copy"):
+                version = (
+                    write["content"]["version"]
+                    if kind == "document.create"
+                    else self.documents[write["source"]["id"]]["version"]
+                )
+                self.documents[write["record"]["id"]] = {"record": write["record"], "version": version}
+            elif kind == "document.change":
+                self.documents[write["id"]]["version"] = write["content"]["version"]
+            elif kind == "document.retire":
+                del self.documents[write["id"]]
+
+    async def batch(self) -> list[dict[str, Any]]:
+        rng = self.rng
+        if not self.conversations or rng.random() < 0.05:
+            return [{"type": "conversation", "value": {"id": await self.mint()}}]
+        writes: list[dict[str, Any]] = []
+        touched: set[int] = set()
+        for _ in range(rng.randint(1, 4)):
+            kind = rng.choice(["entry", "entry", "entry", "task", "create", "change", "retire", "fork"])
+            writes.extend(await getattr(self, "_" + kind)(touched, writes))
+        return writes
+
+    async def _entry(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
+        rng = self.rng
+        value = {
+            "id": await self.mint(),
+            "conversationId": rng.choice(self.conversations),
+            "kind": rng.choice(["message", "tool"]),
+            "data": {"text": rng.choice(TEXTS), "n": rng.choice([0, -7, 2**70 + 1, 1.5]), "pad": "p" * rng.randint(0, 1500)},
+        }
+        return [{"type": "entry", "value": value}]
+
+    async def _task(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
+        rng = self.rng
+        earlier = {w["value"]["id"] for w in writes if w["type"] == "task"}
+        choices = [id for id in self.tasks if id not in earlier]
+        if choices and rng.random() < 0.6:
+            id = rng.choice(choices)
+            conversation = self.tasks[id]
+        else:
+            id, conversation = await self.mint(), rng.choice(self.conversations)
+        state = {"status": rng.choice(["pending", "running", "terminal"]), "step": rng.randint(0, 99)}
+        return [{"type": "task", "value": {"id": id, "conversationId": conversation, "kind": "agent", "version": 1,
+                 "input": {"prompt": rng.choice(TEXTS)}, "state": state, "background": False, "abortRequested": False}}]
+
+    async def _create(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
+        id = await self.mint()
+        touched.add(id)
+        record = {"id": id, "kind": "notes", "scope": {"kind": "conversation", "conversationId": self.rng.choice(self.conversations)},
+                  "key": f"k{id}", "history": self.rng.choice(["rewindable", "latest"]), "fork": "current"}
+        return [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"text": "v", "items": [1]}}}]
+
+    async def _change(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
+        live = [id for id in self.documents if id not in touched]
+        if not live:
+            return await self._create(touched, writes)
+        id = self.rng.choice(live)
+        touched.add(id)
+        version = self.documents[id]["version"]
+        content = {"kind": "delta", "version": version, "ops": [["a", ["text"], self.rng.choice(TEXTS[1:])]]}
+        return [{"type": "document.change", "id": id, "content": content}]
+
+    async def _retire(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
+        live = [id for id in self.documents if id not in touched]
+        if len(live) < 3:
+            return await self._change(touched, writes)
+        id = self.rng.choice(live)
+        touched.add(id)
+        return [{"type": "document.retire", "id": id}]
+
+    async def _fork(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
+        parent = self.rng.choice(self.conversations)
+        fork = await self.mint()
+        out: list[dict[str, Any]] = [{"type": "conversation", "value": {
+            "id": fork, "parent": {"conversationId": parent, "at": self.rng.choice(self.entries.get(parent) or [1])}}}]
+        sources = [id for id in self.documents if id not in touched
+                   and self.documents[id]["record"]["scope"]["conversationId"] == parent]
+        for source in sources[:1]:
+            touched.add(source)
+            record = dict(self.documents[source]["record"])
+            record["id"] = await self.mint()
+            record["scope"] = {"kind": "conversation", "conversationId": fork}
+            touched.add(record["id"])
+            out.append({"type": "document.copy", "record": record, "source": {"id": source, "at": "current"}})
+        return out
+
+
+async def run(args: argparse.Namespace) -> None:
+    from pi_durable_lmdb.projections import rebuild
+    from pi_durable_lmdb.storage import LmdbStorage, lmdb_storage
+
+    lmdb_storage.ID_BLOCK = 16  # type: ignore[misc]  # reservations written often
+    rebuild.FOLD_CHUNK = 8  # type: ignore[misc]  # a rebuild spans several transactions
+    marks = Marks(args.marks)
+    rng = random.Random(args.seed)
+
+    async def open_store() -> Any:
+        return await LmdbStorage.open(args.store, durability=args.durability, map_size=64 * 1024, projections=[EntryCounts()])
+
+    marks.say("phase open")
+    storage = await open_store()
+    marks.say("phase opened")
+    work = Workload(storage, marks, rng)
+    for number in range(args.batches):
+        if number == args.batches // 3:
+            marks.say("phase rebuild")
+            await storage.rebuild()
+        if number and number % args.reopen_every == 0:
+            marks.say("phase reopen")
+            await storage.close()
+            storage = await open_store()
+            work.storage = storage
+        await work.commit(await work.batch())
+        if number % 7 == 0:
+            await asyncio.sleep(0)  # let the user projection fold behind the commits
+    await storage.projections.wait(storage.log.head())
+    marks.say("phase close")
+    await storage.close()
+    marks.say("phase closed")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("store")
+    parser.add_argument("marks")
+    parser.add_argument("--durability", choices=["power", "process"], default="power")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--reopen-every", type=int, default=8, help="close and reopen the store every N batches")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""Simulated power loss (docs/reliability.md, "Power loss"): a write recorder built at test time,
+crash states built from its recordings, and a bounded exploration of each durability mode.
+
+``python tools/power_loss.py --mode power|process --states N --seed S`` runs a long exploration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
+from tests.powerloss.crash import CREATE, FDATASYNC, FSYNC, MARK, MKDIR, MSYNC, RENAME, TRUNCATE, UNLINK, WRITE, Event, crash_state, parse
+from tests.powerloss.explore import UNSYNCED_FILE, explore
+from tests.powerloss.record import build_recorder
+
+STATES = 250
+"""Crash states per mode in CI (about 15 to 30 s each on the test machine)."""
+
+
+@pytest.fixture(scope="module")
+def recorder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_recorder(str(tmp_path_factory.mktemp("recorder")))
+
+
+def _run_recorded(recorder: str, tmp_path: Path, code: str) -> list[Event]:
+    store = tmp_path / "store"
+    marks = tmp_path / "marks"
+    marks.write_bytes(b"")
+    recording = tmp_path / "recording"
+    env = dict(os.environ, LD_PRELOAD=recorder, PL_RECORD=str(recording), PL_STORE=str(store), PL_MARKER=str(marks), PL_EXCLUDE="lock.mdb")
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(store), str(marks)], env=env, check=True, timeout=60)
+    return parse(recording.read_bytes(), str(store))
+
+
+def test_the_recorder_sees_every_kind_of_write_and_sync(recorder: str, tmp_path: Path) -> None:
+    """Python's os calls reach libc through the dynamic linker too: each one is recorded in order,
+    with its offset and bytes (a plain write at the descriptor's offset), and only under the store."""
+
+    events = _run_recorded(recorder, tmp_path, """
+        import os, sys
+        store, marks = sys.argv[1], sys.argv[2]
+        os.makedirs(store)
+        fd = os.open(os.path.join(store, "a"), os.O_RDWR | os.O_CREAT, 0o600)
+        os.write(fd, b"hello")
+        os.pwrite(fd, b"XY", 100)
+        os.lseek(fd, 10, os.SEEK_SET)
+        os.writev(fd, [b"ab", b"cd"])
+        os.pwritev(fd, [b"12", b"34"], 50)
+        os.fdatasync(fd)
+        os.ftruncate(fd, 60)
+        os.fsync(fd)
+        os.close(fd)
+        synced = os.open(os.path.join(store, "b"), os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o600)
+        os.pwrite(synced, b"meta", 4)
+        os.close(synced)
+        outside = os.open(os.path.join(os.path.dirname(store), "elsewhere"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(outside, b"not recorded")
+        os.close(outside)
+        lock = os.open(os.path.join(store, "lock.mdb"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(lock, b"excluded")
+        os.close(lock)
+        mark = os.open(marks, os.O_WRONLY | os.O_APPEND)
+        os.write(mark, b"ack 1\\n")
+        os.rename(os.path.join(store, "b"), os.path.join(store, "c"))
+        os.unlink(os.path.join(store, "c"))
+        directory = os.open(store, os.O_RDONLY)
+        os.fsync(directory)
+    """)
+    seen = [(event.kind, event.path, event.offset, event.data, event.synced or event.directory, event.target) for event in events if event.kind != MKDIR]
+    assert seen == [
+        (CREATE, "a", 0, b"", False, ""),
+        (WRITE, "a", 0, b"hello", False, ""),
+        (WRITE, "a", 100, b"XY", False, ""),
+        (WRITE, "a", 10, b"abcd", False, ""),
+        (WRITE, "a", 50, b"1234", False, ""),
+        (FDATASYNC, "a", 0, b"", False, ""),
+        (TRUNCATE, "a", 60, b"", False, ""),
+        (FSYNC, "a", 0, b"", False, ""),
+        (CREATE, "b", 0, b"", False, ""),
+        (WRITE, "b", 4, b"meta", True, ""),
+        (MARK, "", 0, b"ack 1\n", False, ""),
+        (RENAME, "b", 0, b"", False, "c"),
+        (UNLINK, "c", 0, b"", False, ""),
+        (FSYNC, "", 0, b"", True, ""),  # True: of a directory
+    ]
+
+
+def test_the_recorder_catches_lmdb_inside_the_py_lmdb_extension(recorder: str, tmp_path: Path) -> None:
+    """py-lmdb links LMDB into its extension module; its pwrite/writev/fdatasync calls still go
+    through libc's dynamic symbols. A synced commit: data pages, fdatasync, then the meta page
+    through LMDB's O_DSYNC descriptor; an unsynced one: no sync until ``env.sync``."""
+
+    events = _run_recorded(recorder, tmp_path, """
+        import lmdb, sys
+        for sync in (True, False):
+            env = lmdb.open(sys.argv[1], map_size=1 << 20, sync=sync)
+            with env.begin(write=True) as txn:
+                for i in range(40):
+                    txn.put(b"k%03d" % i, b"v" * 300)
+            env.close()
+        env = lmdb.open(sys.argv[1], map_size=1 << 20, sync=False)
+        env.sync(True)
+    """)
+    kinds = [(event.kind, event.path, event.synced) for event in events if event.kind != MKDIR]
+    assert not any(path == "lock.mdb" for _, path, _ in kinds)
+    assert not any(kind == MSYNC for kind, _, _ in kinds)  # no writemap: nothing written through the map
+    assert (CREATE, "data.mdb", False) in kinds
+    first_meta = kinds.index((WRITE, "data.mdb", True))  # the synced commit's meta page
+    assert (FDATASYNC, "data.mdb", False) in kinds[:first_meta]
+    rest = kinds[first_meta + 1 :]
+    assert (WRITE, "data.mdb", False) in rest  # the unsynced commit wrote pages...
+    assert rest.count((FDATASYNC, "data.mdb", False)) == 1 == len([k for k in rest if k[0] == FDATASYNC])  # ...synced once, by env.sync
+    assert rest[-1] == (FDATASYNC, "data.mdb", False)
+    meta = next(event for event in events if event.kind == WRITE and event.synced)
+    assert meta.offset in (32, 4096 + 32) and len(meta.data) < 4096
+
+
+def _event(index: int, kind: int, path: str = "f", offset: int = 0, data: bytes = b"", synced: bool = False) -> Event:
+    return Event(index, kind, path, offset, data, synced)
+
+
+def test_crash_states_keep_what_was_synced_and_choose_among_the_rest() -> None:
+    events = [
+        _event(0, CREATE, "f"),
+        _event(1, WRITE, "f", 0, b"A" * 8192),
+        _event(2, FDATASYNC, "f"),  # f's write durable; its directory entry is not
+        _event(3, WRITE, "f", 4096, b"B" * 8192),  # two sectors pending (4096..12288)
+        _event(4, CREATE, "g"),
+        _event(5, WRITE, "g", 0, b"G" * 10, synced=True),  # durable by itself
+        Event(6, FSYNC, "", directory=True),  # now both names are durable
+        _event(7, WRITE, "f", 0, b"C" * 10),
+    ]
+    none = crash_state(events, 3, "none", 0)
+    assert none.files == {}  # created, synced, but its name never reached the disk
+    after_dir = crash_state(events, 7, "none", 0)
+    assert after_dir.files == {"f": b"A" * 8192, "g": b"G" * 10}
+    assert after_dir.pending == 1  # the write at #3
+    everything = crash_state(events, 8, "prefix", 0)
+    assert everything.pending == 2
+    states = {crash_state(events, 8, variant, seed).files["f"] for variant in ("prefix", "subset", "torn") for seed in range(40)}
+    whole = b"C" * 10 + b"A" * (4096 - 10) + b"B" * 8192
+    assert whole in states and b"A" * 8192 in states
+    torn = [s for s in states if len(s) == 12288 and s[4096:8192] == b"A" * 4096]
+    assert torn, "a torn state keeps the second sector of the write at #3 without its first"
+    for content in states:  # every state is made of whole sectors of the writes
+        for sector in range(0, len(content), 4096):
+            piece = content[sector : sector + 4096]
+            assert piece.strip(b"C").strip(b"A") == b"" or piece.strip(b"B") == b"" or piece.strip(b"A") == b""
+
+
+def test_power_mode_survives_every_crash_state(recorder: str) -> None:
+    """Every commit acknowledged before the cut is there exactly, nothing partial, ids are never
+    handed out twice, user projections catch up, and the store opens without repair. Failed
+    before data.mdb's directory entry was synced (a power cut could drop the whole store)."""
+
+    summary = explore("power", STATES, 11, recorder)
+    assert summary.states == STATES
+    assert [f"{failure.state}: {failure.problems[:3]}" for failure in summary.failures] == []
+
+
+def test_process_mode_refuses_a_store_it_may_have_damaged(recorder: str) -> None:
+    """A power cut while a process-mode writer had the store open leaves a state every open
+    refuses (``StoreDamagedError``); any other state opens whole. Failed before the
+    ``process.unsynced`` marker: stores that were not LMDB files any more, reused ids, LMDB
+    reading pages that were never written (and crashing)."""
+
+    summary = explore("process", STATES, 11, recorder)
+    assert summary.states == STATES
+    assert [f"{failure.state}: {failure.problems[:3]}" for failure in summary.failures] == []
+    assert summary.outcomes.get("refused", 0) > 0 and summary.outcomes.get("ok", 0) > 0
+
+
+def test_a_process_mode_store_killed_in_this_boot_opens_and_one_from_an_earlier_boot_is_refused(tmp_path: Path) -> None:
+    from pi_durable_lmdb import LmdbStorage, StoreDamagedError
+
+    store = tmp_path / "store"
+    killed = subprocess.Popen(
+        [sys.executable, "-c", f"""
+import asyncio, sys, time
+from pi_durable_lmdb import LmdbStorage
+async def main():
+    storage = await LmdbStorage.open({str(store)!r}, durability="process")
+    await storage.commit([{{"type": "conversation", "value": {{"id": await storage.mint_id()}}}}], None)
+    print("ack", flush=True)
+    time.sleep(60)
+asyncio.run(main())
+"""],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert killed.stdout is not None and killed.stdout.readline().strip() == "ack"
+        assert (store / UNSYNCED_FILE).exists()
+    finally:
+        killed.kill()  # SIGKILL: no sync, no close; the page cache keeps the commit
+        killed.wait(timeout=30)
+    assert (store / UNSYNCED_FILE).exists()
+    code = f"""
+import asyncio, sys
+from pi_durable_lmdb import LmdbStorage
+async def main():
+    storage = await LmdbStorage.open({str(store)!r}, durability="process")
+    print(storage.log.head())
+    await storage.close()
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    assert not (store / UNSYNCED_FILE).exists()  # a clean close removes it
+
+    (store / UNSYNCED_FILE).write_bytes(b"00000000-0000-0000-0000-000000000000\n")  # an earlier boot's
+    for readonly in (False, True):
+        with pytest.raises(StoreDamagedError) as caught:
+            asyncio.run(LmdbStorage.open(store, readonly=readonly))
+        assert "durability='process'" in str(caught.value) and str(store) in str(caught.value)
+    cli = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.storage.cli", "verify", str(store)], capture_output=True, text=True, timeout=60)
+    assert cli.returncode != 0 and "machine stopped" in (cli.stdout + cli.stderr)
+
+
+def test_a_failed_open_leaves_nothing_open_behind_it(tmp_path: Path) -> None:
+    """A read-only open that refuses a half-made store used to keep its LMDB handle, so a writer
+    open in the same process was refused with WriterLockedError (found by the crash checker)."""
+
+    import lmdb
+
+    from pi_durable_lmdb import LmdbStorage, StoreFormatError
+
+    store = tmp_path / "store"
+    lmdb.open(str(store), map_size=1 << 20).close()  # an LMDB file without our header
+    with pytest.raises(StoreFormatError, match="no header"):
+        asyncio.run(LmdbStorage.open(store, readonly=True))
+
+    async def write() -> int:
+        storage = await LmdbStorage.open(store)
+        seq = await storage.commit([{"type": "conversation", "value": {"id": await storage.mint_id()}}], CTX)
+        await storage.close()
+        return seq
+
+    assert asyncio.run(write()) == 1
+
+
+def test_the_tool_prints_its_summary_line(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, str(root / "tools" / "power_loss.py"), "--mode", "power", "--states", "12", "--seed", "5", "--batches", "6"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "power_loss: 12 states, 0 failures"
