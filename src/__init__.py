@@ -12,7 +12,6 @@ from typing import Any
 
 from .log import (
     CorruptRecordError,
-    Durability,
     ForkedEnvironmentError,
     LogError,
     StoreClosedError,
@@ -21,12 +20,22 @@ from .log import (
     StoreFullError,
     TruncatedStoreError,
     WriterLockedError,
+    WrongStoreError,
 )
+from .log.jetstream import (
+    ForeignMessageError,
+    NatsUnavailableError,
+    OutcomeUnknownError,
+    ReplicationError,
+    StreamMissingError,
+    StreamMovedError,
+)
+from .log.replication import NotWriterError
 from .projections import StorageRequestError
 from .projections.errors import CorruptProjectionError
 from .projections.rebuild import ProjectionsBehind
 from .projections.user import Projection, ProjectionFailed
-from .storage import LmdbStorage
+from .storage import Durability, LmdbStorage
 
 __version__ = "0.2.0"
 
@@ -44,19 +53,27 @@ __all__ = [
     "CorruptProjectionError",
     "CorruptRecordError",
     "Durability",
+    "ForeignMessageError",
     "ForkedEnvironmentError",
     "LmdbStorage",
     "LogError",
+    "NatsUnavailableError",
+    "NotWriterError",
+    "OutcomeUnknownError",
     "Projection",
     "ProjectionFailed",
     "ProjectionsBehind",
+    "ReplicationError",
     "StorageRequestError",
     "StoreClosedError",
     "StoreDamagedError",
     "StoreFormatError",
     "StoreFullError",
+    "StreamMissingError",
+    "StreamMovedError",
     "TruncatedStoreError",
     "WriterLockedError",
+    "WrongStoreError",
     "__version__",
     "open_lmdb_storage",
 ]

@@ -15,6 +15,7 @@ from .errors import (
     StoreFullError,
     TruncatedStoreError,
     WriterLockedError,
+    WrongStoreError,
 )
 from .records import (
     FORMAT_VERSION,
@@ -23,6 +24,7 @@ from .records import (
     Write,
     check_committed_at,
     decode_batch,
+    decode_record,
     encode_batch,
     write_to_builtins,
 )
@@ -45,8 +47,10 @@ __all__ = [
     "Write",
     "WriteLog",
     "WriterLockedError",
+    "WrongStoreError",
     "check_committed_at",
     "decode_batch",
+    "decode_record",
     "encode_batch",
     "key_seq",
     "seq_key",

@@ -23,6 +23,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
+import secrets
 import shutil
 import struct
 import time
@@ -40,6 +42,7 @@ from .errors import (
     StoreFullError,
     TruncatedStoreError,
     WriterLockedError,
+    WrongStoreError,
 )
 
 T = TypeVar("T")
@@ -59,10 +62,31 @@ _BOOT_ID: Final = "/proc/sys/kernel/random/boot_id"
 
 
 class StoreHeader(msgspec.Struct):
-    """Written once when a store is created; refuses stores of another format."""
+    """Written once when a store is created; refuses stores of another format. ``store_id`` names
+    the store wherever its log travels (its subject on a NATS stream); stores made before ids
+    existed get one from their next writer."""
 
     format: int
     created_at: int
+    store_id: str | None = None
+
+
+STORE_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A store id is one NATS subject token: no dots, no wildcards, no spaces."""
+
+
+def new_store_id() -> str:
+    """A fresh store id: 16 hex digits (64 random bits)."""
+
+    return secrets.token_hex(8)
+
+
+def check_store_id(value: object) -> str:
+    if not isinstance(value, str) or not STORE_ID_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"A store id is 1 to 64 letters, digits, '-' or '_' (one NATS subject token), not {value!r:.80}"
+        )
+    return value
 
 
 _header_encoder: Final = msgspec.msgpack.Encoder()
@@ -79,7 +103,10 @@ class Environment:
         readonly: bool = False,
         durability: Durability = "power",
         map_size: int = DEFAULT_MAP_SIZE,
+        store_id: str | None = None,
     ) -> None:
+        if store_id is not None:
+            check_store_id(store_id)
         if durability not in ("power", "process"):
             raise ValueError(f"durability must be 'power' or 'process', not {durability!r}")
         self.path = os.path.abspath(os.fspath(path))
@@ -110,7 +137,7 @@ class Environment:
                 _sync_directory(os.path.dirname(self.path))
             self.env = self._shared.env
             self._dbs = self._shared.dbs
-            self._check_header()
+            self.store_id: str | None = self._check_header(store_id)
         except BaseException:
             if shared is not None:  # a failed open leaves nothing open behind it
                 _release(shared)
@@ -275,7 +302,10 @@ class Environment:
 
     # ── internals ───────────────────────────────────────────────────────────
 
-    def _check_header(self) -> None:
+    def _check_header(self, store_id: str | None) -> str | None:
+        """The store's id, after checking its header (a writer writes one where it is missing,
+        or lacks an id); ``store_id``, when given, must be the store's."""
+
         meta = self.db("meta") if not self.readonly or self.has_db("meta") else None
         if meta is None:
             raise StoreFormatError(f"{self.path} is not a pi-durable-lmdb store (no header)")
@@ -284,9 +314,9 @@ class Environment:
         if raw is None:
             if self.readonly:
                 raise StoreFormatError(f"{self.path} is not a pi-durable-lmdb store (no header)")
-            header = StoreHeader(STORE_FORMAT, int(time.time() * 1000))
+            header = StoreHeader(STORE_FORMAT, int(time.time() * 1000), store_id or new_store_id())
             self.write(lambda txn: txn.put(_HEADER_KEY, _header_encoder.encode(header), db=meta))
-            return
+            return header.store_id
         try:
             header = _header_decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
@@ -295,6 +325,15 @@ class Environment:
             raise StoreFormatError(
                 f"{self.path} holds store format {header.format}; this version reads {STORE_FORMAT}"
             )
+        if store_id is not None and header.store_id is not None and header.store_id != store_id:
+            raise WrongStoreError(
+                f"The store at {self.path} is store {header.store_id}, not {store_id}; "
+                "give its own id, or another directory"
+            )
+        if header.store_id is None and not self.readonly:
+            header.store_id = store_id or new_store_id()
+            self.write(lambda txn: txn.put(_HEADER_KEY, _header_encoder.encode(header), db=meta))
+        return header.store_id
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:

@@ -62,3 +62,7 @@ class StoreDamagedError(StoreFormatError):
             "and `durable-log import` it into a new store to rebuild every page from the log)"
         )
         self.path = path
+
+
+class WrongStoreError(StoreFormatError):
+    """The directory (or a stream's subject) holds another store than the one asked for."""

@@ -82,6 +82,23 @@ class WriteLog:
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
         return seq
 
+    def append_record(self, txn: lmdb.Transaction, seq: int, data: bytes) -> None:
+        """Append a record exactly as another copy of this log stores it (a replica taking it from
+        the stream), at ``seq``, which must be the head plus one; the caller verified ``data``."""
+
+        cursor = txn.cursor(db=self.db)
+        head = key_seq(cursor.key()) if cursor.last() else 0
+        if seq != head + 1 or not cursor.put(seq_key(seq), data, append=True):
+            raise LogError(f"Record {seq} cannot follow the log's head {head}; nothing was committed")
+
+    def record(self, txn: lmdb.Transaction, seq: int) -> bytes | None:
+        """The stored bytes of record ``seq``, as ``txn`` sees them."""
+
+        if self.db is None:
+            return None
+        data = txn.get(seq_key(seq), db=self.db)
+        return None if data is None else bytes(data)
+
     def committed(self) -> None:
         """Call after a transaction holding appends commits, from any thread: wakes this
         process's followers. Another process's followers find out by polling."""
@@ -207,16 +224,24 @@ class WriteLog:
                     yield decode(seq, data)
                 next_seq = rows[-1][0] + 1
                 continue
-            waiter = asyncio.get_running_loop().create_future()
-            with self._waiters_lock:
-                self._waiters.add(waiter)
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), interval)
-            except asyncio.TimeoutError:
+            if not await self.wait_commit(interval):
                 interval = min(interval * 1.5, max_poll_interval)
-            finally:
-                with self._waiters_lock:
-                    self._waiters.discard(waiter)
+
+    async def wait_commit(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a commit of this process (or a close); returns
+        whether one woke it. Another process's commits are seen by polling after a timeout."""
+
+        waiter = asyncio.get_running_loop().create_future()
+        with self._waiters_lock:
+            self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            with self._waiters_lock:
+                self._waiters.discard(waiter)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -27,9 +27,10 @@ anything else that must not overlap a group (a projection rebuild swapping table
 Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
 aborted and each of its batches is run again alone, so only the batch at fault fails.
 
-Replicated durability would publish a group's records (``records`` in ``_group``) where it is
-marked, after the checks gave them their sequences and before the local transaction commits; it
-would also turn the direct path off (``_direct_run``), so that every commit goes through groups.
+With replicated durability (a ``StreamWriter``), every commit goes through groups on the writer
+thread (no direct path: a commit waits on the network), each group first settles with the stream
+and publishes its records before its transaction commits (``storage.replication``); a publish
+that fails fails the whole group at once, since running its batches alone would fail the same way.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ from typing import Any, Final
 import lmdb
 
 from ..log import EncodedBatch, Environment, StoreClosedError, WriteLog
+from ..log.jetstream import ReplicationError
 from ..projections import Projector
+from .replication import StreamWriter
 
 MAX_GROUP: Final = 64
 """Batches per write transaction at most: bounds how long one group holds the writer (and the
@@ -91,11 +94,15 @@ class _DirectRun:
 class Committer:
     """The one path of a store's commits and other durable writes (see the module docstring)."""
 
-    def __init__(self, env: Environment, log: WriteLog, projector: Projector) -> None:
+    def __init__(
+        self, env: Environment, log: WriteLog, projector: Projector, stream: StreamWriter | None = None
+    ) -> None:
         self._env = env
         self._log = log
         self.projector = projector
         """Swapped by a rebuild, under ``exclusive()``."""
+        self.stream = stream
+        self._direct = stream is None
         self._direct_run = DIRECT_RUN if env.durability == "process" else 0.0
         """How long a run of direct commits lasts between yields: in ``power`` mode each direct
         commit yields first, so the loop waits for one commit's syncs at most, and only while
@@ -111,13 +118,19 @@ class Committer:
         self._closed = False
         self._thread: threading.Thread | None = None
 
+    def replicate(self, stream: StreamWriter) -> None:
+        """From now on every group settles with ``stream`` and publishes to it (before any commit)."""
+
+        self.stream = stream
+        self._direct = False
+
     # ── callers ─────────────────────────────────────────────────────────────
 
     async def commit(self, payload: bytes, batch: EncodedBatch, committed_at: int | None) -> tuple[int, int]:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
         loop = asyncio.get_running_loop()
-        if loop not in self._gathering:
+        if self._direct and loop not in self._gathering:
             run = self._runs.get(loop)
             now = time.perf_counter()
             if run is None or now - run.started >= self._direct_run or now < run.contended_until:
@@ -199,7 +212,7 @@ class Committer:
         """The loop's turn ended: its gathered commits go as one group (or more)."""
 
         jobs = self._gathering.pop(loop)
-        if self._direct_run and len(jobs) == 1 and self._lock.acquire(blocking=False):
+        if self._direct and self._direct_run and len(jobs) == 1 and self._lock.acquire(blocking=False):
             try:
                 with self._state:
                     idle = not self._queue
@@ -245,6 +258,12 @@ class Committer:
 
         try:
             self._env.write(lambda txn: self._group(txn, jobs))
+            if self.stream is not None:
+                self.stream.committed()
+            return
+        except ReplicationError as error:  # the stream refused or did not answer: all alike
+            for job in jobs:
+                job.result, job.error = None, error
             return
         except BaseException as error:
             if len(jobs) == 1:
@@ -253,6 +272,8 @@ class Committer:
         for job in jobs:
             try:
                 self._env.write(lambda txn, alone=[job]: self._group(txn, alone))  # type: ignore[misc]
+                if self.stream is not None:
+                    self.stream.committed()
             except BaseException as error:
                 job.result, job.error = None, error
 
@@ -261,6 +282,8 @@ class Committer:
         after a map growth, so outcomes are set afresh)."""
 
         projector = self.projector
+        if self.stream is not None:
+            self.stream.settle(txn, projector)
         records: list[tuple[int, bytes]] = []
         for job in jobs:
             job.result = job.error = None
@@ -279,8 +302,9 @@ class Committer:
             projector.apply(txn, seq, plan)
             job.result = (seq, plan.max_id)
             records.append((seq, job.payload))
-        # Replicated durability: publish ``records`` here and wait for the stream's
-        # acknowledgement before the transaction commits (the stream decides the order).
+        if self.stream is not None and records:
+            # The stream decides the order: the transaction commits only once it holds them.
+            self.stream.publish(txn, [seq for seq, _ in records])
 
     def _resolve(self, jobs: list[_Job]) -> None:
         """On the jobs' loop: hand each caller its outcome, ``RESOLVE_CHUNK`` callers per turn

@@ -14,7 +14,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, TypeVar, cast, overload
+from typing import Any, Final, Literal, TypeVar, cast, overload
 
 import lmdb
 from pi_durable.context import Context
@@ -46,8 +46,11 @@ from pi_durable.types import (
     TaskRecord,
 )
 
-from ..log import Durability, Environment, StoreClosedError, WriteLog, check_committed_at, encode_batch
+from ..log import Environment, StoreClosedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE
+from ..log.jetstream import JetStreamLink
+from ..log.replication import NotWriterError
+from ..log.shipping import Shipper
 from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
@@ -56,6 +59,8 @@ from ..projections.rebuild import CORE_KEY, REGISTRY_DB, begin_following, open_c
 from ..projections.user import Projection, UserProjections
 
 from .committer import Committer
+from .replica import Follower
+from .replication import StreamWriter
 from .scan import cursor_after, page_of, reference_page, scan_start, take_page
 
 T = TypeVar("T")
@@ -65,6 +70,11 @@ ID_BLOCK: Final = 4096
 _RESERVED_KEY: Final = b"ids.reserved"
 _U64 = struct.Struct(">Q")
 _TASK_FILTERS: Final = ("conversationId", "kind", "abortRequested", "background")
+
+Durability = Literal["power", "process", "replicated"]
+"""``power``/``process``: local durability (``log.environment``); ``replicated``: a commit
+returns once a NATS JetStream stream holds it (``storage.replication``), and is synced locally
+as in ``power``."""
 
 
 class StorageReads:
@@ -321,6 +331,9 @@ class LmdbStorage(StorageReads, Storage):
         self._core: bytes | None = None
         """The core header the read model was checked against; read-only handles compare it at
         each read, so they follow a rebuild's swap made by the writer."""
+        self._link: JetStreamLink | None = None
+        self.replication: StreamWriter | Shipper | Follower | None = None
+        """The store's link to its NATS stream, if it has one: ``status()`` says where it stands."""
         with env.read() as txn:
             stored = self._model.max_record_id(txn) + 1
             raw = txn.get(_RESERVED_KEY, db=self._meta)
@@ -338,6 +351,10 @@ class LmdbStorage(StorageReads, Storage):
         progress: Callable[[int, int], None] | None = None,
         projections: Sequence[Projection] = (),
         verify_checksums: bool = True,
+        nats: str | Sequence[str] | None = None,
+        stream: str | None = None,
+        replicas: int = 1,
+        store: str | None = None,
     ) -> LmdbStorage:
         """Open (or create) the store in directory ``path``; see ``log.environment`` for modes.
 
@@ -347,16 +364,134 @@ class LmdbStorage(StorageReads, Storage):
         date (``storage.projections``), folded behind the commits. ``verify_checksums=False``
         skips the CRC check of projected values on reads (about 0.4 us per value read; commits
         and ``verify`` always check).
+
+        ``nats`` (a URL, or several, comma-separated) and ``stream`` link the store's log to a
+        NATS JetStream stream (made with ``replicas`` copies when missing): with
+        ``durability="replicated"`` a commit returns once the stream holds it; with ``power`` or
+        ``process`` commits are shipped behind (``storage.replication.status()``). ``store``: the
+        store id the directory must hold (a new directory takes it).
         """
 
-        env = Environment(path, readonly=readonly, durability=durability, map_size=map_size)
+        if durability not in ("power", "process", "replicated"):
+            raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
+        if (nats is None) != (stream is None):
+            raise ValueError("nats= and stream= go together: the NATS servers and the stream that carries the log")
+        if durability == "replicated" and nats is None:
+            raise ValueError("durability='replicated' needs nats= (the servers) and stream= (the stream)")
+        if nats is not None and readonly:
+            raise ValueError("A read-only open does not ship its log: open_replica() follows a stream")
+        if type(replicas) is not int or not 1 <= replicas <= 5:
+            raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
+        link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
+        local = "power" if durability == "replicated" else durability
+        try:
+            env = Environment(path, readonly=readonly, durability=local, map_size=map_size, store_id=store)
+        except BaseException:
+            if link is not None:
+                link.close()
+            raise
         try:
             storage = cls(env, progress, projections, verify_checksums)
         except BaseException:
             env.close()
+            if link is not None:
+                link.close()
             raise
+        if link is not None:
+            try:
+                await storage._link_to(link, replicas, durability == "replicated")
+            except BaseException:
+                await storage.close()
+                raise
         storage.projections.kick()
         return storage
+
+    @classmethod
+    async def open_replica(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        nats: str | Sequence[str],
+        stream: str,
+        store: str,
+        durability: Literal["power", "process"] = "power",
+        map_size: int = DEFAULT_MAP_SIZE,
+        progress: Callable[[int, int], None] | None = None,
+        projections: Sequence[Projection] = (),
+        verify_checksums: bool = True,
+    ) -> LmdbStorage:
+        """Open (or create) in ``path`` a replica of store ``store``: a local store kept level
+        with the store's subject on ``stream``, read like any store, refusing commits
+        (``NotWriterError``). ``await replica.wait(seq)`` waits until it holds record ``seq``."""
+
+        link = JetStreamLink(nats, stream)
+        try:
+            env = Environment(path, durability=durability, map_size=map_size, store_id=store)
+        except BaseException:
+            link.close()
+            raise
+        try:
+            storage = cls(env, progress, projections, verify_checksums)
+        except BaseException:
+            env.close()
+            link.close()
+            raise
+        storage._link = link
+        try:
+            link.run(link.connect())
+            link.run(link.ensure_stream(create=False))
+        except BaseException:
+            await storage.close()
+            raise
+        follower = storage.replication = Follower(link, storage, store)
+        follower.start()
+        storage.projections.kick()
+        return storage
+
+    async def _link_to(self, link: JetStreamLink, replicas: int, replicated: bool) -> None:
+        """Connect to the stream; a replicated writer settles with it before its first commit,
+        any other writer starts shipping behind its commits."""
+
+        self._link = link
+        await link.arun(link.connect())
+        await link.arun(link.ensure_stream(replicas, create=True))
+        store = self._env.store_id
+        assert store is not None
+        if replicated:
+            writer = self.replication = StreamWriter(link, self._env, self.log, store, self._meta)
+            self._committer.replicate(writer)
+            await self._committer.write(lambda txn: None)  # a group settles before anything else
+            self._raise_id_floor(writer.applier.max_id)
+        else:
+            shipper = self.replication = Shipper(link, self.log, store)
+            shipper.start()
+
+    @property
+    def store_id(self) -> str | None:
+        """The store's id: its subject on a NATS stream is ``<stream>.<store id>.log``."""
+
+        return self._env.store_id
+
+    async def wait(self, seq: int, timeout: float | None = None) -> None:
+        """A replica: wait until it holds record ``seq``. Any other store holds what it committed."""
+
+        if isinstance(self.replication, Follower):
+            await self.replication.wait(seq, timeout)
+        elif self.log.head() < seq:
+            raise ValueError(f"The store at {self.path} has no record {seq} (its head is {self.log.head()})")
+
+    def _raise_id_floor(self, max_id: int) -> None:
+        if max_id >= self._next_id:
+            with self._ids:
+                self._next_id = max(self._next_id, max_id + 1)
+
+    def _refuse_replica(self) -> None:
+        if isinstance(self.replication, Follower):
+            raise NotWriterError(
+                f"The store at {self.path} is a replica of store {self.store_id} on stream "
+                f"{self.replication.link.stream!r}: it takes no commits (commit to its writer)",
+                self.store_id,
+            )
 
     @property
     def path(self) -> str:
@@ -375,15 +510,16 @@ class LmdbStorage(StorageReads, Storage):
         """
 
         self._assert_open()
+        self._refuse_replica()
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
         seq, max_id = await self._committer.commit(payload, batch, committed_at)
         if not self._closed:  # a close waiting for this commit stops the projection worker
             self.projections.kick()
-        if max_id >= self._next_id:
-            with self._ids:
-                self._next_id = max(self._next_id, max_id + 1)
+        self._raise_id_floor(max_id)
+        if isinstance(self.replication, StreamWriter):
+            self._raise_id_floor(self.replication.applier.max_id)
         return Seq(seq)
 
     async def mint_id(self) -> int:
@@ -392,6 +528,7 @@ class LmdbStorage(StorageReads, Storage):
         committer, so minting rarely touches the disk)."""
 
         self._assert_open()
+        self._refuse_replica()
         while True:
             with self._ids:
                 if self._next_id > MAX_SAFE_INTEGER:
@@ -438,8 +575,12 @@ class LmdbStorage(StorageReads, Storage):
         if self._closed:
             return
         self._closed = True
+        if isinstance(self.replication, (Follower, Shipper)):
+            self.replication.stop()
         await self._committer.close()
         await self.projections.close()
+        if self._link is not None:
+            self._link.close()
         self._env.close()
         self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
 

@@ -1,0 +1,495 @@
+"""The log's link to NATS JetStream: one stream carries the logs of many stores, one subject each.
+
+A store's records go to ``<stream>.<store id>.log``, one message per record, the body being the
+record exactly as the local log stores it (``LogRecord``: its CRC-32 is checked on every receipt).
+Headers carry what the body does not: the store, the record's sequence, the writer's epoch, and
+``Nats-Msg-Id`` = ``<store>:<seq>`` so JetStream drops a record sent twice. Appends are
+conditional (``Nats-Expected-Last-Subject-Sequence``): a writer that is not where the stream is
+cannot add to it. A group of records goes as one atomic batch (all stored or none).
+
+The NATS client (nats-py, asyncio) runs on a thread of its own with its own event loop, so it can
+be called from the store's writer thread (which must not run an event loop) and from any caller's
+loop alike, and a caller's loop blocked in a direct commit never starves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import Any, Final, Literal, NamedTuple, TypeVar
+
+import msgspec
+
+from .errors import CorruptRecordError, LogError
+from .records import decode_record
+
+T = TypeVar("T")
+
+MESSAGE_FORMAT: Final = 1
+"""The version of the message layout (headers and body); every message carries it."""
+
+H_FORMAT: Final = "Pd-Format"
+H_STORE: Final = "Pd-Store"
+H_SEQ: Final = "Pd-Seq"
+H_KIND: Final = "Pd-Kind"
+H_EPOCH: Final = "Pd-Epoch"
+H_MSG_ID: Final = "Nats-Msg-Id"
+H_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
+
+Kind = Literal["record", "fence", "ids"]
+KINDS: Final = ("record", "fence", "ids")
+"""``record``: a log record. ``fence``: a new writer's first message, which moves the subject on
+so that no earlier writer's conditional append can land after it. ``ids``: an id block reserved."""
+
+_STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
+WRONG_LAST_SEQUENCE: Final = 10071
+DEFAULT_TIMEOUT: Final = 5.0
+"""Seconds a request to the stream may take before it counts as unanswered."""
+
+
+class ReplicationError(LogError):
+    """Base of the errors of the stream link."""
+
+
+class NatsUnavailableError(ReplicationError):
+    """No NATS server answered in time (unreachable, or the stream has no quorum)."""
+
+
+class StreamMissingError(ReplicationError):
+    """The named stream does not exist, or does not carry the store's subject."""
+
+
+class StreamMovedError(ReplicationError):
+    """A conditional append was refused: the subject holds messages this writer has not seen
+    (another writer appended, or fenced it)."""
+
+    def __init__(self, subject: str, expected: int, found: int | None) -> None:
+        where = "unknown" if found is None else str(found)
+        super().__init__(
+            f"The stream refused an append to {subject}: this writer expected its last message at "
+            f"stream sequence {expected}, the stream has it at {where} (another writer appended or "
+            "fenced this one)"
+        )
+        self.subject, self.expected, self.found = subject, expected, found
+
+
+class ForeignMessageError(ReplicationError):
+    """A message on a store's subject is not a valid record of that store; nothing of it is applied."""
+
+    def __init__(self, stream: str, stream_seq: int, reason: str) -> None:
+        super().__init__(f"Message {stream_seq} of stream {stream} is refused: {reason}; nothing of it was applied")
+        self.stream, self.stream_seq, self.reason = stream, stream_seq, reason
+
+
+class OutcomeUnknownError(NatsUnavailableError):
+    """A publish got no answer: the records may or may not be in the stream. The writer finds out
+    from the stream before it appends anything else."""
+
+
+class Fence(msgspec.Struct, tag="fence", forbid_unknown_fields=True):
+    epoch: int
+    holder: str
+
+
+class IdReservation(msgspec.Struct, tag="ids", forbid_unknown_fields=True):
+    epoch: int
+    upto: int
+
+
+Control = Fence | IdReservation
+_control_encoder: Final = msgspec.msgpack.Encoder()
+_control_decoder: Final = msgspec.msgpack.Decoder(Control)
+
+
+def encode_control(control: Fence | IdReservation) -> bytes:
+    return _control_encoder.encode(control)
+
+
+class StreamMessage(NamedTuple):
+    """One verified message of a store's subject."""
+
+    stream_seq: int
+    store: str
+    kind: Kind
+    epoch: int
+    seq: int
+    """The record's log sequence (``record``), else 0."""
+    data: bytes
+    """The record as the log stores it (``record``), else the encoded control message."""
+
+    @property
+    def control(self) -> Fence | IdReservation:
+        return _control_decoder.decode(self.data)
+
+
+def subject_of(stream: str, store: str) -> str:
+    return f"{stream}.{store}.log"
+
+
+def stream_subjects(stream: str) -> list[str]:
+    return [f"{stream}.*.log"]
+
+
+def check_stream_name(stream: object) -> str:
+    if not isinstance(stream, str) or not _STREAM_NAME.fullmatch(stream):
+        raise ValueError(f"A stream name is letters, digits, '-' or '_' (NATS stream names), not {stream!r:.80}")
+    return stream
+
+
+def parse_servers(servers: str | Sequence[str]) -> list[str]:
+    """``servers``: a URL, a comma-separated list of URLs, or a sequence of them."""
+
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    urls = [item.strip() for item in items if isinstance(item, str) and item.strip()]
+    if not urls or len(urls) != len([item for item in items if not isinstance(item, str) or item.strip()]):
+        raise ValueError(f"nats= takes a NATS URL or a comma-separated list of them, not {servers!r:.120}")
+    return [url if "://" in url else f"nats://{url}" for url in urls]
+
+
+def record_headers(store: str, seq: int, epoch: int) -> dict[str, str]:
+    return {
+        H_MSG_ID: f"{store}:{seq}",
+        H_FORMAT: str(MESSAGE_FORMAT),
+        H_STORE: store,
+        H_KIND: "record",
+        H_SEQ: str(seq),
+        H_EPOCH: str(epoch),
+    }
+
+
+def control_headers(store: str, kind: Kind, epoch: int, token: str) -> dict[str, str]:
+    return {
+        H_MSG_ID: f"{store}:{kind}:{epoch}:{token}",
+        H_FORMAT: str(MESSAGE_FORMAT),
+        H_STORE: store,
+        H_KIND: kind,
+        H_EPOCH: str(epoch),
+    }
+
+
+def parse_message(
+    stream: str, stream_seq: int, headers: dict[str, str] | None, data: bytes | None, store: str | None
+) -> StreamMessage:
+    """Check one message of a store's subject (its headers, and a record's checksum); anything
+    else raises ``ForeignMessageError`` naming its stream sequence."""
+
+    headers = headers or {}
+    body = data or b""
+
+    def refuse(reason: str) -> ForeignMessageError:
+        return ForeignMessageError(stream, stream_seq, reason)
+
+    if headers.get(H_FORMAT) != str(MESSAGE_FORMAT):
+        raise refuse(f"it has no {H_FORMAT}: {MESSAGE_FORMAT} header (not written by pi-durable-lmdb)")
+    found = headers.get(H_STORE)
+    if found is None or (store is not None and found != store):
+        raise refuse(f"it belongs to store {found!r}, not {store!r}")
+    kind = headers.get(H_KIND)
+    if kind not in KINDS:
+        raise refuse(f"unknown kind {kind!r}")
+    try:
+        epoch = int(headers.get(H_EPOCH, "0"))
+    except ValueError:
+        raise refuse(f"its epoch {headers.get(H_EPOCH)!r} is not an integer") from None
+    if kind != "record":
+        try:
+            _control_decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise refuse(f"an undecodable {kind} message ({error})") from None
+        return StreamMessage(stream_seq, found, kind, epoch, 0, body)  # type: ignore[arg-type]
+    raw_seq = headers.get(H_SEQ, "")
+    if not raw_seq.isdigit() or int(raw_seq) < 1:
+        raise refuse(f"its {H_SEQ} {raw_seq!r} is not a log sequence")
+    seq = int(raw_seq)
+    if headers.get(H_MSG_ID) != f"{found}:{seq}":
+        raise refuse(f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}")
+    try:
+        decode_record(seq, body)
+    except CorruptRecordError as error:
+        raise refuse(f"record {seq}: {error.reason}") from None
+    return StreamMessage(stream_seq, found, "record", epoch, seq, body)
+
+
+class JetStreamLink:
+    """One NATS connection, on a thread and event loop of its own, to one stream."""
+
+    def __init__(self, servers: str | Sequence[str], stream: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        try:
+            import nats  # noqa: F401
+        except ImportError:  # pragma: no cover - the extra is not installed
+            raise ImportError(
+                "Replication through NATS needs nats-py: pip install 'pi-durable-lmdb[nats]'"
+            ) from None
+        self.servers = parse_servers(servers)
+        self.stream = check_stream_name(stream)
+        self.timeout = timeout
+        self.atomic = True
+        """Whether the stream takes atomic batches (``allow_atomic``); else records go one by one."""
+        self._nc: Any = None
+        self._js: Any = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"nats {stream}", daemon=True)
+        self._thread.start()
+        self._closed = False
+        self.last_error: str | None = None
+
+    # ── running on the link's loop ─────────────────────────────────────────
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the link's loop and wait for it, from any other thread."""
+
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("JetStreamLink.run() called from the link's own thread")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` run on the link's loop, from a coroutine on any loop."""
+
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    # ── connection and stream (coroutines of the link's loop) ───────────────
+
+    async def connect(self) -> None:
+        import nats
+
+        async def noted(error: Exception) -> None:
+            self.last_error = f"{type(error).__name__}: {error}"
+
+        try:
+            self._nc = await asyncio.wait_for(
+                nats.connect(
+                    servers=self.servers,
+                    connect_timeout=min(2.0, self.timeout),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.2,
+                    error_cb=noted,
+                    name="pi-durable-lmdb",
+                ),
+                self.timeout + 1,
+            )
+        except (asyncio.TimeoutError, OSError, Exception) as error:
+            raise NatsUnavailableError(
+                f"No NATS server answered at {', '.join(self.servers)} ({type(error).__name__}: {error})"
+            ) from None
+        self._js = self._nc.jetstream(timeout=self.timeout)
+
+    async def ensure_stream(self, replicas: int = 1, create: bool = True) -> None:
+        """Check the stream carries store subjects; make it (``replicas`` copies) when missing."""
+
+        import nats.js.errors
+        from nats.js.api import StorageType, StreamConfig
+
+        try:
+            info = await self._js.stream_info(self.stream)
+        except nats.js.errors.NotFoundError:
+            if not create:
+                raise StreamMissingError(f"NATS has no stream {self.stream!r} (at {', '.join(self.servers)})") from None
+            config = StreamConfig(
+                name=self.stream,
+                subjects=stream_subjects(self.stream),
+                num_replicas=replicas,
+                storage=StorageType.FILE,
+                allow_atomic=True,
+                allow_direct=True,
+                duplicate_window=120.0,
+            )
+            try:
+                info = await self._js.add_stream(config)
+            except nats.js.errors.Error as error:
+                raise ReplicationError(f"NATS refused to create stream {self.stream!r} with {replicas} replicas: {error}") from None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
+            raise NatsUnavailableError(
+                f"NATS at {', '.join(self.servers)} did not answer for stream {self.stream!r} ({type(error).__name__})"
+            ) from None
+        subjects = info.config.subjects or []
+        if not any(_covers(pattern, f"{self.stream}.x.log") for pattern in subjects):
+            raise StreamMissingError(
+                f"Stream {self.stream!r} does not carry the subjects {self.stream}.<store>.log (it takes {subjects})"
+            )
+        self.atomic = bool(info.config.allow_atomic)
+
+    async def last(self, subject: str, store: str | None) -> StreamMessage | None:
+        """The subject's last message, from the stream's leader (never a lagging replica)."""
+
+        import nats.js.errors
+
+        try:
+            raw = await self._js.get_last_msg(self.stream, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
+            raise NatsUnavailableError(f"NATS did not answer for the last message of {subject} ({type(error).__name__})") from None
+        return parse_message(self.stream, raw.seq, raw.headers, raw.data, store)
+
+    async def publish(
+        self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int
+    ) -> int:
+        """Append ``messages`` (headers, body) after stream sequence ``expected`` (the subject's
+        last message; 0: none), all or none; returns the stream sequence of the last one.
+
+        ``StreamMovedError``: the subject is not at ``expected``; ``OutcomeUnknownError``: no
+        answer, so the messages may or may not be stored."""
+
+        if not messages:
+            return expected
+        if self.atomic and len(messages) > 1:
+            return await self._publish_atomic(subject, messages, expected)
+        last = expected
+        for headers, body in messages:
+            last = await self._request(subject, {**headers, H_EXPECTED: str(last)}, body, expected=last)
+        return last
+
+    async def _publish_atomic(self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int) -> int:
+        batch = secrets.token_hex(8)
+        count = len(messages)
+        for index, (headers, body) in enumerate(messages[:-1], 1):
+            batch_headers = {**headers, "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(index)}
+            if index == 1:
+                batch_headers[H_EXPECTED] = str(expected)
+            await self._nc.publish(subject, body, headers=batch_headers)
+        headers, body = messages[-1]
+        final = {**headers, "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(count), "Nats-Batch-Commit": "1"}
+        return await self._request(subject, final, body, expected=expected)
+
+    async def _request(self, subject: str, headers: dict[str, str], body: bytes, *, expected: int) -> int:
+        import nats.errors
+
+        try:
+            reply = await self._nc.request(subject, body, timeout=self.timeout, headers=headers)
+        except nats.errors.NoRespondersError:
+            raise NatsUnavailableError(
+                f"No stream answers for {subject} (stream {self.stream!r} missing, or without a leader)"
+            ) from None
+        except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.ConnectionClosedError) as error:
+            self.last_error = f"publish to {subject}: no answer in {self.timeout} s"
+            raise OutcomeUnknownError(
+                f"The stream did not acknowledge an append to {subject} within {self.timeout} s "
+                f"({type(error).__name__}); it may or may not hold it"
+            ) from None
+        try:
+            ack = json.loads(reply.data)
+        except ValueError:
+            raise ReplicationError(f"The stream answered an append to {subject} with {reply.data[:200]!r}") from None
+        error = ack.get("error")
+        if error:
+            if error.get("err_code") == WRONG_LAST_SEQUENCE:
+                match = re.search(r"(\d+)\s*$", error.get("description", ""))
+                raise StreamMovedError(subject, expected, int(match.group(1)) if match else None)
+            description = error.get("description", error)
+            if error.get("code") == 503:
+                raise NatsUnavailableError(f"The stream could not take an append to {subject}: {description}")
+            raise ReplicationError(f"The stream refused an append to {subject}: {description}")
+        return int(ack["seq"])
+
+    async def read(
+        self, subject: str, after: int, *, store: str | None, follow: bool, idle: float = 0.5
+    ) -> AsyncIterator[tuple[StreamMessage, int]]:
+        """The subject's messages after stream sequence ``after``, verified, each with how many
+        more the stream held when it was sent (0: it was the last). Without ``follow`` it ends
+        at the last message the stream holds when the subject runs dry."""
+
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        last = await self.last(subject, None) if not follow else None
+        if not follow and (last is None or last.stream_seq <= after):
+            return
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=after + 1,
+            filter_subject=subject,
+        )
+        sub = await self._js.subscribe(
+            subject,
+            stream=self.stream,
+            ordered_consumer=True,
+            config=config,
+            idle_heartbeat=max(idle, 0.5),
+            pending_msgs_limit=65536,
+            pending_bytes_limit=256 * 1024 * 1024,
+        )
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=idle)
+                except (asyncio.TimeoutError, Exception) as error:
+                    if type(error).__name__ not in ("TimeoutError",):
+                        raise
+                    if not follow:
+                        latest = await self.last(subject, None)
+                        if latest is None or latest.stream_seq <= after:
+                            return
+                    continue
+                meta = msg.metadata
+                stream_seq = meta.sequence.stream
+                if stream_seq <= after:
+                    continue
+                after = stream_seq
+                yield parse_message(self.stream, stream_seq, msg.headers, msg.data, store), meta.num_pending
+                if not follow and meta.num_pending == 0:
+                    return
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+
+    async def disconnect(self) -> None:
+        if self._nc is not None:
+            try:
+                await asyncio.wait_for(self._nc.drain(), 2.0)
+            except Exception:
+                try:
+                    await self._nc.close()
+                except Exception:
+                    pass
+            self._nc = None
+
+    # ── lifecycle ───────────────────────────────────────────────────────────
+
+    def close(self) -> None:
+        """Disconnect and stop the link's thread (from any thread but the link's)."""
+
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.run(self.disconnect(), timeout=5)
+        except Exception:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._loop.is_running():
+            self._loop.close()
+
+
+def _covers(pattern: str, subject: str) -> bool:
+    """Whether NATS subject ``pattern`` (with ``*`` and ``>``) matches ``subject``."""
+
+    parts, tokens = pattern.split("."), subject.split(".")
+    for index, part in enumerate(parts):
+        if part == ">":
+            return len(tokens) > index
+        if index >= len(tokens) or (part != "*" and part != tokens[index]):
+            return False
+    return len(parts) == len(tokens)
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000

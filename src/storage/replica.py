@@ -1,0 +1,175 @@
+"""Replicas: a local store kept level with its store's subject on a NATS stream.
+
+A replica's log holds the writer's records byte for byte (their checksums checked on receipt),
+folded by the same projector, so every read, ``as_of``, ``verify``, ``tail`` and user projection
+works on it as on the writer. Records are taken in a chunk per LMDB transaction, together with
+the stream position they reach, so a replica killed at any moment resumes exactly where its
+store stands. A message that is not the next record of this store (a forged, corrupt or foreign
+one) stops the replica with an error naming its stream sequence; nothing of it is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from ..log.jetstream import ForeignMessageError, JetStreamLink, ReplicationError, StreamMessage, subject_of
+from ..log.replication import read_position
+from .replication import StreamApplier
+
+if TYPE_CHECKING:
+    from .lmdb_storage import LmdbStorage
+
+APPLY_CHUNK: Final = 1024
+"""Messages taken in per LMDB transaction at most."""
+RETRY: Final = (0.05, 2.0)
+
+
+class Follower:
+    """Takes a store's messages from the stream into a local store (a task on the link's loop)."""
+
+    def __init__(self, link: JetStreamLink, storage: LmdbStorage, store: str) -> None:
+        self.link, self.storage, self.store = link, storage, store
+        self.subject = subject_of(link.stream, store)
+        self.applier = StreamApplier(link.stream, store, storage.log, storage._meta)
+        self.error: ForeignMessageError | None = None
+        self.last_error: str | None = None
+        self.stream_seq = 0
+        self.pending = 0
+        self.applied_at = 0.0
+        self._task: Any = None
+        self._stopping = False
+
+    # ── running ─────────────────────────────────────────────────────────────
+
+    def start(self) -> None:
+        self._task = asyncio.run_coroutine_threadsafe(self._follow(), self.link.loop)
+
+    async def _follow(self) -> None:
+        pause = RETRY[0]
+        while not self._stopping and self.error is None:
+            try:
+                await self.catch_up(follow=True)
+            except ForeignMessageError:
+                return
+            except ReplicationError as error:
+                self.last_error = str(error)
+            except Exception as error:
+                if self._stopping:
+                    return
+                self.last_error = f"{type(error).__name__}: {error}"
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY[1])
+
+    async def catch_up(
+        self, *, follow: bool = False, to_seq: int | None = None, progress: Callable[[int, int], None] | None = None
+    ) -> int:
+        """Take in the subject's messages beyond this store's position (on the link's loop):
+        until the stream's end (``follow=False``), record ``to_seq``, or forever; returns the
+        log head reached."""
+
+        position = self._position()
+        self.stream_seq = position.stream_seq
+        if to_seq is not None and position.seq >= to_seq:
+            return position.seq
+        chunk: list[StreamMessage] = []
+        try:
+            async for message, pending in self.link.read(self.subject, position.stream_seq, store=self.store, follow=follow):
+                self.pending = pending
+                if to_seq is not None and message.kind == "record" and message.seq > to_seq:
+                    break
+                chunk.append(message)
+                if pending == 0 or len(chunk) >= APPLY_CHUNK or (to_seq is not None and message.seq >= to_seq):
+                    await self._apply(chunk)
+                    chunk = []
+                    if progress is not None:
+                        progress(self.storage.log.head(), self.storage.log.head() + pending)
+                    if to_seq is not None and self.storage.log.head() >= to_seq:
+                        break
+                self.last_error = None
+        except ForeignMessageError as error:
+            await self._apply(chunk)  # what came before the refused message is sound
+            self._stop(error)
+            raise
+        await self._apply(chunk)
+        return self.storage.log.head()
+
+    async def _apply(self, chunk: list[StreamMessage]) -> None:
+        if not chunk:
+            return
+        storage = self.storage
+        try:
+            position = await storage._committer.write(
+                lambda txn: self.applier.apply(txn, storage._committer.projector, chunk, self._position(txn))
+            )
+        except ForeignMessageError as error:
+            sound = [message for message in chunk if message.stream_seq < error.stream_seq]
+            if sound:
+                await storage._committer.write(
+                    lambda txn: self.applier.apply(txn, storage._committer.projector, sound, self._position(txn))
+                )
+                self._applied()
+            self._stop(error)
+            raise
+        self.stream_seq = position.stream_seq
+        self._applied()
+
+    def _applied(self) -> None:
+        self.applied_at = time.time()
+        storage = self.storage
+        storage._raise_id_floor(self.applier.max_id)
+        storage.log.committed()
+        storage.projections.kick()
+
+    def _position(self, txn: Any = None) -> Any:
+        if txn is not None:
+            return read_position(txn, self.storage._meta, self.link.stream)
+        with self.storage._env.read() as read_txn:
+            return read_position(read_txn, self.storage._meta, self.link.stream)
+
+    def _stop(self, error: ForeignMessageError) -> None:
+        self.error, self.last_error = error, str(error)
+        self.storage.log.wake()
+
+    # ── for callers ─────────────────────────────────────────────────────────
+
+    async def wait(self, seq: int, timeout: float | None = None) -> None:
+        """Until this store holds record ``seq`` (read-your-writes across machines)."""
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        log = self.storage.log
+        while log.head() < seq:
+            if self.error is not None:
+                raise self.error
+            self.storage._assert_open()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"The replica at {self.storage.path} holds records up to {log.head()}, not {seq}, "
+                    f"after {timeout} s (last error: {self.last_error})"
+                )
+            await log.wait_commit(0.05)
+
+    def status(self) -> dict[str, Any]:
+        head = self.storage.log.head()
+        last = self.storage.log.get(head) if head else None
+        lag_ms = 0.0
+        if self.pending and last is not None:
+            lag_ms = max(0.0, time.time() * 1000 - last.committed_at)
+        return {
+            "mode": "replica",
+            "stream": self.link.stream,
+            "subject": self.subject,
+            "appliedSeq": head,
+            "streamSeq": self.stream_seq,
+            "lagRecords": self.pending,
+            "lagMs": lag_ms,
+            "lastError": self.last_error or self.link.last_error,
+            "stopped": self.error is not None,
+        }
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()

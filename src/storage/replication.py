@@ -1,0 +1,282 @@
+"""Commits acknowledged by a NATS JetStream stream (``durability="replicated"``), and the one way
+records that come from the stream enter a store (``StreamApplier``: a writer settling, a replica).
+
+Order of events for a group of commits (the stream decides, LMDB follows):
+
+1. In the group's LMDB write transaction (not yet committed), each batch is checked against the
+   state the batches before it left, appended and folded: this gives it its sequence.
+2. Their records go to the stream as one atomic batch, conditional on the store's subject still
+   ending at the message this writer last appended (``Nats-Expected-Last-Subject-Sequence``).
+3. Only after the stream acknowledged them (with R3: stored on a quorum of servers) does the LMDB
+   transaction commit; only then do the callers hear back.
+
+So no acknowledged commit can be missing from the stream. A writer killed between 2 and 3 left
+records in the stream that its store lacks: before its first group (at open, and after any
+publish the stream refused or did not answer) the writer *settles*: it asks the stream's leader
+for the subject's last message, takes in every record beyond its own head (in the same
+transaction as the group that follows), or ships records the stream lacks (a store that was
+written locally before), and refuses to go on if the two histories differ.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Final
+
+import lmdb
+
+from ..log import Environment, WriteLog, decode_record
+from ..log.jetstream import (
+    ForeignMessageError,
+    JetStreamLink,
+    OutcomeUnknownError,
+    ReplicationError,
+    StreamMessage,
+    StreamMovedError,
+    record_headers,
+    subject_of,
+)
+from ..log.replication import POSITION_FORMAT, NotWriterError, StreamPosition, put_position, read_position
+from ..projections import Projector
+
+SHIP_CHUNK: Final = 256
+"""Records per atomic batch when a writer ships history the stream lacks."""
+FETCH_CHUNK: Final = 1024
+"""Messages taken from the stream per transaction when a store catches up."""
+
+
+class StreamApplier:
+    """Takes a store's messages from the stream into its log and projections."""
+
+    def __init__(self, stream: str, store: str, log: WriteLog, meta: lmdb._Database) -> None:
+        self.stream, self.store, self.log, self.meta = stream, store, log, meta
+        self.max_id = 0
+        """The highest record id among the records applied (callers raise their mint floor)."""
+
+    def apply(
+        self, txn: lmdb.Transaction, projector: Projector, messages: Sequence[StreamMessage], position: StreamPosition
+    ) -> StreamPosition:
+        """Append and fold the records of ``messages`` (in stream order) inside ``txn``; returns
+        the new position, also written in ``txn``. The first message that is not the next record
+        of this store raises ``ForeignMessageError`` naming it; what came before it stays in
+        ``txn`` (the caller decides whether to commit that)."""
+
+        log = self.log
+        head = log.head(txn)
+        for message in messages:
+            if message.stream_seq <= position.stream_seq:
+                continue
+            if message.kind == "record":
+                if message.epoch < position.epoch:
+                    raise ForeignMessageError(
+                        self.stream, message.stream_seq,
+                        f"record {message.seq} is of writer epoch {message.epoch}, after epoch {position.epoch} fenced it",
+                    )
+                if message.seq <= head:
+                    if log.record(txn, message.seq) != message.data:
+                        raise ForeignMessageError(
+                            self.stream, message.stream_seq,
+                            f"record {message.seq} differs from this store's own record {message.seq} (the histories forked)",
+                        )
+                elif message.seq != head + 1:
+                    raise ForeignMessageError(
+                        self.stream, message.stream_seq, f"record {message.seq} does not follow this store's head {head}"
+                    )
+                else:
+                    commit = decode_record(message.seq, message.data)
+                    try:
+                        plan = projector.prepare(txn, commit.writes)
+                    except lmdb.Error:
+                        raise
+                    except Exception as error:
+                        raise ForeignMessageError(
+                            self.stream, message.stream_seq, f"record {message.seq} is not a valid commit here: {error}"
+                        ) from None
+                    log.append_record(txn, message.seq, message.data)
+                    projector.apply(txn, message.seq, plan)
+                    self.max_id = max(self.max_id, plan.max_id)
+                    head = message.seq
+            else:
+                control = message.control
+                if message.kind == "ids":
+                    position.ids_reserved = max(position.ids_reserved, control.upto)  # type: ignore[union-attr]
+            position = StreamPosition(
+                POSITION_FORMAT,
+                self.stream,
+                message.stream_seq,
+                head,
+                max(position.epoch, message.epoch),
+                position.ids_reserved,
+            )
+        put_position(txn, self.meta, position)
+        return position
+
+
+class StreamWriter:
+    """The replicated-durability side of a writer: settles, then publishes each group's records
+    before its transaction commits (see the module docstring). Runs on the writer thread."""
+
+    def __init__(self, link: JetStreamLink, env: Environment, log: WriteLog, store: str, meta: lmdb._Database) -> None:
+        self.link, self.env, self.log, self.store, self.meta = link, env, log, store, meta
+        self.subject = subject_of(link.stream, store)
+        self.applier = StreamApplier(link.stream, store, log, meta)
+        self.epoch = 0
+        self.expected = 0
+        """The stream sequence of the subject's last message, as this writer last saw it."""
+        self.settled = False
+        self.in_doubt = False
+        """Records were published in a transaction that has not committed yet."""
+        self.failure: NotWriterError | None = None
+        self.acked_seq = 0
+        self.acked_at = 0.0
+        self.last_error: str | None = None
+
+    # ── settling ────────────────────────────────────────────────────────────
+
+    def settle(self, txn: lmdb.Transaction, projector: Projector) -> None:
+        """Make the store and its subject level before a group (no-op once settled)."""
+
+        if self.failure is not None:
+            raise self.failure
+        if self.in_doubt:
+            # A transaction whose records the stream took did not commit (it is being run again):
+            # its records come back from the stream, never published twice.
+            self.in_doubt = self.settled = False
+            raise OutcomeUnknownError(
+                f"The stream holds records of store {self.store} that the local transaction failed to "
+                "commit; the store takes them in from the stream before its next commit"
+            )
+        if self.settled:
+            return
+        position = read_position(txn, self.meta, self.link.stream)
+        last = self.link.run(self.link.last(self.subject, self.store))
+        head = self.log.head(txn)
+        if last is None:
+            if position.stream_seq:
+                raise ReplicationError(
+                    f"Stream {self.link.stream!r} holds nothing of store {self.store}, yet this store took in "
+                    f"its message {position.stream_seq}: the stream was purged or replaced; restore the store "
+                    "or open it with another stream"
+                )
+            self.expected = 0
+            position = self._ship(txn, 1, head, position)
+        elif last.seq > head or last.stream_seq > position.stream_seq:
+            position = self._take_in(txn, projector, position, last.stream_seq)
+            if position.seq < head:  # the stream lacks records this store wrote alone
+                position = self._ship(txn, position.seq + 1, head, position)
+            self.expected = position.stream_seq
+        else:
+            if last.kind == "record" and self.log.record(txn, last.seq) != last.data:
+                raise ForeignMessageError(
+                    self.link.stream, last.stream_seq,
+                    f"record {last.seq} differs from this store's own record {last.seq} (the histories forked)",
+                )
+            self.expected = last.stream_seq
+            position = self._ship(txn, last.seq + 1, head, position)
+        self.settled = True
+        self.last_error = None
+
+    def _take_in(
+        self, txn: lmdb.Transaction, projector: Projector, position: StreamPosition, until: int
+    ) -> StreamPosition:
+        while position.stream_seq < until:
+            messages = self.link.run(self._fetch(position.stream_seq, until))
+            if not messages:
+                raise ReplicationError(
+                    f"Stream {self.link.stream!r} did not deliver messages {position.stream_seq + 1}..{until} of {self.subject}"
+                )
+            position = self.applier.apply(txn, projector, messages, position)
+        return position
+
+    async def _fetch(self, after: int, until: int) -> list[StreamMessage]:
+        messages: list[StreamMessage] = []
+        async for message, pending in self.link.read(self.subject, after, store=self.store, follow=False):
+            messages.append(message)
+            if message.stream_seq >= until or pending == 0 or len(messages) >= FETCH_CHUNK:
+                break
+        return messages
+
+    def _ship(self, txn: lmdb.Transaction, first: int, last: int, position: StreamPosition) -> StreamPosition:
+        """Publish records ``first..last`` this store holds and the stream lacks."""
+
+        seq = first
+        while seq <= last:
+            chunk = list(range(seq, min(last, seq + SHIP_CHUNK - 1) + 1))
+            position = self._publish(txn, chunk)
+            seq = chunk[-1] + 1
+        return position
+
+    # ── publishing ──────────────────────────────────────────────────────────
+
+    def publish(self, txn: lmdb.Transaction, seqs: list[int]) -> None:
+        """Publish the records ``seqs`` appended in ``txn``; returns once the stream holds them.
+        Anything else raises, and the caller must abort ``txn``."""
+
+        if self.failure is not None:
+            raise self.failure
+        self._publish(txn, seqs)
+
+    def _publish(self, txn: lmdb.Transaction, seqs: list[int]) -> StreamPosition:
+        messages = []
+        for seq in seqs:
+            data = self.log.record(txn, seq)
+            assert data is not None
+            messages.append((record_headers(self.store, seq, self.epoch), data))
+        try:
+            last = self.link.run(self.link.publish(self.subject, messages, self.expected))
+        except StreamMovedError as error:
+            self.settled = False
+            self.last_error = str(error)
+            raise NotWriterError(
+                f"Store {self.store} was not committed to: {error}. Nothing of this commit was stored; "
+                "the store takes in what the stream holds before its next commit",
+                self.store,
+            ) from None
+        except OutcomeUnknownError as error:
+            self.settled = False
+            self.last_error = str(error)
+            last = self._stored(seqs[-1], messages[-1][1])
+            if last is None:
+                raise
+        except ReplicationError as error:
+            self.settled = False
+            self.last_error = str(error)
+            raise
+        self.expected = last
+        self.in_doubt = True
+        self.acked_seq, self.acked_at = seqs[-1], time.time()
+        position = read_position(txn, self.meta, self.link.stream)
+        position = StreamPosition(POSITION_FORMAT, self.link.stream, last, seqs[-1], position.epoch, position.ids_reserved)
+        put_position(txn, self.meta, position)
+        return position
+
+    def committed(self) -> None:
+        """The transaction holding the last publish committed."""
+
+        self.in_doubt = False
+
+    def _stored(self, seq: int, data: bytes) -> int | None:
+        """After an unanswered publish: the stream sequence of record ``seq`` if the stream's
+        leader holds it as its last (the publish went through), else ``None``."""
+
+        try:
+            last = self.link.run(self.link.last(self.subject, self.store))
+        except ReplicationError:
+            return None
+        if last is not None and last.kind == "record" and last.seq == seq and last.data == data:
+            self.settled = True
+            return last.stream_seq
+        return None
+
+    def status(self) -> dict[str, object]:
+        return {
+            "mode": "replicated",
+            "stream": self.link.stream,
+            "subject": self.subject,
+            "shippedSeq": self.acked_seq if self.acked_seq else self.log.head(),
+            "lagRecords": 0,
+            "lagMs": 0.0,
+            "lastError": self.last_error or self.link.last_error,
+            "epoch": self.epoch,
+        }
