@@ -118,7 +118,7 @@ class StreamMessage(NamedTuple):
     kind: Kind
     epoch: int
     seq: int
-    """The record's log sequence (``record``), else 0."""
+    """The record's log sequence (``record``), else the log head the control message follows."""
     data: bytes
     """The record as the log stores it (``record``), else the encoded control message."""
 
@@ -162,12 +162,15 @@ def record_headers(store: str, seq: int, epoch: int) -> dict[str, str]:
     }
 
 
-def control_headers(store: str, kind: Kind, epoch: int, token: str) -> dict[str, str]:
+def control_headers(store: str, kind: Kind, epoch: int, head: int) -> dict[str, str]:
+    """A control message's headers; ``Pd-Seq`` is the log head it follows."""
+
     return {
-        H_MSG_ID: f"{store}:{kind}:{epoch}:{token}",
+        H_MSG_ID: f"{store}:{kind}:{epoch}:{secrets.token_hex(6)}",
         H_FORMAT: str(MESSAGE_FORMAT),
         H_STORE: store,
         H_KIND: kind,
+        H_SEQ: str(head),
         H_EPOCH: str(epoch),
     }
 
@@ -196,16 +199,16 @@ def parse_message(
         epoch = int(headers.get(H_EPOCH, "0"))
     except ValueError:
         raise refuse(f"its epoch {headers.get(H_EPOCH)!r} is not an integer") from None
+    raw_seq = headers.get(H_SEQ, "")
+    if not raw_seq.isdigit() or (kind == "record" and int(raw_seq) < 1):
+        raise refuse(f"its {H_SEQ} {raw_seq!r} is not a log sequence")
+    seq = int(raw_seq)
     if kind != "record":
         try:
             _control_decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise refuse(f"an undecodable {kind} message ({error})") from None
-        return StreamMessage(stream_seq, found, kind, epoch, 0, body)  # type: ignore[arg-type]
-    raw_seq = headers.get(H_SEQ, "")
-    if not raw_seq.isdigit() or int(raw_seq) < 1:
-        raise refuse(f"its {H_SEQ} {raw_seq!r} is not a log sequence")
-    seq = int(raw_seq)
+        return StreamMessage(stream_seq, found, kind, epoch, seq, body)  # type: ignore[arg-type]
     if headers.get(H_MSG_ID) != f"{found}:{seq}":
         raise refuse(f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}")
     try:

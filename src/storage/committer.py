@@ -118,11 +118,12 @@ class Committer:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def replicate(self, stream: StreamWriter) -> None:
-        """From now on every group settles with ``stream`` and publishes to it (before any commit)."""
+    def replicate(self, stream: StreamWriter | None) -> None:
+        """From now on every group settles with ``stream`` and publishes to it (before any
+        commit); ``None``: groups stay local (a deposed writer taking in the stream as a replica)."""
 
         self.stream = stream
-        self._direct = False
+        self._direct = stream is None
 
     # ── callers ─────────────────────────────────────────────────────────────
 

@@ -49,7 +49,8 @@ from pi_durable.types import (
 from ..log import Environment, StoreClosedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.jetstream import JetStreamLink
-from ..log.replication import NotWriterError
+from ..log.lease import DEFAULT_LEASE_TTL, WriterLease
+from ..log.replication import NotWriterError, read_position
 from ..log.shipping import Shipper
 from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
@@ -334,6 +335,7 @@ class LmdbStorage(StorageReads, Storage):
         self._link: JetStreamLink | None = None
         self.replication: StreamWriter | Shipper | Follower | None = None
         """The store's link to its NATS stream, if it has one: ``status()`` says where it stands."""
+        self._deposed_by: NotWriterError | None = None
         with env.read() as txn:
             stored = self._model.max_record_id(txn) + 1
             raw = txn.get(_RESERVED_KEY, db=self._meta)
@@ -355,6 +357,8 @@ class LmdbStorage(StorageReads, Storage):
         stream: str | None = None,
         replicas: int = 1,
         store: str | None = None,
+        take_over: bool | Literal["force"] = False,
+        lease_ttl: int = DEFAULT_LEASE_TTL,
     ) -> LmdbStorage:
         """Open (or create) the store in directory ``path``; see ``log.environment`` for modes.
 
@@ -370,6 +374,11 @@ class LmdbStorage(StorageReads, Storage):
         ``durability="replicated"`` a commit returns once the stream holds it; with ``power`` or
         ``process`` commits are shipped behind (``storage.replication.status()``). ``store``: the
         store id the directory must hold (a new directory takes it).
+
+        A replicated writer holds the store's lease (``log.lease``, ``lease_ttl`` seconds after
+        each renewal): held by another process, the open fails with ``NotWriterError``, unless
+        ``take_over=True`` (wait for it to expire, then fence the old writer out) or
+        ``take_over="force"`` (fence it out at once). It then takes in what the stream holds.
         """
 
         if durability not in ("power", "process", "replicated"):
@@ -380,6 +389,8 @@ class LmdbStorage(StorageReads, Storage):
             raise ValueError("durability='replicated' needs nats= (the servers) and stream= (the stream)")
         if nats is not None and readonly:
             raise ValueError("A read-only open does not ship its log: open_replica() follows a stream")
+        if take_over and durability != "replicated":
+            raise ValueError("take_over= is for durability='replicated' writers (the lease guards the stream)")
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
         link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
@@ -399,7 +410,7 @@ class LmdbStorage(StorageReads, Storage):
             raise
         if link is not None:
             try:
-                await storage._link_to(link, replicas, durability == "replicated")
+                await storage._link_to(link, replicas, durability == "replicated", take_over, lease_ttl)
             except BaseException:
                 await storage.close()
                 raise
@@ -448,9 +459,16 @@ class LmdbStorage(StorageReads, Storage):
         storage.projections.kick()
         return storage
 
-    async def _link_to(self, link: JetStreamLink, replicas: int, replicated: bool) -> None:
-        """Connect to the stream; a replicated writer settles with it before its first commit,
-        any other writer starts shipping behind its commits."""
+    async def _link_to(
+        self,
+        link: JetStreamLink,
+        replicas: int,
+        replicated: bool,
+        take_over: bool | Literal["force"] = False,
+        lease_ttl: int = DEFAULT_LEASE_TTL,
+    ) -> None:
+        """Connect to the stream; a replicated writer takes the lease, fences, settles with the
+        stream before its first commit; any other writer starts shipping behind its commits."""
 
         self._link = link
         await link.arun(link.connect())
@@ -458,10 +476,25 @@ class LmdbStorage(StorageReads, Storage):
         store = self._env.store_id
         assert store is not None
         if replicated:
-            writer = self.replication = StreamWriter(link, self._env, self.log, store, self._meta)
+            writer = StreamWriter(link, self._env, self.log, store, self._meta)
+            lease = WriterLease(link, store, self.path, lease_ttl)
+            last = await link.arun(link.last(writer.subject, store))
+            with self._env.read() as txn:
+                seen = read_position(txn, self._meta, link.stream).epoch
+            epoch = await link.arun(
+                lease.acquire(max(seen, 0 if last is None else last.epoch), bool(take_over), take_over == "force")
+            )
+            writer.lease, writer.epoch, writer.fence_pending = lease, epoch, True
+            self.replication = writer
             self._committer.replicate(writer)
-            await self._committer.write(lambda txn: None)  # a group settles before anything else
+            await self._committer.write(lambda txn: None)  # a group fences and settles before anything else
             self._raise_id_floor(writer.applier.max_id)
+            if writer.position is not None and writer.position.ids_reserved:
+                with self._ids:  # blocks any earlier writer reserved are never handed out again
+                    self._next_id = max(self._next_id, writer.position.ids_reserved)
+                    self._reserved = max(self._reserved, writer.position.ids_reserved)
+            lease.on_lost = self._deposed
+            lease.start_renewing()
         else:
             shipper = self.replication = Shipper(link, self.log, store)
             shipper.start()
@@ -485,7 +518,23 @@ class LmdbStorage(StorageReads, Storage):
             with self._ids:
                 self._next_id = max(self._next_id, max_id + 1)
 
+    def _deposed(self, error: NotWriterError) -> None:
+        """On the link's loop, once the lease is lost: refuse commits, follow as a replica."""
+
+        writer = self.replication
+        if self._closed or not isinstance(writer, StreamWriter):
+            return
+        writer.failure = error
+        self._deposed_by = error
+        self._committer.replicate(None)
+        store = self.store_id
+        assert store is not None and self._link is not None
+        follower = self.replication = Follower(self._link, self, store)
+        follower.start()
+
     def _refuse_replica(self) -> None:
+        if self._deposed_by is not None:
+            raise self._deposed_by
         if isinstance(self.replication, Follower):
             raise NotWriterError(
                 f"The store at {self.path} is a replica of store {self.store_id} on stream "
@@ -538,7 +587,8 @@ class LmdbStorage(StorageReads, Storage):
                     self._next_id += 1
                     return value
                 wanted = self._next_id + ID_BLOCK
-            reserved = await self._committer.write(lambda txn: _reserve(txn, self._meta, wanted))
+            writer = self.replication if isinstance(self.replication, StreamWriter) else None
+            reserved = await self._committer.write(lambda txn: _reserve(txn, self._meta, wanted, writer))
             with self._ids:
                 self._reserved = max(self._reserved, reserved)
 
@@ -578,6 +628,11 @@ class LmdbStorage(StorageReads, Storage):
         if isinstance(self.replication, (Follower, Shipper)):
             self.replication.stop()
         await self._committer.close()
+        if isinstance(self.replication, StreamWriter) and self.replication.lease is not None and self._link is not None:
+            try:
+                await self._link.arun(self.replication.lease.release())
+            except Exception:
+                pass  # it expires by itself
         await self.projections.close()
         if self._link is not None:
             self._link.close()
@@ -652,12 +707,15 @@ class StorageView(StorageReads):
 
 
 
-def _reserve(txn: lmdb.Transaction, meta: lmdb._Database, wanted: int) -> int:
-    """Raise the durable id reservation to ``wanted`` (never lower it); returns it."""
+def _reserve(txn: lmdb.Transaction, meta: lmdb._Database, wanted: int, stream: StreamWriter | None = None) -> int:
+    """Raise the durable id reservation to ``wanted`` (never lower it); returns it. A replicated
+    writer puts it on the stream too, so a writer after a failover mints above it."""
 
     raw = txn.get(_RESERVED_KEY, db=meta)
     reserved = max(wanted, 0 if raw is None else _U64.unpack(raw)[0])
     txn.put(_RESERVED_KEY, _U64.pack(reserved), db=meta)
+    if stream is not None:
+        stream.publish_ids(txn, reserved)
     return reserved
 
 

@@ -28,15 +28,20 @@ import lmdb
 
 from ..log import Environment, WriteLog, decode_record
 from ..log.jetstream import (
+    Fence,
     ForeignMessageError,
+    IdReservation,
     JetStreamLink,
     OutcomeUnknownError,
     ReplicationError,
     StreamMessage,
     StreamMovedError,
+    control_headers,
+    encode_control,
     record_headers,
     subject_of,
 )
+from ..log.lease import WriterLease
 from ..log.replication import POSITION_FORMAT, NotWriterError, StreamPosition, put_position, read_position
 from ..projections import Projector
 
@@ -128,6 +133,11 @@ class StreamWriter:
         self.in_doubt = False
         """Records were published in a transaction that has not committed yet."""
         self.failure: NotWriterError | None = None
+        self.lease: WriterLease | None = None
+        """Held by a writer of a store on the stream: checked before every publish."""
+        self.fence_pending = False
+        """A new lease's fence goes to the subject before anything else."""
+        self.position: StreamPosition | None = None
         self.acked_seq = 0
         self.acked_at = 0.0
         self.last_error: str | None = None
@@ -149,6 +159,8 @@ class StreamWriter:
             )
         if self.settled:
             return
+        if self.fence_pending:
+            self._fence(txn)
         position = read_position(txn, self.meta, self.link.stream)
         last = self.link.run(self.link.last(self.subject, self.store))
         head = self.log.head(txn)
@@ -174,8 +186,26 @@ class StreamWriter:
                 )
             self.expected = last.stream_seq
             position = self._ship(txn, last.seq + 1, head, position)
+        self.position = position
         self.settled = True
         self.last_error = None
+
+    def _fence(self, txn: lmdb.Transaction) -> None:
+        """Put this writer's fence on the subject: from it on, only this epoch's appends land."""
+
+        assert self.lease is not None
+        for _ in range(20):
+            last = self.link.run(self.link.last(self.subject, self.store))
+            head = 0 if last is None else last.seq
+            self.lease.check()
+            fence = (control_headers(self.store, "fence", self.epoch, head), encode_control(Fence(self.epoch, self.lease.holder)))
+            try:
+                self.link.run(self.link.publish(self.subject, [fence], 0 if last is None else last.stream_seq))
+            except StreamMovedError:
+                continue  # the old writer appended meanwhile: fence after that
+            self.fence_pending = False
+            return
+        raise ReplicationError(f"Store {self.store}'s subject kept moving: this writer could not fence it")
 
     def _take_in(
         self, txn: lmdb.Transaction, projector: Projector, position: StreamPosition, until: int
@@ -217,12 +247,29 @@ class StreamWriter:
             raise self.failure
         self._publish(txn, seqs)
 
+    def publish_ids(self, txn: lmdb.Transaction, upto: int) -> None:
+        """Put an id block reservation on the subject (in ``txn``, which also keeps it locally):
+        a later writer starts minting above it."""
+
+        if self.failure is not None:
+            raise self.failure
+        head = self.log.head(txn)
+        message = (control_headers(self.store, "ids", self.epoch, head), encode_control(IdReservation(self.epoch, upto)))
+        self._send(txn, [message], head, upto)
+
     def _publish(self, txn: lmdb.Transaction, seqs: list[int]) -> StreamPosition:
         messages = []
         for seq in seqs:
             data = self.log.record(txn, seq)
             assert data is not None
             messages.append((record_headers(self.store, seq, self.epoch), data))
+        return self._send(txn, messages, seqs[-1])
+
+    def _send(
+        self, txn: lmdb.Transaction, messages: list[tuple[dict[str, str], bytes]], head: int, ids: int = 0
+    ) -> StreamPosition:
+        if self.lease is not None:
+            self.lease.check()
         try:
             last = self.link.run(self.link.publish(self.subject, messages, self.expected))
         except StreamMovedError as error:
@@ -236,7 +283,7 @@ class StreamWriter:
         except OutcomeUnknownError as error:
             self.settled = False
             self.last_error = str(error)
-            last = self._stored(seqs[-1], messages[-1][1])
+            last = self._stored(head, messages[-1][1])
             if last is None:
                 raise
         except ReplicationError as error:
@@ -245,10 +292,13 @@ class StreamWriter:
             raise
         self.expected = last
         self.in_doubt = True
-        self.acked_seq, self.acked_at = seqs[-1], time.time()
+        self.acked_seq, self.acked_at = head, time.time()
         position = read_position(txn, self.meta, self.link.stream)
-        position = StreamPosition(POSITION_FORMAT, self.link.stream, last, seqs[-1], position.epoch, position.ids_reserved)
+        position = StreamPosition(
+            POSITION_FORMAT, self.link.stream, last, head, max(position.epoch, self.epoch), max(position.ids_reserved, ids)
+        )
         put_position(txn, self.meta, position)
+        self.position = position
         return position
 
     def committed(self) -> None:
@@ -264,7 +314,7 @@ class StreamWriter:
             last = self.link.run(self.link.last(self.subject, self.store))
         except ReplicationError:
             return None
-        if last is not None and last.kind == "record" and last.seq == seq and last.data == data:
+        if last is not None and last.seq == seq and last.data == data:
             self.settled = True
             return last.stream_seq
         return None
@@ -279,4 +329,6 @@ class StreamWriter:
             "lagMs": 0.0,
             "lastError": self.last_error or self.link.last_error,
             "epoch": self.epoch,
+            "lease": None if self.lease is None else self.lease.status(),
+            "failed": None if self.failure is None else str(self.failure),
         }

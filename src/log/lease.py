@@ -1,0 +1,262 @@
+"""The writer lease: at most one process in the world writes a store that lives on a NATS stream.
+
+The lease is one key (the store id) of the JetStream key-value bucket ``<stream>-leases``, written
+with compare-and-set on its revision and a per-message TTL: the server drops it ``ttl`` seconds
+after its last renewal, so a dead or cut-off holder loses it without anyone's clock but the
+server's. Each lease carries an epoch that only grows (above every epoch the store's subject has
+seen); the new holder's first message on the subject is a fence of that epoch, so no earlier
+writer's conditional append can land after it (``storage.replication``). The local
+``writer.lock`` keeps guarding one machine; the lease guards the cluster.
+
+A holder renews every ``ttl / 3`` seconds and counts its lease as lost ``ttl`` seconds after it
+*sent* its last successful renewal (before the server can drop it), minus a margin: a paused or
+partitioned writer stops itself before another can take over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from typing import Any, Final
+
+import msgspec
+
+from .jetstream import JetStreamLink, NatsUnavailableError, ReplicationError
+from .replication import NotWriterError
+
+LEASE_FORMAT: Final = 1
+DEFAULT_LEASE_TTL: Final = 5
+"""Seconds a lease lives after its last renewal unless ``lease_ttl=`` says otherwise."""
+MARGIN: Final = 0.25
+"""The part of the TTL a holder gives up at the end, for clock rates and scheduling."""
+
+
+class Lease(msgspec.Struct, forbid_unknown_fields=True):
+    """The value of a store's lease key (JSON, for humans reading the bucket)."""
+
+    format: int
+    epoch: int
+    holder: str
+    ttl: int
+
+
+_encoder: Final = msgspec.json.Encoder()
+_decoder: Final = msgspec.json.Decoder(Lease)
+
+
+def holder_name(path: str) -> str:
+    """Who holds a lease: this machine, process and store directory."""
+
+    return f"{socket.gethostname()}:{os.getpid()}:{path}"
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Two holders on the same machine and directory: ``writer.lock`` already proves the older
+    one is gone, so its lease may be taken at once (a restarted writer)."""
+
+    parts_a, parts_b = a.split(":", 2), b.split(":", 2)
+    return len(parts_a) == len(parts_b) == 3 and (parts_a[0], parts_a[2]) == (parts_b[0], parts_b[2])
+
+
+class WriterLease:
+    """One store's lease, held (or sought) by this process. Coroutines run on the link's loop."""
+
+    def __init__(self, link: JetStreamLink, store: str, path: str, ttl: int = DEFAULT_LEASE_TTL) -> None:
+        if type(ttl) is not int or not 1 <= ttl <= 3600:
+            raise ValueError(f"lease_ttl must be whole seconds from 1 to 3600, not {ttl!r}")
+        self.link, self.store, self.ttl = link, store, ttl
+        self.bucket = f"{link.stream}-leases"
+        self.holder = holder_name(path)
+        self.epoch = 0
+        self.revision = 0
+        self.valid_until = 0.0
+        """``time.monotonic()`` after which this process no longer counts on its lease."""
+        self.lost: NotWriterError | None = None
+        self.on_lost: Any = None
+        """Called (on the link's loop) with the ``NotWriterError`` once the lease is lost."""
+        self._kv: Any = None
+        self._renewer: asyncio.Task[None] | None = None
+
+    # ── taking and keeping ─────────────────────────────────────────────────
+
+    async def _bucket(self) -> Any:
+        if self._kv is None:
+            import nats.js.errors
+            from nats.js.api import KeyValueConfig
+
+            js = self.link._js
+            try:
+                self._kv = await js.key_value(self.bucket)
+            except nats.js.errors.BucketNotFoundError:
+                info = await js.stream_info(self.link.stream)
+                self._kv = await js.create_key_value(
+                    KeyValueConfig(bucket=self.bucket, history=1, replicas=info.config.num_replicas or 1)
+                )
+        return self._kv
+
+    async def current(self) -> tuple[Lease | None, int]:
+        """The lease as the bucket holds it now, and the key's revision (0: no lease)."""
+
+        import nats.js.errors
+
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(self.store)
+        except nats.js.errors.KeyNotFoundError as error:  # KeyDeletedError too: its marker's revision
+            entry = getattr(error, "entry", None)
+            return None, 0 if entry is None or not entry.revision else entry.revision
+        if entry.value is None:
+            return None, entry.revision
+        try:
+            return _decoder.decode(entry.value), entry.revision
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise ReplicationError(f"The lease of store {self.store} in bucket {self.bucket} is unreadable ({error})") from None
+
+    async def acquire(self, least_epoch: int, take_over: bool, force: bool = False) -> int:
+        """Take the lease with an epoch above ``least_epoch`` and every earlier lease's; returns it.
+
+        Held by another: without ``take_over``, ``NotWriterError`` at once; with it, wait until
+        that lease expires (``force``: take it now; the fence then deposes the old holder)."""
+
+        deadline: float | None = None
+        conflicts = 0
+        while True:
+            lease, revision = await self.current()
+            mine = lease is not None and _same_place(lease.holder, self.holder)
+            if lease is None or mine or force:
+                epoch = max(least_epoch, 0 if lease is None else lease.epoch) + 1
+                sent = time.monotonic()
+                try:
+                    self.revision = await self._put(Lease(LEASE_FORMAT, epoch, self.holder, self.ttl), revision)
+                except _Conflict:
+                    conflicts += 1
+                    if conflicts > 50:
+                        raise ReplicationError(f"The lease of store {self.store} kept changing under this writer") from None
+                    continue  # someone else moved first: look again
+                self.epoch, self.valid_until, self.lost = epoch, sent + self.ttl * (1 - MARGIN), None
+                return epoch
+            if not take_over:
+                raise NotWriterError(
+                    f"Store {self.store} is written by {lease.holder} (lease epoch {lease.epoch}, "
+                    f"time to live {lease.ttl} s); open with take_over=True to take over once it expires",
+                    self.store, lease.epoch,
+                )
+            if deadline is None:
+                deadline = time.monotonic() + lease.ttl * 2 + 2
+            elif time.monotonic() > deadline:
+                raise NotWriterError(
+                    f"Store {self.store} is still written by {lease.holder} (epoch {lease.epoch}), which keeps "
+                    "renewing its lease; stop it, or take over with force",
+                    self.store, lease.epoch,
+                )
+            await asyncio.sleep(0.05)
+
+    async def _put(self, lease: Lease, revision: int) -> int:
+        import nats.js.errors
+
+        subject = f"$KV.{self.bucket}.{self.store}"
+        try:
+            ack = await self.link._js.publish(
+                subject,
+                _encoder.encode(lease),
+                headers={"Nats-Expected-Last-Subject-Sequence": str(revision)},
+                msg_ttl=float(lease.ttl),
+            )
+        except nats.js.errors.APIError as error:
+            if error.err_code in (10071, 10164):
+                raise _Conflict() from None
+            raise ReplicationError(f"NATS refused the lease of store {self.store}: {error}") from None
+        except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError) as error:
+            raise NatsUnavailableError(f"NATS did not answer for the lease of store {self.store} ({type(error).__name__})") from None
+        return int(ack.seq)
+
+    def start_renewing(self) -> None:
+        """From any thread: renew every ``ttl / 3`` seconds on the link's loop."""
+
+        def start() -> None:
+            self._renewer = self.link.loop.create_task(self._renew())
+
+        self.link.loop.call_soon_threadsafe(start)
+
+    async def _renew(self) -> None:
+        while self.lost is None:
+            await asyncio.sleep(self.ttl / 3)
+            sent = time.monotonic()
+            try:
+                self.revision = await self._put(Lease(LEASE_FORMAT, self.epoch, self.holder, self.ttl), self.revision)
+                self.valid_until = sent + self.ttl * (1 - MARGIN)
+                continue
+            except _Conflict:
+                lease, _ = await self._current_or_none()
+                self._lose(
+                    f"Store {self.store} was taken over"
+                    + ("" if lease is None else f" by {lease.holder} (epoch {lease.epoch})")
+                    + f"; this writer (epoch {self.epoch}) takes no more commits",
+                    None if lease is None else lease.epoch,
+                )
+            except ReplicationError as error:
+                self.link.last_error = str(error)
+                if time.monotonic() > self.valid_until:
+                    self._lose(
+                        f"The lease of store {self.store} (epoch {self.epoch}) expired while NATS could not renew it "
+                        f"({error}); this writer takes no more commits",
+                        None,
+                    )
+
+    async def _current_or_none(self) -> tuple[Lease | None, int]:
+        try:
+            return await self.current()
+        except ReplicationError:
+            return None, 0
+
+    def _lose(self, message: str, epoch: int | None) -> None:
+        if self.lost is not None:
+            return
+        self.lost = NotWriterError(message, self.store, epoch)
+        self.valid_until = 0.0
+        if self.on_lost is not None:
+            self.link.loop.call_soon_threadsafe(self.on_lost, self.lost)
+
+    def check(self) -> None:
+        """Refuse to publish unless the lease is surely still this process's."""
+
+        if self.lost is not None:
+            raise self.lost
+        if time.monotonic() > self.valid_until:
+            self._lose(
+                f"The lease of store {self.store} (epoch {self.epoch}) ran out before it was renewed "
+                "(was this process paused?); this writer takes no more commits",
+                None,
+            )
+            raise self.lost  # type: ignore[misc]
+
+    async def release(self) -> None:
+        """Give the lease up (a clean close), so the next writer need not wait for it to expire."""
+
+        if self._renewer is not None:
+            self._renewer.cancel()
+        if self.lost is not None or not self.revision:
+            return
+        import nats.js.errors
+
+        try:
+            kv = await self._bucket()
+            await kv.delete(self.store, last=self.revision)
+        except (nats.js.errors.Error, nats.errors.Error, asyncio.TimeoutError):
+            pass  # it expires by itself
+        self.lost = NotWriterError(f"Store {self.store}'s writer closed", self.store, self.epoch)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "holder": self.holder,
+            "epoch": self.epoch,
+            "ttl": self.ttl,
+            "expiresIn": max(0.0, self.valid_until - time.monotonic()) if self.lost is None else 0.0,
+            "lost": None if self.lost is None else str(self.lost),
+        }
+
+
+class _Conflict(Exception):
+    """The key's revision was not the one expected."""
