@@ -212,9 +212,14 @@ class WriterLease:
             return None, 0
 
     def _lose(self, message: str, epoch: int | None) -> None:
+        self.depose(NotWriterError(message, self.store, epoch))
+
+    def depose(self, error: NotWriterError) -> None:
+        """This process no longer writes the store (the lease, or the stream, says another does)."""
+
         if self.lost is not None:
             return
-        self.lost = NotWriterError(message, self.store, epoch)
+        self.lost = error
         self.valid_until = 0.0
         if self.on_lost is not None:
             self.link.loop.call_soon_threadsafe(self.on_lost, self.lost)
@@ -237,6 +242,10 @@ class WriterLease:
 
         if self._renewer is not None:
             self._renewer.cancel()
+            try:
+                await self._renewer
+            except (asyncio.CancelledError, Exception):
+                pass
         if self.lost is not None or not self.revision:
             return
         import nats.js.errors

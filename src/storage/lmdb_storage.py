@@ -336,6 +336,7 @@ class LmdbStorage(StorageReads, Storage):
         self.replication: StreamWriter | Shipper | Follower | None = None
         """The store's link to its NATS stream, if it has one: ``status()`` says where it stands."""
         self._deposed_by: NotWriterError | None = None
+        self._lease: WriterLease | None = None
         with env.read() as txn:
             stored = self._model.max_record_id(txn) + 1
             raw = txn.get(_RESERVED_KEY, db=self._meta)
@@ -485,6 +486,7 @@ class LmdbStorage(StorageReads, Storage):
                 lease.acquire(max(seen, 0 if last is None else last.epoch), bool(take_over), take_over == "force")
             )
             writer.lease, writer.epoch, writer.fence_pending = lease, epoch, True
+            self._lease = lease
             self.replication = writer
             self._committer.replicate(writer)
             await self._committer.write(lambda txn: None)  # a group fences and settles before anything else
@@ -628,9 +630,9 @@ class LmdbStorage(StorageReads, Storage):
         if isinstance(self.replication, (Follower, Shipper)):
             self.replication.stop()
         await self._committer.close()
-        if isinstance(self.replication, StreamWriter) and self.replication.lease is not None and self._link is not None:
+        if self._lease is not None and self._link is not None:
             try:
-                await self._link.arun(self.replication.lease.release())
+                await self._link.arun(self._lease.release())
             except Exception:
                 pass  # it expires by itself
         await self.projections.close()

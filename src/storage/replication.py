@@ -275,11 +275,22 @@ class StreamWriter:
         except StreamMovedError as error:
             self.settled = False
             self.last_error = str(error)
-            raise NotWriterError(
-                f"Store {self.store} was not committed to: {error}. Nothing of this commit was stored; "
-                "the store takes in what the stream holds before its next commit",
+            epoch = self._last_epoch()
+            if epoch is not None and epoch == self.epoch:  # an earlier append of ours landed late
+                raise ReplicationError(
+                    f"Store {self.store} was not committed to: {error}. Nothing of this commit was stored; "
+                    "the store takes in what the stream holds before its next commit"
+                ) from None
+            deposed = NotWriterError(
+                f"Store {self.store} is written by another writer"
+                + ("" if epoch is None else f" (epoch {epoch})")
+                + f": {error}. Nothing of this commit was stored; this writer (epoch {self.epoch}) takes no more commits",
                 self.store,
-            ) from None
+                epoch,
+            )
+            if self.lease is not None:
+                self.lease.depose(deposed)
+            raise deposed from None
         except OutcomeUnknownError as error:
             self.settled = False
             self.last_error = str(error)
@@ -305,6 +316,13 @@ class StreamWriter:
         """The transaction holding the last publish committed."""
 
         self.in_doubt = False
+
+    def _last_epoch(self) -> int | None:
+        try:
+            last = self.link.run(self.link.last(self.subject, self.store))
+        except ReplicationError:
+            return None
+        return None if last is None else last.epoch
 
     def _stored(self, seq: int, data: bytes) -> int | None:
         """After an unanswered publish: the stream sequence of record ``seq`` if the stream's
