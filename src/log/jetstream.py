@@ -408,6 +408,8 @@ class JetStreamLink:
         more the stream held when it was sent (0: it was the last). Without ``follow`` it ends
         at the last message the stream holds when the subject runs dry."""
 
+        import collections
+
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
         last = await self.last(subject, None) if not follow else None
@@ -418,9 +420,17 @@ class JetStreamLink:
             opt_start_seq=after + 1,
             filter_subject=subject,
         )
+        arrived: collections.deque[Any] = collections.deque()
+        ready = asyncio.Event()
+
+        async def take(msg: Any) -> None:  # a callback: far cheaper per message than next_msg()
+            arrived.append(msg)
+            ready.set()
+
         sub = await self._js.subscribe(
             subject,
             stream=self.stream,
+            cb=take,
             ordered_consumer=True,
             config=config,
             idle_heartbeat=max(idle, 0.5),
@@ -429,24 +439,26 @@ class JetStreamLink:
         )
         try:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle)
-                except (asyncio.TimeoutError, Exception) as error:
-                    if type(error).__name__ not in ("TimeoutError",):
-                        raise
-                    if not follow:
-                        latest = await self.last(subject, None)
-                        if latest is None or latest.stream_seq <= after:
-                            return
-                    continue
-                meta = msg.metadata
-                stream_seq = meta.sequence.stream
-                if stream_seq <= after:
-                    continue
-                after = stream_seq
-                yield parse_message(self.stream, stream_seq, msg.headers, msg.data, store), meta.num_pending
-                if not follow and meta.num_pending == 0:
-                    return
+                if not arrived:
+                    ready.clear()
+                    try:
+                        await asyncio.wait_for(ready.wait(), idle)
+                    except asyncio.TimeoutError:
+                        if not follow:
+                            latest = await self.last(subject, None)
+                            if latest is None or latest.stream_seq <= after:
+                                return
+                        continue
+                while arrived:
+                    msg = arrived.popleft()
+                    meta = msg.metadata
+                    stream_seq = meta.sequence.stream
+                    if stream_seq <= after:
+                        continue
+                    after = stream_seq
+                    yield parse_message(self.stream, stream_seq, msg.headers, msg.data, store), meta.num_pending
+                    if not follow and meta.num_pending == 0:
+                        return
         finally:
             try:
                 await sub.unsubscribe()
@@ -454,6 +466,12 @@ class JetStreamLink:
                 pass
 
     async def disconnect(self) -> None:
+        """Close the connection and end every task left on the link's loop (consumers' own)."""
+
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
         if self._nc is not None:
             try:
                 await asyncio.wait_for(self._nc.drain(), 2.0)
@@ -463,6 +481,10 @@ class JetStreamLink:
                 except Exception:
                     pass
             self._nc = None
+        leftover = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in leftover:
+            task.cancel()
+        await asyncio.gather(*leftover, return_exceptions=True)
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
