@@ -118,12 +118,12 @@ class Committer:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def replicate(self, stream: StreamWriter | None) -> None:
+    def replicate(self, stream: StreamWriter) -> None:
         """From now on every group settles with ``stream`` and publishes to it (before any
-        commit); ``None``: groups stay local (a deposed writer taking in the stream as a replica)."""
+        commit); a deposed writer keeps it, so whatever it still had queued fails."""
 
         self.stream = stream
-        self._direct = stream is None
+        self._direct = False
 
     # ── callers ─────────────────────────────────────────────────────────────
 
@@ -257,10 +257,11 @@ class Committer:
     def _run(self, jobs: list[_Job]) -> None:
         """One transaction for ``jobs``; on anything but a rejection, each alone instead."""
 
+        stream = self.stream
         try:
-            self._env.write(lambda txn: self._group(txn, jobs))
-            if self.stream is not None:
-                self.stream.committed()
+            self._env.write(lambda txn: self._group(txn, jobs, stream))
+            if stream is not None:
+                stream.committed()
             return
         except ReplicationError as error:  # the stream refused or did not answer: all alike
             for job in jobs:
@@ -272,19 +273,20 @@ class Committer:
                 return
         for job in jobs:
             try:
-                self._env.write(lambda txn, alone=[job]: self._group(txn, alone))  # type: ignore[misc]
-                if self.stream is not None:
-                    self.stream.committed()
+                self._env.write(lambda txn, alone=[job]: self._group(txn, alone, stream))  # type: ignore[misc]
+                if stream is not None:
+                    stream.committed()
             except BaseException as error:
                 job.result, job.error = None, error
 
-    def _group(self, txn: lmdb.Transaction, jobs: list[_Job]) -> None:
+    def _group(self, txn: lmdb.Transaction, jobs: list[_Job], stream: StreamWriter | None = None) -> None:
         """Check, append and fold each batch in order, inside ``txn`` (run again from the start
-        after a map growth, so outcomes are set afresh)."""
+        after a map growth, so outcomes are set afresh); with a ``stream``, settle first and
+        publish before the transaction commits."""
 
         projector = self.projector
-        if self.stream is not None:
-            self.stream.settle(txn, projector)
+        if stream is not None:
+            stream.settle(txn, projector)
         records: list[tuple[int, bytes]] = []
         for job in jobs:
             job.result = job.error = None
@@ -303,9 +305,9 @@ class Committer:
             projector.apply(txn, seq, plan)
             job.result = (seq, plan.max_id)
             records.append((seq, job.payload))
-        if self.stream is not None and records:
+        if stream is not None and records:
             # The stream decides the order: the transaction commits only once it holds them.
-            self.stream.publish(txn, [seq for seq, _ in records])
+            stream.publish(txn, [seq for seq, _ in records])
 
     def _resolve(self, jobs: list[_Job]) -> None:
         """On the jobs' loop: hand each caller its outcome, ``RESOLVE_CHUNK`` callers per turn

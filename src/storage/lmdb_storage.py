@@ -526,9 +526,8 @@ class LmdbStorage(StorageReads, Storage):
         writer = self.replication
         if self._closed or not isinstance(writer, StreamWriter):
             return
-        writer.failure = error
+        writer.failure = error  # the committer keeps it: anything still queued fails
         self._deposed_by = error
-        self._committer.replicate(None)
         store = self.store_id
         assert store is not None and self._link is not None
         follower = self.replication = Follower(self._link, self, store)

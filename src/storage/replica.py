@@ -99,22 +99,27 @@ class Follower:
     async def _apply(self, chunk: list[StreamMessage]) -> None:
         if not chunk:
             return
-        storage = self.storage
         try:
-            position = await storage._committer.write(
-                lambda txn: self.applier.apply(txn, storage._committer.projector, chunk, self._position(txn))
-            )
+            position = await asyncio.to_thread(self._write, chunk)
         except ForeignMessageError as error:
             sound = [message for message in chunk if message.stream_seq < error.stream_seq]
             if sound:
-                await storage._committer.write(
-                    lambda txn: self.applier.apply(txn, storage._committer.projector, sound, self._position(txn))
-                )
+                await asyncio.to_thread(self._write, sound)
                 self._applied()
             self._stop(error)
             raise
         self.stream_seq = position.stream_seq
         self._applied()
+
+    def _write(self, chunk: list[StreamMessage]) -> Any:
+        """One transaction taking ``chunk`` in, on a worker thread (never the link's loop, which
+        a commit of a writer being deposed may be waiting on), with no group beside it."""
+
+        storage = self.storage
+        with storage._committer.exclusive():
+            return storage._env.write(
+                lambda txn: self.applier.apply(txn, storage._committer.projector, chunk, self._position(txn))
+            )
 
     def _applied(self) -> None:
         self.applied_at = time.time()
