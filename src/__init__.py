@@ -30,6 +30,7 @@ from .log.jetstream import (
     StreamMissingError,
     StreamMovedError,
 )
+from .log.lease import LeaseLapsedError
 from .log.replication import NotWriterError
 from .projections import StorageRequestError
 from .projections.errors import CorruptProjectionError
@@ -55,6 +56,7 @@ __all__ = [
     "Durability",
     "ForeignMessageError",
     "ForkedEnvironmentError",
+    "LeaseLapsedError",
     "LmdbStorage",
     "LogError",
     "NatsUnavailableError",

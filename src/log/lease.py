@@ -76,6 +76,8 @@ class WriterLease:
         self.lost: NotWriterError | None = None
         self.on_lost: Any = None
         """Called (on the link's loop) with the ``NotWriterError`` once the lease is lost."""
+        self.on_regained: Any = None
+        """Called (on the link's loop) with the new epoch once a lapsed lease is taken again."""
         self._kv: Any = None
         self._renewer: asyncio.Task[None] | None = None
 
@@ -101,12 +103,16 @@ class WriterLease:
 
         import nats.js.errors
 
-        kv = await self._bucket()
         try:
+            kv = await self._bucket()
             entry = await kv.get(self.store)
         except nats.js.errors.KeyNotFoundError as error:  # KeyDeletedError too: its marker's revision
             entry = getattr(error, "entry", None)
             return None, 0 if entry is None or not entry.revision else entry.revision
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as error:
+            raise NatsUnavailableError(
+                f"NATS did not answer for the lease of store {self.store} ({type(error).__name__}: {error})"
+            ) from None
         if entry.value is None:
             return None, entry.revision
         try:
@@ -168,7 +174,7 @@ class WriterLease:
             if error.err_code in (10071, 10164):
                 raise _Conflict() from None
             raise ReplicationError(f"NATS refused the lease of store {self.store}: {error}") from None
-        except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError) as error:
+        except (nats.errors.Error, asyncio.TimeoutError) as error:
             raise NatsUnavailableError(f"NATS did not answer for the lease of store {self.store} ({type(error).__name__})") from None
         return int(ack.seq)
 
@@ -181,29 +187,50 @@ class WriterLease:
         self.link.loop.call_soon_threadsafe(start)
 
     async def _renew(self) -> None:
+        """Renew until the lease is lost for good. A lease that lapsed (NATS unreachable, the
+        process paused) is taken again, with a new epoch, if nobody else took it meanwhile."""
+
         while self.lost is None:
-            await asyncio.sleep(self.ttl / 3)
+            await asyncio.sleep(self.ttl / 3 if time.monotonic() < self.valid_until else 0.1)
             sent = time.monotonic()
             try:
-                self.revision = await self._put(Lease(LEASE_FORMAT, self.epoch, self.holder, self.ttl), self.revision)
-                self.valid_until = sent + self.ttl * (1 - MARGIN)
-                continue
+                if sent < self.valid_until:
+                    self.revision = await self._put(Lease(LEASE_FORMAT, self.epoch, self.holder, self.ttl), self.revision)
+                    self.valid_until = sent + self.ttl * (1 - MARGIN)
+                    continue
+                await self._regain()
             except _Conflict:
-                lease, _ = await self._current_or_none()
-                self._lose(
-                    f"Store {self.store} was taken over"
-                    + ("" if lease is None else f" by {lease.holder} (epoch {lease.epoch})")
-                    + f"; this writer (epoch {self.epoch}) takes no more commits",
-                    None if lease is None else lease.epoch,
-                )
-            except ReplicationError as error:
-                self.link.last_error = str(error)
-                if time.monotonic() > self.valid_until:
-                    self._lose(
-                        f"The lease of store {self.store} (epoch {self.epoch}) expired while NATS could not renew it "
-                        f"({error}); this writer takes no more commits",
-                        None,
-                    )
+                await self._regain()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # unreachable, or anything else: keep trying while not lost
+                self.link.last_error = f"lease of store {self.store}: {type(error).__name__}: {error}"
+
+    async def _regain(self) -> None:
+        """The lease lapsed or its revision is gone: take it again unless another holds it."""
+
+        try:
+            lease, _ = await self.current()
+        except ReplicationError as error:
+            self.link.last_error = str(error)
+            return
+        if lease is not None and not _same_place(lease.holder, self.holder):
+            self._lose(
+                f"Store {self.store} was taken over by {lease.holder} (epoch {lease.epoch}); "
+                f"this writer (epoch {self.epoch}) takes no more commits",
+                lease.epoch,
+            )
+            return
+        try:
+            epoch = await self.acquire(self.epoch, take_over=False)
+        except NotWriterError as error:
+            self.depose(error)
+            return
+        except ReplicationError as error:
+            self.link.last_error = str(error)
+            return
+        if self.on_regained is not None:
+            self.on_regained(epoch)
 
     async def _current_or_none(self) -> tuple[Lease | None, int]:
         try:
@@ -230,12 +257,13 @@ class WriterLease:
         if self.lost is not None:
             raise self.lost
         if time.monotonic() > self.valid_until:
-            self._lose(
-                f"The lease of store {self.store} (epoch {self.epoch}) ran out before it was renewed "
-                "(was this process paused?); this writer takes no more commits",
-                None,
+            raise LeaseLapsedError(
+                f"The lease of store {self.store} (epoch {self.epoch}) lapsed before it was renewed "
+                "(NATS unreachable, or this process paused): nothing was committed; this writer "
+                "commits again only once it holds the lease again",
+                self.store,
+                self.epoch,
             )
-            raise self.lost  # type: ignore[misc]
 
     async def release(self) -> None:
         """Give the lease up (a clean close), so the next writer need not wait for it to expire."""
@@ -265,6 +293,11 @@ class WriterLease:
             "expiresIn": max(0.0, self.valid_until - time.monotonic()) if self.lost is None else 0.0,
             "lost": None if self.lost is None else str(self.lost),
         }
+
+
+class LeaseLapsedError(NotWriterError):
+    """The lease ran out before this writer renewed it; unless another writer takes it, this one
+    takes it again (a new epoch) and goes on."""
 
 
 class _Conflict(Exception):

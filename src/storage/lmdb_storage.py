@@ -496,6 +496,7 @@ class LmdbStorage(StorageReads, Storage):
                     self._next_id = max(self._next_id, writer.position.ids_reserved)
                     self._reserved = max(self._reserved, writer.position.ids_reserved)
             lease.on_lost = self._deposed
+            lease.on_regained = writer.regained
             lease.start_renewing()
         else:
             shipper = self.replication = Shipper(link, self.log, store)

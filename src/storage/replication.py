@@ -247,6 +247,11 @@ class StreamWriter:
             raise self.failure
         self._publish(txn, seqs)
 
+    def regained(self, epoch: int) -> None:
+        """The lease lapsed and was taken again: fence with the new epoch before the next group."""
+
+        self.epoch, self.fence_pending, self.settled = epoch, True, False
+
     def publish_ids(self, txn: lmdb.Transaction, upto: int) -> None:
         """Put an id block reservation on the subject (in ``txn``, which also keeps it locally):
         a later writer starts minting above it."""
