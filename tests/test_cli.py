@@ -149,7 +149,9 @@ def test_usage_and_environment_errors_exit_2_with_a_message_and_create_nothing(
 def test_help_documents_every_argument_and_the_exit_codes() -> None:
     parser = cli_module._parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(commands.choices) == {"demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "backup"}
+    assert set(commands.choices) == {
+        "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "backup", "restore", "replica"
+    }
     for name, sub in commands.choices.items():
         for action in sub._actions:
             assert action.help, f"{name} {action.dest} has no help"

@@ -147,7 +147,7 @@ def parse_servers(servers: str | Sequence[str]) -> list[str]:
     items = servers.split(",") if isinstance(servers, str) else list(servers)
     urls = [item.strip() for item in items if isinstance(item, str) and item.strip()]
     if not urls or len(urls) != len([item for item in items if not isinstance(item, str) or item.strip()]):
-        raise ValueError(f"nats= takes a NATS URL or a comma-separated list of them, not {servers!r:.120}")
+        raise ValueError(f"NATS servers are given as a URL or a comma-separated list of URLs, not {servers!r:.120}")
     return [url if "://" in url else f"nats://{url}" for url in urls]
 
 
@@ -315,12 +315,18 @@ class JetStreamLink:
             )
             try:
                 info = await self._js.add_stream(config)
+            except nats.js.errors.ServiceUnavailableError as error:
+                raise _unanswered(f"stream {self.stream!r}", error) from None
             except nats.js.errors.Error as error:
                 raise ReplicationError(f"NATS refused to create stream {self.stream!r} with {replicas} replicas: {error}") from None
+            except (nats.errors.Error, asyncio.TimeoutError) as error:
+                raise _unanswered(f"stream {self.stream!r}", error) from None
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
             raise NatsUnavailableError(
                 f"NATS at {', '.join(self.servers)} did not answer for stream {self.stream!r} ({type(error).__name__})"
             ) from None
+        except nats.errors.Error as error:  # a 503 (no quorum, no meta leader), a lost connection
+            raise _unanswered(f"stream {self.stream!r}", error) from None
         subjects = info.config.subjects or []
         if not any(_covers(pattern, f"{self.stream}.x.log") for pattern in subjects):
             raise StreamMissingError(
@@ -339,6 +345,8 @@ class JetStreamLink:
             return None
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
             raise NatsUnavailableError(f"NATS did not answer for the last message of {subject} ({type(error).__name__})") from None
+        except nats.errors.Error as error:  # a 503 (no quorum, no meta leader), a lost connection
+            raise _unanswered(f"the last message of {subject}", error) from None
         return parse_message(self.stream, raw.seq, raw.headers, raw.data, store)
 
     async def publish(
@@ -410,6 +418,7 @@ class JetStreamLink:
 
         import collections
 
+        import nats.errors
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
         last = await self.last(subject, None) if not follow else None
@@ -427,16 +436,19 @@ class JetStreamLink:
             arrived.append(msg)
             ready.set()
 
-        sub = await self._js.subscribe(
-            subject,
-            stream=self.stream,
-            cb=take,
-            ordered_consumer=True,
-            config=config,
-            idle_heartbeat=max(idle, 0.5),
-            pending_msgs_limit=65536,
-            pending_bytes_limit=256 * 1024 * 1024,
-        )
+        try:
+            sub = await self._js.subscribe(
+                subject,
+                stream=self.stream,
+                cb=take,
+                ordered_consumer=True,
+                config=config,
+                idle_heartbeat=max(idle, 0.5),
+                pending_msgs_limit=65536,
+                pending_bytes_limit=256 * 1024 * 1024,
+            )
+        except (nats.errors.Error, asyncio.TimeoutError) as error:  # no consumer: a 503, no answer
+            raise _unanswered(f"a consumer of {subject}", error) from None
         try:
             while True:
                 if not arrived:
@@ -502,6 +514,20 @@ class JetStreamLink:
         self._thread.join(5)
         if not self._loop.is_running():
             self._loop.close()
+
+
+def _unanswered(what: str, error: BaseException) -> ReplicationError:
+    """A nats-py error met while asking NATS for ``what``, as one of this module's: JetStream
+    without a quorum or a meta leader answers 503 (``ServiceUnavailableError``), which is
+    unavailability, as are a lost connection and no answer; any other API error is a refusal."""
+
+    import nats.js.errors
+
+    if isinstance(error, nats.js.errors.ServiceUnavailableError):
+        return NatsUnavailableError(f"NATS could not answer for {what}: {error.description or 'service unavailable'} (503)")
+    if isinstance(error, nats.js.errors.APIError):
+        return ReplicationError(f"NATS refused {what}: {error.description or error}")
+    return NatsUnavailableError(f"NATS did not answer for {what} ({type(error).__name__}: {error})")
 
 
 def _covers(pattern: str, subject: str) -> bool:

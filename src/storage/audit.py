@@ -6,16 +6,17 @@ and never create a store.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 from pi_durable.context import BACKGROUND_CONTEXT
@@ -23,6 +24,7 @@ from pi_durable.context import BACKGROUND_CONTEXT
 from ..log import Commit, Environment, WriteLog, key_seq, seq_key, write_to_builtins
 from ..log.records import decode_record, decode_record_builtins
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
+from ..log.replication import stored_position
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.rebuild import (
@@ -37,6 +39,9 @@ from ..projections.user import stored_statuses
 
 from .jsonlines import to_json
 from .lmdb_storage import LmdbStorage
+
+if TYPE_CHECKING:
+    from ..log.jetstream import JetStreamLink
 
 def plural(count: int, one: str, many: str | None = None) -> str:
     """``1 op``, ``2 ops``: every count a person reads goes through here."""
@@ -55,9 +60,18 @@ def commit_to_builtins(commit: Commit, writes: Iterable[Any] | None = None) -> d
 # ── tail ──────────────────────────────────────────────────────────────────────
 
 
+DocumentLookup = Callable[[int], Any]
+"""``document_record(id)``: the record (``{"id", "kind", "scope", ...}``) of document ``id``, or
+None when it is not known: how a filter finds the conversation of a write that names a document
+only by its id (``document.change``, ``document.retire``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TailFilter:
-    """Which writes an auditor wants: of one conversation, and/or of some write types."""
+    """Which writes an auditor wants: of one conversation, and/or of some write types.
+
+    The same filter serves a local store (``Tail``, which looks documents up in its projections)
+    and a NATS stream (``stream_commits``, which remembers the documents the stream created)."""
 
     conversation: int | None = None
     types: frozenset[str] | None = None
@@ -70,6 +84,38 @@ class TailFilter:
     @property
     def everything(self) -> bool:
         return self.conversation is None and self.types is None
+
+    def select(self, writes: Iterable[Any], document_record: DocumentLookup) -> list[Any]:
+        """The ``writes`` (the tagged Structs of one commit) the filter keeps: all of them when
+        there is no filter."""
+
+        if self.everything:
+            return list(writes)
+        kept = []
+        for write in writes:
+            type_name = type(write).__struct_config__.tag
+            if self.types is not None and type_name not in self.types:
+                continue
+            if self.conversation is not None and conversation_of(write, document_record) != self.conversation:
+                continue
+            kept.append(write)
+        return kept
+
+
+def conversation_of(write: Any, document_record: DocumentLookup) -> Any:
+    """The conversation a write belongs to (a document's: its scope's), or None."""
+
+    value = getattr(write, "value", None)
+    if isinstance(value, dict):
+        tag = type(write).__struct_config__.tag
+        return value.get("id") if tag == "conversation" else value.get("conversationId")
+    record = getattr(write, "record", None)
+    if record is None:
+        record = document_record(write.id)
+    scope = record.get("scope") if isinstance(record, dict) else None
+    if isinstance(scope, dict) and scope.get("kind") == "conversation":
+        return scope.get("conversationId")
+    return None
 
 
 class Tail:
@@ -94,30 +140,7 @@ class Tail:
     def select(self, commit: Commit) -> list[Any]:
         """The writes of ``commit`` the filter keeps (all of them when there is no filter)."""
 
-        if self.filter.everything:
-            return list(commit.writes)
-        kept = []
-        for write in commit.writes:
-            type_name = type(write).__struct_config__.tag
-            if self.filter.types is not None and type_name not in self.filter.types:
-                continue
-            if self.filter.conversation is not None and self._conversation_of(write) != self.filter.conversation:
-                continue
-            kept.append(write)
-        return kept
-
-    def _conversation_of(self, write: Any) -> Any:
-        value = getattr(write, "value", None)
-        if isinstance(value, dict):
-            tag = type(write).__struct_config__.tag
-            return value.get("id") if tag == "conversation" else value.get("conversationId")
-        record = getattr(write, "record", None)
-        if record is None:
-            record = self._document_record(write.id)
-        scope = record.get("scope") if isinstance(record, dict) else None
-        if isinstance(scope, dict) and scope.get("kind") == "conversation":
-            return scope.get("conversationId")
-        return None
+        return self.filter.select(commit.writes, self._document_record)
 
     def _document_record(self, id: int) -> Any:
         header = read_header(self.env)
@@ -188,6 +211,94 @@ class Tail:
 async def _as_async(commits: Iterator[Any]) -> AsyncIterator[Any]:
     for commit in commits:
         yield commit
+
+
+# ── tail of a NATS stream ──────────────────────────────────────────────────────
+
+
+async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
+    """A link to an existing stream (never made here): connected, the stream checked. Unreachable
+    servers raise ``NatsUnavailableError``, a missing stream ``StreamMissingError``."""
+
+    from ..log.jetstream import JetStreamLink
+
+    link = JetStreamLink(nats, stream)
+    try:
+        await link.arun(link.connect())
+        await link.arun(link.ensure_stream(create=False))
+    except BaseException:
+        await asyncio.to_thread(link.close)
+        raise
+    return link
+
+
+def stream_subject(stream: str, store: str | None) -> str:
+    """The subject of one store's log on ``stream``, or (``store`` None) of every store's."""
+
+    from ..log.jetstream import subject_of
+
+    return f"{stream}.*.log" if store is None else subject_of(stream, store)
+
+
+class StreamTail:
+    """A store's committed batches (or every store's, ``store=None``) read from its NATS stream,
+    with no local store: the records as the writer logged them (checksums checked), control
+    messages skipped, filtered as ``Tail`` filters. ``lines`` runs on the link's loop.
+
+    A filter by conversation places a ``document.change`` or ``document.retire`` by the
+    ``document.create``/``document.copy`` the stream carried before it (a document created in
+    messages the stream no longer retains is not placed)."""
+
+    def __init__(self, link: JetStreamLink, store: str | None, filter: TailFilter | None = None, *, json: bool = False) -> None:
+        self.link, self.store, self.json = link, store, json
+        self.filter = filter or TailFilter()
+        self.subject = stream_subject(link.stream, store)
+        self.position = 0
+        """The stream sequence of the last message read (record or control)."""
+        self._documents: dict[tuple[str, int], Any] = {}
+
+    async def lines(
+        self, *, follow: bool = False, first: int = 1, since: int | None = None, until: int | None = None
+    ) -> AsyncIterator[str]:
+        """One line per kept batch after ``self.position``: to the stream's end, or on with
+        ``follow``; only records from log sequence ``first`` and committed between ``since``
+        and ``until`` (Unix ms, inclusive). Without a store, each line carries its store id."""
+
+        async for message, _pending in self.link.read(self.subject, self.position, store=self.store, follow=follow):
+            self.position = message.stream_seq
+            if message.kind != "record":
+                continue  # a fence or an id reservation: nothing an auditor reads
+            if self.json and self.filter.everything:
+                batch = decode_record_builtins(message.seq, message.data)  # no Structs: the fast path
+                if not _in_range(message.seq, batch["committedAt"], first, since, until):
+                    continue
+                yield to_json(batch if self.store is not None else {"store": message.store, **batch})
+                continue
+            commit = decode_record(message.seq, message.data)
+            if self.filter.conversation is not None:
+                self._note_documents(message.store, commit.writes)
+            if not _in_range(commit.seq, commit.committed_at, first, since, until):
+                continue
+            store = message.store
+            writes = self.filter.select(commit.writes, lambda id: self._documents.get((store, id)))
+            if not writes:
+                continue
+            if self.json:
+                batch = commit_to_builtins(commit, writes)
+                yield to_json(batch if self.store is not None else {"store": store, **batch})
+            else:
+                text = summarize(commit, writes) if self.store is not None else f"{store}  {summarize(commit, writes)}"
+                yield text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+    def _note_documents(self, store: str, writes: Iterable[Any]) -> None:
+        for write in writes:
+            record = getattr(write, "record", None)
+            if isinstance(record, dict) and isinstance(record.get("id"), int):
+                self._documents[(store, record["id"])] = {"scope": record.get("scope")}
+
+
+def _in_range(seq: int, committed_at: int, first: int, since: int | None, until: int | None) -> bool:
+    return seq >= first and (since is None or committed_at >= since) and (until is None or committed_at <= until)
 
 
 def summarize(commit: Commit, writes: list[Any]) -> str:
@@ -266,9 +377,11 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             }
             live_documents = txn.stat(model.db[t.DOCUMENT_CURRENT])["entries"]
             state = projection_state(txn, model)
+            position = _stored_position(txn, env)
         users = stored_statuses(env)
         return {
             "path": env.path,
+            "storeId": env.store_id,
             "formatVersion": FORMAT_VERSION,
             "headSeq": head,
             "records": count,
@@ -295,9 +408,32 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
                     for name, status in sorted(users.items())
                 },
             },
+            **(
+                {}
+                if position is None
+                else {
+                    "replication": {
+                        "stream": position.stream,
+                        "streamSeq": position.stream_seq,
+                        "seq": position.seq,
+                        "epoch": position.epoch,
+                    }
+                }
+            ),
         }
     finally:
         env.close()
+
+
+def _stored_position(txn: lmdb.Transaction, env: Environment) -> Any:
+    import msgspec
+
+    from ..log.jetstream import ReplicationError
+
+    try:
+        return stored_position(txn, env.db("meta"))
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise ReplicationError(f"The replication position of the store at {env.path} is unreadable ({error})") from None
 
 
 def format_stats(info: dict[str, Any]) -> str:
@@ -307,6 +443,7 @@ def format_stats(info: dict[str, Any]) -> str:
     core = info["projections"]["core"]
     lines = [
         f"store            {info['path']}",
+        f"store id         {info['storeId'] or '- (its next writer assigns one)'}",
         f"format version   {info['formatVersion']}",
         f"head sequence    {info['headSeq']}",
         f"log records      {info['records']:,}",
@@ -325,6 +462,12 @@ def format_stats(info: dict[str, Any]) -> str:
         if user["error"] is not None:
             state += f", stopped at sequence {user['failedSeq']}: {user['error']}"
         lines.append(f"                 {name}: {state}")
+    replication = info.get("replication")
+    if replication is not None:
+        lines.append(
+            f"replication      stream {replication['stream']}: log sequence {replication['seq']} at stream message "
+            f"{replication['streamSeq']}, writer epoch {replication['epoch']}"
+        )
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import signal
 import sys
@@ -14,7 +15,9 @@ from typing import Any, Final
 import lmdb
 
 from ..log import CorruptRecordError, LogError
+from ..log.environment import check_store_id
 from ..log.errors import TruncatedStoreError
+from ..log.jetstream import ForeignMessageError
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
 from ..projections.errors import CorruptProjectionError
 from ..projections.tables import SCHEMA_VERSION
@@ -24,22 +27,28 @@ from . import audit
 EXIT_OK: Final = 0
 EXIT_DAMAGE: Final = 1
 """The store is damaged: a log record or projection row fails its checksum, data.mdb is truncated,
-or verify found a projection that differs from the log."""
+or verify found a projection that differs from the log; or a stream carries a message that is
+not a sound record of its store (tail --nats, restore, replica)."""
 EXIT_USAGE: Final = 2
 """The command could not run: bad arguments, no store at the path, the writer lock held, nothing
-found by show, an import source that is not an export."""
+found by show, an import source that is not an export, no NATS server answering, no such stream,
+nothing of the store on it."""
 
 EPILOG: Final = """\
 exit status:
   0  success
   1  damage found: a log record or projection row fails its checksum, data.mdb
-     is truncated, or verify found projections that differ from the log
+     is truncated, or verify found projections that differ from the log; a
+     stream message that is not a sound record of its store (tail --nats,
+     restore, replica)
   2  the command could not run: bad arguments or ranges, no store at PATH, a
-     store locked by another writer, nothing found by show, a malformed import
+     store locked by another writer, nothing found by show, a malformed import,
+     no NATS server answering, no such stream, nothing of the store on it
 
 times (--since, --until, --as-of) are ISO 8601, e.g. 2026-12-02T18:30:00Z or
 2026-12-02; without a zone they are UTC, as every time durable-log prints is.
-Progress goes to stderr when it is a terminal, or with --progress.
+Progress goes to stderr when it is a terminal, or with --progress. --nats
+takes a NATS URL or a comma-separated list of them (nats://host:4222,host2:4222).
 
 examples:
   durable-log tail STORE --follow --json --type entry    # live, while a host writes
@@ -48,6 +57,9 @@ examples:
   durable-log export STORE --since 2026-12-01 > log.jsonl
   durable-log import log.jsonl NEW_STORE
   durable-log backup STORE STORE-copy --compact
+  durable-log tail --nats nats://127.0.0.1:4222 --stream LOGS --follow
+  durable-log restore --nats nats://127.0.0.1:4222 --stream LOGS --store ID NEW
+  durable-log replica REPLICA --nats nats://127.0.0.1:4222 --stream LOGS --store ID
 """
 
 READ_ONLY: Final = "read-only: never blocks the writer and never creates a store"
@@ -59,7 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except (
-        CorruptRecordError, CorruptProjectionError, TruncatedStoreError, lmdb.CorruptedError, lmdb.PageNotFoundError
+        CorruptRecordError,
+        CorruptProjectionError,
+        TruncatedStoreError,
+        ForeignMessageError,
+        lmdb.CorruptedError,
+        lmdb.PageNotFoundError,
     ) as error:
         print(f"durable-log: damage: {error}", file=sys.stderr)
         return EXIT_DAMAGE
@@ -146,6 +163,18 @@ def _parser() -> argparse.ArgumentParser:
     def store(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("path", metavar="PATH", help="the store's directory")
 
+    def nats_options(sub: argparse.ArgumentParser, store_required: bool = True) -> None:
+        required = store_required  # restore and replica need all three; tail only --nats and --stream
+        sub.add_argument("--nats", required=required, metavar="URL", help="a NATS server URL, or several, comma-separated")
+        sub.add_argument("--stream", required=required, metavar="S", help="the JetStream stream that carries the logs")
+        sub.add_argument(
+            "--store",
+            required=required,
+            metavar="ID",
+            help="the store's id (stats shows it); its subject is S.ID.log"
+            + ("" if required else " (default: every store of the stream)"),
+        )
+
     def progress(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
 
@@ -160,11 +189,15 @@ def _parser() -> argparse.ArgumentParser:
 
     tail = command(
         "tail",
-        "print committed batches, one line each",
+        "print committed batches, one line each, of a store or of a NATS stream",
         "Print committed batches, one line each: by default the last 10 (like tail); with --from or "
-        f"--since, every batch from there on. --limit N keeps the last N that match. {READ_ONLY}.",
+        f"--since, every batch from there on. --limit N keeps the last N that match. {READ_ONLY}. "
+        "With --nats URL --stream S instead of PATH, read the batches from the NATS stream itself "
+        "(no local store): those of store --store ID, or of every store the stream carries, each "
+        "line then naming its store (--from is then a log sequence of each store).",
     )
-    store(tail)
+    tail.add_argument("path", nargs="?", metavar="PATH", help="the store's directory (not with --nats)")
+    nats_options(tail, store_required=False)
     tail.add_argument("--from", dest="from_seq", type=_sequence, metavar="SEQ", help="start at this log sequence")
     tail.add_argument("--since", type=_time, metavar="TIME", help="start at the first batch committed at or after TIME")
     tail.add_argument("--until", type=_time, metavar="TIME", help="stop at the last batch committed at or before TIME")
@@ -261,7 +294,45 @@ def _parser() -> argparse.ArgumentParser:
     backup.add_argument("--compact", action="store_true", help="leave out free pages (slower; the copy is as small as the data)")
     backup.set_defaults(run=_backup)
 
+    restore = command(
+        "restore",
+        "build a store from its NATS stream alone, to the end or to a point in time",
+        "Build a new store from the records of store ID that the NATS stream S holds (disaster "
+        "recovery), all of them or up to log sequence --to. The new store has the store's id and "
+        "stream position, so it can go on as a replica or, its writer lost, as the writer. It is "
+        "built in a temporary directory beside NEWPATH, synced once and renamed to NEWPATH at the "
+        "end: a failed restore leaves nothing behind.",
+    )
+    nats_options(restore)
+    restore.add_argument("path", metavar="NEWPATH", help="the new store's directory (must not exist, or be empty)")
+    restore.add_argument("--to", dest="to_seq", type=_sequence, metavar="SEQ", help="stop at this log sequence (default: the stream's last record)")
+    progress(restore)
+    restore.set_defaults(run=_restore)
+
+    replica = command(
+        "replica",
+        "keep a replica of a store level with its NATS stream, until Ctrl-C",
+        "Open (or create) at PATH a replica of store ID, take in what the NATS stream S holds of it "
+        "and keep taking each new record until Ctrl-C or SIGTERM (exit 0), printing where it stands "
+        "to stderr every --interval seconds. Exit 1 if a message of the stream is refused (not a "
+        "sound record of the store): the replica keeps what came before it.",
+    )
+    replica.add_argument("path", metavar="PATH", help="the replica's directory (made when missing)")
+    nats_options(replica)
+    replica.add_argument("--interval", type=_seconds, default=10.0, metavar="SECONDS", help="print the status every SECONDS (default 10)")
+    replica.set_defaults(run=_replica)
+
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"an interval is more than 0 and less than a day of seconds, not {text}")
+    return value
 
 
 def _progress_on(args: argparse.Namespace) -> bool:
@@ -293,6 +364,18 @@ def _tail(args: argparse.Namespace) -> int:
     if args.from_seq is not None and args.since is not None:
         raise _usage("--from and --since both start the range: use one")
     types = frozenset(args.types) if args.types else None
+    if args.nats is not None:
+        if args.path is not None:
+            raise _usage(f"tail reads a store at PATH or a NATS stream (--nats), not both (PATH {args.path!r})")
+        if args.stream is None:
+            raise _usage("--nats needs --stream: the JetStream stream that carries the logs")
+        if args.store is not None:
+            check_store_id(args.store)
+        return _run_until_signalled(_print_stream_tail(args, audit.TailFilter(args.conversation, types)))
+    if args.path is None:
+        raise _usage("tail needs a store's PATH, or --nats URL --stream S to read a NATS stream")
+    if args.stream is not None or args.store is not None:
+        raise _usage("--stream and --store name what to read from a NATS stream: give --nats URL (and no PATH)")
     tail = audit.Tail(args.path, audit.TailFilter(args.conversation, types))
     try:
         first, last = audit.seq_range(tail.log, args.from_seq, None, args.since, args.until)
@@ -337,6 +420,39 @@ async def _print_tail(tail: audit.Tail, first: int, last: int, limit: int | None
     return EXIT_OK
 
 
+async def _print_stream_tail(args: argparse.Namespace, filter: audit.TailFilter) -> int:
+    link = await audit.open_stream(args.nats, args.stream)
+    try:
+        tail = audit.StreamTail(link, args.store, filter, json=args.json)
+        return await link.arun(_stream_tail_lines(tail, args))  # the link's reads run on its loop
+    finally:
+        await asyncio.to_thread(link.close)
+
+
+async def _stream_tail_lines(tail: audit.StreamTail, args: argparse.Namespace) -> int:
+    write, flush = sys.stdout.write, sys.stdout.flush
+    limit = args.limit
+    if limit is None and args.from_seq is None and args.since is None:
+        limit = 10  # like tail: the last 10
+    window = {"first": args.from_seq or 1, "since": args.since, "until": args.until}
+    if limit is not None:  # a stream reads forwards only: keep the last N on the way
+        kept: collections.deque[str] = collections.deque(maxlen=limit)
+        async for text in tail.lines(**window):
+            kept.append(text)
+        for text in kept:
+            write(text + "\n")
+    else:
+        async for text in tail.lines(**window):
+            write(text + "\n")
+    if not args.follow:
+        return EXIT_OK
+    flush()
+    async for text in tail.lines(follow=True, **window):
+        write(text + "\n")
+        flush()
+    return EXIT_OK
+
+
 def _run_until_signalled(work: Any) -> int:
     """Run ``work``; Ctrl-C and SIGTERM end it cleanly with status 0."""
 
@@ -351,6 +467,66 @@ def _run_until_signalled(work: Any) -> int:
             return EXIT_OK
 
     return asyncio.run(runner())
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from . import restore
+
+    check_store_id(args.store)
+    report = audit.Progress("restore", None, _progress_on(args))
+
+    def progress(done: int, total: int) -> None:
+        report.total = total
+        report(done)
+
+    head = asyncio.run(restore.restore(args.nats, args.stream, args.store, args.path, args.to_seq, progress))
+    report.finish(head)
+    print(f"{args.path}: restored store {args.store} from stream {args.stream}: {audit.plural(head, 'log record')}, up to sequence {head}")
+    return EXIT_OK
+
+
+def _replica(args: argparse.Namespace) -> int:
+    check_store_id(args.store)
+    return _run_until_signalled(_keep_replica(args))
+
+
+async def _keep_replica(args: argparse.Namespace) -> int:
+    from .lmdb_storage import LmdbStorage
+    from .replica import Follower
+
+    replica = await LmdbStorage.open_replica(args.path, nats=args.nats, stream=args.stream, store=args.store)
+    follower = replica.replication
+    assert isinstance(follower, Follower)
+
+    def say(text: str) -> None:
+        print(f"durable-log: replica {args.path}: {text}", file=sys.stderr, flush=True)
+
+    def status() -> str:
+        now = follower.status()
+        text = (
+            f"applied sequence {now['appliedSeq']} (stream message {now['streamSeq']}), "
+            f"lag {audit.plural(now['lagRecords'], 'record')}, {now['lagMs'] / 1000:.1f} s"
+        )
+        return text + (f"; last error: {now['lastError']}" if now["lastError"] else "")
+
+    try:
+        say(f"store {args.store}, following subject {follower.subject}; Ctrl-C or SIGTERM stops")
+        shown = -1.0
+        loop = asyncio.get_running_loop()
+        while True:
+            if follower.error is not None:
+                say(f"stopped at applied sequence {replica.log.head()}")
+                print(f"durable-log: damage: {follower.error}", file=sys.stderr, flush=True)
+                return EXIT_DAMAGE
+            if loop.time() - shown >= args.interval:
+                say(status())
+                shown = loop.time()
+            await asyncio.sleep(min(0.1, args.interval))
+    except asyncio.CancelledError:
+        say(f"stopping: {status()}")
+        raise
+    finally:
+        await replica.close()
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -55,34 +55,37 @@ class ImportReport:
 _PLURALS: Final = {"entry": "entries"}
 
 
-def _refuse_existing(target: str) -> None:
+def _refuse_existing(target: str, verb: str = "import") -> None:
     if os.path.isdir(target):
         held = sorted(os.listdir(target))
         if held:
             shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
-            raise ValueError(f"{target} is not empty (it holds {shown}); import only into a new store")
+            raise ValueError(f"{target} is not empty (it holds {shown}); {verb} only into a new store")
     elif os.path.lexists(target):
-        raise ValueError(f"{target} exists and is not a directory; import only into a new store")
+        raise ValueError(f"{target} exists and is not a directory; {verb} only into a new store")
 
 
 @asynccontextmanager
-async def new_store(target: str | os.PathLike[str]) -> AsyncIterator[LmdbStorage]:
+async def new_store(
+    target: str | os.PathLike[str], *, verb: str = "import", store: str | None = None
+) -> AsyncIterator[LmdbStorage]:
     """A store built in a temporary directory beside ``target`` (which must not exist, or be an
     empty directory), synced once and renamed to ``target`` when the block ends without error;
-    removed when it raises."""
+    removed when it raises. ``store``: the new store's id (default: a fresh one); ``verb`` names
+    the command in refusals (``import``, ``restore``)."""
 
     final = os.path.abspath(os.fspath(target))
-    _refuse_existing(final)
+    _refuse_existing(final, verb)
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
-    building = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.importing-", dir=parent)
+    building = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.{verb}-partial-", dir=parent)
     try:
-        storage = await LmdbStorage.open(building, durability="process")
+        storage = await LmdbStorage.open(building, durability="process", store=store)
         try:
             yield storage
         finally:
             await storage.close()  # syncs the store once, as a process-durability store does
-        _refuse_existing(final)  # someone may have made it meanwhile
+        _refuse_existing(final, verb)  # someone may have made it meanwhile
         os.rename(building, final)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)

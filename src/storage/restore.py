@@ -1,0 +1,74 @@
+"""Building a store from its NATS JetStream stream alone: disaster recovery, to the stream's end or
+to a point in time (``durable-log restore``).
+
+The records come from the store's subject (``<stream>.<store id>.log``) as its writer logged them,
+byte for byte, their checksums checked on receipt, and enter the new store the way a replica takes
+them in (``Follower.catch_up``: each chunk appended and folded in one LMDB transaction together with
+the stream position it reaches). The new store has the store's id and that position, so it can go
+on as a replica (``LmdbStorage.open_replica``) or, after the loss of the writer, as its writer
+(``LmdbStorage.open(..., durability="replicated")`` first takes in whatever the stream holds beyond
+it). Like an import, it is built in a temporary directory beside its target without a sync per
+commit, synced once and renamed into place: a failed restore leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+
+from ..log.environment import check_store_id
+from ..log.jetstream import StreamMissingError, check_stream_name, parse_servers, subject_of
+
+from .audit import open_stream
+from .migrate import _refuse_existing, new_store
+from .replica import Follower
+
+Progress = Callable[[int, int], None]
+"""Called with (records taken in so far, records known to come)."""
+
+
+async def restore(
+    nats: str | Sequence[str],
+    stream: str,
+    store: str,
+    path: str | os.PathLike[str],
+    to_seq: int | None = None,
+    progress: Progress | None = None,
+) -> int:
+    """Build in the new directory ``path`` store ``store`` from ``stream`` on the NATS servers
+    ``nats``: every record the stream holds, or up to record ``to_seq``. Returns the new store's
+    head sequence.
+
+    ``ValueError``: ``path`` is not empty, or the stream holds no record ``to_seq``;
+    ``NatsUnavailableError``: no server answered; ``StreamMissingError``: no such stream, or it
+    holds nothing of ``store``; ``ForeignMessageError``: a message of the subject is not a sound
+    record of the store (nothing is left behind)."""
+
+    parse_servers(nats)
+    check_stream_name(stream)
+    check_store_id(store)
+    if to_seq is not None and (type(to_seq) is not int or to_seq < 1):
+        raise ValueError(f"to_seq is a log sequence, 1 or more, not {to_seq!r}")
+    target = os.path.abspath(os.fspath(path))
+    _refuse_existing(target, "restore")  # before any connection: a refusal costs nothing
+    link = await open_stream(nats, stream)
+    try:
+        subject = subject_of(stream, store)
+        last = await link.arun(link.last(subject, store))
+        if last is None:
+            raise StreamMissingError(
+                f"Stream {stream!r} holds no messages of store {store} (subject {subject}); "
+                f"`durable-log tail --nats ... --stream {stream}` lists the stores it carries"
+            )
+        async with new_store(target, verb="restore", store=store) as storage:
+            follower = Follower(link, storage, store)
+            head = await link.arun(follower.catch_up(to_seq=to_seq, progress=progress))
+            if to_seq is not None and head < to_seq:
+                raise ValueError(
+                    f"Stream {stream!r} holds the records of store {store} up to {head}, not {to_seq}; "
+                    "nothing was restored"
+                )
+        return head
+    finally:
+        await asyncio.to_thread(link.close)

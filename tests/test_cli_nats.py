@@ -1,0 +1,388 @@
+"""``durable-log`` against a real NATS JetStream server: store ids and replication positions in
+``stats``, ``restore`` of a store from its stream alone (to its end or to a sequence), ``tail`` of a
+stream with no local store, the ``replica`` command kept running and stopped by SIGTERM, and the
+refusals (unreachable servers, a missing stream, a store the stream does not carry, a non-empty
+target) that exit 2 with a message and leave nothing behind.
+
+One nats-server (``tests/natsserver.py``) serves the whole module on a free 127.0.0.1 port and is
+stopped at its end; every subprocess runs under a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
+from pi_durable_lmdb import LmdbStorage
+
+from .natsserver import NatsNode, running_node
+
+DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
+STREAM = "CLI"
+T0 = 1_767_225_600_000
+MINUTE = 60_000
+
+DOC = {"id": 6, "kind": "notes", "scope": {"kind": "conversation", "conversationId": 1}}
+BATCHES: list[list[dict[str, Any]]] = [
+    [{"type": "conversation", "value": {"id": 1}}, {"type": "conversation", "value": {"id": 2}}],
+    [{"type": "entry", "value": {"id": 3, "conversationId": 1, "kind": "m", "data": {"lone": "x\ud800", "huge": 10**30}}}],
+    [{"type": "entry", "value": {"id": 4, "conversationId": 2, "kind": "m", "data": "other"}}],
+    [{"type": "entry", "value": {"id": 5, "conversationId": 1, "kind": "m", "data": "again"}}],
+    [{"type": "document.create", "record": DOC, "content": {"kind": "base", "version": 1, "value": {"n": 0}}}],
+    [{"type": "document.change", "id": 6, "content": {"kind": "delta", "version": 1, "ops": [["s", ["n"], 1]]}}],
+    [{"type": "entry", "value": {"id": 7, "conversationId": 2, "kind": "m", "data": "late"}}],
+]
+"""Commit n + 1 is BATCHES[n], committed at T0 + n minutes."""
+
+
+def run(*args: object, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DURABLE_LOG, *map(str, args)], capture_output=True, text=True, errors="backslashreplace", timeout=timeout
+    )
+
+
+def ok(*args: object) -> str:
+    done = run(*args)
+    assert done.returncode == 0, (args, done.returncode, done.stderr)
+    return done.stdout
+
+
+def refused(*args: object) -> str:
+    """``durable-log ARGS`` must exit 2 with one message and nothing on stdout; its stderr."""
+
+    done = run(*args)
+    assert done.returncode == 2, (args, done.returncode, done.stdout, done.stderr)
+    assert done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    return done.stderr
+
+
+async def write_store(path: Path, url: str, batches: list[list[dict[str, Any]]], start: int = 0) -> str:
+    """Commit ``batches`` to a replicated store at ``path`` (made when missing); its store id."""
+
+    storage = await LmdbStorage.open(path, durability="replicated", nats=url, stream=STREAM)
+    try:
+        for n, writes in enumerate(batches, start):
+            await storage.commit(writes, CTX, committed_at=T0 + n * MINUTE)
+        assert storage.store_id is not None
+        return storage.store_id
+    finally:
+        await storage.close()
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsNode]:
+    """One JetStream server for the module, stopped at its end."""
+
+    with running_node(tmp_path_factory.mktemp("nats")) as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def writer(nats: NatsNode, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A replicated store holding BATCHES (closed), and its store id."""
+
+    path = tmp_path_factory.mktemp("writer") / "store"
+    return path, asyncio.run(write_store(path, nats.url, BATCHES))
+
+
+@pytest.fixture(scope="module")
+def other(nats: NatsNode, writer: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A second store on the same stream, committed after the first."""
+
+    path = tmp_path_factory.mktemp("other") / "store"
+    return path, asyncio.run(write_store(path, nats.url, BATCHES[:2]))
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# ── stats ─────────────────────────────────────────────────────────────────────
+
+
+def test_stats_carries_the_store_id_and_the_replication_position(writer: tuple[Path, str], tmp_path: Path) -> None:
+    path, store = writer
+    info = json.loads(ok("stats", path, "--json"))
+    assert info["storeId"] == store
+    assert info["replication"] == {
+        "stream": STREAM,
+        "streamSeq": info["replication"]["streamSeq"],
+        "seq": len(BATCHES),
+        "epoch": info["replication"]["epoch"],
+    }
+    assert info["replication"]["streamSeq"] >= len(BATCHES)
+    text = ok("stats", path)
+    assert f"store id         {store}" in text
+    assert f"replication      stream {STREAM}: log sequence {len(BATCHES)} at stream message" in text
+
+    async def local() -> str:
+        storage = await LmdbStorage.open(tmp_path / "local", durability="process")
+        try:
+            await storage.commit(BATCHES[0], CTX)
+            return str(storage.store_id)
+        finally:
+            await storage.close()
+
+    local_id = asyncio.run(local())
+    info = json.loads(ok("stats", tmp_path / "local", "--json"))
+    assert info["storeId"] == local_id and "replication" not in info  # never linked to a stream
+    assert "replication" not in ok("stats", tmp_path / "local")
+
+    # a store made before store ids: a read-only open sees none, its next writer assigns one
+    from pi_durable_lmdb.log.environment import _HEADER_KEY, Environment, StoreHeader, _header_encoder
+
+    env = Environment(tmp_path / "local", durability="process")
+    try:
+        meta = env.db("meta")
+        env.write(lambda txn: txn.put(_HEADER_KEY, _header_encoder.encode(StoreHeader(1, T0)), db=meta))
+    finally:
+        env.close()
+    assert json.loads(ok("stats", tmp_path / "local", "--json"))["storeId"] is None
+    assert "store id         - (its next writer assigns one)" in ok("stats", tmp_path / "local")
+    async def reopen() -> None:
+        await (await LmdbStorage.open(tmp_path / "local", durability="process")).close()
+
+    asyncio.run(reopen())
+    assert json.loads(ok("stats", tmp_path / "local", "--json"))["storeId"] not in (None, local_id)
+
+
+# ── restore ───────────────────────────────────────────────────────────────────
+
+
+def test_restore_builds_the_store_from_the_stream_alone(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
+    path, store = writer
+    out = ok("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "restored")
+    assert f"restored store {store} from stream {STREAM}: {len(BATCHES)} log records" in out
+    assert ok("export", tmp_path / "restored") == ok("export", path)
+    info = json.loads(ok("stats", tmp_path / "restored", "--json"))
+    assert info["storeId"] == store and info["replication"]["seq"] == len(BATCHES)
+    assert "the projections match the log" in ok("verify", tmp_path / "restored")
+    assert sorted(os.listdir(tmp_path)) == ["restored"], "no temporary directory is left"
+
+
+def test_restore_to_a_sequence_with_progress(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
+    path, store = writer
+    # a list of URLs, one of them dead, is taken where one is
+    urls = f"nats://127.0.0.1:{unused_port()},{nats.url}"
+    done = run("restore", "--nats", urls, "--stream", STREAM, "--store", store, tmp_path / "at3", "--to", 3, "--progress")
+    assert done.returncode == 0, done.stderr
+    assert "restore: 3/3 records" in done.stderr
+    assert ok("export", tmp_path / "at3") == ok("export", path, "--to", 3)
+    stderr = refused("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "beyond", "--to", 99)
+    assert f"up to {len(BATCHES)}, not 99" in stderr
+    assert sorted(os.listdir(tmp_path)) == ["at3"]
+
+
+def test_restore_refusals_are_named_and_leave_nothing(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
+    path, store = writer
+    target = tmp_path / "new"
+    stderr = refused("restore", "--nats", f"127.0.0.1:{unused_port()}", "--stream", STREAM, "--store", store, target)
+    assert "No NATS server answered at nats://127.0.0.1:" in stderr
+    stderr = refused("restore", "--nats", nats.url, "--stream", "NOSUCH", "--store", store, target)
+    assert "NATS has no stream 'NOSUCH'" in stderr
+    stderr = refused("restore", "--nats", nats.url, "--stream", STREAM, "--store", "nobody", target)
+    assert f"Stream {STREAM!r} holds no messages of store nobody" in stderr
+    stderr = refused("restore", "--nats", nats.url, "--stream", STREAM, "--store", "a.b", target)
+    assert "A store id is" in stderr
+    assert sorted(os.listdir(tmp_path)) == []
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    stderr = refused("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "full")
+    assert f"{tmp_path / 'full'} is not empty (it holds keep.txt); restore only into a new store" in stderr
+    assert sorted(os.listdir(tmp_path)) == ["full"] and os.listdir(tmp_path / "full") == ["keep.txt"]
+    (tmp_path / "empty").mkdir()  # an empty directory is taken, as import takes one
+    ok("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "empty", "--to", 1)
+
+
+# ── tail of a stream ──────────────────────────────────────────────────────────
+
+
+def test_tail_of_one_store_reads_as_the_local_tail(nats: NatsNode, writer: tuple[Path, str]) -> None:
+    path, store = writer
+    remote = ["tail", "--nats", nats.url, "--stream", STREAM, "--store", store]
+    for options in (
+        [],  # the last 10
+        ["--json", "--from", "1"],
+        ["--limit", "2"],
+        ["--json", "--conversation", "1"],  # the document's change is placed by its create
+        ["--conversation", "2"],
+        ["--type", "document.change", "--type", "document.create", "--json"],
+        ["--from", "3", "--type", "entry"],
+        ["--since", "2026-01-01T00:02:00Z", "--until", "2026-01-01T00:04:00Z", "--json"],
+    ):
+        assert ok(*remote, *options) == ok("tail", path, *options), options
+    lines = [json.loads(line) for line in ok(*remote, "--json", "--conversation", "1").splitlines()]
+    assert [line["seq"] for line in lines] == [1, 2, 4, 5, 6]
+    assert lines[1]["writes"][0]["value"]["data"]["lone"] == "x\ud800"  # lossless, as the local one
+
+
+def test_tail_of_every_store_names_each_store(nats: NatsNode, writer: tuple[Path, str], other: tuple[Path, str]) -> None:
+    (_, first), (_, second) = writer, other
+    remote = ["tail", "--nats", nats.url, "--stream", STREAM]
+    every = ok(*remote, "--json", "--from", "1").splitlines()
+    lines = [line for line in map(json.loads, every) if line["store"] in (first, second)]  # others' tests add stores
+    assert [(line["store"], line["seq"]) for line in lines] == [
+        *((first, seq) for seq in range(1, len(BATCHES) + 1)),
+        (second, 1),
+        (second, 2),
+    ]
+    text = [line for line in ok(*remote, "--conversation", "1", "--type", "entry").splitlines() if line.split()[0] in (first, second)]
+    assert [line.split()[:2] for line in text] == [[first, "2"], [first, "4"], [second, "2"]]
+    assert "entry 3 in 1 (m)" in text[0]
+    assert ok(*remote, "--json").splitlines() == every[-10:]  # like tail: the last 10 of the stream
+
+
+def test_tail_follow_prints_new_commits_until_sigterm(nats: NatsNode, tmp_path: Path) -> None:
+    path = tmp_path / "live"
+    store = asyncio.run(write_store(path, nats.url, BATCHES[:1]))
+    follower = subprocess.Popen(
+        [*DURABLE_LOG, "tail", "--nats", nats.url, "--stream", STREAM, "--store", store, "--follow", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = _lines(follower)
+    try:
+        assert json.loads(_readline(lines, 20))["seq"] == 1
+        asyncio.run(write_store(path, nats.url, BATCHES[1:3], start=1))
+        assert [json.loads(_readline(lines, 20))["seq"] for _ in range(2)] == [2, 3]
+        follower.send_signal(signal.SIGTERM)
+        assert follower.wait(20) == 0
+    finally:
+        _end(follower)
+
+
+def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str]) -> None:
+    path, store = writer
+    assert "No NATS server answered" in refused("tail", "--nats", f"127.0.0.1:{unused_port()}", "--stream", STREAM)
+    assert "NATS has no stream 'NOSUCH'" in refused("tail", "--nats", nats.url, "--stream", "NOSUCH")
+    assert "not both" in refused("tail", path, "--nats", nats.url, "--stream", STREAM)
+    assert "--nats needs --stream" in refused("tail", "--nats", nats.url)
+    assert "give --nats" in refused("tail", path, "--store", store)
+    assert "needs a store's PATH" in refused("tail")
+    assert ok("tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody") == ""  # nothing of it yet
+
+
+# ── the replica command ───────────────────────────────────────────────────────
+
+
+def test_replica_keeps_level_until_sigterm(nats: NatsNode, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    store = asyncio.run(write_store(source, nats.url, BATCHES[:3]))
+    replica_path = tmp_path / "replica"
+    replica = subprocess.Popen(
+        [*DURABLE_LOG, "replica", replica_path, "--nats", nats.url, "--stream", STREAM, "--store", store, "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _until(lambda: _export_or_none(replica_path) == ok("export", source), 20)
+        asyncio.run(write_store(source, nats.url, BATCHES[3:], start=3))
+        _until(lambda: _export_or_none(replica_path) == ok("export", source), 20)
+        time.sleep(0.5)  # a status line or two at the new head
+        replica.send_signal(signal.SIGTERM)
+        stdout, stderr = replica.communicate(timeout=20)
+        assert replica.returncode == 0, stderr
+    finally:
+        _end(replica)
+    assert f"following subject {STREAM}.{store}.log" in stderr
+    assert f"applied sequence {len(BATCHES)} (stream message" in stderr and "lag 0 records" in stderr
+    assert "stopping: applied sequence" in stderr
+    assert ok("export", replica_path) == ok("export", source)
+    assert json.loads(ok("stats", replica_path, "--json"))["storeId"] == store
+
+
+def test_replica_stops_on_a_refused_message_naming_it(nats: NatsNode, tmp_path: Path) -> None:
+    async def forge() -> int:
+        import nats as nats_client
+
+        client = await nats_client.connect(nats.url)
+        try:
+            ack = await client.jetstream().publish(f"{STREAM}.forged.log", b"not a record", headers={"Pd-Format": "1"})
+            return int(ack.seq)
+        finally:
+            await client.close()
+
+    asyncio.run(write_store(tmp_path / "any", nats.url, BATCHES[:1]))  # the stream exists
+    stream_seq = asyncio.run(forge())
+    done = run("replica", tmp_path / "replica", "--nats", nats.url, "--stream", STREAM, "--store", "forged", "--interval", "0.2", timeout=30)
+    assert done.returncode == 1, done.stderr
+    assert f"durable-log: damage: Message {stream_seq} of stream {STREAM} is refused" in done.stderr
+    assert json.loads(ok("stats", tmp_path / "replica", "--json"))["headSeq"] == 0  # nothing of it applied
+    assert "NATS has no stream 'NOSUCH'" in refused(
+        "replica", tmp_path / "r2", "--nats", nats.url, "--stream", "NOSUCH", "--store", "forged"
+    )
+    assert f"Message {stream_seq} of stream {STREAM} is refused" in _fails_with_damage(
+        "restore", "--nats", nats.url, "--stream", STREAM, "--store", "forged", tmp_path / "restored"
+    )
+    assert not (tmp_path / "restored").exists()
+
+
+# ── helpers ───────────────────────────────────────────────────────────────────
+
+
+def _fails_with_damage(*args: object) -> str:
+    done = run(*args)
+    assert done.returncode == 1, (args, done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    return done.stderr
+
+
+def _lines(process: subprocess.Popen[str]) -> Any:
+    """A queue the process's stdout lines arrive in (read by a thread: no buffering surprises)."""
+
+    import queue
+    import threading
+
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _readline(lines: Any, timeout: float) -> str:
+    import queue
+
+    try:
+        return str(lines.get(timeout=timeout))
+    except queue.Empty:
+        raise AssertionError(f"no line in {timeout} s") from None
+
+
+def _export_or_none(path: Path) -> str | None:
+    done = run("export", path)
+    return done.stdout if done.returncode == 0 else None
+
+
+def _until(condition: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {timeout} s")
+        time.sleep(0.1)
+
+
+def _end(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait(10)
