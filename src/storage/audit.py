@@ -232,6 +232,30 @@ async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
     return link
 
 
+async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) -> dict[str, Any] | None:
+    """Who holds store ``store``'s writer lease on ``stream`` now (``None``: nobody)."""
+
+    from ..log.lease import WriterLease
+
+    if store is None:
+        return None
+    link = await open_stream(nats, stream)
+    try:
+        lease = WriterLease(link, store, "")
+        current, revision = await link.arun(lease.current())
+        if current is None:
+            return None
+        return {
+            "holder": current.holder,
+            "epoch": current.epoch,
+            "ttl": current.ttl,
+            "revision": revision,
+            "expires": f"within {current.ttl} s of its holder's last renewal",
+        }
+    finally:
+        await asyncio.to_thread(link.close)
+
+
 def stream_subject(stream: str, store: str | None) -> str:
     """The subject of one store's log on ``stream``, or (``store`` None) of every store's."""
 
@@ -467,6 +491,13 @@ def format_stats(info: dict[str, Any]) -> str:
         lines.append(
             f"replication      stream {replication['stream']}: log sequence {replication['seq']} at stream message "
             f"{replication['streamSeq']}, writer epoch {replication['epoch']}"
+        )
+    if "lease" in info:
+        lease = info["lease"]
+        lines.append(
+            "writer lease     "
+            + ("none (nobody writes the store now)" if lease is None else
+               f"held by {lease['holder']}, epoch {lease['epoch']}, {lease['expires']}")
         )
     return "\n".join(lines)
 

@@ -185,7 +185,25 @@ def _parser() -> argparse.ArgumentParser:
     stats = command("stats", "head sequence, record counts, sizes, projections", f"Statistics of a store; {READ_ONLY}.")
     store(stats)
     stats.add_argument("--json", action="store_true", help="print one JSON object")
+    stats.add_argument("--nats", metavar="URL", help="also ask NATS for the store's writer lease (with --stream)")
+    stats.add_argument("--stream", metavar="S", help="the stream that carries the store's log (with --nats)")
     stats.set_defaults(run=_stats)
+
+    promote = command(
+        "promote",
+        "make a replica (or any copy) of a store the writer of its stream",
+        "Take over store PATH's stream as its writer: wait for the old writer's lease to expire "
+        "(--force: fence the old writer out at once), take the lease with a higher epoch, put a "
+        "fence on the store's subject (no earlier writer's append can land after it) and take in "
+        "everything the stream holds. Then the lease is released, so the host that opens PATH "
+        "next with durability='replicated' writes at once. Exit 2 if another writer keeps its lease.",
+    )
+    store(promote)
+    promote.add_argument("--nats", required=True, metavar="URL", help="a NATS server URL, or several, comma-separated")
+    promote.add_argument("--stream", required=True, metavar="S", help="the JetStream stream that carries the log")
+    promote.add_argument("--force", action="store_true", help="fence the old writer out now, without waiting for its lease")
+    promote.add_argument("--lease-ttl", type=int, default=None, metavar="SECONDS", help="the lease's time to live")
+    promote.set_defaults(run=_promote)
 
     tail = command(
         "tail",
@@ -353,9 +371,47 @@ def _demo(path: str | None) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    if (args.nats is None) != (args.stream is None):
+        raise _usage("--nats and --stream go together")
     info = audit.stats(args.path)
+    if args.nats is not None:
+        info["lease"] = asyncio.run(audit.lease_of(args.nats, args.stream, info.get("storeId")))
     print(audit.to_json(info) if args.json else audit.format_stats(info))
     return EXIT_OK
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from ..log.environment import Environment
+    from ..log.lease import DEFAULT_LEASE_TTL
+
+    audit.require_store(args.path)
+    env = Environment(args.path, readonly=True)
+    store = env.store_id
+    env.close()
+    if store is None:
+        raise _usage(f"{args.path} has no store id yet (open it once with a writer of this version)")
+
+    async def run() -> int:
+        from .lmdb_storage import LmdbStorage
+
+        storage = await LmdbStorage.open(
+            args.path,
+            durability="replicated",
+            nats=args.nats,
+            stream=args.stream,
+            store=store,
+            take_over="force" if args.force else True,
+            lease_ttl=args.lease_ttl or DEFAULT_LEASE_TTL,
+        )
+        try:
+            writer = storage.replication
+            epoch = getattr(writer, "epoch", None)
+            print(f"promoted {args.path}: store {store}, writer epoch {epoch}, head sequence {storage.log.head()}")
+        finally:
+            await storage.close()
+        return EXIT_OK
+
+    return asyncio.run(run())
 
 
 def _tail(args: argparse.Namespace) -> int:
