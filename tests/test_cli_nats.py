@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb import LmdbStorage, NotWriterError
 
 from .natsserver import NatsNode, running_node
 
@@ -386,3 +386,43 @@ def _end(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         process.kill()
         process.wait(10)
+
+
+# ── promote and the lease ─────────────────────────────────────────────────────
+
+
+def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(nats: NatsNode, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        source = tmp_path / "source"
+        writer = await LmdbStorage.open(source, durability="replicated", nats=nats.url, stream=STREAM, lease_ttl=1)
+        try:
+            for n, writes in enumerate(BATCHES[:3]):
+                await writer.commit(writes, CTX, committed_at=T0 + n * MINUTE)
+            store = writer.store_id
+            assert store is not None
+            copy = tmp_path / "copy"
+            replica = await LmdbStorage.open_replica(copy, nats=nats.url, stream=STREAM, store=store)
+            await replica.wait(3, timeout=10)
+            await replica.close()
+            lease = json.loads((await asyncio.to_thread(ok, "stats", source, "--json", "--nats", nats.url, "--stream", STREAM)))["lease"]
+            assert lease["epoch"] == writer.replication.epoch and str(source) in lease["holder"]  # type: ignore[union-attr]
+            # The writer renews its lease: a plain promote waits, then gives up naming the holder.
+            message = await asyncio.to_thread(refused, "promote", copy, "--nats", nats.url, "--stream", STREAM)
+            assert "keeps renewing its lease" in message and str(source) in message
+            await writer.commit(BATCHES[3], CTX, committed_at=T0 + 3 * MINUTE)  # still the writer
+            promoted = await asyncio.to_thread(ok, "promote", copy, "--nats", nats.url, "--stream", STREAM, "--force")
+            assert f"store {store}, writer epoch {writer.replication.epoch + 1}, head sequence 4" in promoted  # type: ignore[union-attr]
+            with pytest.raises(NotWriterError, match="another writer"):
+                await writer.commit(BATCHES[4], CTX)
+            # The promoted copy writes at once (the lease was released), continuing the history.
+            successor = await LmdbStorage.open(copy, durability="replicated", nats=nats.url, stream=STREAM)
+            try:
+                assert await successor.commit(BATCHES[4], CTX, committed_at=T0 + 4 * MINUTE) == 5
+            finally:
+                await successor.close()
+            await writer.wait(5, timeout=10)  # the deposed writer follows as a replica
+        finally:
+            await writer.close()
+        assert ok("export", source) == ok("export", tmp_path / "copy")
+
+    asyncio.run(scenario())
