@@ -26,7 +26,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeVar
 import msgspec
 
 from .errors import CorruptRecordError, LogError
-from .records import decode_record
+from .records import Commit, decode_record
 
 T = TypeVar("T")
 
@@ -121,6 +121,8 @@ class StreamMessage(NamedTuple):
     """The record's log sequence (``record``), else the log head the control message follows."""
     data: bytes
     """The record as the log stores it (``record``), else the encoded control message."""
+    commit: Commit | None = None
+    """A record's decoded batch (decoded once, when its checksum was checked)."""
 
     @property
     def control(self) -> Fence | IdReservation:
@@ -212,10 +214,10 @@ def parse_message(
     if headers.get(H_MSG_ID) != f"{found}:{seq}":
         raise refuse(f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}")
     try:
-        decode_record(seq, body)
+        commit = decode_record(seq, body)
     except CorruptRecordError as error:
         raise refuse(f"record {seq}: {error.reason}") from None
-    return StreamMessage(stream_seq, found, "record", epoch, seq, body)
+    return StreamMessage(stream_seq, found, "record", epoch, seq, body, commit)
 
 
 class JetStreamLink:
@@ -398,13 +400,13 @@ class JetStreamLink:
             ack = json.loads(reply.data)
         except ValueError:
             raise ReplicationError(f"The stream answered an append to {subject} with {reply.data[:200]!r}") from None
-        error = ack.get("error")
-        if error:
-            if error.get("err_code") == WRONG_LAST_SEQUENCE:
-                match = re.search(r"(\d+)\s*$", error.get("description", ""))
+        refusal = ack.get("error")
+        if refusal:
+            if refusal.get("err_code") == WRONG_LAST_SEQUENCE:
+                match = re.search(r"(\d+)\s*$", refusal.get("description", ""))
                 raise StreamMovedError(subject, expected, int(match.group(1)) if match else None)
-            description = error.get("description", error)
-            if error.get("code") == 503:
+            description = refusal.get("description", refusal)
+            if refusal.get("code") == 503:
                 raise NatsUnavailableError(f"The stream could not take an append to {subject}: {description}")
             raise ReplicationError(f"The stream refused an append to {subject}: {description}")
         return int(ack["seq"])

@@ -124,5 +124,5 @@ class Shipper:
     def stop(self) -> None:
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()  # type: ignore[union-attr]
+            self._task.cancel()
 

@@ -73,7 +73,7 @@ class Follower:
         position = self._position()
         self.stream_seq = position.stream_seq
         if to_seq is not None and position.seq >= to_seq:
-            return position.seq
+            return int(position.seq)
         chunk: list[StreamMessage] = []
         try:
             async for message, pending in self.link.read(self.subject, position.stream_seq, store=self.store, follow=follow):

@@ -89,7 +89,7 @@ class StreamApplier:
                         self.stream, message.stream_seq, f"record {message.seq} does not follow this store's head {head}"
                     )
                 else:
-                    commit = decode_record(message.seq, message.data)
+                    commit = message.commit or decode_record(message.seq, message.data)
                     try:
                         plan = projector.prepare(txn, commit.writes)
                     except lmdb.Error:
@@ -299,9 +299,10 @@ class StreamWriter:
         except OutcomeUnknownError as error:
             self.settled = False
             self.last_error = str(error)
-            last = self._stored(head, messages[-1][1])
-            if last is None:
+            stored = self._stored(head, messages[-1][1])
+            if stored is None:
                 raise
+            last = stored
         except ReplicationError as error:
             self.settled = False
             self.last_error = str(error)
