@@ -465,13 +465,12 @@ class JetStreamLink:
                         continue
                 while arrived:
                     msg = arrived.popleft()
-                    meta = msg.metadata
-                    stream_seq = meta.sequence.stream
+                    stream_seq, pending = _delivery(msg)
                     if stream_seq <= after:
                         continue
                     after = stream_seq
-                    yield parse_message(self.stream, stream_seq, msg.headers, msg.data, store), meta.num_pending
-                    if not follow and meta.num_pending == 0:
+                    yield parse_message(self.stream, stream_seq, msg.headers, msg.data, store), pending
+                    if not follow and pending == 0:
                         return
         finally:
             try:
@@ -530,6 +529,18 @@ def _unanswered(what: str, error: BaseException) -> ReplicationError:
     if isinstance(error, nats.js.errors.APIError):
         return ReplicationError(f"NATS refused {what}: {error.description or error}")
     return NatsUnavailableError(f"NATS did not answer for {what} ({type(error).__name__}: {error})")
+
+
+def _delivery(msg: Any) -> tuple[int, int]:
+    """A delivered message's stream sequence and how many more the consumer has pending, read
+    from its ack subject (``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``)
+    without building nats-py's metadata objects, a quarter of a replica's reading time."""
+
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[5]), int(tokens[8])
+    meta = msg.metadata  # the newer form, with domain and account hash
+    return int(meta.sequence.stream), int(meta.num_pending)
 
 
 def _covers(pattern: str, subject: str) -> bool:
