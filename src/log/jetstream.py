@@ -202,14 +202,16 @@ def parse_message(
     except ValueError:
         raise refuse(f"its epoch {headers.get(H_EPOCH)!r} is not an integer") from None
     raw_seq = headers.get(H_SEQ, "")
-    if not raw_seq.isdigit() or (kind == "record" and int(raw_seq) < 1):
+    if not (raw_seq.isascii() and raw_seq.isdigit()) or (kind == "record" and int(raw_seq) < 1):
         raise refuse(f"its {H_SEQ} {raw_seq!r} is not a log sequence")
     seq = int(raw_seq)
     if kind != "record":
         try:
-            _control_decoder.decode(body)
+            control = _control_decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise refuse(f"an undecodable {kind} message ({error})") from None
+        if not isinstance(control, Fence if kind == "fence" else IdReservation):
+            raise refuse(f"its body is a {type(control).__name__}, not what a {kind!r} message carries")
         return StreamMessage(stream_seq, found, kind, epoch, seq, body)  # type: ignore[arg-type]
     if headers.get(H_MSG_ID) != f"{found}:{seq}":
         raise refuse(f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}")
@@ -415,8 +417,9 @@ class JetStreamLink:
         self, subject: str, after: int, *, store: str | None, follow: bool, idle: float = 0.5
     ) -> AsyncIterator[tuple[StreamMessage, int]]:
         """The subject's messages after stream sequence ``after``, verified, each with how many
-        more the stream held when it was sent (0: it was the last). Without ``follow`` it ends
-        at the last message the stream holds when the subject runs dry."""
+        more were known to follow it (held back by the server or already received here; 0: it
+        was the last). Without ``follow`` it ends at the last message the stream holds when the
+        subject runs dry."""
 
         import collections
 
@@ -469,8 +472,9 @@ class JetStreamLink:
                     if stream_seq <= after:
                         continue
                     after = stream_seq
-                    yield parse_message(self.stream, stream_seq, msg.headers, msg.data, store), pending
-                    if not follow and pending == 0:
+                    # pending counts what the server still holds back, plus what already waits here
+                    yield parse_message(self.stream, stream_seq, msg.headers, msg.data, store), pending + len(arrived)
+                    if not follow and pending == 0 and not arrived:
                         return
         finally:
             try:
