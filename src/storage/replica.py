@@ -39,6 +39,8 @@ class Follower:
         self.stream_seq = 0
         self.pending = 0
         self.applied_at = 0.0
+        self.transactions = 0
+        """LMDB transactions that took messages in (a replica behind takes big chunks)."""
         self._task: Any = None
         self._stopping = False
 
@@ -117,6 +119,7 @@ class Follower:
 
         storage = self.storage
         with storage._committer.exclusive():
+            self.transactions += 1
             return storage._env.write(
                 lambda txn: self.applier.apply(txn, storage._committer.projector, chunk, self._position(txn))
             )
@@ -172,6 +175,7 @@ class Follower:
             "lagMs": lag_ms,
             "lastError": self.last_error or self.link.last_error,
             "stopped": self.error is not None,
+            "transactions": self.transactions,
         }
 
     def stop(self) -> None:
