@@ -52,16 +52,19 @@ class StoreDamagedError(StoreFormatError):
     """The machine stopped (OS crash, power loss) while a ``durability="process"`` writer had the
     store open: the OS may have written its unsynced pages out of order, which LMDB cannot detect."""
 
-    def __init__(self, path: str, marker: str) -> None:
-        super().__init__(
-            f"The store at {path} was open for writing with durability='process' when the machine "
-            "stopped (an OS crash or power loss since). Its newest commits may be lost and, because "
-            "the OS writes unsynced pages in any order, LMDB's pages may be damaged in ways it cannot "
-            "detect; it is not opened. Restore the store from a copy or replica; or, accepting the "
+    def __init__(self, path: str, marker: str, remedy: str | None = None) -> None:
+        remedy = remedy or (
+            "Restore the store from a copy or replica; or, accepting the "
             f"risk, delete {marker} and run `durable-log verify {path}` (then `durable-log export` "
             "and `durable-log import` it into a new store to rebuild every page from the log)"
         )
-        self.path = path
+        super().__init__(
+            f"The store at {path} was open for writing with durability='process' (or 'replicated', "
+            "which syncs no local commit) when the machine stopped (an OS crash or power loss since). Its newest "
+            "commits may be lost and, because the OS writes unsynced pages in any order, LMDB's pages "
+            f"may be damaged in ways it cannot detect; it is not opened. {remedy}"
+        )
+        self.path, self.marker = path, marker
 
 
 class WrongStoreError(StoreFormatError):

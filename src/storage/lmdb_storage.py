@@ -46,8 +46,8 @@ from pi_durable.types import (
     TaskRecord,
 )
 
-from ..log import Environment, StoreClosedError, WriteLog, check_committed_at, encode_batch
-from ..log.environment import DEFAULT_MAP_SIZE
+from ..log import Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
+from ..log.environment import DEFAULT_MAP_SIZE, UNSYNCED_FILE
 from ..log.jetstream import JetStreamLink
 from ..log.lease import DEFAULT_LEASE_TTL, WriterLease
 from ..log.replication import NotWriterError, read_position
@@ -74,8 +74,10 @@ _TASK_FILTERS: Final = ("conversationId", "kind", "abortRequested", "background"
 
 Durability = Literal["power", "process", "replicated"]
 """``power``/``process``: local durability (``log.environment``); ``replicated``: a commit
-returns once a NATS JetStream stream holds it (``storage.replication``), and is synced locally
-as in ``power``."""
+returns once a NATS JetStream stream holds it (``storage.replication``). The stream is then the
+durable copy: locally the commit is in the page cache, as in ``process`` (it survives the process,
+and the writer takes in from the stream whatever its store lacks); after an OS crash the local
+store is refused and restored from the stream."""
 
 
 class StorageReads:
@@ -395,9 +397,21 @@ class LmdbStorage(StorageReads, Storage):
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
         link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
-        local = "power" if durability == "replicated" else durability
+        local = "process" if durability == "replicated" else durability
         try:
             env = Environment(path, readonly=readonly, durability=local, map_size=map_size, store_id=store)
+        except StoreDamagedError as error:
+            if link is not None:
+                link.close()
+            if durability != "replicated":
+                raise
+            raise StoreDamagedError(
+                error.path,
+                os.path.join(error.path, UNSYNCED_FILE),
+                f"Every commit it acknowledged is on stream {stream!r}: restore the store from it "
+                f"(`durable-log restore --nats ... --stream {stream} --store ID NEWPATH`, ID as "
+                "`durable-log stats` showed it) and open that, or take over from a replica",
+            ) from None
         except BaseException:
             if link is not None:
                 link.close()
