@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import msgspec
 
-from .jetstream import JetStreamLink, NatsUnavailableError, ReplicationError
+from .jetstream import JetStreamLink, NatsUnavailableError, ReplicationError, subject_of
 from .replication import NotWriterError
 
 LEASE_FORMAT: Final = 1
@@ -219,6 +219,18 @@ class WriterLease:
                 f"Store {self.store} was taken over by {lease.holder} (epoch {lease.epoch}); "
                 f"this writer (epoch {self.epoch}) takes no more commits",
                 lease.epoch,
+            )
+            return
+        try:  # a writer that fenced the subject meanwhile (and let its lease go) deposed this one
+            last = await self.link.last(subject_of(self.link.stream, self.store), self.store)
+        except ReplicationError as error:
+            self.link.last_error = str(error)
+            return
+        if last is not None and last.epoch > self.epoch:
+            self._lose(
+                f"Store {self.store} was taken over: its stream holds writer epoch {last.epoch}; "
+                f"this writer (epoch {self.epoch}) takes no more commits",
+                last.epoch,
             )
             return
         try:
