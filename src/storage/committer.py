@@ -262,6 +262,7 @@ class Committer:
 
         projector = self.projector
         records: list[tuple[int, bytes]] = []
+        seq: int | None = None  # the last sequence appended in this transaction
         for job in jobs:
             job.result = job.error = None
             if job.work is not None:
@@ -275,7 +276,7 @@ class Committer:
             except Exception as error:
                 job.error = error
                 continue
-            seq = self._log.append(txn, job.payload, job.committed_at)
+            seq = self._log.append(txn, job.payload, job.committed_at, seq)
             projector.apply(txn, seq, plan)
             job.result = (seq, plan.max_id)
             records.append((seq, job.payload))
