@@ -120,7 +120,9 @@ class Committer:
         if loop not in self._gathering:
             run = self._runs.get(loop)
             now = time.perf_counter()
-            if run is None or now - run.started >= self._direct_run or now < run.contended_until:
+            if run is not None and now < run.contended_until:
+                direct = False  # what _uncontended would answer, without a coroutine per commit
+            elif run is None or now - run.started >= self._direct_run:
                 direct = await self._uncontended(loop, now)
             else:
                 direct = True
@@ -133,7 +135,7 @@ class Committer:
                         return result
                 finally:
                     self._lock.release()
-        return await self._submit(payload, batch, committed_at, None)  # type: ignore[no-any-return]
+        return await self._submit(payload, batch, committed_at, None, loop)  # type: ignore[no-any-return]
 
     async def _uncontended(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
         """Whether a commit may run directly on the caller's thread: one sequential committer
@@ -179,9 +181,11 @@ class Committer:
         batch: EncodedBatch | None,
         committed_at: int | None,
         work: Callable[[lmdb.Transaction], Any] | None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> asyncio.Future[Any]:
         self._env.check_process()
-        loop = asyncio.get_running_loop()
+        if loop is None:
+            loop = asyncio.get_running_loop()
         job = _Job(loop, payload, batch, committed_at, work)
         self._commits += 1
         with self._state:
