@@ -17,8 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
+from pi_durable_lmdb import MapBusyError
+from pi_durable_lmdb.log import environment
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
@@ -95,3 +98,41 @@ def test_reader_threads_adopt_a_map_grown_by_another_process(tmp_path: Path) -> 
     assert result["head"] == head
     assert result["end_size"] >= 2**6 * result["start_size"], result  # the reader adopted a grown map
     assert verify(path) is None
+
+
+async def test_a_read_held_open_fails_the_growing_commit_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read transaction left open on the committing thread: the map cannot change under it, so
+    the commit that needs a bigger map fails with ``MapBusyError`` (writing nothing) once the
+    growth's patience runs out, rather than waiting for ever; after the read ends it succeeds."""
+
+    monkeypatch.setattr(environment, "REMAP_PATIENCE", 0.3)
+    storage = await LmdbStorage.open(tmp_path / "store", durability="process", map_size=SMALL)
+    try:
+        await storage.commit(growth_child.seed_writes(), CTX)
+        await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX)
+        size = storage._env.env.info()["map_size"]
+        held = storage._env.read()
+        try:
+            with pytest.raises(MapBusyError):
+                for n in range(1000):
+                    await storage.commit([growth_child.big_entry(10_000 + n, 20_000)], CTX)
+            failed = 10_000 + n
+            head = storage.log.head()  # reads still work meanwhile
+            together = await asyncio.gather(  # a group on the writer thread fails as a whole, once
+                *(storage.commit([growth_child.big_entry(20_000 + k, 20_000)], CTX) for k in range(8)),
+                return_exceptions=True,
+            )
+            assert all(isinstance(outcome, MapBusyError) for outcome in together), together
+            assert storage.log.head() == head
+        finally:
+            held.abort()
+        assert storage._env.env.info()["map_size"] == size
+        assert await storage.entry(failed, CTX) is None  # the failed commit wrote nothing
+        seq = await storage.commit([growth_child.big_entry(failed, 20_000)], CTX)
+        assert seq == head + 1
+        assert storage._env.env.info()["map_size"] > size
+    finally:
+        await storage.close()
+    assert verify(tmp_path / "store") is None

@@ -25,7 +25,9 @@ Where a commit runs:
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
 Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
-aborted and each of its batches is run again alone, so only the batch at fault fails.
+aborted and each of its batches is run again alone, so only the batch at fault fails; but when the
+map needs to grow and cannot (``MapBusyError``: a read transaction of this process stayed open),
+every batch of the group fails with it at once, since alone each would only wait as long again.
 
 Replicated durability would publish a group's records (``records`` in ``_group``) where it is
 marked, after the checks gave them their sequences and before the local transaction commits; it
@@ -43,7 +45,7 @@ from typing import Any, Final
 
 import lmdb
 
-from ..log import EncodedBatch, Environment, StoreClosedError, WriteLog
+from ..log import EncodedBatch, Environment, MapBusyError, StoreClosedError, WriteLog
 from ..projections import Projector
 
 MAX_GROUP: Final = 64
@@ -249,6 +251,10 @@ class Committer:
 
         try:
             self._env.write(lambda txn: self._group(txn, jobs))
+            return
+        except MapBusyError as error:  # the map cannot grow for now: alone, each would wait again
+            for job in jobs:
+                job.result, job.error = None, error
             return
         except BaseException as error:
             if len(jobs) == 1:
