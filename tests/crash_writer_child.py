@@ -274,10 +274,10 @@ async def write(args: argparse.Namespace) -> int:
         rebuild.FOLD_CHUNK = args.fold_chunk  # type: ignore[misc]
     grow = environment.Environment.grow
 
-    def announced_grow(self: Any) -> None:
+    def announced_grow(self: Any, *args: Any) -> None:
         before = self.env.info()["map_size"]
         _say(f"grow {before} {before * 2}")
-        grow(self)
+        grow(self, *args)
 
     environment.Environment.grow = announced_grow  # type: ignore[method-assign]
     rng = random.Random(args.seed)

@@ -27,6 +27,7 @@ import re
 import secrets
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable
 from typing import Final, Literal, TypeVar
@@ -39,6 +40,7 @@ from .errors import (
     StoreClosedError,
     StoreDamagedError,
     StoreFormatError,
+    MapBusyError,
     StoreFullError,
     TruncatedStoreError,
     WriterLockedError,
@@ -59,6 +61,12 @@ _STAGING: Final = "creating"
 UNSYNCED_FILE: Final = "process.unsynced"
 """Present while a ``process``-mode writer may have commits the disk does not hold in order."""
 _BOOT_ID: Final = "/proc/sys/kernel/random/boot_id"
+REMAP_DRAIN: Final = 0.02
+"""Seconds a map change keeps new transactions out while waiting for the open ones to end,
+before it lets them in again and retries (so a long read stalls the others only briefly)."""
+REMAP_PATIENCE: Final = 5.0
+"""Seconds a map change retries before giving up (``MapBusyError``): a read transaction of
+this process stayed open all that time (held across an ``await``, or on the growing thread)."""
 
 
 class StoreHeader(msgspec.Struct):
@@ -114,6 +122,7 @@ class Environment:
         self.readonly = readonly
         self.durability: Durability = durability
         self._pid = os.getpid()
+        self._forks = _forks
         self._lock_fd: int | None = None
         created = False
         if readonly:
@@ -137,6 +146,8 @@ class Environment:
                 _sync_directory(os.path.dirname(self.path))
             self.env = self._shared.env
             self._dbs = self._shared.dbs
+            self._gate = self._shared.gate
+            self._held = self._gate.held
             self.store_id: str | None = self._check_header(store_id)
         except BaseException:
             if shared is not None:  # a failed open leaves nothing open behind it
@@ -158,9 +169,11 @@ class Environment:
                 with self.read() as txn:
                     if txn.get(key) is None:
                         raise StoreFormatError(f"The store at {self.path} has no database {name!r}")
-                db = self.env.open_db(key, create=False)
-            else:
-                db = self.env.open_db(key)
+            self._enter()  # open_db runs a transaction of its own
+            try:
+                db = self.env.open_db(key, create=not self.readonly)
+            finally:
+                self._held.pop()
             self._dbs[key] = db
         return db
 
@@ -185,17 +198,56 @@ class Environment:
 
     def read(self) -> lmdb.Transaction:
         """A short read transaction, used as ``with env.read() as txn:`` (leaving ends it);
-        adopts a map grown by the writer in another process."""
+        adopts a map grown by the writer in another process.
+
+        Map changes (``_remap``) keep transactions out: the begin is counted in the gate's
+        ``held`` while it runs (it reads the meta pages in the map), and the transaction is in
+        LMDB's reader table from then on, where a map change looks for it.
+        """
 
         if self._closed:
             self.check_open()
-        if os.getpid() != self._pid:
+        if _forks != self._forks:  # cheaper than os.getpid() on every read
             self.check_process()
+        held = self._held
+        held.append(None)  # atomic (the GIL); the gate's readers count
         try:
-            return self.env.begin(buffers=False)
+            if not self._gate.growing:
+                return self.env.begin(buffers=False)
         except lmdb.MapResizedError:
-            self.env.set_mapsize(0)
-            return self.env.begin(buffers=False)
+            pass
+        finally:
+            held.pop()
+        return self._read_slow()
+
+    def _read_slow(self) -> lmdb.Transaction:
+        """``read()`` while the map changes, or after another process grew it."""
+
+        while True:
+            self._enter()
+            try:
+                txn = self.env.begin(buffers=False)
+            except lmdb.MapResizedError:
+                self._remap(0, None, None)  # adopt the size the writer's meta page holds (pops held)
+                continue
+            except BaseException:
+                self._held.pop()
+                raise
+            self._held.pop()
+            return txn
+
+    def _enter(self) -> None:
+        """Count this thread into the gate's ``held``, waiting while the map changes; the caller
+        pops ``held`` once done with the map."""
+
+        gate = self._gate
+        while True:
+            self._held.append(None)
+            if not gate.growing:
+                return
+            self._held.pop()
+            with gate.changed:
+                gate.changed.wait_for(lambda: not gate.growing, REMAP_DRAIN)
 
     def write(self, work: Callable[[lmdb.Transaction], T]) -> T:
         """Run ``work`` in one write transaction and commit it, growing the map when it is full.
@@ -209,21 +261,27 @@ class Environment:
         if self.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
         while True:
-            txn = self.env.begin(write=True)
+            self._enter()  # held from begin to commit: write transactions are not in the reader table
+            full = None
             try:
-                result = work(txn)
-                txn.commit()
-                return result
-            except lmdb.MapFullError:
-                txn.abort()
-                self.grow()
-            except lmdb.Error as error:
-                txn.abort()
-                self._explain(error)
-                raise
-            except BaseException:
-                txn.abort()
-                raise
+                txn = self.env.begin(write=True)
+                try:
+                    result = work(txn)
+                    txn.commit()
+                    return result
+                except lmdb.MapFullError:
+                    full = txn  # aborted by the growth, once it keeps other transactions out
+                except lmdb.Error as error:
+                    txn.abort()
+                    self._explain(error)
+                    raise
+                except BaseException:
+                    txn.abort()
+                    raise
+            finally:
+                if full is None:
+                    self._held.pop()
+            self.grow(self.env.info()["map_size"], full)
 
     def _explain(self, error: lmdb.Error) -> None:
         """A full disk surfaces from LMDB as an I/O error; say what it is."""
@@ -240,9 +298,89 @@ class Environment:
                 "nothing was written, free some space and commit again",
             ) from error
 
-    def grow(self) -> None:
-        size = self.env.info()["map_size"]
-        self.env.set_mapsize(size * 2)
+    def grow(self, full: int | None = None, txn: lmdb.Transaction | None = None) -> None:
+        """Double the map; ``full`` is the size a write found full (if another thread grew it
+        meanwhile, there is nothing to do). Called outside any transaction, or by ``write`` with
+        ``txn``, its write transaction that found the map full (still counted in ``held``),
+        which is aborted here."""
+
+        if txn is None:
+            self._enter()
+        self._remap(2, full, txn)
+
+    def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction | None) -> None:
+        """Change the memory map: ``factor`` 2 doubles it, 0 adopts the size another process
+        grew it to. ``mdb_env_set_mapsize`` must not run while any transaction of this process
+        is open (LMDB does not check; py-lmdb invalidates them, or older versions crash), and
+        reads run inline on any thread: so new transactions are kept out (``growing``), those
+        open are waited for, at most ``REMAP_DRAIN`` at a time, then the map changes.
+
+        The caller is counted in ``held`` (this pops it). ``txn``, the write transaction that
+        found the map full, is aborted here, after ``growing`` is set: py-lmdb's abort of a write
+        transaction waits until no thread is inside an LMDB call, which busy readers can put off
+        for seconds, unless new transactions are kept out first."""
+
+        gate = self._gate
+        deadline = time.monotonic() + REMAP_PATIENCE
+        locked = gate.lock.acquire(blocking=False)
+        try:
+            if locked:
+                gate.growing = True
+            if txn is not None:
+                txn.abort()
+        finally:
+            self._held.pop()
+        if not locked:  # another thread is changing the map: wait for it, without holding anything
+            gate.lock.acquire()
+        try:
+            if full is not None and self.env.info()["map_size"] != full:
+                return  # grown by another thread meanwhile
+            while True:
+                gate.growing = True
+                if self._drained(time.monotonic() + REMAP_DRAIN):
+                    size = 0 if factor == 0 else self.env.info()["map_size"] * factor
+                    self.env.set_mapsize(size)
+                    return
+                self._open_gate()  # let the waiting transactions run meanwhile
+                if time.monotonic() >= deadline:
+                    raise MapBusyError(self.path, REMAP_PATIENCE)
+                time.sleep(REMAP_DRAIN / 4)
+        finally:
+            self._open_gate()
+            gate.lock.release()
+
+    def _open_gate(self) -> None:
+        gate = self._gate
+        with gate.changed:
+            gate.growing = False
+            gate.changed.notify_all()
+
+    def _drained(self, until: float) -> bool:
+        """Wait (until ``until`` at most) for this process to hold no transaction: none being
+        begun or written (``held``), then none live in LMDB's reader table (checked after
+        ``held``: a begin is in the table by the time it leaves ``held``)."""
+
+        pause = 0.00005
+        while True:
+            if not self._held and not self._live_readers():
+                return True
+            if time.monotonic() >= until:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.001)
+
+    def _live_readers(self) -> bool:
+        """Whether LMDB's reader table holds an open read transaction of this process (a slot
+        reset for reuse shows ``-``)."""
+
+        pid = str(os.getpid())
+        for line in self.env.readers().splitlines()[1:]:
+            fields = line.split()
+            if not fields or fields[0] != pid:
+                continue
+            if len(fields) < 3 or fields[2] != "-":
+                return True
+        return False
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
@@ -266,7 +404,22 @@ class Environment:
     def sync(self) -> None:
         self.check_open()
         if not self.readonly:
-            self.env.sync(True)
+            self._enter()
+            try:
+                self.env.sync(True)
+            finally:
+                self._held.pop()
+
+    def copy(self, dest: str, compact: bool = False) -> None:
+        """LMDB's copy of the store into the directory ``dest``, from one read snapshot."""
+
+        self.check_open()
+        self.check_process()
+        self._enter()
+        try:
+            self.env.copy(dest, compact=compact)
+        finally:
+            self._held.pop()
 
     def close(self) -> None:
         if os.getpid() != self._pid or self._closed:
@@ -289,10 +442,13 @@ class Environment:
         with self.read() as txn:
             names = [bytes(key) for key, _ in txn.cursor()]
         for name in names:
+            self._enter()
             try:
                 db = self.env.open_db(name, create=False)
             except lmdb.Error:
                 continue
+            finally:
+                self._held.pop()
             with self.read() as txn:
                 stat = txn.stat(db)
             pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
@@ -482,6 +638,23 @@ def _lock_holders(fd: int) -> list[int]:
     return [int(text)]
 
 
+class _Gate:
+    """Keeps this process's transactions out of the memory map while it changes (one per LMDB
+    environment, shared by its handles): ``held`` has an item per begin, write transaction or
+    other map use in flight (list ``append``/``pop`` are atomic under the GIL, so the read
+    path takes no lock); ``growing`` is set by ``Environment._remap`` while it waits for them
+    and changes the map. A thread adds to ``held`` and then checks ``growing``; ``_remap``
+    sets ``growing`` and then checks ``held``: one of them always sees the other."""
+
+    __slots__ = ("held", "growing", "lock", "changed")
+
+    def __init__(self) -> None:
+        self.held: list[None] = []
+        self.growing = False
+        self.lock = threading.Lock()
+        self.changed = threading.Condition()
+
+
 class _SharedEnv:
     """py-lmdb allows one environment per directory per process; handles share it."""
 
@@ -490,6 +663,7 @@ class _SharedEnv:
         self.readonly = readonly
         self.users = 0
         self.dbs: dict[bytes, lmdb._Database] = {}
+        self.gate = _Gate()
 
 
 _open_envs: dict[str, _SharedEnv] = {}
@@ -600,7 +774,13 @@ def _release(shared: _SharedEnv) -> None:
         shared.env.close()
 
 
+_forks = 0
+"""Forks this process descends from since the module loaded (``read`` checks it, not the pid)."""
+
+
 def _forget_after_fork() -> None:
+    global _forks
+    _forks += 1
     _open_envs.clear()
 
 

@@ -39,6 +39,20 @@ class StoreFullError(LogError, OSError):
     """The disk holding the store has no room for a commit; nothing was written."""
 
 
+class MapBusyError(LogError, RuntimeError):
+    """The map was full and could not grow: a read transaction of this process stayed open the
+    whole time (LMDB cannot change the map under an open transaction); nothing was written."""
+
+    def __init__(self, path: str, seconds: float) -> None:
+        super().__init__(
+            f"The store at {path} needs a bigger map, and a read transaction of this process stayed "
+            f"open for {seconds:g} s, so the map could not change under it (a read held across an "
+            "await, or by the committing thread itself?); nothing was written, commit again once "
+            "it ends"
+        )
+        self.path = path
+
+
 class StoreClosedError(LogError, RuntimeError):
     """A store, or a handle on it (its log, a view, a projection), was used after ``close()``."""
 

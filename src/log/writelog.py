@@ -67,18 +67,25 @@ class WriteLog:
 
     # ── writing ─────────────────────────────────────────────────────────────
 
-    def append(self, txn: lmdb.Transaction, payload: bytes, committed_at: int | None = None) -> int:
+    def append(
+        self, txn: lmdb.Transaction, payload: bytes, committed_at: int | None = None, after: int | None = None
+    ) -> int:
         """Append one batch's payload (from ``encode_batch``) inside ``txn``; the sequence is
         durable once ``txn`` commits.
 
         The sequence comes from ``txn`` itself, never from a cache: another thread's commit may
-        have moved the head since this process last looked."""
+        have moved the head since this process last looked. ``after``: the sequence the previous
+        append *in this same transaction* returned (a group's batches), which saves looking the
+        head up again; LMDB's append still refuses any key not above the head."""
 
-        cursor = txn.cursor(db=self.db)
-        seq = key_seq(cursor.key()) + 1 if cursor.last() else 1
+        if after is None:
+            cursor = txn.cursor(db=self.db)
+            seq = key_seq(cursor.key()) + 1 if cursor.last() else 1
+        else:
+            seq = after + 1
         if committed_at is None:
             committed_at = time.time_ns() // 1_000_000
-        if not cursor.put(seq_key(seq), encode_record(payload, committed_at), append=True):
+        if not txn.put(seq_key(seq), encode_record(payload, committed_at), db=self.db, append=True):
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
         return seq
 

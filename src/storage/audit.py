@@ -869,7 +869,7 @@ def backup(path: str | os.PathLike[str], dest: str | os.PathLike[str], compact: 
     env = Environment(path, readonly=True)
     building = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
     try:
-        env.env.copy(building, compact=compact)
+        env.copy(building, compact=compact)
         data = os.path.join(building, "data.mdb")
         _fsync(data)
         os.rename(building, target)

@@ -25,7 +25,9 @@ Where a commit runs:
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
 Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
-aborted and each of its batches is run again alone, so only the batch at fault fails.
+aborted and each of its batches is run again alone, so only the batch at fault fails; but when the
+map needs to grow and cannot (``MapBusyError``: a read transaction of this process stayed open),
+every batch of the group fails with it at once, since alone each would only wait as long again.
 
 With replicated durability (a ``StreamWriter``), every commit goes through groups on the writer
 thread (no direct path: a commit waits on the network), each group first settles with the stream
@@ -44,7 +46,7 @@ from typing import Any, Final
 
 import lmdb
 
-from ..log import EncodedBatch, Environment, StoreClosedError, WriteLog
+from ..log import EncodedBatch, Environment, MapBusyError, StoreClosedError, WriteLog
 from ..log.jetstream import ReplicationError
 from ..projections import Projector
 from .replication import StreamWriter
@@ -134,7 +136,9 @@ class Committer:
         if self._direct and loop not in self._gathering:
             run = self._runs.get(loop)
             now = time.perf_counter()
-            if run is None or now - run.started >= self._direct_run or now < run.contended_until:
+            if run is not None and now < run.contended_until:
+                direct = False  # what _uncontended would answer, without a coroutine per commit
+            elif run is None or now - run.started >= self._direct_run:
                 direct = await self._uncontended(loop, now)
             else:
                 direct = True
@@ -147,7 +151,7 @@ class Committer:
                         return result
                 finally:
                     self._lock.release()
-        return await self._submit(payload, batch, committed_at, None)  # type: ignore[no-any-return]
+        return await self._submit(payload, batch, committed_at, None, loop)  # type: ignore[no-any-return]
 
     async def _uncontended(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
         """Whether a commit may run directly on the caller's thread: one sequential committer
@@ -193,9 +197,11 @@ class Committer:
         batch: EncodedBatch | None,
         committed_at: int | None,
         work: Callable[[lmdb.Transaction], Any] | None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> asyncio.Future[Any]:
         self._env.check_process()
-        loop = asyncio.get_running_loop()
+        if loop is None:
+            loop = asyncio.get_running_loop()
         job = _Job(loop, payload, batch, committed_at, work)
         self._commits += 1
         with self._state:
@@ -267,6 +273,10 @@ class Committer:
             for job in jobs:
                 job.result, job.error = None, error
             return
+        except MapBusyError as error:  # the map cannot grow for now: alone, each would wait again
+            for job in jobs:
+                job.result, job.error = None, error
+            return
         except BaseException as error:
             if len(jobs) == 1:
                 jobs[0].result, jobs[0].error = None, error
@@ -288,6 +298,7 @@ class Committer:
         if stream is not None:
             stream.settle(txn, projector)
         records: list[tuple[int, bytes]] = []
+        seq: int | None = None  # the last sequence appended in this transaction
         for job in jobs:
             job.result = job.error = None
             if job.work is not None:
@@ -301,7 +312,7 @@ class Committer:
             except Exception as error:
                 job.error = error
                 continue
-            seq = self._log.append(txn, job.payload, job.committed_at)
+            seq = self._log.append(txn, job.payload, job.committed_at, seq)
             projector.apply(txn, seq, plan)
             job.result = (seq, plan.max_id)
             records.append((seq, job.payload))
