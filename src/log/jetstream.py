@@ -48,6 +48,8 @@ so that no earlier writer's conditional append can land after it. ``ids``: an id
 
 _STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 WRONG_LAST_SEQUENCE: Final = 10071
+DUPLICATE_IN_BATCH: Final = 10201
+"""An atomic batch holds a ``Nats-Msg-Id`` the stream already has (another writer's record)."""
 DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
 
@@ -407,10 +409,18 @@ class JetStreamLink:
             if refusal.get("err_code") == WRONG_LAST_SEQUENCE:
                 match = re.search(r"(\d+)\s*$", refusal.get("description", ""))
                 raise StreamMovedError(subject, expected, int(match.group(1)) if match else None)
+            if refusal.get("err_code") == DUPLICATE_IN_BATCH:
+                raise StreamMovedError(subject, expected, None)
             description = refusal.get("description", refusal)
             if refusal.get("code") == 503:
                 raise NatsUnavailableError(f"The stream could not take an append to {subject}: {description}")
             raise ReplicationError(f"The stream refused an append to {subject}: {description}")
+        if ack.get("duplicate"):
+            # The stream holds a message of this Nats-Msg-Id already (``<store>:<seq>``: another
+            # writer's record of this sequence) and answers with its sequence -- on a cluster
+            # before it checks Nats-Expected-Last-Subject-Sequence. This link never sends a
+            # message twice, so it is never ours: the subject moved.
+            raise StreamMovedError(subject, expected, None)
         return int(ack["seq"])
 
     async def read(

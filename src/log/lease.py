@@ -120,7 +120,7 @@ class WriterLease:
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise ReplicationError(f"The lease of store {self.store} in bucket {self.bucket} is unreadable ({error})") from None
 
-    async def acquire(self, least_epoch: int, take_over: bool, force: bool = False) -> int:
+    async def acquire(self, least_epoch: Any, take_over: bool, force: bool = False) -> int:
         """Take the lease with an epoch above ``least_epoch`` and every earlier lease's; returns it.
 
         Held by another: without ``take_over``, ``NotWriterError`` at once; with it, wait until
@@ -128,11 +128,16 @@ class WriterLease:
 
         deadline: float | None = None
         conflicts = 0
+        highest = 0  # the highest epoch of every lease seen while waiting
         while True:
             lease, revision = await self.current()
             mine = lease is not None and _same_place(lease.holder, self.holder)
+            if lease is not None:
+                highest = max(highest, lease.epoch)
             if lease is None or mine or force:
-                epoch = max(least_epoch, 0 if lease is None else lease.epoch) + 1
+                # the floor as it is now: writers may have come and gone while this one waited
+                floor = await least_epoch() if callable(least_epoch) else least_epoch
+                epoch = max(floor, highest) + 1
                 sent = time.monotonic()
                 try:
                     self.revision = await self._put(Lease(LEASE_FORMAT, epoch, self.holder, self.ttl), revision)

@@ -493,25 +493,27 @@ class LmdbStorage(StorageReads, Storage):
         if replicated:
             writer = StreamWriter(link, self._env, self.log, store, self._meta)
             lease = WriterLease(link, store, self.path, lease_ttl)
-            last = await link.arun(link.last(writer.subject, store))
             with self._env.read() as txn:
                 seen = read_position(txn, self._meta, link.stream).epoch
-            epoch = await link.arun(
-                lease.acquire(max(seen, 0 if last is None else last.epoch), bool(take_over), take_over == "force")
-            )
+
+            async def floor() -> int:  # on the link's loop, each time the lease is about to be taken
+                last = await link.last(writer.subject, store)
+                return max(seen, 0 if last is None else last.epoch)
+
+            epoch = await link.arun(lease.acquire(floor, bool(take_over), take_over == "force"))
             writer.lease, writer.epoch, writer.fence_pending = lease, epoch, True
             self._lease = lease
             self.replication = writer
             self._committer.replicate(writer)
+            lease.on_lost = self._deposed
+            lease.on_regained = writer.regained
+            lease.start_renewing()  # now: taking in a long stream must not let the lease lapse
             await self._committer.write(lambda txn: None)  # a group fences and settles before anything else
             self._raise_id_floor(writer.applier.max_id)
             if writer.position is not None and writer.position.ids_reserved:
                 with self._ids:  # blocks any earlier writer reserved are never handed out again
                     self._next_id = max(self._next_id, writer.position.ids_reserved)
                     self._reserved = max(self._reserved, writer.position.ids_reserved)
-            lease.on_lost = self._deposed
-            lease.on_regained = writer.regained
-            lease.start_renewing()
         else:
             shipper = self.replication = Shipper(link, self.log, store)
             shipper.start()

@@ -186,9 +186,24 @@ class StreamWriter:
                 )
             self.expected = last.stream_seq
             position = self._ship(txn, last.seq + 1, head, position)
+        if self.lease is not None and position.epoch > self.epoch:
+            raise self._fenced_out(position.epoch, "took in its fence")
         self.position = position
         self.settled = True
         self.last_error = None
+
+    def _fenced_out(self, epoch: int | None, how: str) -> NotWriterError:
+        """This writer's epoch is behind the subject's: depose it (the lease's ``on_lost``)."""
+
+        deposed = NotWriterError(
+            f"Store {self.store} is written by a writer of epoch {epoch} (this writer {how}); "
+            f"this writer (epoch {self.epoch}) takes no more commits",
+            self.store,
+            epoch,
+        )
+        if self.lease is not None:
+            self.lease.depose(deposed)
+        return deposed
 
     def _fence(self, txn: lmdb.Transaction) -> None:
         """Put this writer's fence on the subject: from it on, only this epoch's appends land."""
@@ -197,6 +212,11 @@ class StreamWriter:
         for _ in range(20):
             last = self.link.run(self.link.last(self.subject, self.store))
             head = 0 if last is None else last.seq
+            if last is not None and last.epoch >= self.epoch:
+                if last.kind == "fence" and last.epoch == self.epoch and last.control.holder == self.lease.holder:
+                    self.fence_pending = False  # our own fence, whose answer was lost
+                    return
+                raise self._fenced_out(last.epoch, "found its message on the subject before fencing")
             self.lease.check()
             fence = (control_headers(self.store, "fence", self.epoch, head), encode_control(Fence(self.epoch, self.lease.holder)))
             try:
