@@ -492,6 +492,12 @@ class JetStreamLink:
             except Exception:
                 pass
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the connected server takes (0: not connected)."""
+
+        return int(getattr(self._nc, "max_payload", 0) or 0) if self._nc is not None else 0
+
     async def disconnect(self) -> None:
         """Close the connection and end every task left on the link's loop (consumers' own)."""
 

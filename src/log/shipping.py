@@ -92,6 +92,9 @@ class Shipper:
                     f"record {last.seq} differs from this store's own record {last.seq} (the histories forked): shipping stopped",
                 )
         self.shipped_seq, self.expected = last.seq, last.stream_seq
+        # Ship under the epoch of the writer before (a replicated one fenced the subject with it):
+        # a record of an older epoch after that fence is refused by every replica.
+        self.epoch = max(self.epoch, last.epoch)
 
     def status(self) -> dict[str, Any]:
         head = self.log.head()

@@ -306,6 +306,8 @@ class Committer:
                 continue
             assert job.batch is not None and job.payload is not None
             try:
+                if stream is not None:
+                    stream.check_size(job.payload)
                 plan = projector.prepare(txn, job.batch)  # reads only: a rejection leaves nothing
             except lmdb.Error:
                 raise

@@ -106,11 +106,11 @@ class StreamApplier:
                 control = message.control
                 if message.kind == "ids":
                     position.ids_reserved = max(position.ids_reserved, control.upto)  # type: ignore[union-attr]
-            position = StreamPosition(
+            position = StreamPosition(  # records up to message.seq are the stream's (controls name it too)
                 POSITION_FORMAT,
                 self.stream,
                 message.stream_seq,
-                head,
+                message.seq,
                 max(position.epoch, message.epoch),
                 position.ids_reserved,
             )
@@ -175,9 +175,9 @@ class StreamWriter:
             position = self._ship(txn, 1, head, position)
         elif last.seq > head or last.stream_seq > position.stream_seq:
             position = self._take_in(txn, projector, position, last.stream_seq)
+            self.expected = position.stream_seq
             if position.seq < head:  # the stream lacks records this store wrote alone
                 position = self._ship(txn, position.seq + 1, head, position)
-            self.expected = position.stream_seq
         else:
             if last.kind == "record" and self.log.record(txn, last.seq) != last.data:
                 raise ForeignMessageError(
@@ -271,6 +271,16 @@ class StreamWriter:
         """The lease lapsed and was taken again: fence with the new epoch before the next group."""
 
         self.epoch, self.fence_pending, self.settled = epoch, True, False
+
+    def check_size(self, payload: bytes) -> None:
+        """Refuse, before it is appended, a batch whose record the server could not take."""
+
+        limit = self.link.max_payload
+        if limit and len(payload) + 1024 > limit:
+            raise ReplicationError(
+                f"A batch of {len(payload)} bytes is too big for the stream: the NATS server takes "
+                f"messages of at most {limit} bytes (max_payload); nothing was committed"
+            )
 
     def publish_ids(self, txn: lmdb.Transaction, upto: int) -> None:
         """Put an id block reservation on the subject (in ``txn``, which also keeps it locally):
