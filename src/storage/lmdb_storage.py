@@ -399,10 +399,11 @@ class LmdbStorage(StorageReads, Storage):
         link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
         local = "process" if durability == "replicated" else durability
         try:
-            env = Environment(path, readonly=readonly, durability=local, map_size=map_size, store_id=store)
+            storage = cls._build(
+                link, progress, projections, verify_checksums,
+                path=path, readonly=readonly, durability=local, map_size=map_size, store_id=store,
+            )
         except StoreDamagedError as error:
-            if link is not None:
-                link.close()
             if durability != "replicated":
                 raise
             raise StoreDamagedError(
@@ -412,17 +413,6 @@ class LmdbStorage(StorageReads, Storage):
                 f"(`durable-log restore --nats ... --stream {stream} --store ID NEWPATH`, ID as "
                 "`durable-log stats` showed it) and open that, or take over from a replica",
             ) from None
-        except BaseException:
-            if link is not None:
-                link.close()
-            raise
-        try:
-            storage = cls(env, progress, projections, verify_checksums)
-        except BaseException:
-            env.close()
-            if link is not None:
-                link.close()
-            raise
         if link is not None:
             try:
                 await storage._link_to(link, replicas, durability == "replicated", take_over, lease_ttl)
@@ -451,17 +441,10 @@ class LmdbStorage(StorageReads, Storage):
         (``NotWriterError``). ``await replica.wait(seq)`` waits until it holds record ``seq``."""
 
         link = JetStreamLink(nats, stream)
-        try:
-            env = Environment(path, durability=durability, map_size=map_size, store_id=store)
-        except BaseException:
-            link.close()
-            raise
-        try:
-            storage = cls(env, progress, projections, verify_checksums)
-        except BaseException:
-            env.close()
-            link.close()
-            raise
+        storage = cls._build(
+            link, progress, projections, verify_checksums,
+            path=path, durability=durability, map_size=map_size, store_id=store,
+        )
         storage._link = link
         try:
             link.run(link.connect())
@@ -473,6 +456,31 @@ class LmdbStorage(StorageReads, Storage):
         follower.start()
         storage.projections.kick()
         return storage
+
+    @classmethod
+    def _build(
+        cls,
+        link: JetStreamLink | None,
+        progress: Callable[[int, int], None] | None,
+        projections: Sequence[Projection],
+        verify_checksums: bool,
+        **env_options: Any,
+    ) -> LmdbStorage:
+        """The environment and the store on it; if either fails, nothing is left open (nor the link)."""
+
+        try:
+            env = Environment(**env_options)
+        except BaseException:
+            if link is not None:
+                link.close()
+            raise
+        try:
+            return cls(env, progress, projections, verify_checksums)
+        except BaseException:
+            env.close()
+            if link is not None:
+                link.close()
+            raise
 
     async def _link_to(
         self,
