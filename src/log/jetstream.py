@@ -19,7 +19,6 @@ import json
 import re
 import secrets
 import threading
-import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any, Final, Literal, NamedTuple, TypeVar
 
@@ -574,6 +573,3 @@ def _covers(pattern: str, subject: str) -> bool:
             return False
     return len(parts) == len(tokens)
 
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000

@@ -38,7 +38,6 @@ class Follower:
         self.last_error: str | None = None
         self.stream_seq = 0
         self.pending = 0
-        self.applied_at = 0.0
         self.transactions = 0
         """LMDB transactions that took messages in (a replica behind takes big chunks)."""
         self._task: Any = None
@@ -125,7 +124,6 @@ class Follower:
             )
 
     def _applied(self) -> None:
-        self.applied_at = time.time()
         storage = self.storage
         storage._raise_id_floor(self.applier.max_id)
         storage.log.committed()

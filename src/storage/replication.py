@@ -20,7 +20,6 @@ written locally before), and refuses to go on if the two histories differ.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -139,7 +138,6 @@ class StreamWriter:
         """A new lease's fence goes to the subject before anything else."""
         self.position: StreamPosition | None = None
         self.acked_seq = 0
-        self.acked_at = 0.0
         self.last_error: str | None = None
 
     # ── settling ────────────────────────────────────────────────────────────
@@ -213,7 +211,7 @@ class StreamWriter:
             last = self.link.run(self.link.last(self.subject, self.store))
             head = 0 if last is None else last.seq
             if last is not None and last.epoch >= self.epoch:
-                if last.kind == "fence" and last.epoch == self.epoch and last.control.holder == self.lease.holder:
+                if last.kind == "fence" and last.epoch == self.epoch and getattr(last.control, "holder", None) == self.lease.holder:
                     self.fence_pending = False  # our own fence, whose answer was lost
                     return
                 raise self._fenced_out(last.epoch, "found its message on the subject before fencing")
@@ -339,7 +337,7 @@ class StreamWriter:
             raise
         self.expected = last
         self.in_doubt = True
-        self.acked_seq, self.acked_at = head, time.time()
+        self.acked_seq = head
         position = read_position(txn, self.meta, self.link.stream)
         position = StreamPosition(
             POSITION_FORMAT, self.link.stream, last, head, max(position.epoch, self.epoch), max(position.ids_reserved, ids)
