@@ -130,7 +130,7 @@ class WriterLease:
         conflicts = 0
         highest = 0  # the highest epoch of every lease seen while waiting
         while True:
-            lease, revision = await self.current()
+            lease, revision = await self._answered(self.current)
             mine = lease is not None and _same_place(lease.holder, self.holder)
             if lease is not None:
                 highest = max(highest, lease.epoch)
@@ -140,7 +140,7 @@ class WriterLease:
                 epoch = max(floor, highest) + 1
                 sent = time.monotonic()
                 try:
-                    self.revision = await self._put(Lease(LEASE_FORMAT, epoch, self.holder, self.ttl), revision)
+                    self.revision = await self._answered(self._put, Lease(LEASE_FORMAT, epoch, self.holder, self.ttl), revision)
                 except _Conflict:
                     conflicts += 1
                     if conflicts > 50:
@@ -163,6 +163,20 @@ class WriterLease:
                     self.store, lease.epoch,
                 )
             await asyncio.sleep(0.05)
+
+    async def _answered(self, request: Any, *args: Any) -> Any:
+        """``await request(*args)``, asked again while NATS does not answer, for up to the link's
+        timeout: a bucket just made (or a stream electing a leader) has no responder yet. A
+        retried CAS is safe: if the first went through, the second conflicts and is looked at."""
+
+        deadline = time.monotonic() + self.link.timeout
+        while True:
+            try:
+                return await request(*args)
+            except NatsUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.1)
 
     async def _put(self, lease: Lease, revision: int) -> int:
         import nats.js.errors
