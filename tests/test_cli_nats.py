@@ -274,7 +274,36 @@ def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str]) -> 
     assert "--nats needs --stream" in refused("tail", "--nats", nats.url)
     assert "give --nats" in refused("tail", path, "--store", store)
     assert "needs a store's PATH" in refused("tail")
-    assert ok("tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody") == ""  # nothing of it yet
+    for options in ([], ["--json"], ["--from", "1"], ["--limit", "3"], ["--conversation", "1"]):
+        nothing = refused("tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody", *options)
+        assert f"stream {STREAM} holds nothing of store nobody (subject {STREAM}.nobody.log)" in nothing
+
+
+def test_tail_of_a_store_not_on_the_stream_yet_waits_with_follow(nats: NatsNode, tmp_path: Path) -> None:
+    store = "feedfacecafe0021"
+    follower = subprocess.Popen(
+        [*DURABLE_LOG, "tail", "--nats", nats.url, "--stream", STREAM, "--store", store, "--follow", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines, errors = _lines(follower), _lines(follower, stderr=True)
+    try:
+        assert "waiting for its first commit" in _readline(errors, 20)
+
+        async def write() -> None:
+            storage = await LmdbStorage.open(tmp_path / "late", durability="replicated", nats=nats.url, stream=STREAM, store=store)
+            try:
+                await storage.commit(BATCHES[0], CTX, committed_at=T0)
+            finally:
+                await storage.close()
+
+        asyncio.run(write())
+        assert json.loads(_readline(lines, 20))["seq"] == 1
+        follower.send_signal(signal.SIGTERM)
+        assert follower.wait(20) == 0
+    finally:
+        _end(follower)
 
 
 # ── the replica command ───────────────────────────────────────────────────────
@@ -343,17 +372,19 @@ def _fails_with_damage(*args: object) -> str:
     return done.stderr
 
 
-def _lines(process: subprocess.Popen[str]) -> Any:
-    """A queue the process's stdout lines arrive in (read by a thread: no buffering surprises)."""
+def _lines(process: subprocess.Popen[str], stderr: bool = False) -> Any:
+    """A queue the process's stdout (or stderr) lines arrive in (read by a thread: no buffering
+    surprises, and a line that never comes is a timeout, not a hang)."""
 
     import queue
     import threading
 
     lines: queue.Queue[str] = queue.Queue()
+    stream = process.stderr if stderr else process.stdout
 
     def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
+        assert stream is not None
+        for line in stream:
             lines.put(line)
 
     threading.Thread(target=read, daemon=True).start()
