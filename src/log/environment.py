@@ -177,7 +177,7 @@ class Environment:
             self._dbs[key] = db
         return db
 
-    def drop_dbs(self, txn: lmdb.Transaction, names: list[str]) -> None:
+    def drop_dbs(self, txn: lmdb.Transaction[bytes], names: list[str]) -> None:
         """Delete named databases inside ``txn``. Their handles are opened in it too: LMDB closes
         a dropped handle at once, even if the transaction then aborts and is run again."""
 
@@ -196,7 +196,7 @@ class Environment:
         with self.read() as txn:
             return txn.get(name.encode()) is not None
 
-    def read(self) -> lmdb.Transaction:
+    def read(self) -> lmdb.Transaction[bytes]:
         """A short read transaction, used as ``with env.read() as txn:`` (leaving ends it);
         adopts a map grown by the writer in another process.
 
@@ -220,7 +220,7 @@ class Environment:
             held.pop()
         return self._read_slow()
 
-    def _read_slow(self) -> lmdb.Transaction:
+    def _read_slow(self) -> lmdb.Transaction[bytes]:
         """``read()`` while the map changes, or after another process grew it."""
 
         while True:
@@ -249,7 +249,7 @@ class Environment:
             with gate.changed:
                 gate.changed.wait_for(lambda: not gate.growing, REMAP_DRAIN)
 
-    def write(self, work: Callable[[lmdb.Transaction], T]) -> T:
+    def write(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         """Run ``work`` in one write transaction and commit it, growing the map when it is full.
 
         ``work`` is run again from the start after a growth, so it must change nothing outside
@@ -298,7 +298,7 @@ class Environment:
                 "nothing was written, free some space and commit again",
             ) from error
 
-    def grow(self, full: int | None = None, txn: lmdb.Transaction | None = None) -> None:
+    def grow(self, full: int | None = None, txn: lmdb.Transaction[bytes] | None = None) -> None:
         """Double the map; ``full`` is the size a write found full (if another thread grew it
         meanwhile, there is nothing to do). Called outside any transaction, or by ``write`` with
         ``txn``, its write transaction that found the map full (still counted in ``held``),
@@ -308,7 +308,7 @@ class Environment:
             self._enter()
         self._remap(2, full, txn)
 
-    def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction | None) -> None:
+    def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction[bytes] | None) -> None:
         """Change the memory map: ``factor`` 2 doubles it, 0 adopts the size another process
         grew it to. ``mdb_env_set_mapsize`` must not run while any transaction of this process
         is open (LMDB does not check; py-lmdb invalidates them, or older versions crash), and

@@ -449,7 +449,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
         env.close()
 
 
-def _stored_position(txn: lmdb.Transaction, env: Environment) -> Any:
+def _stored_position(txn: lmdb.Transaction[bytes], env: Environment) -> Any:
     import msgspec
 
     from ..log.jetstream import ReplicationError
@@ -707,7 +707,7 @@ def _fold_into(scratch: Environment, projector: Projector, commits: list[Commit]
 
 
 def _compare(
-    live_txn: lmdb.Transaction, live: ReadModel, scratch: ReadModel, report: VerifyReport, limit: int
+    live_txn: lmdb.Transaction[bytes], live: ReadModel, scratch: ReadModel, report: VerifyReport, limit: int
 ) -> None:
     def found(name: str, key: bytes, detail: str) -> None:
         if len(report.differences) < limit:

@@ -74,7 +74,7 @@ class _Job:
         payload: bytes | None,
         batch: EncodedBatch | None,
         committed_at: int | None,
-        work: Callable[[lmdb.Transaction], Any] | None,
+        work: Callable[[lmdb.Transaction[bytes]], Any] | None,
     ) -> None:
         self.loop = loop
         self.future: asyncio.Future[Any] = loop.create_future()
@@ -175,7 +175,7 @@ class Committer:
         return True
 
     def _commit_one(
-        self, txn: lmdb.Transaction, payload: bytes, batch: EncodedBatch, committed_at: int | None
+        self, txn: lmdb.Transaction[bytes], payload: bytes, batch: EncodedBatch, committed_at: int | None
     ) -> tuple[int, int]:
         """A direct commit's transaction: check, append, fold."""
 
@@ -185,7 +185,7 @@ class Committer:
         projector.apply(txn, seq, plan)
         return seq, plan.max_id
 
-    async def write(self, work: Callable[[lmdb.Transaction], Any]) -> Any:
+    async def write(self, work: Callable[[lmdb.Transaction[bytes]], Any]) -> Any:
         """Run ``work(txn)`` in a group's transaction (durable writes that are not log records,
         such as the id reservation); it must change nothing outside the transaction."""
 
@@ -196,7 +196,7 @@ class Committer:
         payload: bytes | None,
         batch: EncodedBatch | None,
         committed_at: int | None,
-        work: Callable[[lmdb.Transaction], Any] | None,
+        work: Callable[[lmdb.Transaction[bytes]], Any] | None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> asyncio.Future[Any]:
         self._env.check_process()
@@ -289,7 +289,7 @@ class Committer:
             except BaseException as error:
                 job.result, job.error = None, error
 
-    def _group(self, txn: lmdb.Transaction, jobs: list[_Job], stream: StreamWriter | None = None) -> None:
+    def _group(self, txn: lmdb.Transaction[bytes], jobs: list[_Job], stream: StreamWriter | None = None) -> None:
         """Check, append and fold each batch in order, inside ``txn`` (run again from the start
         after a map growth, so outcomes are set afresh); with a ``stream``, settle first and
         publish before the transaction commits."""

@@ -682,7 +682,7 @@ class LmdbStorage(StorageReads, Storage):
         finally:
             txn.abort()
 
-    def _follow(self, txn: lmdb.Transaction) -> lmdb.Transaction:
+    def _follow(self, txn: lmdb.Transaction[bytes]) -> lmdb.Transaction[bytes]:
         """``txn``, or a newer one, served by the generation its snapshot names: a rebuild by the
         writer (another process, or another handle in this one) swaps generations."""
 
@@ -733,7 +733,7 @@ class StorageView(StorageReads):
 
 
 
-def _reserve(txn: lmdb.Transaction, meta: lmdb._Database, wanted: int, stream: StreamWriter | None = None) -> int:
+def _reserve(txn: lmdb.Transaction[bytes], meta: lmdb._Database, wanted: int, stream: StreamWriter | None = None) -> int:
     """Raise the durable id reservation to ``wanted`` (never lower it); returns it. A replicated
     writer puts it on the stream too, so a writer after a failover mints above it."""
 
