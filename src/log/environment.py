@@ -36,6 +36,7 @@ import lmdb
 import msgspec
 
 from .errors import (
+    DurabilityConflictError,
     ForkedEnvironmentError,
     StoreClosedError,
     StoreDamagedError,
@@ -137,6 +138,7 @@ class Environment:
         try:
             if not readonly:
                 _refuse_after_crash(self.path)
+                _refuse_shared_conflict(self.path, durability)  # before the marker: a refused open leaves none
                 if durability == "process":
                     _mark_unsynced(self.path)
                 if not os.path.exists(os.path.join(self.path, "data.mdb")):
@@ -656,11 +658,14 @@ class _Gate:
 
 
 class _SharedEnv:
-    """py-lmdb allows one environment per directory per process; handles share it."""
+    """py-lmdb allows one environment per directory per process; handles share it. Its sync mode
+    is fixed when it opens (py-lmdb cannot change ``MDB_NOSYNC`` later), so ``durability`` is the
+    only durability a writer sharing it can be given."""
 
-    def __init__(self, env: lmdb.Environment, readonly: bool) -> None:
+    def __init__(self, env: lmdb.Environment, readonly: bool, durability: Durability) -> None:
         self.env = env
         self.readonly = readonly
+        self.durability = durability
         self.users = 0
         self.dbs: dict[bytes, lmdb._Database] = {}
         self.gate = _Gate()
@@ -758,11 +763,24 @@ def _acquire(path: str, readonly: bool, durability: Durability, map_size: int) -
             max_spare_txns=4,
         )
         env.reader_check()
-        shared = _open_envs[real] = _SharedEnv(env, readonly)
-    elif shared.readonly and not readonly:
-        raise WriterLockedError(path, " read-only by this process; close those readers first")
+        shared = _open_envs[real] = _SharedEnv(env, readonly, durability)
+    elif not readonly:
+        _refuse_shared_conflict(path, durability)
     shared.users += 1
     return shared
+
+
+def _refuse_shared_conflict(path: str, durability: Durability) -> None:
+    """A writer cannot share an environment this process opened read-only, or for another
+    durability (its sync mode is fixed when it opens)."""
+
+    shared = _open_envs.get(os.path.realpath(path))
+    if shared is None:
+        return
+    if shared.readonly:
+        raise WriterLockedError(path, " read-only by this process; close those readers first")
+    if shared.durability != durability:
+        raise DurabilityConflictError(path, durability, shared.durability)
 
 
 def _release(shared: _SharedEnv) -> None:
