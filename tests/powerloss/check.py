@@ -8,8 +8,8 @@ Per state, in this order:
 
 1. ``verify`` on the state as the power cut left it (read-only; nothing has touched it);
 2. a read-only ``LmdbStorage.open``: the log holds sequences 1..head; each acknowledged one the
-   job lists holds exactly the acknowledged batch, every other one is the batch being committed
-   at the cut (whole, never partial), the ``required`` ones are all there, and every entry of
+   job lists holds exactly the acknowledged batch, every other one is a batch being committed
+   at the cut or whose caller was cancelled (whole, never partial, at most once), the ``required`` ones are all there, and every entry of
    an acknowledged batch reads back through ``storage.entry`` with its sequence;
 3. a writer open (with the user projection): it must open as it is, no repair; ``mint_id()``
    returns an id above every id handed out before the cut and every stored id; a new commit gets
@@ -54,7 +54,9 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
     path = job["dir"]
     acked: dict[int, str] = {int(seq): batch for seq, batch in job["acked"].items()}
     required: list[int] = job["required"]
-    pending: str | None = job["pending"]
+    maybe: dict[str, int] = {}  # batches in flight or cancelled at the cut: each may be there once, whole
+    for batch in job["maybe"]:
+        maybe[batch] = maybe.get(batch, 0) + 1
     minted_max: int = job["minted_max"]
     problems: list[str] = []
     result: dict[str, Any] = {"id": job["id"], "problems": problems}
@@ -80,7 +82,6 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
                 seqs = [seq for seq, _ in _all_rows(reader)]
                 if seqs != list(range(1, head + 1)):
                     problems.append(f"LOG: sequences are not 1..{head}: {seqs[:5]}...{seqs[-5:]}")
-                pending_seq = max(acked, default=0) + 1
                 for seq in seqs:
                     found = canonical([write_to_builtins(write) for write in reader.log.get(seq).writes])  # type: ignore[union-attr]
                     if seq in acked:
@@ -92,8 +93,9 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
                                 got = await reader.entry(write["value"]["id"])
                                 if got is None or got["commitSeq"] != seq or canonical(got["entry"]) != canonical(write["value"]):
                                     problems.append(f"READ: entry {write['value']['id']} of sequence {seq} reads back as {str(got)[:150]}")
-                    elif seq == pending_seq and found == pending:
-                        result["adopted"] = seq  # committed whole, cut before it was acknowledged
+                    elif maybe.get(found, 0) > 0:
+                        maybe[found] -= 1
+                        result.setdefault("adopted", []).append(seq)  # committed whole, not acknowledged
                     else:
                         problems.append(f"UNEXPECTED: sequence {seq} holds a batch not committed as sequence {seq}: {found[:150]}")
             finally:

@@ -83,20 +83,21 @@ def expectations(events: list[Event], point: int, mode: str) -> dict[str, Any]:
     """What the recording says a state cut at ``point`` must hold."""
 
     acked: dict[int, str] = {}
-    intent: str | None = None
+    intents: dict[str, str] = {}  # caller tag -> its batch, until acknowledged ("" for one caller)
     minted_max = 0
     ack_at: dict[int, int] = {}
     created = False
     for index, line in marks(events, point):
         word, _, rest = line.partition(" ")
+        word, _, tag = word.partition("@")
         if line == "phase opened":
             created = True
         elif word == "intent":
-            intent = rest
+            intents[tag] = rest
         elif word == "ack":
-            acked[int(rest)] = intent or ""
+            acked[int(rest)] = intents.pop(tag, "")
             ack_at[int(rest)] = index
-            intent = None
+        # a cancelled caller's intent stays possible: its batch may have entered the log
         elif word == "mint":
             minted_max = max(minted_max, int(rest))
     if mode == "power":
@@ -115,7 +116,7 @@ def expectations(events: list[Event], point: int, mode: str) -> dict[str, Any]:
     return {
         "acked": {str(seq): batch for seq, batch in acked.items()},
         "required": required,
-        "pending": intent,
+        "maybe": sorted(intents.values()),
         "minted_max": minted_max,
         "created": created,
     }
@@ -168,6 +169,8 @@ def explore(
     recorder: str,
     *,
     batches: int = 30,
+    workload: str = "single",
+    drop: str = "",
     only: StateId | None = None,
     keep: str | None = None,
     say: Callable[[str], None] = print,
@@ -185,7 +188,7 @@ def explore(
             if deadline is not None and time.monotonic() > deadline:
                 say(f"power_loss: stopping at the time limit after {summary.states} states")
                 break
-            recording = record(recorder, mode, recording_seed, batches, os.path.join(workdir, "rec"))
+            recording = record(recorder, mode, recording_seed, batches, os.path.join(workdir, "rec"), workload=workload, drop=drop)
             summary.recordings += 1
             summary.events += len(recording.events)
             rng = random.Random(f"{mode}:{recording_seed}")
@@ -291,7 +294,8 @@ def _check_batch(
             say(f"FAIL {mode} state {state_id}: {detail}")
             for problem in problems[:6]:
                 say(f"    {problem}")
-            say(f"    reproduce: python tools/power_loss.py --mode {mode} --state {state_id} --batches {recording.batches}")
+            extra = f" --workload {recording.workload}" if recording.workload != "single" else ""
+            say(f"    reproduce: python tools/power_loss.py --mode {mode} --state {state_id} --batches {recording.batches}{extra}")
             if keep:
                 target = os.path.join(keep, f"{mode}-{str(state_id).replace(':', '-')}")
                 shutil.rmtree(target, ignore_errors=True)
