@@ -35,8 +35,10 @@ def main() -> int:
     parser.add_argument("--states", type=int, default=500, help="distinct crash states to check")
     parser.add_argument("--seed", type=int, default=1, help="first recording's seed (later ones count up)")
     parser.add_argument("--batches", type=int, default=30, help="batches each recorded writer commits")
-    parser.add_argument("--workload", choices=["single", "group"], default="single",
-                        help="single: one committer; group: concurrent callers (group commit), some cancelled")
+    parser.add_argument("--workload", choices=["single", "group", "import", "restore", "backup", "backup-plain"], default="single",
+                        help="single: one committer; group: concurrent callers (group commit), some cancelled; "
+                        "import, restore (a real nats-server), backup (--compact), backup-plain: the durable-log "
+                        "command building NEWPATH (the mode is then the source's, not the command's)")
     parser.add_argument("--drop", default="", help="planted faults: the recorder leaves these syncs out "
                         "(KIND:PATH-SUFFIX,...; KIND fsync, fdatasync, dirsync or dsync); a sound workload must then fail")
     parser.add_argument("--state", help="check one state again: RECORDING_SEED:POINT:VARIANT:SEED")

@@ -40,7 +40,63 @@ def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:300]}"
 
 
+async def check_command_state(job: dict[str, Any]) -> dict[str, Any]:
+    """A state cut while a command (import, restore, backup) built NEWPATH (``DIR/new``): NEWPATH
+    is absent (allowed only before the command returned) or the complete store: the source's
+    export exactly, its store id, ``verify`` clean, a writer opens it and commits the next
+    sequence. Never a partial store, whether or not it would open."""
+
+    from pi_durable_lmdb.storage import LmdbStorage
+    from pi_durable_lmdb.storage.audit import verify
+
+    from tests.powerloss.writer import export_digest
+
+    expect: dict[str, Any] | None = job["expect"]  # None: cut before the command started
+    target = os.path.join(job["dir"], "new")
+    problems: list[str] = []
+    result: dict[str, Any] = {"id": job["id"], "problems": problems}
+    result["partials"] = sorted(name for name in os.listdir(job["dir"]) if name != "new")
+    if not os.path.lexists(target):
+        if job["done"]:
+            problems.append("LOST: the command returned, NEWPATH is absent")
+        result["outcome"] = "failed" if problems else "absent"
+        return result
+    held = sorted(os.listdir(target)) if os.path.isdir(target) else None
+    result["held"] = held
+    if expect is None:
+        problems.append(f"UNEXPECTED: NEWPATH exists ({held}) before the command started")
+        result["outcome"] = "failed"
+        return result
+    try:
+        digest = export_digest(target)
+        if digest != expect["digest"]:
+            problems.append(f"PARTIAL: NEWPATH holds a log other than the source's (export digest {digest}); files {held}")
+    except BaseException as error:  # noqa: BLE001 - every failure is a finding
+        problems.append(f"PARTIAL: NEWPATH exists ({held}) but its log does not read: {_error(error)}")
+    if not problems:
+        try:
+            difference = verify(target)
+            if difference is not None:
+                problems.append(f"VERIFY: {difference}")
+            storage = await LmdbStorage.open(target)
+            try:
+                if expect["store"] != "-" and storage.store_id != expect["store"]:
+                    problems.append(f"STORE ID: NEWPATH is store {storage.store_id}, the source {expect['store']}")
+                minted = await storage.mint_id()
+                seq = await storage.commit([{"type": "conversation", "value": {"id": minted}}], CTX)
+                if seq != expect["head"] + 1:
+                    problems.append(f"SEQUENCE: a new commit got {seq}, the source's head is {expect['head']}")
+            finally:
+                await storage.close()
+        except BaseException as error:  # noqa: BLE001
+            problems.append(f"OPEN/COMMIT raised {_error(error)}")
+    result["outcome"] = "failed" if problems else "complete"
+    return result
+
+
 async def check_state(job: dict[str, Any]) -> dict[str, Any]:
+    if job["workload"] in ("import", "restore", "backup", "backup-plain"):
+        return await check_command_state(job)
     from pi_durable_lmdb.log import write_to_builtins
     from pi_durable_lmdb.storage import LmdbStorage
     from pi_durable_lmdb.storage.audit import verify

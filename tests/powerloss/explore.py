@@ -41,6 +41,8 @@ CHECKER = HERE / "check.py"
 UNSYNCED_FILE = "process.unsynced"
 EARLIER_BOOT = b"00000000-0000-0000-0000-000000000000\n"
 BATCH = 40
+COMMANDS = ("import", "restore", "backup", "backup-plain")
+"""Workloads that record a durable-log command building a new store (writer.py)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class Summary:
     seconds: float = 0.0
 
 
-def expectations(events: list[Event], point: int, mode: str) -> dict[str, Any]:
+def expectations(events: list[Event], point: int, mode: str, workload: str = "single") -> dict[str, Any]:
     """What the recording says a state cut at ``point`` must hold."""
 
     acked: dict[int, str] = {}
@@ -87,6 +89,8 @@ def expectations(events: list[Event], point: int, mode: str) -> dict[str, Any]:
     minted_max = 0
     ack_at: dict[int, int] = {}
     created = False
+    expect: dict[str, Any] | None = None  # a command workload: what a complete NEWPATH holds
+    done = False
     for index, line in marks(events, point):
         word, _, rest = line.partition(" ")
         word, _, tag = word.partition("@")
@@ -100,6 +104,11 @@ def expectations(events: list[Event], point: int, mode: str) -> dict[str, Any]:
         # a cancelled caller's intent stays possible: its batch may have entered the log
         elif word == "mint":
             minted_max = max(minted_max, int(rest))
+        elif word == "expect":
+            digest, head, store = rest.split()
+            expect = {"digest": digest, "head": int(head), "store": store}
+        elif word == "done":
+            done = True
     if mode == "power":
         required = sorted(acked)
     else:  # acknowledged before the data file's last completed sync
@@ -119,23 +128,31 @@ def expectations(events: list[Event], point: int, mode: str) -> dict[str, Any]:
         "maybe": sorted(intents.values()),
         "minted_max": minted_max,
         "created": created,
+        "expect": expect,
+        "done": done,
+        "workload": workload,
     }
 
 
 def materialize(state: CrashState, directory: str) -> None:
-    """Write the state's files, then reboot: an ``process.unsynced`` file now names an earlier boot."""
+    """Write the state's files, then reboot: every ``process.unsynced`` file (the store's, or one
+    inside a store a command was building) now names an earlier boot."""
 
     state.write(directory)
-    marker = os.path.join(directory, UNSYNCED_FILE)
-    if os.path.exists(marker):
-        with open(marker, "wb") as file:
-            file.write(EARLIER_BOOT)
+    for name in state.files:
+        if os.path.basename(name) == UNSYNCED_FILE:
+            with open(os.path.join(directory, name), "wb") as file:
+                file.write(EARLIER_BOOT)
 
 
 def judge(mode: str, state: CrashState, expected: dict[str, Any], result: dict[str, Any]) -> list[str]:
     """The problems of one checked state under what ``mode`` promises."""
 
     problems = list(result.get("problems", []))
+    if expected["workload"] in COMMANDS:  # a command building NEWPATH: the checker judged it all
+        if result.get("outcome") is None:
+            problems.append("CHECKER DIED on this state (a crash inside LMDB, or a timeout)")
+        return problems
     if not expected["created"]:
         # cut inside the store's first open (nothing acknowledged yet): readers and verify may
         # refuse the half-made store or call it incomplete; the writer must open it and finish it
@@ -203,7 +220,8 @@ def explore(
                 if summary.states + len(pending) >= states:
                     break
                 state = crash_state(recording.events, candidate.point, candidate.variant, candidate.seed)
-                digest = state.digest() + json.dumps(expectations(recording.events, candidate.point, mode)["required"])
+                expected = expectations(recording.events, candidate.point, mode, workload)
+                digest = state.digest() + json.dumps([expected["required"], expected["done"]])
                 if digest in seen and only is None:
                     summary.duplicates += 1
                     continue
@@ -239,7 +257,7 @@ def _check_batch(
     for number, (state_id, state) in enumerate(batch):
         directory = os.path.join(states_dir, str(number))
         materialize(state, directory)
-        job = {"id": str(state_id), "dir": directory, **expectations(recording.events, state_id.point, mode)}
+        job = {"id": str(state_id), "dir": directory, **expectations(recording.events, state_id.point, mode, recording.workload)}
         jobs.append(job)
         by_id[str(state_id)] = (state_id, state, directory)
     results: dict[str, dict[str, Any]] = {}
@@ -273,9 +291,11 @@ def _check_batch(
         result = results.get(str(state_id), {"outcome": None, "problems": []})
         summary.states += 1
         summary.by_variant[state_id.variant] = summary.by_variant.get(state_id.variant, 0) + 1
-        problems = judge(mode, state, expectations(recording.events, state_id.point, mode), result)
+        problems = judge(mode, state, expectations(recording.events, state_id.point, mode, recording.workload), result)
         if problems:
             outcome = "failed"
+        elif result.get("outcome") in ("absent", "complete"):
+            outcome = str(result["outcome"])  # a command's NEWPATH: not there yet, or whole
         elif result.get("outcome") == "refused":
             outcome = "refused"
         elif result.get("problems"):

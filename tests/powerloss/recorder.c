@@ -15,7 +15,8 @@
  *              rules; a matching call still runs but is left out of the recording, so the crash
  *              states are those of a program that never made it. KIND is fsync, fdatasync (of a
  *              file), dirsync (fsync/fdatasync of a directory) or dsync (an O_DSYNC/O_SYNC write,
- *              recorded as a plain one); SUFFIX must end the absolute path ("" matches every path).
+ *              recorded as a plain one); SUFFIX must end the absolute path ("" matches every path;
+ *              "*TEXT" matches every path that contains TEXT).
  *
  * The libc functions are interposed (py-lmdb's bundled LMDB calls open, pwrite, writev, lseek,
  * fdatasync, fsync, msync and ftruncate through the dynamic linker). Each recorded call runs under
@@ -88,7 +89,9 @@ static int dropped(const char *kind, const char *path) {
     size_t length = strlen(path);
     for (int i = 0; i < drop_count; i++) {
         size_t tail = strlen(drops[i].suffix);
-        if (strcmp(drops[i].kind, kind) == 0 && tail <= length && strcmp(path + length - tail, drops[i].suffix) == 0)
+        if (strcmp(drops[i].kind, kind) != 0) continue;
+        if (drops[i].suffix[0] == '*' ? strstr(path, drops[i].suffix + 1) != NULL
+                                      : tail <= length && strcmp(path + length - tail, drops[i].suffix) == 0)
             return 1;
     }
     return 0;

@@ -313,6 +313,84 @@ async def run_group(args: argparse.Namespace) -> None:
     marks.say("phase closed")
 
 
+COMMANDS = ("import", "restore", "backup", "backup-plain")
+
+
+def export_digest(path: str) -> str:
+    """What a store's log holds, commit times included: the digest of its export."""
+
+    import hashlib
+
+    from pi_durable_lmdb.storage.audit import export_lines
+
+    digest = hashlib.blake2b(digest_size=16)
+    for line in export_lines(path):
+        digest.update(line.encode() + b"\n")
+    return digest.hexdigest()
+
+
+def run_command(args: argparse.Namespace) -> None:
+    """Record one ``durable-log`` command building ``STORE/new`` from a source made outside STORE."""
+
+    import shutil
+
+    from pi_durable_lmdb.storage import LmdbStorage
+    from pi_durable_lmdb.storage.audit import export_lines
+    from pi_durable_lmdb.storage.cli import main as durable_log
+
+    root = os.path.abspath(args.store)
+    outside = root + "-outside"
+    shutil.rmtree(outside, ignore_errors=True)
+    os.makedirs(outside)
+    os.makedirs(root, exist_ok=True)
+    marks = Marks(args.marks)
+    source = os.path.join(outside, "source")
+    server = None
+    try:
+        options: dict[str, Any] = {}
+        if args.workload == "restore":
+            from tests.natsserver import NatsNode
+
+            server = NatsNode(os.path.join(outside, "nats")).start()
+            options = {"durability": "replicated", "nats": server.url, "stream": "POWERLOSS"}
+
+        async def make_source() -> str:
+            storage = await LmdbStorage.open(source, **options)
+            try:
+                work = Workload(storage, Marks(os.devnull), random.Random(args.seed))
+                for _ in range(args.batches):
+                    await work.commit(await work.batch())
+                return str(storage.store_id)
+            finally:
+                await storage.close()
+
+        store_id = asyncio.run(make_source())
+        target = os.path.join(root, "new")
+        if args.workload == "import":
+            export = os.path.join(outside, "export.jsonl")
+            with open(export, "w", encoding="utf-8") as file:
+                for line in export_lines(source):
+                    file.write(line + "\n")
+            argv = ["import", export, target]
+        elif args.workload == "restore":
+            assert server is not None
+            argv = ["restore", "--nats", server.url, "--stream", "POWERLOSS", "--store", store_id, target]
+        else:
+            argv = ["backup", source, target] + (["--compact"] if args.workload == "backup" else [])
+        head = len(list(export_lines(source)))
+        kept_id = "-" if args.workload == "import" else store_id  # an import makes a new store id
+        marks.say(f"expect {export_digest(source)} {head} {kept_id}")
+        marks.say("phase command")
+        code = durable_log(argv)
+        marks.say(f"done {code}")
+        if code != 0:
+            raise SystemExit(f"durable-log {' '.join(argv)} exited {code}")
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(outside, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("store")
@@ -321,9 +399,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batches", type=int, default=30)
     parser.add_argument("--reopen-every", type=int, default=8, help="close and reopen the store every N batches")
-    parser.add_argument("--workload", choices=["single", "group"], default="single")
+    parser.add_argument("--workload", choices=["single", "group", *COMMANDS], default="single")
     args = parser.parse_args()
-    asyncio.run(run_group(args) if args.workload == "group" else run(args))
+    if args.workload in COMMANDS:
+        run_command(args)
+    else:
+        asyncio.run(run_group(args) if args.workload == "group" else run(args))
 
 
 if __name__ == "__main__":
