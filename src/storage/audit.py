@@ -872,6 +872,7 @@ def backup(path: str | os.PathLike[str], dest: str | os.PathLike[str], compact: 
         env.copy(building, compact=compact)
         data = os.path.join(building, "data.mdb")
         _fsync(data)
+        _fsync(building)  # data.mdb's name: without it a cut after the rename can leave DEST empty
         os.rename(building, target)
         _fsync(parent)
     except BaseException:
