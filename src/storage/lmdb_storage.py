@@ -9,6 +9,7 @@ caller's thread. One store may be used from several threads and event loops at o
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 import threading
@@ -327,8 +328,9 @@ class LmdbStorage(StorageReads, Storage):
         self._model = open_core(env, self.log, progress, verify_checksums)
         self._projector = Projector(self._model)
         self.projections = UserProjections(env, self.log, projections)
-        self._committer = Committer(env, self.log, self._projector)
+        self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
         self._ids = threading.Lock()
         self._registry = env.db(REGISTRY_DB)
         self._core: bytes | None = None
@@ -540,6 +542,15 @@ class LmdbStorage(StorageReads, Storage):
         elif self.log.head() < seq:
             raise ValueError(f"The store at {self.path} has no record {seq} (its head is {self.log.head()})")
 
+    def _after_commit(self, max_id: int) -> None:
+        """The committer's ``on_commit``: every id a committed transaction holds (its batches',
+        and another writer's records a replicated group took in) is never minted again."""
+
+        self._raise_id_floor(max_id)
+        writer = self.replication
+        if isinstance(writer, StreamWriter):
+            self._raise_id_floor(writer.applier.max_id)
+
     def _raise_id_floor(self, max_id: int) -> None:
         if max_id >= self._next_id:
             with self._ids:
@@ -589,12 +600,11 @@ class LmdbStorage(StorageReads, Storage):
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
-        seq, max_id = await self._committer.commit(payload, batch, committed_at)
-        if not self._closed:  # a close waiting for this commit stops the projection worker
-            self.projections.kick()
-        self._raise_id_floor(max_id)
-        if isinstance(self.replication, StreamWriter):
-            self._raise_id_floor(self.replication.applier.max_id)
+        try:
+            seq, _ = await self._committer.commit(payload, batch, committed_at)
+        finally:  # a cancelled caller's batch may still commit: user projections fold it too
+            if not self._closed:  # a close waiting for this commit stops the projection worker
+                self.projections.kick()
         return Seq(seq)
 
     async def mint_id(self) -> int:
@@ -646,11 +656,19 @@ class LmdbStorage(StorageReads, Storage):
 
     async def close(self, context: Context | None = None) -> None:
         """Wait for the commits in flight, sync and release the store; every later call is
-        refused. Reads never span an await, so none is in flight here."""
+        refused. Reads never span an await, so none is in flight here.
 
-        if self._closed:
-            return
-        self._closed = True
+        The closing runs as a task of its own: a caller cancelled while it waits (``wait_for``
+        timing out) does not leave the store half closed, and a later ``close()`` waits for
+        the same closing to finish."""
+
+        closing = self._closing
+        if closing is None or (not closing.done() and closing.get_loop().is_closed()):
+            self._closed = True  # (each step of _close may run again: a closing whose loop died)
+            closing = self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(closing)
+
+    async def _close(self) -> None:
         if isinstance(self.replication, (Follower, Shipper)):
             self.replication.stop()
         await self._committer.close()
