@@ -16,6 +16,9 @@ Durability modes:
     (holding the boot id, made durable before LMDB writes anything) until it has synced and closed;
     any open that finds one from an earlier boot refuses with ``StoreDamagedError``
     (tests/powerloss: docs/reliability.md, "Power loss").
+``"replicated"``
+    Locally as ``"process"``: a NATS JetStream stream is the durable copy (``storage.replication``
+    publishes a commit's records before its LMDB transaction commits).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ from .errors import (
 
 T = TypeVar("T")
 
-Durability = Literal["power", "process"]
+Durability = Literal["power", "process", "replicated"]
+"""The one durability type of the package (see the module docstring); only ``"power"`` syncs."""
 
 STORE_FORMAT: Final = 1
 DEFAULT_MAP_SIZE: Final = 1 << 30
@@ -116,8 +120,8 @@ class Environment:
     ) -> None:
         if store_id is not None:
             check_store_id(store_id)
-        if durability not in ("power", "process"):
-            raise ValueError(f"durability must be 'power' or 'process', not {durability!r}")
+        if durability not in ("power", "process", "replicated"):
+            raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
         self.path = os.path.abspath(os.fspath(path))
         self._closed = False
         self.readonly = readonly
@@ -139,7 +143,7 @@ class Environment:
             if not readonly:
                 _refuse_after_crash(self.path)
                 _refuse_shared_conflict(self.path, durability)  # before the marker: a refused open leaves none
-                if durability == "process":
+                if durability != "power":
                     _mark_unsynced(self.path)
                 if not os.path.exists(os.path.join(self.path, "data.mdb")):
                     _create_data_file(self.path, map_size)
@@ -779,7 +783,7 @@ def _refuse_shared_conflict(path: str, durability: Durability) -> None:
         return
     if shared.readonly:
         raise WriterLockedError(path, " read-only by this process; close those readers first")
-    if shared.durability != durability:
+    if (shared.durability == "power") != (durability == "power"):
         raise DurabilityConflictError(path, durability, shared.durability)
 
 

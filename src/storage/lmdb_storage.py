@@ -47,7 +47,7 @@ from pi_durable.types import (
     TaskRecord,
 )
 
-from ..log import Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
+from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE, UNSYNCED_FILE
 from ..log.jetstream import JetStreamLink
 from ..log.lease import DEFAULT_LEASE_TTL, WriterLease
@@ -73,12 +73,6 @@ _RESERVED_KEY: Final = b"ids.reserved"
 _U64 = struct.Struct(">Q")
 _TASK_FILTERS: Final = ("conversationId", "kind", "abortRequested", "background")
 
-Durability = Literal["power", "process", "replicated"]
-"""``power``/``process``: local durability (``log.environment``); ``replicated``: a commit
-returns once a NATS JetStream stream holds it (``storage.replication``). The stream is then the
-durable copy: locally the commit is in the page cache, as in ``process`` (it survives the process,
-and the writer takes in from the stream whatever its store lacks); after an OS crash the local
-store is refused and restored from the stream."""
 
 
 class StorageReads:
@@ -399,11 +393,10 @@ class LmdbStorage(StorageReads, Storage):
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
         link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
-        local = "process" if durability == "replicated" else durability
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
-                path=path, readonly=readonly, durability=local, map_size=map_size, store_id=store,
+                path=path, readonly=readonly, durability=durability, map_size=map_size, store_id=store,
             )
         except StoreDamagedError as error:
             if durability != "replicated":
