@@ -24,7 +24,15 @@ from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 import msgspec
 
-from .errors import CorruptRecordError, LogError
+from ..errors import (
+    ForeignMessageError,
+    NatsUnavailableError,
+    OutcomeUnknownError,
+    ReplicationError,
+    StreamMissingError,
+    StreamMovedError,
+)
+from .errors import CorruptRecordError
 from .records import Commit, decode_record
 
 T = TypeVar("T")
@@ -52,44 +60,6 @@ DUPLICATE_IN_BATCH: Final = 10201
 DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
 
-
-class ReplicationError(LogError):
-    """Base of the errors of the stream link."""
-
-
-class NatsUnavailableError(ReplicationError):
-    """No NATS server answered in time (unreachable, or the stream has no quorum)."""
-
-
-class StreamMissingError(ReplicationError):
-    """The named stream does not exist, or does not carry the store's subject."""
-
-
-class StreamMovedError(ReplicationError):
-    """A conditional append was refused: the subject holds messages this writer has not seen
-    (another writer appended, or fenced it)."""
-
-    def __init__(self, subject: str, expected: int, found: int | None) -> None:
-        where = "unknown" if found is None else str(found)
-        super().__init__(
-            f"The stream refused an append to {subject}: this writer expected its last message at "
-            f"stream sequence {expected}, the stream has it at {where} (another writer appended or "
-            "fenced this one)"
-        )
-        self.subject, self.expected, self.found = subject, expected, found
-
-
-class ForeignMessageError(ReplicationError):
-    """A message on a store's subject is not a valid record of that store; nothing of it is applied."""
-
-    def __init__(self, stream: str, stream_seq: int, reason: str) -> None:
-        super().__init__(f"Message {stream_seq} of stream {stream} is refused: {reason}; nothing of it was applied")
-        self.stream, self.stream_seq, self.reason = stream, stream_seq, reason
-
-
-class OutcomeUnknownError(NatsUnavailableError):
-    """A publish got no answer: the records may or may not be in the stream. The writer finds out
-    from the stream before it appends anything else."""
 
 
 class Fence(msgspec.Struct, tag="fence", forbid_unknown_fields=True):

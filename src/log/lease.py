@@ -23,8 +23,9 @@ from typing import Any, Final
 
 import msgspec
 
-from .jetstream import JetStreamLink, NatsUnavailableError, ReplicationError, subject_of
-from .replication import NotWriterError
+from ..errors import NatsUnavailableError, NotWriterError, ReplicationError
+from ..errors import LeaseLapsedError
+from .jetstream import JetStreamLink, subject_of
 
 LEASE_FORMAT: Final = 1
 DEFAULT_LEASE_TTL: Final = 5
@@ -136,7 +137,7 @@ class WriterLease:
                 highest = max(highest, lease.epoch)
             if lease is None or mine or force:
                 # the floor as it is now: writers may have come and gone while this one waited
-                floor = await least_epoch() if callable(least_epoch) else least_epoch
+                floor: int = await least_epoch() if callable(least_epoch) else least_epoch
                 epoch = max(floor, highest) + 1
                 sent = time.monotonic()
                 try:
@@ -325,10 +326,6 @@ class WriterLease:
             "lost": None if self.lost is None else str(self.lost),
         }
 
-
-class LeaseLapsedError(NotWriterError):
-    """The lease ran out before this writer renewed it; unless another writer takes it, this one
-    takes it again (a new epoch) and goes on."""
 
 
 class _Conflict(Exception):

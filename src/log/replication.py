@@ -11,7 +11,8 @@ from typing import Final
 import lmdb
 import msgspec
 
-from .jetstream import ReplicationError
+from ..errors import NotWriterError as NotWriterError  # re-exported: imported from here by users
+from ..errors import ReplicationError
 
 POSITION_FORMAT: Final = 1
 POSITION_KEY: Final = b"replication.position"
@@ -64,10 +65,3 @@ def stored_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database) -> Strea
     return None if raw is None else _position_decoder.decode(raw)
 
 
-class NotWriterError(ReplicationError, PermissionError):
-    """This store does not take commits: it is a replica, or a writer that was deposed (another
-    took the store's lease, or its stream moved on without it)."""
-
-    def __init__(self, message: str, store: str | None = None, epoch: int | None = None) -> None:
-        super().__init__(message)
-        self.store, self.epoch = store, epoch

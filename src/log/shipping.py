@@ -15,13 +15,8 @@ import asyncio
 import time
 from typing import Any, Final
 
-from .jetstream import (
-    ForeignMessageError,
-    JetStreamLink,
-    ReplicationError,
-    record_headers,
-    subject_of,
-)
+from ..errors import ForeignMessageError, ReplicationError
+from .jetstream import JetStreamLink, record_headers, subject_of
 from .writelog import WriteLog
 
 SHIP_BATCH: Final = 256

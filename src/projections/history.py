@@ -12,7 +12,7 @@ nothing at all to open a view.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+
 
 import lmdb
 

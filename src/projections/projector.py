@@ -329,7 +329,9 @@ class Projector:
             if not action.retire:
                 rows.put(t.DOCUMENT_CURRENT, address, key)
         else:
-            record = codec.decode(rows.get(t.DOCUMENTS, key))
+            stored = rows.get(t.DOCUMENTS, key)
+            assert stored is not None, "prepare checked that the document exists"
+            record = codec.decode(stored)
             if action.retire:
                 record["retiredAt"] = seq
                 address = address_key(record)
@@ -472,10 +474,12 @@ _task_status_decoder: Final = codec.decoder(_TaskStatus)
 
 
 def _task_status(raw: bytes) -> str:
+    status: str
     try:
-        return _task_status_decoder.decode(raw).state.status
+        status = _task_status_decoder.decode(raw).state.status
     except (msgspec.ValidationError, RecursionError):  # escaped objects (odd keys), deep values
-        return codec.decode(raw)["state"]["status"]  # type: ignore[no-any-return]
+        status = codec.decode(raw)["state"]["status"]
+    return status
 
 
 def _is_plain_delta(action: DocumentAction) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import lmdb
 
+from ..errors import ProjectionsBehind
 from ..log import Environment, WriteLog
 
 from . import tables as t
@@ -26,9 +27,6 @@ FOLD_CHUNK = 2048
 
 Progress = Callable[[int, int], None]
 
-
-class ProjectionsBehind(RuntimeError):
-    """A read-only open found projections that only a writer can bring up to date."""
 
 
 def read_header(env: Environment) -> t.CoreHeader | None:
@@ -88,8 +86,8 @@ def open_core(
             )
         return model
     if header is None:
-        header = t.CoreHeader(0, t.SCHEMA_VERSION)
-        env.write(lambda txn: _put_header(txn, env, header))
+        header = fresh = t.CoreHeader(0, t.SCHEMA_VERSION)
+        env.write(lambda txn: _put_header(txn, env, fresh))
     if header.schema_version != t.SCHEMA_VERSION or header.building is not None:
         rebuild(env, log, progress)
         header = read_header(env)

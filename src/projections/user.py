@@ -17,6 +17,7 @@ from typing import ClassVar, Final
 import lmdb
 import msgspec
 
+from ..errors import ProjectionFailed
 from ..log import Commit, Environment, StoreClosedError, WriteLog
 
 from .rebuild import REGISTRY_DB, FOLD_CHUNK
@@ -61,11 +62,6 @@ class Projection:
 
         raise NotImplementedError
 
-
-class ProjectionFailed(RuntimeError):
-    def __init__(self, name: str, seq: int, error: str) -> None:
-        super().__init__(f"Projection {name!r} stopped at log sequence {seq}: {error}")
-        self.name, self.seq, self.error = name, seq, error
 
 
 class _FoldFailed(Exception):

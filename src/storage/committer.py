@@ -46,8 +46,8 @@ from typing import Any, Final
 
 import lmdb
 
-from ..log import EncodedBatch, Environment, MapBusyError, StoreClosedError, WriteLog
-from ..log.jetstream import ReplicationError
+from ..errors import ReplicationError
+from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
 from ..projections import Projector
 from .replication import StreamWriter
 
@@ -72,7 +72,7 @@ class _Job:
         self,
         loop: asyncio.AbstractEventLoop,
         payload: bytes | None,
-        batch: EncodedBatch | None,
+        batch: list[Write] | None,
         committed_at: int | None,
         work: Callable[[lmdb.Transaction[bytes]], Any] | None,
     ) -> None:
@@ -138,7 +138,7 @@ class Committer:
 
     # ── callers ─────────────────────────────────────────────────────────────
 
-    async def commit(self, payload: bytes, batch: EncodedBatch, committed_at: int | None) -> tuple[int, int]:
+    async def commit(self, payload: bytes, batch: list[Write], committed_at: int | None) -> tuple[int, int]:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
         loop = asyncio.get_running_loop()
@@ -184,7 +184,7 @@ class Committer:
         return True
 
     def _commit_one(
-        self, txn: lmdb.Transaction[bytes], payload: bytes, batch: EncodedBatch, committed_at: int | None
+        self, txn: lmdb.Transaction[bytes], payload: bytes, batch: list[Write], committed_at: int | None
     ) -> tuple[int, int]:
         """A direct commit's transaction: check, append, fold."""
 
@@ -203,7 +203,7 @@ class Committer:
     def _submit(
         self,
         payload: bytes | None,
-        batch: EncodedBatch | None,
+        batch: list[Write] | None,
         committed_at: int | None,
         work: Callable[[lmdb.Transaction[bytes]], Any] | None,
         loop: asyncio.AbstractEventLoop | None = None,

@@ -47,11 +47,12 @@ from pi_durable.types import (
     TaskRecord,
 )
 
+from ..errors import NotWriterError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE, UNSYNCED_FILE
 from ..log.jetstream import JetStreamLink
 from ..log.lease import DEFAULT_LEASE_TTL, WriterLease
-from ..log.replication import NotWriterError, read_position
+from ..log.replication import read_position
 from ..log.shipping import Shipper
 from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
@@ -109,6 +110,8 @@ class StorageReads:
         with self._read() as txn:
             start = scan_start(query.get("order"), cursor, "ascending")
             descending = start.order == "descending"
+            index: str | None
+            owner: int | None
             if owner_task is not None:
                 index, owner = t.CONVERSATIONS_BY_OWNER_TASK, owner_task
             elif owner_conversation is not None:
@@ -117,7 +120,7 @@ class StorageReads:
                 index, owner = None, None
             if index is not None and as_key_id(owner) is None:
                 return {"items": []}
-            prefix = b"" if index is None else t.u64(owner)
+            prefix = b"" if index is None or owner is None else t.u64(owner)
             records = self._model.scan_table(txn, t.CONVERSATIONS, index, prefix, start.after, descending)
             keep = None
             if owner_conversation is not None:
@@ -148,7 +151,10 @@ class StorageReads:
             return await self._entry_through(id_or_conversation_id, id_or_context)
         id = _positive_id(id_or_conversation_id)
         row = self._lookup(ReadModel.entry_row, id)
-        return None if row is None else {"entry": row.record, "commitSeq": row.commit_seq}
+        if row is None:
+            return None
+        found: EntryLookup = {"entry": row.record, "commitSeq": Seq(row.commit_seq)}
+        return found
 
     async def _entry_through(self, conversation_id: Any, id: Any) -> EntryLookup | None:
         self._assert_open()
@@ -158,7 +164,10 @@ class StorageReads:
         id = _positive_id(id)
         with self._read() as txn:
             rows, _ = self._model.entry_page(txn, conversation_id, id, id, True, 1)
-            return {"entry": rows[0].record, "commitSeq": rows[0].commit_seq} if rows else None
+            if not rows:
+                return None
+            found: EntryLookup = {"entry": rows[0].record, "commitSeq": Seq(rows[0].commit_seq)}
+            return found
 
     async def find_latest_head_marker(
         self, conversation_id: ConversationId, at_or_before_entry_id: EntryId | None, context: Context
@@ -175,8 +184,8 @@ class StorageReads:
 
         with self._read() as txn:
             start = scan_start(query.get("order"), cursor, "descending")
-            min_entry_id = query.get("minEntryId")
-            max_entry_id = query.get("maxEntryId")
+            min_entry_id: int | None = query.get("minEntryId")
+            max_entry_id: int | None = query.get("maxEntryId")
             if start.after is not None and start.order == "descending":
                 bound = start.after if max_entry_id is None else max_entry_id
                 max_entry_id = min(bound, start.after - 1)
@@ -237,7 +246,7 @@ class StorageReads:
         by_status: str,
         status_keys: dict[str, bytes],
         filters: tuple[str, ...],
-    ) -> Any:
+    ) -> Page[Any, Cursor]:
         """Tasks or submissions in id order, through the status index when the query has one,
         filtered as the reference filters them."""
 
@@ -250,7 +259,7 @@ class StorageReads:
             keep = None
             if wanted:
                 keep = lambda record: all(record[name] == value for name, value in wanted)  # noqa: E731
-            return take_page(records, limit, start.order, keep)
+            return cast("Page[Any, Cursor]", take_page(records, limit, start.order, keep))
 
     async def submission_by_request(
         self, conversation_id: ConversationId, request_id: str, context: Context
@@ -283,7 +292,7 @@ class StorageReads:
         """One incarnation's value and version, materialized from its nearest base and deltas."""
 
         with self._read() as txn:
-            return self._model.materialize(txn, id, at)
+            return cast("StoredDocument | None", self._model.materialize(txn, id, at))
 
     async def scan_documents(
         self, query: DocumentQuery, limit: int, cursor: Cursor | None, context: Context

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ..log.jetstream import ForeignMessageError, JetStreamLink, ReplicationError, StreamMessage, subject_of
+from ..errors import ForeignMessageError, ReplicationError
+from ..log.jetstream import JetStreamLink, StreamMessage, subject_of
 from ..log.replication import read_position
 from .replication import StreamApplier
 

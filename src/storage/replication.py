@@ -25,23 +25,20 @@ from typing import Final
 
 import lmdb
 
+from ..errors import ForeignMessageError, NotWriterError, OutcomeUnknownError, ReplicationError, StreamMovedError
 from ..log import Environment, WriteLog, decode_record
 from ..log.jetstream import (
     Fence,
-    ForeignMessageError,
     IdReservation,
     JetStreamLink,
-    OutcomeUnknownError,
-    ReplicationError,
     StreamMessage,
-    StreamMovedError,
     control_headers,
     encode_control,
     record_headers,
     subject_of,
 )
 from ..log.lease import WriterLease
-from ..log.replication import POSITION_FORMAT, NotWriterError, StreamPosition, put_position, read_position
+from ..log.replication import POSITION_FORMAT, StreamPosition, put_position, read_position
 from ..projections import Projector
 
 SHIP_CHUNK: Final = 256
