@@ -25,6 +25,7 @@ from ..log import Commit, CorruptRecordError, Environment, WriteLog, key_seq, se
 from ..log.records import decode_record, decode_record_builtins
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
 from ..log.replication import stored_position
+from ..log.shipping import stopped_reason
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.rebuild import (
@@ -403,6 +404,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             state = projection_state(txn, model)
             position = _stored_position(txn, env)
         users = stored_statuses(env)
+        shipping_stopped = stopped_reason(env.path)
         return {
             "path": env.path,
             "storeId": env.store_id,
@@ -444,6 +446,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
                     }
                 }
             ),
+            **({} if shipping_stopped is None else {"shipping": {"stopped": True, "reason": shipping_stopped}}),
         }
     finally:
         env.close()
@@ -492,6 +495,8 @@ def format_stats(info: dict[str, Any]) -> str:
             f"replication      stream {replication['stream']}: log sequence {replication['seq']} at stream message "
             f"{replication['streamSeq']}, writer epoch {replication['epoch']}"
         )
+    if "shipping" in info:
+        lines.append(f"shipping         STOPPED: {info['shipping']['reason']}")
     if "lease" in info:
         lease = info["lease"]
         lines.append(

@@ -274,6 +274,13 @@ class Committer:
 
         stream = self.stream
         try:
+            self._attempt(jobs, stream)
+        finally:
+            if stream is not None:
+                stream.landed = frozenset()
+
+    def _attempt(self, jobs: list[_Job], stream: StreamWriter | None) -> None:
+        try:
             self._env.write(lambda txn: self._group(txn, jobs, stream))
             if stream is not None:
                 stream.committed()
@@ -320,11 +327,15 @@ class Committer:
         publish before the transaction commits."""
 
         projector = self.projector
+        landed: frozenset[int] = frozenset()
         if stream is not None:
             stream.settle(txn, projector)
+            landed = stream.landed
         records: list[tuple[int, bytes]] = []
         seq: int | None = None  # the last sequence appended in this transaction
         for job in jobs:
+            if landed and job.batch is not None and job.result is not None and job.result[0] in landed:
+                continue  # published by an earlier run of this group, taken in from the stream just now
             job.result = job.error = None
             if job.work is not None:
                 job.result = job.work(txn)

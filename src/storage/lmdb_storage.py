@@ -602,6 +602,8 @@ class LmdbStorage(StorageReads, Storage):
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
+        if isinstance(self.replication, Shipper):  # acknowledged means shippable, in every mode
+            self.replication.link.check_size(len(payload))
         try:
             seq, _ = await self._committer.commit(payload, batch, committed_at)
         finally:  # a cancelled caller's batch may still commit: user projections fold it too

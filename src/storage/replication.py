@@ -128,6 +128,13 @@ class StreamWriter:
         self.settled = False
         self.in_doubt = False
         """Records were published in a transaction that has not committed yet."""
+        self.in_doubt_seqs: list[int] = []
+        """The sequences of those records."""
+        self.landed: frozenset[int] = frozenset()
+        """Records of the group being run that the stream already holds: its transaction was
+        published, then failed to commit (a map growth), and the run again took them in from the
+        stream; the committer hands their callers the outcome of the first run instead of
+        appending them twice. Cleared when the group is done."""
         self.failure: NotWriterError | None = None
         self.lease: WriterLease | None = None
         """Held by a writer of a store on the stream: checked before every publish."""
@@ -145,13 +152,12 @@ class StreamWriter:
         if self.failure is not None:
             raise self.failure
         if self.in_doubt:
-            # A transaction whose records the stream took did not commit (it is being run again):
-            # its records come back from the stream, never published twice.
+            # A transaction whose records the stream took did not commit (a map growth runs it
+            # again, or its batches run alone): its records come back from the stream, never
+            # published twice, and their callers get the outcome they had (``landed``).
             self.in_doubt = self.settled = False
-            raise OutcomeUnknownError(
-                f"The stream holds records of store {self.store} that the local transaction failed to "
-                "commit; the store takes them in from the stream before its next commit"
-            )
+            self.landed = self.landed | frozenset(self.in_doubt_seqs)
+            self.in_doubt_seqs = []
         if self.settled:
             return
         if self.fence_pending:
@@ -270,12 +276,7 @@ class StreamWriter:
     def check_size(self, payload: bytes) -> None:
         """Refuse, before it is appended, a batch whose record the server could not take."""
 
-        limit = self.link.max_payload
-        if limit and len(payload) + 1024 > limit:
-            raise ReplicationError(
-                f"A batch of {len(payload)} bytes is too big for the stream: the NATS server takes "
-                f"messages of at most {limit} bytes (max_payload); nothing was committed"
-            )
+        self.link.check_size(len(payload))
 
     def publish_ids(self, txn: lmdb.Transaction[bytes], upto: int) -> None:
         """Put an id block reservation on the subject (in ``txn``, which also keeps it locally):
@@ -293,7 +294,9 @@ class StreamWriter:
             data = self.log.record(txn, seq)
             assert data is not None
             messages.append((record_headers(self.store, seq, self.epoch), data))
-        return self._send(txn, messages, seqs[-1])
+        position = self._send(txn, messages, seqs[-1])
+        self.in_doubt_seqs = list(seqs)
+        return position
 
     def _send(
         self, txn: lmdb.Transaction[bytes], messages: list[tuple[dict[str, str], bytes]], head: int, ids: int = 0
@@ -347,6 +350,7 @@ class StreamWriter:
         """The transaction holding the last publish committed."""
 
         self.in_doubt = False
+        self.in_doubt_seqs = []
 
     def _last_epoch(self) -> int | None:
         try:
