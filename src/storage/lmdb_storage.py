@@ -49,7 +49,8 @@ from pi_durable.types import (
 
 from ..errors import NotWriterError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
-from ..log.environment import DEFAULT_MAP_SIZE, UNSYNCED_FILE
+from ..log.environment import DEFAULT_MAP_SIZE
+from ..log.storedir import UNSYNCED_FILE
 from ..log.jetstream import JetStreamLink
 from ..log.lease import DEFAULT_LEASE_TTL, WriterLease
 from ..log.replication import read_position

@@ -21,6 +21,7 @@ from typing import Any, Final
 from pi_durable.context import BACKGROUND_CONTEXT
 
 from ..log.records import check_committed_at
+from ..log.storedir import sync_directory
 
 from .audit import plural
 from .jsonlines import from_json
@@ -120,11 +121,7 @@ async def new_store(
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    fd = os.open(parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives power loss
-    finally:
-        os.close(fd)
+    sync_directory(parent)  # the rename itself survives power loss
 
 
 def parse_batch(number: int, line: str) -> tuple[int, int, list[Any]]:
