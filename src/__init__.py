@@ -12,6 +12,7 @@ from typing import Any
 
 from .log import (
     CorruptRecordError,
+    DurabilityConflictError,
     ForkedEnvironmentError,
     LogError,
     MapBusyError,
@@ -54,6 +55,7 @@ async def open_lmdb_storage(path: str | os.PathLike[str], **options: Any) -> Lmd
 __all__ = [
     "CorruptProjectionError",
     "CorruptRecordError",
+    "DurabilityConflictError",
     "Durability",
     "ForeignMessageError",
     "ForkedEnvironmentError",

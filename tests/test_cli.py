@@ -304,7 +304,7 @@ BAD_LINES = [
     ('{"seq": "1", "committedAt": 5, "writes": []}', "'seq'"),
     ('[1, 2]', "not an object"),
     ('{"seq": 1, "committedAt": 5, "writes": [', "not JSON"),
-    ('{"seq": 1, "committedAt": 5, "writes": [{"type": "nonsense"}]}', "refused"),
+    ('{"seq": 2, "committedAt": 5, "writes": [{"type": "nonsense"}]}', "refused"),
 ]
 
 

@@ -1133,3 +1133,22 @@ async def test_nothing_is_written_through_a_symlink_out_of_the_store(tmp_path: P
     assert "Traceback" not in said, f"{how}: the CLI crashed instead of refusing:\n{said}"
     if said:  # refused: the message says which file
         assert name in said, said
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+async def test_an_index_row_whose_record_is_gone_is_named_not_a_type_error(tmp_path: Path, order: str) -> None:
+    """A scan through an index that points at a missing record reports the damage by table and key
+    (it used to fail with "'NoneType' object is not subscriptable")."""
+
+    path = tmp_path / "store"
+    storage = await seeded(path)
+    try:
+        query = {"status": "running", "order": order}
+        page = await storage.scan_tasks(query, 10, None, CTX)
+        assert page["items"], "the seed has a running task"
+        gone = page["items"][0]["id"]
+        storage._env.write(lambda txn: txn.delete(t.u64(gone), db=storage._model.db[t.TASKS]))
+        with pytest.raises(CorruptProjectionError, match=f"'tasks' holds a damaged value at key {t.u64(gone).hex()}"):
+            await storage.scan_tasks(query, 10, None, CTX)
+    finally:
+        await storage.close()

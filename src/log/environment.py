@@ -16,6 +16,9 @@ Durability modes:
     (holding the boot id, made durable before LMDB writes anything) until it has synced and closed;
     any open that finds one from an earlier boot refuses with ``StoreDamagedError``
     (tests/powerloss: docs/reliability.md, "Power loss").
+``"replicated"``
+    Locally as ``"process"``: a NATS JetStream stream is the durable copy (``storage.replication``
+    publishes a commit's records before its LMDB transaction commits).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import lmdb
 import msgspec
 
 from .errors import (
+    DurabilityConflictError,
     ForkedEnvironmentError,
     StoreClosedError,
     StoreDamagedError,
@@ -49,7 +53,8 @@ from .errors import (
 
 T = TypeVar("T")
 
-Durability = Literal["power", "process"]
+Durability = Literal["power", "process", "replicated"]
+"""The one durability type of the package (see the module docstring); only ``"power"`` syncs."""
 
 STORE_FORMAT: Final = 1
 DEFAULT_MAP_SIZE: Final = 1 << 30
@@ -115,8 +120,8 @@ class Environment:
     ) -> None:
         if store_id is not None:
             check_store_id(store_id)
-        if durability not in ("power", "process"):
-            raise ValueError(f"durability must be 'power' or 'process', not {durability!r}")
+        if durability not in ("power", "process", "replicated"):
+            raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
         self.path = os.path.abspath(os.fspath(path))
         self._closed = False
         self.readonly = readonly
@@ -137,7 +142,8 @@ class Environment:
         try:
             if not readonly:
                 _refuse_after_crash(self.path)
-                if durability == "process":
+                _refuse_shared_conflict(self.path, durability)  # before the marker: a refused open leaves none
+                if durability != "power":
                     _mark_unsynced(self.path)
                 if not os.path.exists(os.path.join(self.path, "data.mdb")):
                     _create_data_file(self.path, map_size)
@@ -177,7 +183,7 @@ class Environment:
             self._dbs[key] = db
         return db
 
-    def drop_dbs(self, txn: lmdb.Transaction, names: list[str]) -> None:
+    def drop_dbs(self, txn: lmdb.Transaction[bytes], names: list[str]) -> None:
         """Delete named databases inside ``txn``. Their handles are opened in it too: LMDB closes
         a dropped handle at once, even if the transaction then aborts and is run again."""
 
@@ -196,7 +202,7 @@ class Environment:
         with self.read() as txn:
             return txn.get(name.encode()) is not None
 
-    def read(self) -> lmdb.Transaction:
+    def read(self) -> lmdb.Transaction[bytes]:
         """A short read transaction, used as ``with env.read() as txn:`` (leaving ends it);
         adopts a map grown by the writer in another process.
 
@@ -220,7 +226,7 @@ class Environment:
             held.pop()
         return self._read_slow()
 
-    def _read_slow(self) -> lmdb.Transaction:
+    def _read_slow(self) -> lmdb.Transaction[bytes]:
         """``read()`` while the map changes, or after another process grew it."""
 
         while True:
@@ -249,7 +255,7 @@ class Environment:
             with gate.changed:
                 gate.changed.wait_for(lambda: not gate.growing, REMAP_DRAIN)
 
-    def write(self, work: Callable[[lmdb.Transaction], T]) -> T:
+    def write(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         """Run ``work`` in one write transaction and commit it, growing the map when it is full.
 
         ``work`` is run again from the start after a growth, so it must change nothing outside
@@ -298,7 +304,7 @@ class Environment:
                 "nothing was written, free some space and commit again",
             ) from error
 
-    def grow(self, full: int | None = None, txn: lmdb.Transaction | None = None) -> None:
+    def grow(self, full: int | None = None, txn: lmdb.Transaction[bytes] | None = None) -> None:
         """Double the map; ``full`` is the size a write found full (if another thread grew it
         meanwhile, there is nothing to do). Called outside any transaction, or by ``write`` with
         ``txn``, its write transaction that found the map full (still counted in ``held``),
@@ -308,7 +314,7 @@ class Environment:
             self._enter()
         self._remap(2, full, txn)
 
-    def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction | None) -> None:
+    def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction[bytes] | None) -> None:
         """Change the memory map: ``factor`` 2 doubles it, 0 adopts the size another process
         grew it to. ``mdb_env_set_mapsize`` must not run while any transaction of this process
         is open (LMDB does not check; py-lmdb invalidates them, or older versions crash), and
@@ -656,11 +662,14 @@ class _Gate:
 
 
 class _SharedEnv:
-    """py-lmdb allows one environment per directory per process; handles share it."""
+    """py-lmdb allows one environment per directory per process; handles share it. Its sync mode
+    is fixed when it opens (py-lmdb cannot change ``MDB_NOSYNC`` later), so ``durability`` is the
+    only durability a writer sharing it can be given."""
 
-    def __init__(self, env: lmdb.Environment, readonly: bool) -> None:
+    def __init__(self, env: lmdb.Environment, readonly: bool, durability: Durability) -> None:
         self.env = env
         self.readonly = readonly
+        self.durability = durability
         self.users = 0
         self.dbs: dict[bytes, lmdb._Database] = {}
         self.gate = _Gate()
@@ -758,11 +767,24 @@ def _acquire(path: str, readonly: bool, durability: Durability, map_size: int) -
             max_spare_txns=4,
         )
         env.reader_check()
-        shared = _open_envs[real] = _SharedEnv(env, readonly)
-    elif shared.readonly and not readonly:
-        raise WriterLockedError(path, " read-only by this process; close those readers first")
+        shared = _open_envs[real] = _SharedEnv(env, readonly, durability)
+    elif not readonly:
+        _refuse_shared_conflict(path, durability)
     shared.users += 1
     return shared
+
+
+def _refuse_shared_conflict(path: str, durability: Durability) -> None:
+    """A writer cannot share an environment this process opened read-only, or for another
+    durability (its sync mode is fixed when it opens)."""
+
+    shared = _open_envs.get(os.path.realpath(path))
+    if shared is None:
+        return
+    if shared.readonly:
+        raise WriterLockedError(path, " read-only by this process; close those readers first")
+    if (shared.durability == "power") != (durability == "power"):
+        raise DurabilityConflictError(path, durability, shared.durability)
 
 
 def _release(shared: _SharedEnv) -> None:

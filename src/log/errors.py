@@ -27,6 +27,26 @@ class WriterLockedError(LogError):
         self.path = path
 
 
+class DurabilityConflictError(LogError):
+    """A writer asked for a durability the store's environment in this process cannot give.
+
+    LMDB allows one environment per directory per process, and its sync mode is fixed when it
+    opens: a handle still open on the store (a read-only one left by an earlier writer, say)
+    keeps the sync mode that writer had. Close the store's other handles in this process first,
+    or open with the durability they share."""
+
+    def __init__(self, path: str, asked: str, shared: str) -> None:
+        super().__init__(
+            f"The store at {path} cannot be opened with durability={asked!r} here: this process "
+            f"still has it open (a read-only handle, or a replica) in an environment opened for "
+            f"durability={shared!r}, and LMDB fixes an environment's sync mode when it opens. "
+            f"Close its other handles in this process first, or open it with durability={shared!r}"
+        )
+        self.path = path
+        self.asked = asked
+        self.shared = shared
+
+
 class StoreFormatError(LogError):
     """The directory holds a store this version cannot read, or something that is not a store."""
 

@@ -36,7 +36,7 @@ _position_encoder: Final = msgspec.msgpack.Encoder()
 _position_decoder: Final = msgspec.msgpack.Decoder(StreamPosition)
 
 
-def read_position(txn: lmdb.Transaction, meta: lmdb._Database, stream: str) -> StreamPosition:
+def read_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database, stream: str) -> StreamPosition:
     """The position against ``stream``; a store never replicated (or to another stream) is at 0."""
 
     raw = txn.get(POSITION_KEY, db=meta)
@@ -53,11 +53,11 @@ def read_position(txn: lmdb.Transaction, meta: lmdb._Database, stream: str) -> S
     return position
 
 
-def put_position(txn: lmdb.Transaction, meta: lmdb._Database, position: StreamPosition) -> None:
+def put_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database, position: StreamPosition) -> None:
     txn.put(POSITION_KEY, _position_encoder.encode(position), db=meta)
 
 
-def stored_position(txn: lmdb.Transaction, meta: lmdb._Database) -> StreamPosition | None:
+def stored_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database) -> StreamPosition | None:
     """The position as stored, whatever its stream (``stats``)."""
 
     raw = txn.get(POSITION_KEY, db=meta)

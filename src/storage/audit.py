@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 from pi_durable.context import BACKGROUND_CONTEXT
 
-from ..log import Commit, Environment, WriteLog, key_seq, seq_key, write_to_builtins
+from ..log import Commit, CorruptRecordError, Environment, WriteLog, key_seq, seq_key, write_to_builtins
 from ..log.records import decode_record, decode_record_builtins
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
 from ..log.replication import stored_position
@@ -449,7 +449,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
         env.close()
 
 
-def _stored_position(txn: lmdb.Transaction, env: Environment) -> Any:
+def _stored_position(txn: lmdb.Transaction[bytes], env: Environment) -> Any:
     import msgspec
 
     from ..log.jetstream import ReplicationError
@@ -707,7 +707,7 @@ def _fold_into(scratch: Environment, projector: Projector, commits: list[Commit]
 
 
 def _compare(
-    live_txn: lmdb.Transaction, live: ReadModel, scratch: ReadModel, report: VerifyReport, limit: int
+    live_txn: lmdb.Transaction[bytes], live: ReadModel, scratch: ReadModel, report: VerifyReport, limit: int
 ) -> None:
     def found(name: str, key: bytes, detail: str) -> None:
         if len(report.differences) < limit:
@@ -776,7 +776,7 @@ def seq_at(log: WriteLog, ms: int) -> int:
 def _committed_at(log: WriteLog, seq: int) -> int:
     commit = log.get(seq)
     if commit is None:
-        raise LookupError(f"log sequence {seq} is missing between the first and the head")
+        raise CorruptRecordError(seq, "missing between the log's first record and its head")
     return commit.committed_at
 
 

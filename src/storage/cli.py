@@ -8,9 +8,10 @@ import collections
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Coroutine, Sequence
 from importlib import metadata
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import lmdb
 
@@ -19,7 +20,9 @@ from ..log.environment import check_store_id
 from ..log.errors import TruncatedStoreError
 from ..log.jetstream import ForeignMessageError
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
-from ..projections.errors import CorruptProjectionError
+from ..projections.errors import CorruptProjectionError, StorageRequestError
+from ..projections.rebuild import ProjectionsBehind
+from ..projections.user import ProjectionFailed
 from ..projections.tables import SCHEMA_VERSION
 
 from . import audit
@@ -44,6 +47,8 @@ exit status:
   2  the command could not run: bad arguments or ranges, no store at PATH, a
      store locked by another writer, nothing found by show, a malformed import,
      no NATS server answering, no such stream, nothing of the store on it
+  3  an unexpected error (a bug): its traceback is printed; please report it.
+     --debug (before the command) prints the traceback of any error
 
 times (--since, --until, --as-of) are ISO 8601, e.g. 2026-12-02T18:30:00Z or
 2026-12-02; without a zone they are UTC, as every time durable-log prints is.
@@ -65,6 +70,21 @@ examples:
 READ_ONLY: Final = "read-only: never blocks the writer and never creates a store"
 
 
+EXIT_BUG: Final = 3
+"""An unexpected error: a bug in durable-log or the engine. Its traceback is printed to stderr."""
+
+KNOWN_REFUSALS: Final = (
+    LogError,  # no store, a locked or damaged one, NATS unreachable, no stream, not the writer ...
+    OSError,  # a path that cannot be read or written
+    ValueError,  # a refused argument, range or import line (the engine's refusals of bad input)
+    StorageRequestError,
+    ProjectionFailed,
+    ProjectionsBehind,
+    lmdb.Error,
+)
+"""What the command could not do for a reason it names (exit 2). Anything else is a bug (exit 3)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -79,18 +99,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         lmdb.PageNotFoundError,
     ) as error:
         print(f"durable-log: damage: {error}", file=sys.stderr)
+        _debug(args)
         return EXIT_DAMAGE
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (``| head``): not an error
         return EXIT_OK
-    except (LogError, OSError, LookupError, RuntimeError, ValueError, lmdb.Error) as error:
+    except KNOWN_REFUSALS as error:
         print(f"durable-log: {_message(error)}", file=sys.stderr)
+        _debug(args)
         return EXIT_USAGE
+    except Exception:
+        print(
+            "durable-log: unexpected error (a bug in durable-log: please report it with this traceback):",
+            file=sys.stderr,
+        )
+        traceback.print_exc(file=sys.stderr)
+        return EXIT_BUG
+
+
+def _debug(args: argparse.Namespace) -> None:
+    """``--debug``: the traceback of a known refusal too, for a report."""
+
+    if getattr(args, "debug", False):
+        traceback.print_exc(file=sys.stderr)
 
 
 def _message(error: BaseException) -> str:
-    if isinstance(error, KeyError) and error.args:
-        return str(error.args[0])  # not repr'd in quotes
     return str(error) or type(error).__name__
 
 
@@ -153,6 +187,7 @@ class _Formatter(argparse.HelpFormatter):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="durable-log", description=__doc__, epilog=EPILOG, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of an unexpected one")
     commands = parser.add_subparsers(required=True, metavar="COMMAND", title="commands")
 
     def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
@@ -240,7 +275,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     store(show)
     show.add_argument("kind", choices=audit.SHOW_KINDS, metavar="KIND", help=f"one of: {', '.join(audit.SHOW_KINDS)}")
-    show.add_argument("id", type=_sequence, metavar="ID", help="the record's id")
+    show.add_argument("id", type=_integer, metavar="ID", help="the record's id")
     show.add_argument("--as-of", type=_point, metavar="SEQ|TIME", help="as the store was right after this log sequence, or at this time")
     show.set_defaults(run=_show)
 
@@ -280,6 +315,12 @@ def _parser() -> argparse.ArgumentParser:
     importer.add_argument("source", metavar="SOURCE", help="an export (a .jsonl file, or - for stdin), or with --from-pi-durable a SQLite file or JSONL directory")
     importer.add_argument("path", metavar="NEWPATH", help="the new store's directory (must not exist, or be empty)")
     importer.add_argument("--from-pi-durable", action="store_true", help="SOURCE is a pi-durable SQLite file or JSONL directory")
+    importer.add_argument(
+        "--renumber",
+        action="store_true",
+        help="import an export whose sequences do not run 1, 2, 3, ... (a partial export, or one that skips or "
+        "repeats a batch: refused without this), numbering its batches in line order; the report lists what changed",
+    )
     progress(importer)
     importer.set_defaults(run=_import)
 
@@ -427,20 +468,54 @@ def _tail(args: argparse.Namespace) -> int:
             raise _usage("--nats needs --stream: the JetStream stream that carries the logs")
         if args.store is not None:
             check_store_id(args.store)
-        return _run_until_signalled(_print_stream_tail(args, audit.TailFilter(args.conversation, types)))
+        return int(_run_until_signalled(_print_stream_tail(args, audit.TailFilter(args.conversation, types))))
     if args.path is None:
         raise _usage("tail needs a store's PATH, or --nats URL --stream S to read a NATS stream")
     if args.stream is not None or args.store is not None:
         raise _usage("--stream and --store name what to read from a NATS stream: give --nats URL (and no PATH)")
-    tail = audit.Tail(args.path, audit.TailFilter(args.conversation, types))
+    filter = audit.TailFilter(args.conversation, types)
+    if args.follow and not os.path.isfile(os.path.join(args.path, "data.mdb")):
+        waited = _run_until_signalled(_wait_for_store(args.path, filter), stopped=EXIT_OK)
+        if not isinstance(waited, audit.Tail):
+            return EXIT_OK  # stopped (Ctrl-C, SIGTERM) before the store appeared
+        tail = waited
+    else:
+        tail = audit.Tail(args.path, filter)
     try:
         first, last = audit.seq_range(tail.log, args.from_seq, None, args.since, args.until)
         limit = args.limit
         if limit is None and args.from_seq is None and args.since is None:
             limit = 10  # like tail: the last 10
-        return _run_until_signalled(_print_tail(tail, first, last, limit, args))
+        return int(_run_until_signalled(_print_tail(tail, first, last, limit, args)))
     finally:
         tail.close()
+
+
+STORE_WAIT_POLL: Final = 0.2
+"""Seconds between looks for a store that ``tail --follow`` waits for."""
+STORE_BIRTH_GRACE: Final = 10.0
+"""Seconds a just-created ``data.mdb`` may stay unreadable (its writer is still making it) before
+``tail --follow`` reports why it cannot be read."""
+
+
+async def _wait_for_store(path: str, filter: audit.TailFilter) -> audit.Tail:
+    """``tail -F`` for a store: wait until a host creates it (saying so once), then open it.
+    A store that appeared is given a moment to become readable: its writer may be making it."""
+
+    print(f"durable-log: no store at {os.path.abspath(path)} yet: waiting for one (Ctrl-C stops)", file=sys.stderr, flush=True)
+    loop = asyncio.get_running_loop()
+    appeared: float | None = None
+    while True:
+        try:
+            return audit.Tail(path, filter)
+        except FileNotFoundError:
+            pass
+        except (LogError, lmdb.Error):
+            if appeared is None:
+                appeared = loop.time()
+            if loop.time() - appeared > STORE_BIRTH_GRACE:
+                raise
+        await asyncio.sleep(STORE_WAIT_POLL)
 
 
 async def _print_tail(tail: audit.Tail, first: int, last: int, limit: int | None, args: argparse.Namespace) -> int:
@@ -500,6 +575,11 @@ async def _stream_tail_lines(tail: audit.StreamTail, args: argparse.Namespace) -
     else:
         async for text in tail.lines(**window):
             write(text + "\n")
+    if args.store is not None and tail.position == 0:  # not one message on the store's subject
+        nothing = f"stream {args.stream} holds nothing of store {args.store} (subject {tail.subject})"
+        if not args.follow:
+            raise _usage(nothing)
+        print(f"durable-log: {nothing} yet: waiting for its first commit (Ctrl-C stops)", file=sys.stderr, flush=True)
     if not args.follow:
         return EXIT_OK
     flush()
@@ -509,18 +589,21 @@ async def _stream_tail_lines(tail: audit.StreamTail, args: argparse.Namespace) -
     return EXIT_OK
 
 
-def _run_until_signalled(work: Any) -> int:
-    """Run ``work``; Ctrl-C and SIGTERM end it cleanly with status 0."""
+_T = TypeVar("_T")
 
-    async def runner() -> int:
+
+def _run_until_signalled(work: Coroutine[Any, Any, _T], stopped: _T | int = EXIT_OK) -> _T | int:
+    """Run ``work``; Ctrl-C and SIGTERM end it cleanly, answering ``stopped`` (status 0)."""
+
+    async def runner() -> _T | int:
         task = asyncio.ensure_future(work)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, task.cancel)
         try:
-            return await task  # type: ignore[no-any-return]
+            return await task
         except asyncio.CancelledError:
-            return EXIT_OK
+            return stopped
 
     return asyncio.run(runner())
 
@@ -543,7 +626,7 @@ def _restore(args: argparse.Namespace) -> int:
 
 def _replica(args: argparse.Namespace) -> int:
     check_store_id(args.store)
-    return _run_until_signalled(_keep_replica(args))
+    return int(_run_until_signalled(_keep_replica(args)))
 
 
 async def _keep_replica(args: argparse.Namespace) -> int:
@@ -590,7 +673,10 @@ def _show(args: argparse.Namespace) -> int:
     if args.as_of is not None:
         kind, value = args.as_of
         as_of, as_of_time = (value, None) if kind == "seq" else (None, value)
-    found, seq = asyncio.run(audit.show(args.path, args.kind, args.id, as_of, as_of_time))
+    try:
+        found, seq = asyncio.run(audit.show(args.path, args.kind, args.id, as_of, as_of_time))
+    except TypeError as error:  # the contract's own refusal of an id (entry 0: "0 is not a positive ID")
+        raise _usage(f"{args.kind} {args.id}: {error}") from None
     if found is None:
         when = "" if seq is None else f" as of log sequence {seq}"
         print(f"durable-log: no {args.kind} {args.id} in {os.path.abspath(args.path)}{when}", file=sys.stderr)
@@ -626,6 +712,14 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from . import migrate
 
+    if args.from_pi_durable and args.renumber:
+        raise _usage("--renumber is for an export; --from-pi-durable numbers what it reads itself")
+    if not args.from_pi_durable and os.path.isdir(args.source):
+        raise _usage(
+            f"{args.source} is a directory, not an export: read a pi-durable JSONL directory with "
+            "`durable-log import --from-pi-durable SOURCE NEWPATH`"
+        )
+
     async def run() -> migrate.ImportReport:
         if args.from_pi_durable:
             report = audit.Progress("import", None, _progress_on(args), unit="commits")
@@ -636,10 +730,10 @@ def _import(args: argparse.Namespace) -> int:
                 await source.close(None)
         if args.source == "-":
             report = audit.Progress("import", None, _progress_on(args), unit="commits")
-            return await migrate.import_export(sys.stdin, args.path, report)
+            return await migrate.import_export(sys.stdin.buffer, args.path, report, renumber=args.renumber)
         report = audit.Progress("import", _count_lines(args.source), _progress_on(args), unit="commits")
-        with open(args.source, encoding="utf-8", errors="surrogateescape") as lines:
-            return await migrate.import_export(lines, args.path, report)
+        with open(args.source, "rb") as lines:  # bytes: each line is decoded strictly, named if not UTF-8
+            return await migrate.import_export(lines, args.path, report, renumber=args.renumber)
 
     print(asyncio.run(run()))
     return EXIT_OK

@@ -9,6 +9,7 @@ caller's thread. One store may be used from several threads and event loops at o
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 import threading
@@ -46,7 +47,7 @@ from pi_durable.types import (
     TaskRecord,
 )
 
-from ..log import Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
+from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE, UNSYNCED_FILE
 from ..log.jetstream import JetStreamLink
 from ..log.lease import DEFAULT_LEASE_TTL, WriterLease
@@ -72,12 +73,6 @@ _RESERVED_KEY: Final = b"ids.reserved"
 _U64 = struct.Struct(">Q")
 _TASK_FILTERS: Final = ("conversationId", "kind", "abortRequested", "background")
 
-Durability = Literal["power", "process", "replicated"]
-"""``power``/``process``: local durability (``log.environment``); ``replicated``: a commit
-returns once a NATS JetStream stream holds it (``storage.replication``). The stream is then the
-durable copy: locally the commit is in the page cache, as in ``process`` (it survives the process,
-and the writer takes in from the stream whatever its store lacks); after an OS crash the local
-store is refused and restored from the stream."""
 
 
 class StorageReads:
@@ -327,8 +322,9 @@ class LmdbStorage(StorageReads, Storage):
         self._model = open_core(env, self.log, progress, verify_checksums)
         self._projector = Projector(self._model)
         self.projections = UserProjections(env, self.log, projections)
-        self._committer = Committer(env, self.log, self._projector)
+        self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
         self._ids = threading.Lock()
         self._registry = env.db(REGISTRY_DB)
         self._core: bytes | None = None
@@ -397,11 +393,10 @@ class LmdbStorage(StorageReads, Storage):
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
         link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
-        local = "process" if durability == "replicated" else durability
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
-                path=path, readonly=readonly, durability=local, map_size=map_size, store_id=store,
+                path=path, readonly=readonly, durability=durability, map_size=map_size, store_id=store,
             )
         except StoreDamagedError as error:
             if durability != "replicated":
@@ -540,6 +535,15 @@ class LmdbStorage(StorageReads, Storage):
         elif self.log.head() < seq:
             raise ValueError(f"The store at {self.path} has no record {seq} (its head is {self.log.head()})")
 
+    def _after_commit(self, max_id: int) -> None:
+        """The committer's ``on_commit``: every id a committed transaction holds (its batches',
+        and another writer's records a replicated group took in) is never minted again."""
+
+        self._raise_id_floor(max_id)
+        writer = self.replication
+        if isinstance(writer, StreamWriter):
+            self._raise_id_floor(writer.applier.max_id)
+
     def _raise_id_floor(self, max_id: int) -> None:
         if max_id >= self._next_id:
             with self._ids:
@@ -589,12 +593,11 @@ class LmdbStorage(StorageReads, Storage):
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
-        seq, max_id = await self._committer.commit(payload, batch, committed_at)
-        if not self._closed:  # a close waiting for this commit stops the projection worker
-            self.projections.kick()
-        self._raise_id_floor(max_id)
-        if isinstance(self.replication, StreamWriter):
-            self._raise_id_floor(self.replication.applier.max_id)
+        try:
+            seq, _ = await self._committer.commit(payload, batch, committed_at)
+        finally:  # a cancelled caller's batch may still commit: user projections fold it too
+            if not self._closed:  # a close waiting for this commit stops the projection worker
+                self.projections.kick()
         return Seq(seq)
 
     async def mint_id(self) -> int:
@@ -646,11 +649,19 @@ class LmdbStorage(StorageReads, Storage):
 
     async def close(self, context: Context | None = None) -> None:
         """Wait for the commits in flight, sync and release the store; every later call is
-        refused. Reads never span an await, so none is in flight here."""
+        refused. Reads never span an await, so none is in flight here.
 
-        if self._closed:
-            return
-        self._closed = True
+        The closing runs as a task of its own: a caller cancelled while it waits (``wait_for``
+        timing out) does not leave the store half closed, and a later ``close()`` waits for
+        the same closing to finish."""
+
+        closing = self._closing
+        if closing is None or (not closing.done() and closing.get_loop().is_closed()):
+            self._closed = True  # (each step of _close may run again: a closing whose loop died)
+            closing = self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(closing)
+
+    async def _close(self) -> None:
         if isinstance(self.replication, (Follower, Shipper)):
             self.replication.stop()
         await self._committer.close()
@@ -682,7 +693,7 @@ class LmdbStorage(StorageReads, Storage):
         finally:
             txn.abort()
 
-    def _follow(self, txn: lmdb.Transaction) -> lmdb.Transaction:
+    def _follow(self, txn: lmdb.Transaction[bytes]) -> lmdb.Transaction[bytes]:
         """``txn``, or a newer one, served by the generation its snapshot names: a rebuild by the
         writer (another process, or another handle in this one) swaps generations."""
 
@@ -733,7 +744,7 @@ class StorageView(StorageReads):
 
 
 
-def _reserve(txn: lmdb.Transaction, meta: lmdb._Database, wanted: int, stream: StreamWriter | None = None) -> int:
+def _reserve(txn: lmdb.Transaction[bytes], meta: lmdb._Database, wanted: int, stream: StreamWriter | None = None) -> int:
     """Raise the durable id reservation to ``wanted`` (never lower it); returns it. A replicated
     writer puts it on the stream too, so a writer after a failover mints above it."""
 

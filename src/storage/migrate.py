@@ -37,19 +37,49 @@ Progress = Callable[[int], None]
 class ImportReport:
     commits: int = 0
     records: dict[str, int] = field(default_factory=dict)
-    renumbered: bool = False
+    renumbered: list[tuple[int, int, int]] = field(default_factory=list)
+    """Runs ``(export_first, new_first, length)`` of batches whose sequence changed, in order."""
     lacking: list[str] = field(default_factory=list)
 
     def count(self, kind: str, n: int = 1) -> None:
         self.records[kind] = self.records.get(kind, 0) + n
 
+    def note_sequence(self, exported: int, new: int) -> None:
+        """Record that export sequence ``exported`` became ``new`` (runs kept compact)."""
+
+        if exported == new:
+            return
+        if self.renumbered:
+            first, new_first, length = self.renumbered[-1]
+            if first + length == exported and new_first + length == new:
+                self.renumbered[-1] = (first, new_first, length + 1)
+                return
+        self.renumbered.append((exported, new, 1))
+
     def __str__(self) -> str:
         counts = ", ".join(plural(n, kind, _PLURALS.get(kind)) for kind, n in self.records.items()) or "nothing"
         lines = [f"imported {plural(self.commits, 'commit')} ({counts})"]
         if self.renumbered:
-            lines.append("note: the export did not start at sequence 1; sequences were renumbered")
+            moved = sum(length for _, _, length in self.renumbered)
+            lines.append(f"renumbered {plural(moved, 'batch', 'batches')} of {self.commits} (export sequence -> new sequence):")
+            for first, new_first, length in self.renumbered[:_RUNS_SHOWN]:
+                if length == 1:
+                    lines.append(f"  {first} -> {new_first}")
+                else:
+                    lines.append(f"  {first}-{first + length - 1} -> {new_first}-{new_first + length - 1}")
+            if len(self.renumbered) > _RUNS_SHOWN:
+                rest = self.renumbered[_RUNS_SHOWN:]
+                lines.append(
+                    f"  ... and {plural(len(rest), 'more run')} ({plural(sum(n for _, _, n in rest), 'batch', 'batches')})"
+                )
         lines.extend(f"not carried over: {what}" for what in self.lacking)
         return "\n".join(lines)
+
+
+_RUNS_SHOWN: Final = 20
+"""Renumbered runs listed one by one in an import's report; the rest are counted."""
+
+SQLITE_HEADER: Final = b"SQLite format 3\x00"
 
 
 _PLURALS: Final = {"entry": "entries"}
@@ -130,22 +160,67 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def decode_line(number: int, line: bytes | str) -> str:
+    """An export line as text: strict UTF-8 (an export never holds anything else: surrogates are
+    written as escapes), so a damaged byte is named instead of read as a surrogate code point."""
+
+    if isinstance(line, str):
+        return line
+    if number == 1 and line.startswith(SQLITE_HEADER):
+        raise ValueError(
+            "The source is a SQLite database, not a durable-log export: "
+            "read a pi-durable SQLite store with `durable-log import --from-pi-durable SOURCE NEWPATH`"
+        )
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        bad = line[error.start : error.end].hex(" ")
+        raise ValueError(
+            f"Line {number} of the export is not UTF-8: byte {error.start + 1} ({bad}) {error.reason}"
+        ) from None
+
+
+def _out_of_order(number: int, seq: int, expected: int) -> ValueError:
+    if expected == 1:
+        what = f"is sequence {seq}, not 1: the export does not start at the log's first batch"
+    elif seq < expected:
+        what = f"is sequence {seq} again, after {expected - 1}: a repeated (or out-of-order) batch"
+    else:
+        missing = f"{expected}" if seq == expected + 1 else f"{expected}-{seq - 1}"
+        what = f"is sequence {seq}, after {expected - 1}: sequence {missing} is missing"
+    return ValueError(
+        f"Line {number} of the export {what}. Nothing was imported; "
+        "pass --renumber to import the batches anyway, numbered 1, 2, 3, ... in line order"
+    )
+
+
 async def import_export(
-    lines: Iterable[str], target: str | os.PathLike[str], progress: Progress | None = None
+    lines: Iterable[bytes | str],
+    target: str | os.PathLike[str],
+    progress: Progress | None = None,
+    *,
+    renumber: bool = False,
 ) -> ImportReport:
-    """Replay an export's batches, keeping their commit times; sequences match from 1 on."""
+    """Replay an export's batches, keeping their commit times. Its sequences must run 1, 2, 3, ...
+    (a skipped or repeated one is a lost or duplicated batch, refused naming its line) unless
+    ``renumber``: then the report lists every batch whose sequence changed."""
 
     report = ImportReport()
     async with new_store(target) as storage:
-        for number, line in enumerate(lines, 1):
+        expected = 1
+        for number, raw in enumerate(lines, 1):
+            line = decode_line(number, raw)
             if not line.strip():
                 continue
             seq, committed_at, writes = parse_batch(number, line)
+            if seq != expected and not renumber:
+                raise _out_of_order(number, seq, expected)
             try:
                 new_seq = await storage.commit(writes, BACKGROUND_CONTEXT, committed_at=committed_at)
             except (ValueError, TypeError) as error:
                 raise ValueError(f"Line {number} of the export (sequence {seq}) is refused: {error}") from None
-            report.renumbered |= new_seq != seq
+            expected = new_seq + 1
+            report.note_sequence(seq, new_seq)
             report.commits += 1
             for write in writes:
                 report.count(write["type"])

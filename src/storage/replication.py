@@ -59,7 +59,7 @@ class StreamApplier:
         """The highest record id among the records applied (callers raise their mint floor)."""
 
     def apply(
-        self, txn: lmdb.Transaction, projector: Projector, messages: Sequence[StreamMessage], position: StreamPosition
+        self, txn: lmdb.Transaction[bytes], projector: Projector, messages: Sequence[StreamMessage], position: StreamPosition
     ) -> StreamPosition:
         """Append and fold the records of ``messages`` (in stream order) inside ``txn``; returns
         the new position, also written in ``txn``. The first message that is not the next record
@@ -142,7 +142,7 @@ class StreamWriter:
 
     # ── settling ────────────────────────────────────────────────────────────
 
-    def settle(self, txn: lmdb.Transaction, projector: Projector) -> None:
+    def settle(self, txn: lmdb.Transaction[bytes], projector: Projector) -> None:
         """Make the store and its subject level before a group (no-op once settled)."""
 
         if self.failure is not None:
@@ -203,7 +203,7 @@ class StreamWriter:
             self.lease.depose(deposed)
         return deposed
 
-    def _fence(self, txn: lmdb.Transaction) -> None:
+    def _fence(self, txn: lmdb.Transaction[bytes]) -> None:
         """Put this writer's fence on the subject: from it on, only this epoch's appends land."""
 
         assert self.lease is not None
@@ -226,7 +226,7 @@ class StreamWriter:
         raise ReplicationError(f"Store {self.store}'s subject kept moving: this writer could not fence it")
 
     def _take_in(
-        self, txn: lmdb.Transaction, projector: Projector, position: StreamPosition, until: int
+        self, txn: lmdb.Transaction[bytes], projector: Projector, position: StreamPosition, until: int
     ) -> StreamPosition:
         while position.stream_seq < until:
             messages = self.link.run(self._fetch(position.stream_seq, until))
@@ -245,7 +245,7 @@ class StreamWriter:
                 break
         return messages
 
-    def _ship(self, txn: lmdb.Transaction, first: int, last: int, position: StreamPosition) -> StreamPosition:
+    def _ship(self, txn: lmdb.Transaction[bytes], first: int, last: int, position: StreamPosition) -> StreamPosition:
         """Publish records ``first..last`` this store holds and the stream lacks."""
 
         seq = first
@@ -257,7 +257,7 @@ class StreamWriter:
 
     # ── publishing ──────────────────────────────────────────────────────────
 
-    def publish(self, txn: lmdb.Transaction, seqs: list[int]) -> None:
+    def publish(self, txn: lmdb.Transaction[bytes], seqs: list[int]) -> None:
         """Publish the records ``seqs`` appended in ``txn``; returns once the stream holds them.
         Anything else raises, and the caller must abort ``txn``."""
 
@@ -280,7 +280,7 @@ class StreamWriter:
                 f"messages of at most {limit} bytes (max_payload); nothing was committed"
             )
 
-    def publish_ids(self, txn: lmdb.Transaction, upto: int) -> None:
+    def publish_ids(self, txn: lmdb.Transaction[bytes], upto: int) -> None:
         """Put an id block reservation on the subject (in ``txn``, which also keeps it locally):
         a later writer starts minting above it."""
 
@@ -290,7 +290,7 @@ class StreamWriter:
         message = (control_headers(self.store, "ids", self.epoch, head), encode_control(IdReservation(self.epoch, upto)))
         self._send(txn, [message], head, upto)
 
-    def _publish(self, txn: lmdb.Transaction, seqs: list[int]) -> StreamPosition:
+    def _publish(self, txn: lmdb.Transaction[bytes], seqs: list[int]) -> StreamPosition:
         messages = []
         for seq in seqs:
             data = self.log.record(txn, seq)
@@ -299,7 +299,7 @@ class StreamWriter:
         return self._send(txn, messages, seqs[-1])
 
     def _send(
-        self, txn: lmdb.Transaction, messages: list[tuple[dict[str, str], bytes]], head: int, ids: int = 0
+        self, txn: lmdb.Transaction[bytes], messages: list[tuple[dict[str, str], bytes]], head: int, ids: int = 0
     ) -> StreamPosition:
         if self.lease is not None:
             self.lease.check()
