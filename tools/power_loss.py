@@ -8,8 +8,8 @@ Usage::
     python tools/power_loss.py --mode power --workload group --states 1500
     python tools/power_loss.py --mode power --workload group --drop fdatasync:data.mdb   # must fail
 
-Each writer (``tests/powerloss/writer.py``) runs under an ``LD_PRELOAD`` write recorder built with
-the machine's C compiler; see ``tests/powerloss/`` for how states are built and what is checked.
+Each writer (``tools/powerloss/writer.py``) runs under an ``LD_PRELOAD`` write recorder built with
+the machine's C compiler; see ``tools/powerloss/`` for how states are built and what is checked.
 Every failing state is printed with the command that reproduces it. The last line is always
 ``power_loss: N states, M failures``. Exit status 0 when M is 0, 1 otherwise.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.powerloss.explore import StateId, explore  # noqa: E402
-from tests.powerloss.record import build_recorder  # noqa: E402
+from tools.powerloss.explore import StateId, explore  # noqa: E402
+from tools.powerloss.record import build_recorder  # noqa: E402
 
 
 def main() -> int:
