@@ -31,7 +31,7 @@ from tools.powerloss.record import build_recorder  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["power", "process"], required=True, help="the durability mode recorded")
+    parser.add_argument("--mode", choices=["power", "process"], default="power", help="the durability mode recorded (default power)")
     parser.add_argument("--states", type=int, default=500, help="distinct crash states to check")
     parser.add_argument("--seed", type=int, default=1, help="first recording's seed (later ones count up)")
     parser.add_argument("--batches", type=int, default=30, help="batches each recorded writer commits")
