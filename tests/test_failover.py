@@ -66,6 +66,8 @@ from pi_durable_lmdb.log.records import decode_record_builtins
 from .compare import canonical
 from .natsserver import NatsCluster, nats_cluster  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.cluster  # every test here runs a 3-node nats-server cluster
+
 HERE = Path(__file__).resolve().parent
 CHILD = str(HERE / "failover_child.py")
 PYTHON = sys.executable

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel, installs it and runs mypy --strict
+
 ROOT = Path(__file__).resolve().parent.parent
 SHADOWS = {
     "storage.py": "raise ImportError('the project\\'s own storage.py was imported')\n",

@@ -8,8 +8,8 @@ Usage::
     python tools/power_loss.py --mode power --workload group --states 1500
     python tools/power_loss.py --mode power --workload group --drop fdatasync:data.mdb   # must fail
 
-Each writer (``tests/powerloss/writer.py``) runs under an ``LD_PRELOAD`` write recorder built with
-the machine's C compiler; see ``tests/powerloss/`` for how states are built and what is checked.
+Each writer (``tools/powerloss/writer.py``) runs under an ``LD_PRELOAD`` write recorder built with
+the machine's C compiler; see ``tools/powerloss/`` for how states are built and what is checked.
 Every failing state is printed with the command that reproduces it. The last line is always
 ``power_loss: N states, M failures``. Exit status 0 when M is 0, 1 otherwise.
 """
@@ -25,13 +25,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.powerloss.explore import StateId, explore  # noqa: E402
-from tests.powerloss.record import build_recorder  # noqa: E402
+from tools.powerloss.explore import StateId, explore  # noqa: E402
+from tools.powerloss.record import build_recorder  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["power", "process"], required=True, help="the durability mode recorded")
+    parser.add_argument("--mode", choices=["power", "process"], default="power", help="the durability mode recorded (default power)")
     parser.add_argument("--states", type=int, default=500, help="distinct crash states to check")
     parser.add_argument("--seed", type=int, default=1, help="first recording's seed (later ones count up)")
     parser.add_argument("--batches", type=int, default=30, help="batches each recorded writer commits")

@@ -15,7 +15,7 @@ Durability modes:
     written, and LMDB cannot tell. So a process-mode writer keeps ``process.unsynced`` in the store
     (holding the boot id, made durable before LMDB writes anything) until it has synced and closed;
     any open that finds one from an earlier boot refuses with ``StoreDamagedError``
-    (tests/powerloss: docs/reliability.md, "Power loss").
+    (tools/powerloss: docs/reliability.md, "Power loss").
 ``"replicated"``
     Locally as ``"process"``: a NATS JetStream stream is the durable copy (``storage.replication``
     publishes a commit's records before its LMDB transaction commits).

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
@@ -134,6 +135,7 @@ async def check(storage: LmdbStorage, ledger: Ledger) -> None:
     assert min(fresh) > max(landed | {1}), f"mint_id {fresh} is not above the stored ids {sorted(landed)[-5:]}"
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     rounds=st.lists(ops, min_size=1, max_size=3),

@@ -43,6 +43,9 @@ EARLIER_BOOT = b"00000000-0000-0000-0000-000000000000\n"
 BATCH = 40
 COMMANDS = ("import", "restore", "backup", "backup-plain")
 """Workloads that record a durable-log command building a new store (writer.py)."""
+COMMAND_DRAWS = 6
+"""Random draws per crash point and variant for a backup: its recording is short (LMDB copies a
+store in a few big writes), so more of its distinct states come from one recording."""
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,13 @@ def explore(
                 candidates = [only]
             else:
                 points = crash_points(recording.events, rng, randoms=40)
-                candidates = [StateId(recording_seed, point, variant, rng.randrange(1 << 30)) for point in points for variant in VARIANTS]
+                draws = COMMAND_DRAWS if workload.startswith("backup") else 1
+                candidates = [
+                    StateId(recording_seed, point, variant, rng.randrange(1 << 30))
+                    for point in points
+                    for variant in VARIANTS
+                    for _ in range(1 if variant == "none" else draws)
+                ]
                 rng.shuffle(candidates)
             pending: list[tuple[StateId, CrashState]] = []
             for candidate in candidates:

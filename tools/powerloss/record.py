@@ -17,10 +17,16 @@ SOURCE = HERE / "recorder.c"
 WRITER = HERE / "writer.py"
 
 
+def find_compiler() -> str | None:
+    """The C compiler the recorder is built with: ``$CC``, else ``cc`` or ``gcc``; None if none."""
+
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def build_recorder(directory: str) -> str:
     """Compile ``recorder.c`` into ``directory``; the path of the shared object."""
 
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = find_compiler()
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) to build the write recorder")
     output = os.path.join(directory, "recorder.so")

@@ -2,7 +2,7 @@
 
 Usage (run by ``record.py`` under the recorder)::
 
-    python tests/powerloss/writer.py STORE MARKS --durability power|process --seed N --batches N [--workload group]
+    python tools/powerloss/writer.py STORE MARKS --durability power|process --seed N --batches N [--workload group]
 
 It creates STORE with a 64 KiB map (so the map grows several times under it) and a user projection,
 and commits mixed batches (conversations, entries, task replacements, documents created, changed
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
-from tests.powerloss.workload import EntryCounts, canonical  # noqa: E402
+from tools.powerloss.workload import EntryCounts, canonical, engine_tools  # noqa: E402
 
 TEXTS = ["", "a", "héllo", "\ud800", "日本", "x" * 300]
 
@@ -321,8 +321,7 @@ def export_digest(path: str) -> str:
 
     import hashlib
 
-    from pi_durable_lmdb.storage.audit import export_lines
-
+    _, export_lines, _ = engine_tools()
     digest = hashlib.blake2b(digest_size=16)
     for line in export_lines(path):
         digest.update(line.encode() + b"\n")
@@ -335,8 +334,7 @@ def run_command(args: argparse.Namespace) -> None:
     import shutil
 
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.storage.audit import export_lines
-    from pi_durable_lmdb.storage.cli import main as durable_log
+    _, export_lines, durable_log = engine_tools()
 
     root = os.path.abspath(args.store)
     outside = root + "-outside"
@@ -349,9 +347,9 @@ def run_command(args: argparse.Namespace) -> None:
     try:
         options: dict[str, Any] = {}
         if args.workload == "restore":
-            from tests.natsserver import NatsNode
+            from tools.powerloss.jetstream_server import JetStreamServer
 
-            server = NatsNode(os.path.join(outside, "nats")).start()
+            server = JetStreamServer(os.path.join(outside, "nats"))
             options = {"durability": "replicated", "nats": server.url, "stream": "POWERLOSS"}
 
         async def make_source() -> str:

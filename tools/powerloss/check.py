@@ -1,6 +1,6 @@
 """Checks crash states, one after the other, in a fresh process (LMDB may meet damaged pages).
 
-Usage: ``python tests/powerloss/check.py JOBS.json RESULTS.jsonl``. Each job names a state
+Usage: ``python tools/powerloss/check.py JOBS.json RESULTS.jsonl``. Each job names a state
 directory and what the recording says about it; one JSON line per state goes to RESULTS (a
 ``start`` line first, so a crash of this process is pinned on its state).
 
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
-from tests.powerloss.workload import EntryCounts, canonical, counts_of, read_counts  # noqa: E402
+from tools.powerloss.workload import EntryCounts, canonical, counts_of, engine_tools, read_counts  # noqa: E402
 
 
 def _error(error: BaseException) -> str:
@@ -47,9 +47,9 @@ async def check_command_state(job: dict[str, Any]) -> dict[str, Any]:
     sequence. Never a partial store, whether or not it would open."""
 
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.storage.audit import verify
+    verify = engine_tools()[0]
 
-    from tests.powerloss.writer import export_digest
+    from tools.powerloss.writer import export_digest
 
     expect: dict[str, Any] | None = job["expect"]  # None: cut before the command started
     target = os.path.join(job["dir"], "new")
@@ -99,13 +99,11 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
         return await check_command_state(job)
     from pi_durable_lmdb.log import write_to_builtins
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.storage.audit import verify
+    verify = engine_tools()[0]
 
-    damaged_error: type[BaseException] | None
-    try:
-        from pi_durable_lmdb.log import StoreDamagedError as damaged_error  # type: ignore[attr-defined]
-    except ImportError:
-        damaged_error = None
+    from pi_durable_lmdb import StoreDamagedError
+
+    damaged_error: type[BaseException] = StoreDamagedError
 
     path = job["dir"]
     acked: dict[int, str] = {int(seq): batch for seq, batch in job["acked"].items()}
@@ -167,7 +165,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
     try:
         storage = await LmdbStorage.open(path, projections=[EntryCounts()])
     except BaseException as error:  # noqa: BLE001
-        if damaged_error is not None and isinstance(error, damaged_error):
+        if isinstance(error, damaged_error):
             result["outcome"] = "refused"
             result["refusal"] = str(error)
             return result

@@ -1,8 +1,8 @@
 /* An LD_PRELOAD shim that records, in order, what a process asks the OS to make of the files
  * under one store directory: every write with its offset and bytes, every sync, file creation,
- * truncation, rename and unlink. tests/powerloss/crash.py turns a recording into the states a
+ * truncation, rename and unlink. tools/powerloss/crash.py turns a recording into the states a
  * disk could hold after a power cut. Built at test time with the machine's C compiler
- * (tests/powerloss/build.py); no binary is committed.
+ * (tools/powerloss/record.py); no binary is committed.
  *
  * Environment:
  *   PL_RECORD  the recording file (appended); unset by the shim, so child processes do not record
