@@ -280,7 +280,37 @@ def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str]) -> 
     assert "--nats needs --stream" in refused("tail", "--nats", nats.url)
     assert "give --nats" in refused("tail", path, "--store", store)
     assert "needs a store's PATH" in refused("tail")
-    assert ok("tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody") == ""  # nothing of it yet
+    for options in ([], ["--json"], ["--from", "1"], ["--limit", "3"], ["--conversation", "1"]):
+        nothing = refused("tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody", *options)
+        assert f"stream {STREAM} holds nothing of store nobody (subject {STREAM}.nobody.log)" in nothing
+
+
+def test_tail_of_a_store_not_on_the_stream_yet_waits_with_follow(nats: NatsNode, tmp_path: Path) -> None:
+    store = "feedfacecafe0021"
+    follower = subprocess.Popen(
+        [*DURABLE_LOG, "tail", "--nats", nats.url, "--stream", STREAM, "--store", store, "--follow", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = _lines(follower)
+    try:
+        assert follower.stderr is not None
+        assert "waiting for its first commit" in follower.stderr.readline()
+
+        async def write() -> None:
+            storage = await LmdbStorage.open(tmp_path / "late", durability="replicated", nats=nats.url, stream=STREAM, store=store)
+            try:
+                await storage.commit(BATCHES[0], CTX, committed_at=T0)
+            finally:
+                await storage.close()
+
+        asyncio.run(write())
+        assert json.loads(_readline(lines, 20))["seq"] == 1
+        follower.send_signal(signal.SIGTERM)
+        assert follower.wait(20) == 0
+    finally:
+        _end(follower)
 
 
 # ── the replica command ───────────────────────────────────────────────────────
