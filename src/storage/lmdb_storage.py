@@ -446,17 +446,17 @@ class LmdbStorage(StorageReads, Storage):
         (``NotWriterError``). ``await replica.wait(seq)`` waits until it holds record ``seq``."""
 
         link = JetStreamLink(nats, stream)
+        try:  # the stream first: a replica that cannot follow anything creates nothing
+            link.run(link.connect())
+            link.run(link.ensure_stream(create=False))
+        except BaseException:
+            link.close()
+            raise
         storage = cls._build(
             link, progress, projections, verify_checksums,
             path=path, durability=durability, map_size=map_size, store_id=store,
         )
         storage._link = link
-        try:
-            link.run(link.connect())
-            link.run(link.ensure_stream(create=False))
-        except BaseException:
-            await storage.close()
-            raise
         follower = storage.replication = Follower(link, storage, store)
         follower.start()
         storage.projections.kick()

@@ -308,7 +308,7 @@ class StreamWriter:
         except StreamMovedError as error:
             self.settled = False
             self.last_error = str(error)
-            epoch = self._last_epoch()
+            epoch = self._last_epoch()  # a foreign message there raises ForeignMessageError: damage, not ownership
             if epoch is not None and epoch == self.epoch:  # an earlier append of ours landed late
                 raise ReplicationError(
                     f"Store {self.store} was not committed to: {error}. Nothing of this commit was stored; "
@@ -355,6 +355,9 @@ class StreamWriter:
     def _last_epoch(self) -> int | None:
         try:
             last = self.link.run(self.link.last(self.subject, self.store))
+        except ForeignMessageError as error:
+            self.last_error = str(error)
+            raise
         except ReplicationError:
             return None
         return None if last is None else last.epoch
