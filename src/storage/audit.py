@@ -159,7 +159,8 @@ class Tail:
         high = self.head() if last is None else min(last, self.head())
         while high >= first and len(found) < count:
             low = max(first, high - 255)
-            chunk = [(commit, writes) for commit in self.log.read(low, high) if (writes := self.select(commit))]
+            commits: Iterator[Commit] = self.log.read(low, high)
+            chunk = [(commit, writes) for commit in commits if (writes := self.select(commit))]
             found[:0] = chunk
             high = low - 1
         return found[max(0, len(found) - count) :] if count else []
@@ -336,7 +337,7 @@ def summarize(commit: Commit, writes: list[Any]) -> str:
 
 def _describe(write: Any) -> str:
     tag = type(write).__struct_config__.tag
-    value = getattr(write, "value", None)
+    value: Any = getattr(write, "value", None)
     if tag == "conversation":
         parent = value.get("parent") if isinstance(value, dict) else None
         fork = f" fork of {parent['conversationId']}@{parent['at']}" if isinstance(parent, dict) else ""
@@ -455,7 +456,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _stored_position(txn: lmdb.Transaction[bytes], env: Environment) -> Any:
     import msgspec
 
-    from ..log.jetstream import ReplicationError
+    from ..errors import ReplicationError
 
     try:
         return stored_position(txn, env.db("meta"))

@@ -108,7 +108,7 @@ def remove_stale_partials(final: str) -> list[str]:
     live build holds it from its first commit to its rename): one still held is left alone."""
 
     parent, name = os.path.split(final)
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.listdir(parent)
     except FileNotFoundError:
