@@ -175,11 +175,17 @@ class Environment:
                 with self.read() as txn:
                     if txn.get(key) is None:
                         raise StoreFormatError(f"The store at {self.path} has no database {name!r}")
-            self._enter()  # open_db runs a transaction of its own
-            try:
-                db = self.env.open_db(key, create=not self.readonly)
-            finally:
-                self._held.pop()
+                self._enter()  # open_db runs a read transaction of its own
+                try:
+                    db = self.env.open_db(key, create=False)
+                finally:
+                    self._held.pop()
+            else:
+                # In a write transaction of ours, like any other write: one that fills the map
+                # grows it and runs again, and py-lmdb never waits for LMDB's writer lock inside
+                # open_db (a bare open_db beside another thread's commit deadlocked once: the
+                # power-loss group workload, a rebuild beside user projections on a 64 KiB map).
+                db = self.write(lambda txn: self.env.open_db(key, txn=txn, create=True))
             self._dbs[key] = db
         return db
 
