@@ -61,7 +61,7 @@ from pi_durable_lmdb import (
     WrongStoreError,
 )
 from pi_durable_lmdb.log import Environment, WriteLog, decode_record, encode_batch, write_to_builtins
-from pi_durable_lmdb.log.jetstream import Fence, encode_control
+from pi_durable_lmdb.log.stream.jetstream import Fence, encode_control
 from pi_durable_lmdb.log.records import LogRecord, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import check, export_lines, verify

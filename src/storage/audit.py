@@ -24,8 +24,8 @@ from pi_durable.context import BACKGROUND_CONTEXT
 from ..log import Commit, CorruptRecordError, Environment, WriteLog, key_seq, seq_key, write_to_builtins
 from ..log.records import decode_record, decode_record_builtins
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
-from ..log.replication import stored_position
-from ..log.shipping import stopped_reason
+from ..log.stream.position import stored_position
+from ..log.stream.shipper import stopped_reason
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.rebuild import (
@@ -42,7 +42,7 @@ from .jsonlines import to_json
 from .lmdb_storage import LmdbStorage
 
 if TYPE_CHECKING:
-    from ..log.jetstream import JetStreamLink
+    from ..log.stream.jetstream import JetStreamLink
 
 def plural(count: int, one: str, many: str | None = None) -> str:
     """``1 op``, ``2 ops``: every count a person reads goes through here."""
@@ -222,7 +222,7 @@ async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
     """A link to an existing stream (never made here): connected, the stream checked. Unreachable
     servers raise ``NatsUnavailableError``, a missing stream ``StreamMissingError``."""
 
-    from ..log.jetstream import JetStreamLink
+    from ..log.stream.jetstream import JetStreamLink
 
     link = JetStreamLink(nats, stream)
     try:
@@ -237,7 +237,7 @@ async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
 async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) -> dict[str, Any] | None:
     """Who holds store ``store``'s writer lease on ``stream`` now (``None``: nobody)."""
 
-    from ..log.lease import WriterLease
+    from ..log.stream.lease import WriterLease
 
     if store is None:
         return None
@@ -261,7 +261,7 @@ async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) ->
 def stream_subject(stream: str, store: str | None) -> str:
     """The subject of one store's log on ``stream``, or (``store`` None) of every store's."""
 
-    from ..log.jetstream import subject_of
+    from ..log.stream.jetstream import subject_of
 
     return f"{stream}.*.log" if store is None else subject_of(stream, store)
 

@@ -422,7 +422,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _promote(args: argparse.Namespace) -> int:
     from ..log.environment import Environment
-    from ..log.lease import DEFAULT_LEASE_TTL
+    from ..log.stream.lease import DEFAULT_LEASE_TTL
 
     audit.require_store(args.path)
     env = Environment(args.path, readonly=True)

@@ -29,10 +29,10 @@ from ..errors import NotWriterError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.storedir import UNSYNCED_FILE
-from ..log.jetstream import JetStreamLink
-from ..log.lease import DEFAULT_LEASE_TTL, WriterLease
-from ..log.replication import read_position
-from ..log.shipping import Shipper
+from ..log.stream.jetstream import JetStreamLink
+from ..log.stream.lease import DEFAULT_LEASE_TTL, WriterLease
+from ..log.stream.position import read_position
+from ..log.stream.shipper import Shipper
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
@@ -121,7 +121,7 @@ class LmdbStorage(StorageReads, Storage):
         ``process`` commits are shipped behind (``storage.replication.status()``). ``store``: the
         store id the directory must hold (a new directory takes it).
 
-        A replicated writer holds the store's lease (``log.lease``, ``lease_ttl`` seconds after
+        A replicated writer holds the store's lease (``log.stream.lease``, ``lease_ttl`` seconds after
         each renewal): held by another process, the open fails with ``NotWriterError``, unless
         ``take_over=True`` (wait for it to expire, then fence the old writer out) or
         ``take_over="force"`` (fence it out at once). It then takes in what the stream holds.

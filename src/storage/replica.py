@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ForeignMessageError, ReplicationError
-from ..log.jetstream import JetStreamLink, StreamMessage, subject_of
-from ..log.replication import read_position
+from ..log.stream.jetstream import JetStreamLink, StreamMessage, subject_of
+from ..log.stream.position import read_position
 from .replication import StreamApplier
 
 if TYPE_CHECKING:

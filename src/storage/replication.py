@@ -27,7 +27,7 @@ import lmdb
 
 from ..errors import ForeignMessageError, NotWriterError, OutcomeUnknownError, ReplicationError, StreamMovedError
 from ..log import Environment, WriteLog, decode_record
-from ..log.jetstream import (
+from ..log.stream.jetstream import (
     Fence,
     IdReservation,
     JetStreamLink,
@@ -37,8 +37,8 @@ from ..log.jetstream import (
     record_headers,
     subject_of,
 )
-from ..log.lease import WriterLease
-from ..log.replication import POSITION_FORMAT, StreamPosition, put_position, read_position
+from ..log.stream.lease import WriterLease
+from ..log.stream.position import POSITION_FORMAT, StreamPosition, put_position, read_position
 from ..projections import Projector
 
 SHIP_CHUNK: Final = 256

@@ -22,7 +22,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage
-from pi_durable_lmdb.log.lease import INSTANCE_FILE
+from pi_durable_lmdb.log.stream.lease import INSTANCE_FILE
 
 from ..natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from pi_durable_lmdb.errors import NatsUnavailableError, ReplicationError, StreamMissingError, StreamMovedError
-from pi_durable_lmdb.log.jetstream import refusal_error
+from pi_durable_lmdb.log.stream.jetstream import refusal_error
 
 SUBJECT = "S.store.log"
 

@@ -35,9 +35,9 @@ def test_the_families_the_issue_names() -> None:
 
 def test_old_import_paths_and_bases_keep_working() -> None:
     from pi_durable_lmdb.log import LogError, StoreFormatError, WriterLockedError
-    from pi_durable_lmdb.log.jetstream import OutcomeUnknownError, ReplicationError
-    from pi_durable_lmdb.log.lease import LeaseLapsedError
-    from pi_durable_lmdb.log.replication import NotWriterError
+    from pi_durable_lmdb.log.stream.jetstream import OutcomeUnknownError, ReplicationError
+    from pi_durable_lmdb.log.stream.lease import LeaseLapsedError
+    from pi_durable_lmdb.log.stream.position import NotWriterError
     from pi_durable_lmdb.projections.errors import CorruptProjectionError
     from pi_durable_lmdb.projections.rebuild import ProjectionsBehind
     from pi_durable_lmdb.projections.user import ProjectionFailed

@@ -32,10 +32,10 @@ from typing import Any, Final
 
 import msgspec
 
-from ..errors import NatsUnavailableError, NotWriterError, ReplicationError
-from ..errors import LeaseLapsedError
+from ...errors import NatsUnavailableError, NotWriterError, ReplicationError
+from ...errors import LeaseLapsedError
 from .jetstream import JetStreamLink, subject_of
-from .storedir import sync_directory
+from ..storedir import sync_directory
 
 LEASE_FORMAT: Final = 1
 DEFAULT_LEASE_TTL: Final = 5

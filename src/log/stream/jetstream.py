@@ -24,7 +24,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 import msgspec
 
-from ..errors import (
+from ...errors import (
     ForeignMessageError,
     NatsUnavailableError,
     OutcomeUnknownError,
@@ -32,8 +32,8 @@ from ..errors import (
     StreamMissingError,
     StreamMovedError,
 )
-from .errors import CorruptRecordError
-from .records import Commit, decode_record
+from ..errors import CorruptRecordError
+from ..records import Commit, decode_record
 
 T = TypeVar("T")
 

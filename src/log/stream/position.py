@@ -11,8 +11,8 @@ from typing import Final
 import lmdb
 import msgspec
 
-from ..errors import NotWriterError as NotWriterError  # re-exported: imported from here by users
-from ..errors import ReplicationError
+from ...errors import NotWriterError as NotWriterError  # re-exported: imported from here by users
+from ...errors import ReplicationError
 
 POSITION_FORMAT: Final = 1
 POSITION_KEY: Final = b"replication.position"

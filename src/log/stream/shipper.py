@@ -18,9 +18,9 @@ import os
 import time
 from typing import Any, Final
 
-from ..errors import ForeignMessageError, ReplicationError
+from ...errors import ForeignMessageError, ReplicationError
 from .jetstream import JetStreamLink, record_headers, subject_of
-from .writelog import WriteLog
+from ..writelog import WriteLog
 
 SHIP_BATCH: Final = 256
 """Records per atomic batch."""
