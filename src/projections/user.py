@@ -10,6 +10,7 @@ it is reported with the sequence and the error, commits and other projections go
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import ClassVar, Final
@@ -21,6 +22,8 @@ from ..errors import ProjectionFailed
 from ..log import Commit, Environment, StoreClosedError, WriteLog
 
 from .rebuild import REGISTRY_DB, FOLD_CHUNK
+
+_log = logging.getLogger("pi_durable_lmdb")
 
 _PREFIX = b"user:"
 
@@ -333,6 +336,7 @@ class UserProjections:
 
     def _record_failure(self, name: str, status: ProjectionStatus, seq: int, error: Exception) -> ProjectionStatus:
         failed = msgspec.structs.replace(status, failed_seq=seq, error=_describe(error))
+        _log.error("user projection %r stopped at record %d: %s", name, seq, failed.error, exc_info=error)
         key = _PREFIX + name.encode()
         self._env.write(lambda txn: txn.put(key, _status_encoder.encode(failed), db=self._registry))
         return failed

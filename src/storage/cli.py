@@ -221,6 +221,8 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.add_argument("--nats", metavar="URL", help="also ask NATS for the store's writer lease (with --stream)")
     stats.add_argument("--stream", metavar="S", help="the stream that carries the store's log (with --nats)")
+    stats.add_argument("--watch", action="store_true", help="print rates (commits/s, fold lag, replication lag) every --every seconds")
+    stats.add_argument("--every", type=float, default=2.0, metavar="SECONDS", help="interval of --watch (default 2)")
     stats.set_defaults(run=_stats)
 
     promote = command(
@@ -411,6 +413,14 @@ def _demo(path: str | None) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    if args.watch:
+        from ..web.watch import watch
+
+        audit.require_store(args.path)
+        try:
+            return watch(args.path, sys.stdout, args.every)
+        except KeyboardInterrupt:
+            return 0
     if (args.nats is None) != (args.stream is None):
         raise _usage("--nats and --stream go together")
     info = audit.stats(args.path)
