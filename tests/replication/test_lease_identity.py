@@ -86,33 +86,34 @@ async def test_a_clone_of_a_live_writer_is_refused_and_the_writer_goes_on(
         await writer.close()
 
 
+def kill_a_holder(path: Path, url: str, store: str) -> None:
+    """A writer process that takes the lease, commits, and is SIGKILLed holding it."""
+
+    child = subprocess.Popen([sys.executable, "-c", OPEN, str(path), url, store, "hold"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().startswith("opened")
+        assert child.stdout.readline().startswith("committed")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+
+
 async def test_the_same_writer_restarted_reclaims_its_lease_without_take_over(tmp_path: Path, nats_server: NatsNode) -> None:
     path = tmp_path / "store"
     first = await LmdbStorage.open(path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30)
     store = first.store_id
     assert store is not None
     await first.close()  # releases the lease; now a holder that dies holding it:
-    child = subprocess.Popen(
-        [sys.executable, "-c", OPEN, str(path), nats_server.url, store, "hold"], stdout=subprocess.PIPE, text=True
-    )
+    kill_a_holder(path, nats_server.url, store)
+    # the lease lives 30 s more on the server; the restarted writer of this instance sees
+    # nobody renew it and takes it at once
+    again = await LmdbStorage.open(path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30)
     try:
-        assert child.stdout is not None
-        assert child.stdout.readline().startswith("opened")
-        assert child.stdout.readline().startswith("committed")
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        # the lease lives 30 s more on the server; the restarted writer of this instance sees
-        # nobody renew it and takes it at once
-        again = await LmdbStorage.open(path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30)
-        try:
-            assert await again.conversation(777, CTX) is not None
-            await again.commit([{"type": "conversation", "value": {"id": 778}}], CTX)
-        finally:
-            await again.close()
+        assert await again.conversation(777, CTX) is not None
+        await again.commit([{"type": "conversation", "value": {"id": 778}}], CTX)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        await again.close()
 
 
 async def test_another_instance_waits_for_a_dead_holders_lease_to_expire(tmp_path: Path, nats_server: NatsNode) -> None:
@@ -124,19 +125,7 @@ async def test_another_instance_waits_for_a_dead_holders_lease_to_expire(tmp_pat
     store = first.store_id
     assert store is not None
     await first.close()
-    child = subprocess.Popen(
-        [sys.executable, "-c", OPEN, str(path), nats_server.url, store, "hold"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().startswith("opened")
-        assert child.stdout.readline().startswith("committed")
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        (path / INSTANCE_FILE).unlink()
-        done = subprocess.run([sys.executable, "-c", OPEN, str(path), nats_server.url, store, "open"], capture_output=True, text=True, timeout=60)
-        assert done.stdout.startswith("refused NotWriterError"), (done.stdout, done.stderr)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    kill_a_holder(path, nats_server.url, store)
+    (path / INSTANCE_FILE).unlink()
+    done = subprocess.run([sys.executable, "-c", OPEN, str(path), nats_server.url, store, "open"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("refused NotWriterError"), (done.stdout, done.stderr)
