@@ -10,33 +10,38 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .log import (
+from .errors import (
+    BadInputError,
+    CorruptProjectionError,
     CorruptRecordError,
+    DamageError,
+    DurabilityConflictError,
+    DurableLmdbError,
+    ForeignMessageError,
     ForkedEnvironmentError,
+    LeaseLapsedError,
     LogError,
     MapBusyError,
+    NatsUnavailableError,
+    NotWriterError,
+    OutcomeUnknownError,
+    OwnershipError,
+    ProjectionFailed,
+    ProjectionsBehind,
+    ReplicationError,
     StoreClosedError,
     StoreDamagedError,
     StoreFormatError,
     StoreFullError,
+    StoreStateError,
+    StreamMissingError,
+    StreamMovedError,
     TruncatedStoreError,
     WriterLockedError,
     WrongStoreError,
 )
-from .log.jetstream import (
-    ForeignMessageError,
-    NatsUnavailableError,
-    OutcomeUnknownError,
-    ReplicationError,
-    StreamMissingError,
-    StreamMovedError,
-)
-from .log.lease import LeaseLapsedError
-from .log.replication import NotWriterError
 from .projections import StorageRequestError
-from .projections.errors import CorruptProjectionError
-from .projections.rebuild import ProjectionsBehind
-from .projections.user import Projection, ProjectionFailed
+from .projections.user import Projection
 from .storage import Durability, LmdbStorage
 
 __version__ = "0.2.0"
@@ -52,8 +57,14 @@ async def open_lmdb_storage(path: str | os.PathLike[str], **options: Any) -> Lmd
 
 
 __all__ = [
+    "StoreStateError",
+    "OwnershipError",
+    "DurableLmdbError",
+    "DamageError",
+    "BadInputError",
     "CorruptProjectionError",
     "CorruptRecordError",
+    "DurabilityConflictError",
     "Durability",
     "ForeignMessageError",
     "ForkedEnvironmentError",

@@ -140,7 +140,7 @@ def install_stall(after: int) -> None:
     """Pause the writer thread right after its ``after``-th passing lease check before a publish,
     so the parent can SIGSTOP the process between the check and the send."""
 
-    from pi_durable_lmdb.log import lease
+    from pi_durable_lmdb.log.stream import lease
 
     original = lease.WriterLease.check
     calls = [0]

@@ -188,8 +188,10 @@ class NatsNode:
         routes: Sequence[int] = (),
         port: int | None = None,
         http_port: int | None = None,
+        max_payload: int | None = None,
     ) -> None:
         self.name = name
+        self.max_payload = max_payload
         self.dir = Path(directory)
         self.store_dir = self.dir / "store"
         self.config_path = self.dir / "nats.conf"
@@ -216,6 +218,8 @@ class NatsNode:
             "  max_file_store: 2GB",
             "}",
         ]
+        if self.max_payload is not None:
+            lines.append(f"max_payload: {self.max_payload}")
         if self.cluster_name:
             routes = ", ".join(q(f"nats-route://{HOST}:{p}") for p in self.routes)
             lines += [

@@ -207,6 +207,7 @@ def scratch_copy(built: Path, tmp_path: Path) -> Path:
 # ── tail ──────────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_follow_sees_every_batch_once_in_order_while_another_process_writes(tmp_path: Path) -> None:
     path = tmp_path / "store"
     assert write_store(path, 0, 1) == 1  # the store exists before the tails start
@@ -260,6 +261,7 @@ def test_follow_sees_every_batch_once_in_order_while_another_process_writes(tmp_
             proc.kill()
 
 
+@pytest.mark.slow
 async def test_tail_is_read_only_and_cheap_when_idle(scratch_copy: Path) -> None:
     tail = Proc([*DURABLE_LOG, "tail", str(scratch_copy), "--follow", "--json"])
     try:
@@ -287,6 +289,7 @@ async def test_tail_is_read_only_and_cheap_when_idle(scratch_copy: Path) -> None
         tail.kill()
 
 
+@pytest.mark.slow
 def test_tail_conversation_and_type_filters_print_only_matching_writes(built: Path) -> None:
     cases = [
         (["--conversation", "2"], lambda w: conversation_of(w) == 2),
@@ -447,6 +450,7 @@ def _flip(path: Path, db_name: bytes | None, pick: Any) -> bytes:
     return db_name
 
 
+@pytest.mark.slow
 def test_verify_names_a_damaged_log_record(scratch_copy: Path) -> None:
     damaged_seq = 37
     key = damaged_seq.to_bytes(8, "big")
@@ -558,6 +562,7 @@ async def _reads(storage: Any, history: bool) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 async def test_export_then_import_gives_an_identical_store(built: Path, tmp_path: Path) -> None:
     exported = cli_ok("export", built)
     assert [line["seq"] for line in json_lines(exported)] == list(range(1, BUILT + 1))

@@ -171,6 +171,7 @@ def test_version() -> None:
     assert ok("--version").decode().startswith(f"durable-log {__version__} (log format ")
 
 
+@pytest.mark.slow
 def test_rebuild_takes_the_writer_lock_only_on_a_store_and_names_user_projections(store: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     ok("backup", store, copy)
@@ -269,6 +270,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(json_values)
 def test_json_lines_round_trip_every_json_value(value: Any) -> None:
@@ -322,6 +324,7 @@ def test_a_malformed_import_line_is_named_and_leaves_nothing_behind(
     assert os.listdir(tmp_path / "out") == [], "no store, no temporary directory"
 
 
+@pytest.mark.slow
 def test_import_into_an_empty_directory_and_progress_only_when_asked(store: Path, tmp_path: Path) -> None:
     dump = tmp_path / "log.jsonl"
     dump.write_bytes(ok("export", store))
@@ -339,6 +342,7 @@ def test_import_into_an_empty_directory_and_progress_only_when_asked(store: Path
 # ── backup, stats ─────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_backup_of_a_store_a_writer_holds_open(tmp_path: Path) -> None:
     path = tmp_path / "store"
     script = (

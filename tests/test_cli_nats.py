@@ -114,6 +114,7 @@ def unused_port() -> int:
 # ── stats ─────────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_stats_carries_the_store_id_and_the_replication_position(writer: tuple[Path, str], tmp_path: Path) -> None:
     path, store = writer
     info = json.loads(ok("stats", path, "--json"))
@@ -163,6 +164,7 @@ def test_stats_carries_the_store_id_and_the_replication_position(writer: tuple[P
 # ── restore ───────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_restore_builds_the_store_from_the_stream_alone(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
     path, store = writer
     out = ok("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "restored")
@@ -174,6 +176,7 @@ def test_restore_builds_the_store_from_the_stream_alone(nats: NatsNode, writer: 
     assert sorted(os.listdir(tmp_path)) == ["restored"], "no temporary directory is left"
 
 
+@pytest.mark.slow
 def test_restore_to_a_sequence_with_progress(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
     path, store = writer
     # a list of URLs, one of them dead, is taken where one is
@@ -187,6 +190,7 @@ def test_restore_to_a_sequence_with_progress(nats: NatsNode, writer: tuple[Path,
     assert sorted(os.listdir(tmp_path)) == ["at3"]
 
 
+@pytest.mark.slow
 def test_restore_refusals_are_named_and_leave_nothing(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
     path, store = writer
     target = tmp_path / "new"
@@ -211,6 +215,7 @@ def test_restore_refusals_are_named_and_leave_nothing(nats: NatsNode, writer: tu
 # ── tail of a stream ──────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_tail_of_one_store_reads_as_the_local_tail(nats: NatsNode, writer: tuple[Path, str]) -> None:
     path, store = writer
     remote = ["tail", "--nats", nats.url, "--stream", STREAM, "--store", store]
@@ -266,6 +271,7 @@ def test_tail_follow_prints_new_commits_until_sigterm(nats: NatsNode, tmp_path: 
         _end(follower)
 
 
+@pytest.mark.slow
 def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str]) -> None:
     path, store = writer
     assert "No NATS server answered" in refused("tail", "--nats", f"127.0.0.1:{unused_port()}", "--stream", STREAM)
@@ -309,6 +315,7 @@ def test_tail_of_a_store_not_on_the_stream_yet_waits_with_follow(nats: NatsNode,
 # ── the replica command ───────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_replica_keeps_level_until_sigterm(nats: NatsNode, tmp_path: Path) -> None:
     source = tmp_path / "source"
     store = asyncio.run(write_store(source, nats.url, BATCHES[:3]))
@@ -336,6 +343,7 @@ def test_replica_keeps_level_until_sigterm(nats: NatsNode, tmp_path: Path) -> No
     assert json.loads(ok("stats", replica_path, "--json"))["storeId"] == store
 
 
+@pytest.mark.slow
 def test_replica_stops_on_a_refused_message_naming_it(nats: NatsNode, tmp_path: Path) -> None:
     async def forge() -> int:
         import nats as nats_client
@@ -422,6 +430,7 @@ def _end(process: subprocess.Popen[str]) -> None:
 # ── promote and the lease ─────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(nats: NatsNode, tmp_path: Path) -> None:
     async def scenario() -> None:
         source = tmp_path / "source"
@@ -464,6 +473,7 @@ def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(nats: NatsN
 # ── the local store of a replicated writer after an OS crash ──────────────────
 
 
+@pytest.mark.slow
 def test_a_replicated_store_refused_after_an_os_crash_is_restored_whole_from_the_stream(nats: NatsNode, tmp_path: Path) -> None:
     """A replicated writer syncs no local commit (the stream is the durable copy): a writer killed
     while open leaves its ``process.unsynced`` marker; from an earlier boot (an OS crash) the store

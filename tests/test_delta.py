@@ -141,6 +141,7 @@ def outcome(apply: Any, root: Any, ops: list[Any]) -> tuple[str, str, str]:
     return "ok", repr(result), repr(root)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(cases())
 def test_apply_ops_matches_reference(case: tuple[Any, list[Any]]) -> None:
@@ -167,6 +168,7 @@ def edge_cases(draw: st.DrawFn) -> tuple[Any, list[Any]]:
     return root, [op, ["t", ["s"], draw(st.integers(0, 3))]]
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(edge_cases())
 def test_edges_match_reference(case: tuple[Any, list[Any]]) -> None:
@@ -195,6 +197,7 @@ def test_validate_op_matches_reference(op: Any) -> None:
     assert outcome(mine, None, op) == outcome(theirs, None, op)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(documents, st.lists(st.lists(st.just(None)), max_size=3), st.data())
 def test_apply_batches_matches_reference_and_leaves_input_alone(root: Any, shape: list[Any], data: Any) -> None:
@@ -224,6 +227,7 @@ def assert_detached(result: Any, ops: list[Any]) -> None:
     assert not payload_ids & {id(node) for node in containers(result)}
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(cases())
 def test_results_never_alias_op_payloads(case: tuple[Any, list[Any]]) -> None:

@@ -66,6 +66,8 @@ from pi_durable_lmdb.log.records import decode_record_builtins
 from .compare import canonical
 from .natsserver import NatsCluster, nats_cluster  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.cluster  # every test here runs a 3-node nats-server cluster
+
 HERE = Path(__file__).resolve().parent
 CHILD = str(HERE / "failover_child.py")
 PYTHON = sys.executable
@@ -270,7 +272,7 @@ def check_linear(messages: list[dict[str, Any]], store: str, *, growing_fences: 
     record; every record of the epoch of the last fence before it and of no lower epoch than any
     fence before it (no record of a fenced-out writer after its fence); with ``growing_fences``,
     fences of strictly growing epochs (each lease's epoch is above every epoch the subject has
-    seen, ``log.lease``). Returns the records."""
+    seen, ``log.stream.lease``). Returns the records."""
 
     records = [message for message in messages if message["kind"] == "record"]
     assert all(message["store"] == store for message in messages)

@@ -480,6 +480,7 @@ async def test_a_read_only_handle_in_the_writer_s_process_follows_its_rebuild(tm
 # ── 7. a truncated data.mdb ─────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", ["one page", "half", "into the meta pages", "one byte"])
 async def test_a_truncated_data_file_is_named_at_open_and_never_read(tmp_path: Path, cut: str) -> None:
     path = tmp_path / "s"

@@ -294,6 +294,7 @@ def test_every_write_kind_round_trips_through_reopen(tmp_path: Path, durability:
         env.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(writes=st.lists(WRITE, min_size=1, max_size=5))
 def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, writes: list[dict[str, Any]]) -> None:
@@ -691,6 +692,7 @@ async def test_follow_from_the_middle_and_in_process_wakeup(tmp_path: Path) -> N
 # ── 5. SIGKILL at a random moment ───────────────────────────────────────────
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durability", ["power", "process"])
 def test_kill_9_keeps_every_acknowledged_commit(tmp_path: Path, durability: str) -> None:
     path = tmp_path / "store"

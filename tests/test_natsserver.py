@@ -90,6 +90,7 @@ def test_binary_is_the_venv_one() -> None:
     assert find_nats_server().endswith("nats-server")
 
 
+@pytest.mark.slow
 async def test_single_node_jetstream_publish(nats_server: NatsNode) -> None:
     _started_dirs.append(str(nats_server.dir))
     assert nats_server.url.startswith("nats://127.0.0.1:")
@@ -117,6 +118,7 @@ async def test_single_node_jetstream_publish(nats_server: NatsNode) -> None:
         await nc.close()
 
 
+@pytest.mark.cluster
 async def test_cluster_serves_r3_stream(cluster_js: tuple[NatsCluster, JetStreamContext]) -> None:
     cluster, js = cluster_js
     assert cluster.urls == ",".join(cluster.url_list)
@@ -130,6 +132,7 @@ async def test_cluster_serves_r3_stream(cluster_js: tuple[NatsCluster, JetStream
     assert len(info.cluster.replicas or []) == 2
 
 
+@pytest.mark.cluster
 async def test_cluster_kill_one_then_two_then_restart(
     cluster_js: tuple[NatsCluster, JetStreamContext],
 ) -> None:
@@ -178,6 +181,7 @@ async def test_cluster_kill_one_then_two_then_restart(
         assert (await js.get_msg("S", seq)).seq == seq
 
 
+@pytest.mark.cluster
 def test_context_manager_cleans_up_on_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         with running_cluster(tmp_path / "c", 3) as cluster:
@@ -193,6 +197,7 @@ def test_context_manager_cleans_up_on_error(tmp_path: Path) -> None:
     assert not own.exists()
 
 
+@pytest.mark.cluster
 def test_zz_no_server_left_after_fixtures() -> None:
     """Runs last in this module: every fixture's processes are gone after its teardown."""
     assert len(_started_dirs) >= 3

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel, installs it and runs mypy --strict
+
 ROOT = Path(__file__).resolve().parent.parent
 SHADOWS = {
     "storage.py": "raise ImportError('the project\\'s own storage.py was imported')\n",
@@ -108,6 +110,20 @@ def test_mypy_strict_accepts_the_typed_host(installed: Path, tmp_path: Path) -> 
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_strict_accepts_the_whole_package_as_installed(installed: Path, tmp_path: Path) -> None:
+    """``mypy --strict -p pi_durable_lmdb`` on the wheel's files (not the checkout): 0 errors, kept
+    at 0 by CI, which runs this suite."""
+
+    done = _run(
+        [sys.executable, "-m", "mypy", "--strict", "-v", "--cache-dir", str(tmp_path / "cache"), "-p", "pi_durable_lmdb"],
+        env={**os.environ, "MYPYPATH": str(installed)},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout
+    assert "Success: no issues found" in done.stdout
+    assert str(installed / "pi_durable_lmdb") in done.stderr, "mypy read the installed wheel, not the checkout"
 
 
 def test_the_typed_host_runs(tmp_path: Path) -> None:

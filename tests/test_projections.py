@@ -140,6 +140,7 @@ KILLED_REBUILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 async def test_a_rebuild_killed_half_way_leaves_a_store_that_opens_and_finishes(tmp_path: Path) -> None:
     path = tmp_path / "store"
     work, reference = await _filled(path, 3000, seed=9)

@@ -188,6 +188,7 @@ def _cyclic() -> Any:
 # ── 1. killed processes ───────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_killed_writers_lose_no_acknowledged_commit(tmp_path: Path) -> None:
     """30 rounds of SIGKILL at random moments on one store, in both durability modes, some of
     them in the middle of a projection rebuild, some right after the map grew and some while 16
@@ -220,6 +221,7 @@ def _harness() -> Any:
     return module
 
 
+@pytest.mark.slow
 def test_the_crash_checker_catches_lost_altered_and_stray_commits(tmp_path: Path) -> None:
     """The checker is not vacuous: fed a ledger that disagrees with the store, it complains."""
 
@@ -388,6 +390,7 @@ async def test_reads_of_ids_that_are_not_there_answer_none(tmp_path: Path) -> No
         await storage.close()
 
 
+@pytest.mark.slow
 async def test_big_values_commit_and_read_back(tmp_path: Path) -> None:
     """Values beyond 64-bit integers and a 50 MB string are valid JSON: they commit and come
     back exactly (the timing is printed: ``pytest -s``)."""
@@ -670,6 +673,7 @@ async def test_a_rebuild_swap_that_fills_the_map_completes(tmp_path: Path, monke
 # ── 4. concurrency ────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 async def test_a_second_writer_process_is_refused_naming_the_path(tmp_path: Path) -> None:
     path = tmp_path / "store"
     await (await seeded(path)).close()
@@ -691,6 +695,7 @@ async def test_a_second_writer_process_is_refused_naming_the_path(tmp_path: Path
     second.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_readers_in_other_processes_see_whole_commits_only(tmp_path: Path) -> None:
     """A writer commits batches of exactly three writes; read-only ``LmdbStorage`` readers,
     ``durable-log tail --follow`` and ``durable-log stats`` run beside it, in their own processes."""
@@ -730,6 +735,7 @@ def test_readers_in_other_processes_see_whole_commits_only(tmp_path: Path) -> No
           f"read-only opens refused: {[r['open_errors'] for r in reports]}")
 
 
+@pytest.mark.slow
 def test_read_only_opens_never_fail_while_a_writer_commits(tmp_path: Path) -> None:
     path = tmp_path / "store"
     writer = child("triples", str(path))
@@ -742,6 +748,7 @@ def test_read_only_opens_never_fail_while_a_writer_commits(tmp_path: Path) -> No
     assert [report["open_errors"] for report in reports] == [{}, {}], reports
 
 
+@pytest.mark.slow
 def test_verify_while_a_writer_commits_finds_no_difference(tmp_path: Path) -> None:
     """``verify`` reads the newest records and the live tables from one snapshot, so a writer
     committing meanwhile causes no false difference."""
@@ -795,6 +802,7 @@ def _growth_per_commit(path: Path, seconds: float = 0.6) -> tuple[float, int]:
     return (pages_after - pages) * 4096 / max(commits, 1), commits
 
 
+@pytest.mark.slow
 def test_stale_reader_slots_of_killed_readers_are_cleared(tmp_path: Path) -> None:
     """Readers SIGKILLed while holding a snapshot leave their slot in lock.mdb, and a slot pins
     every page freed after its snapshot: the file grows with every commit. Each open runs
@@ -1133,3 +1141,22 @@ async def test_nothing_is_written_through_a_symlink_out_of_the_store(tmp_path: P
     assert "Traceback" not in said, f"{how}: the CLI crashed instead of refusing:\n{said}"
     if said:  # refused: the message says which file
         assert name in said, said
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+async def test_an_index_row_whose_record_is_gone_is_named_not_a_type_error(tmp_path: Path, order: str) -> None:
+    """A scan through an index that points at a missing record reports the damage by table and key
+    (it used to fail with "'NoneType' object is not subscriptable")."""
+
+    path = tmp_path / "store"
+    storage = await seeded(path)
+    try:
+        query = {"status": "running", "order": order}
+        page = await storage.scan_tasks(query, 10, None, CTX)
+        assert page["items"], "the seed has a running task"
+        gone = page["items"][0]["id"]
+        storage._env.write(lambda txn: txn.delete(t.u64(gone), db=storage._model.db[t.TASKS]))
+        with pytest.raises(CorruptProjectionError, match=f"'tasks' holds a damaged value at key {t.u64(gone).hex()}"):
+            await storage.scan_tasks(query, 10, None, CTX)
+    finally:
+        await storage.close()

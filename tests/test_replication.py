@@ -61,7 +61,7 @@ from pi_durable_lmdb import (
     WrongStoreError,
 )
 from pi_durable_lmdb.log import Environment, WriteLog, decode_record, encode_batch, write_to_builtins
-from pi_durable_lmdb.log.jetstream import Fence, encode_control
+from pi_durable_lmdb.log.stream.jetstream import Fence, encode_control
 from pi_durable_lmdb.log.records import LogRecord, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import check, export_lines, verify
@@ -374,6 +374,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
 # ── exactly once, across writer kills and server restarts ─────────────────────
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durability", ["process", "replicated"])
 def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, nats_server: NatsNode, durability: str) -> None:
     """A child writer (4 agents, conversation + entry turns, ids from ``mint_id``) is SIGKILLed at
@@ -503,6 +504,7 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
 # ── machine loss ─────────────────────────────────────────────────────────────
 
 
+@pytest.mark.cluster
 def test_machine_loss_every_acknowledged_commit_is_restored_from_the_stream(tmp_path: Path, nats_cluster: NatsCluster) -> None:
     """A replicated writer on an R3 stream (a child: one agent committing ``Workload`` batches,
     two committing entry turns, so groups form) is SIGKILLed mid-load and its directory deleted.
@@ -631,6 +633,7 @@ async def _stream_leader(servers: str, stream: str) -> str:
         await nc.close()
 
 
+@pytest.mark.cluster
 def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_cluster: NatsCluster) -> None:
     """A replicated writer on a 3-node R3 stream, four agents committing turns. The stream's
     leader is SIGKILLed: commits go on after an election (failed ones are followed by new ones,
@@ -777,6 +780,7 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
     assert verify(path) is None
 
 
+@pytest.mark.cluster
 def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_errors(tmp_path: Path, nats_cluster: NatsCluster) -> None:
     """All three nodes of an R3 cluster crash and one comes back alone: it answers JetStream
     requests with "503 JetStream system temporarily unavailable". A replicated open, a replica
@@ -841,6 +845,7 @@ def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_error
     assert {"commit", "open", "open_replica"} <= {name for name, _, _ in outcomes}
 
 
+@pytest.mark.slow
 def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(tmp_path: Path, nats_server: NatsNode) -> None:
     """The server is down longer than a writer's lease may go unrenewed (``lease_ttl=2``: 1.5 s):
     a commit is then refused at once with ``LeaseLapsedError`` (a ``NotWriterError``) naming the
@@ -902,6 +907,7 @@ def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(tmp_pa
 # ── replicas ─────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_replica_follows_a_writer_under_load_and_ends_identical(tmp_path: Path, nats_server: NatsNode) -> None:
     """A replica follows a replicated writer while eight agents commit entries and one commits
     ``Workload`` batches (documents, tasks, forks, rejections): it serves read-your-writes once
@@ -1129,6 +1135,7 @@ def test_a_commit_too_big_for_the_stream_fails_alone_with_a_clear_error(tmp_path
     _bounded(30, body())
 
 
+@pytest.mark.slow
 def test_a_replica_killed_at_random_moments_resumes_where_it_stood(tmp_path: Path, nats_server: NatsNode) -> None:
     """A shipping writer puts 20,000 records on the stream; a replica (a child process) catching
     up is SIGKILLed at random moments six times, then left to finish. After each kill its log is
@@ -1304,6 +1311,7 @@ def _nats_threads() -> list[str]:
     return [thread.name for thread in threading.enumerate() if thread.name.startswith("nats ")]
 
 
+@pytest.mark.slow
 def test_unreachable_server_fails_fast_and_leaves_the_store_usable(tmp_path: Path) -> None:
     """Nobody listens on the port: a replicated open, a shipping open and a replica open each fail
     with ``NatsUnavailableError`` naming the server within a few seconds, the directory is not

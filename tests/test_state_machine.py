@@ -49,6 +49,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -1235,6 +1236,7 @@ def _change_of(id: int, data: Any) -> list[dict[str, Any]]:
     return [{"type": "document.change", "id": id, "content": content}]
 
 
+@pytest.mark.slow
 def test_backend_matches_memory_storage(open_storage: Any, backend: str) -> None:
     class Machine(StorageMachine):
         OPEN = staticmethod(open_storage)

@@ -594,7 +594,7 @@ async def breakdown(urls: list[str], base: str, store: str, args: argparse.Names
     import nats
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
-    from pi_durable_lmdb.log.jetstream import parse_message, subject_of
+    from pi_durable_lmdb.log.stream.jetstream import parse_message, subject_of
     from pi_durable_lmdb.storage import LmdbStorage
     from pi_durable_lmdb.storage.replica import Follower
 

@@ -1,9 +1,9 @@
 """Kill a writer at random moments, many rounds on one store, and check nothing acknowledged is lost.
 
-Each round starts ``tests/crash_writer_child.py write`` on the store: a real process committing
+Each round starts ``tools/crash_writer.py write`` on the store: a real process committing
 mixed batches through ``LmdbStorage`` (entries, task replacements, document create / change /
 retire, forks copying documents), printing every acknowledged sequence and every minted id. The
-harness SIGKILLs it at a random moment, then starts ``tests/crash_writer_child.py check``, a fresh
+harness SIGKILLs it at a random moment, then starts ``tools/crash_writer.py check``, a fresh
 process that opens the store and checks that
 
 * every acknowledged commit is in the log, whole and exactly as the writer sent it, and every
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CHILD = ROOT / "tests" / "crash_writer_child.py"
+CHILD = ROOT / "tools" / "crash_writer.py"
 KINDS = ("normal", "rebuild", "normal", "tiny-map", "normal", "group")
 GROUP_AGENTS = 16
 TINY_MAP = 64 * 1024

@@ -5,9 +5,11 @@ Usage::
     python tools/power_loss.py --mode power --states 2000 --seed 1
     python tools/power_loss.py --mode process --states 2000 --seed 1 --keep /tmp/failing
     python tools/power_loss.py --mode power --state 3:412:torn:99   # one state again
+    python tools/power_loss.py --mode power --workload group --states 1500
+    python tools/power_loss.py --mode power --workload group --drop fdatasync:data.mdb   # must fail
 
-Each writer (``tests/powerloss/writer.py``) runs under an ``LD_PRELOAD`` write recorder built with
-the machine's C compiler; see ``tests/powerloss/`` for how states are built and what is checked.
+Each writer (``tools/powerloss/writer.py``) runs under an ``LD_PRELOAD`` write recorder built with
+the machine's C compiler; see ``tools/powerloss/`` for how states are built and what is checked.
 Every failing state is printed with the command that reproduces it. The last line is always
 ``power_loss: N states, M failures``. Exit status 0 when M is 0, 1 otherwise.
 """
@@ -23,16 +25,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.powerloss.explore import StateId, explore  # noqa: E402
-from tests.powerloss.record import build_recorder  # noqa: E402
+from tools.powerloss.explore import StateId, explore  # noqa: E402
+from tools.powerloss.record import build_recorder  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["power", "process"], required=True, help="the durability mode recorded")
+    parser.add_argument("--mode", choices=["power", "process"], default="power", help="the durability mode recorded (default power)")
     parser.add_argument("--states", type=int, default=500, help="distinct crash states to check")
     parser.add_argument("--seed", type=int, default=1, help="first recording's seed (later ones count up)")
     parser.add_argument("--batches", type=int, default=30, help="batches each recorded writer commits")
+    parser.add_argument("--workload", choices=["single", "group", "import", "restore", "backup", "backup-plain"], default="single",
+                        help="single: one committer; group: concurrent callers (group commit), some cancelled; "
+                        "import, restore (a real nats-server), backup (--compact), backup-plain: the durable-log "
+                        "command building NEWPATH (the mode is then the source's, not the command's)")
+    parser.add_argument("--drop", default="", help="planted faults: the recorder leaves these syncs out "
+                        "(KIND:PATH-SUFFIX,...; KIND fsync, fdatasync, dirsync or dsync); a sound workload must then fail")
     parser.add_argument("--state", help="check one state again: RECORDING_SEED:POINT:VARIANT:SEED")
     parser.add_argument("--keep", help="copy every failing state's files into this directory")
     parser.add_argument("--minutes", type=float, help="stop after this long (the last line still counts)")
@@ -47,6 +55,8 @@ def main() -> int:
             args.seed,
             recorder,
             batches=args.batches,
+            workload=args.workload,
+            drop=args.drop,
             only=only,
             keep=args.keep,
             say=lambda line: print(line, flush=True),

@@ -7,6 +7,7 @@ holds the persisted shapes and ``codec`` the lossless strict-JSON encoding they 
 from .environment import Durability, Environment
 from .errors import (
     CorruptRecordError,
+    DurabilityConflictError,
     ForkedEnvironmentError,
     LogError,
     MapBusyError,
@@ -35,6 +36,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Commit",
     "CorruptRecordError",
+    "DurabilityConflictError",
     "Durability",
     "EncodedBatch",
     "Environment",

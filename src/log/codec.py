@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Final, TypeVar, cast
 
 import msgspec
 
@@ -41,8 +41,8 @@ try:  # pi-durable hands out frozen records; they are strict JSON too. It is not
     from pi_durable.json import FrozenDict as _FrozenDict
     from pi_durable.json import FrozenList as _FrozenList
 
-    _OBJECT_TYPES: frozenset[type] = frozenset({dict, _FrozenDict})
-    _ARRAY_TYPES: frozenset[type] = frozenset({list, _FrozenList})
+    _OBJECT_TYPES: frozenset[type] = frozenset((dict, _FrozenDict))
+    _ARRAY_TYPES: frozenset[type] = frozenset((list, _FrozenList))
 except ImportError:  # pragma: no cover - exercised only without pi-durable installed
     _OBJECT_TYPES = frozenset({dict})
     _ARRAY_TYPES = frozenset({list})
@@ -259,6 +259,6 @@ def _has_cycle(value: object, ancestors: set[int]) -> bool:
                 return True
             ancestors.add(id(item))
             stack.append((item, True))
-            children = item.values() if kind in _OBJECT_TYPES else item  # type: ignore[attr-defined]
+            children: Iterable[Any] = cast("dict[Any, Any]", item).values() if kind in _OBJECT_TYPES else cast("list[Any]", item)
             stack.extend((child, False) for child in children)
     return False

@@ -15,19 +15,18 @@ Durability modes:
     written, and LMDB cannot tell. So a process-mode writer keeps ``process.unsynced`` in the store
     (holding the boot id, made durable before LMDB writes anything) until it has synced and closed;
     any open that finds one from an earlier boot refuses with ``StoreDamagedError``
-    (tests/powerloss: docs/reliability.md, "Power loss").
+    (tools/powerloss: docs/reliability.md, "Power loss").
+``"replicated"``
+    Locally as ``"process"``: a NATS JetStream stream is the durable copy (``storage.replication``
+    publishes a commit's records before its LMDB transaction commits).
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 import secrets
-import shutil
-import struct
-import threading
 import time
 from collections.abc import Callable
 from typing import Final, Literal, TypeVar
@@ -35,32 +34,38 @@ from typing import Final, Literal, TypeVar
 import lmdb
 import msgspec
 
-from .errors import (
+from . import shared
+from ..errors import (
     ForkedEnvironmentError,
     StoreClosedError,
-    StoreDamagedError,
     StoreFormatError,
     MapBusyError,
     StoreFullError,
-    TruncatedStoreError,
-    WriterLockedError,
     WrongStoreError,
+)
+from .shared import SharedEnv
+from .storedir import MAX_DBS as MAX_DBS
+from .storedir import UNSYNCED_FILE as UNSYNCED_FILE
+from .storedir import (
+    clear_unsynced,
+    create_data_file,
+    make_private_dir,
+    mark_unsynced,
+    refuse_after_crash,
+    refuse_links,
+    sync_directory,
+    take_writer_lock,
 )
 
 T = TypeVar("T")
 
-Durability = Literal["power", "process"]
+Durability = Literal["power", "process", "replicated"]
+"""The one durability type of the package (see the module docstring); only ``"power"`` syncs."""
 
 STORE_FORMAT: Final = 1
 DEFAULT_MAP_SIZE: Final = 1 << 30
-MAX_DBS: Final = 256
 _META_DB: Final = b"meta"
 _HEADER_KEY: Final = b"store"
-_WRITER_LOCK: Final = "writer.lock"
-_STAGING: Final = "creating"
-UNSYNCED_FILE: Final = "process.unsynced"
-"""Present while a ``process``-mode writer may have commits the disk does not hold in order."""
-_BOOT_ID: Final = "/proc/sys/kernel/random/boot_id"
 REMAP_DRAIN: Final = 0.02
 """Seconds a map change keeps new transactions out while waiting for the open ones to end,
 before it lets them in again and retries (so a long read stalls the others only briefly)."""
@@ -115,43 +120,44 @@ class Environment:
     ) -> None:
         if store_id is not None:
             check_store_id(store_id)
-        if durability not in ("power", "process"):
-            raise ValueError(f"durability must be 'power' or 'process', not {durability!r}")
+        if durability not in ("power", "process", "replicated"):
+            raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
         self.path = os.path.abspath(os.fspath(path))
         self._closed = False
         self.readonly = readonly
         self.durability: Durability = durability
         self._pid = os.getpid()
-        self._forks = _forks
+        self._forks = shared.forks
         self._lock_fd: int | None = None
         created = False
         if readonly:
             if not os.path.isfile(os.path.join(self.path, "data.mdb")):
                 raise FileNotFoundError(f"No store at {self.path} (no data.mdb)")
-            _refuse_after_crash(self.path)
+            refuse_after_crash(self.path)
         else:
-            created = _make_private_dir(self.path)
-            _refuse_links(self.path)
-            self._lock_fd = _take_writer_lock(self.path)
-        shared: _SharedEnv | None = None
+            created = make_private_dir(self.path)
+            refuse_links(self.path)
+            self._lock_fd = take_writer_lock(self.path)
+        handle: SharedEnv | None = None
         try:
             if not readonly:
-                _refuse_after_crash(self.path)
-                if durability == "process":
-                    _mark_unsynced(self.path)
+                refuse_after_crash(self.path)
+                shared.refuse_shared_conflict(self.path, durability)  # before the marker: a refused open leaves none
+                if durability != "power":
+                    mark_unsynced(self.path)
                 if not os.path.exists(os.path.join(self.path, "data.mdb")):
-                    _create_data_file(self.path, map_size)
-            shared = self._shared = _acquire(self.path, readonly, durability, map_size)
+                    create_data_file(self.path, map_size)
+            handle = self._shared = shared.acquire(self.path, readonly, durability, map_size)
             if created:
-                _sync_directory(os.path.dirname(self.path))
+                sync_directory(os.path.dirname(self.path))
             self.env = self._shared.env
             self._dbs = self._shared.dbs
             self._gate = self._shared.gate
             self._held = self._gate.held
             self.store_id: str | None = self._check_header(store_id)
         except BaseException:
-            if shared is not None:  # a failed open leaves nothing open behind it
-                _release(shared)
+            if handle is not None:  # a failed open leaves nothing open behind it
+                shared.release(handle)
             self._release_lock()
             raise
 
@@ -169,15 +175,21 @@ class Environment:
                 with self.read() as txn:
                     if txn.get(key) is None:
                         raise StoreFormatError(f"The store at {self.path} has no database {name!r}")
-            self._enter()  # open_db runs a transaction of its own
-            try:
-                db = self.env.open_db(key, create=not self.readonly)
-            finally:
-                self._held.pop()
+                self._enter()  # open_db runs a read transaction of its own
+                try:
+                    db = self.env.open_db(key, create=False)
+                finally:
+                    self._held.pop()
+            else:
+                # In a write transaction of ours, like any other write: one that fills the map
+                # grows it and runs again, and py-lmdb never waits for LMDB's writer lock inside
+                # open_db (a bare open_db beside another thread's commit deadlocked once: the
+                # power-loss group workload, a rebuild beside user projections on a 64 KiB map).
+                db = self.write(lambda txn: self.env.open_db(key, txn=txn, create=True))
             self._dbs[key] = db
         return db
 
-    def drop_dbs(self, txn: lmdb.Transaction, names: list[str]) -> None:
+    def drop_dbs(self, txn: lmdb.Transaction[bytes], names: list[str]) -> None:
         """Delete named databases inside ``txn``. Their handles are opened in it too: LMDB closes
         a dropped handle at once, even if the transaction then aborts and is run again."""
 
@@ -196,7 +208,7 @@ class Environment:
         with self.read() as txn:
             return txn.get(name.encode()) is not None
 
-    def read(self) -> lmdb.Transaction:
+    def read(self) -> lmdb.Transaction[bytes]:
         """A short read transaction, used as ``with env.read() as txn:`` (leaving ends it);
         adopts a map grown by the writer in another process.
 
@@ -207,7 +219,7 @@ class Environment:
 
         if self._closed:
             self.check_open()
-        if _forks != self._forks:  # cheaper than os.getpid() on every read
+        if shared.forks != self._forks:  # cheaper than os.getpid() on every read
             self.check_process()
         held = self._held
         held.append(None)  # atomic (the GIL); the gate's readers count
@@ -220,7 +232,7 @@ class Environment:
             held.pop()
         return self._read_slow()
 
-    def _read_slow(self) -> lmdb.Transaction:
+    def _read_slow(self) -> lmdb.Transaction[bytes]:
         """``read()`` while the map changes, or after another process grew it."""
 
         while True:
@@ -249,7 +261,7 @@ class Environment:
             with gate.changed:
                 gate.changed.wait_for(lambda: not gate.growing, REMAP_DRAIN)
 
-    def write(self, work: Callable[[lmdb.Transaction], T]) -> T:
+    def write(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         """Run ``work`` in one write transaction and commit it, growing the map when it is full.
 
         ``work`` is run again from the start after a growth, so it must change nothing outside
@@ -298,7 +310,7 @@ class Environment:
                 "nothing was written, free some space and commit again",
             ) from error
 
-    def grow(self, full: int | None = None, txn: lmdb.Transaction | None = None) -> None:
+    def grow(self, full: int | None = None, txn: lmdb.Transaction[bytes] | None = None) -> None:
         """Double the map; ``full`` is the size a write found full (if another thread grew it
         meanwhile, there is nothing to do). Called outside any transaction, or by ``write`` with
         ``txn``, its write transaction that found the map full (still counted in ``held``),
@@ -308,7 +320,7 @@ class Environment:
             self._enter()
         self._remap(2, full, txn)
 
-    def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction | None) -> None:
+    def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction[bytes] | None) -> None:
         """Change the memory map: ``factor`` 2 doubles it, 0 adopts the size another process
         grew it to. ``mdb_env_set_mapsize`` must not run while any transaction of this process
         is open (LMDB does not check; py-lmdb invalidates them, or older versions crash), and
@@ -428,9 +440,9 @@ class Environment:
         try:
             if not self.readonly:
                 self.env.sync(True)
-                _clear_unsynced(self.path)
+                clear_unsynced(self.path)
         finally:
-            _release(self._shared)
+            shared.release(self._shared)
             self._release_lock()
 
     def stat_sizes(self) -> dict[str, int]:
@@ -497,291 +509,3 @@ class Environment:
             self._lock_fd = None
 
 
-def _make_private_dir(path: str) -> bool:
-    """Create the store directory; True when it did not exist."""
-
-    try:
-        os.makedirs(path, mode=0o700)
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise NotADirectoryError(f"{path} exists and is not a directory") from None
-        return False
-    return True
-
-
-def _create_data_file(path: str, map_size: int) -> None:
-    """Make a new data.mdb appear whole or not at all. LMDB writes a new file's two meta pages
-    without syncing them, so a power cut right after leaves a file no open accepts
-    (``MDB_INVALID``); here it is made in a staging directory, synced, renamed in, and the
-    directory synced (fsync of a file does not make its name durable: fsync(2))."""
-
-    staging = os.path.join(path, _STAGING)
-    shutil.rmtree(staging, ignore_errors=True)  # left by a cut during an earlier creation
-    os.mkdir(staging, 0o700)
-    env = lmdb.open(staging, map_size=map_size, max_dbs=MAX_DBS, mode=0o600, lock=False)
-    try:
-        env.sync(True)
-    finally:
-        env.close()
-    os.rename(os.path.join(staging, "data.mdb"), os.path.join(path, "data.mdb"))
-    _sync_directory(path)
-    shutil.rmtree(staging, ignore_errors=True)
-
-
-def _boot_id() -> bytes | None:
-    try:
-        with open(_BOOT_ID, "rb") as file:
-            return file.read().strip()
-    except OSError:
-        return None
-
-
-def _refuse_after_crash(path: str) -> None:
-    """Refuse a store a ``process``-mode writer had open when the machine stopped."""
-
-    marker = os.path.join(path, UNSYNCED_FILE)
-    try:
-        with open(marker, "rb") as file:
-            boot = file.read().strip()
-    except FileNotFoundError:
-        return
-    current = _boot_id()
-    if current is not None and boot != current:
-        raise StoreDamagedError(path, marker)
-
-
-def _mark_unsynced(path: str) -> None:
-    """Write the boot id to ``process.unsynced`` and make it durable before LMDB writes a page."""
-
-    marker = os.path.join(path, UNSYNCED_FILE)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(marker, flags, 0o600)
-    try:
-        os.write(fd, (_boot_id() or b"unknown") + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    _sync_directory(path)
-
-
-def _clear_unsynced(path: str) -> None:
-    """After the final sync: the disk holds every commit, in order."""
-
-    try:
-        os.unlink(os.path.join(path, UNSYNCED_FILE))
-    except FileNotFoundError:
-        return
-    _sync_directory(path)
-
-
-def _sync_directory(path: str) -> None:
-    """Make the directory's entries durable: fsync of a file does not persist the file's name
-    (fsync(2)), so without this a power cut can drop a new data.mdb with every commit in it."""
-
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _take_writer_lock(path: str) -> int:
-    lock_path = os.path.join(path, _WRITER_LOCK)
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(lock_path, flags, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            os.close(fd)
-            raise
-        holders = _lock_holders(fd)
-        os.close(fd)
-        named = ", ".join(str(pid) for pid in holders)
-        raise WriterLockedError(path, f" by process {named}" if holders else "") from None
-    os.pwrite(fd, f"{os.getpid():<20}".encode(), 0)  # fixed width: no truncate, which can cost ms
-    return fd
-
-
-def _lock_holders(fd: int) -> list[int]:
-    """The processes holding ``flock`` on the file ``fd`` opens, as the kernel lists them.
-
-    ``writer.lock`` holds the pid of the writer that last took it, which goes stale (a writer that
-    forked, one that died before another wrote over it); the kernel's lock table does not. Where
-    it cannot be read, the pid in the file is named only if that process is alive.
-    """
-
-    stat = os.fstat(fd)
-    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
-    try:
-        with open("/proc/locks") as table:
-            lines = table.read().splitlines()
-    except OSError:
-        lines = None
-    if lines is not None:
-        holders = []
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
-                holders.append(int(fields[4]))  # waiters are listed as "->", so they never match
-        if holders:
-            return sorted(set(holders))
-    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    if not text.isdigit():
-        return []
-    try:
-        os.kill(int(text), 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:
-        pass
-    return [int(text)]
-
-
-class _Gate:
-    """Keeps this process's transactions out of the memory map while it changes (one per LMDB
-    environment, shared by its handles): ``held`` has an item per begin, write transaction or
-    other map use in flight (list ``append``/``pop`` are atomic under the GIL, so the read
-    path takes no lock); ``growing`` is set by ``Environment._remap`` while it waits for them
-    and changes the map. A thread adds to ``held`` and then checks ``growing``; ``_remap``
-    sets ``growing`` and then checks ``held``: one of them always sees the other."""
-
-    __slots__ = ("held", "growing", "lock", "changed")
-
-    def __init__(self) -> None:
-        self.held: list[None] = []
-        self.growing = False
-        self.lock = threading.Lock()
-        self.changed = threading.Condition()
-
-
-class _SharedEnv:
-    """py-lmdb allows one environment per directory per process; handles share it."""
-
-    def __init__(self, env: lmdb.Environment, readonly: bool) -> None:
-        self.env = env
-        self.readonly = readonly
-        self.users = 0
-        self.dbs: dict[bytes, lmdb._Database] = {}
-        self.gate = _Gate()
-
-
-_open_envs: dict[str, _SharedEnv] = {}
-
-
-def _refuse_links(path: str) -> None:
-    """LMDB would follow a planted link and write the store (or its lock table) elsewhere."""
-
-    for name in ("data.mdb", "lock.mdb", _WRITER_LOCK):
-        file = os.path.join(path, name)
-        if os.path.islink(file):
-            raise StoreFormatError(
-                f"{file} is a symbolic link; refusing to follow it out of the store directory"
-            )
-
-
-_META_OFFSET: Final = 16
-"""LMDB's page header; ``MDB_meta`` follows it on each of the two meta pages (64-bit layout)."""
-_META = struct.Struct("=II8x8xI44x48xQQ")
-"""magic, version, (address, map size), the free DB's ``md_pad`` (the page size), (the rest of
-both DB records), ``mm_last_pg``, ``mm_txnid``."""
-_MAGIC: Final = 0xBEEFC0DE
-
-
-def check_not_truncated(path: str) -> None:
-    """Refuse a ``data.mdb`` shorter than the last page its newest meta page names.
-
-    LMDB maps the file and trusts it: a reader touching a page past the end dies from SIGBUS, and
-    a writer would commit on top of pages that are gone. So the meta pages are read with plain
-    file reads first, and the damage is named before LMDB maps anything.
-    """
-
-    file = os.path.join(path, "data.mdb")
-    try:
-        handle = open(file, "rb")
-    except FileNotFoundError:
-        return  # a new store: LMDB creates it
-    with handle:
-        head = handle.read(_META_OFFSET + _META.size)
-        if not head:
-            return  # LMDB initialises an empty file (a store whose creation never got further)
-        if len(head) < _META_OFFSET + _META.size:
-            size = os.fstat(handle.fileno()).st_size
-            raise TruncatedStoreError(
-                f"{file} is truncated: {size} bytes cannot hold LMDB's meta pages; "
-                "restore the store from a copy"
-            )
-        magic, _, page_size, _, _ = _META.unpack_from(head, _META_OFFSET)
-        if magic != _MAGIC or page_size < 512 or page_size & (page_size - 1):
-            return  # not an LMDB file, or one this layout does not describe: LMDB says so itself
-        metas = []
-        for page in (0, 1):
-            handle.seek(page * page_size)
-            data = handle.read(_META_OFFSET + _META.size)
-            if len(data) == _META_OFFSET + _META.size:
-                magic, _, _, last_page, txnid = _META.unpack_from(data, _META_OFFSET)
-                if magic == _MAGIC:
-                    metas.append((txnid, last_page))
-        # Only now the size: a writer elsewhere writes a commit's pages before its meta page and
-        # never shrinks the file, so a size taken after the metas were read covers them.
-        size = os.fstat(handle.fileno()).st_size
-    if len(metas) < 2:
-        raise TruncatedStoreError(
-            f"{file} is truncated: {size} bytes cannot hold LMDB's two meta pages of "
-            f"{page_size} bytes; restore the store from a copy"
-        )
-    _, last_page = max(metas)  # the meta LMDB will use: the newest transaction's
-    needed = (last_page + 1) * page_size
-    if size < needed:
-        raise TruncatedStoreError(
-            f"{file} is truncated: it holds {size} bytes, but its last page ({last_page}, "
-            f"{page_size} bytes each) ends at {needed}; {needed - size} bytes are missing. "
-            "Restore the store from a copy (opening it would read past the end of the file)"
-        )
-
-
-def _acquire(path: str, readonly: bool, durability: Durability, map_size: int) -> _SharedEnv:
-    real = os.path.realpath(path)
-    shared = _open_envs.get(real)
-    if shared is None:
-        _refuse_links(path)
-        check_not_truncated(path)
-        env = lmdb.open(
-            path,
-            map_size=map_size,
-            max_dbs=MAX_DBS,
-            readonly=readonly,
-            sync=durability == "power",
-            metasync=True,
-            mode=0o600,
-            create=not readonly,
-            max_spare_txns=4,
-        )
-        env.reader_check()
-        shared = _open_envs[real] = _SharedEnv(env, readonly)
-    elif shared.readonly and not readonly:
-        raise WriterLockedError(path, " read-only by this process; close those readers first")
-    shared.users += 1
-    return shared
-
-
-def _release(shared: _SharedEnv) -> None:
-    shared.users -= 1
-    if shared.users == 0:
-        for key, value in list(_open_envs.items()):
-            if value is shared:
-                del _open_envs[key]
-        shared.env.close()
-
-
-_forks = 0
-"""Forks this process descends from since the module loaded (``read`` checks it, not the pid)."""
-
-
-def _forget_after_fork() -> None:
-    global _forks
-    _forks += 1
-    _open_envs.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)

@@ -242,4 +242,4 @@ def _verified(seq: int, data: bytes | memoryview) -> LogRecord:
 def write_to_builtins(write: Write) -> dict[str, Any]:
     """The contract dict of a write, exactly as it was committed."""
 
-    return codec.deep(msgspec.to_builtins, write)  # type: ignore[no-any-return]
+    return codec.deep(msgspec.to_builtins, write)

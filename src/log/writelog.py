@@ -68,7 +68,7 @@ class WriteLog:
     # ── writing ─────────────────────────────────────────────────────────────
 
     def append(
-        self, txn: lmdb.Transaction, payload: bytes, committed_at: int | None = None, after: int | None = None
+        self, txn: lmdb.Transaction[bytes], payload: bytes, committed_at: int | None = None, after: int | None = None
     ) -> int:
         """Append one batch's payload (from ``encode_batch``) inside ``txn``; the sequence is
         durable once ``txn`` commits.
@@ -89,7 +89,7 @@ class WriteLog:
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
         return seq
 
-    def append_record(self, txn: lmdb.Transaction, seq: int, data: bytes) -> None:
+    def append_record(self, txn: lmdb.Transaction[bytes], seq: int, data: bytes) -> None:
         """Append a record exactly as another copy of this log stores it (a replica taking it from
         the stream), at ``seq``, which must be the head plus one; the caller verified ``data``."""
 
@@ -98,7 +98,7 @@ class WriteLog:
         if seq != head + 1 or not cursor.put(seq_key(seq), data, append=True):
             raise LogError(f"Record {seq} cannot follow the log's head {head}; nothing was committed")
 
-    def record(self, txn: lmdb.Transaction, seq: int) -> bytes | None:
+    def record(self, txn: lmdb.Transaction[bytes], seq: int) -> bytes | None:
         """The stored bytes of record ``seq``, as ``txn`` sees them."""
 
         if self.db is None:
@@ -131,7 +131,7 @@ class WriteLog:
 
     # ── reading ─────────────────────────────────────────────────────────────
 
-    def head(self, txn: lmdb.Transaction | None = None) -> int:
+    def head(self, txn: lmdb.Transaction[bytes] | None = None) -> int:
         """The last committed sequence, 0 for an empty log."""
 
         if self.db is None:
@@ -153,7 +153,7 @@ class WriteLog:
         if self.db is None:
             return 0
         with self.env.read() as txn:
-            return txn.stat(self.db)["entries"]  # type: ignore[no-any-return]
+            return txn.stat(self.db)["entries"]
 
     def get(self, seq: int) -> Commit | None:
         seq = _position(seq, "seq")

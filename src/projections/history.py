@@ -12,7 +12,7 @@ nothing at all to open a view.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+
 
 import lmdb
 
@@ -24,7 +24,7 @@ _AFTER_ALL_SEQS = b"\xff" * 8
 class AsOfTxn:
     """A read transaction's view of the tables as of ``seq``."""
 
-    def __init__(self, txn: lmdb.Transaction, db: dict[str, lmdb._Database], seq: int) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int) -> None:
         self.txn = txn
         self.seq = seq
         self._history = db[t.HISTORY]
@@ -42,7 +42,7 @@ class AsOfTxn:
     def _table(self, db: lmdb._Database) -> str:
         return self._tables[id(db)]
 
-    def get(self, key: bytes, db: lmdb._Database, default: Any = None) -> bytes | None:
+    def get(self, key: bytes, db: lmdb._Database, default: bytes | None = None) -> bytes | None:
         table = self._table(db)
         if table == t.DOCUMENT_VALUES:
             return default  # not versioned: documents are replayed from their revisions
@@ -61,7 +61,7 @@ class AsOfTxn:
             if found[:-8] == code + key:
                 before = cursor.value()
                 return None if before == t.ABSENT else before[1:]
-        return self.txn.get(key, db=self._db[table])  # type: ignore[no-any-return]
+        return self.txn.get(key, db=self._db[table])
 
     def _born(self, table: str, key: bytes) -> int:
         """The commit that created ``key`` (tables in ``BORN_KNOWN``); past any view if unknown."""
@@ -241,7 +241,7 @@ class _AsOfCursor:
         key = self._history.key()
         if key[:1] != self._code:
             return None
-        return key[1:-8]  # type: ignore[no-any-return]
+        return key[1:-8]
 
 
 def _smaller(a: bytes | None, b: bytes | None) -> bytes | None:

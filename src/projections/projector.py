@@ -75,7 +75,7 @@ class Projector:
         self.model = model
         self.db = model.db
 
-    def fold(self, txn: lmdb.Transaction, commits: Sequence[Commit], check: bool = True) -> None:
+    def fold(self, txn: lmdb.Transaction[bytes], commits: Sequence[Commit], check: bool = True) -> None:
         """Apply records in order and write the last down as folded (catch-ups, rebuilds, verify).
 
         ``check=False`` skips the commit checks, which the records passed when they were
@@ -101,7 +101,7 @@ class Projector:
 
     # ── checks ──────────────────────────────────────────────────────────────
 
-    def prepare(self, txn: lmdb.Transaction, writes: list[Write], check: bool = True) -> Plan:
+    def prepare(self, txn: lmdb.Transaction[bytes], writes: list[Write], check: bool = True) -> Plan:
         if check:
             for write in writes:
                 _check_shape(write)
@@ -113,7 +113,7 @@ class Projector:
             self._check_document_actions(txn, plan)
         return plan
 
-    def _resolve_copies(self, txn: lmdb.Transaction, writes: list[Write]) -> list[Write]:
+    def _resolve_copies(self, txn: lmdb.Transaction[bytes], writes: list[Write]) -> list[Write]:
         if not any(type(write) is DocumentCopyWrite for write in writes):
             return writes
         changed = {
@@ -133,7 +133,7 @@ class Projector:
         return resolved
 
     def _resolve_copy(
-        self, txn: lmdb.Transaction, write: DocumentCopyWrite, changed: set[int]
+        self, txn: lmdb.Transaction[bytes], write: DocumentCopyWrite, changed: set[int]
     ) -> DocumentCreateWrite:
         source = write.source
         if source.id in changed:
@@ -153,7 +153,7 @@ class Projector:
             raise ValueError(f"Fork source document {source.id} does not match the copied record")
         return DocumentCreateWrite(record, BaseContent(stored["version"], stored["value"]))
 
-    def _check_ids(self, txn: lmdb.Transaction, plan: Plan) -> None:
+    def _check_ids(self, txn: lmdb.Transaction[bytes], plan: Plan) -> None:
         claimed: dict[int, str] = {}
         max_id = 0
         for write in plan.writes:
@@ -201,7 +201,7 @@ class Projector:
                     raise ValueError(f"Document {write.id} is retired more than once")
                 action.retire = True
 
-    def _check_document_actions(self, txn: lmdb.Transaction, plan: Plan) -> None:
+    def _check_document_actions(self, txn: lmdb.Transaction[bytes], plan: Plan) -> None:
         live_counts: dict[bytes, int] = {}
         for id, action in plan.actions.items():
             if _is_plain_delta(action):
@@ -240,7 +240,7 @@ class Projector:
     # ── application ─────────────────────────────────────────────────────────
 
     def apply(
-        self, txn: lmdb.Transaction, seq: int, plan: Plan, values: dict[int, t.CurrentValue] | None = None
+        self, txn: lmdb.Transaction[bytes], seq: int, plan: Plan, values: dict[int, t.CurrentValue] | None = None
     ) -> None:
         """Write a prepared batch; a live commit calls this in the log's transaction. ``values``:
         where plain deltas leave documents' values for the caller to write (see ``fold``)."""
@@ -329,7 +329,9 @@ class Projector:
             if not action.retire:
                 rows.put(t.DOCUMENT_CURRENT, address, key)
         else:
-            record = codec.decode(rows.get(t.DOCUMENTS, key))
+            stored = rows.get(t.DOCUMENTS, key)
+            assert stored is not None, "prepare checked that the document exists"
+            record = codec.decode(stored)
             if action.retire:
                 record["retiredAt"] = seq
                 address = address_key(record)
@@ -396,7 +398,7 @@ class Projector:
         if snapshot:
             rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), encoded)
 
-    def _write_values(self, txn: lmdb.Transaction, values: dict[int, t.CurrentValue]) -> None:
+    def _write_values(self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]) -> None:
         """Store the values ``fold`` kept back (the table has no history to keep)."""
 
         for id, current in values.items():
@@ -419,7 +421,7 @@ class _Rows:
 
     __slots__ = ("txn", "db", "seq", "_history")
 
-    def __init__(self, txn: lmdb.Transaction, db: dict[str, lmdb._Database], seq: int) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int) -> None:
         self.txn, self.db, self.seq = txn, db, seq
         self._history = db[t.HISTORY]
 
@@ -472,10 +474,12 @@ _task_status_decoder: Final = codec.decoder(_TaskStatus)
 
 
 def _task_status(raw: bytes) -> str:
+    status: str
     try:
-        return _task_status_decoder.decode(raw).state.status
+        status = _task_status_decoder.decode(raw).state.status
     except (msgspec.ValidationError, RecursionError):  # escaped objects (odd keys), deep values
-        return codec.decode(raw)["state"]["status"]  # type: ignore[no-any-return]
+        status = codec.decode(raw)["state"]["status"]
+    return status
 
 
 def _is_plain_delta(action: DocumentAction) -> bool:

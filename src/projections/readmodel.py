@@ -65,7 +65,9 @@ def address_key(address: Any) -> bytes:
 
 
 def is_current_only(record: Any) -> bool:
-    return record["scope"]["kind"] != "conversation" or record.get("history") == "latest"
+    kind: str = record["scope"]["kind"]
+    history: str | None = record.get("history")
+    return kind != "conversation" or history == "latest"
 
 
 def is_alive_at(record: Any, at: Any) -> bool:
@@ -75,7 +77,7 @@ def is_alive_at(record: Any, at: Any) -> bool:
 
 
 def rows_in_range(
-    txn: lmdb.Transaction,
+    txn: lmdb.Transaction[bytes],
     db: lmdb._Database,
     prefix: bytes,
     low: int,
@@ -114,21 +116,21 @@ def key_range(prefix: bytes, low: int, high: int) -> tuple[bytes, bytes] | None:
     return prefix + t.u64(low), prefix + t.u64(high)
 
 
-def seek(cursor: lmdb.Cursor, first: bytes, last: bytes, descending: bool) -> bool:
+def seek(cursor: lmdb.Cursor[bytes], first: bytes, last: bytes, descending: bool) -> bool:
     """Put ``cursor`` on the range's first row in scan order (if any row is there, the caller
     checks the bounds)."""
 
     if not descending:
-        return cursor.set_range(first)  # type: ignore[no-any-return]
+        return cursor.set_range(first)
     if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
         return cursor.seek_at_or_before(last)  # type: ignore[no-any-return]
     if cursor.set_range(last):
-        return cursor.key() == last or cursor.prev()  # type: ignore[no-any-return]
-    return cursor.last()  # type: ignore[no-any-return]
+        return cursor.key() == last or cursor.prev()
+    return cursor.last()
 
 
 def ids_in_range(
-    txn: lmdb.Transaction,
+    txn: lmdb.Transaction[bytes],
     db: lmdb._Database,
     prefix: bytes,
     low: int,
@@ -157,41 +159,43 @@ class ReadModel:
 
     # ── records by id ───────────────────────────────────────────────────────
 
-    def value(self, txn: lmdb.Transaction, table: str, key: bytes) -> bytes | None:
+    def value(self, txn: lmdb.Transaction[bytes], table: str, key: bytes) -> bytes | None:
         """The checked value at ``key``: damage raises ``CorruptProjectionError``."""
 
         raw = txn.get(key, db=self.db[table])
         return None if raw is None else self.unseal(raw, table, key)
 
-    def _get(self, txn: lmdb.Transaction, table: str, id: object) -> Any | None:
+    def _get(self, txn: lmdb.Transaction[bytes], table: str, id: object) -> Any | None:
         key = as_key_id(id)
         raw = None if key is None else self.value(txn, table, _pack(key))
         return None if raw is None else codec.decode(raw)
 
-    def record_type(self, txn: lmdb.Transaction, id: int) -> str | None:
+    def record_type(self, txn: lmdb.Transaction[bytes], id: int) -> str | None:
         key = as_key_id(id)
         raw = None if key is None else self.value(txn, t.RECORD_IDS, t.u64(key))
         return None if raw is None else t.RECORD_TYPE_NAMES[raw[:1]]
 
-    def max_record_id(self, txn: lmdb.Transaction) -> int:
+    def max_record_id(self, txn: lmdb.Transaction[bytes]) -> int:
         cursor = txn.cursor(db=self.db[t.RECORD_IDS])
         return t.read_u64(cursor.key()) if cursor.last() else 0
 
-    def conversation(self, txn: lmdb.Transaction, id: object) -> Any | None:
+    def conversation(self, txn: lmdb.Transaction[bytes], id: object) -> Any | None:
         return self._get(txn, t.CONVERSATIONS, id)
 
-    def task(self, txn: lmdb.Transaction, id: object) -> Any | None:
+    def task(self, txn: lmdb.Transaction[bytes], id: object) -> Any | None:
         return self._get(txn, t.TASKS, id)
 
-    def submission(self, txn: lmdb.Transaction, id: object) -> Any | None:
+    def submission(self, txn: lmdb.Transaction[bytes], id: object) -> Any | None:
         return self._get(txn, t.SUBMISSIONS, id)
 
-    def document_record(self, txn: lmdb.Transaction, id: object) -> Any | None:
+    def document_record(self, txn: lmdb.Transaction[bytes], id: object) -> Any | None:
         return self._get(txn, t.DOCUMENTS, id)
 
-    def entry_row(self, txn: lmdb.Transaction, id: object) -> t.EntryRow | None:
+    def entry_row(self, txn: lmdb.Transaction[bytes], id: object) -> t.EntryRow | None:
         key = as_key_id(id)
-        registered = None if key is None else self.value(txn, t.RECORD_IDS, t.u64(key))
+        if key is None:
+            return None
+        registered = self.value(txn, t.RECORD_IDS, t.u64(key))
         if registered is None or registered[:1] != t.RECORD_TYPES["entry"]:
             return None
         conversation = registered[9:17]  # after the type code and the claiming commit's sequence
@@ -199,7 +203,7 @@ class ReadModel:
         return None if raw is None else codec.decode_with(t.entry_decoder, raw)
 
     def submission_id_by_request(
-        self, txn: lmdb.Transaction, conversation_id: object, request_id: object
+        self, txn: lmdb.Transaction[bytes], conversation_id: object, request_id: object
     ) -> int | None:
         key = as_key_id(conversation_id)
         if key is None:
@@ -211,7 +215,7 @@ class ReadModel:
 
     def scan_table(
         self,
-        txn: lmdb.Transaction,
+        txn: lmdb.Transaction[bytes],
         table: str,
         index: str | None,
         prefix: bytes,
@@ -230,7 +234,10 @@ class ReadModel:
         for key, raw in rows:
             if index is not None:
                 key = key[-8:]  # the index key ends with the record's id
-                raw = txn.get(key, db=records)
+                found = txn.get(key, db=records)
+                if found is None:  # an index row whose record is gone
+                    raise CorruptProjectionError(table, key)
+                raw = found
             value = raw[t.SUM_SIZE:]  # a scan loop: the checksum checked inline
             if checked and t.checksum(value) != t.checksum_of(raw)[0]:
                 raise CorruptProjectionError(table, key)
@@ -238,7 +245,7 @@ class ReadModel:
 
     def entry_page(
         self,
-        txn: lmdb.Transaction,
+        txn: lmdb.Transaction[bytes],
         conversation_id: Any,
         min_entry_id: Any,
         max_entry_id: Any,
@@ -280,7 +287,7 @@ class ReadModel:
         return rows, False
 
     def _fork_segments(
-        self, txn: lmdb.Transaction, conversation_id: Any, minimum: Any, upper: Any
+        self, txn: lmdb.Transaction[bytes], conversation_id: Any, minimum: Any, upper: Any
     ) -> Iterator[tuple[int, Any]]:
         """``(conversation id, highest visible entry id)`` from a conversation up to its root.
 
@@ -296,7 +303,7 @@ class ReadModel:
         return self._walk_forks(txn, current, fork, minimum, upper)  # type: ignore[arg-type]
 
     def _walk_forks(
-        self, txn: lmdb.Transaction, current: int, fork: bytes | None, minimum: Any, upper: Any
+        self, txn: lmdb.Transaction[bytes], current: int, fork: bytes | None, minimum: Any, upper: Any
     ) -> Iterator[tuple[int, Any]]:
         while True:
             yield current, upper
@@ -313,36 +320,40 @@ class ReadModel:
             fork = None
 
     def latest_head_marker(
-        self, txn: lmdb.Transaction, conversation_id: Any, at_or_before: Any
+        self, txn: lmdb.Transaction[bytes], conversation_id: Any, at_or_before: Any
     ) -> Any | None:
         upper = MAX_SAFE_INTEGER if at_or_before is None else at_or_before
         heads = self.db[t.HEADS_BY_CONVERSATION]
         for segment_id, segment_upper in self._fork_segments(txn, conversation_id, _FAR_BELOW, upper):
             for id, _ in ids_in_range(txn, heads, t.u64(segment_id), 0, segment_upper, True):
-                raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, t.u64_pair(segment_id, id))
+                key = t.u64_pair(segment_id, id)
+                raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, key)
+                if raw is None:  # a head whose entry is gone
+                    raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
                 return codec.decode_with(t.entry_decoder, raw).record
         return None
 
     # ── documents ───────────────────────────────────────────────────────────
 
-    def current_document_id(self, txn: lmdb.Transaction, address: bytes) -> int | None:
+    def current_document_id(self, txn: lmdb.Transaction[bytes], address: bytes) -> int | None:
         raw = self.value(txn, t.DOCUMENT_CURRENT, address)
         return None if raw is None else t.read_u64(raw)
 
-    def incarnations(self, txn: lmdb.Transaction, address: bytes) -> Iterator[int]:
+    def incarnations(self, txn: lmdb.Transaction[bytes], address: bytes) -> Iterator[int]:
         for id, _ in ids_in_range(txn, self.db[t.DOCUMENT_INCARNATIONS], address, 0, t.MAX_ID, False):
             yield id
 
-    def current_value(self, txn: lmdb.Transaction, id: int) -> t.CurrentValue | None:
+    def current_value(self, txn: lmdb.Transaction[bytes], id: int) -> t.CurrentValue | None:
         raw = self.value(txn, t.DOCUMENT_VALUES, t.u64(id))
         return None if raw is None else codec.decode_with(t.current_decoder, raw)
 
-    def last_revision_version(self, txn: lmdb.Transaction, id: int) -> int | None:
+    def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:
         for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):
-            return codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
+            version: int = codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
+            return version
         return None
 
-    def materialize(self, txn: lmdb.Transaction, id: Any, at: Any) -> dict[str, Any] | None:
+    def materialize(self, txn: lmdb.Transaction[bytes], id: Any, at: Any) -> dict[str, Any] | None:
         """One incarnation at a point: ``{record, version, value, deltasSinceBase}``."""
 
         record = self.document_record(txn, id)
@@ -367,7 +378,7 @@ class ReadModel:
         version, value, deltas = self.replay(txn, id, upper)
         return {"record": record, "version": version, "value": value, "deltasSinceBase": deltas}
 
-    def replay(self, txn: lmdb.Transaction, id: int, upper: int) -> tuple[int, Any, int]:
+    def replay(self, txn: lmdb.Transaction[bytes], id: int, upper: int) -> tuple[int, Any, int]:
         """The value at ``upper``: the newest base at or before it with the deltas after it
         applied, starting from a kept snapshot when one is newer than that base."""
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import lmdb
 
+from ..errors import ProjectionsBehind
 from ..log import Environment, WriteLog
 
 from . import tables as t
@@ -27,9 +28,6 @@ FOLD_CHUNK = 2048
 Progress = Callable[[int, int], None]
 
 
-class ProjectionsBehind(RuntimeError):
-    """A read-only open found projections that only a writer can bring up to date."""
-
 
 def read_header(env: Environment) -> t.CoreHeader | None:
     if env.readonly and not env.has_db(REGISTRY_DB):
@@ -40,11 +38,11 @@ def read_header(env: Environment) -> t.CoreHeader | None:
     return None if raw is None else t.header_decoder.decode(raw)
 
 
-def _put_header(txn: lmdb.Transaction, env: Environment, header: t.CoreHeader) -> None:
+def _put_header(txn: lmdb.Transaction[bytes], env: Environment, header: t.CoreHeader) -> None:
     txn.put(CORE_KEY, t.encode_state(header), db=env.db(REGISTRY_DB))
 
 
-def projection_state(txn: lmdb.Transaction, model: ReadModel) -> t.ProjectionState | None:
+def projection_state(txn: lmdb.Transaction[bytes], model: ReadModel) -> t.ProjectionState | None:
     raw = txn.get(t.STATE_KEY, db=model.db[t.STATE])
     return None if raw is None else t.state_decoder.decode(raw)
 
@@ -57,7 +55,7 @@ def folded_seq(env: Environment, log: WriteLog, model: ReadModel) -> int:
     return 0 if state is None else state.folded_seq
 
 
-def mark_lockstep(txn: lmdb.Transaction, model: ReadModel) -> None:
+def mark_lockstep(txn: lmdb.Transaction[bytes], model: ReadModel) -> None:
     state = t.ProjectionState(t.SCHEMA_VERSION, 0, lockstep=True)
     txn.put(t.STATE_KEY, t.encode_state(state), db=model.db[t.STATE])
 
@@ -88,8 +86,8 @@ def open_core(
             )
         return model
     if header is None:
-        header = t.CoreHeader(0, t.SCHEMA_VERSION)
-        env.write(lambda txn: _put_header(txn, env, header))
+        header = fresh = t.CoreHeader(0, t.SCHEMA_VERSION)
+        env.write(lambda txn: _put_header(txn, env, fresh))
     if header.schema_version != t.SCHEMA_VERSION or header.building is not None:
         rebuild(env, log, progress)
         header = read_header(env)
@@ -121,7 +119,7 @@ def follow_swap(env: Environment, model: ReadModel, raw: bytes | None) -> ReadMo
 
 def begin_following(
     env: Environment, model: ReadModel, known: bytes | None = None
-) -> tuple[lmdb.Transaction, ReadModel, bytes | None]:
+) -> tuple[lmdb.Transaction[bytes], ReadModel, bytes | None]:
     """A read transaction, the read model of the generation its snapshot names, and that core
     header (pass it back as ``known``: while it is unchanged, nothing is decoded).
 
@@ -174,7 +172,7 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
         state = projection_state(txn, building)
     restart = state is not None and state.schema_version != t.SCHEMA_VERSION
 
-    def begin(txn: lmdb.Transaction) -> None:
+    def begin(txn: lmdb.Transaction[bytes]) -> None:
         if restart:
             for name in t.TABLES:
                 txn.drop(building.db[name], delete=False)
@@ -189,7 +187,7 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
     old = [t.db_name(header.generation, name) for name in t.TABLES]
     env.forget_dbs(old)
 
-    def swap(txn: lmdb.Transaction) -> None:
+    def swap(txn: lmdb.Transaction[bytes]) -> None:
         env.drop_dbs(txn, old)
         _put_header(txn, env, t.CoreHeader(target, t.SCHEMA_VERSION))
         mark_lockstep(txn, building)
@@ -204,7 +202,7 @@ def abandon(env: Environment, header: t.CoreHeader, target: int) -> None:
     partial = [t.db_name(target, name) for name in t.TABLES]
     env.forget_dbs(partial)
 
-    def drop(txn: lmdb.Transaction) -> None:
+    def drop(txn: lmdb.Transaction[bytes]) -> None:
         env.drop_dbs(txn, partial)
         _put_header(txn, env, t.CoreHeader(header.generation, header.schema_version))
 

@@ -10,6 +10,7 @@ it is reported with the sequence and the error, commits and other projections go
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import ClassVar, Final
@@ -17,9 +18,12 @@ from typing import ClassVar, Final
 import lmdb
 import msgspec
 
+from ..errors import ProjectionFailed
 from ..log import Commit, Environment, StoreClosedError, WriteLog
 
 from .rebuild import REGISTRY_DB, FOLD_CHUNK
+
+_log = logging.getLogger("pi_durable_lmdb")
 
 _PREFIX = b"user:"
 
@@ -61,11 +65,6 @@ class Projection:
 
         raise NotImplementedError
 
-
-class ProjectionFailed(RuntimeError):
-    def __init__(self, name: str, seq: int, error: str) -> None:
-        super().__init__(f"Projection {name!r} stopped at log sequence {seq}: {error}")
-        self.name, self.seq, self.error = name, seq, error
 
 
 class _FoldFailed(Exception):
@@ -139,7 +138,7 @@ class Tables:
     in ``storage.projections.read(name)``. Keys and values are bytes; keys sort bytewise, so
     encode integers big-endian to keep them in numeric order."""
 
-    def __init__(self, txn: lmdb.Transaction, dbs: dict[str, lmdb._Database]) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], dbs: dict[str, lmdb._Database]) -> None:
         self._txn = txn
         self._dbs = dbs
 
@@ -152,7 +151,7 @@ class Tables:
     def get(self, db: str, key: bytes) -> bytes | None:
         """The value at ``key`` in database ``db``, or None."""
 
-        return self._txn.get(key, db=self._db(db))  # type: ignore[no-any-return]
+        return self._txn.get(key, db=self._db(db))
 
     def put(self, db: str, key: bytes, value: bytes) -> None:
         """Set ``key`` to ``value`` (only inside ``fold``)."""
@@ -312,11 +311,11 @@ class UserProjections:
                 continue
             commits = self._log.take(status.folded_seq + 1, head, FOLD_CHUNK)
             try:
-                self._status[name] = self._env.write(lambda txn, p=projection, c=commits: self._fold(txn, p, c))
+                self._status[name] = self._env.write(lambda txn: self._fold(txn, projection, commits))
             except _FoldFailed as failure:
                 before = [commit for commit in commits if commit.seq < failure.seq]
                 if before:  # keep what folded cleanly, so the checkpoint stops right before it
-                    status = self._env.write(lambda txn, p=projection, b=before: self._fold(txn, p, b))
+                    status = self._env.write(lambda txn: self._fold(txn, projection, before))
                 self._status[name] = self._record_failure(name, status, failure.seq, failure.error)
                 continue
             behind |= self._status[name].folded_seq < head
@@ -324,7 +323,7 @@ class UserProjections:
             self._progress.set()
         return behind
 
-    def _fold(self, txn: lmdb.Transaction, projection: Projection, commits: list[Commit]) -> ProjectionStatus:
+    def _fold(self, txn: lmdb.Transaction[bytes], projection: Projection, commits: list[Commit]) -> ProjectionStatus:
         tables = Tables(txn, self._dbs[projection.name])
         for commit in commits:
             try:
@@ -337,6 +336,7 @@ class UserProjections:
 
     def _record_failure(self, name: str, status: ProjectionStatus, seq: int, error: Exception) -> ProjectionStatus:
         failed = msgspec.structs.replace(status, failed_seq=seq, error=_describe(error))
+        _log.error("user projection %r stopped at record %d: %s", name, seq, failed.error, exc_info=error)
         key = _PREFIX + name.encode()
         self._env.write(lambda txn: txn.put(key, _status_encoder.encode(failed), db=self._registry))
         return failed
@@ -358,7 +358,7 @@ class UserProjections:
     def _drop(self, projection: Projection) -> ProjectionStatus:
         status = ProjectionStatus(projection.version, 0)
 
-        def drop(txn: lmdb.Transaction) -> None:
+        def drop(txn: lmdb.Transaction[bytes]) -> None:
             for db in self._dbs[projection.name].values():
                 txn.drop(db, delete=False)
             txn.put(_PREFIX + projection.name.encode(), _status_encoder.encode(status), db=self._registry)

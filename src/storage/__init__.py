@@ -1,9 +1,8 @@
 """The Storage contract facade: ``LmdbStorage``, served from projections folded from the log."""
 
-from ..log.jetstream import NatsUnavailableError, ReplicationError
-from ..log.replication import NotWriterError
+from ..errors import NatsUnavailableError, NotWriterError, ReplicationError
+from ..log import Durability
 from ..projections import StorageRequestError
-
-from .lmdb_storage import Durability, LmdbStorage
+from .lmdb_storage import LmdbStorage
 
 __all__ = ["Durability", "LmdbStorage", "NatsUnavailableError", "NotWriterError", "ReplicationError", "StorageRequestError"]

@@ -24,7 +24,8 @@ from pi_durable.context import BACKGROUND_CONTEXT
 from ..log import Commit, CorruptRecordError, Environment, WriteLog, key_seq, seq_key, write_to_builtins
 from ..log.records import decode_record, decode_record_builtins
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
-from ..log.replication import stored_position
+from ..log.stream.position import stored_position
+from ..log.stream.shipper import stopped_reason
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.rebuild import (
@@ -41,7 +42,7 @@ from .jsonlines import to_json
 from .lmdb_storage import LmdbStorage
 
 if TYPE_CHECKING:
-    from ..log.jetstream import JetStreamLink
+    from ..log.stream.jetstream import JetStreamLink
 
 def plural(count: int, one: str, many: str | None = None) -> str:
     """``1 op``, ``2 ops``: every count a person reads goes through here."""
@@ -158,7 +159,8 @@ class Tail:
         high = self.head() if last is None else min(last, self.head())
         while high >= first and len(found) < count:
             low = max(first, high - 255)
-            chunk = [(commit, writes) for commit in self.log.read(low, high) if (writes := self.select(commit))]
+            commits: Iterator[Commit] = self.log.read(low, high)
+            chunk = [(commit, writes) for commit in commits if (writes := self.select(commit))]
             found[:0] = chunk
             high = low - 1
         return found[max(0, len(found) - count) :] if count else []
@@ -220,7 +222,7 @@ async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
     """A link to an existing stream (never made here): connected, the stream checked. Unreachable
     servers raise ``NatsUnavailableError``, a missing stream ``StreamMissingError``."""
 
-    from ..log.jetstream import JetStreamLink
+    from ..log.stream.jetstream import JetStreamLink
 
     link = JetStreamLink(nats, stream)
     try:
@@ -235,7 +237,7 @@ async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
 async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) -> dict[str, Any] | None:
     """Who holds store ``store``'s writer lease on ``stream`` now (``None``: nobody)."""
 
-    from ..log.lease import WriterLease
+    from ..log.stream.lease import WriterLease
 
     if store is None:
         return None
@@ -259,7 +261,7 @@ async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) ->
 def stream_subject(stream: str, store: str | None) -> str:
     """The subject of one store's log on ``stream``, or (``store`` None) of every store's."""
 
-    from ..log.jetstream import subject_of
+    from ..log.stream.jetstream import subject_of
 
     return f"{stream}.*.log" if store is None else subject_of(stream, store)
 
@@ -335,7 +337,7 @@ def summarize(commit: Commit, writes: list[Any]) -> str:
 
 def _describe(write: Any) -> str:
     tag = type(write).__struct_config__.tag
-    value = getattr(write, "value", None)
+    value: Any = getattr(write, "value", None)
     if tag == "conversation":
         parent = value.get("parent") if isinstance(value, dict) else None
         fork = f" fork of {parent['conversationId']}@{parent['at']}" if isinstance(parent, dict) else ""
@@ -403,6 +405,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             state = projection_state(txn, model)
             position = _stored_position(txn, env)
         users = stored_statuses(env)
+        shipping_stopped = stopped_reason(env.path)
         return {
             "path": env.path,
             "storeId": env.store_id,
@@ -444,15 +447,16 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
                     }
                 }
             ),
+            **({} if shipping_stopped is None else {"shipping": {"stopped": True, "reason": shipping_stopped}}),
         }
     finally:
         env.close()
 
 
-def _stored_position(txn: lmdb.Transaction, env: Environment) -> Any:
+def _stored_position(txn: lmdb.Transaction[bytes], env: Environment) -> Any:
     import msgspec
 
-    from ..log.jetstream import ReplicationError
+    from ..errors import ReplicationError
 
     try:
         return stored_position(txn, env.db("meta"))
@@ -492,6 +496,8 @@ def format_stats(info: dict[str, Any]) -> str:
             f"replication      stream {replication['stream']}: log sequence {replication['seq']} at stream message "
             f"{replication['streamSeq']}, writer epoch {replication['epoch']}"
         )
+    if "shipping" in info:
+        lines.append(f"shipping         STOPPED: {info['shipping']['reason']}")
     if "lease" in info:
         lease = info["lease"]
         lines.append(
@@ -707,7 +713,7 @@ def _fold_into(scratch: Environment, projector: Projector, commits: list[Commit]
 
 
 def _compare(
-    live_txn: lmdb.Transaction, live: ReadModel, scratch: ReadModel, report: VerifyReport, limit: int
+    live_txn: lmdb.Transaction[bytes], live: ReadModel, scratch: ReadModel, report: VerifyReport, limit: int
 ) -> None:
     def found(name: str, key: bytes, detail: str) -> None:
         if len(report.differences) < limit:
@@ -872,6 +878,7 @@ def backup(path: str | os.PathLike[str], dest: str | os.PathLike[str], compact: 
         env.copy(building, compact=compact)
         data = os.path.join(building, "data.mdb")
         _fsync(data)
+        _fsync(building)  # data.mdb's name: without it a cut after the rename can leave DEST empty
         os.rename(building, target)
         _fsync(parent)
     except BaseException:

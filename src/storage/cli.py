@@ -18,14 +18,13 @@ import lmdb
 from ..log import CorruptRecordError, LogError
 from ..log.environment import check_store_id
 from ..log.errors import TruncatedStoreError
-from ..log.jetstream import ForeignMessageError
+from ..errors import ForeignMessageError, ProjectionFailed, ProjectionsBehind
 from ..log.records import FORMAT_VERSION, WRITE_TYPES
 from ..projections.errors import CorruptProjectionError, StorageRequestError
-from ..projections.rebuild import ProjectionsBehind
-from ..projections.user import ProjectionFailed
 from ..projections.tables import SCHEMA_VERSION
 
 from . import audit
+from .jsonlines import to_json
 
 EXIT_OK: Final = 0
 EXIT_DAMAGE: Final = 1
@@ -222,6 +221,8 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.add_argument("--nats", metavar="URL", help="also ask NATS for the store's writer lease (with --stream)")
     stats.add_argument("--stream", metavar="S", help="the stream that carries the store's log (with --nats)")
+    stats.add_argument("--watch", action="store_true", help="print rates (commits/s, fold lag, replication lag) every --every seconds")
+    stats.add_argument("--every", type=float, default=2.0, metavar="SECONDS", help="interval of --watch (default 2)")
     stats.set_defaults(run=_stats)
 
     promote = command(
@@ -412,18 +413,26 @@ def _demo(path: str | None) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    if args.watch:
+        from ..web.watch import watch
+
+        audit.require_store(args.path)
+        try:
+            return watch(args.path, sys.stdout, args.every)
+        except KeyboardInterrupt:
+            return 0
     if (args.nats is None) != (args.stream is None):
         raise _usage("--nats and --stream go together")
     info = audit.stats(args.path)
     if args.nats is not None:
         info["lease"] = asyncio.run(audit.lease_of(args.nats, args.stream, info.get("storeId")))
-    print(audit.to_json(info) if args.json else audit.format_stats(info))
+    print(to_json(info) if args.json else audit.format_stats(info))
     return EXIT_OK
 
 
 def _promote(args: argparse.Namespace) -> int:
     from ..log.environment import Environment
-    from ..log.lease import DEFAULT_LEASE_TTL
+    from ..log.stream.lease import DEFAULT_LEASE_TTL
 
     audit.require_store(args.path)
     env = Environment(args.path, readonly=True)
@@ -523,7 +532,7 @@ async def _print_tail(tail: audit.Tail, first: int, last: int, limit: int | None
 
     def line(commit: Any, writes: list[Any]) -> str:
         if args.json:
-            return audit.to_json(audit.commit_to_builtins(commit, writes))
+            return to_json(audit.commit_to_builtins(commit, writes))
         # readable text: lone surrogates shown as \udXXX escapes, never an encoding error
         return audit.summarize(commit, writes).encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -681,7 +690,7 @@ def _show(args: argparse.Namespace) -> int:
         when = "" if seq is None else f" as of log sequence {seq}"
         print(f"durable-log: no {args.kind} {args.id} in {os.path.abspath(args.path)}{when}", file=sys.stderr)
         return EXIT_USAGE
-    print(audit.to_json(found))
+    print(to_json(found))
     return EXIT_OK
 
 

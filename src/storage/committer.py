@@ -46,8 +46,8 @@ from typing import Any, Final
 
 import lmdb
 
-from ..log import EncodedBatch, Environment, MapBusyError, StoreClosedError, WriteLog
-from ..log.jetstream import ReplicationError
+from ..errors import ReplicationError
+from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
 from ..projections import Projector
 from .replication import StreamWriter
 
@@ -72,9 +72,9 @@ class _Job:
         self,
         loop: asyncio.AbstractEventLoop,
         payload: bytes | None,
-        batch: EncodedBatch | None,
+        batch: list[Write] | None,
         committed_at: int | None,
-        work: Callable[[lmdb.Transaction], Any] | None,
+        work: Callable[[lmdb.Transaction[bytes]], Any] | None,
     ) -> None:
         self.loop = loop
         self.future: asyncio.Future[Any] = loop.create_future()
@@ -97,15 +97,24 @@ class Committer:
     """The one path of a store's commits and other durable writes (see the module docstring)."""
 
     def __init__(
-        self, env: Environment, log: WriteLog, projector: Projector, stream: StreamWriter | None = None
+        self,
+        env: Environment,
+        log: WriteLog,
+        projector: Projector,
+        on_commit: Callable[[int], None],
+        stream: StreamWriter | None = None,
     ) -> None:
         self._env = env
         self._log = log
         self.projector = projector
+        self._on_commit = on_commit
+        """Called with each committed batch's highest id, on the committing thread, as soon as its
+        transaction committed: a batch in the log has all its effects (the id floor, followers
+        woken) whatever became of its caller (cancelled, timed out, its loop closed)."""
         """Swapped by a rebuild, under ``exclusive()``."""
         self.stream = stream
         self._direct = stream is None
-        self._direct_run = DIRECT_RUN if env.durability == "process" else 0.0
+        self._direct_run = DIRECT_RUN if env.durability != "power" else 0.0
         """How long a run of direct commits lasts between yields: in ``power`` mode each direct
         commit yields first, so the loop waits for one commit's syncs at most, and only while
         no other commit is about."""
@@ -129,7 +138,7 @@ class Committer:
 
     # ── callers ─────────────────────────────────────────────────────────────
 
-    async def commit(self, payload: bytes, batch: EncodedBatch, committed_at: int | None) -> tuple[int, int]:
+    async def commit(self, payload: bytes, batch: list[Write], committed_at: int | None) -> tuple[int, int]:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
         loop = asyncio.get_running_loop()
@@ -147,7 +156,7 @@ class Committer:
                     if not self._closed and not self._queue and loop not in self._gathering:
                         self._commits += 1
                         result = self._env.write(lambda txn: self._commit_one(txn, payload, batch, committed_at))
-                        self._log.committed()
+                        self._committed([result])
                         return result
                 finally:
                     self._lock.release()
@@ -175,7 +184,7 @@ class Committer:
         return True
 
     def _commit_one(
-        self, txn: lmdb.Transaction, payload: bytes, batch: EncodedBatch, committed_at: int | None
+        self, txn: lmdb.Transaction[bytes], payload: bytes, batch: list[Write], committed_at: int | None
     ) -> tuple[int, int]:
         """A direct commit's transaction: check, append, fold."""
 
@@ -185,7 +194,7 @@ class Committer:
         projector.apply(txn, seq, plan)
         return seq, plan.max_id
 
-    async def write(self, work: Callable[[lmdb.Transaction], Any]) -> Any:
+    async def write(self, work: Callable[[lmdb.Transaction[bytes]], Any]) -> Any:
         """Run ``work(txn)`` in a group's transaction (durable writes that are not log records,
         such as the id reservation); it must change nothing outside the transaction."""
 
@@ -194,9 +203,9 @@ class Committer:
     def _submit(
         self,
         payload: bytes | None,
-        batch: EncodedBatch | None,
+        batch: list[Write] | None,
         committed_at: int | None,
-        work: Callable[[lmdb.Transaction], Any] | None,
+        work: Callable[[lmdb.Transaction[bytes]], Any] | None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> asyncio.Future[Any]:
         self._env.check_process()
@@ -265,9 +274,17 @@ class Committer:
 
         stream = self.stream
         try:
+            self._attempt(jobs, stream)
+        finally:
+            if stream is not None:
+                stream.landed = frozenset()
+
+    def _attempt(self, jobs: list[_Job], stream: StreamWriter | None) -> None:
+        try:
             self._env.write(lambda txn: self._group(txn, jobs, stream))
             if stream is not None:
                 stream.committed()
+            self._committed([job.result for job in jobs if job.batch is not None and job.error is None], stream)
             return
         except ReplicationError as error:  # the stream refused or did not answer: all alike
             for job in jobs:
@@ -286,20 +303,39 @@ class Committer:
                 self._env.write(lambda txn, alone=[job]: self._group(txn, alone, stream))  # type: ignore[misc]
                 if stream is not None:
                     stream.committed()
+                self._committed([job.result] if job.batch is not None and job.error is None else [], stream)
             except BaseException as error:
                 job.result, job.error = None, error
 
-    def _group(self, txn: lmdb.Transaction, jobs: list[_Job], stream: StreamWriter | None = None) -> None:
+    def _committed(self, results: list[tuple[int, int]], stream: StreamWriter | None = None) -> None:
+        """Right after a transaction holding ``results`` (sequence, highest id) committed, on the
+        committing thread: the effects every batch in the log has, whether or not its caller
+        still waits for it. A group that settled with a ``stream`` may have taken in another
+        writer's records: ``on_commit(0)`` lets the store raise its floor past them too."""
+
+        if results:
+            self._log.committed()
+        on_commit = self._on_commit
+        for _, max_id in results:
+            on_commit(max_id)
+        if stream is not None and not results:
+            on_commit(0)
+
+    def _group(self, txn: lmdb.Transaction[bytes], jobs: list[_Job], stream: StreamWriter | None = None) -> None:
         """Check, append and fold each batch in order, inside ``txn`` (run again from the start
         after a map growth, so outcomes are set afresh); with a ``stream``, settle first and
         publish before the transaction commits."""
 
         projector = self.projector
+        landed: frozenset[int] = frozenset()
         if stream is not None:
             stream.settle(txn, projector)
+            landed = stream.landed
         records: list[tuple[int, bytes]] = []
         seq: int | None = None  # the last sequence appended in this transaction
         for job in jobs:
+            if landed and job.batch is not None and job.result is not None and job.result[0] in landed:
+                continue  # published by an earlier run of this group, taken in from the stream just now
             job.result = job.error = None
             if job.work is not None:
                 job.result = job.work(txn)
@@ -329,8 +365,6 @@ class Committer:
         if len(jobs) > RESOLVE_CHUNK:
             jobs[0].loop.call_soon(self._resolve, jobs[RESOLVE_CHUNK:])
             jobs = jobs[:RESOLVE_CHUNK]
-        if any(job.batch is not None and job.error is None for job in jobs):
-            self._log.committed()
         for job in jobs:
             if job.future.done():  # the caller was cancelled; its commit stands regardless
                 continue

@@ -113,7 +113,9 @@ async def run_workload(path: str) -> dict[str, Any]:
         page = await storage.scan_entries({"conversationId": fork["id"]}, 50, None, ctx)
         head = storage.log.head()
         first_turn = await storage.as_of(commits_before + 3)
-        notes_id = (await storage.find_document({"kind": "notes", "scope": {"kind": "conversation", "conversationId": root["id"]}}, "current", ctx))["id"]
+        found = await storage.find_document({"kind": "notes", "scope": {"kind": "conversation", "conversationId": root["id"]}}, "current", ctx)
+        assert found is not None, "the demo wrote the root's notes"
+        notes_id = found["id"]
         past = await first_turn.document(notes_id, "current", ctx)
     finally:
         await session.close(ctx)
@@ -123,10 +125,10 @@ async def run_workload(path: str) -> dict[str, Any]:
         "fork": fork["id"],
         "commits": head - commits_before,
         "elapsed": elapsed,
-        "root_answers": len(root_notes["answers"]) if root_notes else 0,
-        "fork_answers": len(fork_notes["answers"]) if fork_notes else 0,
+        "root_answers": _items(root_notes, "answers"),
+        "fork_answers": _items(fork_notes, "answers"),
         "fork_entries": len(page["items"]),
-        "past_answers": None if past is None else len(past["value"]["answers"]),
+        "past_answers": None if past is None else _items(past["value"], "answers"),
         "head": head,
         "notes": notes_id,
         "first_turn": commits_before + 3,
@@ -176,3 +178,9 @@ def main(path: str | None) -> int:
         f"  durable-log rebuild {path}                # rebuild projections beside the live ones\n"
     )
     return 0
+
+
+def _items(value: Any, key: str) -> int:
+    """How many items the list at ``value[key]`` holds (0 for no value)."""
+
+    return len(value[key]) if value else 0

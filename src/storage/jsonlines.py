@@ -111,4 +111,5 @@ def _parse_int(text: str) -> int:
         return -_parse_int(text[1:])
     split = len(text) // 2
     low = text[split:]
-    return _parse_int(text[:split]) * 10 ** len(low) + _parse_int(low)
+    high: int = _parse_int(text[:split]) * 10 ** len(low)
+    return high + _parse_int(low)

@@ -9,60 +9,41 @@ caller's thread. One store may be used from several threads and event loops at o
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, Literal, TypeVar, cast, overload
+from typing import Any, Final, Literal, TypeVar
 
 import lmdb
 from pi_durable.context import Context
 from pi_durable.types import (
-    ConversationId,
-    ConversationQuery,
-    ConversationRecord,
-    Cursor,
-    DocumentAddress,
-    DocumentId,
-    DocumentPoint,
-    DocumentQuery,
-    DocumentRecord,
-    EntryId,
-    EntryLookup,
-    EntryQuery,
-    EntryRecord,
-    EntryWithHead,
-    Page,
     Seq,
     Storage,
     StorageWrite,
-    StoredDocument,
-    SubmissionId,
-    SubmissionQuery,
-    SubmissionRecord,
-    TaskId,
-    TaskQuery,
-    TaskRecord,
 )
 
-from ..log import Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
-from ..log.environment import DEFAULT_MAP_SIZE, UNSYNCED_FILE
-from ..log.jetstream import JetStreamLink
-from ..log.lease import DEFAULT_LEASE_TTL, WriterLease
-from ..log.replication import NotWriterError, read_position
-from ..log.shipping import Shipper
-from ..projections import Projector, ReadModel, StorageRequestError
+from ..errors import NotWriterError
+from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
+from ..log.environment import DEFAULT_MAP_SIZE
+from ..log.storedir import UNSYNCED_FILE
+from ..log.stream.jetstream import JetStreamLink
+from ..log.stream.lease import DEFAULT_LEASE_TTL, WriterLease
+from ..log.stream.position import read_position
+from ..log.stream.shipper import Shipper
+from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
-from ..projections.readmodel import MAX_SAFE_INTEGER, address_key, as_key_id, is_alive_at, scope_key
+from ..projections.readmodel import MAX_SAFE_INTEGER
 from ..projections.rebuild import CORE_KEY, REGISTRY_DB, begin_following, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 
 from .committer import Committer
 from .replica import Follower
 from .replication import StreamWriter
-from .scan import cursor_after, page_of, reference_page, scan_start, take_page
+from .reads import StorageReads
 
 T = TypeVar("T")
 
@@ -70,245 +51,6 @@ ID_BLOCK: Final = 4096
 """Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
 _RESERVED_KEY: Final = b"ids.reserved"
 _U64 = struct.Struct(">Q")
-_TASK_FILTERS: Final = ("conversationId", "kind", "abortRequested", "background")
-
-Durability = Literal["power", "process", "replicated"]
-"""``power``/``process``: local durability (``log.environment``); ``replicated``: a commit
-returns once a NATS JetStream stream holds it (``storage.replication``). The stream is then the
-durable copy: locally the commit is in the page cache, as in ``process`` (it survives the process,
-and the writer takes in from the stream whatever its store lacks); after an OS crash the local
-store is refused and restored from the stream."""
-
-
-class StorageReads:
-    """Every read of the contract, over whatever ``_read()`` yields: the live tables in a short
-    read transaction, or (``StorageView``) the same tables as of an earlier commit."""
-
-    _model: ReadModel
-
-    def _read(self) -> Any:
-        raise NotImplementedError
-
-    def _lookup(self, read: Callable[..., T], *args: Any) -> T:
-        """``read(model, txn, *args)`` in a read transaction of its own (point reads); the model
-        is the one that transaction is served by."""
-
-        with self._read() as txn:
-            return read(self._model, txn, *args)
-
-    def _assert_open(self) -> None:
-        raise NotImplementedError
-
-    async def conversation(self, id: ConversationId, context: Context) -> ConversationRecord | None:
-        """One conversation by exact id, detached (decoded afresh from its row)."""
-
-        return self._lookup(ReadModel.conversation, id)
-
-    async def scan_conversations(
-        self, query: ConversationQuery, limit: int, cursor: Cursor | None, context: Context
-    ) -> Page[ConversationRecord, Cursor]:
-        """Conversations by id, through an owner index when the query names an owner."""
-
-        owner_task = query.get("ownerTaskId")
-        owner_conversation = query.get("ownerConversationId")
-        with self._read() as txn:
-            start = scan_start(query.get("order"), cursor, "ascending")
-            descending = start.order == "descending"
-            if owner_task is not None:
-                index, owner = t.CONVERSATIONS_BY_OWNER_TASK, owner_task
-            elif owner_conversation is not None:
-                index, owner = t.CONVERSATIONS_BY_OWNER_CONVERSATION, owner_conversation
-            else:
-                index, owner = None, None
-            if index is not None and as_key_id(owner) is None:
-                return {"items": []}
-            prefix = b"" if index is None else t.u64(owner)
-            records = self._model.scan_table(txn, t.CONVERSATIONS, index, prefix, start.after, descending)
-            keep = None
-            if owner_conversation is not None:
-                keep = lambda record: (  # noqa: E731
-                    record.get("owner") is not None
-                    and record["owner"]["conversationId"] == owner_conversation
-                )
-            return cast("Page[ConversationRecord, Cursor]", take_page(records, limit, start.order, keep))
-
-    @overload
-    async def entry(self, id: EntryId, context: Context, /) -> EntryLookup | None: ...
-
-    @overload
-    async def entry(
-        self, conversation_id: ConversationId, id: EntryId, context: Context, /
-    ) -> EntryLookup | None: ...
-
-    async def entry(
-        self,
-        id_or_conversation_id: EntryId | ConversationId | int,
-        id_or_context: EntryId | Context | None = None,
-        context: Context | None = None,
-    ) -> EntryLookup | None:
-        """``entry(id, context)`` globally, or ``entry(conversation_id, id, context)`` through
-        the conversation's fork ancestry (the contract's two forms, told apart by arity)."""
-
-        if context is not None:
-            return await self._entry_through(id_or_conversation_id, id_or_context)
-        id = _positive_id(id_or_conversation_id)
-        row = self._lookup(ReadModel.entry_row, id)
-        return None if row is None else {"entry": row.record, "commitSeq": row.commit_seq}
-
-    async def _entry_through(self, conversation_id: Any, id: Any) -> EntryLookup | None:
-        self._assert_open()
-        if not _is_safe_int(id):
-            raise StorageRequestError("Storage.entry() requires an entry ID")
-        conversation_id = _positive_id(conversation_id)
-        id = _positive_id(id)
-        with self._read() as txn:
-            rows, _ = self._model.entry_page(txn, conversation_id, id, id, True, 1)
-            return {"entry": rows[0].record, "commitSeq": rows[0].commit_seq} if rows else None
-
-    async def find_latest_head_marker(
-        self, conversation_id: ConversationId, at_or_before_entry_id: EntryId | None, context: Context
-    ) -> EntryWithHead | None:
-        """The newest head marker visible from the conversation, walking up its forks."""
-
-        with self._read() as txn:
-            return self._model.latest_head_marker(txn, conversation_id, at_or_before_entry_id)
-
-    async def scan_entries(
-        self, query: EntryQuery, limit: int, cursor: Cursor | None, context: Context
-    ) -> Page[EntryRecord, Cursor]:
-        """Entries visible in a conversation (its own and its ancestors' up to each fork point)."""
-
-        with self._read() as txn:
-            start = scan_start(query.get("order"), cursor, "descending")
-            min_entry_id = query.get("minEntryId")
-            max_entry_id = query.get("maxEntryId")
-            if start.after is not None and start.order == "descending":
-                bound = start.after if max_entry_id is None else max_entry_id
-                max_entry_id = min(bound, start.after - 1)
-            if start.after is not None and start.order == "ascending":
-                bound = start.after if min_entry_id is None else min_entry_id
-                min_entry_id = max(bound, start.after + 1)
-            descending = start.order == "descending"
-            if not isinstance(limit, int):  # the reference's loop, compare for compare
-                rows, _ = self._model.entry_page(txn, query["conversationId"], min_entry_id, max_entry_id, descending, -1)
-                values = []
-                for row in rows:
-                    values.append(row.record)
-                    if len(values) > limit:
-                        break
-                return reference_page(values, limit, start.order)
-            rows, more = self._model.entry_page(
-                txn,
-                query["conversationId"],
-                min_entry_id,
-                max_entry_id,
-                descending,
-                max(limit, 0),  # below 1, "more" is any entry: the page then fails as the reference's
-            )
-            return cast("Page[EntryRecord, Cursor]", page_of([row.record for row in rows], more, start.order))
-
-    async def task(self, id: TaskId, context: Context) -> TaskRecord | None:
-        """The latest record of one task."""
-
-        return self._lookup(ReadModel.task, id)
-
-    async def scan_tasks(
-        self, query: TaskQuery, limit: int, cursor: Cursor | None, context: Context
-    ) -> Page[TaskRecord, Cursor]:
-        """Tasks matching every filter of the query, through the status index when it has one."""
-
-        return self._scan_by_status(query, limit, cursor, t.TASKS, t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS, _TASK_FILTERS)
-
-    async def submission(self, id: SubmissionId, context: Context) -> SubmissionRecord | None:
-        """The latest record of one admitted submission."""
-
-        return self._lookup(ReadModel.submission, id)
-
-    async def scan_submissions(
-        self, query: SubmissionQuery, limit: int, cursor: Cursor | None, context: Context
-    ) -> Page[SubmissionRecord, Cursor]:
-        """Submissions matching every filter of the query, through the status index when it has one."""
-
-        return self._scan_by_status(
-            query, limit, cursor, t.SUBMISSIONS, t.SUBMISSIONS_BY_STATUS, t.SUBMISSION_STATUS_KEYS, ("conversationId",)
-        )
-
-    def _scan_by_status(
-        self,
-        query: Any,
-        limit: int,
-        cursor: Cursor | None,
-        table: str,
-        by_status: str,
-        status_keys: dict[str, bytes],
-        filters: tuple[str, ...],
-    ) -> Any:
-        """Tasks or submissions in id order, through the status index when the query has one,
-        filtered as the reference filters them."""
-
-        with self._read() as txn:
-            start = scan_start(query.get("order"), cursor, "ascending")
-            status = query.get("status")
-            index, prefix = (None, b"") if status is None else (by_status, status_keys[status])
-            records = self._model.scan_table(txn, table, index, prefix, start.after, start.order == "descending")
-            wanted = [(name, query[name]) for name in filters if name in query]
-            keep = None
-            if wanted:
-                keep = lambda record: all(record[name] == value for name, value in wanted)  # noqa: E731
-            return take_page(records, limit, start.order, keep)
-
-    async def submission_by_request(
-        self, conversation_id: ConversationId, request_id: str, context: Context
-    ) -> SubmissionRecord | None:
-        """A submission by the host's per-conversation deduplication key."""
-
-        with self._read() as txn:
-            id = self._model.submission_id_by_request(txn, conversation_id, request_id)
-            return None if id is None else self._model.submission(txn, id)
-
-    # ── document reads ──────────────────────────────────────────────────────
-
-    async def find_document(
-        self, address: DocumentAddress, at: DocumentPoint, context: Context
-    ) -> DocumentRecord | None:
-        """The incarnation occupying one logical address now, or at commit ``at``."""
-
-        with self._read() as txn:
-            key = address_key(address)
-            if at == "current":
-                id = self._model.current_document_id(txn, key)
-                return None if id is None else self._model.document_record(txn, id)
-            for id in self._model.incarnations(txn, key):
-                record = self._model.document_record(txn, id)
-                if is_alive_at(record, at):
-                    return record
-            return None
-
-    async def document(self, id: DocumentId, at: DocumentPoint, context: Context) -> StoredDocument | None:
-        """One incarnation's value and version, materialized from its nearest base and deltas."""
-
-        with self._read() as txn:
-            return self._model.materialize(txn, id, at)
-
-    async def scan_documents(
-        self, query: DocumentQuery, limit: int, cursor: Cursor | None, context: Context
-    ) -> Page[DocumentRecord, Cursor]:
-        """Incarnations alive in one exact scope at the selected point, by id."""
-
-        with self._read() as txn:
-            scope = scope_key(query["scope"])
-            after = cursor_after(cursor)
-            records = self._model.scan_table(
-                txn, t.DOCUMENTS, t.DOCUMENTS_BY_SCOPE, scope, after, False
-            )
-            kind_filter = "kind" in query
-            kind, at = query.get("kind"), query["at"]
-            return cast("Page[DocumentRecord, Cursor]", take_page(
-                records,
-                limit,
-                "ascending",
-                lambda record: (not kind_filter or record["kind"] == kind) and is_alive_at(record, at),
-            ))
 
 
 class LmdbStorage(StorageReads, Storage):
@@ -327,8 +69,9 @@ class LmdbStorage(StorageReads, Storage):
         self._model = open_core(env, self.log, progress, verify_checksums)
         self._projector = Projector(self._model)
         self.projections = UserProjections(env, self.log, projections)
-        self._committer = Committer(env, self.log, self._projector)
+        self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
         self._ids = threading.Lock()
         self._registry = env.db(REGISTRY_DB)
         self._core: bytes | None = None
@@ -378,7 +121,7 @@ class LmdbStorage(StorageReads, Storage):
         ``process`` commits are shipped behind (``storage.replication.status()``). ``store``: the
         store id the directory must hold (a new directory takes it).
 
-        A replicated writer holds the store's lease (``log.lease``, ``lease_ttl`` seconds after
+        A replicated writer holds the store's lease (``log.stream.lease``, ``lease_ttl`` seconds after
         each renewal): held by another process, the open fails with ``NotWriterError``, unless
         ``take_over=True`` (wait for it to expire, then fence the old writer out) or
         ``take_over="force"`` (fence it out at once). It then takes in what the stream holds.
@@ -397,11 +140,10 @@ class LmdbStorage(StorageReads, Storage):
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
         link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
-        local = "process" if durability == "replicated" else durability
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
-                path=path, readonly=readonly, durability=local, map_size=map_size, store_id=store,
+                path=path, readonly=readonly, durability=durability, map_size=map_size, store_id=store,
             )
         except StoreDamagedError as error:
             if durability != "replicated":
@@ -441,17 +183,17 @@ class LmdbStorage(StorageReads, Storage):
         (``NotWriterError``). ``await replica.wait(seq)`` waits until it holds record ``seq``."""
 
         link = JetStreamLink(nats, stream)
+        try:  # the stream first: a replica that cannot follow anything creates nothing
+            link.run(link.connect())
+            link.run(link.ensure_stream(create=False))
+        except BaseException:
+            link.close()
+            raise
         storage = cls._build(
             link, progress, projections, verify_checksums,
             path=path, durability=durability, map_size=map_size, store_id=store,
         )
         storage._link = link
-        try:
-            link.run(link.connect())
-            link.run(link.ensure_stream(create=False))
-        except BaseException:
-            await storage.close()
-            raise
         follower = storage.replication = Follower(link, storage, store)
         follower.start()
         storage.projections.kick()
@@ -540,6 +282,15 @@ class LmdbStorage(StorageReads, Storage):
         elif self.log.head() < seq:
             raise ValueError(f"The store at {self.path} has no record {seq} (its head is {self.log.head()})")
 
+    def _after_commit(self, max_id: int) -> None:
+        """The committer's ``on_commit``: every id a committed transaction holds (its batches',
+        and another writer's records a replicated group took in) is never minted again."""
+
+        self._raise_id_floor(max_id)
+        writer = self.replication
+        if isinstance(writer, StreamWriter):
+            self._raise_id_floor(writer.applier.max_id)
+
     def _raise_id_floor(self, max_id: int) -> None:
         if max_id >= self._next_id:
             with self._ids:
@@ -589,12 +340,13 @@ class LmdbStorage(StorageReads, Storage):
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
         payload, batch = encode_batch(writes)
-        seq, max_id = await self._committer.commit(payload, batch, committed_at)
-        if not self._closed:  # a close waiting for this commit stops the projection worker
-            self.projections.kick()
-        self._raise_id_floor(max_id)
-        if isinstance(self.replication, StreamWriter):
-            self._raise_id_floor(self.replication.applier.max_id)
+        if isinstance(self.replication, Shipper):  # acknowledged means shippable, in every mode
+            self.replication.link.check_size(len(payload))
+        try:
+            seq, _ = await self._committer.commit(payload, batch, committed_at)
+        finally:  # a cancelled caller's batch may still commit: user projections fold it too
+            if not self._closed:  # a close waiting for this commit stops the projection worker
+                self.projections.kick()
         return Seq(seq)
 
     async def mint_id(self) -> int:
@@ -646,11 +398,19 @@ class LmdbStorage(StorageReads, Storage):
 
     async def close(self, context: Context | None = None) -> None:
         """Wait for the commits in flight, sync and release the store; every later call is
-        refused. Reads never span an await, so none is in flight here."""
+        refused. Reads never span an await, so none is in flight here.
 
-        if self._closed:
-            return
-        self._closed = True
+        The closing runs as a task of its own: a caller cancelled while it waits (``wait_for``
+        timing out) does not leave the store half closed, and a later ``close()`` waits for
+        the same closing to finish."""
+
+        closing = self._closing
+        if closing is None or (not closing.done() and closing.get_loop().is_closed()):
+            self._closed = True  # (each step of _close may run again: a closing whose loop died)
+            closing = self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(closing)
+
+    async def _close(self) -> None:
         if isinstance(self.replication, (Follower, Shipper)):
             self.replication.stop()
         await self._committer.close()
@@ -682,7 +442,7 @@ class LmdbStorage(StorageReads, Storage):
         finally:
             txn.abort()
 
-    def _follow(self, txn: lmdb.Transaction) -> lmdb.Transaction:
+    def _follow(self, txn: lmdb.Transaction[bytes]) -> lmdb.Transaction[bytes]:
         """``txn``, or a newer one, served by the generation its snapshot names: a rebuild by the
         writer (another process, or another handle in this one) swaps generations."""
 
@@ -692,8 +452,6 @@ class LmdbStorage(StorageReads, Storage):
         txn.abort()
         txn, self._model, self._core = begin_following(self._env, self._model, self._core)
         return txn
-
-
 
 
 class StorageView(StorageReads):
@@ -731,9 +489,7 @@ class StorageView(StorageReads):
         """Nothing to release: views hold nothing open between reads."""
 
 
-
-
-def _reserve(txn: lmdb.Transaction, meta: lmdb._Database, wanted: int, stream: StreamWriter | None = None) -> int:
+def _reserve(txn: lmdb.Transaction[bytes], meta: lmdb._Database, wanted: int, stream: StreamWriter | None = None) -> int:
     """Raise the durable id reservation to ``wanted`` (never lower it); returns it. A replicated
     writer puts it on the stream too, so a writer after a failover mints above it."""
 
@@ -743,17 +499,3 @@ def _reserve(txn: lmdb.Transaction, meta: lmdb._Database, wanted: int, stream: S
     if stream is not None:
         stream.publish_ids(txn, reserved)
     return reserved
-
-
-def _is_safe_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_SAFE_INTEGER
-
-
-def _positive_id(value: Any) -> int:
-    if type(value) is int and value >= 1:
-        return value
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise TypeError(f"{value!r} is not a positive ID")
-    return value
-
-

@@ -9,6 +9,7 @@ a failed or interrupted one leaves nothing behind.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sqlite3
@@ -21,6 +22,8 @@ from typing import Any, Final
 from pi_durable.context import BACKGROUND_CONTEXT
 
 from ..log.records import check_committed_at
+from ..errors import WriterLockedError
+from ..log.storedir import sync_directory, take_writer_lock
 
 from .audit import plural
 from .jsonlines import from_json
@@ -95,6 +98,42 @@ def _refuse_existing(target: str, verb: str = "import") -> None:
         raise ValueError(f"{target} exists and is not a directory; {verb} only into a new store")
 
 
+logger = logging.getLogger(__name__)
+PARTIAL_VERBS: Final = ("import", "restore")
+
+
+def remove_stale_partials(final: str) -> list[str]:
+    """Remove the partial stores an import or restore into ``final`` left when it was killed;
+    returns their paths. A partial is provably stale when no process holds its writer lock (a
+    live build holds it from its first commit to its rename): one still held is left alone."""
+
+    parent, name = os.path.split(final)
+    removed: list[str] = []
+    try:
+        entries = os.listdir(parent)
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if not any(entry.startswith(f".{name}.{verb}-partial-") for verb in PARTIAL_VERBS):
+            continue
+        partial = os.path.join(parent, entry)
+        if not os.path.isdir(partial) or os.path.islink(partial):
+            continue
+        try:
+            fd = take_writer_lock(partial)
+        except WriterLockedError:
+            continue  # another import or restore is building it right now
+        try:
+            shutil.rmtree(partial)
+        finally:
+            os.close(fd)
+        logger.warning("Removed %s, the partial store of an import or restore that was killed", partial)
+        removed.append(partial)
+    if removed:
+        sync_directory(parent)
+    return removed
+
+
 @asynccontextmanager
 async def new_store(
     target: str | os.PathLike[str], *, verb: str = "import", store: str | None = None
@@ -108,6 +147,7 @@ async def new_store(
     _refuse_existing(final, verb)
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
+    remove_stale_partials(final)
     building = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.{verb}-partial-", dir=parent)
     try:
         storage = await LmdbStorage.open(building, durability="process", store=store)
@@ -120,11 +160,7 @@ async def new_store(
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    fd = os.open(parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives power loss
-    finally:
-        os.close(fd)
+    sync_directory(parent)  # the rename itself survives power loss
 
 
 def parse_batch(number: int, line: str) -> tuple[int, int, list[Any]]:

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ..log.jetstream import ForeignMessageError, JetStreamLink, ReplicationError, StreamMessage, subject_of
-from ..log.replication import read_position
+from ..errors import ForeignMessageError, ReplicationError
+from ..log.stream.jetstream import JetStreamLink, StreamMessage, subject_of
+from ..log.stream.position import read_position
 from .replication import StreamApplier
 
 if TYPE_CHECKING:

@@ -25,23 +25,20 @@ from typing import Final
 
 import lmdb
 
+from ..errors import ForeignMessageError, NotWriterError, OutcomeUnknownError, ReplicationError, StreamMovedError
 from ..log import Environment, WriteLog, decode_record
-from ..log.jetstream import (
+from ..log.stream.jetstream import (
     Fence,
-    ForeignMessageError,
     IdReservation,
     JetStreamLink,
-    OutcomeUnknownError,
-    ReplicationError,
     StreamMessage,
-    StreamMovedError,
     control_headers,
     encode_control,
     record_headers,
     subject_of,
 )
-from ..log.lease import WriterLease
-from ..log.replication import POSITION_FORMAT, NotWriterError, StreamPosition, put_position, read_position
+from ..log.stream.lease import WriterLease
+from ..log.stream.position import POSITION_FORMAT, StreamPosition, put_position, read_position
 from ..projections import Projector
 
 SHIP_CHUNK: Final = 256
@@ -59,7 +56,7 @@ class StreamApplier:
         """The highest record id among the records applied (callers raise their mint floor)."""
 
     def apply(
-        self, txn: lmdb.Transaction, projector: Projector, messages: Sequence[StreamMessage], position: StreamPosition
+        self, txn: lmdb.Transaction[bytes], projector: Projector, messages: Sequence[StreamMessage], position: StreamPosition
     ) -> StreamPosition:
         """Append and fold the records of ``messages`` (in stream order) inside ``txn``; returns
         the new position, also written in ``txn``. The first message that is not the next record
@@ -131,6 +128,13 @@ class StreamWriter:
         self.settled = False
         self.in_doubt = False
         """Records were published in a transaction that has not committed yet."""
+        self.in_doubt_seqs: list[int] = []
+        """The sequences of those records."""
+        self.landed: frozenset[int] = frozenset()
+        """Records of the group being run that the stream already holds: its transaction was
+        published, then failed to commit (a map growth), and the run again took them in from the
+        stream; the committer hands their callers the outcome of the first run instead of
+        appending them twice. Cleared when the group is done."""
         self.failure: NotWriterError | None = None
         self.lease: WriterLease | None = None
         """Held by a writer of a store on the stream: checked before every publish."""
@@ -142,19 +146,18 @@ class StreamWriter:
 
     # ── settling ────────────────────────────────────────────────────────────
 
-    def settle(self, txn: lmdb.Transaction, projector: Projector) -> None:
+    def settle(self, txn: lmdb.Transaction[bytes], projector: Projector) -> None:
         """Make the store and its subject level before a group (no-op once settled)."""
 
         if self.failure is not None:
             raise self.failure
         if self.in_doubt:
-            # A transaction whose records the stream took did not commit (it is being run again):
-            # its records come back from the stream, never published twice.
+            # A transaction whose records the stream took did not commit (a map growth runs it
+            # again, or its batches run alone): its records come back from the stream, never
+            # published twice, and their callers get the outcome they had (``landed``).
             self.in_doubt = self.settled = False
-            raise OutcomeUnknownError(
-                f"The stream holds records of store {self.store} that the local transaction failed to "
-                "commit; the store takes them in from the stream before its next commit"
-            )
+            self.landed = self.landed | frozenset(self.in_doubt_seqs)
+            self.in_doubt_seqs = []
         if self.settled:
             return
         if self.fence_pending:
@@ -203,7 +206,7 @@ class StreamWriter:
             self.lease.depose(deposed)
         return deposed
 
-    def _fence(self, txn: lmdb.Transaction) -> None:
+    def _fence(self, txn: lmdb.Transaction[bytes]) -> None:
         """Put this writer's fence on the subject: from it on, only this epoch's appends land."""
 
         assert self.lease is not None
@@ -226,7 +229,7 @@ class StreamWriter:
         raise ReplicationError(f"Store {self.store}'s subject kept moving: this writer could not fence it")
 
     def _take_in(
-        self, txn: lmdb.Transaction, projector: Projector, position: StreamPosition, until: int
+        self, txn: lmdb.Transaction[bytes], projector: Projector, position: StreamPosition, until: int
     ) -> StreamPosition:
         while position.stream_seq < until:
             messages = self.link.run(self._fetch(position.stream_seq, until))
@@ -245,7 +248,7 @@ class StreamWriter:
                 break
         return messages
 
-    def _ship(self, txn: lmdb.Transaction, first: int, last: int, position: StreamPosition) -> StreamPosition:
+    def _ship(self, txn: lmdb.Transaction[bytes], first: int, last: int, position: StreamPosition) -> StreamPosition:
         """Publish records ``first..last`` this store holds and the stream lacks."""
 
         seq = first
@@ -257,7 +260,7 @@ class StreamWriter:
 
     # ── publishing ──────────────────────────────────────────────────────────
 
-    def publish(self, txn: lmdb.Transaction, seqs: list[int]) -> None:
+    def publish(self, txn: lmdb.Transaction[bytes], seqs: list[int]) -> None:
         """Publish the records ``seqs`` appended in ``txn``; returns once the stream holds them.
         Anything else raises, and the caller must abort ``txn``."""
 
@@ -273,14 +276,9 @@ class StreamWriter:
     def check_size(self, payload: bytes) -> None:
         """Refuse, before it is appended, a batch whose record the server could not take."""
 
-        limit = self.link.max_payload
-        if limit and len(payload) + 1024 > limit:
-            raise ReplicationError(
-                f"A batch of {len(payload)} bytes is too big for the stream: the NATS server takes "
-                f"messages of at most {limit} bytes (max_payload); nothing was committed"
-            )
+        self.link.check_size(len(payload))
 
-    def publish_ids(self, txn: lmdb.Transaction, upto: int) -> None:
+    def publish_ids(self, txn: lmdb.Transaction[bytes], upto: int) -> None:
         """Put an id block reservation on the subject (in ``txn``, which also keeps it locally):
         a later writer starts minting above it."""
 
@@ -290,16 +288,18 @@ class StreamWriter:
         message = (control_headers(self.store, "ids", self.epoch, head), encode_control(IdReservation(self.epoch, upto)))
         self._send(txn, [message], head, upto)
 
-    def _publish(self, txn: lmdb.Transaction, seqs: list[int]) -> StreamPosition:
+    def _publish(self, txn: lmdb.Transaction[bytes], seqs: list[int]) -> StreamPosition:
         messages = []
         for seq in seqs:
             data = self.log.record(txn, seq)
             assert data is not None
             messages.append((record_headers(self.store, seq, self.epoch), data))
-        return self._send(txn, messages, seqs[-1])
+        position = self._send(txn, messages, seqs[-1])
+        self.in_doubt_seqs = list(seqs)
+        return position
 
     def _send(
-        self, txn: lmdb.Transaction, messages: list[tuple[dict[str, str], bytes]], head: int, ids: int = 0
+        self, txn: lmdb.Transaction[bytes], messages: list[tuple[dict[str, str], bytes]], head: int, ids: int = 0
     ) -> StreamPosition:
         if self.lease is not None:
             self.lease.check()
@@ -308,7 +308,7 @@ class StreamWriter:
         except StreamMovedError as error:
             self.settled = False
             self.last_error = str(error)
-            epoch = self._last_epoch()
+            epoch = self._last_epoch()  # a foreign message there raises ForeignMessageError: damage, not ownership
             if epoch is not None and epoch == self.epoch:  # an earlier append of ours landed late
                 raise ReplicationError(
                     f"Store {self.store} was not committed to: {error}. Nothing of this commit was stored; "
@@ -350,10 +350,14 @@ class StreamWriter:
         """The transaction holding the last publish committed."""
 
         self.in_doubt = False
+        self.in_doubt_seqs = []
 
     def _last_epoch(self) -> int | None:
         try:
             last = self.link.run(self.link.last(self.subject, self.store))
+        except ForeignMessageError as error:
+            self.last_error = str(error)
+            raise
         except ReplicationError:
             return None
         return None if last is None else last.epoch

@@ -23,7 +23,9 @@ class ScanStart(NamedTuple):
     after: int | None
 
 
-def _is_safe_int(value: object) -> bool:
+def is_safe_int(value: object) -> bool:
+    """An integer the contract accepts as an id or cursor (not a bool, within 2**53 - 1)."""
+
     return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_SAFE_INTEGER
 
 
@@ -35,7 +37,7 @@ def scan_start(requested: Any, cursor: Any, default: Order) -> ScanStart:
     if cursor is None:
         return ScanStart(requested or default, None)
     after = cursor.get("after")
-    if not _is_safe_int(after):
+    if not is_safe_int(after):
         raise StorageRequestError("Invalid storage cursor")
     stored = cursor.get("order")
     if stored is not None and stored not in ORDERS:
@@ -52,7 +54,7 @@ def cursor_after(cursor: Any) -> int | None:
     if cursor is None:
         return None
     after = cursor.get("after")
-    if not _is_safe_int(after):
+    if not is_safe_int(after):
         raise StorageRequestError("Invalid storage cursor")
     if after < 1:
         raise TypeError(f"{after!r} is not a positive ID")  # as the reference's id_from_number

@@ -11,20 +11,31 @@ writer's conditional append can land after it (``storage.replication``). The loc
 A holder renews every ``ttl / 3`` seconds and counts its lease as lost ``ttl`` seconds after it
 *sent* its last successful renewal (before the server can drop it), minus a margin: a paused or
 partitioned writer stops itself before another can take over.
+
+Who holds it: ``host:pid:instance:path``, where ``instance`` is a random id created once beside
+the store (``instance.id``, synced). A writer reclaims a lease without ``take_over`` (without
+waiting for it to expire) only when it is provably the same holder restarted: the same instance
+id, host and path, *and* the lease is not being renewed (the holder renews every ``ttl / 3``
+seconds; the claimant watches one such period). Name, path and instance id alone prove nothing:
+a cloned VM or a container with a fixed host name shares all three with the live writer, which
+keeps renewing, so the clone gets ``NotWriterError`` instead of fencing out a live writer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import socket
 import time
 from typing import Any, Final
 
 import msgspec
 
-from .jetstream import JetStreamLink, NatsUnavailableError, ReplicationError, subject_of
-from .replication import NotWriterError
+from ...errors import NatsUnavailableError, NotWriterError, ReplicationError
+from ...errors import LeaseLapsedError
+from .jetstream import JetStreamLink, subject_of
+from ..storedir import sync_directory
 
 LEASE_FORMAT: Final = 1
 DEFAULT_LEASE_TTL: Final = 5
@@ -46,18 +57,48 @@ _encoder: Final = msgspec.json.Encoder()
 _decoder: Final = msgspec.json.Decoder(Lease)
 
 
-def holder_name(path: str) -> str:
-    """Who holds a lease: this machine, process and store directory."""
-
-    return f"{socket.gethostname()}:{os.getpid()}:{path}"
+INSTANCE_FILE: Final = "instance.id"
+"""Beside the store: the random id that tells a restarted writer of this store from another."""
 
 
-def _same_place(a: str, b: str) -> bool:
-    """Two holders on the same machine and directory: ``writer.lock`` already proves the older
-    one is gone, so its lease may be taken at once (a restarted writer)."""
+def instance_id(path: str) -> str:
+    """The store directory's instance id, created (and synced, with its directory) the first time."""
 
-    parts_a, parts_b = a.split(":", 2), b.split(":", 2)
-    return len(parts_a) == len(parts_b) == 3 and (parts_a[0], parts_a[2]) == (parts_b[0], parts_b[2])
+    file = os.path.join(path, INSTANCE_FILE)
+    try:
+        with open(file, encoding="ascii") as handle:
+            found = handle.read().strip()
+        if found:
+            return found
+    except FileNotFoundError:
+        pass
+    value = secrets.token_hex(16)
+    staged = f"{file}.{os.getpid()}.tmp"
+    with open(staged, "w", encoding="ascii") as handle:
+        handle.write(value + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(staged, file)
+    sync_directory(path)
+    return value
+
+
+def holder_name(path: str, instance: str = "-") -> str:
+    """Who holds a lease: this machine, process, store instance and directory."""
+
+    return f"{socket.gethostname()}:{os.getpid()}:{instance}:{path}"
+
+
+def _same_instance(a: str, b: str) -> bool:
+    """Two holders of one store instance on one host name and path: the same writer restarted,
+    or a clone of it (``acquire`` tells them apart by whether the lease is being renewed)."""
+
+    parts_a, parts_b = a.split(":", 3), b.split(":", 3)
+    return (
+        len(parts_a) == len(parts_b) == 4
+        and parts_a[2] != "-"
+        and (parts_a[0], parts_a[2], parts_a[3]) == (parts_b[0], parts_b[2], parts_b[3])
+    )
 
 
 class WriterLease:
@@ -68,7 +109,7 @@ class WriterLease:
             raise ValueError(f"lease_ttl must be whole seconds from 1 to 3600, not {ttl!r}")
         self.link, self.store, self.ttl = link, store, ttl
         self.bucket = f"{link.stream}-leases"
-        self.holder = holder_name(path)
+        self.holder = holder_name(path, instance_id(path) if path else "-")
         self.epoch = 0
         self.revision = 0
         self.valid_until = 0.0
@@ -131,12 +172,15 @@ class WriterLease:
         highest = 0  # the highest epoch of every lease seen while waiting
         while True:
             lease, revision = await self._answered(self.current)
-            mine = lease is not None and _same_place(lease.holder, self.holder)
+            mine = lease is not None and (
+                lease.holder == self.holder
+                or (_same_instance(lease.holder, self.holder) and not force and not await self._renewed(revision, lease.ttl))
+            )
             if lease is not None:
                 highest = max(highest, lease.epoch)
             if lease is None or mine or force:
                 # the floor as it is now: writers may have come and gone while this one waited
-                floor = await least_epoch() if callable(least_epoch) else least_epoch
+                floor: int = await least_epoch() if callable(least_epoch) else least_epoch
                 epoch = max(floor, highest) + 1
                 sent = time.monotonic()
                 try:
@@ -163,6 +207,18 @@ class WriterLease:
                     self.store, lease.epoch,
                 )
             await asyncio.sleep(0.05)
+
+    async def _renewed(self, revision: int, ttl: int) -> bool:
+        """Whether the lease at ``revision`` is renewed (or replaced) within one renewal period
+        of its holder (``ttl / 3``) and some slack: a live holder always is, a dead one never."""
+
+        deadline = time.monotonic() + ttl / 3 + 0.5
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            _, now = await self._answered(self.current)
+            if now != revision:
+                return True
+        return False
 
     async def _answered(self, request: Any, *args: Any) -> Any:
         """``await request(*args)``, asked again while NATS does not answer, for up to the link's
@@ -233,7 +289,7 @@ class WriterLease:
         except ReplicationError as error:
             self.link.last_error = str(error)
             return
-        if lease is not None and not _same_place(lease.holder, self.holder):
+        if lease is not None and lease.holder != self.holder:
             self._lose(
                 f"Store {self.store} was taken over by {lease.holder} (epoch {lease.epoch}); "
                 f"this writer (epoch {self.epoch}) takes no more commits",
@@ -325,10 +381,6 @@ class WriterLease:
             "lost": None if self.lost is None else str(self.lost),
         }
 
-
-class LeaseLapsedError(NotWriterError):
-    """The lease ran out before this writer renewed it; unless another writer takes it, this one
-    takes it again (a new epoch) and goes on."""
 
 
 class _Conflict(Exception):

@@ -41,6 +41,11 @@ CHECKER = HERE / "check.py"
 UNSYNCED_FILE = "process.unsynced"
 EARLIER_BOOT = b"00000000-0000-0000-0000-000000000000\n"
 BATCH = 40
+COMMANDS = ("import", "restore", "backup", "backup-plain")
+"""Workloads that record a durable-log command building a new store (writer.py)."""
+COMMAND_DRAWS = 6
+"""Random draws per crash point and variant for a backup: its recording is short (LMDB copies a
+store in a few big writes), so more of its distinct states come from one recording."""
 
 
 @dataclass(frozen=True)
@@ -79,26 +84,34 @@ class Summary:
     seconds: float = 0.0
 
 
-def expectations(events: list[Event], point: int, mode: str) -> dict[str, Any]:
+def expectations(events: list[Event], point: int, mode: str, workload: str = "single") -> dict[str, Any]:
     """What the recording says a state cut at ``point`` must hold."""
 
     acked: dict[int, str] = {}
-    intent: str | None = None
+    intents: dict[str, str] = {}  # caller tag -> its batch, until acknowledged ("" for one caller)
     minted_max = 0
     ack_at: dict[int, int] = {}
     created = False
+    expect: dict[str, Any] | None = None  # a command workload: what a complete NEWPATH holds
+    done = False
     for index, line in marks(events, point):
         word, _, rest = line.partition(" ")
+        word, _, tag = word.partition("@")
         if line == "phase opened":
             created = True
         elif word == "intent":
-            intent = rest
+            intents[tag] = rest
         elif word == "ack":
-            acked[int(rest)] = intent or ""
+            acked[int(rest)] = intents.pop(tag, "")
             ack_at[int(rest)] = index
-            intent = None
+        # a cancelled caller's intent stays possible: its batch may have entered the log
         elif word == "mint":
             minted_max = max(minted_max, int(rest))
+        elif word == "expect":
+            digest, head, store = rest.split()
+            expect = {"digest": digest, "head": int(head), "store": store}
+        elif word == "done":
+            done = True
     if mode == "power":
         required = sorted(acked)
     else:  # acknowledged before the data file's last completed sync
@@ -115,26 +128,34 @@ def expectations(events: list[Event], point: int, mode: str) -> dict[str, Any]:
     return {
         "acked": {str(seq): batch for seq, batch in acked.items()},
         "required": required,
-        "pending": intent,
+        "maybe": sorted(intents.values()),
         "minted_max": minted_max,
         "created": created,
+        "expect": expect,
+        "done": done,
+        "workload": workload,
     }
 
 
 def materialize(state: CrashState, directory: str) -> None:
-    """Write the state's files, then reboot: an ``process.unsynced`` file now names an earlier boot."""
+    """Write the state's files, then reboot: every ``process.unsynced`` file (the store's, or one
+    inside a store a command was building) now names an earlier boot."""
 
     state.write(directory)
-    marker = os.path.join(directory, UNSYNCED_FILE)
-    if os.path.exists(marker):
-        with open(marker, "wb") as file:
-            file.write(EARLIER_BOOT)
+    for name in state.files:
+        if os.path.basename(name) == UNSYNCED_FILE:
+            with open(os.path.join(directory, name), "wb") as file:
+                file.write(EARLIER_BOOT)
 
 
 def judge(mode: str, state: CrashState, expected: dict[str, Any], result: dict[str, Any]) -> list[str]:
     """The problems of one checked state under what ``mode`` promises."""
 
     problems = list(result.get("problems", []))
+    if expected["workload"] in COMMANDS:  # a command building NEWPATH: the checker judged it all
+        if result.get("outcome") is None:
+            problems.append("CHECKER DIED on this state (a crash inside LMDB, or a timeout)")
+        return problems
     if not expected["created"]:
         # cut inside the store's first open (nothing acknowledged yet): readers and verify may
         # refuse the half-made store or call it incomplete; the writer must open it and finish it
@@ -168,6 +189,8 @@ def explore(
     recorder: str,
     *,
     batches: int = 30,
+    workload: str = "single",
+    drop: str = "",
     only: StateId | None = None,
     keep: str | None = None,
     say: Callable[[str], None] = print,
@@ -185,7 +208,7 @@ def explore(
             if deadline is not None and time.monotonic() > deadline:
                 say(f"power_loss: stopping at the time limit after {summary.states} states")
                 break
-            recording = record(recorder, mode, recording_seed, batches, os.path.join(workdir, "rec"))
+            recording = record(recorder, mode, recording_seed, batches, os.path.join(workdir, "rec"), workload=workload, drop=drop)
             summary.recordings += 1
             summary.events += len(recording.events)
             rng = random.Random(f"{mode}:{recording_seed}")
@@ -193,14 +216,21 @@ def explore(
                 candidates = [only]
             else:
                 points = crash_points(recording.events, rng, randoms=40)
-                candidates = [StateId(recording_seed, point, variant, rng.randrange(1 << 30)) for point in points for variant in VARIANTS]
+                draws = COMMAND_DRAWS if workload.startswith("backup") else 1
+                candidates = [
+                    StateId(recording_seed, point, variant, rng.randrange(1 << 30))
+                    for point in points
+                    for variant in VARIANTS
+                    for _ in range(1 if variant == "none" else draws)
+                ]
                 rng.shuffle(candidates)
             pending: list[tuple[StateId, CrashState]] = []
             for candidate in candidates:
                 if summary.states + len(pending) >= states:
                     break
                 state = crash_state(recording.events, candidate.point, candidate.variant, candidate.seed)
-                digest = state.digest() + json.dumps(expectations(recording.events, candidate.point, mode)["required"])
+                expected = expectations(recording.events, candidate.point, mode, workload)
+                digest = state.digest() + json.dumps([expected["required"], expected["done"]])
                 if digest in seen and only is None:
                     summary.duplicates += 1
                     continue
@@ -236,7 +266,7 @@ def _check_batch(
     for number, (state_id, state) in enumerate(batch):
         directory = os.path.join(states_dir, str(number))
         materialize(state, directory)
-        job = {"id": str(state_id), "dir": directory, **expectations(recording.events, state_id.point, mode)}
+        job = {"id": str(state_id), "dir": directory, **expectations(recording.events, state_id.point, mode, recording.workload)}
         jobs.append(job)
         by_id[str(state_id)] = (state_id, state, directory)
     results: dict[str, dict[str, Any]] = {}
@@ -270,9 +300,11 @@ def _check_batch(
         result = results.get(str(state_id), {"outcome": None, "problems": []})
         summary.states += 1
         summary.by_variant[state_id.variant] = summary.by_variant.get(state_id.variant, 0) + 1
-        problems = judge(mode, state, expectations(recording.events, state_id.point, mode), result)
+        problems = judge(mode, state, expectations(recording.events, state_id.point, mode, recording.workload), result)
         if problems:
             outcome = "failed"
+        elif result.get("outcome") in ("absent", "complete"):
+            outcome = str(result["outcome"])  # a command's NEWPATH: not there yet, or whole
         elif result.get("outcome") == "refused":
             outcome = "refused"
         elif result.get("problems"):
@@ -291,7 +323,8 @@ def _check_batch(
             say(f"FAIL {mode} state {state_id}: {detail}")
             for problem in problems[:6]:
                 say(f"    {problem}")
-            say(f"    reproduce: python tools/power_loss.py --mode {mode} --state {state_id} --batches {recording.batches}")
+            extra = f" --workload {recording.workload}" if recording.workload != "single" else ""
+            say(f"    reproduce: python tools/power_loss.py --mode {mode} --state {state_id} --batches {recording.batches}{extra}")
             if keep:
                 target = os.path.join(keep, f"{mode}-{str(state_id).replace(':', '-')}")
                 shutil.rmtree(target, ignore_errors=True)

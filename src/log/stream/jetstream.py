@@ -24,8 +24,16 @@ from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 import msgspec
 
-from .errors import CorruptRecordError, LogError
-from .records import Commit, decode_record
+from ...errors import (
+    ForeignMessageError,
+    NatsUnavailableError,
+    OutcomeUnknownError,
+    ReplicationError,
+    StreamMissingError,
+    StreamMovedError,
+)
+from ..errors import CorruptRecordError
+from ..records import Commit, decode_record
 
 T = TypeVar("T")
 
@@ -47,49 +55,46 @@ so that no earlier writer's conditional append can land after it. ``ids``: an id
 
 _STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 WRONG_LAST_SEQUENCE: Final = 10071
+"""``wrong last sequence: N``: the subject's last message is at N, not where this writer expected."""
+WRONG_LAST_SEQUENCE_CONSTANT: Final = 10164
+"""``wrong last sequence`` without the number: a clustered stream's answer to a conditional append
+that raced another (seen on 3-node clusters during a forced take-over)."""
 DUPLICATE_IN_BATCH: Final = 10201
+RECORD_HEADROOM: Final = 1024
+"""Bytes kept below ``max_payload`` for a record message's headers and framing."""
 """An atomic batch holds a ``Nats-Msg-Id`` the stream already has (another writer's record)."""
 DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
 
 
-class ReplicationError(LogError):
-    """Base of the errors of the stream link."""
+
+MOVED_CODES: Final = frozenset({WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT, DUPLICATE_IN_BATCH})
+"""Refusals that mean the subject moved under this writer (another appended or fenced it)."""
+UNAVAILABLE_CODES: Final = frozenset({10008, 10023, 10028, 10047})
+"""Cluster not available, insufficient resources, memory or storage exhausted: try again later."""
+MISSING_CODES: Final = frozenset({10059, 10060})
+"""No such stream, or not the stream expected."""
+TOO_BIG: Final = 10054
+"""The message exceeds the stream's (or the server's) maximum size."""
 
 
-class NatsUnavailableError(ReplicationError):
-    """No NATS server answered in time (unreachable, or the stream has no quorum)."""
+def refusal_error(subject: str, expected: int, refusal: dict[str, Any]) -> ReplicationError:
+    """The error for a JetStream refusal of an append (docs/distributed.md lists the codes): the
+    subject moved (``StreamMovedError``, which deposes a writer), the servers cannot take it now
+    (``NatsUnavailableError``), the stream is missing, or anything else, named with its code."""
 
-
-class StreamMissingError(ReplicationError):
-    """The named stream does not exist, or does not carry the store's subject."""
-
-
-class StreamMovedError(ReplicationError):
-    """A conditional append was refused: the subject holds messages this writer has not seen
-    (another writer appended, or fenced it)."""
-
-    def __init__(self, subject: str, expected: int, found: int | None) -> None:
-        where = "unknown" if found is None else str(found)
-        super().__init__(
-            f"The stream refused an append to {subject}: this writer expected its last message at "
-            f"stream sequence {expected}, the stream has it at {where} (another writer appended or "
-            "fenced this one)"
-        )
-        self.subject, self.expected, self.found = subject, expected, found
-
-
-class ForeignMessageError(ReplicationError):
-    """A message on a store's subject is not a valid record of that store; nothing of it is applied."""
-
-    def __init__(self, stream: str, stream_seq: int, reason: str) -> None:
-        super().__init__(f"Message {stream_seq} of stream {stream} is refused: {reason}; nothing of it was applied")
-        self.stream, self.stream_seq, self.reason = stream, stream_seq, reason
-
-
-class OutcomeUnknownError(NatsUnavailableError):
-    """A publish got no answer: the records may or may not be in the stream. The writer finds out
-    from the stream before it appends anything else."""
+    code = refusal.get("err_code")
+    description = refusal.get("description", refusal)
+    if code in MOVED_CODES:
+        match = re.search(r"(\d+)\s*$", str(description)) if code == WRONG_LAST_SEQUENCE else None
+        return StreamMovedError(subject, expected, int(match.group(1)) if match else None)
+    if code in MISSING_CODES:
+        return StreamMissingError(f"The stream refused an append to {subject}: {description} (JetStream error {code})")
+    if code in UNAVAILABLE_CODES or refusal.get("code") == 503:
+        return NatsUnavailableError(f"The stream could not take an append to {subject}: {description} (JetStream error {code})")
+    if code == TOO_BIG:
+        return ReplicationError(f"The stream refused an append to {subject} as too big: {description} (JetStream error {code})")
+    return ReplicationError(f"The stream refused an append to {subject}: {description} (JetStream error {code})")
 
 
 class Fence(msgspec.Struct, tag="fence", forbid_unknown_fields=True):
@@ -405,15 +410,7 @@ class JetStreamLink:
             raise ReplicationError(f"The stream answered an append to {subject} with {reply.data[:200]!r}") from None
         refusal = ack.get("error")
         if refusal:
-            if refusal.get("err_code") == WRONG_LAST_SEQUENCE:
-                match = re.search(r"(\d+)\s*$", refusal.get("description", ""))
-                raise StreamMovedError(subject, expected, int(match.group(1)) if match else None)
-            if refusal.get("err_code") == DUPLICATE_IN_BATCH:
-                raise StreamMovedError(subject, expected, None)
-            description = refusal.get("description", refusal)
-            if refusal.get("code") == 503:
-                raise NatsUnavailableError(f"The stream could not take an append to {subject}: {description}")
-            raise ReplicationError(f"The stream refused an append to {subject}: {description}")
+            raise refusal_error(subject, expected, refusal)
         if ack.get("duplicate"):
             # The stream holds a message of this Nats-Msg-Id already (``<store>:<seq>``: another
             # writer's record of this sequence) and answers with its sequence -- on a cluster
@@ -496,6 +493,25 @@ class JetStreamLink:
         """The largest message the connected server takes (0: not connected)."""
 
         return int(getattr(self._nc, "max_payload", 0) or 0) if self._nc is not None else 0
+
+    def too_big(self, size: int) -> str | None:
+        """Why a record of ``size`` bytes can never be published (None: it fits). One rule for
+        every mode: such a batch is refused before it is acknowledged."""
+
+        limit = self.max_payload
+        if limit and size + RECORD_HEADROOM > limit:
+            return (
+                f"a record of {size} bytes is too big for the stream: the NATS server takes messages "
+                f"of at most {limit} bytes (max_payload), headers included"
+            )
+        return None
+
+    def check_size(self, size: int) -> None:
+        """Refuse, before it is committed, a batch whose record the server could not take."""
+
+        reason = self.too_big(size)
+        if reason is not None:
+            raise ReplicationError(f"A batch was refused: {reason}; nothing was committed")
 
     async def disconnect(self) -> None:
         """Close the connection and end every task left on the link's loop (consumers' own)."""

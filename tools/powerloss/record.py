@@ -17,10 +17,16 @@ SOURCE = HERE / "recorder.c"
 WRITER = HERE / "writer.py"
 
 
+def find_compiler() -> str | None:
+    """The C compiler the recorder is built with: ``$CC``, else ``cc`` or ``gcc``; None if none."""
+
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def build_recorder(directory: str) -> str:
     """Compile ``recorder.c`` into ``directory``; the path of the shared object."""
 
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = find_compiler()
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) to build the write recorder")
     output = os.path.join(directory, "recorder.so")
@@ -38,10 +44,21 @@ class Recording:
     seed: int
     batches: int
     events: list[Event]
+    workload: str = "single"
 
 
-def record(recorder: str, durability: str, seed: int, batches: int, workdir: str | None = None) -> Recording:
-    """Run ``writer.py`` on a new store under the recorder; its events (marks included)."""
+def record(
+    recorder: str,
+    durability: str,
+    seed: int,
+    batches: int,
+    workdir: str | None = None,
+    *,
+    workload: str = "single",
+    drop: str = "",
+) -> Recording:
+    """Run ``writer.py`` (``workload``) on a new store under the recorder; its events (marks
+    included). ``drop``: planted faults, the recorder's ``PL_DROP`` rules (syncs left out)."""
 
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="powerloss-rec-")
@@ -55,9 +72,10 @@ def record(recorder: str, durability: str, seed: int, batches: int, workdir: str
             if os.path.exists(path):
                 os.unlink(path)
         open(marks, "wb").close()
-        env = dict(os.environ, LD_PRELOAD=recorder, PL_RECORD=recording, PL_STORE=store, PL_MARKER=marks, PL_EXCLUDE="lock.mdb")
+        env = dict(os.environ, LD_PRELOAD=recorder, PL_RECORD=recording, PL_STORE=store, PL_MARKER=marks, PL_EXCLUDE="lock.mdb", PL_DROP=drop)
         completed = subprocess.run(
-            [sys.executable, str(WRITER), store, marks, "--durability", durability, "--seed", str(seed), "--batches", str(batches)],
+            [sys.executable, str(WRITER), store, marks, "--durability", durability, "--seed", str(seed), "--batches", str(batches),
+             "--workload", workload],
             env=env,
             capture_output=True,
             text=True,
@@ -67,7 +85,7 @@ def record(recorder: str, durability: str, seed: int, batches: int, workdir: str
             raise RuntimeError(f"the recorded writer failed ({completed.returncode}):\n{completed.stderr[-3000:]}")
         with open(recording, "rb") as file:
             events = parse(file.read(), store)
-        return Recording(durability, seed, batches, events)
+        return Recording(durability, seed, batches, events, workload)
     finally:
         if own:
             shutil.rmtree(workdir, ignore_errors=True)

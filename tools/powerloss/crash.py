@@ -6,10 +6,12 @@ its store directory. Cutting the power at point ``P`` (after the first ``P`` eve
 * every write made durable before ``P``: by an ``fsync``/``fdatasync`` of its file (per file: a
   sync makes that file's earlier writes durable, not other files'), by ``sync``/``syncfs``, or by
   being written through an ``O_DSYNC``/``O_SYNC`` descriptor (that write only);
-* directory changes (create, rename, unlink) once the directory holding the new name was fsynced
-  (POSIX: fsync of a file does not make its directory entry durable); they reach the disk in the
-  order they were made, as on any journaling file system, so a state keeps a prefix of the
-  pending ones (directories themselves are taken to exist);
+* directory changes (create, mkdir, rename, unlink, rmdir) once the directory holding the new
+  name was fsynced (POSIX: fsync of a file does not make its directory entry durable); they reach
+  the disk in the order they were made, as on any journaling file system, so a state keeps a
+  prefix of the pending ones. Directories are inodes like files: renaming one moves what it
+  holds, and a name inside a directory whose own name did not reach the disk is lost with it
+  (the store directory itself, and directories there before the recording, are taken to exist);
 * plus some of the writes issued since their file's last sync, which is what the variants choose:
   ``none``, a ``prefix`` (in issue order), a random ``subset`` (persisted in a random order; where
   two chosen writes overlap, the later one's bytes win, as a disk keeps the newest write of a
@@ -111,58 +113,103 @@ def marks(events: list[Event], upto: int | None = None) -> list[tuple[int, str]]
 
 # ── crash states ───────────────────────────────────────────────────────────────
 
+_ROOT = 0  # the store directory's inode
+_Key = tuple[int, str]  # a directory entry: (directory inode, name)
+
 
 @dataclass(slots=True)
 class _Op:
     """A change that may or may not be on disk: a directory change, or a write/truncate of an inode."""
 
     event: Event
-    inode: int  # the file written or truncated; for directory changes the file created/renamed/unlinked
+    inode: int  # the file written or truncated; for directory changes the file or directory named
     durable: bool = False
+    entry: _Key | None = None  # directory changes: the name made (create, mkdir, rename) or removed (unlink)
+    source: _Key | None = None  # a rename's old name
 
 
 @dataclass(slots=True)
 class _Simulation:
-    names: dict[str, int] = field(default_factory=dict)  # directory: name -> inode, as the writer saw it
+    """The namespace as the writer saw it: directories are inodes too, so renaming a directory
+    moves what it holds, and a name is on disk only if every directory above it is."""
+
+    entries: dict[_Key, int] = field(default_factory=dict)
+    initial_entries: dict[_Key, int] = field(default_factory=dict)  # there before the recording
+    initial_content: dict[int, bytes] = field(default_factory=dict)
+    directories: set[int] = field(default_factory=lambda: {_ROOT})
     inode_ops: dict[int, list[_Op]] = field(default_factory=dict)
     dir_ops: list[_Op] = field(default_factory=list)
-    next_inode: int = 0
+    next_inode: int = 1
+
+    def _new(self, directory: bool = False) -> int:
+        inode = self.next_inode
+        self.next_inode += 1
+        self.inode_ops[inode] = []
+        if directory:
+            self.directories.add(inode)
+        return inode
+
+    def key(self, path: str) -> _Key:
+        """The entry ``path`` names; a directory above it the recording never made existed before."""
+
+        parts = path.split("/")
+        parent = _ROOT
+        for part in parts[:-1]:
+            inode = self.entries.get((parent, part))
+            if inode is None:
+                inode = self._new(directory=True)
+                self.entries[(parent, part)] = self.initial_entries[(parent, part)] = inode
+            parent = inode
+        return parent, parts[-1]
+
+    def lookup(self, path: str) -> int | None:
+        return _ROOT if path == "" else self.entries.get(self.key(path))
 
 
 def _simulate(events: list[Event], upto: int, initial: dict[str, bytes]) -> _Simulation:
     sim = _Simulation()
-    for name in initial:
-        sim.names[name] = sim.next_inode
-        sim.inode_ops[sim.next_inode] = []
-        sim.next_inode += 1
+    for name, content in initial.items():
+        inode = sim._new()
+        sim.entries[sim.key(name)] = sim.initial_entries[sim.key(name)] = inode
+        sim.initial_content[inode] = content
     for event in events[:upto]:
         kind = event.kind
-        if kind == CREATE:
-            inode = sim.next_inode
-            sim.next_inode += 1
-            sim.names[event.path] = inode
-            sim.inode_ops[inode] = []
-            sim.dir_ops.append(_Op(event, inode))
+        if kind in (CREATE, MKDIR):
+            if event.path == "":
+                continue  # the store directory itself: taken to exist
+            key = sim.key(event.path)
+            inode = sim._new(directory=kind == MKDIR)
+            sim.entries[key] = inode
+            sim.dir_ops.append(_Op(event, inode, entry=key))
         elif kind == RENAME:
-            inode = sim.names.pop(event.path, -1)
-            if event.target:
-                sim.names[event.target] = inode
-            sim.dir_ops.append(_Op(event, inode))
+            source = sim.key(event.path)
+            inode = sim.entries.pop(source, None)
+            if inode is None:  # a file there before the recording, never written: empty
+                inode = sim._new()
+                sim.initial_entries[source] = inode
+            target = sim.key(event.target) if event.target else None
+            if target is not None:
+                sim.entries[target] = inode
+            sim.dir_ops.append(_Op(event, inode, entry=target, source=source))
         elif kind == UNLINK:
-            sim.dir_ops.append(_Op(event, sim.names.pop(event.path, -1)))
+            key = sim.key(event.path)
+            sim.dir_ops.append(_Op(event, sim.entries.pop(key, -1), entry=key))
         elif kind in (WRITE, TRUNCATE):
-            inode = sim.names.get(event.path)
-            if inode is None:  # opened before the recording started: an initial file
+            inode = sim.lookup(event.path)
+            if inode is None or inode in sim.directories:  # opened before the recording started
                 continue
             sim.inode_ops[inode].append(_Op(event, inode, durable=event.synced))
         elif kind in (FSYNC, FDATASYNC):
-            if event.directory:
+            inode = sim.lookup(event.path)
+            if inode is None:
+                continue
+            if event.directory:  # the names in this directory are durable (where they point now)
                 for op in sim.dir_ops:
-                    if os.path.dirname(op.event.target if op.event.kind == RENAME else op.event.path) == event.path:
+                    held = op.entry if op.entry is not None else op.source
+                    if held is not None and held[0] == inode:
                         op.durable = True
             else:
-                inode = sim.names.get(event.path)
-                for op in sim.inode_ops.get(inode, []) if inode is not None else []:
+                for op in sim.inode_ops.get(inode, []):
                     op.durable = True
         elif kind in (SYNC, MSYNC):
             for ops in sim.inode_ops.values():
@@ -182,15 +229,20 @@ class CrashState:
     files: dict[str, bytes]
     pending: int  # changes not yet durable at the point
     kept: int  # of which this state keeps (pieces, for torn)
+    directories: tuple[str, ...] = ()  # every directory under the store directory, empty ones too
 
     def digest(self) -> str:
         h = hashlib.blake2b(digest_size=16)
         for name in sorted(self.files):
             h.update(name.encode() + b"\0" + hashlib.blake2b(self.files[name], digest_size=16).digest())
+        for name in self.directories:
+            h.update(b"dir\0" + name.encode() + b"\0")
         return h.hexdigest()
 
     def write(self, directory: str) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        for name in self.directories:
+            os.makedirs(os.path.join(directory, name), mode=0o700, exist_ok=True)
         for name, content in self.files.items():
             os.makedirs(os.path.dirname(os.path.join(directory, name)), mode=0o700, exist_ok=True)
             with open(os.path.join(directory, name), "wb") as file:
@@ -238,24 +290,28 @@ def crash_state(
                     pieces[op.event.index] = chosen
         else:
             raise ValueError(f"unknown variant {variant!r}")
-    # Directory: the initial names, then the durable changes and a prefix of the pending ones.
-    names = {name: inode for inode, name in enumerate(initial)}
+    # Directories: the initial entries, then the durable changes and a prefix of the pending ones.
+    entries = dict(sim.initial_entries)
     kept_dir = {op.event.index for op in pending_dir[:dir_keep]}
     for op in sim.dir_ops:
         if not (op.durable or op.event.index in kept_dir):
             continue
-        event = op.event
-        if event.kind == CREATE:
-            names[event.path] = op.inode
-        elif event.kind == RENAME:
-            names.pop(event.path, None)
-            if event.target:
-                names[event.target] = op.inode
-        elif event.kind == UNLINK:
-            names.pop(event.path, None)
+        if op.event.kind in (CREATE, MKDIR):
+            assert op.entry is not None
+            entries[op.entry] = op.inode
+        elif op.event.kind == RENAME:
+            assert op.source is not None
+            if entries.get(op.source) == op.inode:
+                del entries[op.source]
+            if op.entry is not None:
+                entries[op.entry] = op.inode
+        elif op.event.kind == UNLINK:
+            assert op.entry is not None
+            entries.pop(op.entry, None)
+    names, directories = _reachable(entries, sim.directories)
     contents: dict[int, bytearray] = {}
     for inode in set(names.values()):
-        content = bytearray(initial[_name_of(initial, inode)]) if inode < len(initial) else bytearray()
+        content = bytearray(sim.initial_content.get(inode, b""))
         for op in sim.inode_ops.get(inode, []):
             event = op.event
             if event.kind == TRUNCATE:
@@ -274,14 +330,36 @@ def crash_state(
         point,
         variant,
         seed,
-        {name: bytes(contents[inode]) for name, inode in names.items() if name},
+        {name: bytes(contents[inode]) for name, inode in names.items()},
         len(pending),
         kept,
+        tuple(sorted(directories)),
     )
 
 
-def _name_of(initial: dict[str, bytes], inode: int) -> str:
-    return list(initial)[inode]
+def _reachable(entries: dict[_Key, int], directories: set[int]) -> tuple[dict[str, int], list[str]]:
+    """The files (path -> inode) and directories reachable from the store directory: a name in a
+    directory whose own name did not reach the disk is lost with it."""
+
+    children: dict[int, list[tuple[str, int]]] = {}
+    for (parent, name), inode in entries.items():
+        children.setdefault(parent, []).append((name, inode))
+    files: dict[str, int] = {}
+    dirs: list[str] = []
+    stack: list[tuple[int, str]] = [(_ROOT, "")]
+    seen = {_ROOT}
+    while stack:
+        directory, prefix = stack.pop()
+        for name, inode in children.get(directory, []):
+            path = prefix + name
+            if inode in directories:
+                if inode not in seen:
+                    seen.add(inode)
+                    dirs.append(path)
+                    stack.append((inode, path + "/"))
+            else:
+                files[path] = inode
+    return files, dirs
 
 
 def _put(content: bytearray, offset: int, data: bytes) -> None:
@@ -296,7 +374,7 @@ def crash_points(events: list[Event], rng: random.Random, randoms: int) -> list[
 
     points: set[int] = {len(events)}
     for event in events:
-        if event.kind in (FSYNC, FDATASYNC, SYNC, MSYNC, CREATE, RENAME, UNLINK, TRUNCATE) or (event.kind == WRITE and event.synced):
+        if event.kind in (FSYNC, FDATASYNC, SYNC, MSYNC, CREATE, MKDIR, RENAME, UNLINK, TRUNCATE) or (event.kind == WRITE and event.synced):
             points.add(event.index)
             points.add(event.index + 1)
         elif event.kind == MARK:

@@ -11,7 +11,8 @@ from typing import Final
 import lmdb
 import msgspec
 
-from .jetstream import ReplicationError
+from ...errors import NotWriterError as NotWriterError  # re-exported: imported from here by users
+from ...errors import ReplicationError
 
 POSITION_FORMAT: Final = 1
 POSITION_KEY: Final = b"replication.position"
@@ -36,7 +37,7 @@ _position_encoder: Final = msgspec.msgpack.Encoder()
 _position_decoder: Final = msgspec.msgpack.Decoder(StreamPosition)
 
 
-def read_position(txn: lmdb.Transaction, meta: lmdb._Database, stream: str) -> StreamPosition:
+def read_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database, stream: str) -> StreamPosition:
     """The position against ``stream``; a store never replicated (or to another stream) is at 0."""
 
     raw = txn.get(POSITION_KEY, db=meta)
@@ -53,21 +54,14 @@ def read_position(txn: lmdb.Transaction, meta: lmdb._Database, stream: str) -> S
     return position
 
 
-def put_position(txn: lmdb.Transaction, meta: lmdb._Database, position: StreamPosition) -> None:
+def put_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database, position: StreamPosition) -> None:
     txn.put(POSITION_KEY, _position_encoder.encode(position), db=meta)
 
 
-def stored_position(txn: lmdb.Transaction, meta: lmdb._Database) -> StreamPosition | None:
+def stored_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database) -> StreamPosition | None:
     """The position as stored, whatever its stream (``stats``)."""
 
     raw = txn.get(POSITION_KEY, db=meta)
     return None if raw is None else _position_decoder.decode(raw)
 
 
-class NotWriterError(ReplicationError, PermissionError):
-    """This store does not take commits: it is a replica, or a writer that was deposed (another
-    took the store's lease, or its stream moved on without it)."""
-
-    def __init__(self, message: str, store: str | None = None, epoch: int | None = None) -> None:
-        super().__init__(message)
-        self.store, self.epoch = store, epoch

@@ -2,7 +2,7 @@
 
 Usage (run by ``record.py`` under the recorder)::
 
-    python tests/powerloss/writer.py STORE MARKS --durability power|process --seed N --batches N
+    python tools/powerloss/writer.py STORE MARKS --durability power|process --seed N --batches N [--workload group]
 
 It creates STORE with a 64 KiB map (so the map grows several times under it) and a user projection,
 and commits mixed batches (conversations, entries, task replacements, documents created, changed
@@ -17,6 +17,12 @@ recorder logs in order with the store's writes:
 ``mint ID``      ``mint_id()`` returned ID
 ``phase TEXT``   open, opened (the store exists: its first open returned), rebuild, reopen,
                  close, closed
+
+``--workload group`` commits from several callers at once (tasks on two event loops, in two
+threads) so that group commit puts several callers' batches in one transaction and one sync, and
+cancels some callers while they wait (``task.cancel()``, ``asyncio.wait_for`` timing out). Its
+marks carry the caller's tag: ``intent@TAG JSON``, ``ack@TAG SEQ``, ``cancel@TAG`` (a cancelled
+caller's batch may or may not be in the log, whole; never in part).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
-from tests.powerloss.workload import EntryCounts, canonical  # noqa: E402
+from tools.powerloss.workload import EntryCounts, canonical, engine_tools  # noqa: E402
 
 TEXTS = ["", "a", "héllo", "\ud800", "日本", "x" * 300]
 
@@ -46,10 +52,13 @@ class Marks:
 
 
 class Workload:
-    def __init__(self, storage: Any, marks: Marks, rng: random.Random) -> None:
+    KINDS = ["entry", "entry", "entry", "task", "create", "change", "retire", "fork"]
+
+    def __init__(self, storage: Any, marks: Marks, rng: random.Random, kinds: list[str] | None = None) -> None:
         self.storage = storage
         self.marks = marks
         self.rng = rng
+        self.kinds = kinds or self.KINDS
         self.conversations: list[int] = []
         self.entries: dict[int, list[int]] = {}
         self.tasks: dict[int, int] = {}
@@ -95,7 +104,7 @@ class Workload:
         writes: list[dict[str, Any]] = []
         touched: set[int] = set()
         for _ in range(rng.randint(1, 4)):
-            kind = rng.choice(["entry", "entry", "entry", "task", "create", "change", "retire", "fork"])
+            kind = rng.choice(self.kinds)
             writes.extend(await getattr(self, "_" + kind)(touched, writes))
         return writes
 
@@ -198,6 +207,188 @@ async def run(args: argparse.Namespace) -> None:
     marks.say("phase closed")
 
 
+GROUP_KINDS = ["entry", "entry", "entry", "newtask", "fork"]
+"""Batches that stay valid in any order (documents' versions would make concurrent changes clash)."""
+
+
+class GroupCaller(Workload):
+    """One concurrent caller's batches; conversations referenced only once acknowledged."""
+
+    def __init__(self, storage: Any, marks: Marks, rng: random.Random, tag: str) -> None:
+        super().__init__(storage, marks, rng, GROUP_KINDS)
+        self.tag = tag
+        self.number = 0
+
+    async def _newtask(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
+        state = {"status": "pending", "step": self.rng.randint(0, 99)}
+        return [{"type": "task", "value": {"id": await self.mint(), "conversationId": self.rng.choice(self.conversations),
+                 "kind": "agent", "version": 1, "input": {"prompt": self.rng.choice(TEXTS)}, "state": state,
+                 "background": False, "abortRequested": False}}]
+
+    async def step(self) -> None:
+        """Commit one batch: plainly, under a short ``wait_for``, or in a task cancelled after a
+        few turns of the loop (the caller may be cancelled while its batch waits for its group)."""
+
+        writes = await self.batch()
+        tag = f"{self.tag}.{self.number}"
+        self.number += 1
+        self.marks.say(f"intent@{tag} " + canonical(writes))
+        how = self.rng.random()
+        try:
+            if how < 0.7:
+                seq = await self.storage.commit(writes, CTX)
+            elif how < 0.85:
+                seq = await asyncio.wait_for(self.storage.commit(writes, CTX), self.rng.choice([0, 0.0002, 0.001, 0.003]))
+            else:
+                task = asyncio.ensure_future(self.storage.commit(writes, CTX))
+                for _ in range(self.rng.randint(0, 3)):
+                    await asyncio.sleep(0)
+                task.cancel()
+                seq = await task
+        except (asyncio.CancelledError, asyncio.TimeoutError):
+            self.marks.say(f"cancel@{tag}")
+            return
+        self.marks.say(f"ack@{tag} {seq}")
+        self.apply(writes)
+
+
+async def _callers(storage: Any, marks: Marks, seed: str, loop_tag: str, count: int, steps: int) -> None:
+    callers = [GroupCaller(storage, marks, random.Random(f"{seed}:{loop_tag}:{n}"), f"{loop_tag}{n}") for n in range(count)]
+
+    async def run(caller: GroupCaller) -> None:
+        for _ in range(steps):
+            await caller.step()
+
+    await asyncio.gather(*(run(caller) for caller in callers))
+
+
+async def run_group(args: argparse.Namespace) -> None:
+    """Rounds of concurrent callers on one store: three tasks on this loop and three on a second
+    loop in another thread; a rebuild runs beside the callers in the second round; the store is
+    closed and reopened between rounds."""
+
+    import threading
+
+    from pi_durable_lmdb.projections import rebuild
+    from pi_durable_lmdb.storage import LmdbStorage, lmdb_storage
+
+    lmdb_storage.ID_BLOCK = 16  # type: ignore[misc]
+    rebuild.FOLD_CHUNK = 8  # type: ignore[misc]
+    marks = Marks(args.marks)
+
+    async def open_store() -> Any:
+        return await LmdbStorage.open(args.store, durability=args.durability, map_size=64 * 1024, projections=[EntryCounts()])
+
+    marks.say("phase open")
+    storage = await open_store()
+    marks.say("phase opened")
+    steps = 3
+    rounds = max(1, args.batches // (6 * steps))
+    for number in range(rounds):
+        if number:
+            marks.say("phase reopen")
+            await storage.close()
+            storage = await open_store()
+        failure: list[BaseException] = []
+
+        def other_thread(storage: Any = storage, number: int = number) -> None:
+            try:
+                asyncio.run(_callers(storage, marks, f"{args.seed}:{number}", f"r{number}b", 3, steps))
+            except BaseException as error:  # noqa: BLE001 - reported by the main thread
+                failure.append(error)
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        work = [_callers(storage, marks, f"{args.seed}:{number}", f"r{number}a", 3, steps)]
+        if number == 1:
+            marks.say("phase rebuild")
+            work.append(storage.rebuild())
+        await asyncio.gather(*work)
+        await asyncio.to_thread(thread.join)
+        if failure:
+            raise failure[0]
+    await storage.projections.wait(storage.log.head())
+    marks.say("phase close")
+    await storage.close()
+    marks.say("phase closed")
+
+
+COMMANDS = ("import", "restore", "backup", "backup-plain")
+
+
+def export_digest(path: str) -> str:
+    """What a store's log holds, commit times included: the digest of its export."""
+
+    import hashlib
+
+    _, export_lines, _ = engine_tools()
+    digest = hashlib.blake2b(digest_size=16)
+    for line in export_lines(path):
+        digest.update(line.encode() + b"\n")
+    return digest.hexdigest()
+
+
+def run_command(args: argparse.Namespace) -> None:
+    """Record one ``durable-log`` command building ``STORE/new`` from a source made outside STORE."""
+
+    import shutil
+
+    from pi_durable_lmdb.storage import LmdbStorage
+    _, export_lines, durable_log = engine_tools()
+
+    root = os.path.abspath(args.store)
+    outside = root + "-outside"
+    shutil.rmtree(outside, ignore_errors=True)
+    os.makedirs(outside)
+    os.makedirs(root, exist_ok=True)
+    marks = Marks(args.marks)
+    source = os.path.join(outside, "source")
+    server = None
+    try:
+        options: dict[str, Any] = {}
+        if args.workload == "restore":
+            from tools.powerloss.jetstream_server import JetStreamServer
+
+            server = JetStreamServer(os.path.join(outside, "nats"))
+            options = {"durability": "replicated", "nats": server.url, "stream": "POWERLOSS"}
+
+        async def make_source() -> str:
+            storage = await LmdbStorage.open(source, **options)
+            try:
+                work = Workload(storage, Marks(os.devnull), random.Random(args.seed))
+                for _ in range(args.batches):
+                    await work.commit(await work.batch())
+                return str(storage.store_id)
+            finally:
+                await storage.close()
+
+        store_id = asyncio.run(make_source())
+        target = os.path.join(root, "new")
+        if args.workload == "import":
+            export = os.path.join(outside, "export.jsonl")
+            with open(export, "w", encoding="utf-8") as file:
+                for line in export_lines(source):
+                    file.write(line + "\n")
+            argv = ["import", export, target]
+        elif args.workload == "restore":
+            assert server is not None
+            argv = ["restore", "--nats", server.url, "--stream", "POWERLOSS", "--store", store_id, target]
+        else:
+            argv = ["backup", source, target] + (["--compact"] if args.workload == "backup" else [])
+        head = len(list(export_lines(source)))
+        kept_id = "-" if args.workload == "import" else store_id  # an import makes a new store id
+        marks.say(f"expect {export_digest(source)} {head} {kept_id}")
+        marks.say("phase command")
+        code = durable_log(argv)
+        marks.say(f"done {code}")
+        if code != 0:
+            raise SystemExit(f"durable-log {' '.join(argv)} exited {code}")
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(outside, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("store")
@@ -206,7 +397,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batches", type=int, default=30)
     parser.add_argument("--reopen-every", type=int, default=8, help="close and reopen the store every N batches")
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument("--workload", choices=["single", "group", *COMMANDS], default="single")
+    args = parser.parse_args()
+    if args.workload in COMMANDS:
+        run_command(args)
+    else:
+        asyncio.run(run_group(args) if args.workload == "group" else run(args))
 
 
 if __name__ == "__main__":

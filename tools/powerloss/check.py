@@ -1,6 +1,6 @@
 """Checks crash states, one after the other, in a fresh process (LMDB may meet damaged pages).
 
-Usage: ``python tests/powerloss/check.py JOBS.json RESULTS.jsonl``. Each job names a state
+Usage: ``python tools/powerloss/check.py JOBS.json RESULTS.jsonl``. Each job names a state
 directory and what the recording says about it; one JSON line per state goes to RESULTS (a
 ``start`` line first, so a crash of this process is pinned on its state).
 
@@ -8,8 +8,8 @@ Per state, in this order:
 
 1. ``verify`` on the state as the power cut left it (read-only; nothing has touched it);
 2. a read-only ``LmdbStorage.open``: the log holds sequences 1..head; each acknowledged one the
-   job lists holds exactly the acknowledged batch, every other one is the batch being committed
-   at the cut (whole, never partial), the ``required`` ones are all there, and every entry of
+   job lists holds exactly the acknowledged batch, every other one is a batch being committed
+   at the cut or whose caller was cancelled (whole, never partial, at most once), the ``required`` ones are all there, and every entry of
    an acknowledged batch reads back through ``storage.entry`` with its sequence;
 3. a writer open (with the user projection): it must open as it is, no repair; ``mint_id()``
    returns an id above every id handed out before the cut and every stored id; a new commit gets
@@ -33,28 +33,84 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
-from tests.powerloss.workload import EntryCounts, canonical, counts_of, read_counts  # noqa: E402
+from tools.powerloss.workload import EntryCounts, canonical, counts_of, engine_tools, read_counts  # noqa: E402
 
 
 def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:300]}"
 
 
+async def check_command_state(job: dict[str, Any]) -> dict[str, Any]:
+    """A state cut while a command (import, restore, backup) built NEWPATH (``DIR/new``): NEWPATH
+    is absent (allowed only before the command returned) or the complete store: the source's
+    export exactly, its store id, ``verify`` clean, a writer opens it and commits the next
+    sequence. Never a partial store, whether or not it would open."""
+
+    from pi_durable_lmdb.storage import LmdbStorage
+    verify = engine_tools()[0]
+
+    from tools.powerloss.writer import export_digest
+
+    expect: dict[str, Any] | None = job["expect"]  # None: cut before the command started
+    target = os.path.join(job["dir"], "new")
+    problems: list[str] = []
+    result: dict[str, Any] = {"id": job["id"], "problems": problems}
+    result["partials"] = sorted(name for name in os.listdir(job["dir"]) if name != "new")
+    if not os.path.lexists(target):
+        if job["done"]:
+            problems.append("LOST: the command returned, NEWPATH is absent")
+        result["outcome"] = "failed" if problems else "absent"
+        return result
+    held = sorted(os.listdir(target)) if os.path.isdir(target) else None
+    result["held"] = held
+    if expect is None:
+        problems.append(f"UNEXPECTED: NEWPATH exists ({held}) before the command started")
+        result["outcome"] = "failed"
+        return result
+    try:
+        digest = export_digest(target)
+        if digest != expect["digest"]:
+            problems.append(f"PARTIAL: NEWPATH holds a log other than the source's (export digest {digest}); files {held}")
+    except BaseException as error:  # noqa: BLE001 - every failure is a finding
+        problems.append(f"PARTIAL: NEWPATH exists ({held}) but its log does not read: {_error(error)}")
+    if not problems:
+        try:
+            difference = verify(target)
+            if difference is not None:
+                problems.append(f"VERIFY: {difference}")
+            storage = await LmdbStorage.open(target)
+            try:
+                if expect["store"] != "-" and storage.store_id != expect["store"]:
+                    problems.append(f"STORE ID: NEWPATH is store {storage.store_id}, the source {expect['store']}")
+                minted = await storage.mint_id()
+                seq = await storage.commit([{"type": "conversation", "value": {"id": minted}}], CTX)
+                if seq != expect["head"] + 1:
+                    problems.append(f"SEQUENCE: a new commit got {seq}, the source's head is {expect['head']}")
+            finally:
+                await storage.close()
+        except BaseException as error:  # noqa: BLE001
+            problems.append(f"OPEN/COMMIT raised {_error(error)}")
+    result["outcome"] = "failed" if problems else "complete"
+    return result
+
+
 async def check_state(job: dict[str, Any]) -> dict[str, Any]:
+    if job["workload"] in ("import", "restore", "backup", "backup-plain"):
+        return await check_command_state(job)
     from pi_durable_lmdb.log import write_to_builtins
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.storage.audit import verify
+    verify = engine_tools()[0]
 
-    damaged_error: type[BaseException] | None
-    try:
-        from pi_durable_lmdb.log import StoreDamagedError as damaged_error  # type: ignore[attr-defined]
-    except ImportError:
-        damaged_error = None
+    from pi_durable_lmdb import StoreDamagedError
+
+    damaged_error: type[BaseException] = StoreDamagedError
 
     path = job["dir"]
     acked: dict[int, str] = {int(seq): batch for seq, batch in job["acked"].items()}
     required: list[int] = job["required"]
-    pending: str | None = job["pending"]
+    maybe: dict[str, int] = {}  # batches in flight or cancelled at the cut: each may be there once, whole
+    for batch in job["maybe"]:
+        maybe[batch] = maybe.get(batch, 0) + 1
     minted_max: int = job["minted_max"]
     problems: list[str] = []
     result: dict[str, Any] = {"id": job["id"], "problems": problems}
@@ -80,7 +136,6 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
                 seqs = [seq for seq, _ in _all_rows(reader)]
                 if seqs != list(range(1, head + 1)):
                     problems.append(f"LOG: sequences are not 1..{head}: {seqs[:5]}...{seqs[-5:]}")
-                pending_seq = max(acked, default=0) + 1
                 for seq in seqs:
                     found = canonical([write_to_builtins(write) for write in reader.log.get(seq).writes])  # type: ignore[union-attr]
                     if seq in acked:
@@ -92,8 +147,9 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
                                 got = await reader.entry(write["value"]["id"])
                                 if got is None or got["commitSeq"] != seq or canonical(got["entry"]) != canonical(write["value"]):
                                     problems.append(f"READ: entry {write['value']['id']} of sequence {seq} reads back as {str(got)[:150]}")
-                    elif seq == pending_seq and found == pending:
-                        result["adopted"] = seq  # committed whole, cut before it was acknowledged
+                    elif maybe.get(found, 0) > 0:
+                        maybe[found] -= 1
+                        result.setdefault("adopted", []).append(seq)  # committed whole, not acknowledged
                     else:
                         problems.append(f"UNEXPECTED: sequence {seq} holds a batch not committed as sequence {seq}: {found[:150]}")
             finally:
@@ -109,7 +165,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
     try:
         storage = await LmdbStorage.open(path, projections=[EntryCounts()])
     except BaseException as error:  # noqa: BLE001
-        if damaged_error is not None and isinstance(error, damaged_error):
+        if isinstance(error, damaged_error):
             result["outcome"] = "refused"
             result["refusal"] = str(error)
             return result

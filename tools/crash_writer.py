@@ -4,8 +4,8 @@ process.
 
 Usage::
 
-    python tests/crash_writer_child.py write STORE --seed N [--durability D] [--bump-schema] [--fold-chunk N] [--map-size B] [--pad N] [--agents N]
-    python tests/crash_writer_child.py check STORE --ledger IN.json --result OUT.json
+    python tools/crash_writer.py write STORE --seed N [--durability D] [--bump-schema] [--fold-chunk N] [--map-size B] [--pad N] [--agents N]
+    python tools/crash_writer.py check STORE --ledger IN.json --result OUT.json
 
 ``write`` opens ``LmdbStorage`` on STORE and commits mixed batches until it is killed: entries,
 task replacements, document create / change (delta and base) / retire, and forks that copy

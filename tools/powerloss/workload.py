@@ -46,5 +46,29 @@ def counts_of(commits: Any) -> dict[int, int]:
     return counts
 
 
+def engine_tools() -> tuple[Any, Any, Any]:
+    """``(verify, export_lines, durable_log_main)`` wherever this version of the package keeps
+    them (the command line is moving out of ``pi_durable_lmdb.storage``: issue 22)."""
+
+    import importlib
+
+    def find(name: str, modules: tuple[str, ...]) -> Any:
+        for module in modules:
+            try:
+                found = getattr(importlib.import_module(module), name, None)
+            except ImportError:
+                continue
+            if found is not None:
+                return found
+        raise ImportError(f"{name} is in none of {', '.join(modules)}")
+
+    audits = ("pi_durable_lmdb.storage.audit", "pi_durable_lmdb.cli.inspect", "pi_durable_lmdb.cli.move", "pi_durable_lmdb.cli.common", "pi_durable_lmdb")
+    return (
+        find("verify", audits),
+        find("export_lines", audits),
+        find("main", ("pi_durable_lmdb.cli", "pi_durable_lmdb.storage.cli")),
+    )
+
+
 def read_counts(tables: Tables) -> dict[int, int]:
     return {_COUNT.unpack(key)[0]: _COUNT.unpack(value)[0] for key, value in tables.items("counts")}

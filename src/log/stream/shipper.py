@@ -12,22 +12,35 @@ twice, skipped or reordered.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
 import time
 from typing import Any, Final
 
-from .jetstream import (
-    ForeignMessageError,
-    JetStreamLink,
-    ReplicationError,
-    record_headers,
-    subject_of,
-)
-from .writelog import WriteLog
+from ...errors import ForeignMessageError, ReplicationError
+from .jetstream import JetStreamLink, record_headers, subject_of
+from ..writelog import WriteLog
 
 SHIP_BATCH: Final = 256
 """Records per atomic batch."""
 RETRY: Final = (0.05, 2.0)
 """Back-off after an error, from the first to the longest pause (seconds)."""
+STOPPED_FILE: Final = "shipping.stopped"
+"""Beside the store while its shipper has stopped for good: why (read by ``durable-log stats``
+from another process); removed once records ship again."""
+
+logger = logging.getLogger(__name__)
+
+
+def stopped_reason(path: str) -> str | None:
+    """Why the shipper of the store at ``path`` stopped, if it did (``STOPPED_FILE``)."""
+
+    try:
+        with open(os.path.join(path, STOPPED_FILE), encoding="utf-8") as file:
+            return str(json.load(file)["reason"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class Shipper:
@@ -42,6 +55,7 @@ class Shipper:
         self.fatal: ReplicationError | None = None
         self._task: asyncio.Future[None] | None = None
         self._stopping = False
+        self._marked = os.path.exists(os.path.join(log.env.path, STOPPED_FILE))
 
     def start(self) -> None:
         self._task = asyncio.run_coroutine_threadsafe(self._run(), self.link.loop)  # type: ignore[assignment]
@@ -56,22 +70,57 @@ class Shipper:
                     if not rows:
                         await self.log.wait_commit(0.05)
                         continue
-                    messages = [(record_headers(self.store, seq, self.epoch), bytes(data)) for seq, data in rows]
-                    self.expected = await self.link.publish(self.subject, messages, self.expected)
-                    self.shipped_seq = rows[-1][0]
+                    stuck = None
+                    for index, (seq, data) in enumerate(rows):
+                        reason = self.link.too_big(len(data))
+                        if reason is not None:  # it can never be published: waiting would not help
+                            stuck, rows = _CannotShip(f"record {seq} of store {self.store}: {reason}"), rows[:index]
+                            break
+                    if rows:
+                        messages = [(record_headers(self.store, seq, self.epoch), bytes(data)) for seq, data in rows]
+                        self.expected = await self.link.publish(self.subject, messages, self.expected)
+                        self.shipped_seq = rows[-1][0]
+                    if stuck is not None:
+                        raise stuck
+                    if self.last_error is not None or self._marked:
+                        self._clear_stopped()
                     self.last_error = None
                     pause = RETRY[0]
-            except ForeignMessageError as error:
-                self.fatal, self.last_error = error, str(error)
+            except (ForeignMessageError, _CannotShip) as error:
+                self._stop(error)
                 return
             except ReplicationError as error:
+                logger.warning("Shipping store %s to stream %s failed, retrying in %.2f s: %s", self.store, self.link.stream, pause, error)
                 self.last_error = str(error)
             except Exception as error:  # the store closed under us, or a bug: say it, retry
                 if self._stopping:
                     return
+                logger.warning("Shipping store %s failed, retrying in %.2f s", self.store, pause, exc_info=True)
                 self.last_error = f"{type(error).__name__}: {error}"
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY[1])
+
+    def _stop(self, error: Exception) -> None:
+        """Shipping cannot go on: say so in ``status()``, at ERROR, and beside the store."""
+
+        self.fatal = error if isinstance(error, ReplicationError) else ReplicationError(str(error))
+        self.last_error = reason = f"shipping stopped: {error}"
+        logger.error("Shipping of store %s to stream %s stopped: %s", self.store, self.link.stream, error)
+        path = os.path.join(self.log.env.path, STOPPED_FILE)
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as file:
+                json.dump({"reason": reason, "at": int(time.time() * 1000), "shippedSeq": self.shipped_seq}, file)
+            os.replace(path + ".tmp", path)
+            self._marked = True
+        except OSError:
+            logger.exception("Could not record that shipping stopped beside the store at %s", self.log.env.path)
+
+    def _clear_stopped(self) -> None:
+        try:
+            os.unlink(os.path.join(self.log.env.path, STOPPED_FILE))
+        except FileNotFoundError:
+            pass
+        self._marked = False
 
     async def _settle(self) -> None:
         last = await self.link.last(self.subject, self.store)
@@ -129,3 +178,6 @@ class Shipper:
         if self._task is not None:
             self._task.cancel()
 
+
+class _CannotShip(Exception):
+    """A record the stream can never take (over the server's ``max_payload``)."""

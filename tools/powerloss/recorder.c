@@ -1,8 +1,8 @@
 /* An LD_PRELOAD shim that records, in order, what a process asks the OS to make of the files
  * under one store directory: every write with its offset and bytes, every sync, file creation,
- * truncation, rename and unlink. tests/powerloss/crash.py turns a recording into the states a
+ * truncation, rename and unlink. tools/powerloss/crash.py turns a recording into the states a
  * disk could hold after a power cut. Built at test time with the machine's C compiler
- * (tests/powerloss/build.py); no binary is committed.
+ * (tools/powerloss/record.py); no binary is committed.
  *
  * Environment:
  *   PL_RECORD  the recording file (appended); unset by the shim, so child processes do not record
@@ -11,6 +11,12 @@
  *              acknowledgements, in order with the store's writes)
  *   PL_EXCLUDE a file name not to record, in any directory of the store (lock.mdb: shared memory,
  *              not state)
+ *   PL_DROP    planted faults, for proving a workload needs a sync: comma-separated KIND:SUFFIX
+ *              rules; a matching call still runs but is left out of the recording, so the crash
+ *              states are those of a program that never made it. KIND is fsync, fdatasync (of a
+ *              file), dirsync (fsync/fdatasync of a directory) or dsync (an O_DSYNC/O_SYNC write,
+ *              recorded as a plain one); SUFFIX must end the absolute path ("" matches every path;
+ *              "*TEXT" matches every path that contains TEXT).
  *
  * The libc functions are interposed (py-lmdb's bundled LMDB calls open, pwrite, writev, lseek,
  * fdatasync, fsync, msync and ftruncate through the dynamic linker). Each recorded call runs under
@@ -70,8 +76,40 @@ static char store[PATH_MAX];
 static size_t store_length;
 static char marker[PATH_MAX];
 static char exclude[NAME_MAX + 1];
+#define MAX_DROPS 16
+struct drop { char kind[16]; char suffix[PATH_MAX]; };
+static struct drop drops[MAX_DROPS];
+static int drop_count;
 static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static __thread int inside;
+
+/* A planted fault: is a `kind` call on `path` to be left out of the recording? */
+static int dropped(const char *kind, const char *path) {
+    if (!path) return 0;
+    size_t length = strlen(path);
+    for (int i = 0; i < drop_count; i++) {
+        size_t tail = strlen(drops[i].suffix);
+        if (strcmp(drops[i].kind, kind) != 0) continue;
+        if (drops[i].suffix[0] == '*' ? strstr(path, drops[i].suffix + 1) != NULL
+                                      : tail <= length && strcmp(path + length - tail, drops[i].suffix) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static void parse_drops(const char *rules) {
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", rules);
+    char *save = NULL;
+    for (char *rule = strtok_r(copy, ",", &save); rule && drop_count < MAX_DROPS; rule = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(rule, ':');
+        if (!colon) continue;
+        *colon = 0;
+        snprintf(drops[drop_count].kind, sizeof drops[drop_count].kind, "%s", rule);
+        snprintf(drops[drop_count].suffix, sizeof drops[drop_count].suffix, "%s", colon + 1);
+        drop_count++;
+    }
+}
 
 #define REAL(name) static __typeof__(name) *real_##name; if (!real_##name) real_##name = dlsym(RTLD_NEXT, #name)
 
@@ -182,6 +220,8 @@ __attribute__((constructor)) static void recorder_init(void) {
     }
     const char *skip = getenv("PL_EXCLUDE");
     if (skip) snprintf(exclude, sizeof exclude, "%s", skip);
+    const char *drop = getenv("PL_DROP");
+    if (drop) parse_drops(drop);
     unsetenv("PL_RECORD");  /* child processes (and their children) do not record */
     unsetenv("LD_PRELOAD");
 }
@@ -285,7 +325,7 @@ static void wrote(int fd, const struct iovec *iov, int count, ssize_t done, uint
     if (fds[fd].kind == KIND_MARKER) {
         emit(EV_MARK, 0, 0, NULL, 0, iov, count, (size_t)done);
     } else if (fds[fd].kind == KIND_FILE) {
-        emit(EV_WRITE, fds[fd].dsync, offset, fds[fd].path, strlen(fds[fd].path), iov, count, (size_t)done);
+        emit(EV_WRITE, fds[fd].dsync && !dropped("dsync", fds[fd].path), offset, fds[fd].path, strlen(fds[fd].path), iov, count, (size_t)done);
     }
 }
 
@@ -354,7 +394,7 @@ ssize_t pwritev2(int fd, const struct iovec *iov, int count, off_t offset, int f
     uint64_t at = offset == -1 ? current_offset(fd) : (uint64_t)offset;
     ssize_t done = real_pwritev2(fd, iov, count, offset, flags);
     if (done > 0 && fds[fd].kind == KIND_FILE)
-        emit(EV_WRITE, fds[fd].dsync || (flags & (RWF_DSYNC | RWF_SYNC)) ? 1 : 0, at, fds[fd].path,
+        emit(EV_WRITE, (fds[fd].dsync || (flags & (RWF_DSYNC | RWF_SYNC))) && !dropped("dsync", fds[fd].path) ? 1 : 0, at, fds[fd].path,
              strlen(fds[fd].path), iov, count, (size_t)done);
     else
         wrote(fd, iov, count, done, at);
@@ -367,6 +407,8 @@ ssize_t pwritev64v2(int fd, const struct iovec *iov, int count, off_t offset, in
 }
 
 static int synced(int fd, int result, uint32_t type) {
+    const char *kind = fds[fd].kind == KIND_DIR ? "dirsync" : type == EV_FSYNC ? "fsync" : type == EV_FDATASYNC ? "fdatasync" : "";
+    if (dropped(kind, fds[fd].path)) return result;
     if (result == 0 && fds[fd].kind != KIND_MARKER) emit_path(type, fds[fd].kind == KIND_DIR, 0, fds[fd].path);
     return result;
 }
@@ -491,6 +533,31 @@ static int unlinked(int dirfd, const char *path, int flags, int at) {
 
 int unlink(const char *path) { return unlinked(AT_FDCWD, path, 0, 0); }
 int unlinkat(int dirfd, const char *path, int flags) { return unlinked(dirfd, path, flags, 1); }
+
+/* rmdir is recorded as an unlink of the (empty) directory's name */
+int rmdir(const char *path) {
+    REAL(rmdir);
+    char *where = inside ? NULL : store_path(AT_FDCWD, path);
+    if (!where) return real_rmdir(path);
+    pthread_mutex_lock(&lock);
+    int result = real_rmdir(path);
+    if (result == 0) emit_path(EV_UNLINK, 0, 0, where);
+    pthread_mutex_unlock(&lock);
+    free(where);
+    return result;
+}
+
+int mkdirat(int dirfd, const char *path, mode_t mode) {
+    REAL(mkdirat);
+    char *where = inside ? NULL : store_path(dirfd, path);
+    if (!where) return real_mkdirat(dirfd, path, mode);
+    pthread_mutex_lock(&lock);
+    int result = real_mkdirat(dirfd, path, mode);
+    if (result == 0) emit_path(EV_MKDIR, 0, 0, where);
+    pthread_mutex_unlock(&lock);
+    free(where);
+    return result;
+}
 
 int mkdir(const char *path, mode_t mode) {
     REAL(mkdir);

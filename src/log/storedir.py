@@ -1,0 +1,254 @@
+"""The store directory on disk: how it is made, locked and checked before LMDB maps it.
+
+A store is a directory (0700) holding LMDB's ``data.mdb`` and ``lock.mdb``, our ``writer.lock``
+(``flock``: one writer process at a time, named when refused) and, while a ``process``-mode writer
+may have commits the disk does not hold in order, ``process.unsynced`` (with the boot id, so an
+open after an OS crash refuses the store). New files and renames are made durable with their
+directory (fsync(2) of a file does not persist its name): ``sync_directory`` is the one way this
+package does it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import struct
+from typing import Final
+
+import lmdb
+
+from ..errors import StoreDamagedError, StoreFormatError, TruncatedStoreError, WriterLockedError
+
+MAX_DBS: Final = 256
+"""Named databases per store: the log, the core projections (two generations during a rebuild)
+and user projections."""
+
+WRITER_LOCK: Final = "writer.lock"
+
+
+STAGING: Final = "creating"
+
+
+UNSYNCED_FILE: Final = "process.unsynced"
+"""Present while a ``process``-mode writer may have commits the disk does not hold in order."""
+
+
+BOOT_ID: Final = "/proc/sys/kernel/random/boot_id"
+
+
+def make_private_dir(path: str) -> bool:
+    """Create the store directory; True when it did not exist."""
+
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise NotADirectoryError(f"{path} exists and is not a directory") from None
+        return False
+    return True
+
+
+def create_data_file(path: str, map_size: int) -> None:
+    """Make a new data.mdb appear whole or not at all. LMDB writes a new file's two meta pages
+    without syncing them, so a power cut right after leaves a file no open accepts
+    (``MDB_INVALID``); here it is made in a staging directory, synced, renamed in, and the
+    directory synced (fsync of a file does not make its name durable: fsync(2))."""
+
+    staging = os.path.join(path, STAGING)
+    shutil.rmtree(staging, ignore_errors=True)  # left by a cut during an earlier creation
+    os.mkdir(staging, 0o700)
+    env = lmdb.open(staging, map_size=map_size, max_dbs=MAX_DBS, mode=0o600, lock=False)
+    try:
+        env.sync(True)
+    finally:
+        env.close()
+    os.rename(os.path.join(staging, "data.mdb"), os.path.join(path, "data.mdb"))
+    sync_directory(path)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def boot_id() -> bytes | None:
+    try:
+        with open(BOOT_ID, "rb") as file:
+            return file.read().strip()
+    except OSError:
+        return None
+
+
+def refuse_after_crash(path: str) -> None:
+    """Refuse a store a ``process``-mode writer had open when the machine stopped."""
+
+    marker = os.path.join(path, UNSYNCED_FILE)
+    try:
+        with open(marker, "rb") as file:
+            boot = file.read().strip()
+    except FileNotFoundError:
+        return
+    current = boot_id()
+    if current is not None and boot != current:
+        raise StoreDamagedError(path, marker)
+
+
+def mark_unsynced(path: str) -> None:
+    """Write the boot id to ``process.unsynced`` and make it durable before LMDB writes a page."""
+
+    marker = os.path.join(path, UNSYNCED_FILE)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(marker, flags, 0o600)
+    try:
+        os.write(fd, (boot_id() or b"unknown") + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    sync_directory(path)
+
+
+def clear_unsynced(path: str) -> None:
+    """After the final sync: the disk holds every commit, in order."""
+
+    try:
+        os.unlink(os.path.join(path, UNSYNCED_FILE))
+    except FileNotFoundError:
+        return
+    sync_directory(path)
+
+
+def sync_directory(path: str) -> None:
+    """Make the directory's entries durable: fsync of a file does not persist the file's name
+    (fsync(2)), so without this a power cut can drop a new data.mdb with every commit in it."""
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def take_writer_lock(path: str) -> int:
+    lock_path = os.path.join(path, WRITER_LOCK)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(lock_path, flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            raise
+        holders = lock_holders(fd)
+        os.close(fd)
+        named = ", ".join(str(pid) for pid in holders)
+        raise WriterLockedError(path, f" by process {named}" if holders else "") from None
+    os.pwrite(fd, f"{os.getpid():<20}".encode(), 0)  # fixed width: no truncate, which can cost ms
+    return fd
+
+
+def lock_holders(fd: int) -> list[int]:
+    """The processes holding ``flock`` on the file ``fd`` opens, as the kernel lists them.
+
+    ``writer.lock`` holds the pid of the writer that last took it, which goes stale (a writer that
+    forked, one that died before another wrote over it); the kernel's lock table does not. Where
+    it cannot be read, the pid in the file is named only if that process is alive.
+    """
+
+    stat = os.fstat(fd)
+    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        with open("/proc/locks") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        lines = None
+    if lines is not None:
+        holders = []
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+                holders.append(int(fields[4]))  # waiters are listed as "->", so they never match
+        if holders:
+            return sorted(set(holders))
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    if not text.isdigit():
+        return []
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    return [int(text)]
+
+
+def refuse_links(path: str) -> None:
+    """LMDB would follow a planted link and write the store (or its lock table) elsewhere."""
+
+    for name in ("data.mdb", "lock.mdb", WRITER_LOCK):
+        file = os.path.join(path, name)
+        if os.path.islink(file):
+            raise StoreFormatError(
+                f"{file} is a symbolic link; refusing to follow it out of the store directory"
+            )
+
+
+_META_OFFSET: Final = 16
+"""LMDB's page header; ``MDB_meta`` follows it on each of the two meta pages (64-bit layout)."""
+
+
+_META = struct.Struct("=II8x8xI44x48xQQ")
+"""magic, version, (address, map size), the free DB's ``md_pad`` (the page size), (the rest of
+both DB records), ``mm_last_pg``, ``mm_txnid``."""
+
+
+_MAGIC: Final = 0xBEEFC0DE
+
+
+def check_not_truncated(path: str) -> None:
+    """Refuse a ``data.mdb`` shorter than the last page its newest meta page names.
+
+    LMDB maps the file and trusts it: a reader touching a page past the end dies from SIGBUS, and
+    a writer would commit on top of pages that are gone. So the meta pages are read with plain
+    file reads first, and the damage is named before LMDB maps anything.
+    """
+
+    file = os.path.join(path, "data.mdb")
+    try:
+        handle = open(file, "rb")
+    except FileNotFoundError:
+        return  # a new store: LMDB creates it
+    with handle:
+        head = handle.read(_META_OFFSET + _META.size)
+        if not head:
+            return  # LMDB initialises an empty file (a store whose creation never got further)
+        if len(head) < _META_OFFSET + _META.size:
+            size = os.fstat(handle.fileno()).st_size
+            raise TruncatedStoreError(
+                f"{file} is truncated: {size} bytes cannot hold LMDB's meta pages; "
+                "restore the store from a copy"
+            )
+        magic, _, page_size, _, _ = _META.unpack_from(head, _META_OFFSET)
+        if magic != _MAGIC or page_size < 512 or page_size & (page_size - 1):
+            return  # not an LMDB file, or one this layout does not describe: LMDB says so itself
+        metas = []
+        for page in (0, 1):
+            handle.seek(page * page_size)
+            data = handle.read(_META_OFFSET + _META.size)
+            if len(data) == _META_OFFSET + _META.size:
+                magic, _, _, last_page, txnid = _META.unpack_from(data, _META_OFFSET)
+                if magic == _MAGIC:
+                    metas.append((txnid, last_page))
+        # Only now the size: a writer elsewhere writes a commit's pages before its meta page and
+        # never shrinks the file, so a size taken after the metas were read covers them.
+        size = os.fstat(handle.fileno()).st_size
+    if len(metas) < 2:
+        raise TruncatedStoreError(
+            f"{file} is truncated: {size} bytes cannot hold LMDB's two meta pages of "
+            f"{page_size} bytes; restore the store from a copy"
+        )
+    _, last_page = max(metas)  # the meta LMDB will use: the newest transaction's
+    needed = (last_page + 1) * page_size
+    if size < needed:
+        raise TruncatedStoreError(
+            f"{file} is truncated: it holds {size} bytes, but its last page ({last_page}, "
+            f"{page_size} bytes each) ends at {needed}; {needed - size} bytes are missing. "
+            "Restore the store from a copy (opening it would read past the end of the file)"
+        )
