@@ -29,7 +29,7 @@ from pi_durable_lmdb import LmdbStorage, NotWriterError, StoreDamagedError
 
 from .natsserver import NatsNode, running_node
 
-DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
+DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 STREAM = "CLI"
 T0 = 1_767_225_600_000
 MINUTE = 60_000
