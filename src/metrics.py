@@ -1,7 +1,7 @@
 """Prometheus metrics for a store, read from its files at scrape time.
 
 Nothing here runs on the commit path: the collector opens the store read-only (short read
-transactions through `storage.stats.stats`) only when a registry is scraped, so a writer pays nothing.
+transactions through `audit.stats`) only when a registry is scraped, so a writer pays nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .storage.stats import stats
+from .storage.audit import stats
 
 PREFIX = "pi_durable_lmdb"
 

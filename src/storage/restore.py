@@ -21,7 +21,7 @@ from ..errors import StreamMissingError
 from ..log.environment import check_store_id
 from ..log.stream.jetstream import check_stream_name, parse_servers, subject_of
 
-from .tail import open_stream
+from .audit import open_stream
 from .migrate import _refuse_existing, new_store
 from .replica import Follower
 
