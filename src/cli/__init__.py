@@ -10,7 +10,6 @@ when the ``[web]`` extra is installed. Exit codes and shared helpers are in ``co
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -94,7 +93,7 @@ def _register_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser
     here: without the ``[web]`` extra, ``serve`` is still listed and says what to install."""
 
     try:
-        web_command = importlib.import_module("..web.command", __package__)  # web is optional: untyped here
+        from ..web import command as web_command  # type: ignore[attr-defined]  # the optional [web] extra
     except ImportError:
         sub = add_command(commands, "serve", "serve a store's views over HTTP (needs the [web] extra)")
         sub.add_argument("arguments", nargs="*", metavar="ARGUMENT", help="the arguments serve takes once the [web] extra is installed")
