@@ -256,7 +256,6 @@ class LmdbStorage(StorageReads, Storage):
             self.replication = writer
             self._committer.replicate(writer)
             lease.on_lost = self._deposed
-            lease.on_regained = writer.regained
             lease.start_renewing()  # now: taking in a long stream must not let the lease lapse
             await self._committer.write(lambda txn: None)  # a group fences and settles before anything else
             self._raise_id_floor(writer.applier.max_id)

@@ -151,6 +151,11 @@ class StreamWriter:
 
         if self.failure is not None:
             raise self.failure
+        if self.lease is not None and self.lease.epoch != self.epoch:
+            # The lease lapsed and the renewer (on the link's loop) took it again: the new epoch
+            # is taken here, on the writer thread, between groups, so a group never publishes
+            # under an epoch whose fence is not on the subject before it.
+            self.epoch, self.fence_pending, self.settled = self.lease.epoch, True, False
         if self.in_doubt:
             # A transaction whose records the stream took did not commit (a map growth runs it
             # again, or its batches run alone): its records come back from the stream, never
@@ -267,11 +272,6 @@ class StreamWriter:
         if self.failure is not None:
             raise self.failure
         self._publish(txn, seqs)
-
-    def regained(self, epoch: int) -> None:
-        """The lease lapsed and was taken again: fence with the new epoch before the next group."""
-
-        self.epoch, self.fence_pending, self.settled = epoch, True, False
 
     def check_size(self, payload: bytes) -> None:
         """Refuse, before it is appended, a batch whose record the server could not take."""

@@ -24,6 +24,7 @@ keeps renewing, so the clone gets ``NotWriterError`` instead of fencing out a li
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import socket
@@ -36,6 +37,8 @@ from ...errors import NatsUnavailableError, NotWriterError, ReplicationError
 from ...errors import LeaseLapsedError
 from .jetstream import JetStreamLink, subject_of
 from ..storedir import sync_directory
+
+logger = logging.getLogger(__name__)
 
 LEASE_FORMAT: Final = 1
 DEFAULT_LEASE_TTL: Final = 5
@@ -117,8 +120,6 @@ class WriterLease:
         self.lost: NotWriterError | None = None
         self.on_lost: Any = None
         """Called (on the link's loop) with the ``NotWriterError`` once the lease is lost."""
-        self.on_regained: Any = None
-        """Called (on the link's loop) with the new epoch once a lapsed lease is taken again."""
         self._kv: Any = None
         self._renewer: asyncio.Task[None] | None = None
 
@@ -191,6 +192,7 @@ class WriterLease:
                         raise ReplicationError(f"The lease of store {self.store} kept changing under this writer") from None
                     continue  # someone else moved first: look again
                 self.epoch, self.valid_until, self.lost = epoch, sent + self.ttl * (1 - MARGIN), None
+                logger.info("took the lease of store %s: epoch %d, holder %s", self.store, epoch, self.holder)
                 return epoch
             if not take_over:
                 raise NotWriterError(
@@ -308,6 +310,7 @@ class WriterLease:
                 last.epoch,
             )
             return
+        previous = self.epoch
         try:
             epoch = await self.acquire(self.epoch, take_over=False)
         except NotWriterError as error:
@@ -316,8 +319,7 @@ class WriterLease:
         except ReplicationError as error:
             self.link.last_error = str(error)
             return
-        if self.on_regained is not None:
-            self.on_regained(epoch)
+        logger.warning("lease of store %s lapsed and was taken again: epoch %d (was %d)", self.store, epoch, previous)
 
     async def _current_or_none(self) -> tuple[Lease | None, int]:
         try:
@@ -333,6 +335,7 @@ class WriterLease:
 
         if self.lost is not None:
             return
+        logger.warning("no longer the writer of store %s (epoch %d): %s", self.store, self.epoch, error)
         self.lost = error
         self.valid_until = 0.0
         if self.on_lost is not None:
