@@ -28,6 +28,9 @@ import lmdb
 from ..errors import ForeignMessageError, NotWriterError, OutcomeUnknownError, ReplicationError, StreamMovedError
 from ..log import Environment, WriteLog, decode_record
 from ..log.stream.jetstream import (
+    H_EPOCH,
+    H_KIND,
+    H_SEQ,
     Fence,
     IdReservation,
     JetStreamLink,
@@ -327,10 +330,7 @@ class StreamWriter:
         except OutcomeUnknownError as error:
             self.settled = False
             self.last_error = str(error)
-            stored = self._stored(head, messages[-1][1])
-            if stored is None:
-                raise
-            last = stored
+            last = self._landed(messages, error)
         except ReplicationError as error:
             self.settled = False
             self.last_error = str(error)
@@ -362,18 +362,46 @@ class StreamWriter:
             return None
         return None if last is None else last.epoch
 
-    def _stored(self, seq: int, data: bytes) -> int | None:
-        """After an unanswered publish: the stream sequence of record ``seq`` if the stream's
-        leader holds it as its last (the publish went through), else ``None``."""
+    def _landed(self, messages: list[tuple[dict[str, str], bytes]], error: OutcomeUnknownError) -> int:
+        """After an unanswered publish: the stream sequence of the last of ``messages`` if the
+        subject holds them all right after ``self.expected`` (the publish went through, whatever
+        another writer appended after them: the commit is stored, and the next group learns who
+        writes now). Raises ``error`` when none of them is there or the stream cannot say, and an
+        ``OutcomeUnknownError`` naming what landed when only the first few did."""
+
+        async def first_after() -> list[StreamMessage]:
+            found: list[StreamMessage] = []
+            async for message, _ in self.link.read(self.subject, self.expected, store=self.store, follow=False):
+                found.append(message)
+                if len(found) == len(messages):
+                    break
+            return found
 
         try:
-            last = self.link.run(self.link.last(self.subject, self.store))
+            found = self.link.run(first_after())
         except ReplicationError:
-            return None
-        if last is not None and last.seq == seq and last.data == data:
-            self.settled = True
-            return last.stream_seq
-        return None
+            raise error from None
+        count = 0
+        for (headers, body), message in zip(messages, found):
+            if (message.kind, message.seq, message.epoch, message.data) != (
+                headers[H_KIND], int(headers[H_SEQ]), int(headers[H_EPOCH]), body
+            ):
+                break
+            count += 1
+        if count == len(messages):
+            try:
+                last = self.link.run(self.link.last(self.subject, self.store))
+            except ReplicationError:
+                last = None
+            self.settled = last is not None and last.stream_seq == found[-1].stream_seq
+            return found[-1].stream_seq
+        if count == 0:
+            raise error
+        raise OutcomeUnknownError(
+            f"{error}. The stream holds the first {count} of the {len(messages)} messages sent "
+            f"(through log sequence {found[count - 1].seq}, stream sequence {found[count - 1].stream_seq}) "
+            f"and not the rest: the records up to log sequence {found[count - 1].seq} are stored, later ones are not"
+        ) from None
 
     def status(self) -> dict[str, object]:
         return {
