@@ -2,7 +2,8 @@
 
 Three layers, each using only the ones below it: ``log`` (the sequenced write log, the source of
 truth), ``projections`` (read models folded from it) and ``storage`` (the contract facade and the
-``durable-log`` command). The public names are re-exported here.
+audit functions: tail, stats, verify, export); the ``durable-log`` command sits apart, in ``cli``,
+and nothing here imports it. The public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .errors import (
 from .projections import StorageRequestError
 from .projections.user import Projection
 from .storage import Durability, LmdbStorage
+from .storage.tail import Tail, TailFilter
 
 __version__ = "0.2.0"
 
@@ -57,6 +59,8 @@ async def open_lmdb_storage(path: str | os.PathLike[str], **options: Any) -> Lmd
 
 
 __all__ = [
+    "Tail",
+    "TailFilter",
     "StoreStateError",
     "OwnershipError",
     "DurableLmdbError",

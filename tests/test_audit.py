@@ -35,7 +35,7 @@ ENV = {
 }
 
 _script = Path(sys.executable).parent / "durable-log"
-DURABLE_LOG = [str(_script)] if _script.exists() else [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
+DURABLE_LOG = [str(_script)] if _script.exists() else [sys.executable, "-m", "pi_durable_lmdb.cli"]
 
 _spec = importlib.util.spec_from_file_location("audit_writer_child", CHILD)
 assert _spec is not None and _spec.loader is not None

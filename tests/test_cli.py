@@ -21,10 +21,10 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.records import WRITE_TYPES
 from pi_durable_lmdb.projections.task_outcomes import TaskOutcomes
-from pi_durable_lmdb.storage import cli as cli_module
+from pi_durable_lmdb import cli as cli_module
 from pi_durable_lmdb.storage.jsonlines import from_json, to_json
 
-DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
+DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 T0 = 1_767_225_600_000
 """2026-01-01T00:00:00Z in Unix ms: the fixture's commits are one minute apart from here."""
 MINUTE = 60_000
@@ -150,7 +150,7 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
     parser = cli_module._parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == {
-        "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "backup", "restore", "replica", "promote"
+        "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "backup", "restore", "replica", "promote", "serve"
     }
     for name, sub in commands.choices.items():
         for action in sub._actions:

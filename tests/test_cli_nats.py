@@ -29,7 +29,7 @@ from pi_durable_lmdb import LmdbStorage, NotWriterError, StoreDamagedError
 
 from .natsserver import NatsNode, running_node
 
-DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
+DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 STREAM = "CLI"
 T0 = 1_767_225_600_000
 MINUTE = 60_000
@@ -293,10 +293,9 @@ def test_tail_of_a_store_not_on_the_stream_yet_waits_with_follow(nats: NatsNode,
         stderr=subprocess.PIPE,
         text=True,
     )
-    lines = _lines(follower)
+    lines, errors = _lines(follower), _lines(follower, stderr=True)
     try:
-        assert follower.stderr is not None
-        assert "waiting for its first commit" in follower.stderr.readline()
+        assert "waiting for its first commit" in _readline(errors, 20)
 
         async def write() -> None:
             storage = await LmdbStorage.open(tmp_path / "late", durability="replicated", nats=nats.url, stream=STREAM, store=store)
@@ -381,17 +380,19 @@ def _fails_with_damage(*args: object) -> str:
     return done.stderr
 
 
-def _lines(process: subprocess.Popen[str]) -> Any:
-    """A queue the process's stdout lines arrive in (read by a thread: no buffering surprises)."""
+def _lines(process: subprocess.Popen[str], stderr: bool = False) -> Any:
+    """A queue the process's stdout (or stderr) lines arrive in (read by a thread: no buffering
+    surprises, and a line that never comes is a timeout, not a hang)."""
 
     import queue
     import threading
 
     lines: queue.Queue[str] = queue.Queue()
+    stream = process.stderr if stderr else process.stdout
 
     def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
+        assert stream is not None
+        for line in stream:
             lines.put(line)
 
     threading.Thread(target=read, daemon=True).start()

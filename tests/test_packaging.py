@@ -70,11 +70,11 @@ def test_the_wheel_holds_one_package_typed(wheel: Path) -> None:
     tops = {name.split("/")[0] for name in names}
     assert tops == {"pi_durable_lmdb", wheel.name.split("-py3")[0] + ".dist-info"}, tops
     assert "pi_durable_lmdb/py.typed" in names
-    for sub in ("log", "projections", "storage"):
+    for sub in ("log", "projections", "storage", "cli"):
         assert f"pi_durable_lmdb/{sub}/__init__.py" in names
     assert "pi_durable_lmdb/projections/task_outcomes.py" in names  # the example user projection ships
     assert any(line.startswith("Requires-Dist: pi-durable-python") for line in metadata.splitlines())
-    assert "durable-log = pi_durable_lmdb.storage.cli:main" in entry_points
+    assert "durable-log = pi_durable_lmdb.cli:main" in entry_points
 
 
 def test_a_project_with_its_own_storage_log_and_projections_imports_and_runs_it(
@@ -97,7 +97,7 @@ def test_a_project_with_its_own_storage_log_and_projections_imports_and_runs_it(
     assert done.returncode == 0, done.stderr
     location, seq = done.stdout.split()
     assert Path(location).is_relative_to(installed) and seq == "1"
-    cli = _run([sys.executable, "-m", "pi_durable_lmdb.storage.cli", "stats", "store"], cwd=project, env=env)
+    cli = _run([sys.executable, "-m", "pi_durable_lmdb.cli", "stats", "store"], cwd=project, env=env)
     assert cli.returncode == 0, cli.stderr
     assert "head sequence    1" in cli.stdout
 

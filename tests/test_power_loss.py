@@ -230,7 +230,7 @@ asyncio.run(main())
         with pytest.raises(StoreDamagedError) as caught:
             asyncio.run(LmdbStorage.open(store, readonly=readonly))
         assert "durability='process'" in str(caught.value) and str(store) in str(caught.value)
-    cli = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.storage.cli", "verify", str(store)], capture_output=True, text=True, timeout=60)
+    cli = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "verify", str(store)], capture_output=True, text=True, timeout=60)
     assert cli.returncode != 0 and "machine stopped" in (cli.stdout + cli.stderr)
 
 

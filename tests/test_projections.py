@@ -116,7 +116,7 @@ async def test_forced_rebuild_and_cli(tmp_path: Path) -> None:
     path = tmp_path / "store"
     work, reference = await _filled(path, 40)
     result = subprocess.run(
-        [sys.executable, "-m", "pi_durable_lmdb.storage.cli", "rebuild", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "rebuild", str(path)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     assert "rebuilt" in result.stdout

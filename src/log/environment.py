@@ -175,11 +175,7 @@ class Environment:
                 with self.read() as txn:
                     if txn.get(key) is None:
                         raise StoreFormatError(f"The store at {self.path} has no database {name!r}")
-                self._enter()  # open_db runs a read transaction of its own
-                try:
-                    db = self.env.open_db(key, create=False)
-                finally:
-                    self._held.pop()
+                db = self._open_existing(key)
             else:
                 # In a write transaction of ours, like any other write: one that fills the map
                 # grows it and runs again, and py-lmdb never waits for LMDB's writer lock inside
@@ -188,6 +184,27 @@ class Environment:
                 db = self.write(lambda txn: self.env.open_db(key, txn=txn, create=True))
             self._dbs[key] = db
         return db
+
+    def _open_existing(self, key: bytes) -> lmdb._Database:
+        """Open a database that exists. On a writer's environment (a read-only handle may share
+        one) py-lmdb opens it in a write transaction: begun here, so it waits for LMDB's writer
+        lock as any commit does; begun inside a bare ``open_db`` it deadlocked beside another
+        thread's commit (a ``stats`` thread beside a committing writer, in one process)."""
+
+        self._enter()
+        try:
+            if self.env.flags()["readonly"]:
+                return self.env.open_db(key, create=False)
+            txn = self.env.begin(write=True)
+            try:
+                db = self.env.open_db(key, txn=txn, create=False)
+                txn.commit()
+                return db
+            except BaseException:
+                txn.abort()
+                raise
+        finally:
+            self._held.pop()
 
     def drop_dbs(self, txn: lmdb.Transaction[bytes], names: list[str]) -> None:
         """Delete named databases inside ``txn``. Their handles are opened in it too: LMDB closes
@@ -454,13 +471,10 @@ class Environment:
         with self.read() as txn:
             names = [bytes(key) for key, _ in txn.cursor()]
         for name in names:
-            self._enter()
             try:
-                db = self.env.open_db(name, create=False)
+                db = self._open_existing(name)
             except lmdb.Error:
                 continue
-            finally:
-                self._held.pop()
             with self.read() as txn:
                 stat = txn.stat(db)
             pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]

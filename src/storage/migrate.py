@@ -25,7 +25,7 @@ from ..log.records import check_committed_at
 from ..errors import WriterLockedError
 from ..log.storedir import sync_directory, take_writer_lock
 
-from .audit import plural
+from .words import plural
 from .jsonlines import from_json
 from .lmdb_storage import LmdbStorage
 

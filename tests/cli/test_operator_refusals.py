@@ -29,9 +29,9 @@ from pi_durable.storage import MemoryStorage
 
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log import LogError
-from pi_durable_lmdb.storage import cli as cli_module
+from pi_durable_lmdb import cli as cli_module
 
-DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
+DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -356,6 +356,7 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
         "restore": [*nats, "--store", "abc", path],
         "replica": [path, *nats, "--store", "abc"],
         "promote": [path, *nats],
+        "serve": [path],
     }[name]
 
 

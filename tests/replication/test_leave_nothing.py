@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..natsserver import NatsNode, free_port, nats_server  # noqa: F401  (fixture)
 
-DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.storage.cli"]
+DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 
 
 def run(*args: object) -> subprocess.CompletedProcess[str]:

@@ -84,14 +84,14 @@ async def test_a_shipper_that_meets_a_record_it_can_never_publish_stops_and_says
         assert status["shippedSeq"] == 1, "the record before it was shipped"
         assert any(r.levelno == logging.ERROR and "stopped" in r.getMessage() for r in caplog.records), caplog.records
         done = subprocess.run(
-            [sys.executable, "-m", "pi_durable_lmdb.storage.cli", "stats", str(path), "--json"],
+            [sys.executable, "-m", "pi_durable_lmdb.cli", "stats", str(path), "--json"],
             capture_output=True, text=True, timeout=60,
         )
         assert done.returncode == 0, done.stderr
         shown = json.loads(done.stdout)["shipping"]
         assert shown["stopped"] is True and "record 2" in shown["reason"]
         text = subprocess.run(
-            [sys.executable, "-m", "pi_durable_lmdb.storage.cli", "stats", str(path)], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "pi_durable_lmdb.cli", "stats", str(path)], capture_output=True, text=True, timeout=60
         )
         assert "shipping         STOPPED" in text.stdout, text.stdout
     finally:

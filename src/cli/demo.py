@@ -6,13 +6,17 @@ The workload runs through a real pi-durable ``Session`` on a store opened the wa
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import time
 from typing import Any
 
-from . import audit
-from .lmdb_storage import LmdbStorage
+from ..storage.lmdb_storage import LmdbStorage
+from ..storage.stats import format_stats, stats
+from ..storage.tail import Tail, summarize
+
+from .common import add_command
 
 QUESTIONS = [
     "What does the durable log store?",
@@ -139,6 +143,12 @@ def _count(n: int | None, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(commands, "demo", "run a small agent host on a store, then show what it wrote")
+    sub.add_argument("path", nargs="?", metavar="PATH", help="the store's directory (default: ./demo-store)")
+    sub.set_defaults(run=lambda args: main(args.path))
+
+
 def main(path: str | None) -> int:
     path = path or "demo-store"
     print(f"Running a small agent host on the embedded store at {os.path.abspath(path)} ...\n")
@@ -156,13 +166,13 @@ def main(path: str | None) -> int:
         f"  - as_of(): three commits into this run, the notes held {_count(result['past_answers'], 'answer', 'answers')}.\n"
     )
     print("durable-log stats:\n")
-    print(audit.format_stats(audit.stats(path)))
+    print(format_stats(stats(path)))
     print("\ndurable-log tail (the last batches):\n")
-    tail = audit.Tail(path)
+    tail = Tail(path)
     try:
         async def show() -> None:
             async for commit, writes in tail.commits(max(1, tail.head() - 4)):
-                print(audit.summarize(commit, writes))
+                print(summarize(commit, writes))
 
         asyncio.run(show())
     finally:

@@ -1,0 +1,115 @@
+"""durable-log: look at, check, copy, move and demonstrate a pi-durable-lmdb store.
+
+The command line sits apart from the engine: the engine (``log``, ``projections``, ``storage``)
+never imports this package. One module per family of commands, each registering its own
+sub-parsers: ``inspect`` (stats, show, tail, verify), ``move`` (export, import, backup, restore),
+``operate`` (rebuild, replica, promote), ``demo``; ``serve`` comes from ``pi_durable_lmdb.web``
+when the ``[web]`` extra is installed. Exit codes and shared helpers are in ``common``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from collections.abc import Sequence
+from importlib import metadata
+
+from ..log.records import FORMAT_VERSION
+from ..projections.tables import SCHEMA_VERSION
+
+from . import demo, inspect, move, operate
+from .common import (
+    DAMAGE,
+    EPILOG,
+    EXIT_BUG,
+    EXIT_DAMAGE,
+    EXIT_OK,
+    EXIT_USAGE,
+    KNOWN_REFUSALS,
+    Formatter,
+    add_command,
+    usage,
+)
+
+__all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
+
+SERVE_MISSING = (
+    "durable-log serve needs the web extra, which is not installed: pip install 'pi-durable-lmdb[web]'"
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return int(args.run(args) or 0)
+    except DAMAGE as error:
+        print(f"durable-log: damage: {error}", file=sys.stderr)
+        _debug(args)
+        return EXIT_DAMAGE
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (``| head``): not an error
+        return EXIT_OK
+    except KNOWN_REFUSALS as error:
+        print(f"durable-log: {str(error) or type(error).__name__}", file=sys.stderr)
+        _debug(args)
+        return EXIT_USAGE
+    except Exception:
+        print(
+            "durable-log: unexpected error (a bug in durable-log: please report it with this traceback):",
+            file=sys.stderr,
+        )
+        traceback.print_exc(file=sys.stderr)
+        return EXIT_BUG
+
+
+def _debug(args: argparse.Namespace) -> None:
+    """``--debug``: the traceback of a known refusal too, for a report."""
+
+    if getattr(args, "debug", False):
+        traceback.print_exc(file=sys.stderr)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="durable-log", description=__doc__.split("\n", 1)[0], epilog=EPILOG, formatter_class=Formatter
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of an unexpected one")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND", title="commands")
+    demo.register(commands)
+    inspect.register(commands)
+    move.register(commands)
+    operate.register(commands)
+    _register_serve(commands)
+    return parser
+
+
+def _register_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``serve`` from ``pi_durable_lmdb.web.command`` (its ``add_parser(subparsers)``), imported only
+    here: without the ``[web]`` extra, ``serve`` is still listed and says what to install."""
+
+    try:
+        web_command = importlib.import_module("..web.command", __package__)  # web is optional: untyped here
+    except ImportError:
+        sub = add_command(commands, "serve", "serve a store's views over HTTP (needs the [web] extra)")
+        sub.add_argument("arguments", nargs="*", metavar="ARGUMENT", help="the arguments serve takes once the [web] extra is installed")
+        sub.set_defaults(run=_serve_missing, takes_any_arguments=True)
+    else:
+        web_command.add_parser(commands)
+
+
+def _serve_missing(args: argparse.Namespace) -> int:
+    raise usage(SERVE_MISSING)
+
+
+def _version() -> str:
+    try:
+        version = metadata.version("pi-durable-lmdb")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"durable-log {version} (log format {FORMAT_VERSION}, projection schema {SCHEMA_VERSION})"

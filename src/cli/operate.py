@@ -1,0 +1,202 @@
+"""Operating a store: ``rebuild`` its projections, keep a ``replica`` level with its NATS stream,
+``promote`` a copy to be its stream's writer. These take the writer's place (the lock, the lease);
+they never create a store they were meant to repair."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from ..log.environment import check_store_id
+from ..storage.stats import require_store, stored_projections
+from ..storage.words import plural
+
+from .common import (
+    EXIT_DAMAGE,
+    EXIT_OK,
+    Progress,
+    add_command,
+    nats_options,
+    progress_on,
+    progress_option,
+    run_until_signalled,
+    seconds,
+    store_argument,
+    usage,
+)
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _register_rebuild(commands)
+    _register_replica(commands)
+    _register_promote(commands)
+
+
+# ── rebuild ───────────────────────────────────────────────────────────────────
+
+
+def _register_rebuild(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "rebuild",
+        "fold the whole log into fresh projections beside the live ones, then swap",
+        "Fold the whole log into fresh core projections beside the live ones, then swap them in "
+        "(a killed rebuild resumes). Takes the writer lock; never creates a store.",
+    )
+    store_argument(sub)
+    sub.add_argument(
+        "--projection",
+        default="core",
+        metavar="NAME",
+        help="core (default), or a user projection's name (see stats): its rows are dropped and its "
+        "program folds the log again on its next open",
+    )
+    progress_option(sub)
+    sub.set_defaults(run=_rebuild)
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from ..storage.lmdb_storage import LmdbStorage
+
+    require_store(args.path)
+    if args.projection != "core":
+        known = stored_projections(args.path)
+        if args.projection not in known:
+            names = ", ".join(["core", *sorted(known)])
+            raise usage(f"The store has no projection {args.projection!r}; it has: {names}")
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(args.path)
+        try:
+            if args.projection == "core":
+                head = storage.log.head()
+                await storage.rebuild(Progress("rebuild", head, progress_on(args)))
+                print(f"{args.path}: rebuilt the core projections from {plural(head, 'log record')}")
+            else:
+                storage.projections.reset_stored(args.projection)
+                print(f"{args.path}: dropped projection {args.projection!r}; its program refolds it on its next open")
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    return EXIT_OK
+
+
+# ── replica ───────────────────────────────────────────────────────────────────
+
+
+def _register_replica(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "replica",
+        "keep a replica of a store level with its NATS stream, until Ctrl-C",
+        "Open (or create) at PATH a replica of store ID, take in what the NATS stream S holds of it "
+        "and keep taking each new record until Ctrl-C or SIGTERM (exit 0), printing where it stands "
+        "to stderr every --interval seconds. Exit 1 if a message of the stream is refused (not a "
+        "sound record of the store): the replica keeps what came before it.",
+    )
+    sub.add_argument("path", metavar="PATH", help="the replica's directory (made when missing)")
+    nats_options(sub)
+    sub.add_argument("--interval", type=seconds, default=10.0, metavar="SECONDS", help="print the status every SECONDS (default 10)")
+    sub.set_defaults(run=_replica)
+
+
+def _replica(args: argparse.Namespace) -> int:
+    check_store_id(args.store)
+    return int(run_until_signalled(_keep_replica(args)))
+
+
+async def _keep_replica(args: argparse.Namespace) -> int:
+    from ..storage.lmdb_storage import LmdbStorage
+    from ..storage.replica import Follower
+
+    replica = await LmdbStorage.open_replica(args.path, nats=args.nats, stream=args.stream, store=args.store)
+    follower = replica.replication
+    assert isinstance(follower, Follower)
+
+    def say(text: str) -> None:
+        print(f"durable-log: replica {args.path}: {text}", file=sys.stderr, flush=True)
+
+    def status() -> str:
+        now = follower.status()
+        text = (
+            f"applied sequence {now['appliedSeq']} (stream message {now['streamSeq']}), "
+            f"lag {plural(now['lagRecords'], 'record')}, {now['lagMs'] / 1000:.1f} s"
+        )
+        return text + (f"; last error: {now['lastError']}" if now["lastError"] else "")
+
+    try:
+        say(f"store {args.store}, following subject {follower.subject}; Ctrl-C or SIGTERM stops")
+        shown = -1.0
+        loop = asyncio.get_running_loop()
+        while True:
+            if follower.error is not None:
+                say(f"stopped at applied sequence {replica.log.head()}")
+                print(f"durable-log: damage: {follower.error}", file=sys.stderr, flush=True)
+                return EXIT_DAMAGE
+            if loop.time() - shown >= args.interval:
+                say(status())
+                shown = loop.time()
+            await asyncio.sleep(min(0.1, args.interval))
+    except asyncio.CancelledError:
+        say(f"stopping: {status()}")
+        raise
+    finally:
+        await replica.close()
+
+
+# ── promote ───────────────────────────────────────────────────────────────────
+
+
+def _register_promote(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "promote",
+        "make a replica (or any copy) of a store the writer of its stream",
+        "Take over store PATH's stream as its writer: wait for the old writer's lease to expire "
+        "(--force: fence the old writer out at once), take the lease with a higher epoch, put a "
+        "fence on the store's subject (no earlier writer's append can land after it) and take in "
+        "everything the stream holds. Then the lease is released, so the host that opens PATH "
+        "next with durability='replicated' writes at once. Exit 2 if another writer keeps its lease.",
+    )
+    store_argument(sub)
+    sub.add_argument("--nats", required=True, metavar="URL", help="a NATS server URL, or several, comma-separated")
+    sub.add_argument("--stream", required=True, metavar="S", help="the JetStream stream that carries the log")
+    sub.add_argument("--force", action="store_true", help="fence the old writer out now, without waiting for its lease")
+    sub.add_argument("--lease-ttl", type=int, default=None, metavar="SECONDS", help="the lease's time to live")
+    sub.set_defaults(run=_promote)
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from ..log.environment import Environment
+    from ..log.stream.lease import DEFAULT_LEASE_TTL
+
+    require_store(args.path)
+    env = Environment(args.path, readonly=True)
+    store = env.store_id
+    env.close()
+    if store is None:
+        raise usage(f"{args.path} has no store id yet (open it once with a writer of this version)")
+
+    async def run() -> int:
+        from ..storage.lmdb_storage import LmdbStorage
+
+        storage = await LmdbStorage.open(
+            args.path,
+            durability="replicated",
+            nats=args.nats,
+            stream=args.stream,
+            store=store,
+            take_over="force" if args.force else True,
+            lease_ttl=args.lease_ttl or DEFAULT_LEASE_TTL,
+        )
+        try:
+            writer = storage.replication
+            epoch = getattr(writer, "epoch", None)
+            print(f"promoted {args.path}: store {store}, writer epoch {epoch}, head sequence {storage.log.head()}")
+        finally:
+            await storage.close()
+        return EXIT_OK
+
+    return asyncio.run(run())

@@ -1,0 +1,201 @@
+"""What a store holds and how far each part of it stands (``durable-log stats``), read-only."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import lmdb
+
+from ..log import Environment, WriteLog
+from ..log.records import FORMAT_VERSION
+from ..log.stream.position import stored_position
+from ..log.stream.shipper import stopped_reason
+from ..projections import tables as t
+from ..projections.rebuild import begin_following, folded_seq, open_core, projection_state
+from ..projections.user import stored_statuses
+
+from .tail import open_stream
+from .words import format_bytes, plural
+
+
+async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) -> dict[str, Any] | None:
+    """Who holds store ``store``'s writer lease on ``stream`` now (``None``: nobody)."""
+
+    from ..log.stream.lease import WriterLease
+
+    if store is None:
+        return None
+    link = await open_stream(nats, stream)
+    try:
+        lease = WriterLease(link, store, "")
+        current, revision = await link.arun(lease.current())
+        if current is None:
+            return None
+        return {
+            "holder": current.holder,
+            "epoch": current.epoch,
+            "ttl": current.ttl,
+            "revision": revision,
+            "expires": f"within {current.ttl} s of its holder's last renewal",
+        }
+    finally:
+        await asyncio.to_thread(link.close)
+
+
+
+# ── stats ─────────────────────────────────────────────────────────────────────
+
+
+def require_store(path: str | os.PathLike[str]) -> None:
+    """Refuse a path that holds no store, before a command that takes the writer lock (which
+    would create one): no read-or-repair command creates a store."""
+
+    Environment(path, readonly=True).close()
+
+
+def stored_projections(path: str | os.PathLike[str]) -> list[str]:
+    """The names of the user projections a store holds rows for."""
+
+    env = Environment(path, readonly=True)
+    try:
+        return sorted(stored_statuses(env))
+    finally:
+        env.close()
+
+
+def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
+    env = Environment(path, readonly=True)
+    try:
+        log = WriteLog(env)
+        model = open_core(env, log)
+        head, first, count = log.head(), log.first(), log.count()
+        first_commit = log.get(first) if first else None
+        last_commit = log.get(head) if head else None
+        sizes = env.stat_sizes()
+        txn, model, _ = begin_following(env, model)  # a rebuild elsewhere may have swapped
+        with txn:
+            counts = {
+                "conversations": txn.stat(model.db[t.CONVERSATIONS])["entries"],
+                "entries": txn.stat(model.db[t.ENTRIES_BY_CONVERSATION])["entries"],
+                "tasks": txn.stat(model.db[t.TASKS])["entries"],
+                "submissions": txn.stat(model.db[t.SUBMISSIONS])["entries"],
+                "documents": txn.stat(model.db[t.DOCUMENTS])["entries"],
+            }
+            live_documents = txn.stat(model.db[t.DOCUMENT_CURRENT])["entries"]
+            state = projection_state(txn, model)
+            position = _stored_position(txn, env)
+        users = stored_statuses(env)
+        shipping_stopped = stopped_reason(env.path)
+        return {
+            "path": env.path,
+            "storeId": env.store_id,
+            "formatVersion": FORMAT_VERSION,
+            "headSeq": head,
+            "records": count,
+            "firstCommittedAt": None if first_commit is None else first_commit.committed_at,
+            "lastCommittedAt": None if last_commit is None else last_commit.committed_at,
+            "fileBytes": sizes["file"],
+            "logBytes": sizes.get("log", 0),
+            "projectionBytes": sum(size for name, size in sizes.items() if name.startswith("p")),
+            "counts": counts,
+            "liveDocuments": live_documents,
+            "projections": {
+                "core": {
+                    "generation": model.generation,
+                    "schemaVersion": None if state is None else state.schema_version,
+                    "foldedSeq": None if state is None else folded_seq(env, log, model),
+                },
+                "user": {
+                    name: {
+                        "version": status.version,
+                        "foldedSeq": status.folded_seq,
+                        "failedSeq": status.failed_seq,
+                        "error": status.error,
+                    }
+                    for name, status in sorted(users.items())
+                },
+            },
+            **(
+                {}
+                if position is None
+                else {
+                    "replication": {
+                        "stream": position.stream,
+                        "streamSeq": position.stream_seq,
+                        "seq": position.seq,
+                        "epoch": position.epoch,
+                    }
+                }
+            ),
+            **({} if shipping_stopped is None else {"shipping": {"stopped": True, "reason": shipping_stopped}}),
+        }
+    finally:
+        env.close()
+
+
+def _stored_position(txn: lmdb.Transaction[bytes], env: Environment) -> Any:
+    import msgspec
+
+    from ..errors import ReplicationError
+
+    try:
+        return stored_position(txn, env.db("meta"))
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise ReplicationError(f"The replication position of the store at {env.path} is unreadable ({error})") from None
+
+
+def format_stats(info: dict[str, Any]) -> str:
+    def when(ms: int | None) -> str:
+        return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+    core = info["projections"]["core"]
+    lines = [
+        f"store            {info['path']}",
+        f"store id         {info['storeId'] or '- (its next writer assigns one)'}",
+        f"format version   {info['formatVersion']}",
+        f"head sequence    {info['headSeq']}",
+        f"log records      {info['records']:,}",
+        f"first commit     {when(info['firstCommittedAt'])}",
+        f"last commit      {when(info['lastCommittedAt'])}",
+        f"file size        {format_bytes(info['fileBytes'])}",
+        f"log size         {format_bytes(info['logBytes'])}",
+        f"projection size  {format_bytes(info['projectionBytes'])}",
+        "records          "
+        + ", ".join(plural(count, *_KINDS[name]) for name, count in info["counts"].items()),
+        f"live documents   {info['liveDocuments']:,}",
+        f"projections      core: schema {core['schemaVersion']}, folded to sequence {core['foldedSeq']}",
+    ]
+    for name, user in info["projections"].get("user", {}).items():
+        state = f"version {user['version']}, folded to sequence {user['foldedSeq']}"
+        if user["error"] is not None:
+            state += f", stopped at sequence {user['failedSeq']}: {user['error']}"
+        lines.append(f"                 {name}: {state}")
+    replication = info.get("replication")
+    if replication is not None:
+        lines.append(
+            f"replication      stream {replication['stream']}: log sequence {replication['seq']} at stream message "
+            f"{replication['streamSeq']}, writer epoch {replication['epoch']}"
+        )
+    if "shipping" in info:
+        lines.append(f"shipping         STOPPED: {info['shipping']['reason']}")
+    if "lease" in info:
+        lease = info["lease"]
+        lines.append(
+            "writer lease     "
+            + ("none (nobody writes the store now)" if lease is None else
+               f"held by {lease['holder']}, epoch {lease['epoch']}, {lease['expires']}")
+        )
+    return "\n".join(lines)
+
+
+_KINDS = {
+    "conversations": ("conversation", "conversations"),
+    "entries": ("entry", "entries"),
+    "tasks": ("task", "tasks"),
+    "submissions": ("submission", "submissions"),
+    "documents": ("document", "documents"),
+}
