@@ -4,21 +4,9 @@
 holds the persisted shapes and ``codec`` the lossless strict-JSON encoding they use.
 """
 
+from . import errors
 from .environment import Durability, Environment
-from .errors import (
-    CorruptRecordError,
-    DurabilityConflictError,
-    ForkedEnvironmentError,
-    LogError,
-    MapBusyError,
-    StoreClosedError,
-    StoreDamagedError,
-    StoreFormatError,
-    StoreFullError,
-    TruncatedStoreError,
-    WriterLockedError,
-    WrongStoreError,
-)
+from .errors import *  # noqa: F403 - the log layer's errors (defined in pi_durable_lmdb.errors), listed once there
 from .records import (
     FORMAT_VERSION,
     Commit,
@@ -35,23 +23,11 @@ from .writelog import WriteLog, key_seq, seq_key
 __all__ = [
     "FORMAT_VERSION",
     "Commit",
-    "CorruptRecordError",
-    "DurabilityConflictError",
     "Durability",
     "EncodedBatch",
     "Environment",
-    "ForkedEnvironmentError",
-    "LogError",
-    "MapBusyError",
-    "StoreClosedError",
-    "StoreDamagedError",
-    "StoreFormatError",
-    "StoreFullError",
-    "TruncatedStoreError",
     "Write",
     "WriteLog",
-    "WriterLockedError",
-    "WrongStoreError",
     "check_committed_at",
     "decode_batch",
     "decode_record",
@@ -60,3 +36,4 @@ __all__ = [
     "seq_key",
     "write_to_builtins",
 ]
+__all__ += errors.__all__

@@ -89,14 +89,16 @@ class WriteLog:
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
         return seq
 
-    def append_record(self, txn: lmdb.Transaction[bytes], seq: int, data: bytes) -> None:
+    def append_record(self, txn: lmdb.Transaction[bytes], seq: int, data: bytes) -> int:
         """Append a record exactly as another copy of this log stores it (a replica taking it from
-        the stream), at ``seq``, which must be the head plus one; the caller verified ``data``."""
+        the stream), at ``seq``, which must be the head plus one; the caller verified ``data``.
+        Returns ``seq``, as ``append`` returns the sequence it gave."""
 
         cursor = txn.cursor(db=self.db)
         head = key_seq(cursor.key()) if cursor.last() else 0
         if seq != head + 1 or not cursor.put(seq_key(seq), data, append=True):
             raise LogError(f"Record {seq} cannot follow the log's head {head}; nothing was committed")
+        return seq
 
     def record(self, txn: lmdb.Transaction[bytes], seq: int) -> bytes | None:
         """The stored bytes of record ``seq``, as ``txn`` sees them."""

@@ -1,7 +1,8 @@
 """Chord-style JSON delta batches, applied exactly as pi-durable's reference applier does.
 
 Projections replay persisted batches, so a document materialized here must be byte-for-byte what
-pi-durable itself would materialize, and a batch it rejects must fail with the same exception.
+pi-durable itself would materialize, and a batch it rejects must fail with the same exception
+(``UnsafePathError`` and ``PathError`` are pi-durable's own classes, re-exported here).
 The verbs are ``r`` (replace root), ``s`` (set), ``d`` (delete), ``a`` (append text), ``t``
 (trim text from the front), ``p`` (splice an array) and ``m`` (permute an array).
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
+from pi_durable.delta import PathError, UnsafePathError
+
 from ..log import codec
 
 Json: TypeAlias = Any
@@ -29,24 +32,6 @@ Path: TypeAlias = list[str | int]
 RESERVED_SEGMENTS = frozenset({"__proto__", "constructor", "prototype"})
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-class UnsafePathError(Exception):
-    """A path segment is reserved, malformed, or an array index past the end."""
-
-    def __init__(self, segment: object) -> None:
-        super().__init__(f"unsafe path segment: {segment}")
-        self.segment = segment
-        self.name = "UnsafePathError"
-
-
-class PathError(Exception):
-    """A path does not lead to a value of the shape the operation needs."""
-
-    def __init__(self, path: object) -> None:
-        super().__init__(f"unresolvable path: {path}")
-        self.path = path
-        self.name = "PathError"
 
 
 def copy_json(value: Json) -> Json:

@@ -4,11 +4,13 @@ catch-up.
 ``prepare`` checks a batch against the tables (the reference backends' checks, in their order, so
 a rejected batch fails with the same words) and resolves document copies; ``apply`` writes the
 prepared batch. Both run inside the caller's write transaction, so a rejection leaves nothing.
+``admit`` is the one sequence of check, append and fold that every path takes (a commit alone or
+in a group, a record from the stream, a fold of records already in the log).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -89,15 +91,41 @@ class Projector:
         for commit in commits:
             if values and any(type(write) is DocumentCopyWrite for write in commit.writes):
                 self._write_values(txn, values)
-            plan = self.prepare(txn, commit.writes, check)
-            if values and not all(map(_is_plain_delta, plan.actions.values())):
-                self._write_values(txn, values)
-            self.apply(txn, commit.seq, plan, values)
+            outcome = self.admit(txn, commit.writes, lambda: commit.seq, check, values)
+            if isinstance(outcome, Exception):
+                raise outcome
         if values:
             self._write_values(txn, values)
         if commits:
             state = t.ProjectionState(t.SCHEMA_VERSION, commits[-1].seq)
             txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
+
+    def admit(
+        self,
+        txn: lmdb.Transaction[bytes],
+        writes: list[Write],
+        append: Callable[[], int],
+        check: bool = True,
+        values: dict[int, t.CurrentValue] | None = None,
+    ) -> tuple[int, int] | Exception:
+        """The one way a batch enters the tables, for every path (a commit alone or in a group, a
+        record from the stream, a fold): check it against what ``txn`` sees, then ``append()``
+        (which puts it in the log, or names the sequence it already has there) and fold it.
+        Returns its sequence and highest id; a batch the checks refuse comes back as the error
+        they raised, with nothing written, and each caller says what a refusal means there. An
+        LMDB error, or anything raised after the checks, propagates: the transaction is spoiled."""
+
+        try:
+            plan = self.prepare(txn, writes, check)
+        except lmdb.Error:
+            raise
+        except Exception as error:
+            return error
+        if values and not all(map(_is_plain_delta, plan.actions.values())):
+            self._write_values(txn, values)
+        seq = append()
+        self.apply(txn, seq, plan, values)
+        return seq, plan.max_id
 
     # ── checks ──────────────────────────────────────────────────────────────
 

@@ -186,13 +186,12 @@ class Committer:
     def _commit_one(
         self, txn: lmdb.Transaction[bytes], payload: bytes, batch: list[Write], committed_at: int | None
     ) -> tuple[int, int]:
-        """A direct commit's transaction: check, append, fold."""
+        """A direct commit's transaction: check, append, fold; a refusal is the caller's error."""
 
-        projector = self.projector
-        plan = projector.prepare(txn, batch)
-        seq = self._log.append(txn, payload, committed_at)
-        projector.apply(txn, seq, plan)
-        return seq, plan.max_id
+        outcome = self.projector.admit(txn, batch, lambda: self._log.append(txn, payload, committed_at))
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     async def write(self, work: Callable[[lmdb.Transaction[bytes]], Any]) -> Any:
         """Run ``work(txn)`` in a group's transaction (durable writes that are not log records,
@@ -340,20 +339,21 @@ class Committer:
             if job.work is not None:
                 job.result = job.work(txn)
                 continue
-            assert job.batch is not None and job.payload is not None
-            try:
-                if stream is not None:
-                    stream.check_size(job.payload)
-                plan = projector.prepare(txn, job.batch)  # reads only: a rejection leaves nothing
-            except lmdb.Error:
-                raise
-            except Exception as error:
-                job.error = error
+            payload, committed_at = job.payload, job.committed_at
+            assert job.batch is not None and payload is not None
+            if stream is not None:
+                try:
+                    stream.check_size(payload)
+                except Exception as error:
+                    job.error = error
+                    continue
+            outcome = projector.admit(txn, job.batch, lambda: self._log.append(txn, payload, committed_at, seq))
+            if isinstance(outcome, Exception):  # a refusal wrote nothing; its neighbours go on
+                job.error = outcome
                 continue
-            seq = self._log.append(txn, job.payload, job.committed_at, seq)
-            projector.apply(txn, seq, plan)
-            job.result = (seq, plan.max_id)
-            records.append((seq, job.payload))
+            job.result = outcome
+            seq = outcome[0]
+            records.append((seq, payload))
         if stream is not None and records:
             # The stream decides the order: the transaction commits only once it holds them.
             stream.publish(txn, [seq for seq, _ in records])

@@ -89,17 +89,14 @@ class StreamApplier:
                     )
                 else:
                     commit = message.commit or decode_record(message.seq, message.data)
-                    try:
-                        plan = projector.prepare(txn, commit.writes)
-                    except lmdb.Error:
-                        raise
-                    except Exception as error:
+                    outcome = projector.admit(
+                        txn, commit.writes, lambda: log.append_record(txn, message.seq, message.data)
+                    )
+                    if isinstance(outcome, Exception):
                         raise ForeignMessageError(
-                            self.stream, message.stream_seq, f"record {message.seq} is not a valid commit here: {error}"
-                        ) from None
-                    log.append_record(txn, message.seq, message.data)
-                    projector.apply(txn, message.seq, plan)
-                    self.max_id = max(self.max_id, plan.max_id)
+                            self.stream, message.stream_seq, f"record {message.seq} is not a valid commit here: {outcome}"
+                        )
+                    self.max_id = max(self.max_id, outcome[1])
                     head = message.seq
             else:
                 control = message.control

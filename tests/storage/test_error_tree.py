@@ -4,8 +4,11 @@ and what to do; old import paths keep working."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+from pathlib import Path
 
+import pi_durable.delta
 import pi_durable.errors
 import pytest
 
@@ -52,5 +55,29 @@ def test_old_import_paths_and_bases_keep_working() -> None:
 
 
 def test_the_contract_errors_stay_pi_durables() -> None:
-    assert issubclass(pi_durable_lmdb.StorageRequestError, pi_durable.errors.StorageRequestError)
+    """The same classes, not look-alikes: a host catches one class whichever backend it runs."""
+
+    from pi_durable_lmdb.projections import delta
+    from pi_durable_lmdb.projections.errors import StorageRequestError
+
+    assert pi_durable_lmdb.StorageRequestError is StorageRequestError is pi_durable.errors.StorageRequestError
+    assert delta.PathError is pi_durable.delta.PathError
+    assert delta.UnsafePathError is pi_durable.delta.UnsafePathError
     assert not issubclass(pi_durable_lmdb.StorageRequestError, errors.DurableLmdbError)
+
+
+def test_no_module_but_the_tree_defines_a_public_error() -> None:
+    """One module holds the package's errors: any other module defines at most private
+    control-flow exceptions (``_Name``) that never leave it."""
+
+    source = Path(pi_durable_lmdb.__file__).parent
+    found = []
+    for path in sorted(source.rglob("*.py")):
+        if path == source / "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                bases = {ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases}
+                if node.name.endswith("Error") or bases & {"Exception", "BaseException", "ValueError", "RuntimeError"}:
+                    found.append(f"{path.relative_to(source)}: {node.name}")
+    assert not found, f"errors defined outside pi_durable_lmdb.errors: {found}"
