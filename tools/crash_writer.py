@@ -1,4 +1,4 @@
-"""Subprocess roles for ``tools/crash_harness.py`` (and ``tests/test_reliability.py``): a writer
+"""Subprocess roles for ``tools/crash_harness.py`` (and ``tests/storage/test_reliability.py``): a writer
 that is SIGKILLed at random moments, and a checker that opens the store afterwards in a fresh
 process.
 

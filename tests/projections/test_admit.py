@@ -23,7 +23,7 @@ from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb.log import encode_batch
 from pi_durable_lmdb.storage import LmdbStorage
 
-from ..workload import Workload, snapshot
+from ..support.workload import Workload, snapshot
 
 
 class _AppendFailed(Exception):

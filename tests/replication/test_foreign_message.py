@@ -12,7 +12,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import ForeignMessageError, LmdbStorage, NotWriterError
 
-from ..natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
+from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
 
 async def publish_raw(url: str, subject: str, body: bytes, headers: dict[str, str] | None) -> None:

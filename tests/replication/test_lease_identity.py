@@ -24,7 +24,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.stream.lease import INSTANCE_FILE
 
-from ..natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
+from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
 OPEN = textwrap.dedent(
     """

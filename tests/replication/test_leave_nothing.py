@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ..natsserver import NatsNode, free_port, nats_server  # noqa: F401  (fixture)
+from ..support.natsserver import NatsNode, free_port, nats_server  # noqa: F401  (fixture)
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 

@@ -20,7 +20,7 @@ from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.stream.jetstream import JetStreamLink, subject_of
 from pi_durable_lmdb.storage.audit import verify
 
-from ..natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
+from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
 
 def entry(id: int, size: int) -> dict[str, object]:

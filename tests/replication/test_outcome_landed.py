@@ -23,7 +23,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.errors import NotWriterError, OutcomeUnknownError
 
-from ..natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
+from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.asyncio
 

@@ -24,7 +24,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage, ReplicationError
 
-from ..natsserver import NatsNode
+from ..support.natsserver import NatsNode
 
 LIMIT = 64 * 1024
 

@@ -23,7 +23,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import DurabilityConflictError, LmdbStorage, WriterLockedError
 from pi_durable_lmdb.log.environment import UNSYNCED_FILE
 
-from ..natsserver import NatsNode, running_node
+from ..support.natsserver import NatsNode, running_node
 
 LOCAL = ("power", "process", "readonly")
 REPLICA = ("replica-power", "replica-process", "readonly")

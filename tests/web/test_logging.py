@@ -7,7 +7,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
-from tests.test_projections import Exploding
+from tests.projections.test_projections import Exploding
 
 
 async def test_a_failing_user_projection_is_logged_with_its_traceback(

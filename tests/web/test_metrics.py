@@ -13,7 +13,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
 from pi_durable_lmdb.metrics import register, register_path  # noqa: E402
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage  # noqa: E402
-from tests.audit_writer_child import batch  # noqa: E402
+from tests.support.audit_writer_child import batch  # noqa: E402
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

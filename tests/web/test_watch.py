@@ -10,7 +10,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 from pi_durable_lmdb.web.watch import watch
-from tests.audit_writer_child import batch
+from tests.support.audit_writer_child import batch
 
 
 async def test_watch_prints_the_commits_made_between_two_reads(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""Subprocess helper for tests/test_audit.py: a real writer process committing through LmdbStorage.
+"""Subprocess helper for tests/cli/test_audit.py: a real writer process committing through LmdbStorage.
 
-Usage: python tests/audit_writer_child.py PATH --start S --count N [--delay SECONDS]
+Usage: python tests/support/audit_writer_child.py PATH --start S --count N [--delay SECONDS]
 
 Opens ``LmdbStorage`` on PATH with ``durability="process"``, commits ``batch(n)`` for
 ``n`` in ``S .. S+N-1`` (one commit each), printing ``ack SEQ N`` after every commit, then closes

@@ -26,8 +26,8 @@ from pi_durable_lmdb.log import write_to_builtins
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
-from .compare import canonical
-from .workload import Workload, snapshot
+from ..support.compare import canonical
+from ..support.workload import Workload, snapshot
 
 
 def _entry(id: int, conversation: int = 1, **extra: Any) -> dict[str, Any]:

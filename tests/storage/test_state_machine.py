@@ -63,7 +63,7 @@ from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.errors import StorageRequestError
 from pi_durable.storage.memory import MemoryStorage
 
-from .compare import canonical
+from ..support.compare import canonical
 
 CTX = BACKGROUND_CONTEXT
 MAX_SAFE = 9_007_199_254_740_991

@@ -1,7 +1,7 @@
 """Failover (issue #15): one writer at a time across machines, with a lease, fencing and promotion.
 
-Real processes and real servers: a 3-node JetStream cluster (``tests/natsserver.py``), the stream
-and the lease bucket at R3, writers in child processes (``tests/failover_child.py``) that are
+Real processes and real servers: a 3-node JetStream cluster (``tests/support/natsserver.py``), the stream
+and the lease bucket at R3, writers in child processes (``tests/support/failover_child.py``) that are
 SIGKILLed, SIGSTOPped and SIGCONTed while they commit; every process is stopped at the end. Checked:
 
 * ``test_sigkilled_writer_is_replaced_within_its_ttl``: a writer under load (4 agents) is
@@ -63,13 +63,13 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage, NotWriterError
 from pi_durable_lmdb.log.records import decode_record_builtins
 
-from .compare import canonical
-from .natsserver import NatsCluster, nats_cluster  # noqa: F401  (the fixture)
+from ..support.compare import canonical
+from ..support.natsserver import NatsCluster, nats_cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.cluster  # every test here runs a 3-node nats-server cluster
 
 HERE = Path(__file__).resolve().parent
-CHILD = str(HERE / "failover_child.py")
+CHILD = str(HERE.parent / "support" / "failover_child.py")
 PYTHON = sys.executable
 DURABLE_LOG = str(Path(sys.executable).parent / "durable-log")
 STREAM = "PD"
@@ -608,7 +608,7 @@ async def test_mint_ids_after_failover(tmp_path: Path, nats_cluster: NatsCluster
 async def test_session_continues_after_failover(tmp_path: Path, nats_cluster: NatsCluster, children: Any) -> None:
     from pi_durable import Harness
 
-    from .failover_child import HANG_ENV, Step, Trail, harness_options
+    from ..support.failover_child import HANG_ENV, Step, Trail, harness_options
 
     assert not os.environ.get(HANG_ENV)
     store = secrets.token_hex(8)

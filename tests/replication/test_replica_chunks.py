@@ -14,7 +14,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage
 
-from .natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
+from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
 RECORDS = 400
 

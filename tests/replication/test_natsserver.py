@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StreamConfig
 
-from .natsserver import (
+from ..support.natsserver import (
     NatsCluster,
     NatsNode,
     find_nats_server,

@@ -1,4 +1,4 @@
-"""LMDB map growth while other threads of the process read (tests/growth_child.py).
+"""LMDB map growth while other threads of the process read (tests/support/growth_child.py).
 
 ``mdb_env_set_mapsize`` (a growth, or a reader adopting a map another process grew) replaces the
 memory map, and LMDB requires that no transaction of the process be active meanwhile. Reads run
@@ -25,15 +25,15 @@ from pi_durable_lmdb.log import environment
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
-from . import growth_child
+from ..support import growth_child
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = 64 * 1024
 
 
 def _child(*args: str, stdin: Any = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.growth_child", *args],
+        [sys.executable, "-m", "tests.support.growth_child", *args],
         cwd=ROOT,
         stdin=stdin,
         stdout=subprocess.PIPE,

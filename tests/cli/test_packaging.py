@@ -1,6 +1,6 @@
 """The package as a user gets it: one import name, ``pi_durable_lmdb``, that a project's own
 ``storage.py``, ``log/`` and ``projections.py`` cannot shadow; typed (``py.typed`` in the wheel,
-``mypy --strict`` on the typed host in ``tests/typed_host.py``); and the CLI it installs.
+``mypy --strict`` on the typed host in ``tests/support/typed_host.py``); and the CLI it installs.
 
 The wheel is built once per run from a copy of the source (about five seconds) and installed with
 ``pip install --target``, so these tests read what a registry user would get, not the checkout.
@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # builds a wheel, installs it and runs mypy --strict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHADOWS = {
     "storage.py": "raise ImportError('the project\\'s own storage.py was imported')\n",
     "projections.py": "raise ImportError('the project\\'s own projections.py was imported')\n",
@@ -105,7 +105,7 @@ def test_a_project_with_its_own_storage_log_and_projections_imports_and_runs_it(
 def test_mypy_strict_accepts_the_typed_host(installed: Path, tmp_path: Path) -> None:
     done = _run(
         [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(tmp_path / "cache"),
-         str(ROOT / "tests" / "typed_host.py")],
+         str(ROOT / "tests" / "support" / "typed_host.py")],
         env={**os.environ, "MYPYPATH": str(installed)},
         cwd=tmp_path,
     )
@@ -127,7 +127,7 @@ def test_mypy_strict_accepts_the_whole_package_as_installed(installed: Path, tmp
 
 
 def test_the_typed_host_runs(tmp_path: Path) -> None:
-    done = _run([sys.executable, str(ROOT / "tests" / "typed_host.py"), str(tmp_path / "store")])
+    done = _run([sys.executable, str(ROOT / "tests" / "support" / "typed_host.py"), str(tmp_path / "store")])
     assert done.returncode == 0, done.stderr
     assert "'commitSeq': 1" in done.stdout
 

@@ -1,4 +1,4 @@
-"""A typed pi-durable host on an LMDB store: ``tests/test_packaging.py`` runs ``mypy --strict``
+"""A typed pi-durable host on an LMDB store: ``tests/cli/test_packaging.py`` runs ``mypy --strict``
 on it (so CI does) and runs it, so the one-line swap from SQLite stays type-correct."""
 
 from __future__ import annotations

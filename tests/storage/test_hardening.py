@@ -30,7 +30,7 @@ from pi_durable_lmdb.log.records import decode_record, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
-from .workload import Workload
+from ..support.workload import Workload
 
 ENTRY = [{"type": "conversation", "value": {"id": 1}}]
 

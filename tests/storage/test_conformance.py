@@ -13,7 +13,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.testing import create_storage_conformance
 
-from .compare import canonical as _canonical
+from ..support.compare import canonical as _canonical
 
 EXPECTED_CASES = 25
 

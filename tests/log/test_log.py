@@ -46,8 +46,8 @@ from pi_durable_lmdb.log import (
 from pi_durable_lmdb.log import codec
 from pi_durable_lmdb.log.records import encode_record
 
-ROOT = Path(__file__).resolve().parent.parent
-CHILD = str(Path(__file__).resolve().parent / "log_writer_child.py")
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = str(ROOT / "tests" / "support" / "log_writer_child.py")
 CHILD_ENV = dict(os.environ)
 
 

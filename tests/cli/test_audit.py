@@ -27,8 +27,8 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.log.records import FORMAT_VERSION
 from pi_durable_lmdb.storage import LmdbStorage
 
-ROOT = Path(__file__).resolve().parent.parent
-CHILD = str(Path(__file__).resolve().parent / "audit_writer_child.py")
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = str(ROOT / "tests" / "support" / "audit_writer_child.py")
 ENV = {
     **os.environ,
     "PYTHONUNBUFFERED": "1",

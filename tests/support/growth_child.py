@@ -1,4 +1,4 @@
-"""Child process of the map-growth tests (tests/test_growth.py): LMDB's map grows while other
+"""Child process of the map-growth tests (tests/log/test_growth.py): LMDB's map grows while other
 threads of this process read the store.
 
 ``mdb_env_set_mapsize`` replaces the memory map; LMDB requires that no transaction of the process

@@ -1,13 +1,13 @@
-"""Writer processes for ``tests/test_failover.py``: replicated writers that get SIGKILLed,
+"""Writer processes for ``tests/replication/test_failover.py``: replicated writers that get SIGKILLed,
 SIGSTOPped and fenced out, a minting writer, and a Harness whose tasks outlive their writer.
 
 Usage::
 
-    python tests/failover_child.py writer DIR --nats URLS --stream S --store ID [--ttl 2]
+    python tests/support/failover_child.py writer DIR --nats URLS --stream S --store ID [--ttl 2]
         [--take-over no|yes|force] [--agents K] [--loop] [--after-deposed N] [--pace S]
         [--stall-after-check N] [--name NAME]
-    python tests/failover_child.py mint DIR --nats URLS --stream S --store ID [--ttl 2] [--count N]
-    python tests/failover_child.py session DIR --nats URLS --stream S --store ID [--ttl 2]
+    python tests/support/failover_child.py mint DIR --nats URLS --stream S --store ID [--ttl 2] [--count N]
+    python tests/support/failover_child.py session DIR --nats URLS --stream S --store ID [--ttl 2]
 
 Every line is written and flushed at once, so a parent that SIGKILLs this process knows exactly
 what was acknowledged:
@@ -54,7 +54,7 @@ import traceback
 from typing import Any
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from pi_durable import define_doc, define_task  # noqa: E402
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402

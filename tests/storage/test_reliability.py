@@ -50,9 +50,9 @@ from pi_durable_lmdb.projections.errors import CorruptProjectionError
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
-CHILD = str(Path(__file__).resolve().parent / "reliability_child.py")
+CHILD = str(ROOT / "tests" / "support" / "reliability_child.py")
 HARNESS = str(ROOT / "tools" / "crash_harness.py")
 CLI = str(Path(sys.executable).parent / "durable-log")
 CHILD_ENV = dict(os.environ)
@@ -62,7 +62,7 @@ CHILD_ENV = dict(os.environ)
 
 
 class Child(subprocess.Popen):  # type: ignore[type-arg]
-    """A ``tests/reliability_child.py`` process whose output lines are read by a thread, so a
+    """A ``tests/support/reliability_child.py`` process whose output lines are read by a thread, so a
     line is never stuck in a buffer while the test waits for it."""
 
     def __init__(self, *args: str, **popen: Any) -> None:

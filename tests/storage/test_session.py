@@ -31,7 +31,7 @@ from pi_durable.entries import define_entry
 from pi_durable.errors import SessionFailed, StorageRequestError
 from pi_durable.harness.define import define_extension
 
-from .compare import canonical as _strict
+from ..support.compare import canonical as _strict
 
 
 def canonical(value: Any) -> Any:

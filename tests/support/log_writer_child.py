@@ -1,6 +1,6 @@
-"""Subprocess helper for tests/test_log.py: real writers and readers in other processes.
+"""Subprocess helper for tests/log/test_log.py: real writers and readers in other processes.
 
-Usage: python tests/log_writer_child.py MODE PATH [options]
+Usage: python tests/support/log_writer_child.py MODE PATH [options]
 
 Modes (every line of output is flushed as soon as it is written):
 

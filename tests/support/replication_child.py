@@ -1,11 +1,11 @@
-"""A writer process (or a replica) for ``tests/test_replication.py``: commits to a store linked to a NATS
+"""A writer process (or a replica) for ``tests/replication/test_replication.py``: commits to a store linked to a NATS
 JetStream stream until it is SIGKILLed (or has made ``--count`` commits, then closes).
 
 Usage::
 
-    python tests/replication_child.py STORE --nats URLS --stream NAME [--durability D]
+    python tests/support/replication_child.py STORE --nats URLS --stream NAME [--durability D]
         [--replicas N] [--agents K] [--count N] [--workload SEED] [--pause S] [--lease-ttl S]
-    python tests/replication_child.py STORE --nats URLS --stream NAME --replica-of ID --until SEQ
+    python tests/support/replication_child.py STORE --nats URLS --stream NAME --replica-of ID --until SEQ
 
 Every line is written and flushed at once, so a parent that SIGKILLs this process knows exactly
 what was acknowledged:
@@ -41,7 +41,7 @@ import time
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
@@ -134,7 +134,7 @@ async def write(args: argparse.Namespace) -> int:
                 await asyncio.sleep(args.pause)
 
     async def workload() -> None:
-        from tests.workload import Workload
+        from tests.support.workload import Workload
 
         work = Workload(args.workload)
         number = 0
@@ -193,7 +193,7 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--count", type=int, help="stop after this many acknowledged commits (all agents), then close")
-    parser.add_argument("--workload", type=int, help="agent 0 commits tests.workload.Workload(SEED) batches")
+    parser.add_argument("--workload", type=int, help="agent 0 commits tests.support.workload.Workload(SEED) batches")
     parser.add_argument("--pause", type=float, default=0.0, help="seconds each turn agent sleeps after a commit")
     parser.add_argument("--lease-ttl", type=int, default=5)
     parser.add_argument("--open-timeout", type=float, default=30.0)

@@ -1,7 +1,7 @@
 """Replication through NATS JetStream (issue #14), against real nats-server processes.
 
-Nothing is mocked: the servers are ``tests/natsserver.py``'s (one node, or a 3-node R3 cluster),
-writers that are SIGKILLed run in child processes (``tests/replication_child.py``, which prints
+Nothing is mocked: the servers are ``tests/support/natsserver.py``'s (one node, or a 3-node R3 cluster),
+writers that are SIGKILLed run in child processes (``tests/support/replication_child.py``, which prints
 every acknowledged commit before it does anything else), and the stream is read back with nats-py
 directly, never through the engine's own link, so what the tests see is what the server holds.
 
@@ -66,13 +66,13 @@ from pi_durable_lmdb.log.records import LogRecord, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import check, export_lines, verify
 
-from .compare import canonical
-from .natsserver import NatsCluster, NatsNode, free_port, nats_cluster, nats_server  # noqa: F401 - fixtures
-from .workload import Workload, snapshot
+from ..support.compare import canonical
+from ..support.natsserver import NatsCluster, NatsNode, free_port, nats_cluster, nats_server  # noqa: F401 - fixtures
+from ..support.workload import Workload, snapshot
 
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parent.parent
-CHILD = Path(__file__).with_name("replication_child.py")
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = ROOT / "tests" / "support" / "replication_child.py"
 DURABLE_LOG = Path(sys.executable).with_name("durable-log")
 TURN_IDS = 10**9
 """Ids the child's turn agents use beside a workload (``replication_child.py``)."""

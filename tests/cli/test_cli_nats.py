@@ -4,7 +4,7 @@ stream with no local store, the ``replica`` command kept running and stopped by 
 refusals (unreachable servers, a missing stream, a store the stream does not carry, a non-empty
 target) that exit 2 with a message and leave nothing behind.
 
-One nats-server (``tests/natsserver.py``) serves the whole module on a free 127.0.0.1 port and is
+One nats-server (``tests/support/natsserver.py``) serves the whole module on a free 127.0.0.1 port and is
 stopped at its end; every subprocess runs under a timeout.
 """
 
@@ -27,7 +27,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage, NotWriterError, StoreDamagedError
 
-from .natsserver import NatsNode, running_node
+from ..support.natsserver import NatsNode, running_node
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 STREAM = "CLI"

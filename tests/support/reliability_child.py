@@ -1,7 +1,7 @@
-"""Subprocess roles for tests/test_reliability.py: real writers, readers and victims in other
+"""Subprocess roles for tests/storage/test_reliability.py: real writers, readers and victims in other
 processes. Every line of output is flushed as soon as it is written.
 
-Usage: python tests/reliability_child.py ROLE PATH [options]
+Usage: python tests/support/reliability_child.py ROLE PATH [options]
 
 ``triples``       open ``LmdbStorage`` for writing and commit batches of exactly three writes (two
                   entries and a new task, all tagged ``{"batch": N}``) until killed or

@@ -11,7 +11,7 @@ from pi_durable.storage.memory import MemoryStorage
 
 from pi_durable_lmdb.storage import LmdbStorage
 
-from .compare import canonical
+from ..support.compare import canonical
 
 
 async def _call(store: Any, method: str, *args: Any) -> Any:

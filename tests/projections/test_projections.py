@@ -25,9 +25,9 @@ from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Table
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
-from .workload import Workload, snapshot
+from ..support.workload import Workload, snapshot
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _filled(path: Path, commits: int, seed: int = 5) -> tuple[Workload, MemoryStorage]:

@@ -13,7 +13,7 @@ from pi_durable.storage.memory import MemoryStorage
 
 from pi_durable_lmdb.storage import LmdbStorage
 
-from .workload import Workload, snapshot
+from ..support.workload import Workload, snapshot
 
 
 async def _fill(path: Path, seed: int, commits: int) -> tuple[LmdbStorage, Workload, list[list[dict]]]:

@@ -1,0 +1,1 @@
+"""Shared non-test modules of the suite: real nats-servers, comparisons, workloads, child processes."""
