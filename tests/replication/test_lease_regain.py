@@ -20,7 +20,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
-from .test_failover import STREAM, check_linear, read_subject
+from ..support.failover_helpers import STREAM, check_linear, read_subject
 
 pytestmark = pytest.mark.asyncio
 
