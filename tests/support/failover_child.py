@@ -1,4 +1,4 @@
-"""Writer processes for ``tests/replication/test_failover.py``: replicated writers that get SIGKILLed,
+"""Writer processes for ``tests/replication/test_failover*.py``: replicated writers that get SIGKILLed,
 SIGSTOPped and fenced out, a minting writer, and a Harness whose tasks outlive their writer.
 
 Usage::

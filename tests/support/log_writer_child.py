@@ -1,4 +1,4 @@
-"""Subprocess helper for tests/log/test_log.py: real writers and readers in other processes.
+"""Subprocess helper for tests/log/test_log*.py: real writers and readers in other processes.
 
 Usage: python tests/support/log_writer_child.py MODE PATH [options]
 

@@ -1,4 +1,4 @@
-"""Subprocess roles for tests/storage/test_reliability.py: real writers, readers and victims in other
+"""Subprocess roles for tests/storage/test_reliability*.py: real writers, readers and victims in other
 processes. Every line of output is flushed as soon as it is written.
 
 Usage: python tests/support/reliability_child.py ROLE PATH [options]

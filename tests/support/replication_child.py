@@ -1,4 +1,4 @@
-"""A writer process (or a replica) for ``tests/replication/test_replication.py``: commits to a store linked to a NATS
+"""A writer process (or a replica) for ``tests/replication/test_replication*.py``: commits to a store linked to a NATS
 JetStream stream until it is SIGKILLed (or has made ``--count`` commits, then closes).
 
 Usage::
