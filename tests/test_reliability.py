@@ -46,7 +46,7 @@ from pi_durable_lmdb.log import CorruptRecordError, Environment, StoreFullError,
 from pi_durable_lmdb.log.records import encode_record
 from pi_durable_lmdb.projections import StorageRequestError
 from pi_durable_lmdb.projections import tables as t
-from pi_durable_lmdb.projections.errors import CorruptProjectionError
+from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 

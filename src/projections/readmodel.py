@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import lmdb
+from pi_durable.errors import StorageRequestError
 
 from ..log import Environment, codec
 
 from . import tables as t
+from ..errors import CorruptProjectionError
 from .delta import apply_batches
-from .errors import CorruptProjectionError, StorageRequestError
 
 MAX_SAFE_INTEGER: Final = 9_007_199_254_740_991
 _FAR_BELOW: Final = -(2**63)

@@ -31,7 +31,7 @@ from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.jetstream import JetStreamLink
 from ..log.stream.lease import DEFAULT_LEASE_TTL, WriterLease
-from ..log.stream.position import read_position
+from ..log.stream.position import StreamPosition, read_position
 from ..log.stream.shipper import Shipper
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
@@ -42,7 +42,7 @@ from ..projections.user import Projection, UserProjections
 
 from .committer import Committer
 from .replica import Follower
-from .replication import StreamWriter
+from .replication import StreamApplier, StreamWriter
 from .reads import StorageReads
 
 T = TypeVar("T")
@@ -294,6 +294,41 @@ class LmdbStorage(StorageReads, Storage):
         if max_id >= self._next_id:
             with self._ids:
                 self._next_id = max(self._next_id, max_id + 1)
+
+    # ── for a follower taking the stream in (``storage.replica``) ───────────
+
+    def stream_position(self, stream: str, txn: lmdb.Transaction[bytes] | None = None) -> StreamPosition:
+        """How far this store took in (or shipped to) ``stream``; in ``txn`` when given."""
+
+        if txn is not None:
+            return read_position(txn, self._meta, stream)
+        with self._env.read() as read_txn:
+            return read_position(read_txn, self._meta, stream)
+
+    def stream_applier(self, stream: str, store: str) -> StreamApplier:
+        """An applier of ``store``'s messages on ``stream`` to this store's log and position."""
+
+        return StreamApplier(stream, store, self.log, self._meta)
+
+    def take_in(self, work: Callable[[lmdb.Transaction[bytes], Projector], T]) -> T:
+        """Run ``work`` in one write transaction with no group beside it (on a worker thread,
+        never the link's loop, which a commit of a writer being deposed may be waiting on)."""
+
+        with self._committer.exclusive():
+            return self._env.write(lambda txn: work(txn, self._committer.projector))
+
+    def taken_in(self, max_id: int) -> None:
+        """After ``take_in`` committed: its ids are never minted, and readers and user
+        projections see its records."""
+
+        self._raise_id_floor(max_id)
+        self.log.committed()
+        self.projections.kick()
+
+    def check_open(self) -> None:
+        """Raise ``StoreClosedError`` once the store is closed."""
+
+        self._assert_open()
 
     def _deposed(self, error: NotWriterError) -> None:
         """On the link's loop, once the lease is lost: refuse commits, follow as a replica."""

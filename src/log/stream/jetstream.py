@@ -32,7 +32,7 @@ from ...errors import (
     StreamMissingError,
     StreamMovedError,
 )
-from ..errors import CorruptRecordError
+from ...errors import CorruptRecordError
 from ..records import Commit, decode_record
 
 T = TypeVar("T")
