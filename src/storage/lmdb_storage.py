@@ -30,6 +30,7 @@ from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, 
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.jetstream import JetStreamLink
+from ..log.stream.link import StreamLink
 from ..log.stream.lease import DEFAULT_LEASE_TTL, WriterLease
 from ..log.stream.position import StreamPosition, read_position
 from ..log.stream.shipper import Shipper
@@ -77,7 +78,7 @@ class LmdbStorage(StorageReads, Storage):
         self._core: bytes | None = None
         """The core header the read model was checked against; read-only handles compare it at
         each read, so they follow a rebuild's swap made by the writer."""
-        self._link: JetStreamLink | None = None
+        self._link: StreamLink | None = None
         self.replication: StreamWriter | Shipper | Follower | None = None
         """The store's link to its NATS stream, if it has one: ``status()`` says where it stands."""
         self._deposed_by: NotWriterError | None = None
@@ -99,7 +100,7 @@ class LmdbStorage(StorageReads, Storage):
         progress: Callable[[int, int], None] | None = None,
         projections: Sequence[Projection] = (),
         verify_checksums: bool = True,
-        nats: str | Sequence[str] | None = None,
+        nats: str | Sequence[str] | StreamLink | None = None,
         stream: str | None = None,
         replicas: int = 1,
         store: str | None = None,
@@ -119,7 +120,9 @@ class LmdbStorage(StorageReads, Storage):
         NATS JetStream stream (made with ``replicas`` copies when missing): with
         ``durability="replicated"`` a commit returns once the stream holds it; with ``power`` or
         ``process`` commits are shipped behind (``storage.replication.status()``). ``store``: the
-        store id the directory must hold (a new directory takes it).
+        store id the directory must hold (a new directory takes it). ``nats`` may also be a link
+        of the caller's (``log.stream.link.StreamLink``: another stream engine, or the in-memory
+        ``log.stream.memory.MemoryLink`` of tests), which the store then owns and closes.
 
         A replicated writer holds the store's lease (``log.stream.lease``, ``lease_ttl`` seconds after
         each renewal): held by another process, the open fails with ``NotWriterError``, unless
@@ -139,7 +142,7 @@ class LmdbStorage(StorageReads, Storage):
             raise ValueError("take_over= is for durability='replicated' writers (the lease guards the stream)")
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
-        link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
+        link = None if nats is None or stream is None else _link(nats, stream)
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
@@ -169,7 +172,7 @@ class LmdbStorage(StorageReads, Storage):
         cls,
         path: str | os.PathLike[str],
         *,
-        nats: str | Sequence[str],
+        nats: str | Sequence[str] | StreamLink,
         stream: str,
         store: str,
         durability: Literal["power", "process"] = "power",
@@ -182,7 +185,7 @@ class LmdbStorage(StorageReads, Storage):
         with the store's subject on ``stream``, read like any store, refusing commits
         (``NotWriterError``). ``await replica.wait(seq)`` waits until it holds record ``seq``."""
 
-        link = JetStreamLink(nats, stream)
+        link = _link(nats, stream)
         try:  # the stream first: a replica that cannot follow anything creates nothing
             link.run(link.connect())
             link.run(link.ensure_stream(create=False))
@@ -202,7 +205,7 @@ class LmdbStorage(StorageReads, Storage):
     @classmethod
     def _build(
         cls,
-        link: JetStreamLink | None,
+        link: StreamLink | None,
         progress: Callable[[int, int], None] | None,
         projections: Sequence[Projection],
         verify_checksums: bool,
@@ -226,7 +229,7 @@ class LmdbStorage(StorageReads, Storage):
 
     async def _link_to(
         self,
-        link: JetStreamLink,
+        link: StreamLink,
         replicas: int,
         replicated: bool,
         take_over: bool | Literal["force"] = False,
@@ -533,3 +536,13 @@ def _reserve(txn: lmdb.Transaction[bytes], meta: lmdb._Database, wanted: int, st
     if stream is not None:
         stream.publish_ids(txn, reserved)
     return reserved
+
+
+def _link(nats: str | Sequence[str] | StreamLink, stream: str) -> StreamLink:
+    """The link ``nats`` names: server URLs (a JetStream link is made), or a link given as is."""
+
+    if isinstance(nats, (str, Sequence)):
+        return JetStreamLink(nats, stream)
+    if nats.stream != stream:
+        raise ValueError(f"The link given as nats= carries stream {nats.stream!r}, not stream={stream!r}")
+    return nats

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ForeignMessageError, ReplicationError
-from ..log.stream.jetstream import JetStreamLink, StreamMessage, subject_of
+from ..log.stream.link import StreamLink
+from ..log.stream.message import StreamMessage, subject_of
 
 if TYPE_CHECKING:
     from .lmdb_storage import LmdbStorage
@@ -29,7 +30,7 @@ RETRY: Final = (0.05, 2.0)
 class Follower:
     """Takes a store's messages from the stream into a local store (a task on the link's loop)."""
 
-    def __init__(self, link: JetStreamLink, storage: LmdbStorage, store: str) -> None:
+    def __init__(self, link: StreamLink, storage: LmdbStorage, store: str) -> None:
         self.link, self.storage, self.store = link, storage, store
         self.subject = subject_of(link.stream, store)
         self.applier = storage.stream_applier(link.stream, store)

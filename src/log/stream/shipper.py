@@ -19,7 +19,8 @@ import time
 from typing import Any, Final
 
 from ...errors import ForeignMessageError, ReplicationError
-from .jetstream import JetStreamLink, record_headers, subject_of
+from .link import StreamLink
+from .message import record_headers, subject_of
 from ..writelog import WriteLog
 
 SHIP_BATCH: Final = 256
@@ -46,7 +47,7 @@ def stopped_reason(path: str) -> str | None:
 class Shipper:
     """Publishes a store's committed records to its subject, behind the commits."""
 
-    def __init__(self, link: JetStreamLink, log: WriteLog, store: str, epoch: int = 0) -> None:
+    def __init__(self, link: StreamLink, log: WriteLog, store: str, epoch: int = 0) -> None:
         self.link, self.log, self.store, self.epoch = link, log, store, epoch
         self.subject = subject_of(link.stream, store)
         self.shipped_seq = 0
