@@ -23,7 +23,7 @@ from ..storage.export import seq_range
 from ..log.records import WRITE_TYPES
 
 from . import views
-from .text import brief, is_cut, pretty, utf8_safe, visible
+from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 
 HERE: Final = os.path.dirname(os.path.abspath(__file__))
 TOKEN_COOKIE: Final = "durable_log_token"
@@ -264,7 +264,8 @@ def _times(request: web.Request) -> tuple[int | None, int | None]:
 
 
 def _batch(commit: Any, writes: list[Any]) -> dict[str, Any]:
-    return {"seq": commit.seq, "when": _when(commit.committed_at), "summary": summarize(commit, writes).split("Z  ", 1)[-1]}
+    summary = summarize(commit, writes).split("Z  ", 1)[-1]  # the line of ``tail``, after its time
+    return {"seq": commit.seq, "when": _when(commit.committed_at), "summary": plain(summary)}
 
 
 async def log_page(request: web.Request) -> web.Response:

@@ -8,7 +8,6 @@ huge value is cut with a note of what was left out (the page links to the whole 
 from __future__ import annotations
 
 import json
-import unicodedata
 from typing import Any, Final
 
 from markupsafe import Markup, escape
@@ -20,14 +19,17 @@ KEPT: Final = frozenset("\n\t")
 
 def _escape_char(char: str) -> str:
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _is_hidden(char: str) -> bool:
-    if char in KEPT:
-        return False
-    category = unicodedata.category(char)
-    return category in ("Cc", "Cf", "Cs", "Zl", "Zp", "Co")
+    """What a reader would not see, or not see as itself: control and format characters (bidi
+    overrides, zero-width), lone surrogates, private and unassigned code points, separators
+    other than the space (Python's ``isprintable``); newlines and tabs are kept."""
+
+    return char not in KEPT and not char.isprintable()
 
 
 def visible(text: str, limit: int | None = SHOWN_CHARS) -> Markup:
@@ -53,6 +55,13 @@ def visible(text: str, limit: int | None = SHOWN_CHARS) -> Markup:
     if cut:
         parts.append(f'<span class="cut">… {cut:,} more characters not shown</span>')
     return Markup("".join(parts))
+
+
+def plain(text: str) -> str:
+    """``text`` with its invisible characters written as escapes, for a page that draws text
+    itself (the live log sets ``textContent``): never HTML, always encodable."""
+
+    return "".join(_escape_char(char) if _is_hidden(char) else char for char in text)
 
 
 def is_cut(text: str, limit: int | None = SHOWN_CHARS) -> bool:

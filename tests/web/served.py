@@ -24,8 +24,8 @@ from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 T = TypeVar("T")
 
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
-HOSTILE_KIND = "<img src=x onerror=window.pwned=3>"
-INVISIBLE = "bell\x07 rtl\u202e zero-width\u200b end"
+HOSTILE_KIND = "<img src=x onerror=window.pwned=3>\ud800"
+INVISIBLE = "bell\x07 rtl\u202e zero-width\u200b lone\udc00 end"
 HUGE = "x" * 20_000 + "THE-END"
 
 

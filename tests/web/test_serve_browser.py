@@ -169,9 +169,11 @@ def test_a_commit_made_after_the_log_opened_appears_without_a_reload(page: Page,
     seq = commit_entry(store["path"], store["root"], HOSTILE_KIND, "committed while the log was open")
     row = page.page.locator(f"#batches tr[data-seq='{seq}']")
     row.wait_for(timeout=5000)
-    assert HOSTILE_KIND in row.inner_text()  # the agent's kind, drawn as text
+    assert "<img src=x onerror=window.pwned=3>\\ud800" in row.inner_text()  # the agent's kind, drawn as text
     assert page.page.locator("#batches tr").first.get_attribute("data-seq") == str(seq)  # newest first
     assert page.page.evaluate("typeof window.pwned") == "undefined"
+    page.open(f"/conversations/{store['root']}")  # the view's store handle sees the new commit too
+    assert page.page.locator("li.entry .kind", has_text="onerror=window.pwned=3").count() == 1
     assert page.errors == []
 
 
@@ -181,7 +183,7 @@ def test_hostile_strings_are_shown_as_text_and_never_run(page: Page, store: dict
     assert "<script>window.pwned=1</script>" in entry.locator(".says").inner_text()
     assert page.page.locator("main img, main script").count() == 0
     marks = entry.locator(".says .ctl").all_inner_texts()
-    assert {"\\x07", "\\u202e", "\\u200b"} <= set(marks)  # invisible characters made visible
+    assert {"\\x07", "\\u202e", "\\u200b", "\\udc00"} <= set(marks)  # invisible characters made visible
     huge = page.page.locator(f"li#entry-{store['huge_entry']}")
     huge.locator("summary").click()
     assert "more characters not shown" in huge.inner_text() and "THE-END" not in huge.inner_text()
