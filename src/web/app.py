@@ -130,8 +130,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException:
         raise
-    except views.BadPoint as error:
-        return _page(request, "error.html", {"title": "Bad point", "message": str(error)}, status=400)
+    except views.BadQuery as error:
+        return _page(request, "error.html", {"title": "Bad request", "message": str(error)}, status=400)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as error:
@@ -156,7 +156,7 @@ def _int(request: web.Request, name: str) -> int | None:
     if not text:
         return None
     if not text.isdigit():
-        raise views.BadPoint(f"{name}={text!r} is not a whole number")
+        raise views.BadQuery(f"{name}={text!r} is not a whole number")
     return int(text)
 
 
@@ -246,7 +246,7 @@ def _filter(request: web.Request) -> TailFilter:
     kinds = [kind for kind in request.query.getall("kind", []) if kind]
     unknown = [kind for kind in kinds if kind not in WRITE_TYPES]
     if unknown:
-        raise views.BadPoint(f"unknown write kind(s) {unknown}; known: {', '.join(WRITE_TYPES)}")
+        raise views.BadQuery(f"unknown write kind(s) {unknown}; known: {', '.join(WRITE_TYPES)}")
     return TailFilter(_int(request, "conversation"), frozenset(kinds) if kinds else None)
 
 
@@ -259,7 +259,7 @@ def _times(request: web.Request) -> tuple[int | None, int | None]:
         try:
             found.append(parse_time(text) if text else None)
         except ValueError as error:
-            raise views.BadPoint(f"{name}={text!r}: {error}") from None
+            raise views.BadQuery(f"{name}={text!r}: {error}") from None
     return found[0], found[1]
 
 

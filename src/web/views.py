@@ -32,8 +32,8 @@ SCAN_CAP: Final = 5000
 """Conversations scanned to find forks (a bigger store shows a note)."""
 
 
-class BadPoint(ValueError):
-    """An ``as_of`` that names no point of the log."""
+class BadQuery(ValueError):
+    """A query the page cannot answer: an ``as_of`` past the head, a malformed filter."""
 
 
 class Store:
@@ -75,12 +75,12 @@ class Store:
         if text.isdigit():
             seq = int(text)
             if seq > head:
-                raise BadPoint(f"as_of={seq}: the log's head is {head}")
+                raise BadQuery(f"as_of={seq}: the log's head is {head}")
             return seq
         try:
             ms = parse_time(text)
         except ValueError as error:
-            raise BadPoint(f"as_of={text!r}: {error}") from None
+            raise BadQuery(f"as_of={text!r}: {error}") from None
         return seq_at(storage.log, ms)
 
     async def reader(self, as_of: int | None) -> StorageReads:

@@ -250,3 +250,49 @@ def test_healthz_says_503_and_why_when_the_store_is_gone(store: dict[str, Any], 
         assert status == 503, body
         found = json.loads(body)
         assert found["status"] == "unavailable" and str(copy) in found["reason"]
+
+
+def _cli(*args: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    "query, tail_args",
+    [
+        ("", []),
+        ("conversation=22", ["--conversation", "22"]),
+        ("kind=document.change&kind=conversation", ["--type", "document.change", "--type", "conversation"]),
+        ("conversation=1&kind=task", ["--conversation", "1", "--type", "task"]),
+        ("until=2000-01-01", ["--until", "2000-01-01"]),
+        ("since=2000-01-01&kind=entry", ["--since", "2000-01-01", "--type", "entry"]),
+    ],
+)
+def test_the_log_page_keeps_what_tail_keeps(server: Any, store: dict[str, Any], query: str, tail_args: list[str]) -> None:
+    status, body, _ = get(f"{server.url}/log?{query}")
+    assert status == 200
+    shown = [int(seq) for seq in re.findall(r'<tr data-seq="(\d+)"', body)]
+    lines = _cli("tail", str(store["path"]), "--json", "--limit", "100", *tail_args).splitlines()
+    assert shown == [json.loads(line)["seq"] for line in reversed(lines)]  # newest first
+
+
+def test_records_are_the_json_show_prints_now_and_as_of_a_sequence_or_a_time(server: Any, store: dict[str, Any]) -> None:
+    path, notes = str(store["path"]), store["notes"]
+    for kind, id, as_of in [("document", notes, None), ("document", notes, 5), ("entry", store["hostile_entry"], None), ("conversation", store["fork"], None)]:
+        suffix = "" if as_of is None else f"?as_of={as_of}"
+        status, body, _ = get(f"{server.url}/records/{kind}/{id}{suffix}")
+        assert status == 200, body
+        printed = _cli("show", path, kind, str(id), *([] if as_of is None else ["--as-of", str(as_of)]))
+        assert json.loads(body) == json.loads(printed)
+    at_five = json.loads(get(f"{server.url}/log/5")[1])["committedAt"]
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at_five / 1000)) + f".{at_five % 1000:03d}Z"
+    by_time = get(f"{server.url}/documents/{notes}?as_of={when}")[1]
+    by_seq = get(f"{server.url}/documents/{notes}?as_of=5")[1]
+    assert re.search(r'<pre id="value">(.*?)</pre>', by_time, re.S).group(1) == re.search(r'<pre id="value">(.*?)</pre>', by_seq, re.S).group(1)  # type: ignore[union-attr]
+    assert get(f"{server.url}/documents/{notes}?as_of=999999")[0] == 400
+    assert get(f"{server.url}/documents/{notes}?as_of=yesterday-ish")[0] == 400
+    assert get(f"{server.url}/records/entry/999999")[0] == 404
