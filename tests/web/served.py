@@ -18,7 +18,12 @@ from typing import Any, TypeVar
 from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
+from pi_durable_lmdb import Projection
 from pi_durable_lmdb.cli.demo import run_workload
+from pi_durable_lmdb.log import Commit
+from pi_durable_lmdb.errors import ProjectionFailed
+from pi_durable_lmdb.projections.task_outcomes import TaskOutcomes
+from pi_durable_lmdb.projections.user import Tables
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
 T = TypeVar("T")
@@ -27,6 +32,18 @@ HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 HOSTILE_KIND = "<img src=x onerror=window.pwned=3>\ud800"
 INVISIBLE = "bell\x07 rtl\u202e zero-width\u200b lone\udc00 end"
 HUGE = "x" * 20_000 + "THE-END"
+
+
+class Exploding(Projection):
+    """A user projection that fails at sequence 7 with an agent-like hostile message."""
+
+    name = "exploding"
+    version = 1
+
+    def fold(self, tables: Tables, commit: Commit) -> None:
+        if commit.seq == 7:
+            raise RuntimeError("<script>window.pwned=4</script>")
+        tables.put("main", commit.seq.to_bytes(8, "big"), b"")
 
 
 def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -56,7 +73,7 @@ def build_store(path: Path) -> dict[str, Any]:
     made = _run(lambda: run_workload(str(path)))
 
     async def more() -> dict[str, Any]:
-        storage = await LmdbStorage.open(path)
+        storage = await LmdbStorage.open(path, projections=[TaskOutcomes(), Exploding()])
         session = create_session(storage)
         try:
 
@@ -66,7 +83,13 @@ def build_store(path: Path) -> dict[str, Any]:
                 huge = await tx.append_entry(made["root"], {"kind": "note", "data": {"text": HUGE}})
                 return {"forked_entry": forked["id"], "hostile_entry": hostile["id"], "huge_entry": huge["id"]}
 
-            return dict(await session.commit(write, CTX))
+            written = dict(await session.commit(write, CTX))
+            await storage.projections.wait(storage.log.head(), "task_outcomes")
+            try:
+                await storage.projections.wait(storage.log.head())
+            except ProjectionFailed:
+                pass  # exploding stopped at sequence 7, as meant
+            return written
         finally:
             await session.close(CTX)
             await storage.close()

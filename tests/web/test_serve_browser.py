@@ -122,6 +122,24 @@ def test_every_page_loads_without_console_errors(page: Page, store: dict[str, An
     assert "down" not in (page.page.locator("#live").get_attribute("class") or "")
 
 
+def test_the_overview_shows_each_projection_as_stats_does(page: Page, store: dict[str, Any]) -> None:
+    page.open("/")
+    info = json.loads(_cli("stats", str(store["path"]), "--json"))
+    rows = {row[0]: row for row in page.page.locator("#projections tr").evaluate_all(
+        "rows => rows.slice(1).map(row => Array.from(row.cells, cell => cell.innerText))")}
+    head = info["headSeq"]
+    assert page.page.locator("#head-seq").inner_text() == str(head)
+    assert rows["core"][1:3] == [str(info["projections"]["core"]["foldedSeq"]), str(head - info["projections"]["core"]["foldedSeq"])]
+    for name, user in info["projections"]["user"].items():
+        assert rows[name][1:3] == [str(user["foldedSeq"]), str(head - user["foldedSeq"])]
+    assert rows["exploding"][3] == "stopped at 7: RuntimeError: <script>window.pwned=4</script>"
+    assert set(rows) == {"core", "exploding", "task_outcomes"}
+    assert page.page.evaluate("typeof window.pwned") == "undefined"
+    health = json.loads(get(page.base + "/healthz")[1])
+    assert health["status"] == "ok" and health["warnings"] == ["projection exploding stopped at sequence 7: RuntimeError: <script>window.pwned=4</script>"]
+    assert page.errors == []
+
+
 def test_the_entry_tree_shows_the_fork_under_the_entry_it_was_made_after(page: Page, store: dict[str, Any]) -> None:
     page.open(f"/conversations/{store['root']}")
     point = page.page.locator(f"#tree li#entry-{store['fork_point']}")
