@@ -20,7 +20,7 @@ DEFAULT_MAX_LAG: Final = 1000
 async def stream_head(nats: str, stream: str, store: str | None) -> int | None:
     """The log sequence of the store's last record on its stream (None: the stream holds none)."""
 
-    from ..log.stream.jetstream import subject_of
+    from ..log.stream.message import subject_of
 
     if store is None:
         return None
