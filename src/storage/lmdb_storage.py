@@ -10,9 +10,11 @@ caller's thread. One store may be used from several threads and event loops at o
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Literal, TypeVar
@@ -27,6 +29,7 @@ from pi_durable.types import (
 
 from ..errors import NotWriterError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
+from ..log.counters import EngineCounters
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.jetstream import JetStreamLink
@@ -47,6 +50,7 @@ from .replication import StreamApplier, StreamWriter
 from .reads import StorageReads
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 ID_BLOCK: Final = 4096
 """Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
@@ -149,6 +153,7 @@ class LmdbStorage(StorageReads, Storage):
                 path=path, readonly=readonly, durability=durability, map_size=map_size, store_id=store,
             )
         except StoreDamagedError as error:
+            logger.error("store %s is damaged: %s", path, error)
             if durability != "replicated":
                 raise
             raise StoreDamagedError(
@@ -165,6 +170,10 @@ class LmdbStorage(StorageReads, Storage):
                 await storage.close()
                 raise
         storage.projections.kick()
+        logger.info(
+            "opened store %s (%s%s): head %d", storage.path, "read-only" if readonly else durability,
+            "" if link is None else f", stream {link.stream}", storage.log.head(),
+        )
         return storage
 
     @classmethod
@@ -200,6 +209,7 @@ class LmdbStorage(StorageReads, Storage):
         follower = storage.replication = Follower(link, storage, store)
         follower.start()
         storage.projections.kick()
+        logger.info("opened replica %s of store %s on stream %s: head %d", storage.path, store, stream, storage.log.head())
         return storage
 
     @classmethod
@@ -376,15 +386,27 @@ class LmdbStorage(StorageReads, Storage):
         self._refuse_replica()
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
-        payload, batch = encode_batch(writes)
-        if isinstance(self.replication, Shipper):  # acknowledged means shippable, in every mode
-            self.replication.link.check_size(len(payload))
+        counters = self._env.counters
+        began = time.perf_counter()
         try:
+            payload, batch = encode_batch(writes)
+            if isinstance(self.replication, Shipper):  # acknowledged means shippable, in every mode
+                self.replication.link.check_size(len(payload))
             seq, _ = await self._committer.commit(payload, batch, committed_at)
+        except BaseException:
+            counters.commit_failures += 1
+            raise
         finally:  # a cancelled caller's batch may still commit: user projections fold it too
             if not self._closed:  # a close waiting for this commit stops the projection worker
                 self.projections.kick()
+        counters.commit_seconds.observe(time.perf_counter() - began)
         return Seq(seq)
+
+    @property
+    def counters(self) -> EngineCounters:
+        """What this handle committed since it opened (``log.counters``; ``metrics.register``)."""
+
+        return self._env.counters
 
     async def mint_id(self) -> int:
         """A fresh id above every id stored or minted, across reopen and crashes, whichever

@@ -25,7 +25,14 @@ from typing import Final
 
 import lmdb
 
-from ..errors import ForeignMessageError, NotWriterError, OutcomeUnknownError, ReplicationError, StreamMovedError
+from ..errors import (
+    ForeignMessageError,
+    LeaseLapsedError,
+    NotWriterError,
+    OutcomeUnknownError,
+    ReplicationError,
+    StreamMovedError,
+)
 from ..log import Environment, WriteLog, decode_record
 from ..log.stream.message import (
     H_EPOCH,
@@ -303,6 +310,15 @@ class StreamWriter:
     ) -> StreamPosition:
         if self.lease is not None:
             self.lease.check()
+            if self.lease.epoch != self.epoch:  # it lapsed and was taken again since this group settled
+                self.settled = False
+                raise LeaseLapsedError(
+                    f"The lease of store {self.store} lapsed and was taken again (epoch {self.lease.epoch}, was "
+                    f"{self.epoch}) while this commit was written: nothing was committed; the next commit "
+                    "fences the new epoch first",
+                    self.store,
+                    self.epoch,
+                )
         try:
             last = self.link.run(self.link.publish(self.subject, messages, self.expected))
         except StreamMovedError as error:

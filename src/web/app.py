@@ -22,6 +22,7 @@ from ..storage.tail import Tail, TailFilter, commit_to_builtins, summarize
 from ..storage.export import seq_range
 from ..log.records import WRITE_TYPES
 
+from ..errors import BadQueryError
 from . import views
 from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 
@@ -130,7 +131,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException:
         raise
-    except views.BadQuery as error:
+    except BadQueryError as error:
         return _page(request, "error.html", {"title": "Bad request", "message": str(error)}, status=400)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
@@ -156,7 +157,7 @@ def _int(request: web.Request, name: str) -> int | None:
     if not text:
         return None
     if not text.isdigit():
-        raise views.BadQuery(f"{name}={text!r} is not a whole number")
+        raise BadQueryError(f"{name}={text!r} is not a whole number")
     return int(text)
 
 
@@ -246,7 +247,7 @@ def _filter(request: web.Request) -> TailFilter:
     kinds = [kind for kind in request.query.getall("kind", []) if kind]
     unknown = [kind for kind in kinds if kind not in WRITE_TYPES]
     if unknown:
-        raise views.BadQuery(f"unknown write kind(s) {unknown}; known: {', '.join(WRITE_TYPES)}")
+        raise BadQueryError(f"unknown write kind(s) {unknown}; known: {', '.join(WRITE_TYPES)}")
     return TailFilter(_int(request, "conversation"), frozenset(kinds) if kinds else None)
 
 
@@ -259,7 +260,7 @@ def _times(request: web.Request) -> tuple[int | None, int | None]:
         try:
             found.append(parse_time(text) if text else None)
         except ValueError as error:
-            raise views.BadQuery(f"{name}={text!r}: {error}") from None
+            raise BadQueryError(f"{name}={text!r}: {error}") from None
     return found[0], found[1]
 
 

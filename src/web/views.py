@@ -13,6 +13,7 @@ from typing import Any, Final
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.types import ConversationId, DocumentId
 
+from ..errors import BadQueryError
 from ..projections import StorageRequestError
 from ..storage.export import seq_at
 from ..storage.lmdb_storage import LmdbStorage
@@ -30,10 +31,6 @@ FORK_DEPTH: Final = 4
 """Forks of forks drawn under a conversation before only a link is shown."""
 SCAN_CAP: Final = 5000
 """Conversations scanned to find forks (a bigger store shows a note)."""
-
-
-class BadQuery(ValueError):
-    """A query the page cannot answer: an ``as_of`` past the head, a malformed filter."""
 
 
 class Store:
@@ -75,12 +72,12 @@ class Store:
         if text.isdigit():
             seq = int(text)
             if seq > head:
-                raise BadQuery(f"as_of={seq}: the log's head is {head}")
+                raise BadQueryError(f"as_of={seq}: the log's head is {head}")
             return seq
         try:
             ms = parse_time(text)
         except ValueError as error:
-            raise BadQuery(f"as_of={text!r}: {error}") from None
+            raise BadQueryError(f"as_of={text!r}: {error}") from None
         return seq_at(storage.log, ms)
 
     async def reader(self, as_of: int | None) -> StorageReads:
