@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import (
     BadInputError,
+    BadQueryError,
     CorruptProjectionError,
     CorruptRecordError,
     DamageError,
@@ -66,6 +67,7 @@ __all__ = [
     "DurableLmdbError",
     "DamageError",
     "BadInputError",
+    "BadQueryError",
     "CorruptProjectionError",
     "CorruptRecordError",
     "DurabilityConflictError",

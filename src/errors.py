@@ -50,6 +50,12 @@ class BadInputError(DurableLmdbError, ValueError):
     the id you gave."""
 
 
+class BadQueryError(BadInputError):
+    """A request to ``durable-log serve`` asks for something its page does not take (a sequence
+    past the head, an unknown write kind, a time that does not parse): answered with 400 and what
+    is wrong; fix the address."""
+
+
 class StoreStateError(DurableLmdbError, RuntimeError):
     """The store cannot serve this now (closed, no room, projections behind); nothing was written."""
 
@@ -261,6 +267,7 @@ class ProjectionFailed(StoreStateError):
 
 __all__ = [
     "BadInputError",
+    "BadQueryError",
     "CorruptProjectionError",
     "CorruptRecordError",
     "DamageError",

@@ -1,7 +1,9 @@
-"""Prometheus metrics for a store, read from its files at scrape time.
+"""Prometheus metrics for a store: what its files say, and what an open handle counted.
 
-Nothing here runs on the commit path: the collector opens the store read-only (short read
-transactions through `audit.stats`) only when a registry is scraped, so a writer pays nothing.
+Nothing here runs on the commit path. The file collector opens the store read-only (short read
+transactions through `stats`) only when a registry is scraped; the handle's collector reads the
+plain counters the engine keeps as it commits (`log.counters`: a few additions per commit) and
+its replication status, also only when scraped.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .storage.audit import stats
+from .log.counters import Histogram
+from .storage.stats import stats
 
 PREFIX = "pi_durable_lmdb"
 
@@ -70,6 +73,52 @@ def register_path(path: str | os.PathLike[str], registry: CollectorRegistry | No
     return collector
 
 
+class HandleCollector(Collector):
+    """An open handle's commit counters and replication status, read when scraped."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def collect(self) -> Iterator[Metric]:
+        counters = self.storage.counters
+        commits = CounterMetricFamily(f"{PREFIX}_commits", "Commits acknowledged by this handle since it opened")
+        commits.add_metric([], counters.commit_seconds.count)
+        yield commits
+        failures = CounterMetricFamily(f"{PREFIX}_commit_failures", "Commits that raised (refused or failed)")
+        failures.add_metric([], counters.commit_failures)
+        yield failures
+        yield _histogram("commit_seconds", "From a commit call to its acknowledgement", counters.commit_seconds)
+        yield _histogram("group_batches", "Batches per write transaction (group commit)", counters.group_batches)
+        yield _histogram("flush_seconds", "LMDB's commit of a write transaction, its sync included", counters.flush_seconds)
+        replication = self.storage.replication
+        if replication is None:
+            return
+        status = replication.status()
+        if "shippedSeq" in status:
+            yield _gauge("replication_shipped_seq", "Log sequence the stream holds (shipped, or published)", status["shippedSeq"])
+        if "appliedSeq" in status:
+            yield _gauge("replica_applied_seq", "Log sequence this replica took in", status["appliedSeq"])
+        yield _gauge("replication_lag_records", "Records the stream and this store differ by", status.get("lagRecords", 0))
+        yield _gauge("replication_stopped", "1 when shipping or following stopped for good", 1 if status.get("stopped") or status.get("failed") else 0)
+        errors = CounterMetricFamily(f"{PREFIX}_shipping_errors", "Shipping attempts that failed (each retried)")
+        errors.add_metric([], status.get("errors", 0))
+        yield errors
+        lease = status.get("lease")
+        if lease is not None:
+            yield _gauge("lease_held", "1 while this process holds the store's writer lease", 0 if lease["lost"] else 1)
+            yield _gauge("lease_holder_epoch", "Epoch of this process's lease", lease["epoch"])
+
+
+def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(f"{PREFIX}_{name}", doc)
+    family.add_metric([], histogram.cumulative(), histogram.sum)
+    return family
+
+
 def register(storage: Any, registry: CollectorRegistry | None = None) -> StoreCollector:
-    """Adds the open store's collector (read from its files) to `registry`, the global one by default."""
-    return register_path(storage.path, registry)
+    """Adds the open store's collectors to `registry` (the global one by default): what its
+    files say (`StoreCollector`) and what this handle counted (`HandleCollector`)."""
+
+    collector = register_path(storage.path, registry)
+    (REGISTRY if registry is None else registry).register(HandleCollector(storage))
+    return collector

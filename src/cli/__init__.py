@@ -93,7 +93,7 @@ def _register_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser
     here: without the ``[web]`` extra, ``serve`` is still listed and says what to install."""
 
     try:
-        from ..web import command as web_command  # type: ignore[attr-defined]  # the optional [web] extra
+        from ..web import command as web_command  # the optional [web] extra
     except ImportError:
         sub = add_command(commands, "serve", "serve a store's views over HTTP (needs the [web] extra)")
         sub.add_argument("arguments", nargs="*", metavar="ARGUMENT", help="the arguments serve takes once the [web] extra is installed")

@@ -24,7 +24,7 @@ from ..errors import (
     ProjectionsBehind,
     TruncatedStoreError,
 )
-from ..projections.errors import StorageRequestError
+from pi_durable.errors import StorageRequestError
 from ..storage.jsonlines import to_json
 
 # ── exit codes ────────────────────────────────────────────────────────────────

@@ -4,9 +4,21 @@
 holds the persisted shapes and ``codec`` the lossless strict-JSON encoding they use.
 """
 
-from . import errors
 from .environment import Durability, Environment
-from .errors import *  # noqa: F403 - the log layer's errors (defined in pi_durable_lmdb.errors), listed once there
+from ..errors import (  # the log layer's errors, defined in the one error tree; importable here too
+    CorruptRecordError,
+    DurabilityConflictError,
+    ForkedEnvironmentError,
+    LogError,
+    MapBusyError,
+    StoreClosedError,
+    StoreDamagedError,
+    StoreFormatError,
+    StoreFullError,
+    TruncatedStoreError,
+    WriterLockedError,
+    WrongStoreError,
+)
 from .records import (
     FORMAT_VERSION,
     Commit,
@@ -36,4 +48,17 @@ __all__ = [
     "seq_key",
     "write_to_builtins",
 ]
-__all__ += errors.__all__
+__all__ += [
+    "CorruptRecordError",
+    "DurabilityConflictError",
+    "ForkedEnvironmentError",
+    "LogError",
+    "MapBusyError",
+    "StoreClosedError",
+    "StoreDamagedError",
+    "StoreFormatError",
+    "StoreFullError",
+    "TruncatedStoreError",
+    "WriterLockedError",
+    "WrongStoreError",
+]

@@ -35,6 +35,7 @@ import lmdb
 import msgspec
 
 from . import shared
+from .counters import EngineCounters
 from ..errors import (
     ForkedEnvironmentError,
     StoreClosedError,
@@ -125,6 +126,8 @@ class Environment:
         self.path = os.path.abspath(os.fspath(path))
         self._closed = False
         self.readonly = readonly
+        self.counters = EngineCounters()
+        """What this handle committed, for a host's metrics (``log.counters``)."""
         self.durability: Durability = durability
         self._pid = os.getpid()
         self._forks = shared.forks
@@ -296,7 +299,9 @@ class Environment:
                 txn = self.env.begin(write=True)
                 try:
                     result = work(txn)
+                    began = time.perf_counter()
                     txn.commit()
+                    self.counters.flush_seconds.observe(time.perf_counter() - began)
                     return result
                 except lmdb.MapFullError:
                     full = txn  # aborted by the growth, once it keeps other transactions out

@@ -15,7 +15,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeAlias, Union
 import msgspec
 
 from . import codec
-from .errors import CorruptRecordError
+from ..errors import CorruptRecordError
 
 FORMAT_VERSION: Final = 1
 """The version of the log record layout; every record carries it."""

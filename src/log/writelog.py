@@ -17,7 +17,7 @@ from typing import Final, TypeVar
 import lmdb
 
 from .environment import Environment
-from .errors import LogError
+from ..errors import LogError
 from .records import Commit, decode_record, encode_record
 
 T = TypeVar("T")

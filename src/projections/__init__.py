@@ -4,7 +4,7 @@ Everything here can be dropped and rebuilt from the log (``tables`` lists the da
 """
 
 from . import tables
-from .errors import StorageRequestError
+from pi_durable.errors import StorageRequestError
 from .projector import Plan, Projector
 from .readmodel import ReadModel
 

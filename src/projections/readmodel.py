@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import lmdb
+from pi_durable.errors import StorageRequestError
 
 from ..log import Environment, codec
 
 from . import tables as t
+from ..errors import CorruptProjectionError
 from .delta import apply_batches
-from .errors import CorruptProjectionError, StorageRequestError
 
 MAX_SAFE_INTEGER: Final = 9_007_199_254_740_991
 _FAR_BELOW: Final = -(2**63)
@@ -352,6 +353,13 @@ class ReadModel:
             version: int = codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
             return version
         return None
+
+    def revisions(self, txn: lmdb.Transaction[bytes], id: int) -> Iterator[tuple[int, t.Revision]]:
+        """``(seq, revision)`` of every stored content command of one incarnation, oldest first:
+        the versions a reader can pick (a current-only document keeps none)."""
+
+        for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, False):
+            yield seq, codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq)))
 
     def materialize(self, txn: lmdb.Transaction[bytes], id: Any, at: Any) -> dict[str, Any] | None:
         """One incarnation at a point: ``{record, version, value, deltasSinceBase}``."""

@@ -9,6 +9,7 @@ the swap, the old generation is untouched.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import lmdb
@@ -19,6 +20,8 @@ from ..log import Environment, WriteLog
 from . import tables as t
 from .projector import Projector
 from .readmodel import ReadModel
+
+_log = logging.getLogger(__name__)
 
 REGISTRY_DB = "projections"
 CORE_KEY = b"core"
@@ -179,9 +182,11 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
         _put_header(txn, env, t.CoreHeader(header.generation, header.schema_version, target))
 
     env.write(begin)
+    _log.info("rebuilding the projections of %s: generation %d, schema %d, from %d records", env.path, target, t.SCHEMA_VERSION, log.head())
     try:
         catch_up(env, log, building, progress)
     except Exception:
+        _log.error("rebuilding the projections of %s failed; the store keeps its generation %d", env.path, header.generation, exc_info=True)
         abandon(env, header, target)  # e.g. a damaged record: keep the store writable as it was
         raise
     old = [t.db_name(header.generation, name) for name in t.TABLES]
@@ -193,6 +198,7 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
         mark_lockstep(txn, building)
 
     env.write(swap)
+    _log.info("rebuilt the projections of %s: generation %d is active", env.path, target)
     return building
 
 

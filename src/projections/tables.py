@@ -16,7 +16,7 @@ import xxhash
 
 from ..log import codec
 
-from .errors import CorruptProjectionError
+from ..errors import CorruptProjectionError
 
 SCHEMA_VERSION: Final = 6
 """Bump when any table below changes shape: the projections are then rebuilt from the log.

@@ -37,7 +37,7 @@ class Projection:
       the whole log, so old rows never mix with new ones.
     - ``databases``: the names of its own LMDB databases (stored as ``u.<name>.<database>``).
 
-    See ``projections.task_outcomes`` for a complete example.
+    See ``tools/task_outcomes.py`` in the repository for a complete example.
     """
 
     name: ClassVar[str]

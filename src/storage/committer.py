@@ -314,6 +314,7 @@ class Committer:
 
         if results:
             self._log.committed()
+            self._env.counters.group_batches.observe(len(results))
         on_commit = self._on_commit
         for _, max_id in results:
             on_commit(max_id)

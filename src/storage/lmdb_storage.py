@@ -10,9 +10,11 @@ caller's thread. One store may be used from several threads and event loops at o
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Literal, TypeVar
@@ -27,11 +29,13 @@ from pi_durable.types import (
 
 from ..errors import NotWriterError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
+from ..log.counters import EngineCounters
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.jetstream import JetStreamLink
+from ..log.stream.link import StreamLink
 from ..log.stream.lease import DEFAULT_LEASE_TTL, WriterLease
-from ..log.stream.position import read_position
+from ..log.stream.position import StreamPosition, read_position
 from ..log.stream.shipper import Shipper
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
@@ -42,10 +46,11 @@ from ..projections.user import Projection, UserProjections
 
 from .committer import Committer
 from .replica import Follower
-from .replication import StreamWriter
+from .replication import StreamApplier, StreamWriter
 from .reads import StorageReads
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 ID_BLOCK: Final = 4096
 """Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
@@ -77,7 +82,7 @@ class LmdbStorage(StorageReads, Storage):
         self._core: bytes | None = None
         """The core header the read model was checked against; read-only handles compare it at
         each read, so they follow a rebuild's swap made by the writer."""
-        self._link: JetStreamLink | None = None
+        self._link: StreamLink | None = None
         self.replication: StreamWriter | Shipper | Follower | None = None
         """The store's link to its NATS stream, if it has one: ``status()`` says where it stands."""
         self._deposed_by: NotWriterError | None = None
@@ -99,7 +104,7 @@ class LmdbStorage(StorageReads, Storage):
         progress: Callable[[int, int], None] | None = None,
         projections: Sequence[Projection] = (),
         verify_checksums: bool = True,
-        nats: str | Sequence[str] | None = None,
+        nats: str | Sequence[str] | StreamLink | None = None,
         stream: str | None = None,
         replicas: int = 1,
         store: str | None = None,
@@ -119,7 +124,9 @@ class LmdbStorage(StorageReads, Storage):
         NATS JetStream stream (made with ``replicas`` copies when missing): with
         ``durability="replicated"`` a commit returns once the stream holds it; with ``power`` or
         ``process`` commits are shipped behind (``storage.replication.status()``). ``store``: the
-        store id the directory must hold (a new directory takes it).
+        store id the directory must hold (a new directory takes it). ``nats`` may also be a link
+        of the caller's (``log.stream.link.StreamLink``: another stream engine, or the in-memory
+        ``log.stream.memory.MemoryLink`` of tests), which the store then owns and closes.
 
         A replicated writer holds the store's lease (``log.stream.lease``, ``lease_ttl`` seconds after
         each renewal): held by another process, the open fails with ``NotWriterError``, unless
@@ -139,13 +146,14 @@ class LmdbStorage(StorageReads, Storage):
             raise ValueError("take_over= is for durability='replicated' writers (the lease guards the stream)")
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
-        link = None if nats is None else JetStreamLink(nats, stream)  # type: ignore[arg-type]
+        link = None if nats is None or stream is None else _link(nats, stream)
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
                 path=path, readonly=readonly, durability=durability, map_size=map_size, store_id=store,
             )
         except StoreDamagedError as error:
+            logger.error("store %s is damaged: %s", path, error)
             if durability != "replicated":
                 raise
             raise StoreDamagedError(
@@ -162,6 +170,10 @@ class LmdbStorage(StorageReads, Storage):
                 await storage.close()
                 raise
         storage.projections.kick()
+        logger.info(
+            "opened store %s (%s%s): head %d", storage.path, "read-only" if readonly else durability,
+            "" if link is None else f", stream {link.stream}", storage.log.head(),
+        )
         return storage
 
     @classmethod
@@ -169,7 +181,7 @@ class LmdbStorage(StorageReads, Storage):
         cls,
         path: str | os.PathLike[str],
         *,
-        nats: str | Sequence[str],
+        nats: str | Sequence[str] | StreamLink,
         stream: str,
         store: str,
         durability: Literal["power", "process"] = "power",
@@ -182,7 +194,7 @@ class LmdbStorage(StorageReads, Storage):
         with the store's subject on ``stream``, read like any store, refusing commits
         (``NotWriterError``). ``await replica.wait(seq)`` waits until it holds record ``seq``."""
 
-        link = JetStreamLink(nats, stream)
+        link = _link(nats, stream)
         try:  # the stream first: a replica that cannot follow anything creates nothing
             link.run(link.connect())
             link.run(link.ensure_stream(create=False))
@@ -197,12 +209,13 @@ class LmdbStorage(StorageReads, Storage):
         follower = storage.replication = Follower(link, storage, store)
         follower.start()
         storage.projections.kick()
+        logger.info("opened replica %s of store %s on stream %s: head %d", storage.path, store, stream, storage.log.head())
         return storage
 
     @classmethod
     def _build(
         cls,
-        link: JetStreamLink | None,
+        link: StreamLink | None,
         progress: Callable[[int, int], None] | None,
         projections: Sequence[Projection],
         verify_checksums: bool,
@@ -226,7 +239,7 @@ class LmdbStorage(StorageReads, Storage):
 
     async def _link_to(
         self,
-        link: JetStreamLink,
+        link: StreamLink,
         replicas: int,
         replicated: bool,
         take_over: bool | Literal["force"] = False,
@@ -295,6 +308,41 @@ class LmdbStorage(StorageReads, Storage):
             with self._ids:
                 self._next_id = max(self._next_id, max_id + 1)
 
+    # ── for a follower taking the stream in (``storage.replica``) ───────────
+
+    def stream_position(self, stream: str, txn: lmdb.Transaction[bytes] | None = None) -> StreamPosition:
+        """How far this store took in (or shipped to) ``stream``; in ``txn`` when given."""
+
+        if txn is not None:
+            return read_position(txn, self._meta, stream)
+        with self._env.read() as read_txn:
+            return read_position(read_txn, self._meta, stream)
+
+    def stream_applier(self, stream: str, store: str) -> StreamApplier:
+        """An applier of ``store``'s messages on ``stream`` to this store's log and position."""
+
+        return StreamApplier(stream, store, self.log, self._meta)
+
+    def take_in(self, work: Callable[[lmdb.Transaction[bytes], Projector], T]) -> T:
+        """Run ``work`` in one write transaction with no group beside it (on a worker thread,
+        never the link's loop, which a commit of a writer being deposed may be waiting on)."""
+
+        with self._committer.exclusive():
+            return self._env.write(lambda txn: work(txn, self._committer.projector))
+
+    def taken_in(self, max_id: int) -> None:
+        """After ``take_in`` committed: its ids are never minted, and readers and user
+        projections see its records."""
+
+        self._raise_id_floor(max_id)
+        self.log.committed()
+        self.projections.kick()
+
+    def check_open(self) -> None:
+        """Raise ``StoreClosedError`` once the store is closed."""
+
+        self._assert_open()
+
     def _deposed(self, error: NotWriterError) -> None:
         """On the link's loop, once the lease is lost: refuse commits, follow as a replica."""
 
@@ -338,15 +386,27 @@ class LmdbStorage(StorageReads, Storage):
         self._refuse_replica()
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
-        payload, batch = encode_batch(writes)
-        if isinstance(self.replication, Shipper):  # acknowledged means shippable, in every mode
-            self.replication.link.check_size(len(payload))
+        counters = self._env.counters
+        began = time.perf_counter()
         try:
+            payload, batch = encode_batch(writes)
+            if isinstance(self.replication, Shipper):  # acknowledged means shippable, in every mode
+                self.replication.link.check_size(len(payload))
             seq, _ = await self._committer.commit(payload, batch, committed_at)
+        except BaseException:
+            counters.commit_failures += 1
+            raise
         finally:  # a cancelled caller's batch may still commit: user projections fold it too
             if not self._closed:  # a close waiting for this commit stops the projection worker
                 self.projections.kick()
+        counters.commit_seconds.observe(time.perf_counter() - began)
         return Seq(seq)
+
+    @property
+    def counters(self) -> EngineCounters:
+        """What this handle committed since it opened (``log.counters``; ``metrics.register``)."""
+
+        return self._env.counters
 
     async def mint_id(self) -> int:
         """A fresh id above every id stored or minted, across reopen and crashes, whichever
@@ -498,3 +558,13 @@ def _reserve(txn: lmdb.Transaction[bytes], meta: lmdb._Database, wanted: int, st
     if stream is not None:
         stream.publish_ids(txn, reserved)
     return reserved
+
+
+def _link(nats: str | Sequence[str] | StreamLink, stream: str) -> StreamLink:
+    """The link ``nats`` names: server URLs (a JetStream link is made), or a link given as is."""
+
+    if isinstance(nats, (str, Sequence)):
+        return JetStreamLink(nats, stream)
+    if nats.stream != stream:
+        raise ValueError(f"The link given as nats= carries stream {nats.stream!r}, not stream={stream!r}")
+    return nats

@@ -287,6 +287,25 @@ class StorageReads:
                 lambda record: (not kind_filter or record["kind"] == kind) and is_alive_at(record, at),
             ))
 
+    # ── browsing (not in the contract: what a viewer of the whole store needs) ──
+
+    async def scan_all_documents(self, limit: int, after: int | None = None) -> Page[DocumentRecord, Cursor]:
+        """Every incarnation of every scope by id (retired ones too), ``limit`` after id ``after``."""
+
+        with self._read() as txn:
+            records = self._model.scan_table(txn, t.DOCUMENTS, None, b"", after, False)
+            return cast("Page[DocumentRecord, Cursor]", take_page(records, limit, "ascending", None))
+
+    async def document_revisions(self, id: DocumentId) -> list[dict[str, Any]]:
+        """The stored versions of one incarnation, oldest first: ``{seq, version, kind, body}``
+        (``kind`` "base": ``body`` is the value; "delta": the ops applied to the version before)."""
+
+        with self._read() as txn:
+            return [
+                {"seq": seq, "version": revision.version, "kind": revision.kind, "body": revision.body}
+                for seq, revision in self._model.revisions(txn, id)
+            ]
+
 
 def positive_id(value: Any) -> int:
     if type(value) is int and value >= 1:

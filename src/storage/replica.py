@@ -16,9 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ForeignMessageError, ReplicationError
-from ..log.stream.jetstream import JetStreamLink, StreamMessage, subject_of
-from ..log.stream.position import read_position
-from .replication import StreamApplier
+from ..log.stream.link import StreamLink
+from ..log.stream.message import StreamMessage, subject_of
 
 if TYPE_CHECKING:
     from .lmdb_storage import LmdbStorage
@@ -31,10 +30,10 @@ RETRY: Final = (0.05, 2.0)
 class Follower:
     """Takes a store's messages from the stream into a local store (a task on the link's loop)."""
 
-    def __init__(self, link: JetStreamLink, storage: LmdbStorage, store: str) -> None:
+    def __init__(self, link: StreamLink, storage: LmdbStorage, store: str) -> None:
         self.link, self.storage, self.store = link, storage, store
         self.subject = subject_of(link.stream, store)
-        self.applier = StreamApplier(link.stream, store, storage.log, storage._meta)
+        self.applier = storage.stream_applier(link.stream, store)
         self.error: ForeignMessageError | None = None
         self.last_error: str | None = None
         self.stream_seq = 0
@@ -117,24 +116,14 @@ class Follower:
         """One transaction taking ``chunk`` in, on a worker thread (never the link's loop, which
         a commit of a writer being deposed may be waiting on), with no group beside it."""
 
-        storage = self.storage
-        with storage._committer.exclusive():
-            self.transactions += 1
-            return storage._env.write(
-                lambda txn: self.applier.apply(txn, storage._committer.projector, chunk, self._position(txn))
-            )
+        self.transactions += 1
+        return self.storage.take_in(lambda txn, projector: self.applier.apply(txn, projector, chunk, self._position(txn)))
 
     def _applied(self) -> None:
-        storage = self.storage
-        storage._raise_id_floor(self.applier.max_id)
-        storage.log.committed()
-        storage.projections.kick()
+        self.storage.taken_in(self.applier.max_id)
 
     def _position(self, txn: Any = None) -> Any:
-        if txn is not None:
-            return read_position(txn, self.storage._meta, self.link.stream)
-        with self.storage._env.read() as read_txn:
-            return read_position(read_txn, self.storage._meta, self.link.stream)
+        return self.storage.stream_position(self.link.stream, txn)
 
     def _stop(self, error: ForeignMessageError) -> None:
         self.error, self.last_error = error, str(error)
@@ -150,7 +139,7 @@ class Follower:
         while log.head() < seq:
             if self.error is not None:
                 raise self.error
-            self.storage._assert_open()
+            self.storage.check_open()
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"The replica at {self.storage.path} holds records up to {log.head()}, not {seq}, "

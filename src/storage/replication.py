@@ -25,15 +25,21 @@ from typing import Final
 
 import lmdb
 
-from ..errors import ForeignMessageError, NotWriterError, OutcomeUnknownError, ReplicationError, StreamMovedError
+from ..errors import (
+    ForeignMessageError,
+    LeaseLapsedError,
+    NotWriterError,
+    OutcomeUnknownError,
+    ReplicationError,
+    StreamMovedError,
+)
 from ..log import Environment, WriteLog, decode_record
-from ..log.stream.jetstream import (
+from ..log.stream.message import (
     H_EPOCH,
     H_KIND,
     H_SEQ,
     Fence,
     IdReservation,
-    JetStreamLink,
     StreamMessage,
     control_headers,
     encode_control,
@@ -41,6 +47,7 @@ from ..log.stream.jetstream import (
     subject_of,
 )
 from ..log.stream.lease import WriterLease
+from ..log.stream.link import StreamLink
 from ..log.stream.position import POSITION_FORMAT, StreamPosition, put_position, read_position
 from ..projections import Projector
 
@@ -118,7 +125,7 @@ class StreamWriter:
     """The replicated-durability side of a writer: settles, then publishes each group's records
     before its transaction commits (see the module docstring). Runs on the writer thread."""
 
-    def __init__(self, link: JetStreamLink, env: Environment, log: WriteLog, store: str, meta: lmdb._Database) -> None:
+    def __init__(self, link: StreamLink, env: Environment, log: WriteLog, store: str, meta: lmdb._Database) -> None:
         self.link, self.env, self.log, self.store, self.meta = link, env, log, store, meta
         self.subject = subject_of(link.stream, store)
         self.applier = StreamApplier(link.stream, store, log, meta)
@@ -303,6 +310,15 @@ class StreamWriter:
     ) -> StreamPosition:
         if self.lease is not None:
             self.lease.check()
+            if self.lease.epoch != self.epoch:  # it lapsed and was taken again since this group settled
+                self.settled = False
+                raise LeaseLapsedError(
+                    f"The lease of store {self.store} lapsed and was taken again (epoch {self.lease.epoch}, was "
+                    f"{self.epoch}) while this commit was written: nothing was committed; the next commit "
+                    "fences the new epoch first",
+                    self.store,
+                    self.epoch,
+                )
         try:
             last = self.link.run(self.link.publish(self.subject, messages, self.expected))
         except StreamMovedError as error:

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 
 from ..errors import StreamMissingError
 from ..log.environment import check_store_id
-from ..log.stream.jetstream import check_stream_name, parse_servers, subject_of
+from ..log.stream.jetstream import parse_servers
+from ..log.stream.message import check_stream_name, subject_of
 
 from .audit import open_stream
 from .migrate import _refuse_existing, new_store

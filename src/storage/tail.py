@@ -213,7 +213,7 @@ async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
 def stream_subject(stream: str, store: str | None) -> str:
     """The subject of one store's log on ``stream``, or (``store`` None) of every store's."""
 
-    from ..log.stream.jetstream import subject_of
+    from ..log.stream.message import subject_of
 
     return f"{stream}.*.log" if store is None else subject_of(stream, store)
 

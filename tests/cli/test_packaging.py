@@ -72,7 +72,7 @@ def test_the_wheel_holds_one_package_typed(wheel: Path) -> None:
     assert "pi_durable_lmdb/py.typed" in names
     for sub in ("log", "projections", "storage", "cli"):
         assert f"pi_durable_lmdb/{sub}/__init__.py" in names
-    assert "pi_durable_lmdb/projections/task_outcomes.py" in names  # the example user projection ships
+    assert not any("task_outcomes" in name for name in names)  # the example lives in tools/, not the engine
     assert any(line.startswith("Requires-Dist: pi-durable-python") for line in metadata.splitlines())
     assert "durable-log = pi_durable_lmdb.cli:main" in entry_points
 
@@ -85,10 +85,9 @@ def test_a_project_with_its_own_storage_log_and_projections_imports_and_runs_it(
         "import asyncio, pi_durable_lmdb\n"
         "from pi_durable.context import BACKGROUND_CONTEXT as CTX\n"
         "from pi_durable_lmdb import LmdbStorage, open_lmdb_storage, StorageRequestError, WriterLockedError\n"
-        "from pi_durable_lmdb.projections.task_outcomes import TaskOutcomes\n"
         "print(pi_durable_lmdb.__file__)\n"
         "async def main():\n"
-        "    storage = await open_lmdb_storage('store', durability='process', projections=[TaskOutcomes()])\n"
+        "    storage = await open_lmdb_storage('store', durability='process', projections=[])\n"
         "    print(await storage.commit([{'type': 'conversation', 'value': {'id': 1}}], CTX))\n"
         "    await storage.close()\n"
         "asyncio.run(main())\n"

@@ -4,8 +4,10 @@ The lease is renewed on the link's event loop; a group is written on the writer'
 regained lease used to set the writer's epoch (and its pending fence) from the loop thread at
 once: a group that had already settled then published its records under the new epoch, without
 that epoch's fence before them (seen in ``test_randomized_failover``: "record 6335 is of epoch 7,
-though the last fence before it is of epoch 6"). A group now publishes under the epoch it settled
-with; the next group takes the new epoch and fences first."""
+though the last fence before it is of epoch 6"), and the next group found that record and deposed
+its own writer. Now a group whose lease was taken again after it settled publishes nothing: its
+callers get ``LeaseLapsedError`` (the lease did lapse while they waited), and the next group takes
+the new epoch and fences first."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb.errors import LeaseLapsedError
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 from ..support.failover_helpers import STREAM, check_linear, read_subject
@@ -52,14 +55,16 @@ async def test_lease_regained_inside_a_group(tmp_path: Path, nats_server: NatsNo
     try:
         assert await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX) == 1
         writer.check_size = lapse_and_regain_meanwhile
-        assert await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX) == 2
+        with pytest.raises(LeaseLapsedError, match="taken again"):
+            await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX)
+        assert storage.log.head() == 1
         for n in range(commits_after):
-            assert await storage.commit([{"type": "conversation", "value": {"id": 3 + n}}], CTX) == 3 + n
+            assert await storage.commit([{"type": "conversation", "value": {"id": 3 + n}}], CTX) == 2 + n
         assert writer.epoch == lease.epoch > first_epoch
     finally:
         await storage.close()
     messages = await read_subject(SimpleNamespace(url_list=[nats_server.url]), "regain")  # type: ignore[arg-type]
     records = check_linear(messages, "regain")
-    assert [r["cid"] for r in records] == list(range(1, 3 + commits_after))
+    assert [r["cid"] for r in records] == [1, *range(3, 3 + commits_after)]
     fences = [m["epoch"] for m in messages if m["kind"] == "fence"]
     assert fences == [first_epoch, lease.epoch], fences

@@ -41,7 +41,7 @@ def test_old_import_paths_and_bases_keep_working() -> None:
     from pi_durable_lmdb.log.stream.jetstream import OutcomeUnknownError, ReplicationError
     from pi_durable_lmdb.log.stream.lease import LeaseLapsedError
     from pi_durable_lmdb.log.stream.position import NotWriterError
-    from pi_durable_lmdb.projections.errors import CorruptProjectionError
+    from pi_durable_lmdb.projections.readmodel import CorruptProjectionError
     from pi_durable_lmdb.projections.rebuild import ProjectionsBehind
     from pi_durable_lmdb.projections.user import ProjectionFailed
 
@@ -58,7 +58,7 @@ def test_the_contract_errors_stay_pi_durables() -> None:
     """The same classes, not look-alikes: a host catches one class whichever backend it runs."""
 
     from pi_durable_lmdb.projections import delta
-    from pi_durable_lmdb.projections.errors import StorageRequestError
+    from pi_durable_lmdb.projections import StorageRequestError
 
     assert pi_durable_lmdb.StorageRequestError is StorageRequestError is pi_durable.errors.StorageRequestError
     assert delta.PathError is pi_durable.delta.PathError

@@ -18,7 +18,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.log import CorruptRecordError, seq_key
 from pi_durable_lmdb.projections import tables as t
-from pi_durable_lmdb.projections.errors import CorruptProjectionError
+from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 

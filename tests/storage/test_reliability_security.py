@@ -24,7 +24,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.log import CorruptRecordError, Environment, WriteLog, seq_key
 from pi_durable_lmdb.log.records import encode_record
 from pi_durable_lmdb.projections import tables as t
-from pi_durable_lmdb.projections.errors import CorruptProjectionError
+from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.storage import LmdbStorage
 
 from ..support.reliability_helpers import ROOT, SRC, CHILD, CHILD_ENV, cli, seeded

@@ -50,3 +50,67 @@ def test_missing_store_reports_down(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     register_path(tmp_path / "nowhere", registry)
     assert samples(registry)[("pi_durable_lmdb_up", ())] == 0
+
+
+def test_handle_counts_commits_groups_flushes_and_failures(tmp_path: Path) -> None:
+    """The handle's counters, as scraped: every acknowledged commit once, a refused one as a
+    failure, groups and flushes as histograms whose counts add up."""
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(str(tmp_path / "store"), durability="process")
+        try:
+            registry = CollectorRegistry()
+            register(storage, registry)
+            await asyncio.gather(*(storage.commit(batch(k), CTX) for k in range(20)))
+            with pytest.raises(Exception):
+                await storage.commit([{"type": "entry", "value": {"id": 1}}], CTX)  # refused by the checks
+            got = samples(registry)
+            assert got[("pi_durable_lmdb_commits_total", ())] == 20
+            assert got[("pi_durable_lmdb_commit_failures_total", ())] == 1
+            assert got[("pi_durable_lmdb_commit_seconds_count", ())] == 20
+            assert got[("pi_durable_lmdb_commit_seconds_bucket", (("le", "+Inf"),))] == 20
+            assert got[("pi_durable_lmdb_commit_seconds_sum", ())] > 0
+            assert got[("pi_durable_lmdb_group_batches_sum", ())] == 20  # every batch in exactly one transaction
+            transactions = got[("pi_durable_lmdb_group_batches_count", ())]
+            assert 1 <= transactions <= 20
+            assert got[("pi_durable_lmdb_flush_seconds_count", ())] >= transactions
+            assert ("pi_durable_lmdb_replication_lag_records", ()) not in got
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def test_handle_reports_shipping_and_the_lease(tmp_path: Path) -> None:
+    from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
+
+    async def run() -> None:
+        server = MemoryStream("M")
+        shipping = await LmdbStorage.open(str(tmp_path / "s"), durability="process", nats=MemoryLink(server), stream="M", store="s")
+        writer = await LmdbStorage.open(str(tmp_path / "w"), durability="replicated", nats=MemoryLink(server), stream="M", store="w")
+        try:
+            ship_registry, write_registry = CollectorRegistry(), CollectorRegistry()
+            register(shipping, ship_registry)
+            register(writer, write_registry)
+            server.down = True
+            await shipping.commit(batch(0), CTX)
+            deadline = asyncio.get_running_loop().time() + 5
+            while samples(ship_registry)[("pi_durable_lmdb_shipping_errors_total", ())] < 1:
+                assert asyncio.get_running_loop().time() < deadline, "no shipping error counted"
+                await asyncio.sleep(0.02)
+            assert samples(ship_registry)[("pi_durable_lmdb_replication_lag_records", ())] == 1
+            server.down = False
+            assert await shipping._link.arun(shipping.replication.drain(10))  # type: ignore[union-attr]
+            got = samples(ship_registry)
+            assert got[("pi_durable_lmdb_replication_lag_records", ())] == 0
+            assert got[("pi_durable_lmdb_replication_shipped_seq", ())] == 1
+            await writer.commit(batch(0), CTX)
+            got = samples(write_registry)
+            assert got[("pi_durable_lmdb_lease_held", ())] == 1
+            assert got[("pi_durable_lmdb_lease_holder_epoch", ())] == 1
+            assert got[("pi_durable_lmdb_replication_shipped_seq", ())] == 1
+        finally:
+            await shipping.close()
+            await writer.close()
+
+    asyncio.run(run())

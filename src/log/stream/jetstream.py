@@ -18,50 +18,49 @@ import asyncio
 import json
 import re
 import secrets
-import threading
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from typing import Any, Final, Literal, NamedTuple, TypeVar
-
-import msgspec
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
 
 from ...errors import (
-    ForeignMessageError,
     NatsUnavailableError,
     OutcomeUnknownError,
     ReplicationError,
     StreamMissingError,
     StreamMovedError,
 )
-from ..errors import CorruptRecordError
-from ..records import Commit, decode_record
+from .link import LinkLoop
+from .message import (  # noqa: F401 - the message layout, importable from here as before
+    H_EPOCH,
+    H_FORMAT,
+    H_KIND,
+    H_MSG_ID,
+    H_SEQ,
+    H_STORE,
+    KINDS,
+    MESSAGE_FORMAT,
+    Control,
+    Fence,
+    IdReservation,
+    Kind,
+    StreamMessage,
+    check_size,
+    check_stream_name,
+    control_headers,
+    encode_control,
+    parse_message,
+    record_headers,
+    stream_subjects,
+    subject_of,
+    too_big,
+)
 
-T = TypeVar("T")
-
-MESSAGE_FORMAT: Final = 1
-"""The version of the message layout (headers and body); every message carries it."""
-
-H_FORMAT: Final = "Pd-Format"
-H_STORE: Final = "Pd-Store"
-H_SEQ: Final = "Pd-Seq"
-H_KIND: Final = "Pd-Kind"
-H_EPOCH: Final = "Pd-Epoch"
-H_MSG_ID: Final = "Nats-Msg-Id"
 H_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
-
-Kind = Literal["record", "fence", "ids"]
-KINDS: Final = ("record", "fence", "ids")
-"""``record``: a log record. ``fence``: a new writer's first message, which moves the subject on
-so that no earlier writer's conditional append can land after it. ``ids``: an id block reserved."""
-
-_STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 WRONG_LAST_SEQUENCE: Final = 10071
 """``wrong last sequence: N``: the subject's last message is at N, not where this writer expected."""
 WRONG_LAST_SEQUENCE_CONSTANT: Final = 10164
 """``wrong last sequence`` without the number: a clustered stream's answer to a conditional append
 that raced another (seen on 3-node clusters during a forced take-over)."""
 DUPLICATE_IN_BATCH: Final = 10201
-RECORD_HEADROOM: Final = 1024
-"""Bytes kept below ``max_payload`` for a record message's headers and framing."""
 """An atomic batch holds a ``Nats-Msg-Id`` the stream already has (another writer's record)."""
 DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
@@ -97,58 +96,6 @@ def refusal_error(subject: str, expected: int, refusal: dict[str, Any]) -> Repli
     return ReplicationError(f"The stream refused an append to {subject}: {description} (JetStream error {code})")
 
 
-class Fence(msgspec.Struct, tag="fence", forbid_unknown_fields=True):
-    epoch: int
-    holder: str
-
-
-class IdReservation(msgspec.Struct, tag="ids", forbid_unknown_fields=True):
-    epoch: int
-    upto: int
-
-
-Control = Fence | IdReservation
-_control_encoder: Final = msgspec.msgpack.Encoder()
-_control_decoder: Final = msgspec.msgpack.Decoder(Control)
-
-
-def encode_control(control: Fence | IdReservation) -> bytes:
-    return _control_encoder.encode(control)
-
-
-class StreamMessage(NamedTuple):
-    """One verified message of a store's subject."""
-
-    stream_seq: int
-    store: str
-    kind: Kind
-    epoch: int
-    seq: int
-    """The record's log sequence (``record``), else the log head the control message follows."""
-    data: bytes
-    """The record as the log stores it (``record``), else the encoded control message."""
-    commit: Commit | None = None
-    """A record's decoded batch (decoded once, when its checksum was checked)."""
-
-    @property
-    def control(self) -> Fence | IdReservation:
-        return _control_decoder.decode(self.data)
-
-
-def subject_of(stream: str, store: str) -> str:
-    return f"{stream}.{store}.log"
-
-
-def stream_subjects(stream: str) -> list[str]:
-    return [f"{stream}.*.log"]
-
-
-def check_stream_name(stream: object) -> str:
-    if not isinstance(stream, str) or not _STREAM_NAME.fullmatch(stream):
-        raise ValueError(f"A stream name is letters, digits, '-' or '_' (NATS stream names), not {stream!r:.80}")
-    return stream
-
-
 def parse_servers(servers: str | Sequence[str]) -> list[str]:
     """``servers``: a URL, a comma-separated list of URLs, or a sequence of them."""
 
@@ -159,76 +106,7 @@ def parse_servers(servers: str | Sequence[str]) -> list[str]:
     return [url if "://" in url else f"nats://{url}" for url in urls]
 
 
-def record_headers(store: str, seq: int, epoch: int) -> dict[str, str]:
-    return {
-        H_MSG_ID: f"{store}:{seq}",
-        H_FORMAT: str(MESSAGE_FORMAT),
-        H_STORE: store,
-        H_KIND: "record",
-        H_SEQ: str(seq),
-        H_EPOCH: str(epoch),
-    }
-
-
-def control_headers(store: str, kind: Kind, epoch: int, head: int) -> dict[str, str]:
-    """A control message's headers; ``Pd-Seq`` is the log head it follows."""
-
-    return {
-        H_MSG_ID: f"{store}:{kind}:{epoch}:{secrets.token_hex(6)}",
-        H_FORMAT: str(MESSAGE_FORMAT),
-        H_STORE: store,
-        H_KIND: kind,
-        H_SEQ: str(head),
-        H_EPOCH: str(epoch),
-    }
-
-
-def parse_message(
-    stream: str, stream_seq: int, headers: dict[str, str] | None, data: bytes | None, store: str | None
-) -> StreamMessage:
-    """Check one message of a store's subject (its headers, and a record's checksum); anything
-    else raises ``ForeignMessageError`` naming its stream sequence."""
-
-    headers = headers or {}
-    body = data or b""
-
-    def refuse(reason: str) -> ForeignMessageError:
-        return ForeignMessageError(stream, stream_seq, reason)
-
-    if headers.get(H_FORMAT) != str(MESSAGE_FORMAT):
-        raise refuse(f"it has no {H_FORMAT}: {MESSAGE_FORMAT} header (not written by pi-durable-lmdb)")
-    found = headers.get(H_STORE)
-    if found is None or (store is not None and found != store):
-        raise refuse(f"it belongs to store {found!r}, not {store!r}")
-    kind = headers.get(H_KIND)
-    if kind not in KINDS:
-        raise refuse(f"unknown kind {kind!r}")
-    try:
-        epoch = int(headers.get(H_EPOCH, "0"))
-    except ValueError:
-        raise refuse(f"its epoch {headers.get(H_EPOCH)!r} is not an integer") from None
-    raw_seq = headers.get(H_SEQ, "")
-    if not (raw_seq.isascii() and raw_seq.isdigit()) or (kind == "record" and int(raw_seq) < 1):
-        raise refuse(f"its {H_SEQ} {raw_seq!r} is not a log sequence")
-    seq = int(raw_seq)
-    if kind != "record":
-        try:
-            control = _control_decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            raise refuse(f"an undecodable {kind} message ({error})") from None
-        if not isinstance(control, Fence if kind == "fence" else IdReservation):
-            raise refuse(f"its body is a {type(control).__name__}, not what a {kind!r} message carries")
-        return StreamMessage(stream_seq, found, kind, epoch, seq, body)  # type: ignore[arg-type]
-    if headers.get(H_MSG_ID) != f"{found}:{seq}":
-        raise refuse(f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}")
-    try:
-        commit = decode_record(seq, body)
-    except CorruptRecordError as error:
-        raise refuse(f"record {seq}: {error.reason}") from None
-    return StreamMessage(stream_seq, found, "record", epoch, seq, body, commit)
-
-
-class JetStreamLink:
+class JetStreamLink(LinkLoop):
     """One NATS connection, on a thread and event loop of its own, to one stream."""
 
     def __init__(self, servers: str | Sequence[str], stream: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -245,36 +123,8 @@ class JetStreamLink:
         """Whether the stream takes atomic batches (``allow_atomic``); else records go one by one."""
         self._nc: Any = None
         self._js: Any = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"nats {stream}", daemon=True)
-        self._thread.start()
-        self._closed = False
-        self.last_error: str | None = None
-
-    # ── running on the link's loop ─────────────────────────────────────────
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the link's loop and wait for it, from any other thread."""
-
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("JetStreamLink.run() called from the link's own thread")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` run on the link's loop, from a coroutine on any loop."""
-
-        if asyncio.get_running_loop() is self._loop:
-            return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        self._kv: Any = None
+        super().__init__(f"nats {stream}")
 
     # ── connection and stream (coroutines of the link's loop) ───────────────
 
@@ -495,31 +345,15 @@ class JetStreamLink:
         return int(getattr(self._nc, "max_payload", 0) or 0) if self._nc is not None else 0
 
     def too_big(self, size: int) -> str | None:
-        """Why a record of ``size`` bytes can never be published (None: it fits). One rule for
-        every mode: such a batch is refused before it is acknowledged."""
-
-        limit = self.max_payload
-        if limit and size + RECORD_HEADROOM > limit:
-            return (
-                f"a record of {size} bytes is too big for the stream: the NATS server takes messages "
-                f"of at most {limit} bytes (max_payload), headers included"
-            )
-        return None
+        return too_big(size, self.max_payload)
 
     def check_size(self, size: int) -> None:
-        """Refuse, before it is committed, a batch whose record the server could not take."""
-
-        reason = self.too_big(size)
-        if reason is not None:
-            raise ReplicationError(f"A batch was refused: {reason}; nothing was committed")
+        check_size(size, self.max_payload)
 
     async def disconnect(self) -> None:
         """Close the connection and end every task left on the link's loop (consumers' own)."""
 
-        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in others:
-            task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
+        await super().disconnect()
         if self._nc is not None:
             try:
                 await asyncio.wait_for(self._nc.drain(), 2.0)
@@ -529,27 +363,61 @@ class JetStreamLink:
                 except Exception:
                     pass
             self._nc = None
-        leftover = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in leftover:
-            task.cancel()
-        await asyncio.gather(*leftover, return_exceptions=True)
+        await super().disconnect()
 
-    # ── lifecycle ───────────────────────────────────────────────────────────
+    # ── the lease's key-value: the bucket ``<stream>-leases`` ───────────────
 
-    def close(self) -> None:
-        """Disconnect and stop the link's thread (from any thread but the link's)."""
+    async def _bucket(self) -> Any:
+        if self._kv is None:
+            import nats.js.errors
+            from nats.js.api import KeyValueConfig
 
-        if self._closed:
-            return
-        self._closed = True
+            try:
+                self._kv = await self._js.key_value(f"{self.stream}-leases")
+            except nats.js.errors.BucketNotFoundError:
+                info = await self._js.stream_info(self.stream)
+                self._kv = await self._js.create_key_value(
+                    KeyValueConfig(bucket=f"{self.stream}-leases", history=1, replicas=info.config.num_replicas or 1)
+                )
+        return self._kv
+
+    async def lease_get(self, key: str) -> tuple[bytes | None, int]:
+        import nats.js.errors
+
         try:
-            self.run(self.disconnect(), timeout=5)
-        except Exception:
-            pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        if not self._loop.is_running():
-            self._loop.close()
+            kv = await self._bucket()
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError as error:  # KeyDeletedError too: its marker's revision
+            found = getattr(error, "entry", None)
+            return None, 0 if found is None or not found.revision else int(found.revision)
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as error:
+            raise NatsUnavailableError(f"NATS did not answer for the lease {key} ({type(error).__name__}: {error})") from None
+        return entry.value, int(entry.revision)
+
+    async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None:
+        import nats.js.errors
+
+        await self._bucket()
+        try:
+            ack = await self._js.publish(
+                f"$KV.{self.stream}-leases.{key}", value, headers={H_EXPECTED: str(revision)}, msg_ttl=float(ttl)
+            )
+        except nats.js.errors.APIError as error:
+            if error.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT):
+                return None
+            raise ReplicationError(f"NATS refused the lease {key}: {error}") from None
+        except (nats.errors.Error, asyncio.TimeoutError) as error:
+            raise NatsUnavailableError(f"NATS did not answer for the lease {key} ({type(error).__name__})") from None
+        return int(ack.seq)
+
+    async def lease_delete(self, key: str, revision: int) -> None:
+        import nats.js.errors
+
+        try:
+            kv = await self._bucket()
+            await kv.delete(key, last=revision)
+        except (nats.js.errors.Error, nats.errors.Error, asyncio.TimeoutError):
+            pass  # it expires by itself
 
 
 def _unanswered(what: str, error: BaseException) -> ReplicationError:

@@ -35,7 +35,8 @@ import msgspec
 
 from ...errors import NatsUnavailableError, NotWriterError, ReplicationError
 from ...errors import LeaseLapsedError
-from .jetstream import JetStreamLink, subject_of
+from .link import StreamLink
+from .message import subject_of
 from ..storedir import sync_directory
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def _same_instance(a: str, b: str) -> bool:
 class WriterLease:
     """One store's lease, held (or sought) by this process. Coroutines run on the link's loop."""
 
-    def __init__(self, link: JetStreamLink, store: str, path: str, ttl: int = DEFAULT_LEASE_TTL) -> None:
+    def __init__(self, link: StreamLink, store: str, path: str, ttl: int = DEFAULT_LEASE_TTL) -> None:
         if type(ttl) is not int or not 1 <= ttl <= 3600:
             raise ValueError(f"lease_ttl must be whole seconds from 1 to 3600, not {ttl!r}")
         self.link, self.store, self.ttl = link, store, ttl
@@ -116,49 +117,22 @@ class WriterLease:
         self.epoch = 0
         self.revision = 0
         self.valid_until = 0.0
-        """``time.monotonic()`` after which this process no longer counts on its lease."""
+        """``self.link.clock()`` after which this process no longer counts on its lease."""
         self.lost: NotWriterError | None = None
         self.on_lost: Any = None
         """Called (on the link's loop) with the ``NotWriterError`` once the lease is lost."""
-        self._kv: Any = None
         self._renewer: asyncio.Task[None] | None = None
 
     # ── taking and keeping ─────────────────────────────────────────────────
 
-    async def _bucket(self) -> Any:
-        if self._kv is None:
-            import nats.js.errors
-            from nats.js.api import KeyValueConfig
-
-            js = self.link._js
-            try:
-                self._kv = await js.key_value(self.bucket)
-            except nats.js.errors.BucketNotFoundError:
-                info = await js.stream_info(self.link.stream)
-                self._kv = await js.create_key_value(
-                    KeyValueConfig(bucket=self.bucket, history=1, replicas=info.config.num_replicas or 1)
-                )
-        return self._kv
-
     async def current(self) -> tuple[Lease | None, int]:
         """The lease as the bucket holds it now, and the key's revision (0: no lease)."""
 
-        import nats.js.errors
-
+        value, revision = await self.link.lease_get(self.store)
+        if value is None:
+            return None, revision
         try:
-            kv = await self._bucket()
-            entry = await kv.get(self.store)
-        except nats.js.errors.KeyNotFoundError as error:  # KeyDeletedError too: its marker's revision
-            entry = getattr(error, "entry", None)
-            return None, 0 if entry is None or not entry.revision else entry.revision
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as error:
-            raise NatsUnavailableError(
-                f"NATS did not answer for the lease of store {self.store} ({type(error).__name__}: {error})"
-            ) from None
-        if entry.value is None:
-            return None, entry.revision
-        try:
-            return _decoder.decode(entry.value), entry.revision
+            return _decoder.decode(value), revision
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise ReplicationError(f"The lease of store {self.store} in bucket {self.bucket} is unreadable ({error})") from None
 
@@ -183,7 +157,7 @@ class WriterLease:
                 # the floor as it is now: writers may have come and gone while this one waited
                 floor: int = await least_epoch() if callable(least_epoch) else least_epoch
                 epoch = max(floor, highest) + 1
-                sent = time.monotonic()
+                sent = self.link.clock()
                 try:
                     self.revision = await self._answered(self._put, Lease(LEASE_FORMAT, epoch, self.holder, self.ttl), revision)
                 except _Conflict:
@@ -201,8 +175,8 @@ class WriterLease:
                     self.store, lease.epoch,
                 )
             if deadline is None:
-                deadline = time.monotonic() + lease.ttl * 2 + 2
-            elif time.monotonic() > deadline:
+                deadline = self.link.clock() + lease.ttl * 2 + 2
+            elif self.link.clock() > deadline:
                 raise NotWriterError(
                     f"Store {self.store} is still written by {lease.holder} (epoch {lease.epoch}), which keeps "
                     "renewing its lease; stop it, or take over with force",
@@ -214,8 +188,8 @@ class WriterLease:
         """Whether the lease at ``revision`` is renewed (or replaced) within one renewal period
         of its holder (``ttl / 3``) and some slack: a live holder always is, a dead one never."""
 
-        deadline = time.monotonic() + ttl / 3 + 0.5
-        while time.monotonic() < deadline:
+        deadline = self.link.clock() + ttl / 3 + 0.5
+        while self.link.clock() < deadline:
             await asyncio.sleep(0.1)
             _, now = await self._answered(self.current)
             if now != revision:
@@ -227,33 +201,20 @@ class WriterLease:
         timeout: a bucket just made (or a stream electing a leader) has no responder yet. A
         retried CAS is safe: if the first went through, the second conflicts and is looked at."""
 
-        deadline = time.monotonic() + self.link.timeout
+        deadline = self.link.clock() + self.link.timeout
         while True:
             try:
                 return await request(*args)
             except NatsUnavailableError:
-                if time.monotonic() >= deadline:
+                if self.link.clock() >= deadline:
                     raise
                 await asyncio.sleep(0.1)
 
     async def _put(self, lease: Lease, revision: int) -> int:
-        import nats.js.errors
-
-        subject = f"$KV.{self.bucket}.{self.store}"
-        try:
-            ack = await self.link._js.publish(
-                subject,
-                _encoder.encode(lease),
-                headers={"Nats-Expected-Last-Subject-Sequence": str(revision)},
-                msg_ttl=float(lease.ttl),
-            )
-        except nats.js.errors.APIError as error:
-            if error.err_code in (10071, 10164):
-                raise _Conflict() from None
-            raise ReplicationError(f"NATS refused the lease of store {self.store}: {error}") from None
-        except (nats.errors.Error, asyncio.TimeoutError) as error:
-            raise NatsUnavailableError(f"NATS did not answer for the lease of store {self.store} ({type(error).__name__})") from None
-        return int(ack.seq)
+        revision_now = await self.link.lease_put(self.store, _encoder.encode(lease), revision, float(lease.ttl))
+        if revision_now is None:
+            raise _Conflict()
+        return revision_now
 
     def start_renewing(self) -> None:
         """From any thread: renew every ``ttl / 3`` seconds on the link's loop."""
@@ -268,8 +229,8 @@ class WriterLease:
         process paused) is taken again, with a new epoch, if nobody else took it meanwhile."""
 
         while self.lost is None:
-            await asyncio.sleep(self.ttl / 3 if time.monotonic() < self.valid_until else 0.1)
-            sent = time.monotonic()
+            await asyncio.sleep(self.ttl / 3 if self.link.clock() < self.valid_until else 0.1)
+            sent = self.link.clock()
             try:
                 if sent < self.valid_until:
                     self.revision = await self._put(Lease(LEASE_FORMAT, self.epoch, self.holder, self.ttl), self.revision)
@@ -346,7 +307,7 @@ class WriterLease:
 
         if self.lost is not None:
             raise self.lost
-        if time.monotonic() > self.valid_until:
+        if self.link.clock() > self.valid_until:
             raise LeaseLapsedError(
                 f"The lease of store {self.store} (epoch {self.epoch}) lapsed before it was renewed "
                 "(NATS unreachable, or this process paused): nothing was committed; this writer "
@@ -366,12 +327,9 @@ class WriterLease:
                 pass
         if self.lost is not None or not self.revision:
             return
-        import nats.js.errors
-
         try:
-            kv = await self._bucket()
-            await kv.delete(self.store, last=self.revision)
-        except (nats.js.errors.Error, nats.errors.Error, asyncio.TimeoutError):
+            await self.link.lease_delete(self.store, self.revision)
+        except ReplicationError:
             pass  # it expires by itself
         self.lost = NotWriterError(f"Store {self.store}'s writer closed", self.store, self.epoch)
 
@@ -380,7 +338,7 @@ class WriterLease:
             "holder": self.holder,
             "epoch": self.epoch,
             "ttl": self.ttl,
-            "expiresIn": max(0.0, self.valid_until - time.monotonic()) if self.lost is None else 0.0,
+            "expiresIn": max(0.0, self.valid_until - self.link.clock()) if self.lost is None else 0.0,
             "lost": None if self.lost is None else str(self.lost),
         }
 

@@ -19,7 +19,8 @@ import time
 from typing import Any, Final
 
 from ...errors import ForeignMessageError, ReplicationError
-from .jetstream import JetStreamLink, record_headers, subject_of
+from .link import StreamLink
+from .message import record_headers, subject_of
 from ..writelog import WriteLog
 
 SHIP_BATCH: Final = 256
@@ -46,8 +47,10 @@ def stopped_reason(path: str) -> str | None:
 class Shipper:
     """Publishes a store's committed records to its subject, behind the commits."""
 
-    def __init__(self, link: JetStreamLink, log: WriteLog, store: str, epoch: int = 0) -> None:
+    def __init__(self, link: StreamLink, log: WriteLog, store: str, epoch: int = 0) -> None:
         self.link, self.log, self.store, self.epoch = link, log, store, epoch
+        self.errors = 0
+        """Shipping attempts that failed (each retried), since the store opened."""
         self.subject = subject_of(link.stream, store)
         self.shipped_seq = 0
         self.expected = 0
@@ -91,11 +94,13 @@ class Shipper:
                 return
             except ReplicationError as error:
                 logger.warning("Shipping store %s to stream %s failed, retrying in %.2f s: %s", self.store, self.link.stream, pause, error)
+                self.errors += 1
                 self.last_error = str(error)
             except Exception as error:  # the store closed under us, or a bug: say it, retry
                 if self._stopping:
                     return
                 logger.warning("Shipping store %s failed, retrying in %.2f s", self.store, pause, exc_info=True)
+                self.errors += 1
                 self.last_error = f"{type(error).__name__}: {error}"
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY[1])
@@ -161,6 +166,7 @@ class Shipper:
             "lagMs": lag_ms,
             "lastError": self.last_error,
             "stopped": self.fatal is not None,
+            "errors": self.errors,
         }
 
     async def drain(self, timeout: float) -> bool:

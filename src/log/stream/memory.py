@@ -1,0 +1,188 @@
+"""An in-memory stream engine that keeps ``StreamLink``'s promises: for tests that need no server.
+
+``MemoryStream`` is the server (one stream, its subjects and its lease key-value), shared by
+every ``MemoryLink`` to it as a NATS server is by its clients; each link has its own thread and
+loop, as a JetStream link does, so writers, shippers, followers and leases run exactly as they do
+against JetStream. Faults are set on the stream: ``down`` (nothing answers), ``drop_requests``
+(the next publishes are lost before they are stored, with no answer), ``lose_answers`` (the next
+publishes are stored but their answers lost). Time, for lease expiry, is ``clock``: pass a
+``ManualClock`` to decide when leases expire instead of waiting for them.
+
+It checks every message it gives out as JetStream's link does (``message.parse_message``), and
+refuses what JetStream refuses: a conditional append not at the subject's last message, a
+message id the subject already holds, a message over ``max_payload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from ...errors import NatsUnavailableError, OutcomeUnknownError, ReplicationError, StreamMissingError, StreamMovedError
+from .link import LinkLoop
+from .message import H_MSG_ID, StreamMessage, check_size, check_stream_name, parse_message, too_big
+
+
+class ManualClock:
+    """Monotonic seconds that move only when told (``advance``)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class _Message:
+    stream_seq: int
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+
+
+@dataclass
+class _Key:
+    value: bytes | None
+    revision: int
+    expires: float
+
+
+@dataclass
+class MemoryStream:
+    """One stream held in memory: the server every ``MemoryLink`` to it shares."""
+
+    name: str
+    max_payload: int = 1 << 20
+    clock: Callable[[], float] = time.monotonic
+    exists: bool = False
+    down: bool = False
+    drop_requests: int = 0
+    lose_answers: int = 0
+    messages: list[_Message] = field(default_factory=list)
+    keys: dict[str, _Key] = field(default_factory=dict)
+    revision: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        check_stream_name(self.name)
+
+    def subject_messages(self, subject: str, after: int = 0) -> list[_Message]:
+        with self.lock:
+            return [m for m in self.messages if m.subject == subject and m.stream_seq > after]
+
+    def answer(self) -> None:
+        if self.down:
+            raise NatsUnavailableError(f"The in-memory stream {self.name!r} is down")
+        if not self.exists:
+            raise StreamMissingError(f"No stream {self.name!r} (in memory)")
+
+
+class MemoryLink(LinkLoop):
+    """A link to a ``MemoryStream``."""
+
+    def __init__(self, stream: MemoryStream, *, timeout: float = 1.0) -> None:
+        self.server = stream
+        self.stream = stream.name
+        self.timeout = timeout
+        super().__init__(f"memory {stream.name}")
+        self.clock = stream.clock
+
+    async def connect(self) -> None:
+        if self.server.down:
+            raise NatsUnavailableError(f"The in-memory stream {self.stream!r} is down")
+
+    async def ensure_stream(self, replicas: int = 1, create: bool = True) -> None:
+        if self.server.down:
+            raise NatsUnavailableError(f"The in-memory stream {self.stream!r} is down")
+        if not self.server.exists and not create:
+            raise StreamMissingError(f"No stream {self.stream!r} (in memory)")
+        self.server.exists = True
+
+    async def last(self, subject: str, store: str | None) -> StreamMessage | None:
+        self.server.answer()
+        found = self.server.subject_messages(subject)
+        if not found:
+            return None
+        last = found[-1]
+        return parse_message(self.stream, last.stream_seq, last.headers, last.data, store)
+
+    async def publish(self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int) -> int:
+        if not messages:
+            return expected
+        server = self.server
+        server.answer()
+        if server.drop_requests:
+            server.drop_requests -= 1
+            raise OutcomeUnknownError(f"The in-memory stream lost an append to {subject} (no answer)")
+        for _, body in messages:
+            reason = too_big(len(body), server.max_payload)
+            if reason is not None:
+                raise ReplicationError(f"The stream refused an append to {subject} as too big: {reason}")
+        with server.lock:
+            mine = [m for m in server.messages if m.subject == subject]
+            ids = {m.headers.get(H_MSG_ID) for m in mine}
+            if any(headers.get(H_MSG_ID) in ids for headers, _ in messages):
+                raise StreamMovedError(subject, expected, None)
+            last = mine[-1].stream_seq if mine else 0
+            if last != expected:
+                raise StreamMovedError(subject, expected, last)
+            for headers, body in messages:
+                server.messages.append(_Message(len(server.messages) + 1, subject, dict(headers), bytes(body)))
+            stored = len(server.messages)
+        if server.lose_answers:
+            server.lose_answers -= 1
+            raise OutcomeUnknownError(f"The in-memory stream stored an append to {subject}; its answer was lost")
+        return stored
+
+    async def read(
+        self, subject: str, after: int, *, store: str | None, follow: bool, idle: float = 0.5
+    ) -> AsyncIterator[tuple[StreamMessage, int]]:
+        self.server.answer()
+        while True:
+            found = [] if self.server.down else self.server.subject_messages(subject, after)
+            for index, message in enumerate(found):
+                after = message.stream_seq
+                yield parse_message(self.stream, message.stream_seq, message.headers, message.data, store), len(found) - index - 1
+            if not follow and not self.server.down:
+                return
+            await asyncio.sleep(0.005)
+
+    def too_big(self, size: int) -> str | None:
+        return too_big(size, self.server.max_payload)
+
+    def check_size(self, size: int) -> None:
+        check_size(size, self.server.max_payload)
+
+    async def lease_get(self, key: str) -> tuple[bytes | None, int]:
+        self.server.answer()
+        with self.server.lock:
+            entry = self.server.keys.get(key)
+            if entry is None or entry.expires <= self.clock():
+                return None, 0  # an expired value is gone, as a message past its TTL is
+            return entry.value, entry.revision
+
+    async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None:
+        self.server.answer()
+        with self.server.lock:
+            entry = self.server.keys.get(key)
+            now = 0 if entry is None or entry.expires <= self.clock() else entry.revision
+            if now != revision:
+                return None
+            self.server.revision += 1
+            self.server.keys[key] = _Key(value, self.server.revision, self.clock() + ttl)
+            return self.server.revision
+
+    async def lease_delete(self, key: str, revision: int) -> None:
+        self.server.answer()
+        with self.server.lock:
+            entry = self.server.keys.get(key)
+            if entry is not None and entry.revision == revision:
+                self.server.revision += 1
+                self.server.keys[key] = _Key(None, self.server.revision, float("inf"))

@@ -1,0 +1,182 @@
+"""The messages of a store's subject: their layout (headers and body) and their checking.
+
+A store's records go to ``<stream>.<store id>.log``, one message per record, the body being the
+record exactly as the local log stores it (``LogRecord``: its CRC-32 is checked on every receipt).
+Headers carry what the body does not: the store, the record's sequence, the writer's epoch, and
+``Nats-Msg-Id`` = ``<store>:<seq>`` so a stream drops a record sent twice. Control messages
+(a fence, an id reservation) are msgspec Structs, tagged. The same for every link (``link.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Final, Literal, NamedTuple
+
+import msgspec
+
+from ...errors import CorruptRecordError, ForeignMessageError, ReplicationError
+from ..records import Commit, decode_record
+
+MESSAGE_FORMAT: Final = 1
+"""The version of the message layout (headers and body); every message carries it."""
+
+H_FORMAT: Final = "Pd-Format"
+H_STORE: Final = "Pd-Store"
+H_SEQ: Final = "Pd-Seq"
+H_KIND: Final = "Pd-Kind"
+H_EPOCH: Final = "Pd-Epoch"
+H_MSG_ID: Final = "Nats-Msg-Id"
+
+Kind = Literal["record", "fence", "ids"]
+KINDS: Final = ("record", "fence", "ids")
+"""``record``: a log record. ``fence``: a new writer's first message, which moves the subject on
+so that no earlier writer's conditional append can land after it. ``ids``: an id block reserved."""
+
+_STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
+
+
+class Fence(msgspec.Struct, tag="fence", forbid_unknown_fields=True):
+    epoch: int
+    holder: str
+
+
+class IdReservation(msgspec.Struct, tag="ids", forbid_unknown_fields=True):
+    epoch: int
+    upto: int
+
+
+Control = Fence | IdReservation
+_control_encoder: Final = msgspec.msgpack.Encoder()
+_control_decoder: Final = msgspec.msgpack.Decoder(Control)
+
+
+def encode_control(control: Fence | IdReservation) -> bytes:
+    return _control_encoder.encode(control)
+
+
+class StreamMessage(NamedTuple):
+    """One verified message of a store's subject."""
+
+    stream_seq: int
+    store: str
+    kind: Kind
+    epoch: int
+    seq: int
+    """The record's log sequence (``record``), else the log head the control message follows."""
+    data: bytes
+    """The record as the log stores it (``record``), else the encoded control message."""
+    commit: Commit | None = None
+    """A record's decoded batch (decoded once, when its checksum was checked)."""
+
+    @property
+    def control(self) -> Fence | IdReservation:
+        return _control_decoder.decode(self.data)
+
+
+def subject_of(stream: str, store: str) -> str:
+    return f"{stream}.{store}.log"
+
+
+def stream_subjects(stream: str) -> list[str]:
+    return [f"{stream}.*.log"]
+
+
+def check_stream_name(stream: object) -> str:
+    if not isinstance(stream, str) or not _STREAM_NAME.fullmatch(stream):
+        raise ValueError(f"A stream name is letters, digits, '-' or '_' (NATS stream names), not {stream!r:.80}")
+    return stream
+
+
+def record_headers(store: str, seq: int, epoch: int) -> dict[str, str]:
+    return {
+        H_MSG_ID: f"{store}:{seq}",
+        H_FORMAT: str(MESSAGE_FORMAT),
+        H_STORE: store,
+        H_KIND: "record",
+        H_SEQ: str(seq),
+        H_EPOCH: str(epoch),
+    }
+
+
+def control_headers(store: str, kind: Kind, epoch: int, head: int) -> dict[str, str]:
+    """A control message's headers; ``Pd-Seq`` is the log head it follows."""
+
+    return {
+        H_MSG_ID: f"{store}:{kind}:{epoch}:{secrets.token_hex(6)}",
+        H_FORMAT: str(MESSAGE_FORMAT),
+        H_STORE: store,
+        H_KIND: kind,
+        H_SEQ: str(head),
+        H_EPOCH: str(epoch),
+    }
+
+
+def parse_message(
+    stream: str, stream_seq: int, headers: dict[str, str] | None, data: bytes | None, store: str | None
+) -> StreamMessage:
+    """Check one message of a store's subject (its headers, and a record's checksum); anything
+    else raises ``ForeignMessageError`` naming its stream sequence."""
+
+    headers = headers or {}
+    body = data or b""
+
+    def refuse(reason: str) -> ForeignMessageError:
+        return ForeignMessageError(stream, stream_seq, reason)
+
+    if headers.get(H_FORMAT) != str(MESSAGE_FORMAT):
+        raise refuse(f"it has no {H_FORMAT}: {MESSAGE_FORMAT} header (not written by pi-durable-lmdb)")
+    found = headers.get(H_STORE)
+    if found is None or (store is not None and found != store):
+        raise refuse(f"it belongs to store {found!r}, not {store!r}")
+    kind = headers.get(H_KIND)
+    if kind not in KINDS:
+        raise refuse(f"unknown kind {kind!r}")
+    try:
+        epoch = int(headers.get(H_EPOCH, "0"))
+    except ValueError:
+        raise refuse(f"its epoch {headers.get(H_EPOCH)!r} is not an integer") from None
+    raw_seq = headers.get(H_SEQ, "")
+    if not (raw_seq.isascii() and raw_seq.isdigit()) or (kind == "record" and int(raw_seq) < 1):
+        raise refuse(f"its {H_SEQ} {raw_seq!r} is not a log sequence")
+    seq = int(raw_seq)
+    if kind != "record":
+        try:
+            control = _control_decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise refuse(f"an undecodable {kind} message ({error})") from None
+        if not isinstance(control, Fence if kind == "fence" else IdReservation):
+            raise refuse(f"its body is a {type(control).__name__}, not what a {kind!r} message carries")
+        return StreamMessage(stream_seq, found, kind, epoch, seq, body)  # type: ignore[arg-type]
+    if headers.get(H_MSG_ID) != f"{found}:{seq}":
+        raise refuse(f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}")
+    try:
+        commit = decode_record(seq, body)
+    except CorruptRecordError as error:
+        raise refuse(f"record {seq}: {error.reason}") from None
+    return StreamMessage(stream_seq, found, "record", epoch, seq, body, commit)
+
+
+RECORD_HEADROOM: Final = 1024
+"""Bytes kept below a stream's largest message for a record message's headers and framing."""
+
+
+def too_big(size: int, limit: int) -> str | None:
+    """Why a record of ``size`` bytes can never be published to a stream taking messages of at
+    most ``limit`` bytes (0: not known yet); None when it fits. One rule for every mode: such a
+    batch is refused before it is acknowledged."""
+
+    if limit and size + RECORD_HEADROOM > limit:
+        return (
+            f"a record of {size} bytes is too big for the stream: the NATS server takes messages "
+            f"of at most {limit} bytes (max_payload), headers included"
+        )
+    return None
+
+
+def check_size(size: int, limit: int) -> None:
+    """Refuse, before it is committed, a batch whose record the stream could not take."""
+
+    reason = too_big(size, limit)
+    if reason is not None:
+        raise ReplicationError(f"A batch was refused: {reason}; nothing was committed")

@@ -1,0 +1,354 @@
+"""The pages of ``durable-log serve``: GET only (no endpoint changes the store), HTML rendered on
+the server by autoescaping templates, a strict Content-Security-Policy (no inline script: the one
+script, the live log, is a static file), and the token checked on every request when one is set."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import jinja2
+from aiohttp import web
+
+from ..storage.jsonlines import to_json
+from ..storage.show import SHOW_KINDS, show
+from ..storage.stats import format_stats, stats
+from ..storage.tail import Tail, TailFilter, commit_to_builtins, summarize
+from ..storage.export import seq_range
+from ..log.records import WRITE_TYPES
+
+from ..errors import BadQueryError
+from . import views
+from .text import brief, is_cut, plain, pretty, utf8_safe, visible
+
+HERE: Final = os.path.dirname(os.path.abspath(__file__))
+TOKEN_COOKIE: Final = "durable_log_token"
+POLL: Final = 0.5
+"""Seconds between two looks at the log's head for the live log (one read each)."""
+HEARTBEAT: Final = 15.0
+"""Seconds of silence after which the live log sends a comment (keeps proxies from closing it)."""
+CSP: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+STORE: Final = web.AppKey("store", views.Store)
+TEMPLATES: Final = web.AppKey("templates", jinja2.Environment)
+OPTIONS: Final = web.AppKey("options", dict)
+
+
+def make_app(path: str, *, token: str | None = None, nats: str | None = None, stream: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[_guard, _errors])
+    app[STORE] = views.Store(path)
+    app[TEMPLATES] = _templates()
+    app[OPTIONS] = {"token": token, "nats": nats, "stream": stream}
+    app.router.add_get("/", overview)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/favicon.ico", _no_icon)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/conversations", conversation_list)
+    app.router.add_get("/conversations/{id:[0-9]+}", conversation_page)
+    app.router.add_get("/documents", document_list)
+    app.router.add_get("/documents/{id:[0-9]+}", document_page)
+    app.router.add_get("/log", log_page)
+    app.router.add_get("/log/events", log_events)
+    app.router.add_get("/log/{seq:[0-9]+}", log_record)
+    app.router.add_get("/records/{kind}/{id:[0-9]+}", record_json)
+    app.router.add_static("/static", os.path.join(HERE, "static"), append_version=True)
+    app.on_cleanup.append(_close)
+    return app
+
+
+async def _close(app: web.Application) -> None:
+    await app[STORE].close()
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
+        autoescape=True,  # every template: agent strings are never markup
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(text=visible, pretty=pretty, brief=brief, when=_when, cut=is_cut)
+    env.globals.update(entry_text=views.entry_text, write_types=WRITE_TYPES)
+    return env
+
+
+def _when(ms: Any) -> str:
+    if not isinstance(ms, int):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+# ── middleware ────────────────────────────────────────────────────────────────
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The token (when set) on every request; without one, only a loopback Host (a page of
+    another site cannot reach the view through DNS rebinding); security headers on every answer."""
+
+    token = request.app[OPTIONS]["token"]
+    set_cookie = False
+    if token is not None:
+        given = _token_of(request)
+        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+            return web.Response(status=401, text="durable-log serve: this view needs its token (header Authorization: Bearer T, or ?token=T)\n")
+        set_cookie = request.query.get("token") is not None
+    elif request.host.rsplit(":", 1)[0] not in LOOPBACK_HOSTS:
+        return web.Response(status=403, text="durable-log serve: without --token, only loopback host names are served\n")
+    response = await handler(request)
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["X-Frame-Options"] = "DENY"
+    if set_cookie and token is not None and not response.prepared:
+        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
+    return response
+
+
+def _token_of(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer "):
+        return header[len("Bearer ") :].strip()
+    return request.headers.get("X-Durable-Log-Token") or request.query.get("token") or request.cookies.get(TOKEN_COOKIE)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A store that cannot be read is a 503 page naming why (and is opened afresh next time)."""
+
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except BadQueryError as error:
+        return _page(request, "error.html", {"title": "Bad request", "message": str(error)}, status=400)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as error:
+        await request.app[STORE].forget()
+        message = f"{type(error).__name__}: {error}"
+        return _page(request, "error.html", {"title": "Store unavailable", "message": message}, status=503)
+
+
+def _page(request: web.Request, name: str, context: dict[str, Any], status: int = 200) -> web.Response:
+    template = request.app[TEMPLATES].get_template(name)
+    query = {key: value for key, value in request.query.items() if key != "token"}
+    html = template.render(request_path=request.path, query=query, **context)
+    return web.Response(text=utf8_safe(html), content_type="text/html", status=status)
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(text=utf8_safe(to_json(value)), content_type="application/json", status=status)
+
+
+def _int(request: web.Request, name: str) -> int | None:
+    text = request.query.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise BadQueryError(f"{name}={text!r} is not a whole number")
+    return int(text)
+
+
+async def _as_of(request: web.Request) -> tuple[int | None, int]:
+    """The page's point (None: now) and the log's head, for the history control."""
+
+    store = request.app[STORE]
+    as_of = await store.point(request.query.get("as_of"))
+    head = (await store.storage()).log.head()
+    return as_of, head
+
+
+async def _no_icon(request: web.Request) -> web.Response:
+    return web.Response(status=204)
+
+
+# ── health and metrics ────────────────────────────────────────────────────────
+
+
+async def healthz(request: web.Request) -> web.Response:
+    from .health import health
+
+    ok, body = await health(request.app[STORE].path, request.app[OPTIONS])
+    return web.json_response(body, status=200 if ok else 503, dumps=lambda value: utf8_safe(json.dumps(value)))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    from .health import metrics_text
+
+    text = await asyncio.to_thread(metrics_text, request.app[STORE].path, request.app[OPTIONS])
+    return web.Response(body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+# ── pages ─────────────────────────────────────────────────────────────────────
+
+
+async def overview(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    info = stats(store.path)
+    head = int(info["headSeq"])
+    projections = [("core", info["projections"]["core"]["foldedSeq"], None, None)]
+    projections += [(name, user["foldedSeq"], user["failedSeq"], user["error"]) for name, user in info["projections"]["user"].items()]
+    rows = [(name, folded, head - int(folded or 0), failed, error) for name, folded, failed, error in projections]
+    return _page(request, "overview.html", {"title": "Overview", "info": info, "text": format_stats(info), "projections": rows})
+
+
+async def conversation_list(request: web.Request) -> web.Response:
+    as_of, head = await _as_of(request)
+    reader = await request.app[STORE].reader(as_of)
+    page = await views.conversations(reader, _int(request, "after"))
+    return _page(request, "conversations.html", {"title": "Conversations", "page": page, "as_of": as_of, "head": head})
+
+
+async def conversation_page(request: web.Request) -> web.Response:
+    id = int(request.match_info["id"])
+    as_of, head = await _as_of(request)
+    reader = await request.app[STORE].reader(as_of)
+    found = await views.conversation(reader, id)
+    if found is None:
+        return _missing(request, f"conversation {id}", as_of)
+    return _page(request, "conversation.html", {"title": f"Conversation {id}", "c": found, "as_of": as_of, "head": head})
+
+
+async def document_list(request: web.Request) -> web.Response:
+    as_of, head = await _as_of(request)
+    reader = await request.app[STORE].reader(as_of)
+    page = await views.documents(reader, _int(request, "after"))
+    return _page(request, "documents.html", {"title": "Documents", "page": page, "as_of": as_of, "head": head})
+
+
+async def document_page(request: web.Request) -> web.Response:
+    id = int(request.match_info["id"])
+    as_of, head = await _as_of(request)
+    store = request.app[STORE]
+    found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
+    if found is None:
+        return _missing(request, f"document {id}", as_of)
+    return _page(request, "document.html", {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head})
+
+
+def _missing(request: web.Request, what: str, as_of: int | None) -> web.Response:
+    when = "" if as_of is None else f" as of log sequence {as_of}"
+    return _page(request, "error.html", {"title": "Not found", "message": f"No {what}{when}."}, status=404)
+
+
+def _filter(request: web.Request) -> TailFilter:
+    kinds = [kind for kind in request.query.getall("kind", []) if kind]
+    unknown = [kind for kind in kinds if kind not in WRITE_TYPES]
+    if unknown:
+        raise BadQueryError(f"unknown write kind(s) {unknown}; known: {', '.join(WRITE_TYPES)}")
+    return TailFilter(_int(request, "conversation"), frozenset(kinds) if kinds else None)
+
+
+def _times(request: web.Request) -> tuple[int | None, int | None]:
+    from ..cli.common import parse_time
+
+    found: list[int | None] = []
+    for name in ("since", "until"):
+        text = request.query.get(name, "").strip()
+        try:
+            found.append(parse_time(text) if text else None)
+        except ValueError as error:
+            raise BadQueryError(f"{name}={text!r}: {error}") from None
+    return found[0], found[1]
+
+
+def _batch(commit: Any, writes: list[Any]) -> dict[str, Any]:
+    summary = summarize(commit, writes).split("Z  ", 1)[-1]  # the line of ``tail``, after its time
+    return {"seq": commit.seq, "when": _when(commit.committed_at), "summary": plain(summary)}
+
+
+async def log_page(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    filter = _filter(request)
+    since, until = _times(request)
+    before = _int(request, "before")
+    tail = Tail(store.path, filter)
+    try:
+        head = tail.head()
+        first, last = seq_range(tail.log, None, before, since, until)
+        batches = [_batch(commit, writes) for commit, writes in reversed(tail.last(views.PAGE, first, last))]
+    finally:
+        tail.close()
+    live = before is None and until is None
+    older = batches[-1]["seq"] - 1 if len(batches) == views.PAGE and batches[-1]["seq"] > first else None
+    return _page(request, "log.html", {"title": "Log", "batches": batches, "head": head, "live": live, "older": older, "kinds": filter.types or frozenset()})
+
+
+async def log_events(request: web.Request) -> web.StreamResponse:
+    """New batches as server-sent events: the head is looked at every ``POLL`` seconds (one
+    short read), the new commits read and filtered as ``tail --follow`` filters them."""
+
+    store = request.app[STORE]
+    filter = _filter(request)
+    after = _int(request, "after")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    await response.prepare(request)
+    tail = Tail(store.path, filter)
+    try:
+        seen = tail.head() if after is None else after
+        quiet = 0.0
+        while True:
+            head = tail.head()
+            if head > seen:
+                commits: list[Any] = list(tail.log.read(seen + 1, head))
+                for commit in commits:
+                    writes = tail.select(commit)
+                    if writes:
+                        data = utf8_safe(json.dumps(_batch(commit, writes)))
+                        await response.write(f"id: {commit.seq}\nevent: batch\ndata: {data}\n\n".encode())
+                seen, quiet = head, 0.0
+            elif quiet >= HEARTBEAT:
+                await response.write(b": still here\n\n")
+                quiet = 0.0
+            await asyncio.sleep(POLL)
+            quiet += POLL
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        tail.close()
+    return response
+
+
+async def log_record(request: web.Request) -> web.Response:
+    """One batch as ``tail --json`` prints it."""
+
+    seq = int(request.match_info["seq"])
+    tail = Tail(request.app[STORE].path)
+    try:
+        commit: Any = tail.log.get(seq) if seq >= 1 else None
+    finally:
+        tail.close()
+    if commit is None:
+        return _json({"error": f"no log record {seq}"}, status=404)
+    return _json(commit_to_builtins(commit))
+
+
+async def record_json(request: web.Request) -> web.Response:
+    """One record as ``durable-log show`` prints it, now or ``?as_of=``."""
+
+    kind, id = request.match_info["kind"], int(request.match_info["id"])
+    if kind not in SHOW_KINDS:
+        return _json({"error": f"unknown kind {kind!r}; one of {', '.join(SHOW_KINDS)}"}, status=404)
+    as_of = await request.app[STORE].point(request.query.get("as_of"))
+    try:
+        found, _ = await show(request.app[STORE].path, kind, id, as_of)
+    except TypeError as error:
+        return _json({"error": f"{kind} {id}: {error}"}, status=400)
+    if found is None:
+        when = "" if as_of is None else f" as of log sequence {as_of}"
+        return _json({"error": f"no {kind} {id}{when}"}, status=404)
+    return _json(found)
