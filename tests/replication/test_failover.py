@@ -49,7 +49,6 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage, NotWriterError
 
-from ..support.natsserver import NatsCluster, nats_cluster  # noqa: F401  (the fixture)
 from ..support.failover_helpers import (
     STREAM,
     TTL,
@@ -66,6 +65,7 @@ from ..support.failover_helpers import (
     converge,
 )
 from ..support.failover_helpers import children  # noqa: F401  (fixtures)
+from ..support.natsserver import NatsCluster, nats_cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.cluster  # every test here runs a 3-node nats-server cluster
 

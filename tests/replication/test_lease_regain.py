@@ -22,8 +22,8 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.errors import LeaseLapsedError
 
-from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 from ..support.failover_helpers import STREAM, check_linear, read_subject
+from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.asyncio
 

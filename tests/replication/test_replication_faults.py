@@ -42,7 +42,6 @@ from pi_durable_lmdb.storage.audit import export_lines, verify
 
 from ..support.compare import canonical
 from ..support.natsserver import NatsCluster, NatsNode, nats_cluster, nats_server  # noqa: F401 - fixtures
-from ..support.workload import Workload, snapshot
 from ..support.replication_helpers import (
     TURN_IDS,
     _bounded,
@@ -58,6 +57,7 @@ from ..support.replication_helpers import (
     _entry,
     open_writer,
 )
+from ..support.workload import Workload, snapshot
 
 
 # ── machine loss ─────────────────────────────────────────────────────────────

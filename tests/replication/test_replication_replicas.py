@@ -37,8 +37,8 @@ from pi_durable_lmdb.storage.audit import check, export_lines, verify
 
 from ..support.compare import canonical
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
-from ..support.workload import Workload, snapshot
 from ..support.replication_helpers import _bounded, Child, publish_raw, local_records, subject, _entry, _cli
+from ..support.workload import Workload, snapshot
 
 
 # ── replicas ─────────────────────────────────────────────────────────────────
