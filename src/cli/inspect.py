@@ -20,7 +20,7 @@ from ..storage.jsonlines import to_json
 from ..storage.show import SHOW_KINDS, show
 from ..storage.stats import format_stats, lease_of, require_store, stats
 from ..storage.tail import StreamTail, Tail, TailFilter, commit_to_builtins, open_stream, summarize
-from ..storage.verify import check
+from ..storage.verify import check, record_outcome
 
 from .common import (
     EXIT_DAMAGE,
@@ -309,6 +309,7 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
 def _verify(args: argparse.Namespace) -> int:
     report = check(args.path, progress=Progress("verify", None, progress_on(args)), limit=max(1, args.max_differences))
+    record_outcome(args.path, report)
     if report.sound:
         print(f"{args.path}: {report.summary()}")
         return EXIT_OK

@@ -17,7 +17,7 @@ Durability modes:
     any open that finds one from an earlier boot refuses with ``StoreDamagedError``
     (tools/powerloss: docs/reliability.md, "Power loss").
 ``"replicated"``
-    Locally as ``"process"``: a NATS JetStream stream is the durable copy (``storage.replication``
+    Locally as ``"process"``: a NATS JetStream stream is the durable copy (``log.stream.writer``
     publishes a commit's records before its LMDB transaction commits).
 """
 

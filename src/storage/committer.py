@@ -31,7 +31,7 @@ every batch of the group fails with it at once, since alone each would only wait
 
 With replicated durability (a ``StreamWriter``), every commit goes through groups on the writer
 thread (no direct path: a commit waits on the network), each group first settles with the stream
-and publishes its records before its transaction commits (``storage.replication``); a publish
+and publishes its records before its transaction commits (``log.stream.writer``); a publish
 that fails fails the whole group at once, since running its batches alone would fail the same way.
 """
 
@@ -49,7 +49,7 @@ import lmdb
 from ..errors import ReplicationError
 from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
 from ..projections import Projector
-from .replication import StreamWriter
+from ..log.stream.writer import StreamWriter
 
 MAX_GROUP: Final = 64
 """Batches per write transaction at most: bounds how long one group holds the writer (and the

@@ -46,7 +46,8 @@ from ..projections.user import Projection, UserProjections
 
 from .committer import Committer
 from .replica import Follower
-from .replication import StreamApplier, StreamWriter
+from ..log.stream.applier import StreamApplier
+from ..log.stream.writer import StreamWriter
 from .reads import StorageReads
 
 T = TypeVar("T")

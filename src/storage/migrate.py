@@ -88,7 +88,7 @@ SQLITE_HEADER: Final = b"SQLite format 3\x00"
 _PLURALS: Final = {"entry": "entries"}
 
 
-def _refuse_existing(target: str, verb: str = "import") -> None:
+def refuse_existing(target: str, verb: str = "import") -> None:
     if os.path.isdir(target):
         held = sorted(os.listdir(target))
         if held:
@@ -144,7 +144,7 @@ async def new_store(
     the command in refusals (``import``, ``restore``)."""
 
     final = os.path.abspath(os.fspath(target))
-    _refuse_existing(final, verb)
+    refuse_existing(final, verb)
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
     remove_stale_partials(final)
@@ -155,7 +155,7 @@ async def new_store(
             yield storage
         finally:
             await storage.close()  # syncs the store once, as a process-durability store does
-        _refuse_existing(final, verb)  # someone may have made it meanwhile
+        refuse_existing(final, verb)  # someone may have made it meanwhile
         os.rename(building, final)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)

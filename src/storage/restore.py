@@ -22,8 +22,8 @@ from ..log.environment import check_store_id
 from ..log.stream.jetstream import parse_servers
 from ..log.stream.message import check_stream_name, subject_of
 
-from .audit import open_stream
-from .migrate import _refuse_existing, new_store
+from .tail import open_stream
+from .migrate import refuse_existing, new_store
 from .replica import Follower
 
 Progress = Callable[[int, int], None]
@@ -53,7 +53,7 @@ async def restore(
     if to_seq is not None and (type(to_seq) is not int or to_seq < 1):
         raise ValueError(f"to_seq is a log sequence, 1 or more, not {to_seq!r}")
     target = os.path.abspath(os.fspath(path))
-    _refuse_existing(target, "restore")  # before any connection: a refusal costs nothing
+    refuse_existing(target, "restore")  # before any connection: a refusal costs nothing
     link = await open_stream(nats, stream)
     try:
         subject = subject_of(stream, store)

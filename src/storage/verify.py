@@ -8,8 +8,10 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Final
 
 import lmdb
+import msgspec
 
 from ..log import Commit, Environment, WriteLog, key_seq, seq_key
 from ..log.records import decode_record
@@ -46,6 +48,8 @@ class VerifyReport:
     differences: list[Difference] = field(default_factory=list)
     more: int = 0
     """Differences found beyond the ones kept."""
+    head: int = 0
+    """The last log sequence checked."""
 
     @property
     def sound(self) -> bool:
@@ -160,7 +164,7 @@ def check(path: str | os.PathLike[str], progress: Progress | None = None, limit:
                 _fold_into(scratch, projector, rest)
                 scratch.write(lambda scratch_txn: mark_lockstep(scratch_txn, projector.model))
                 report(head, head)
-                result = VerifyReport(records=records + len(rest), tables=len(t.TABLES))
+                result = VerifyReport(records=records + len(rest), tables=len(t.TABLES), head=head)
                 _compare(txn, live, projector.model, result, limit)
         finally:
             scratch.close()
@@ -169,6 +173,50 @@ def check(path: str | os.PathLike[str], progress: Progress | None = None, limit:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     result.seconds = time.monotonic() - started
     return result
+
+
+LAST_VERIFY_FILE: Final = "last-verify.json"
+"""Beside the store: what ``durable-log verify`` found last (``durable-log serve`` shows it)."""
+
+
+class VerifyOutcome(msgspec.Struct, forbid_unknown_fields=True):
+    """The outcome of the last ``durable-log verify`` of a store, kept beside it."""
+
+    format: int
+    at: int
+    """When it finished, Unix ms."""
+    head: int
+    sound: bool
+    differences: int
+    summary: str
+
+
+def record_outcome(path: str | os.PathLike[str], report: VerifyReport) -> None:
+    """Keep ``report``'s outcome beside the store, for whoever looks next. Best effort: an
+    auditor may verify a store whose directory it cannot write, and verifying still counts."""
+
+    outcome = VerifyOutcome(1, int(time.time() * 1000), report.head, report.sound, len(report.differences) + report.more, report.summary())
+    file = os.path.join(os.fspath(path), LAST_VERIFY_FILE)
+    staged = f"{file}.{os.getpid()}.tmp"
+    try:
+        with open(staged, "wb") as handle:
+            handle.write(msgspec.json.encode(outcome))
+        os.replace(staged, file)
+    except OSError:
+        try:
+            os.unlink(staged)
+        except OSError:
+            pass
+
+
+def last_outcome(path: str | os.PathLike[str]) -> VerifyOutcome | None:
+    """What the last ``durable-log verify`` found, or None (never verified, or unreadable)."""
+
+    try:
+        with open(os.path.join(os.fspath(path), LAST_VERIFY_FILE), "rb") as handle:
+            return msgspec.json.decode(handle.read(1 << 20), type=VerifyOutcome)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def _silent(done: int, total: int) -> None:

@@ -19,6 +19,7 @@ from ..storage.jsonlines import to_json
 from ..storage.show import SHOW_KINDS, show
 from ..storage.stats import format_stats, stats
 from ..storage.tail import Tail, TailFilter, commit_to_builtins, summarize
+from ..storage.verify import last_outcome
 from ..storage.export import seq_range
 from ..log.records import WRITE_TYPES
 
@@ -201,7 +202,12 @@ async def overview(request: web.Request) -> web.Response:
     projections = [("core", info["projections"]["core"]["foldedSeq"], None, None)]
     projections += [(name, user["foldedSeq"], user["failedSeq"], user["error"]) for name, user in info["projections"]["user"].items()]
     rows = [(name, folded, head - int(folded or 0), failed, error) for name, folded, failed, error in projections]
-    return _page(request, "overview.html", {"title": "Overview", "info": info, "text": format_stats(info), "projections": rows})
+    verified = last_outcome(store.path)
+    return _page(
+        request, "overview.html",
+        {"title": "Overview", "info": info, "text": format_stats(info), "projections": rows, "verified": verified,
+         "verified_at": None if verified is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(verified.at / 1000))},
+    )
 
 
 async def conversation_list(request: web.Request) -> web.Response:

@@ -140,6 +140,18 @@ def test_the_overview_shows_each_projection_as_stats_does(page: Page, store: dic
     assert page.errors == []
 
 
+def test_the_overview_shows_the_last_verify(page: Page, store: dict[str, Any]) -> None:
+    """``durable-log verify`` keeps its outcome beside the store; the overview shows it."""
+
+    assert "the projections match the log" in _cli("verify", str(store["path"]))
+    head = json.loads(_cli("stats", str(store["path"]), "--json"))["headSeq"]
+    page.open("/")
+    shown = page.page.locator("#verified").inner_text()
+    assert f"at log sequence {head}: sound" in shown, shown
+    assert "the projections match the log" in page.page.locator("#verified + pre").inner_text()
+    assert page.errors == []
+
+
 def test_the_entry_tree_shows_the_fork_under_the_entry_it_was_made_after(page: Page, store: dict[str, Any]) -> None:
     page.open(f"/conversations/{store['root']}")
     point = page.page.locator(f"#tree li#entry-{store['fork_point']}")

@@ -5,7 +5,7 @@ with compare-and-set on its revision and a per-message TTL: the server drops it 
 after its last renewal, so a dead or cut-off holder loses it without anyone's clock but the
 server's. Each lease carries an epoch that only grows (above every epoch the store's subject has
 seen); the new holder's first message on the subject is a fence of that epoch, so no earlier
-writer's conditional append can land after it (``storage.replication``). The local
+writer's conditional append can land after it (``log.stream.writer``). The local
 ``writer.lock`` keeps guarding one machine; the lease guards the cluster.
 
 A holder renews every ``ttl / 3`` seconds and counts its lease as lost ``ttl`` seconds after it

@@ -25,7 +25,7 @@ from typing import Final
 
 import lmdb
 
-from ..errors import (
+from ...errors import (
     ForeignMessageError,
     LeaseLapsedError,
     NotWriterError,
@@ -33,8 +33,8 @@ from ..errors import (
     ReplicationError,
     StreamMovedError,
 )
-from ..log import Environment, WriteLog, decode_record
-from ..log.stream.message import (
+from .. import Environment, WriteLog
+from .message import (
     H_EPOCH,
     H_KIND,
     H_SEQ,
@@ -46,79 +46,13 @@ from ..log.stream.message import (
     record_headers,
     subject_of,
 )
-from ..log.stream.lease import WriterLease
-from ..log.stream.link import StreamLink
-from ..log.stream.position import POSITION_FORMAT, StreamPosition, put_position, read_position
-from ..projections import Projector
+from .lease import WriterLease
+from .link import StreamLink
+from .applier import FETCH_CHUNK, Admitter, StreamApplier
+from .position import POSITION_FORMAT, StreamPosition, put_position, read_position
 
 SHIP_CHUNK: Final = 256
 """Records per atomic batch when a writer ships history the stream lacks."""
-FETCH_CHUNK: Final = 1024
-"""Messages taken from the stream per transaction when a store catches up."""
-
-
-class StreamApplier:
-    """Takes a store's messages from the stream into its log and projections."""
-
-    def __init__(self, stream: str, store: str, log: WriteLog, meta: lmdb._Database) -> None:
-        self.stream, self.store, self.log, self.meta = stream, store, log, meta
-        self.max_id = 0
-        """The highest record id among the records applied (callers raise their mint floor)."""
-
-    def apply(
-        self, txn: lmdb.Transaction[bytes], projector: Projector, messages: Sequence[StreamMessage], position: StreamPosition
-    ) -> StreamPosition:
-        """Append and fold the records of ``messages`` (in stream order) inside ``txn``; returns
-        the new position, also written in ``txn``. The first message that is not the next record
-        of this store raises ``ForeignMessageError`` naming it; what came before it stays in
-        ``txn`` (the caller decides whether to commit that)."""
-
-        log = self.log
-        head = log.head(txn)
-        for message in messages:
-            if message.stream_seq <= position.stream_seq:
-                continue
-            if message.kind == "record":
-                if message.epoch < position.epoch:
-                    raise ForeignMessageError(
-                        self.stream, message.stream_seq,
-                        f"record {message.seq} is of writer epoch {message.epoch}, after epoch {position.epoch} fenced it",
-                    )
-                if message.seq <= head:
-                    if log.record(txn, message.seq) != message.data:
-                        raise ForeignMessageError(
-                            self.stream, message.stream_seq,
-                            f"record {message.seq} differs from this store's own record {message.seq} (the histories forked)",
-                        )
-                elif message.seq != head + 1:
-                    raise ForeignMessageError(
-                        self.stream, message.stream_seq, f"record {message.seq} does not follow this store's head {head}"
-                    )
-                else:
-                    commit = message.commit or decode_record(message.seq, message.data)
-                    outcome = projector.admit(
-                        txn, commit.writes, lambda: log.append_record(txn, message.seq, message.data)
-                    )
-                    if isinstance(outcome, Exception):
-                        raise ForeignMessageError(
-                            self.stream, message.stream_seq, f"record {message.seq} is not a valid commit here: {outcome}"
-                        )
-                    self.max_id = max(self.max_id, outcome[1])
-                    head = message.seq
-            else:
-                control = message.control
-                if message.kind == "ids":
-                    position.ids_reserved = max(position.ids_reserved, control.upto)  # type: ignore[union-attr]
-            position = StreamPosition(  # records up to message.seq are the stream's (controls name it too)
-                POSITION_FORMAT,
-                self.stream,
-                message.stream_seq,
-                message.seq,
-                max(position.epoch, message.epoch),
-                position.ids_reserved,
-            )
-        put_position(txn, self.meta, position)
-        return position
 
 
 class StreamWriter:
@@ -153,7 +87,7 @@ class StreamWriter:
 
     # ── settling ────────────────────────────────────────────────────────────
 
-    def settle(self, txn: lmdb.Transaction[bytes], projector: Projector) -> None:
+    def settle(self, txn: lmdb.Transaction[bytes], projector: Admitter) -> None:
         """Make the store and its subject level before a group (no-op once settled)."""
 
         if self.failure is not None:
@@ -241,7 +175,7 @@ class StreamWriter:
         raise ReplicationError(f"Store {self.store}'s subject kept moving: this writer could not fence it")
 
     def _take_in(
-        self, txn: lmdb.Transaction[bytes], projector: Projector, position: StreamPosition, until: int
+        self, txn: lmdb.Transaction[bytes], projector: Admitter, position: StreamPosition, until: int
     ) -> StreamPosition:
         while position.stream_seq < until:
             messages = self.link.run(self._fetch(position.stream_seq, until))

@@ -1,0 +1,99 @@
+"""Taking a store's messages from its stream into its log and projections.
+
+One path for every reader of the stream: a replicated writer settling before a group
+(``writer.py``), a replica following (``storage.replica``) and a restore. A record is appended
+exactly as the stream holds it (checksums checked on receipt) and folded through the store's
+``Admitter`` (the projections' ``Projector``: the same checks and fold as a local commit), so
+a replica's reads equal the writer's. A message that is not the next record of this store stops
+it with ``ForeignMessageError`` naming its stream sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final, Protocol
+
+import lmdb
+
+from ...errors import ForeignMessageError
+from .. import WriteLog, decode_record
+from ..records import Write
+from .message import StreamMessage
+from .position import POSITION_FORMAT, StreamPosition, put_position
+
+FETCH_CHUNK: Final = 1024
+"""Messages taken from the stream per transaction when a store catches up."""
+
+
+class Admitter(Protocol):
+    """What folds a record into the store's tables (``projections.Projector``): check ``writes``
+    against ``txn``, call ``append()`` (which logs the record and returns its sequence), fold;
+    returns the sequence and highest id, or the checks' error with nothing written."""
+
+    def admit(
+        self, txn: lmdb.Transaction[bytes], writes: list[Write], append: Callable[[], int]
+    ) -> tuple[int, int] | Exception: ...
+
+
+class StreamApplier:
+    """Takes a store's messages from the stream into its log and projections."""
+
+    def __init__(self, stream: str, store: str, log: WriteLog, meta: lmdb._Database) -> None:
+        self.stream, self.store, self.log, self.meta = stream, store, log, meta
+        self.max_id = 0
+        """The highest record id among the records applied (callers raise their mint floor)."""
+
+    def apply(
+        self, txn: lmdb.Transaction[bytes], projector: Admitter, messages: Sequence[StreamMessage], position: StreamPosition
+    ) -> StreamPosition:
+        """Append and fold the records of ``messages`` (in stream order) inside ``txn``; returns
+        the new position, also written in ``txn``. The first message that is not the next record
+        of this store raises ``ForeignMessageError`` naming it; what came before it stays in
+        ``txn`` (the caller decides whether to commit that)."""
+
+        log = self.log
+        head = log.head(txn)
+        for message in messages:
+            if message.stream_seq <= position.stream_seq:
+                continue
+            if message.kind == "record":
+                if message.epoch < position.epoch:
+                    raise ForeignMessageError(
+                        self.stream, message.stream_seq,
+                        f"record {message.seq} is of writer epoch {message.epoch}, after epoch {position.epoch} fenced it",
+                    )
+                if message.seq <= head:
+                    if log.record(txn, message.seq) != message.data:
+                        raise ForeignMessageError(
+                            self.stream, message.stream_seq,
+                            f"record {message.seq} differs from this store's own record {message.seq} (the histories forked)",
+                        )
+                elif message.seq != head + 1:
+                    raise ForeignMessageError(
+                        self.stream, message.stream_seq, f"record {message.seq} does not follow this store's head {head}"
+                    )
+                else:
+                    commit = message.commit or decode_record(message.seq, message.data)
+                    outcome = projector.admit(
+                        txn, commit.writes, lambda: log.append_record(txn, message.seq, message.data)
+                    )
+                    if isinstance(outcome, Exception):
+                        raise ForeignMessageError(
+                            self.stream, message.stream_seq, f"record {message.seq} is not a valid commit here: {outcome}"
+                        )
+                    self.max_id = max(self.max_id, outcome[1])
+                    head = message.seq
+            else:
+                control = message.control
+                if message.kind == "ids":
+                    position.ids_reserved = max(position.ids_reserved, control.upto)  # type: ignore[union-attr]
+            position = StreamPosition(  # records up to message.seq are the stream's (controls name it too)
+                POSITION_FORMAT,
+                self.stream,
+                message.stream_seq,
+                message.seq,
+                max(position.epoch, message.epoch),
+                position.ids_reserved,
+            )
+        put_position(txn, self.meta, position)
+        return position
