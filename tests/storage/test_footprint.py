@@ -160,3 +160,60 @@ def reads_of(path: Path) -> dict[str, Any]:
             await storage.close()
 
     return asyncio.run(run())
+
+
+# ── old stores keep working ───────────────────────────────────────────────────
+
+
+from pi_durable.storage import MemoryStorage  # noqa: E402
+
+from tests.fixtures import old_store  # noqa: E402
+from tests.workload import snapshot  # noqa: E402
+
+
+def snapshots_of(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every read of the fixture's ids, from the store at ``path`` and from ``MemoryStorage``
+    fed the fixture's batches."""
+
+    async def run() -> tuple[dict[str, Any], dict[str, Any]]:
+        work, _ = old_store.batches()
+        memory = MemoryStorage()
+        committed = await old_store.commit_all(memory, CTX)
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            assert storage.log.head() == committed
+            return await snapshot(storage, work, committed), await snapshot(memory, work, committed)
+        finally:
+            await storage.close()
+
+    return asyncio.run(run())
+
+
+def test_a_store_of_the_old_format_opens_reads_verifies_exports_and_rebuilds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old_store.extract(tmp_path)
+    path = tmp_path / "store"
+    exported = (tmp_path / "export.jsonl").read_text()
+    assert call(capsys, "verify", path)[0] == 0
+    assert export_text(path, capsys) == exported
+    ours, reference = snapshots_of(path)
+    assert len(reference) > 3000 and ours == reference
+    code, out, err = call(capsys, "rebuild", path)
+    assert code == 0, err
+    assert call(capsys, "verify", path)[0] == 0
+    assert export_text(path, capsys) == exported
+    assert snapshots_of(path)[0] == reference
+
+    async def one_more() -> None:  # a new record after the old ones: both read back
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 99_999}}], CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(one_more())
+    assert call(capsys, "verify", path)[0] == 0
+    lines = export_text(path, capsys).splitlines(keepends=True)
+    assert "".join(lines[:-1]) == exported
+    assert json.loads(lines[-1])["writes"] == [{"type": "conversation", "value": {"id": 99_999}}]
