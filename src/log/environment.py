@@ -53,6 +53,7 @@ from .storedir import (
     mark_unsynced,
     refuse_after_crash,
     refuse_links,
+    remove_leftover_copy,
     sync_directory,
     take_writer_lock,
 )
@@ -187,6 +188,7 @@ class Environment:
             created = make_private_dir(self.path)
             refuse_links(self.path)
             self._lock_fd = take_writer_lock(self.path)
+            remove_leftover_copy(self.path)
         handle: SharedEnv | None = None
         try:
             if not readonly:
