@@ -1,0 +1,69 @@
+"""Deflating stored bytes (issue 24): log records of format 2, and the projections' rows that are
+read rarely (document snapshots, the history of overwritten rows).
+
+Raw deflate (zlib's, no header or trailer: every stored value already has its own checksum) with a
+preset dictionary of the Storage contract's field names as msgpack strings: a batch of a few
+hundred bytes is mostly keys, which the dictionary turns into back-references from its first
+byte. The dictionary is part of the format: ``PRESET`` must never change (a record of format 2 is
+inflated with exactly these bytes); another dictionary would be another format.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final
+
+import msgspec
+
+PRESET_KEYS: Final = (
+    "type", "value", "record", "content", "source", "id", "conversation", "entry", "task",
+    "submission", "document.create", "document.copy", "document.change", "document.retire",
+    "conversationId", "taskId", "parent", "at", "kind", "version", "ops", "base", "delta",
+    "scope", "session", "key", "history", "rewindable", "fork", "asOf", "current",
+    "message", "model", "role", "user", "assistant", "toolResult", "toolCall", "text",
+    "thinking", "name", "arguments", "api", "provider", "usage", "input", "output",
+    "cacheRead", "cacheWrite", "totalTokens", "cost", "stopReason", "stop", "toolUse",
+    "timestamp", "isError", "details", "data", "byTaskId", "customType", "display",
+    "background", "abortRequested", "startedAt", "state", "status", "pending", "running",
+    "waiting", "sleeping", "completing", "terminal", "until", "checkpoint", "memos", "result",
+    "error", "requestId", "queued", "placed", "done", "unanswered", "createdAt",
+)
+"""Never change (see the module docstring)."""
+
+PRESET: Final = b"".join(msgspec.msgpack.encode(key) for key in PRESET_KEYS)
+
+MIN_SIZE: Final = 48
+"""Shorter values are stored as they are: deflate cannot win enough to pay for itself."""
+MIN_SAVING: Final = 8
+"""A value is stored deflated only when that saves at least this many bytes."""
+_FAST_UP_TO: Final = 4096
+"""Values up to this size deflate at level 1 (a small value gains nothing from a slower level)."""
+
+
+def deflate(data: bytes) -> bytes | None:
+    """``data`` deflated, or ``None`` when that would not save ``MIN_SAVING`` bytes."""
+
+    size = len(data)
+    if size < MIN_SIZE:
+        return None
+    window = min(15, max(9, (size + len(PRESET)).bit_length()))  # a small window starts faster
+    level = 1 if size <= _FAST_UP_TO else 6
+    compressor = zlib.compressobj(level, zlib.DEFLATED, -window, 8, zlib.Z_DEFAULT_STRATEGY, PRESET)
+    out = compressor.compress(data) + compressor.flush()
+    return out if len(out) + MIN_SAVING <= size else None
+
+
+def inflate(data: bytes | memoryview, size: int) -> bytes:
+    """The ``size`` bytes ``data`` deflates; ``ValueError`` if it holds anything else (never more
+    than ``size`` bytes are produced, whatever ``data`` holds)."""
+
+    if size <= 0:  # zlib reads a max_length of 0 as "no limit"
+        raise ValueError(f"a deflated value of {size} bytes")
+    decompressor = zlib.decompressobj(-15, PRESET)
+    try:
+        out = decompressor.decompress(data, size)
+    except zlib.error as error:
+        raise ValueError(f"undeflatable ({error})") from None
+    if len(out) != size or not decompressor.eof or decompressor.unconsumed_tail or decompressor.unused_data:
+        raise ValueError(f"does not deflate to {size} bytes")
+    return out
