@@ -59,8 +59,7 @@ class AsOfTxn:
         if cursor.set_range(code + key + t.u64(self.seq + 1)):
             found = cursor.key()
             if found[:-8] == code + key:
-                before = cursor.value()
-                return None if before == t.ABSENT else before[1:]
+                return t.history_before(cursor.value(), found)
         return self.txn.get(key, db=self._db[table])
 
     def _born(self, table: str, key: bytes) -> int:

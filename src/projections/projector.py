@@ -396,7 +396,7 @@ class Projector:
         if write_value:
             rows.put(t.DOCUMENT_VALUES, t.u64(id), encoded)
         if snapshot:
-            rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), encoded)
+            rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(encoded))
 
     def _write_values(self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]) -> None:
         """Store the values ``fold`` kept back (the table has no history to keep)."""
@@ -433,7 +433,9 @@ class _Rows:
         """Register an id with its type and the commit that first wrote it (kept thereafter)."""
 
         value = t.seal(t.RECORD_TYPES[record_type] + t.u64(self.seq) + detail)
-        self.txn.put(key, value, db=self.db[t.RECORD_IDS], overwrite=False)
+        db = self.db[t.RECORD_IDS]
+        if not self.txn.put(key, value, db=db, append=True):  # ids mostly grow: fill pages
+            self.txn.put(key, value, db=db, overwrite=False)
 
     def put(self, table: str, key: bytes, value: bytes) -> None:
         self.replace(table, key, value)
@@ -442,7 +444,12 @@ class _Rows:
         """Store ``value`` (sealed) and return what the key held before, checked."""
 
         sealed = t.seal(value)
-        previous: bytes | None = self.txn.replace(key, sealed, db=self.db[table])
+        db = self.db[table]
+        previous: bytes | None
+        if table in t.APPENDED and self.txn.put(key, sealed, db=db, append=True):
+            previous = None  # appended: the key sorts after all others, so it was not there
+        else:
+            previous = self.txn.replace(key, sealed, db=db)
         if previous != sealed:
             self._remember(table, key, previous)
         return None if previous is None else t.unseal(previous, table, key)
@@ -455,9 +462,11 @@ class _Rows:
     def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:
         if table in t.UNVERSIONED or (previous is None and table in t.BORN_KNOWN):
             return
-        before = t.ABSENT if previous is None else t.PRESENT + previous
+        before = t.history_value(previous)
         # The first change in a commit holds the value from before the commit; keep it.
-        self.txn.put(t.history_key(table, key, self.seq), before, db=self._history, overwrite=False)
+        history_key = t.history_key(table, key, self.seq)
+        if not self.txn.put(history_key, before, db=self._history, append=True):
+            self.txn.put(history_key, before, db=self._history, overwrite=False)
 
 
 class _TaskState(msgspec.Struct):

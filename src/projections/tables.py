@@ -15,6 +15,7 @@ import msgspec
 import xxhash
 
 from ..log import codec
+from ..log.deflate import deflate, inflate
 
 from .errors import CorruptProjectionError
 
@@ -106,12 +107,82 @@ BORN_WITH_TRAILING_SEQ: Final = frozenset({DOCUMENT_REVISIONS, DOCUMENT_SNAPSHOT
 BORN_KNOWN: Final = BORN_WITH_ID | BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ
 """Tables whose keys' first commit is known from the key, so ``HISTORY`` need not mark their
 creation: it keeps only what later commits overwrote or deleted."""
+APPENDED: Final = BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ | {CONVERSATIONS, CONVERSATION_PARENTS}
+"""Tables whose new keys mostly sort after every key they hold (ids and sequences grow): a put
+tries LMDB's append first, which fills pages instead of splitting them in half (issue 24), and
+falls back to an ordinary put when the key is not the last."""
 TABLE_CODES: Final = {
     name: bytes([code]) for code, name in enumerate(TABLES) if name not in UNVERSIONED
 }
 """The one-byte prefix of a table's rows in ``HISTORY``."""
 ABSENT: Final = b"\x00"
 PRESENT: Final = b"\x01"
+DEFLATED: Final = b"\x02"
+"""A ``HISTORY`` value: ``DEFLATED`` + 4-byte size + the sealed previous value deflated, or
+``PRESENT`` + the sealed previous value as it is, or ``ABSENT`` (issue 24; stores written before
+hold no ``DEFLATED`` values, and both are read)."""
+PACKED: Final = b"\xc1"
+"""Leads a packed row (``pack_row``): msgpack never uses this byte, so an encoded row never
+starts with it."""
+_SIZE = struct.Struct(">I")
+
+
+def pack_row(encoded: bytes) -> bytes:
+    """A rarely read row (a document snapshot) deflated when that saves bytes: ``PACKED`` +
+    4-byte size + deflated bytes; else ``encoded`` itself (issue 24)."""
+
+    deflated = deflate(encoded) if len(encoded) < 1 << 32 else None
+    return encoded if deflated is None else PACKED + _SIZE.pack(len(encoded)) + deflated
+
+
+def unpack_row(value: bytes, table: str, key: bytes) -> bytes:
+    """The encoded row ``pack_row`` kept (rows written before it are never packed)."""
+
+    if value[:1] != PACKED:
+        return value
+    try:
+        return inflate(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0])
+    except (ValueError, struct.error):
+        raise CorruptProjectionError(table, key) from None
+
+
+def history_value(previous: bytes | None) -> bytes:
+    """What ``HISTORY`` keeps of a key's sealed previous value (``None``: it had none)."""
+
+    if previous is None:
+        return ABSENT
+    deflated = deflate(previous) if len(previous) < 1 << 32 else None
+    if deflated is None:
+        return PRESENT + previous
+    return DEFLATED + _SIZE.pack(len(previous)) + deflated
+
+
+def history_before(value: bytes, key: bytes) -> bytes | None:
+    """The sealed value a ``HISTORY`` value keeps (``None``: the key held nothing)."""
+
+    kind = value[:1]
+    if kind == ABSENT and len(value) == 1:
+        return None
+    if kind == PRESENT:
+        return value[1:]
+    if kind == DEFLATED:
+        try:
+            return inflate(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0])
+        except (ValueError, struct.error):
+            pass
+    raise CorruptProjectionError(HISTORY, key)
+
+
+def comparable(table: str, key: bytes, raw: bytes) -> bytes:
+    """A stored value in the one form each layout version shares (``verify`` compares a store's
+    rows with a fresh fold's, which may pack what an earlier version kept as it was)."""
+
+    if table == HISTORY:
+        before = history_before(raw, key)
+        return ABSENT if before is None else PRESENT + unseal(before, table, key)
+    if table == DOCUMENT_SNAPSHOTS:
+        return unpack_row(unseal(raw, table, key), table, key)
+    return raw
 
 RECORD_TYPES: Final = {
     "conversation": b"c",
