@@ -32,6 +32,7 @@ from ..log.records import (
 
 from . import tables as t
 from .delta import apply_ops
+from .errors import CorruptProjectionError
 from .readmodel import (
     MAX_SAFE_INTEGER,
     ReadModel,
@@ -462,11 +463,40 @@ class _Rows:
     def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:
         if table in t.UNVERSIONED or (previous is None and table in t.BORN_KNOWN):
             return
-        before = t.history_value(previous)
-        # The first change in a commit holds the value from before the commit; keep it.
         history_key = t.history_key(table, key, self.seq)
+        before = None
+        if previous is not None and table in t.LOGGED_TABLES:
+            writer = self._writer(table, key, history_key)
+            if writer is None:
+                return  # this commit already kept what the key held before it
+            if writer < self.seq:  # a value this commit wrote itself is no commit's last write
+                before = t.history_logged(writer, previous)
+        if before is None:
+            before = t.history_value(previous)
+        # The first change in a commit holds the value from before the commit; keep it.
         if not self.txn.put(history_key, before, db=self._history, append=True):
             self.txn.put(history_key, before, db=self._history, overwrite=False)
+
+
+    def _writer(self, table: str, key: bytes, history_key: bytes) -> int | None:
+        """The commit that wrote ``key``'s live value: the newest one that changed it (its
+        newest ``HISTORY`` key), else the one that created it (the id registry); ``None`` when
+        this commit already kept the key's previous value."""
+
+        cursor = self.txn.cursor(db=self._history)
+        if cursor.set_range(history_key):
+            if cursor.key() == history_key:
+                return None
+            found = cursor.prev()
+        else:
+            found = cursor.last()
+        prefix = history_key[:-8]
+        if found and cursor.key()[:-8] == prefix:
+            return t.read_u64(cursor.key(), len(prefix))
+        claimed = self.txn.get(key, db=self.db[t.RECORD_IDS])
+        if claimed is None:
+            raise CorruptProjectionError(t.RECORD_IDS, key)
+        return t.read_u64(t.unseal(claimed, t.RECORD_IDS, key), 1)
 
 
 class _TaskState(msgspec.Struct):

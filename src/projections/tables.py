@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -115,12 +116,27 @@ TABLE_CODES: Final = {
     name: bytes([code]) for code, name in enumerate(TABLES) if name not in UNVERSIONED
 }
 """The one-byte prefix of a table's rows in ``HISTORY``."""
+CODE_TABLES: Final = {code: name for name, code in TABLE_CODES.items()}
 ABSENT: Final = b"\x00"
 PRESENT: Final = b"\x01"
 DEFLATED: Final = b"\x02"
-"""A ``HISTORY`` value: ``DEFLATED`` + 4-byte size + the sealed previous value deflated, or
-``PRESENT`` + the sealed previous value as it is, or ``ABSENT`` (issue 24; stores written before
-hold no ``DEFLATED`` values, and both are read)."""
+LOGGED: Final = b"\x03"
+"""A ``HISTORY`` value is one of (issue 24 added the last two; stores written before hold neither,
+and all are read):
+
+- ``ABSENT``: the key held nothing;
+- ``PRESENT`` + the sealed previous value;
+- ``DEFLATED`` + 4-byte size + the sealed previous value deflated;
+- ``LOGGED`` + 8-byte sequence ``W`` + the previous value's 8-byte checksum: the row is the one
+  commit ``W`` left, re-encoded from the log (its last write of the record), and checked against
+  the checksum. Only for ``LOGGED_TABLES``, whose rows are a write's value encoded as it is: a
+  task rewritten every turn then costs the history 17 bytes, not a copy of the task."""
+LOGGED_TABLES: Final = frozenset({TASKS})
+_LOGGED = struct.Struct(">QQ")
+
+LogRows = Callable[[str, bytes, int], "bytes | None"]
+"""``(table, key, seq)``: the encoded row of ``key`` that commit ``seq`` left in ``table``,
+re-encoded from the log (``None``: the log has no such write)."""
 PACKED: Final = b"\xc1"
 """Leads a packed row (``pack_row``): msgpack never uses this byte, so an encoded row never
 starts with it."""
@@ -157,8 +173,15 @@ def history_value(previous: bytes | None) -> bytes:
     return DEFLATED + _SIZE.pack(len(previous)) + deflated
 
 
-def history_before(value: bytes, key: bytes) -> bytes | None:
-    """The sealed value a ``HISTORY`` value keeps (``None``: the key held nothing)."""
+def history_logged(seq: int, previous: bytes) -> bytes:
+    """The ``LOGGED`` history value of ``previous`` (sealed), which commit ``seq`` wrote."""
+
+    return LOGGED + _LOGGED.pack(seq, checksum_of(previous)[0])
+
+
+def history_before(value: bytes, key: bytes, log_rows: LogRows) -> bytes | None:
+    """The sealed value a ``HISTORY`` value (at history key ``key``) keeps (``None``: the key
+    held nothing); ``log_rows`` re-encodes a ``LOGGED`` one from the log."""
 
     kind = value[:1]
     if kind == ABSENT and len(value) == 1:
@@ -170,15 +193,22 @@ def history_before(value: bytes, key: bytes) -> bytes | None:
             return inflate(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0])
         except (ValueError, struct.error):
             pass
+    if kind == LOGGED and len(value) == 1 + _LOGGED.size:
+        table = CODE_TABLES.get(key[:1])
+        if table in LOGGED_TABLES:
+            seq, sum = _LOGGED.unpack_from(value, 1)
+            encoded = log_rows(table, key[1:-8], seq)
+            if encoded is not None:
+                return _SUM.pack(sum) + encoded  # unsealing it checks it
     raise CorruptProjectionError(HISTORY, key)
 
 
-def comparable(table: str, key: bytes, raw: bytes) -> bytes:
+def comparable(table: str, key: bytes, raw: bytes, log_rows: LogRows) -> bytes:
     """A stored value in the one form each layout version shares (``verify`` compares a store's
     rows with a fresh fold's, which may pack what an earlier version kept as it was)."""
 
     if table == HISTORY:
-        before = history_before(raw, key)
+        before = history_before(raw, key, log_rows)
         return ABSENT if before is None else PRESENT + unseal(before, table, key)
     if table == DOCUMENT_SNAPSHOTS:
         return unpack_row(unseal(raw, table, key), table, key)

@@ -15,6 +15,7 @@ from ..log import Commit, Environment, WriteLog, key_seq, seq_key
 from ..errors import CorruptProjectionError
 from ..log.records import decode_record
 from ..projections import Projector, ReadModel
+from ..projections.history import log_rows
 from ..projections import tables as t
 from ..projections.rebuild import Progress, begin_following, mark_lockstep, open_core
 
@@ -190,6 +191,7 @@ def _compare(
         else:
             report.more += 1
 
+    rows = log_rows(live_txn, live.env)  # both sides' history refers to the one log
     for name in t.TABLES:
         with scratch.env.read() as scratch_txn:
             ours = iter(live_txn.cursor(db=live.db[name]))
@@ -204,17 +206,17 @@ def _compare(
                     found(name, a[0], "is in the live projection but not in the log")
                     a = next(ours, None)
                 else:
-                    if a[1] != b[1] and (_comparable(name, a) or b"?") != _comparable(name, b):
+                    if a[1] != b[1] and (_comparable(name, a, rows) or b"?") != _comparable(name, b, rows):
                         found(name, a[0], "holds a value the log does not produce")
                     a, b = next(ours, None), next(theirs, None)
 
 
-def _comparable(table: str, row: tuple[bytes, bytes]) -> bytes | None:
+def _comparable(table: str, row: tuple[bytes, bytes], log_rows: t.LogRows) -> bytes | None:
     """A row's value as every layout version stores it alike (an older version kept history and
     snapshots undeflated); ``None`` for a damaged one, which then differs from the log's."""
 
     try:
-        return t.comparable(table, row[0], row[1])
+        return t.comparable(table, row[0], row[1], log_rows)
     except CorruptProjectionError:
         return None
 
