@@ -2,9 +2,9 @@
 read rarely (document snapshots, the history of overwritten rows).
 
 Raw deflate (zlib's, no header or trailer: every stored value already has its own checksum) with a
-preset dictionary of the Storage contract's field names as msgpack strings: a batch of a few
-hundred bytes is mostly keys, which the dictionary turns into back-references from its first
-byte. The dictionary is part of the format: ``PRESET`` must never change (a record of format 2 is
+preset dictionary of the Storage contract's field names and record shapes (placeholder values,
+no data) as msgpack: a batch of a few hundred bytes is mostly keys and map headers, which the
+dictionary turns into back-references from its first byte. The dictionary is part of the format: ``PRESET`` must never change (a record of format 2 is
 inflated with exactly these bytes); another dictionary would be another format.
 """
 
@@ -30,7 +30,48 @@ PRESET_KEYS: Final = (
 )
 """Never change (see the module docstring)."""
 
-PRESET: Final = b"".join(msgspec.msgpack.encode(key) for key in PRESET_KEYS)
+PRESET_SHAPES: Final = (
+    [{"type": "conversation", "value": {"id": 1, "parent": {"conversationId": 1, "at": 1}}}],
+    [{"type": "submission", "value": {"id": 1, "conversationId": 1, "requestId": "", "type": "input", "status": "queued"}}],
+    [
+        {
+            "type": "document.create",
+            "record": {"id": 1, "kind": "", "scope": {"kind": "conversation", "conversationId": 1}, "history": "rewindable", "fork": "asOf"},
+            "content": {"kind": "base", "version": 1, "value": {}},
+        }
+    ],
+    [
+        {
+            "type": "task",
+            "value": {
+                "id": 1, "conversationId": 1, "kind": "", "version": 1, "input": {}, "background": False,
+                "abortRequested": False, "startedAt": 1_760_000_000_000, "state": {"status": "running"}, "memos": {},
+            },
+        }
+    ],
+    [
+        {
+            "type": "entry",
+            "value": {
+                "id": 1, "conversationId": 1, "kind": "message",
+                "model": [
+                    {
+                        "role": "assistant", "content": [{"type": "text", "text": ""}], "api": "", "provider": "",
+                        "model": "", "usage": {"input": 1, "output": 1, "cacheRead": 0, "cacheWrite": 0},
+                        "stopReason": "stop", "timestamp": 1_760_000_000_000,
+                    }
+                ],
+            },
+        }
+    ],
+    [{"type": "document.change", "id": 1, "content": {"kind": "delta", "version": 1, "ops": []}}],
+)
+"""Batches of the contract's record shapes with placeholder values (no data): a batch of the same
+shape is mostly these byte runs, keys and map headers in order. Never change."""
+
+PRESET: Final = b"".join(msgspec.msgpack.encode(key) for key in PRESET_KEYS) + b"".join(
+    msgspec.msgpack.encode(shape) for shape in PRESET_SHAPES
+)
 
 MIN_SIZE: Final = 48
 """Shorter values are stored as they are: deflate cannot win enough to pay for itself."""

@@ -395,3 +395,186 @@ def test_a_compact_killed_at_random_moments_leaves_a_good_store(
     assert call(capsys, "compact", path)[0] == 0
     assert call(capsys, "verify", path)[0] == 0
     assert export_text(path, capsys) == exported
+
+
+# ── log records: format 1 and 2 ───────────────────────────────────────────────
+
+
+import msgspec  # noqa: E402
+import zlib  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pi_durable_lmdb.errors import CorruptProjectionError, CorruptRecordError  # noqa: E402
+from pi_durable_lmdb.log import codec  # noqa: E402
+from pi_durable_lmdb.log.deflate import PRESET  # noqa: E402
+from pi_durable_lmdb.log.records import decode_record, encode_record, write_to_builtins  # noqa: E402
+from tests.workload import Workload  # noqa: E402
+from bench_workloads import document_create, document_delta  # noqa: E402
+
+
+def test_the_preset_dictionary_never_changes() -> None:
+    """Format-2 records inflate with exactly these bytes: a change would make them unreadable."""
+
+    assert hashlib.sha256(PRESET).hexdigest() == "93d63131aebf9e3d4fd1d8bbe7856d2b93db1dec773678a2cec0ad8c2effd08c"
+
+
+def crc(committed_at: int, data: bytes) -> int:
+    return zlib.crc32(data, zlib.crc32(committed_at.to_bytes(8, "big", signed=True)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), batches=st.integers(1, 30), at=st.integers(-(2**63), 2**63 - 1))
+def test_every_batch_reads_back_exactly_and_raw_records_stay_format_1(seed: int, batches: int, at: int) -> None:
+    work = Workload(seed)
+    for _ in range(batches):
+        writes = work.batch()
+        try:
+            payload = codec.encode(writes)
+        except (ValueError, TypeError):
+            continue
+        stored = encode_record(payload, at)
+        fields = msgspec.msgpack.decode(stored)
+        if fields[0] == 1:  # kept as it was: byte for byte what the earlier format wrote
+            assert stored == msgspec.msgpack.encode([1, at, crc(at, payload), payload])
+        else:
+            assert fields[0] == 2 and fields[4] == len(payload) and len(stored) < len(payload) + 16
+        commit = decode_record(7, stored)
+        reference = decode_record(7, msgspec.msgpack.encode([1, at, crc(at, payload), payload]))
+        assert commit == reference and commit.committed_at == at
+        assert codec.encode([write_to_builtins(write) for write in commit.writes]) == payload
+
+
+def test_a_turn_record_is_deflated_to_fit_six_to_a_page() -> None:
+    payload = codec.encode(
+        [{"type": "entry", "value": entry(1234, ROOT, 57, 2)}, {"type": "task", "value": task(2, ROOT, 57, "running")}]
+    )
+    stored = encode_record(payload, 1_760_000_000_000)
+    assert msgspec.msgpack.decode(stored)[0] == 2
+    assert len(stored) + 18 <= (4096 - 16) // 6  # key, node header, pointer: six records a page
+    delta = encode_record(codec.encode([document_delta(2)]), 1_760_000_000_000)
+    assert len(delta) <= 64
+
+
+def deflated_record(payload: bytes, size: int | None = None, at: int = 5) -> bytes:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, PRESET)
+    deflated = compressor.compress(payload) + compressor.flush()
+    return msgspec.msgpack.encode([2, at, crc(at, deflated), deflated, len(payload) if size is None else size])
+
+
+@pytest.mark.parametrize(
+    "stored, reason",
+    [
+        (deflated_record(b"\x91\xa1x" * 40, size=119), "deflate"),
+        (deflated_record(b"\x91\xa1x" * 40, size=121), "deflate"),
+        (deflated_record(b"\x91\xa1x" * 40, size=0), "size 0"),
+        (deflated_record(b"\x91\xa1x" * 400_000, size=100), "deflate"),  # never inflates past the size
+        (msgspec.msgpack.encode([2, 5, crc(5, b"not deflate"), b"not deflate", 50]), "deflate"),
+        (msgspec.msgpack.encode([1, 5, crc(5, b"\x90"), b"\x90", 1]), "format 1 with size"),
+        (msgspec.msgpack.encode([3, 5, crc(5, b"\x90"), b"\x90"]), "unsupported record format 3"),
+    ],
+)
+def test_a_record_that_lies_about_its_deflated_writes_is_corrupt(stored: bytes, reason: str) -> None:
+    with pytest.raises(CorruptRecordError, match=reason):
+        decode_record(9, stored)
+
+
+def test_a_record_of_format_1_made_the_old_way_reads() -> None:
+    payload = codec.encode([{"type": "conversation", "value": {"id": 5}}])
+    commit = decode_record(3, msgspec.msgpack.encode([1, 77, crc(77, payload), payload]))
+    assert commit.committed_at == 77 and write_to_builtins(commit.writes[0]) == {"type": "conversation", "value": {"id": 5}}
+
+
+# ── history by reference to the log, packed snapshots ─────────────────────────
+
+
+def test_as_of_reads_of_a_task_rewritten_every_commit_come_back_from_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "store"
+    write_turns(path, 60)
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            for seq in range(2, 63):
+                view = await storage.as_of(seq)
+                n = seq - 2
+                expected = task(2, ROOT, n, "pending" if n == 0 else ("running" if n % 3 else "sleeping"))
+                assert await view.task(2, CTX) == expected
+            # a task written three times in one commit: the view after it shows the last write
+            writes = [{"type": "task", "value": task(2, ROOT, 100 + k, "running")} for k in range(3)]
+            seq = await storage.commit(writes, CTX)
+            await storage.commit([{"type": "task", "value": task(2, ROOT, 200, "sleeping")}], CTX)
+            assert await (await storage.as_of(seq)).task(2, CTX) == task(2, ROOT, 102, "running")
+            assert await (await storage.as_of(seq - 1)).task(2, CTX) == task(2, ROOT, 60, "running" if 60 % 3 else "sleeping")
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    assert call(capsys, "verify", path)[0] == 0
+    env = Environment(path, readonly=True)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(name for name in names if name.endswith(".history")))
+        with env.read() as txn:
+            rows = list(txn.cursor(db=db))
+    finally:
+        env.close()
+    logged = [value for _, value in rows if value[:1] == b"\x03"]
+    assert len(logged) >= 60 and all(len(value) == 17 for value in logged)
+
+
+def test_a_damaged_log_reference_in_history_is_named_not_served(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    write_turns(path, 5)
+    env = Environment(path)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(name for name in names if name.endswith(".history")))
+        with env.read() as txn:
+            key, value = next((k, v) for k, v in txn.cursor(db=db) if v[:1] == b"\x03")
+        env.write(lambda txn: txn.put(key, value[:-1] + bytes([value[-1] ^ 1]), db=db))  # the checksum
+    finally:
+        env.close()
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            seq = int.from_bytes(key[-8:], "big")
+            with pytest.raises(CorruptProjectionError):
+                await (await storage.as_of(seq - 1)).task(2, CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def test_document_reads_at_every_point_use_packed_snapshots_as_memory_storage_answers(tmp_path: Path) -> None:
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        memory = MemoryStorage()
+        try:
+            for store in (storage, memory):
+                await store.commit([conversation(ROOT)], CTX)
+                await store.commit([document_create(2)], CTX)
+                for _ in range(300):
+                    await store.commit([document_delta(2)], CTX)
+            for seq in [2, 3, 64, 65, 66, 67, 130, 131, 200, 302, "current"]:
+                assert await storage.document(2, seq, CTX) == await memory.document(2, seq, CTX), seq
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    env = Environment(tmp_path / "store", readonly=True)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(n for n in names if n.endswith(".documents.snapshots")))
+        with env.read() as txn:
+            snapshots = list(txn.cursor(db=db))
+    finally:
+        env.close()
+    assert len(snapshots) == 4 and all(value[8:9] == b"\xc1" for _, value in snapshots)
