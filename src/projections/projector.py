@@ -344,7 +344,7 @@ class Projector:
         if action.content is not None:
             self._put_revision(rows, id, action.content, current_only)
         if action.retire:
-            rows.delete(t.DOCUMENT_VALUES, key)
+            t.delete_value(rows.txn, self.db[t.DOCUMENT_VALUES], id)  # not versioned: no history
             if current_only:
                 self._drop_revisions(rows, id)
 
@@ -395,7 +395,7 @@ class Projector:
             return
         encoded = t.encode_row(current)
         if write_value:
-            rows.put(t.DOCUMENT_VALUES, t.u64(id), encoded)
+            t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded)  # not versioned: no history
         if snapshot:
             rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(encoded))
 
@@ -403,7 +403,7 @@ class Projector:
         """Store the values ``fold`` kept back (the table has no history to keep)."""
 
         for id, current in values.items():
-            txn.put(t.u64(id), t.seal(t.encode_row(current)), db=self.db[t.DOCUMENT_VALUES])
+            t.put_value(txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current))
         values.clear()
 
     def _drop_revisions(self, rows: _Rows, id: int) -> None:

@@ -344,7 +344,7 @@ class ReadModel:
             yield id
 
     def current_value(self, txn: lmdb.Transaction[bytes], id: int) -> t.CurrentValue | None:
-        raw = self.value(txn, t.DOCUMENT_VALUES, t.u64(id))
+        raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal)
         return None if raw is None else codec.decode_with(t.current_decoder, raw)
 
     def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:

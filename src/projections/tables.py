@@ -12,6 +12,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
+import lmdb
 import msgspec
 import xxhash
 
@@ -160,6 +161,78 @@ def unpack_row(value: bytes, table: str, key: bytes) -> bytes:
         return inflate(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0])
     except (ValueError, struct.error):
         raise CorruptProjectionError(table, key) from None
+
+
+CHUNK: Final = 64 * 1024
+"""A document's current value longer than this is kept in chunks of this size (issue 24): LMDB
+rewrites a long value's overflow pages whole on every change, and keeps about five copies of them
+free in the file; a delta appending to a long text changes only the head and last chunks."""
+CHUNKED: Final = b"\xc1"
+"""Leads a ``DOCUMENT_VALUES`` head row: 4-byte chunk count + 8-byte total size; chunk ``i`` is
+at the value's key + 4-byte ``i``. (A value's own row never starts with it: msgpack never does.)"""
+_U32 = struct.Struct(">I")
+_HEAD = struct.Struct(">IQ")
+
+
+def put_value(txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, encoded: bytes) -> None:
+    """Store document ``id``'s current value (encoded): one sealed row, or chunked when long,
+    writing only the chunks that changed."""
+
+    key = u64(id)
+    old_chunks = _chunk_count(txn, db, key)
+    chunks = [encoded[at : at + CHUNK] for at in range(0, len(encoded), CHUNK)] if len(encoded) > CHUNK else []
+    for index, chunk in enumerate(chunks):
+        sealed = seal(chunk)
+        chunk_key = key + _U32.pack(index)
+        if index >= old_chunks or txn.get(chunk_key, db=db) != sealed:
+            txn.put(chunk_key, sealed, db=db)
+    for index in range(len(chunks), old_chunks):
+        txn.delete(key + _U32.pack(index), db=db)
+    head = CHUNKED + _HEAD.pack(len(chunks), len(encoded)) if chunks else encoded
+    txn.put(key, seal(head), db=db)
+
+
+def delete_value(txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int) -> None:
+    key = u64(id)
+    for index in range(_chunk_count(txn, db, key)):
+        txn.delete(key + _U32.pack(index), db=db)
+    txn.delete(key, db=db)
+
+
+def get_value(
+    txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, unseal_with: Callable[[bytes, str, bytes], bytes]
+) -> bytes | None:
+    """Document ``id``'s encoded current value, its chunks joined and each checked."""
+
+    key = u64(id)
+    raw = txn.get(key, db=db)
+    if raw is None:
+        return None
+    head = unseal_with(raw, DOCUMENT_VALUES, key)
+    if head[:1] != CHUNKED:
+        return head
+    if len(head) != 1 + _HEAD.size:
+        raise CorruptProjectionError(DOCUMENT_VALUES, key)
+    count, total = _HEAD.unpack_from(head, 1)
+    parts = []
+    for index in range(count):
+        chunk_key = key + _U32.pack(index)
+        chunk = txn.get(chunk_key, db=db)
+        if chunk is None:
+            raise CorruptProjectionError(DOCUMENT_VALUES, chunk_key)
+        parts.append(unseal_with(chunk, DOCUMENT_VALUES, chunk_key))
+    value = b"".join(parts)
+    if len(value) != total:
+        raise CorruptProjectionError(DOCUMENT_VALUES, key)
+    return value
+
+
+def _chunk_count(txn: lmdb.Transaction[bytes], db: lmdb._Database, key: bytes) -> int:
+    raw = txn.get(key, db=db)
+    if raw is None or raw[SUM_SIZE : SUM_SIZE + 1] != CHUNKED or len(raw) != SUM_SIZE + 1 + _HEAD.size:
+        return 0
+    count: int = _HEAD.unpack_from(raw, SUM_SIZE + 1)[0]
+    return count
 
 
 def history_value(previous: bytes | None) -> bytes:

@@ -578,3 +578,190 @@ def test_document_reads_at_every_point_use_packed_snapshots_as_memory_storage_an
     finally:
         env.close()
     assert len(snapshots) == 4 and all(value[8:9] == b"\xc1" for _, value in snapshots)
+
+
+# ── long document values are chunked ──────────────────────────────────────────
+
+
+from pi_durable_lmdb.projections import tables as tbl  # noqa: E402
+
+
+def values_rows(path: Path) -> dict[bytes, bytes]:
+    env = Environment(path, readonly=True)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(n for n in names if n.endswith(".documents.values")))
+        with env.read() as txn:
+            return {bytes(k): bytes(v) for k, v in txn.cursor(db=db)}
+    finally:
+        env.close()
+
+
+def test_a_long_document_value_is_chunked_and_reads_as_memory_storage_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "store"
+    big = "x" * 150_000  # three chunks of 64 KiB once encoded
+
+    def change(text: str, base: bool = False) -> dict[str, Any]:
+        if base:
+            return {"type": "document.change", "id": 2, "content": {"kind": "base", "version": 1, "value": {"title": "Notes", "text": text}}}
+        return {"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], text]]}}
+
+    batches = [[conversation(ROOT)], [document_create(2)], [change(big, base=True)]]
+    batches += [[change(f"more {n} ")] for n in range(80)]
+    batches += [[change("short again", base=True)], [change(big, base=True)], [change("tail")]]
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        memory = MemoryStorage()
+        try:
+            for number, writes in enumerate(batches, 1):
+                for store in (storage, memory):
+                    await store.commit(writes, CTX)
+                if number in (3, 40, 83, 84, 86):
+                    rows = values_rows_of(storage)
+                    chunked = len(rows) > 1
+                    assert chunked == (number != 84), number
+                    assert await storage.document(2, "current", CTX) == await memory.document(2, "current", CTX)
+            for seq in (3, 30, 67, 68, 83, 84, 85, 86):
+                assert await storage.document(2, seq, CTX) == await memory.document(2, seq, CTX), seq
+            await storage.commit([{"type": "document.retire", "id": 2}], CTX)
+            assert values_rows_of(storage) == {}
+        finally:
+            await storage.close()
+
+    def values_rows_of(storage: LmdbStorage) -> dict[bytes, bytes]:
+        model = storage._model
+        with model.env.read() as txn:
+            return {bytes(k): bytes(v) for k, v in txn.cursor(db=model.db[tbl.DOCUMENT_VALUES])}
+
+    asyncio.run(run())
+    assert call(capsys, "verify", path)[0] == 0
+
+
+def test_a_delta_to_a_long_text_rewrites_only_the_chunks_it_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "store"
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([conversation(ROOT)], CTX)
+            await storage.commit([document_create(2)], CTX)
+            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "y" * 300_000]]}}], CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    before = values_rows(path)
+    assert len(before) == 1 + 5
+    write_doc_deltas(path, 1)
+    after = values_rows(path)
+    changed = [key for key in after if before.get(key) != after[key]]
+    # the head row, the first chunk (the text's length, deltas since base) and the last
+    assert len(changed) == 3 and after.keys() == before.keys()
+    assert call(capsys, "verify", path)[0] == 0
+
+
+def write_doc_deltas(path: Path, count: int) -> None:
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            for _ in range(count):
+                await storage.commit([document_delta(2)], CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_long_value_kept_whole_by_an_earlier_version_reads_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stores written before chunking hold a long value as one row: rewrite one so, then read it."""
+
+    path = tmp_path / "store"
+
+    async def run() -> Any:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([conversation(ROOT)], CTX)
+            await storage.commit([document_create(2)], CTX)
+            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "z" * 200_000]]}}], CTX)
+            model = storage._model
+            db = model.db[tbl.DOCUMENT_VALUES]
+            with model.env.read() as txn:
+                whole = tbl.get_value(txn, db, 2, tbl.unseal)
+            assert whole is not None
+
+            def unchunk(txn: Any) -> None:
+                tbl.delete_value(txn, db, 2)
+                txn.put(tbl.u64(2), tbl.seal(whole), db=db)
+
+            model.env.write(unchunk)
+            return await storage.document(2, "current", CTX)
+        finally:
+            await storage.close()
+
+    current = asyncio.run(run())
+    assert len(values_rows(path)) == 1
+    assert call(capsys, "verify", path)[0] == 0
+    write_doc_deltas(path, 2)  # the next change chunks it
+    assert len(values_rows(path)) == 5
+
+    async def read() -> Any:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            return await storage.document(2, "current", CTX)
+        finally:
+            await storage.close()
+
+    assert asyncio.run(read())["value"]["text"] == current["value"]["text"] + "more text" * 2
+    assert call(capsys, "verify", path)[0] == 0
+
+
+def test_a_damaged_or_missing_chunk_is_named_not_served(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+
+    async def build() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([conversation(ROOT)], CTX)
+            await storage.commit([document_create(2)], CTX)
+            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "q" * 200_000]]}}], CTX)
+        finally:
+            await storage.close()
+
+    for damage in ("flip", "drop"):
+        shutil_rm(path)
+        asyncio.run(build())
+        rows = values_rows(path)
+        chunk_key = sorted(key for key in rows if len(key) == 12)[1]
+        env = Environment(path)
+        try:
+            with env.read() as txn:
+                names = [bytes(key).decode() for key, _ in txn.cursor()]
+            db = env.db(next(n for n in names if n.endswith(".documents.values")))
+            if damage == "flip":
+                value = rows[chunk_key]
+                env.write(lambda txn: txn.put(chunk_key, value[:-1] + bytes([value[-1] ^ 1]), db=db))
+            else:
+                env.write(lambda txn: txn.delete(chunk_key, db=db))
+        finally:
+            env.close()
+
+        async def read() -> None:
+            storage = await LmdbStorage.open(path, durability="process")
+            try:
+                with pytest.raises(CorruptProjectionError) as caught:
+                    await storage.document(2, "current", CTX)
+                assert caught.value.key == chunk_key
+            finally:
+                await storage.close()
+
+        asyncio.run(read())
+
+
+def shutil_rm(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
