@@ -1,7 +1,7 @@
 """Giving a store's free pages back to the disk: LMDB's compacting copy swapped in place.
 
-LMDB never shrinks ``data.mdb``: pages freed by a rebuild (the old projections), by history pruning
-or by deleted rows stay in the file, reused only by later commits. ``compact`` writes LMDB's
+LMDB never shrinks ``data.mdb``: pages freed by a rebuild (the old projections) or by rewritten and
+deleted rows stay in the file, reused only by later commits. ``compact`` writes LMDB's
 compacting copy (every live page, renumbered, no free ones) beside the store, syncs it, and renames
 it over ``data.mdb``. While it runs it holds the store's writer lock (no writer) and LMDB's own
 exclusive lock on ``lock.mdb`` (no reader in any other process: one mapping the old file would

@@ -131,7 +131,8 @@ and all are read):
 - ``LOGGED`` + 8-byte sequence ``W`` + the previous value's 8-byte checksum: the row is the one
   commit ``W`` left, re-encoded from the log (its last write of the record), and checked against
   the checksum. Only for ``LOGGED_TABLES``, whose rows are a write's value encoded as it is: a
-  task rewritten every turn then costs the history 17 bytes, not a copy of the task."""
+  task rewritten every turn then costs the history 17 bytes, not a copy of the task (the log
+  is never truncated, so commit ``W``'s record is always there)."""
 LOGGED_TABLES: Final = frozenset({TASKS})
 _LOGGED = struct.Struct(">QQ")
 
