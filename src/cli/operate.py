@@ -1,4 +1,4 @@
-"""Operating a store: ``rebuild`` its projections, keep a ``replica`` level with its NATS stream,
+"""Operating a store: ``rebuild`` its projections, ``compact`` its file, keep a ``replica`` level with its NATS stream,
 ``promote`` a copy to be its stream's writer. These take the writer's place (the lock, the lease);
 they never create a store they were meant to repair."""
 
@@ -10,7 +10,7 @@ import sys
 
 from ..log.environment import check_store_id
 from ..storage.stats import require_store, stored_projections
-from ..storage.words import plural
+from ..storage.words import format_bytes, plural
 
 from .common import (
     EXIT_DAMAGE,
@@ -29,6 +29,7 @@ from .common import (
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _register_rebuild(commands)
+    _register_compact(commands)
     _register_replica(commands)
     _register_promote(commands)
 
@@ -80,6 +81,35 @@ def _rebuild(args: argparse.Namespace) -> int:
             await storage.close()
 
     asyncio.run(run())
+    return EXIT_OK
+
+
+# ── compact ───────────────────────────────────────────────────────────────────
+
+
+def _register_compact(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "compact",
+        "give the file's free pages back: LMDB's compacting copy swapped in place",
+        "Write LMDB's compacting copy of the store beside it, sync it, check it and rename it over "
+        "data.mdb (atomic; an interrupted compact leaves the store as it was). Needs the store "
+        "closed everywhere: refuses while a writer or another process's reader has it open. "
+        "Never creates a store.",
+    )
+    store_argument(sub)
+    sub.set_defaults(run=_compact)
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from ..log.compact import compact
+
+    require_store(args.path)
+    report = compact(args.path)
+    print(
+        f"{args.path}: compacted {format_bytes(report.before)} to {format_bytes(report.after)} "
+        f"({plural(report.records, 'log record')}, head sequence {report.head})"
+    )
     return EXIT_OK
 
 

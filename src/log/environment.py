@@ -54,6 +54,7 @@ from .storedir import (
     mark_unsynced,
     refuse_after_crash,
     refuse_links,
+    remove_leftover_copy,
     sync_directory,
     take_writer_lock,
 )
@@ -107,6 +108,55 @@ _header_encoder: Final = msgspec.msgpack.Encoder()
 _header_decoder: Final = msgspec.msgpack.Decoder(StoreHeader)
 
 
+MAIN_DB: Final = "(main)"
+"""The name ``page_stats`` gives LMDB's main database (the one naming all the others)."""
+_META_PAGES: Final = 2
+
+
+class DbPages(msgspec.Struct, frozen=True):
+    """One database's pages (``mdb_stat``)."""
+
+    entries: int
+    depth: int
+    branch: int
+    leaf: int
+    overflow: int
+    page_size: int
+
+    @classmethod
+    def of(cls, stat: lmdb._StatDict) -> DbPages:
+        return cls(
+            stat["entries"], stat["depth"], stat["branch_pages"], stat["leaf_pages"],
+            stat["overflow_pages"], stat["psize"],
+        )
+
+    @property
+    def pages(self) -> int:
+        return self.branch + self.leaf + self.overflow
+
+    @property
+    def bytes(self) -> int:
+        return self.pages * self.page_size
+
+
+class PageStats(msgspec.Struct, frozen=True):
+    """Where a store file's pages go (``Environment.page_stats``)."""
+
+    page_size: int
+    file_bytes: int
+    used_pages: int
+    """Pages up to the map's last page in use (``last_pgno + 1``); the file may be longer."""
+    free_pages: int
+    """Pages below ``used_pages`` that no database holds (LMDB reuses them before growing)."""
+    dbs: dict[str, DbPages]
+
+    @property
+    def free_bytes(self) -> int:
+        """Free pages plus the file beyond its last used page: what a compacting copy gives back."""
+
+        return self.free_pages * self.page_size + max(0, self.file_bytes - self.used_pages * self.page_size)
+
+
 class Environment:
     """An open store directory. Use one per process per directory; never across ``fork()``."""
 
@@ -141,6 +191,7 @@ class Environment:
             created = make_private_dir(self.path)
             refuse_links(self.path)
             self._lock_fd = take_writer_lock(self.path)
+            remove_leftover_copy(self.path)
         handle: SharedEnv | None = None
         try:
             if not readonly:
@@ -470,22 +521,43 @@ class Environment:
     def stat_sizes(self) -> dict[str, int]:
         """File size and the bytes each named database uses (pages times page size)."""
 
+        pages = self.page_stats()
+        sizes = {name: db.bytes for name, db in pages.dbs.items() if name != MAIN_DB}
+        sizes["file"] = pages.file_bytes
+        return sizes
+
+    def page_stats(self) -> PageStats:
+        """Where the file's pages go: each database's branch, leaf and overflow pages (the main
+        database, which holds the names of the others, as ``MAIN_DB``), and the pages no database
+        holds.
+
+        LMDB keeps its free-page list in a database of its own (``FREE_DBI``) whose statistics
+        py-lmdb does not expose, so free pages are counted by difference: the pages in use up to
+        the map's last page (``last_pgno + 1``), less the two meta pages and every database's
+        pages. That count includes the few pages of the free list itself; taken from one read
+        snapshot, except ``last_pgno``, which is the newest commit's (a writer committing
+        meanwhile can shift it by that commit's pages)."""
+
         self.check_open()
         self.check_process()
-        sizes: dict[str, int] = {}
         with self.read() as txn:
             names = [bytes(key) for key, _ in txn.cursor()]
+        handles: dict[str, lmdb._Database] = {}
         for name in names:
             try:
-                db = self._open_existing(name)
+                handles[name.decode(errors="replace")] = self._open_existing(name)
             except lmdb.Error:
-                continue
-            with self.read() as txn:
-                stat = txn.stat(db)
-            pages = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
-            sizes[name.decode(errors="replace")] = pages * stat["psize"]
-        sizes["file"] = os.path.getsize(os.path.join(self.path, "data.mdb"))
-        return sizes
+                continue  # a key of the main database that is not a database
+        with self.read() as txn:
+            info = self.env.info()
+            dbs = {MAIN_DB: DbPages.of(txn.stat())}
+            for label, db in handles.items():
+                dbs[label] = DbPages.of(txn.stat(db))
+        page_size = dbs[MAIN_DB].page_size
+        used = info["last_pgno"] + 1
+        free = max(0, used - _META_PAGES - sum(db.pages for db in dbs.values()))
+        file_bytes = os.path.getsize(os.path.join(self.path, "data.mdb"))
+        return PageStats(page_size, file_bytes, used, free, dbs)
 
     # ── internals ───────────────────────────────────────────────────────────
 

@@ -16,9 +16,20 @@ import msgspec
 
 from . import codec
 from ..errors import CorruptRecordError
+from .deflate import deflate, inflate
 
-FORMAT_VERSION: Final = 1
-"""The version of the log record layout; every record carries it."""
+FORMAT_VERSION: Final = 2
+"""The newest version of the log record layout; every record carries its own:
+
+1. ``[1, committed_at, checksum, payload]``: the encoded writes as they are.
+2. ``[2, committed_at, checksum, deflated, size]``: the encoded writes deflated (``log.deflate``,
+   its preset dictionary), ``size`` bytes once inflated (issue 24).
+
+A writer stores a batch as format 2 when deflating saves bytes, else as format 1, which every
+version reads; both are read. The checksum covers the stored bytes, so damage is caught before
+anything is inflated."""
+RAW_FORMAT: Final = 1
+DEFLATED_FORMAT: Final = 2
 
 
 class ConversationWrite(msgspec.Struct, tag="conversation", tag_field="type", forbid_unknown_fields=True):
@@ -99,7 +110,19 @@ WRITE_TYPES: Final = (
 
 class LogRecord(msgspec.Struct, array_like=True):
     """What one log key holds. ``checksum`` is the CRC-32 of ``committed_at`` (8 bytes
-    big-endian) followed by ``payload``, the encoded writes."""
+    big-endian) followed by ``payload``, the encoded writes as stored (deflated in format 2,
+    ``size`` their length inflated; a format-1 record has no ``size``)."""
+
+    format: int
+    committed_at: int
+    checksum: int
+    payload: bytes
+    size: int = 0
+
+
+class RawRecord(msgspec.Struct, array_like=True):
+    """A format-1 record as it is written: four fields, byte for byte what earlier versions wrote
+    and read (``LogRecord`` reads it, its ``size`` left 0)."""
 
     format: int
     committed_at: int
@@ -190,20 +213,23 @@ def encode_record(payload: bytes, committed_at: int) -> bytes:
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"A log record's payload must be bytes, not {type(payload).__name__}")
     payload = bytes(payload)
+    deflated = deflate(payload)
+    if deflated is None:
+        return _record_encoder.encode(RawRecord(RAW_FORMAT, committed_at, _checksum(committed_at, payload), payload))
     return _record_encoder.encode(
-        LogRecord(FORMAT_VERSION, committed_at, _checksum(committed_at, payload), payload)
+        LogRecord(DEFLATED_FORMAT, committed_at, _checksum(committed_at, deflated), deflated, len(payload))
     )
 
 
 def decode_record(seq: int, data: bytes | memoryview) -> Commit:
     """Verify and decode one stored record; damage raises ``CorruptRecordError`` naming ``seq``."""
 
-    record = _verified(seq, data)
+    record, payload = _verified(seq, data)
     try:
         try:
-            writes = _batch_decoder.decode(record.payload)
+            writes = _batch_decoder.decode(payload)
         except RecursionError:
-            writes = codec.decode_deep(_batch_decoder, record.payload)
+            writes = codec.decode_deep(_batch_decoder, payload)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as error:
         raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
     return Commit(seq, record.committed_at, writes)
@@ -213,9 +239,9 @@ def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]
     """A verified record as ``{"seq", "committedAt", "writes"}`` of plain values, for JSON: the
     writes exactly as committed, without building Structs (tailing and exporting)."""
 
-    record = _verified(seq, data)
+    record, payload = _verified(seq, data)
     try:
-        writes = codec.decode(record.payload)
+        writes = codec.decode(payload)
     except (msgspec.DecodeError, ValueError) as error:
         raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
     if not isinstance(writes, list):
@@ -223,20 +249,29 @@ def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]
     return {"seq": seq, "committedAt": record.committed_at, "writes": writes}
 
 
-def _verified(seq: int, data: bytes | memoryview) -> LogRecord:
+def _verified(seq: int, data: bytes | memoryview) -> tuple[LogRecord, bytes]:
+    """The record's header and its encoded writes (inflated), once its checksum holds."""
+
     try:
         record = _record_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise CorruptRecordError(seq, f"undecodable header ({error})") from None
-    if record.format != FORMAT_VERSION:
+    if record.format not in (RAW_FORMAT, DEFLATED_FORMAT):
         raise CorruptRecordError(seq, f"unsupported record format {record.format}")
+    if (record.format == RAW_FORMAT) != (record.size == 0):
+        raise CorruptRecordError(seq, f"a record of format {record.format} with size {record.size}")
     try:
         checksum = _checksum(record.committed_at, record.payload)
     except OverflowError:
         raise CorruptRecordError(seq, "commit time out of range") from None
     if checksum != record.checksum:
         raise CorruptRecordError(seq, "checksum mismatch")
-    return record
+    if record.format == RAW_FORMAT:
+        return record, record.payload
+    try:
+        return record, inflate(record.payload, record.size)
+    except ValueError as error:
+        raise CorruptRecordError(seq, f"deflated writes {error}") from None
 
 
 def write_to_builtins(write: Write) -> dict[str, Any]:

@@ -31,6 +31,10 @@ WRITER_LOCK: Final = "writer.lock"
 STAGING: Final = "creating"
 
 
+COMPACTING: Final = "compacting"
+"""The staging directory of a compacting copy (``log.compact``), inside the store directory."""
+
+
 UNSYNCED_FILE: Final = "process.unsynced"
 """Present while a ``process``-mode writer may have commits the disk does not hold in order."""
 
@@ -67,6 +71,21 @@ def create_data_file(path: str, map_size: int) -> None:
     os.rename(os.path.join(staging, "data.mdb"), os.path.join(path, "data.mdb"))
     sync_directory(path)
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_leftover_copy(path: str) -> None:
+    """Remove the staging directory an interrupted compaction left (``data.mdb`` was never
+    touched before its rename). Only a holder of the writer lock calls this: a running
+    compaction holds it."""
+
+    staging = os.path.join(path, COMPACTING)
+    if not os.path.lexists(staging):
+        return
+    if os.path.isdir(staging) and not os.path.islink(staging):
+        shutil.rmtree(staging)
+    else:
+        os.unlink(staging)
+    sync_directory(path)
 
 
 def boot_id() -> bytes | None:

@@ -16,7 +16,28 @@ from collections.abc import Iterator
 
 import lmdb
 
+from ..log import Environment, codec
+from ..log.records import TaskWrite, decode_record
+from ..log.writelog import LOG_DB, seq_key
 from . import tables as t
+
+
+def log_rows(txn: lmdb.Transaction[bytes], env: Environment) -> t.LogRows:
+    """``tables.LogRows`` reading the log in ``txn``: a ``LOGGED`` history value's row."""
+
+    def row(table: str, key: bytes, seq: int) -> bytes | None:
+        if table != t.TASKS or len(key) != 8 or not env.has_db(LOG_DB):
+            return None
+        data = txn.get(seq_key(seq), db=env.db(LOG_DB))
+        if data is None:
+            return None
+        id = t.read_u64(key)
+        for write in reversed(decode_record(seq, data).writes):  # the commit's last write of it
+            if isinstance(write, TaskWrite) and isinstance(write.value, dict) and write.value.get("id") == id:
+                return codec.encode(write.value)
+        return None
+
+    return row
 
 _AFTER_ALL_SEQS = b"\xff" * 8
 
@@ -24,8 +45,11 @@ _AFTER_ALL_SEQS = b"\xff" * 8
 class AsOfTxn:
     """A read transaction's view of the tables as of ``seq``."""
 
-    def __init__(self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int) -> None:
+    def __init__(
+        self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int, env: Environment
+    ) -> None:
         self.txn = txn
+        self._log_rows = log_rows(txn, env)
         self.seq = seq
         self._history = db[t.HISTORY]
         self._tables = {id(handle): name for name, handle in db.items()}
@@ -59,8 +83,7 @@ class AsOfTxn:
         if cursor.set_range(code + key + t.u64(self.seq + 1)):
             found = cursor.key()
             if found[:-8] == code + key:
-                before = cursor.value()
-                return None if before == t.ABSENT else before[1:]
+                return t.history_before(cursor.value(), found, self._log_rows)
         return self.txn.get(key, db=self._db[table])
 
     def _born(self, table: str, key: bytes) -> int:

@@ -34,6 +34,7 @@ from ..log.records import (
 
 from . import tables as t
 from .delta import apply_ops
+from ..errors import CorruptProjectionError
 from .readmodel import (
     MAX_SAFE_INTEGER,
     ReadModel,
@@ -371,7 +372,7 @@ class Projector:
         if action.content is not None:
             self._put_revision(rows, id, action.content, current_only)
         if action.retire:
-            rows.delete(t.DOCUMENT_VALUES, key)
+            t.delete_value(rows.txn, self.db[t.DOCUMENT_VALUES], id)  # not versioned: no history
             if current_only:
                 self._drop_revisions(rows, id)
 
@@ -422,15 +423,15 @@ class Projector:
             return
         encoded = t.encode_row(current)
         if write_value:
-            rows.put(t.DOCUMENT_VALUES, t.u64(id), encoded)
+            t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded)  # not versioned: no history
         if snapshot:
-            rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), encoded)
+            rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(encoded))
 
     def _write_values(self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]) -> None:
         """Store the values ``fold`` kept back (the table has no history to keep)."""
 
         for id, current in values.items():
-            txn.put(t.u64(id), t.seal(t.encode_row(current)), db=self.db[t.DOCUMENT_VALUES])
+            t.put_value(txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current))
         values.clear()
 
     def _drop_revisions(self, rows: _Rows, id: int) -> None:
@@ -461,7 +462,9 @@ class _Rows:
         """Register an id with its type and the commit that first wrote it (kept thereafter)."""
 
         value = t.seal(t.RECORD_TYPES[record_type] + t.u64(self.seq) + detail)
-        self.txn.put(key, value, db=self.db[t.RECORD_IDS], overwrite=False)
+        db = self.db[t.RECORD_IDS]
+        if not self.txn.put(key, value, db=db, append=True):  # ids mostly grow: fill pages
+            self.txn.put(key, value, db=db, overwrite=False)
 
     def put(self, table: str, key: bytes, value: bytes) -> None:
         self.replace(table, key, value)
@@ -470,7 +473,12 @@ class _Rows:
         """Store ``value`` (sealed) and return what the key held before, checked."""
 
         sealed = t.seal(value)
-        previous: bytes | None = self.txn.replace(key, sealed, db=self.db[table])
+        db = self.db[table]
+        previous: bytes | None
+        if table in t.APPENDED and self.txn.put(key, sealed, db=db, append=True):
+            previous = None  # appended: the key sorts after all others, so it was not there
+        else:
+            previous = self.txn.replace(key, sealed, db=db)
         if previous != sealed:
             self._remember(table, key, previous)
         return None if previous is None else t.unseal(previous, table, key)
@@ -483,9 +491,40 @@ class _Rows:
     def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:
         if table in t.UNVERSIONED or (previous is None and table in t.BORN_KNOWN):
             return
-        before = t.ABSENT if previous is None else t.PRESENT + previous
+        history_key = t.history_key(table, key, self.seq)
+        before = None
+        if previous is not None and table in t.LOGGED_TABLES:
+            writer = self._writer(table, key, history_key)
+            if writer is None:
+                return  # this commit already kept what the key held before it
+            if writer < self.seq:  # a value this commit wrote itself is no commit's last write
+                before = t.history_logged(writer, previous)
+        if before is None:
+            before = t.history_value(previous)
         # The first change in a commit holds the value from before the commit; keep it.
-        self.txn.put(t.history_key(table, key, self.seq), before, db=self._history, overwrite=False)
+        if not self.txn.put(history_key, before, db=self._history, append=True):
+            self.txn.put(history_key, before, db=self._history, overwrite=False)
+
+
+    def _writer(self, table: str, key: bytes, history_key: bytes) -> int | None:
+        """The commit that wrote ``key``'s live value: the newest one that changed it (its
+        newest ``HISTORY`` key), else the one that created it (the id registry); ``None`` when
+        this commit already kept the key's previous value."""
+
+        cursor = self.txn.cursor(db=self._history)
+        if cursor.set_range(history_key):
+            if cursor.key() == history_key:
+                return None
+            found = cursor.prev()
+        else:
+            found = cursor.last()
+        prefix = history_key[:-8]
+        if found and cursor.key()[:-8] == prefix:
+            return t.read_u64(cursor.key(), len(prefix))
+        claimed = self.txn.get(key, db=self.db[t.RECORD_IDS])
+        if claimed is None:
+            raise CorruptProjectionError(t.RECORD_IDS, key)
+        return t.read_u64(t.unseal(claimed, t.RECORD_IDS, key), 1)
 
 
 class _TaskState(msgspec.Struct):

@@ -345,7 +345,7 @@ class ReadModel:
             yield id
 
     def current_value(self, txn: lmdb.Transaction[bytes], id: int) -> t.CurrentValue | None:
-        raw = self.value(txn, t.DOCUMENT_VALUES, t.u64(id))
+        raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal)
         return None if raw is None else codec.decode_with(t.current_decoder, raw)
 
     def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:
@@ -393,7 +393,9 @@ class ReadModel:
         snapshot: t.CurrentValue | None = None
         snapshot_seq = 0
         for snapshot_seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True):
-            snapshot = codec.decode_with(t.current_decoder, self.unseal(raw, t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, snapshot_seq)))
+            key = t.u64_pair(id, snapshot_seq)
+            packed = self.unseal(raw, t.DOCUMENT_SNAPSHOTS, key)
+            snapshot = codec.decode_with(t.current_decoder, t.unpack_row(packed, t.DOCUMENT_SNAPSHOTS, key))
             break
         deltas: list[t.Revision] = []
         base: t.Revision | None = None

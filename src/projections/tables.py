@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
+import lmdb
 import msgspec
 import xxhash
 
 from ..log import codec
+from ..log.deflate import deflate, inflate
 
 from ..errors import CorruptProjectionError
 
@@ -106,12 +109,184 @@ BORN_WITH_TRAILING_SEQ: Final = frozenset({DOCUMENT_REVISIONS, DOCUMENT_SNAPSHOT
 BORN_KNOWN: Final = BORN_WITH_ID | BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ
 """Tables whose keys' first commit is known from the key, so ``HISTORY`` need not mark their
 creation: it keeps only what later commits overwrote or deleted."""
+APPENDED: Final = BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ | {CONVERSATIONS, CONVERSATION_PARENTS}
+"""Tables whose new keys mostly sort after every key they hold (ids and sequences grow): a put
+tries LMDB's append first, which fills pages instead of splitting them in half (issue 24), and
+falls back to an ordinary put when the key is not the last."""
 TABLE_CODES: Final = {
     name: bytes([code]) for code, name in enumerate(TABLES) if name not in UNVERSIONED
 }
 """The one-byte prefix of a table's rows in ``HISTORY``."""
+CODE_TABLES: Final = {code: name for name, code in TABLE_CODES.items()}
 ABSENT: Final = b"\x00"
 PRESENT: Final = b"\x01"
+DEFLATED: Final = b"\x02"
+LOGGED: Final = b"\x03"
+"""A ``HISTORY`` value is one of (issue 24 added the last two; stores written before hold neither,
+and all are read):
+
+- ``ABSENT``: the key held nothing;
+- ``PRESENT`` + the sealed previous value;
+- ``DEFLATED`` + 4-byte size + the sealed previous value deflated;
+- ``LOGGED`` + 8-byte sequence ``W`` + the previous value's 8-byte checksum: the row is the one
+  commit ``W`` left, re-encoded from the log (its last write of the record), and checked against
+  the checksum. Only for ``LOGGED_TABLES``, whose rows are a write's value encoded as it is: a
+  task rewritten every turn then costs the history 17 bytes, not a copy of the task (the log
+  is never truncated, so commit ``W``'s record is always there)."""
+LOGGED_TABLES: Final = frozenset({TASKS})
+_LOGGED = struct.Struct(">QQ")
+
+LogRows = Callable[[str, bytes, int], "bytes | None"]
+"""``(table, key, seq)``: the encoded row of ``key`` that commit ``seq`` left in ``table``,
+re-encoded from the log (``None``: the log has no such write)."""
+PACKED: Final = b"\xc1"
+"""Leads a packed row (``pack_row``): msgpack never uses this byte, so an encoded row never
+starts with it."""
+_SIZE = struct.Struct(">I")
+
+
+def pack_row(encoded: bytes) -> bytes:
+    """A rarely read row (a document snapshot) deflated when that saves bytes: ``PACKED`` +
+    4-byte size + deflated bytes; else ``encoded`` itself (issue 24)."""
+
+    deflated = deflate(encoded) if len(encoded) < 1 << 32 else None
+    return encoded if deflated is None else PACKED + _SIZE.pack(len(encoded)) + deflated
+
+
+def unpack_row(value: bytes, table: str, key: bytes) -> bytes:
+    """The encoded row ``pack_row`` kept (rows written before it are never packed)."""
+
+    if value[:1] != PACKED:
+        return value
+    try:
+        return inflate(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0])
+    except (ValueError, struct.error):
+        raise CorruptProjectionError(table, key) from None
+
+
+CHUNK: Final = 64 * 1024
+"""A document's current value longer than this is kept in chunks of this size (issue 24): LMDB
+rewrites a long value's overflow pages whole on every change, and keeps about five copies of them
+free in the file; a delta appending to a long text changes only the head and last chunks."""
+CHUNKED: Final = b"\xc1"
+"""Leads a ``DOCUMENT_VALUES`` head row: 4-byte chunk count + 8-byte total size; chunk ``i`` is
+at the value's key + 4-byte ``i``. (A value's own row never starts with it: msgpack never does.)"""
+_U32 = struct.Struct(">I")
+_HEAD = struct.Struct(">IQ")
+
+
+def put_value(txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, encoded: bytes) -> None:
+    """Store document ``id``'s current value (encoded): one sealed row, or chunked when long,
+    writing only the chunks that changed."""
+
+    key = u64(id)
+    old_chunks = _chunk_count(txn, db, key)
+    chunks = [encoded[at : at + CHUNK] for at in range(0, len(encoded), CHUNK)] if len(encoded) > CHUNK else []
+    for index, chunk in enumerate(chunks):
+        sealed = seal(chunk)
+        chunk_key = key + _U32.pack(index)
+        if index >= old_chunks or txn.get(chunk_key, db=db) != sealed:
+            txn.put(chunk_key, sealed, db=db)
+    for index in range(len(chunks), old_chunks):
+        txn.delete(key + _U32.pack(index), db=db)
+    head = CHUNKED + _HEAD.pack(len(chunks), len(encoded)) if chunks else encoded
+    txn.put(key, seal(head), db=db)
+
+
+def delete_value(txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int) -> None:
+    key = u64(id)
+    for index in range(_chunk_count(txn, db, key)):
+        txn.delete(key + _U32.pack(index), db=db)
+    txn.delete(key, db=db)
+
+
+def get_value(
+    txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, unseal_with: Callable[[bytes, str, bytes], bytes]
+) -> bytes | None:
+    """Document ``id``'s encoded current value, its chunks joined and each checked."""
+
+    key = u64(id)
+    raw = txn.get(key, db=db)
+    if raw is None:
+        return None
+    head = unseal_with(raw, DOCUMENT_VALUES, key)
+    if head[:1] != CHUNKED:
+        return head
+    if len(head) != 1 + _HEAD.size:
+        raise CorruptProjectionError(DOCUMENT_VALUES, key)
+    count, total = _HEAD.unpack_from(head, 1)
+    parts = []
+    for index in range(count):
+        chunk_key = key + _U32.pack(index)
+        chunk = txn.get(chunk_key, db=db)
+        if chunk is None:
+            raise CorruptProjectionError(DOCUMENT_VALUES, chunk_key)
+        parts.append(unseal_with(chunk, DOCUMENT_VALUES, chunk_key))
+    value = b"".join(parts)
+    if len(value) != total:
+        raise CorruptProjectionError(DOCUMENT_VALUES, key)
+    return value
+
+
+def _chunk_count(txn: lmdb.Transaction[bytes], db: lmdb._Database, key: bytes) -> int:
+    raw = txn.get(key, db=db)
+    if raw is None or raw[SUM_SIZE : SUM_SIZE + 1] != CHUNKED or len(raw) != SUM_SIZE + 1 + _HEAD.size:
+        return 0
+    count: int = _HEAD.unpack_from(raw, SUM_SIZE + 1)[0]
+    return count
+
+
+def history_value(previous: bytes | None) -> bytes:
+    """What ``HISTORY`` keeps of a key's sealed previous value (``None``: it had none)."""
+
+    if previous is None:
+        return ABSENT
+    deflated = deflate(previous) if len(previous) < 1 << 32 else None
+    if deflated is None:
+        return PRESENT + previous
+    return DEFLATED + _SIZE.pack(len(previous)) + deflated
+
+
+def history_logged(seq: int, previous: bytes) -> bytes:
+    """The ``LOGGED`` history value of ``previous`` (sealed), which commit ``seq`` wrote."""
+
+    return LOGGED + _LOGGED.pack(seq, checksum_of(previous)[0])
+
+
+def history_before(value: bytes, key: bytes, log_rows: LogRows) -> bytes | None:
+    """The sealed value a ``HISTORY`` value (at history key ``key``) keeps (``None``: the key
+    held nothing); ``log_rows`` re-encodes a ``LOGGED`` one from the log."""
+
+    kind = value[:1]
+    if kind == ABSENT and len(value) == 1:
+        return None
+    if kind == PRESENT:
+        return value[1:]
+    if kind == DEFLATED:
+        try:
+            return inflate(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0])
+        except (ValueError, struct.error):
+            pass
+    if kind == LOGGED and len(value) == 1 + _LOGGED.size:
+        table = CODE_TABLES.get(key[:1])
+        if table in LOGGED_TABLES:
+            seq, sum = _LOGGED.unpack_from(value, 1)
+            encoded = log_rows(table, key[1:-8], seq)
+            if encoded is not None:
+                return _SUM.pack(sum) + encoded  # unsealing it checks it
+    raise CorruptProjectionError(HISTORY, key)
+
+
+def comparable(table: str, key: bytes, raw: bytes, log_rows: LogRows) -> bytes:
+    """A stored value in the one form each layout version shares (``verify`` compares a store's
+    rows with a fresh fold's, which may pack what an earlier version kept as it was)."""
+
+    if table == HISTORY:
+        before = history_before(raw, key, log_rows)
+        return ABSENT if before is None else PRESENT + unseal(before, table, key)
+    if table == DOCUMENT_SNAPSHOTS:
+        return unpack_row(unseal(raw, table, key), table, key)
+    return raw
 
 RECORD_TYPES: Final = {
     "conversation": b"c",

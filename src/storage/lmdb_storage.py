@@ -530,7 +530,7 @@ class StorageView(StorageReads):
     @contextmanager
     def _read(self) -> Iterator[AsOfTxn]:
         with self._storage._read() as txn:
-            yield AsOfTxn(txn, self._model.db, self.seq)
+            yield AsOfTxn(txn, self._model.db, self.seq, self._model.env)
 
     def _assert_open(self) -> None:
         self._storage._assert_open()

@@ -11,6 +11,8 @@ from typing import Any
 import lmdb
 
 from ..log import Environment, WriteLog
+from ..log.environment import MAIN_DB, PageStats
+from ..log.writelog import LOG_DB
 from ..log.records import FORMAT_VERSION
 from ..log.stream.position import stored_position
 from ..log.stream.shipper import stopped_reason
@@ -75,7 +77,8 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
         head, first, count = log.head(), log.first(), log.count()
         first_commit = log.get(first) if first else None
         last_commit = log.get(head) if head else None
-        sizes = env.stat_sizes()
+        pages = env.page_stats()
+        sizes = {name: db.bytes for name, db in pages.dbs.items() if name != MAIN_DB}
         txn, model, _ = begin_following(env, model)  # a rebuild elsewhere may have swapped
         with txn:
             counts = {
@@ -98,9 +101,10 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             "records": count,
             "firstCommittedAt": None if first_commit is None else first_commit.committed_at,
             "lastCommittedAt": None if last_commit is None else last_commit.committed_at,
-            "fileBytes": sizes["file"],
+            "fileBytes": pages.file_bytes,
             "logBytes": sizes.get("log", 0),
             "projectionBytes": sum(size for name, size in sizes.items() if name.startswith("p")),
+            "footprint": footprint(pages),
             "counts": counts,
             "liveDocuments": live_documents,
             "projections": {
@@ -137,6 +141,55 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
         env.close()
 
 
+def footprint(pages: PageStats) -> dict[str, Any]:
+    """Where the file's bytes go, for ``stats``: each database's pages, the free pages (counted
+    by difference, see ``Environment.page_stats``) and the share of the file a compacting copy
+    (``durable-log compact``) would give back."""
+
+    log = pages.dbs.get(LOG_DB)
+    return {
+        "pageSize": pages.page_size,
+        "usedPages": pages.used_pages,
+        "freePages": pages.free_pages,
+        "freeBytes": pages.free_bytes,
+        "freeShare": round(pages.free_bytes / pages.file_bytes, 4) if pages.file_bytes else 0.0,
+        "logBytesPerRecord": round(log.bytes / log.entries, 1) if log is not None and log.entries else None,
+        "databases": {
+            name: {
+                "entries": db.entries,
+                "depth": db.depth,
+                "branchPages": db.branch,
+                "leafPages": db.leaf,
+                "overflowPages": db.overflow,
+                "bytes": db.bytes,
+                "bytesPerEntry": round(db.bytes / db.entries, 1) if db.entries else None,
+            }
+            for name, db in sorted(pages.dbs.items())
+        },
+    }
+
+
+def format_footprint(info: dict[str, Any]) -> list[str]:
+    """The footprint section of ``format_stats``: databases holding pages, largest first."""
+
+    foot = info["footprint"]
+    per_record = foot["logBytesPerRecord"]
+    lines = [
+        f"free pages       {foot['freePages']:,} of {foot['usedPages']:,} used "
+        f"({format_bytes(foot['freeBytes'])} free with the file's tail: {foot['freeShare']:.1%} of the file)",
+        f"log per record   {'-' if per_record is None else format_bytes(int(per_record))}",
+        f"{'database':<40} {'entries':>9} {'branch':>7} {'leaf':>7} {'overflow':>8} {'bytes':>10} {'B/entry':>8}",
+    ]
+    rows = [(name, db) for name, db in foot["databases"].items() if db["bytes"]]
+    for name, db in sorted(rows, key=lambda row: -row[1]["bytes"]):
+        each = "-" if db["bytesPerEntry"] is None else f"{db['bytesPerEntry']:,.0f}"
+        lines.append(
+            f"  {name:<38} {db['entries']:>9,} {db['branchPages']:>7,} {db['leafPages']:>7,} "
+            f"{db['overflowPages']:>8,} {format_bytes(db['bytes']):>10} {each:>8}"
+        )
+    return lines
+
+
 def _stored_position(txn: lmdb.Transaction[bytes], env: Environment) -> Any:
     import msgspec
 
@@ -164,6 +217,7 @@ def format_stats(info: dict[str, Any]) -> str:
         f"file size        {format_bytes(info['fileBytes'])}",
         f"log size         {format_bytes(info['logBytes'])}",
         f"projection size  {format_bytes(info['projectionBytes'])}",
+        *format_footprint(info),
         "records          "
         + ", ".join(plural(count, *_KINDS[name]) for name, count in info["counts"].items()),
         f"live documents   {info['liveDocuments']:,}",

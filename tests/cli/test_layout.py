@@ -98,7 +98,7 @@ def test_each_family_registers_its_own_commands() -> None:
         demo: {"demo"},
         inspect: {"stats", "show", "tail", "verify"},
         move: {"export", "import", "backup", "restore"},
-        operate: {"rebuild", "replica", "promote"},
+        operate: {"rebuild", "compact", "replica", "promote"},
     }
     for family, names in families.items():
         parser = argparse.ArgumentParser()

@@ -352,6 +352,7 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
         "export": [path],
         "import": [path, str(tmp_path / "y")],
         "rebuild": [path],
+        "compact": [path],
         "backup": [path, str(tmp_path / "y")],
         "restore": [*nats, "--store", "abc", path],
         "replica": [path, *nats, "--store", "abc"],

@@ -214,7 +214,7 @@ def test_a_replica_killed_at_random_moments_resumes_where_it_stood(tmp_path: Pat
 
 def _bad_checksum(data: bytes) -> bytes:
     record = msgspec.msgpack.decode(data, type=LogRecord)
-    return msgspec.msgpack.encode(LogRecord(record.format, record.committed_at, record.checksum ^ 1, record.payload))
+    return msgspec.msgpack.encode(LogRecord(record.format, record.committed_at, record.checksum ^ 1, record.payload, record.size))
 
 
 def _record_of(writes: list[dict[str, Any]]) -> bytes:

@@ -18,8 +18,10 @@ The batch for counter N is ``batch(N, size)``: the test process rebuilds it to c
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import random
 import sys
 import time
 import zlib
@@ -33,7 +35,8 @@ from pi_durable_lmdb.log import Environment, WriteLog, WriterLockedError, encode
 def batch(n: int, size: int = 0) -> list[dict]:
     """A deterministic agent-turn batch: an entry (with ``size`` bytes of text) and a task."""
 
-    filler = (f"{n:08d}-" * (size // 9 + 1))[:size]
+    # random text, so records stay about ``size`` bytes once deflated (the log deflates them)
+    filler = base64.b64encode(random.Random(n).randbytes(size)).decode()[:size]
     return [
         {
             "type": "entry",

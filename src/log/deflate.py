@@ -1,0 +1,110 @@
+"""Deflating stored bytes (issue 24): log records of format 2, and the projections' rows that are
+read rarely (document snapshots, the history of overwritten rows).
+
+Raw deflate (zlib's, no header or trailer: every stored value already has its own checksum) with a
+preset dictionary of the Storage contract's field names and record shapes (placeholder values,
+no data) as msgpack: a batch of a few hundred bytes is mostly keys and map headers, which the
+dictionary turns into back-references from its first byte. The dictionary is part of the format: ``PRESET`` must never change (a record of format 2 is
+inflated with exactly these bytes); another dictionary would be another format.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final
+
+import msgspec
+
+PRESET_KEYS: Final = (
+    "type", "value", "record", "content", "source", "id", "conversation", "entry", "task",
+    "submission", "document.create", "document.copy", "document.change", "document.retire",
+    "conversationId", "taskId", "parent", "at", "kind", "version", "ops", "base", "delta",
+    "scope", "session", "key", "history", "rewindable", "fork", "asOf", "current",
+    "message", "model", "role", "user", "assistant", "toolResult", "toolCall", "text",
+    "thinking", "name", "arguments", "api", "provider", "usage", "input", "output",
+    "cacheRead", "cacheWrite", "totalTokens", "cost", "stopReason", "stop", "toolUse",
+    "timestamp", "isError", "details", "data", "byTaskId", "customType", "display",
+    "background", "abortRequested", "startedAt", "state", "status", "pending", "running",
+    "waiting", "sleeping", "completing", "terminal", "until", "checkpoint", "memos", "result",
+    "error", "requestId", "queued", "placed", "done", "unanswered", "createdAt",
+)
+"""Never change (see the module docstring)."""
+
+PRESET_SHAPES: Final = (
+    [{"type": "conversation", "value": {"id": 1, "parent": {"conversationId": 1, "at": 1}}}],
+    [{"type": "submission", "value": {"id": 1, "conversationId": 1, "requestId": "", "type": "input", "status": "queued"}}],
+    [
+        {
+            "type": "document.create",
+            "record": {"id": 1, "kind": "", "scope": {"kind": "conversation", "conversationId": 1}, "history": "rewindable", "fork": "asOf"},
+            "content": {"kind": "base", "version": 1, "value": {}},
+        }
+    ],
+    [
+        {
+            "type": "task",
+            "value": {
+                "id": 1, "conversationId": 1, "kind": "", "version": 1, "input": {}, "background": False,
+                "abortRequested": False, "startedAt": 1_760_000_000_000, "state": {"status": "running"}, "memos": {},
+            },
+        }
+    ],
+    [
+        {
+            "type": "entry",
+            "value": {
+                "id": 1, "conversationId": 1, "kind": "message",
+                "model": [
+                    {
+                        "role": "assistant", "content": [{"type": "text", "text": ""}], "api": "", "provider": "",
+                        "model": "", "usage": {"input": 1, "output": 1, "cacheRead": 0, "cacheWrite": 0},
+                        "stopReason": "stop", "timestamp": 1_760_000_000_000,
+                    }
+                ],
+            },
+        }
+    ],
+    [{"type": "document.change", "id": 1, "content": {"kind": "delta", "version": 1, "ops": []}}],
+)
+"""Batches of the contract's record shapes with placeholder values (no data): a batch of the same
+shape is mostly these byte runs, keys and map headers in order. Never change."""
+
+PRESET: Final = b"".join(msgspec.msgpack.encode(key) for key in PRESET_KEYS) + b"".join(
+    msgspec.msgpack.encode(shape) for shape in PRESET_SHAPES
+)
+
+MIN_SIZE: Final = 48
+"""Shorter values are stored as they are: deflate cannot win enough to pay for itself."""
+MIN_SAVING: Final = 8
+"""A value is stored deflated only when that saves at least this many bytes."""
+LEVEL: Final = 6
+"""zlib's default: on a ~1 KiB batch no slower than level 1 here (the dictionary and the block's
+Huffman tree dominate), and 2-3% smaller."""
+
+
+def deflate(data: bytes) -> bytes | None:
+    """``data`` deflated, or ``None`` when that would not save ``MIN_SAVING`` bytes."""
+
+    size = len(data)
+    if size < MIN_SIZE:
+        return None
+    window = min(15, max(9, (size + len(PRESET)).bit_length()))  # a small window starts faster
+    compressor = zlib.compressobj(LEVEL, zlib.DEFLATED, -window, 8, zlib.Z_DEFAULT_STRATEGY, PRESET)
+    out = compressor.compress(data) + compressor.flush()
+    return out if len(out) + MIN_SAVING <= size else None
+
+
+def inflate(data: bytes | memoryview, size: int) -> bytes:
+    """The ``size`` bytes ``data`` deflates; ``ValueError`` if it holds anything else (never more
+    than ``size`` bytes are produced, whatever ``data`` holds)."""
+
+    if size <= 0:  # zlib reads a max_length of 0 as "no limit"
+        raise ValueError(f"a deflated value of {size} bytes")
+    decompressor = zlib.decompressobj(-15, PRESET)
+    try:
+        out = decompressor.decompress(data, size)
+    except zlib.error as error:
+        raise ValueError(f"undeflatable ({error})") from None
+    if len(out) != size or not decompressor.eof or decompressor.unconsumed_tail or decompressor.unused_data:
+        raise ValueError(f"does not deflate to {size} bytes")
+    return out

@@ -1,0 +1,767 @@
+"""Where a store's bytes go (issue 24): ``stats``' page breakdown, ``compact``, and old stores.
+
+Every test works on real LMDB files written through ``LmdbStorage``; the page counts are checked
+against an independent reading of the same file with py-lmdb itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
+from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb import cli as cli_module
+from pi_durable_lmdb.log import Environment
+from pi_durable_lmdb.log.environment import MAIN_DB
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from bench_workloads import ROOT, conversation, entry, task  # noqa: E402
+
+
+def call(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """``durable-log ARGS`` in this process: exit code, stdout, stderr."""
+
+    capsys.readouterr()
+    try:
+        code = cli_module.main([str(arg) for arg in args])
+    except SystemExit as exit:
+        code = int(exit.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_turns(path: Path, turns: int, start: int = 1) -> None:
+    """``turns`` commits of the bench's ``commit_turn`` workload (an entry and the task record)."""
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            if start == 1:
+                await storage.commit([conversation(ROOT)], CTX)
+                await storage.commit([{"type": "task", "value": task(2, ROOT, 0, "pending")}], CTX)
+            for n in range(start, start + turns):
+                await storage.commit(
+                    [
+                        {"type": "entry", "value": entry(1000 + n, ROOT, n, 2)},
+                        {"type": "task", "value": task(2, ROOT, n, "running" if n % 3 else "sleeping")},
+                    ],
+                    CTX,
+                )
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def raw_pages(path: Path) -> tuple[int, dict[str, int], int]:
+    """(page size, pages per named database, last page number) read with py-lmdb directly."""
+
+    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=256, subdir=True)
+    try:
+        pages: dict[str, int] = {}
+        with env.begin() as txn:
+            names = [bytes(key) for key, _ in txn.cursor()]
+            for name in names:
+                stat = txn.stat(env.open_db(name, txn=txn, create=False))
+                pages[name.decode()] = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+        main = env.stat()
+        pages[MAIN_DB] = main["branch_pages"] + main["leaf_pages"] + main["overflow_pages"]
+        return main["psize"], pages, env.info()["last_pgno"]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("turns", [0, 40, 400])
+def test_the_page_breakdown_accounts_for_every_page_of_the_file(tmp_path: Path, turns: int) -> None:
+    path = tmp_path / "store"
+    write_turns(path, turns)
+    env = Environment(path, readonly=True)
+    try:
+        stats = env.page_stats()
+    finally:
+        env.close()
+    psize, pages, last = raw_pages(path)
+    assert stats.page_size == psize
+    assert {name: db.pages for name, db in stats.dbs.items()} == pages
+    assert stats.used_pages == last + 1
+    # two meta pages, every database's pages, the free ones: nothing more, nothing less
+    assert 2 + sum(pages.values()) + stats.free_pages == stats.used_pages
+    assert stats.file_bytes == os.path.getsize(path / "data.mdb")
+    assert stats.free_bytes >= stats.free_pages * psize
+    assert stats.dbs["log"].entries == turns + 2
+
+
+def test_stats_json_reports_each_database_and_the_free_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "store"
+    write_turns(path, 300)
+    code, out, _ = call(capsys, "stats", path, "--json")
+    assert code == 0
+    info = json.loads(out)
+    foot = info["footprint"]
+    psize, pages, last = raw_pages(path)
+    for name, count in pages.items():
+        db = foot["databases"][name]
+        assert db["branchPages"] + db["leafPages"] + db["overflowPages"] == count
+        assert db["bytes"] == count * psize
+    log = foot["databases"]["log"]
+    assert log["entries"] == info["records"] == 302
+    assert foot["logBytesPerRecord"] == round(log["bytes"] / 302, 1)
+    assert foot["freeBytes"] == foot["freePages"] * psize + info["fileBytes"] - (last + 1) * psize
+    assert foot["freeShare"] == round(foot["freeBytes"] / info["fileBytes"], 4)
+    assert info["logBytes"] == log["bytes"]
+    assert info["projectionBytes"] == sum(db["bytes"] for name, db in foot["databases"].items() if name.startswith("p"))
+    code, text, _ = call(capsys, "stats", path)
+    assert code == 0
+    assert "free pages" in text and "log per record" in text
+    assert "p0.entries.by_conversation" in text
+
+
+def test_a_rebuild_shows_as_free_pages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rebuild folds fresh projections beside the live ones and drops the old: their pages are
+    free afterwards (the file does not shrink), and ``stats`` says so."""
+
+    path = tmp_path / "store"
+    write_turns(path, 300)
+    before = json.loads(call(capsys, "stats", path, "--json")[1])
+    assert call(capsys, "rebuild", path)[0] == 0
+    after = json.loads(call(capsys, "stats", path, "--json")[1])
+    assert after["fileBytes"] > before["fileBytes"]
+    assert after["footprint"]["freePages"] * after["footprint"]["pageSize"] >= before["projectionBytes"] // 2
+    assert after["footprint"]["freeShare"] > before["footprint"]["freeShare"]
+
+
+def export_text(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    code, out, err = call(capsys, "export", path)
+    assert code == 0, err
+    return out
+
+
+def reads_of(path: Path) -> dict[str, Any]:
+    """Every read the contract offers on the turn workload's records, as JSON text."""
+
+    async def run() -> dict[str, Any]:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            page = await storage.scan_entries({"conversationId": ROOT}, 10_000, None, CTX)
+            return {
+                "entries": page,
+                "task": await storage.task(2, CTX),
+                "conversation": await storage.conversation(ROOT, CTX),
+            }
+        finally:
+            await storage.close()
+
+    return asyncio.run(run())
+
+
+# ── old stores keep working ───────────────────────────────────────────────────
+
+
+from pi_durable.storage import MemoryStorage  # noqa: E402
+
+from tests.fixtures import old_store  # noqa: E402
+from tests.support.workload import snapshot  # noqa: E402
+
+
+def snapshots_of(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every read of the fixture's ids, from the store at ``path`` and from ``MemoryStorage``
+    fed the fixture's batches."""
+
+    async def run() -> tuple[dict[str, Any], dict[str, Any]]:
+        work, _ = old_store.batches()
+        memory = MemoryStorage()
+        committed = await old_store.commit_all(memory, CTX)
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            assert storage.log.head() == committed
+            return await snapshot(storage, work, committed), await snapshot(memory, work, committed)
+        finally:
+            await storage.close()
+
+    return asyncio.run(run())
+
+
+def test_a_store_of_the_old_format_opens_reads_verifies_exports_and_rebuilds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old_store.extract(tmp_path)
+    path = tmp_path / "store"
+    exported = (tmp_path / "export.jsonl").read_text()
+    assert call(capsys, "verify", path)[0] == 0
+    assert export_text(path, capsys) == exported
+    ours, reference = snapshots_of(path)
+    assert len(reference) > 3000 and ours == reference
+    code, out, err = call(capsys, "rebuild", path)
+    assert code == 0, err
+    assert call(capsys, "verify", path)[0] == 0
+    assert export_text(path, capsys) == exported
+    assert snapshots_of(path)[0] == reference
+
+    async def one_more() -> None:  # a new record after the old ones: both read back
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 99_999}}], CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(one_more())
+    assert call(capsys, "verify", path)[0] == 0
+    lines = export_text(path, capsys).splitlines(keepends=True)
+    assert "".join(lines[:-1]) == exported
+    assert json.loads(lines[-1])["writes"] == [{"type": "conversation", "value": {"id": 99_999}}]
+
+
+# ── compact ───────────────────────────────────────────────────────────────────
+
+
+import hashlib  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+from pi_durable_lmdb.errors import WriterLockedError  # noqa: E402
+from pi_durable_lmdb.log.compact import StoreInUseError, compact  # noqa: E402
+from pi_durable_lmdb.log.storedir import COMPACTING  # noqa: E402
+
+SRC_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def digest(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def child(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=SRC_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+
+
+@pytest.fixture
+def rebuilt_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, int, str, dict[str, Any]]:
+    """A store of 300 turns whose projections were rebuilt (so a projections' worth of its file is
+    free pages): its path, its size before the rebuild, its export and its reads."""
+
+    path = tmp_path / "store"
+    write_turns(path, 300)
+    size = os.path.getsize(path / "data.mdb")
+    assert call(capsys, "rebuild", path)[0] == 0
+    return path, size, export_text(path, capsys), reads_of(path)
+
+
+def test_compact_gives_back_what_a_rebuild_left_free_and_every_read_stays(
+    rebuilt_store: tuple[Path, int, str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, before_rebuild, exported, reads = rebuilt_store
+    grown = os.path.getsize(path / "data.mdb")
+    assert grown > before_rebuild * 1.5
+    code, out, err = call(capsys, "compact", path)
+    assert code == 0, err
+    assert "compacted" in out
+    after = os.path.getsize(path / "data.mdb")
+    assert after <= before_rebuild
+    info = json.loads(call(capsys, "stats", path, "--json")[1])
+    assert info["footprint"]["freePages"] == 0
+    assert call(capsys, "verify", path)[0] == 0
+    assert export_text(path, capsys) == exported
+    assert reads_of(path) == reads
+    assert not (path / COMPACTING).exists()
+    write_turns(path, 50, start=301)  # a writer carries on in the compacted file
+    assert call(capsys, "verify", path)[0] == 0
+    more = reads_of(path)
+    assert len(more["entries"]["items"]) == 350 and more["task"]["memos"]["turns"] == 350
+
+
+WRITER = """
+import asyncio, sys
+from pi_durable_lmdb import LmdbStorage
+async def main():
+    storage = await LmdbStorage.open(sys.argv[1], durability="process")
+    print("open", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    await storage.close()
+asyncio.run(main())
+"""
+
+READER = """
+import sys
+from pi_durable_lmdb.log import Environment
+env = Environment(sys.argv[1], readonly=True)
+with env.read() as txn:
+    pass
+print("open", flush=True)
+sys.stdin.readline()
+env.close()
+"""
+
+
+@pytest.mark.parametrize("holder", [WRITER, READER], ids=["writer", "reader"])
+def test_compact_refuses_a_store_another_process_has_open(
+    rebuilt_store: tuple[Path, int, str, dict[str, Any]], capsys: pytest.CaptureFixture[str], holder: str
+) -> None:
+    path = rebuilt_store[0]
+    before = digest(path / "data.mdb")
+    process = child(holder, str(path))
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "open\n"
+        with pytest.raises((WriterLockedError, StoreInUseError)) as refused:
+            compact(path)
+        assert str(process.pid) in str(refused.value)
+        code, _, err = call(capsys, "compact", path)
+        assert code == 2 and str(process.pid) in err
+        assert digest(path / "data.mdb") == before and not (path / COMPACTING).exists()
+    finally:
+        assert process.stdin is not None
+        process.communicate("\n", timeout=30)
+    assert process.returncode == 0
+    compact(path)  # closed everywhere now
+    assert digest(path / "data.mdb") != before
+
+
+def test_compact_refuses_a_store_this_process_has_open(rebuilt_store: tuple[Path, int, str, dict[str, Any]]) -> None:
+    path = rebuilt_store[0]
+    env = Environment(path, readonly=True)
+    try:
+        with pytest.raises(StoreInUseError, match="in this process"):
+            compact(path)
+    finally:
+        env.close()
+
+
+CRASHING = """
+import os, signal, sys
+from pi_durable_lmdb.log import compact as module
+stage = sys.argv[2]
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+def before(name, target):
+    original = getattr(target, name)
+    def wrapped(*args, **kwargs):
+        die()
+    setattr(target, name, wrapped)
+def after(name, target):
+    original = getattr(target, name)
+    def wrapped(*args, **kwargs):
+        original(*args, **kwargs)
+        die()
+    setattr(target, name, wrapped)
+{"copy": lambda: after("_copy", module), "fsync": lambda: before("_fsync", module),
+ "rename": lambda: before("rename", os), "renamed": lambda: after("rename", os),
+ "clear": lambda: before("clear_unsynced", module)}[stage]()
+module.compact(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("stage", ["copy", "fsync", "rename", "renamed", "clear"])
+def test_a_compact_killed_at_any_step_leaves_a_good_store(
+    rebuilt_store: tuple[Path, int, str, dict[str, Any]], capsys: pytest.CaptureFixture[str], stage: str
+) -> None:
+    path, _, exported, reads = rebuilt_store
+    before = digest(path / "data.mdb")
+    process = child(CRASHING, str(path), stage)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    if stage in ("copy", "fsync", "rename"):
+        assert digest(path / "data.mdb") == before  # untouched until the rename
+        assert (path / COMPACTING).exists()
+    assert call(capsys, "verify", path)[0] == 0
+    assert export_text(path, capsys) == exported
+    assert reads_of(path) == reads  # a writer's open: it removes the leftover copy
+    assert not (path / COMPACTING).exists()
+    compact(path)
+    assert export_text(path, capsys) == exported
+
+
+def test_a_compact_killed_at_random_moments_leaves_a_good_store(
+    rebuilt_store: tuple[Path, int, str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _, exported, _ = rebuilt_store
+    for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
+        process = child("import sys; from pi_durable_lmdb.log.compact import compact; compact(sys.argv[1])", str(path))
+        time.sleep(delay)
+        process.kill()
+        process.communicate(timeout=60)
+        code, out, err = call(capsys, "export", path)
+        assert code == 0, err
+        assert out == exported
+    assert call(capsys, "compact", path)[0] == 0
+    assert call(capsys, "verify", path)[0] == 0
+    assert export_text(path, capsys) == exported
+
+
+# ── log records: format 1 and 2 ───────────────────────────────────────────────
+
+
+import msgspec  # noqa: E402
+import zlib  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pi_durable_lmdb.errors import CorruptProjectionError, CorruptRecordError  # noqa: E402
+from pi_durable_lmdb.log import codec  # noqa: E402
+from pi_durable_lmdb.log.deflate import PRESET  # noqa: E402
+from pi_durable_lmdb.log.records import decode_record, encode_record, write_to_builtins  # noqa: E402
+from tests.support.workload import Workload  # noqa: E402
+from bench_workloads import document_create, document_delta  # noqa: E402
+
+
+def test_the_preset_dictionary_never_changes() -> None:
+    """Format-2 records inflate with exactly these bytes: a change would make them unreadable."""
+
+    assert hashlib.sha256(PRESET).hexdigest() == "93d63131aebf9e3d4fd1d8bbe7856d2b93db1dec773678a2cec0ad8c2effd08c"
+
+
+def crc(committed_at: int, data: bytes) -> int:
+    return zlib.crc32(data, zlib.crc32(committed_at.to_bytes(8, "big", signed=True)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), batches=st.integers(1, 30), at=st.integers(-(2**63), 2**63 - 1))
+def test_every_batch_reads_back_exactly_and_raw_records_stay_format_1(seed: int, batches: int, at: int) -> None:
+    work = Workload(seed)
+    for _ in range(batches):
+        writes = work.batch()
+        try:
+            payload = codec.encode(writes)
+        except (ValueError, TypeError):
+            continue
+        stored = encode_record(payload, at)
+        fields = msgspec.msgpack.decode(stored)
+        if fields[0] == 1:  # kept as it was: byte for byte what the earlier format wrote
+            assert stored == msgspec.msgpack.encode([1, at, crc(at, payload), payload])
+        else:
+            assert fields[0] == 2 and fields[4] == len(payload) and len(stored) < len(payload) + 16
+        commit = decode_record(7, stored)
+        reference = decode_record(7, msgspec.msgpack.encode([1, at, crc(at, payload), payload]))
+        assert commit == reference and commit.committed_at == at
+        assert codec.encode([write_to_builtins(write) for write in commit.writes]) == payload
+
+
+def test_a_turn_record_is_deflated_to_fit_six_to_a_page() -> None:
+    payload = codec.encode(
+        [{"type": "entry", "value": entry(1234, ROOT, 57, 2)}, {"type": "task", "value": task(2, ROOT, 57, "running")}]
+    )
+    stored = encode_record(payload, 1_760_000_000_000)
+    assert msgspec.msgpack.decode(stored)[0] == 2
+    assert len(stored) + 18 <= (4096 - 16) // 6  # key, node header, pointer: six records a page
+    delta = encode_record(codec.encode([document_delta(2)]), 1_760_000_000_000)
+    assert len(delta) <= 64
+
+
+def deflated_record(payload: bytes, size: int | None = None, at: int = 5) -> bytes:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, PRESET)
+    deflated = compressor.compress(payload) + compressor.flush()
+    return msgspec.msgpack.encode([2, at, crc(at, deflated), deflated, len(payload) if size is None else size])
+
+
+@pytest.mark.parametrize(
+    "stored, reason",
+    [
+        (deflated_record(b"\x91\xa1x" * 40, size=119), "deflate"),
+        (deflated_record(b"\x91\xa1x" * 40, size=121), "deflate"),
+        (deflated_record(b"\x91\xa1x" * 40, size=0), "size 0"),
+        (deflated_record(b"\x91\xa1x" * 400_000, size=100), "deflate"),  # never inflates past the size
+        (msgspec.msgpack.encode([2, 5, crc(5, b"not deflate"), b"not deflate", 50]), "deflate"),
+        (msgspec.msgpack.encode([1, 5, crc(5, b"\x90"), b"\x90", 1]), "format 1 with size"),
+        (msgspec.msgpack.encode([3, 5, crc(5, b"\x90"), b"\x90"]), "unsupported record format 3"),
+    ],
+)
+def test_a_record_that_lies_about_its_deflated_writes_is_corrupt(stored: bytes, reason: str) -> None:
+    with pytest.raises(CorruptRecordError, match=reason):
+        decode_record(9, stored)
+
+
+def test_a_record_of_format_1_made_the_old_way_reads() -> None:
+    payload = codec.encode([{"type": "conversation", "value": {"id": 5}}])
+    commit = decode_record(3, msgspec.msgpack.encode([1, 77, crc(77, payload), payload]))
+    assert commit.committed_at == 77 and write_to_builtins(commit.writes[0]) == {"type": "conversation", "value": {"id": 5}}
+
+
+# ── history by reference to the log, packed snapshots ─────────────────────────
+
+
+def test_as_of_reads_of_a_task_rewritten_every_commit_come_back_from_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "store"
+    write_turns(path, 60)
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            for seq in range(2, 63):
+                view = await storage.as_of(seq)
+                n = seq - 2
+                expected = task(2, ROOT, n, "pending" if n == 0 else ("running" if n % 3 else "sleeping"))
+                assert await view.task(2, CTX) == expected
+            # a task written three times in one commit: the view after it shows the last write
+            writes = [{"type": "task", "value": task(2, ROOT, 100 + k, "running")} for k in range(3)]
+            seq = await storage.commit(writes, CTX)
+            await storage.commit([{"type": "task", "value": task(2, ROOT, 200, "sleeping")}], CTX)
+            assert await (await storage.as_of(seq)).task(2, CTX) == task(2, ROOT, 102, "running")
+            assert await (await storage.as_of(seq - 1)).task(2, CTX) == task(2, ROOT, 60, "running" if 60 % 3 else "sleeping")
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    assert call(capsys, "verify", path)[0] == 0
+    env = Environment(path, readonly=True)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(name for name in names if name.endswith(".history")))
+        with env.read() as txn:
+            rows = list(txn.cursor(db=db))
+    finally:
+        env.close()
+    logged = [value for _, value in rows if value[:1] == b"\x03"]
+    assert len(logged) >= 60 and all(len(value) == 17 for value in logged)
+
+
+def test_a_damaged_log_reference_in_history_is_named_not_served(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    write_turns(path, 5)
+    env = Environment(path)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(name for name in names if name.endswith(".history")))
+        with env.read() as txn:
+            key, value = next((k, v) for k, v in txn.cursor(db=db) if v[:1] == b"\x03")
+        env.write(lambda txn: txn.put(key, value[:-1] + bytes([value[-1] ^ 1]), db=db))  # the checksum
+    finally:
+        env.close()
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            seq = int.from_bytes(key[-8:], "big")
+            with pytest.raises(CorruptProjectionError):
+                await (await storage.as_of(seq - 1)).task(2, CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def test_document_reads_at_every_point_use_packed_snapshots_as_memory_storage_answers(tmp_path: Path) -> None:
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        memory = MemoryStorage()
+        try:
+            for store in (storage, memory):
+                await store.commit([conversation(ROOT)], CTX)
+                await store.commit([document_create(2)], CTX)
+                for _ in range(300):
+                    await store.commit([document_delta(2)], CTX)
+            for seq in [2, 3, 64, 65, 66, 67, 130, 131, 200, 302, "current"]:
+                assert await storage.document(2, seq, CTX) == await memory.document(2, seq, CTX), seq
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    env = Environment(tmp_path / "store", readonly=True)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(n for n in names if n.endswith(".documents.snapshots")))
+        with env.read() as txn:
+            snapshots = list(txn.cursor(db=db))
+    finally:
+        env.close()
+    assert len(snapshots) == 4 and all(value[8:9] == b"\xc1" for _, value in snapshots)
+
+
+# ── long document values are chunked ──────────────────────────────────────────
+
+
+from pi_durable_lmdb.projections import tables as tbl  # noqa: E402
+
+
+def values_rows(path: Path) -> dict[bytes, bytes]:
+    env = Environment(path, readonly=True)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(n for n in names if n.endswith(".documents.values")))
+        with env.read() as txn:
+            return {bytes(k): bytes(v) for k, v in txn.cursor(db=db)}
+    finally:
+        env.close()
+
+
+def test_a_long_document_value_is_chunked_and_reads_as_memory_storage_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "store"
+    big = "x" * 150_000  # three chunks of 64 KiB once encoded
+
+    def change(text: str, base: bool = False) -> dict[str, Any]:
+        if base:
+            return {"type": "document.change", "id": 2, "content": {"kind": "base", "version": 1, "value": {"title": "Notes", "text": text}}}
+        return {"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], text]]}}
+
+    batches = [[conversation(ROOT)], [document_create(2)], [change(big, base=True)]]
+    batches += [[change(f"more {n} ")] for n in range(80)]
+    batches += [[change("short again", base=True)], [change(big, base=True)], [change("tail")]]
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        memory = MemoryStorage()
+        try:
+            for number, writes in enumerate(batches, 1):
+                for store in (storage, memory):
+                    await store.commit(writes, CTX)
+                if number in (3, 40, 83, 84, 86):
+                    rows = values_rows_of(storage)
+                    chunked = len(rows) > 1
+                    assert chunked == (number != 84), number
+                    assert await storage.document(2, "current", CTX) == await memory.document(2, "current", CTX)
+            for seq in (3, 30, 67, 68, 83, 84, 85, 86):
+                assert await storage.document(2, seq, CTX) == await memory.document(2, seq, CTX), seq
+            await storage.commit([{"type": "document.retire", "id": 2}], CTX)
+            assert values_rows_of(storage) == {}
+        finally:
+            await storage.close()
+
+    def values_rows_of(storage: LmdbStorage) -> dict[bytes, bytes]:
+        model = storage._model
+        with model.env.read() as txn:
+            return {bytes(k): bytes(v) for k, v in txn.cursor(db=model.db[tbl.DOCUMENT_VALUES])}
+
+    asyncio.run(run())
+    assert call(capsys, "verify", path)[0] == 0
+
+
+def test_a_delta_to_a_long_text_rewrites_only_the_chunks_it_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "store"
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([conversation(ROOT)], CTX)
+            await storage.commit([document_create(2)], CTX)
+            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "y" * 300_000]]}}], CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    before = values_rows(path)
+    assert len(before) == 1 + 5
+    write_doc_deltas(path, 1)
+    after = values_rows(path)
+    changed = [key for key in after if before.get(key) != after[key]]
+    # the head row, the first chunk (the text's length, deltas since base) and the last
+    assert len(changed) == 3 and after.keys() == before.keys()
+    assert call(capsys, "verify", path)[0] == 0
+
+
+def write_doc_deltas(path: Path, count: int) -> None:
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            for _ in range(count):
+                await storage.commit([document_delta(2)], CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_long_value_kept_whole_by_an_earlier_version_reads_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stores written before chunking hold a long value as one row: rewrite one so, then read it."""
+
+    path = tmp_path / "store"
+
+    async def run() -> Any:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([conversation(ROOT)], CTX)
+            await storage.commit([document_create(2)], CTX)
+            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "z" * 200_000]]}}], CTX)
+            model = storage._model
+            db = model.db[tbl.DOCUMENT_VALUES]
+            with model.env.read() as txn:
+                whole = tbl.get_value(txn, db, 2, tbl.unseal)
+            assert whole is not None
+
+            def unchunk(txn: Any) -> None:
+                tbl.delete_value(txn, db, 2)
+                txn.put(tbl.u64(2), tbl.seal(whole), db=db)
+
+            model.env.write(unchunk)
+            return await storage.document(2, "current", CTX)
+        finally:
+            await storage.close()
+
+    current = asyncio.run(run())
+    assert len(values_rows(path)) == 1
+    assert call(capsys, "verify", path)[0] == 0
+    write_doc_deltas(path, 2)  # the next change chunks it
+    assert len(values_rows(path)) == 5
+
+    async def read() -> Any:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            return await storage.document(2, "current", CTX)
+        finally:
+            await storage.close()
+
+    assert asyncio.run(read())["value"]["text"] == current["value"]["text"] + "more text" * 2
+    assert call(capsys, "verify", path)[0] == 0
+
+
+def test_a_damaged_or_missing_chunk_is_named_not_served(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+
+    async def build() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([conversation(ROOT)], CTX)
+            await storage.commit([document_create(2)], CTX)
+            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "q" * 200_000]]}}], CTX)
+        finally:
+            await storage.close()
+
+    for damage in ("flip", "drop"):
+        shutil_rm(path)
+        asyncio.run(build())
+        rows = values_rows(path)
+        chunk_key = sorted(key for key in rows if len(key) == 12)[1]
+        env = Environment(path)
+        try:
+            with env.read() as txn:
+                names = [bytes(key).decode() for key, _ in txn.cursor()]
+            db = env.db(next(n for n in names if n.endswith(".documents.values")))
+            if damage == "flip":
+                value = rows[chunk_key]
+                env.write(lambda txn: txn.put(chunk_key, value[:-1] + bytes([value[-1] ^ 1]), db=db))
+            else:
+                env.write(lambda txn: txn.delete(chunk_key, db=db))
+        finally:
+            env.close()
+
+        async def read() -> None:
+            storage = await LmdbStorage.open(path, durability="process")
+            try:
+                with pytest.raises(CorruptProjectionError) as caught:
+                    await storage.document(2, "current", CTX)
+                assert caught.value.key == chunk_key
+            finally:
+                await storage.close()
+
+        asyncio.run(read())
+
+
+def shutil_rm(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
