@@ -14,6 +14,7 @@ from typing import Any
 from .errors import (
     BadInputError,
     BadQueryError,
+    StoreInUseError,
     CorruptProjectionError,
     CorruptRecordError,
     DamageError,
@@ -68,6 +69,7 @@ __all__ = [
     "DamageError",
     "BadInputError",
     "BadQueryError",
+    "StoreInUseError",
     "CorruptProjectionError",
     "CorruptRecordError",
     "DurabilityConflictError",

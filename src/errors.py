@@ -45,6 +45,18 @@ class ReplicationError(DurableLmdbError):
     the message says whether the operation may be retried."""
 
 
+class StoreInUseError(OwnershipError):
+    """Another process has the store open (a writer or a reader): compacting swaps its file, which
+    a process that has it mapped would not see. Close them and compact again."""
+
+    def __init__(self, path: str, holder: str) -> None:
+        super().__init__(
+            f"The store at {path} is open{holder}; compacting replaces its file, so it needs the "
+            "store closed everywhere: stop its writer and readers, then compact again"
+        )
+        self.path = path
+
+
 class BadInputError(DurableLmdbError, ValueError):
     """The input names no store this version reads, or another one than asked. Check the path or
     the id you gave."""
@@ -266,6 +278,7 @@ class ProjectionFailed(StoreStateError):
 
 
 __all__ = [
+    "StoreInUseError",
     "BadInputError",
     "BadQueryError",
     "CorruptProjectionError",

@@ -23,7 +23,7 @@ from typing import Final
 import lmdb
 import msgspec
 
-from ..errors import OwnershipError, StoreFormatError
+from ..errors import StoreFormatError, StoreInUseError
 from . import shared
 from .storedir import (
     COMPACTING,
@@ -40,18 +40,6 @@ from .storedir import (
 _LOG_DB: Final = b"log"
 _FLOCK = struct.Struct("hhqqi4x")
 """``struct flock`` on Linux x86-64/arm64: type, whence, start, len, pid."""
-
-
-class StoreInUseError(OwnershipError):
-    """Another process has the store open (a writer or a reader): compacting swaps its file, which
-    a process that has it mapped would not see. Close them and compact again."""
-
-    def __init__(self, path: str, holder: str) -> None:
-        super().__init__(
-            f"The store at {path} is open{holder}; compacting replaces its file, so it needs the "
-            "store closed everywhere: stop its writer and readers, then compact again"
-        )
-        self.path = path
 
 
 class CompactReport(msgspec.Struct, frozen=True):

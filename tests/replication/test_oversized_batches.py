@@ -12,8 +12,10 @@ the server took bigger messages) stops and says so: ``status()``, a log line at 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -40,7 +42,11 @@ def small(tmp_path: Path) -> Iterator[NatsNode]:
 
 
 def entry(id: int, size: int) -> list[dict[str, object]]:
-    return [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": "x" * size}}]
+    """An entry of about ``size`` bytes that deflate cannot shrink much (the log stores batches
+    deflated since format 2: a run of one letter would fit any stream)."""
+
+    text = base64.b85encode(os.urandom(size))[:size].decode()
+    return [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": text}}]
 
 
 @pytest.mark.parametrize("durability", ["power", "process", "replicated"])
@@ -69,7 +75,7 @@ async def test_a_shipper_that_meets_a_record_it_can_never_publish_stops_and_says
     path = tmp_path / "store"
     local = await LmdbStorage.open(path, durability="process")  # written before it had a stream
     await local.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
-    await local.commit(entry(2, LIMIT), CTX)
+    await local.commit(entry(2, 2 * LIMIT), CTX)  # too big for the stream even deflated
     await local.close()
     caplog.set_level(logging.ERROR, logger="pi_durable_lmdb")
     storage = await LmdbStorage.open(path, durability="process", nats=small.url, stream="SMALL")
