@@ -2,18 +2,32 @@
 
 Why: LMDB's own durable commit flushes the device twice (``fdatasync`` of the data pages, then
 the meta page through an ``O_DSYNC`` descriptor). A ``power`` writer instead runs LMDB without
-syncing (``MDB_NOSYNC``) and, before each write transaction commits, appends the transaction's
-log records to this journal with one ``pwrite`` and one ``fdatasync``: the only flush a commit
-waits for. LMDB's pages reach the disk at checkpoints (``log.checkpoint``), which also let the
-journal's old segments be used again. After a power cut the writer's open restores the last
-checkpoint and replays the journal past it (``log.environment``; docs/reliability.md).
+syncing (``MDB_NOSYNC``) and, inside each write transaction that appends log records, right
+before LMDB's commit, writes those records to this journal as one frame with one ``pwrite`` and
+one ``fdatasync``: the only flush a commit waits for. Before, not after, LMDB's commit: a commit
+is visible to every reader (other processes included) as soon as LMDB commits it, and nothing
+may be visible that a power cut could take back. A frame whose transaction then fails to commit
+is unmade (``abandon``) before the failure is reported.
+
+Checkpoints (``log.environment``): ``data.mdb`` is synced (``env.sync(True)``) off the commit
+path, and a *checkpoint record* is made durable: a copy of LMDB's two meta pages as they were
+when the checkpoint began, and the journal segment where records after it start. A read
+transaction of the writer stays pinned on that state until the next checkpoint is durable:
+LMDB reuses a page only once every reader is newer than the transaction that freed it, so the
+checkpoint's pages stay as they were synced however much is committed after it. After a power
+cut LMDB's file may hold anything newer (pages in any order, a meta page naming pages that never
+arrived); recovery writes the checkpoint's meta pages back, which names a whole, synced tree,
+and replays the journal's records past it through the normal append and fold. A segment is
+released for reuse once a durable checkpoint needs nothing in it.
 
 Layout: ``journal/<number>.seg`` files of ``segment_size`` bytes, written full of zeros when
 made, so that appending a frame overwrites allocated, written blocks and ``fdatasync`` has no
 file metadata to write (``fallocate`` alone leaves unwritten extents, whose conversion is
-metadata). A segment is never truncated or deleted: once every record in it is older than the
-last checkpoint it is *recycled* (renamed to a new number, its header rewritten), as PostgreSQL
-recycles WAL segments and RocksDB ``recycle_log_file_num`` does.
+metadata). A segment is never truncated or deleted: once released it is *recycled* (renamed to a
+new number, its header rewritten and synced), as PostgreSQL recycles WAL segments and RocksDB
+``recycle_log_file_num`` does. ``journal/checkpoint.0`` and ``.1`` hold checkpoint records,
+written alternately (the one not holding the newest), each whole or rejected by its checksum,
+so a cut while one is written leaves the other.
 
 A segment starts with a 4 KiB header block (magic, format, its number, a random salt, a
 checksum). Then frames, back to back: a header (magic, body length, record count, the segment's
@@ -22,12 +36,10 @@ header and body) and a body (each record: u32 length + the log record's stored b
 what the ``log`` database holds). A frame holds one write transaction's records (one caller, or
 a whole group). Segment numbers only grow and are never reused, so what a recycled segment
 still holds from its earlier life names another number (and salt) and is rejected; a frame cut
-by the power cut fails its checksum; the chain is read in segment order and must continue
-sequence by sequence. Reading stops at the first frame that fails any of these.
-
-A frame written for a transaction that then fails to commit is *abandoned*: its header is
-zeroed and flushed before the failure is reported (a commit the caller saw fail never comes back
-after a crash), and the next frame is written in its place.
+by the power cut fails its checksum; the chain is read from the checkpoint's segment through
+consecutive numbers and must continue sequence by sequence. Reading stops at the first frame
+that fails any of these: nothing after it was acknowledged (each frame is flushed before its
+commit is, and frames are written one after the other).
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ import threading
 from dataclasses import dataclass
 from typing import Final
 
+import msgspec
 import xxhash
 
 from ..errors import StoreFormatError
@@ -157,11 +170,14 @@ def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[
     return frames
 
 
+
+
 class Journal:
     """The journal directory of one store, open for one writer (see the module docstring).
 
-    ``write`` runs on whichever thread commits (one at a time: the committer's lock);
-    ``release`` runs on the checkpoint thread: ``_lock`` guards the segment lists between them.
+    ``write``, ``confirm`` and ``abandon`` run on whichever thread commits (one at a time: LMDB's
+    writer lock); ``release`` runs on the checkpoint's thread: ``_lock`` guards the segment
+    lists between them.
     """
 
     def __init__(self, store: str, options: JournalOptions) -> None:
@@ -172,7 +188,7 @@ class Journal:
             os.mkdir(self.directory, 0o700)
             sync_directory(store)
         self.segments: dict[int, _Segment] = {}
-        """Segments with a valid header, by number."""
+        """Segments with a valid header and not released, by number."""
         self._free: list[_Segment] = []
         """Segments free for reuse: released by a checkpoint, or with no valid header."""
         for name in sorted(os.listdir(self.directory)):
@@ -181,7 +197,7 @@ class Journal:
                 continue
             header = _read_header(path)
             size = os.path.getsize(path)
-            if header is None:
+            if header is None or header[0] in self.segments:
                 self._free.append(_Segment(path, -1, 0, size))
             else:
                 self.segments[header[0]] = _Segment(path, header[0], header[1], size)
@@ -193,36 +209,39 @@ class Journal:
         self._staged: int | None = None  # offset of a frame written for a transaction not yet committed
         self.written = 0
         """Bytes of frames written since this journal opened (a checkpoint trigger)."""
+        self.checkpoints = Checkpoints(self.directory)
 
     # ── reading (recovery) ─────────────────────────────────────────────────
 
     def records(self, from_segment: int, after: int) -> list[tuple[int, bytes]]:
-        """The records with sequences above ``after``, from the chain that starts in segment
-        ``from_segment`` (the checkpoint's): frames in segment order, each continuing the one
-        before it, up to the first that does not; they must start at ``after + 1``."""
+        """The records with sequences above ``after`` (the restored checkpoint's head), from the
+        chain that starts in segment ``from_segment``: consecutive segment numbers, frames in
+        order, each continuing the one before it. The first must be ``after + 1``; a chain that
+        skips past it is damage, named."""
 
         chain: list[tuple[int, bytes]] = []
         last: int | None = None
-        for number in sorted(n for n in self.segments if n >= from_segment):
+        number = from_segment
+        while number in self.segments:
             segment = self.segments[number]
-            if last is not None and number != from_segment and segment.number != number:
-                break
             with open(segment.path, "rb") as file:
                 data = file.read()
-            frames = read_frames(data, segment.number, segment.salt)
             broken = False
-            for first, records in frames:
+            for first, records in read_frames(data, segment.number, segment.salt):
                 if last is not None and first != last + 1:
                     broken = True
                     break
-                for index, record in enumerate(records):
-                    chain.append((first + index, record))
+                chain.extend((first + index, record) for index, record in enumerate(records))
                 last = first + len(records) - 1
             if broken:
                 break
+            number += 1
         wanted = [(seq, data) for seq, data in chain if seq > after]
         if wanted and wanted[0][0] != after + 1:
-            return []  # the chain does not reach the checkpoint: nothing after it can be trusted
+            raise StoreFormatError(
+                f"The journal in {self.directory} continues at sequence {wanted[0][0]}, but the "
+                f"checkpoint it was written after ends at {after}: the journal is damaged"
+            )
         return wanted
 
     # ── writing ────────────────────────────────────────────────────────────
@@ -266,18 +285,17 @@ class Journal:
 
     def _next_segment(self, needed: int) -> _Segment:
         """Move on to a new segment: a released one renamed and given a new header, or a new file
-        of zeros. Its name is made durable before any frame goes into it."""
+        of zeros. Its header and name are durable before any frame goes into it."""
 
         size = max(self.options.segment_size, needed)
         number = self.next_number
         self.next_number += 1
         salt = secrets.randbits(64)
         with self._lock:
-            if "recycle-early" in _faults:  # planted: any segment but the current one
-                self._free.extend(s for n, s in list(self.segments.items()) if self.current is None or n != self.current.number)
-                for s in self._free:
-                    self.segments.pop(s.number, None)
             reuse = next((s for s in self._free if s.size >= size), None)
+            if "recycle-early" in _faults and self.current is not None and self.current.size >= size:
+                reuse = self.segments.pop(self.current.number)  # planted: the segment just filled, unchecked
+                self._free.append(reuse)
             if reuse is not None:
                 self._free.remove(reuse)
         path = os.path.join(self.directory, f"{number:016x}.seg")
@@ -317,6 +335,16 @@ class Journal:
 
         return self.current.number if self.current is not None else self.next_number
 
+    def start_fresh(self) -> None:
+        """The next frame goes to a new segment (a new life: nothing is appended after frames an
+        earlier writer left)."""
+
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.current = None
+        self._staged = None
+
     def release(self, below: int) -> None:
         """A checkpoint is durable that needs no segment numbered below ``below``: they may be
         recycled."""
@@ -331,3 +359,98 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+# ── checkpoint records ──────────────────────────────────────────────────────
+
+CHECKPOINT_FORMAT: Final = 1
+_CHECKPOINT_NAMES: Final = ("checkpoint.0", "checkpoint.1")
+_CHECKPOINT_SIZE: Final = 4096 * 4
+_CHECKPOINT_HEAD = struct.Struct(">8sIQ")  # magic, body length, xxh3-64 of the body
+_CHECKPOINT_MAGIC: Final = b"PIDLJCKP"
+
+
+class CheckpointRecord(msgspec.Struct, frozen=True):
+    """What recovery needs of one checkpoint. ``epoch``: the writer life that made it (the
+    ``power.unsynced`` marker names the life whose checkpoints recovery may trust);
+    ``generation`` orders a life's checkpoints; ``segment``: where records after it start;
+    ``meta``: LMDB's two meta pages as they were (the first two pages of ``data.mdb``)."""
+
+    format: int
+    epoch: int
+    generation: int
+    segment: int
+    meta: bytes
+
+
+_checkpoint_encoder: Final = msgspec.msgpack.Encoder()
+_checkpoint_decoder: Final = msgspec.msgpack.Decoder(CheckpointRecord)
+
+
+class Checkpoints:
+    """The two checkpoint slots: preallocated files written in place (one ``pwrite`` and one
+    ``fdatasync`` each), alternately, so the newest whole record survives a cut while the other
+    is written."""
+
+    def __init__(self, directory: str) -> None:
+        self.paths = [os.path.join(directory, name) for name in _CHECKPOINT_NAMES]
+        made = False
+        for path in self.paths:
+            if not os.path.exists(path):
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+                try:
+                    os.pwrite(fd, bytes(_CHECKPOINT_SIZE), 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                made = True
+        if made:
+            sync_directory(directory)
+        self.slots = [self._read(path) for path in self.paths]
+
+    @staticmethod
+    def _read(path: str) -> CheckpointRecord | None:
+        try:
+            with open(path, "rb") as file:
+                raw = file.read(_CHECKPOINT_SIZE)
+        except OSError:
+            return None
+        if len(raw) < _CHECKPOINT_HEAD.size:
+            return None
+        magic, length, checksum = _CHECKPOINT_HEAD.unpack_from(raw)
+        body = raw[_CHECKPOINT_HEAD.size : _CHECKPOINT_HEAD.size + length]
+        if magic != _CHECKPOINT_MAGIC or len(body) != length or xxhash.xxh3_64_intdigest(body) != checksum:
+            return None
+        try:
+            record = _checkpoint_decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if record.format != CHECKPOINT_FORMAT:
+            raise StoreFormatError(f"{path} is a checkpoint of format {record.format}; this version reads {CHECKPOINT_FORMAT}")
+        return record
+
+    def newest(self, epoch: int) -> CheckpointRecord | None:
+        """The newest whole checkpoint of the life ``epoch``."""
+
+        found = [record for record in self.slots if record is not None and record.epoch == epoch]
+        return max(found, key=lambda record: record.generation, default=None)
+
+    def write(self, epoch: int, segment: int, meta: bytes) -> CheckpointRecord:
+        """Make a checkpoint durable, in the slot not holding the newest one."""
+
+        valid = [(record.generation, index) for index, record in enumerate(self.slots) if record is not None]
+        newest_generation, newest_index = max(valid, default=(0, 1))
+        index = 1 - newest_index
+        record = CheckpointRecord(CHECKPOINT_FORMAT, epoch, newest_generation + 1, segment, meta)
+        body = _checkpoint_encoder.encode(record)
+        raw = _CHECKPOINT_HEAD.pack(_CHECKPOINT_MAGIC, len(body), xxhash.xxh3_64_intdigest(body)) + body
+        if len(raw) > _CHECKPOINT_SIZE:
+            raise StoreFormatError(f"A checkpoint record of {len(raw)} bytes does not fit its slot of {_CHECKPOINT_SIZE}")
+        fd = os.open(self.paths[index], os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.pwrite(fd, raw, 0)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self.slots[index] = record
+        return record

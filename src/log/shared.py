@@ -54,7 +54,10 @@ class SharedEnv:
 open_envs: dict[str, SharedEnv] = {}
 
 
-def acquire(path: str, readonly: bool, durability: Durability, map_size: int) -> SharedEnv:
+def acquire(path: str, readonly: bool, durability: Durability, map_size: int, journaled: bool = False) -> SharedEnv:
+    """``journaled``: a ``power`` writer whose commits are made durable by its journal
+    (``log.journal``): LMDB itself does not sync them."""
+
     real = os.path.realpath(path)
     shared = open_envs.get(real)
     if shared is None:
@@ -65,7 +68,7 @@ def acquire(path: str, readonly: bool, durability: Durability, map_size: int) ->
             map_size=map_size,
             max_dbs=MAX_DBS,
             readonly=readonly,
-            sync=durability == "power",
+            sync=durability == "power" and not journaled,
             metasync=True,
             mode=0o600,
             create=not readonly,
