@@ -172,6 +172,14 @@ def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[
 
 
 
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
+
+
 class Journal:
     """The journal directory of one store, open for one writer (see the module docstring).
 
@@ -201,8 +209,11 @@ class Journal:
                 self._free.append(_Segment(path, -1, 0, size))
             else:
                 self.segments[header[0]] = _Segment(path, header[0], header[1], size)
-        self.next_number = max(self.segments, default=0) + 1
-        """The number the next segment made or recycled gets (never one seen before)."""
+        named = [int(name[:-4], 16) for name in os.listdir(self.directory) if name.endswith(".seg") and _is_hex(name[:-4])]
+        self.next_number = max([*self.segments, *named, 0]) + 1
+        """The number the next segment made or recycled gets: never one seen before, in a header
+        or a file name (a segment whose making was cut by a power cut has its name and no
+        header)."""
         self.current: _Segment | None = None
         self._offset = 0
         self._fd: int | None = None
