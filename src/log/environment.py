@@ -177,7 +177,7 @@ class Environment:
         try:
             if not readonly:
                 refuse_after_crash(self.path)
-                shared.refuse_shared_conflict(self.path, durability)  # before the marker: a refused open leaves none
+                shared.refuse_shared_conflict(self.path, durability, journal is not None)  # before the marker: a refused open leaves none
                 if journal is None and read_power_marker(self.path) is not None:
                     raise JournalReplayPending(self.path, "holds a power-mode writer's journal not yet replayed")
                 if durability != "power":

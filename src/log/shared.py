@@ -42,10 +42,11 @@ class SharedEnv:
     is fixed when it opens (py-lmdb cannot change ``MDB_NOSYNC`` later), so ``durability`` is the
     only durability a writer sharing it can be given."""
 
-    def __init__(self, env: lmdb.Environment, readonly: bool, durability: Durability) -> None:
+    def __init__(self, env: lmdb.Environment, readonly: bool, durability: Durability, journaled: bool = False) -> None:
         self.env = env
         self.readonly = readonly
         self.durability = durability
+        self.journaled = journaled
         self.users = 0
         self.dbs: dict[bytes, lmdb._Database] = {}
         self.gate = Gate()
@@ -75,14 +76,14 @@ def acquire(path: str, readonly: bool, durability: Durability, map_size: int, jo
             max_spare_txns=4,
         )
         env.reader_check()
-        shared = open_envs[real] = SharedEnv(env, readonly, durability)
+        shared = open_envs[real] = SharedEnv(env, readonly, durability, journaled)
     elif not readonly:
-        refuse_shared_conflict(path, durability)
+        refuse_shared_conflict(path, durability, journaled)
     shared.users += 1
     return shared
 
 
-def refuse_shared_conflict(path: str, durability: Durability) -> None:
+def refuse_shared_conflict(path: str, durability: Durability, journaled: bool = False) -> None:
     """A writer cannot share an environment this process opened read-only, or for another
     durability (its sync mode is fixed when it opens)."""
 
@@ -93,6 +94,11 @@ def refuse_shared_conflict(path: str, durability: Durability) -> None:
         raise WriterLockedError(path, " read-only by this process; close those readers first")
     if (shared.durability == "power") != (durability == "power"):
         raise DurabilityConflictError(path, durability, shared.durability)
+    if shared.journaled != journaled:  # a journaled writer's LMDB does not sync; a replica's does
+        def label(journaled: bool) -> str:
+            return "power (journaled writer)" if journaled else "power (replica)"
+
+        raise DurabilityConflictError(path, label(journaled), label(shared.journaled))
 
 
 def release(shared: SharedEnv) -> None:
