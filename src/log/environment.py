@@ -393,8 +393,8 @@ class Environment:
                 try:
                     result = work(txn)
                     if self._staged:
+                        framed = True  # a frame written, even in part, is unmade if anything fails
                         journal.write(self._staged)
-                        framed = True
                     txn.commit()
                     done = True
                 except lmdb.MapFullError:

@@ -273,9 +273,9 @@ class Journal:
         frame = encode_frame(segment.number, segment.salt, first, [data for _, data in records])
         assert self._fd is not None
         os.pwrite(self._fd, frame, self._offset)
+        self._staged = self._offset  # from here a failure unmakes it (``abandon``)
         if "skip-journal-flush" not in _faults:
             os.fdatasync(self._fd)
-        self._staged = self._offset
         self._offset += len(frame)
         self.written += len(frame)
 
