@@ -597,8 +597,7 @@ class Environment:
             if read_power_marker(self.path) is not None:
                 clear_unsynced(self.path, POWER_FILE)  # the disk holds every commit now
             epoch = secrets.randbits(63) | 1
-            journal.start_fresh()
-            segment = journal.next_number
+            segment = journal.begin()  # no marker now: no recovery can read an earlier segment
             journal.checkpoints.write(epoch, segment, meta)
             mark_power(self.path, epoch)
             self._epoch, self._replay_from = epoch, None

@@ -79,14 +79,18 @@ class JournalOptions:
 
     A checkpoint (an ``fdatasync`` of ``data.mdb`` and of the checkpoint file, off the commit
     path) is taken after ``checkpoint_commits`` journaled commits, ``checkpoint_bytes`` of
-    journal, or ``checkpoint_seconds``, whichever comes first. Between checkpoints LMDB keeps the
-    pages of the last checkpoint from reuse, so ``data.mdb`` grows by the pages the commits since
-    then rewrote (about 14 pages per small commit): the bounds keep that growth bounded.
+    journal, or ``checkpoint_seconds`` (checked at each commit), whichever comes first. Between
+    checkpoints LMDB keeps the pages of the last checkpoint from reuse, so ``data.mdb`` grows by
+    the pages the commits since then rewrote (about 14 pages per small commit): the bounds keep
+    that growth bounded, and a checkpoint comes long before a segment fills, so two segments
+    take turns.
     """
 
-    segment_size: int = 16 << 20
-    checkpoint_commits: int = 512
-    checkpoint_bytes: int = 8 << 20
+    segment_size: int = 4 << 20
+    """Two segments in steady state (checkpoints come well before one fills): 8 MiB on disk."""
+    checkpoint_commits: int = 128
+    """Bounds what the pin keeps from reuse: ~14 pages per small commit, so up to ~7 MiB."""
+    checkpoint_bytes: int = 1 << 20
     checkpoint_seconds: float = 1.0
     background: bool = True
     """Take checkpoints on a thread of their own while commits go on (True), or on the
@@ -346,15 +350,18 @@ class Journal:
 
         return self.current.number if self.current is not None else self.next_number
 
-    def start_fresh(self) -> None:
-        """The next frame goes to a new segment (a new life: nothing is appended after frames an
-        earlier writer left)."""
+    def begin(self) -> int:
+        """A new writer life, once no recovery can need any segment (the store is synced and
+        holds no marker): every segment is free, and the first of this life is made ready now
+        (recycled, or made and filled with zeros), not on the first commit. Its number."""
 
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         self.current = None
         self._staged = None
+        self.release(self.next_number)
+        return self._next_segment(HEADER_SIZE).number
 
     def release(self, below: int) -> None:
         """A checkpoint is durable that needs no segment numbered below ``below``: they may be
