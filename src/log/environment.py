@@ -205,6 +205,12 @@ class Environment:
         except BaseException:
             self._drop_pin()
             if self._journal is not None:
+                if handle is not None and self._replay_from is None and read_power_marker(self.path) is not None:
+                    try:  # a refused open (another store's id, say) leaves no marker behind it
+                        handle.env.sync(True)
+                        clear_unsynced(self.path, POWER_FILE)
+                    except OSError:
+                        pass
                 self._journal.close()
             if handle is not None:  # a failed open leaves nothing open behind it
                 shared.release(handle)

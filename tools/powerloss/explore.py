@@ -244,10 +244,10 @@ def explore(
                 seen.add(digest)
                 pending.append((candidate, state))
                 if len(pending) >= BATCH:
-                    _check_batch(mode, recording, pending, workdir, summary, say, keep)
+                    _check_batch(mode, recording, pending, workdir, summary, say, keep, fault)
                     pending = []
             if pending:
-                _check_batch(mode, recording, pending, workdir, summary, say, keep)
+                _check_batch(mode, recording, pending, workdir, summary, say, keep, fault)
             if only is not None:
                 break
             recording_seed += 1
@@ -265,6 +265,7 @@ def _check_batch(
     summary: Summary,
     say: Callable[[str], None],
     keep: str | None,
+    fault: str = "",
 ) -> None:
     states_dir = os.path.join(workdir, "states")
     shutil.rmtree(states_dir, ignore_errors=True)
@@ -331,6 +332,7 @@ def _check_batch(
             for problem in problems[:6]:
                 say(f"    {problem}")
             extra = f" --workload {recording.workload}" if recording.workload != "single" else ""
+            extra += f" --fault {fault}" if fault else ""
             say(f"    reproduce: python tools/power_loss.py --mode {mode} --state {state_id} --batches {recording.batches}{extra}")
             if keep:
                 target = os.path.join(keep, f"{mode}-{str(state_id).replace(':', '-')}")
