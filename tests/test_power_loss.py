@@ -408,7 +408,7 @@ JOURNAL_FAULTS = [
     ("skip-journal-flush", "group", 36, 100),
     ("skip-pin", "single", 30, 150),
     ("skip-pin", "group", 36, 150),
-    ("recycle-early", "single", 30, 400),
+    ("recycle-early", "group", 36, 150),  # 41 of 300 states failed at seed 1 (single: 4 of 300)
 ]
 """The power journal's planted faults (``log.journal._faults``), each in the recorded writer."""
 

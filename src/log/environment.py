@@ -540,15 +540,23 @@ class Environment:
         return meta
 
     def _restore(self) -> None:
-        """Before LMDB maps the file: after an unclean stop, write the last checkpoint's meta
-        pages back (its pages were synced and kept from reuse, so they name a whole tree) and
-        remember where its journal records start (``journal_replay``)."""
+        """Before LMDB maps the file: after a power cut or OS crash (``power.unsynced`` names
+        another boot, or none can be read), write the last checkpoint's meta pages back (its
+        pages were synced and kept from reuse, so they name a whole tree) and remember where its
+        journal records start (``journal_replay``)."""
 
         journal = self._journal
         assert journal is not None
         marker = read_power_marker(self.path)
         if marker is None or marker[1] is None:
             return  # a clean stop, or a cut while a life began: no page was written unsynced since
+        current = boot_id()
+        if current is not None and marker[0] == current:
+            # The writer died, the machine did not: the page cache holds LMDB's last commit whole
+            # (every acknowledged one; readers may have seen it), so nothing is rolled back;
+            # ``_start_life`` syncs it. A frame flushed for a transaction that never committed
+            # was never acknowledged.
+            return
         epoch = marker[1]
         record = journal.checkpoints.newest(epoch)
         if record is None:
