@@ -33,6 +33,7 @@ Durability modes:
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import secrets
@@ -71,6 +72,8 @@ from .storedir import (
 )
 
 T = TypeVar("T")
+
+_log = logging.getLogger("pi_durable_lmdb")
 
 Durability = Literal["power", "process", "replicated"]
 """The one durability type of the package (see the module docstring); only ``"power"`` syncs."""
@@ -160,7 +163,6 @@ class Environment:
         self._wake = threading.Condition()
         self._wanted = False
         self._stopping = False
-        self._failure: BaseException | None = None
         created = False
         if readonly:
             if not os.path.isfile(os.path.join(self.path, "data.mdb")):
@@ -467,8 +469,8 @@ class Environment:
                 self._wanted = False
             try:
                 self.checkpoint()
-            except BaseException as error:  # noqa: BLE001 - commits stay durable in the journal; the next trigger retries
-                self._failure = error
+            except Exception:  # commits stay durable in the journal, which grows; the next trigger retries
+                _log.exception("checkpoint of the store at %s failed; commits go on in the journal", self.path)
 
     def checkpoint(self) -> None:
         """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
