@@ -262,6 +262,20 @@ class MapBusyError(StoreStateError):
         self.path = path
 
 
+class JournalReplayPending(StoreStateError):
+    """A ``power`` writer stopped (power cut, OS crash, killed) with commits its journal holds and
+    ``data.mdb`` may not: only a ``power`` writer's open replays them (``LmdbStorage.open``).
+    Until then a read-only open after a reboot, and any other writer, refuses the store."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"The store at {path} {why}: its last power-mode writer stopped without closing, and "
+            "commits it acknowledged may be only in its journal; open it for writing with "
+            "durability='power' (LmdbStorage.open) once to replay them"
+        )
+        self.path = path
+
+
 class ProjectionsBehind(StoreStateError):
     """A read-only open found projections that only a writer can bring up to date: open the store
     for writing once (or let its writer run)."""
@@ -288,6 +302,7 @@ __all__ = [
     "DurableLmdbError",
     "ForeignMessageError",
     "ForkedEnvironmentError",
+    "JournalReplayPending",
     "LeaseLapsedError",
     "LogError",
     "MapBusyError",

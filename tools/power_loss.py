@@ -41,6 +41,8 @@ def main() -> int:
                         "command building NEWPATH (the mode is then the source's, not the command's)")
     parser.add_argument("--drop", default="", help="planted faults: the recorder leaves these syncs out "
                         "(KIND:PATH-SUFFIX,...; KIND fsync, fdatasync, dirsync or dsync); a sound workload must then fail")
+    parser.add_argument("--fault", default="", choices=["", "skip-journal-flush", "skip-pin", "recycle-early"],
+                        help="a planted fault in the power writer's journal (log.journal._faults); the explorer must then fail")
     parser.add_argument("--state", help="check one state again: RECORDING_SEED:POINT:VARIANT:SEED")
     parser.add_argument("--keep", help="copy every failing state's files into this directory")
     parser.add_argument("--minutes", type=float, help="stop after this long (the last line still counts)")
@@ -57,6 +59,7 @@ def main() -> int:
             batches=args.batches,
             workload=args.workload,
             drop=args.drop,
+            fault=args.fault,
             only=only,
             keep=args.keep,
             say=lambda line: print(line, flush=True),

@@ -7,7 +7,16 @@ the first; ``writer.lock`` (``flock``) turns that into a clear error instead. Re
 Durability modes:
 
 ``"power"`` (default)
-    LMDB syncs data and meta pages on every commit: an acknowledged commit survives power loss.
+    An acknowledged commit survives power loss. A writer opened with ``journal=`` options (what
+    ``LmdbStorage.open`` does) runs LMDB without syncing and flushes each write transaction's
+    log records to a write-ahead journal before LMDB commits it: one device flush per commit or
+    group (``log.journal``). Checkpoints sync ``data.mdb`` off the commit path; a read
+    transaction pinned on the last checkpoint keeps its pages from reuse; ``power.unsynced``
+    (boot id, the writer life's epoch) stays in the store until a clean close. An open that finds
+    it writes the checkpoint's meta pages back and leaves the journal's later records for the
+    storage to replay (``journal_replay`` then ``finish_replay``); until then a read-only open
+    after a reboot, and any other writer, refuses the store (``JournalReplayPending``). Without
+    ``journal=`` (replicas, tools) LMDB syncs data and meta pages on every commit.
 ``"process"``
     ``MDB_NOSYNC``: a commit is in the OS page cache when acknowledged, so it survives the process
     being killed. It does not survive an OS crash or power loss: the OS writes unsynced pages back
@@ -24,9 +33,11 @@ Durability modes:
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from typing import Final, Literal, TypeVar
@@ -38,15 +49,18 @@ from . import shared
 from .counters import EngineCounters
 from ..errors import (
     ForkedEnvironmentError,
+    JournalReplayPending,
     StoreClosedError,
     StoreFormatError,
     MapBusyError,
     StoreFullError,
     WrongStoreError,
 )
+from .journal import Journal, JournalOptions, _faults
 from .shared import SharedEnv
 from .storedir import MAX_DBS as MAX_DBS
 from .storedir import UNSYNCED_FILE as UNSYNCED_FILE
+from .storedir import POWER_FILE, boot_id, mark_power, read_power_marker
 from .storedir import (
     clear_unsynced,
     create_data_file,
@@ -60,6 +74,8 @@ from .storedir import (
 )
 
 T = TypeVar("T")
+
+_log = logging.getLogger("pi_durable_lmdb")
 
 Durability = Literal["power", "process", "replicated"]
 """The one durability type of the package (see the module docstring); only ``"power"`` syncs."""
@@ -168,7 +184,10 @@ class Environment:
         durability: Durability = "power",
         map_size: int = DEFAULT_MAP_SIZE,
         store_id: str | None = None,
+        journal: JournalOptions | None = None,
     ) -> None:
+        if journal is not None and (readonly or durability != "power"):
+            raise ValueError("journal= is for power-durability writers")
         if store_id is not None:
             check_store_id(store_id)
         if durability not in ("power", "process", "replicated"):
@@ -182,11 +201,29 @@ class Environment:
         self._pid = os.getpid()
         self._forks = shared.forks
         self._lock_fd: int | None = None
+        self._journal: Journal | None = None
+        self._pin: lmdb.Transaction[bytes] | None = None
+        self._replay_from: int | None = None
+        """While a replay after an unclean stop is pending: the segment its records start in."""
+        self._epoch = 0
+        self._staged: list[tuple[int, bytes]] = []
+        self._writing = threading.Lock()
+        """Held from a journaled write transaction's begin to its commit, and by a checkpoint
+        while it pins a state and copies its meta pages (so they are one state)."""
+        self._checkpointing = threading.Lock()
+        self._since = (0, 0, time.monotonic())  # commits, journal bytes, time at the last checkpoint
+        self._worker: threading.Thread | None = None
+        self._wake = threading.Condition()
+        self._wanted = False
+        self._stopping = False
         created = False
         if readonly:
             if not os.path.isfile(os.path.join(self.path, "data.mdb")):
                 raise FileNotFoundError(f"No store at {self.path} (no data.mdb)")
             refuse_after_crash(self.path)
+            marker = read_power_marker(self.path)
+            if marker is not None and marker[0] != (boot_id() or b"unknown"):
+                raise JournalReplayPending(self.path, "was open in a power-mode writer when the machine stopped")
         else:
             created = make_private_dir(self.path)
             refuse_links(self.path)
@@ -196,20 +233,41 @@ class Environment:
         try:
             if not readonly:
                 refuse_after_crash(self.path)
-                shared.refuse_shared_conflict(self.path, durability)  # before the marker: a refused open leaves none
+                shared.refuse_shared_conflict(self.path, durability, journal is not None)  # before the marker: a refused open leaves none
+                if journal is None and read_power_marker(self.path) is not None:
+                    raise JournalReplayPending(self.path, "holds a power-mode writer's journal not yet replayed")
                 if durability != "power":
                     mark_unsynced(self.path)
                 if not os.path.exists(os.path.join(self.path, "data.mdb")):
                     create_data_file(self.path, map_size)
-            handle = self._shared = shared.acquire(self.path, readonly, durability, map_size)
+                if journal is not None:
+                    self._journal = Journal(self.path, journal)
+                    self._restore()
+            handle = self._shared = shared.acquire(self.path, readonly, durability, map_size, journal is not None)
             if created:
                 sync_directory(os.path.dirname(self.path))
             self.env = self._shared.env
             self._dbs = self._shared.dbs
             self._gate = self._shared.gate
             self._held = self._gate.held
+            if self._journal is not None:
+                if self._replay_from is not None:
+                    self._pin = self._begin_pin()  # the restored checkpoint, until the replay is synced
+                else:
+                    self._start_life()
             self.store_id: str | None = self._check_header(store_id)
+            if self._journal is not None and self._replay_from is None:
+                self.checkpoint()  # a new store's header and id survive a power cut from now on
         except BaseException:
+            self._drop_pin()
+            if self._journal is not None:
+                if handle is not None and self._replay_from is None and read_power_marker(self.path) is not None:
+                    try:  # a refused open (another store's id, say) leaves no marker behind it
+                        handle.env.sync(True)
+                        clear_unsynced(self.path, POWER_FILE)
+                    except OSError:
+                        pass
+                self._journal.close()
             if handle is not None:  # a failed open leaves nothing open behind it
                 shared.release(handle)
             self._release_lock()
@@ -343,6 +401,8 @@ class Environment:
         self.check_process()
         if self.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
+        if self._journal is not None:
+            return self._write_journaled(work)
         while True:
             self._enter()  # held from begin to commit: write transactions are not in the reader table
             full = None
@@ -367,6 +427,279 @@ class Environment:
                 if full is None:
                     self._held.pop()
             self.grow(self.env.info()["map_size"], full)
+
+    # ── the journal (power writers; log.journal) ───────────────────────────
+
+    def journal_stage(self, seq: int, data: bytes) -> None:
+        """Inside a write transaction: one of its log records (sequence, stored bytes); they go
+        to the journal as one flushed frame right before the transaction commits. A no-op
+        without a journal (LMDB's own sync, or another durability)."""
+
+        if self._journal is not None:
+            self._staged.append((seq, data))
+
+    def _write_journaled(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
+        """``write`` for a journaled writer: the staged records' frame is flushed before LMDB
+        commits (the only device flush a commit waits for), and unmade if the commit fails."""
+
+        journal = self._journal
+        assert journal is not None
+        while True:
+            self._enter()
+            full = None
+            framed = False
+            done = False
+            result: T
+            self._writing.acquire()
+            try:
+                txn = self.env.begin(write=True)
+                self._staged = []
+                try:
+                    result = work(txn)
+                    if self._staged:
+                        framed = True  # a frame written, even in part, is unmade if anything fails
+                        journal.write(self._staged)
+                    txn.commit()
+                    done = True
+                except lmdb.MapFullError:
+                    full = txn
+                except lmdb.Error as error:
+                    txn.abort()
+                    if framed:
+                        journal.abandon()
+                    self._explain(error)
+                    raise
+                except BaseException:
+                    txn.abort()
+                    if framed:
+                        journal.abandon()
+                    raise
+                if done and framed:
+                    journal.confirm()
+            finally:
+                self._staged = []
+                self._writing.release()
+                if full is None:
+                    self._held.pop()
+            if done:
+                if framed:
+                    self._count_commit()
+                return result
+            if framed:
+                journal.abandon()
+            self.grow(self.env.info()["map_size"], full)
+
+    def _count_commit(self) -> None:
+        """A journaled commit: take a checkpoint when the options' bounds are reached (on the
+        checkpoint thread, or here)."""
+
+        journal = self._journal
+        assert journal is not None
+        commits, written, since = self._since
+        commits += 1
+        self._since = (commits, written, since)
+        options = journal.options
+        if not (
+            commits >= options.checkpoint_commits
+            or journal.written - written >= options.checkpoint_bytes
+            or time.monotonic() - since >= options.checkpoint_seconds
+        ):
+            return
+        if not options.background:
+            self.checkpoint()
+            return
+        with self._wake:
+            self._wanted = True
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._checkpointer, name=f"lmdb-checkpoint {self.path}", daemon=True)
+                self._worker.start()
+            self._wake.notify()
+
+    def _checkpointer(self) -> None:
+        while True:
+            with self._wake:
+                while not self._wanted and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                self._wanted = False
+            try:
+                self.checkpoint()
+            except Exception:  # commits stay durable in the journal, which grows; the next trigger retries
+                _log.exception("checkpoint of the store at %s failed; commits go on in the journal", self.path)
+
+    def checkpoint(self) -> None:
+        """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
+        recovery starts from (no-op without a journal). The pin moves to it once it is durable;
+        segments it no longer needs are released."""
+
+        if self._journal is None or self._closed:
+            return
+        with self._checkpointing:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """A checkpoint, holding ``_checkpointing``: a state pinned and its meta pages copied
+        with no write transaction open (``_writing``), then synced off the commit path."""
+
+        journal = self._journal
+        assert journal is not None
+        self._enter()  # the map stays as it is while the pin begins
+        try:
+            with self._writing:
+                pin = self._begin_pin(entered=True)
+                meta = self._read_meta()
+                segment = self._replay_from if self._replay_from is not None else journal.current_number
+                self._since = (0, journal.written, time.monotonic())
+        finally:
+            self._held.pop()
+        try:
+            self.env.sync(True)
+            journal.checkpoints.write(self._epoch, segment, meta)
+        except BaseException:
+            if pin is not None:
+                pin.abort()
+            raise
+        old, self._pin = self._pin, pin
+        if old is not None:
+            old.abort()
+        journal.release(segment)
+
+    def _begin_pin(self, entered: bool = False) -> lmdb.Transaction[bytes] | None:
+        """The read transaction that keeps a checkpoint's pages from reuse (LMDB reuses a page
+        only once every reader is newer than the transaction that freed it)."""
+
+        if "skip-pin" in _faults:  # planted: the explorer must fail without it
+            return None
+        if entered:
+            return self.env.begin(buffers=False)
+        self._enter()
+        try:
+            return self.env.begin(buffers=False)
+        finally:
+            self._held.pop()
+
+    def _drop_pin(self) -> None:
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.abort()
+
+    def _read_meta(self) -> bytes:
+        """LMDB's two meta pages as the file holds them now (no write transaction is open)."""
+
+        size = 2 * int(self.env.stat()["psize"])
+        fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            meta = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+        if len(meta) != size:
+            raise StoreFormatError(f"{self.path}/data.mdb is shorter than its two meta pages")
+        return meta
+
+    def _restore(self) -> None:
+        """Before LMDB maps the file: after a power cut or OS crash (``power.unsynced`` names
+        another boot, or none can be read), write the last checkpoint's meta pages back (its
+        pages were synced and kept from reuse, so they name a whole tree) and remember where its
+        journal records start (``journal_replay``)."""
+
+        journal = self._journal
+        assert journal is not None
+        marker = read_power_marker(self.path)
+        if marker is None or marker[1] is None:
+            return  # a clean stop, or a cut while a life began: no page was written unsynced since
+        current = boot_id()
+        if current is not None and marker[0] == current:
+            # The writer died, the machine did not: the page cache holds LMDB's last commit whole
+            # (every acknowledged one; readers may have seen it), so nothing is rolled back;
+            # ``_start_life`` syncs it. A frame flushed for a transaction that never committed
+            # was never acknowledged.
+            return
+        epoch = marker[1]
+        record = journal.checkpoints.newest(epoch)
+        if record is None:
+            raise StoreFormatError(
+                f"{os.path.join(self.path, POWER_FILE)} names writer life {epoch:x}, but no whole "
+                f"checkpoint of it is in {journal.directory}: the journal is damaged"
+            )
+        fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.pwrite(fd, record.meta, 0)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self._epoch = epoch
+        self._replay_from = record.segment
+
+    @property
+    def replay_pending(self) -> bool:
+        """An unclean stop left journal records to replay (``journal_replay``, ``finish_replay``)."""
+
+        return self._replay_from is not None
+
+    def journal_replay(self, head: int) -> list[tuple[int, bytes]]:
+        """The journal's records after ``head`` (the restored checkpoint's log head), in order:
+        the caller appends and folds each, then calls ``finish_replay``."""
+
+        if self._journal is None or self._replay_from is None:
+            return []
+        return self._journal.records(self._replay_from, head)
+
+    def finish_replay(self) -> None:
+        """The replayed records are committed: sync them and begin a new writer life."""
+
+        if self._journal is None or self._replay_from is None:
+            return
+        self._start_life()
+
+    def _start_life(self) -> None:
+        """A new writer life: everything synced, a checkpoint of it (new epoch) durable, then the
+        marker naming that epoch; from then on LMDB may be written unsynced."""
+
+        journal = self._journal
+        assert journal is not None
+        with self._checkpointing:
+            old, self._pin = self._pin, None
+            pin = self._begin_pin()
+            if old is not None:
+                old.abort()
+            self._pin = pin
+            meta = self._read_meta()
+            self.env.sync(True)
+            if read_power_marker(self.path) is not None:
+                clear_unsynced(self.path, POWER_FILE)  # the disk holds every commit now
+            epoch = secrets.randbits(63) | 1
+            segment = journal.begin()  # no marker now: no recovery can read an earlier segment
+            journal.checkpoints.write(epoch, segment, meta)
+            mark_power(self.path, epoch)
+            self._epoch, self._replay_from = epoch, None
+            journal.release(segment)
+            self._since = (0, journal.written, time.monotonic())
+
+    def make_durable(self) -> None:
+        """A write transaction that holds no log records (the id reservation) must survive a
+        power cut before its caller hears back: with a journal, a checkpoint now."""
+
+        if self._journal is not None:
+            self.checkpoint()
+
+    def _close_journal(self) -> None:
+        """Stop the checkpoint thread; on a clean close sync everything and remove the marker
+        (a close with a replay still pending keeps it: the next open replays again)."""
+
+        journal = self._journal
+        assert journal is not None
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._worker is not None:
+            self._worker.join()
+        with self._checkpointing:
+            self._drop_pin()
+            if self._replay_from is None:
+                self.env.sync(True)
+                clear_unsynced(self.path, POWER_FILE)
+            journal.close()
 
     def _explain(self, error: lmdb.Error) -> None:
         """A full disk surfaces from LMDB as an I/O error; say what it is."""
@@ -422,7 +755,15 @@ class Environment:
                 return  # grown by another thread meanwhile
             while True:
                 gate.growing = True
-                if self._drained(time.monotonic() + REMAP_DRAIN):
+                if self._journal is not None:
+                    if self._checkpointing.acquire(blocking=False):
+                        try:
+                            if self._drained(time.monotonic() + REMAP_DRAIN):
+                                self._remap_journaled(factor)
+                                return
+                        finally:
+                            self._checkpointing.release()
+                elif self._drained(time.monotonic() + REMAP_DRAIN):
                     size = 0 if factor == 0 else self.env.info()["map_size"] * factor
                     self.env.set_mapsize(size)
                     return
@@ -433,6 +774,25 @@ class Environment:
         finally:
             self._open_gate()
             gate.lock.release()
+
+    def _remap_journaled(self, factor: int) -> None:
+        """A map change of a journaled writer, with every transaction drained and checkpoints
+        held off: the pin must end too (LMDB changes the map only with no transaction open), so
+        a checkpoint of the current state is made durable first, and pinned once the map has
+        changed (nothing can commit meanwhile: the gate is closed)."""
+
+        journal = self._journal
+        assert journal is not None
+        self._drop_pin()
+        meta = self._read_meta()
+        segment = self._replay_from if self._replay_from is not None else journal.current_number
+        self.env.sync(True)
+        journal.checkpoints.write(self._epoch, segment, meta)
+        journal.release(segment)
+        self._since = (0, journal.written, time.monotonic())
+        size = 0 if factor == 0 else self.env.info()["map_size"] * factor
+        self.env.set_mapsize(size)
+        self._pin = self._begin_pin(entered=True)
 
     def _open_gate(self) -> None:
         gate = self._gate
@@ -447,25 +807,26 @@ class Environment:
 
         pause = 0.00005
         while True:
-            if not self._held and not self._live_readers():
+            if not self._held and self._live_readers() <= (self._pin is not None):
                 return True
             if time.monotonic() >= until:
                 return False
             time.sleep(pause)
             pause = min(pause * 2, 0.001)
 
-    def _live_readers(self) -> bool:
-        """Whether LMDB's reader table holds an open read transaction of this process (a slot
-        reset for reuse shows ``-``)."""
+    def _live_readers(self) -> int:
+        """How many open read transactions of this process LMDB's reader table holds (a slot
+        reset for reuse shows ``-``); a journaled writer's pin is one of them."""
 
         pid = str(os.getpid())
+        live = 0
         for line in self.env.readers().splitlines()[1:]:
             fields = line.split()
             if not fields or fields[0] != pid:
                 continue
             if len(fields) < 3 or fields[2] != "-":
-                return True
-        return False
+                live += 1
+        return live
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
@@ -511,10 +872,13 @@ class Environment:
             return  # a forked child must not touch the parent's environment
         self._closed = True
         try:
-            if not self.readonly:
+            if self._journal is not None:
+                self._close_journal()
+            elif not self.readonly:
                 self.env.sync(True)
                 clear_unsynced(self.path)
         finally:
+            self._drop_pin()
             shared.release(self._shared)
             self._release_lock()
 

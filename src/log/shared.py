@@ -42,10 +42,11 @@ class SharedEnv:
     is fixed when it opens (py-lmdb cannot change ``MDB_NOSYNC`` later), so ``durability`` is the
     only durability a writer sharing it can be given."""
 
-    def __init__(self, env: lmdb.Environment, readonly: bool, durability: Durability) -> None:
+    def __init__(self, env: lmdb.Environment, readonly: bool, durability: Durability, journaled: bool = False) -> None:
         self.env = env
         self.readonly = readonly
         self.durability = durability
+        self.journaled = journaled
         self.users = 0
         self.dbs: dict[bytes, lmdb._Database] = {}
         self.gate = Gate()
@@ -54,7 +55,10 @@ class SharedEnv:
 open_envs: dict[str, SharedEnv] = {}
 
 
-def acquire(path: str, readonly: bool, durability: Durability, map_size: int) -> SharedEnv:
+def acquire(path: str, readonly: bool, durability: Durability, map_size: int, journaled: bool = False) -> SharedEnv:
+    """``journaled``: a ``power`` writer whose commits are made durable by its journal
+    (``log.journal``): LMDB itself does not sync them."""
+
     real = os.path.realpath(path)
     shared = open_envs.get(real)
     if shared is None:
@@ -65,21 +69,21 @@ def acquire(path: str, readonly: bool, durability: Durability, map_size: int) ->
             map_size=map_size,
             max_dbs=MAX_DBS,
             readonly=readonly,
-            sync=durability == "power",
+            sync=durability == "power" and not journaled,
             metasync=True,
             mode=0o600,
             create=not readonly,
             max_spare_txns=4,
         )
         env.reader_check()
-        shared = open_envs[real] = SharedEnv(env, readonly, durability)
+        shared = open_envs[real] = SharedEnv(env, readonly, durability, journaled)
     elif not readonly:
-        refuse_shared_conflict(path, durability)
+        refuse_shared_conflict(path, durability, journaled)
     shared.users += 1
     return shared
 
 
-def refuse_shared_conflict(path: str, durability: Durability) -> None:
+def refuse_shared_conflict(path: str, durability: Durability, journaled: bool = False) -> None:
     """A writer cannot share an environment this process opened read-only, or for another
     durability (its sync mode is fixed when it opens)."""
 
@@ -90,6 +94,11 @@ def refuse_shared_conflict(path: str, durability: Durability) -> None:
         raise WriterLockedError(path, " read-only by this process; close those readers first")
     if (shared.durability == "power") != (durability == "power"):
         raise DurabilityConflictError(path, durability, shared.durability)
+    if shared.journaled != journaled:  # a journaled writer's LMDB does not sync; a replica's does
+        def label(journaled: bool) -> str:
+            return "power (journaled writer)" if journaled else "power (replica)"
+
+        raise DurabilityConflictError(path, label(journaled), label(shared.journaled))
 
 
 def release(shared: SharedEnv) -> None:

@@ -42,6 +42,11 @@ UNSYNCED_FILE: Final = "process.unsynced"
 BOOT_ID: Final = "/proc/sys/kernel/random/boot_id"
 
 
+POWER_FILE: Final = "power.unsynced"
+"""Present while a journaled ``power`` writer may have commits that only its journal holds
+(``log.journal``): the boot id, then the writer life's epoch (which checkpoints to trust)."""
+
+
 def make_private_dir(path: str) -> bool:
     """Create the store directory; True when it did not exist."""
 
@@ -124,11 +129,42 @@ def mark_unsynced(path: str) -> None:
     sync_directory(path)
 
 
-def clear_unsynced(path: str) -> None:
+def mark_power(path: str, epoch: int) -> None:
+    """Write ``power.unsynced`` (boot id, epoch) and make it durable before LMDB writes a page
+    unsynced."""
+
+    marker = os.path.join(path, POWER_FILE)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(marker, flags, 0o600)
+    try:
+        os.write(fd, (boot_id() or b"unknown") + b"\n" + b"%016x\n" % epoch)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    sync_directory(path)
+
+
+def read_power_marker(path: str) -> tuple[bytes, int | None] | None:
+    """``power.unsynced``'s (boot id, epoch); the epoch is None when the file is not whole (cut
+    while it was written: no checkpoint of its life was trusted yet). None when absent."""
+
+    try:
+        with open(os.path.join(path, POWER_FILE), "rb") as file:
+            lines = file.read().split(b"\n")
+    except FileNotFoundError:
+        return None
+    try:
+        epoch: int | None = int(lines[1], 16)
+    except (IndexError, ValueError):
+        epoch = None
+    return lines[0].strip(), epoch
+
+
+def clear_unsynced(path: str, name: str = UNSYNCED_FILE) -> None:
     """After the final sync: the disk holds every commit, in order."""
 
     try:
-        os.unlink(os.path.join(path, UNSYNCED_FILE))
+        os.unlink(os.path.join(path, name))
     except FileNotFoundError:
         return
     sync_directory(path)

@@ -85,8 +85,10 @@ class WriteLog:
             seq = after + 1
         if committed_at is None:
             committed_at = time.time_ns() // 1_000_000
-        if not txn.put(seq_key(seq), encode_record(payload, committed_at), db=self.db, append=True):
+        record = encode_record(payload, committed_at)
+        if not txn.put(seq_key(seq), record, db=self.db, append=True):
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
+        self.env.journal_stage(seq, record)  # power: flushed to the journal before txn commits
         return seq
 
     def append_record(self, txn: lmdb.Transaction[bytes], seq: int, data: bytes) -> int:

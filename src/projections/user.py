@@ -328,6 +328,8 @@ class UserProjections:
         for commit in commits:
             try:
                 projection.fold(tables, commit)
+            except lmdb.MapFullError:
+                raise  # not the fold's fault: the write grows the map and folds the chunk again
             except Exception as error:
                 raise _FoldFailed(commit.seq, error) from error
         status = ProjectionStatus(projection.version, commits[-1].seq)

@@ -281,6 +281,7 @@ class Committer:
     def _attempt(self, jobs: list[_Job], stream: StreamWriter | None) -> None:
         try:
             self._env.write(lambda txn: self._group(txn, jobs, stream))
+            self._durable(jobs)
             if stream is not None:
                 stream.committed()
             self._committed([job.result for job in jobs if job.batch is not None and job.error is None], stream)
@@ -300,11 +301,27 @@ class Committer:
         for job in jobs:
             try:
                 self._env.write(lambda txn, alone=[job]: self._group(txn, alone, stream))  # type: ignore[misc]
+                self._durable([job])
                 if stream is not None:
                     stream.committed()
                 self._committed([job.result] if job.batch is not None and job.error is None else [], stream)
             except BaseException as error:
                 job.result, job.error = None, error
+
+    def _durable(self, jobs: list[_Job]) -> None:
+        """After a transaction with plain writes committed (the id reservation): they hold no log
+        record for the journal, so a journaled ``power`` store makes them durable now, before
+        their callers hear back; if it cannot, those callers get the error (the batches beside
+        them are in the journal, durable)."""
+
+        if not any(job.work is not None and job.error is None for job in jobs):
+            return
+        try:
+            self._env.make_durable()
+        except BaseException as error:
+            for job in jobs:
+                if job.work is not None:
+                    job.result, job.error = None, error
 
     def _committed(self, results: list[tuple[int, int]], stream: StreamWriter | None = None) -> None:
         """Right after a transaction holding ``results`` (sequence, highest id) committed, on the

@@ -31,6 +31,8 @@ from ..errors import NotWriterError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
 from ..log.counters import EngineCounters
 from ..log.environment import DEFAULT_MAP_SIZE
+from ..log.journal import JournalOptions
+from ..log.records import decode_record
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.jetstream import JetStreamLink
 from ..log.stream.link import StreamLink
@@ -54,6 +56,8 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 ID_BLOCK: Final = 4096
+REPLAY_CHUNK: Final = 64
+"""Journal records replayed per write transaction at open."""
 """Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
 _RESERVED_KEY: Final = b"ids.reserved"
 _U64 = struct.Struct(">Q")
@@ -74,6 +78,8 @@ class LmdbStorage(StorageReads, Storage):
         self._meta = env.db("meta")
         self._model = open_core(env, self.log, progress, verify_checksums)
         self._projector = Projector(self._model)
+        if env.replay_pending:
+            self._replay()
         self.projections = UserProjections(env, self.log, projections)
         self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
@@ -94,6 +100,26 @@ class LmdbStorage(StorageReads, Storage):
         self._reserved = 0 if raw is None else _U64.unpack(raw)[0]
         self._next_id = max(2, stored, self._reserved)
 
+    def _replay(self) -> None:
+        """After an unclean stop of a journaled ``power`` writer: append and fold the journal's
+        records past the restored checkpoint, as their commits did (checks included), then sync
+        them and begin a new writer life (``log.environment``)."""
+
+        env = self._env
+        records = env.journal_replay(self.log.head())
+        projector, log = self._projector, self.log
+
+        def replay(txn: lmdb.Transaction[bytes], chunk: list[tuple[int, bytes]]) -> None:
+            for seq, data in chunk:
+                plan = projector.prepare(txn, decode_record(seq, data).writes)
+                log.append_record(txn, seq, data)
+                projector.apply(txn, seq, plan)
+
+        for at in range(0, len(records), REPLAY_CHUNK):
+            chunk = records[at : at + REPLAY_CHUNK]
+            env.write(lambda txn, chunk=chunk: replay(txn, chunk))  # type: ignore[misc]
+        env.finish_replay()
+
     @classmethod
     async def open(
         cls,
@@ -111,6 +137,7 @@ class LmdbStorage(StorageReads, Storage):
         store: str | None = None,
         take_over: bool | Literal["force"] = False,
         lease_ttl: int = DEFAULT_LEASE_TTL,
+        journal: JournalOptions | None = None,
     ) -> LmdbStorage:
         """Open (or create) the store in directory ``path``; see ``log.environment`` for modes.
 
@@ -152,6 +179,7 @@ class LmdbStorage(StorageReads, Storage):
             storage = cls._build(
                 link, progress, projections, verify_checksums,
                 path=path, readonly=readonly, durability=durability, map_size=map_size, store_id=store,
+                journal=(journal or JournalOptions()) if durability == "power" and not readonly else None,
             )
         except StoreDamagedError as error:
             logger.error("store %s is damaged: %s", path, error)

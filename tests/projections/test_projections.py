@@ -275,3 +275,34 @@ async def test_task_outcomes_example(tmp_path: Path) -> None:
         assert outcome_counts(storage.projections) == {("fetch", "completed"): 1, ("fetch", "failed"): 1, ("sum", "completed"): 1}
     finally:
         await storage.close()
+
+
+class Bulky(Projection):
+    """Writes more per record than the commit did, so its folds are what fills the map."""
+
+    name = "bulky"
+    version = 1
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def fold(self, tables: Tables, commit: Commit) -> None:
+        tables.put("main", commit.seq.to_bytes(8, "big"), b"b" * self.size)
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+@pytest.mark.parametrize("size", [300, 3000, 20000])
+async def test_a_user_projection_whose_fold_fills_the_map_grows_it_and_goes_on(tmp_path: Path, durability: str, size: int) -> None:
+    """A fold that fills the map is LMDB's MapFullError inside the projection's ``fold``: the map
+    grows and the chunk folds again; it is not the projection's failure (it was recorded as one,
+    stopping the projection for good: the power-loss group recording found it)."""
+
+    storage = await LmdbStorage.open(tmp_path / "store", durability=durability, map_size=64 * 1024, projections=[Bulky(size)])  # type: ignore[arg-type]
+    try:
+        for id in range(1, 41):
+            await storage.commit([{"type": "conversation", "value": {"id": id}}], CTX)
+        await storage.projections.wait(storage.log.head())
+        with storage.projections.read("bulky") as view:
+            assert len(list(view.items("main"))) == 40
+    finally:
+        await storage.close()

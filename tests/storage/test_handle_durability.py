@@ -22,6 +22,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import DurabilityConflictError, LmdbStorage, WriterLockedError
 from pi_durable_lmdb.log.environment import UNSYNCED_FILE
+from pi_durable_lmdb.log.storedir import POWER_FILE
 
 from ..support.natsserver import NatsNode, running_node
 
@@ -66,7 +67,10 @@ def assert_durability_given(storage: LmdbStorage, kind: str) -> None:
     env = storage._env
     flags = env.env.flags()
     asked = durability_of(kind)
-    assert flags["sync"] is (asked == "power"), f"{kind} handle got an environment with sync={flags['sync']}"
+    journaled = kind == "power"  # a local power writer: its journal syncs, LMDB does not (log.journal)
+    assert flags["sync"] is (asked == "power" and not journaled), f"{kind} handle got an environment with sync={flags['sync']}"
+    assert os.path.exists(os.path.join(env.path, POWER_FILE)) is journaled, f"{kind} handle: power.unsynced"
+    assert (os.path.isdir(os.path.join(env.path, "journal")) or not journaled), f"{kind} handle: no journal"
     marker = os.path.exists(os.path.join(env.path, UNSYNCED_FILE))
     assert marker is (asked == "process"), f"{kind} handle: process.unsynced present={marker}"
 
@@ -131,7 +135,7 @@ async def test_each_local_handle_gets_the_durability_it_asked_for(
     opener = Opener(path, None, None, "S")
     await run_scenario(opener, first, second, close_first, reader_last)
     # Every handle is closed: nothing is left unsynced, and every acknowledged commit is there.
-    assert not os.path.exists(path / UNSYNCED_FILE)
+    assert not os.path.exists(path / UNSYNCED_FILE) and not os.path.exists(path / POWER_FILE)
     check = await LmdbStorage.open(path, readonly=True)
     try:
         for id in range(101, opener.next_id + 1):

@@ -332,11 +332,32 @@ def test_the_map_grows_from_64_kib_under_load_without_losing_a_commit(tmp_path: 
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a 4 MiB tmpfs here (mount said: {done.stderr.strip()})")
+        pytest.skip(f"cannot mount a 16 MiB tmpfs here (mount said: {done.stderr.strip()})")
     try:
         yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+async def test_no_room_for_the_power_journal_is_a_full_disk_and_leaves_no_half_segment(tmp_path: Path) -> None:
+    """A ``power`` writer makes its journal's segments (zero-filled, 4 MiB) as it opens: on a disk
+    without room for one, the open fails with ``StoreFullError`` naming the journal, and no half
+    made segment is left to fill the disk further."""
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a 3 MiB tmpfs here (mount said: {done.stderr.strip()})")
+    try:
+        with pytest.raises(StoreFullError, match="journal segment"):
+            await LmdbStorage.open(mount / "store", durability="power")
+        segments = list((mount / "store").rglob("*.seg"))
+        assert all(path.stat().st_size == 0 for path in segments) or not segments, segments
+        storage = await LmdbStorage.open(mount / "store", durability="process")  # the store itself is sound
+        await storage.close()
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
@@ -348,8 +369,9 @@ async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(small_dis
     acked: dict[int, int] = {}
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
-        filler = small_disk / "filler"
-        filler.write_bytes(b"\0" * (3 * 1024 * 1024))
+        filler = small_disk / "filler"  # leaves about 1 MiB: a power writer's journal segments are made already
+        stat = os.statvfs(small_disk)
+        filler.write_bytes(b"\0" * max(0, stat.f_bavail * stat.f_frsize - (1 << 20)))
         failure: BaseException | None = None
         for _ in range(500):
             id = await storage.mint_id()

@@ -6,6 +6,9 @@ directory and what the recording says about it; one JSON line per state goes to 
 
 Per state, in this order:
 
+0. if a journaled power writer left ``power.unsynced``: a read-only open must refuse
+   (``JournalReplayPending``), then a writer open replays the journal and closes; the steps
+   below check what it left;
 1. ``verify`` on the state as the power cut left it (read-only; nothing has touched it);
 2. a read-only ``LmdbStorage.open``: the log holds sequences 1..head; each acknowledged one the
    job lists holds exactly the acknowledged batch, every other one is a batch being committed
@@ -116,6 +119,33 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"id": job["id"], "problems": problems}
     exists = os.path.exists(os.path.join(path, "data.mdb"))
     result["data_file"] = exists
+
+    # 0. a journaled power writer stopped without closing: after the reboot, read-only opens
+    # refuse the store until a writer replays the journal (its open, then closed at once); every
+    # later step checks the store that replay left
+    if exists and os.path.exists(os.path.join(path, "power.unsynced")):
+        from pi_durable_lmdb import JournalReplayPending
+
+        result["replayed"] = True
+        try:
+            reader = await LmdbStorage.open(path, readonly=True)
+            await reader.close()
+            problems.append("READ-ONLY OPEN/READ did not refuse a store whose journal is not replayed")
+        except JournalReplayPending:
+            pass
+        except BaseException as error:  # noqa: BLE001
+            problems.append(f"READ-ONLY OPEN/READ raised {_error(error)}, not JournalReplayPending")
+        try:
+            replaying = await LmdbStorage.open(path, projections=[EntryCounts()])
+            await replaying.close()
+        except BaseException as error:  # noqa: BLE001
+            if isinstance(error, damaged_error):
+                result["outcome"] = "refused"
+                result["refusal"] = str(error)
+                return result
+            problems.append(f"WRITER OPEN (replaying the journal) raised {_error(error)}")
+            result["outcome"] = "failed"
+            return result
 
     # 1. verify the state as it is
     if exists:

@@ -17,7 +17,8 @@ What each mode must survive (what docs/reliability.md promises):
     completed sync present.
 
 A power cut is followed by a reboot: a state's ``process.unsynced`` file (if the engine wrote one)
-gets the boot id of an earlier boot, as it would hold after a real power cut.
+gets the boot id of an earlier boot, as it would hold after a real power cut, and so does the
+first line of a journaled power writer's ``power.unsynced``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .record import HERE, Recording, record
 
 CHECKER = HERE / "check.py"
 UNSYNCED_FILE = "process.unsynced"
+POWER_FILE = "power.unsynced"
 EARLIER_BOOT = b"00000000-0000-0000-0000-000000000000\n"
 BATCH = 40
 COMMANDS = ("import", "restore", "backup", "backup-plain")
@@ -146,6 +148,10 @@ def materialize(state: CrashState, directory: str) -> None:
         if os.path.basename(name) == UNSYNCED_FILE:
             with open(os.path.join(directory, name), "wb") as file:
                 file.write(EARLIER_BOOT)
+        elif os.path.basename(name) == POWER_FILE:  # boot id, then the writer life's epoch
+            _, newline, rest = state.files[name].partition(b"\n")
+            with open(os.path.join(directory, name), "wb") as file:
+                file.write(EARLIER_BOOT + rest if newline else EARLIER_BOOT[:-1])
 
 
 def judge(mode: str, state: CrashState, expected: dict[str, Any], result: dict[str, Any]) -> list[str]:
@@ -191,6 +197,7 @@ def explore(
     batches: int = 30,
     workload: str = "single",
     drop: str = "",
+    fault: str = "",
     only: StateId | None = None,
     keep: str | None = None,
     say: Callable[[str], None] = print,
@@ -208,7 +215,7 @@ def explore(
             if deadline is not None and time.monotonic() > deadline:
                 say(f"power_loss: stopping at the time limit after {summary.states} states")
                 break
-            recording = record(recorder, mode, recording_seed, batches, os.path.join(workdir, "rec"), workload=workload, drop=drop)
+            recording = record(recorder, mode, recording_seed, batches, os.path.join(workdir, "rec"), workload=workload, drop=drop, fault=fault)
             summary.recordings += 1
             summary.events += len(recording.events)
             rng = random.Random(f"{mode}:{recording_seed}")
@@ -237,10 +244,10 @@ def explore(
                 seen.add(digest)
                 pending.append((candidate, state))
                 if len(pending) >= BATCH:
-                    _check_batch(mode, recording, pending, workdir, summary, say, keep)
+                    _check_batch(mode, recording, pending, workdir, summary, say, keep, fault)
                     pending = []
             if pending:
-                _check_batch(mode, recording, pending, workdir, summary, say, keep)
+                _check_batch(mode, recording, pending, workdir, summary, say, keep, fault)
             if only is not None:
                 break
             recording_seed += 1
@@ -258,6 +265,7 @@ def _check_batch(
     summary: Summary,
     say: Callable[[str], None],
     keep: str | None,
+    fault: str = "",
 ) -> None:
     states_dir = os.path.join(workdir, "states")
     shutil.rmtree(states_dir, ignore_errors=True)
@@ -324,6 +332,7 @@ def _check_batch(
             for problem in problems[:6]:
                 say(f"    {problem}")
             extra = f" --workload {recording.workload}" if recording.workload != "single" else ""
+            extra += f" --fault {fault}" if fault else ""
             say(f"    reproduce: python tools/power_loss.py --mode {mode} --state {state_id} --batches {recording.batches}{extra}")
             if keep:
                 target = os.path.join(keep, f"{mode}-{str(state_id).replace(':', '-')}")

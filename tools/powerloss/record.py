@@ -56,9 +56,11 @@ def record(
     *,
     workload: str = "single",
     drop: str = "",
+    fault: str = "",
 ) -> Recording:
     """Run ``writer.py`` (``workload``) on a new store under the recorder; its events (marks
-    included). ``drop``: planted faults, the recorder's ``PL_DROP`` rules (syncs left out)."""
+    included). ``drop``: planted faults, the recorder's ``PL_DROP`` rules (syncs left out);
+    ``fault``: one planted in the writer's power journal (``log.journal._faults``)."""
 
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="powerloss-rec-")
@@ -75,7 +77,7 @@ def record(
         env = dict(os.environ, LD_PRELOAD=recorder, PL_RECORD=recording, PL_STORE=store, PL_MARKER=marks, PL_EXCLUDE="lock.mdb", PL_DROP=drop)
         completed = subprocess.run(
             [sys.executable, str(WRITER), store, marks, "--durability", durability, "--seed", str(seed), "--batches", str(batches),
-             "--workload", workload],
+             "--workload", workload, *(["--fault", fault] if fault else [])],
             env=env,
             capture_output=True,
             text=True,

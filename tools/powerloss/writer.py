@@ -173,6 +173,20 @@ class Workload:
         return out
 
 
+def journal_options(args: argparse.Namespace) -> dict[str, Any]:
+    """A power writer's journal, small so the recording holds segment changes, recycled segments
+    and checkpoints (on their own thread, as by default) every few commits; ``--fault`` plants
+    one of ``log.journal._faults`` in this process."""
+
+    if args.durability != "power":
+        return {}
+    from pi_durable_lmdb.log import journal
+
+    for fault in args.fault:
+        journal._faults.add(fault)
+    return {"journal": journal.JournalOptions(segment_size=3 * journal.HEADER_SIZE, checkpoint_commits=4, checkpoint_bytes=16384)}
+
+
 async def run(args: argparse.Namespace) -> None:
     from pi_durable_lmdb.projections import rebuild
     from pi_durable_lmdb.storage import LmdbStorage, lmdb_storage
@@ -183,7 +197,8 @@ async def run(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
 
     async def open_store() -> Any:
-        return await LmdbStorage.open(args.store, durability=args.durability, map_size=64 * 1024, projections=[EntryCounts()])
+        return await LmdbStorage.open(args.store, durability=args.durability, map_size=64 * 1024, projections=[EntryCounts()],
+                                      **journal_options(args))
 
     marks.say("phase open")
     storage = await open_store()
@@ -277,7 +292,8 @@ async def run_group(args: argparse.Namespace) -> None:
     marks = Marks(args.marks)
 
     async def open_store() -> Any:
-        return await LmdbStorage.open(args.store, durability=args.durability, map_size=64 * 1024, projections=[EntryCounts()])
+        return await LmdbStorage.open(args.store, durability=args.durability, map_size=64 * 1024, projections=[EntryCounts()],
+                                      **journal_options(args))
 
     marks.say("phase open")
     storage = await open_store()
@@ -398,6 +414,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=30)
     parser.add_argument("--reopen-every", type=int, default=8, help="close and reopen the store every N batches")
     parser.add_argument("--workload", choices=["single", "group", *COMMANDS], default="single")
+    parser.add_argument("--fault", action="append", default=[], choices=["skip-journal-flush", "skip-pin", "recycle-early"],
+                        help="a planted fault of the power journal (the explorer must then fail)")
     args = parser.parse_args()
     if args.workload in COMMANDS:
         run_command(args)

@@ -1,0 +1,496 @@
+"""The write-ahead journal of ``power`` durability: one device flush per commit (or group).
+
+Why: LMDB's own durable commit flushes the device twice (``fdatasync`` of the data pages, then
+the meta page through an ``O_DSYNC`` descriptor). A ``power`` writer instead runs LMDB without
+syncing (``MDB_NOSYNC``) and, inside each write transaction that appends log records, right
+before LMDB's commit, writes those records to this journal as one frame with one ``pwrite`` and
+one ``fdatasync``: the only flush a commit waits for. Before, not after, LMDB's commit: a commit
+is visible to every reader (other processes included) as soon as LMDB commits it, and nothing
+may be visible that a power cut could take back. A frame whose transaction then fails to commit
+is unmade (``abandon``) before the failure is reported.
+
+Checkpoints (``log.environment``): ``data.mdb`` is synced (``env.sync(True)``) off the commit
+path, and a *checkpoint record* is made durable: a copy of LMDB's two meta pages as they were
+when the checkpoint began, and the journal segment where records after it start. A read
+transaction of the writer stays pinned on that state until the next checkpoint is durable:
+LMDB reuses a page only once every reader is newer than the transaction that freed it, so the
+checkpoint's pages stay as they were synced however much is committed after it. After a power
+cut LMDB's file may hold anything newer (pages in any order, a meta page naming pages that never
+arrived); recovery writes the checkpoint's meta pages back, which names a whole, synced tree,
+and replays the journal's records past it through the normal append and fold. A segment is
+released for reuse once a durable checkpoint needs nothing in it.
+
+Layout: ``journal/<number>.seg`` files of ``segment_size`` bytes, written full of zeros when
+made, so that appending a frame overwrites allocated, written blocks and ``fdatasync`` has no
+file metadata to write (``fallocate`` alone leaves unwritten extents, whose conversion is
+metadata). A segment is never truncated or deleted: once released it is *recycled* (renamed to a
+new number, its header rewritten and synced), as PostgreSQL recycles WAL segments and RocksDB
+``recycle_log_file_num`` does. ``journal/checkpoint.0`` and ``.1`` hold checkpoint records,
+written alternately (the one not holding the newest), each whole or rejected by its checksum,
+so a cut while one is written leaves the other.
+
+A segment starts with a 4 KiB header block (magic, format, its number, a random salt, a
+checksum). Then frames, back to back: a header (magic, body length, record count, the segment's
+number, the first record's sequence, an xxh3-64 checksum seeded with the segment's salt over
+header and body) and a body (each record: u32 length + the log record's stored bytes, exactly
+what the ``log`` database holds). A frame holds one write transaction's records (one caller, or
+a whole group). Segment numbers only grow and are never reused, so what a recycled segment
+still holds from its earlier life names another number (and salt) and is rejected; a frame cut
+by the power cut fails its checksum; the chain is read from the checkpoint's segment through
+consecutive numbers and must continue sequence by sequence. Reading stops at the first frame
+that fails any of these: nothing after it was acknowledged (each frame is flushed before its
+commit is, and frames are written one after the other).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+import xxhash
+
+from ..errors import StoreFormatError, StoreFullError
+from .storedir import sync_directory
+
+JOURNAL_DIR: Final = "journal"
+SEGMENT_FORMAT: Final = 1
+HEADER_SIZE: Final = 4096
+_SEGMENT_MAGIC: Final = b"PIDLJSEG"
+_SEGMENT = struct.Struct(">8sIIQQQ")  # magic, format, reserved, number, salt, checksum
+_FRAME_MAGIC: Final = 0x504A4652
+_FRAME = struct.Struct(">IIIIQQQ")  # magic, body length, count, reserved, segment, first seq, checksum
+_LENGTH = struct.Struct(">I")
+_ZEROS: Final = bytes(1 << 20)
+
+_faults: set[str] = set()
+"""Planted faults, for the power-loss explorer's writer process only (``tools/powerloss``): never
+set by the package. ``skip-journal-flush``, ``skip-pin``, ``recycle-early``: each must make the
+explorer fail."""
+
+
+@dataclass(frozen=True)
+class JournalOptions:
+    """How a ``power`` writer journals and checkpoints (``LmdbStorage.open(journal=...)``).
+
+    A checkpoint (an ``fdatasync`` of ``data.mdb`` and of the checkpoint file, off the commit
+    path) is taken after ``checkpoint_commits`` journaled commits, ``checkpoint_bytes`` of
+    journal, or ``checkpoint_seconds`` (checked at each commit), whichever comes first. Between
+    checkpoints LMDB keeps the pages of the last checkpoint from reuse, so ``data.mdb`` grows by
+    the pages the commits since then rewrote (about 14 pages per small commit): the bounds keep
+    that growth bounded, and a checkpoint comes long before a segment fills, so two segments
+    take turns.
+    """
+
+    segment_size: int = 4 << 20
+    """Two segments in steady state (checkpoints come well before one fills): 8 MiB on disk."""
+    checkpoint_commits: int = 32
+    """Bounds what the pin keeps from reuse (~14 pages per small commit: ~2 MiB) and what one
+    checkpoint flushes: a big data flush delays the journal flushes queued behind it on the
+    device (the event-loop stall of one agent's direct commits: p99 7.5 ms with 128)."""
+    checkpoint_bytes: int = 1 << 20
+    checkpoint_seconds: float = 1.0
+    background: bool = True
+    """Take checkpoints on a thread of their own while commits go on (True), or on the
+    committing thread (False: simpler to reason about, slower)."""
+
+    def __post_init__(self) -> None:
+        if type(self.segment_size) is not int or self.segment_size < 2 * HEADER_SIZE:
+            raise ValueError(f"segment_size must be an int of at least {2 * HEADER_SIZE} bytes, not {self.segment_size!r}")
+        if type(self.checkpoint_commits) is not int or self.checkpoint_commits < 1:
+            raise ValueError(f"checkpoint_commits must be a positive int, not {self.checkpoint_commits!r}")
+        if type(self.checkpoint_bytes) is not int or self.checkpoint_bytes < 1:
+            raise ValueError(f"checkpoint_bytes must be a positive int, not {self.checkpoint_bytes!r}")
+        if not isinstance(self.checkpoint_seconds, (int, float)) or not self.checkpoint_seconds > 0:
+            raise ValueError(f"checkpoint_seconds must be a positive number, not {self.checkpoint_seconds!r}")
+
+
+class _Segment:
+    __slots__ = ("path", "number", "salt", "size")
+
+    def __init__(self, path: str, number: int, salt: int, size: int) -> None:
+        self.path, self.number, self.salt, self.size = path, number, salt, size
+
+
+def _segment_header(number: int, salt: int) -> bytes:
+    head = _SEGMENT.pack(_SEGMENT_MAGIC, SEGMENT_FORMAT, 0, number, salt, 0)[: -8]
+    return head + struct.pack(">Q", xxhash.xxh3_64_intdigest(head))
+
+
+def _read_header(path: str) -> tuple[int, int] | None:
+    """(number, salt) of a segment file, or None when its header is not a valid one."""
+
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(_SEGMENT.size)
+    except OSError:
+        return None
+    if len(raw) < _SEGMENT.size:
+        return None
+    magic, fmt, _, number, salt, checksum = _SEGMENT.unpack(raw)
+    if magic != _SEGMENT_MAGIC or xxhash.xxh3_64_intdigest(raw[:-8]) != checksum:
+        return None
+    if fmt != SEGMENT_FORMAT:
+        raise StoreFormatError(f"{path} is a journal segment of format {fmt}; this version reads {SEGMENT_FORMAT}")
+    return number, salt
+
+
+def encode_frame(number: int, salt: int, first: int, records: list[bytes]) -> bytes:
+    body = b"".join(_LENGTH.pack(len(data)) + data for data in records)
+    head = _FRAME.pack(_FRAME_MAGIC, len(body), len(records), 0, number, first, 0)[:-8]
+    checksum = xxhash.xxh3_64_intdigest(head + body, seed=salt)
+    return head + struct.pack(">Q", checksum) + body
+
+
+def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[int, list[bytes]]]:
+    """The valid frames of one segment's contents, in order: (first sequence, records); stops at
+    the first frame that is not whole and of this segment's life."""
+
+    frames: list[tuple[int, list[bytes]]] = []
+    at = HEADER_SIZE
+    view = memoryview(data)
+    while at + _FRAME.size <= len(view):
+        magic, length, count, _, seg, first, checksum = _FRAME.unpack_from(view, at)
+        end = at + _FRAME.size + length
+        if magic != _FRAME_MAGIC or seg != number or end > len(view) or count == 0:
+            break
+        body = view[at + _FRAME.size : end]
+        if xxhash.xxh3_64_intdigest(bytes(view[at : at + _FRAME.size - 8]) + bytes(body), seed=salt) != checksum:
+            break
+        records = []
+        pos = 0
+        for _ in range(count):
+            if pos + 4 > length:
+                break
+            (size,) = _LENGTH.unpack_from(body, pos)
+            records.append(bytes(body[pos + 4 : pos + 4 + size]))
+            pos += 4 + size
+        if len(records) != count or pos != length:
+            break
+        frames.append((first, records))
+        at = end
+    return frames
+
+
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
+
+
+class Journal:
+    """The journal directory of one store, open for one writer (see the module docstring).
+
+    ``write``, ``confirm`` and ``abandon`` run on whichever thread commits (one at a time: LMDB's
+    writer lock); ``release`` runs on the checkpoint's thread: ``_lock`` guards the segment
+    lists between them.
+    """
+
+    def __init__(self, store: str, options: JournalOptions) -> None:
+        self.directory = os.path.join(store, JOURNAL_DIR)
+        self.options = options
+        self._lock = threading.Lock()
+        if not os.path.isdir(self.directory):
+            os.mkdir(self.directory, 0o700)
+            sync_directory(store)
+        self.segments: dict[int, _Segment] = {}
+        """Segments with a valid header and not released, by number."""
+        self._free: list[_Segment] = []
+        """Segments free for reuse: released by a checkpoint, or with no valid header."""
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if not name.endswith(".seg") or not os.path.isfile(path) or os.path.islink(path):
+                continue
+            header = _read_header(path)
+            size = os.path.getsize(path)
+            if header is None or header[0] in self.segments:
+                self._free.append(_Segment(path, -1, 0, size))
+            else:
+                self.segments[header[0]] = _Segment(path, header[0], header[1], size)
+        named = [int(name[:-4], 16) for name in os.listdir(self.directory) if name.endswith(".seg") and _is_hex(name[:-4])]
+        self.next_number = max([*self.segments, *named, 0]) + 1
+        """The number the next segment made or recycled gets: never one seen before, in a header
+        or a file name (a segment whose making was cut by a power cut has its name and no
+        header)."""
+        self.current: _Segment | None = None
+        self._offset = 0
+        self._fd: int | None = None
+        self._staged: int | None = None  # offset of a frame written for a transaction not yet committed
+        self.written = 0
+        """Bytes of frames written since this journal opened (a checkpoint trigger)."""
+        self.checkpoints = Checkpoints(self.directory)
+
+    # ── reading (recovery) ─────────────────────────────────────────────────
+
+    def records(self, from_segment: int, after: int) -> list[tuple[int, bytes]]:
+        """The records with sequences above ``after`` (the restored checkpoint's head), from the
+        chain that starts in segment ``from_segment``: consecutive segment numbers, frames in
+        order, each continuing the one before it. The first must be ``after + 1``; a chain that
+        skips past it is damage, named."""
+
+        chain: list[tuple[int, bytes]] = []
+        last: int | None = None
+        number = from_segment
+        while number in self.segments:
+            segment = self.segments[number]
+            with open(segment.path, "rb") as file:
+                data = file.read()
+            broken = False
+            for first, records in read_frames(data, segment.number, segment.salt):
+                if last is not None and first != last + 1:
+                    broken = True
+                    break
+                chain.extend((first + index, record) for index, record in enumerate(records))
+                last = first + len(records) - 1
+            if broken:
+                break
+            number += 1
+        wanted = [(seq, data) for seq, data in chain if seq > after]
+        if wanted and wanted[0][0] != after + 1:
+            raise StoreFormatError(
+                f"The journal in {self.directory} continues at sequence {wanted[0][0]}, but the "
+                f"checkpoint it was written after ends at {after}: the journal is damaged"
+            )
+        return wanted
+
+    # ── writing ────────────────────────────────────────────────────────────
+
+    def write(self, records: list[tuple[int, bytes]]) -> None:
+        """Append one transaction's records as one frame and flush it (the commit's one device
+        flush). A frame staged by an earlier attempt of the same transaction is written over."""
+
+        if not records:
+            return
+        if self._staged is not None:
+            self._offset, self._staged = self._staged, None
+        first = records[0][0]
+        segment = self.current
+        needed = _FRAME.size + sum(4 + len(data) for _, data in records)
+        if segment is None or self._offset + needed > segment.size:
+            segment = self._next_segment(HEADER_SIZE + needed)
+        frame = encode_frame(segment.number, segment.salt, first, [data for _, data in records])
+        assert self._fd is not None
+        os.pwrite(self._fd, frame, self._offset)
+        self._staged = self._offset  # from here a failure unmakes it (``abandon``)
+        if "skip-journal-flush" not in _faults:
+            os.fdatasync(self._fd)
+        self._offset += len(frame)
+        self.written += len(frame)
+
+    def confirm(self) -> None:
+        """The transaction of the staged frame committed."""
+
+        self._staged = None
+
+    def abandon(self) -> None:
+        """The transaction of the staged frame did not commit: unmake the frame, durably, before
+        the failure is reported (zeroing its header is enough: the chain stops there)."""
+
+        if self._staged is None or self._fd is None:
+            return
+        os.pwrite(self._fd, bytes(_FRAME.size), self._staged)
+        os.fdatasync(self._fd)
+        self._offset, self._staged = self._staged, None
+
+    def _next_segment(self, needed: int) -> _Segment:
+        """Move on to a new segment: a released one renamed and given a new header, or a new file
+        of zeros. Its header and name are durable before any frame goes into it."""
+
+        size = max(self.options.segment_size, needed)
+        number = self.next_number
+        self.next_number += 1
+        salt = secrets.randbits(64)
+        with self._lock:
+            reuse = next((s for s in self._free if s.size >= size), None)
+            if "recycle-early" in _faults and self.current is not None and self.current.size >= size:
+                reuse = self.segments.pop(self.current.number)  # planted: the segment just filled, unchecked
+                self._free.append(reuse)
+            if reuse is not None:
+                self._free.remove(reuse)
+        path = os.path.join(self.directory, f"{number:016x}.seg")
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if reuse is not None:
+            os.rename(reuse.path, path)
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            size = reuse.size
+        else:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+            except OSError as error:
+                raise _full(error, self.directory, size) from error
+            try:
+                at = 0
+                while at < size:
+                    at += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), size - at)], at)
+            except BaseException as error:
+                os.close(fd)
+                os.unlink(path)  # a segment never made holds nothing; leave no half file behind
+                if isinstance(error, OSError):
+                    raise _full(error, self.directory, size) from error
+                raise
+        try:
+            os.pwrite(fd, _segment_header(number, salt), 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        sync_directory(self.directory)
+        segment = _Segment(path, number, salt, size)
+        with self._lock:
+            self.segments[number] = segment
+        self._fd, self.current, self._offset = fd, segment, HEADER_SIZE
+        return segment
+
+    @property
+    def current_number(self) -> int:
+        """The segment the next frame goes to (or a new one's number, if none is open yet): a
+        checkpoint names it, as where recovery starts reading."""
+
+        return self.current.number if self.current is not None else self.next_number
+
+    def begin(self) -> int:
+        """A new writer life, once no recovery can need any segment (the store is synced and
+        holds no marker): every segment is free, and the first of this life is made ready now
+        (recycled, or made and filled with zeros), not on the first commit. Its number."""
+
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.current = None
+        self._staged = None
+        self.release(self.next_number)
+        return self._next_segment(HEADER_SIZE).number
+
+    def release(self, below: int) -> None:
+        """A checkpoint is durable that needs no segment numbered below ``below``: they may be
+        recycled."""
+
+        with self._lock:
+            for number in [n for n in self.segments if n < below]:
+                if self.current is not None and number == self.current.number:
+                    continue
+                self._free.append(self.segments.pop(number))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# ── checkpoint records ──────────────────────────────────────────────────────
+
+CHECKPOINT_FORMAT: Final = 1
+_CHECKPOINT_NAMES: Final = ("checkpoint.0", "checkpoint.1")
+_CHECKPOINT_SIZE: Final = 4096 * 4
+_CHECKPOINT_HEAD = struct.Struct(">8sIQ")  # magic, body length, xxh3-64 of the body
+_CHECKPOINT_MAGIC: Final = b"PIDLJCKP"
+
+
+class CheckpointRecord(msgspec.Struct, frozen=True):
+    """What recovery needs of one checkpoint. ``epoch``: the writer life that made it (the
+    ``power.unsynced`` marker names the life whose checkpoints recovery may trust);
+    ``generation`` orders a life's checkpoints; ``segment``: where records after it start;
+    ``meta``: LMDB's two meta pages as they were (the first two pages of ``data.mdb``)."""
+
+    format: int
+    epoch: int
+    generation: int
+    segment: int
+    meta: bytes
+
+
+_checkpoint_encoder: Final = msgspec.msgpack.Encoder()
+_checkpoint_decoder: Final = msgspec.msgpack.Decoder(CheckpointRecord)
+
+
+class Checkpoints:
+    """The two checkpoint slots: preallocated files written in place (one ``pwrite`` and one
+    ``fdatasync`` each), alternately, so the newest whole record survives a cut while the other
+    is written."""
+
+    def __init__(self, directory: str) -> None:
+        self.paths = [os.path.join(directory, name) for name in _CHECKPOINT_NAMES]
+        made = False
+        for path in self.paths:
+            if not os.path.exists(path):
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+                try:
+                    os.pwrite(fd, bytes(_CHECKPOINT_SIZE), 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                made = True
+        if made:
+            sync_directory(directory)
+        self.slots = [self._read(path) for path in self.paths]
+
+    @staticmethod
+    def _read(path: str) -> CheckpointRecord | None:
+        try:
+            with open(path, "rb") as file:
+                raw = file.read(_CHECKPOINT_SIZE)
+        except OSError:
+            return None
+        if len(raw) < _CHECKPOINT_HEAD.size:
+            return None
+        magic, length, checksum = _CHECKPOINT_HEAD.unpack_from(raw)
+        body = raw[_CHECKPOINT_HEAD.size : _CHECKPOINT_HEAD.size + length]
+        if magic != _CHECKPOINT_MAGIC or len(body) != length or xxhash.xxh3_64_intdigest(body) != checksum:
+            return None
+        try:
+            record = _checkpoint_decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if record.format != CHECKPOINT_FORMAT:
+            raise StoreFormatError(f"{path} is a checkpoint of format {record.format}; this version reads {CHECKPOINT_FORMAT}")
+        return record
+
+    def newest(self, epoch: int) -> CheckpointRecord | None:
+        """The newest whole checkpoint of the life ``epoch``."""
+
+        found = [record for record in self.slots if record is not None and record.epoch == epoch]
+        return max(found, key=lambda record: record.generation, default=None)
+
+    def write(self, epoch: int, segment: int, meta: bytes) -> CheckpointRecord:
+        """Make a checkpoint durable, in the slot not holding the newest one."""
+
+        valid = [(record.generation, index) for index, record in enumerate(self.slots) if record is not None]
+        newest_generation, newest_index = max(valid, default=(0, 1))
+        index = 1 - newest_index
+        record = CheckpointRecord(CHECKPOINT_FORMAT, epoch, newest_generation + 1, segment, meta)
+        body = _checkpoint_encoder.encode(record)
+        raw = _CHECKPOINT_HEAD.pack(_CHECKPOINT_MAGIC, len(body), xxhash.xxh3_64_intdigest(body)) + body
+        if len(raw) > _CHECKPOINT_SIZE:
+            raise StoreFormatError(f"A checkpoint record of {len(raw)} bytes does not fit its slot of {_CHECKPOINT_SIZE}")
+        fd = os.open(self.paths[index], os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.pwrite(fd, raw, 0)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self.slots[index] = record
+        return record
+
+
+def _full(error: OSError, directory: str, size: int) -> OSError:
+    """A journal segment that could not be made: ``StoreFullError`` when the disk is full (the
+    commit waiting for it fails with nothing written), the error itself otherwise."""
+
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreFullError(
+            errno.ENOSPC,
+            f"No space left for a journal segment of {size} bytes in {directory}: nothing was "
+            "written, free some space and commit (or open) again",
+        )
+    return error
