@@ -33,10 +33,7 @@ Durability modes:
 from __future__ import annotations
 
 import errno
-import logging
 import os
-import re
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -56,11 +53,15 @@ from ..errors import (
     StoreFullError,
     WrongStoreError,
 )
-from .journal import Journal, JournalOptions, _faults
+from .journal import Journal, JournalOptions
+from .journaled import JournaledWrites
+from .pages import MAIN_DB as MAIN_DB, DbPages as DbPages, PageStats as PageStats, tally
+from .storeid import STORE_ID_PATTERN as STORE_ID_PATTERN, StoreHeader as StoreHeader, check_store_id as check_store_id, new_store_id as new_store_id
+from .storeid import decode_header, encode_header
 from .shared import SharedEnv
 from .storedir import MAX_DBS as MAX_DBS
 from .storedir import UNSYNCED_FILE as UNSYNCED_FILE
-from .storedir import POWER_FILE, boot_id, mark_power, read_power_marker
+from .storedir import POWER_FILE, boot_id, read_power_marker
 from .storedir import (
     clear_unsynced,
     create_data_file,
@@ -75,7 +76,6 @@ from .storedir import (
 
 T = TypeVar("T")
 
-_log = logging.getLogger("pi_durable_lmdb")
 
 Durability = Literal["power", "process", "replicated"]
 """The one durability type of the package (see the module docstring); only ``"power"`` syncs."""
@@ -92,88 +92,7 @@ REMAP_PATIENCE: Final = 5.0
 this process stayed open all that time (held across an ``await``, or on the growing thread)."""
 
 
-class StoreHeader(msgspec.Struct):
-    """Written once when a store is created; refuses stores of another format. ``store_id`` names
-    the store wherever its log travels (its subject on a NATS stream); stores made before ids
-    existed get one from their next writer."""
-
-    format: int
-    created_at: int
-    store_id: str | None = None
-
-
-STORE_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""A store id is one NATS subject token: no dots, no wildcards, no spaces."""
-
-
-def new_store_id() -> str:
-    """A fresh store id: 16 hex digits (64 random bits)."""
-
-    return secrets.token_hex(8)
-
-
-def check_store_id(value: object) -> str:
-    if not isinstance(value, str) or not STORE_ID_PATTERN.fullmatch(value):
-        raise ValueError(
-            f"A store id is 1 to 64 letters, digits, '-' or '_' (one NATS subject token), not {value!r:.80}"
-        )
-    return value
-
-
-_header_encoder: Final = msgspec.msgpack.Encoder()
-_header_decoder: Final = msgspec.msgpack.Decoder(StoreHeader)
-
-
-MAIN_DB: Final = "(main)"
-"""The name ``page_stats`` gives LMDB's main database (the one naming all the others)."""
-_META_PAGES: Final = 2
-
-
-class DbPages(msgspec.Struct, frozen=True):
-    """One database's pages (``mdb_stat``)."""
-
-    entries: int
-    depth: int
-    branch: int
-    leaf: int
-    overflow: int
-    page_size: int
-
-    @classmethod
-    def of(cls, stat: lmdb._StatDict) -> DbPages:
-        return cls(
-            stat["entries"], stat["depth"], stat["branch_pages"], stat["leaf_pages"],
-            stat["overflow_pages"], stat["psize"],
-        )
-
-    @property
-    def pages(self) -> int:
-        return self.branch + self.leaf + self.overflow
-
-    @property
-    def bytes(self) -> int:
-        return self.pages * self.page_size
-
-
-class PageStats(msgspec.Struct, frozen=True):
-    """Where a store file's pages go (``Environment.page_stats``)."""
-
-    page_size: int
-    file_bytes: int
-    used_pages: int
-    """Pages up to the map's last page in use (``last_pgno + 1``); the file may be longer."""
-    free_pages: int
-    """Pages below ``used_pages`` that no database holds (LMDB reuses them before growing)."""
-    dbs: dict[str, DbPages]
-
-    @property
-    def free_bytes(self) -> int:
-        """Free pages plus the file beyond its last used page: what a compacting copy gives back."""
-
-        return self.free_pages * self.page_size + max(0, self.file_bytes - self.used_pages * self.page_size)
-
-
-class Environment:
+class Environment(JournaledWrites):
     """An open store directory. Use one per process per directory; never across ``fork()``."""
 
     def __init__(
@@ -428,279 +347,6 @@ class Environment:
                     self._held.pop()
             self.grow(self.env.info()["map_size"], full)
 
-    # ── the journal (power writers; log.journal) ───────────────────────────
-
-    def journal_stage(self, seq: int, data: bytes) -> None:
-        """Inside a write transaction: one of its log records (sequence, stored bytes); they go
-        to the journal as one flushed frame right before the transaction commits. A no-op
-        without a journal (LMDB's own sync, or another durability)."""
-
-        if self._journal is not None:
-            self._staged.append((seq, data))
-
-    def _write_journaled(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
-        """``write`` for a journaled writer: the staged records' frame is flushed before LMDB
-        commits (the only device flush a commit waits for), and unmade if the commit fails."""
-
-        journal = self._journal
-        assert journal is not None
-        while True:
-            self._enter()
-            full = None
-            framed = False
-            done = False
-            result: T
-            self._writing.acquire()
-            try:
-                txn = self.env.begin(write=True)
-                self._staged = []
-                try:
-                    result = work(txn)
-                    if self._staged:
-                        framed = True  # a frame written, even in part, is unmade if anything fails
-                        journal.write(self._staged)
-                    txn.commit()
-                    done = True
-                except lmdb.MapFullError:
-                    full = txn
-                except lmdb.Error as error:
-                    txn.abort()
-                    if framed:
-                        journal.abandon()
-                    self._explain(error)
-                    raise
-                except BaseException:
-                    txn.abort()
-                    if framed:
-                        journal.abandon()
-                    raise
-                if done and framed:
-                    journal.confirm()
-            finally:
-                self._staged = []
-                self._writing.release()
-                if full is None:
-                    self._held.pop()
-            if done:
-                if framed:
-                    self._count_commit()
-                return result
-            if framed:
-                journal.abandon()
-            self.grow(self.env.info()["map_size"], full)
-
-    def _count_commit(self) -> None:
-        """A journaled commit: take a checkpoint when the options' bounds are reached (on the
-        checkpoint thread, or here)."""
-
-        journal = self._journal
-        assert journal is not None
-        commits, written, since = self._since
-        commits += 1
-        self._since = (commits, written, since)
-        options = journal.options
-        if not (
-            commits >= options.checkpoint_commits
-            or journal.written - written >= options.checkpoint_bytes
-            or time.monotonic() - since >= options.checkpoint_seconds
-        ):
-            return
-        if not options.background:
-            self.checkpoint()
-            return
-        with self._wake:
-            self._wanted = True
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._checkpointer, name=f"lmdb-checkpoint {self.path}", daemon=True)
-                self._worker.start()
-            self._wake.notify()
-
-    def _checkpointer(self) -> None:
-        while True:
-            with self._wake:
-                while not self._wanted and not self._stopping:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-                self._wanted = False
-            try:
-                self.checkpoint()
-            except Exception:  # commits stay durable in the journal, which grows; the next trigger retries
-                _log.exception("checkpoint of the store at %s failed; commits go on in the journal", self.path)
-
-    def checkpoint(self) -> None:
-        """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
-        recovery starts from (no-op without a journal). The pin moves to it once it is durable;
-        segments it no longer needs are released."""
-
-        if self._journal is None or self._closed:
-            return
-        with self._checkpointing:
-            self._checkpoint()
-
-    def _checkpoint(self) -> None:
-        """A checkpoint, holding ``_checkpointing``: a state pinned and its meta pages copied
-        with no write transaction open (``_writing``), then synced off the commit path."""
-
-        journal = self._journal
-        assert journal is not None
-        self._enter()  # the map stays as it is while the pin begins
-        try:
-            with self._writing:
-                pin = self._begin_pin(entered=True)
-                meta = self._read_meta()
-                segment = self._replay_from if self._replay_from is not None else journal.current_number
-                self._since = (0, journal.written, time.monotonic())
-        finally:
-            self._held.pop()
-        try:
-            self.env.sync(True)
-            journal.checkpoints.write(self._epoch, segment, meta)
-        except BaseException:
-            if pin is not None:
-                pin.abort()
-            raise
-        old, self._pin = self._pin, pin
-        if old is not None:
-            old.abort()
-        journal.release(segment)
-
-    def _begin_pin(self, entered: bool = False) -> lmdb.Transaction[bytes] | None:
-        """The read transaction that keeps a checkpoint's pages from reuse (LMDB reuses a page
-        only once every reader is newer than the transaction that freed it)."""
-
-        if "skip-pin" in _faults:  # planted: the explorer must fail without it
-            return None
-        if entered:
-            return self.env.begin(buffers=False)
-        self._enter()
-        try:
-            return self.env.begin(buffers=False)
-        finally:
-            self._held.pop()
-
-    def _drop_pin(self) -> None:
-        pin, self._pin = self._pin, None
-        if pin is not None:
-            pin.abort()
-
-    def _read_meta(self) -> bytes:
-        """LMDB's two meta pages as the file holds them now (no write transaction is open)."""
-
-        size = 2 * int(self.env.stat()["psize"])
-        fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            meta = os.pread(fd, size, 0)
-        finally:
-            os.close(fd)
-        if len(meta) != size:
-            raise StoreFormatError(f"{self.path}/data.mdb is shorter than its two meta pages")
-        return meta
-
-    def _restore(self) -> None:
-        """Before LMDB maps the file: after a power cut or OS crash (``power.unsynced`` names
-        another boot, or none can be read), write the last checkpoint's meta pages back (its
-        pages were synced and kept from reuse, so they name a whole tree) and remember where its
-        journal records start (``journal_replay``)."""
-
-        journal = self._journal
-        assert journal is not None
-        marker = read_power_marker(self.path)
-        if marker is None or marker[1] is None:
-            return  # a clean stop, or a cut while a life began: no page was written unsynced since
-        current = boot_id()
-        if current is not None and marker[0] == current:
-            # The writer died, the machine did not: the page cache holds LMDB's last commit whole
-            # (every acknowledged one; readers may have seen it), so nothing is rolled back;
-            # ``_start_life`` syncs it. A frame flushed for a transaction that never committed
-            # was never acknowledged.
-            return
-        epoch = marker[1]
-        record = journal.checkpoints.newest(epoch)
-        if record is None:
-            raise StoreFormatError(
-                f"{os.path.join(self.path, POWER_FILE)} names writer life {epoch:x}, but no whole "
-                f"checkpoint of it is in {journal.directory}: the journal is damaged"
-            )
-        fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        try:
-            os.pwrite(fd, record.meta, 0)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        self._epoch = epoch
-        self._replay_from = record.segment
-
-    @property
-    def replay_pending(self) -> bool:
-        """An unclean stop left journal records to replay (``journal_replay``, ``finish_replay``)."""
-
-        return self._replay_from is not None
-
-    def journal_replay(self, head: int) -> list[tuple[int, bytes]]:
-        """The journal's records after ``head`` (the restored checkpoint's log head), in order:
-        the caller appends and folds each, then calls ``finish_replay``."""
-
-        if self._journal is None or self._replay_from is None:
-            return []
-        return self._journal.records(self._replay_from, head)
-
-    def finish_replay(self) -> None:
-        """The replayed records are committed: sync them and begin a new writer life."""
-
-        if self._journal is None or self._replay_from is None:
-            return
-        self._start_life()
-
-    def _start_life(self) -> None:
-        """A new writer life: everything synced, a checkpoint of it (new epoch) durable, then the
-        marker naming that epoch; from then on LMDB may be written unsynced."""
-
-        journal = self._journal
-        assert journal is not None
-        with self._checkpointing:
-            old, self._pin = self._pin, None
-            pin = self._begin_pin()
-            if old is not None:
-                old.abort()
-            self._pin = pin
-            meta = self._read_meta()
-            self.env.sync(True)
-            if read_power_marker(self.path) is not None:
-                clear_unsynced(self.path, POWER_FILE)  # the disk holds every commit now
-            epoch = secrets.randbits(63) | 1
-            segment = journal.begin()  # no marker now: no recovery can read an earlier segment
-            journal.checkpoints.write(epoch, segment, meta)
-            mark_power(self.path, epoch)
-            self._epoch, self._replay_from = epoch, None
-            journal.release(segment)
-            self._since = (0, journal.written, time.monotonic())
-
-    def make_durable(self) -> None:
-        """A write transaction that holds no log records (the id reservation) must survive a
-        power cut before its caller hears back: with a journal, a checkpoint now."""
-
-        if self._journal is not None:
-            self.checkpoint()
-
-    def _close_journal(self) -> None:
-        """Stop the checkpoint thread; on a clean close sync everything and remove the marker
-        (a close with a replay still pending keeps it: the next open replays again)."""
-
-        journal = self._journal
-        assert journal is not None
-        with self._wake:
-            self._stopping = True
-            self._wake.notify_all()
-        if self._worker is not None:
-            self._worker.join()
-        with self._checkpointing:
-            self._drop_pin()
-            if self._replay_from is None:
-                self.env.sync(True)
-                clear_unsynced(self.path, POWER_FILE)
-            journal.close()
-
     def _explain(self, error: lmdb.Error) -> None:
         """A full disk surfaces from LMDB as an I/O error; say what it is."""
 
@@ -891,16 +537,7 @@ class Environment:
         return sizes
 
     def page_stats(self) -> PageStats:
-        """Where the file's pages go: each database's branch, leaf and overflow pages (the main
-        database, which holds the names of the others, as ``MAIN_DB``), and the pages no database
-        holds.
-
-        LMDB keeps its free-page list in a database of its own (``FREE_DBI``) whose statistics
-        py-lmdb does not expose, so free pages are counted by difference: the pages in use up to
-        the map's last page (``last_pgno + 1``), less the two meta pages and every database's
-        pages. That count includes the few pages of the free list itself; taken from one read
-        snapshot, except ``last_pgno``, which is the newest commit's (a writer committing
-        meanwhile can shift it by that commit's pages)."""
+        """Where the file's pages go (``log.pages``: how free pages are counted)."""
 
         self.check_open()
         self.check_process()
@@ -913,15 +550,11 @@ class Environment:
             except lmdb.Error:
                 continue  # a key of the main database that is not a database
         with self.read() as txn:
-            info = self.env.info()
+            last_pgno = self.env.info()["last_pgno"]
             dbs = {MAIN_DB: DbPages.of(txn.stat())}
             for label, db in handles.items():
                 dbs[label] = DbPages.of(txn.stat(db))
-        page_size = dbs[MAIN_DB].page_size
-        used = info["last_pgno"] + 1
-        free = max(0, used - _META_PAGES - sum(db.pages for db in dbs.values()))
-        file_bytes = os.path.getsize(os.path.join(self.path, "data.mdb"))
-        return PageStats(page_size, file_bytes, used, free, dbs)
+        return tally(dbs, last_pgno, os.path.getsize(os.path.join(self.path, "data.mdb")))
 
     # ── internals ───────────────────────────────────────────────────────────
 
@@ -938,10 +571,10 @@ class Environment:
             if self.readonly:
                 raise StoreFormatError(f"{self.path} is not a pi-durable-lmdb store (no header)")
             header = StoreHeader(STORE_FORMAT, int(time.time() * 1000), store_id or new_store_id())
-            self.write(lambda txn: txn.put(_HEADER_KEY, _header_encoder.encode(header), db=meta))
+            self.write(lambda txn: txn.put(_HEADER_KEY, encode_header(header), db=meta))
             return header.store_id
         try:
-            header = _header_decoder.decode(raw)
+            header = decode_header(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise StoreFormatError(f"{self.path} has an unreadable store header: {error}") from None
         if header.format != STORE_FORMAT:
@@ -955,7 +588,7 @@ class Environment:
             )
         if header.store_id is None and not self.readonly:
             header.store_id = store_id or new_store_id()
-            self.write(lambda txn: txn.put(_HEADER_KEY, _header_encoder.encode(header), db=meta))
+            self.write(lambda txn: txn.put(_HEADER_KEY, encode_header(header), db=meta))
         return header.store_id
 
     def _release_lock(self) -> None:

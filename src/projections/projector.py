@@ -34,6 +34,7 @@ from ..log.records import (
 
 from . import tables as t
 from .delta import apply_ops
+from .rows import Rows
 from ..errors import CorruptProjectionError
 from .readmodel import (
     MAX_SAFE_INTEGER,
@@ -274,7 +275,7 @@ class Projector:
         """Write a prepared batch; a live commit calls this in the log's transaction. ``values``:
         where plain deltas leave documents' values for the caller to write (see ``fold``)."""
 
-        rows = _Rows(txn, self.db, seq)
+        rows = Rows(txn, self.db, seq)
         for write in plan.writes:
             kind = type(write)
             if kind is EntryWrite:
@@ -291,7 +292,7 @@ class Projector:
             else:
                 self._apply_document(rows, id, action)
 
-    def _put_conversation(self, rows: _Rows, value: Any) -> None:
+    def _put_conversation(self, rows: Rows, value: Any) -> None:
         id = value["id"]
         rows.claim(t.u64(id), "conversation")
         rows.put(t.CONVERSATIONS, t.u64(id), codec.encode(value))
@@ -303,14 +304,14 @@ class Projector:
             rows.put(t.CONVERSATIONS_BY_OWNER_CONVERSATION, t.u64_pair(owner["conversationId"], id), b"")
             rows.put(t.CONVERSATIONS_BY_OWNER_TASK, t.u64_pair(owner["taskId"], id), b"")
 
-    def _put_entry(self, rows: _Rows, value: Any) -> None:
+    def _put_entry(self, rows: Rows, value: Any) -> None:
         id, conversation_id = value["id"], value["conversationId"]
         rows.claim(t.u64(id), "entry", t.u64(conversation_id))
         rows.put(t.ENTRIES_BY_CONVERSATION, t.u64_pair(conversation_id, id), t.encode_row(t.EntryRow(rows.seq, value)))
         if "head" in value:
             rows.put(t.HEADS_BY_CONVERSATION, t.u64_pair(conversation_id, id), b"")
 
-    def _put_task(self, rows: _Rows, value: Any) -> None:
+    def _put_task(self, rows: Rows, value: Any) -> None:
         id = value["id"]
         previous = rows.replace(t.TASKS, t.u64(id), codec.encode(value))
         status = t.TASK_STATUS_KEYS[value["state"]["status"]]
@@ -323,7 +324,7 @@ class Projector:
             rows.delete(t.TASKS_BY_STATUS, old_status + t.u64(id))
         rows.put(t.TASKS_BY_STATUS, status + t.u64(id), b"")
 
-    def _put_submission(self, rows: _Rows, value: Any) -> None:
+    def _put_submission(self, rows: Rows, value: Any) -> None:
         id = value["id"]
         rows.claim(t.u64(id), "submission")
         raw = rows.replace(t.SUBMISSIONS, t.u64(id), codec.encode(value))
@@ -344,7 +345,7 @@ class Projector:
         if request is not None:
             rows.put(t.SUBMISSIONS_BY_REQUEST, t.u64(value["conversationId"]) + t.text_key(request), t.u64(id))
 
-    def _apply_document(self, rows: _Rows, id: int, action: DocumentAction) -> None:
+    def _apply_document(self, rows: Rows, id: int, action: DocumentAction) -> None:
         key = t.u64(id)
         seq = rows.seq
         if action.create is not None:
@@ -376,7 +377,7 @@ class Projector:
             if current_only:
                 self._drop_revisions(rows, id)
 
-    def _put_revision(self, rows: _Rows, id: int, content: Content, current_only: bool) -> None:
+    def _put_revision(self, rows: Rows, id: int, content: Content, current_only: bool) -> None:
         if isinstance(content, DeltaContent):
             self._put_delta(rows, id, content, None)
             return
@@ -387,7 +388,7 @@ class Projector:
 
     def _put_delta(
         self,
-        rows: _Rows,
+        rows: Rows,
         id: int,
         content: DeltaContent,
         previous: t.CurrentValue | None,
@@ -414,7 +415,7 @@ class Projector:
         self._put_current(rows, id, revision, current, write_value=values is None)
 
     def _put_current(
-        self, rows: _Rows, id: int, revision: t.Revision, current: t.CurrentValue, write_value: bool = True
+        self, rows: Rows, id: int, revision: t.Revision, current: t.CurrentValue, write_value: bool = True
     ) -> None:
         rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), t.encode_row(revision))
         since_base = current.deltas_since_base
@@ -434,7 +435,7 @@ class Projector:
             t.put_value(txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current))
         values.clear()
 
-    def _drop_revisions(self, rows: _Rows, id: int) -> None:
+    def _drop_revisions(self, rows: Rows, id: int) -> None:
         for table in (t.DOCUMENT_REVISIONS, t.DOCUMENT_SNAPSHOTS):
             stale = [
                 t.u64_pair(id, seq)
@@ -442,89 +443,6 @@ class Projector:
             ]
             for key in stale:
                 rows.delete(table, key)
-
-
-class _Rows:
-    """Writes of one commit to the tables, keeping in ``HISTORY`` what each key held before, so a
-    view can read any table as of an earlier sequence."""
-
-    __slots__ = ("txn", "db", "seq", "_history")
-
-    def __init__(self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int) -> None:
-        self.txn, self.db, self.seq = txn, db, seq
-        self._history = db[t.HISTORY]
-
-    def get(self, table: str, key: bytes) -> bytes | None:
-        raw = self.txn.get(key, db=self.db[table])
-        return None if raw is None else t.unseal(raw, table, key)
-
-    def claim(self, key: bytes, record_type: str, detail: bytes = b"") -> None:
-        """Register an id with its type and the commit that first wrote it (kept thereafter)."""
-
-        value = t.seal(t.RECORD_TYPES[record_type] + t.u64(self.seq) + detail)
-        db = self.db[t.RECORD_IDS]
-        if not self.txn.put(key, value, db=db, append=True):  # ids mostly grow: fill pages
-            self.txn.put(key, value, db=db, overwrite=False)
-
-    def put(self, table: str, key: bytes, value: bytes) -> None:
-        self.replace(table, key, value)
-
-    def replace(self, table: str, key: bytes, value: bytes) -> bytes | None:
-        """Store ``value`` (sealed) and return what the key held before, checked."""
-
-        sealed = t.seal(value)
-        db = self.db[table]
-        previous: bytes | None
-        if table in t.APPENDED and self.txn.put(key, sealed, db=db, append=True):
-            previous = None  # appended: the key sorts after all others, so it was not there
-        else:
-            previous = self.txn.replace(key, sealed, db=db)
-        if previous != sealed:
-            self._remember(table, key, previous)
-        return None if previous is None else t.unseal(previous, table, key)
-
-    def delete(self, table: str, key: bytes) -> None:
-        previous = self.txn.pop(key, db=self.db[table])
-        if previous is not None:
-            self._remember(table, key, previous)
-
-    def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:
-        if table in t.UNVERSIONED or (previous is None and table in t.BORN_KNOWN):
-            return
-        history_key = t.history_key(table, key, self.seq)
-        before = None
-        if previous is not None and table in t.LOGGED_TABLES:
-            writer = self._writer(table, key, history_key)
-            if writer is None:
-                return  # this commit already kept what the key held before it
-            if writer < self.seq:  # a value this commit wrote itself is no commit's last write
-                before = t.history_logged(writer, previous)
-        if before is None:
-            before = t.history_value(previous)
-        # The first change in a commit holds the value from before the commit; keep it.
-        if not self.txn.put(history_key, before, db=self._history, append=True):
-            self.txn.put(history_key, before, db=self._history, overwrite=False)
-
-
-    def _writer(self, table: str, key: bytes, history_key: bytes) -> int | None:
-        """The commit that wrote ``key``'s live value: the newest one that changed it (its
-        newest ``HISTORY`` key), else the one that created it (the id registry); ``None`` when
-        this commit already kept the key's previous value."""
-
-        cursor = self.txn.cursor(db=self._history)
-        if cursor.set_range(history_key):
-            if cursor.key() == history_key:
-                return None
-            found = cursor.prev()
-        else:
-            found = cursor.last()
-        prefix = history_key[:-8]
-        if found and cursor.key()[:-8] == prefix:
-            return t.read_u64(cursor.key(), len(prefix))
-        claimed = self.txn.get(key, db=self.db[t.RECORD_IDS])
-        if claimed is None:
-            raise CorruptProjectionError(t.RECORD_IDS, key)
-        return t.read_u64(t.unseal(claimed, t.RECORD_IDS, key), 1)
 
 
 class _TaskState(msgspec.Struct):

@@ -144,12 +144,13 @@ def test_stats_carries_the_store_id_and_the_replication_position(writer: tuple[P
     assert "replication" not in ok("stats", tmp_path / "local")
 
     # a store made before store ids: a read-only open sees none, its next writer assigns one
-    from pi_durable_lmdb.log.environment import _HEADER_KEY, Environment, StoreHeader, _header_encoder
+    from pi_durable_lmdb.log.environment import _HEADER_KEY, Environment
+    from pi_durable_lmdb.log.storeid import StoreHeader, encode_header
 
     env = Environment(tmp_path / "local", durability="process")
     try:
         meta = env.db("meta")
-        env.write(lambda txn: txn.put(_HEADER_KEY, _header_encoder.encode(StoreHeader(1, T0)), db=meta))
+        env.write(lambda txn: txn.put(_HEADER_KEY, encode_header(StoreHeader(1, T0)), db=meta))
     finally:
         env.close()
     assert json.loads(ok("stats", tmp_path / "local", "--json"))["storeId"] is None

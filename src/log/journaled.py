@@ -1,0 +1,329 @@
+"""A journaled ``power`` writer's side of ``Environment``: each write transaction's log records
+go to the journal as one flushed frame before LMDB commits (the one device flush a commit waits
+for); checkpoints make ``data.mdb`` durable and move the pin that keeps their pages from reuse;
+after a power cut the open restores the last checkpoint's meta pages and the store replays the
+journal past it. Why it is built so: ``log.journal`` and docs/reliability.md section 7.
+
+A mixin of ``Environment`` (one object, two files): the state it uses is the environment's,
+declared below for the type checker and set by ``Environment.__init__``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import lmdb
+
+from ..errors import StoreFormatError
+from .journal import Journal, _faults
+from .storedir import POWER_FILE, boot_id, clear_unsynced, mark_power, read_power_marker
+
+T = TypeVar("T")
+
+_log = logging.getLogger("pi_durable_lmdb")
+
+
+class JournaledWrites:
+    """Writes, checkpoints and recovery of a journaled writer (``_journal`` set)."""
+
+    path: str
+    env: lmdb.Environment
+    _closed: bool
+    _journal: Journal | None
+    _pin: lmdb.Transaction[bytes] | None
+    _replay_from: int | None
+    _epoch: int
+    _staged: list[tuple[int, bytes]]
+    _writing: threading.Lock
+    _checkpointing: threading.Lock
+    _since: tuple[int, int, float]
+    _worker: threading.Thread | None
+    _wake: threading.Condition
+    _wanted: bool
+    _stopping: bool
+    _held: list[None]
+
+    if TYPE_CHECKING:  # Environment's own
+
+        def _enter(self) -> None: ...
+
+        def _explain(self, error: lmdb.Error) -> None: ...
+
+        def grow(self, full: int | None = None, txn: lmdb.Transaction[bytes] | None = None) -> None: ...
+
+    def journal_stage(self, seq: int, data: bytes) -> None:
+        """Inside a write transaction: one of its log records (sequence, stored bytes); they go
+        to the journal as one flushed frame right before the transaction commits. A no-op
+        without a journal (LMDB's own sync, or another durability)."""
+
+        if self._journal is not None:
+            self._staged.append((seq, data))
+
+    def _write_journaled(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
+        """``write`` for a journaled writer: the staged records' frame is flushed before LMDB
+        commits (the only device flush a commit waits for), and unmade if the commit fails."""
+
+        journal = self._journal
+        assert journal is not None
+        while True:
+            self._enter()
+            full = None
+            framed = False
+            done = False
+            result: T
+            self._writing.acquire()
+            try:
+                txn = self.env.begin(write=True)
+                self._staged = []
+                try:
+                    result = work(txn)
+                    if self._staged:
+                        framed = True  # a frame written, even in part, is unmade if anything fails
+                        journal.write(self._staged)
+                    txn.commit()
+                    done = True
+                except lmdb.MapFullError:
+                    full = txn
+                except lmdb.Error as error:
+                    txn.abort()
+                    if framed:
+                        journal.abandon()
+                    self._explain(error)
+                    raise
+                except BaseException:
+                    txn.abort()
+                    if framed:
+                        journal.abandon()
+                    raise
+                if done and framed:
+                    journal.confirm()
+            finally:
+                self._staged = []
+                self._writing.release()
+                if full is None:
+                    self._held.pop()
+            if done:
+                if framed:
+                    self._count_commit()
+                return result
+            if framed:
+                journal.abandon()
+            self.grow(self.env.info()["map_size"], full)
+
+    def _count_commit(self) -> None:
+        """A journaled commit: take a checkpoint when the options' bounds are reached (on the
+        checkpoint thread, or here)."""
+
+        journal = self._journal
+        assert journal is not None
+        commits, written, since = self._since
+        commits += 1
+        self._since = (commits, written, since)
+        options = journal.options
+        if not (
+            commits >= options.checkpoint_commits
+            or journal.written - written >= options.checkpoint_bytes
+            or time.monotonic() - since >= options.checkpoint_seconds
+        ):
+            return
+        if not options.background:
+            self.checkpoint()
+            return
+        with self._wake:
+            self._wanted = True
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._checkpointer, name=f"lmdb-checkpoint {self.path}", daemon=True)
+                self._worker.start()
+            self._wake.notify()
+
+    def _checkpointer(self) -> None:
+        while True:
+            with self._wake:
+                while not self._wanted and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                self._wanted = False
+            try:
+                self.checkpoint()
+            except Exception:  # commits stay durable in the journal, which grows; the next trigger retries
+                _log.exception("checkpoint of the store at %s failed; commits go on in the journal", self.path)
+
+    def checkpoint(self) -> None:
+        """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
+        recovery starts from (no-op without a journal). The pin moves to it once it is durable;
+        segments it no longer needs are released."""
+
+        if self._journal is None or self._closed:
+            return
+        with self._checkpointing:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """A checkpoint, holding ``_checkpointing``: a state pinned and its meta pages copied
+        with no write transaction open (``_writing``), then synced off the commit path."""
+
+        journal = self._journal
+        assert journal is not None
+        self._enter()  # the map stays as it is while the pin begins
+        try:
+            with self._writing:
+                pin = self._begin_pin(entered=True)
+                meta = self._read_meta()
+                segment = self._replay_from if self._replay_from is not None else journal.current_number
+                self._since = (0, journal.written, time.monotonic())
+        finally:
+            self._held.pop()
+        try:
+            self.env.sync(True)
+            journal.checkpoints.write(self._epoch, segment, meta)
+        except BaseException:
+            if pin is not None:
+                pin.abort()
+            raise
+        old, self._pin = self._pin, pin
+        if old is not None:
+            old.abort()
+        journal.release(segment)
+
+    def _begin_pin(self, entered: bool = False) -> lmdb.Transaction[bytes] | None:
+        """The read transaction that keeps a checkpoint's pages from reuse (LMDB reuses a page
+        only once every reader is newer than the transaction that freed it)."""
+
+        if "skip-pin" in _faults:  # planted: the explorer must fail without it
+            return None
+        if entered:
+            return self.env.begin(buffers=False)
+        self._enter()
+        try:
+            return self.env.begin(buffers=False)
+        finally:
+            self._held.pop()
+
+    def _drop_pin(self) -> None:
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.abort()
+
+    def _read_meta(self) -> bytes:
+        """LMDB's two meta pages as the file holds them now (no write transaction is open)."""
+
+        size = 2 * int(self.env.stat()["psize"])
+        fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            meta = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+        if len(meta) != size:
+            raise StoreFormatError(f"{self.path}/data.mdb is shorter than its two meta pages")
+        return meta
+
+    def _restore(self) -> None:
+        """Before LMDB maps the file: after a power cut or OS crash (``power.unsynced`` names
+        another boot, or none can be read), write the last checkpoint's meta pages back (its
+        pages were synced and kept from reuse, so they name a whole tree) and remember where its
+        journal records start (``journal_replay``)."""
+
+        journal = self._journal
+        assert journal is not None
+        marker = read_power_marker(self.path)
+        if marker is None or marker[1] is None:
+            return  # a clean stop, or a cut while a life began: no page was written unsynced since
+        current = boot_id()
+        if current is not None and marker[0] == current:
+            # The writer died, the machine did not: the page cache holds LMDB's last commit whole
+            # (every acknowledged one; readers may have seen it), so nothing is rolled back;
+            # ``_start_life`` syncs it. A frame flushed for a transaction that never committed
+            # was never acknowledged.
+            return
+        epoch = marker[1]
+        record = journal.checkpoints.newest(epoch)
+        if record is None:
+            raise StoreFormatError(
+                f"{os.path.join(self.path, POWER_FILE)} names writer life {epoch:x}, but no whole "
+                f"checkpoint of it is in {journal.directory}: the journal is damaged"
+            )
+        fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.pwrite(fd, record.meta, 0)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self._epoch = epoch
+        self._replay_from = record.segment
+
+    @property
+    def replay_pending(self) -> bool:
+        """An unclean stop left journal records to replay (``journal_replay``, ``finish_replay``)."""
+
+        return self._replay_from is not None
+
+    def journal_replay(self, head: int) -> list[tuple[int, bytes]]:
+        """The journal's records after ``head`` (the restored checkpoint's log head), in order:
+        the caller appends and folds each, then calls ``finish_replay``."""
+
+        if self._journal is None or self._replay_from is None:
+            return []
+        return self._journal.records(self._replay_from, head)
+
+    def finish_replay(self) -> None:
+        """The replayed records are committed: sync them and begin a new writer life."""
+
+        if self._journal is None or self._replay_from is None:
+            return
+        self._start_life()
+
+    def _start_life(self) -> None:
+        """A new writer life: everything synced, a checkpoint of it (new epoch) durable, then the
+        marker naming that epoch; from then on LMDB may be written unsynced."""
+
+        journal = self._journal
+        assert journal is not None
+        with self._checkpointing:
+            old, self._pin = self._pin, None
+            pin = self._begin_pin()
+            if old is not None:
+                old.abort()
+            self._pin = pin
+            meta = self._read_meta()
+            self.env.sync(True)
+            if read_power_marker(self.path) is not None:
+                clear_unsynced(self.path, POWER_FILE)  # the disk holds every commit now
+            epoch = secrets.randbits(63) | 1
+            segment = journal.begin()  # no marker now: no recovery can read an earlier segment
+            journal.checkpoints.write(epoch, segment, meta)
+            mark_power(self.path, epoch)
+            self._epoch, self._replay_from = epoch, None
+            journal.release(segment)
+            self._since = (0, journal.written, time.monotonic())
+
+    def make_durable(self) -> None:
+        """A write transaction that holds no log records (the id reservation) must survive a
+        power cut before its caller hears back: with a journal, a checkpoint now."""
+
+        if self._journal is not None:
+            self.checkpoint()
+
+    def _close_journal(self) -> None:
+        """Stop the checkpoint thread; on a clean close sync everything and remove the marker
+        (a close with a replay still pending keeps it: the next open replays again)."""
+
+        journal = self._journal
+        assert journal is not None
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._worker is not None:
+            self._worker.join()
+        with self._checkpointing:
+            self._drop_pin()
+            if self._replay_from is None:
+                self.env.sync(True)
+                clear_unsynced(self.path, POWER_FILE)
+            journal.close()
