@@ -107,6 +107,7 @@ class LmdbStorage(StorageReads, Storage):
 
         env = self._env
         records = env.journal_replay(self.log.head())
+        logger.warning("store %s stopped uncleanly: replaying %d journal records after %d", env.path, len(records), self.log.head())
         projector, log = self._projector, self.log
 
         def replay(txn: lmdb.Transaction[bytes], chunk: list[tuple[int, bytes]]) -> None:
@@ -119,6 +120,7 @@ class LmdbStorage(StorageReads, Storage):
             chunk = records[at : at + REPLAY_CHUNK]
             env.write(lambda txn, chunk=chunk: replay(txn, chunk))  # type: ignore[misc]
         env.finish_replay()
+        logger.info("store %s recovered: head %d", env.path, self.log.head())
 
     @classmethod
     async def open(
@@ -367,11 +369,6 @@ class LmdbStorage(StorageReads, Storage):
         self.log.committed()
         self.projections.kick()
 
-    def check_open(self) -> None:
-        """Raise ``StoreClosedError`` once the store is closed."""
-
-        self._assert_open()
-
     def _deposed(self, error: NotWriterError) -> None:
         """On the link's loop, once the lease is lost: refuse commits, follow as a replica."""
 
@@ -411,7 +408,7 @@ class LmdbStorage(StorageReads, Storage):
         ``committed_at`` (Unix ms) replaces the clock, for imports that keep original times.
         """
 
-        self._assert_open()
+        self.check_open()
         self._refuse_replica()
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
@@ -442,7 +439,7 @@ class LmdbStorage(StorageReads, Storage):
         thread or loop asks (blocks of ``ID_BLOCK`` ids are reserved durably, through the
         committer, so minting rarely touches the disk)."""
 
-        self._assert_open()
+        self.check_open()
         self._refuse_replica()
         while True:
             with self._ids:
@@ -463,7 +460,7 @@ class LmdbStorage(StorageReads, Storage):
     async def rebuild(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Fold the whole log into fresh projections beside the live ones, then swap to them."""
 
-        self._assert_open()
+        self.check_open()
         if self._env.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
         verify_checksums = self._model.unseal is t.unseal
@@ -478,7 +475,7 @@ class LmdbStorage(StorageReads, Storage):
         Opening it costs nothing; each read seeks the history table once per key it touches.
         """
 
-        self._assert_open()
+        self.check_open()
         head = self.log.head()
         if type(seq) is not int or not 0 <= seq <= head:
             raise ValueError(f"as_of() needs a committed sequence from 0 to {head}, not {seq!r}")
@@ -513,7 +510,9 @@ class LmdbStorage(StorageReads, Storage):
         self._env.close()
         self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
 
-    def _assert_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise ``StoreClosedError`` once the store is closed."""
+
         if self._closed:
             raise StoreClosedError("LmdbStorage is closed")
 
@@ -560,8 +559,8 @@ class StorageView(StorageReads):
         with self._storage._read() as txn:
             yield AsOfTxn(txn, self._model.db, self.seq, self._model.env)
 
-    def _assert_open(self) -> None:
-        self._storage._assert_open()
+    def check_open(self) -> None:
+        self._storage.check_open()
 
     async def commit(self, writes: Sequence[StorageWrite], context: Context | None = None) -> Seq:
         """Refused: a view shows the past."""

@@ -65,7 +65,7 @@ class StorageReads:
         with self._read() as txn:
             return read(self._model, txn, *args)
 
-    def _assert_open(self) -> None:
+    def check_open(self) -> None:
         raise NotImplementedError
 
     async def conversation(self, id: ConversationId, context: Context) -> ConversationRecord | None:
@@ -130,7 +130,7 @@ class StorageReads:
         return found
 
     async def _entry_through(self, conversation_id: Any, id: Any) -> EntryLookup | None:
-        self._assert_open()
+        self.check_open()
         if not is_safe_int(id):
             raise StorageRequestError("Storage.entry() requires an entry ID")
         conversation_id = positive_id(conversation_id)
