@@ -87,15 +87,15 @@ class JournalOptions:
     take turns.
     """
 
-    segment_size: int = 2 << 20
+    segment_size: int = 1 << 20
     """Two segments in steady state (a checkpoint comes after ``checkpoint_bytes``, half a
-    segment, so before one fills): 4 MiB on disk. Each writer open makes its first segment
+    segment, so before one fills): 2 MiB on disk. Each writer open makes its first segment
     ready (zeros written and synced, or a free one recycled), so smaller is cheaper to open."""
     checkpoint_commits: int = 32
     """Bounds what the pin keeps from reuse (~14 pages per small commit: ~2 MiB) and what one
     checkpoint flushes: a big data flush delays the journal flushes queued behind it on the
     device (the event-loop stall of one agent's direct commits: p99 7.5 ms with 128)."""
-    checkpoint_bytes: int = 1 << 20
+    checkpoint_bytes: int = 512 << 10
     checkpoint_seconds: float = 1.0
     background: bool = True
     """Take checkpoints on a thread of their own while commits go on (True), or on the

@@ -560,6 +560,8 @@ class StorageView(StorageReads):
             yield AsOfTxn(txn, self._model.db, self.seq, self._model.env)
 
     def check_open(self) -> None:
+        """Raise ``StoreClosedError`` once the store this view reads is closed."""
+
         self._storage.check_open()
 
     async def commit(self, writes: Sequence[StorageWrite], context: Context | None = None) -> Seq:

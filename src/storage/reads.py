@@ -66,6 +66,8 @@ class StorageReads:
             return read(self._model, txn, *args)
 
     def check_open(self) -> None:
+        """Raise ``StoreClosedError`` once the store is closed (each backend says how)."""
+
         raise NotImplementedError
 
     async def conversation(self, id: ConversationId, context: Context) -> ConversationRecord | None:

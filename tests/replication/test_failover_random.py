@@ -51,7 +51,7 @@ pytestmark = pytest.mark.cluster  # every test here runs a 3-node nats-server cl
 
 # ── randomized: candidates, signals, node crashes ───────────────────────────
 
-CHAOS_SECONDS = float(os.environ.get("PD_FAILOVER_CHAOS_SECONDS", "30"))
+CHAOS_SECONDS = float(os.environ.get("PD_FAILOVER_CHAOS_SECONDS", "20"))
 
 
 async def snapshot_reads(store: Any, ids: list[int], conversations: list[int]) -> dict[str, Any]:

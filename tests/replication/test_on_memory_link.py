@@ -188,7 +188,7 @@ def test_replicated_writers_on_the_memory_stream() -> None:
     run_state_machine_as_test(
         ReplicatedWriters,
         settings=settings(
-            max_examples=20, stateful_step_count=12, deadline=None,
+            max_examples=12, stateful_step_count=12, deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )

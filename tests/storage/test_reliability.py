@@ -342,15 +342,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 async def test_no_room_for_the_power_journal_is_a_full_disk_and_leaves_no_half_segment(tmp_path: Path) -> None:
-    """A ``power`` writer makes its journal's segments (zero-filled, 2 MiB) as it opens: on a disk
+    """A ``power`` writer makes its journal's segments (zero-filled, 1 MiB) as it opens: on a disk
     without room for one, the open fails with ``StoreFullError`` naming the journal, and no half
     made segment is left to fill the disk further."""
 
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a 1 MiB tmpfs here (mount said: {done.stderr.strip()})")
+        pytest.skip(f"cannot mount a 512 KiB tmpfs here (mount said: {done.stderr.strip()})")
     try:
         with pytest.raises(StoreFullError, match="journal segment"):
             await LmdbStorage.open(mount / "store", durability="power")
