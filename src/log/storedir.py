@@ -118,30 +118,52 @@ def refuse_after_crash(path: str) -> None:
 def mark_unsynced(path: str) -> None:
     """Write the boot id to ``process.unsynced`` and make it durable before LMDB writes a page."""
 
-    marker = os.path.join(path, UNSYNCED_FILE)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(marker, flags, 0o600)
-    try:
-        os.write(fd, (boot_id() or b"unknown") + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    sync_directory(path)
+    _write_marker(path, UNSYNCED_FILE, (boot_id() or b"unknown") + b"\n")
 
 
 def mark_power(path: str, epoch: int) -> None:
     """Write ``power.unsynced`` (boot id, epoch) and make it durable before LMDB writes a page
     unsynced."""
 
-    marker = os.path.join(path, POWER_FILE)
+    _write_marker(path, POWER_FILE, (boot_id() or b"unknown") + b"\n" + b"%016x\n" % epoch)
+
+
+def _write_marker(path: str, name: str, content: bytes) -> None:
+    """A marker written in place and made durable, with its directory entry."""
+
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(marker, flags, 0o600)
+    fd = os.open(os.path.join(path, name), flags, 0o600)
     try:
-        os.write(fd, (boot_id() or b"unknown") + b"\n" + b"%016x\n" % epoch)
+        os.write(fd, content)
         os.fsync(fd)
     finally:
         os.close(fd)
     sync_directory(path)
+
+
+def replace_file(file: str, content: bytes, durable: bool) -> None:
+    """Put ``content`` in ``file`` whole or not at all (a private staged copy renamed over it);
+    ``durable``: synced, with its directory entry, before this returns. On failure the staged
+    copy is removed and the error raised."""
+
+    staged = f"{file}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            os.write(fd, content)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(staged, file)
+    except BaseException:
+        try:
+            os.unlink(staged)
+        except OSError:
+            pass
+        raise
+    if durable:
+        sync_directory(os.path.dirname(file))
 
 
 def read_power_marker(path: str) -> tuple[bytes, int | None] | None:

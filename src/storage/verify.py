@@ -17,6 +17,7 @@ import msgspec
 from ..log import Commit, Environment, WriteLog, key_seq, seq_key
 from ..errors import CorruptProjectionError
 from ..log.records import decode_record
+from ..log.storedir import replace_file
 from ..projections import Projector, ReadModel
 from ..projections.history import log_rows
 from ..projections import tables as t
@@ -201,17 +202,10 @@ def record_outcome(path: str | os.PathLike[str], report: VerifyReport) -> None:
     auditor may verify a store whose directory it cannot write, and verifying still counts."""
 
     outcome = VerifyOutcome(1, int(time.time() * 1000), report.head, report.sound, len(report.differences) + report.more, report.summary())
-    file = os.path.join(os.fspath(path), LAST_VERIFY_FILE)
-    staged = f"{file}.{os.getpid()}.tmp"
     try:
-        with open(staged, "wb") as handle:
-            handle.write(msgspec.json.encode(outcome))
-        os.replace(staged, file)
+        replace_file(os.path.join(os.fspath(path), LAST_VERIFY_FILE), msgspec.json.encode(outcome), durable=False)
     except OSError:
-        try:
-            os.unlink(staged)
-        except OSError:
-            pass
+        pass
 
 
 def last_outcome(path: str | os.PathLike[str]) -> VerifyOutcome | None:

@@ -37,7 +37,7 @@ from ...errors import NatsUnavailableError, NotWriterError, ReplicationError
 from ...errors import LeaseLapsedError
 from .link import StreamLink
 from .message import subject_of
-from ..storedir import sync_directory
+from ..storedir import replace_file
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +77,7 @@ def instance_id(path: str) -> str:
     except FileNotFoundError:
         pass
     value = secrets.token_hex(16)
-    staged = f"{file}.{os.getpid()}.tmp"
-    with open(staged, "w", encoding="ascii") as handle:
-        handle.write(value + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staged, file)
-    sync_directory(path)
+    replace_file(file, (value + "\n").encode("ascii"), durable=True)
     return value
 
 

@@ -21,6 +21,7 @@ from typing import Any, Final
 from ...errors import ForeignMessageError, ReplicationError
 from .link import StreamLink
 from .message import record_headers, subject_of
+from ..storedir import replace_file
 from ..writelog import WriteLog
 
 SHIP_BATCH: Final = 256
@@ -113,9 +114,8 @@ class Shipper:
         logger.error("Shipping of store %s to stream %s stopped: %s", self.store, self.link.stream, error)
         path = os.path.join(self.log.env.path, STOPPED_FILE)
         try:
-            with open(path + ".tmp", "w", encoding="utf-8") as file:
-                json.dump({"reason": reason, "at": int(time.time() * 1000), "shippedSeq": self.shipped_seq}, file)
-            os.replace(path + ".tmp", path)
+            record = {"reason": reason, "at": int(time.time() * 1000), "shippedSeq": self.shipped_seq}
+            replace_file(path, json.dumps(record).encode(), durable=False)
             self._marked = True
         except OSError:
             logger.exception("Could not record that shipping stopped beside the store at %s", self.log.env.path)
