@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 import lmdb
 
 from ..errors import StoreFormatError
+from .counters import EngineCounters
 from .journal import Journal, _faults
 from .storedir import POWER_FILE, boot_id, clear_unsynced, mark_power, read_power_marker
 
@@ -34,6 +35,7 @@ class JournaledWrites:
 
     path: str
     env: lmdb.Environment
+    counters: EngineCounters
     _closed: bool
     _journal: Journal | None
     _pin: lmdb.Transaction[bytes] | None
@@ -83,10 +85,12 @@ class JournaledWrites:
                 self._staged = []
                 try:
                     result = work(txn)
+                    began = time.perf_counter()
                     if self._staged:
                         framed = True  # a frame written, even in part, is unmade if anything fails
                         journal.write(self._staged)
                     txn.commit()
+                    self.counters.flush_seconds.observe(time.perf_counter() - began)  # the journal's flush
                     done = True
                 except lmdb.MapFullError:
                     full = txn

@@ -52,12 +52,14 @@ def test_missing_store_reports_down(tmp_path: Path) -> None:
     assert samples(registry)[("pi_durable_lmdb_up", ())] == 0
 
 
-def test_handle_counts_commits_groups_flushes_and_failures(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durability", ["process", "power"])
+def test_handle_counts_commits_groups_flushes_and_failures(tmp_path: Path, durability: str) -> None:
     """The handle's counters, as scraped: every acknowledged commit once, a refused one as a
-    failure, groups and flushes as histograms whose counts add up."""
+    failure, groups and flushes as histograms whose counts add up (a journaled power writer's
+    flush is its journal frame's)."""
 
     async def run() -> None:
-        storage = await LmdbStorage.open(str(tmp_path / "store"), durability="process")
+        storage = await LmdbStorage.open(str(tmp_path / "store"), durability=durability)  # type: ignore[arg-type]
         try:
             registry = CollectorRegistry()
             register(storage, registry)
