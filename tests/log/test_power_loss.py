@@ -17,6 +17,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from tools.powerloss.crash import CREATE, FDATASYNC, FSYNC, MARK, MKDIR, MSYNC, RENAME, TRUNCATE, UNLINK, WRITE, Event, crash_state, marks, parse
+from tools.powerloss.check import sequences_problem
 from tools.powerloss.explore import UNSYNCED_FILE, explore
 from tools.powerloss.record import build_recorder, find_compiler, record
 
@@ -133,6 +134,16 @@ def test_the_recorder_catches_lmdb_inside_the_py_lmdb_extension(recorder: str, t
 
 def _event(index: int, kind: int, path: str = "f", offset: int = 0, data: bytes = b"", synced: bool = False) -> Event:
     return Event(index, kind, path, offset, data, synced)
+
+
+def test_the_checker_reads_a_damaged_log_head_without_taking_the_memory() -> None:
+    """A planted fault's damaged log once had a head of ~2**63, and the checker listed 1..head: a
+    checker process took 21 GB and the test machine's memory. The check now never builds
+    anything as long as the head (before: ``MemoryError`` at once for this head)."""
+
+    assert sequences_problem([1, 2, 3], 3) is None
+    for seqs, head in (([1, 2, 3], 2**40), ([1, 2, 2**40], 3), ([1, 3, 4], 3), ([], 2**62)):
+        assert (problem := sequences_problem(seqs, head)) is not None and f"1..{head}" in problem
 
 
 def test_crash_states_keep_what_was_synced_and_choose_among_the_rest() -> None:
