@@ -419,6 +419,51 @@ async def measure_tasks(store: Any, passes: int, round: int) -> Timings:
     return {"scan_tasks_status": (time.perf_counter() - started, pages, seen)}
 
 
+# session_turn ────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class SessionState:
+    session: Any
+    task_id: int
+    count: int
+    commits: int = 0
+
+
+async def populate_session(store: Any, scale: float) -> SessionState:
+    """A pi-durable Session on the store, the root conversation and one task record."""
+
+    from pi_durable import create_session
+
+    storage = store.storage
+    task_id = await storage.mint_id()
+    await storage.commit([conversation(ROOT)], CTX)
+    await storage.commit([{"type": "task", "value": task(task_id, ROOT, 0, "pending")}], CTX)
+    count = _n(400 if store.mode == "process" else 150, scale, 10)
+    return SessionState(create_session(storage), task_id, count, 2)
+
+
+async def measure_session(store: Any, state: SessionState, round: int) -> Timings:
+    """``commit_turn`` as a host makes it through a Session: the transaction reads the task,
+    appends the entry (the Session checks the conversation and mints the id) and sets the task."""
+
+    session, task_id = state.session, state.task_id
+    turns = [(n, "running" if n % 3 else "sleeping") for n in range(1, state.count + 1)]
+
+    async def turn(tx: Any, n: int, status: str) -> None:
+        current = await tx.task(task_id)
+        value = entry(0, ROOT, n, task_id)
+        await tx.append_entry(ROOT, {key: value[key] for key in ("kind", "model", "data")})
+        tx.set_task({**task(task_id, ROOT, n, status), "version": current["version"]})
+
+    started = time.perf_counter()
+    for n, status in turns:
+        await session.commit(lambda tx, n=n, status=status: turn(tx, n, status), CTX)
+    elapsed = time.perf_counter() - started
+    state.commits += state.count
+    return {"session_turn": (elapsed, state.count, state.count)}
+
+
 # reopen ──────────────────────────────────────────────────────────────────────
 
 
@@ -462,6 +507,15 @@ WORKLOADS: dict[str, Workload] = {
             True,
             populate_turns,
             measure_turns,
+            commits=lambda state: state.commits,
+        ),
+        Workload(
+            "session_turn",
+            "commit_turn through a pi-durable Session (what a host feels): the transaction reads the task, appends the entry (the Session checks the conversation, mints the id) and sets the task",
+            ("process", "power"),
+            True,
+            populate_session,
+            measure_session,
             commits=lambda state: state.commits,
         ),
         Workload(
