@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import ClassVar, Final
@@ -107,6 +108,13 @@ def _check_name(value: object, what: str) -> None:
         raise ValueError(f"{what} {value!r:.60} is not valid Unicode (it holds a lone surrogate)") from None
     if size > _MAX_NAME:
         raise ValueError(f"{what} is {size} bytes long; at most {_MAX_NAME}")
+
+
+def _traceback(error: BaseException) -> str:
+    """The error's traceback as text that encodes: a log handler writing UTF-8 would drop the
+    line of a fold error whose message holds a lone surrogate (``exc_info`` keeps it raw)."""
+
+    return "".join(traceback.format_exception(error)).rstrip().encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _describe(error: BaseException) -> str:
@@ -338,7 +346,7 @@ class UserProjections:
 
     def _record_failure(self, name: str, status: ProjectionStatus, seq: int, error: Exception) -> ProjectionStatus:
         failed = msgspec.structs.replace(status, failed_seq=seq, error=_describe(error))
-        _log.error("user projection %r stopped at record %d: %s", name, seq, failed.error, exc_info=error)
+        _log.error("user projection %r stopped at record %d: %s\n%s", name, seq, failed.error, _traceback(error))
         key = _PREFIX + name.encode()
         self._env.write(lambda txn: txn.put(key, _status_encoder.encode(failed), db=self._registry))
         return failed

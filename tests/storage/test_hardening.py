@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -659,12 +660,29 @@ async def test_a_fold_error_whose_message_holds_a_lone_surrogate_is_recorded(tmp
     def fold(self: Any, tables: Any, commit: Any) -> None:
         raise ValueError("bad \ud800 value")
 
-    storage = await _filled_store(tmp_path / "s", projections=[_definition(name="bad", fold=fold)])
+    class Utf8Handler(logging.Handler):  # what a UTF-8 log file does with each line
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[bytes] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(self.format(record).encode("utf-8"))  # strict, as a file would be
+
+        def handleError(self, record: logging.LogRecord) -> None:
+            raise AssertionError(f"a log line could not be written: {record.msg!r}")
+
+    handler = Utf8Handler()
+    logging.getLogger("pi_durable_lmdb").addHandler(handler)
     try:
-        with pytest.raises(ProjectionFailed, match="ValueError"):
-            await asyncio.wait_for(storage.projections.wait(1), 10)
+        storage = await _filled_store(tmp_path / "s", projections=[_definition(name="bad", fold=fold)])
+        try:
+            with pytest.raises(ProjectionFailed, match="ValueError"):
+                await asyncio.wait_for(storage.projections.wait(1), 10)
+        finally:
+            await storage.close()
     finally:
-        await storage.close()
+        logging.getLogger("pi_durable_lmdb").removeHandler(handler)
+    assert any(b"stopped at record 1" in line and b"bad \\ud800 value" in line and b"Traceback" in line for line in handler.lines), handler.lines
     storage = await LmdbStorage.open(tmp_path / "s", projections=[_definition(name="bad", fold=fold)])
     try:
         status = storage.projections.status()["bad"]
