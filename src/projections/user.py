@@ -224,6 +224,9 @@ class UserProjections:
         self._status: dict[str, ProjectionStatus] = {}
         self._closed = False
         self._worker: asyncio.Task[None] | None = None
+        self._stopped: Exception | None = None
+        """What stopped the last worker outside any fold (a log record it could not read):
+        ``wait`` raises it; the next ``kick`` tries again."""
         self._progress = asyncio.Event() if projections else None
         for projection in projections:
             self._status[projection.name] = self._open(projection)
@@ -266,6 +269,8 @@ class UserProjections:
             assert self._progress is not None
             self._progress.clear()
             await self._progress.wait()
+            if self._stopped is not None:
+                raise self._stopped
 
     def kick(self) -> None:
         """Schedule the worker if it is idle and there is a running loop."""
@@ -276,6 +281,7 @@ class UserProjections:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        self._stopped = None
         self._worker = loop.create_task(self._run())
 
     def reset_stored(self, name: str) -> None:
@@ -303,8 +309,14 @@ class UserProjections:
     # ── folding ─────────────────────────────────────────────────────────────
 
     async def _run(self) -> None:
-        while self.step():
-            await asyncio.sleep(0)
+        try:
+            while self.step():
+                await asyncio.sleep(0)
+        except Exception as error:  # a corrupt log record: waiters are told, not left waiting
+            _log.error("user projections stopped: %s", error, exc_info=error)
+            self._stopped = error
+            if self._progress is not None:
+                self._progress.set()
 
     def step(self) -> bool:
         """Fold one chunk into every projection that is behind; True while any still is."""

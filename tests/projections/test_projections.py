@@ -3,6 +3,7 @@ rebuild; user projections catch up, survive version changes and fail alone."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 
-from pi_durable_lmdb.log import Commit
+from pi_durable_lmdb.log import Commit, CorruptRecordError, seq_key
 from pi_durable_lmdb.log.records import EntryWrite
 from pi_durable_lmdb.projections import rebuild as rebuild_module
 from pi_durable_lmdb.projections import tables
@@ -25,6 +26,8 @@ from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Table
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
+from ..log.test_log_corruption import CORRUPTIONS
+from ..support.log_helpers import open_log
 from ..support.workload import Workload, snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -304,5 +307,39 @@ async def test_a_user_projection_whose_fold_fills_the_map_grows_it_and_goes_on(t
         await storage.projections.wait(storage.log.head())
         with storage.projections.read("bulky") as view:
             assert len(list(view.items("main"))) == 40
+    finally:
+        await storage.close()
+
+
+@pytest.mark.parametrize("at", [1, 4, 7])
+@pytest.mark.parametrize("damage", list(CORRUPTIONS.values()), ids=list(CORRUPTIONS))
+async def test_waiting_for_user_projections_past_a_corrupt_record_raises_it(tmp_path: Path, damage: Any, at: int) -> None:
+    """A log record the projections' worker cannot read stops the worker: every ``wait`` raises
+    the record's ``CorruptRecordError`` (it hung for good: the worker died with the error unread,
+    and the power-loss checker's writer waited out its 10 s on stores a planted fault damaged).
+    Commits go on, and the projection folds nothing past it."""
+
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability="process")
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+    for id in range(2, 9):
+        await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX)
+    await storage.close()
+    env, log = open_log(path)
+    with env.read() as txn:
+        raw = txn.get(seq_key(at), db=log.db)
+    env.write(lambda txn: txn.put(seq_key(at), damage(raw), db=log.db))
+    env.close()
+
+    storage = await LmdbStorage.open(path, durability="process", projections=[EntryCounter()])
+    try:
+        for seq in (storage.log.head(), at):
+            with pytest.raises(CorruptRecordError) as caught:
+                await asyncio.wait_for(storage.projections.wait(seq), 10)
+            assert caught.value.seq == at
+        seq = await storage.commit([{"type": "entry", "value": {"id": 99, "conversationId": 1, "kind": "m"}}], CTX)
+        with pytest.raises(CorruptRecordError):
+            await asyncio.wait_for(storage.projections.wait(seq, "entry_counter"), 10)
+        assert storage.projections.status()["entry_counter"].folded_seq < at
     finally:
         await storage.close()

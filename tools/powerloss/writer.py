@@ -7,7 +7,8 @@ Usage (run by ``record.py`` under the recorder)::
 It creates STORE with a 64 KiB map (so the map grows several times under it) and a user projection,
 and commits mixed batches (conversations, entries, task replacements, documents created, changed
 and retired, forks copying documents), every id from ``mint_id()`` (with small id blocks, so the
-reservation is written often). Halfway it rebuilds the projections (``storage.rebuild()``, folded
+reservation is written often; in ``power`` durability entries carry up to 1.5 KB of random
+letters, which do not deflate away, so journal segments fill between checkpoints). Halfway it rebuilds the projections (``storage.rebuild()``, folded
 in small chunks, so the swap happens after several transactions), and it closes and reopens the
 store every few batches. Each step is announced by one write to MARKS, a file outside the store that the
 recorder logs in order with the store's writes:
@@ -31,6 +32,7 @@ import argparse
 import asyncio
 import os
 import random
+import string
 import sys
 from typing import Any
 
@@ -41,6 +43,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 from tools.powerloss.workload import EntryCounts, canonical, engine_tools  # noqa: E402
 
 TEXTS = ["", "a", "héllo", "\ud800", "日本", "x" * 300]
+_NOISE = string.ascii_letters + string.digits
 
 
 class Marks:
@@ -54,11 +57,12 @@ class Marks:
 class Workload:
     KINDS = ["entry", "entry", "entry", "task", "create", "change", "retire", "fork"]
 
-    def __init__(self, storage: Any, marks: Marks, rng: random.Random, kinds: list[str] | None = None) -> None:
+    def __init__(self, storage: Any, marks: Marks, rng: random.Random, kinds: list[str] | None = None, *, noise: bool = False) -> None:
         self.storage = storage
         self.marks = marks
         self.rng = rng
         self.kinds = kinds or self.KINDS
+        self.noise = noise
         self.conversations: list[int] = []
         self.entries: dict[int, list[int]] = {}
         self.tasks: dict[int, int] = {}
@@ -108,13 +112,21 @@ class Workload:
             writes.extend(await getattr(self, "_" + kind)(touched, writes))
         return writes
 
+    def pad(self, size: int) -> str:
+        """``size`` characters: random letters with ``noise`` (the log stores records deflated: a
+        power writer's journal must still fill its segments), else one letter repeated."""
+
+        if self.noise:
+            return "".join(self.rng.choices(_NOISE, k=size))
+        return "p" * size
+
     async def _entry(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
         rng = self.rng
         value = {
             "id": await self.mint(),
             "conversationId": rng.choice(self.conversations),
             "kind": rng.choice(["message", "tool"]),
-            "data": {"text": rng.choice(TEXTS), "n": rng.choice([0, -7, 2**70 + 1, 1.5]), "pad": "p" * rng.randint(0, 1500)},
+            "data": {"text": rng.choice(TEXTS), "n": rng.choice([0, -7, 2**70 + 1, 1.5]), "pad": self.pad(rng.randint(0, 1500))},
         }
         return [{"type": "entry", "value": value}]
 
@@ -175,8 +187,10 @@ class Workload:
 
 def journal_options(args: argparse.Namespace) -> dict[str, Any]:
     """A power writer's journal, small so the recording holds segment changes, recycled segments
-    and checkpoints (on their own thread, as by default) every few commits; ``--fault`` plants
-    one of ``log.journal._faults`` in this process."""
+    and checkpoints (on their own thread, as by default) every few commits: the smallest segment
+    (4 KiB of frames) fills in a few commits of the workload's incompressible entries, before
+    the store is reopened, and between checkpoints (``recycle-early`` needs that to bite).
+    ``--fault`` plants one of ``log.journal._faults`` in this process."""
 
     if args.durability != "power":
         return {}
@@ -184,7 +198,7 @@ def journal_options(args: argparse.Namespace) -> dict[str, Any]:
 
     for fault in args.fault:
         journal._faults.add(fault)
-    return {"journal": journal.JournalOptions(segment_size=3 * journal.HEADER_SIZE, checkpoint_commits=4, checkpoint_bytes=16384)}
+    return {"journal": journal.JournalOptions(segment_size=2 * journal.HEADER_SIZE, checkpoint_commits=4, checkpoint_bytes=16384)}
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -203,7 +217,7 @@ async def run(args: argparse.Namespace) -> None:
     marks.say("phase open")
     storage = await open_store()
     marks.say("phase opened")
-    work = Workload(storage, marks, rng)
+    work = Workload(storage, marks, rng, noise=args.durability == "power")
     for number in range(args.batches):
         if number == args.batches // 3:
             marks.say("phase rebuild")
@@ -229,8 +243,8 @@ GROUP_KINDS = ["entry", "entry", "entry", "newtask", "fork"]
 class GroupCaller(Workload):
     """One concurrent caller's batches; conversations referenced only once acknowledged."""
 
-    def __init__(self, storage: Any, marks: Marks, rng: random.Random, tag: str) -> None:
-        super().__init__(storage, marks, rng, GROUP_KINDS)
+    def __init__(self, storage: Any, marks: Marks, rng: random.Random, tag: str, *, noise: bool = False) -> None:
+        super().__init__(storage, marks, rng, GROUP_KINDS, noise=noise)
         self.tag = tag
         self.number = 0
 
@@ -267,8 +281,8 @@ class GroupCaller(Workload):
         self.apply(writes)
 
 
-async def _callers(storage: Any, marks: Marks, seed: str, loop_tag: str, count: int, steps: int) -> None:
-    callers = [GroupCaller(storage, marks, random.Random(f"{seed}:{loop_tag}:{n}"), f"{loop_tag}{n}") for n in range(count)]
+async def _callers(storage: Any, marks: Marks, seed: str, loop_tag: str, count: int, steps: int, noise: bool) -> None:
+    callers = [GroupCaller(storage, marks, random.Random(f"{seed}:{loop_tag}:{n}"), f"{loop_tag}{n}", noise=noise) for n in range(count)]
 
     async def run(caller: GroupCaller) -> None:
         for _ in range(steps):
@@ -298,6 +312,7 @@ async def run_group(args: argparse.Namespace) -> None:
     marks.say("phase open")
     storage = await open_store()
     marks.say("phase opened")
+    noise = args.durability == "power"
     steps = 3
     rounds = max(1, args.batches // (6 * steps))
     for number in range(rounds):
@@ -309,13 +324,13 @@ async def run_group(args: argparse.Namespace) -> None:
 
         def other_thread(storage: Any = storage, number: int = number) -> None:
             try:
-                asyncio.run(_callers(storage, marks, f"{args.seed}:{number}", f"r{number}b", 3, steps))
+                asyncio.run(_callers(storage, marks, f"{args.seed}:{number}", f"r{number}b", 3, steps, noise))
             except BaseException as error:  # noqa: BLE001 - reported by the main thread
                 failure.append(error)
 
         thread = threading.Thread(target=other_thread)
         thread.start()
-        work = [_callers(storage, marks, f"{args.seed}:{number}", f"r{number}a", 3, steps)]
+        work = [_callers(storage, marks, f"{args.seed}:{number}", f"r{number}a", 3, steps, noise)]
         if number == 1:
             marks.say("phase rebuild")
             work.append(storage.rebuild())
