@@ -110,11 +110,14 @@ def _check_name(value: object, what: str) -> None:
         raise ValueError(f"{what} is {size} bytes long; at most {_MAX_NAME}")
 
 
-def _traceback(error: BaseException) -> str:
-    """The error's traceback as text that encodes: a log handler writing UTF-8 would drop the
-    line of a fold error whose message holds a lone surrogate (``exc_info`` keeps it raw)."""
+def _unwritable_traceback(error: BaseException) -> str | None:
+    """The error's traceback as text that encodes, when the raw one would not (a lone surrogate
+    in its message: a log handler writing UTF-8 would drop the line); ``None`` when it does and
+    the error can go to the log as ``exc_info``, for handlers that keep exceptions whole."""
 
-    return "".join(traceback.format_exception(error)).rstrip().encode("utf-8", "backslashreplace").decode("utf-8")
+    raw = "".join(traceback.format_exception(error)).rstrip()
+    safe = raw.encode("utf-8", "backslashreplace").decode("utf-8")
+    return None if safe == raw else safe
 
 
 def _describe(error: BaseException) -> str:
@@ -358,7 +361,11 @@ class UserProjections:
 
     def _record_failure(self, name: str, status: ProjectionStatus, seq: int, error: Exception) -> ProjectionStatus:
         failed = msgspec.structs.replace(status, failed_seq=seq, error=_describe(error))
-        _log.error("user projection %r stopped at record %d: %s\n%s", name, seq, failed.error, _traceback(error))
+        written = _unwritable_traceback(error)
+        if written is None:
+            _log.error("user projection %r stopped at record %d: %s", name, seq, failed.error, exc_info=error)
+        else:
+            _log.error("user projection %r stopped at record %d: %s\n%s", name, seq, failed.error, written)
         key = _PREFIX + name.encode()
         self._env.write(lambda txn: txn.put(key, _status_encoder.encode(failed), db=self._registry))
         return failed
