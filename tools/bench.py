@@ -508,7 +508,9 @@ README_ROWS = (
     ("commit_turn", "process", "a turn commit (entry + task record)"),
     ("commit_turn", "power", "a turn commit (entry + task record)"),
     ("session_turn", "process", "the same turn through a pi-durable `Session`"),
+    ("session_turn.in_store", "process", "… of which inside the store's methods (the rest is the Session's)"),
     ("session_turn", "power", "the same turn through a pi-durable `Session`"),
+    ("session_turn.in_store", "power", "… of which inside the store's methods (the rest is the Session's)"),
     ("commit_doc_delta", "process", "a one-delta document commit"),
     ("commit_doc_delta", "power", "a one-delta document commit"),
 )
