@@ -64,6 +64,8 @@ class Plan:
     """Current values the checks read, for the fold to continue from."""
 
 
+_DOCUMENT_WRITES: Final = frozenset({DocumentCreateWrite, DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite})
+
 _TABLE_OF = {
     ConversationWrite: "conversation",
     EntryWrite: "entry",
@@ -135,12 +137,14 @@ class Projector:
         if check:
             for write in writes:
                 _check_shape(write)
-        plan = Plan(self._resolve_copies(txn, writes))
+        documents = not _DOCUMENT_WRITES.isdisjoint(map(type, writes))
+        plan = Plan(self._resolve_copies(txn, writes) if documents else writes)
         if check:
             self._check_ids(txn, plan)
-        self._group_document_commands(plan)
-        if check:
-            self._check_document_actions(txn, plan)
+        if documents:  # else there is nothing to group or check: a turn's batch skips both walks
+            self._group_document_commands(plan)
+            if check:
+                self._check_document_actions(txn, plan)
         return plan
 
     def _resolve_copies(self, txn: lmdb.Transaction[bytes], writes: list[Write]) -> list[Write]:
