@@ -78,12 +78,12 @@ async def run_agents(storage: Any, agents: int, turns: int) -> tuple[float, list
 
     tick = asyncio.create_task(ticker())
     await asyncio.sleep(TICK * 2)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(agent(c, t) for c, t in owned))
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     done = True
     await tick
-    return elapsed, [per_agent * agents / elapsed] + stalls
+    return elapsed, [per_agent * agents / elapsed, cpu / (per_agent * agents)] + stalls
 
 
 class NoStore:
@@ -108,7 +108,7 @@ def _percentile(values: list[float], q: float) -> float:
 async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -> dict[str, float]:
     if backend == "none":
         elapsed, rest = await run_agents(NoStore(), agents, turns)
-        return {"rate": rest[0], "p99": _percentile(rest[1:], 0.99), "max": max(rest[1:], default=0.0)}
+        return {"rate": rest[0], "cpu": rest[1], "p99": _percentile(rest[2:], 0.99), "max": max(rest[2:], default=0.0)}
     path = tempfile.mkdtemp(dir=base)
     store = Store(backend, mode, path)
     await store.open()
@@ -118,8 +118,8 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
     finally:
         await store.close()
         shutil.rmtree(path, ignore_errors=True)
-    rate, stalls = rest[0], rest[1:]
-    return {"rate": rate, "p99": _percentile(stalls, 0.99), "max": max(stalls, default=0.0)}
+    rate, cpu, stalls = rest[0], rest[1], rest[2:]
+    return {"rate": rate, "cpu": cpu, "p99": _percentile(stalls, 0.99), "max": max(stalls, default=0.0)}
 
 
 async def main_async(args: argparse.Namespace) -> str:
@@ -137,7 +137,7 @@ async def main_async(args: argparse.Namespace) -> str:
                         results.setdefault((backend, mode, agents), []).append(figures)
                         print(
                             f"round {round} {LABELS.get((backend, mode), 'no store'):>16} agents={agents:<3} "
-                            f"{figures['rate']:>9,.0f}/s stall p99 {figures['p99'] * 1e3:6.2f} ms "
+                            f"{figures['rate']:>9,.0f}/s cpu {figures['cpu'] * 1e6:6.1f} µs stall p99 {figures['p99'] * 1e3:6.2f} ms "
                             f"max {figures['max'] * 1e3:6.2f} ms",
                             file=sys.stderr,
                         )
@@ -145,8 +145,8 @@ async def main_async(args: argparse.Namespace) -> str:
         shutil.rmtree(base, ignore_errors=True)
     lines = [
         "| class | agents | backend | commits/s (median) | range over rounds | x SQLite (median of paired) "
-        "| stall p99 (median) | stall max (worst) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| CPU µs per commit (median) | stall p99 (median) | stall max (worst) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for mode in args.modes:
         for agents in args.agents:
@@ -159,6 +159,7 @@ async def main_async(args: argparse.Namespace) -> str:
                     f"| {mode} | {agents} | {LABELS.get((backend, mode), 'no store (floor)')} | {statistics.median(rates):,.0f} "
                     f"| {min(rates):,.0f}–{max(rates):,.0f} "
                     f"| {'—' if backend != 'lmdb' else f'{statistics.median(ratios):.2f}x'} "
+                    f"| {statistics.median(run['cpu'] for run in runs) * 1e6:.1f} "
                     f"| {statistics.median(run['p99'] for run in runs) * 1e3:.2f} ms "
                     f"| {max(run['max'] for run in runs) * 1e3:.1f} ms |"
                 )

@@ -78,15 +78,16 @@ class WriteLog:
         append *in this same transaction* returned (a group's batches), which saves looking the
         head up again; LMDB's append still refuses any key not above the head."""
 
+        db = self.db
         if after is None:
-            cursor = txn.cursor(db=self.db)
+            cursor = txn.cursor(db=db)
             seq = key_seq(cursor.key()) + 1 if cursor.last() else 1
         else:
             seq = after + 1
         if committed_at is None:
             committed_at = time.time_ns() // 1_000_000
         record = encode_record(payload, committed_at)
-        if not txn.put(seq_key(seq), record, db=self.db, append=True):
+        if not txn.put(seq_key(seq), record, db=db, append=True):
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
         self.env.journal_stage(seq, record)  # power: flushed to the journal before txn commits
         return seq

@@ -64,6 +64,8 @@ class Plan:
     """Current values the checks read, for the fold to continue from."""
 
 
+_DOCUMENT_WRITES: Final = frozenset({DocumentCreateWrite, DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite})
+
 _TABLE_OF = {
     ConversationWrite: "conversation",
     EntryWrite: "entry",
@@ -135,12 +137,14 @@ class Projector:
         if check:
             for write in writes:
                 _check_shape(write)
-        plan = Plan(self._resolve_copies(txn, writes))
+        documents = not _DOCUMENT_WRITES.isdisjoint(map(type, writes))
+        plan = Plan(self._resolve_copies(txn, writes) if documents else writes)
         if check:
             self._check_ids(txn, plan)
-        self._group_document_commands(plan)
-        if check:
-            self._check_document_actions(txn, plan)
+        if documents:  # else there is nothing to group or check: a turn's batch skips both walks
+            self._group_document_commands(plan)
+            if check:
+                self._check_document_actions(txn, plan)
         return plan
 
     def _resolve_copies(self, txn: lmdb.Transaction[bytes], writes: list[Write]) -> list[Write]:
@@ -476,14 +480,17 @@ def _is_plain_delta(action: DocumentAction) -> bool:
 # ── shape checks: what the folds rely on, named precisely ─────────────────────
 
 
-def _check_id(value: object, what: str) -> None:
+def _check_id(value: object, what: str, *parts: object) -> None:
+    """``what.format(*parts)`` names the field, formatted only when the check fails (every
+    commit passes here: an f-string per field would be built for nothing)."""
+
     if type(value) is not int or not 1 <= value <= MAX_SAFE_INTEGER:
-        raise ValueError(f"{what} must be a positive safe integer, not {value!r}")
+        raise ValueError(f"{what.format(*parts)} must be a positive safe integer, not {value!r}")
 
 
-def _object(value: object, what: str) -> dict[str, Any]:
+def _object(value: object, what: str, *parts: object) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ValueError(f"{what} must be an object, not {type(value).__name__}")
+        raise ValueError(f"{what.format(*parts)} must be an object, not {type(value).__name__}")
     return value
 
 
@@ -492,11 +499,11 @@ def _check_shape(write: Write) -> None:
     if kind is EntryWrite:
         value = _object(write.value, "An entry write's value")  # type: ignore[union-attr]
         _check_id(value.get("id"), "An entry's 'id'")
-        _check_id(value.get("conversationId"), f"Entry {value['id']}'s 'conversationId'")
+        _check_id(value.get("conversationId"), "Entry {}'s 'conversationId'", value["id"])
     elif kind is TaskWrite:
         value = _object(write.value, "A task write's value")  # type: ignore[union-attr]
         _check_id(value.get("id"), "A task's 'id'")
-        state = _object(value.get("state"), f"Task {value['id']}'s 'state'")
+        state = _object(value.get("state"), "Task {}'s 'state'", value["id"])
         if state.get("status") not in t.TASK_STATUS_KEYS:
             raise ValueError(f"Task {value['id']} has an unknown status {state.get('status')!r}")
     elif kind is SubmissionWrite:
@@ -507,19 +514,19 @@ def _check_shape(write: Write) -> None:
                 f"Submission {value['id']} has an unknown status {value.get('status')!r}"
             )
         if value.get("requestId") is not None:
-            _check_id(value.get("conversationId"), f"Submission {value['id']}'s 'conversationId'")
+            _check_id(value.get("conversationId"), "Submission {}'s 'conversationId'", value["id"])
     elif kind is ConversationWrite:
         value = _object(write.value, "A conversation write's value")  # type: ignore[union-attr]
         _check_id(value.get("id"), "A conversation's 'id'")
         for name, fields in (("parent", ("conversationId", "at")), ("owner", ("conversationId", "taskId"))):
             if name in value:
-                part = _object(value[name], f"Conversation {value['id']}'s '{name}'")
+                part = _object(value[name], "Conversation {}'s '{}'", value["id"], name)
                 for field_name in fields:
-                    _check_id(part.get(field_name), f"Conversation {value['id']}'s '{name}.{field_name}'")
+                    _check_id(part.get(field_name), "Conversation {}'s '{}.{}'", value["id"], name, field_name)
     elif kind is DocumentCreateWrite or kind is DocumentCopyWrite:
         record = _object(write.record, "A document write's record")  # type: ignore[union-attr]
         _check_id(record.get("id"), "A document's 'id'")
-        scope = _object(record.get("scope"), f"Document {record['id']}'s 'scope'")
+        scope = _object(record.get("scope"), "Document {}'s 'scope'", record["id"])
         if "kind" not in record or "kind" not in scope:
             raise ValueError(f"Document {record['id']} needs a 'kind' and a 'scope.kind'")
     elif kind is DocumentChangeWrite or kind is DocumentRetireWrite:

@@ -44,7 +44,7 @@ class Rows:
             previous = None  # appended: the key sorts after all others, so it was not there
         else:
             previous = self.txn.replace(key, sealed, db=db)
-        if previous != sealed:
+        if previous != sealed and (previous is not None or table not in t.BORN_KNOWN):
             self._remember(table, key, previous)
         return None if previous is None else t.unseal(previous, table, key)
 

@@ -313,12 +313,10 @@ _MAX_KEY_PART: Final = 400
 """LMDB keys are at most 511 bytes; longer string parts are replaced by a digest."""
 
 
-def u64(value: int) -> bytes:
-    return _U64.pack(value)
-
-
-def u64_pair(first: int, second: int) -> bytes:
-    return _U64_PAIR.pack(first, second)
+u64: Final[Callable[[int], bytes]] = _U64.pack
+"""An id or sequence as a key part (the bound ``pack`` itself: a commit makes ~7 of these calls,
+and a Python wrapper around each is a frame for nothing)."""
+u64_pair: Final[Callable[[int, int], bytes]] = _U64_PAIR.pack
 
 
 def read_u64(data: bytes, offset: int = 0) -> int:
