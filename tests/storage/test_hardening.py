@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 
 from pi_durable_lmdb.log import Environment, TruncatedStoreError, WriterLockedError
+from pi_durable_lmdb.log.storedir import check_not_truncated
 from pi_durable_lmdb.log.records import decode_record, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
@@ -689,3 +691,56 @@ async def test_a_fold_error_whose_message_holds_a_lone_surrogate_is_recorded(tmp
         assert status.failed_seq == 1 and "ValueError: bad" in (status.error or "")
     finally:
         await storage.close()
+
+
+
+def _store_with_a_free_tail(path: Path) -> None:
+    """A store whose highest pages are free: a database of ~75 pages filled, then dropped (its
+    pages go to the free list), then small commits (which take lower free pages)."""
+
+    import lmdb
+
+    env = lmdb.open(str(path), map_size=1 << 26, max_dbs=4)
+    keep = env.open_db(b"keep")
+    with env.begin(write=True) as txn:
+        for i in range(20):
+            txn.put(b"k%03d" % i, b"v" * 100, db=keep)
+    bulk = env.open_db(b"bulk")
+    with env.begin(write=True) as txn:
+        for i in range(300):
+            txn.put(b"%08d" % i, b"x" * 900, db=bulk)
+    with env.begin(write=True) as txn:
+        txn.drop(bulk, delete=True)
+    for i in range(3):  # the free list's own page moves down into the freed ones
+        with env.begin(write=True) as txn:
+            txn.put(b"last%d" % i, b"v", db=keep)
+    last = env.info()["last_pgno"]
+    env.close()
+    assert (path / "data.mdb").stat().st_size == (last + 1) * 4096 and last > 80, last
+
+
+def test_a_file_whose_missing_last_pages_are_all_free_opens(tmp_path: Path) -> None:
+    """LMDB does not write a page it allocated and freed in one transaction: when such pages are
+    the highest, the newest meta names a last page past the end of the file and nothing lives
+    there. The crash harness met it after a kill during a rebuild (a healthy store 205 pages
+    short, all on the free list) and the open refused it as truncated; this test raised
+    TruncatedStoreError before. A file cut into pages in use is still refused."""
+
+    path = tmp_path / "s"
+    path.mkdir()
+    _store_with_a_free_tail(path)
+    data = path / "data.mdb"
+    size = data.stat().st_size
+    with open(data, "r+b") as handle:
+        handle.truncate(size - 10 * 4096)  # ten of the dropped database's pages
+    check_not_truncated(str(path))
+    reader = subprocess.run(  # LMDB reads every page it can reach (in a child: SIGBUS would kill it)
+        [sys.executable, "-c", "import lmdb, sys\nenv = lmdb.open(sys.argv[1], readonly=True, max_dbs=4, lock=False)\n"
+         "db = env.open_db(b'keep')\nwith env.begin(db=db) as txn:\n    print(sum(1 for _ in txn.cursor()))", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert reader.returncode == 0 and reader.stdout.strip() == "23", reader
+    with open(data, "r+b") as handle:
+        handle.truncate(4 * 4096)  # the keep database's pages and the free list's go too
+    with pytest.raises(TruncatedStoreError, match="truncated"):
+        check_not_truncated(str(path))
