@@ -55,12 +55,6 @@ def main() -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         os.pwrite(fd, bytes(4096 * (args.count + 64)), 0)
         os.fsync(fd)
-        overwrite = []
-        for n in range(args.count):
-            started = time.perf_counter()
-            os.pwrite(fd, block, 4096 * n)
-            os.fdatasync(fd)
-            overwrite.append(time.perf_counter() - started)
         lmdb_like = []
         meta = os.open(path, os.O_WRONLY | os.O_DSYNC)
         for n in range(args.count // 3):
@@ -80,7 +74,8 @@ def main() -> None:
             os.fdatasync(fd)
             append.append(time.perf_counter() - started)
         os.close(fd)
-    print(f"overwrite 4 KiB + fdatasync (preallocated): {_median_us(overwrite):.0f} us")
+    overwrite = overwrite_flush_seconds(args.dir, args.count)
+    print(f"overwrite 4 KiB + fdatasync (preallocated): {overwrite * 1e6:.0f} us")
     print(f"append 4 KiB + fdatasync:                   {_median_us(append):.0f} us")
     print(f"14 x 4 KiB + fdatasync + O_DSYNC 120 B:     {_median_us(lmdb_like):.0f} us")
 

@@ -365,7 +365,7 @@ def check_not_truncated(path: str) -> None:
             if len(data) == _META_OFFSET + _META.size:
                 magic, _, _, last_page, txnid = _META.unpack_from(data, _META_OFFSET)
                 if magic == _MAGIC:
-                    (free_root,) = struct.unpack_from("=Q", data, _FREE_ROOT_OFFSET) if len(data) >= _FREE_ROOT_OFFSET + 8 else (-1,)
+                    (free_root,) = struct.unpack_from("=Q", data, _FREE_ROOT_OFFSET)  # inside _META's span
                     metas.append((txnid, last_page, free_root))
         # Only now the size: a writer elsewhere writes a commit's pages before its meta page and
         # never shrinks the file, so a size taken after the metas were read covers them.

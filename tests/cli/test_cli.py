@@ -22,6 +22,7 @@ from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.records import WRITE_TYPES
 from tools.task_outcomes import TaskOutcomes
 from pi_durable_lmdb import cli as cli_module
+from tests.support.cli_call import call
 from pi_durable_lmdb.storage.jsonlines import from_json, to_json
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
@@ -33,17 +34,6 @@ MINUTE = 60_000
 def run(*args: object, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([*DURABLE_LOG, *map(str, args)], input=input, capture_output=True, timeout=60)
 
-
-def call(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
-    """``durable-log ARGS`` in this process (no interpreter start-up): exit code, stdout, stderr."""
-
-    capsys.readouterr()
-    try:
-        code = cli_module.main([str(arg) for arg in args])
-    except SystemExit as exit:  # argparse's usage errors
-        code = int(exit.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def ok(*args: object, input: bytes | None = None) -> bytes:

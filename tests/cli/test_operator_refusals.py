@@ -30,21 +30,11 @@ from pi_durable.storage import MemoryStorage
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log import LogError
 from pi_durable_lmdb import cli as cli_module
+from tests.support.cli_call import call
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 README = Path(__file__).resolve().parents[2] / "README.md"
 
-
-def call(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
-    """``durable-log ARGS`` in this process: exit code, stdout, stderr."""
-
-    capsys.readouterr()
-    try:
-        code = cli_module.main([str(arg) for arg in args])
-    except SystemExit as exit:  # argparse's usage errors
-        code = int(exit.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def batch_line(seq: int, n: int) -> str:

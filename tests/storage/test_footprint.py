@@ -18,24 +18,13 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage
-from pi_durable_lmdb import cli as cli_module
+from tests.support.cli_call import call
 from pi_durable_lmdb.log import Environment
 from pi_durable_lmdb.log.environment import MAIN_DB
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from bench_workloads import ROOT, conversation, entry, task  # noqa: E402
 
-
-def call(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
-    """``durable-log ARGS`` in this process: exit code, stdout, stderr."""
-
-    capsys.readouterr()
-    try:
-        code = cli_module.main([str(arg) for arg in args])
-    except SystemExit as exit:
-        code = int(exit.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_turns(path: Path, turns: int, start: int = 1) -> None:
