@@ -48,6 +48,7 @@ import lmdb
 
 from ..errors import ReplicationError
 from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
+from ..log.records import Deflated, deflate_ahead
 from ..projections import Projector
 from ..log.stream.writer import StreamWriter
 
@@ -66,7 +67,7 @@ loop's other tasks get a turn."""
 class _Job:
     """One caller's batch (or plain write) waiting for its group."""
 
-    __slots__ = ("loop", "future", "payload", "batch", "committed_at", "work", "result", "error")
+    __slots__ = ("loop", "future", "payload", "batch", "committed_at", "work", "ahead", "result", "error")
 
     def __init__(
         self,
@@ -75,10 +76,13 @@ class _Job:
         batch: list[Write] | None,
         committed_at: int | None,
         work: Callable[[lmdb.Transaction[bytes]], Any] | None,
+        ahead: Deflated | None = None,
     ) -> None:
         self.loop = loop
         self.future: asyncio.Future[Any] = loop.create_future()
         self.payload, self.batch, self.committed_at, self.work = payload, batch, committed_at, work
+        self.ahead = ahead
+        """The payload deflated by its caller (``deflate_ahead``), not by the writer thread."""
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -108,9 +112,10 @@ class Committer:
         self._log = log
         self.projector = projector
         self._on_commit = on_commit
-        """Called with each committed batch's highest id, on the committing thread, as soon as its
-        transaction committed: a batch in the log has all its effects (the id floor, followers
-        woken) whatever became of its caller (cancelled, timed out, its loop closed)."""
+        """Called with the highest id of the batches a transaction committed, on the committing
+        thread, as soon as it committed: a batch in the log has all its effects (the id floor,
+        followers woken) whatever became of its caller (cancelled, timed out, its loop closed).
+        Once per transaction: it raises a floor, so the group's highest id is all it needs."""
         """Swapped by a rebuild, under ``exclusive()``."""
         self.stream = stream
         self._direct = stream is None
@@ -119,7 +124,10 @@ class Committer:
         commit yields first, so the loop waits for one commit's syncs at most, and only while
         no other commit is about."""
         self._lock = threading.Lock()
-        self._state = threading.Condition(threading.Lock())
+        self._state_lock = threading.Lock()
+        self._state = threading.Condition(self._state_lock)
+        """Guards ``_queue``, ``_closed`` and ``_unresolved``; a caller takes its lock alone (no
+        ``Condition.__enter__`` frame per commit) where it waits for nothing and wakes nobody."""
         self._queue: list[_Job] = []
         self._gathering: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
         self._runs: dict[asyncio.AbstractEventLoop, _DirectRun] = {}
@@ -210,9 +218,13 @@ class Committer:
         self._env.check_process()
         if loop is None:
             loop = asyncio.get_running_loop()
-        job = _Job(loop, payload, batch, committed_at, work)
+        # Deflated here, on the caller's thread: zlib lets go of the GIL, so while one caller
+        # deflates the writer thread runs the group before it (and the writer's share of a
+        # group, the serial part, shrinks).
+        ahead = None if payload is None else deflate_ahead(payload)
+        job = _Job(loop, payload, batch, committed_at, work, ahead)
         self._commits += 1
-        with self._state:
+        with self._state_lock:
             if self._closed:
                 raise StoreClosedError("LmdbStorage is closed")
             self._unresolved += 1
@@ -257,9 +269,12 @@ class Committer:
                 jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
             with self._lock:
                 self._run(jobs)
-            by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
-            for job in jobs:
-                by_loop.setdefault(job.loop, []).append(job)
+            loop = jobs[0].loop
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {loop: jobs}
+            if any(job.loop is not loop for job in jobs):  # callers of several loops (threads)
+                by_loop = {}
+                for job in jobs:
+                    by_loop.setdefault(job.loop, []).append(job)
             for loop, resolved in by_loop.items():
                 try:
                     loop.call_soon_threadsafe(self._resolve, resolved)
@@ -332,11 +347,10 @@ class Committer:
         if results:
             self._log.committed()
             self._env.counters.group_batches.observe(len(results))
-        on_commit = self._on_commit
-        for _, max_id in results:
-            on_commit(max_id)
-        if stream is not None and not results:
-            on_commit(0)
+            # Once, with the highest: all ``on_commit`` does with an id is raise a floor to it.
+            self._on_commit(max(max_id for _, max_id in results) if len(results) > 1 else results[0][1])
+        elif stream is not None:
+            self._on_commit(0)
 
     def _group(self, txn: lmdb.Transaction[bytes], jobs: list[_Job], stream: StreamWriter | None = None) -> None:
         """Check, append and fold each batch in order, inside ``txn`` (run again from the start
@@ -357,7 +371,7 @@ class Committer:
             if job.work is not None:
                 job.result = job.work(txn)
                 continue
-            payload, committed_at = job.payload, job.committed_at
+            payload, committed_at, ahead = job.payload, job.committed_at, job.ahead
             assert job.batch is not None and payload is not None
             if stream is not None:
                 try:
@@ -365,7 +379,7 @@ class Committer:
                 except Exception as error:
                     job.error = error
                     continue
-            outcome = projector.admit(txn, job.batch, lambda: self._log.append(txn, payload, committed_at, seq))
+            outcome = projector.admit(txn, job.batch, lambda: self._log.append(txn, payload, committed_at, seq, ahead))
             if isinstance(outcome, Exception):  # a refusal wrote nothing; its neighbours go on
                 job.error = outcome
                 continue
