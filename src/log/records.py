@@ -206,30 +206,14 @@ def _checksum(committed_at: int, payload: bytes) -> int:
     return zlib.crc32(payload, zlib.crc32(committed_at.to_bytes(8, "big", signed=True)))
 
 
-class Deflated(NamedTuple):
-    """A payload's deflated form as its record stores it (``data``; ``None``: stored as it is),
-    made ahead of ``encode_record`` by ``deflate_ahead``."""
-
-    data: bytes | None
-
-
-def deflate_ahead(payload: bytes) -> Deflated:
-    """What ``encode_record`` would deflate, made beforehand: a group's callers deflate their
-    own batches on their threads, so the writer thread (which holds the group's transaction
-    and, between LMDB calls, the GIL) does not (issue 23)."""
-
-    return Deflated(deflate(bytes(payload)))
-
-
-def encode_record(payload: bytes, committed_at: int, ahead: Deflated | None = None) -> bytes:
-    """One record for the log; a header field it could not read back is refused here.
-    ``ahead``: ``deflate_ahead(payload)``, when the caller made it already."""
+def encode_record(payload: bytes, committed_at: int) -> bytes:
+    """One record for the log; a header field it could not read back is refused here."""
 
     committed_at = check_committed_at(committed_at)
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"A log record's payload must be bytes, not {type(payload).__name__}")
     payload = bytes(payload)
-    deflated = deflate(payload) if ahead is None else ahead.data
+    deflated = deflate(payload)
     if deflated is None:
         return _record_encoder.encode(RawRecord(RAW_FORMAT, committed_at, _checksum(committed_at, payload), payload))
     return _record_encoder.encode(

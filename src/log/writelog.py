@@ -18,7 +18,7 @@ import lmdb
 
 from .environment import Environment
 from ..errors import LogError
-from .records import Commit, Deflated, decode_record, encode_record
+from .records import Commit, decode_record, encode_record
 
 T = TypeVar("T")
 
@@ -68,12 +68,7 @@ class WriteLog:
     # ── writing ─────────────────────────────────────────────────────────────
 
     def append(
-        self,
-        txn: lmdb.Transaction[bytes],
-        payload: bytes,
-        committed_at: int | None = None,
-        after: int | None = None,
-        ahead: Deflated | None = None,
+        self, txn: lmdb.Transaction[bytes], payload: bytes, committed_at: int | None = None, after: int | None = None
     ) -> int:
         """Append one batch's payload (from ``encode_batch``) inside ``txn``; the sequence is
         durable once ``txn`` commits.
@@ -81,8 +76,7 @@ class WriteLog:
         The sequence comes from ``txn`` itself, never from a cache: another thread's commit may
         have moved the head since this process last looked. ``after``: the sequence the previous
         append *in this same transaction* returned (a group's batches), which saves looking the
-        head up again; LMDB's append still refuses any key not above the head. ``ahead``: the
-        payload's ``deflate_ahead``, when its caller made it."""
+        head up again; LMDB's append still refuses any key not above the head."""
 
         db = self.db
         if after is None:
@@ -92,7 +86,7 @@ class WriteLog:
             seq = after + 1
         if committed_at is None:
             committed_at = time.time_ns() // 1_000_000
-        record = encode_record(payload, committed_at, ahead)
+        record = encode_record(payload, committed_at)
         if not txn.put(seq_key(seq), record, db=db, append=True):
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
         self.env.journal_stage(seq, record)  # power: flushed to the journal before txn commits

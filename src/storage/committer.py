@@ -48,7 +48,6 @@ import lmdb
 
 from ..errors import ReplicationError
 from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
-from ..log.records import Deflated, deflate_ahead
 from ..projections import Projector
 from ..log.stream.writer import StreamWriter
 
@@ -67,7 +66,7 @@ loop's other tasks get a turn."""
 class _Job:
     """One caller's batch (or plain write) waiting for its group."""
 
-    __slots__ = ("loop", "future", "payload", "batch", "committed_at", "work", "ahead", "result", "error")
+    __slots__ = ("loop", "future", "payload", "batch", "committed_at", "work", "result", "error")
 
     def __init__(
         self,
@@ -76,13 +75,10 @@ class _Job:
         batch: list[Write] | None,
         committed_at: int | None,
         work: Callable[[lmdb.Transaction[bytes]], Any] | None,
-        ahead: Deflated | None = None,
     ) -> None:
         self.loop = loop
         self.future: asyncio.Future[Any] = loop.create_future()
         self.payload, self.batch, self.committed_at, self.work = payload, batch, committed_at, work
-        self.ahead = ahead
-        """The payload deflated by its caller (``deflate_ahead``), not by the writer thread."""
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -218,11 +214,7 @@ class Committer:
         self._env.check_process()
         if loop is None:
             loop = asyncio.get_running_loop()
-        # Deflated here, on the caller's thread: zlib lets go of the GIL, so while one caller
-        # deflates the writer thread runs the group before it (and the writer's share of a
-        # group, the serial part, shrinks).
-        ahead = None if payload is None else deflate_ahead(payload)
-        job = _Job(loop, payload, batch, committed_at, work, ahead)
+        job = _Job(loop, payload, batch, committed_at, work)
         self._commits += 1
         with self._state_lock:
             if self._closed:
@@ -371,7 +363,7 @@ class Committer:
             if job.work is not None:
                 job.result = job.work(txn)
                 continue
-            payload, committed_at, ahead = job.payload, job.committed_at, job.ahead
+            payload, committed_at = job.payload, job.committed_at
             assert job.batch is not None and payload is not None
             if stream is not None:
                 try:
@@ -379,7 +371,7 @@ class Committer:
                 except Exception as error:
                     job.error = error
                     continue
-            outcome = projector.admit(txn, job.batch, lambda: self._log.append(txn, payload, committed_at, seq, ahead))
+            outcome = projector.admit(txn, job.batch, lambda: self._log.append(txn, payload, committed_at, seq))
             if isinstance(outcome, Exception):  # a refusal wrote nothing; its neighbours go on
                 job.error = outcome
                 continue

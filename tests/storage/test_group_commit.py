@@ -257,10 +257,8 @@ async def test_concurrent_commits_share_write_transactions(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("durability", ["process", "power"])
 async def test_a_group_stores_each_record_as_it_is_stored_alone(tmp_path: Path, durability: str) -> None:
-    """A group's callers deflate their own batches (``deflate_ahead``) off the writer thread:
-    every record it stores is byte for byte what ``encode_record`` makes of that batch alone,
-    whichever form it takes (too short to deflate, deflated at either level, incompressible
-    and kept raw)."""
+    """Every record a group stores is byte for byte what ``encode_record`` makes of that batch
+    alone, whichever form it takes (too short to deflate: raw; deflated at either level)."""
 
     rng = random.Random(23)
     texts = [
