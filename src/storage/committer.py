@@ -399,9 +399,14 @@ class Committer:
         self._settle(len(jobs))
 
     def _settle(self, count: int) -> None:
+        """``count`` accepted commits resolved. Only a closed committer's writer waits on this
+        count (to stop once it is 0); an open one's waits for the queue alone, and waking it
+        at each chunk a loop resolved cost it a futile wake-up (and a wait for the GIL) each."""
+
         with self._state:
             self._unresolved -= count
-            self._state.notify_all()
+            if self._closed:  # set under this lock: a close after this notifies by itself
+                self._state.notify_all()
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
