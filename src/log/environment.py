@@ -487,7 +487,11 @@ class Environment(JournaledWrites):
             raise StoreClosedError(f"The store at {self.path} is closed; open it again to use it")
 
     def check_process(self) -> None:
-        if os.getpid() != self._pid:
+        """Refuse use in a child forked after the open. ``os.getpid()`` is a system call; it is
+        asked only once a fork happened (``shared.forks``), as ``read`` does: every commit
+        passes here."""
+
+        if shared.forks != self._forks and os.getpid() != self._pid:
             raise ForkedEnvironmentError(
                 f"The store at {self.path} was opened in process {self._pid}; "
                 "an LMDB environment must not be used across fork(), open it again in this process"

@@ -108,9 +108,10 @@ class Committer:
         self._log = log
         self.projector = projector
         self._on_commit = on_commit
-        """Called with each committed batch's highest id, on the committing thread, as soon as its
-        transaction committed: a batch in the log has all its effects (the id floor, followers
-        woken) whatever became of its caller (cancelled, timed out, its loop closed)."""
+        """Called with the highest id of the batches a transaction committed, on the committing
+        thread, as soon as it committed: a batch in the log has all its effects (the id floor,
+        followers woken) whatever became of its caller (cancelled, timed out, its loop closed).
+        Once per transaction: it raises a floor, so the group's highest id is all it needs."""
         """Swapped by a rebuild, under ``exclusive()``."""
         self.stream = stream
         self._direct = stream is None
@@ -119,7 +120,10 @@ class Committer:
         commit yields first, so the loop waits for one commit's syncs at most, and only while
         no other commit is about."""
         self._lock = threading.Lock()
-        self._state = threading.Condition(threading.Lock())
+        self._state_lock = threading.Lock()
+        self._state = threading.Condition(self._state_lock)
+        """Guards ``_queue``, ``_closed`` and ``_unresolved``; a caller takes its lock alone (no
+        ``Condition.__enter__`` frame per commit) where it waits for nothing and wakes nobody."""
         self._queue: list[_Job] = []
         self._gathering: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
         self._runs: dict[asyncio.AbstractEventLoop, _DirectRun] = {}
@@ -212,7 +216,7 @@ class Committer:
             loop = asyncio.get_running_loop()
         job = _Job(loop, payload, batch, committed_at, work)
         self._commits += 1
-        with self._state:
+        with self._state_lock:
             if self._closed:
                 raise StoreClosedError("LmdbStorage is closed")
             self._unresolved += 1
@@ -257,9 +261,12 @@ class Committer:
                 jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
             with self._lock:
                 self._run(jobs)
-            by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
-            for job in jobs:
-                by_loop.setdefault(job.loop, []).append(job)
+            loop = jobs[0].loop
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {loop: jobs}
+            if any(job.loop is not loop for job in jobs):  # callers of several loops (threads)
+                by_loop = {}
+                for job in jobs:
+                    by_loop.setdefault(job.loop, []).append(job)
             for loop, resolved in by_loop.items():
                 try:
                     loop.call_soon_threadsafe(self._resolve, resolved)
@@ -332,11 +339,10 @@ class Committer:
         if results:
             self._log.committed()
             self._env.counters.group_batches.observe(len(results))
-        on_commit = self._on_commit
-        for _, max_id in results:
-            on_commit(max_id)
-        if stream is not None and not results:
-            on_commit(0)
+            # Once, with the highest: all ``on_commit`` does with an id is raise a floor to it.
+            self._on_commit(max(max_id for _, max_id in results) if len(results) > 1 else results[0][1])
+        elif stream is not None:
+            self._on_commit(0)
 
     def _group(self, txn: lmdb.Transaction[bytes], jobs: list[_Job], stream: StreamWriter | None = None) -> None:
         """Check, append and fold each batch in order, inside ``txn`` (run again from the start
@@ -393,9 +399,14 @@ class Committer:
         self._settle(len(jobs))
 
     def _settle(self, count: int) -> None:
+        """``count`` accepted commits resolved. Only a closed committer's writer waits on this
+        count (to stop once it is 0); an open one's waits for the queue alone, and waking it
+        at each chunk a loop resolved cost it a futile wake-up (and a wait for the GIL) each."""
+
         with self._state:
             self._unresolved -= count
-            self._state.notify_all()
+            if self._closed:  # set under this lock: a close after this notifies by itself
+                self._state.notify_all()
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 

@@ -17,12 +17,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.json import FrozenDict, FrozenList
 from pi_durable.storage.memory import MemoryStorage
 
-from pi_durable_lmdb.log import write_to_builtins
+from pi_durable_lmdb.log import encode_batch, write_to_builtins
+from pi_durable_lmdb.log.records import encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
@@ -251,6 +253,40 @@ async def test_concurrent_commits_share_write_transactions(tmp_path: Path) -> No
     for n, seq in enumerate(seqs):
         assert (await storage.entry(100 + n, CTX))["commitSeq"] == seq
     await storage.close()
+
+
+@pytest.mark.parametrize("durability", ["process", "power"])
+async def test_a_group_stores_each_record_as_it_is_stored_alone(tmp_path: Path, durability: str) -> None:
+    """Every record a group stores is byte for byte what ``encode_record`` makes of that batch
+    alone, whichever form it takes (too short to deflate: raw; deflated at either level)."""
+
+    rng = random.Random(23)
+    texts = [
+        "turn " * 40,  # deflated at the small values' level
+        "a long message, " * 400,  # BIG or more: zlib's default level
+        "".join(chr(rng.randrange(0x20, 0xD7FF)) for _ in range(600)),  # deflated a little
+    ]
+    storage = await LmdbStorage.open(tmp_path / "store", durability=durability)
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+    batches = [
+        [{"type": "conversation", "value": {"id": 100 + n}}]  # too short to deflate: kept raw
+        if n % 4 == 3
+        else [_entry(100 + n, text=texts[n % 4])]
+        for n in range(48)
+    ]
+    at = [1_760_000_000_000 + n for n in range(len(batches))]
+    before = storage._env.env.info()["last_txnid"]
+    seqs = await asyncio.gather(*(storage.commit(batch, CTX, committed_at=when) for batch, when in zip(batches, at)))
+    assert storage._env.env.info()["last_txnid"] - before < len(batches)  # groups, not one transaction each
+    formats = set()
+    with storage._env.read() as txn:
+        for seq, batch, when in zip(seqs, batches, at):
+            stored = storage.log.record(txn, seq)
+            assert stored == encode_record(encode_batch(batch).payload, when), f"record {seq}"
+            formats.add(msgspec.msgpack.decode(stored)[0])
+    assert formats == {1, 2}
+    await storage.close()
+    assert verify(tmp_path / "store") is None
 
 
 async def test_concurrent_power_commits_sync_off_the_loop(tmp_path: Path) -> None:
