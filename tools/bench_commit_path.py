@@ -11,7 +11,8 @@ Runs ``commit_turn`` (or ``commit_doc_delta``) of ``tools/bench.py`` against ``L
    transaction: gets, puts with their flags, replaces, pops, cursor moves), replayed with raw
    py-lmdb on a fresh environment opened as ``process`` mode opens it (no sync), one write
    transaction per commit, same sub-databases, keys and values: what the store would cost if
-   Python did nothing but LMDB's part.
+   Python did nothing but LMDB's part; and again with the projection databases merged into one
+   (what fewer sub-databases per turn would save).
 
     python tools/bench_commit_path.py                       # commit_turn, 5 rounds
     python tools/bench_commit_path.py --workload commit_doc_delta --rounds 3
@@ -201,13 +202,17 @@ def _recording(commits: list[list[tuple[Any, ...]]], names: _Names) -> Iterator[
         environment.Environment.write = original  # type: ignore[method-assign]
 
 
-def replay_floor(commits: list[list[tuple[Any, ...]]], databases: int, path: str) -> float:
-    """Seconds per commit for raw py-lmdb doing exactly the recorded operations."""
+def replay_floor(commits: list[list[tuple[Any, ...]]], databases: int, path: str, merged: bool = False) -> float:
+    """Seconds per commit for raw py-lmdb doing exactly the recorded operations. ``merged``: every
+    database but the log (the one appended to) is one database, each key prefixed with a byte
+    naming its former database: what fewer sub-databases per turn would save."""
 
-    env = lmdb.open(path, map_size=1 << 30, max_dbs=max(databases, 1) + 2, sync=False, metasync=True)
+    log = next((index for ops in commits for op, index, _, kwargs in ops if op == "put" and kwargs.get("append")), None)
+    env = lmdb.open(path, map_size=1 << 30, max_dbs=max(databases, 1) + 3, sync=False, metasync=True)
     try:
         dbs = {index: env.open_db(f"d{index}".encode()) for index in range(databases)}
         dbs[-1] = None
+        one = env.open_db(b"merged")
         gc.collect()
         started = time.perf_counter()
         for ops in commits:
@@ -215,6 +220,11 @@ def replay_floor(commits: list[list[tuple[Any, ...]]], databases: int, path: str
                 cursors: dict[int, Any] = {}
                 for op, index, args, kwargs in ops:
                     db = dbs[index]
+                    if merged and index not in (-1, log):
+                        db = one
+                        if args and isinstance(args[0], bytes):
+                            args = (bytes([index]) + args[0], *args[1:])
+                        kwargs = {key: value for key, value in kwargs.items() if key != "append"}
                     if op == "cursor":
                         cursors[index] = txn.cursor(db=db)
                     elif op.startswith("cursor."):
@@ -278,6 +288,7 @@ async def main() -> None:
     plain_cpu: list[float] = []
     wrapped: list[float] = []
     floor: list[float] = []
+    merged_floor: list[float] = []
     parts: dict[str, list[float]] = defaultdict(list)
     calls: dict[str, float] = {}
     ops_per_commit = databases = 0.0
@@ -294,6 +305,9 @@ async def main() -> None:
             _, count, (commits, databases) = await one_round(args.workload, base, "record")
             floor_dir = tempfile.mkdtemp(prefix="floor-", dir=base)
             floor.append(replay_floor(commits, databases, floor_dir))
+            shutil.rmtree(floor_dir, ignore_errors=True)
+            floor_dir = tempfile.mkdtemp(prefix="floor-merged-", dir=base)
+            merged_floor.append(replay_floor(commits, databases, floor_dir, merged=True))
             shutil.rmtree(floor_dir, ignore_errors=True)
             ops_per_commit = sum(len(ops) for ops in commits) / len(commits)
     finally:
@@ -317,6 +331,10 @@ async def main() -> None:
     print(
         f"| py-lmdb floor: the same {ops_per_commit:.1f} operations in {databases} databases, "
         f"one no-sync write txn per commit | {_us(median(floor))} | |"
+    )
+    print(
+        f"| py-lmdb floor, the projection databases merged into one (keys prefixed, the log apart) "
+        f"| {_us(median(merged_floor))} | |"
     )
 
 

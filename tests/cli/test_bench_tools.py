@@ -41,3 +41,11 @@ def test_bench_device_reports_both_backends() -> None:
     out = _run("tools/bench_device.py", "--commits", "20", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("| lmdb |") or line.startswith("| sqlite |")]
     assert len(rows) == 2 and all("KiB" in row for row in rows), out
+
+
+def test_bench_commit_path_reports_the_parts_and_both_floors() -> None:
+    out = _run("tools/bench_commit_path.py", "--rounds", "1")
+    assert "| **plain total (no wrappers)** |" in out, out
+    floors = [line for line in out.splitlines() if line.startswith("| py-lmdb floor")]
+    assert len(floors) == 2 and "merged into one" in floors[1], out
+    assert all(float(line.split("|")[2]) > 0 for line in floors), floors
