@@ -49,3 +49,12 @@ def test_bench_commit_path_reports_the_parts_and_both_floors() -> None:
     floors = [line for line in out.splitlines() if line.startswith("| py-lmdb floor")]
     assert len(floors) == 2 and "merged into one" in floors[1], out
     assert all(float(line.split("|")[2]) > 0 for line in floors), floors
+
+
+def test_profile_concurrent_splits_the_cpu_per_thread() -> None:
+    out = _run("tools/profile_concurrent.py", "--agents", "8", "--turns", "200", "--mode", "power")
+    split = next(line for line in out.splitlines() if line.startswith("CPU µs per commit:"))
+    total, parts = split.split("=")
+    values = [float(part.split()[-1]) for part in parts.split("+")]
+    assert abs(float(total.split()[-1]) - sum(values)) < 0.5 and values[0] > 0 and values[1] > 0, out
+    assert "groups:" in out and "batches each" in out, out
