@@ -58,3 +58,12 @@ def test_profile_concurrent_splits_the_cpu_per_thread() -> None:
     values = [float(part.split()[-1]) for part in parts.split("+")]
     assert abs(float(total.split()[-1]) - sum(values)) < 0.5 and values[0] > 0 and values[1] > 0, out
     assert "groups:" in out and "batches each" in out, out
+
+
+def test_bench_checkpoints_reports_each_interval_and_the_process_reference(tmp_path: Path) -> None:
+    out = _run("tools/bench_checkpoints.py", "--commits", "40", "--rounds", "1", "--dir", str(tmp_path))
+    rows = [line for line in out.splitlines() if line.startswith("| every") or line.startswith("| none") or line.startswith("| `process`")]
+    assert len(rows) == 5, out
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[1].endswith("µs") and float(cells[4]) >= 0 and float(cells[5]) >= 0, row
