@@ -9,7 +9,9 @@ checkpoints left undone is paid there). Per interval, medians over rounds of:
 * the time per commit including the close: what a long run pays, checkpoints and all;
 * the block device's bytes written per commit, between two ``sync()`` calls around commits and
   close (``/proc/diskstats``, as ``tools/bench_device.py``: other work on the disk counts too);
-* the pages of ``data.mdb`` per commit (its size after the close over the commits).
+* the pages of ``data.mdb`` per commit (its size after the close over the commits);
+* the process's CPU per commit (``getrusage``: every thread, the checkpoints' included), user and
+  system.
 
 What it shows: between two checkpoints a read transaction pins the last one, so LMDB reuses no
 page freed after it and every commit's copy-on-write pages are new pages, all written out by the
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -50,8 +53,9 @@ INTERVALS: dict[str, dict[str, Any]] = {
 }
 
 
-async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[float, float, float, float, float]:
-    """``(median, p99, per commit with the close, device bytes per commit, pages per commit)``."""
+async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[float, ...]:
+    """``(median, p99, per commit with the close, device bytes, pages, user CPU, system CPU)``,
+    each per commit."""
 
     path = os.path.join(tempfile.mkdtemp(prefix="bench-checkpoints-", dir=directory), "store")
     try:
@@ -74,6 +78,7 @@ async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[fl
         os.sync()
         written, _ = device_counters(path)
         times = []
+        cpu = resource.getrusage(resource.RUSAGE_SELF)
         for writes in batches:
             started = time.perf_counter()
             await storage.commit(writes, CTX)
@@ -81,6 +86,7 @@ async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[fl
         started = time.perf_counter()
         await storage.close()
         closing = time.perf_counter() - started
+        cpu_after = resource.getrusage(resource.RUSAGE_SELF)  # every thread's: the checkpoints' too
         os.sync()
         written = device_counters(path)[0] - written
         pages = os.path.getsize(os.path.join(path, "data.mdb")) // 4096 - before_pages
@@ -93,6 +99,8 @@ async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[fl
         (sum(times) + closing) / commits,
         written / commits,
         pages / commits,
+        (cpu_after.ru_utime - cpu.ru_utime) / commits,
+        (cpu_after.ru_stime - cpu.ru_stime) / commits,
     )
 
 
@@ -110,11 +118,17 @@ async def main() -> None:
             results[name].append(await one(INTERVALS[name], args.commits, args.dir or tempfile.gettempdir()))
             print(f"round {round} {name}: done", file=sys.stderr, flush=True)
     print(f"`commit_turn`, `power`, {args.commits} commits per store, medians of {args.rounds} rounds\n")
-    print("| checkpoint | commit median | commit p99 | per commit, close included | device KiB per commit | data.mdb pages per commit |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| checkpoint | commit median | commit p99 | per commit, close included | device KiB per commit "
+        "| data.mdb pages per commit | CPU per commit: user + system |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, rows in results.items():
-        median, p99, whole, written, pages = (statistics.median(row[i] for row in rows) for i in range(5))
-        print(f"| {name} | {median * 1e6:.0f} µs | {p99 * 1e6:.0f} µs | {whole * 1e6:.0f} µs | {written / 1024:.1f} | {pages:.2f} |")
+        median, p99, whole, written, pages, user, system = (statistics.median(row[i] for row in rows) for i in range(7))
+        print(
+            f"| {name} | {median * 1e6:.0f} µs | {p99 * 1e6:.0f} µs | {whole * 1e6:.0f} µs | {written / 1024:.1f} "
+            f"| {pages:.2f} | {user * 1e6:.0f} + {system * 1e6:.0f} µs |"
+        )
 
 
 if __name__ == "__main__":
