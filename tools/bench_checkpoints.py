@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
 from bench_device import device_counters  # noqa: E402
-from bench_workloads import ROOT, Ids, conversation, entry, task  # noqa: E402
+from bench_workloads import ROOT, Ids, conversation, task, turn_batches  # noqa: E402
 
 from pi_durable_lmdb import LmdbStorage  # noqa: E402
 from pi_durable_lmdb.log.journal import JournalOptions  # noqa: E402
@@ -67,13 +67,7 @@ async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[fl
         task_id = ids()
         await storage.commit([conversation(ROOT)], CTX)
         await storage.commit([{"type": "task", "value": task(task_id, ROOT, 0, "pending")}], CTX)
-        batches = [
-            [
-                {"type": "entry", "value": entry(ids(), ROOT, n, task_id)},
-                {"type": "task", "value": task(task_id, ROOT, n, "running" if n % 3 else "sleeping")},
-            ]
-            for n in range(1, commits + 1)
-        ]
+        batches = turn_batches(ids, task_id, commits)
         before_pages = os.path.getsize(os.path.join(path, "data.mdb")) // 4096
         os.sync()
         written, _ = device_counters(path)

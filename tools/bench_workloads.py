@@ -169,17 +169,21 @@ async def populate_turns(store: Any, scale: float) -> TurnState:
     return TurnState(ids, task_id, count, 2)
 
 
+def turn_batches(ids: Ids, task_id: int, count: int) -> list[list[dict[str, Any]]]:
+    """``count`` turn commits of one task: an entry and the task record, its status moving."""
+
+    return [
+        [
+            {"type": "entry", "value": entry(ids(), ROOT, n, task_id)},
+            {"type": "task", "value": task(task_id, ROOT, n, "running" if n % 3 else "sleeping")},
+        ]
+        for n in range(1, count + 1)
+    ]
+
+
 async def measure_turns(store: Any, state: TurnState, round: int) -> Timings:
-    storage, ids, task_id = store.storage, state.ids, state.task_id
-    batches = []
-    for n in range(1, state.count + 1):
-        status = "running" if n % 3 else "sleeping"
-        batches.append(
-            [
-                {"type": "entry", "value": entry(ids(), ROOT, n, task_id)},
-                {"type": "task", "value": task(task_id, ROOT, n, status)},
-            ]
-        )
+    storage = store.storage
+    batches = turn_batches(state.ids, state.task_id, state.count)
     started = time.perf_counter()
     for writes in batches:
         await storage.commit(writes, CTX)

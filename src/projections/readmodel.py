@@ -172,12 +172,9 @@ class ReadModel:
         return None if raw is None else codec.decode(raw)
 
     def record_type(self, txn: lmdb.Transaction[bytes], id: int) -> str | None:
-        key = id if type(id) is int and 0 <= id <= t.MAX_ID else as_key_id(id)  # every commit asks
-        if key is None:
-            return None
-        packed = t.u64(key)
-        raw = txn.get(packed, db=self.db[t.RECORD_IDS])
-        return None if raw is None else t.RECORD_TYPE_NAMES[self.unseal(raw, t.RECORD_IDS, packed)[:1]]
+        key = as_key_id(id)
+        raw = None if key is None else self.value(txn, t.RECORD_IDS, t.u64(key))
+        return None if raw is None else t.RECORD_TYPE_NAMES[raw[:1]]
 
     def max_record_id(self, txn: lmdb.Transaction[bytes]) -> int:
         cursor = txn.cursor(db=self.db[t.RECORD_IDS])
