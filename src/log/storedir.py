@@ -129,16 +129,12 @@ def mark_power(path: str, epoch: int) -> None:
 
 
 def _write_marker(path: str, name: str, content: bytes) -> None:
-    """A marker written in place and made durable, with its directory entry."""
+    """A marker made durable, with its directory entry, and replaced whole: written in place, a
+    writer killed between the truncation and the write left an empty marker, which the next
+    open read as another boot's and refused the store as damaged by an OS crash that never
+    happened (found by the crash harness, a kill during an open)."""
 
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(os.path.join(path, name), flags, 0o600)
-    try:
-        os.write(fd, content)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    sync_directory(path)
+    replace_file(os.path.join(path, name), content, durable=True)
 
 
 def replace_file(file: str, content: bytes, durable: bool) -> None:
@@ -148,7 +144,8 @@ def replace_file(file: str, content: bytes, durable: bool) -> None:
 
     staged = f"{file}.{os.getpid()}.tmp"
     try:
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(staged, flags, 0o600)
         try:
             os.write(fd, content)
             if durable:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import logging
 import subprocess
 import sys
@@ -744,3 +745,41 @@ def test_a_file_whose_missing_last_pages_are_all_free_opens(tmp_path: Path) -> N
         handle.truncate(4 * 4096)  # the keep database's pages and the free list's go too
     with pytest.raises(TruncatedStoreError, match="truncated"):
         check_not_truncated(str(path))
+
+
+class _KilledWriting(Exception):
+    """Stands for the writer's death at the moment its marker's bytes were about to go out."""
+
+
+@pytest.mark.parametrize("marker", ["process", "power"])
+def test_a_writer_dying_while_it_rewrites_its_marker_leaves_the_old_one_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marker: str
+) -> None:
+    """An open rewrites the ``*.unsynced`` marker of a writer killed earlier on this boot. Written
+    in place, a death between the truncation and the write left it empty, and the next open
+    refused the store as damaged by an OS crash (``StoreDamagedError``) though the machine never
+    stopped; the crash harness met it (a kill during an open). The marker is replaced whole."""
+
+    from pi_durable_lmdb.log import storedir
+
+    path = str(tmp_path)
+    if marker == "process":
+        storedir.mark_unsynced(path)
+    else:
+        storedir.mark_power(path, 0x1234)
+
+    def dies(fd: int, data: bytes) -> int:
+        raise _KilledWriting
+
+    monkeypatch.setattr(storedir.os, "write", dies)
+    with pytest.raises(_KilledWriting):
+        if marker == "process":
+            storedir.mark_unsynced(path)
+        else:
+            storedir.mark_power(path, 0x5678)
+    monkeypatch.undo()
+    if marker == "process":
+        storedir.refuse_after_crash(path)  # same boot: not refused
+    else:
+        assert storedir.read_power_marker(path) == (storedir.boot_id() or b"unknown", 0x1234)
+    assert sorted(os.listdir(path)) == [f"{marker}.unsynced"]  # no staged copy left behind
