@@ -140,7 +140,7 @@ class Workload:
     fresh: bool
     populate: Callable[[Any, float], Awaitable[Any]]
     measure: Callable[[Any, Any, int], Awaitable[Timings]]
-    backends: tuple[str, ...] = ("lmdb", "sqlite", "memory", "jsonl")
+    backends: tuple[str, ...] = ("lmdb", "sqlite", "memory", "jsonl", "floor")
     commits: Callable[[Any], int] = field(default=lambda state: 0)
     """How many commits the store holds after a pass, for the bytes-per-commit column."""
 
