@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 from bench import Store  # noqa: E402
 from bench_workloads import WORKLOADS  # noqa: E402
 
-from pi_durable_lmdb.log import codec, deflate as deflate_module, environment, records, writelog  # noqa: E402
+from pi_durable_lmdb.log import codec, environment, writelog, zstd  # noqa: E402
 from pi_durable_lmdb.projections import projector, rows, tables  # noqa: E402
 from pi_durable_lmdb.storage import committer, lmdb_storage  # noqa: E402
 
@@ -105,7 +105,7 @@ PARTS: tuple[tuple[str, Any, str, bool], ...] = (
     ("projector.prepare (checks)", projector.Projector, "prepare", False),
     ("log.append (cursor.last, put, stage)", writelog.WriteLog, "append", False),
     ("encode_record (header, crc)", writelog, "encode_record", False),
-    ("deflate: log record", records, "deflate", False),
+    ("zstd: log record", zstd, "compress", False),
     ("deflate: projection rows", tables, "deflate", False),
     ("projector.apply + _put_* (fold)", projector.Projector, "apply", False),
     ("rows: put/replace/claim/delete (puts, seal)", rows.Rows, "replace", False),

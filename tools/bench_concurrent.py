@@ -12,8 +12,8 @@ Classes, compared only within a class: ``power`` = LMDB ``power`` | SQLite WAL `
 
 With both classes, a last line gives the power class's ceiling: ``process`` mode, which flushes
 nothing, against SQLite FULL. ``--raw-records`` adds a row per class for the same store with every
-log record stored as it is, not deflated (``log.deflate``'s threshold raised for that run only;
-the record format allows it): what the log's deflate costs a busy store, in the same rounds.
+log record stored as it is, not compressed (``log.zstd``'s threshold raised for that run only;
+the record format allows it): what compressing the log costs a busy store, in the same rounds.
 
 Usage::
 
@@ -43,10 +43,10 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 from bench import LABELS, Store  # noqa: E402
 from bench_workloads import Ids, conversation, entry, task  # noqa: E402
 
-from pi_durable_lmdb.log import deflate  # noqa: E402
+from pi_durable_lmdb.log import zstd  # noqa: E402
 
 RAW = "lmdb-raw"
-"""The ``--raw-records`` backend: ``lmdb`` with no log record deflated."""
+"""The ``--raw-records`` backend: ``lmdb`` with no log record compressed."""
 
 TICK = 0.001
 """The ticker's sleep: a wake later than this is a stall of the loop."""
@@ -128,9 +128,9 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
         return {"rate": rest[0], "cpu": rest[1], "p99": _percentile(rest[2:], 0.99), "max": max(rest[2:], default=0.0)}
     path = tempfile.mkdtemp(dir=base)
     store = Store("lmdb" if backend == RAW else backend, mode, path)
-    threshold = deflate.MIN_SIZE
+    threshold = zstd.MIN_SIZE
     if backend == RAW:
-        deflate.MIN_SIZE = 1 << 62  # every value is shorter: stored as it is
+        zstd.MIN_SIZE = 1 << 62  # every record is shorter: stored as it is
     try:
         await store.open()
         try:
@@ -140,7 +140,7 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
             await store.close()
             shutil.rmtree(path, ignore_errors=True)
     finally:
-        deflate.MIN_SIZE = threshold
+        zstd.MIN_SIZE = threshold
     rate, cpu, stalls = rest[0], rest[1], rest[2:]
     return {"rate": rate, "cpu": cpu, "p99": _percentile(stalls, 0.99), "max": max(stalls, default=0.0)}
 
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--turns", type=int, default=4000, help="commits per run in the process class")
     parser.add_argument("--power-turns", type=int, default=1500, help="commits per run in the power class")
-    parser.add_argument("--raw-records", action="store_true", help="also the store with its log records not deflated")
+    parser.add_argument("--raw-records", action="store_true", help="also the store with its log records not compressed")
     args = parser.parse_args(argv)
     args.agents = args.agents or [1, 8, 64]
     args.modes = [mode for mode in args.modes.split(",") if mode]

@@ -94,7 +94,7 @@ def test_corruption_edited_into_data_mdb(tmp_path: Path) -> None:
     env.close()
 
     data = bytearray((path / "data.mdb").read_bytes())
-    needle = stored[-16:]  # the end of the stored (possibly deflated) payload
+    needle = stored[-16:]  # the end of the stored (possibly compressed) payload
     hits = 0
     start = data.find(needle)
     while start != -1:

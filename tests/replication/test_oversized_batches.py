@@ -42,8 +42,8 @@ def small(tmp_path: Path) -> Iterator[NatsNode]:
 
 
 def entry(id: int, size: int) -> list[dict[str, object]]:
-    """An entry of about ``size`` bytes that deflate cannot shrink much (the log stores batches
-    deflated since format 2: a run of one letter would fit any stream)."""
+    """An entry of about ``size`` bytes that compression cannot shrink much (the log stores batches
+    compressed since format 2: a run of one letter would fit any stream)."""
 
     text = base64.b85encode(os.urandom(size))[:size].decode()
     return [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": text}}]
@@ -75,7 +75,7 @@ async def test_a_shipper_that_meets_a_record_it_can_never_publish_stops_and_says
     path = tmp_path / "store"
     local = await LmdbStorage.open(path, durability="process")  # written before it had a stream
     await local.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
-    await local.commit(entry(2, 2 * LIMIT), CTX)  # too big for the stream even deflated
+    await local.commit(entry(2, 2 * LIMIT), CTX)  # too big for the stream even compressed
     await local.close()
     caplog.set_level(logging.ERROR, logger="pi_durable_lmdb")
     storage = await LmdbStorage.open(path, durability="process", nats=small.url, stream="SMALL")

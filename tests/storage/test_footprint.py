@@ -386,11 +386,12 @@ def test_a_compact_killed_at_random_moments_leaves_a_good_store(
     assert export_text(path, capsys) == exported
 
 
-# ── log records: format 1 and 2 ───────────────────────────────────────────────
+# ── log records: formats 1, 2 and 3 ──────────────────────────────────────────
 
 
 import msgspec  # noqa: E402
 import zlib  # noqa: E402
+import zstandard  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -403,7 +404,7 @@ from bench_workloads import document_create, document_delta  # noqa: E402
 
 
 def test_the_preset_dictionary_never_changes() -> None:
-    """Format-2 records inflate with exactly these bytes: a change would make them unreadable."""
+    """Records of formats 2 and 3 decompress with exactly these bytes: a change would make them unreadable."""
 
     assert hashlib.sha256(PRESET).hexdigest() == "93d63131aebf9e3d4fd1d8bbe7856d2b93db1dec773678a2cec0ad8c2effd08c"
 
@@ -427,19 +428,19 @@ def test_every_batch_reads_back_exactly_and_raw_records_stay_format_1(seed: int,
         if fields[0] == 1:  # kept as it was: byte for byte what the earlier format wrote
             assert stored == msgspec.msgpack.encode([1, at, crc(at, payload), payload])
         else:
-            assert fields[0] == 2 and fields[4] == len(payload) and len(stored) < len(payload) + 16
+            assert fields[0] == 3 and fields[4] == len(payload) and len(stored) < len(payload) + 16
         commit = decode_record(7, stored)
         reference = decode_record(7, msgspec.msgpack.encode([1, at, crc(at, payload), payload]))
         assert commit == reference and commit.committed_at == at
         assert codec.encode([write_to_builtins(write) for write in commit.writes]) == payload
 
 
-def test_a_turn_record_is_deflated_to_fit_six_to_a_page() -> None:
+def test_a_turn_record_is_compressed_to_fit_six_to_a_page() -> None:
     payload = codec.encode(
         [{"type": "entry", "value": entry(1234, ROOT, 57, 2)}, {"type": "task", "value": task(2, ROOT, 57, "running")}]
     )
     stored = encode_record(payload, 1_760_000_000_000)
-    assert msgspec.msgpack.decode(stored)[0] == 2
+    assert msgspec.msgpack.decode(stored)[0] == 3
     assert len(stored) + 18 <= (4096 - 16) // 6  # key, node header, pointer: six records a page
     delta = encode_record(codec.encode([document_delta(2)]), 1_760_000_000_000)
     assert len(delta) <= 64
@@ -451,16 +452,38 @@ def deflated_record(payload: bytes, size: int | None = None, at: int = 5) -> byt
     return msgspec.msgpack.encode([2, at, crc(at, deflated), deflated, len(payload) if size is None else size])
 
 
+def zstd_record(payload: bytes, size: int | None = None, at: int = 5, tail: bytes = b"") -> bytes:
+    dictionary = zstandard.ZstdCompressionDict(PRESET, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    frame = zstandard.ZstdCompressor(level=3, dict_data=dictionary, write_content_size=True).compress(payload) + tail
+    return msgspec.msgpack.encode([3, at, crc(at, frame), frame, len(payload) if size is None else size])
+
+
+def test_records_of_format_2_and_3_made_elsewhere_read() -> None:
+    """Any deflate or zstd writer's records read (other levels, a dictionary id, a checksum in
+    the frame): the format fixes the dictionary, not the compressor's settings."""
+
+    payload = codec.encode([{"type": "entry", "value": entry(77, ROOT, 3, 2)}])
+    expected = decode_record(1, msgspec.msgpack.encode([1, 5, crc(5, payload), payload]))
+    assert decode_record(1, deflated_record(payload)) == expected
+    assert decode_record(1, zstd_record(payload)) == expected
+
+
 @pytest.mark.parametrize(
     "stored, reason",
     [
+        (zstd_record(b"\x91\xa1x" * 40, size=119), "a zstd frame of 120 bytes, not 119"),
+        (zstd_record(b"\x91\xa1x" * 40, size=121), "a zstd frame of 120 bytes, not 121"),
+        (zstd_record(b"\x91\xa1x" * 40, size=0), "size 0"),
+        (zstd_record(b"\x91\xa1x" * 40, tail=b"\x00"), "unused data"),
+        (zstd_record(b"\x91\xa1x" * 400_000, size=100), "not 100"),  # never decompresses past the size
+        (msgspec.msgpack.encode([3, 5, crc(5, b"not zstd"), b"not zstd", 50]), "not a zstd frame"),
         (deflated_record(b"\x91\xa1x" * 40, size=119), "deflate"),
         (deflated_record(b"\x91\xa1x" * 40, size=121), "deflate"),
         (deflated_record(b"\x91\xa1x" * 40, size=0), "size 0"),
         (deflated_record(b"\x91\xa1x" * 400_000, size=100), "deflate"),  # never inflates past the size
         (msgspec.msgpack.encode([2, 5, crc(5, b"not deflate"), b"not deflate", 50]), "deflate"),
         (msgspec.msgpack.encode([1, 5, crc(5, b"\x90"), b"\x90", 1]), "format 1 with size"),
-        (msgspec.msgpack.encode([3, 5, crc(5, b"\x90"), b"\x90"]), "unsupported record format 3"),
+        (msgspec.msgpack.encode([4, 5, crc(5, b"\x90"), b"\x90"]), "unsupported record format 4"),
     ],
 )
 def test_a_record_that_lies_about_its_deflated_writes_is_corrupt(stored: bytes, reason: str) -> None:

@@ -35,7 +35,7 @@ from pi_durable_lmdb.log import Environment, WriteLog, WriterLockedError, encode
 def batch(n: int, size: int = 0) -> list[dict]:
     """A deterministic agent-turn batch: an entry (with ``size`` bytes of text) and a task."""
 
-    # random text, so records stay about ``size`` bytes once deflated (the log deflates them)
+    # random text, so records stay about ``size`` bytes once compressed (the log compresses them)
     filler = base64.b64encode(random.Random(n).randbytes(size)).decode()[:size]
     return [
         {

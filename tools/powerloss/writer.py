@@ -8,7 +8,7 @@ It creates STORE with a 64 KiB map (so the map grows several times under it) and
 and commits mixed batches (conversations, entries, task replacements, documents created, changed
 and retired, forks copying documents), every id from ``mint_id()`` (with small id blocks, so the
 reservation is written often; in ``power`` durability entries carry up to 1.5 KB of random
-letters, which do not deflate away, so journal segments fill between checkpoints). Halfway it rebuilds the projections (``storage.rebuild()``, folded
+letters, which do not compress away, so journal segments fill between checkpoints). Halfway it rebuilds the projections (``storage.rebuild()``, folded
 in small chunks, so the swap happens after several transactions), and it closes and reopens the
 store every few batches. Each step is announced by one write to MARKS, a file outside the store that the
 recorder logs in order with the store's writes:
@@ -113,7 +113,7 @@ class Workload:
         return writes
 
     def pad(self, size: int) -> str:
-        """``size`` characters: random letters with ``noise`` (the log stores records deflated: a
+        """``size`` characters: random letters with ``noise`` (the log stores records compressed: a
         power writer's journal must still fill its segments), else one letter repeated."""
 
         if self.noise:

@@ -1,0 +1,92 @@
+"""``log.zstd``: what a writer compresses decompresses back with the format's ``decompress``, under
+the same thresholds as deflate; a frame that says another size, or carries anything after it, is
+refused before or instead of being decompressed; each thread has its own contexts."""
+
+from __future__ import annotations
+
+import threading
+
+import msgspec
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pi_durable_lmdb.log.deflate import MIN_SAVING, MIN_SIZE, PRESET
+from pi_durable_lmdb.log.zstd import compress, decompress
+
+_BATCHES = st.builds(
+    lambda id, text, status: msgspec.msgpack.encode(
+        [
+            {"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": text}},
+            {"type": "task", "value": {"id": id + 1, "conversationId": 1, "state": {"status": status}}},
+        ]
+    ),
+    st.integers(1, 2**53),
+    st.text(max_size=4096),
+    st.sampled_from(["running", "waiting", "sleeping"]),
+)
+_VALUES = st.one_of(
+    _BATCHES,
+    st.binary(max_size=8192),
+    st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=64), st.integers(1, 2000)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_VALUES)
+def test_a_compressed_value_decompresses_back_and_saves_bytes(data: bytes) -> None:
+    out = compress(data)
+    if out is None:  # too short to try, or compressing would not save MIN_SAVING bytes
+        dictionary = zstandard.ZstdCompressionDict(PRESET, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        frame = zstandard.ZstdCompressor(
+            level=1, dict_data=dictionary, write_checksum=False, write_content_size=True, write_dict_id=False
+        ).compress(data)
+        assert len(data) < MIN_SIZE or len(frame) + MIN_SAVING > len(data)
+        return
+    assert len(data) >= MIN_SIZE and len(out) + MIN_SAVING <= len(data)
+    assert decompress(out, len(data)) == data
+    assert compress(data) == out  # nothing carries over from one value to the next
+
+
+def test_the_dictionary_does_the_work_on_a_contract_batch() -> None:
+    batch = msgspec.msgpack.encode([{"type": "entry", "value": {"id": 12, "conversationId": 1, "kind": "message"}}])
+    plain = zstandard.ZstdCompressor(level=1, write_checksum=False, write_content_size=True).compress(batch)
+    out = compress(batch)
+    assert out is not None and len(out) < len(plain) - 16, (len(out), len(plain))
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_a_size_that_is_not_positive_is_refused(size: int) -> None:
+    with pytest.raises(ValueError, match="bytes"):
+        decompress(b"", size)
+
+
+def test_a_frame_without_its_content_size_is_refused_unread() -> None:
+    dictionary = zstandard.ZstdCompressionDict(PRESET, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    frame = zstandard.ZstdCompressor(dict_data=dictionary, write_content_size=False).compress(b"x" * 500)
+    with pytest.raises(ValueError, match="zstd frame of -1 bytes, not 500"):
+        decompress(frame, 500)
+
+
+def test_threads_compressing_at_once_each_get_their_own_value() -> None:
+    values = [(b"%d " % n) * (30 + 300 * (n % 20)) for n in range(40)]
+    expected = [compress(value) for value in values]
+    results: dict[int, list[bytes | None]] = {}
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            got = [compress(value) for value in values for _ in range(5)][::5]
+            for value, out in zip(values, got):
+                assert out is not None and decompress(out, len(value)) == value
+            results[index] = got
+        except BaseException as error:  # reported below: a thread's failure must fail the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and all(results[index] == expected for index in range(4))
