@@ -178,11 +178,25 @@ def snapshots_of(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return asyncio.run(run())
 
 
-def test_a_store_of_the_old_format_opens_reads_verifies_exports_and_rebuilds(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def log_formats(path: Path) -> set[int]:
+    """The record formats a store's log holds (read with py-lmdb, not the engine)."""
+
+    env = lmdb.open(str(path), max_dbs=64, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            log = env.open_db(b"log", txn=txn, create=False)
+            return {msgspec.msgpack.decode(value)[0] for _, value in txn.cursor(db=log)}
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("written", sorted(old_store.ARCHIVES))
+def test_a_store_of_an_old_format_opens_reads_verifies_exports_and_rebuilds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], written: int
 ) -> None:
-    old_store.extract(tmp_path)
+    old_store.extract(tmp_path, old_store.ARCHIVES[written])
     path = tmp_path / "store"
+    assert max(log_formats(path)) == written  # the fixture holds what it is named for
     exported = (tmp_path / "export.jsonl").read_text()
     assert call(capsys, "verify", path)[0] == 0
     assert export_text(path, capsys) == exported
@@ -194,18 +208,25 @@ def test_a_store_of_the_old_format_opens_reads_verifies_exports_and_rebuilds(
     assert export_text(path, capsys) == exported
     assert snapshots_of(path)[0] == reference
 
-    async def one_more() -> None:  # a new record after the old ones: both read back
+    new = [
+        [{"type": "conversation", "value": {"id": 99_999}}],  # too short to compress: format 1
+        [{"type": "entry", "value": entry(100_000, 99_999, 1, 99_999)}],  # format 3
+    ]
+
+    async def more() -> None:  # new records after the old ones: all read back
         storage = await LmdbStorage.open(path, durability="process")
         try:
-            await storage.commit([{"type": "conversation", "value": {"id": 99_999}}], CTX)
+            for writes in new:
+                await storage.commit(writes, CTX)
         finally:
             await storage.close()
 
-    asyncio.run(one_more())
+    asyncio.run(more())
+    assert log_formats(path) == {1, written, 3}
     assert call(capsys, "verify", path)[0] == 0
     lines = export_text(path, capsys).splitlines(keepends=True)
-    assert "".join(lines[:-1]) == exported
-    assert json.loads(lines[-1])["writes"] == [{"type": "conversation", "value": {"id": 99_999}}]
+    assert "".join(lines[:-2]) == exported
+    assert [json.loads(line)["writes"] for line in lines[-2:]] == new
 
 
 # ── compact ───────────────────────────────────────────────────────────────────
