@@ -504,7 +504,8 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
               "The ceiling column, for commits: the same ratio for the backend that bounds any design of this engine "
               "here (`process`: pi-durable's MemoryStorage, no I/O at all; `power`: this engine's "
               "`process` commit path plus one device flush, `OneFlush` in `tools/bench.py`). A target "
-              "above its ceiling cannot be met by this engine on this machine.", "",
+              "above its ceiling cannot be met by this engine's commit design (its work, then its flush) "
+              "on this machine.", "",
               "| workload | class | target | measured (median [min–max]) | ceiling here | met |",
               "|---|---|---|---:|---:|---|"]
     for row, mode, target, vs_memory in TARGETS:

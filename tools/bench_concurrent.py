@@ -35,6 +35,9 @@ import tempfile
 import time
 from typing import Any
 
+import lmdb
+import msgspec
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -109,6 +112,18 @@ class NoStore:
         return 0
 
 
+def _log_formats(path: str) -> set[int]:
+    """The record formats a closed store's log holds (read with py-lmdb, not the engine)."""
+
+    env = lmdb.open(path, max_dbs=64, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            log = env.open_db(b"log", txn=txn, create=False)
+            return {msgspec.msgpack.decode(value)[0] for _, value in txn.cursor(db=log)}
+    finally:
+        env.close()
+
+
 def _label(backend: str, mode: str) -> str:
     if backend == RAW:
         return f"lmdb ({mode}, log records raw)"
@@ -133,11 +148,19 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
         zstd.MIN_SIZE = 1 << 62  # every record is shorter: stored as it is
     try:
         await store.open()
+        open_ = True
         try:
             gc.collect()
             elapsed, rest = await run_agents(store.storage, agents, turns)
-        finally:
+            open_ = False
             await store.close()
+            if backend in ("lmdb", RAW):  # the two rows stored what their labels say
+                formats = _log_formats(path)
+                if (backend == RAW) != (formats == {1}):
+                    raise SystemExit(f"bench_concurrent: the {_label(backend, mode)} store's log holds record formats {sorted(formats)}")
+        finally:
+            if open_:
+                await store.close()
             shutil.rmtree(path, ignore_errors=True)
     finally:
         zstd.MIN_SIZE = threshold

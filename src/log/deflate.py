@@ -125,9 +125,11 @@ def inflate(data: bytes | memoryview, size: int) -> bytes:
         raise ValueError(f"a deflated value of {size} bytes")
     decompressor = zlib.decompressobj(-15, PRESET)
     try:
-        out = decompressor.decompress(data, size)
+        out = decompressor.decompress(data, size)  # the output grows as it is made: no allocation of ``size``
     except zlib.error as error:
         raise ValueError(f"undeflatable ({error})") from None
+    except (OverflowError, MemoryError):
+        raise ValueError(f"a deflated value of {size} bytes, which this process cannot hold") from None
     if len(out) != size or not decompressor.eof or decompressor.unconsumed_tail or decompressor.unused_data:
         raise ValueError(f"does not deflate to {size} bytes")
     return out

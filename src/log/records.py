@@ -17,7 +17,7 @@ import msgspec
 from . import codec
 from ..errors import CorruptRecordError
 from . import zstd
-from .deflate import inflate
+from .deflate import deflate, inflate
 
 FORMAT_VERSION: Final = 3
 """The newest version of the log record layout; every record carries its own:
@@ -28,8 +28,9 @@ FORMAT_VERSION: Final = 3
 3. ``[3, committed_at, checksum, frame, size]``: the encoded writes as one zstd frame with the same
    preset dictionary (``log.zstd``: half deflate's CPU on the commit path, issue 23).
 
-A writer stores a batch as format 3 when compressing saves bytes, else as format 1, which every
-version reads; all three are read. The checksum covers the stored bytes, so damage is caught
+A writer stores a batch as format 3 when compressing saves bytes, as format 2 when its frame
+would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs of one value),
+else as format 1, which every version reads; all three are read. The checksum covers the stored bytes, so damage is caught
 before anything is decompressed."""
 RAW_FORMAT: Final = 1
 DEFLATED_FORMAT: Final = 2
@@ -218,11 +219,13 @@ def encode_record(payload: bytes, committed_at: int) -> bytes:
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"A log record's payload must be bytes, not {type(payload).__name__}")
     payload = bytes(payload)
-    compressed = zstd.compress(payload)
-    if compressed is None:
+    stored, record_format = zstd.compress(payload), ZSTD_FORMAT
+    if stored is not None and zstd.dense(stored, len(payload)):  # beyond what a reader accepts
+        stored, record_format = deflate(payload), DEFLATED_FORMAT
+    if stored is None:
         return _record_encoder.encode(RawRecord(RAW_FORMAT, committed_at, _checksum(committed_at, payload), payload))
     return _record_encoder.encode(
-        LogRecord(ZSTD_FORMAT, committed_at, _checksum(committed_at, compressed), compressed, len(payload))
+        LogRecord(record_format, committed_at, _checksum(committed_at, stored), stored, len(payload))
     )
 
 
@@ -255,7 +258,7 @@ def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]
 
 
 def _verified(seq: int, data: bytes | memoryview) -> tuple[LogRecord, bytes]:
-    """The record's header and its encoded writes (inflated), once its checksum holds."""
+    """The record's header and its encoded writes (decompressed), once its checksum holds."""
 
     try:
         record = _record_decoder.decode(data)
@@ -281,7 +284,7 @@ def _verified(seq: int, data: bytes | memoryview) -> tuple[LogRecord, bytes]:
     try:
         return record, inflate(record.payload, record.size)
     except ValueError as error:
-        raise CorruptRecordError(seq, f"deflated writes {error}") from None
+        raise CorruptRecordError(seq, f"deflated writes: {error}") from None
 
 
 def write_to_builtins(write: Write) -> dict[str, Any]:

@@ -14,6 +14,14 @@ bytes for more time than deflate took.
 The dictionary is format 2's ``PRESET``, byte for byte: never change it (a record of format 3 is
 decompressed with exactly these bytes). Format-2 records are still read (``log.deflate``).
 
+Bounded reads: zstd reserves a frame's declared size before it decompresses, and a frame can
+expand thousands of times (a run of one letter: over 30,000 to 1), so a record read from a stream
+or a damaged file could make a reader reserve gigabytes from a few bytes. A frame of format 3 may
+therefore expand at most ``MAX_EXPANSION`` times, which both sides keep: a writer stores a
+``dense`` value as format 2 instead (deflate cannot exceed about 1,032 to 1, and its reader grows
+its output as it goes), and ``decompress`` refuses a claim above the bound before reserving
+anything.
+
 A zstd context is not safe to share between threads: each thread keeps its own pair.
 """
 
@@ -28,6 +36,9 @@ from .deflate import MIN_SAVING, MIN_SIZE, PRESET
 
 LEVEL: Final = 1
 """zstd's level for log records (see the module docstring)."""
+MAX_EXPANSION: Final = 256
+"""How many times its size a frame of format 3 may hold (see the module docstring): a contract
+batch is rarely over 10 times; a 1 MiB frame can claim at most 256 MiB."""
 
 _DICTIONARY: Final = zstandard.ZstdCompressionDict(PRESET, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
 _DICTIONARY.precompute_compress(level=LEVEL)  # once, not per record
@@ -42,17 +53,25 @@ class _Contexts(threading.local):
 
 
 _contexts = _Contexts()
+_contexts.decompressor.decompress(_contexts.compressor.compress(PRESET))  # the dictionary's tables, built once here
 
 
 def compress(data: bytes) -> bytes | None:
     """``data`` as one zstd frame, or ``None`` when that would not save ``MIN_SAVING`` bytes
-    (values under ``MIN_SIZE`` are not tried: they are stored as they are)."""
+    (values under ``MIN_SIZE`` are not tried). A frame that is ``dense`` must not be stored as
+    format 3: ``decompress`` would refuse it."""
 
     size = len(data)
     if size < MIN_SIZE:
         return None
     out = _contexts.compressor.compress(data)
     return out if len(out) + MIN_SAVING <= size else None
+
+
+def dense(frame: bytes | memoryview, size: int) -> bool:
+    """A frame of ``size`` bytes once decompressed expands more than ``MAX_EXPANSION`` times."""
+
+    return size > MAX_EXPANSION * len(frame)
 
 
 def decompress(data: bytes | memoryview, size: int) -> bytes:
@@ -62,6 +81,8 @@ def decompress(data: bytes | memoryview, size: int) -> bytes:
 
     if size <= 0:
         raise ValueError(f"a compressed value of {size} bytes")
+    if dense(data, size):
+        raise ValueError(f"a frame of {len(data)} bytes that claims {size}: more than {MAX_EXPANSION} times its size")
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as error:
@@ -72,6 +93,8 @@ def decompress(data: bytes | memoryview, size: int) -> bytes:
         out = _contexts.decompressor.decompress(data, max_output_size=size, allow_extra_data=False)
     except zstandard.ZstdError as error:
         raise ValueError(f"undecompressable zstd ({error})") from None
+    except MemoryError:
+        raise ValueError(f"a frame of {size} bytes, which this process cannot hold") from None
     if len(out) != size:
         raise ValueError(f"a zstd frame that holds {len(out)} bytes, not {size}")
     return out

@@ -43,7 +43,7 @@ def small(tmp_path: Path) -> Iterator[NatsNode]:
 
 def entry(id: int, size: int) -> list[dict[str, object]]:
     """An entry of about ``size`` bytes that compression cannot shrink much (the log stores batches
-    compressed since format 2: a run of one letter would fit any stream)."""
+    compressed since format 2 (zstd frames since format 3): a run of one letter would fit any stream)."""
 
     text = base64.b85encode(os.urandom(size))[:size].decode()
     return [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": text}}]

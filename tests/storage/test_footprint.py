@@ -473,10 +473,28 @@ def deflated_record(payload: bytes, size: int | None = None, at: int = 5) -> byt
     return msgspec.msgpack.encode([2, at, crc(at, deflated), deflated, len(payload) if size is None else size])
 
 
-def zstd_record(payload: bytes, size: int | None = None, at: int = 5, tail: bytes = b"") -> bytes:
+def zstd_record(payload: bytes, size: int | None = None, at: int = 5, tail: bytes = b"", cut: int = 0) -> bytes:
     dictionary = zstandard.ZstdCompressionDict(PRESET, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-    frame = zstandard.ZstdCompressor(level=3, dict_data=dictionary, write_content_size=True).compress(payload) + tail
+    frame = zstandard.ZstdCompressor(level=3, dict_data=dictionary, write_content_size=True).compress(payload)
+    frame = frame[: len(frame) - cut] + tail
     return msgspec.msgpack.encode([3, at, crc(at, frame), frame, len(payload) if size is None else size])
+
+
+def forged_zstd_record(claim: int) -> bytes:
+    """A format-3 record whose frame header and size field agree on ``claim`` bytes, with a valid
+    checksum: a 13-byte frame (magic, a single-segment descriptor, the 8-byte content size)."""
+
+    frame = b"\x28\xb5\x2f\xfd\xe0" + claim.to_bytes(8, "little")
+    assert zstandard.frame_content_size(frame) == claim
+    return msgspec.msgpack.encode([3, 5, crc(5, frame), frame, claim])
+
+
+def test_a_batch_too_dense_for_a_zstd_frame_is_stored_deflated_and_reads_back() -> None:
+    payload = codec.encode([{"type": "entry", "value": {"id": 5, "conversationId": 1, "text": "a" * 500_000}}])
+    stored = encode_record(payload, 9)
+    fields = msgspec.msgpack.decode(stored)
+    assert fields[0] == 2 and len(stored) < len(payload) // 200
+    assert codec.encode([write_to_builtins(write) for write in decode_record(4, stored).writes]) == payload
 
 
 def test_records_of_format_2_and_3_made_elsewhere_read() -> None:
@@ -496,7 +514,13 @@ def test_records_of_format_2_and_3_made_elsewhere_read() -> None:
         (zstd_record(b"\x91\xa1x" * 40, size=121), "a zstd frame of 120 bytes, not 121"),
         (zstd_record(b"\x91\xa1x" * 40, size=0), "size 0"),
         (zstd_record(b"\x91\xa1x" * 40, tail=b"\x00"), "unused data"),
-        (zstd_record(b"\x91\xa1x" * 400_000, size=100), "not 100"),  # never decompresses past the size
+        (zstd_record(b"\x91\xa1x" * 400_000, size=100), "not 100"),  # the frame says otherwise: refused unread
+        (zstd_record(b"\x91\xa1x" * 40, cut=3), "did not decompress full frame"),  # the frame cut short
+        (zstd_record(b"\x91\xa1x" * 40, tail=zstandard.ZstdCompressor().compress(b"more")), "unused data"),
+        (zstd_record(b"x" * 2_000_000), "more than 256 times"),  # a writer stores such a batch as format 2
+        (forged_zstd_record(2**40), "claims"),
+        (forged_zstd_record(2**63), "claims"),
+        (deflated_record(b"\x91\xa1x" * 40, size=2**63), "cannot hold"),
         (msgspec.msgpack.encode([3, 5, crc(5, b"not zstd"), b"not zstd", 50]), "not a zstd frame"),
         (deflated_record(b"\x91\xa1x" * 40, size=119), "deflate"),
         (deflated_record(b"\x91\xa1x" * 40, size=121), "deflate"),
