@@ -112,8 +112,9 @@ class NoStore:
         return 0
 
 
-def _log_formats(path: str) -> set[int]:
-    """The record formats a closed store's log holds (read with py-lmdb, not the engine)."""
+def log_formats(path: str) -> set[int]:
+    """The record formats a closed store's log holds (read with py-lmdb, not the engine; the
+    old-store tests use it too)."""
 
     env = lmdb.open(path, max_dbs=64, readonly=True, lock=False)
     try:
@@ -155,7 +156,7 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
             open_ = False
             await store.close()
             if backend in ("lmdb", RAW):  # the two rows stored what their labels say
-                formats = _log_formats(path)
+                formats = log_formats(path)
                 if (backend == RAW) != (formats == {1}):
                     raise SystemExit(f"bench_concurrent: the {_label(backend, mode)} store's log holds record formats {sorted(formats)}")
         finally:

@@ -157,6 +157,7 @@ def reads_of(path: Path) -> dict[str, Any]:
 from pi_durable.storage import MemoryStorage  # noqa: E402
 
 from tests.fixtures import old_store  # noqa: E402
+from bench_concurrent import log_formats  # noqa: E402
 from tests.support.workload import snapshot  # noqa: E402
 
 
@@ -178,25 +179,13 @@ def snapshots_of(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return asyncio.run(run())
 
 
-def log_formats(path: Path) -> set[int]:
-    """The record formats a store's log holds (read with py-lmdb, not the engine)."""
-
-    env = lmdb.open(str(path), max_dbs=64, readonly=True, lock=False)
-    try:
-        with env.begin() as txn:
-            log = env.open_db(b"log", txn=txn, create=False)
-            return {msgspec.msgpack.decode(value)[0] for _, value in txn.cursor(db=log)}
-    finally:
-        env.close()
-
-
 @pytest.mark.parametrize("written", sorted(old_store.ARCHIVES))
 def test_a_store_of_an_old_format_opens_reads_verifies_exports_and_rebuilds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], written: int
 ) -> None:
     old_store.extract(tmp_path, old_store.ARCHIVES[written])
     path = tmp_path / "store"
-    assert max(log_formats(path)) == written  # the fixture holds what it is named for
+    assert max(log_formats(str(path))) == written  # the fixture holds what it is named for
     exported = (tmp_path / "export.jsonl").read_text()
     assert call(capsys, "verify", path)[0] == 0
     assert export_text(path, capsys) == exported
@@ -222,7 +211,7 @@ def test_a_store_of_an_old_format_opens_reads_verifies_exports_and_rebuilds(
             await storage.close()
 
     asyncio.run(more())
-    assert log_formats(path) == {1, written, 3}
+    assert log_formats(str(path)) == {1, written, 3}
     assert call(capsys, "verify", path)[0] == 0
     lines = export_text(path, capsys).splitlines(keepends=True)
     assert "".join(lines[:-2]) == exported
