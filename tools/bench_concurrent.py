@@ -149,22 +149,18 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
         zstd.MIN_SIZE = 1 << 62  # every record is shorter: stored as it is
     try:
         await store.open()
-        open_ = True
         try:
             gc.collect()
             elapsed, rest = await run_agents(store.storage, agents, turns)
-            open_ = False
-            await store.close()
-            if backend in ("lmdb", RAW):  # the two rows stored what their labels say
-                formats = log_formats(path)
-                if (backend == RAW) != (formats == {1}):
-                    raise SystemExit(f"bench_concurrent: the {_label(backend, mode)} store's log holds record formats {sorted(formats)}")
         finally:
-            if open_:
-                await store.close()
-            shutil.rmtree(path, ignore_errors=True)
+            await store.close()
+        if backend in ("lmdb", RAW):  # the two rows stored what their labels say
+            formats = log_formats(path)
+            if (backend == RAW) != (formats == {1}):
+                raise SystemExit(f"bench_concurrent: the {_label(backend, mode)} store's log holds record formats {sorted(formats)}")
     finally:
         zstd.MIN_SIZE = threshold
+        shutil.rmtree(path, ignore_errors=True)
     rate, cpu, stalls = rest[0], rest[1], rest[2:]
     return {"rate": rate, "cpu": cpu, "p99": _percentile(stalls, 0.99), "max": max(stalls, default=0.0)}
 

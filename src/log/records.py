@@ -14,9 +14,8 @@ from typing import Any, Final, Literal, NamedTuple, TypeAlias, Union
 
 import msgspec
 
-from . import codec
+from . import codec, zstd
 from ..errors import CorruptRecordError
-from . import zstd
 from .deflate import deflate, inflate
 
 FORMAT_VERSION: Final = 3
@@ -30,8 +29,8 @@ FORMAT_VERSION: Final = 3
 
 A writer stores a batch as format 3 when compressing saves bytes, as format 2 when its frame
 would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs of one value),
-else as format 1, which every version reads; all three are read. The checksum covers the stored bytes, so damage is caught
-before anything is decompressed."""
+else as format 1, which every version reads; all three are read. The checksum covers the stored
+bytes, so damage is caught before anything is decompressed."""
 RAW_FORMAT: Final = 1
 DEFLATED_FORMAT: Final = 2
 ZSTD_FORMAT: Final = 3
