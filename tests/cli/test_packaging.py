@@ -34,12 +34,13 @@ def _run(args: list[str], **options: object) -> subprocess.CompletedProcess[str]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
-    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)])
+    built = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(source)])
     assert built.returncode == 0, built.stderr
+    (out / "build.log").write_text(built.stdout + built.stderr)
     (found,) = out.glob("pi_durable_lmdb-*.whl")
     return found
 
@@ -75,6 +76,19 @@ def test_the_wheel_holds_one_package_typed(wheel: Path) -> None:
     assert not any("task_outcomes" in name for name in names)  # the example lives in tools/, not the engine
     assert any(line.startswith("Requires-Dist: pi-durable-python") for line in metadata.splitlines())
     assert "durable-log = pi_durable_lmdb.cli:main" in entry_points
+
+
+def test_the_build_prints_no_warning(wheel: Path) -> None:
+    """setuptools' deprecations (a license table, data folders missing from ``packages``) turn
+    into errors in later releases: the build must print none of them."""
+
+    log = (wheel.parent / "build.log").read_text()
+    warnings = [line for line in log.splitlines() if "Warning" in line or "deprecated" in line.lower()]
+    assert not warnings, "\n".join(warnings)
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: MIT" in metadata
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in zipfile.ZipFile(wheel).namelist())
 
 
 def test_a_project_with_its_own_storage_log_and_projections_imports_and_runs_it(
