@@ -8,6 +8,7 @@ the caller's data, kept as written.
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple, TypeAlias, Union
@@ -17,6 +18,7 @@ import msgspec
 from . import codec, zstd
 from ..errors import CorruptRecordError
 from .deflate import deflate, inflate
+from ..tlog.leaf import record_leaf_hash
 
 FORMAT_VERSION: Final = 3
 """The newest version of the log record layout; every record carries its own:
@@ -254,6 +256,26 @@ def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]
     if not isinstance(writes, list):
         raise CorruptRecordError(seq, "the writes are not an array")
     return {"seq": seq, "committedAt": record.committed_at, "writes": writes}
+
+
+_LEGACY_EXT: Final = re.compile(rb"[\xd4-\xd8]\x02|\xc7.\x02|\xc8..\x02|\xc9....\x02", re.DOTALL)
+"""Bytes that may begin a legacy extension value (``codec.EXT_INT``): a record holding one is
+re-encoded as a commit would encode it today before its leaf is hashed (a false match only
+costs that re-encoding)."""
+
+
+def record_leaf(seq: int, data: bytes | memoryview) -> bytes:
+    """The Merkle leaf hash of stored record ``seq`` (``tlog.leaf``), from its verified,
+    decompressed writes in the encoding a commit gives them today; damage raises
+    ``CorruptRecordError``."""
+
+    record, payload = _verified(seq, data)
+    if _LEGACY_EXT.search(payload):
+        try:
+            payload = codec.encode(codec.decode(payload))
+        except (msgspec.DecodeError, ValueError) as error:
+            raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
+    return record_leaf_hash(seq, record.committed_at, payload)
 
 
 def _verified(seq: int, data: bytes | memoryview) -> tuple[LogRecord, bytes]:
