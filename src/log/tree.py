@@ -1,14 +1,19 @@
-"""The log's Merkle tree, stored: a projection of the log kept in its own transactions.
+"""The log's Merkle tree, stored: a projection of the log written in the commits' transactions.
 
-The ``tlog`` database holds the tree's stored hashes (``tlog.merkle``: each leaf's hash and the
-complete subtrees it completes, about two per record), keyed by their 8-byte big-endian index, so
-every key is appended at the end. The tree's size is implied by how many hashes it holds; the
-leaves are the records in sequence order (leaf index = sequence - 1).
+The ``tlog`` database holds the tree's stored hashes (``tlog.merkle``: each leaf's hash followed by
+the hashes of the complete subtrees that leaf completes, about two per record) in *tiles* of
+``TILE`` leaves: key the tile's number (its first leaf index / ``TILE``) as 8 bytes big-endian, so
+every tile is appended at the end; value the rows of its leaves in order, 32 bytes per hash (a
+leaf ``i`` has ``1 + trailing ones of i`` of them, so where each row starts is computed, not
+stored). The stored tree holds whole tiles only: its size is a multiple of ``TILE``.
 
-A record appended while the tree is level with the log adds its hashes in the same transaction;
-a store written by a version without the tree (or by one that skipped it) has a tree behind its
-log, which a writer's open fills in (``catch_up``). ``rebuild`` drops it and refills it from the
-log; ``check`` recomputes it from the log and compares every stored hash.
+Commits note each record's leaf hash (computed from the writes they encode, no reread) and the
+commit that completes a tile writes it, in its own transaction: one more table touched per commit
+would cost each commit more than the hashing (LMDB copies and writes that table's path of pages
+every time). The records after the last whole tile, and all of a store written before the tree,
+are hashed from the log when a root or proof needs them (``reader_at``); a writer's open writes
+every whole tile the tree lacks (``catch_up``). ``rebuild`` drops the tree and refills it from the
+log; ``check`` recomputes it from the log and compares every stored tile.
 """
 
 from __future__ import annotations
@@ -29,12 +34,31 @@ if TYPE_CHECKING:
     from .writelog import WriteLog
 
 TREE_DB: Final = "tlog"
+TILE: Final = 16
+"""Leaves per stored tile: a tile's rows (31 to about 50 hashes) stay within one LMDB page."""
 CHUNK: Final = 4096
-"""Records hashed per write transaction while filling the tree in."""
+"""Records hashed per write transaction while filling the tree in (a multiple of ``TILE``)."""
+MAX_BEHIND: Final = 65_536
+"""Records a read hashes from the log beyond the stored tree at most; further behind (a store
+written by a version without the tree, never opened for writing since) it asks for a writer's
+open."""
 _KEY = struct.Struct(">Q")
 _key: Final = _KEY.pack
+_HASH: Final = merkle.HASH_SIZE
 
 Progress = Callable[[int, int], None]
+
+
+def _hashes_before(index: int) -> int:
+    """How many hashes the rows of leaves ``0 .. index - 1`` hold: ``2 * index - popcount(index)``."""
+
+    return 2 * index - index.bit_count()
+
+
+def _offset(leaf: int, level: int) -> int:
+    """Where, in its tile, the hash of the subtree of height ``level`` that ``leaf`` completes is."""
+
+    return _HASH * (_hashes_before(leaf) - _hashes_before(leaf - leaf % TILE) + level)
 
 
 class InclusionProof(msgspec.Struct, rename="camel", frozen=True):
@@ -61,11 +85,16 @@ class ConsistencyProof(msgspec.Struct, rename="camel", frozen=True):
 
 
 class TreeStore:
-    """The stored hashes of one environment's log tree."""
+    """The stored tiles of one environment's log tree."""
 
     def __init__(self, env: Environment) -> None:
         self.env = env
         self._db = env.db(TREE_DB) if not env.readonly or env.has_db(TREE_DB) else None
+        self._pending: dict[int, bytes] = {}
+        """Leaves appended by this process past the stored tree, by sequence."""
+        self._builder: merkle.TreeBuilder | None = None
+        """The frontier after the last tile this process wrote; used only while the stored tree
+        has its size (a tile whose transaction aborted leaves the tree smaller)."""
 
     @property
     def db(self) -> lmdb._Database | None:
@@ -76,87 +105,128 @@ class TreeStore:
     # ── size and reads ──────────────────────────────────────────────────────
 
     def size(self, txn: lmdb.Transaction[bytes]) -> int:
-        """How many leaves the stored tree holds, as ``txn`` sees it."""
+        """How many leaves the stored tree holds, as ``txn`` sees it (a multiple of ``TILE``)."""
 
         db = self.db
         if db is None:
             return 0
         cursor = txn.cursor(db=db)
-        if not cursor.last():
-            return 0
-        return merkle.tree_size_of(_KEY.unpack(cursor.key())[0] + 1)
+        return (_KEY.unpack(cursor.key())[0] + 1) * TILE if cursor.last() else 0
 
     def reader(self, txn: lmdb.Transaction[bytes]) -> merkle.HashReader:
-        """Stored hashes by index, from ``txn``; a missing one is damage (``ProofError``)."""
+        """Stored hashes of complete subtrees, from ``txn``; a missing one is damage (``ProofError``)."""
 
         db = self.db
 
-        def read(indexes: Sequence[int]) -> list[bytes]:
+        def read(subtrees: Sequence[tuple[int, int]]) -> list[bytes]:
             out = []
-            for index in indexes:
-                value = None if db is None else txn.get(_key(index), db=db)
-                if value is None or len(value) != merkle.HASH_SIZE:
-                    raise ProofError(f"the log's tree lacks stored hash {index}; run durable-log rebuild")
-                out.append(bytes(value))
+            for level, n in subtrees:
+                last = ((n + 1) << level) - 1
+                tile = None if db is None else txn.get(_key(last // TILE), db=db)
+                at = _offset(last, level)
+                if tile is None or len(tile) < at + _HASH:
+                    raise ProofError(
+                        f"the log tree lacks the hash of leaves {n << level} to {last} (tile "
+                        f"{last // TILE}); the tree is damaged: run durable-log rebuild"
+                    )
+                out.append(bytes(tile[at : at + _HASH]))
             return out
 
         return read
 
-    def level_size(self, txn: lmdb.Transaction[bytes], head: int, size: int | None) -> int:
-        """``size`` (default: the log head) once the stored tree covers it, else ``ProjectionsBehind``."""
+    def reader_at(
+        self, txn: lmdb.Transaction[bytes], log_db: lmdb._Database | None, head: int, size: int | None
+    ) -> tuple[int, merkle.HashReader]:
+        """``(size, a reader of the tree of that size)``, ``size`` defaulting to ``head``: the
+        stored tiles, and rows hashed from the log's records in ``txn`` beyond them."""
 
         wanted = head if size is None else size
         if isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted <= head:
             raise ValueError(f"A tree size must be an int from 0 to the log head {head}, not {wanted!r}")
         stored = self.size(txn)
-        if stored < wanted:
+        read = self.reader(txn)
+        if wanted <= stored:
+            return wanted, read
+        if wanted - stored > MAX_BEHIND or log_db is None:
             raise ProjectionsBehind(
                 f"The log tree of {self.env.path} holds {stored} of {head} records; open the store "
                 "for writing once (or run durable-log rebuild) to fill it in"
             )
-        return wanted
+        builder = merkle.TreeBuilder(stored, read(merkle.frontier(stored)))
+        rows: dict[int, bytes] = {}
+        cursor = txn.cursor(db=log_db)
+        seq = stored + 1
+        if cursor.set_key(_key(seq)):
+            for key, data in cursor:
+                if seq > wanted:
+                    break
+                if _KEY.unpack(key)[0] != seq:
+                    break
+                rows[seq - 1] = builder.add(record_leaf(seq, data))
+                seq += 1
+        if seq <= wanted:
+            raise CorruptRecordError(seq, "missing between the log's first record and its head")
+
+        def overlaid(subtrees: Sequence[tuple[int, int]]) -> list[bytes]:
+            out = []
+            for level, n in subtrees:
+                row = rows.get(((n + 1) << level) - 1)
+                out.append(read([(level, n)])[0] if row is None else row[_HASH * level : _HASH * (level + 1)])
+            return out
+
+        return wanted, overlaid
 
     # ── writing ─────────────────────────────────────────────────────────────
 
     def append_leaf(self, txn: lmdb.Transaction[bytes], seq: int, leaf: bytes) -> None:
-        """Add record ``seq``'s leaf in ``txn`` when the tree holds exactly the records before it;
-        a tree behind the log is left for ``catch_up``."""
+        """Note record ``seq``'s leaf, appended in ``txn``; the record that completes a tile
+        writes the tile in ``txn`` when this process noted all of its leaves (else the next
+        writer's open writes it).
 
-        db = self.db
-        cursor = txn.cursor(db=db)
-        count = _KEY.unpack(cursor.key())[0] + 1 if cursor.last() else 0
-        if count != merkle.stored_hash_count(seq - 1):
-            return
-        index = seq - 1
-        if not index & 1:  # an even leaf completes nothing: the common half needs no read
-            cursor.put(_key(count), leaf, append=True)
-            return
-        for value in merkle.hashes_to_store(index, leaf, self.reader(txn)):
-            cursor.put(_key(count), value, append=True)
-            count += 1
+        A leaf noted in a transaction that then aborts is replaced when its sequence is appended
+        again, which it must be before the log reaches the end of its tile."""
 
-    def _put_all(self, txn: lmdb.Transaction[bytes], first: int, hashes: list[bytes]) -> None:
-        cursor = txn.cursor(db=self.db)
-        for offset, value in enumerate(hashes):
-            cursor.put(_key(first + offset), value, append=True)
+        pending = self._pending
+        pending[seq] = leaf
+        if seq % TILE:
+            return
+        size = self.size(txn)
+        for old in [at for at in pending if at <= size]:
+            del pending[old]
+        if size != seq - TILE:
+            return  # behind by more than this tile, or ahead (nothing to do)
+        leaves = [pending.get(at) for at in range(size + 1, seq + 1)]
+        if None in leaves:
+            return
+        builder = self._builder
+        if builder is None or builder.size != size:  # else: the frontier the last tile left
+            builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier(size)))
+        self._builder = None  # until the tile is in: a transaction that aborts leaves none
+        tile = b"".join([builder.add(leaf) for leaf in leaves if leaf is not None])
+        txn.put(_key(size // TILE), tile, db=self._db, append=True)
+        self._builder = builder
 
     def catch_up(self, log: WriteLog, progress: Progress | None = None) -> int:
-        """Add every record the tree lacks, a chunk per transaction; returns how many."""
+        """Write every whole tile the tree lacks, a chunk of records per transaction; returns
+        how many records it hashed."""
 
+        self._builder = None
         with self.env.read() as txn:
             size, head = self.size(txn), log.head(txn)
-            if size >= head:
+            last = head - head % TILE
+            if size >= last:
                 return 0
-            builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier_indexes(size)))
+            builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier(size)))
         done = 0
-        for chunk in _chunks(log, size + 1, head):
-            hashes: list[bytes] = []
-            for leaf in chunk:
-                hashes.extend(builder.add(leaf))
-            first = merkle.stored_hash_count(builder.size - len(chunk))
+        for chunk in _chunks(log, size + 1, last):
+            first = builder.size // TILE
+            rows = [builder.add(leaf) for leaf in chunk]
+            tiles = [b"".join(rows[at : at + TILE]) for at in range(0, len(rows), TILE)]
 
-            def put(txn: lmdb.Transaction[bytes], first: int = first, hashes: list[bytes] = hashes) -> None:
-                self._put_all(txn, first, hashes)
+            def put(txn: lmdb.Transaction[bytes], first: int = first, tiles: list[bytes] = tiles) -> None:
+                cursor = txn.cursor(db=self.db)
+                for offset, tile in enumerate(tiles):
+                    cursor.put(_key(first + offset), tile, append=True)
 
             self.env.write(put)
             done += len(chunk)
@@ -175,38 +245,36 @@ class TreeStore:
     # ── checking ────────────────────────────────────────────────────────────
 
     def check(self, log: WriteLog, head: int, limit: int = 20) -> tuple[list[str], int]:
-        """Recompute the tree of the log's first ``head`` records and compare every stored hash:
-        ``(the first differences, how many in all)``."""
+        """Recompute the tree of the log's first ``head`` records and compare every stored tile
+        with it (the records after the last stored tile are hashed from the log whenever they are
+        read, so they are never stale): ``(the first differences, how many in all)``."""
 
         found: list[str] = []
         total = 0
+        with self.env.read() as txn:
+            size = self.size(txn)
+        if size > head:  # tiles beyond the records checked: the tree of another, longer log
+            total += 1
+            found.append(f"the log tree holds {size} leaves, more than the log's {head} records")
         builder = merkle.TreeBuilder()
-        index = 0
-        for chunk in _chunks(log, 1, head):
-            hashes: list[bytes] = []
-            for leaf in chunk:
-                hashes.extend(builder.add(leaf))
+        for chunk in _chunks(log, 1, min(size, head)):
+            first = builder.size // TILE
+            rows = [builder.add(leaf) for leaf in chunk]
             with self.env.read() as txn:
-                db = self.db
-                for offset, value in enumerate(hashes):
-                    stored = None if db is None else txn.get(_key(index + offset), db=db)
-                    if stored != value:
+                for offset in range(len(rows) // TILE):
+                    tile = b"".join(rows[offset * TILE : (offset + 1) * TILE])
+                    stored = txn.get(_key(first + offset), db=self.db)
+                    if stored != tile:
                         total += 1
                         if len(found) < limit:
-                            found.append(_difference(index + offset, stored, value))
-            index += len(hashes)
-        with self.env.read() as txn:
-            extra = self.size(txn) - head if self.db is not None else 0
-        if extra > 0:  # hashes beyond the records checked: a tree of another, longer log
-            total += 1
-            if len(found) < limit:
-                found.append(f"the tree holds {extra} leaves beyond the {head} records checked")
+                            found.append(_difference(first + offset, stored))
         return found, total
 
 
-def _difference(index: int, stored: bytes | None, expected: bytes) -> str:
-    what = "missing" if stored is None else f"{bytes(stored).hex()[:16]}..., the log gives {expected.hex()[:16]}..."
-    return f"stored hash {index} of the log tree: {what}"
+def _difference(tile: int, stored: bytes | None) -> str:
+    records = f"records {tile * TILE + 1} to {(tile + 1) * TILE}"
+    what = "missing" if stored is None else "differs from the hashes of the log's records"
+    return f"the log tree's tile of {records} {what}"
 
 
 def _chunks(log: WriteLog, first: int, last: int) -> Iterator[list[bytes]]:

@@ -253,20 +253,18 @@ class WriteLog:
         """The root hash of the tree of the log's first ``size`` records (default: all)."""
 
         with self.env.read() as txn:
-            size = self.tree.level_size(txn, self.head(txn), size)
-            return merkle.tree_hash(size, self.tree.reader(txn))
+            size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
+            return merkle.tree_hash(size, read)
 
     def prove(self, seq: int, size: int | None = None) -> InclusionProof:
         """The inclusion proof of record ``seq`` in the tree of ``size`` records (default: all)."""
 
         seq = _position(seq, "seq")
         with self.env.read() as txn:
-            head = self.head(txn)
-            size = self.tree.level_size(txn, head, size)
+            size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
             if not 1 <= seq <= size:
                 raise ValueError(f"Record {seq} is not in the tree of {size} records (sequences 1 to {size})")
-            read = self.tree.reader(txn)
-            leaf = read([merkle.stored_hash_index(0, seq - 1)])[0]
+            leaf = read([(0, seq - 1)])[0]
             path = merkle.inclusion_proof(seq - 1, size, read)
             root = merkle.tree_hash(size, read)
         return InclusionProof(seq, seq - 1, size, leaf.hex(), [value.hex() for value in path], root.hex())
@@ -276,10 +274,9 @@ class WriteLog:
 
         old = _position(old, "old")
         with self.env.read() as txn:
-            new = self.tree.level_size(txn, self.head(txn), new)
+            new, read = self.tree.reader_at(txn, self.db, self.head(txn), new)
             if not 0 <= old <= new:
                 raise ValueError(f"No consistency proof from size {old} to size {new}: the old size must be from 0 to {new}")
-            read = self.tree.reader(txn)
             path = merkle.consistency_proof(old, new, read)
             old_root, new_root = merkle.tree_hash(old, read), merkle.tree_hash(new, read)
         return ConsistencyProof(old, new, old_root.hex(), new_root.hex(), [value.hex() for value in path])
@@ -290,8 +287,8 @@ class WriteLog:
 
         signer = parse_signer(key) if isinstance(key, str) else key
         with self.env.read() as txn:
-            size = self.tree.level_size(txn, self.head(txn), size)
-            root = merkle.tree_hash(size, self.tree.reader(txn))
+            size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
+            root = merkle.tree_hash(size, read)
         return sign_checkpoint(Checkpoint(signer.name if origin is None else origin, size, root), signer)
 
     async def wait_commit(self, timeout: float) -> bool:

@@ -2,9 +2,9 @@
 
 Leaves are hashed ``SHA-256(0x00 || data)``, interior nodes ``SHA-256(0x01 || left || right)``; the
 root of ``n`` leaves splits them at the largest power of two below ``n``. Proofs are computed from
-*stored hashes*: for each leaf, its hash and the hashes of the complete subtrees it completes, in
-the order they become known (``stored_hash_index``), about two per leaf. Any complete, aligned
-subtree's hash is then one read, and a root or a proof O(log n) of them, without rehashing the log.
+*stored hashes*: for each leaf, its hash and the hashes of the complete subtrees it completes (the
+subtrees whose last leaf it is), about two per leaf. Any complete, aligned subtree's hash is then
+one read, and a root or a proof O(log n) of them, without rehashing the log.
 
 Everything here is pure: a ``HashReader`` (indexes -> hashes) is all it needs of a store, and the
 checks need nothing at all. A check that fails raises ``ProofError`` naming what does not hold.
@@ -22,11 +22,13 @@ HASH_SIZE: Final = 32
 EMPTY_ROOT: Final = hashlib.sha256(b"").digest()
 """The root of the empty tree: the hash of the empty string (RFC 9162 section 2.1.1)."""
 
-HashReader = Callable[[Sequence[int]], Sequence[bytes]]
-"""Stored hashes by their indexes (``stored_hash_index``), in the order asked."""
+HashReader = Callable[[Sequence[tuple[int, int]]], Sequence[bytes]]
+"""The stored hashes of complete subtrees ``(level, n)`` (leaves ``n * 2**level`` to
+``(n + 1) * 2**level - 1``), in the order asked."""
 
 _LEAF: Final = b"\x00"
 _NODE: Final = b"\x01"
+_sha256: Final = hashlib.sha256
 
 
 def leaf_hash(data: bytes) -> bytes:
@@ -70,41 +72,15 @@ def root_of(leaf_hashes: Sequence[bytes]) -> bytes:
 # ── stored hashes ─────────────────────────────────────────────────────────────
 
 
-def stored_hash_index(level: int, n: int) -> int:
-    """Where the hash of the ``n``-th complete subtree of height ``level`` (leaves ``n * 2**level``
-    to ``(n + 1) * 2**level - 1``) is stored: right after the last leaf it covers and the subtrees
-    below it that this leaf completes."""
-
-    last_leaf = ((n + 1) << level) - 1
-    return stored_hash_count(last_leaf) + level
-
-
-def stored_hash_count(size: int) -> int:
-    """How many hashes a tree of ``size`` leaves stores: ``2 * size - popcount(size)`` (each leaf
-    and each complete subtree above the leaves)."""
-
-    return 2 * size - size.bit_count()
-
-
-def tree_size_of(count: int) -> int:
-    """The tree size whose stored hashes number ``count``; ``ValueError`` if no size does."""
-
-    size = max(0, (count + 1) // 2)
-    while stored_hash_count(size) < count:
-        size += 1
-    if stored_hash_count(size) != count:
-        raise ValueError(f"{count} stored hashes is no tree's count")
-    return size
-
-
 def hashes_to_store(index: int, leaf: bytes, read: HashReader) -> list[bytes]:
     """The hashes that appending leaf ``index`` (hash ``leaf``) adds after the tree's first
-    ``index`` leaves: the leaf's, then one per complete subtree it completes, lowest first."""
+    ``index`` leaves: the leaf's, then one per complete subtree it completes, lowest first
+    (``read`` gives the left siblings)."""
 
     levels = 0
     while (index >> levels) & 1:
         levels += 1
-    lefts = read([stored_hash_index(level, (index >> level) - 1) for level in range(levels)])
+    lefts = read([(level, (index >> level) - 1) for level in range(levels)])
     out = [leaf]
     for left in lefts:
         out.append(node_hash(left, out[-1]))
@@ -112,53 +88,65 @@ def hashes_to_store(index: int, leaf: bytes, read: HashReader) -> list[bytes]:
 
 
 class TreeBuilder:
-    """Appends leaves in order and says which hashes each adds to the store, keeping only the
-    tree's frontier (the complete subtrees of its size, one per binary digit) in memory: a
-    rebuild, a backfill or a check of a long log needs no reads and O(log n) memory."""
+    """Appends leaves in order and gives each leaf's stored hashes, keeping only the tree's
+    frontier (the complete subtrees of its size, one per binary digit) in memory: a rebuild, a
+    backfill or a check of a long log needs no reads and O(log n) memory."""
 
-    def __init__(self, size: int = 0, frontier: Sequence[bytes] = ()) -> None:
+    def __init__(self, size: int = 0, hashes: Sequence[bytes] = ()) -> None:
         """A builder for a tree of ``size`` leaves whose complete subtrees (left to right, as
-        ``frontier_indexes(size)`` names them) hash to ``frontier``."""
+        ``frontier(size)`` names them) hash to ``hashes``."""
 
         parts = _subtrees(0, size)
-        if len(parts) != len(frontier):
-            raise ValueError(f"a tree of {size} leaves has {len(parts)} complete subtrees, not {len(frontier)}")
+        if len(parts) != len(hashes):
+            raise ValueError(f"a tree of {size} leaves has {len(parts)} complete subtrees, not {len(hashes)}")
         self.size = size
-        self._stack: list[tuple[int, bytes]] = [(level, bytes(value)) for (level, _), value in zip(parts, frontier)]
+        self._levels: list[bytes] = [EMPTY_ROOT] * size.bit_length()
+        """``_levels[l]``: the complete subtree of height ``l`` on the frontier (when bit ``l`` of
+        the size is set)."""
+        for (level, _), value in zip(parts, hashes):
+            self._levels[level] = bytes(value)
 
-    def add(self, leaf: bytes) -> list[bytes]:
-        """Append a leaf; the hashes it adds, as ``hashes_to_store`` gives them."""
+    def add(self, leaf: bytes) -> bytes:
+        """Append a leaf; its row: the leaf hash, then the hashes of the subtrees it completes,
+        lowest first (``hashes_to_store`` joined)."""
 
-        out = [leaf]
-        level, value = 0, leaf
-        while self._stack and self._stack[-1][0] == level:
-            value = node_hash(self._stack.pop()[1], value)
+        size, levels = self.size, self._levels
+        row = value = leaf
+        level = 0
+        while (size >> level) & 1:
+            value = _sha256(_NODE + levels[level] + value).digest()
+            row += value
             level += 1
-            out.append(value)
-        self._stack.append((level, value))
-        self.size += 1
-        return out
+        if level == len(levels):
+            levels.append(value)
+        else:
+            levels[level] = value
+        self.size = size + 1
+        return row
 
     def root(self) -> bytes:
-        if not self._stack:
+        size = self.size
+        if not size:
             return EMPTY_ROOT
-        value = self._stack[-1][1]
-        for _, left in reversed(self._stack[:-1]):
-            value = node_hash(left, value)
+        value: bytes | None = None
+        for level in range(size.bit_length()):
+            if (size >> level) & 1:
+                value = self._levels[level] if value is None else node_hash(self._levels[level], value)
+        assert value is not None
         return value
 
 
-def frontier_indexes(size: int) -> list[int]:
-    """The stored indexes of the complete subtrees a tree of ``size`` leaves splits into."""
+def frontier(size: int) -> list[tuple[int, int]]:
+    """The complete subtrees ``(level, n)`` a tree of ``size`` leaves splits into, left to right."""
 
-    return [stored_hash_index(level, n) for level, n in _subtrees(0, size)]
+    return _subtrees(0, size)
 
 
 def _subtrees(lo: int, hi: int) -> list[tuple[int, int]]:
     """``[lo, hi)`` as complete aligned subtrees ``(level, n)``, left to right: the largest
     aligned at ``lo`` first."""
 
-    out = []
+    out: list[tuple[int, int]] = []
     while lo < hi:
         level = ((hi - lo).bit_length() - 1) if lo == 0 else min((lo & -lo).bit_length() - 1, (hi - lo).bit_length() - 1)
         out.append((level, lo >> level))
@@ -173,8 +161,7 @@ def subtree_hash(lo: int, hi: int, read: HashReader) -> bytes:
 
     if hi <= lo:
         raise ValueError(f"an empty range of leaves [{lo}, {hi}) has no subtree hash")
-    parts = _subtrees(lo, hi)
-    hashes = read([stored_hash_index(level, n) for level, n in parts])
+    hashes = read(_subtrees(lo, hi))
     value = hashes[-1]
     for left in reversed(hashes[:-1]):
         value = node_hash(left, value)
