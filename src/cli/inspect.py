@@ -22,6 +22,7 @@ from ..storage.stats import format_stats, lease_of, require_store, stats
 from ..storage.tail import StreamTail, Tail, TailFilter, commit_to_builtins, open_stream, summarize
 from ..storage.verify import check, record_outcome
 
+from . import transparency
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,
@@ -304,10 +305,13 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
     store_argument(sub)
     sub.add_argument("--max-differences", type=count, default=20, metavar="N", help="list at most N differences (default 20)")
     progress_option(sub)
+    transparency.trusted_options(sub)
     sub.set_defaults(run=_verify)
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if args.trusted is not None:
+        return transparency.verify_against(args)
     report = check(args.path, progress=Progress("verify", None, progress_on(args)), limit=max(1, args.max_differences))
     record_outcome(args.path, report)
     if report.sound:
