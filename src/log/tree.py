@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from .writelog import WriteLog
 
 TREE_DB: Final = "tlog"
+LOG_DB: Final = "log"
+"""The log's own database (``writelog.LOG_DB``), read for leaves this process did not note."""
 TILE: Final = 16
 """Leaves per stored tile: a tile's rows (31 to about 50 hashes) stay within one LMDB page."""
 CHUNK: Final = 4096
@@ -180,8 +182,8 @@ class TreeStore:
 
     def append_leaf(self, txn: lmdb.Transaction[bytes], seq: int, leaf: bytes) -> None:
         """Note record ``seq``'s leaf, appended in ``txn``; the record that completes a tile
-        writes the tile in ``txn`` when this process noted all of its leaves (else the next
-        writer's open writes it).
+        writes, in ``txn``, every whole tile the stored tree lacks (a leaf this process did not
+        note, appended before it opened the store, is hashed from the log).
 
         A leaf noted in a transaction that then aborts is replaced when its sequence is appended
         again, which it must be before the log reaches the end of its tile."""
@@ -193,18 +195,26 @@ class TreeStore:
         size = self.size(txn)
         for old in [at for at in pending if at <= size]:
             del pending[old]
-        if size != seq - TILE:
-            return  # behind by more than this tile, or ahead (nothing to do)
-        leaves = [pending.get(at) for at in range(size + 1, seq + 1)]
-        if None in leaves:
+        if not size < seq <= size + CHUNK:
+            if seq > size:  # far behind (a log appended to without the tree): a writer's open fills it
+                pending.clear()
             return
+        leaves = [pending.get(at) or self._leaf_from_log(txn, at) for at in range(size + 1, seq + 1)]
         builder = self._builder
         if builder is None or builder.size != size:  # else: the frontier the last tile left
             builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier(size)))
-        self._builder = None  # until the tile is in: a transaction that aborts leaves none
-        tile = b"".join([builder.add(leaf) for leaf in leaves if leaf is not None])
-        txn.put(_key(size // TILE), tile, db=self._db, append=True)
+        self._builder = None  # until the tiles are in: a transaction that aborts leaves none
+        rows = [builder.add(leaf) for leaf in leaves]
+        cursor = txn.cursor(db=self._db)
+        for at in range(0, len(rows), TILE):
+            cursor.put(_key((size + at) // TILE), b"".join(rows[at : at + TILE]), append=True)
         self._builder = builder
+
+    def _leaf_from_log(self, txn: lmdb.Transaction[bytes], seq: int) -> bytes:
+        data = txn.get(_key(seq), db=self.env.db(LOG_DB))
+        if data is None:
+            raise CorruptRecordError(seq, "missing between the log's first record and its head")
+        return record_leaf(seq, data)
 
     def catch_up(self, log: WriteLog, progress: Progress | None = None) -> int:
         """Write every whole tile the tree lacks, a chunk of records per transaction; returns

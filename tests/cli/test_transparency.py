@@ -1,0 +1,198 @@
+"""``durable-log keygen``, ``checkpoint``, ``prove`` and ``verify --trusted``: a checkpoint kept
+before a change catches a store rebuilt from an altered export and a record rewritten in place
+(checksum recomputed, projections and tree rebuilt), both of which plain ``verify`` accepts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
+from pi_durable_lmdb import LmdbStorage, tlog
+from pi_durable_lmdb.log import Environment, WriteLog, seq_key
+from pi_durable_lmdb.log.records import decode_record_builtins, encode_batch, encode_record
+from tests.support.cli_call import call
+
+NAME = "audit.example.com/orders"
+
+
+async def _store(path: Path, records: int = 40) -> None:
+    storage = await LmdbStorage.open(path, durability="process")
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+    for n in range(records - 1):
+        await storage.commit([{"type": "entry", "value": {"id": 100 + n, "conversationId": 1, "text": f"turn {n}", "amount": n}}], CTX)
+    await storage.close()
+
+
+async def _grow(path: Path) -> None:
+    storage = await LmdbStorage.open(path, durability="process")
+    await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX)
+    await storage.close()
+
+
+def _keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> tuple[Path, str]:
+    key_file = tmp_path / "orders.key"
+    code, out, err = call(capsys, "keygen", NAME, "--out", key_file)
+    assert code == 0, err
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    return key_file, out.strip()
+
+
+def _checkpoint(capsys: pytest.CaptureFixture[str], path: Path, key_file: Path, at: Path) -> Path:
+    code, out, err = call(capsys, "checkpoint", path, "--key", key_file)
+    assert code == 0, err
+    at.write_text(out)
+    return at
+
+
+def test_keygen_checkpoint_prove_and_verify_a_sound_store(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_store(path))
+    key_file, vkey = _keys(capsys, tmp_path)
+    assert key_file.read_text().startswith(f"PRIVATE+KEY+{NAME}+")
+    assert call(capsys, "keygen", NAME, "--out", key_file)[0] == 2  # never overwrites
+    trusted = _checkpoint(capsys, path, key_file, tmp_path / "cp")
+    checkpoint = tlog.verify_checkpoint(trusted.read_text(), vkey)
+    assert (checkpoint.origin, checkpoint.size) == (NAME, 40)
+
+    code, out, _ = call(capsys, "prove", path, 7, "--size", 20, "--json")
+    proof = json.loads(out)
+    assert code == 0 and list(proof) == ["seq", "leafIndex", "treeSize", "leafHash", "inclusion", "rootHash"]
+    assert (proof["seq"], proof["leafIndex"], proof["treeSize"]) == (7, 6, 20)
+    assert all(value == value.lower() and len(value) == 64 for value in proof["inclusion"] + [proof["leafHash"], proof["rootHash"]])
+    tlog.verify_inclusion(
+        bytes.fromhex(proof["leafHash"]), 6, 20, [bytes.fromhex(value) for value in proof["inclusion"]], bytes.fromhex(proof["rootHash"])
+    )
+    code, out, _ = call(capsys, "prove", path, "--from", 13, "--json")
+    proof = json.loads(out)
+    assert code == 0 and list(proof) == ["oldSize", "newSize", "oldRoot", "newRoot", "consistency"]
+    assert bytes.fromhex(proof["newRoot"]) == checkpoint.root
+    tlog.verify_consistency(13, 40, bytes.fromhex(proof["oldRoot"]), checkpoint.root, [bytes.fromhex(v) for v in proof["consistency"]])
+
+    asyncio.run(_grow(path))  # the store grows: it still extends the checkpoint
+    code, out, err = call(capsys, "verify", path, "--trusted", trusted, "--vkey", vkey)
+    assert code == 0, err
+    assert "extends the trusted checkpoint of 40 records (head 41" in out
+
+    vkey_file = tmp_path / "orders.pub"
+    vkey_file.write_text(vkey + "\n")
+    assert call(capsys, "verify", path, "--trusted", trusted, "--vkey", vkey_file)[0] == 0
+
+
+def test_a_store_rebuilt_from_an_altered_export_fails_against_the_earlier_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_store(path))
+    key_file, vkey = _keys(capsys, tmp_path)
+    trusted = _checkpoint(capsys, path, key_file, tmp_path / "cp")
+    export = tmp_path / "export.jsonl"
+    code, out, _ = call(capsys, "export", path)
+    assert code == 0
+    lines = out.splitlines()
+    export.write_text(out)
+
+    faithful = tmp_path / "faithful"
+    assert call(capsys, "import", export, faithful)[0] == 0
+    assert call(capsys, "verify", faithful, "--trusted", trusted, "--vkey", vkey)[0] == 0  # the control
+
+    assert '"amount":17' in lines[18]
+    lines[18] = lines[18].replace('"amount":17', '"amount":1700')  # one figure of one record
+    export.write_text("\n".join(lines) + "\n")
+    altered = tmp_path / "altered"
+    assert call(capsys, "import", export, altered)[0] == 0
+    code, _, _ = call(capsys, "verify", altered)
+    assert code == 0  # checksums and projections: all consistent with the altered log
+    code, out, err = call(capsys, "verify", altered, "--trusted", trusted, "--vkey", vkey)
+    assert code == 1 and out == ""
+    assert "does NOT hold the history" in err
+    assert "FAILED: consistency: two different roots for the same size 40: the store's first 40 records are not the ones signed" in err
+    assert "ok: the stored tree matches the log's 40 records" in err
+
+
+def _rewrite_in_place(path: Path, seq: int) -> None:
+    """What an attacker with the files does: a record's writes changed, its checksum recomputed."""
+
+    env = Environment(path, durability="process")
+    try:
+        log = WriteLog(env)
+        with env.read() as txn:
+            record = decode_record_builtins(seq, bytes(txn.get(seq_key(seq), db=log.db)))
+        record["writes"][0]["value"]["text"] = "never said"
+        data = encode_record(encode_batch(record["writes"]).payload, record["committedAt"])
+        env.write(lambda txn: txn.put(seq_key(seq), data, db=log.db))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("rebuilt", [True, False], ids=["tree-rebuilt", "tree-left"])
+def test_a_record_rewritten_in_place_fails_against_the_earlier_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, rebuilt: bool
+) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_store(path))
+    key_file, vkey = _keys(capsys, tmp_path)
+    trusted = _checkpoint(capsys, path, key_file, tmp_path / "cp")
+    _rewrite_in_place(path, 9)
+    if rebuilt:
+        assert call(capsys, "rebuild", path)[0] == 0  # projections and tree folded from the rewritten log
+        code, out, err = call(capsys, "verify", path)
+        assert code == 0, err  # checksums and projections cannot tell
+    code, out, err = call(capsys, "verify", path, "--trusted", trusted, "--vkey", vkey)
+    assert code == 1
+    if rebuilt:
+        assert "FAILED: consistency" in err and "ok: the stored tree matches" in err
+    else:
+        assert "ok: the store's log extends it" in err  # the stored tree still holds the signed history ...
+        assert "FAILED: the stored tree does not match the log (2 differences): the log tree's tile of records 1 to 16" in err
+
+
+def test_verify_trusted_refuses_a_forged_or_foreign_checkpoint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_store(path, 20))
+    key_file, vkey = _keys(capsys, tmp_path)
+    trusted = _checkpoint(capsys, path, key_file, tmp_path / "cp")
+    forged = tmp_path / "forged"
+    forged.write_text(trusted.read_text().replace("\n20\n", "\n19\n"))
+    code, _, err = call(capsys, "verify", path, "--trusted", forged, "--vkey", vkey)
+    assert code == 1 and "FAILED: signature: The signature of 'audit.example.com/orders'" in err
+    other_key, other_vkey = tmp_path / "other.key", tlog.generate_signer(NAME)
+    code, _, err = call(capsys, "verify", path, "--trusted", trusted, "--vkey", other_vkey.verifier().text())
+    assert code == 1 and "no signature by a trusted key" in err
+    longer = tmp_path / "longer"
+    signer = tlog.parse_signer(key_file.read_text())
+    longer.write_text(tlog.sign_checkpoint(tlog.Checkpoint(NAME, 25, bytes(32)), signer))
+    code, _, err = call(capsys, "verify", path, "--trusted", longer, "--vkey", vkey)
+    assert code == 1 and "the checkpoint covers 25 records, the store holds only 20" in err
+    assert not other_key.exists()
+
+
+def test_bad_input_is_exit_2_with_a_message(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_store(path, 5))
+    key_file, vkey = _keys(capsys, tmp_path)
+    trusted = _checkpoint(capsys, path, key_file, tmp_path / "cp")
+    monkeypatch.delenv("DURABLE_LOG_VKEY", raising=False)
+    cases = [
+        (("verify", path, "--trusted", trusted), "needs the verifier key"),
+        (("verify", path, "--trusted", trusted, "--vkey", "nonsense"), "three fields"),
+        (("verify", path, "--trusted", key_file, "--vkey", vkey), "signed note"),
+        (("checkpoint", path, "--key", trusted), "PRIVATE+KEY+"),
+        (("prove", path), "SEQ"),
+        (("prove", path, 9), "not in the tree of 5 records"),
+        (("prove", path, "--from", 9), "the old size must be from 0 to 5"),
+        (("prove", path, 2, "--from", 1), "one of them"),
+        (("keygen", "two words"), "no space"),
+        (("prove", tmp_path / "nothing", 1), ""),
+    ]
+    for args, message in cases:
+        code, _, err = call(capsys, *args)
+        assert code == 2, (args, err)
+        assert message in err and "Traceback" not in err, (args, err)
+    monkeypatch.setenv("DURABLE_LOG_VKEY", vkey)
+    assert call(capsys, "verify", path, "--trusted", trusted)[0] == 0
+    assert msgspec.json.decode(call(capsys, "prove", path, 5, "--json")[1])["treeSize"] == 5
