@@ -8,7 +8,6 @@ the caller's data, kept as written.
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple, TypeAlias, Union
@@ -258,23 +257,33 @@ def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]
     return {"seq": seq, "committedAt": record.committed_at, "writes": writes}
 
 
-_LEGACY_EXT: Final = re.compile(rb"[\xd4-\xd8]\x02|\xc7.\x02|\xc8..\x02|\xc9....\x02", re.DOTALL)
-"""Bytes that may begin a legacy extension value (``codec.EXT_INT``): a record holding one is
-re-encoded as a commit would encode it today before its leaf is hashed (a false match only
-costs that re-encoding)."""
+class _LegacyExt(Exception):
+    pass
+
+
+def _legacy_hook(code: int, data: memoryview) -> None:
+    if code == codec.EXT_INT:
+        raise _LegacyExt
+    return None
+
+
+_legacy_scan: Final = msgspec.msgpack.Decoder(ext_hook=_legacy_hook)
+"""Decodes writes only to find a legacy extension value (``codec.EXT_INT``, written by early
+versions for integers beyond 64 bits)."""
 
 
 def record_leaf(seq: int, data: bytes | memoryview) -> bytes:
     """The Merkle leaf hash of stored record ``seq`` (``tlog.leaf``), from its verified,
-    decompressed writes in the encoding a commit gives them today; damage raises
-    ``CorruptRecordError``."""
+    decompressed writes in the encoding a commit gives them today (a record holding a legacy
+    extension value is re-encoded first); damage raises ``CorruptRecordError``."""
 
     record, payload = _verified(seq, data)
-    if _LEGACY_EXT.search(payload):
-        try:
-            payload = codec.encode(codec.decode(payload))
-        except (msgspec.DecodeError, ValueError) as error:
-            raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
+    try:
+        codec.deep(_legacy_scan.decode, payload)
+    except _LegacyExt:
+        payload = codec.encode(codec.decode(payload))
+    except (msgspec.DecodeError, ValueError, RecursionError) as error:
+        raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
     return record_leaf_hash(seq, record.committed_at, payload)
 
 
