@@ -196,3 +196,35 @@ def test_bad_input_is_exit_2_with_a_message(capsys: pytest.CaptureFixture[str], 
     monkeypatch.setenv("DURABLE_LOG_VKEY", vkey)
     assert call(capsys, "verify", path, "--trusted", trusted)[0] == 0
     assert msgspec.json.decode(call(capsys, "prove", path, 5, "--json")[1])["treeSize"] == 5
+
+
+def test_import_checks_the_root_an_export_ends_with(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_store(path, 20))
+    code, out, _ = call(capsys, "export", path, "--root")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 21
+    trailer = json.loads(lines[-1])
+    assert list(trailer) == ["treeSize", "rootHash"] and trailer["treeSize"] == 20
+    assert trailer["rootHash"] == json.loads(call(capsys, "prove", path, "--from", 20, "--json")[1])["newRoot"]
+
+    export = tmp_path / "export.jsonl"
+    export.write_text(out)
+    code, out, err = call(capsys, "import", export, tmp_path / "faithful")
+    assert code == 0, err
+    assert f"have the exporter's root {trailer['rootHash']}" in out + err
+
+    altered = list(lines)
+    altered[4] = altered[4].replace('"turn 3"', '"turn three"')
+    for name, text, words in [
+        ("altered", altered, "do not have the exporter's root"),
+        ("cut", lines[:10] + lines[-1:], "the root of 20 records, the export holds 10"),
+        ("after", lines + lines[-1:], "follows its root line 21"),
+        ("bad", lines[:-1] + ['{"treeSize": 20, "rootHash": "xyz"}'], "not a root line"),
+    ]:
+        bad = tmp_path / f"{name}.jsonl"
+        bad.write_text("\n".join(text) + "\n")
+        code, _, err = call(capsys, "import", bad, tmp_path / name)
+        assert code == 2 and words in err, (name, err)
+        assert not (tmp_path / name).exists()
+    assert call(capsys, "export", path, "--root", "--from", 2)[0] == 2
