@@ -1,18 +1,23 @@
 """The log as a transparency log (docs/audit.md): ``keygen`` (an Ed25519 signing key in the C2SP
 signed-note format), ``checkpoint`` (a signed tlog-checkpoint of a store), ``prove`` (inclusion and
-consistency proofs, RFC 9162), and ``verify --trusted`` (a store against a checkpoint kept
-earlier; its options are added to ``verify``'s parser by ``trusted_options``)."""
+consistency proofs, RFC 9162), ``verify --trusted`` (a store against a checkpoint kept earlier;
+its options are added to ``verify``'s parser by ``trusted_options``), and ``tail --follow
+--checkpoints N`` (``checkpoint_options``, ``print_checkpoints``)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import sys
+from collections.abc import Callable
 
 from ..errors import NoteError
+from ..log import WriteLog
+from ..storage.jsonlines import to_json
 from ..storage.transparency import checkpoint, prove, prove_consistency, verify_trusted
-from ..tlog.note import Verifier, generate_signer, parse_signer, parse_verifier
+from ..tlog.note import Signer, Verifier, generate_signer, parse_signer, parse_verifier
 
 from .common import EXIT_DAMAGE, EXIT_OK, READ_ONLY, add_command, count, print_json, sequence, store_argument, usage
 
@@ -186,3 +191,49 @@ def verify_against(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{args.path}: {report.summary()}", file=sys.stderr)
     return EXIT_DAMAGE
+
+
+# ── tail --follow --checkpoints ───────────────────────────────────────────────
+
+CHECKPOINT_POLL = 0.1
+"""Seconds between looks at the log head while ``tail --follow --checkpoints`` waits."""
+
+
+def checkpoint_options(sub: argparse.ArgumentParser) -> None:
+    """``--checkpoints N`` and ``--key`` on ``tail``'s parser."""
+
+    sub.add_argument(
+        "--checkpoints",
+        type=count,
+        metavar="N",
+        help="with --follow: also print a signed checkpoint each time the log reaches a multiple of N records "
+        '(with --json as {"checkpoint": NOTE}), for an auditor\'s own copy (needs --key)',
+    )
+    sub.add_argument("--key", metavar="KEYFILE", help="the signing key of --checkpoints (keygen writes one)")
+
+
+def checkpoint_signer(args: argparse.Namespace) -> Signer | None:
+    """The signer of ``tail --checkpoints``, or None without it; refuses a bad combination."""
+
+    if args.checkpoints is None:
+        if args.key is not None:
+            raise usage("--key signs the checkpoints of --checkpoints N")
+        return None
+    if not args.follow or args.checkpoints < 1 or args.key is None or args.nats is not None:
+        raise usage("--checkpoints N (N >= 1) goes with --follow and --key KEYFILE, on a store at PATH")
+    return parse_signer(_read_key_text(args.key, "signing key"))
+
+
+async def print_checkpoints(log: WriteLog, every: int, signer: Signer, as_json: bool, write: Callable[[str], object]) -> None:
+    """Print a signed checkpoint of every size that is a multiple of ``every`` as the log reaches
+    it, from the head when called, until cancelled."""
+
+    next_size = (log.head() // every + 1) * every
+    while True:
+        head = log.head()
+        while head >= next_size:
+            note = log.checkpoint(signer, size=next_size)
+            write((to_json({"checkpoint": note}) + "\n") if as_json else note + "\n")
+            sys.stdout.flush()
+            next_size += every
+        await asyncio.sleep(CHECKPOINT_POLL)

@@ -228,3 +228,34 @@ def test_import_checks_the_root_an_export_ends_with(capsys: pytest.CaptureFixtur
         assert code == 2 and words in err, (name, err)
         assert not (tmp_path / name).exists()
     assert call(capsys, "export", path, "--root", "--from", 2)[0] == 2
+
+
+def test_tail_follow_prints_a_signed_checkpoint_every_n_records(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tests.cli.test_audit import DURABLE_LOG, Proc, write_store
+
+    path = tmp_path / "store"
+    assert write_store(path, 0, 7) == 7
+    key_file, vkey = _keys(capsys, tmp_path)
+    tail = Proc([*DURABLE_LOG, "tail", str(path), "--follow", "--json", "--checkpoints", "5", "--key", str(key_file)])
+    try:
+        assert [line["seq"] for line in tail.json_until(7)] == list(range(1, 8))  # following from here
+        assert write_store(path, 7, 9) == 16  # sizes 10 and 15 reached
+        notes: list[str] = []
+        seqs: list[int] = []
+        while len(notes) < 2 or len(seqs) < 9:
+            line = tail.lines.get(timeout=30)
+            assert line is not None, tail.stderr
+            value = json.loads(line)
+            if "checkpoint" in value:
+                notes.append(value["checkpoint"])
+            else:
+                seqs.append(value["seq"])
+        assert seqs == list(range(8, 17))
+        sizes = [tlog.verify_checkpoint(note, vkey).size for note in notes]
+        assert sizes == [10, 15]
+        assert tail.terminate() == 0, tail.stderr
+    finally:
+        tail.kill()
+    for args in (["--checkpoints", "5"], ["--follow", "--checkpoints", "5"], ["--key", str(key_file)], ["--follow", "--checkpoints", "0", "--key", str(key_file)]):
+        code, _, err = call(capsys, "tail", path, *args)
+        assert code == 2 and ("--checkpoints" in err or "--key" in err), (args, err)
