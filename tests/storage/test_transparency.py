@@ -154,3 +154,26 @@ async def test_root_and_proofs_refuse_sizes_the_log_does_not_have(tmp_path: Path
     finally:
         await storage.close()
     assert os.path.isdir(tmp_path / "store")
+
+
+async def test_verify_checks_the_stored_tree(tmp_path: Path) -> None:
+    from pi_durable_lmdb.storage.verify import check
+
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability="process")
+    for n in range(3 * TILE):
+        await storage.commit([{"type": "conversation", "value": {"id": 2 + n}}], CTX)
+    await storage.close()
+    assert check(path).sound
+    env = Environment(path, durability="process")
+    log = WriteLog(env)
+    key = (1).to_bytes(8, "big")
+    with env.read() as txn:
+        tile = bytes(txn.get(key, db=log.tree.db))
+    env.write(lambda txn: txn.put(key, bytes([tile[0] ^ 1]) + tile[1:], db=log.tree.db))
+    env.close()
+    report = check(path)
+    assert not report.sound
+    assert [str(difference) for difference in report.differences] == [
+        f"the log's Merkle tree: the log tree's tile of records {TILE + 1} to {2 * TILE} differs from the hashes of the log's records (table tlog)"
+    ]
