@@ -78,6 +78,11 @@ def test_keygen_checkpoint_prove_and_verify_a_sound_store(capsys: pytest.Capture
     assert code == 0, err
     assert "extends the trusted checkpoint of 40 records (head 41" in out
 
+    code, out, _ = call(capsys, "stats", path, "--json")
+    tree = json.loads(out)["tree"]
+    assert tree == {"size": 41, "storedLeaves": 32, "rootHash": json.loads(call(capsys, "prove", path, "--from", 0, "--json")[1])["newRoot"]}
+    assert f"merkle tree      41 records, root {tree['rootHash']}" in call(capsys, "stats", path)[1]
+
     vkey_file = tmp_path / "orders.pub"
     vkey_file.write_text(vkey + "\n")
     assert call(capsys, "verify", path, "--trusted", trusted, "--vkey", vkey_file)[0] == 0

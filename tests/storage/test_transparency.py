@@ -177,3 +177,25 @@ async def test_verify_checks_the_stored_tree(tmp_path: Path) -> None:
     assert [str(difference) for difference in report.differences] == [
         f"the log's Merkle tree: the log tree's tile of records {TILE + 1} to {2 * TILE} differs from the hashes of the log's records (table tlog)"
     ]
+
+
+async def test_a_replica_has_its_writers_tree_at_every_sequence(tmp_path: Path) -> None:
+    from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
+
+    server = MemoryStream("MEM")
+    writer = await LmdbStorage.open(tmp_path / "w", durability="process", nats=MemoryLink(server), stream="MEM", store="s1")
+    replica = await LmdbStorage.open_replica(tmp_path / "r", nats=MemoryLink(server), stream="MEM", store="s1")
+    try:
+        for n in range(1, 2 * TILE + 6):
+            await writer.commit([{"type": "conversation", "value": {"id": n}}], CTX)
+        assert await writer._link.arun(writer.replication.drain(10))  # type: ignore[union-attr]
+        head = writer.log.head()
+        await replica.wait(head, 10)
+        assert [replica.log.root(size) for size in range(head + 1)] == [writer.log.root(size) for size in range(head + 1)]
+        signer = tlog.generate_signer("audit.example.com/s1")
+        checkpoint = tlog.verify_checkpoint(writer.log.checkpoint(signer), signer.verifier())
+        assert replica.log.root(checkpoint.size) == checkpoint.root
+    finally:
+        await replica.close()
+        await writer.close()
+    assert stored_tree(tmp_path / "r")[::2] == (head - head % TILE, [])
