@@ -264,3 +264,28 @@ def test_tail_follow_prints_a_signed_checkpoint_every_n_records(capsys: pytest.C
     for args in (["--checkpoints", "5"], ["--follow", "--checkpoints", "5"], ["--key", str(key_file)], ["--follow", "--checkpoints", "0", "--key", str(key_file)]):
         code, _, err = call(capsys, "tail", path, *args)
         assert code == 2 and ("--checkpoints" in err or "--key" in err), (args, err)
+
+
+def test_the_web_view_shows_the_tree_and_checks_a_pasted_checkpoint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("aiohttp")
+    import html
+    import urllib.parse
+
+    from tests.support.served import get, serve
+
+    path = tmp_path / "store"
+    asyncio.run(_store(path, 20))
+    key_file, vkey = _keys(capsys, tmp_path)
+    note = _checkpoint(capsys, path, key_file, tmp_path / "cp").read_text()
+    root = json.loads(call(capsys, "prove", path, "--from", 0, "--json")[1])["newRoot"]
+    with serve(path) as served:
+        status, body, _ = get(served.url + "/audit")
+        assert status == 200 and f'<code id="root">{root}</code>' in body and "20 records" in body
+        query = urllib.parse.urlencode({"checkpoint": note.replace("\n", "\r\n"), "vkey": vkey})
+        status, body, _ = get(served.url + "/audit?" + query)
+        assert status == 200 and 'class="good">sound: the store extends the checkpoint' in body, body
+        forged = urllib.parse.urlencode({"checkpoint": note.replace("\n20\n", "\n19\n"), "vkey": vkey})
+        status, body, _ = get(served.url + "/audit?" + forged)
+        assert status == 200 and "NOT sound" in body and "FAILED: signature" in html.unescape(body)
+        status, body, _ = get(served.url + "/audit?" + urllib.parse.urlencode({"checkpoint": note, "vkey": "nonsense"}))
+        assert status == 200 and "three fields" in body
