@@ -18,6 +18,7 @@ log; ``check`` recomputes it from the log and compares every stored tile.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Final
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 import lmdb
 import msgspec
 
-from ..errors import CorruptRecordError, ProjectionsBehind, ProofError
+from ..errors import CorruptRecordError, DamageError, ProjectionsBehind, ProofError
 from ..tlog import merkle
 from .environment import Environment
 from .records import record_leaf
@@ -49,6 +50,7 @@ _key: Final = _KEY.pack
 _HASH: Final = merkle.HASH_SIZE
 
 Progress = Callable[[int, int], None]
+_logger = logging.getLogger(__name__)
 
 
 def _hashes_before(index: int) -> int:
@@ -199,11 +201,14 @@ class TreeStore:
             if seq > size:  # far behind (a log appended to without the tree): a writer's open fills it
                 pending.clear()
             return
-        leaves = [pending.get(at) or self._leaf_from_log(txn, at) for at in range(size + 1, seq + 1)]
-        builder = self._builder
-        if builder is None or builder.size != size:  # else: the frontier the last tile left
-            builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier(size)))
-        self._builder = None  # until the tiles are in: a transaction that aborts leaves none
+        self._builder, builder = None, self._builder  # until the tiles are in: an aborted transaction leaves none
+        try:
+            leaves = [pending.get(at) or self._leaf_from_log(txn, at) for at in range(size + 1, seq + 1)]
+            if builder is None or builder.size != size:  # else: the frontier the last tile left
+                builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier(size)))
+        except DamageError as error:  # a damaged tree never refuses a commit: verify names it, rebuild mends it
+            _logger.error("the log tree of %s is not extended past %d records: %s", self.env.path, size, error)
+            return
         rows = [builder.add(leaf) for leaf in leaves]
         cursor = txn.cursor(db=self._db)
         for at in range(0, len(rows), TILE):

@@ -199,3 +199,25 @@ async def test_a_replica_has_its_writers_tree_at_every_sequence(tmp_path: Path) 
         await replica.close()
         await writer.close()
     assert stored_tree(tmp_path / "r")[::2] == (head - head % TILE, [])
+
+
+async def test_a_damaged_tree_never_refuses_a_commit_and_rebuild_mends_it(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability="process")
+    for n in range(TILE):
+        await storage.commit([{"type": "conversation", "value": {"id": 2 + n}}], CTX)
+    await storage.close()
+    env = Environment(path, durability="process")
+    log = WriteLog(env)
+    env.write(lambda txn: txn.put((0).to_bytes(8, "big"), b"short", db=log.tree.db))  # a tile cut short
+    env.close()
+    storage = await LmdbStorage.open(path, durability="process")
+    try:
+        for n in range(2 * TILE):
+            await storage.commit([{"type": "conversation", "value": {"id": 100 + n}}], CTX)
+        assert storage.log.head() == 3 * TILE
+        await storage.rebuild()
+        assert storage.log.root() == tlog.root_of(leaves_of(path))
+    finally:
+        await storage.close()
+    assert stored_tree(path) == (3 * TILE, tlog.root_of(leaves_of(path)), [])
