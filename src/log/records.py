@@ -268,8 +268,8 @@ def _legacy_hook(code: int, data: memoryview) -> None:
 
 
 _legacy_scan: Final = msgspec.msgpack.Decoder(ext_hook=_legacy_hook)
-"""Decodes writes only to find a legacy extension value (``codec.EXT_INT``, written by early
-versions for integers beyond 64 bits)."""
+"""Decodes writes only to find a legacy extension value (``codec.EXT_INT``, written for integers
+beyond 64 bits by early versions, which wrote only format-1 records)."""
 
 
 def record_leaf(seq: int, data: bytes | memoryview) -> bytes:
@@ -278,6 +278,8 @@ def record_leaf(seq: int, data: bytes | memoryview) -> bytes:
     extension value is re-encoded first); damage raises ``CorruptRecordError``."""
 
     record, payload = _verified(seq, data)
+    if record.format != RAW_FORMAT:  # compressed formats came after the legacy extension left
+        return record_leaf_hash(seq, record.committed_at, payload)
     try:
         codec.deep(_legacy_scan.decode, payload)
     except _LegacyExt:

@@ -221,3 +221,21 @@ async def test_a_damaged_tree_never_refuses_a_commit_and_rebuild_mends_it(tmp_pa
     finally:
         await storage.close()
     assert stored_tree(path) == (3 * TILE, tlog.root_of(leaves_of(path)), [])
+
+
+def test_a_legacy_big_integer_record_has_the_leaf_of_its_writes_encoded_today() -> None:
+    """Early versions wrote integers beyond 64 bits as extension type 2 (format-1 records only):
+    such a record hashes as a commit encodes the same writes today, so its export imports to the
+    same leaf."""
+
+    import msgspec
+
+    from pi_durable_lmdb.log.records import RawRecord, _checksum, encode_batch, encode_record
+    from pi_durable_lmdb.tlog import record_leaf_hash
+
+    big = 10**30
+    legacy = msgspec.msgpack.encode([{"type": "conversation", "value": {"id": 2, "n": msgspec.msgpack.Ext(2, str(big).encode())}}])
+    today = encode_batch([{"type": "conversation", "value": {"id": 2, "n": big}}]).payload
+    assert legacy != today
+    stored = msgspec.msgpack.encode(RawRecord(1, 5, _checksum(5, legacy), legacy))
+    assert record_leaf(1, stored) == record_leaf_hash(1, 5, today) == record_leaf(1, encode_record(today, 5))
