@@ -276,6 +276,17 @@ class JournalReplayPending(StoreStateError):
         self.path = path
 
 
+class ProofError(DamageError):
+    """A Merkle proof, a signed checkpoint or a stored tree does not verify: the history is not the
+    one that was proved or signed (``pi_durable_lmdb.tlog``, docs/audit.md). The message names
+    what does not hold."""
+
+
+class NoteError(BadInputError):
+    """A signing key, verifier key, signed note or checkpoint is not well formed (C2SP
+    signed-note and tlog-checkpoint): the message names what is wrong."""
+
+
 class ProjectionsBehind(StoreStateError):
     """A read-only open found projections that only a writer can bring up to date: open the store
     for writing once (or let its writer run)."""
@@ -308,10 +319,12 @@ __all__ = [
     "MapBusyError",
     "NatsUnavailableError",
     "NotWriterError",
+    "NoteError",
     "OutcomeUnknownError",
     "OwnershipError",
     "ProjectionFailed",
     "ProjectionsBehind",
+    "ProofError",
     "ReplicationError",
     "StoreClosedError",
     "StoreDamagedError",

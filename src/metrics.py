@@ -51,6 +51,13 @@ def _families(info: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     yield _gauge("log_records", "Records held in the write log", int(info["records"]))
     yield _gauge("store_bytes", "Bytes of the store's data file", int(info["fileBytes"]))
     yield _gauge("log_bytes", "Bytes used by the write log", int(info["logBytes"]))
+    tree = info.get("tree")
+    if tree is not None:
+        yield _gauge("log_tree_size", "Records in the log's Merkle tree (its size, as a checkpoint names it)", int(tree["size"]))
+        yield _gauge(
+            "log_tree_stored_leaves", "Records whose hashes the stored tree holds (the rest are hashed from the log when read)",
+            int(tree["storedLeaves"]),
+        )
     lag = GaugeMetricFamily(
         f"{PREFIX}_projection_lag_records", "Records of the log not yet folded by a projection", labels=["projection"]
     )

@@ -22,6 +22,7 @@ from ..storage.stats import format_stats, lease_of, require_store, stats
 from ..storage.tail import StreamTail, Tail, TailFilter, commit_to_builtins, open_stream, summarize
 from ..storage.verify import check, record_outcome
 
+from . import transparency
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,
@@ -152,6 +153,7 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="KIND",
         help=f"only writes of this kind (repeatable): {', '.join(WRITE_TYPES)}",
     )
+    transparency.checkpoint_options(sub)
     sub.set_defaults(run=_tail)
 
 
@@ -171,6 +173,7 @@ def _tail(args: argparse.Namespace) -> int:
         raise usage("--from and --since both start the range: use one")
     types = frozenset(args.types) if args.types else None
     filter = TailFilter(args.conversation, types)
+    args.signer = transparency.checkpoint_signer(args)
     if args.nats is not None:
         if args.path is not None:
             raise usage(f"tail reads a store at PATH or a NATS stream (--nats), not both (PATH {args.path!r})")
@@ -241,14 +244,21 @@ async def _print_tail(tail: Tail, first: int, last: int, limit: int | None, args
         return EXIT_OK
     flush()
     start = max(first, last + 1)
-    if args.json:
-        async for text in tail.json_lines(start, follow=True):
-            write(text + "\n")
-            flush()
-    else:
-        async for commit, writes in tail.commits(start, follow=True):
-            write(line(commit, writes) + "\n")
-            flush()
+    checkpoints = None
+    if args.signer is not None:
+        checkpoints = asyncio.ensure_future(transparency.print_checkpoints(tail.log, args.checkpoints, args.signer, args.json, write))
+    try:
+        if args.json:
+            async for text in tail.json_lines(start, follow=True):
+                write(text + "\n")
+                flush()
+        else:
+            async for commit, writes in tail.commits(start, follow=True):
+                write(line(commit, writes) + "\n")
+                flush()
+    finally:
+        if checkpoints is not None:
+            checkpoints.cancel()
     return EXIT_OK
 
 
@@ -304,10 +314,13 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
     store_argument(sub)
     sub.add_argument("--max-differences", type=count, default=20, metavar="N", help="list at most N differences (default 20)")
     progress_option(sub)
+    transparency.trusted_options(sub)
     sub.set_defaults(run=_verify)
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if args.trusted is not None:
+        return transparency.verify_against(args)
     report = check(args.path, progress=Progress("verify", None, progress_on(args)), limit=max(1, args.max_differences))
     record_outcome(args.path, report)
     if report.sound:

@@ -53,6 +53,11 @@ def _register_export(commands: argparse._SubParsersAction[argparse.ArgumentParse
     sub.add_argument("--to", dest="to_seq", type=sequence, metavar="SEQ", help="last log sequence (default: the head)")
     sub.add_argument("--since", type=time_argument, metavar="TIME", help="from the first batch committed at or after TIME")
     sub.add_argument("--until", type=time_argument, metavar="TIME", help="to the last batch committed at or before TIME")
+    sub.add_argument(
+        "--root",
+        action="store_true",
+        help='end with a line {"treeSize", "rootHash"}: the Merkle root of the records exported, which import checks (from sequence 1)',
+    )
     progress_option(sub)
     sub.set_defaults(run=_export)
 
@@ -64,7 +69,7 @@ def _export(args: argparse.Namespace) -> int:
         raise usage("--since is after --until: an empty range")
     report = Progress("export", None, progress_on(args), unit="commits")
     done = 0
-    for line in export_lines(args.path, args.from_seq or 1, args.to_seq, since=args.since, until=args.until):
+    for line in export_lines(args.path, args.from_seq or 1, args.to_seq, since=args.since, until=args.until, root=args.root):
         sys.stdout.write(line + "\n")
         done += 1
         report(done)

@@ -17,6 +17,7 @@ import msgspec
 from . import codec, zstd
 from ..errors import CorruptRecordError
 from .deflate import deflate, inflate
+from ..tlog.leaf import record_leaf_hash
 
 FORMAT_VERSION: Final = 3
 """The newest version of the log record layout; every record carries its own:
@@ -254,6 +255,38 @@ def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]
     if not isinstance(writes, list):
         raise CorruptRecordError(seq, "the writes are not an array")
     return {"seq": seq, "committedAt": record.committed_at, "writes": writes}
+
+
+class _LegacyExt(Exception):
+    pass
+
+
+def _legacy_hook(code: int, data: memoryview) -> None:
+    if code == codec.EXT_INT:
+        raise _LegacyExt
+    return None
+
+
+_legacy_scan: Final = msgspec.msgpack.Decoder(ext_hook=_legacy_hook)
+"""Decodes writes only to find a legacy extension value (``codec.EXT_INT``, written for integers
+beyond 64 bits by early versions, which wrote only format-1 records)."""
+
+
+def record_leaf(seq: int, data: bytes | memoryview) -> bytes:
+    """The Merkle leaf hash of stored record ``seq`` (``tlog.leaf``), from its verified,
+    decompressed writes in the encoding a commit gives them today (a record holding a legacy
+    extension value is re-encoded first); damage raises ``CorruptRecordError``."""
+
+    record, payload = _verified(seq, data)
+    if record.format != RAW_FORMAT:  # compressed formats came after the legacy extension left
+        return record_leaf_hash(seq, record.committed_at, payload)
+    try:
+        codec.deep(_legacy_scan.decode, payload)
+    except _LegacyExt:
+        payload = codec.encode(codec.decode(payload))
+    except (msgspec.DecodeError, ValueError, RecursionError) as error:
+        raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
+    return record_leaf_hash(seq, record.committed_at, payload)
 
 
 def _verified(seq: int, data: bytes | memoryview) -> tuple[LogRecord, bytes]:

@@ -18,7 +18,11 @@ import lmdb
 
 from .environment import Environment
 from ..errors import LogError
-from .records import Commit, decode_record, encode_record
+from .records import Commit, decode_record, encode_record, record_leaf
+from .tree import ConsistencyProof, InclusionProof, TreeStore
+from ..tlog import merkle
+from ..tlog.note import Checkpoint, Signer, parse_signer, sign_checkpoint
+from ..tlog.leaf import record_leaf_hash
 
 T = TypeVar("T")
 
@@ -54,6 +58,8 @@ class WriteLog:
     def __init__(self, env: Environment) -> None:
         self.env = env
         self._db = env.db(LOG_DB) if not env.readonly or env.has_db(LOG_DB) else None
+        self.tree = TreeStore(env)
+        """The log's Merkle tree (``log.tree``): every append adds its leaf in the same transaction."""
         self._waiters: set[asyncio.Future[None]] = set()
         self._waiters_lock = threading.Lock()
 
@@ -89,6 +95,7 @@ class WriteLog:
         record = encode_record(payload, committed_at)
         if not txn.put(seq_key(seq), record, db=db, append=True):
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
+        self.tree.append_leaf(txn, seq, record_leaf_hash(seq, committed_at, payload))
         self.env.journal_stage(seq, record)  # power: flushed to the journal before txn commits
         return seq
 
@@ -101,6 +108,7 @@ class WriteLog:
         head = key_seq(cursor.key()) if cursor.last() else 0
         if seq != head + 1 or not cursor.put(seq_key(seq), data, append=True):
             raise LogError(f"Record {seq} cannot follow the log's head {head}; nothing was committed")
+        self.tree.append_leaf(txn, seq, record_leaf(seq, data))
         return seq
 
     def record(self, txn: lmdb.Transaction[bytes], seq: int) -> bytes | None:
@@ -238,6 +246,50 @@ class WriteLog:
                 continue
             if not await self.wait_commit(interval):
                 interval = min(interval * 1.5, max_poll_interval)
+
+    # ── the Merkle tree (docs/audit.md) ─────────────────────────────────────
+
+    def root(self, size: int | None = None) -> bytes:
+        """The root hash of the tree of the log's first ``size`` records (default: all)."""
+
+        with self.env.read() as txn:
+            size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
+            return merkle.tree_hash(size, read)
+
+    def prove(self, seq: int, size: int | None = None) -> InclusionProof:
+        """The inclusion proof of record ``seq`` in the tree of ``size`` records (default: all)."""
+
+        seq = _position(seq, "seq")
+        with self.env.read() as txn:
+            size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
+            if not 1 <= seq <= size:
+                raise ValueError(f"Record {seq} is not in the tree of {size} records (sequences 1 to {size})")
+            leaf = read([(0, seq - 1)])[0]
+            path = merkle.inclusion_proof(seq - 1, size, read)
+            root = merkle.tree_hash(size, read)
+        return InclusionProof(seq, seq - 1, size, leaf.hex(), [value.hex() for value in path], root.hex())
+
+    def prove_consistency(self, old: int, new: int | None = None) -> ConsistencyProof:
+        """The consistency proof from the tree of ``old`` records to that of ``new`` (default: all)."""
+
+        old = _position(old, "old")
+        with self.env.read() as txn:
+            new, read = self.tree.reader_at(txn, self.db, self.head(txn), new)
+            if not 0 <= old <= new:
+                raise ValueError(f"No consistency proof from size {old} to size {new}: the old size must be from 0 to {new}")
+            path = merkle.consistency_proof(old, new, read)
+            old_root, new_root = merkle.tree_hash(old, read), merkle.tree_hash(new, read)
+        return ConsistencyProof(old, new, old_root.hex(), new_root.hex(), [value.hex() for value in path])
+
+    def checkpoint(self, key: Signer | str, origin: str | None = None, size: int | None = None) -> str:
+        """A C2SP ``tlog-checkpoint`` of the tree of ``size`` records (default: all), signed by
+        ``key`` (a ``tlog.Signer`` or its text); ``origin`` defaults to the key's name."""
+
+        signer = parse_signer(key) if isinstance(key, str) else key
+        with self.env.read() as txn:
+            size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
+            root = merkle.tree_hash(size, read)
+        return sign_checkpoint(Checkpoint(signer.name if origin is None else origin, size, root), signer)
 
     async def wait_commit(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a commit of this process (or a close); returns

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Iterator
+from typing import Final
 
 from ..log import CorruptRecordError, Environment, WriteLog
 from ..log.records import decode_record_builtins
@@ -57,18 +58,36 @@ def seq_range(
 # ── export, show, backup ──────────────────────────────────────────────────────
 
 
+ROOT_TRAILER: Final = "treeSize"
+"""The first key of an export's trailer line, ``{"treeSize": N, "rootHash": hex}``."""
+
+
 def export_lines(
-    path: str | os.PathLike[str], first: int = 1, last: int | None = None, *, since: int | None = None, until: int | None = None
+    path: str | os.PathLike[str],
+    first: int = 1,
+    last: int | None = None,
+    *,
+    since: int | None = None,
+    until: int | None = None,
+    root: bool = False,
 ) -> Iterator[str]:
     """The log from ``first`` to ``last`` (and/or between two times) as JSON Lines,
-    ``{"seq", "committedAt", "writes"}`` per line; ``jsonlines.from_json`` reads a line back."""
+    ``{"seq", "committedAt", "writes"}`` per line; ``jsonlines.from_json`` reads a line back.
+
+    ``root``: a last line ``{"treeSize": N, "rootHash": hex}`` gives the Merkle root of the
+    records exported (docs/audit.md), which ``import`` checks; the export must then start at
+    sequence 1 (a root covers a prefix of the log)."""
 
     env = Environment(path, readonly=True)
     try:
         log = WriteLog(env)
         low, high = seq_range(log, first, last, since, until)
+        if root and low != 1:
+            raise ValueError(f"An export with its root starts at sequence 1 (a root covers the log's first records), not {low}")
         if low <= high:
             for batch in log.read(low, high, decode=decode_record_builtins):
                 yield to_json(batch)
+            if root:
+                yield to_json({ROOT_TRAILER: high, "rootHash": log.root(high).hex()})
     finally:
         env.close()

@@ -80,6 +80,8 @@ class LmdbStorage(StorageReads, Storage):
         self._projector = Projector(self._model)
         if env.replay_pending:
             self._replay()
+        if not env.readonly:
+            self.log.tree.catch_up(self.log, progress)  # a store written before the tree, or behind it
         self.projections = UserProjections(env, self.log, projections)
         self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
@@ -466,6 +468,7 @@ class LmdbStorage(StorageReads, Storage):
         verify_checksums = self._model.unseal is t.unseal
         with self._committer.exclusive():  # no group folds into the tables being swapped
             rebuild(self._env, self.log, progress)
+            self.log.tree.rebuild(self.log, progress)
             self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
             self._projector = self._committer.projector = Projector(self._model)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -26,6 +27,7 @@ from ..errors import WriterLockedError
 from ..log.storedir import sync_directory, take_writer_lock
 
 from .words import plural
+from .export import ROOT_TRAILER
 from .jsonlines import from_json
 from .lmdb_storage import LmdbStorage
 
@@ -43,6 +45,8 @@ class ImportReport:
     renumbered: list[tuple[int, int, int]] = field(default_factory=list)
     """Runs ``(export_first, new_first, length)`` of batches whose sequence changed, in order."""
     lacking: list[str] = field(default_factory=list)
+    root: str | None = None
+    """What became of the export's root (its trailer line), if it had one."""
 
     def count(self, kind: str, n: int = 1) -> None:
         self.records[kind] = self.records.get(kind, 0) + n
@@ -76,6 +80,8 @@ class ImportReport:
                     f"  ... and {plural(len(rest), 'more run')} ({plural(sum(n for _, _, n in rest), 'batch', 'batches')})"
                 )
         lines.extend(f"not carried over: {what}" for what in self.lacking)
+        if self.root is not None:
+            lines.append(self.root)
         return "\n".join(lines)
 
 
@@ -242,11 +248,17 @@ async def import_export(
     ``renumber``: then the report lists every batch whose sequence changed."""
 
     report = ImportReport()
+    trailer: tuple[int, int, bytes] | None = None
     async with new_store(target) as storage:
         expected = 1
         for number, raw in enumerate(lines, 1):
             line = decode_line(number, raw)
             if not line.strip():
+                continue
+            if trailer is not None:
+                raise ValueError(f"Line {number} of the export follows its root line {trailer[0]}: the root line is the last")
+            if line.startswith('{"' + ROOT_TRAILER + '"'):
+                trailer = (number, *parse_root(number, line))
                 continue
             seq, committed_at, writes = parse_batch(number, line)
             if seq != expected and not renumber:
@@ -262,7 +274,38 @@ async def import_export(
                 report.count(write["type"])
             if progress is not None:
                 progress(report.commits)
+        if trailer is not None:
+            report.root = _check_root(storage, report, *trailer)
     return report
+
+
+def parse_root(number: int, line: str) -> tuple[int, bytes]:
+    """``(treeSize, root)`` of an export's root line."""
+
+    try:
+        value = from_json(line)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"Line {number} of the export is not a root line: not JSON ({error})") from None
+    size, root = (value.get(ROOT_TRAILER), value.get("rootHash")) if isinstance(value, dict) else (None, None)
+    if type(size) is not int or size < 0 or not isinstance(root, str) or not re.fullmatch("[0-9a-f]{64}", root):
+        raise ValueError(f'Line {number} of the export is not a root line {{"treeSize": N, "rootHash": 64 hex digits}}')
+    return size, bytes.fromhex(root)
+
+
+def _check_root(storage: LmdbStorage, report: ImportReport, number: int, size: int, root: bytes) -> str:
+    """The import holds what the exporter's root covers, or ``ValueError`` (nothing is imported)."""
+
+    if report.renumbered:
+        return "the export's root was not checked: renumbered records have other leaves"
+    head = storage.log.head()
+    if size != head:
+        raise ValueError(f"Line {number} of the export gives the root of {size} records, the export holds {head}. Nothing was imported")
+    if storage.log.root(size) != root:
+        raise ValueError(
+            f"The records imported do not have the exporter's root (line {number}): the export was altered "
+            "after it was written. Nothing was imported"
+        )
+    return f"the records imported have the exporter's root {root.hex()} (tree of {size} records)"
 
 
 async def open_pi_durable_store(path: str) -> Any:

@@ -10,6 +10,8 @@ from typing import Any
 
 import lmdb
 
+from ..errors import ProjectionsBehind
+
 from ..log import Environment, WriteLog
 from ..log.environment import MAIN_DB, PageStats
 from ..log.writelog import LOG_DB
@@ -93,6 +95,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             position = _stored_position(txn, env)
         users = stored_statuses(env)
         shipping_stopped = stopped_reason(env.path)
+        tree = _tree(env, log, head)
         return {
             "path": env.path,
             "storeId": env.store_id,
@@ -107,6 +110,7 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             "footprint": footprint(pages),
             "counts": counts,
             "liveDocuments": live_documents,
+            "tree": tree,
             "projections": {
                 "core": {
                     "generation": model.generation,
@@ -139,6 +143,20 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
         }
     finally:
         env.close()
+
+
+def _tree(env: Environment, log: WriteLog, head: int) -> dict[str, Any]:
+    """The log's Merkle tree (docs/audit.md): its size (every record), the leaves its stored tiles
+    hold, and its root (``None`` when a store written before the tree is too far behind to hash
+    from a read-only open)."""
+
+    with env.read() as txn:
+        stored = log.tree.size(txn)
+    try:
+        root: str | None = log.root(head).hex()
+    except ProjectionsBehind:
+        root = None
+    return {"size": head, "storedLeaves": stored, "rootHash": root}
 
 
 def footprint(pages: PageStats) -> dict[str, Any]:
@@ -221,6 +239,7 @@ def format_stats(info: dict[str, Any]) -> str:
         "records          "
         + ", ".join(plural(count, *_KINDS[name]) for name, count in info["counts"].items()),
         f"live documents   {info['liveDocuments']:,}",
+        f"merkle tree      {plural(info['tree']['size'], 'record')}, root {info['tree']['rootHash'] or '- (open the store for writing once)'}",
         f"projections      core: schema {core['schemaVersion']}, folded to sequence {core['foldedSeq']}",
     ]
     for name, user in info["projections"].get("user", {}).items():

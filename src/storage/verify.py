@@ -18,6 +18,7 @@ from ..log import Commit, Environment, WriteLog, key_seq, seq_key
 from ..errors import CorruptProjectionError
 from ..log.records import decode_record
 from ..log.storedir import replace_file
+from ..log.tree import TILE, TREE_DB
 from ..projections import Projector, ReadModel
 from ..projections.history import log_rows
 from ..projections import tables as t
@@ -94,6 +95,8 @@ def describe_key(table: str, key: bytes) -> str:
     """A projection key in words (``task 9``, ``entry 1005 of conversation 2``), from the key
     layouts of ``projections.tables``; raw bytes only for what has no simpler name."""
 
+    if table == TREE_DB:
+        return "the log's Merkle tree:"
     if len(key) == 8 and table in _ROW_KINDS:
         return f"{_ROW_KINDS[table]} {t.read_u64(key)}"
     if len(key) == 8 and table == t.RECORD_IDS:
@@ -170,8 +173,9 @@ def check(path: str | os.PathLike[str], progress: Progress | None = None, limit:
                 _fold_into(scratch, projector, rest)
                 scratch.write(lambda scratch_txn: mark_lockstep(scratch_txn, projector.model))
                 report(head, head)
-                result = VerifyReport(records=records + len(rest), tables=len(t.TABLES), head=head)
+                result = VerifyReport(records=records + len(rest), tables=len(t.TABLES) + 1, head=head)
                 _compare(txn, live, projector.model, result, limit)
+            _compare_tree(log, head, result, limit)
         finally:
             scratch.close()
     finally:
@@ -225,6 +229,17 @@ def _silent(done: int, total: int) -> None:
 def _fold_into(scratch: Environment, projector: Projector, commits: list[Commit]) -> None:
     if commits:
         scratch.write(lambda txn: projector.fold(txn, commits))
+
+
+def _compare_tree(log: WriteLog, head: int, report: VerifyReport, limit: int) -> None:
+    """The log's Merkle tree (``log.tree``): every stored tile recomputed from the records."""
+
+    found, total = log.tree.check(log, head, limit=max(limit - len(report.differences), 1))
+    kept = found[: max(limit - len(report.differences), 0)]
+    report.differences.extend(Difference(TREE_DB, b"", None, detail) for detail in kept)
+    report.more += total - len(kept)
+    with log.env.read() as txn:
+        report.keys += log.tree.size(txn) // TILE
 
 
 def _compare(

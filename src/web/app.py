@@ -19,11 +19,12 @@ from ..storage.jsonlines import to_json
 from ..storage.show import SHOW_KINDS, show
 from ..storage.stats import format_stats, stats
 from ..storage.tail import Tail, TailFilter, commit_to_builtins, summarize
+from ..storage.transparency import verify_trusted
 from ..storage.verify import last_outcome
 from ..storage.export import seq_range
 from ..log.records import WRITE_TYPES
 
-from ..errors import BadQueryError
+from ..errors import BadQueryError, NoteError
 from . import views
 from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 
@@ -61,6 +62,7 @@ def make_app(path: str, *, token: str | None = None, nats: str | None = None, st
     app.router.add_get("/log", log_page)
     app.router.add_get("/log/events", log_events)
     app.router.add_get("/log/{seq:[0-9]+}", log_record)
+    app.router.add_get("/audit", audit_page)
     app.router.add_get("/records/{kind}/{id:[0-9]+}", record_json)
     app.router.add_static("/static", os.path.join(HERE, "static"), append_version=True)
     app.on_cleanup.append(_close)
@@ -207,6 +209,33 @@ async def overview(request: web.Request) -> web.Response:
         request, "overview.html",
         {"title": "Overview", "info": info, "text": format_stats(info), "projections": rows, "verified": verified,
          "verified_at": None if verified is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(verified.at / 1000))},
+    )
+
+
+MAX_AUDIT_FIELD = 64 * 1024
+"""Characters of a pasted checkpoint or key the audit page reads at most."""
+
+
+async def audit_page(request: web.Request) -> web.Response:
+    """The log's Merkle tree (size, root) and a form that checks a pasted signed checkpoint with a
+    pasted verifier key (``durable-log verify --trusted``'s checks; a GET: it changes nothing)."""
+
+    store = request.app[STORE]
+    info = await asyncio.to_thread(stats, store.path)
+    note = request.query.get("checkpoint", "").replace("\r\n", "\n")[:MAX_AUDIT_FIELD]
+    vkey = request.query.get("vkey", "").strip()[:MAX_AUDIT_FIELD]
+    report = error = None
+    if note.strip() and vkey:
+        if not note.endswith("\n"):
+            note += "\n"
+        try:
+            report = await asyncio.to_thread(verify_trusted, store.path, note, vkey)
+        except NoteError as refused:
+            error = str(refused)
+    elif note.strip() or vkey:
+        error = "paste both the signed checkpoint and the verifier key"
+    return _page(
+        request, "audit.html", {"title": "Audit", "tree": info["tree"], "note": note, "vkey": vkey, "report": report, "error": error}
     )
 
 

@@ -80,8 +80,8 @@ def test_a_fresh_interpreter_using_the_engine_loads_no_command_line_module() -> 
     assert done.stdout.strip() == "[]"
 
 
-CLI_FILES = ["__init__", "common", "inspect", "move", "operate", "demo"]
-ENGINE_AUDIT = ["audit", "tail", "stats", "verify", "export", "show", "backup", "words", "migrate", "jsonlines"]
+CLI_FILES = ["__init__", "common", "inspect", "move", "operate", "demo", "transparency"]
+ENGINE_AUDIT = ["audit", "tail", "stats", "verify", "export", "show", "backup", "words", "migrate", "jsonlines", "transparency"]
 
 
 @pytest.mark.parametrize("path", [f"cli/{n}.py" for n in CLI_FILES] + [f"storage/{n}.py" for n in ENGINE_AUDIT])
@@ -89,16 +89,30 @@ def test_no_module_of_the_command_line_or_the_audit_functions_is_over_600_lines(
     assert len((SRC / path).read_text().splitlines()) <= 600
 
 
+def test_the_transparency_log_functions_import_nothing_of_the_store() -> None:
+    """``tlog`` is pure: the log layer uses it, and an auditor's program can use it with no store."""
+
+    reaching = {
+        str(path.relative_to(SRC)): name
+        for path in (SRC / "tlog").rglob("*.py")
+        for name in _imports(path)
+        if name.startswith(PACKAGE + ".") and not name.startswith((f"{PACKAGE}.tlog", f"{PACKAGE}.errors"))
+    }
+    assert reaching == {}
+    assert len(list((SRC / "tlog").rglob("*.py"))) >= 3
+
+
 def test_each_family_registers_its_own_commands() -> None:
     import argparse
 
-    from pi_durable_lmdb.cli import demo, inspect, move, operate
+    from pi_durable_lmdb.cli import demo, inspect, move, operate, transparency
 
     families = {
         demo: {"demo"},
         inspect: {"stats", "show", "tail", "verify"},
         move: {"export", "import", "backup", "restore"},
         operate: {"rebuild", "compact", "replica", "promote"},
+        transparency: {"keygen", "checkpoint", "prove"},
     }
     for family, names in families.items():
         parser = argparse.ArgumentParser()

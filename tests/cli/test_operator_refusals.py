@@ -348,6 +348,9 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
         "replica": [path, *nats, "--store", "abc"],
         "promote": [path, *nats],
         "serve": [path],
+        "keygen": ["name"],
+        "checkpoint": [path, "--key", str(tmp_path / "k")],
+        "prove": [path, "1"],
     }[name]
 
 

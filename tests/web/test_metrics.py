@@ -116,3 +116,22 @@ def test_handle_reports_shipping_and_the_lease(tmp_path: Path) -> None:
             await writer.close()
 
     asyncio.run(run())
+
+
+def test_metrics_export_the_log_trees_size(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(str(path), durability="process")
+        try:
+            registry = CollectorRegistry()
+            register_path(path, registry)
+            for n in range(18):
+                await storage.commit(batch(n), CTX)
+            found = samples(registry)
+            assert found[("pi_durable_lmdb_log_tree_size", ())] == storage.log.head() == 18
+            assert found[("pi_durable_lmdb_log_tree_stored_leaves", ())] == 16  # whole tiles of 16
+        finally:
+            await storage.close()
+
+    asyncio.run(run())

@@ -1,0 +1,239 @@
+"""The log as a transparency log (docs/audit.md): ``keygen`` (an Ed25519 signing key in the C2SP
+signed-note format), ``checkpoint`` (a signed tlog-checkpoint of a store), ``prove`` (inclusion and
+consistency proofs, RFC 9162), ``verify --trusted`` (a store against a checkpoint kept earlier;
+its options are added to ``verify``'s parser by ``trusted_options``), and ``tail --follow
+--checkpoints N`` (``checkpoint_options``, ``print_checkpoints``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+from collections.abc import Callable
+
+from ..errors import NoteError
+from ..log import WriteLog
+from ..storage.jsonlines import to_json
+from ..storage.transparency import checkpoint, prove, prove_consistency, verify_trusted
+from ..tlog.note import Signer, Verifier, generate_signer, parse_signer, parse_verifier
+
+from .common import EXIT_DAMAGE, EXIT_OK, READ_ONLY, add_command, count, print_json, sequence, store_argument, usage
+
+VKEY_VARIABLE = "DURABLE_LOG_VKEY"
+"""Where ``verify --trusted`` finds the verifier key when ``--vkey`` is not given."""
+MAX_KEY_FILE = 64 * 1024
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _register_keygen(commands)
+    _register_checkpoint(commands)
+    _register_prove(commands)
+
+
+# ── keygen ────────────────────────────────────────────────────────────────────
+
+
+def _register_keygen(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "keygen",
+        "make an Ed25519 key that signs checkpoints",
+        "Write a new Ed25519 signing key named NAME (C2SP signed-note format, readable by Go's "
+        "sumdb/note) to NAME.key (owner-only; '/' and ':' in NAME become '_') or --out, and print "
+        "its verifier key, which auditors keep to check checkpoints. Name it after the store, e.g. "
+        "audit.example.com/orders. Never overwrites a file.",
+    )
+    sub.add_argument("name", metavar="NAME", help="the key's name (no spaces, no '+'); checkpoints' origin by default")
+    sub.add_argument("--out", metavar="FILE", help="where to write the signing key (default NAME.key)")
+    sub.set_defaults(run=_keygen)
+
+
+def key_file_name(name: str) -> str:
+    return re.sub(r"[/:\\]", "_", name) + ".key"
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    signer = generate_signer(args.name)
+    out = args.out or key_file_name(args.name)
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise usage(f"{out} exists: keygen never overwrites a key (pass --out FILE)") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(signer.text() + "\n")
+    print(f"wrote the signing key of {signer.name} to {out}; its verifier key:", file=sys.stderr)
+    print(signer.verifier().text())
+    return EXIT_OK
+
+
+def _read_key_text(value: str, what: str) -> str:
+    """A key given as text, or the path of a file holding it."""
+
+    if os.path.exists(value):
+        with open(value, "rb") as handle:
+            data = handle.read(MAX_KEY_FILE + 1)
+        if len(data) > MAX_KEY_FILE:
+            raise NoteError(f"{value} is too long for a {what}")
+        try:
+            return data.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise NoteError(f"{value} does not hold a {what} (not UTF-8)") from None
+    return value.strip()
+
+
+# ── checkpoint ────────────────────────────────────────────────────────────────
+
+
+def _register_checkpoint(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "checkpoint",
+        "print a signed checkpoint of the log's Merkle tree",
+        "Print a C2SP tlog-checkpoint of the store's log: origin, tree size, root hash, signed with "
+        f"KEYFILE (from keygen). Keep it: verify --trusted proves later that the store still holds "
+        f"this history; {READ_ONLY}.",
+    )
+    store_argument(sub)
+    sub.add_argument("--key", required=True, metavar="KEYFILE", help="the signing key file keygen wrote")
+    sub.add_argument("--origin", metavar="ORIGIN", help="the checkpoint's origin line (default: the key's name)")
+    sub.add_argument("--size", type=count, metavar="N", help="sign the tree of the first N records (default: all)")
+    sub.set_defaults(run=_checkpoint)
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    signer = parse_signer(_read_key_text(args.key, "signing key"))
+    sys.stdout.write(checkpoint(args.path, signer, args.origin, args.size))
+    return EXIT_OK
+
+
+# ── prove ─────────────────────────────────────────────────────────────────────
+
+
+def _register_prove(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "prove",
+        "prove a record is in the log, or that the log extends an earlier size",
+        "With SEQ: the inclusion proof of record SEQ in the tree of N records (RFC 9162 2.1.3). "
+        "With --from OLD: the consistency proof from the tree of OLD records to that of NEW "
+        f"(2.1.4). Hashes in lowercase hex; {READ_ONLY}.",
+    )
+    store_argument(sub)
+    sub.add_argument("seq", nargs="?", type=sequence, metavar="SEQ", help="the record to prove")
+    sub.add_argument("--size", type=count, metavar="N", help="the tree size of the inclusion proof (default: the head)")
+    sub.add_argument("--from", dest="old", type=count, metavar="OLD", help="a consistency proof from this tree size")
+    sub.add_argument("--to", dest="new", type=count, metavar="NEW", help="... to this one (default: the head)")
+    sub.add_argument("--json", action="store_true", help="print the proof as one JSON object")
+    sub.set_defaults(run=_prove)
+
+
+def _prove(args: argparse.Namespace) -> int:
+    if (args.seq is None) == (args.old is None):
+        raise usage("prove takes SEQ (an inclusion proof) or --from OLD (a consistency proof), one of them")
+    if args.seq is not None:
+        if args.new is not None:
+            raise usage("--to goes with --from; an inclusion proof takes --size")
+        inclusion = prove(args.path, args.seq, args.size)
+        if args.json:
+            print_json(inclusion)
+        else:
+            print(f"record {inclusion.seq} is leaf {inclusion.leaf_index} of the tree of {inclusion.tree_size} records")
+            print(f"leaf hash {inclusion.leaf_hash}\nroot hash {inclusion.root_hash}\ninclusion proof:")
+            for value in inclusion.inclusion:
+                print(f"  {value}")
+        return EXIT_OK
+    if args.size is not None:
+        raise usage("--size goes with SEQ; a consistency proof takes --from and --to")
+    consistency = prove_consistency(args.path, args.old, args.new)
+    if args.json:
+        print_json(consistency)
+    else:
+        print(f"the tree of {consistency.new_size} records extends the tree of {consistency.old_size}")
+        print(f"old root {consistency.old_root}\nnew root {consistency.new_root}\nconsistency proof:")
+        for value in consistency.consistency:
+            print(f"  {value}")
+    return EXIT_OK
+
+
+# ── verify --trusted ──────────────────────────────────────────────────────────
+
+
+def trusted_options(sub: argparse.ArgumentParser) -> None:
+    """``--trusted`` and ``--vkey`` on ``verify``'s parser."""
+
+    sub.add_argument(
+        "--trusted",
+        metavar="CHECKPOINT_FILE",
+        help="instead: check the store against a signed checkpoint kept earlier (signature, the log "
+        "extends it, the tree matches the log); exit 1 naming what fails",
+    )
+    sub.add_argument(
+        "--vkey",
+        metavar="VERIFIER_KEY",
+        help=f"the verifier key keygen printed, or a file holding it (default: ${VKEY_VARIABLE})",
+    )
+
+
+def verify_against(args: argparse.Namespace) -> int:
+    """``verify PATH --trusted CHECKPOINT_FILE [--vkey KEY]``."""
+
+    text = args.vkey if args.vkey is not None else os.environ.get(VKEY_VARIABLE)
+    if not text:
+        raise usage(f"verify --trusted needs the verifier key of the checkpoint's signer: --vkey KEY (or ${VKEY_VARIABLE})")
+    verifier: Verifier = parse_verifier(_read_key_text(text, "verifier key"))
+    with open(args.trusted, "rb") as handle:
+        note = handle.read(1 << 20)
+    report = verify_trusted(args.path, note, verifier)
+    if report.sound:
+        print(f"{args.path}: {report.summary()}")
+        return EXIT_OK
+    print(f"{args.path}: {report.summary()}", file=sys.stderr)
+    return EXIT_DAMAGE
+
+
+# ── tail --follow --checkpoints ───────────────────────────────────────────────
+
+CHECKPOINT_POLL = 0.1
+"""Seconds between looks at the log head while ``tail --follow --checkpoints`` waits."""
+
+
+def checkpoint_options(sub: argparse.ArgumentParser) -> None:
+    """``--checkpoints N`` and ``--key`` on ``tail``'s parser."""
+
+    sub.add_argument(
+        "--checkpoints",
+        type=count,
+        metavar="N",
+        help="with --follow: also print a signed checkpoint each time the log reaches a multiple of N records "
+        '(with --json as {"checkpoint": NOTE}), for an auditor\'s own copy (needs --key)',
+    )
+    sub.add_argument("--key", metavar="KEYFILE", help="the signing key of --checkpoints (keygen writes one)")
+
+
+def checkpoint_signer(args: argparse.Namespace) -> Signer | None:
+    """The signer of ``tail --checkpoints``, or None without it; refuses a bad combination."""
+
+    if args.checkpoints is None:
+        if args.key is not None:
+            raise usage("--key signs the checkpoints of --checkpoints N")
+        return None
+    if not args.follow or args.checkpoints < 1 or args.key is None or args.nats is not None:
+        raise usage("--checkpoints N (N >= 1) goes with --follow and --key KEYFILE, on a store at PATH")
+    return parse_signer(_read_key_text(args.key, "signing key"))
+
+
+async def print_checkpoints(log: WriteLog, every: int, signer: Signer, as_json: bool, write: Callable[[str], object]) -> None:
+    """Print a signed checkpoint of every size that is a multiple of ``every`` as the log reaches
+    it, from the head when called, until cancelled."""
+
+    next_size = (log.head() // every + 1) * every
+    while True:
+        head = log.head()
+        while head >= next_size:
+            note = log.checkpoint(signer, size=next_size)
+            write((to_json({"checkpoint": note}) + "\n") if as_json else note + "\n")
+            sys.stdout.flush()
+            next_size += every
+        await asyncio.sleep(CHECKPOINT_POLL)
