@@ -1,0 +1,352 @@
+"""A word index of a store, kept beside it as one more projection of the log: entries by the words
+of their messages and data, documents by the words of their values, tasks by the words of their
+kind and their state.
+
+It lives in its own LMDB environment, ``search.index`` inside the store directory, so it costs a
+store nothing until someone asks for it (``durable-log index PATH``) and can be deleted at any
+time: the next catch-up folds the whole log again. A catch-up reads the store read-only (it never
+blocks the store's writer) and folds every record past the index's checkpoint, a chunk per write
+transaction, the checkpoint written with the chunk's postings.
+
+A posting key is ``word NUL kind (8-byte max - seq) (8-byte id)``: one word's postings of one kind
+are contiguous and newest first, so a query walks them from the point it is asked at (``as_of``)
+backwards and stops when it has a page. Entries are written once: their postings are exact.
+A document posts the words a version added (not those it kept), a task the words of its kind when
+first written and of its state when that changes: both are candidates that a query checks against
+the record as it stands at the point asked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Final
+
+import lmdb
+import msgspec
+
+from ..log import Commit
+from ..log.records import (
+    BaseContent,
+    DocumentChangeWrite,
+    DocumentCopyWrite,
+    DocumentCreateWrite,
+    DocumentRetireWrite,
+    EntryWrite,
+    TaskWrite,
+)
+
+from .delta import apply_ops
+
+INDEX_DIR: Final = "search.index"
+"""The index's directory inside the store directory."""
+FORMAT: Final = 1
+"""Bump when postings change shape: an index of another format is dropped and folded again."""
+MAP_SIZE: Final = 1 << 36
+"""Address space reserved for the index (the file grows only as postings are written)."""
+CHUNK: Final = 2048
+"""Records folded per write transaction."""
+MAX_WORD: Final = 64
+"""Characters of a word kept (a longer word is indexed and looked up by its first 64)."""
+
+ENTRY: Final = b"e"
+DOCUMENT: Final = b"d"
+TASK: Final = b"t"
+KIND_NAMES: Final = {ENTRY: "entry", DOCUMENT: "document", TASK: "task"}
+
+_POSTINGS: Final = b"postings"
+_TASKS: Final = b"tasks"
+_META: Final = b"meta"
+_HEADER_KEY: Final = b"header"
+_MAX: Final = 2**64 - 1
+_U64 = struct.Struct(">Q")
+_PAIR = struct.Struct(">QQ")
+_WORDS: Final = re.compile(r"\w+")
+_SKIPPED_KEYS: Final = frozenset({"role", "type"})
+"""Keys of a message whose values are labels, not what was said (every message has a role)."""
+
+
+class IndexHeader(msgspec.Struct):
+    """The index's checkpoint: which store it indexes and the last log sequence folded."""
+
+    format: int
+    store_id: str | None
+    folded_seq: int
+
+
+_header_decoder: Final = msgspec.msgpack.Decoder(IndexHeader)
+_encoder: Final = msgspec.msgpack.Encoder()
+
+
+class IndexDamagedError(Exception):
+    """The index's header cannot be read: delete ``search.index`` and build it again."""
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text`` as the index keeps them: runs of letters and digits, lower-cased."""
+
+    return [word[:MAX_WORD] for word in _WORDS.findall(text.lower())]
+
+
+def strings_of(value: Any, skip: frozenset[str] = frozenset()) -> Iterator[str]:
+    """Every string in a JSON value (not its keys), depth first; values under ``skip`` keys are
+    left out."""
+
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(sub for key, sub in item.items() if key not in skip)
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def words_of(value: Any, skip: frozenset[str] = frozenset()) -> set[str]:
+    found: set[str] = set()
+    for text in strings_of(value, skip):
+        found.update(words(text))
+    return found
+
+
+def entry_words(entry: Any) -> set[str]:
+    """What an entry says: the text of its messages and its data."""
+
+    found: set[str] = set()
+    if isinstance(entry, dict):
+        for name in ("model", "data"):
+            if name in entry:
+                found |= words_of(entry[name], _SKIPPED_KEYS)
+    return found
+
+
+def task_words(task: Any) -> tuple[set[str], set[str]]:
+    """``(kind words, state words)`` of a task: its kind, its status and its outcome's status."""
+
+    kind = words(str(task.get("kind", "")))
+    state = task.get("state") if isinstance(task.get("state"), dict) else {}
+    said = [str(state.get("status", ""))]
+    outcome = state.get("outcome")
+    if isinstance(outcome, dict) and isinstance(outcome.get("status"), str):
+        said.append(outcome["status"])
+    return set(kind), {word for text in said for word in words(text)}
+
+
+def posting_key(word: str, kind: bytes, seq: int, id: int) -> bytes:
+    return word.encode() + b"\x00" + kind + _PAIR.pack(_MAX - seq, id)
+
+
+def word_prefix(word: str, kind: bytes) -> bytes:
+    return word.encode() + b"\x00" + kind
+
+
+def split_suffix(suffix: bytes) -> tuple[int, int]:
+    """``(seq, id)`` of the 16 bytes after a posting's word and kind."""
+
+    inverted, id = _PAIR.unpack(suffix)
+    return _MAX - inverted, id
+
+
+def suffix_from(seq: int) -> bytes:
+    """The first posting suffix at or before ``seq`` (postings run newest first)."""
+
+    return _PAIR.pack(_MAX - seq, 0)
+
+
+DocumentAt = Callable[[int, int], Any]
+"""``(document id, seq)``: the document's value as commit ``seq`` left it (None: unknown)."""
+
+
+class SearchIndex:
+    """The index of one store, opened (and created when ``create``) in its directory."""
+
+    def __init__(self, store_path: str | os.PathLike[str], *, create: bool = False) -> None:
+        self.path = os.path.join(os.path.abspath(store_path), INDEX_DIR)
+        if not create and not os.path.isfile(os.path.join(self.path, "data.mdb")):
+            raise FileNotFoundError(f"{store_path} has no search index (durable-log index PATH builds one)")
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        self.env = lmdb.open(self.path, map_size=MAP_SIZE, max_dbs=4, subdir=True)
+        self.postings = self.env.open_db(_POSTINGS)
+        self.tasks = self.env.open_db(_TASKS)
+        self.meta = self.env.open_db(_META)
+
+    def close(self) -> None:
+        self.env.close()
+
+    def header(self, txn: lmdb.Transaction[bytes] | None = None) -> IndexHeader | None:
+        if txn is None:
+            with self.env.begin() as own:
+                return self.header(own)
+        raw = txn.get(_HEADER_KEY, db=self.meta)
+        if raw is None:
+            return None
+        try:
+            header = _header_decoder.decode(raw)
+        except msgspec.DecodeError:
+            raise IndexDamagedError(f"the search index at {self.path} has an unreadable header") from None
+        return header
+
+    def reset(self, store_id: str | None) -> None:
+        """Drop every posting: the next fold starts from the log's first record."""
+
+        with self.env.begin(write=True) as txn:
+            for db in (self.postings, self.tasks):
+                txn.drop(db, delete=False)
+            txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, 0)), db=self.meta)
+
+    def size(self) -> int:
+        """Bytes the index takes on disk."""
+
+        return os.path.getsize(os.path.join(self.path, "data.mdb"))
+
+    def fold(self, commits: list[Commit], folded: int, store_id: str | None, document_at: DocumentAt) -> bool:
+        """Fold ``commits`` (the records after ``folded``) in one write transaction with the new
+        checkpoint; False (nothing written) when another process moved the checkpoint first."""
+
+        folder = _Folder(document_at)
+        with self.env.begin(write=True) as txn:
+            header = self.header(txn)
+            if header is None or header.folded_seq != folded:
+                return False
+            for commit in commits:
+                folder.fold(txn, self, commit)
+            txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, commits[-1].seq)), db=self.meta)
+        return True
+
+    def walk(self, txn: lmdb.Transaction[bytes], word: str, kind: bytes, as_of: int) -> Iterator[tuple[int, int, bytes]]:
+        """``(seq, id, value)`` of ``word``'s postings of ``kind`` at or before ``as_of``, newest first."""
+
+        prefix = word_prefix(word, kind)
+        cursor = txn.cursor(self.postings)
+        if not cursor.set_range(prefix + suffix_from(as_of)):
+            return
+        for key, value in cursor:
+            if not key.startswith(prefix):
+                return
+            seq, id = split_suffix(key[len(prefix) :])
+            yield seq, id, value
+
+    def join(self, txn: lmdb.Transaction[bytes], terms: list[str], kind: bytes, as_of: int) -> Iterator[tuple[int, int, bytes]]:
+        """Postings of ``kind`` that every word of ``terms`` has at the same ``(seq, id)``
+        (an entry's words all do), newest first: a zig-zag over one cursor per word, each
+        seeking to the greatest suffix another found, so the rarest word bounds the work."""
+
+        prefixes = [word_prefix(word, kind) for word in terms]
+        cursors = [txn.cursor(self.postings) for _ in terms]
+        target = suffix_from(as_of)
+        agreed = 0
+        index = 0
+        while True:
+            prefix, cursor = prefixes[index], cursors[index]
+            if not cursor.set_range(prefix + target):
+                return
+            key = cursor.key()
+            if not key.startswith(prefix):
+                return
+            found = key[len(prefix) :]
+            if found == target:
+                agreed += 1
+            else:
+                target, agreed = found, 1
+            if agreed == len(terms):
+                seq, id = split_suffix(target)
+                yield seq, id, cursor.value()
+                if _PAIR.unpack(target) == (_MAX, _MAX):
+                    return
+                target = _successor(target)
+                agreed = 0
+            index = (index + 1) % len(terms)
+
+
+def _successor(suffix: bytes) -> bytes:
+    inverted, id = _PAIR.unpack(suffix)
+    return _PAIR.pack(inverted, id + 1) if id < _MAX else _PAIR.pack(inverted + 1, 0)
+
+
+class _Folder:
+    """Turns commits into postings; keeps the documents' values it has seen during one catch-up,
+    so a run of deltas is applied here instead of read back from the store each time."""
+
+    def __init__(self, document_at: DocumentAt) -> None:
+        self.document_at = document_at
+        self.values: dict[int, Any] = {}
+        self.words: dict[int, set[str]] = {}
+
+    def fold(self, txn: lmdb.Transaction[bytes], index: SearchIndex, commit: Commit) -> None:
+        seq = commit.seq
+        put = txn.put
+        db = index.postings
+        for write in commit.writes:
+            kind = type(write)
+            if kind is EntryWrite:
+                entry = write.value  # type: ignore[union-attr]
+                for word in entry_words(entry):
+                    put(posting_key(word, ENTRY, seq, int(entry["id"])), b"", db=db)
+            elif kind is TaskWrite:
+                self._task(txn, index, seq, write.value)  # type: ignore[union-attr]
+            elif kind is DocumentCreateWrite or kind is DocumentCopyWrite or kind is DocumentChangeWrite:
+                self._document(txn, index, seq, write)
+            elif kind is DocumentRetireWrite:
+                self.values.pop(write.id, None)  # type: ignore[union-attr]
+                self.words.pop(write.id, None)  # type: ignore[union-attr]
+
+    def _task(self, txn: lmdb.Transaction[bytes], index: SearchIndex, seq: int, task: Any) -> None:
+        id = int(task["id"])
+        kind_words, state_words = task_words(task)
+        said = " ".join(sorted(state_words)).encode()
+        before = txn.get(_U64.pack(id), db=index.tasks)
+        if before == said:
+            return
+        txn.put(_U64.pack(id), said, db=index.tasks)
+        new = state_words | (kind_words if before is None else set())
+        for word in new:
+            txn.put(posting_key(word, TASK, seq, id), b"", db=index.postings)
+
+    def _document(self, txn: lmdb.Transaction[bytes], index: SearchIndex, seq: int, write: Any) -> None:
+        if isinstance(write, DocumentChangeWrite):
+            id = write.id
+            content = write.content
+            if isinstance(content, BaseContent):
+                value = content.value
+            elif id in self.values:
+                try:
+                    value = apply_ops(self.values[id], content.ops)
+                except Exception:  # a delta the store also refused to apply: its value stands
+                    value = self.values[id]
+            else:
+                value = self.document_at(id, seq)
+            previous = self.words.get(id)
+            if previous is None:
+                previous = words_of(self.document_at(id, seq - 1))
+        else:
+            id = write.record["id"]
+            if isinstance(write, DocumentCreateWrite):
+                content = write.content
+                value = content.value if isinstance(content, BaseContent) else self.document_at(id, seq)
+            else:
+                value = self.document_at(id, seq)
+            previous = set()
+        found = words_of(value)
+        self.values[id], self.words[id] = value, found
+        for word in found - previous:
+            txn.put(posting_key(word, DOCUMENT, seq, id), b"", db=index.postings)
+
+
+def all_words(query: str) -> list[str]:
+    """A query's distinct words, in the order given."""
+
+    return list(dict.fromkeys(words(query)))
+
+
+def each(iterable: Iterable[Any], count: int) -> list[Any]:
+    """At most ``count`` items of ``iterable``."""
+
+    found = []
+    for item in iterable:
+        if len(found) >= count:
+            break
+        found.append(item)
+    return found
