@@ -160,6 +160,7 @@ def main() -> int:
         index = SearchIndex(path, create=True)
         started = time.perf_counter()
         folded = catch_up(path, index)
+        index.compact()  # as the first durable-log search does
         indexed = time.perf_counter() - started
         index_bytes = index.size()
         index.close()

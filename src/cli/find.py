@@ -61,6 +61,7 @@ async def _run(args: argparse.Namespace) -> SearchResults:
     try:
         await asyncio.to_thread(catch_up, args.path, index)
         if fresh:
+            await asyncio.to_thread(index.compact)
             print(f"durable-log: the index takes {index.size():,} bytes in {index.path}", file=sys.stderr)
         storage = await LmdbStorage.open(args.path, readonly=True)
         try:

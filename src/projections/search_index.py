@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import lmdb
@@ -46,7 +47,7 @@ FORMAT: Final = 1
 """Bump when postings change shape: an index of another format is dropped and folded again."""
 MAP_SIZE: Final = 1 << 36
 """Address space reserved for the index (the file grows only as postings are written)."""
-CHUNK: Final = 2048
+CHUNK: Final = 16384
 """Records folded per write transaction."""
 MAX_WORD: Final = 64
 """Characters of a word kept (a longer word is indexed and looked up by its first 64)."""
@@ -168,6 +169,9 @@ class SearchIndex:
         if not create and not os.path.isfile(os.path.join(self.path, "data.mdb")):
             raise FileNotFoundError(f"{store_path} has no search index (durable-log index PATH builds one)")
         os.makedirs(self.path, mode=0o700, exist_ok=True)
+        self._open()
+
+    def _open(self) -> None:
         self.env = lmdb.open(self.path, map_size=MAP_SIZE, max_dbs=4, subdir=True)
         self.postings = self.env.open_db(_POSTINGS)
         self.tasks = self.env.open_db(_TASKS)
@@ -196,6 +200,22 @@ class SearchIndex:
             for db in (self.postings, self.tasks):
                 txn.drop(db, delete=False)
             txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, 0)), db=self.meta)
+
+    def compact(self) -> None:
+        """Rewrite the index with full pages and no free ones (after a first build, whose chunks
+        leave about as many free pages as used ones): a compacting copy beside it, swapped in."""
+
+        staging = self.path + ".compacting"
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging, mode=0o700)
+        self.env.copy(staging, compact=True)
+        self.env.close()
+        retired = self.path + ".retired"
+        shutil.rmtree(retired, ignore_errors=True)
+        os.rename(self.path, retired)
+        os.rename(staging, self.path)
+        shutil.rmtree(retired, ignore_errors=True)
+        self._open()
 
     def size(self) -> int:
         """Bytes the index takes on disk."""
@@ -339,14 +359,3 @@ def all_words(query: str) -> list[str]:
     """A query's distinct words, in the order given."""
 
     return list(dict.fromkeys(words(query)))
-
-
-def each(iterable: Iterable[Any], count: int) -> list[Any]:
-    """At most ``count`` items of ``iterable``."""
-
-    found = []
-    for item in iterable:
-        if len(found) >= count:
-            break
-        found.append(item)
-    return found

@@ -27,7 +27,6 @@ from ..projections.search_index import (
     TASK,
     SearchIndex,
     all_words,
-    entry_words,
     strings_of,
     task_words,
     words_of,
@@ -154,7 +153,7 @@ async def search(
         return results
     start = at if before is None else min(at, before)
     with index.env.begin() as txn:
-        found = []
+        found: list[tuple[int, int, bytes]] = []
         for seq, id, value in index.join(txn, terms, ENTRY, start):
             if len(found) >= limit and seq != found[-1][0]:
                 results.moreEntriesBefore = seq
@@ -267,7 +266,3 @@ def _brief(value: Any, limit: int = 300) -> str:
 def _cut(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def matched(entry: Any, terms: list[str]) -> bool:
-    return set(terms) <= entry_words(entry)
