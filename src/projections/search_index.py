@@ -18,6 +18,7 @@ the record as it stands at the point asked.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -202,13 +203,28 @@ class SearchIndex:
             txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, 0)), db=self.meta)
 
     def compact(self) -> None:
-        """Rewrite the index with full pages and no free ones (after a first build, whose chunks
-        leave about as many free pages as used ones): a compacting copy beside it, swapped in."""
+        """Rewrite the index with full pages (after a first build: postings land all over the
+        tree, which leaves its pages half full and as many free): every database copied in key
+        order into a fresh environment beside it, with LMDB's append, then swapped in."""
 
         staging = self.path + ".compacting"
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging, mode=0o700)
-        self.env.copy(staging, compact=True)
+        fresh = lmdb.open(staging, map_size=MAP_SIZE, max_dbs=4, subdir=True)
+        try:
+            for name, source in ((_POSTINGS, self.postings), (_TASKS, self.tasks), (_META, self.meta)):
+                target = fresh.open_db(name)
+                with self.env.begin() as reading:
+                    rows = reading.cursor(source).iternext()
+                    while True:
+                        batch = list(itertools.islice(rows, 200_000))
+                        if not batch:
+                            break
+                        with fresh.begin(write=True) as writing:
+                            writing.cursor(target).putmulti(batch, append=True)
+            fresh.sync(True)
+        finally:
+            fresh.close()
         self.env.close()
         retired = self.path + ".retired"
         shutil.rmtree(retired, ignore_errors=True)

@@ -25,7 +25,7 @@ from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
 
 from ..errors import BadQueryError
-from . import links, timeline, views
+from . import chart, links, timeline, views
 from .search import Finder, marked
 from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 
@@ -231,9 +231,10 @@ async def overview(request: web.Request) -> web.Response:
     projections += [(name, user["foldedSeq"], user["failedSeq"], user["error"]) for name, user in info["projections"]["user"].items()]
     rows = [(name, folded, head - int(folded or 0), failed, error) for name, folded, failed, error in projections]
     verified = last_outcome(store.path)
+    drawn = chart.draw((await store.storage()).log)
     return _page(
         request, "overview.html",
-        {"title": "Overview", "info": info, "text": format_stats(info), "projections": rows, "verified": verified,
+        {"title": "Overview", "info": info, "chart": drawn, "text": format_stats(info), "projections": rows, "verified": verified,
          "verified_at": None if verified is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(verified.at / 1000))},
     )
 
