@@ -5,7 +5,7 @@ A store of ``--entries`` entries is built through ``LmdbStorage`` (process durab
 quickly): ``--conversations`` conversations, turns of a user message and an assistant message of
 ~40 words each drawn from a Zipf-distributed vocabulary (so some words are in most entries and
 others in a handful), a task per turn whose state moves pending -> terminal, and a notes document
-per conversation changed by a delta every few turns. The index is then built once (timed, size
+per conversation that a delta appends ~12 words to every fifth turn. The index is then built once (timed, size
 reported) and each query class is run ``--repeat`` times, every run the full path a page takes:
 bring the index level with the log, then ``search`` (candidates from the index, each checked
 against the store, entries' commit times read from the log). Reported: p50 / p95 / max per class.
@@ -65,7 +65,7 @@ async def build(path: str, entries: int, conversations: int, seed: int = 7) -> f
             first.append({
                 "type": "document.create",
                 "record": {"id": document, "kind": "notes", "scope": {"kind": "conversation", "conversationId": conversation}},
-                "content": {"kind": "base", "version": 1, "value": {"lines": []}},
+                "content": {"kind": "base", "version": 1, "value": {"text": ""}},
             })
         await storage.commit(first, CTX)
         made = 0
@@ -90,7 +90,7 @@ async def build(path: str, entries: int, conversations: int, seed: int = 7) -> f
             ]
             if turn % 5 == 0:
                 batch.append({"type": "document.change", "id": notes[conversation],
-                              "content": {"kind": "delta", "version": 1, "ops": [{"op": "add", "path": "/lines/-", "value": sentence(12)}]}})
+                              "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], " " + sentence(12)]]}})
             await storage.commit(batch, CTX)
             made += 2
             turn += 1

@@ -6,7 +6,6 @@
   var body = document.getElementById("batches");
   var head = document.getElementById("log-head");
   if (!live || !body || !window.EventSource) { return; }
-  var keep = parseInt(live.getAttribute("data-keep") || "200", 10);
   var params = new URLSearchParams(window.location.search);
   params.delete("before");
   params.set("after", live.getAttribute("data-after"));
@@ -41,6 +40,7 @@
     writes.appendChild(links);
     row.appendChild(seq); row.appendChild(cell(batch.when)); row.appendChild(writes);
     body.insertBefore(row, body.firstChild);
+    var keep = parseInt(live.getAttribute("data-keep") || "200", 10);
     if (body.rows.length > keep) {
       while (body.rows.length > keep) { body.deleteRow(body.rows.length - 1); }
       var last = parseInt(body.rows[body.rows.length - 1].getAttribute("data-seq"), 10);
