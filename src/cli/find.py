@@ -97,8 +97,8 @@ def format_results(results: SearchResults) -> str:
         lines.append(f"  … older ones: --before {results.moreEntriesBefore}")
     lines.append(f"documents ({len(results.documents)}):")
     for doc in results.documents:
-        which = "in force" if doc.current else "an earlier version"
-        lines.append(f"  document {doc.id}  {doc.kind}  {which}, written at seq {doc.seq}: {doc.text}")
+        which = f"in the version in force, since seq {doc.seq}" if doc.current else f"in an earlier version, written at seq {doc.seq}"
+        lines.append(f"  document {doc.id}  {doc.kind}  {which}: {doc.text}")
     lines.append(f"tasks ({len(results.tasks)}):")
     for task in results.tasks:
         where = "" if task.conversationId is None else f"  conversation {task.conversationId}"

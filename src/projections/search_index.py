@@ -11,7 +11,8 @@ transaction, the checkpoint written with the chunk's postings.
 A posting key is ``word NUL kind (8-byte max - seq) (8-byte id)``: one word's postings of one kind
 are contiguous and newest first, so a query walks them from the point it is asked at (``as_of``)
 backwards and stops when it has a page. Entries are written once: their postings are exact.
-A document posts the words a version added (not those it kept), a task the words of its kind when
+Beside the postings, each conversation's newest activity and entry count, so a list can show
+conversations by when they last moved. A document posts the words a version added (not those it kept), a task the words of its kind when
 first written and of its state when that changes: both are candidates that a query checks against
 the record as it stands at the point asked.
 """
@@ -32,6 +33,7 @@ import msgspec
 from ..log import Commit
 from ..log.records import (
     BaseContent,
+    ConversationWrite,
     DocumentChangeWrite,
     DocumentCopyWrite,
     DocumentCreateWrite,
@@ -44,7 +46,7 @@ from .delta import apply_ops
 
 INDEX_DIR: Final = "search.index"
 """The index's directory inside the store directory."""
-FORMAT: Final = 1
+FORMAT: Final = 3
 """Bump when postings change shape: an index of another format is dropped and folded again."""
 MAP_SIZE: Final = 1 << 36
 """Address space reserved for the index (the file grows only as postings are written)."""
@@ -60,11 +62,17 @@ KIND_NAMES: Final = {ENTRY: "entry", DOCUMENT: "document", TASK: "task"}
 
 _POSTINGS: Final = b"postings"
 _TASKS: Final = b"tasks"
+"""Task id -> the words of its kind, NUL, the words of its latest state."""
 _META: Final = b"meta"
+_ACTIVITY: Final = b"activity"
+"""Conversation id -> its last commit's sequence and time, and how many entries of its own it has."""
+_RECENT: Final = b"recent"
+"""``(max - last sequence, conversation id)``: conversations by their newest activity, newest first."""
 _HEADER_KEY: Final = b"header"
 _MAX: Final = 2**64 - 1
 _U64 = struct.Struct(">Q")
 _PAIR = struct.Struct(">QQ")
+_ACTIVE = struct.Struct(">QQQ")
 _WORDS: Final = re.compile(r"\w+")
 _SKIPPED_KEYS: Final = frozenset({"role", "type"})
 """Keys of a message whose values are labels, not what was said (every message has a role)."""
@@ -80,6 +88,15 @@ class IndexHeader(msgspec.Struct):
 
 _header_decoder: Final = msgspec.msgpack.Decoder(IndexHeader)
 _encoder: Final = msgspec.msgpack.Encoder()
+
+
+class Activity(msgspec.Struct):
+    """A conversation's newest activity: the last commit that wrote it or an entry of its own."""
+
+    conversationId: int
+    lastSeq: int
+    lastAt: int
+    entries: int
 
 
 class IndexDamagedError(Exception):
@@ -173,10 +190,12 @@ class SearchIndex:
         self._open()
 
     def _open(self) -> None:
-        self.env = lmdb.open(self.path, map_size=MAP_SIZE, max_dbs=4, subdir=True)
+        self.env = lmdb.open(self.path, map_size=MAP_SIZE, max_dbs=8, subdir=True)
         self.postings = self.env.open_db(_POSTINGS)
         self.tasks = self.env.open_db(_TASKS)
         self.meta = self.env.open_db(_META)
+        self.activity = self.env.open_db(_ACTIVITY)
+        self.recent = self.env.open_db(_RECENT)
 
     def close(self) -> None:
         self.env.close()
@@ -198,7 +217,7 @@ class SearchIndex:
         """Drop every posting: the next fold starts from the log's first record."""
 
         with self.env.begin(write=True) as txn:
-            for db in (self.postings, self.tasks):
+            for db in (self.postings, self.tasks, self.activity, self.recent):
                 txn.drop(db, delete=False)
             txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, 0)), db=self.meta)
 
@@ -210,9 +229,10 @@ class SearchIndex:
         staging = self.path + ".compacting"
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging, mode=0o700)
-        fresh = lmdb.open(staging, map_size=MAP_SIZE, max_dbs=4, subdir=True)
+        fresh = lmdb.open(staging, map_size=MAP_SIZE, max_dbs=8, subdir=True)
         try:
-            for name, source in ((_POSTINGS, self.postings), (_TASKS, self.tasks), (_META, self.meta)):
+            tables = ((_POSTINGS, self.postings), (_TASKS, self.tasks), (_META, self.meta), (_ACTIVITY, self.activity), (_RECENT, self.recent))
+            for name, source in tables:
                 target = fresh.open_db(name)
                 with self.env.begin() as reading:
                     rows = reading.cursor(source).iternext()
@@ -251,6 +271,34 @@ class SearchIndex:
                 folder.fold(txn, self, commit)
             txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, commits[-1].seq)), db=self.meta)
         return True
+
+    def active(self, txn: lmdb.Transaction[bytes], skip: int, count: int) -> list[Activity]:
+        """``count`` conversations by their newest activity, newest first, after the first ``skip``."""
+
+        found: list[Activity] = []
+        cursor = txn.cursor(self.recent)
+        if not cursor.first():
+            return found
+        for index, key in enumerate(cursor.iternext(values=False)):
+            if index < skip:
+                continue
+            if len(found) >= count:
+                break
+            id = _PAIR.unpack(key)[1]
+            raw = txn.get(_U64.pack(id), db=self.activity)
+            if raw is not None:
+                seq, entries, ms = _ACTIVE.unpack(raw)
+                found.append(Activity(id, seq, ms, entries))
+        return found
+
+    def task_words(self, txn: lmdb.Transaction[bytes], id: int) -> set[str] | None:
+        """The words of task ``id``'s kind and latest state (None: no such task)."""
+
+        raw = txn.get(_U64.pack(id), db=self.tasks)
+        return None if raw is None else set(raw.decode().replace("\x00", " ").split())
+
+    def conversations(self, txn: lmdb.Transaction[bytes]) -> int:
+        return int(txn.stat(self.activity)["entries"])
 
     def walk(self, txn: lmdb.Transaction[bytes], word: str, kind: bytes, as_of: int) -> Iterator[tuple[int, int, bytes]]:
         """``(seq, id, value)`` of ``word``'s postings of ``kind`` at or before ``as_of``, newest first."""
@@ -315,10 +363,15 @@ class _Folder:
         seq = commit.seq
         put = txn.put
         db = index.postings
+        touched: dict[int, int] = {}
         for write in commit.writes:
             kind = type(write)
-            if kind is EntryWrite:
+            if kind is ConversationWrite:
+                touched.setdefault(int(write.value["id"]), 0)  # type: ignore[union-attr]
+            elif kind is EntryWrite:
                 entry = write.value  # type: ignore[union-attr]
+                conversation = int(entry["conversationId"])
+                touched[conversation] = touched.get(conversation, 0) + 1
                 for word in entry_words(entry):
                     put(posting_key(word, ENTRY, seq, int(entry["id"])), b"", db=db)
             elif kind is TaskWrite:
@@ -328,11 +381,21 @@ class _Folder:
             elif kind is DocumentRetireWrite:
                 self.values.pop(write.id, None)  # type: ignore[union-attr]
                 self.words.pop(write.id, None)  # type: ignore[union-attr]
+        for conversation, added in touched.items():
+            key = _U64.pack(conversation)
+            raw = txn.get(key, db=index.activity)
+            entries = added
+            if raw is not None:
+                last, before, _ = _ACTIVE.unpack(raw)
+                entries += before
+                txn.delete(_PAIR.pack(_MAX - last, conversation), db=index.recent)
+            txn.put(key, _ACTIVE.pack(seq, entries, commit.committed_at), db=index.activity)
+            txn.put(_PAIR.pack(_MAX - seq, conversation), b"", db=index.recent)
 
     def _task(self, txn: lmdb.Transaction[bytes], index: SearchIndex, seq: int, task: Any) -> None:
         id = int(task["id"])
         kind_words, state_words = task_words(task)
-        said = " ".join(sorted(state_words)).encode()
+        said = " ".join(sorted(kind_words)).encode() + b"\x00" + " ".join(sorted(state_words)).encode()
         before = txn.get(_U64.pack(id), db=index.tasks)
         if before == said:
             return

@@ -35,7 +35,9 @@ from ..projections.search_index import (
 from .reads import StorageReads
 
 LIMIT: Final = 50
-"""Entries a query returns per page (documents and tasks: up to this many too)."""
+"""Entries a query returns per page (tasks: up to this many too)."""
+DOCUMENT_LIMIT: Final = 20
+"""Documents a query returns: each is read and its words checked at the point asked."""
 CANDIDATES: Final = 5000
 """Postings of one word read to find documents or tasks (the newest); more: the note says so."""
 
@@ -53,9 +55,9 @@ class DocumentHit(msgspec.Struct):
     id: int
     kind: str
     seq: int
-    """The sequence that wrote the version holding the words."""
+    """The sequence by which the document held every word (the version it wrote holds them)."""
     current: bool
-    """True: the version in force at the point asked holds them; False: an earlier one did."""
+    """True: the version in force at the point asked holds them; False: only an earlier one did."""
     text: str
 
 
@@ -161,6 +163,8 @@ async def search(
             found.append((seq, id, value))
         documents, capped_documents = _candidates(index, txn, terms, DOCUMENT, at)
         tasks, capped_tasks = _candidates(index, txn, terms, TASK, at)
+        if as_of is None:  # the index knows each task's latest words: only matches are read
+            tasks = [(seq, id) for seq, id in tasks if set(terms) <= (index.task_words(txn, id) or set())][:limit]
     results.capped = capped_documents or capped_tasks
     times: dict[int, int] = {}
     for seq, id, value in found:
@@ -174,7 +178,7 @@ async def search(
         results.entries.append(EntryHit(id, int(entry["conversationId"]), seq, times[seq], roles_of(entry), said(entry)))
     wanted = set(terms)
     for seq, id in documents:
-        if len(results.documents) >= limit:
+        if len(results.documents) >= min(limit, DOCUMENT_LIMIT):
             break
         hit = await _document_hit(storage, reader, id, seq, wanted)
         if hit is not None:
@@ -226,7 +230,7 @@ async def _document_hit(storage: Any, reader: StorageReads, id: int, seq: int, w
     record = current.get("record", {})
     kind = str(record.get("kind", ""))
     if wanted <= words_of(current.get("value")):
-        return DocumentHit(id, kind, _written_at(await storage.document_revisions(DocumentId(id)), getattr(reader, "seq", None)), True, _brief(current.get("value")))
+        return DocumentHit(id, kind, seq, True, _brief(current.get("value")))
     try:
         earlier = await storage.document(DocumentId(id), seq, CTX)
     except Exception:  # a current-only document keeps no past values
@@ -234,13 +238,6 @@ async def _document_hit(storage: Any, reader: StorageReads, id: int, seq: int, w
     if earlier is None or not wanted <= words_of(earlier.get("value")):
         return None
     return DocumentHit(id, kind, seq, False, _brief(earlier.get("value")))
-
-
-def _written_at(revisions: list[dict[str, Any]], at: int | None) -> int:
-    """The sequence that wrote the version in force at ``at`` (None: now)."""
-
-    seqs = [row["seq"] for row in revisions if at is None or row["seq"] <= at]
-    return seqs[-1] if seqs else 0
 
 
 def roles_of(entry: Any) -> list[str]:

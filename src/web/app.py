@@ -25,7 +25,8 @@ from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
 
 from ..errors import BadQueryError
-from . import chart, links, timeline, views
+from . import chart, links, lists, timeline, views
+from . import search
 from .search import Finder, marked
 from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 
@@ -67,6 +68,7 @@ def make_app(path: str, *, token: str | None = None, nats: str | None = None, st
     app.router.add_get("/conversations", conversation_list)
     app.router.add_get("/conversations/{id:[0-9]+}", conversation_page)
     app.router.add_get("/documents", document_list)
+    app.router.add_get("/tasks", task_list)
     app.router.add_get("/documents/{id:[0-9]+}", document_page)
     app.router.add_get("/search", search_page)
     app.router.add_get("/log", log_page)
@@ -242,6 +244,11 @@ async def overview(request: web.Request) -> web.Response:
 async def conversation_list(request: web.Request) -> web.Response:
     as_of, head = await _as_of(request)
     reader = await request.app[STORE].reader(as_of)
+    finder = request.app[FINDER]
+    if as_of is None and "after" not in request.query and finder.exists():  # by newest activity
+        skip = _int(request, "skip") or 0
+        rows, total = await search.active(finder, reader, skip, views.PAGE)
+        return _page(request, "active.html", {"title": "Conversations", "rows": rows, "total": total, "skip": skip, "per_page": views.PAGE, "as_of": as_of, "head": head})
     page = await views.conversations(reader, _int(request, "after"))
     return _page(request, "conversations.html", {"title": "Conversations", "page": page, "as_of": as_of, "head": head})
 
@@ -260,8 +267,25 @@ async def conversation_page(request: web.Request) -> web.Response:
 async def document_list(request: web.Request) -> web.Response:
     as_of, head = await _as_of(request)
     reader = await request.app[STORE].reader(as_of)
-    page = await views.documents(reader, _int(request, "after"))
+    kind = request.query.get("kind", "").strip() or None
+    scope = lists.scope_filter(request.query.get("scope"))
+    if kind is None and scope is None:
+        page = await views.documents(reader, _int(request, "after"))
+    else:
+        page = await lists.documents(reader, kind, scope, _int(request, "after"))
     return _page(request, "documents.html", {"title": "Documents", "page": page, "as_of": as_of, "head": head})
+
+
+async def task_list(request: web.Request) -> web.Response:
+    """Tasks by id with a facet per status (and a kind filter), now or ``?as_of=``."""
+
+    as_of, head = await _as_of(request)
+    reader = await request.app[STORE].reader(as_of)
+    status = lists.status_of(request.query.get("status"))
+    kind = request.query.get("kind", "").strip() or None
+    facets = await lists.task_facets(reader, kind)
+    page = await lists.tasks(reader, status, kind, _int(request, "after"))
+    return _page(request, "tasks.html", {"title": "Tasks", "page": page, "facets": facets, "status": status, "kind": kind, "as_of": as_of, "head": head})
 
 
 async def document_page(request: web.Request) -> web.Response:
@@ -271,7 +295,9 @@ async def document_page(request: web.Request) -> web.Response:
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
     if found is None:
         return _missing(request, f"document {id}", as_of)
-    return _page(request, "document.html", {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head})
+    shown, newer, older = lists.version_window(found["versions"], found["picked"], _int(request, "versions"))
+    window = {"shown": shown, "newer": newer, "older": older, "total": len(found["versions"])}
+    return _page(request, "document.html", {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head, "window": window})
 
 
 def _missing(request: web.Request, what: str, as_of: int | None) -> web.Response:

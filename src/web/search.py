@@ -11,7 +11,10 @@ from typing import Any
 
 from markupsafe import Markup
 
-from ..projections.search_index import MAX_WORD, SearchIndex
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.types import ConversationId
+
+from ..projections.search_index import MAX_WORD, Activity, SearchIndex
 from ..storage.search import SearchResults, catch_up, index_exists, search
 from ..storage.reads import StorageReads
 
@@ -27,12 +30,17 @@ class Finder:
     def exists(self) -> bool:
         return self._index is not None or index_exists(self.path)
 
-    async def find(self, storage: Any, reader: StorageReads, query: str, as_of: int | None, before: int | None) -> SearchResults:
+    async def level(self) -> SearchIndex:
+        """The index, brought level with the log."""
+
         if self._index is None:
             self._index = SearchIndex(self.path)
         async with self._folding:
             await asyncio.to_thread(catch_up, self.path, self._index)
-        return await search(self._index, storage, reader, query, as_of, before)
+        return self._index
+
+    async def find(self, storage: Any, reader: StorageReads, query: str, as_of: int | None, before: int | None) -> SearchResults:
+        return await search(await self.level(), storage, reader, query, as_of, before)
 
     def close(self) -> None:
         if self._index is not None:
@@ -53,3 +61,14 @@ def marked(text: str, terms: list[str]) -> Markup:
             last = found.end()
     parts.append(str(visible(text[last:], None)))
     return Markup("".join(parts))
+
+
+async def active(finder: Finder, reader: StorageReads, skip: int, count: int) -> tuple[list[tuple[Activity, Any]], int]:
+    """A page of conversations by newest activity (each with its record), and how many there are."""
+
+    index = await finder.level()
+    with index.env.begin() as txn:
+        found = index.active(txn, skip, count)
+        total = index.conversations(txn)
+    rows = [(activity, await reader.conversation(ConversationId(activity.conversationId), CTX)) for activity in found]
+    return rows, total
