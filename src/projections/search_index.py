@@ -24,7 +24,7 @@ import os
 import re
 import shutil
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 import lmdb
@@ -129,6 +129,26 @@ def words_of(value: Any, skip: frozenset[str] = frozenset()) -> set[str]:
     for text in strings_of(value, skip):
         found.update(words(text))
     return found
+
+
+def holds(value: Any, wanted: Iterable[str]) -> bool:
+    """Whether ``value``'s strings hold every word of ``wanted`` (as ``words`` reads them), each
+    looked for until its first match: cheaper than reading every word of a long document."""
+
+    texts = [text.lower() for text in strings_of(value)]
+    for word in wanted:
+        pattern = _pattern(word)
+        if not any(pattern.search(text) for text in texts):
+            return False
+    return True
+
+
+def _pattern(word: str) -> re.Pattern[str]:
+    """A word where ``words`` would find it: not inside a longer word (a kept 64-character word
+    may have been cut from a longer one)."""
+
+    tail = "" if len(word) >= MAX_WORD else r"(?!\w)"
+    return re.compile(r"(?<!\w)" + re.escape(word) + tail)
 
 
 def entry_words(entry: Any) -> set[str]:

@@ -9,6 +9,7 @@ is what the store holds there, never what the index remembers.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -27,9 +28,9 @@ from ..projections.search_index import (
     TASK,
     SearchIndex,
     all_words,
+    holds,
     strings_of,
     task_words,
-    words_of,
 )
 
 from .reads import StorageReads
@@ -229,15 +230,15 @@ async def _document_hit(storage: Any, reader: StorageReads, id: int, seq: int, w
         return None  # not created yet at the point, or retired
     record = current.get("record", {})
     kind = str(record.get("kind", ""))
-    if wanted <= words_of(current.get("value")):
-        return DocumentHit(id, kind, seq, True, _brief(current.get("value")))
+    if holds(current.get("value"), wanted):
+        return DocumentHit(id, kind, seq, True, _around(current.get("value"), wanted))
     try:
         earlier = await storage.document(DocumentId(id), seq, CTX)
     except Exception:  # a current-only document keeps no past values
         return None
-    if earlier is None or not wanted <= words_of(earlier.get("value")):
+    if earlier is None or not holds(earlier.get("value"), wanted):
         return None
-    return DocumentHit(id, kind, seq, False, _brief(earlier.get("value")))
+    return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted))
 
 
 def roles_of(entry: Any) -> list[str]:
@@ -256,8 +257,17 @@ def said(entry: Any, limit: int = 300) -> str:
     return _cut(" ".join(reversed(parts)), limit)
 
 
-def _brief(value: Any, limit: int = 300) -> str:
-    return _cut(" ".join(reversed(list(strings_of(value)))), limit)
+def _around(value: Any, wanted: set[str], limit: int = 300) -> str:
+    """The part of a value's text around the first of ``wanted``'s words (its start if none)."""
+
+    texts = list(reversed(list(strings_of(value))))
+    for text in texts:
+        lowered = text.lower()
+        found = [match.start() for word in wanted if (match := re.search(r"(?<!\w)" + re.escape(word), lowered))]
+        if found:
+            start = max(0, min(found) - limit // 3)
+            return ("…" if start else "") + _cut(text[start : start + 2 * limit], limit)
+    return _cut(" ".join(text[: 2 * limit] for text in texts)[: 2 * limit], limit)
 
 
 def _cut(text: str, limit: int) -> str:
