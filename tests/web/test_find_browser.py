@@ -11,49 +11,15 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
-from tests.support.served import build_store, get, serve
-from tests.web.test_serve_browser import Page, _browser_or_skip
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    path = tmp_path_factory.mktemp("find") / "store"
-    return {"path": path, **build_store(path)}
-
-
-@pytest.fixture(scope="module")
-def server(store: dict[str, Any]) -> Iterator[Any]:
-    with serve(store["path"]) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_playwright, executable = _browser_or_skip()
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, headless=True, args=["--no-sandbox"])
-        try:
-            yield launched
-        finally:
-            launched.close()
-
-
-@pytest.fixture
-def page(browser: Any, server: Any) -> Iterator[Page]:
-    opened = Page(browser, server.url)
-    try:
-        yield opened
-    finally:
-        opened.close()
+from tests.support.served import get
+from tests.web.test_serve_browser import Page, browser, page, server, store  # noqa: F401 (the same fixtures)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
