@@ -46,7 +46,7 @@ from .delta import apply_ops
 
 INDEX_DIR: Final = "search.index"
 """The index's directory inside the store directory."""
-FORMAT: Final = 3
+FORMAT: Final = 4
 """Bump when postings change shape: an index of another format is dropped and folded again."""
 MAP_SIZE: Final = 1 << 36
 """Address space reserved for the index (the file grows only as postings are written)."""
@@ -62,7 +62,8 @@ KIND_NAMES: Final = {ENTRY: "entry", DOCUMENT: "document", TASK: "task"}
 
 _POSTINGS: Final = b"postings"
 _TASKS: Final = b"tasks"
-"""Task id -> the words of its kind, NUL, the words of its latest state."""
+"""``(task id, seq)`` -> the words of the task's kind, NUL, the words of the state commit ``seq``
+gave it (a row per change of state words): a task's words at any point are one seek away."""
 _META: Final = b"meta"
 _ACTIVITY: Final = b"activity"
 """Conversation id -> its last commit's sequence and time, and how many entries of its own it has."""
@@ -311,10 +312,10 @@ class SearchIndex:
                 found.append(Activity(id, seq, ms, entries))
         return found
 
-    def task_words(self, txn: lmdb.Transaction[bytes], id: int) -> set[str] | None:
-        """The words of task ``id``'s kind and latest state (None: no such task)."""
+    def task_words(self, txn: lmdb.Transaction[bytes], id: int, at: int) -> set[str] | None:
+        """The words of task ``id``'s kind and state as of sequence ``at`` (None: no task yet)."""
 
-        raw = txn.get(_U64.pack(id), db=self.tasks)
+        raw = _task_row(txn, self.tasks, id, at)
         return None if raw is None else set(raw.decode().replace("\x00", " ").split())
 
     def conversations(self, txn: lmdb.Transaction[bytes]) -> int:
@@ -363,6 +364,20 @@ class SearchIndex:
                 target = _successor(target)
                 agreed = 0
             index = (index + 1) % len(terms)
+
+
+def _task_row(txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, at: int) -> bytes | None:
+    """Task ``id``'s row in force at sequence ``at`` (its newest at or before it)."""
+
+    cursor = txn.cursor(db)
+    upper = _PAIR.pack(id, at)
+    if cursor.set_range(upper):
+        if cursor.key() != upper and not cursor.prev():
+            return None
+    elif not cursor.last():
+        return None
+    key = cursor.key()
+    return cursor.value() if key[:8] == _U64.pack(id) else None
 
 
 def _successor(suffix: bytes) -> bytes:
@@ -416,10 +431,10 @@ class _Folder:
         id = int(task["id"])
         kind_words, state_words = task_words(task)
         said = " ".join(sorted(kind_words)).encode() + b"\x00" + " ".join(sorted(state_words)).encode()
-        before = txn.get(_U64.pack(id), db=index.tasks)
+        before = _task_row(txn, index.tasks, id, seq)
         if before == said:
             return
-        txn.put(_U64.pack(id), said, db=index.tasks)
+        txn.put(_PAIR.pack(id, seq), said, db=index.tasks)
         new = state_words | (kind_words if before is None else set())
         for word in new:
             txn.put(posting_key(word, TASK, seq, id), b"", db=index.postings)

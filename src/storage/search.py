@@ -164,12 +164,12 @@ async def search(
             found.append((seq, id, value))
         documents, capped_documents = _candidates(index, txn, terms, DOCUMENT, at)
         tasks, capped_tasks = _candidates(index, txn, terms, TASK, at)
-        if as_of is None:  # the index knows each task's latest words: only matches are read
-            tasks = [(seq, id) for seq, id in tasks if set(terms) <= (index.task_words(txn, id) or set())][:limit]
+        # the index knows each task's words at any point: only the tasks that match then are read
+        tasks = [(seq, id) for seq, id in tasks if set(terms) <= (index.task_words(txn, id, at) or set())][:limit]
     results.capped = capped_documents or capped_tasks
     times: dict[int, int] = {}
     for seq, id, value in found:
-        lookup = await reader.entry(id, CTX)  # type: ignore[call-overload]
+        lookup = await storage.entry(id, CTX)  # written at seq <= the point, never changed since
         if lookup is None:
             continue
         entry = lookup["entry"]
