@@ -163,3 +163,17 @@ def _commit_entries(path: Path, count: int) -> int:
     thread.start()
     thread.join(60)
     return found[0]
+
+
+def test_hostile_strings_found_or_linked_stay_text(page: Page, store: dict[str, Any]) -> None:
+    _cli("search", str(store["path"]), "pwned")
+    page.open("/search?q=pwned+onerror")
+    hit = page.page.locator(f"#entry-hits li[data-entry='{store['hostile_entry']}'] .says")
+    assert "<script>window.pwned=1</script>" in hit.inner_text() and hit.locator("mark").count() >= 2
+    assert "\\u202e" in hit.inner_text()  # an invisible character shown as its escape
+    seq = int((page.page.locator(f"#entry-hits li[data-entry='{store['hostile_entry']}'] .when a").get_attribute("href") or "").rsplit("/", 1)[-1])
+    page.open(f"/log/{seq}")
+    assert "window.pwned" in page.page.locator("#writes").inner_text()
+    page.open(f"/conversations/{store['root']}#entry-{store['hostile_entry']}")
+    assert page.page.evaluate("typeof window.pwned") == "undefined"
+    assert page.errors == []
