@@ -25,8 +25,7 @@ from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
 
 from ..errors import BadQueryError
-from . import chart, links, lists, timeline, views
-from . import search
+from . import chart, links, lists, search, timeline, views
 from .search import Finder, marked
 from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 

@@ -2,7 +2,8 @@
 loopback port, Debian's headless Chromium driven by Playwright (its own browsers are never
 downloaded). Without Chromium the browser tests skip, except in CI (``CI`` set), where they fail.
 
-``PI_DURABLE_SCREENSHOTS=1`` saves the main pages to docs/screenshots/ for the README."""
+``PI_DURABLE_SCREENSHOTS=1`` saves the main pages (of the test store) to build/screenshots/, to
+look at; the README's screenshots are taken on a demo store by ``tools/screenshots.py``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from tests.support.served import HOSTILE_KIND, HUGE, build_store, chromium, commit_entry, get, serve, value_at
 
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "docs" / "screenshots"
+SHOTS = ROOT / "build" / "screenshots"
 IN_CI = bool(os.environ.get("CI"))
 
 
