@@ -21,6 +21,7 @@ from ..storage.stats import format_stats, stats
 from ..storage.tail import Tail, TailFilter, commit_to_builtins, summarize
 from ..storage.verify import last_outcome
 from ..storage.export import seq_range
+from ..storage.search import said
 from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
 
@@ -93,7 +94,7 @@ def _templates() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(text=visible, pretty=pretty, brief=brief, when=_when, cut=is_cut, marked=marked)
-    env.globals.update(entry_text=views.entry_text, write_types=WRITE_TYPES, links=links, roles=timeline.roles)
+    env.globals.update(entry_text=views.entry_text, write_types=WRITE_TYPES, links=links, roles=timeline.roles, said=said)
     return env
 
 
