@@ -291,6 +291,13 @@ class ProjectionFailed(StoreStateError):
         self.name, self.seq, self.error = name, seq, error
 
 
+
+class SearchIndexError(StoreStateError):
+    """The store's word index (``search.index``) cannot be used as it is: its header is
+    unreadable, or other processes keep resetting it. It is only a projection of the log: delete
+    the directory and the next ``durable-log search`` builds it again."""
+
+
 __all__ = [
     "StoreInUseError",
     "BadInputError",
@@ -313,6 +320,7 @@ __all__ = [
     "ProjectionFailed",
     "ProjectionsBehind",
     "ReplicationError",
+    "SearchIndexError",
     "StoreClosedError",
     "StoreDamagedError",
     "StoreFormatError",

@@ -42,6 +42,7 @@ from ..log.records import (
     TaskWrite,
 )
 
+from ..errors import SearchIndexError
 from .delta import apply_ops
 
 INDEX_DIR: Final = "search.index"
@@ -98,10 +99,6 @@ class Activity(msgspec.Struct):
     lastSeq: int
     lastAt: int
     entries: int
-
-
-class IndexDamagedError(Exception):
-    """The index's header cannot be read: delete ``search.index`` and build it again."""
 
 
 def words(text: str) -> list[str]:
@@ -212,6 +209,7 @@ class SearchIndex:
 
     def _open(self) -> None:
         self.env = lmdb.open(self.path, map_size=MAP_SIZE, max_dbs=8, subdir=True)
+        self.file = os.stat(os.path.join(self.path, "data.mdb")).st_ino
         self.postings = self.env.open_db(_POSTINGS)
         self.tasks = self.env.open_db(_TASKS)
         self.meta = self.env.open_db(_META)
@@ -220,6 +218,15 @@ class SearchIndex:
 
     def close(self) -> None:
         self.env.close()
+
+    def replaced(self) -> bool:
+        """Whether the index on disk is no longer the file this handle opened (another process
+        compacted it, or it was deleted): reopen to see it."""
+
+        try:
+            return os.stat(os.path.join(self.path, "data.mdb")).st_ino != self.file
+        except FileNotFoundError:
+            return True
 
     def header(self, txn: lmdb.Transaction[bytes] | None = None) -> IndexHeader | None:
         if txn is None:
@@ -231,13 +238,16 @@ class SearchIndex:
         try:
             header = _header_decoder.decode(raw)
         except msgspec.DecodeError:
-            raise IndexDamagedError(f"the search index at {self.path} has an unreadable header") from None
+            raise SearchIndexError(f"The search index at {self.path} has an unreadable header; delete it to build it again") from None
         return header
 
-    def reset(self, store_id: str | None) -> None:
-        """Drop every posting: the next fold starts from the log's first record."""
+    def reset(self, store_id: str | None, seen: IndexHeader | None) -> None:
+        """Drop every posting, so the next fold starts from the log's first record; only while
+        the header is still ``seen`` (another process may have reset and folded already)."""
 
         with self.env.begin(write=True) as txn:
+            if self.header(txn) != seen:
+                return
             for db in (self.postings, self.tasks, self.activity, self.recent):
                 txn.drop(db, delete=False)
             txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, 0)), db=self.meta)

@@ -17,6 +17,7 @@ import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.types import DocumentId, TaskId
 
+from ..errors import SearchIndexError
 from ..log import Environment, WriteLog
 from ..projections import ReadModel
 from ..projections.rebuild import open_core
@@ -100,11 +101,13 @@ def catch_up(path: str | os.PathLike[str], index: SearchIndex, progress: Progres
     try:
         log = WriteLog(env)
         head = log.head()
-        header = index.header()
-        if header is None or header.format != FORMAT or header.store_id != env.store_id or header.folded_seq > head:
-            index.reset(env.store_id)
+        for _ in range(3):  # another process may be resetting it too: at most a few rounds
             header = index.header()
-            assert header is not None
+            if header is not None and header.format == FORMAT and header.store_id == env.store_id and header.folded_seq <= head:
+                break
+            index.reset(env.store_id, header)  # of another store or format, or ahead of this log
+        else:
+            raise SearchIndexError(f"The search index at {index.path} keeps being reset by other processes; try again")
         model: list[ReadModel] = []
 
         def document_at(id: int, seq: int) -> Any:

@@ -28,11 +28,13 @@ class Finder:
         self._folding = asyncio.Lock()
 
     def exists(self) -> bool:
-        return self._index is not None or index_exists(self.path)
+        return index_exists(self.path)
 
     async def level(self) -> SearchIndex:
         """The index, brought level with the log."""
 
+        if self._index is not None and self._index.replaced():  # compacted or deleted since
+            self.close()
         if self._index is None:
             self._index = SearchIndex(self.path)
         async with self._folding:

@@ -204,3 +204,19 @@ def test_the_command_line_builds_the_index_once_and_prints_results(tmp_path: Pat
     late = run("disk", "--as-of", "99")
     assert late.returncode == 2 and "the log's head is 6" in late.stderr
     assert (path / search_index.INDEX_DIR / "data.mdb").is_file()
+
+
+def test_a_damaged_index_header_is_named_and_deleting_the_index_mends_it(tmp_path: Path) -> None:
+    import lmdb
+
+    path = tmp_path / "store"
+    asyncio.run(_build(path))
+    asyncio.run(_search(path, "disk"))
+    env = lmdb.open(str(path / search_index.INDEX_DIR), max_dbs=8, subdir=True)
+    with env.begin(write=True) as txn:
+        txn.put(b"header", b"\xc1 not msgpack", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    done = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "disk"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unreadable header; delete it" in done.stderr and "Traceback" not in done.stderr
+    shutil.rmtree(path / search_index.INDEX_DIR)
+    assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [13, 12]
