@@ -18,7 +18,7 @@ from ..storage.lmdb_storage import LmdbStorage
 from ..storage.search import SearchResults, catch_up, index_exists, search
 from ..storage.stats import require_store
 
-from .common import EXIT_OK, READ_ONLY, add_command, point, readable, sequence, store_argument, usage
+from .common import EXIT_OK, READ_ONLY, add_command, point, print_json, readable, sequence, store_argument, usage
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,7 +45,7 @@ def _search(args: argparse.Namespace) -> int:
         raise usage("TEXT is empty: give the words to find")
     results = asyncio.run(_run(args))
     if args.json:
-        sys.stdout.write(readable(msgspec.json.encode(results).decode()) + "\n")
+        print_json(msgspec.to_builtins(results))
     else:
         print(readable(format_results(results)))
     return EXIT_OK

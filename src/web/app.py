@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import jinja2
+import msgspec
 from aiohttp import web
 
 from ..storage.jsonlines import to_json
@@ -461,7 +462,7 @@ async def search_page(request: web.Request) -> web.Response:
     if request.query.get("format") == "json" or ("application/json" in request.headers.get("Accept", "") and not _wants_html(request)):
         if results is None:
             return _json({"error": "give ?q=WORDS" if not text else "this store has no word index: durable-log search PATH WORDS builds it"}, status=400 if not text else 404)
-        return _json(results)
+        return _json(msgspec.to_builtins(results))
     return _page(
         request, "search.html",
         {"title": "Search", "q": text, "results": results, "indexed": finder.exists(), "as_of": as_of, "head": head,

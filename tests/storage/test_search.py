@@ -220,3 +220,13 @@ def test_a_damaged_index_header_is_named_and_deleting_the_index_mends_it(tmp_pat
     assert done.returncode == 2 and "unreadable header; delete it" in done.stderr and "Traceback" not in done.stderr
     shutil.rmtree(path / search_index.INDEX_DIR)
     assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [13, 12]
+
+
+def test_json_results_keep_lone_surrogates_as_escapes(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_build(path, BATCHES[:1] + [[_entry(50, "user", "lone\udc00 surrogate here")]]))
+    done = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "surrogate", "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["entries"][0]["text"] == "lone\udc00 surrogate here"
+    plain = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "surrogate"], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and "lone\\udc00 surrogate" in plain.stdout

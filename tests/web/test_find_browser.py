@@ -177,3 +177,5 @@ def test_hostile_strings_found_or_linked_stay_text(page: Page, store: dict[str, 
     page.open(f"/conversations/{store['root']}#entry-{store['hostile_entry']}")
     assert page.page.evaluate("typeof window.pwned") == "undefined"
     assert page.errors == []
+    status, body, _ = get(page.base + "/search?q=lone+pwned&format=json")  # a lone surrogate in the text
+    assert status == 200 and "\udc00" in json.loads(body)["entries"][0]["text"]
