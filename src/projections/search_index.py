@@ -3,7 +3,7 @@ of their messages and data, documents by the words of their values, tasks by the
 kind and their state.
 
 It lives in its own LMDB environment, ``search.index`` inside the store directory, so it costs a
-store nothing until someone asks for it (``durable-log index PATH``) and can be deleted at any
+store nothing until someone asks for it (the first ``durable-log search``) and can be deleted at any
 time: the next catch-up folds the whole log again. A catch-up reads the store read-only (it never
 blocks the store's writer) and folds every record past the index's checkpoint, a chunk per write
 transaction, the checkpoint written with the chunk's postings.
@@ -11,10 +11,11 @@ transaction, the checkpoint written with the chunk's postings.
 A posting key is ``word NUL kind (8-byte max - seq) (8-byte id)``: one word's postings of one kind
 are contiguous and newest first, so a query walks them from the point it is asked at (``as_of``)
 backwards and stops when it has a page. Entries are written once: their postings are exact.
-Beside the postings, each conversation's newest activity and entry count, so a list can show
-conversations by when they last moved. A document posts the words a version added (not those it kept), a task the words of its kind when
+A document posts the words a version added (not those it kept), a task the words of its kind when
 first written and of its state when that changes: both are candidates that a query checks against
-the record as it stands at the point asked.
+the record as it stands at the point asked (a task through the words the index keeps for it at
+each change). Beside the postings, each conversation's newest activity and entry count, so a list
+can show conversations by when they last moved.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ class SearchIndex:
     def __init__(self, store_path: str | os.PathLike[str], *, create: bool = False) -> None:
         self.path = os.path.join(os.path.abspath(store_path), INDEX_DIR)
         if not create and not os.path.isfile(os.path.join(self.path, "data.mdb")):
-            raise FileNotFoundError(f"{store_path} has no search index (durable-log index PATH builds one)")
+            raise FileNotFoundError(f"{store_path} has no search index (durable-log search PATH WORDS builds one)")
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         self._open()
 
