@@ -302,6 +302,13 @@ class ProjectionFailed(StoreStateError):
         self.name, self.seq, self.error = name, seq, error
 
 
+
+class SearchIndexError(StoreStateError):
+    """The store's word index (``search.index``) cannot be used as it is: its header is
+    unreadable, or other processes keep resetting it. It is only a projection of the log: delete
+    the directory and the next ``durable-log search`` builds it again."""
+
+
 __all__ = [
     "StoreInUseError",
     "BadInputError",
@@ -326,6 +333,7 @@ __all__ = [
     "ProjectionsBehind",
     "ProofError",
     "ReplicationError",
+    "SearchIndexError",
     "StoreClosedError",
     "StoreDamagedError",
     "StoreFormatError",

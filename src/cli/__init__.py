@@ -18,7 +18,7 @@ from importlib import metadata
 from ..log.records import FORMAT_VERSION
 from ..projections.tables import SCHEMA_VERSION
 
-from . import demo, inspect, move, operate, transparency
+from . import demo, find, inspect, move, operate, transparency
 from .common import (
     DAMAGE,
     EPILOG,
@@ -82,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND", title="commands")
     demo.register(commands)
     inspect.register(commands)
+    find.register(commands)
     move.register(commands)
     operate.register(commands)
     transparency.register(commands)

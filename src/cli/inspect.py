@@ -102,6 +102,7 @@ def _register_show(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     sub.add_argument("kind", choices=SHOW_KINDS, metavar="KIND", help=f"one of: {', '.join(SHOW_KINDS)}")
     sub.add_argument("id", type=integer, metavar="ID", help="the record's id")
     sub.add_argument("--as-of", type=point, metavar="SEQ|TIME", help="as the store was right after this log sequence, or at this time")
+    sub.add_argument("--pretty", action="store_true", help="indent the JSON for reading (the default is one line)")
     sub.set_defaults(run=_show)
 
 
@@ -118,7 +119,12 @@ def _show(args: argparse.Namespace) -> int:
         when = "" if seq is None else f" as of log sequence {seq}"
         print(f"durable-log: no {args.kind} {args.id} in {os.path.abspath(args.path)}{when}", file=sys.stderr)
         return EXIT_USAGE
-    print_json(found)
+    if args.pretty:
+        import json
+
+        print(readable(json.dumps(json.loads(to_json(found)), indent=2, ensure_ascii=False)))
+    else:
+        print_json(found)
     return EXIT_OK
 
 
@@ -139,6 +145,7 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     sub.add_argument("path", nargs="?", metavar="PATH", help="the store's directory (not with --nats)")
     nats_options(sub, store_required=False)
     sub.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this log sequence")
+    sub.add_argument("--to", dest="to_seq", type=sequence, metavar="SEQ", help="stop at this log sequence (with --from: that range)")
     sub.add_argument("--since", type=time_argument, metavar="TIME", help="start at the first batch committed at or after TIME")
     sub.add_argument("--until", type=time_argument, metavar="TIME", help="stop at the last batch committed at or before TIME")
     sub.add_argument("--limit", "-n", type=count, metavar="N", help="only the last N matching batches of the range")
@@ -171,6 +178,10 @@ def _tail(args: argparse.Namespace) -> int:
         raise usage("--until ends the range, --follow never ends: use one")
     if args.from_seq is not None and args.since is not None:
         raise usage("--from and --since both start the range: use one")
+    if args.follow and args.to_seq is not None:
+        raise usage("--to ends the range, --follow never ends: use one")
+    if args.from_seq is not None and args.to_seq is not None and args.from_seq > args.to_seq:
+        raise usage(f"--from {args.from_seq} is after --to {args.to_seq}: an empty range")
     types = frozenset(args.types) if args.types else None
     filter = TailFilter(args.conversation, types)
     args.signer = transparency.checkpoint_signer(args)
@@ -186,6 +197,8 @@ def _tail(args: argparse.Namespace) -> int:
         raise usage("tail needs a store's PATH, or --nats URL --stream S to read a NATS stream")
     if args.stream is not None or args.store is not None:
         raise usage("--stream and --store name what to read from a NATS stream: give --nats URL (and no PATH)")
+    if args.to_seq is not None and args.nats is not None:
+        raise usage("--to is for a store's log (PATH)")
     if args.follow and not os.path.isfile(os.path.join(args.path, "data.mdb")):
         waited = run_until_signalled(_wait_for_store(args.path, filter), stopped=EXIT_OK)
         if not isinstance(waited, Tail):
@@ -194,13 +207,22 @@ def _tail(args: argparse.Namespace) -> int:
     else:
         tail = Tail(args.path, filter)
     try:
-        first, last = seq_range(tail.log, args.from_seq, None, args.since, args.until)
+        first, last = seq_range(tail.log, args.from_seq, args.to_seq, args.since, args.until)
+        past_head(tail.head(), args.from_seq, args.follow)
         limit = args.limit
-        if limit is None and args.from_seq is None and args.since is None:
+        if limit is None and args.from_seq is None and args.since is None and args.to_seq is None:
             limit = DEFAULT_LAST
         return int(run_until_signalled(_print_tail(tail, first, last, limit, args)))
     finally:
         tail.close()
+
+
+def past_head(head: int, from_seq: int | None, follow: bool = False) -> None:
+    """Say on stderr that ``--from`` starts after the log's head (nothing to print, or nothing yet)."""
+
+    if from_seq is not None and from_seq > head:
+        then = "waiting for it" if follow else "nothing to print"
+        print(f"durable-log: --from {from_seq} is past the log's head ({head}): {then}", file=sys.stderr, flush=True)
 
 
 async def _wait_for_store(path: str, filter: TailFilter) -> Tail:

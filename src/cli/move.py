@@ -67,6 +67,15 @@ def _export(args: argparse.Namespace) -> int:
         raise usage(f"--from {args.from_seq} is after --to {args.to_seq}: an empty range")
     if args.since is not None and args.until is not None and args.since > args.until:
         raise usage("--since is after --until: an empty range")
+    if args.from_seq is not None:
+        from ..storage.tail import Tail
+        from .inspect import past_head
+
+        tail = Tail(args.path)
+        try:
+            past_head(tail.head(), args.from_seq)
+        finally:
+            tail.close()
     report = Progress("export", None, progress_on(args), unit="commits")
     done = 0
     for line in export_lines(args.path, args.from_seq or 1, args.to_seq, since=args.since, until=args.until, root=args.root):

@@ -168,6 +168,7 @@ def footprint(pages: PageStats) -> dict[str, Any]:
     return {
         "pageSize": pages.page_size,
         "usedPages": pages.used_pages,
+        "pagesUpToLastUsed": pages.used_pages,
         "freePages": pages.free_pages,
         "freeBytes": pages.free_bytes,
         "freeShare": round(pages.free_bytes / pages.file_bytes, 4) if pages.file_bytes else 0.0,
@@ -193,8 +194,9 @@ def format_footprint(info: dict[str, Any]) -> list[str]:
     foot = info["footprint"]
     per_record = foot["logBytesPerRecord"]
     lines = [
-        f"free pages       {foot['freePages']:,} of {foot['usedPages']:,} used "
-        f"({format_bytes(foot['freeBytes'])} free with the file's tail: {foot['freeShare']:.1%} of the file)",
+        f"free pages       {foot['freePages']:,} of the file's {foot['pagesUpToLastUsed']:,} pages up to its last used one "
+        f"(freePages of pagesUpToLastUsed: held by no database, reused before the file grows); "
+        f"{format_bytes(foot['freeBytes'])} free with the file's tail ({foot['freeShare']:.1%} of the file)",
         f"log per record   {'-' if per_record is None else format_bytes(int(per_record))}",
         f"{'database':<40} {'entries':>9} {'branch':>7} {'leaf':>7} {'overflow':>8} {'bytes':>10} {'B/entry':>8}",
     ]

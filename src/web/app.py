@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import jinja2
+import msgspec
 from aiohttp import web
 
 from ..storage.jsonlines import to_json
@@ -22,16 +23,22 @@ from ..storage.tail import Tail, TailFilter, commit_to_builtins, summarize
 from ..storage.transparency import verify_trusted
 from ..storage.verify import last_outcome
 from ..storage.export import seq_range
+from ..storage.search import said
+from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
 
 from ..errors import BadQueryError, NoteError
-from . import views
+from . import chart, links, lists, search, timeline, views
+from .search import Finder, marked
 from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 
 HERE: Final = os.path.dirname(os.path.abspath(__file__))
 TOKEN_COOKIE: Final = "durable_log_token"
 POLL: Final = 0.5
 """Seconds between two looks at the log's head for the live log (one read each)."""
+LIVE_ROWS: Final = 200
+"""Rows the live log keeps on its page: older ones are dropped as new ones arrive (the "older"
+link pages through them), so a page left open all day stays small."""
 HEARTBEAT: Final = 15.0
 """Seconds of silence after which the live log sends a comment (keeps proxies from closing it)."""
 CSP: Final = (
@@ -44,6 +51,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STORE: Final = web.AppKey("store", views.Store)
 TEMPLATES: Final = web.AppKey("templates", jinja2.Environment)
 OPTIONS: Final = web.AppKey("options", dict)
+FINDER: Final = web.AppKey("finder", Finder)
+PROBE: Final = "/healthz"
+"""Answers without the token (a load balancer's probe cannot send one), saying only whether the
+store is readable; with the token, what is wrong too."""
 
 
 def make_app(path: str, *, token: str | None = None, nats: str | None = None, stream: str | None = None) -> web.Application:
@@ -51,6 +62,7 @@ def make_app(path: str, *, token: str | None = None, nats: str | None = None, st
     app[STORE] = views.Store(path)
     app[TEMPLATES] = _templates()
     app[OPTIONS] = {"token": token, "nats": nats, "stream": stream}
+    app[FINDER] = Finder(app[STORE].path)
     app.router.add_get("/", overview)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/favicon.ico", _no_icon)
@@ -58,7 +70,9 @@ def make_app(path: str, *, token: str | None = None, nats: str | None = None, st
     app.router.add_get("/conversations", conversation_list)
     app.router.add_get("/conversations/{id:[0-9]+}", conversation_page)
     app.router.add_get("/documents", document_list)
+    app.router.add_get("/tasks", task_list)
     app.router.add_get("/documents/{id:[0-9]+}", document_page)
+    app.router.add_get("/search", search_page)
     app.router.add_get("/log", log_page)
     app.router.add_get("/log/events", log_events)
     app.router.add_get("/log/{seq:[0-9]+}", log_record)
@@ -70,6 +84,7 @@ def make_app(path: str, *, token: str | None = None, nats: str | None = None, st
 
 
 async def _close(app: web.Application) -> None:
+    app[FINDER].close()
     await app[STORE].close()
 
 
@@ -81,8 +96,8 @@ def _templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(text=visible, pretty=pretty, brief=brief, when=_when, cut=is_cut)
-    env.globals.update(entry_text=views.entry_text, write_types=WRITE_TYPES)
+    env.filters.update(text=visible, pretty=pretty, brief=brief, when=_when, cut=is_cut, marked=marked)
+    env.globals.update(entry_text=views.entry_text, write_types=WRITE_TYPES, links=links, roles=timeline.roles, said=said)
     return env
 
 
@@ -102,14 +117,20 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
     token = request.app[OPTIONS]["token"]
     set_cookie = False
+    request["authorized"] = True
     if token is not None:
         given = _token_of(request)
         if given is None or not hmac.compare_digest(given.encode(), token.encode()):
-            return web.Response(status=401, text="durable-log serve: this view needs its token (header Authorization: Bearer T, or ?token=T)\n")
+            if request.path != PROBE:
+                return web.Response(status=401, text="durable-log serve: this view needs its token (header Authorization: Bearer T, or ?token=T)\n")
+            request["authorized"] = False
         set_cookie = request.query.get("token") is not None
     elif request.host.rsplit(":", 1)[0] not in LOOPBACK_HOSTS:
         return web.Response(status=403, text="durable-log serve: without --token, only loopback host names are served\n")
-    response = await handler(request)
+    if set_cookie and request.method == "GET" and request["authorized"]:
+        response: web.StreamResponse = _without_token(request)  # out of the address bar and history
+    else:
+        response = await handler(request)
     response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Referrer-Policy"] = "no-referrer"
@@ -117,6 +138,14 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     if set_cookie and token is not None and not response.prepared:
         response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
     return response
+
+
+def _without_token(request: web.Request) -> web.Response:
+    """A redirect to the same address without ``token=`` (the cookie, set with it, carries it)."""
+
+    kept = [(key, value) for key, value in request.query.items() if key != "token"]
+    location = str(request.rel_url.with_query(kept))
+    return web.Response(status=303, headers={"Location": location, "Cache-Control": "no-store"})
 
 
 def _token_of(request: web.Request) -> str | None:
@@ -184,6 +213,8 @@ async def healthz(request: web.Request) -> web.Response:
     from .health import health
 
     ok, body = await health(request.app[STORE].path, request.app[OPTIONS])
+    if not request["authorized"]:
+        body = {"status": body["status"]}  # a probe without the token learns only this
     return web.json_response(body, status=200 if ok else 503, dumps=lambda value: utf8_safe(json.dumps(value)))
 
 
@@ -205,9 +236,10 @@ async def overview(request: web.Request) -> web.Response:
     projections += [(name, user["foldedSeq"], user["failedSeq"], user["error"]) for name, user in info["projections"]["user"].items()]
     rows = [(name, folded, head - int(folded or 0), failed, error) for name, folded, failed, error in projections]
     verified = last_outcome(store.path)
+    drawn = chart.draw((await store.storage()).log)
     return _page(
         request, "overview.html",
-        {"title": "Overview", "info": info, "text": format_stats(info), "projections": rows, "verified": verified,
+        {"title": "Overview", "info": info, "chart": drawn, "text": format_stats(info), "projections": rows, "verified": verified,
          "verified_at": None if verified is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(verified.at / 1000))},
     )
 
@@ -242,6 +274,11 @@ async def audit_page(request: web.Request) -> web.Response:
 async def conversation_list(request: web.Request) -> web.Response:
     as_of, head = await _as_of(request)
     reader = await request.app[STORE].reader(as_of)
+    finder = request.app[FINDER]
+    if as_of is None and "after" not in request.query and finder.exists():  # by newest activity
+        skip = _int(request, "skip") or 0
+        rows, total = await search.active(finder, reader, skip, views.PAGE)
+        return _page(request, "active.html", {"title": "Conversations", "rows": rows, "total": total, "skip": skip, "per_page": views.PAGE, "as_of": as_of, "head": head})
     page = await views.conversations(reader, _int(request, "after"))
     return _page(request, "conversations.html", {"title": "Conversations", "page": page, "as_of": as_of, "head": head})
 
@@ -253,14 +290,32 @@ async def conversation_page(request: web.Request) -> web.Response:
     found = await views.conversation(reader, id)
     if found is None:
         return _missing(request, f"conversation {id}", as_of)
-    return _page(request, "conversation.html", {"title": f"Conversation {id}", "c": found, "as_of": as_of, "head": head})
+    times = await timeline.entry_times((await request.app[STORE].storage()).log, reader, found["nodes"])
+    return _page(request, "conversation.html", {"title": f"Conversation {id}", "c": found, "as_of": as_of, "head": head, "times": times})
 
 
 async def document_list(request: web.Request) -> web.Response:
     as_of, head = await _as_of(request)
     reader = await request.app[STORE].reader(as_of)
-    page = await views.documents(reader, _int(request, "after"))
+    kind = request.query.get("kind", "").strip() or None
+    scope = lists.scope_filter(request.query.get("scope"))
+    if kind is None and scope is None:
+        page = await views.documents(reader, _int(request, "after"))
+    else:
+        page = await lists.documents(reader, kind, scope, _int(request, "after"))
     return _page(request, "documents.html", {"title": "Documents", "page": page, "as_of": as_of, "head": head})
+
+
+async def task_list(request: web.Request) -> web.Response:
+    """Tasks by id with a facet per status (and a kind filter), now or ``?as_of=``."""
+
+    as_of, head = await _as_of(request)
+    reader = await request.app[STORE].reader(as_of)
+    status = lists.status_of(request.query.get("status"))
+    kind = request.query.get("kind", "").strip() or None
+    facets = await lists.task_facets(reader, kind)
+    page = await lists.tasks(reader, status, kind, _int(request, "after"))
+    return _page(request, "tasks.html", {"title": "Tasks", "page": page, "facets": facets, "status": status, "kind": kind, "as_of": as_of, "head": head})
 
 
 async def document_page(request: web.Request) -> web.Response:
@@ -270,7 +325,9 @@ async def document_page(request: web.Request) -> web.Response:
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
     if found is None:
         return _missing(request, f"document {id}", as_of)
-    return _page(request, "document.html", {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head})
+    shown, newer, older = lists.version_window(found["versions"], found["picked"], _int(request, "versions"))
+    window = {"shown": shown, "newer": newer, "older": older, "total": len(found["versions"])}
+    return _page(request, "document.html", {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head, "window": window})
 
 
 def _missing(request: web.Request, what: str, as_of: int | None) -> web.Response:
@@ -301,7 +358,8 @@ def _times(request: web.Request) -> tuple[int | None, int | None]:
 
 def _batch(commit: Any, writes: list[Any]) -> dict[str, Any]:
     summary = summarize(commit, writes).split("Z  ", 1)[-1]  # the line of ``tail``, after its time
-    return {"seq": commit.seq, "when": _when(commit.committed_at), "summary": plain(summary)}
+    found = [{"text": link.text, "href": link.href} for link in links.of_writes(commit.seq, writes)]
+    return {"seq": commit.seq, "when": _when(commit.committed_at), "summary": plain(summary), "links": found}
 
 
 async def log_page(request: web.Request) -> web.Response:
@@ -318,7 +376,7 @@ async def log_page(request: web.Request) -> web.Response:
         tail.close()
     live = before is None and until is None
     older = batches[-1]["seq"] - 1 if len(batches) == views.PAGE and batches[-1]["seq"] > first else None
-    return _page(request, "log.html", {"title": "Log", "batches": batches, "head": head, "live": live, "older": older, "kinds": filter.types or frozenset()})
+    return _page(request, "log.html", {"title": "Log", "batches": batches, "head": head, "live": live, "older": older, "kinds": filter.types or frozenset(), "keep": LIVE_ROWS})
 
 
 async def log_events(request: web.Request) -> web.StreamResponse:
@@ -345,6 +403,7 @@ async def log_events(request: web.Request) -> web.StreamResponse:
                     if writes:
                         data = utf8_safe(json.dumps(_batch(commit, writes)))
                         await response.write(f"id: {commit.seq}\nevent: batch\ndata: {data}\n\n".encode())
+                await response.write(f"event: head\ndata: {head}\n\n".encode())
                 seen, quiet = head, 0.0
             elif quiet >= HEARTBEAT:
                 await response.write(b": still here\n\n")
@@ -359,17 +418,42 @@ async def log_events(request: web.Request) -> web.StreamResponse:
 
 
 async def log_record(request: web.Request) -> web.Response:
-    """One batch as ``tail --json`` prints it."""
+    """One batch: a page with every record it wrote linked, for a browser; as ``tail --json``
+    prints it for ``Accept: application/json`` or ``?format=json`` (or any client that does not
+    ask for HTML)."""
 
     seq = int(request.match_info["seq"])
     tail = Tail(request.app[STORE].path)
     try:
         commit: Any = tail.log.get(seq) if seq >= 1 else None
+        head = tail.head()
     finally:
         tail.close()
+    html = _wants_html(request)
     if commit is None:
+        if html:
+            return _page(request, "error.html", {"title": "Not found", "message": f"No log record {seq} (the log's head is {head})."}, status=404)
         return _json({"error": f"no log record {seq}"}, status=404)
-    return _json(commit_to_builtins(commit))
+    if not html:
+        return _json(commit_to_builtins(commit))
+    writes = [(type(write).__struct_config__.tag, links.of_writes(seq, [write]), to_json(write_to_builtins(write))) for write in commit.writes]
+    return _page(
+        request, "record.html",
+        {"title": f"Log record {seq}", "seq": seq, "head": head, "when": _when(commit.committed_at), "writes": writes},
+    )
+
+
+def _wants_html(request: web.Request) -> bool:
+    """``?format=json`` or an ``Accept`` naming JSON before HTML: JSON; a browser's: HTML."""
+
+    chosen = request.query.get("format", "").strip().lower()
+    if chosen in ("json", "html"):
+        return chosen == "html"
+    accept = request.headers.get("Accept", "")
+    if "text/html" not in accept:
+        return False
+    json_at = accept.find("application/json")
+    return json_at < 0 or accept.find("text/html") < json_at
 
 
 async def record_json(request: web.Request) -> web.Response:
@@ -387,3 +471,29 @@ async def record_json(request: web.Request) -> web.Response:
         when = "" if as_of is None else f" as of log sequence {as_of}"
         return _json({"error": f"no {kind} {id}{when}"}, status=404)
     return _json(found)
+
+
+# ── search ────────────────────────────────────────────────────────────────────
+
+
+async def search_page(request: web.Request) -> web.Response:
+    """``/search?q=``: entries, documents and tasks holding every word, now or ``?as_of=``; each
+    result a link to where it lives. ``?format=json`` (or ``Accept: application/json``): the
+    results as ``durable-log search --json`` prints them."""
+
+    text = request.query.get("q", "").strip()
+    as_of, head = await _as_of(request)
+    before = _int(request, "before")
+    store, finder = request.app[STORE], request.app[FINDER]
+    results = None
+    if text and finder.exists():
+        results = await finder.find(await store.storage(), await store.reader(as_of), text, as_of, before)
+    if request.query.get("format") == "json" or ("application/json" in request.headers.get("Accept", "") and not _wants_html(request)):
+        if results is None:
+            return _json({"error": "give ?q=WORDS" if not text else "this store has no word index: durable-log search PATH WORDS builds it"}, status=400 if not text else 404)
+        return _json(msgspec.to_builtins(results))
+    return _page(
+        request, "search.html",
+        {"title": "Search", "q": text, "results": results, "indexed": finder.exists(), "as_of": as_of, "head": head,
+         "path": store.path},
+    )

@@ -23,10 +23,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         subparsers,
         "serve",
         "serve a read-only web view of a store (overview, conversations, documents, the live log)",
-        f"Serve a read-only web view of a store over HTTP: overview, conversations drawn as trees, "
-        f"documents with their versions, the log (live), any page as of an earlier point, /healthz "
-        f"and /metrics; {READ_ONLY}. It binds to loopback; another address needs --token, which "
-        f"every request must then carry (Authorization: Bearer T, or ?token=T once).",
+        f"Serve a read-only web view of a store over HTTP: overview, search (once durable-log search "
+        f"has built the store's word index), conversations drawn as trees, tasks, documents with their "
+        f"versions, the log (live), any page as of an earlier point, /healthz and /metrics; {READ_ONLY}. "
+        f"It binds to loopback; another address needs --token, which every request must then carry "
+        f"(Authorization: Bearer T, or ?token=T once); put it behind a TLS reverse proxy to serve "
+        f"it to others (README, Web view).",
     )
     store_argument(sub)
     sub.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; any other needs --token)")

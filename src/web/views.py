@@ -4,7 +4,6 @@ across a request, so the writer is never blocked."""
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,7 +18,8 @@ from ..storage.export import seq_at
 from ..storage.lmdb_storage import LmdbStorage
 from ..storage.reads import StorageReads
 
-from .text import brief, pretty
+from . import jsondiff
+from .text import brief
 
 PAGE: Final = 100
 """Rows of a list page (conversations, documents, log batches)."""
@@ -251,7 +251,7 @@ async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_o
             error = str(refused)
     if shown is None and as_of is None:
         shown = await reader.document(id, "current", CTX)
-    diff = _diff(None if before is None else before["value"], None if shown is None else shown["value"])
+    diff = jsondiff.changes(None if before is None else before["value"], None if shown is None else shown["value"])
     return {
         "record": record,
         "versions": versions,
@@ -262,21 +262,6 @@ async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_o
         "error": error,
         "at": at,
     }
-
-
-def _diff(before: Any, after: Any) -> list[tuple[str, str]]:
-    """The change between two values as ``(kind, line)``: kind is "+", "-", "@" or " "."""
-
-    if after is None:
-        return []
-    old = [] if before is None else pretty(before).splitlines()
-    new = pretty(after).splitlines()
-    lines: list[tuple[str, str]] = []
-    for line in difflib.unified_diff(old, new, "previous", "this", n=2, lineterm=""):
-        if line.startswith(("---", "+++")):
-            continue
-        lines.append((line[:1] if line[:1] in "+-@" else " ", line))
-    return lines
 
 
 def ids(values: Iterable[Any]) -> list[int]:

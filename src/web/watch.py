@@ -34,12 +34,14 @@ def watch(
     rounds: int | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
-    """Prints one line of rates per interval (forever unless `rounds` is given)."""
+    """Prints one line of rates per interval, each led by its UTC time (forever unless `rounds`
+    is given)."""
     before, then = stats(path), clock()
     done = 0
     while rounds is None or done < rounds:
         time.sleep(interval)
         after, now = stats(path), clock()
-        print(rate_line(before, after, now - then), file=out, flush=True)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print(f"{stamp}  {rate_line(before, after, now - then)}", file=out, flush=True)
         before, then, done = after, now, done + 1
     return 0

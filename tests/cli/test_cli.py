@@ -121,6 +121,8 @@ USAGE_ERRORS = [
     (["backup", "MISSING", "NEW"], "No store"),
     (["rebuild", "MISSING"], "No store"),
     (["rebuild", "MISSING", "--projection", "x"], "No store"),
+    (["search", "MISSING", "word"], "No store"),
+    (["search", "PATH", " "], "TEXT is empty"),
 ]
 
 
@@ -142,6 +144,7 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
     assert set(commands.choices) == {
         "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "compact", "backup", "restore", "replica", "promote", "serve",
         "keygen", "checkpoint", "prove",
+        "search",
     }
     for name, sub in commands.choices.items():
         for action in sub._actions:

@@ -2,7 +2,8 @@
 loopback port, Debian's headless Chromium driven by Playwright (its own browsers are never
 downloaded). Without Chromium the browser tests skip, except in CI (``CI`` set), where they fail.
 
-``PI_DURABLE_SCREENSHOTS=1`` saves the main pages to docs/screenshots/ for the README."""
+``PI_DURABLE_SCREENSHOTS=1`` saves the main pages (of the test store) to build/screenshots/, to
+look at; the README's screenshots are taken on a demo store by ``tools/screenshots.py``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from tests.support.served import HOSTILE_KIND, HUGE, build_store, chromium, commit_entry, get, serve, value_at
 
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "docs" / "screenshots"
+SHOTS = ROOT / "build" / "screenshots"
 IN_CI = bool(os.environ.get("CI"))
 
 
@@ -180,8 +181,8 @@ def test_the_history_control_changes_the_documents_shown_value(page: Page, store
     page.page.locator(f"#versions a[data-seq='{seqs[-2]}']").click()  # the second version
     page.page.wait_for_url(re.compile(rf"as_of={seqs[-2]}$"))
     assert shown() == value_at(path, notes, seqs[-2]) and shown()["summary"] == "2 questions answered"
-    assert '+  "summary": "2 questions answered"' in page.page.locator("#diff .dadd").all_inner_texts()
-    assert '-  "summary": "1 question answered"' in page.page.locator("#diff .ddel").all_inner_texts()
+    assert page.page.locator("#diff .dadd").all_inner_texts() == [f'+ /answers/1: {json.dumps(shown()["answers"][1])}', '+ /summary: "2 questions answered"']
+    assert page.page.locator("#diff .ddel").all_inner_texts() == ['- /summary: "1 question answered"']  # no line for a comma
     page.page.locator("#history-back").click()  # one sequence back: the first version is in force
     page.page.wait_for_url(re.compile(rf"as_of={seqs[-2] - 1}$"))
     assert shown() == value_at(path, notes, seqs[-2] - 1) and shown()["summary"] == "1 question answered"
@@ -231,13 +232,52 @@ def test_hostile_strings_are_shown_as_text_and_never_run(page: Page, store: dict
 
 def test_every_request_must_carry_the_token(store: dict[str, Any]) -> None:
     with serve(store["path"], "--token", "s3cret") as served:
-        assert get(served.url + "/healthz")[0] == 401
         assert get(served.url + "/?token=wrong")[0] == 401
-        assert get(served.url + "/healthz", {"Authorization": "Bearer wrong"})[0] == 401
+        assert get(served.url + "/log", {"Authorization": "Bearer wrong"})[0] == 401
+        assert get(served.url + "/metrics")[0] == 401
         assert get(served.url + "/healthz", {"Authorization": "Bearer s3cret"})[0] == 200
-        status, body, headers = get(served.url + "/log?token=s3cret")
-        assert status == 200 and "durable_log_token=" in headers.get("Set-Cookie", "")
         assert get(served.url + "/metrics", {"Cookie": "durable_log_token=s3cret"})[0] == 200
+
+
+def test_a_token_in_the_address_becomes_a_cookie_and_leaves_the_address(store: dict[str, Any]) -> None:
+    with serve(store["path"], "--token", "s3cret") as served:
+        status, headers = _unfollowed(served.url + "/log?kind=entry&token=s3cret&kind=task")
+        assert status == 303 and headers["Location"] == "/log?kind=entry&kind=task"
+        assert "durable_log_token=s3cret" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
+        assert get(served.url + headers["Location"], {"Cookie": "durable_log_token=s3cret"})[0] == 200
+        assert _unfollowed(served.url + "/log?token=wrong")[0] == 401
+
+
+def test_healthz_answers_a_probe_without_the_token_and_says_only_whether_the_store_reads(store: dict[str, Any], tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(store["path"], copy)
+    with serve(copy, "--token", "s3cret") as served:
+        status, body, _ = get(served.url + "/healthz")
+        assert status == 200 and json.loads(body) == {"status": "ok"}
+        full = json.loads(get(served.url + "/healthz", {"Authorization": "Bearer s3cret"})[1])
+        assert full["status"] == "ok" and "headSeq" in full and "warnings" in full
+        copy.rename(tmp_path / "moved")
+        status, body, _ = get(served.url + "/healthz")
+        assert status == 503 and json.loads(body) == {"status": "unavailable"}  # no path, no reason
+
+
+def _unfollowed(url: str) -> tuple[int, dict[str, str]]:
+    """A GET whose redirect is not followed: its status and headers."""
+
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+    try:
+        connection.request("GET", parts.path + ("?" + parts.query if parts.query else ""))
+        response = connection.getresponse()
+        response.read()
+        return response.status, dict(response.getheaders())
+    finally:
+        connection.close()
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "::", "example.com"])

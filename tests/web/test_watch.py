@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import threading
@@ -27,7 +28,7 @@ async def test_watch_prints_the_commits_made_between_two_reads(tmp_path: Path) -
     finally:
         await storage.close()
     line = out.getvalue().strip()
-    assert line.startswith("head 5 "), line
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  head 5 .*", line), line
     assert "commits/s" in line and "fold lag" in line
 
 

@@ -106,6 +106,24 @@ def parse_servers(servers: str | Sequence[str]) -> list[str]:
     return [url if "://" in url else f"nats://{url}" for url in urls]
 
 
+def cause_of(error: BaseException, timeout: float, connecting: bool = False) -> str:
+    """Why NATS did not answer, in words a user can act on (a timeout's own text is empty)."""
+
+    import nats.errors
+
+    if isinstance(error, nats.errors.NoRespondersError):
+        return "no responders: JetStream is not enabled on that server (nats-server -js), or the stream has no leader"
+    if isinstance(error, (nats.errors.TimeoutError, asyncio.TimeoutError)):
+        if connecting:
+            return f"no answer within {timeout + 1:g} s: nothing listening at that address, or a firewall in between"
+        return (
+            f"no reply within {timeout:g} s: the server is up but JetStream did not answer (a cluster without "
+            "a quorum or a meta leader, or an overloaded server)"
+        )
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
 class JetStreamLink(LinkLoop):
     """One NATS connection, on a thread and event loop of its own, to one stream."""
 
@@ -149,7 +167,7 @@ class JetStreamLink(LinkLoop):
             )
         except (asyncio.TimeoutError, OSError, Exception) as error:
             raise NatsUnavailableError(
-                f"No NATS server answered at {', '.join(self.servers)} ({type(error).__name__}: {error})"
+                f"No NATS server answered at {', '.join(self.servers)} ({cause_of(error, self.timeout, connecting=True)})"
             ) from None
         self._js = self._nc.jetstream(timeout=self.timeout)
 
@@ -183,7 +201,7 @@ class JetStreamLink(LinkLoop):
                 raise _unanswered(f"stream {self.stream!r}", error) from None
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
             raise NatsUnavailableError(
-                f"NATS at {', '.join(self.servers)} did not answer for stream {self.stream!r} ({type(error).__name__})"
+                f"NATS at {', '.join(self.servers)} did not answer for stream {self.stream!r} ({cause_of(error, self.timeout)})"
             ) from None
         except nats.errors.Error as error:  # a 503 (no quorum, no meta leader), a lost connection
             raise _unanswered(f"stream {self.stream!r}", error) from None
@@ -204,7 +222,7 @@ class JetStreamLink(LinkLoop):
         except nats.js.errors.NotFoundError:
             return None
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
-            raise NatsUnavailableError(f"NATS did not answer for the last message of {subject} ({type(error).__name__})") from None
+            raise NatsUnavailableError(f"NATS did not answer for the last message of {subject} ({cause_of(error, self.timeout)})") from None
         except nats.errors.Error as error:  # a 503 (no quorum, no meta leader), a lost connection
             raise _unanswered(f"the last message of {subject}", error) from None
         return parse_message(self.stream, raw.seq, raw.headers, raw.data, store)

@@ -1,0 +1,108 @@
+"""``durable-log search``: entries, documents and tasks by their words, now or as of a point.
+
+The first search of a store builds its word index (``search.index`` in the store directory,
+a projection of the log like the others: delete it and the next search builds it again)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+import msgspec
+
+from ..storage.export import seq_at
+from ..storage.lmdb_storage import LmdbStorage
+from ..storage.search import SearchResults, catch_up, index_exists, search
+from ..storage.stats import require_store
+
+from .common import EXIT_OK, READ_ONLY, add_command, point, print_json, readable, sequence, store_argument, usage
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "search",
+        "find entries by their text, documents by their value, tasks by kind and state",
+        f"Find what holds every word of TEXT: entries by what their messages say, documents by their "
+        f"value, tasks by their kind and state (words are letters and digits, case ignored); the store is "
+        f"{READ_ONLY}. The first search builds the store's word index "
+        f"in PATH/search.index (delete it to reclaim its bytes: the next search builds it again).",
+    )
+    store_argument(sub)
+    sub.add_argument("text", metavar="TEXT", help="the words to find (all of them)")
+    sub.add_argument("--as-of", type=point, metavar="SEQ|TIME", help="as the store was right after this log sequence, or at this time")
+    sub.add_argument("--before", type=sequence, metavar="SEQ", help="entries written at or before this sequence (the next page)")
+    sub.add_argument("--json", action="store_true", help="print one JSON object")
+    sub.set_defaults(run=_search)
+
+
+def _search(args: argparse.Namespace) -> int:
+    require_store(args.path)
+    if not args.text.strip():
+        raise usage("TEXT is empty: give the words to find")
+    results = asyncio.run(_run(args))
+    if args.json:
+        print_json(msgspec.to_builtins(results))
+    else:
+        print(readable(format_results(results)))
+    return EXIT_OK
+
+
+async def _run(args: argparse.Namespace) -> SearchResults:
+    from ..projections.search_index import SearchIndex
+
+    fresh = not index_exists(args.path)
+    if fresh:
+        print(f"durable-log: building the word index of {os.path.abspath(args.path)} (once; later searches fold only new records)", file=sys.stderr)
+    index = SearchIndex(args.path, create=True)
+    try:
+        await asyncio.to_thread(catch_up, args.path, index)
+        if fresh:
+            await asyncio.to_thread(index.compact)
+            print(f"durable-log: the index takes {index.size():,} bytes in {index.path}", file=sys.stderr)
+        storage = await LmdbStorage.open(args.path, readonly=True)
+        try:
+            as_of = None
+            if args.as_of is not None:
+                kind, value = args.as_of
+                as_of = value if kind == "seq" else seq_at(storage.log, value)
+                head = storage.log.head()
+                if as_of > head:
+                    raise usage(f"--as-of {as_of}: the log's head is {head}")
+            reader = storage if as_of is None else await storage.as_of(as_of)
+            return await search(index, storage, reader, args.text, as_of, args.before)
+        finally:
+            await storage.close()
+    finally:
+        index.close()
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+def format_results(results: SearchResults) -> str:
+    """The readable form: a section per kind, one line per result, with what ``show`` takes."""
+
+    point = "now" if results.asOf is None else f"as of log sequence {results.asOf}"
+    lines = [f"{' '.join(results.words)!r} {point} (log head {results.head}):"]
+    lines.append(f"entries ({len(results.entries)}{'+' if results.moreEntriesBefore is not None else ''}):")
+    for hit in results.entries:
+        roles = "/".join(hit.roles) or "-"
+        lines.append(f"  entry {hit.id}  conversation {hit.conversationId}  seq {hit.seq}  {_when(hit.committedAt)}  {roles}: {hit.text}")
+    if results.moreEntriesBefore is not None:
+        lines.append(f"  … older ones: --before {results.moreEntriesBefore}")
+    lines.append(f"documents ({len(results.documents)}):")
+    for doc in results.documents:
+        which = f"in the version in force, since seq {doc.seq}" if doc.current else f"in an earlier version, written at seq {doc.seq}"
+        lines.append(f"  document {doc.id}  {doc.kind}  {which}: {doc.text}")
+    lines.append(f"tasks ({len(results.tasks)}):")
+    for task in results.tasks:
+        where = "" if task.conversationId is None else f"  conversation {task.conversationId}"
+        lines.append(f"  task {task.id}  {task.kind}  {task.status}{where}")
+    if results.capped:
+        lines.append("(some word is very common: documents and tasks were looked for among its newest postings only)")
+    return "\n".join(lines)
