@@ -74,6 +74,7 @@ REPLICATED = "replicated"
 BACKENDS = (REPLICATED, "lmdb", "sqlite")
 LABEL = {REPLICATED: "replicated (R3)", "lmdb": LABELS[("lmdb", "power")], "sqlite": LABELS[("sqlite", "power")]}
 COMMITTERS = (1, 64)
+PARTS = ("commits", "lag", "recovery", "failover")
 
 # ── processes we start (and only those are ever killed) ──────────────────────
 
@@ -588,18 +589,13 @@ if _restore_function() is None:
 async def breakdown(urls: list[str], base: str, store: str, args: argparse.Namespace) -> dict[str, Any]:
     """Instrumented runs, after the measured rounds: the replicated commit's group split into
     the publish (``StreamWriter._send``, on the writer thread, waiting for the stream) and the
-    rest of the group (checks, fold, LMDB commit and syncs); and catch-up split into nats-py's
-    ordered consumer alone, ``parse_message``, and the fold (``Follower._apply``)."""
+    rest of the group (checks, fold, LMDB commit and syncs); replica lag by the replica's
+    durability; and catch-up split into its stages (``breakdown_catch_up``)."""
 
-    import nats
-    from nats.js.api import ConsumerConfig, DeliverPolicy
-
-    from pi_durable_lmdb.log.stream.jetstream import parse_message, subject_of
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.storage.replica import Follower
 
-    out: dict[str, Any] = {"groups": {}}
-    for committers in COMMITTERS:
+    out: dict[str, Any] = {"groups": {}, "lag": {"power": [], "process": []}}
+    for committers in COMMITTERS if "commits" in args.parts else ():
         path = tempfile.mkdtemp(dir=base, prefix="breakdown-")
         store_handle = ReplicatedStore(path, urls)
         await store_handle.open()
@@ -636,11 +632,27 @@ async def breakdown(urls: list[str], base: str, store: str, args: argparse.Names
             "group": _percentile(runs, 0.5), "publish": _percentile([t for t, _ in sends], 0.5),
             "local": _percentile([r - t for r, (t, _) in zip(runs, sends)], 0.5),
         }
-    out["lag"] = {"power": [], "process": []}
-    for _ in range(3):
+    for _ in range(3 if "lag" in args.parts else 0):
         for durability in ("power", "process"):
             lag = await measure_lag(urls, base, 3.0, args.lag_rate, durability, instrument=True)
             out["lag"][durability].append(lag)
+    if "recovery" in args.parts:
+        out.update(await breakdown_catch_up(urls, base, store, args))
+    return out
+
+
+async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Catch-up split into nats-py's ordered consumer alone, ``parse_message``, and the fold
+    (``Follower._apply``)."""
+
+    import nats
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    from pi_durable_lmdb.log.stream.jetstream import parse_message, subject_of
+    from pi_durable_lmdb.storage import LmdbStorage
+    from pi_durable_lmdb.storage.replica import Follower
+
+    out: dict[str, Any] = {}
     subject = subject_of(STREAM, store)
     nc = await nats.connect(servers=urls)
     try:
@@ -707,27 +719,32 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
         _log(f"  {rate:,.0f} commits/s")
         load = os.getloadavg()[0]
         started = time.perf_counter()
+        parts = args.parts
         for round in range(args.rounds):
-            for committers in COMMITTERS:
+            for committers in COMMITTERS if "commits" in parts else ():
                 for backend in _rotated(BACKENDS, round):
                     figures = await measure_commits(backend, committers, args.commits, base, urls)
                     results["commits"].setdefault((backend, committers), []).append(figures)
                     _log(f"round {round} {LABEL[backend]:>16} committers={committers:<3} {figures['rate']:>8,.0f}/s "
                          f"p50 {figures['p50'] * 1e3:6.2f} ms p99 {figures['p99'] * 1e3:6.2f} ms")
-            raw = await raw_publish(urls, args.raw, size)
-            results["raw"].extend(raw)
-            _log(f"round {round} raw js.publish p50 {_percentile(raw, 0.5) * 1e3:.2f} ms")
-            lag = await measure_lag(urls, base, args.lag_seconds / args.rounds, args.lag_rate)
-            results["lag"].append(lag)
-            _log(f"round {round} lag at {lag['achieved']:,.0f}/s: p50 {_percentile(lag['lags'], 0.5) * 1e3:.2f} ms "
-                 f"p99 {_percentile(lag['lags'], 0.99) * 1e3:.2f} ms ({len(lag['errors'])} errors); loop stall p99 "
-                 f"{_percentile(lag['stalls'], 0.99) * 1e3:.2f} ms max {max(lag['stalls'], default=0) * 1e3:.1f} ms; "
-                 f"load {os.getloadavg()[0]:.1f}")
-            for key in _rotated(tuple(RECOVERY), round):
+            if "commits" in parts:
+                raw = await raw_publish(urls, args.raw, size)
+                results["raw"].extend(raw)
+                _log(f"round {round} raw js.publish p50 {_percentile(raw, 0.5) * 1e3:.2f} ms")
+            if "lag" in parts:
+                lag = await measure_lag(urls, base, args.lag_seconds / args.rounds, args.lag_rate)
+                results["lag"].append(lag)
+                _log(
+                    f"round {round} lag at {lag['achieved']:,.0f}/s: p50 {_percentile(lag['lags'], 0.5) * 1e3:.2f} ms "
+                    f"p99 {_percentile(lag['lags'], 0.99) * 1e3:.2f} ms ({len(lag['errors'])} errors); loop stall p99 "
+                    f"{_percentile(lag['stalls'], 0.99) * 1e3:.2f} ms max {max(lag['stalls'], default=0) * 1e3:.1f} ms; "
+                    f"load {os.getloadavg()[0]:.1f}"
+                )
+            for key in _rotated(tuple(RECOVERY), round) if "recovery" in parts else ():
                 seconds = await RECOVERY[key][0](urls, base, store, args.records)
                 results[key].append(seconds)
                 _log(f"round {round} {key}: {args.records / seconds:,.0f} records/s")
-            for _ in range(_spread(args.failovers, args.rounds, round)):
+            for _ in range(_spread(args.failovers, args.rounds, round) if "failover" in parts else 0):
                 figures = await measure_failover(urls, base, args.lease_ttl, len(results["failover"]))
                 results["failover"].append(figures)
                 _log(f"round {round} failover {figures['total']:.2f} s (open {figures['open']:.2f} s, "
@@ -754,7 +771,6 @@ def _met(ok: bool) -> str:
 
 
 def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> str:
-    commits = results["commits"]
     lines = [
         f"Command: `{command}`  ",
         f"Engine: git {results['source']}"
@@ -765,6 +781,33 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
         f"({_nats_version()}) on loopback, same machine; {args.rounds} rounds, {args.commits} commits per run; "
         f"rounds took {results['elapsed']:.0f} s; load average {results['load'][0]:.1f} at the start, "
         f"{results['load'][1]:.1f} at the end (other work shares the machine)",
+    ]
+    targets: list[tuple[str, str, str, bool]] = []
+    if "commits" in args.parts:
+        lines += render_commits(results, targets)
+    if "lag" in args.parts:
+        lines += render_lag(results, args, targets)
+    if "recovery" in args.parts:
+        lines += render_recovery(results, args, targets)
+    if "failover" in args.parts:
+        lines += render_failover(results, args, targets)
+    if "commits" in args.parts:
+        lines += render_context(results, args)
+    if "breakdown" in results:
+        lines += render_breakdown(results, args)
+    lines += [
+        "### Targets",
+        "",
+        "| target | goal | measured | met |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {name} | {goal} | {measured} | {_met(ok)} |" for name, goal, measured, ok in targets]
+    return "\n".join(lines) + "\n"
+
+
+def render_commits(results: dict[str, Any], targets: list[tuple[str, str, str, bool]]) -> list[str]:
+    commits = results["commits"]
+    lines = [
         "",
         "### Commits (turn: an entry + its task per commit; fresh store per run)",
         "",
@@ -786,7 +829,6 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
     def paired(backend: str, other: str, committers: int, key: str) -> list[float]:
         return [mine[key] / theirs[key] for mine, theirs in zip(commits[(backend, committers)], commits[(other, committers)])]
 
-    targets: list[tuple[str, str, str, bool]] = []
     for committers in COMMITTERS:
         ratios = paired(REPLICATED, "lmdb", committers, "p50")
         median = statistics.median(ratios)
@@ -800,14 +842,17 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
     lines += ["", f"(Paired per round, median [min–max]. For reference, 1 committer: replicated commits/s vs "
                   f"SQLite FULL {statistics.median(ratios):.2f}x; replicated vs local power "
                   f"{statistics.median(paired(REPLICATED, 'lmdb', 1, 'rate')):.2f}x.)"]
+    return lines
 
+
+def render_lag(results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]) -> list[str]:
     lag_all = [value for lag in results["lag"] for value in lag["lags"]]
     commit_all = [value for lag in results["lag"] for value in lag["commit_latency"]]
     errors = [error for lag in results["lag"] for error in lag["errors"]]
     per_round_p99 = [_percentile(lag["lags"], 0.99) for lag in results["lag"]]
     gcs = [pause for lag in results["lag"] for pause in lag["gc"]]
     stall_all = [stall for lag in results["lag"] for stall in lag["stalls"]]
-    lines += [
+    lines = [
         "",
         f"### Replica lag (paced writer, {args.lag_rate:,.0f} commits/s offered, open loop; replica in the same process)",
         "",
@@ -833,9 +878,12 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
     targets.append((f"replica lag p99 at {args.lag_rate:,.0f} commits/s (all rounds pooled)", "<= 50 ms",
                     f"{_ms(lag_p99)} (per round: median {_ms(statistics.median(per_round_p99))}, "
                     f"worst {_ms(max(per_round_p99))})", lag_p99 <= 0.050 and not errors))
+    return lines
 
+
+def render_recovery(results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]) -> list[str]:
     n = args.records
-    lines += [
+    lines = [
         "",
         f"### Catch-up and restore ({n:,} records of one store on the stream; fresh directory each time)",
         "",
@@ -851,10 +899,13 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
         if target:
             targets.append((f"{key.replace('_', '-')} rate", ">= 50,000 records/s", f"{statistics.median(rates):,.0f}/s",
                             statistics.median(rates) >= 50_000))
+    return lines
 
+
+def render_failover(results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]) -> list[str]:
     runs = results["failover"]
     totals = [run["total"] for run in runs]
-    lines += [
+    lines = [
         "",
         f"### Failover (writer SIGKILLed in a child process -> first commit on a new writer, take_over=True, "
         f"lease_ttl={args.lease_ttl})",
@@ -868,9 +919,13 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
     limit = args.lease_ttl + 1
     targets.append((f"failover (kill -> first commit), max of {len(runs)}", f"<= {limit} s (TTL + 1 s)",
                     f"p50 {statistics.median(totals):.2f} s, max {max(totals):.2f} s", max(totals) <= limit))
+    return lines
 
+
+def render_context(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    n = args.records
     raw = results["raw"]
-    lines += [
+    lines = [
         "",
         "### Context",
         "",
@@ -885,11 +940,15 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
         "lease is inside the replicated figures and is not reported separately.",
         "",
     ]
-    if "breakdown" in results:
-        parts = results["breakdown"]
+    return lines
+
+
+def render_breakdown(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    n = args.records
+    parts = results["breakdown"]
+    lines = ["### Where the time goes (`--breakdown`: instrumented runs after the rounds)", ""]
+    if parts["groups"]:
         lines += [
-            "### Where the time goes (`--breakdown`: instrumented runs after the rounds)",
-            "",
             "| committers | commit p50 | commits/s | groups | batches per group (median) | group on the writer thread p50 "
             "| of which publish (`_send`) p50 | rest of the group (checks, fold, LMDB commit + 2 syncs) p50 |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -899,14 +958,18 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
                 f"| {committers} | {_ms(group['commit_p50'])} | {group['rate']:,.0f} | {group['groups']:,} | {group['size']:.0f} "
                 f"| {_ms(group['group'])} | {_ms(group['publish'])} | {_ms(group['local'])} |"
             )
+        lines.append("")
+    if "consume" in parts:
         lines += [
-            "",
             f"Catch-up per record ({n:,} records): nats-py ordered consumer alone (callback, headers parsed) "
             f"{parts['consume'] * 1e6:.1f} µs; nats-py's `msg.metadata` + `parse_message` (headers, CRC) "
             f"{parts['parse'] * 1e6:.1f} µs; "
             f"the fold (`Follower._apply`, chunks of 1,024, one transaction each) {parts['apply_power'] * 1e6:.1f} µs "
             f"(`power` replica), {parts['apply_process'] * 1e6:.1f} µs (`process`). 50,000 records/s is 20 µs a record.",
             "",
+        ]
+    if any(parts["lag"].values()):
+        lines += [
             f"Replica lag by the replica's durability (3 s segments at {args.lag_rate:,.0f} commits/s, alternating "
             "power/process, 3 each; a transaction = one chunk the replica took in):",
             "",
@@ -927,14 +990,7 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
                 f"| {_ms(_percentile(stalls, 0.99))} / {_ms(max(stalls, default=0.0))} |"
             )
         lines.append("")
-    lines += [
-        "### Targets",
-        "",
-        "| target | goal | measured | met |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {name} | {goal} | {measured} | {_met(ok)} |" for name, goal, measured, ok in targets]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _nats_version() -> str:
@@ -963,9 +1019,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-ttl", type=int, default=2, help="lease TTL in the failover runs (default 2)")
     parser.add_argument("--raw", type=int, default=None, help="raw publishes per round (default 500; --quick 200)")
     parser.add_argument("--breakdown", action="store_true", help="also instrumented runs: where the time goes")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--dir", help="parent of the temporary directory (default: the system temp dir)")
     parser.add_argument("--child-writer", nargs=3, metavar=("PATH", "URLS", "TTL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.parts = {part.strip() for part in args.parts.split(",") if part.strip()}
+    if not args.parts or not args.parts <= set(PARTS):
+        parser.error(f"--parts takes a comma-separated list of {', '.join(PARTS)}")
     if args.child_writer:
         path, urls, ttl = args.child_writer
         child_writer(path, urls, int(ttl))
