@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ForeignMessageError, ReplicationError
 from ..log.stream.link import StreamLink
-from ..log.stream.message import StreamMessage, subject_of
+from ..log.stream.message import RawMessage, StreamMessage, parse_message, subject_of
 
 if TYPE_CHECKING:
     from .lmdb_storage import LmdbStorage
 
 APPLY_CHUNK: Final = 1024
-"""Messages taken in per LMDB transaction at most."""
+"""Messages taken in per LMDB transaction at most while following."""
+BULK_BATCH: Final = 4096
+"""Messages per batched read (and per LMDB transaction) while catching up from far behind."""
 RETRY: Final = (0.05, 2.0)
 
 
@@ -75,6 +77,9 @@ class Follower:
         self.stream_seq = position.stream_seq
         if to_seq is not None and position.seq >= to_seq:
             return int(position.seq)
+        if await self._bulk(to_seq, progress):
+            return self.storage.log.head()
+        position = self._position()
         chunk: list[StreamMessage] = []
         try:
             async for message, pending in self.link.read(self.subject, position.stream_seq, store=self.store, follow=follow):
@@ -96,6 +101,67 @@ class Follower:
             raise
         await self._apply(chunk)
         return self.storage.log.head()
+
+    async def _bulk(self, to_seq: int | None, progress: Callable[[int, int], None] | None) -> bool:
+        """Take in what the stream holds now beyond this store's position, in batches: the next
+        batch is fetched on the link's loop while a worker thread checks and folds this one in
+        one transaction. Returns whether record ``to_seq`` was reached; the caller reads on
+        from the position reached (what the answering server lacked, and what comes later)."""
+
+        after = self._position().stream_seq
+        try:
+            last = await self.link.last(self.subject, None)
+        except ForeignMessageError as error:  # the last message is unsound: refused when reached
+            end = error.stream_seq
+        else:
+            end = 0 if last is None else last.stream_seq
+        if end <= after:
+            return False
+        fetching: asyncio.Future[list[RawMessage]] | None = asyncio.ensure_future(
+            self.link.fetch(self.subject, after, batch=BULK_BATCH)
+        )
+        try:
+            while fetching is not None:
+                raws = await fetching
+                fetching = None
+                if not raws:
+                    return False
+                after = raws[-1].stream_seq
+                if after < end:
+                    fetching = asyncio.ensure_future(self.link.fetch(self.subject, after, batch=BULK_BATCH))
+                messages, refused, reached = await asyncio.to_thread(self._parse, raws, to_seq)
+                await self._apply(messages)
+                if refused is not None:
+                    self._stop(refused)
+                    raise refused
+                head, self.pending = self.storage.log.head(), raws[-1].pending
+                if progress is not None:
+                    progress(head, head + self.pending)
+                if reached:
+                    return True
+                self.last_error = None
+            return False
+        finally:
+            if fetching is not None:
+                fetching.cancel()
+
+    def _parse(
+        self, raws: list[RawMessage], to_seq: int | None
+    ) -> tuple[list[StreamMessage], ForeignMessageError | None, bool]:
+        """Check ``raws`` (off the link's loop): the sound messages before the first refused one
+        or the first record beyond ``to_seq``; that refusal; whether ``to_seq`` was passed."""
+
+        messages: list[StreamMessage] = []
+        stream, store = self.link.stream, self.store
+        for raw in raws:
+            try:
+                message = parse_message(stream, raw.stream_seq, raw.headers, raw.data, store)
+            except ForeignMessageError as error:
+                return messages, error, False
+            if to_seq is not None and message.kind == "record" and message.seq > to_seq:
+                return messages, None, True
+            messages.append(message)
+        return messages, None, to_seq is not None and bool(messages) and messages[-1].seq >= to_seq
 
     async def _apply(self, chunk: list[StreamMessage]) -> None:
         if not chunk:

@@ -21,7 +21,7 @@ from ..records import Write
 from .message import StreamMessage
 from .position import POSITION_FORMAT, StreamPosition, put_position
 
-FETCH_CHUNK: Final = 1024
+FETCH_CHUNK: Final = 4096
 """Messages taken from the stream per transaction when a store catches up."""
 
 

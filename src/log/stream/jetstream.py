@@ -42,6 +42,7 @@ from .message import (  # noqa: F401 - the message layout, importable from here 
     Fence,
     IdReservation,
     Kind,
+    RawMessage,
     StreamMessage,
     check_size,
     check_stream_name,
@@ -62,6 +63,12 @@ WRONG_LAST_SEQUENCE_CONSTANT: Final = 10164
 that raced another (seen on 3-node clusters during a forced take-over)."""
 DUPLICATE_IN_BATCH: Final = 10201
 """An atomic batch holds a ``Nats-Msg-Id`` the stream already has (another writer's record)."""
+H_STREAM_SEQ: Final = "Nats-Sequence"
+"""A direct get's answer: the message's stream sequence."""
+H_PENDING: Final = "Nats-Num-Pending"
+"""A batched direct get's answer: how many messages of the subject follow this one."""
+FETCH_BYTES: Final = 16 << 20
+"""Bytes one batched direct get may carry at most (the server ends the batch before)."""
 DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
 
@@ -121,6 +128,9 @@ class JetStreamLink(LinkLoop):
         self.timeout = timeout
         self.atomic = True
         """Whether the stream takes atomic batches (``allow_atomic``); else records go one by one."""
+        self.direct = True
+        """Whether the stream answers direct gets (``allow_direct``): ``fetch`` reads batches
+        with them; else it answers nothing and callers read on with ``read``."""
         self._nc: Any = None
         self._js: Any = None
         self._kv: Any = None
@@ -193,6 +203,7 @@ class JetStreamLink(LinkLoop):
                 f"Stream {self.stream!r} does not carry the subjects {self.stream}.<store>.log (it takes {subjects})"
             )
         self.atomic = bool(info.config.allow_atomic)
+        self.direct = bool(info.config.allow_direct)
 
     async def last(self, subject: str, store: str | None) -> StreamMessage | None:
         """The subject's last message, from the stream's leader (never a lagging replica)."""
@@ -337,6 +348,52 @@ class JetStreamLink(LinkLoop):
                 await sub.unsubscribe()
             except Exception:
                 pass
+
+    async def fetch(self, subject: str, after: int, *, batch: int) -> list[RawMessage]:
+        """The subject's next messages after stream sequence ``after``, at most ``batch``, by
+        one batched direct get (``$JS.API.DIRECT.GET``: no consumer to make, the messages come
+        back to back and end with an end-of-batch status). Any server of the stream may answer,
+        one a little behind the leader too: an empty list says only that this one holds nothing
+        more. A stream without direct gets answers an empty list at once."""
+
+        import nats.errors
+
+        if not self.direct or batch < 1:
+            return []
+        got: list[RawMessage] = []
+        ended: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+
+        async def take(msg: Any) -> None:  # a callback: cheaper per message than next_msg()
+            headers = msg.headers
+            if not msg.data and headers and headers.get("Status"):
+                if not ended.done():
+                    ended.set_result(headers)
+                return
+            seq, pending = (headers.get(H_STREAM_SEQ, ""), headers.get(H_PENDING, "")) if headers else ("", "")
+            got.append(RawMessage(int(seq) if seq.isdigit() else 0, headers, msg.data, int(pending) if pending.isdigit() else 0))
+
+        request = json.dumps({"seq": after + 1, "next_by_subj": subject, "batch": batch, "max_bytes": FETCH_BYTES})
+        try:
+            inbox = self._nc.new_inbox()
+            sub = await self._nc.subscribe(
+                inbox, cb=take, pending_msgs_limit=2 * batch + 16, pending_bytes_limit=4 * FETCH_BYTES
+            )
+            try:
+                await self._nc.publish(f"$JS.API.DIRECT.GET.{self.stream}", request.encode(), reply=inbox)
+                status = await asyncio.wait_for(ended, self.timeout)
+            finally:
+                await sub.unsubscribe()
+        except (nats.errors.Error, asyncio.TimeoutError) as error:
+            raise _unanswered(f"a batch of {subject} after {after}", error) from None
+        code = status.get("Status")
+        if code not in ("204", "404"):  # end of batch; no message at or after that sequence
+            description = status.get("Description", "")
+            if code == "503":
+                raise NatsUnavailableError(f"NATS could not answer for a batch of {subject}: {description} (503)")
+            raise ReplicationError(f"NATS refused a batch of {subject} after {after}: {code} {description}")
+        if any(message.stream_seq <= after for message in got):
+            raise ReplicationError(f"NATS answered a batch of {subject} after {after} with a message without its sequence")
+        return got
 
     @property
     def max_payload(self) -> int:

@@ -15,6 +15,10 @@ What every link promises:
 - ``last(subject, store)`` is the subject's last message as the stream's leader has it.
 - ``read(subject, after, ...)`` yields the subject's messages after a stream sequence, in order,
   each with how many more are known to follow.
+- ``fetch(subject, after, batch=...)`` returns the next messages of the subject after a stream
+  sequence, at most ``batch`` of them, in order and unchecked (``RawMessage``): a catch-up's bulk
+  read, checked and folded off the link's loop while the next batch is fetched. An empty list
+  means the server that answered holds nothing more.
 - The lease key-value: ``lease_get(key)`` is ``(value, revision)`` (``None``, and the revision a
   delete left or 0, when there is none); ``lease_put(key, value, revision, ttl)`` sets it only if
   its revision is ``revision`` and returns the new one, or ``None`` when it is not (someone moved
@@ -33,7 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .message import StreamMessage
+from .message import RawMessage, StreamMessage
 
 T = TypeVar("T")
 
@@ -65,6 +69,8 @@ class StreamLink(Protocol):
     def read(
         self, subject: str, after: int, *, store: str | None, follow: bool, idle: float = 0.5
     ) -> AsyncIterator[tuple[StreamMessage, int]]: ...
+
+    async def fetch(self, subject: str, after: int, *, batch: int) -> list[RawMessage]: ...
 
     def too_big(self, size: int) -> str | None: ...
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ...errors import NatsUnavailableError, OutcomeUnknownError, ReplicationError, StreamMissingError, StreamMovedError
 from .link import LinkLoop
-from .message import H_MSG_ID, StreamMessage, check_size, check_stream_name, parse_message, too_big
+from .message import H_MSG_ID, RawMessage, StreamMessage, check_size, check_stream_name, parse_message, too_big
 
 
 class ManualClock:
@@ -153,6 +153,14 @@ class MemoryLink(LinkLoop):
             if not follow and not self.server.down:
                 return
             await asyncio.sleep(0.005)
+
+    async def fetch(self, subject: str, after: int, *, batch: int) -> list[RawMessage]:
+        self.server.answer()
+        found = self.server.subject_messages(subject, after)
+        return [
+            RawMessage(message.stream_seq, dict(message.headers), message.data, len(found) - index - 1)
+            for index, message in enumerate(found[:batch])
+        ]
 
     def too_big(self, size: int) -> str | None:
         return too_big(size, self.server.max_payload)

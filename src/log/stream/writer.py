@@ -43,6 +43,7 @@ from .message import (
     StreamMessage,
     control_headers,
     encode_control,
+    parse_message,
     record_headers,
     subject_of,
 )
@@ -187,6 +188,14 @@ class StreamWriter:
         return position
 
     async def _fetch(self, after: int, until: int) -> list[StreamMessage]:
+        """The next messages after ``after``, a batch (``link.fetch``), else from a consumer."""
+
+        raws = await self.link.fetch(self.subject, after, batch=FETCH_CHUNK)
+        if raws:
+            stream = self.link.stream
+            return [
+                parse_message(stream, raw.stream_seq, raw.headers, raw.data, self.store) for raw in raws if raw.stream_seq <= until
+            ]
         messages: list[StreamMessage] = []
         async for message, pending in self.link.read(self.subject, after, store=self.store, follow=False):
             messages.append(message)
