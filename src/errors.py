@@ -234,6 +234,11 @@ class ForeignMessageError(ReplicationError, DamageError):
         self.stream, self.stream_seq, self.reason = stream, stream_seq, reason
 
 
+class SnapshotUnsoundError(DamageError):
+    """A snapshot in a stream's snapshot bucket does not verify (cut short, damaged, or not the
+    store it is named for): nothing is ever restored from it; an older one, or the log, is used."""
+
+
 # ── the store's state ────────────────────────────────────────────────────────
 
 
@@ -313,6 +318,7 @@ __all__ = [
     "ProjectionFailed",
     "ProjectionsBehind",
     "ReplicationError",
+    "SnapshotUnsoundError",
     "StoreClosedError",
     "StoreDamagedError",
     "StoreFormatError",

@@ -19,7 +19,7 @@ import json
 import re
 import secrets
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from ...errors import (
     NatsUnavailableError,
@@ -28,6 +28,7 @@ from ...errors import (
     StreamMissingError,
     StreamMovedError,
 )
+from . import objects
 from .link import LinkLoop
 from .message import (  # noqa: F401 - the message layout, importable from here as before
     H_EPOCH,
@@ -475,6 +476,23 @@ class JetStreamLink(LinkLoop):
             await kv.delete(key, last=revision)
         except (nats.js.errors.Error, nats.errors.Error, asyncio.TimeoutError):
             pass  # it expires by itself
+
+    # ── snapshots: the object store ``<stream>-snapshots`` (``objects.py``) ───
+
+    async def snapshot_put(self, name: str, source: BinaryIO) -> None:
+        await objects.put(self._js, self.stream, name, source)
+
+    async def snapshot_names(self) -> list[str]:
+        return await objects.names(self._js, self.stream)
+
+    async def snapshot_get(self, name: str, sink: BinaryIO) -> None:
+        await objects.get(self._js, self.stream, name, sink)
+
+    async def snapshot_delete(self, name: str) -> None:
+        await objects.delete(self._js, self.stream, name)
+
+    async def trim(self, subject: str, keep_from: int) -> None:
+        await objects.purge(self._js, self.stream, subject, keep_from)
 
 
 def _unanswered(what: str, error: BaseException) -> ReplicationError:

@@ -19,6 +19,12 @@ What every link promises:
   sequence, at most ``batch`` of them, in order and unchecked (``RawMessage``): a catch-up's bulk
   read, checked and folded off the link's loop while the next batch is fetched. An empty list
   means the server that answered holds nothing more.
+- Snapshots: a bucket of named objects beside the stream. ``snapshot_put(name, source)`` stores
+  one whole or not at all (a put cut short leaves nothing listed); ``snapshot_names()`` lists the
+  complete ones; ``snapshot_get(name, sink)`` writes one out, ``ReplicationError`` when it is
+  missing or does not match the digest it was stored with; ``snapshot_delete(name)``.
+  ``trim(subject, keep_from)`` removes the subject's messages below stream sequence ``keep_from``
+  (only ever asked for by an explicit retention policy).
 - The lease key-value: ``lease_get(key)`` is ``(value, revision)`` (``None``, and the revision a
   delete left or 0, when there is none); ``lease_put(key, value, revision, ttl)`` sets it only if
   its revision is ``revision`` and returns the new one, or ``None`` when it is not (someone moved
@@ -35,7 +41,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from .message import RawMessage, StreamMessage
 
@@ -77,6 +83,16 @@ class StreamLink(Protocol):
     def check_size(self, size: int) -> None: ...
 
     async def lease_get(self, key: str) -> tuple[bytes | None, int]: ...
+
+    async def snapshot_put(self, name: str, source: BinaryIO) -> None: ...
+
+    async def snapshot_names(self) -> list[str]: ...
+
+    async def snapshot_get(self, name: str, sink: BinaryIO) -> None: ...
+
+    async def snapshot_delete(self, name: str) -> None: ...
+
+    async def trim(self, subject: str, keep_from: int) -> None: ...
 
     async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None: ...
 
