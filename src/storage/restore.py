@@ -74,8 +74,8 @@ async def restore(
             head = await link.arun(follower.catch_up(to_seq=to_seq, progress=progress))
             if to_seq is not None and head < to_seq:
                 raise ValueError(
-                    f"Stream {stream!r} holds the records of store {store} up to {head}, not {to_seq}; "
-                    "nothing was restored"
+                    f"Stream {stream!r} holds the records of store {store} up to {head}, not {to_seq} (or its "
+                    "log before a later snapshot was trimmed); nothing was restored"
                 )
         return head
     finally:

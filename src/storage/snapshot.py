@@ -48,6 +48,8 @@ MAGIC: Final = b"PDLSNAP\n"
 _LENGTH: Final = struct.Struct(">I")
 MAX_HEADER: Final = 64 * 1024
 BLOCK: Final = 1 << 20
+WORK_PREFIX: Final = ".snapshot-"
+"""Work directories beside the store: ``.snapshot-<pid>-<random>`` (a compacted copy, the object)."""
 LEVEL: Final = 3
 """zstd level: LMDB pages are mostly zeros and repeated keys; higher levels cost time for little."""
 
@@ -242,7 +244,9 @@ async def take_snapshot(
     if trim and keep is None:
         raise ValueError("trim removes the log before the oldest snapshot kept: give keep too")
     started = time.perf_counter()
-    work = tempfile.mkdtemp(prefix=".snapshot-", dir=os.path.dirname(os.path.abspath(os.fspath(path))))
+    parent = os.path.dirname(os.path.abspath(os.fspath(path)))
+    _remove_stale_work(parent)
+    work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=parent)
     try:
         packed = os.path.join(work, "snapshot")
         with open(packed, "wb") as sink:
@@ -258,6 +262,16 @@ async def take_snapshot(
         await _retain(link, header.store, keep, trim, report)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _remove_stale_work(parent: str) -> None:
+    """Remove the work directories of snapshot processes that were killed (their pid is gone)."""
+
+    for name in os.listdir(parent):
+        if name.startswith(WORK_PREFIX):
+            pid = name[len(WORK_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 async def _retain(link: StreamLink, store: str, keep: int, trim: bool, report: SnapshotReport) -> None:

@@ -41,8 +41,8 @@ from pi_durable_lmdb.storage.snapshot import (
 )
 from pi_durable_lmdb.storage.tail import open_stream
 
-from tests.support.natsserver import NatsNode
-from tests.support.replication_helpers import DURABLE_LOG, ROOT, _bounded, _entry, read_subject, subject
+from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
+from ..support.replication_helpers import DURABLE_LOG, ROOT, _bounded, _entry, read_subject, subject
 
 
 async def _commit(writer: LmdbStorage, first: int, count: int) -> None:
@@ -91,7 +91,7 @@ def test_restore_from_a_snapshot_after_the_log_before_it_was_trimmed(tmp_path: P
         _same(tmp_path / "restored", tmp_path / "writer")
         # to a point between the snapshot and the end; before the snapshot the log is gone
         assert await restore(nats_server.url, stream, store, tmp_path / "earlier", to_seq=second.seq + 5) == second.seq + 5
-        with pytest.raises(Exception):
+        with pytest.raises(ValueError, match="trimmed"):
             await restore(nats_server.url, stream, store, tmp_path / "too-early", to_seq=second.seq - 5)
         assert not (tmp_path / "too-early").exists()
 
@@ -211,6 +211,12 @@ def test_a_snapshot_publisher_killed_at_random_moments(tmp_path: Path, nats_serv
             _same(tmp_path / f"restored-{round}", tmp_path / "writer")
 
         _bounded(60, check())
+    done = subprocess.run(
+        [str(DURABLE_LOG), "snapshot", str(tmp_path / "writer"), "--nats", nats_server.url, "--stream", stream],
+        capture_output=True, timeout=60, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".snapshot-")], "work left by the killed ones"
 
 
 def test_a_new_replica_starts_from_a_snapshot_on_the_memory_engine(tmp_path: Path) -> None:
