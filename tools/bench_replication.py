@@ -74,7 +74,7 @@ REPLICATED = "replicated"
 BACKENDS = (REPLICATED, "lmdb", "sqlite")
 LABEL = {REPLICATED: "replicated (R3)", "lmdb": LABELS[("lmdb", "power")], "sqlite": LABELS[("sqlite", "power")]}
 COMMITTERS = (1, 64)
-PARTS = ("commits", "lag", "recovery", "failover")
+PARTS = ("commits", "lag", "recovery", "failover", "snapshot")
 
 # ── processes we start (and only those are ever killed) ──────────────────────
 
@@ -443,6 +443,71 @@ async def fill(urls: list[str], base: str, records: int) -> tuple[str, float, in
         shutil.rmtree(path, ignore_errors=True)
 
 
+async def snapshot_restore(urls: list[str], base: str, records: int, tail: int, runs: int) -> dict[str, Any]:
+    """A store of ``records`` records whose snapshot was taken ``tail`` records before its end
+    (``durable-log snapshot``'s ``take_snapshot``), then ``restore()`` into fresh directories:
+    the newest snapshot that verifies plus the log after it."""
+
+    from pi_durable_lmdb.storage import LmdbStorage
+    from pi_durable_lmdb.storage.restore import restore
+    from pi_durable_lmdb.storage.snapshot import take_snapshot
+    from pi_durable_lmdb.storage.tail import open_stream
+
+    path = tempfile.mkdtemp(dir=base, prefix="snapshot-fill-")
+    out: dict[str, Any] = {"records": records, "tail": tail, "restores": []}
+    try:
+        writer = await LmdbStorage.open(path, durability="replicated", nats=urls, stream=STREAM, replicas=3)
+        try:
+            ids = Ids()
+            owned = await own(writer, ids, 64)
+            started = time.perf_counter()
+            await _turns(writer, ids, owned, records - tail - writer.log.head())
+            out["fill_rate"] = (records - tail) / (time.perf_counter() - started)
+            store = writer.store_id
+            _log(f"  filled {writer.log.head():,} records at {out['fill_rate']:,.0f}/s")
+            link = await open_stream(urls, STREAM)
+            try:
+                report = await take_snapshot(path, link)
+            finally:
+                await asyncio.to_thread(link.close)
+            out["snapshot"] = {"seconds": report.seconds, "size": report.size, "stored": report.stored, "seq": report.seq}
+            _log(f"  snapshot at record {report.seq:,}: {report.size / 1e6:,.0f} MB as {report.stored / 1e6:,.0f} MB "
+                 f"in {report.seconds:.1f} s")
+            await _turns(writer, ids, owned, records - writer.log.head())
+        finally:
+            await writer.close()
+        shutil.rmtree(path, ignore_errors=True)
+        for run in range(runs):
+            target = os.path.join(tempfile.mkdtemp(dir=base, prefix="snapshot-restore-"), "store")
+            started = time.perf_counter()
+            head = await restore(urls, STREAM, store, target)
+            elapsed = time.perf_counter() - started
+            if head != records:
+                raise RuntimeError(f"the restored store holds {head} records, not {records}")
+            out["restores"].append(elapsed)
+            _log(f"  restore with a snapshot {tail:,} records old: {elapsed:.2f} s")
+            shutil.rmtree(os.path.dirname(target), ignore_errors=True)
+        return out
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def _turns(writer: Any, ids: Ids, owned: list[tuple[int, int]], count: int) -> None:
+    """``count`` turn commits by 64 committers (one per owned conversation)."""
+
+    left = count
+
+    async def committer(conversation_id: int, task_id: int) -> None:
+        nonlocal left
+        n = 0
+        while left > 0:
+            left -= 1
+            n += 1
+            await writer.commit(turn(ids, conversation_id, task_id, n), CTX)
+
+    await asyncio.gather(*(committer(c, t) for c, t in owned))
+
+
 async def measure_catch_up(urls: list[str], base: str, store: str, records: int) -> float:
     from pi_durable_lmdb.storage import LmdbStorage
 
@@ -713,13 +778,15 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
         urls = cluster.urls
         results: dict[str, Any] = {"commits": {}, "raw": [], "lag": [], "failover": [], "urls": urls,
                                    "source": _source_version(), **{key: [] for key in RECOVERY}}
-        _log(f"filling a store with {args.records:,} records (64 committers)")
-        store, rate, size = await fill(urls, base, args.records)
-        results["fill_rate"], results["record_size"] = rate, size
-        _log(f"  {rate:,.0f} commits/s")
+        parts = args.parts
+        store = ""
+        if parts & {"commits", "recovery"}:  # the store recovered, and the record size of the raw publishes
+            _log(f"filling a store with {args.records:,} records (64 committers)")
+            store, rate, size = await fill(urls, base, args.records)
+            results["fill_rate"], results["record_size"] = rate, size
+            _log(f"  {rate:,.0f} commits/s")
         load = os.getloadavg()[0]
         started = time.perf_counter()
-        parts = args.parts
         for round in range(args.rounds):
             for committers in COMMITTERS if "commits" in parts else ():
                 for backend in _rotated(BACKENDS, round):
@@ -750,6 +817,9 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
                 _log(f"round {round} failover {figures['total']:.2f} s (open {figures['open']:.2f} s, "
                      f"commit {figures['commit'] * 1e3:.1f} ms, {figures['taken_in']} records taken in)")
         results["elapsed"] = time.perf_counter() - started
+        if "snapshot" in parts:
+            _log(f"a store of {args.snapshot_records:,} records with a snapshot {args.snapshot_tail:,} records before its end")
+            results["snapshot"] = await snapshot_restore(urls, base, args.snapshot_records, args.snapshot_tail, args.rounds)
         if args.breakdown:
             results["breakdown"] = await breakdown(urls, base, store, args)
         results["source_end"] = _source_version()
@@ -791,6 +861,8 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
         lines += render_recovery(results, args, targets)
     if "failover" in args.parts:
         lines += render_failover(results, args, targets)
+    if "snapshot" in args.parts:
+        lines += render_snapshot(results)
     if "commits" in args.parts:
         lines += render_context(results, args)
     if "breakdown" in results:
@@ -899,7 +971,26 @@ def render_recovery(results: dict[str, Any], args: argparse.Namespace, targets: 
         if target:
             targets.append((f"{key.replace('_', '-')} rate", ">= 50,000 records/s", f"{statistics.median(rates):,.0f}/s",
                             statistics.median(rates) >= 50_000))
+    lines.append("")
     return lines
+
+
+def render_snapshot(results: dict[str, Any]) -> list[str]:
+    out = results["snapshot"]
+    snap, restores = out["snapshot"], out["restores"]
+    return [
+        "",
+        f"### Restore from a snapshot ({out['records']:,} records; the snapshot holds all but the last {out['tail']:,})",
+        "",
+        "| figure | value |",
+        "|---|---:|",
+        f"| filling the store (replicated, 64 committers) | {out['fill_rate']:,.0f} commits/s |",
+        f"| taking the snapshot (compacting copy, zstd, upload to the R3 object store) | {snap['seconds']:.1f} s |",
+        f"| snapshot: the copy / the object | {snap['size'] / 1e6:,.1f} MB / {snap['stored'] / 1e6:,.1f} MB |",
+        f"| `restore()`: newest snapshot that verifies + the log after it, {len(restores)} runs, median (min–max) "
+        f"| {statistics.median(restores):.2f} s ({min(restores):.2f}–{max(restores):.2f} s) |",
+        "",
+    ]
 
 
 def render_failover(results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]) -> list[str]:
@@ -1019,6 +1110,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-ttl", type=int, default=2, help="lease TTL in the failover runs (default 2)")
     parser.add_argument("--raw", type=int, default=None, help="raw publishes per round (default 500; --quick 200)")
     parser.add_argument("--breakdown", action="store_true", help="also instrumented runs: where the time goes")
+    parser.add_argument("--snapshot-records", type=int, default=None,
+                        help="records of the store restored from a snapshot (default 100000; --quick 20000)")
+    parser.add_argument("--snapshot-tail", type=int, default=1000,
+                        help="records committed after its snapshot was taken (default 1000)")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--dir", help="parent of the temporary directory (default: the system temp dir)")
@@ -1033,7 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     quick = args.quick
     for name, full, short in (("rounds", 5, 2), ("commits", 1500, 300), ("failovers", 20, 3), ("records", 20_000, 5_000),
-                              ("lag_seconds", 20.0, 4.0), ("raw", 500, 200)):
+                              ("lag_seconds", 20.0, 4.0), ("raw", 500, 200),
+                              ("snapshot_records", 100_000, 20_000)):
         if getattr(args, name) is None:
             setattr(args, name, short if quick else full)
     if not os.path.exists(NATS_SERVER):
