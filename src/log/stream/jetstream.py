@@ -29,6 +29,7 @@ from ...errors import (
     StreamMovedError,
 )
 from . import objects
+from .direct import direct_batch
 from .link import LinkLoop
 from .message import (  # noqa: F401 - the message layout, importable from here as before
     H_EPOCH,
@@ -64,10 +65,6 @@ WRONG_LAST_SEQUENCE_CONSTANT: Final = 10164
 that raced another (seen on 3-node clusters during a forced take-over)."""
 DUPLICATE_IN_BATCH: Final = 10201
 """An atomic batch holds a ``Nats-Msg-Id`` the stream already has (another writer's record)."""
-H_STREAM_SEQ: Final = "Nats-Sequence"
-"""A direct get's answer: the message's stream sequence."""
-H_PENDING: Final = "Nats-Num-Pending"
-"""A batched direct get's answer: how many messages of the subject follow this one."""
 FETCH_BYTES: Final = 16 << 20
 """Bytes one batched direct get may carry at most (the server ends the batch before)."""
 DEFAULT_TIMEOUT: Final = 5.0
@@ -357,44 +354,9 @@ class JetStreamLink(LinkLoop):
         one a little behind the leader too: an empty list says only that this one holds nothing
         more. A stream without direct gets answers an empty list at once."""
 
-        import nats.errors
-
         if not self.direct or batch < 1:
             return []
-        got: list[RawMessage] = []
-        ended: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
-
-        async def take(msg: Any) -> None:  # a callback: cheaper per message than next_msg()
-            headers = msg.headers
-            if not msg.data and headers and headers.get("Status"):
-                if not ended.done():
-                    ended.set_result(headers)
-                return
-            seq, pending = (headers.get(H_STREAM_SEQ, ""), headers.get(H_PENDING, "")) if headers else ("", "")
-            got.append(RawMessage(int(seq) if seq.isdigit() else 0, headers, msg.data, int(pending) if pending.isdigit() else 0))
-
-        request = json.dumps({"seq": after + 1, "next_by_subj": subject, "batch": batch, "max_bytes": FETCH_BYTES})
-        try:
-            inbox = self._nc.new_inbox()
-            sub = await self._nc.subscribe(
-                inbox, cb=take, pending_msgs_limit=2 * batch + 16, pending_bytes_limit=4 * FETCH_BYTES
-            )
-            try:
-                await self._nc.publish(f"$JS.API.DIRECT.GET.{self.stream}", request.encode(), reply=inbox)
-                status = await asyncio.wait_for(ended, self.timeout)
-            finally:
-                await sub.unsubscribe()
-        except (nats.errors.Error, asyncio.TimeoutError) as error:
-            raise _unanswered(f"a batch of {subject} after {after}", error) from None
-        code = status.get("Status")
-        if code not in ("204", "404"):  # end of batch; no message at or after that sequence
-            description = status.get("Description", "")
-            if code == "503":
-                raise NatsUnavailableError(f"NATS could not answer for a batch of {subject}: {description} (503)")
-            raise ReplicationError(f"NATS refused a batch of {subject} after {after}: {code} {description}")
-        if any(message.stream_seq <= after for message in got):
-            raise ReplicationError(f"NATS answered a batch of {subject} after {after} with a message without its sequence")
-        return got
+        return await direct_batch(self._nc, self.stream, subject, after, batch, FETCH_BYTES, self.timeout)
 
     @property
     def max_payload(self) -> int:
@@ -486,7 +448,7 @@ class JetStreamLink(LinkLoop):
         return await objects.names(self._js, self.stream)
 
     async def snapshot_get(self, name: str, sink: BinaryIO) -> None:
-        await objects.get(self._js, self.stream, name, sink)
+        await objects.get(self._js, self._nc, self.stream, name, sink, self.timeout)
 
     async def snapshot_delete(self, name: str) -> None:
         await objects.delete(self._js, self.stream, name)

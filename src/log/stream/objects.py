@@ -11,12 +11,20 @@ log's messages.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 from typing import Any, BinaryIO, Final
 
 from ...errors import NatsUnavailableError, ReplicationError
+from .direct import direct_batch
+from .message import RawMessage
 
 CHUNK: Final = 512 * 1024
 """Bytes per chunk of an object (under the server's default largest message, 1 MiB)."""
+CHUNKS_PER_BATCH: Final = 32
+"""Chunks per batched direct get while reading an object back."""
+DIGEST_PREFIX: Final = "SHA-256="
+"""How the object store writes an object's digest (URL-safe base64 after it)."""
 
 
 def bucket_name(stream: str) -> str:
@@ -84,9 +92,10 @@ async def names(js: Any, stream: str) -> list[str]:
     return sorted(entry.name for entry in entries if not entry.deleted)
 
 
-async def get(js: Any, stream: str, name: str, sink: BinaryIO) -> None:
+async def get(js: Any, nc: Any, stream: str, name: str, sink: BinaryIO, timeout: float) -> None:
     """Write object ``name`` to ``sink``; ``ReplicationError`` when it is missing or its
-    content does not match its digest."""
+    content does not match its digest. Its chunks come in batched direct gets (``direct``: the
+    bucket's stream allows them), the next batch fetched while this one is written."""
 
     import nats.errors
     import nats.js.errors
@@ -95,15 +104,51 @@ async def get(js: Any, stream: str, name: str, sink: BinaryIO) -> None:
     if store is None:
         raise ReplicationError(f"Stream {stream} has no snapshot bucket ({bucket_name(stream)})")
     try:
-        await store.get(name, writeinto=sink)
-    except nats.js.errors.DigestMismatchError:
-        raise ReplicationError(f"The snapshot {name} does not match its digest") from None
+        info = await store.get_info(name)
     except nats.js.errors.NotFoundError:
         raise ReplicationError(f"The snapshot {name} is not in {bucket_name(stream)}") from None
-    except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
-        raise NatsUnavailableError(f"NATS did not send the snapshot {name} ({type(error).__name__})") from None
-    except nats.errors.Error as error:
-        raise ReplicationError(f"NATS could not send the snapshot {name}: {error}") from None
+    except (nats.errors.Error, asyncio.TimeoutError) as error:
+        raise NatsUnavailableError(f"NATS did not describe the snapshot {name} ({type(error).__name__})") from None
+    chunks, size = int(info.chunks or 0), int(info.size or 0)
+    digest = str(info.digest or "")
+    if not info.nuid or not digest.upper().startswith(DIGEST_PREFIX.upper()):
+        raise ReplicationError(f"The snapshot {name} has no chunks or digest in its description")
+    subject, objects = f"$O.{bucket_name(stream)}.C.{info.nuid}", f"OBJ_{bucket_name(stream)}"
+    hashed, got, written, after = hashlib.sha256(), 0, 0, 0
+
+    def write(batch: list[RawMessage]) -> int:
+        count = 0
+        for message in batch:
+            hashed.update(message.data)
+            sink.write(message.data)
+            count += len(message.data)
+        return count
+
+    fetching: asyncio.Future[list[RawMessage]] | None = asyncio.ensure_future(
+        direct_batch(nc, objects, subject, after, CHUNKS_PER_BATCH, CHUNKS_PER_BATCH * CHUNK, timeout)
+    )
+    try:
+        while fetching is not None:
+            batch = await fetching
+            fetching = None
+            if not batch:
+                break
+            got += len(batch)
+            if got < chunks:
+                fetching = asyncio.ensure_future(
+                    direct_batch(nc, objects, subject, batch[-1].stream_seq, CHUNKS_PER_BATCH, CHUNKS_PER_BATCH * CHUNK, timeout)
+                )
+            written += await asyncio.to_thread(write, batch)
+    finally:
+        if fetching is not None:
+            fetching.cancel()
+    encoded = digest[len(DIGEST_PREFIX):].rstrip("=")
+    expected = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+    if got != chunks or written != size or hashed.digest() != expected:
+        raise ReplicationError(
+            f"The snapshot {name} does not match its description ({got} of {chunks} chunks, {written} of {size} bytes"
+            + (")" if written != size or got != chunks else ", another digest)")
+        )
 
 
 async def delete(js: Any, stream: str, name: str) -> None:
