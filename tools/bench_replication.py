@@ -722,8 +722,8 @@ async def breakdown(urls: list[str], base: str, store: str, args: argparse.Names
 async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argparse.Namespace) -> dict[str, Any]:
     """Catch-up split into its stages, each alone, wall-clock and this process's CPU per record:
     nats-py's ordered consumer alone, ``parse_message`` (after nats-py's ``msg.metadata``), the
-    fold (``Follower._apply``, chunks of 1,024); and, where the tree has them, batched direct
-    gets alone (``link.fetch``, 4,096 a batch), ``parse_message`` of what they return, and the
+    fold (``Follower._apply``, chunks of 1,024); and, where the tree has them, batched pull
+    requests alone (``link.fetch``, 4,096 a batch), ``parse_message`` of what they return, and the
     fold in chunks of 4,096."""
 
     import nats
@@ -1127,7 +1127,7 @@ def render_breakdown(results: dict[str, Any], args: argparse.Namespace) -> list[
             f"nats-py ordered consumer alone (callback, headers parsed) {stage('consume')}; nats-py's `msg.metadata` + "
             f"`parse_message` (headers, CRC, decompress, decode) {stage('parse')}; the fold (`Follower._apply`, chunks "
             f"of 1,024, one transaction each) {stage('apply_power')} (`power` replica), {stage('apply_process')} (`process`)."
-            + (f" Batched direct gets alone (`link.fetch`, 4,096 a batch) {stage('fetch')}; `parse_message` of what "
+            + (f" Batched pull requests alone (`link.fetch`, 4,096 a batch) {stage('fetch')}; `parse_message` of what "
                f"they return {stage('parse_raw')}; the fold in chunks of 4,096 {stage('apply_process_4096')} (`process`)."
                if "fetch" in parts else "")
             + " 50,000 records/s is 20 µs a record.",

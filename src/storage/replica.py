@@ -106,7 +106,7 @@ class Follower:
         """Take in what the stream holds now beyond this store's position, in batches: the next
         batch is fetched on the link's loop while a worker thread checks and folds this one in
         one transaction. Returns whether record ``to_seq`` was reached; the caller reads on
-        from the position reached (what the answering server lacked, and what comes later)."""
+        from the position reached (whatever a batch answered short left, and what comes later)."""
 
         after = self._position().stream_seq
         try:

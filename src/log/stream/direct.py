@@ -4,7 +4,10 @@ No consumer is made: the server that answers sends up to ``batch`` messages of t
 a stream sequence back to back, each with its stream sequence and how many more follow in
 headers, and ends with an end-of-batch status. Any server of the stream may answer (the stream
 needs ``allow_direct``), so a lagging one may answer short; callers read on from where it ended.
-Used for a store's subject (``JetStreamLink.fetch``) and for a snapshot's chunks (``objects``).
+Used for a snapshot's chunks (``objects``): few, large messages, where it reads about four times
+as fast as nats-py's object store reader. (A store's records, many small messages, are read with
+pull requests instead: ``JetStreamLink.fetch``; a direct get's six extra headers cost more
+per message than they save.)
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ from ...errors import (
     StreamMovedError,
 )
 from . import objects
-from .direct import direct_batch
 from .link import LinkLoop
 from .message import (  # noqa: F401 - the message layout, importable from here as before
     H_EPOCH,
@@ -66,7 +65,7 @@ that raced another (seen on 3-node clusters during a forced take-over)."""
 DUPLICATE_IN_BATCH: Final = 10201
 """An atomic batch holds a ``Nats-Msg-Id`` the stream already has (another writer's record)."""
 FETCH_BYTES: Final = 16 << 20
-"""Bytes one batched direct get may carry at most (the server ends the batch before)."""
+"""Bytes one batched read may carry at most (the server ends the batch before)."""
 DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
 
@@ -126,9 +125,6 @@ class JetStreamLink(LinkLoop):
         self.timeout = timeout
         self.atomic = True
         """Whether the stream takes atomic batches (``allow_atomic``); else records go one by one."""
-        self.direct = True
-        """Whether the stream answers direct gets (``allow_direct``): ``fetch`` reads batches
-        with them; else it answers nothing and callers read on with ``read``."""
         self._nc: Any = None
         self._js: Any = None
         self._kv: Any = None
@@ -201,7 +197,6 @@ class JetStreamLink(LinkLoop):
                 f"Stream {self.stream!r} does not carry the subjects {self.stream}.<store>.log (it takes {subjects})"
             )
         self.atomic = bool(info.config.allow_atomic)
-        self.direct = bool(info.config.allow_direct)
 
     async def last(self, subject: str, store: str | None) -> StreamMessage | None:
         """The subject's last message, from the stream's leader (never a lagging replica)."""
@@ -348,15 +343,54 @@ class JetStreamLink(LinkLoop):
                 pass
 
     async def fetch(self, subject: str, after: int, *, batch: int) -> list[RawMessage]:
-        """The subject's next messages after stream sequence ``after``, at most ``batch``, by
-        one batched direct get (``$JS.API.DIRECT.GET``: no consumer to make, the messages come
-        back to back and end with an end-of-batch status). Any server of the stream may answer,
-        one a little behind the leader too: an empty list says only that this one holds nothing
-        more. A stream without direct gets answers an empty list at once."""
+        """The subject's next messages after stream sequence ``after``, at most ``batch``: one
+        pull request (``$JS.API.CONSUMER.MSG.NEXT``, ``no_wait``) to an ephemeral consumer made for
+        it (no acks, one replica, in memory) and deleted after. The messages come back to back with
+        their own headers only, their stream sequence and how many follow in the reply subject:
+        per message, less for nats-py to parse than a direct get's answer or an ordered push
+        consumer's bookkeeping."""
 
-        if not self.direct or batch < 1:
+        if batch < 1:
             return []
-        return await direct_batch(self._nc, self.stream, subject, after, batch, FETCH_BYTES, self.timeout)
+        import nats.errors
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, filter_subject=subject,
+            ack_policy=AckPolicy.NONE, inactive_threshold=max(30.0, 3 * self.timeout), mem_storage=True, num_replicas=1,
+        )
+        got: list[RawMessage] = []
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def take(msg: Any) -> None:  # a callback: cheaper per message than next_msg()
+            if not msg.data and msg.headers and msg.headers.get("Status"):  # 404: no more, 408: expired
+                if not ended.done():
+                    ended.set_result(None)
+                return
+            stream_seq, pending = _delivery(msg)
+            got.append(RawMessage(stream_seq, msg.headers, msg.data, pending))
+            if len(got) >= batch and not ended.done():
+                ended.set_result(None)
+
+        try:
+            info = await self._js.add_consumer(self.stream, config)
+            try:
+                inbox = self._nc.new_inbox()
+                sub = await self._nc.subscribe(inbox, cb=take, pending_msgs_limit=2 * batch + 16, pending_bytes_limit=4 * FETCH_BYTES)
+                try:
+                    request = json.dumps({"batch": batch, "no_wait": True, "max_bytes": FETCH_BYTES}).encode()
+                    await self._nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{info.name}", request, reply=inbox)
+                    await asyncio.wait_for(ended, self.timeout)
+                finally:
+                    await sub.unsubscribe()
+            finally:
+                try:
+                    await self._js.delete_consumer(self.stream, info.name)
+                except (nats.errors.Error, asyncio.TimeoutError):
+                    pass  # it goes by itself once inactive
+        except (nats.errors.Error, asyncio.TimeoutError) as error:
+            raise _unanswered(f"a batch of {subject} after {after}", error) from None
+        return got
 
     @property
     def max_payload(self) -> int:
