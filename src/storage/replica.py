@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ForeignMessageError, ReplicationError
@@ -129,11 +129,7 @@ class Follower:
                 after = raws[-1].stream_seq
                 if after < end:
                     fetching = asyncio.ensure_future(self.link.fetch(self.subject, after, batch=BULK_BATCH))
-                messages, refused, reached = await asyncio.to_thread(self._parse, raws, to_seq)
-                await self._apply(messages)
-                if refused is not None:
-                    self._stop(refused)
-                    raise refused
+                reached = await self._take_raw(raws, to_seq)
                 head, self.pending = self.storage.log.head(), raws[-1].pending
                 if progress is not None:
                     progress(head, head + self.pending)
@@ -145,23 +141,36 @@ class Follower:
             if fetching is not None:
                 fetching.cancel()
 
-    def _parse(
-        self, raws: list[RawMessage], to_seq: int | None
-    ) -> tuple[list[StreamMessage], ForeignMessageError | None, bool]:
-        """Check ``raws`` (off the link's loop): the sound messages before the first refused one
-        or the first record beyond ``to_seq``; that refusal; whether ``to_seq`` was passed."""
+    async def _take_raw(self, raws: list[RawMessage], to_seq: int | None) -> bool:
+        """Check and fold ``raws`` in one transaction on a worker thread, each message checked
+        just before it is folded (so no batch of decoded records is ever held: far less for the
+        garbage collector to walk); stops before a record beyond ``to_seq`` and returns whether it
+        was reached. A refused message: what came before it is taken in, then it stops the
+        follower and raises."""
 
-        messages: list[StreamMessage] = []
-        stream, store = self.link.stream, self.store
-        for raw in raws:
-            try:
+        stream, store, beyond = self.link.stream, self.store, [False]
+
+        def checked(upto: int) -> Iterator[StreamMessage]:
+            for raw in raws:
+                if raw.stream_seq >= upto:
+                    return
                 message = parse_message(stream, raw.stream_seq, raw.headers, raw.data, store)
-            except ForeignMessageError as error:
-                return messages, error, False
-            if to_seq is not None and message.kind == "record" and message.seq > to_seq:
-                return messages, None, True
-            messages.append(message)
-        return messages, None, to_seq is not None and bool(messages) and messages[-1].seq >= to_seq
+                if to_seq is not None and message.kind == "record" and message.seq > to_seq:
+                    beyond[0] = True
+                    return
+                yield message
+
+        try:
+            position = await asyncio.to_thread(self._write, checked(raws[-1].stream_seq + 1))
+        except ForeignMessageError as error:
+            if raws[0].stream_seq < error.stream_seq:
+                await asyncio.to_thread(self._write, checked(error.stream_seq))
+                self._applied()
+            self._stop(error)
+            raise
+        self.stream_seq = position.stream_seq
+        self._applied()
+        return beyond[0] or (to_seq is not None and position.seq >= to_seq)
 
     async def _apply(self, chunk: list[StreamMessage]) -> None:
         if not chunk:
@@ -178,7 +187,7 @@ class Follower:
         self.stream_seq = position.stream_seq
         self._applied()
 
-    def _write(self, chunk: list[StreamMessage]) -> Any:
+    def _write(self, chunk: Iterable[StreamMessage]) -> Any:
         """One transaction taking ``chunk`` in, on a worker thread (never the link's loop, which
         a commit of a writer being deposed may be waiting on), with no group beside it."""
 
