@@ -160,11 +160,11 @@ class Follower:
                     return
                 yield message
 
-        try:
-            position = await asyncio.to_thread(self._write, checked(raws[-1].stream_seq + 1))
+        try:  # a fresh iterator for each run of the transaction (a map growth runs it again)
+            position = await asyncio.to_thread(self._write, lambda: checked(raws[-1].stream_seq + 1))
         except ForeignMessageError as error:
             if raws[0].stream_seq < error.stream_seq:
-                await asyncio.to_thread(self._write, checked(error.stream_seq))
+                await asyncio.to_thread(self._write, lambda: checked(error.stream_seq))
                 self._applied()
             self._stop(error)
             raise
@@ -187,12 +187,14 @@ class Follower:
         self.stream_seq = position.stream_seq
         self._applied()
 
-    def _write(self, chunk: Iterable[StreamMessage]) -> Any:
-        """One transaction taking ``chunk`` in, on a worker thread (never the link's loop, which
-        a commit of a writer being deposed may be waiting on), with no group beside it."""
+    def _write(self, chunk: list[StreamMessage] | Callable[[], Iterable[StreamMessage]]) -> Any:
+        """One transaction taking ``chunk`` in (a list, or what makes an iterator of it: the
+        transaction may run again from the start), on a worker thread (never the link's loop,
+        which a commit of a writer being deposed may be waiting on), with no group beside it."""
 
         self.transactions += 1
-        return self.storage.take_in(lambda txn, projector: self.applier.apply(txn, projector, chunk, self._position(txn)))
+        make = chunk if callable(chunk) else (lambda: chunk)
+        return self.storage.take_in(lambda txn, projector: self.applier.apply(txn, projector, make(), self._position(txn)))
 
     def _applied(self) -> None:
         self.storage.taken_in(self.applier.max_id)

@@ -85,3 +85,34 @@ def test_a_catch_up_reads_on_from_where_a_lagging_server_stopped(tmp_path: Path)
         assert verify(tmp_path / "r") is None
 
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_catch_up_whose_transaction_grows_the_map_takes_every_record(tmp_path: Path) -> None:
+    """A batch taken in grows the replica's LMDB map: the transaction runs again from the start
+    and takes the whole batch, not what its first run left of it (it used to skip those records
+    and stop with ``ForeignMessageError``: "record N does not follow this store's head")."""
+
+    server = MemoryStream("GROWING")
+
+    async def body() -> None:
+        writer = await LmdbStorage.open(tmp_path / "w", durability="replicated", nats=MemoryLink(server), stream="GROWING")
+        try:
+            await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            for id in range(2, 400):
+                await writer.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m", "text": "x" * 2000}}], CTX)
+            head, store = writer.log.head(), writer.store_id or ""
+        finally:
+            await writer.close()
+        replica = await LmdbStorage.open_replica(
+            tmp_path / "r", nats=MemoryLink(server), stream="GROWING", store=store, map_size=256 * 1024
+        )
+        try:
+            grown_from = 256 * 1024
+            await replica.wait(head, timeout=30)
+            assert replica._env.env.info()["map_size"] > grown_from, "the catch-up made the map grow"
+            assert replica.replication.status()["lastError"] is None  # type: ignore[union-attr]
+        finally:
+            await replica.close()
+        assert list(export_lines(tmp_path / "r")) == list(export_lines(tmp_path / "w"))
+
+    asyncio.run(asyncio.wait_for(body(), 60))

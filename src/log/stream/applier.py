@@ -47,7 +47,7 @@ class StreamApplier:
         self, txn: lmdb.Transaction[bytes], projector: Admitter, messages: Iterable[StreamMessage], position: StreamPosition
     ) -> StreamPosition:
         """Append and fold the records of ``messages`` (in stream order; an iterator may check
-        each as it is taken) inside ``txn``; returns the new position, also written in ``txn``. The first message that is not the next record
+        each as it is taken, and must be a fresh one for each run of a transaction) inside ``txn``; returns the new position, also written in ``txn``. The first message that is not the next record
         of this store raises ``ForeignMessageError`` naming it; what came before it stays in
         ``txn`` (the caller decides whether to commit that)."""
 
