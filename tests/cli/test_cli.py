@@ -140,7 +140,7 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
     parser = cli_module._parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == {
-        "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "compact", "backup", "restore", "replica", "promote", "serve"
+        "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "compact", "backup", "restore", "replica", "promote", "snapshot", "serve"
     }
     for name, sub in commands.choices.items():
         for action in sub._actions:
