@@ -234,6 +234,11 @@ class ForeignMessageError(ReplicationError, DamageError):
         self.stream, self.stream_seq, self.reason = stream, stream_seq, reason
 
 
+class SnapshotUnsoundError(DamageError):
+    """A snapshot in a stream's snapshot bucket does not verify (cut short, damaged, or not the
+    store it is named for): nothing is ever restored from it; an older one, or the log, is used."""
+
+
 # ── the store's state ────────────────────────────────────────────────────────
 
 
@@ -334,6 +339,7 @@ __all__ = [
     "ProofError",
     "ReplicationError",
     "SearchIndexError",
+    "SnapshotUnsoundError",
     "StoreClosedError",
     "StoreDamagedError",
     "StoreFormatError",

@@ -48,6 +48,7 @@ from ..projections.user import Projection, UserProjections
 
 from .committer import Committer
 from .replica import Follower
+from .snapshot import seed_new
 from ..log.stream.applier import StreamApplier
 from ..log.stream.writer import StreamWriter
 from .reads import StorageReads
@@ -223,24 +224,23 @@ class LmdbStorage(StorageReads, Storage):
         projections: Sequence[Projection] = (),
         verify_checksums: bool = True,
     ) -> LmdbStorage:
-        """Open (or create) in ``path`` a replica of store ``store``: a local store kept level
-        with the store's subject on ``stream``, read like any store, refusing commits
-        (``NotWriterError``). ``await replica.wait(seq)`` waits until it holds record ``seq``."""
+        """Open (or create: from the newest snapshot that verifies, if any) in ``path`` a replica
+        of ``store``: a local store kept level with the store's subject on ``stream``, read like any
+        store, refusing commits (``NotWriterError``); ``await replica.wait(seq)`` waits for ``seq``."""
 
         link = _link(nats, stream)
         try:  # the stream first: a replica that cannot follow anything creates nothing
             link.run(link.connect())
             link.run(link.ensure_stream(create=False))
+            seed_new(link, store, path)
         except BaseException:
             link.close()
             raise
         storage = cls._build(
-            link, progress, projections, verify_checksums,
-            path=path, durability=durability, map_size=map_size, store_id=store,
+            link, progress, projections, verify_checksums, path=path, durability=durability, map_size=map_size, store_id=store
         )
-        storage._link = link
-        follower = storage.replication = Follower(link, storage, store)
-        follower.start()
+        storage._link, storage.replication = link, Follower(link, storage, store)
+        storage.replication.start()
         storage.projections.kick()
         logger.info("opened replica %s of store %s on stream %s: head %d", storage.path, store, stream, storage.log.head())
         return storage

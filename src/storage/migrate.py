@@ -9,6 +9,7 @@ a failed or interrupted one leaves nothing behind.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -142,12 +143,17 @@ def remove_stale_partials(final: str) -> list[str]:
 
 @asynccontextmanager
 async def new_store(
-    target: str | os.PathLike[str], *, verb: str = "import", store: str | None = None
+    target: str | os.PathLike[str],
+    *,
+    verb: str = "import",
+    store: str | None = None,
+    seed: Callable[[str], object] | None = None,
 ) -> AsyncIterator[LmdbStorage]:
     """A store built in a temporary directory beside ``target`` (which must not exist, or be an
     empty directory), synced once and renamed to ``target`` when the block ends without error;
     removed when it raises. ``store``: the new store's id (default: a fresh one); ``verb`` names
-    the command in refusals (``import``, ``restore``)."""
+    the command in refusals (``import``, ``restore``); ``seed``, run on a worker thread with the
+    empty directory before the store is opened in it, may leave a copy of a store there."""
 
     final = os.path.abspath(os.fspath(target))
     refuse_existing(final, verb)
@@ -156,6 +162,8 @@ async def new_store(
     remove_stale_partials(final)
     building = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.{verb}-partial-", dir=parent)
     try:
+        if seed is not None:
+            await asyncio.to_thread(seed, building)
         storage = await LmdbStorage.open(building, durability="process", store=store)
         try:
             yield storage

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ForeignMessageError, ReplicationError
 from ..log.stream.link import StreamLink
-from ..log.stream.message import StreamMessage, subject_of
+from ..log.stream.message import RawMessage, StreamMessage, parse_message, subject_of
 
 if TYPE_CHECKING:
     from .lmdb_storage import LmdbStorage
 
 APPLY_CHUNK: Final = 1024
-"""Messages taken in per LMDB transaction at most."""
+"""Messages taken in per LMDB transaction at most while following."""
+BULK_BATCH: Final = 4096
+"""Messages per batched read (and per LMDB transaction) while catching up from far behind."""
 RETRY: Final = (0.05, 2.0)
 
 
@@ -75,6 +77,9 @@ class Follower:
         self.stream_seq = position.stream_seq
         if to_seq is not None and position.seq >= to_seq:
             return int(position.seq)
+        if await self._bulk(to_seq, progress):
+            return self.storage.log.head()
+        position = self._position()
         chunk: list[StreamMessage] = []
         try:
             async for message, pending in self.link.read(self.subject, position.stream_seq, store=self.store, follow=follow):
@@ -97,6 +102,76 @@ class Follower:
         await self._apply(chunk)
         return self.storage.log.head()
 
+    async def _bulk(self, to_seq: int | None, progress: Callable[[int, int], None] | None) -> bool:
+        """Take in what the stream holds now beyond this store's position, in batches: the next
+        batch is fetched on the link's loop while a worker thread checks and folds this one in
+        one transaction. Returns whether record ``to_seq`` was reached; the caller reads on
+        from the position reached (whatever a batch answered short left, and what comes later)."""
+
+        after = self._position().stream_seq
+        try:
+            last = await self.link.last(self.subject, None)
+        except ForeignMessageError as error:  # the last message is unsound: refused when reached
+            end = error.stream_seq
+        else:
+            end = 0 if last is None else last.stream_seq
+        if end <= after:
+            return False
+        fetching: asyncio.Future[list[RawMessage]] | None = asyncio.ensure_future(
+            self.link.fetch(self.subject, after, batch=BULK_BATCH)
+        )
+        try:
+            while fetching is not None:
+                raws = await fetching
+                fetching = None
+                if not raws:
+                    return False
+                after = raws[-1].stream_seq
+                if after < end:
+                    fetching = asyncio.ensure_future(self.link.fetch(self.subject, after, batch=BULK_BATCH))
+                reached = await self._take_raw(raws, to_seq)
+                head, self.pending = self.storage.log.head(), raws[-1].pending
+                if progress is not None:
+                    progress(head, head + self.pending)
+                if reached:
+                    return True
+                self.last_error = None
+            return False
+        finally:
+            if fetching is not None:
+                fetching.cancel()
+
+    async def _take_raw(self, raws: list[RawMessage], to_seq: int | None) -> bool:
+        """Check and fold ``raws`` in one transaction on a worker thread, each message checked
+        just before it is folded (so no batch of decoded records is ever held: far less for the
+        garbage collector to walk); stops before a record beyond ``to_seq`` and returns whether it
+        was reached. A refused message: what came before it is taken in, then it stops the
+        follower and raises."""
+
+        stream, store, beyond = self.link.stream, self.store, [False]
+
+        def checked(upto: int) -> Iterator[StreamMessage]:
+            for raw in raws:
+                if raw.stream_seq >= upto:
+                    return
+                message = parse_message(stream, raw.stream_seq, raw.headers, raw.data, store)
+                if to_seq is not None and message.kind == "record" and message.seq > to_seq:
+                    beyond[0] = True
+                    return
+                yield message
+
+        try:  # a fresh iterator for each run of the transaction (a map growth runs it again)
+            position = await asyncio.to_thread(self._write, lambda: checked(raws[-1].stream_seq + 1))
+        except ForeignMessageError as error:
+            if raws[0].stream_seq < error.stream_seq:
+                await asyncio.to_thread(self._write, lambda: checked(error.stream_seq))
+                self._applied()
+            self._stop(error)
+            raise
+        self.stream_seq = position.stream_seq
+        self._applied()
+        return beyond[0] or (to_seq is not None and position.seq >= to_seq)
+
     async def _apply(self, chunk: list[StreamMessage]) -> None:
         if not chunk:
             return
@@ -112,12 +187,14 @@ class Follower:
         self.stream_seq = position.stream_seq
         self._applied()
 
-    def _write(self, chunk: list[StreamMessage]) -> Any:
-        """One transaction taking ``chunk`` in, on a worker thread (never the link's loop, which
-        a commit of a writer being deposed may be waiting on), with no group beside it."""
+    def _write(self, chunk: list[StreamMessage] | Callable[[], Iterable[StreamMessage]]) -> Any:
+        """One transaction taking ``chunk`` in (a list, or what makes an iterator of it: the
+        transaction may run again from the start), on a worker thread (never the link's loop,
+        which a commit of a writer being deposed may be waiting on), with no group beside it."""
 
         self.transactions += 1
-        return self.storage.take_in(lambda txn, projector: self.applier.apply(txn, projector, chunk, self._position(txn)))
+        make = chunk if callable(chunk) else (lambda: chunk)
+        return self.storage.take_in(lambda txn, projector: self.applier.apply(txn, projector, make(), self._position(txn)))
 
     def _applied(self) -> None:
         self.storage.taken_in(self.applier.max_id)

@@ -1,11 +1,14 @@
 """Building a store from its NATS JetStream stream alone: disaster recovery, to the stream's end or
 to a point in time (``durable-log restore``).
 
-The records come from the store's subject (``<stream>.<store id>.log``) as its writer logged them,
-byte for byte, their checksums checked on receipt, and enter the new store the way a replica takes
-them in (``Follower.catch_up``: each chunk appended and folded in one LMDB transaction together with
-the stream position it reaches). The new store has the store's id and that position, so it can go
-on as a replica (``LmdbStorage.open_replica``) or, after the loss of the writer, as its writer
+The store starts from the newest snapshot of it in the stream's snapshot bucket that verifies
+(``storage.snapshot``: a compacted copy and the stream position it holds), when there is one, and
+takes in only the subject's messages after it; else from nothing. The records come from the
+store's subject (``<stream>.<store id>.log``) as its writer logged them, byte for byte, their
+checksums checked on receipt, and enter the new store the way a replica takes them in
+(``Follower.catch_up``: each chunk appended and folded in one LMDB transaction together with the
+stream position it reaches). The new store has the store's id and that position, so it can go on
+as a replica (``LmdbStorage.open_replica``) or, after the loss of the writer, as its writer
 (``LmdbStorage.open(..., durability="replicated")`` first takes in whatever the stream holds beyond
 it). Like an import, it is built in a temporary directory beside its target without a sync per
 commit, synced once and renamed into place: a failed restore leaves nothing behind.
@@ -25,6 +28,7 @@ from ..log.stream.message import check_stream_name, subject_of
 from .tail import open_stream
 from .migrate import refuse_existing, new_store
 from .replica import Follower
+from .snapshot import seed, snapshots_of
 
 Progress = Callable[[int, int], None]
 """Called with (records taken in so far, records known to come)."""
@@ -37,10 +41,11 @@ async def restore(
     path: str | os.PathLike[str],
     to_seq: int | None = None,
     progress: Progress | None = None,
+    snapshots: bool = True,
 ) -> int:
     """Build in the new directory ``path`` store ``store`` from ``stream`` on the NATS servers
-    ``nats``: every record the stream holds, or up to record ``to_seq``. Returns the new store's
-    head sequence.
+    ``nats``: every record the stream holds, or up to record ``to_seq``; from the newest snapshot
+    that verifies unless ``snapshots`` is false. Returns the new store's head sequence.
 
     ``ValueError``: ``path`` is not empty, or the stream holds no record ``to_seq``;
     ``NatsUnavailableError``: no server answered; ``StreamMissingError``: no such stream, or it
@@ -58,18 +63,19 @@ async def restore(
     try:
         subject = subject_of(stream, store)
         last = await link.arun(link.last(subject, store))
-        if last is None:
+        if last is None and not (snapshots and snapshots_of(await link.arun(link.snapshot_names()), store)):
             raise StreamMissingError(
                 f"Stream {stream!r} holds no messages of store {store} (subject {subject}); "
                 f"`durable-log tail --nats ... --stream {stream}` lists the stores it carries"
             )
-        async with new_store(target, verb="restore", store=store) as storage:
+        seeded = (lambda directory: seed(link, store, directory, to_seq)) if snapshots else None
+        async with new_store(target, verb="restore", store=store, seed=seeded) as storage:
             follower = Follower(link, storage, store)
             head = await link.arun(follower.catch_up(to_seq=to_seq, progress=progress))
             if to_seq is not None and head < to_seq:
                 raise ValueError(
-                    f"Stream {stream!r} holds the records of store {store} up to {head}, not {to_seq}; "
-                    "nothing was restored"
+                    f"Stream {stream!r} holds the records of store {store} up to {head}, not {to_seq} (or its "
+                    "log before a later snapshot was trimmed); nothing was restored"
                 )
         return head
     finally:

@@ -145,6 +145,7 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
         "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "compact", "backup", "restore", "replica", "promote", "serve",
         "keygen", "checkpoint", "prove",
         "search",
+        "snapshot",
     }
     for name, sub in commands.choices.items():
         for action in sub._actions:

@@ -10,7 +10,7 @@ it with ``ForeignMessageError`` naming its stream sequence.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 
 import lmdb
@@ -21,7 +21,7 @@ from ..records import Write
 from .message import StreamMessage
 from .position import POSITION_FORMAT, StreamPosition, put_position
 
-FETCH_CHUNK: Final = 1024
+FETCH_CHUNK: Final = 4096
 """Messages taken from the stream per transaction when a store catches up."""
 
 
@@ -44,10 +44,10 @@ class StreamApplier:
         """The highest record id among the records applied (callers raise their mint floor)."""
 
     def apply(
-        self, txn: lmdb.Transaction[bytes], projector: Admitter, messages: Sequence[StreamMessage], position: StreamPosition
+        self, txn: lmdb.Transaction[bytes], projector: Admitter, messages: Iterable[StreamMessage], position: StreamPosition
     ) -> StreamPosition:
-        """Append and fold the records of ``messages`` (in stream order) inside ``txn``; returns
-        the new position, also written in ``txn``. The first message that is not the next record
+        """Append and fold the records of ``messages`` (in stream order; an iterator may check
+        each as it is taken, and must be a fresh one for each run of a transaction) inside ``txn``; returns the new position, also written in ``txn``. The first message that is not the next record
         of this store raises ``ForeignMessageError`` naming it; what came before it stays in
         ``txn`` (the caller decides whether to commit that)."""
 

@@ -19,7 +19,7 @@ import json
 import re
 import secrets
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from ...errors import (
     NatsUnavailableError,
@@ -28,6 +28,7 @@ from ...errors import (
     StreamMissingError,
     StreamMovedError,
 )
+from . import objects
 from .link import LinkLoop
 from .message import (  # noqa: F401 - the message layout, importable from here as before
     H_EPOCH,
@@ -42,6 +43,7 @@ from .message import (  # noqa: F401 - the message layout, importable from here 
     Fence,
     IdReservation,
     Kind,
+    RawMessage,
     StreamMessage,
     check_size,
     check_stream_name,
@@ -62,6 +64,8 @@ WRONG_LAST_SEQUENCE_CONSTANT: Final = 10164
 that raced another (seen on 3-node clusters during a forced take-over)."""
 DUPLICATE_IN_BATCH: Final = 10201
 """An atomic batch holds a ``Nats-Msg-Id`` the stream already has (another writer's record)."""
+FETCH_BYTES: Final = 16 << 20
+"""Bytes one batched read may carry at most (the server ends the batch before)."""
 DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
 
@@ -356,6 +360,56 @@ class JetStreamLink(LinkLoop):
             except Exception:
                 pass
 
+    async def fetch(self, subject: str, after: int, *, batch: int) -> list[RawMessage]:
+        """The subject's next messages after stream sequence ``after``, at most ``batch``: one
+        pull request (``$JS.API.CONSUMER.MSG.NEXT``, ``no_wait``) to an ephemeral consumer made for
+        it (no acks, one replica, in memory) and deleted after. The messages come back to back with
+        their own headers only, their stream sequence and how many follow in the reply subject:
+        per message, less for nats-py to parse than a direct get's answer or an ordered push
+        consumer's bookkeeping."""
+
+        if batch < 1:
+            return []
+        import nats.errors
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, filter_subject=subject,
+            ack_policy=AckPolicy.NONE, inactive_threshold=max(30.0, 3 * self.timeout), mem_storage=True, num_replicas=1,
+        )
+        got: list[RawMessage] = []
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def take(msg: Any) -> None:  # a callback: cheaper per message than next_msg()
+            if not msg.data and msg.headers and msg.headers.get("Status"):  # 404: no more, 408: expired
+                if not ended.done():
+                    ended.set_result(None)
+                return
+            stream_seq, pending = _delivery(msg)
+            got.append(RawMessage(stream_seq, msg.headers, msg.data, pending))
+            if len(got) >= batch and not ended.done():
+                ended.set_result(None)
+
+        try:
+            info = await self._js.add_consumer(self.stream, config)
+            try:
+                inbox = self._nc.new_inbox()
+                sub = await self._nc.subscribe(inbox, cb=take, pending_msgs_limit=2 * batch + 16, pending_bytes_limit=4 * FETCH_BYTES)
+                try:
+                    request = json.dumps({"batch": batch, "no_wait": True, "max_bytes": FETCH_BYTES}).encode()
+                    await self._nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{info.name}", request, reply=inbox)
+                    await asyncio.wait_for(ended, self.timeout)
+                finally:
+                    await sub.unsubscribe()
+            finally:
+                try:
+                    await self._js.delete_consumer(self.stream, info.name)
+                except (nats.errors.Error, asyncio.TimeoutError):
+                    pass  # it goes by itself once inactive
+        except (nats.errors.Error, asyncio.TimeoutError) as error:
+            raise _unanswered(f"a batch of {subject} after {after}", error) from None
+        return got
+
     @property
     def max_payload(self) -> int:
         """The largest message the connected server takes (0: not connected)."""
@@ -436,6 +490,23 @@ class JetStreamLink(LinkLoop):
             await kv.delete(key, last=revision)
         except (nats.js.errors.Error, nats.errors.Error, asyncio.TimeoutError):
             pass  # it expires by itself
+
+    # ── snapshots: the object store ``<stream>-snapshots`` (``objects.py``) ───
+
+    async def snapshot_put(self, name: str, source: BinaryIO) -> None:
+        await objects.put(self._js, self.stream, name, source)
+
+    async def snapshot_names(self) -> list[str]:
+        return await objects.names(self._js, self.stream)
+
+    async def snapshot_get(self, name: str, sink: BinaryIO) -> None:
+        await objects.get(self._js, self._nc, self.stream, name, sink, self.timeout)
+
+    async def snapshot_delete(self, name: str) -> None:
+        await objects.delete(self._js, self.stream, name)
+
+    async def trim(self, subject: str, keep_from: int) -> None:
+        await objects.purge(self._js, self.stream, subject, keep_from)
 
 
 def _unanswered(what: str, error: BaseException) -> ReplicationError:

@@ -15,6 +15,16 @@ What every link promises:
 - ``last(subject, store)`` is the subject's last message as the stream's leader has it.
 - ``read(subject, after, ...)`` yields the subject's messages after a stream sequence, in order,
   each with how many more are known to follow.
+- ``fetch(subject, after, batch=...)`` returns the next messages of the subject after a stream
+  sequence, at most ``batch`` of them, in order and unchecked (``RawMessage``): a catch-up's bulk
+  read, checked and folded off the link's loop while the next batch is fetched. An empty list
+  means the server that answered holds nothing more.
+- Snapshots: a bucket of named objects beside the stream. ``snapshot_put(name, source)`` stores
+  one whole or not at all (a put cut short leaves nothing listed); ``snapshot_names()`` lists the
+  complete ones; ``snapshot_get(name, sink)`` writes one out, ``ReplicationError`` when it is
+  missing or does not match the digest it was stored with; ``snapshot_delete(name)``.
+  ``trim(subject, keep_from)`` removes the subject's messages below stream sequence ``keep_from``
+  (only ever asked for by an explicit retention policy).
 - The lease key-value: ``lease_get(key)`` is ``(value, revision)`` (``None``, and the revision a
   delete left or 0, when there is none); ``lease_put(key, value, revision, ttl)`` sets it only if
   its revision is ``revision`` and returns the new one, or ``None`` when it is not (someone moved
@@ -31,9 +41,9 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
-from .message import StreamMessage
+from .message import RawMessage, StreamMessage
 
 T = TypeVar("T")
 
@@ -66,11 +76,23 @@ class StreamLink(Protocol):
         self, subject: str, after: int, *, store: str | None, follow: bool, idle: float = 0.5
     ) -> AsyncIterator[tuple[StreamMessage, int]]: ...
 
+    async def fetch(self, subject: str, after: int, *, batch: int) -> list[RawMessage]: ...
+
     def too_big(self, size: int) -> str | None: ...
 
     def check_size(self, size: int) -> None: ...
 
     async def lease_get(self, key: str) -> tuple[bytes | None, int]: ...
+
+    async def snapshot_put(self, name: str, source: BinaryIO) -> None: ...
+
+    async def snapshot_names(self) -> list[str]: ...
+
+    async def snapshot_get(self, name: str, sink: BinaryIO) -> None: ...
+
+    async def snapshot_delete(self, name: str) -> None: ...
+
+    async def trim(self, subject: str, keep_from: int) -> None: ...
 
     async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None: ...
 

@@ -16,14 +16,16 @@ message id the subject already holds, a message over ``max_payload``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import BinaryIO
 from dataclasses import dataclass, field
 
 from ...errors import NatsUnavailableError, OutcomeUnknownError, ReplicationError, StreamMissingError, StreamMovedError
 from .link import LinkLoop
-from .message import H_MSG_ID, StreamMessage, check_size, check_stream_name, parse_message, too_big
+from .message import H_MSG_ID, RawMessage, StreamMessage, check_size, check_stream_name, parse_message, too_big
 
 
 class ManualClock:
@@ -67,7 +69,11 @@ class MemoryStream:
     lose_answers: int = 0
     messages: list[_Message] = field(default_factory=list)
     keys: dict[str, _Key] = field(default_factory=dict)
+    objects: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
+    """The snapshot bucket: name -> (content, its SHA-256 as stored)."""
     revision: int = 0
+    last_seq: int = 0
+    """The stream sequence of the last message ever stored (a trim does not lower it)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -134,8 +140,9 @@ class MemoryLink(LinkLoop):
             if last != expected:
                 raise StreamMovedError(subject, expected, last)
             for headers, body in messages:
-                server.messages.append(_Message(len(server.messages) + 1, subject, dict(headers), bytes(body)))
-            stored = len(server.messages)
+                server.last_seq += 1
+                server.messages.append(_Message(server.last_seq, subject, dict(headers), bytes(body)))
+            stored = server.last_seq
         if server.lose_answers:
             server.lose_answers -= 1
             raise OutcomeUnknownError(f"The in-memory stream stored an append to {subject}; its answer was lost")
@@ -154,11 +161,50 @@ class MemoryLink(LinkLoop):
                 return
             await asyncio.sleep(0.005)
 
+    async def fetch(self, subject: str, after: int, *, batch: int) -> list[RawMessage]:
+        self.server.answer()
+        found = self.server.subject_messages(subject, after)
+        return [
+            RawMessage(message.stream_seq, dict(message.headers), message.data, len(found) - index - 1)
+            for index, message in enumerate(found[:batch])
+        ]
+
     def too_big(self, size: int) -> str | None:
         return too_big(size, self.server.max_payload)
 
     def check_size(self, size: int) -> None:
         check_size(size, self.server.max_payload)
+
+    async def snapshot_put(self, name: str, source: BinaryIO) -> None:
+        self.server.answer()
+        content = source.read()
+        with self.server.lock:
+            self.server.objects[name] = (content, hashlib.sha256(content).digest())
+
+    async def snapshot_names(self) -> list[str]:
+        self.server.answer()
+        with self.server.lock:
+            return sorted(self.server.objects)
+
+    async def snapshot_get(self, name: str, sink: BinaryIO) -> None:
+        self.server.answer()
+        with self.server.lock:
+            found = self.server.objects.get(name)
+        if found is None:
+            raise ReplicationError(f"The snapshot {name} is not in the in-memory bucket")
+        if hashlib.sha256(found[0]).digest() != found[1]:
+            raise ReplicationError(f"The snapshot {name} does not match its digest")
+        sink.write(found[0])
+
+    async def snapshot_delete(self, name: str) -> None:
+        self.server.answer()
+        with self.server.lock:
+            self.server.objects.pop(name, None)
+
+    async def trim(self, subject: str, keep_from: int) -> None:
+        self.server.answer()
+        with self.server.lock:
+            self.server.messages = [m for m in self.server.messages if m.subject != subject or m.stream_seq >= keep_from]
 
     async def lease_get(self, key: str) -> tuple[bytes | None, int]:
         self.server.answer()

@@ -74,6 +74,17 @@ class StreamMessage(NamedTuple):
         return _control_decoder.decode(self.data)
 
 
+class RawMessage(NamedTuple):
+    """One message of a store's subject as the stream gave it, not checked yet: a catch-up reads
+    these in bulk and checks them (``parse_message``) off the link's loop."""
+
+    stream_seq: int
+    headers: dict[str, str] | None
+    data: bytes
+    pending: int = 0
+    """How many more messages of the subject the stream held when it sent this one."""
+
+
 def subject_of(stream: str, store: str) -> str:
     return f"{stream}.{store}.log"
 
@@ -134,10 +145,10 @@ def parse_message(
         raise refuse(f"unknown kind {kind!r}")
     try:
         epoch = int(headers.get(H_EPOCH, "0"))
-    except ValueError:
+    except (ValueError, TypeError):
         raise refuse(f"its epoch {headers.get(H_EPOCH)!r} is not an integer") from None
-    raw_seq = headers.get(H_SEQ, "")
-    if not (raw_seq.isascii() and raw_seq.isdigit()) or (kind == "record" and int(raw_seq) < 1):
+    raw_seq = headers.get(H_SEQ, "")  # a client may hand a non-ASCII value as another type
+    if not (isinstance(raw_seq, str) and raw_seq.isascii() and raw_seq.isdigit()) or (kind == "record" and int(raw_seq) < 1):
         raise refuse(f"its {H_SEQ} {raw_seq!r} is not a log sequence")
     seq = int(raw_seq)
     if kind != "record":

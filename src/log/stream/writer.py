@@ -20,7 +20,7 @@ written locally before), and refuses to go on if the two histories differ.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 import lmdb
@@ -40,9 +40,11 @@ from .message import (
     H_SEQ,
     Fence,
     IdReservation,
+    RawMessage,
     StreamMessage,
     control_headers,
     encode_control,
+    parse_message,
     record_headers,
     subject_of,
 )
@@ -178,15 +180,30 @@ class StreamWriter:
         self, txn: lmdb.Transaction[bytes], projector: Admitter, position: StreamPosition, until: int
     ) -> StreamPosition:
         while position.stream_seq < until:
-            messages = self.link.run(self._fetch(position.stream_seq, until))
-            if not messages:
-                raise ReplicationError(
-                    f"Stream {self.link.stream!r} did not deliver messages {position.stream_seq + 1}..{until} of {self.subject}"
-                )
+            raws = self.link.run(self.link.fetch(self.subject, position.stream_seq, batch=FETCH_CHUNK))
+            messages: Iterable[StreamMessage] = (
+                self._checked(raws, until) if raws else self.link.run(self._consume(position.stream_seq, until))
+            )
+            before = position.stream_seq
             position = self.applier.apply(txn, projector, messages, position)
+            if position.stream_seq == before:
+                raise ReplicationError(
+                    f"Stream {self.link.stream!r} did not deliver messages {before + 1}..{until} of {self.subject}"
+                )
         return position
 
-    async def _fetch(self, after: int, until: int) -> list[StreamMessage]:
+    def _checked(self, raws: list[RawMessage], until: int) -> Iterator[StreamMessage]:
+        """``raws`` up to stream sequence ``until``, each checked just before it is folded (no
+        batch of decoded records is held for the garbage collector to walk)."""
+
+        for raw in raws:
+            if raw.stream_seq > until:
+                return
+            yield parse_message(self.link.stream, raw.stream_seq, raw.headers, raw.data, self.store)
+
+    async def _consume(self, after: int, until: int) -> list[StreamMessage]:
+        """The next messages after ``after`` from a consumer (what a batch did not answer)."""
+
         messages: list[StreamMessage] = []
         async for message, pending in self.link.read(self.subject, after, store=self.store, follow=False):
             messages.append(message)

@@ -1,0 +1,179 @@
+"""A stream's snapshot bucket on NATS JetStream: an object store named ``<stream>-snapshots``.
+
+JetStream's object store cuts an object into chunks on a stream of its own and publishes its
+description (size, chunk count, SHA-256 digest) last: an object whose upload was cut short has no
+description, so it is never listed, and a reader checks the digest of what it got against it.
+The bucket is made, with as many replicas as the stream, the first time a snapshot goes in.
+These are ``JetStreamLink``'s snapshot calls, kept here because they are about objects, not the
+log's messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from typing import Any, BinaryIO, Final
+
+from ...errors import NatsUnavailableError, ReplicationError
+from .direct import direct_batch
+from .message import RawMessage
+
+CHUNK: Final = 512 * 1024
+"""Bytes per chunk of an object (under the server's default largest message, 1 MiB)."""
+CHUNKS_PER_BATCH: Final = 32
+"""Chunks per batched direct get while reading an object back."""
+DIGEST_PREFIX: Final = "SHA-256="
+"""How the object store writes an object's digest (URL-safe base64 after it)."""
+
+
+def bucket_name(stream: str) -> str:
+    return f"{stream}-snapshots"
+
+
+async def bucket(js: Any, stream: str, create: bool) -> Any | None:
+    """The stream's snapshot bucket; made (as many replicas as the stream) when ``create``,
+    else ``None`` when there is none."""
+
+    import nats.errors
+    import nats.js.errors
+    from nats.js.api import ObjectStoreConfig, StorageType
+
+    name = bucket_name(stream)
+    try:
+        try:
+            return await js.object_store(name)
+        except nats.js.errors.BucketNotFoundError:
+            if not create:
+                return None
+            info = await js.stream_info(stream)
+            config = ObjectStoreConfig(
+                bucket=name, replicas=info.config.num_replicas or 1, storage=StorageType.FILE,
+                description=f"snapshots of the stores on stream {stream}",
+            )
+            return await js.create_object_store(name, config=config)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
+        raise NatsUnavailableError(f"NATS did not answer for the bucket {name} ({type(error).__name__})") from None
+    except nats.errors.Error as error:
+        raise ReplicationError(f"NATS refused the bucket {name}: {error}") from None
+
+
+async def put(js: Any, stream: str, name: str, source: BinaryIO) -> None:
+    """Upload ``source`` (from where it stands to its end) as object ``name``."""
+
+    import nats.errors
+    from nats.js.api import ObjectMeta, ObjectMetaOptions
+
+    store = await bucket(js, stream, create=True)
+    assert store is not None
+    try:
+        await store.put(name, source, meta=ObjectMeta(name=name, options=ObjectMetaOptions(max_chunk_size=CHUNK)))
+    except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
+        raise NatsUnavailableError(f"NATS did not take the snapshot {name} ({type(error).__name__})") from None
+    except nats.errors.Error as error:
+        raise ReplicationError(f"NATS refused the snapshot {name}: {error}") from None
+
+
+async def names(js: Any, stream: str) -> list[str]:
+    """The names of the bucket's complete objects (none: no bucket, or nothing in it)."""
+
+    import nats.errors
+    import nats.js.errors
+
+    store = await bucket(js, stream, create=False)
+    if store is None:
+        return []
+    try:
+        entries = await store.list(ignore_deletes=True)
+    except nats.js.errors.NotFoundError:
+        return []
+    except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
+        raise NatsUnavailableError(f"NATS did not list the snapshots of {stream} ({type(error).__name__})") from None
+    return sorted(entry.name for entry in entries if not entry.deleted)
+
+
+async def get(js: Any, nc: Any, stream: str, name: str, sink: BinaryIO, timeout: float) -> None:
+    """Write object ``name`` to ``sink``; ``ReplicationError`` when it is missing or its
+    content does not match its digest. Its chunks come in batched direct gets (``direct``: the
+    bucket's stream allows them), the next batch fetched while this one is written."""
+
+    import nats.errors
+    import nats.js.errors
+
+    store = await bucket(js, stream, create=False)
+    if store is None:
+        raise ReplicationError(f"Stream {stream} has no snapshot bucket ({bucket_name(stream)})")
+    try:
+        info = await store.get_info(name)
+    except nats.js.errors.NotFoundError:
+        raise ReplicationError(f"The snapshot {name} is not in {bucket_name(stream)}") from None
+    except (nats.errors.Error, asyncio.TimeoutError) as error:
+        raise NatsUnavailableError(f"NATS did not describe the snapshot {name} ({type(error).__name__})") from None
+    chunks, size = int(info.chunks or 0), int(info.size or 0)
+    digest = str(info.digest or "")
+    if not info.nuid or not digest.upper().startswith(DIGEST_PREFIX.upper()):
+        raise ReplicationError(f"The snapshot {name} has no chunks or digest in its description")
+    subject, objects = f"$O.{bucket_name(stream)}.C.{info.nuid}", f"OBJ_{bucket_name(stream)}"
+    hashed, got, written, after = hashlib.sha256(), 0, 0, 0
+
+    def write(batch: list[RawMessage]) -> int:
+        count = 0
+        for message in batch:
+            hashed.update(message.data)
+            sink.write(message.data)
+            count += len(message.data)
+        return count
+
+    fetching: asyncio.Future[list[RawMessage]] | None = asyncio.ensure_future(
+        direct_batch(nc, objects, subject, after, CHUNKS_PER_BATCH, CHUNKS_PER_BATCH * CHUNK, timeout)
+    )
+    try:
+        while fetching is not None:
+            batch = await fetching
+            fetching = None
+            if not batch:
+                break
+            got += len(batch)
+            if got < chunks:
+                fetching = asyncio.ensure_future(
+                    direct_batch(nc, objects, subject, batch[-1].stream_seq, CHUNKS_PER_BATCH, CHUNKS_PER_BATCH * CHUNK, timeout)
+                )
+            written += await asyncio.to_thread(write, batch)
+    finally:
+        if fetching is not None:
+            fetching.cancel()
+    encoded = digest[len(DIGEST_PREFIX):].rstrip("=")
+    expected = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+    if got != chunks or written != size or hashed.digest() != expected:
+        raise ReplicationError(
+            f"The snapshot {name} does not match its description ({got} of {chunks} chunks, {written} of {size} bytes"
+            + (")" if written != size or got != chunks else ", another digest)")
+        )
+
+
+async def delete(js: Any, stream: str, name: str) -> None:
+    import nats.errors
+    import nats.js.errors
+
+    store = await bucket(js, stream, create=False)
+    if store is None:
+        return
+    try:
+        await store.delete(name)
+    except nats.js.errors.NotFoundError:
+        pass
+    except (nats.errors.Error, asyncio.TimeoutError) as error:
+        raise NatsUnavailableError(f"NATS did not delete the snapshot {name} ({type(error).__name__})") from None
+
+
+async def purge(js: Any, stream: str, subject: str, keep_from: int) -> None:
+    """Remove the subject's messages below stream sequence ``keep_from``."""
+
+    import nats.errors
+
+    try:
+        await js.purge_stream(stream, seq=keep_from, subject=subject)
+    except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
+        raise NatsUnavailableError(f"NATS did not trim {subject} ({type(error).__name__})") from None
+    except nats.errors.Error as error:
+        raise ReplicationError(f"NATS refused to trim {subject}: {error}") from None
