@@ -291,6 +291,18 @@ class ProjectionFailed(StoreStateError):
         self.name, self.seq, self.error = name, seq, error
 
 
+class ProjectionNotReady(StoreStateError):
+    """``storage.projections.read(name, version=N)`` while version N of the projection is not the
+    one serving reads: it is being built beside the served one (wait for it: ``wait``), it
+    failed (``retry``), or no writer defining it has run yet. ``served`` is the version served
+    (``None``: none)."""
+
+    def __init__(self, name: str, version: int, served: int | None, why: str) -> None:
+        serves = "serves no version yet" if served is None else f"serves version {served}"
+        super().__init__(f"Projection {name!r} {serves}, not version {version}: {why}")
+        self.name, self.version, self.served = name, version, served
+
+
 __all__ = [
     "StoreInUseError",
     "BadInputError",
@@ -311,6 +323,7 @@ __all__ = [
     "OutcomeUnknownError",
     "OwnershipError",
     "ProjectionFailed",
+    "ProjectionNotReady",
     "ProjectionsBehind",
     "ReplicationError",
     "StoreClosedError",

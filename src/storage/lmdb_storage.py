@@ -56,9 +56,9 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 ID_BLOCK: Final = 4096
+"""Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
 REPLAY_CHUNK: Final = 64
 """Journal records replayed per write transaction at open."""
-"""Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
 _RESERVED_KEY: Final = b"ids.reserved"
 _U64 = struct.Struct(">Q")
 
@@ -80,7 +80,7 @@ class LmdbStorage(StorageReads, Storage):
         self._projector = Projector(self._model)
         if env.replay_pending:
             self._replay()
-        self.projections = UserProjections(env, self.log, projections)
+        self.projections = UserProjections(env, self.log, projections, lambda: self._committer.exclusive(), lambda: self._model)
         self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
         self._closing: asyncio.Future[None] | None = None

@@ -18,7 +18,7 @@ from ..log.stream.position import stored_position
 from ..log.stream.shipper import stopped_reason
 from ..projections import tables as t
 from ..projections.rebuild import begin_following, folded_seq, open_core, projection_state
-from ..projections.user import stored_statuses
+from ..projections import userstate
 
 from .tail import open_stream
 from .words import format_bytes, plural
@@ -64,7 +64,8 @@ def stored_projections(path: str | os.PathLike[str]) -> list[str]:
 
     env = Environment(path, readonly=True)
     try:
-        return sorted(stored_statuses(env))
+        served, builds, _ = userstate.stored(env)
+        return sorted(set(served) | set(builds))
     finally:
         env.close()
 
@@ -91,7 +92,8 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             live_documents = txn.stat(model.db[t.DOCUMENT_CURRENT])["entries"]
             state = projection_state(txn, model)
             position = _stored_position(txn, env)
-        users = stored_statuses(env)
+        served, builds, _ = userstate.stored(env)
+        users = {name: userstate.report(served.get(name), builds.get(name), head, None) for name in set(served) | set(builds)}
         shipping_stopped = stopped_reason(env.path)
         return {
             "path": env.path,
@@ -119,6 +121,13 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
                         "foldedSeq": status.folded_seq,
                         "failedSeq": status.failed_seq,
                         "error": status.error,
+                        "building": None if status.building is None else {
+                            "version": status.building.version,
+                            "foldedSeq": status.building.folded_seq,
+                            "rate": status.building.rate,
+                            "failedSeq": status.building.failed_seq,
+                            "error": status.building.error,
+                        },
                     }
                     for name, status in sorted(users.items())
                 },
@@ -227,6 +236,11 @@ def format_stats(info: dict[str, Any]) -> str:
         state = f"version {user['version']}, folded to sequence {user['foldedSeq']}"
         if user["error"] is not None:
             state += f", stopped at sequence {user['failedSeq']}: {user['error']}"
+        build = user.get("building")
+        if build is not None:
+            state += f"; building version {build['version']}, folded to sequence {build['foldedSeq']}"
+            if build["error"] is not None:
+                state += f", stopped at sequence {build['failedSeq']}: {build['error']}"
         lines.append(f"                 {name}: {state}")
     replication = info.get("replication")
     if replication is not None:
