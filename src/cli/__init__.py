@@ -3,7 +3,8 @@
 The command line sits apart from the engine: the engine (``log``, ``projections``, ``storage``)
 never imports this package. One module per family of commands, each registering its own
 sub-parsers: ``inspect`` (stats, show, tail, verify), ``move`` (export, import, backup, restore),
-``operate`` (rebuild, replica, promote), ``demo``; ``serve`` comes from ``pi_durable_lmdb.web``
+``operate`` (rebuild, replica, promote), ``projections`` (list, retry, drop),
+``demo``; ``serve`` comes from ``pi_durable_lmdb.web``
 when the ``[web]`` extra is installed. Exit codes and shared helpers are in ``common``.
 """
 
@@ -18,7 +19,7 @@ from importlib import metadata
 from ..log.records import FORMAT_VERSION
 from ..projections.tables import SCHEMA_VERSION
 
-from . import demo, inspect, move, operate
+from . import demo, inspect, move, operate, projections
 from .common import (
     DAMAGE,
     EPILOG,
@@ -84,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.register(commands)
     move.register(commands)
     operate.register(commands)
+    projections.register(commands)
     _register_serve(commands)
     return parser
 

@@ -265,7 +265,8 @@ class UserProjections:
         self._waiters: list[asyncio.Future[None]] = []
         self._waiters_lock = threading.Lock()
         self._closed = False
-        self._folder = None if env.readonly or not projections else Folder(self, exclusive or _NoExclusion())
+        self._exclusive = exclusive or _NoExclusion()
+        self._folder = None if env.readonly or not projections else Folder(self, self._exclusive)
         self._load()
         if self._folder is not None:
             for projection in projections:
@@ -373,28 +374,35 @@ class UserProjections:
             self._folder.kick()
 
     async def retry(self, name: str) -> ProjectionStatus:
-        """Resume a failed projection (this program defines it: its current fold) from the
-        record it stopped at; its rows and checkpoint stay as they were before that record."""
+        """Resume a failed projection from the record it stopped at, with this program's current
+        fold (its rows and checkpoint stay as they were before that record). For a projection
+        this program does not define, the failure is cleared in the store: the program that
+        defines it resumes on its next open."""
 
         self._check_open()
-        if name not in self.projections:
-            raise KeyError(f"Only a projection this program defines can be retried; {name!r} is not one of {sorted(self.projections)}")
-        if self._folder is None:
+        if self.env.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only: only its writer folds")
-        key, target = self.target(name)
+        if name in self.projections:
+            key, target = self.target(name)
+        else:
+            served, builds, _ = us.stored(self.env)
+            if name not in served and name not in builds:
+                raise KeyError(f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}")
+            build = builds.get(name)
+            key, target = (us.build_key(name), build) if build is not None and build.error is not None else (us.served_key(name), served.get(name))
         if target is not None and target.error is not None:
             cleared = msgspec.structs.replace(target, failed_seq=None, error=None)
             registry = self.registry
             assert registry is not None
-            folder = self._folder
 
             def clear() -> None:
-                with folder._exclusive():
+                with self._exclusive():
                     self.env.write(lambda txn: us.put(txn, registry, key, cleared))
 
             await asyncio.to_thread(clear)
-            self._remember(name, key, cleared)
-            self.kick()
+            if name in self.projections:
+                self._remember(name, key, cleared)
+                self.kick()
         return self.status()[name]
 
     async def drop(self, name: str) -> list[str]:
@@ -410,10 +418,8 @@ class UserProjections:
         if name not in served and name not in builds:
             raise KeyError(f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}")
         others = sorted(set(served) | set(builds))
-        exclusive = self._folder._exclusive if self._folder is not None else _NoExclusion()
-
         def drop() -> list[str]:
-            with exclusive(), self._reading:  # no reader of this process is inside its databases
+            with self._exclusive(), self._reading:  # no reader of this process is inside its databases
                 if any(count for (item, _), count in self._readers.items() if item == name):
                     raise RuntimeError(f"Projection {name!r} is being read in this process; drop it once the reads end")
                 names = self.env.write(lambda txn: us.drop_stored(self.env, txn, name, others))

@@ -19,6 +19,7 @@ from ..log.stream.shipper import stopped_reason
 from ..projections import tables as t
 from ..projections.rebuild import begin_following, folded_seq, open_core, projection_state
 from ..projections import userstate
+from ..projections.userstate import ProjectionStatus
 
 from .tail import open_stream
 from .words import format_bytes, plural
@@ -267,3 +268,19 @@ _KINDS = {
     "submissions": ("submission", "submissions"),
     "documents": ("document", "documents"),
 }
+
+
+def projection_statuses(path: str | os.PathLike[str]) -> dict[str, ProjectionStatus]:
+    """Each user projection the store holds, as ``storage.projections.status()`` reports it,
+    without the program that defines it (``durable-log projections``); read-only."""
+
+    env = Environment(path, readonly=True)
+    try:
+        served, builds, head = userstate.stored(env)
+        now = time.time()
+        return {
+            name: userstate.report(served.get(name), builds.get(name), head, served[name].version if name in served else None, now)
+            for name in sorted(set(served) | set(builds))
+        }
+    finally:
+        env.close()

@@ -140,7 +140,7 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
     parser = cli_module._parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == {
-        "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "compact", "backup", "restore", "replica", "promote", "serve"
+        "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "compact", "backup", "restore", "replica", "promote", "serve", "projections"
     }
     for name, sub in commands.choices.items():
         for action in sub._actions:
@@ -367,7 +367,7 @@ def test_backup_of_a_store_a_writer_holds_open(tmp_path: Path) -> None:
 def test_stats_lists_user_projections_and_counts_in_words(store: Path) -> None:
     info = json.loads(ok("stats", store, "--json"))
     assert info["projections"]["user"] == {
-        "task_outcomes": {"version": 1, "foldedSeq": 6, "failedSeq": None, "error": None}
+        "task_outcomes": {"version": 1, "foldedSeq": 6, "failedSeq": None, "error": None, "building": None}
     }
     text = ok("stats", store).decode()
     assert "task_outcomes: version 1, folded to sequence 6" in text
