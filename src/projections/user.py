@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any, ClassVar, Final
 
 import lmdb
@@ -30,7 +30,7 @@ from . import userstate as us
 from .history import AsOfTxn
 from .readmodel import ReadModel
 from .rebuild import REGISTRY_DB
-from .userfold import Folder
+from .userfold import Folder, Source, Writes
 from .userstate import ProjectionStatus as ProjectionStatus
 
 __all__ = ["CoreView", "Projection", "ProjectionFailed", "ProjectionStatus", "Tables", "UserProjections"]
@@ -214,23 +214,27 @@ def _check_name(value: object, what: str) -> None:
 
 
 
-class _NoExclusion:
+class _OwnLock(Writes):
     """Write exclusion for a store without a committer (tools, tests): a lock of its own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
 
     @contextmanager
-    def __call__(self) -> Iterator[None]:
+    def exclusive(self) -> Iterator[None]:
         with self._lock:
             yield
+
+    def contended(self) -> bool:
+        return False
 
 
 class UserProjections:
     """The registered projections of one open store, and the thread that keeps them level.
 
-    ``exclusive`` keeps the store's other writes out while a chunk is written (the committer's
-    lock: a commit meanwhile goes to its writer thread, never blocks an event loop); ``core``
+    ``writes`` gives the store's write path (the committer: its lock keeps other writes out
+    while a chunk is written, and a commit meanwhile goes to its writer thread, never blocking
+    an event loop); ``core``
     gives the core read model folds read through ``tables.core``."""
 
     def __init__(
@@ -238,7 +242,7 @@ class UserProjections:
         env: Environment,
         log: WriteLog,
         projections: Sequence[Projection] = (),
-        exclusive: Callable[[], AbstractContextManager[None]] | None = None,
+        writes: Source | None = None,
         core: Callable[[], ReadModel] | None = None,
     ) -> None:
         for projection in projections:
@@ -265,8 +269,9 @@ class UserProjections:
         self._waiters: list[asyncio.Future[None]] = []
         self._waiters_lock = threading.Lock()
         self._closed = False
-        self._exclusive = exclusive or _NoExclusion()
-        self._folder = None if env.readonly or not projections else Folder(self, self._exclusive)
+        own = _OwnLock()
+        self._writes: Source = writes or (lambda: own)
+        self._folder = None if env.readonly or not projections else Folder(self, self._writes)
         self._load()
         if self._folder is not None:
             for projection in projections:
@@ -396,7 +401,7 @@ class UserProjections:
             assert registry is not None
 
             def clear() -> None:
-                with self._exclusive():
+                with self._writes().exclusive():
                     self.env.write(lambda txn: us.put(txn, registry, key, cleared))
 
             await asyncio.to_thread(clear)
@@ -419,7 +424,7 @@ class UserProjections:
             raise KeyError(f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}")
         others = sorted(set(served) | set(builds))
         def drop() -> list[str]:
-            with self._exclusive(), self._reading:  # no reader of this process is inside its databases
+            with self._writes().exclusive(), self._reading:  # no reader of this process is inside its databases
                 if any(count for (item, _), count in self._readers.items() if item == name):
                     raise RuntimeError(f"Projection {name!r} is being read in this process; drop it once the reads end")
                 names = self.env.write(lambda txn: us.drop_stored(self.env, txn, name, others))
@@ -490,7 +495,7 @@ class UserProjections:
         else:
             self._remember(name, key, status)
 
-    def drop_retired(self, name: str, exclusive: Callable[[], AbstractContextManager[None]]) -> bool:
+    def drop_retired(self, name: str) -> bool:
         """Drop the databases of slots ``name`` swapped out that no reader of this process is
         still inside; True while some wait for their readers."""
 
@@ -513,7 +518,7 @@ class UserProjections:
             us.put(txn, registry, us.served_key(name), status)
             return status
 
-        with exclusive():
+        with self._writes().exclusive():
             status = self.env.write(drop)
             self.env.forget_dbs([db for _, names in free for db in names])
             for slot, _ in free:

@@ -2,8 +2,9 @@
 
 Each chunk is one write transaction that folds as many records as fit in ``FOLD_SLICE`` seconds
 and stores the checkpoint with the rows (a killed process resumes after the last chunk). It runs
-under the store's write exclusion (the committer's lock), never the event loop's thread: a commit
-arriving meanwhile waits at most one chunk, and the loop never waits for a fold. Between chunks the
+under the store's write exclusion (the committer's lock), never on the event loop's thread: the
+loop never waits for a fold, and a commit arriving meanwhile ends the chunk after the record being
+folded (``Writes.contended``), so it waits for one record's fold and a commit of the chunk. Between chunks the
 thread pauses (``FOLD_PAUSE``), so a loop that wants the interpreter gets it within a slice.
 
 A build (another version beside the served one) that reaches the log's head is swapped in inside
@@ -20,7 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import lmdb
 import msgspec
@@ -34,14 +35,26 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("pi_durable_lmdb")
 
-FOLD_SLICE: Final = 0.002
+FOLD_SLICE: Final = 0.001
 """Seconds of folding per write transaction at most (plus the record being folded)."""
 FOLD_PAUSE: Final = 0.001
 """Seconds the thread rests between chunks: the event loop's turn at the interpreter."""
-READ_AHEAD: Final = 256
+READ_AHEAD: Final = 64
 """Log records decoded at a time, outside any write transaction."""
 
-Exclusive = Callable[[], AbstractContextManager[None]]
+
+
+class Writes(Protocol):
+    """The store's write path as the fold thread needs it (the committer)."""
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        """Hold off every other write of the store (a commit meanwhile waits, off the loop)."""
+
+    def contended(self) -> bool:
+        """Whether a commit is waiting for the store's writes: a chunk then ends early."""
+
+
+Source = Callable[[], Writes]
 
 
 class _FoldFailed(Exception):
@@ -74,9 +87,9 @@ def _unwritable_traceback(error: BaseException) -> str | None:
 class Folder:
     """The fold thread of one store's user projections (started by ``kick``, ended by ``stop``)."""
 
-    def __init__(self, owner: UserProjections, exclusive: Exclusive) -> None:
+    def __init__(self, owner: UserProjections, writes: Source) -> None:
         self._owner = owner
-        self._exclusive = exclusive
+        self._writes = writes
         self._wake = threading.Condition()
         self._wanted = False
         self._stopping = False
@@ -139,7 +152,7 @@ class Folder:
         head = owner.log.head()
         busy = False
         for name, projection in owner.projections.items():
-            busy |= owner.drop_retired(name, self._exclusive)
+            busy |= owner.drop_retired(name)
             key, target = owner.target(name)
             if target is None or target.error is not None:
                 continue
@@ -161,15 +174,16 @@ class Folder:
     def _fold(self, name: str, projection: Projection, key: bytes, target: us.StoredProjection, commits: list[Commit]) -> None:
         owner = self._owner
         env = owner.env
-        with self._exclusive():
+        writes = self._writes()
+        with writes.exclusive():
             handles = owner.handles(name, target)
             try:
-                status, swapped = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, commits, FOLD_SLICE))
+                status, swapped = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, commits, FOLD_SLICE, writes))
             except _FoldFailed as failure:
                 before = [commit for commit in commits if commit.seq < failure.seq]
                 status = target
                 if before:  # keep what folded cleanly, so the checkpoint stops right before it
-                    status, _ = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, before, None))
+                    status, _ = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, before, None, writes))
                 status = self._record_failure(name, key, status, failure.seq, failure.error)
                 swapped = False
         owner.folded(name, key, status, swapped)
@@ -186,6 +200,7 @@ class Folder:
         handles: dict[str, lmdb._Database],
         commits: list[Commit],
         budget: float | None,
+        writes: Writes,
     ) -> tuple[us.StoredProjection, bool]:
         """One chunk inside ``txn`` (run again from the start after a map growth)."""
 
@@ -204,8 +219,8 @@ class Folder:
             except Exception as error:
                 raise _FoldFailed(commit.seq, error) from error
             folded = commit.seq
-            if deadline is not None and time.perf_counter() >= deadline:
-                break
+            if deadline is not None and (time.perf_counter() >= deadline or writes.contended()):
+                break  # a commit waits: it goes first
         status = msgspec.structs.replace(target, folded_seq=folded)
         registry = owner.registry
         assert registry is not None

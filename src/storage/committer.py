@@ -132,6 +132,8 @@ class Committer:
         self._unresolved = 0
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._wanting = False
+        """The writer thread waits for ``_lock`` (``contended``)."""
 
     def replicate(self, stream: StreamWriter) -> None:
         """From now on every group settles with ``stream`` and publishes to it (before any
@@ -259,7 +261,9 @@ class Committer:
                 if not self._queue:
                     return  # closed, and every accepted commit resolved
                 jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+            self._wanting = True
             with self._lock:
+                self._wanting = False
                 self._run(jobs)
             loop = jobs[0].loop
             by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {loop: jobs}
@@ -412,10 +416,17 @@ class Committer:
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
-        """No group runs while this is held (a rebuild swapping the projector)."""
+        """No group runs while this is held (a rebuild swapping the projector, a user
+        projection's chunk)."""
 
         with self._lock:
             yield
+
+    def contended(self) -> bool:
+        """Whether a commit waits to run (queued, gathering, or the writer thread waiting for
+        ``_lock``): whoever holds ``exclusive()`` for long work should let it go soon."""
+
+        return self._wanting or bool(self._queue) or bool(self._gathering)
 
     async def close(self) -> None:
         """Refuse new commits, wait for every accepted one, stop the writer thread."""

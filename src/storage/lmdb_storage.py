@@ -80,7 +80,7 @@ class LmdbStorage(StorageReads, Storage):
         self._projector = Projector(self._model)
         if env.replay_pending:
             self._replay()
-        self.projections = UserProjections(env, self.log, projections, lambda: self._committer.exclusive(), lambda: self._model)
+        self.projections = UserProjections(env, self.log, projections, lambda: self._committer, lambda: self._model)
         self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
