@@ -29,6 +29,7 @@ import msgspec
 from ..log import Commit
 
 from . import userstate as us
+from .usertables import Tables
 
 if TYPE_CHECKING:
     from .user import Projection, UserProjections
@@ -204,10 +205,8 @@ class Folder:
     ) -> tuple[us.StoredProjection, bool]:
         """One chunk inside ``txn`` (run again from the start after a map growth)."""
 
-        from .user import Tables
-
         owner = self._owner
-        tables = Tables(txn, handles, target.version, target.folded_seq, owner.core_source(txn))
+        tables = Tables(txn, handles, target.version, target.folded_seq, owner.core_source())
         deadline = None if budget is None else time.perf_counter() + budget
         folded = target.folded_seq
         for commit in commits:

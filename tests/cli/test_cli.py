@@ -20,7 +20,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.records import WRITE_TYPES
-from tools.task_outcomes import TaskOutcomes
+from examples.task_outcomes import TaskOutcomes
 from pi_durable_lmdb import cli as cli_module
 from tests.support.cli_call import call
 from pi_durable_lmdb.storage.jsonlines import from_json, to_json
