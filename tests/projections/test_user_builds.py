@@ -311,3 +311,58 @@ async def test_a_fold_reads_core_records_as_they_stood_at_its_batch(tmp_path: Pa
             assert [value for _, value in tables.items("main")] == [b"pending 1", b"running 1"]
     finally:
         await storage.close()
+
+
+class Legacy(Projection):
+    name = "legacy"
+    version = 1
+
+    def fold(self, tables: Tables, commit: Commit) -> None:
+        tables.put("main", commit.seq.to_bytes(8, "big"), str(self.version).encode())
+
+
+class LegacyV2(Legacy):
+    version = 2
+
+
+async def test_a_projection_stored_before_builds_existed_is_served_then_rebuilt_beside(tmp_path: Path) -> None:
+    """A status of format 1 (no slot, no database names) and its rows in ``u.<name>.<db>``."""
+
+    import msgspec
+
+    from pi_durable_lmdb.log import Environment
+    from pi_durable_lmdb.projections.rebuild import REGISTRY_DB
+
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability="process")
+    await _commit_entries(storage, 2, 10)
+    await storage.close()
+    env = Environment(path, durability="process")
+    main, registry = env.db("u.legacy.main"), env.db(REGISTRY_DB)
+    old = msgspec.msgpack.encode({"version": 1, "folded_seq": 10, "failed_seq": None, "error": None})
+
+    def plant(txn: Any) -> None:
+        txn.put(b"user:legacy", old, db=registry)
+        txn.put(b"planted", b"by the old layout", db=main)
+
+    env.write(plant)
+    env.close()
+    storage = await LmdbStorage.open(path, durability="process", projections=[Legacy()])
+    try:
+        await storage.projections.wait(10)
+        with storage.projections.read("legacy") as tables:
+            assert (tables.version, tables.folded_seq, tables.get("main", b"planted")) == (1, 10, b"by the old layout")
+    finally:
+        await storage.close()
+    storage = await LmdbStorage.open(path, durability="process", projections=[LegacyV2()])
+    try:
+        await asyncio.wait_for(storage.projections.wait(10), 30)
+        with storage.projections.read("legacy") as tables:
+            assert (tables.version, tables.get("main", b"planted"), len(list(tables.items("main")))) == (2, None, 10)
+        for _ in range(200):
+            if not storage._env.has_db("u.legacy.main"):
+                break
+            await asyncio.sleep(0.01)
+        assert not storage._env.has_db("u.legacy.main"), "the old layout's database is dropped after the swap"
+    finally:
+        await storage.close()
