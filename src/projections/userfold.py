@@ -4,8 +4,9 @@ Each chunk is one write transaction that folds as many records as fit in ``FOLD_
 and stores the checkpoint with the rows (a killed process resumes after the last chunk). It runs
 under the store's write exclusion (the committer's lock), never on the event loop's thread: the
 loop never waits for a fold, and a commit arriving meanwhile ends the chunk after the record being
-folded (``Writes.contended``), so it waits for one record's fold and a commit of the chunk. Between chunks the
-thread pauses (``FOLD_PAUSE``), so a loop that wants the interpreter gets it within a slice.
+folded (``Writes.contended``), so it waits for one record's fold and a commit of the chunk.
+Between rounds the thread rests as long as the round took (``FOLD_PAUSE`` at least), so a loop
+that wants the interpreter gets it within a slice, and folding takes at most about half the CPU.
 
 A build (another version beside the served one) that reaches the log's head is swapped in inside
 the transaction of its last chunk: the served status becomes the build's, and the old slot is
@@ -39,7 +40,8 @@ _log = logging.getLogger("pi_durable_lmdb")
 FOLD_SLICE: Final = 0.001
 """Seconds of folding per write transaction at most (plus the record being folded)."""
 FOLD_PAUSE: Final = 0.001
-"""Seconds the thread rests between chunks: the event loop's turn at the interpreter."""
+"""Seconds the thread rests between rounds at least (and as long as the round took): the event
+loop's turn at the interpreter and the CPU."""
 READ_AHEAD: Final = 64
 """Log records decoded at a time, outside any write transaction."""
 
@@ -135,9 +137,13 @@ class Folder:
                 self._wanted = False
             self.error = None
             try:
+                began = time.perf_counter()
                 while not self._stopping and self.step():
                     self._owner.notify()
-                    time.sleep(FOLD_PAUSE)
+                    # At least as long as the round took: on a busy machine a round that was
+                    # preempted holding the interpreter is followed by as long a rest.
+                    time.sleep(max(FOLD_PAUSE, time.perf_counter() - began))
+                    began = time.perf_counter()
             except Exception as error:  # a corrupt log record: waiters are told, not left waiting
                 _log.error("user projections stopped: %s", error, exc_info=error)
                 self.error = error
