@@ -366,3 +366,45 @@ async def test_a_projection_stored_before_builds_existed_is_served_then_rebuilt_
         assert not storage._env.has_db("u.legacy.main"), "the old layout's database is dropped after the swap"
     finally:
         await storage.close()
+
+
+SLOW_BUILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from tests.projections.test_user_builds import CounterV2
+    from pi_durable_lmdb.storage import LmdbStorage
+    CounterV2.delay = 0.001
+    async def main():
+        storage = await LmdbStorage.open(sys.argv[1], durability="process", projections=[CounterV2()])
+        try:
+            await asyncio.wait_for(storage.projections.wait(storage.log.head()), 60)
+        finally:
+            await storage.close()
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_build_shows_its_progress_to_status_and_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    await _store(path, 2000, [Counter()])
+    writer = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(path)], cwd=ROOT)
+    try:
+        building = None
+        for _ in range(500):
+            listed = subprocess.run([*CLI, "projections", str(path), "--json"], capture_output=True, text=True, cwd=ROOT)
+            building = json.loads(listed.stdout)["counter"]["building"] if listed.returncode == 0 else None
+            if building is not None and building["foldedSeq"] > 0 and building["rate"] > 0:
+                break
+            await asyncio.sleep(0.02)
+        assert building is not None and building["version"] == 2 and building["eta"] is not None, building
+        text = subprocess.run([*CLI, "projections", str(path)], capture_output=True, text=True, cwd=ROOT).stdout
+        assert "counter: building, serves version 1 folded to sequence 2000" in text and "records/s, ETA" in text, text
+        followed = subprocess.run([*CLI, "projections", str(path), "--follow"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert followed.returncode == 0, followed.stderr
+        assert "counter version 2: " in followed.stderr and "records/s, ETA" in followed.stderr
+        assert "counter: version 2 is served" in followed.stdout
+    finally:
+        assert writer.wait(60) == 0
+    info = stats(path)["projections"]["user"]["counter"]
+    assert (info["version"], info["foldedSeq"], info["building"]) == (2, 2000, None)
