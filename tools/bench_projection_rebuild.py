@@ -14,8 +14,8 @@ projection at version 1, then, in one writer process, for each durability:
   got busier or quieter meanwhile shows.
 
 Prints a table: commits, commit latency p50/p99/max, loop stall p50/p99/max, how long each fold
-chunk held the store's writes (and the interpreter, but for LMDB's commit), and the refold's
-duration and rate. The goals: stall p99 at most 5 ms, commit p99 during the refold at most twice
+chunk took (its wait for the store's writes included: behind a power commit's flush, say), and
+the refold's duration and rate. The goals: stall p99 at most 5 ms, commit p99 during the refold at most twice
 the idle p99. On a machine whose other load already stalls an idle loop, compare the refold's rows
 with the idle ones around them.
 """

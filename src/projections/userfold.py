@@ -42,6 +42,8 @@ FOLD_SLICE: Final = 0.001
 FOLD_PAUSE: Final = 0.001
 """Seconds the thread rests between rounds at least (and as long as the round took): the event
 loop's turn at the interpreter and the CPU."""
+YIELD_ROUNDS: Final = 20
+"""Rests of ``FOLD_PAUSE / 4`` a chunk waits at most for the commits waiting before it begins."""
 READ_AHEAD: Final = 64
 """Log records decoded at a time, outside any write transaction."""
 
@@ -182,6 +184,10 @@ class Folder:
         owner = self._owner
         env = owner.env
         writes = self._writes()
+        for _ in range(YIELD_ROUNDS):  # commits waiting go first
+            if not writes.contended():
+                break
+            time.sleep(FOLD_PAUSE / 4)
         with writes.exclusive():
             handles = owner.handles(name, target)
             try:
