@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from pi_durable_lmdb import ProjectionFailed, ProjectionNotReady, StoreStateError
+from pi_durable_lmdb import CorruptProjectionError, ProjectionFailed, ProjectionNotReady, StoreStateError
 from pi_durable_lmdb.log import Commit
-from pi_durable_lmdb.log.records import TaskWrite
+from pi_durable_lmdb.log.records import EntryWrite, TaskWrite
+from pi_durable_lmdb.projections.typedrows import TEXT, U64, TypedTable
 from pi_durable_lmdb.projections.user import Projection, Tables
 from pi_durable_lmdb.projections.userstate import db_names
 from pi_durable_lmdb.storage import LmdbStorage
@@ -408,3 +410,48 @@ async def test_a_build_shows_its_progress_to_status_and_the_command_line(tmp_pat
         assert writer.wait(60) == 0
     info = stats(path)["projections"]["user"]["counter"]
     assert (info["version"], info["foldedSeq"], info["building"]) == (2, 2000, None)
+
+
+class Tally(msgspec.Struct):
+    entries: int
+    last_seq: int
+
+
+class Typed(Projection):
+    """Typed rows: entries per conversation as a Struct under a U64 key, kinds under TEXT keys."""
+
+    name = "typed"
+    version = 1
+    databases = ("tally", "kinds")
+
+    def fold(self, tables: Tables, commit: Commit) -> None:
+        for write in commit.writes:
+            if type(write) is EntryWrite:
+                tally = TALLY.get(tables, write.value["conversationId"]) or Tally(0, 0)
+                TALLY.put(tables, write.value["conversationId"], Tally(tally.entries + 1, commit.seq))
+                KINDS.put(tables, write.value["kind"], commit.seq)
+
+
+TALLY = TypedTable("tally", U64, Tally)
+KINDS = TypedTable("kinds", TEXT, int)
+
+
+async def test_typed_rows_read_and_write_values_and_refuse_a_damaged_one(tmp_path: Path) -> None:
+    storage = await LmdbStorage.open(tmp_path / "store", durability="process", projections=[Typed()])
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        for id, kind in [(2, "b"), (3, "a"), (4, "b")]:
+            await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": kind}}], CTX)
+        await storage.projections.wait(4)
+        with storage.projections.read("typed") as tables:
+            assert list(TALLY.items(tables)) == [(1, Tally(3, 4))]
+            assert list(KINDS.items(tables)) == [("a", 3), ("b", 4)]
+            assert TALLY.get(tables, 9) is None
+        with pytest.raises(ValueError, match="U64 key"):
+            U64.encode(-1)
+        damaged = TypedTable("tally", U64, str)  # the same rows read as another type
+        with storage.projections.read("typed") as tables:
+            with pytest.raises(CorruptProjectionError, match="'tally'"):
+                damaged.get(tables, 1)
+    finally:
+        await storage.close()
