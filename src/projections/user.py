@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar, Final
 
 import lmdb
@@ -122,6 +122,9 @@ class _OwnLock(Writes):
     def exclusive(self) -> Iterator[None]:
         with self._lock:
             yield
+
+    def yielding(self) -> AbstractContextManager[None]:
+        return self.exclusive()
 
     def contended(self) -> bool:
         return False

@@ -55,6 +55,9 @@ class Writes(Protocol):
     def exclusive(self) -> AbstractContextManager[None]:
         """Hold off every other write of the store (a commit meanwhile waits, off the loop)."""
 
+    def yielding(self) -> AbstractContextManager[None]:
+        """``exclusive()``, for a holder that lets go as soon as ``contended()``."""
+
     def contended(self) -> bool:
         """Whether a commit is waiting for the store's writes: a chunk then ends early."""
 
@@ -188,7 +191,7 @@ class Folder:
             if not writes.contended():
                 break
             time.sleep(FOLD_PAUSE / 4)
-        with writes.exclusive():
+        with writes.yielding():
             handles = owner.handles(name, target)
             try:
                 status, swapped = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, commits, FOLD_SLICE, writes))
