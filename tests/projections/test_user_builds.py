@@ -455,3 +455,34 @@ async def test_typed_rows_read_and_write_values_and_refuse_a_damaged_one(tmp_pat
                 damaged.get(tables, 1)
     finally:
         await storage.close()
+
+
+async def test_the_metrics_export_the_lag_of_a_version_being_built(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pi_durable_lmdb.metrics import register_path
+
+    path = tmp_path / "store"
+    await _store(path, 20, [Steady()])
+
+    class SteadyV2(Steady):
+        version = 2
+        broken = True  # fails at sequence 7: the build stays at 6
+
+    storage = await LmdbStorage.open(path, durability="process", projections=[SteadyV2()])
+    try:
+        with pytest.raises(ProjectionFailed):
+            await asyncio.wait_for(storage.projections.wait(20), 10)
+    finally:
+        await storage.close()
+    registry = CollectorRegistry()
+    register_path(path, registry)
+    found = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
+    assert found[("pi_durable_lmdb_projection_build_lag_records", (("projection", "steady"), ("version", "2")))] == 14
+    assert found[("pi_durable_lmdb_projection_lag_records", (("projection", "steady"),))] == 0
