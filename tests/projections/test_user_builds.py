@@ -118,7 +118,7 @@ async def test_a_refold_to_a_new_version_serves_every_read_one_whole_version(tmp
         with storage.projections.read("counter", version=2) as tables:
             assert check_whole(tables) == 2 and tables.folded_seq == head
         versions = [version for version, _ in seen]
-        assert versions[0] == 1 and versions[-1] == 2 and 1 < len(seen)
+        assert versions[0] == 1 and versions[-1] == 2 and versions.count(1) > 10, (versions.count(1), versions.count(2))
         assert versions == sorted(versions), "never back to the old version once swapped"
         assert all(folded == 20_000 for version, folded in seen if version == 1), "the old version stays at its position"
         for _ in range(200):  # the old slot is dropped once no read holds it
