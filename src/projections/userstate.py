@@ -67,7 +67,7 @@ class ProjectionStatus(msgspec.Struct):
     the version being built beside it, and ``state``: ``level`` (folded to the head), ``behind``,
     ``building`` (another version is being built), ``failed`` (the served version, or the build,
     stopped at a record: ``retry``), ``retired`` (stored, not defined by this program: ``drop``),
-    ``unserved`` (defined, nothing stored yet: a writer builds it)."""
+    ``unserved`` (this program's version is not stored: a writer defining it builds it)."""
 
     version: int
     folded_seq: int
