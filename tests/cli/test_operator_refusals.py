@@ -347,6 +347,7 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
         "restore": [*nats, "--store", "abc", path],
         "replica": [path, *nats, "--store", "abc"],
         "promote": [path, *nats],
+        "projections": [path],
         "serve": [path],
     }[name]
 
