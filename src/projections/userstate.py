@@ -154,12 +154,6 @@ def stored(env: Environment) -> tuple[dict[str, StoredProjection], dict[str, Sto
         return _scan(txn, registry, SERVED_PREFIX), _scan(txn, registry, BUILD_PREFIX), head
 
 
-def stored_statuses(env: Environment) -> dict[str, StoredProjection]:
-    """The served status of each user projection the store holds, by name."""
-
-    return stored(env)[0]
-
-
 def report(served: StoredProjection | None, build: StoredProjection | None, head: int,
            defined: int | None = None, now: float | None = None) -> ProjectionStatus:
     """The status of one projection as its stored parts and the log head tell it. ``defined``:
