@@ -486,3 +486,32 @@ async def test_the_metrics_export_the_lag_of_a_version_being_built(tmp_path: Pat
     }
     assert found[("pi_durable_lmdb_projection_build_lag_records", (("projection", "steady"), ("version", "2")))] == 14
     assert found[("pi_durable_lmdb_projection_lag_records", (("projection", "steady"),))] == 0
+
+
+async def test_another_version_replaces_an_unfinished_build_and_going_back_drops_it(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    await _store(path, 500, [Counter()])
+    CounterV2.delay = CounterV3.delay = 0.002  # each build would take a second: closed long before
+    try:
+        storage = await LmdbStorage.open(path, durability="process", projections=[CounterV2()])
+        await asyncio.sleep(0.05)
+        await storage.close()
+        storage = await LmdbStorage.open(path, durability="process", projections=[CounterV3()])
+        try:
+            build = storage.projections.status()["counter"].building
+            assert build is not None and build.version == 3
+            assert not any(storage._env.has_db(name) for name in db_names("counter", 1, ["main", "seqs"])), "version 2's build is dropped"
+            await asyncio.sleep(0.05)
+        finally:
+            await storage.close()
+    finally:
+        CounterV2.delay = CounterV3.delay = 0.0
+    storage = await LmdbStorage.open(path, durability="process", projections=[Counter()])
+    try:
+        status = storage.projections.status()["counter"]
+        assert (status.state, status.version, status.building) == ("level", 1, None)
+        assert not any(storage._env.has_db(name) for name in db_names("counter", 2, ["main", "seqs"])), "version 3's build is dropped"
+        with storage.projections.read("counter") as tables:
+            assert check_whole(tables) == 1 and tables.folded_seq == 500
+    finally:
+        await storage.close()
