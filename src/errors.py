@@ -307,11 +307,22 @@ class ProjectionFailed(StoreStateError):
         self.name, self.seq, self.error = name, seq, error
 
 
-
 class SearchIndexError(StoreStateError):
     """The store's word index (``search.index``) cannot be used as it is: its header is
     unreadable, or other processes keep resetting it. It is only a projection of the log: delete
     the directory and the next ``durable-log search`` builds it again."""
+
+
+class ProjectionNotReady(StoreStateError):
+    """``storage.projections.read(name, version=N)`` while version N of the projection is not the
+    one serving reads: it is being built beside the served one (wait for it: ``wait``), it
+    failed (``retry``), or no writer defining it has run yet. ``served`` is the version served
+    (``None``: none)."""
+
+    def __init__(self, name: str, version: int, served: int | None, why: str) -> None:
+        serves = "serves no version yet" if served is None else f"serves version {served}"
+        super().__init__(f"Projection {name!r} {serves}, not version {version}: {why}")
+        self.name, self.version, self.served = name, version, served
 
 
 __all__ = [
@@ -335,6 +346,7 @@ __all__ = [
     "OutcomeUnknownError",
     "OwnershipError",
     "ProjectionFailed",
+    "ProjectionNotReady",
     "ProjectionsBehind",
     "ProofError",
     "ReplicationError",

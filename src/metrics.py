@@ -63,9 +63,18 @@ def _families(info: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
     )
     core = info["projections"]["core"]["foldedSeq"]
     lag.add_metric(["core"], head - int(core or 0))
+    building = GaugeMetricFamily(
+        f"{PREFIX}_projection_build_lag_records",
+        "Records of the log a user projection's version being built has not folded yet",
+        labels=["projection", "version"],
+    )
     for name, status in info["projections"]["user"].items():
         lag.add_metric([name], head - int(status["foldedSeq"] or 0))
+        build = status.get("building")
+        if build is not None:
+            building.add_metric([name, str(build["version"])], max(0, head - int(build["foldedSeq"])))
     yield lag
+    yield building
     replication = info.get("replication")
     if replication is not None:
         yield _gauge(

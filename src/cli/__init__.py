@@ -3,7 +3,8 @@
 The command line sits apart from the engine: the engine (``log``, ``projections``, ``storage``)
 never imports this package. One module per family of commands, each registering its own
 sub-parsers: ``inspect`` (stats, show, tail, verify), ``move`` (export, import, backup, restore),
-``operate`` (rebuild, replica, promote), ``transparency`` (keygen, checkpoint, prove), ``find`` (search), ``snapshot``, ``demo``; ``serve`` comes from ``pi_durable_lmdb.web``
+``operate`` (rebuild, replica, promote), ``transparency`` (keygen, checkpoint, prove), ``find`` (search), ``snapshot``,
+``projections`` (list, retry, drop), ``demo``; ``serve`` comes from ``pi_durable_lmdb.web``
 when the ``[web]`` extra is installed. Exit codes and shared helpers are in ``common``.
 """
 
@@ -18,7 +19,7 @@ from importlib import metadata
 from ..log.records import FORMAT_VERSION
 from ..projections.tables import SCHEMA_VERSION
 
-from . import demo, find, inspect, move, operate, snapshot, transparency
+from . import demo, find, inspect, move, operate, projections, snapshot, transparency
 from .common import (
     DAMAGE,
     EPILOG,
@@ -87,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     operate.register(commands)
     transparency.register(commands)
     snapshot.register(commands)
+    projections.register(commands)
+    projections.register(commands)
     _register_serve(commands)
     return parser
 

@@ -50,8 +50,8 @@ def _register_rebuild(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "--projection",
         default="core",
         metavar="NAME",
-        help="core (default), or a user projection's name (see stats): its rows are dropped and its "
-        "program folds the log again on its next open",
+        help="core (default), or a user projection's name (see projections): its databases and status are "
+        "deleted now, and the program that defines it folds the whole log into it again on its next open",
     )
     progress_option(sub)
     sub.set_defaults(run=_rebuild)
@@ -75,8 +75,12 @@ def _rebuild(args: argparse.Namespace) -> int:
                 await storage.rebuild(Progress("rebuild", head, progress_on(args)))
                 print(f"{args.path}: rebuilt the core projections from {plural(head, 'log record')}")
             else:
-                storage.projections.reset_stored(args.projection)
-                print(f"{args.path}: dropped projection {args.projection!r}; its program refolds it on its next open")
+                dropped = await storage.projections.drop(args.projection)
+                print(
+                    f"{args.path}: dropped projection {args.projection!r}: deleted its "
+                    f"{plural(len(dropped), 'database')} ({', '.join(dropped) or '-'}) and its status; the program "
+                    "that defines it folds the whole log into it again on its next open"
+                )
         finally:
             await storage.close()
 

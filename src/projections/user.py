@@ -2,43 +2,50 @@
 in databases of their own, kept up to date from the log behind the commits.
 
 Each projection's checkpoint (the last sequence it folded) is written in the same transaction as
-its rows, so it never double-counts or skips a record across crashes. A version change drops its
-databases and folds the log again from the start. A fold that raises stops only that projection:
-it is reported with the sequence and the error, commits and other projections go on.
+its rows, so it never double-counts or skips a record across crashes. A version change builds
+the new version in databases of its own beside the served one, which keeps serving reads, whole
+and at its position, until the new version is level with the log; then one transaction swaps
+them and the old databases are dropped (``userstate``). Folds run on a thread of their own, in
+short chunks (``userfold``). A fold that raises stops only that projection: it is reported with
+the sequence and the error, commits and other projections go on, and ``retry`` resumes it there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import ClassVar, Final
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, ClassVar, Final
 
 import lmdb
 import msgspec
 
-from ..errors import ProjectionFailed
+from ..errors import ProjectionFailed, ProjectionNotReady
 from ..log import Commit, Environment, StoreClosedError, WriteLog
 
-from .rebuild import REGISTRY_DB, FOLD_CHUNK
+from . import userstate as us
+from .readmodel import ReadModel
+from .rebuild import REGISTRY_DB
+from .userfold import Folder, Source, Writes
+from .userstate import ProjectionStatus as ProjectionStatus
+from .usertables import CoreSource, CoreView, Tables
 
-_log = logging.getLogger("pi_durable_lmdb")
-
-_PREFIX = b"user:"
+__all__ = ["CoreView", "Projection", "ProjectionFailed", "ProjectionStatus", "Tables", "UserProjections"]
 
 
 class Projection:
     """A read model of your own, folded from the log: subclass it, set ``name``, ``version`` and
     ``databases``, implement ``fold``, and pass instances to ``LmdbStorage.open(projections=...)``.
 
-    - ``name`` names it in the store (``storage.projections.read(name)``, ``durable-log stats``).
-    - ``version``: change it when the fold changes; the store then drops the rows and refolds
-      the whole log, so old rows never mix with new ones.
-    - ``databases``: the names of its own LMDB databases (stored as ``u.<name>.<database>``).
+    - ``name`` names it in the store (``storage.projections.read(name)``, ``durable-log projections``).
+    - ``version``: change it when the fold changes; the store then builds the new version from
+      the whole log beside the old one, which serves reads until the new one is level and swapped in.
+    - ``databases``: the names of its own LMDB databases.
 
-    See ``tools/task_outcomes.py`` in the repository for a complete example.
+    See docs/projections.md for a complete example and a schema change in production.
     """
 
     name: ClassVar[str]
@@ -50,28 +57,22 @@ class Projection:
 
         ``tables`` holds only this projection's ``databases``, inside the write transaction that
         also stores its checkpoint, so rows and checkpoint commit together and no record is
-        folded twice or skipped across crashes. ``commit.seq`` and ``commit.committed_at`` (Unix
-        ms) identify the batch; ``commit.writes`` is the batch as committed, a list of the tagged
-        Structs of ``log.records`` (``ConversationWrite``, ``EntryWrite``, ``TaskWrite``,
+        folded twice or skipped across crashes. ``tables.core`` reads the store's own records as
+        they stood right after this batch (``CoreView``). ``commit.seq`` and ``commit.committed_at``
+        (Unix ms) identify the batch; ``commit.writes`` is the batch as committed, a list of the
+        tagged Structs of ``log.records`` (``ConversationWrite``, ``EntryWrite``, ``TaskWrite``,
         ``SubmissionWrite`` with the record in ``.value``; ``DocumentCreateWrite``/``DocumentCopyWrite``
         with ``.record`` and ``.content``/``.source``; ``DocumentChangeWrite`` with ``.id`` and
         ``.content``, a ``BaseContent`` or ``DeltaContent``; ``DocumentRetireWrite`` with
         ``.id``). Match them with ``type(write) is TaskWrite``.
 
-        Folds run in the writer process, on its event loop, in a background task behind the
-        commits (a chunk of commits per write transaction): a commit never waits for them, and
-        ``await storage.projections.wait(seq)`` waits for them. Read-only opens never fold. An
-        exception stops only this projection, at that sequence (``storage.projections.status()``).
+        Folds run in the writer process on a thread of their own, behind the commits, in chunks
+        of a few milliseconds: a commit never waits for them, and ``await
+        storage.projections.wait(seq)`` waits for them. Read-only opens never fold. An exception
+        stops only this projection, at that sequence (``storage.projections.status()``).
         """
 
         raise NotImplementedError
-
-
-
-class _FoldFailed(Exception):
-    def __init__(self, seq: int, error: Exception) -> None:
-        super().__init__(seq, error)
-        self.seq, self.error = seq, error
 
 
 _MAX_NAME: Final = 200
@@ -110,104 +111,41 @@ def _check_name(value: object, what: str) -> None:
         raise ValueError(f"{what} is {size} bytes long; at most {_MAX_NAME}")
 
 
-def _unwritable_traceback(error: BaseException) -> str | None:
-    """The error's traceback as text that encodes, when the raw one would not (a lone surrogate
-    in its message: a log handler writing UTF-8 would drop the line); ``None`` when it does and
-    the error can go to the log as ``exc_info``, for handlers that keep exceptions whole."""
 
-    raw = "".join(traceback.format_exception(error)).rstrip()
-    safe = raw.encode("utf-8", "backslashreplace").decode("utf-8")
-    return None if safe == raw else safe
+class _OwnLock(Writes):
+    """Write exclusion for a store without a committer (tools, tests): a lock of its own."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
 
-def _describe(error: BaseException) -> str:
-    """An error as stored text: whatever its message holds, it encodes (lone surrogates are
-    escaped) and it never raises."""
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._lock:
+            yield
 
-    try:
-        text = f"{type(error).__name__}: {error}"
-    except Exception:
-        text = f"{type(error).__name__} (its message could not be made)"
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    def yielding(self) -> AbstractContextManager[None]:
+        return self.exclusive()
 
-
-class ProjectionStatus(msgspec.Struct):
-    """Stored beside a projection's rows: its version, checkpoint and failure, if any."""
-
-    version: int
-    folded_seq: int
-    failed_seq: int | None = None
-    error: str | None = None
-
-
-_status_encoder = msgspec.msgpack.Encoder()
-_status_decoder = msgspec.msgpack.Decoder(ProjectionStatus)
-
-
-class Tables:
-    """A projection's own databases inside one transaction: writable during ``fold``, read-only
-    in ``storage.projections.read(name)``. Keys and values are bytes; keys sort bytewise, so
-    encode integers big-endian to keep them in numeric order."""
-
-    def __init__(self, txn: lmdb.Transaction[bytes], dbs: dict[str, lmdb._Database]) -> None:
-        self._txn = txn
-        self._dbs = dbs
-
-    def _db(self, name: str) -> lmdb._Database:
-        try:
-            return self._dbs[name]
-        except KeyError:
-            raise KeyError(f"This projection has no database {name!r}; it declares {sorted(self._dbs)}") from None
-
-    def get(self, db: str, key: bytes) -> bytes | None:
-        """The value at ``key`` in database ``db``, or None."""
-
-        return self._txn.get(key, db=self._db(db))
-
-    def put(self, db: str, key: bytes, value: bytes) -> None:
-        """Set ``key`` to ``value`` (only inside ``fold``)."""
-
-        self._txn.put(key, value, db=self._db(db))
-
-    def delete(self, db: str, key: bytes) -> None:
-        """Remove ``key`` if present (only inside ``fold``)."""
-
-        self._txn.delete(key, db=self._db(db))
-
-    def items(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` pairs whose key starts with ``prefix``, in key order."""
-
-        cursor = self._txn.cursor(db=self._db(db))
-        if not cursor.set_range(prefix):
-            return
-        for key, value in cursor:
-            if not key.startswith(prefix):
-                return
-            yield key, value
-
-
-def stored_statuses(env: Environment) -> dict[str, ProjectionStatus]:
-    """The user projections a store holds, by name, as their program last left them (for
-    ``durable-log stats``, which runs without that program)."""
-
-    if env.readonly and not env.has_db(REGISTRY_DB):
-        return {}
-    registry = env.db(REGISTRY_DB)
-    found: dict[str, ProjectionStatus] = {}
-    with env.read() as txn:
-        cursor = txn.cursor(db=registry)
-        if cursor.set_range(_PREFIX):
-            for key, value in cursor:
-                if not key.startswith(_PREFIX):
-                    break
-                found[key[len(_PREFIX):].decode(errors="replace")] = _status_decoder.decode(value)
-    return found
+    def contended(self) -> bool:
+        return False
 
 
 class UserProjections:
-    """The registered projections of one open store, and the worker that keeps them level."""
+    """The registered projections of one open store, and the thread that keeps them level.
 
-    def __init__(self, env: Environment, log: WriteLog, projections: Sequence[Projection] = ()) -> None:
+    ``writes`` gives the store's write path (the committer: its lock keeps other writes out
+    while a chunk is written, and a commit meanwhile goes to its writer thread, never blocking
+    an event loop); ``core``
+    gives the core read model folds read through ``tables.core``."""
+
+    def __init__(
+        self,
+        env: Environment,
+        log: WriteLog,
+        projections: Sequence[Projection] = (),
+        writes: Source | None = None,
+        core: Callable[[], ReadModel] | None = None,
+    ) -> None:
         for projection in projections:
             _check_definition(projection)
         names = [projection.name for projection in projections]
@@ -216,187 +154,397 @@ class UserProjections:
         tables = [f"u.{p.name}.{db}" for p in projections for db in p.databases]
         if len(set(tables)) != len(tables):
             raise ValueError(f"Projections' databases must have distinct names; these collide: {sorted(tables)}")
-        self._env = env
-        self._log = log
-        self._registry = env.db(REGISTRY_DB)
-        self._projections = {projection.name: projection for projection in projections}
-        self._dbs = {
-            projection.name: {db: env.db(f"u.{projection.name}.{db}") for db in projection.databases}
-            for projection in projections
-        }
-        self._status: dict[str, ProjectionStatus] = {}
+        self.env = env
+        self.log = log
+        self.path = env.path
+        self.projections = {projection.name: projection for projection in projections}
+        self.registry: lmdb._Database | None = None
+        if not env.readonly or env.has_db(REGISTRY_DB):
+            self.registry = env.db(REGISTRY_DB)
+        self._core = core
+        self._handles: dict[tuple[str, int], dict[str, lmdb._Database]] = {}
+        self._served: dict[str, us.StoredProjection | None] = {}
+        self._builds: dict[str, us.StoredProjection | None] = {}
+        self._reading = threading.Lock()
+        self._readers: Counter[tuple[str, int]] = Counter()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters_lock = threading.Lock()
         self._closed = False
-        self._worker: asyncio.Task[None] | None = None
-        self._stopped: Exception | None = None
-        """What stopped the last worker outside any fold (a log record it could not read):
-        ``wait`` raises it; the next ``kick`` tries again."""
-        self._progress = asyncio.Event() if projections else None
-        for projection in projections:
-            self._status[projection.name] = self._open(projection)
+        own = _OwnLock()
+        self._writes: Source = writes or (lambda: own)
+        self._folder = None if env.readonly or not projections else Folder(self, self._writes)
+        self._load()
+        if self._folder is not None:
+            for projection in projections:
+                self._open(projection)
+
+    @property
+    def _worker(self) -> threading.Thread | None:
+        return None if self._folder is None else self._folder.thread
 
     # ── public ──────────────────────────────────────────────────────────────
 
     def status(self) -> dict[str, ProjectionStatus]:
-        """Each projection's version, checkpoint and failure (copies: the caller cannot alter them)."""
+        """Each projection's served version, checkpoint, lag and failure, and the version being
+        built with its position, rate and ETA: the projections this program defines and those
+        the store holds that it does not (``retired``)."""
 
-        return {name: msgspec.structs.replace(status) for name, status in self._status.items()}
+        self._check_open()
+        served, builds, head = us.stored(self.env)
+        names = sorted(set(self.projections) | set(served) | set(builds))
+        now = time.time()
+        return {
+            name: us.report(
+                served.get(name), builds.get(name), head,
+                None if name not in self.projections else self.projections[name].version, now,
+            )
+            for name in names
+        }
 
     @contextmanager
-    def read(self, name: str) -> Iterator[Tables]:
-        """A short read transaction over one projection's databases."""
+    def read(self, name: str, version: int | None = None) -> Iterator[Tables]:
+        """A short read transaction over the version of projection ``name`` that serves reads:
+        whole, at its position (``tables.version``, ``tables.folded_seq``). With ``version``,
+        ``ProjectionNotReady`` unless that version is the one served."""
 
-        dbs = self._dbs_of(name)
-        with self._env.read() as txn:
-            yield Tables(txn, dbs)
+        self._check_open()
+        while True:
+            with self._reading:
+                txn = self.env.read()
+                try:
+                    status = None if self.registry is None else us.get(txn, self.registry, us.served_key(name))
+                    ready = status is not None and (version is None or status.version == version)
+                    handles = None if status is None else self._handles.get((name, status.slot))
+                    if ready and handles is not None:
+                        assert status is not None
+                        self._readers[(name, status.slot)] += 1
+                        break
+                    build = None if self.registry is None else us.get(txn, self.registry, us.build_key(name))
+                    databases = None if status is None else self._databases(txn, name, status)
+                except BaseException:
+                    txn.abort()
+                    raise
+                txn.abort()
+            if not ready:
+                raise self._not_ready(name, version, status, build)
+            assert status is not None and databases is not None
+            self._open_handles(name, status.slot, databases)
+        try:
+            yield Tables(txn, handles, status.version, status.folded_seq)
+        finally:
+            txn.abort()
+            with self._reading:
+                self._readers[(name, status.slot)] -= 1
 
     async def wait(self, seq: int, name: str | None = None) -> None:
-        """Return once the projection (or all) folded ``seq``; raise if one stopped before it."""
+        """Return once the projection (or all), in the version this program defines, serves
+        reads level with ``seq``; raise ``ProjectionFailed`` if it stopped before it."""
 
-        names = [name] if name is not None else list(self._projections)
+        names = [name] if name is not None else list(self.projections)
         for item in names:
-            self._dbs_of(item)
+            if item not in self.projections:
+                raise KeyError(f"No projection {item!r} is registered; registered: {sorted(self.projections)}")
+        loop = asyncio.get_running_loop()
         while True:
-            if self._closed:
-                raise StoreClosedError(
-                    f"The store at {self._env.path} was closed before its projections folded sequence {seq}"
-                )
-            pending = False
-            for item in names:
-                status = self._status[item]
-                if status.error is not None and status.folded_seq < seq:
-                    raise ProjectionFailed(item, status.failed_seq or 0, status.error)
-                pending |= status.folded_seq < seq
-            if not pending:
+            self._check_open()
+            waiter = loop.create_future()
+            with self._waiters_lock:
+                self._waiters.append(waiter)
+            if self._folder is None:
+                self._load()
+            elif self._folder.error is not None:
+                raise self._folder.error
+            if self._level(names, seq):
                 return
             self.kick()
-            assert self._progress is not None
-            self._progress.clear()
-            await self._progress.wait()
-            if self._stopped is not None:
-                raise self._stopped
+            if self._folder is None:  # read-only: the writer is another process
+                await asyncio.sleep(0.05)
+            else:
+                await waiter
+
+    def _level(self, names: list[str], seq: int) -> bool:
+        level = True
+        for item in names:
+            served, build = self._served.get(item), self._builds.get(item)
+            target = build if build is not None else served
+            if target is not None and target.error is not None and target.folded_seq < seq:
+                raise ProjectionFailed(item, target.failed_seq or 0, target.error)
+            version = self.projections[item].version
+            level &= served is not None and served.version == version and served.folded_seq >= seq
+        return level
 
     def kick(self) -> None:
-        """Schedule the worker if it is idle and there is a running loop."""
+        """Wake the fold thread (start it the first time): there may be records to fold."""
 
-        if self._closed or not self._projections or (self._worker is not None and not self._worker.done()):
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._stopped = None
-        self._worker = loop.create_task(self._run())
+        if not self._closed and self._folder is not None:
+            self._folder.kick()
 
-    def reset_stored(self, name: str) -> None:
-        """Forget a projection this program does not define: its program folds it again on open."""
+    async def retry(self, name: str) -> ProjectionStatus:
+        """Resume a failed projection from the record it stopped at, with this program's current
+        fold (its rows and checkpoint stay as they were before that record). For a projection
+        this program does not define, the failure is cleared in the store: the program that
+        defines it resumes on its next open."""
 
-        key = _PREFIX + name.encode()
-        with self._env.read() as txn:
-            if txn.get(key, db=self._registry) is None:
-                raise KeyError(f"The store has no projection {name!r}")
-        self._env.write(lambda txn: txn.delete(key, db=self._registry))
+        self._check_open()
+        if self.env.readonly:
+            raise PermissionError(f"The store at {self.path} is open read-only: only its writer folds")
+        if name in self.projections:
+            key, target = self.target(name)
+        else:
+            served, builds, _ = us.stored(self.env)
+            if name not in served and name not in builds:
+                raise KeyError(f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}")
+            build = builds.get(name)
+            key, target = (us.build_key(name), build) if build is not None and build.error is not None else (us.served_key(name), served.get(name))
+        if target is not None and target.error is not None:
+            cleared = msgspec.structs.replace(target, failed_seq=None, error=None)
+            registry = self.registry
+            assert registry is not None
+
+            def clear() -> None:
+                with self._writes().exclusive():
+                    self.env.write(lambda txn: us.put(txn, registry, key, cleared))
+
+            await asyncio.to_thread(clear)
+            if name in self.projections:
+                self._remember(name, key, cleared)
+                self.kick()
+        return self.status()[name]
+
+    async def drop(self, name: str) -> list[str]:
+        """Delete a projection the program no longer defines: its databases (their pages become
+        free), every version of it and its status; returns the database names dropped."""
+
+        self._check_open()
+        if name in self.projections:
+            raise ValueError(f"Projection {name!r} is defined by this program: remove it from projections= before dropping it")
+        if self.env.readonly:
+            raise PermissionError(f"The store at {self.path} is open read-only")
+        served, builds, _ = us.stored(self.env)
+        if name not in served and name not in builds:
+            raise KeyError(f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}")
+        others = sorted(set(served) | set(builds))
+        def drop() -> list[str]:
+            with self._writes().exclusive(), self._reading:  # no reader of this process is inside its databases
+                if any(count for (item, _), count in self._readers.items() if item == name):
+                    raise RuntimeError(f"Projection {name!r} is being read in this process; drop it once the reads end")
+                names = self.env.write(lambda txn: us.drop_stored(self.env, txn, name, others))
+                self.env.forget_dbs(names)
+                for slot in [slot for item, slot in self._handles if item == name]:
+                    del self._handles[(name, slot)]
+                return names
+
+        return await asyncio.to_thread(drop)
 
     async def close(self) -> None:
-        """Stop the worker for good and wake every ``wait``, which then raises ``StoreClosedError``."""
+        """Stop the fold thread for good and wake every ``wait``, which then raises ``StoreClosedError``."""
 
         self._closed = True
-        if self._worker is not None and not self._worker.done():
-            self._worker.cancel()
+        thread = None if self._folder is None else self._folder.stop()
+        while thread is not None and thread.is_alive():
+            await asyncio.sleep(0.001)
+        self.notify()
+
+    # ── for the fold thread ─────────────────────────────────────────────────
+
+    def notify(self) -> None:
+        """Wake every ``wait``, from any thread: the statuses changed."""
+
+        with self._waiters_lock:
+            waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            loop = waiter.get_loop()
+            if loop.is_closed():
+                continue
             try:
-                await self._worker
-            except asyncio.CancelledError:
+                loop.call_soon_threadsafe(_wake, waiter)
+            except RuntimeError:  # its loop closed meanwhile
                 pass
-        if self._progress is not None:
-            self._progress.set()
 
-    # ── folding ─────────────────────────────────────────────────────────────
+    def target(self, name: str) -> tuple[bytes, us.StoredProjection | None]:
+        """What the fold thread folds into for projection ``name``: the build, if any, else the
+        served version (``None`` when that is not this program's version)."""
 
-    async def _run(self) -> None:
-        try:
-            while self.step():
-                await asyncio.sleep(0)
-        except Exception as error:  # a corrupt log record: waiters are told, not left waiting
-            _log.error("user projections stopped: %s", error, exc_info=error)
-            self._stopped = error
-            if self._progress is not None:
-                self._progress.set()
+        build = self._builds.get(name)
+        if build is not None:
+            return us.build_key(name), build
+        served = self._served.get(name)
+        if served is not None and served.version != self.projections[name].version:
+            served = None
+        return us.served_key(name), served
 
-    def step(self) -> bool:
-        """Fold one chunk into every projection that is behind; True while any still is."""
+    def handles(self, name: str, status: us.StoredProjection) -> dict[str, lmdb._Database]:
+        """The open databases of ``status``'s slot (opened on first use, outside any write)."""
 
-        if self._closed or self._env.readonly:
-            return False
-        head = self._log.head()
-        behind = False
-        for name, projection in self._projections.items():
-            status = self._status[name]
-            if status.error is not None or status.folded_seq >= head:
-                continue
-            commits = self._log.take(status.folded_seq + 1, head, FOLD_CHUNK)
-            try:
-                self._status[name] = self._env.write(lambda txn: self._fold(txn, projection, commits))
-            except _FoldFailed as failure:
-                before = [commit for commit in commits if commit.seq < failure.seq]
-                if before:  # keep what folded cleanly, so the checkpoint stops right before it
-                    status = self._env.write(lambda txn: self._fold(txn, projection, before))
-                self._status[name] = self._record_failure(name, status, failure.seq, failure.error)
-                continue
-            behind |= self._status[name].folded_seq < head
-        if self._progress is not None:
-            self._progress.set()
-        return behind
+        found = self._handles.get((name, status.slot))
+        if found is None:
+            found = self._open_handles(name, status.slot, status.databases or [])
+        return found
 
-    def _fold(self, txn: lmdb.Transaction[bytes], projection: Projection, commits: list[Commit]) -> ProjectionStatus:
-        tables = Tables(txn, self._dbs[projection.name])
-        for commit in commits:
-            try:
-                projection.fold(tables, commit)
-            except lmdb.MapFullError:
-                raise  # not the fold's fault: the write grows the map and folds the chunk again
-            except Exception as error:
-                raise _FoldFailed(commit.seq, error) from error
-        status = ProjectionStatus(projection.version, commits[-1].seq)
-        txn.put(_PREFIX + projection.name.encode(), _status_encoder.encode(status), db=self._registry)
-        return status
+    def core_source(self) -> CoreSource | None:
+        """What ``tables.core`` reads through in a chunk: the core read model current now (a
+        core rebuild swaps it, never during a chunk: both hold the store's write exclusion)."""
 
-    def _record_failure(self, name: str, status: ProjectionStatus, seq: int, error: Exception) -> ProjectionStatus:
-        failed = msgspec.structs.replace(status, failed_seq=seq, error=_describe(error))
-        written = _unwritable_traceback(error)
-        if written is None:
-            _log.error("user projection %r stopped at record %d: %s", name, seq, failed.error, exc_info=error)
+        core = self._core
+        if core is None:
+            return None
+        model = core()
+        return lambda txn, seq: CoreView(txn, model, seq)
+
+    def folded(self, name: str, key: bytes, status: us.StoredProjection, swapped: bool) -> None:
+        """A chunk committed: remember where it left ``name``."""
+
+        if swapped:
+            self._served[name], self._builds[name] = status, None
         else:
-            _log.error("user projection %r stopped at record %d: %s\n%s", name, seq, failed.error, written)
-        key = _PREFIX + name.encode()
-        self._env.write(lambda txn: txn.put(key, _status_encoder.encode(failed), db=self._registry))
-        return failed
+            self._remember(name, key, status)
+
+    def drop_retired(self, name: str) -> bool:
+        """Drop the databases of slots ``name`` swapped out that no reader of this process is
+        still inside; True while some wait for their readers."""
+
+        served = self._served.get(name)
+        if served is None or not served.retired:
+            return False
+        with self._reading:
+            free = [(slot, names) for slot, names in served.retired if not self._readers[(name, slot)]]
+        if not free:
+            return True
+        registry = self.registry
+        assert registry is not None
+
+        def drop(txn: lmdb.Transaction[bytes]) -> us.StoredProjection:
+            current = us.get(txn, registry, us.served_key(name))
+            assert current is not None
+            kept = [(slot, names) for slot, names in current.retired if (slot, names) not in free]
+            self.env.drop_dbs(txn, [db for _, names in free for db in names])
+            status = msgspec.structs.replace(current, retired=kept)
+            us.put(txn, registry, us.served_key(name), status)
+            return status
+
+        with self._writes().exclusive():
+            status = self.env.write(drop)
+            self.env.forget_dbs([db for _, names in free for db in names])
+            for slot, _ in free:
+                self._handles.pop((name, slot), None)
+            self._served[name] = status
+        return bool(status.retired)
 
     # ── opening ─────────────────────────────────────────────────────────────
 
-    def _open(self, projection: Projection) -> ProjectionStatus:
-        with self._env.read() as txn:
-            raw = txn.get(_PREFIX + projection.name.encode(), db=self._registry)
-        status = None if raw is None else _status_decoder.decode(raw)
-        if status is not None and status.version == projection.version:
-            return status
-        if self._env.readonly:
-            return ProjectionStatus(
-                projection.version, 0, 0, "its stored version differs; a writer must rebuild it first"
-            )
-        return self._drop(projection)
+    def _load(self) -> None:
+        served, builds, _ = us.stored(self.env)
+        for name in set(self.projections) | set(served):
+            self._served[name], self._builds[name] = served.get(name), builds.get(name)
 
-    def _drop(self, projection: Projection) -> ProjectionStatus:
-        status = ProjectionStatus(projection.version, 0)
+    def _open(self, projection: Projection) -> None:
+        """At a writer's open: start, resume or drop the build ``projection``'s version needs,
+        and drop what a swap left to drop (no reader of this process exists yet)."""
+
+        name, version, databases = projection.name, projection.version, list(projection.databases)
+        registry = self.registry
+        assert registry is not None
+        served, build = self._served.get(name), self._builds.get(name)
+        now = int(time.time() * 1000)
+        if served is not None and served.databases is None:  # stored before builds: slot 0
+            with self.env.read() as txn:
+                found = self._databases(txn, name, served)
+            served = msgspec.structs.replace(served, format=us.USER_FORMAT, databases=found)
+        if served is None:  # a new projection serves from the start: empty, at sequence 0
+            if build is not None:
+                self._abandon(name, build)
+                build = None
+            served = us.StoredProjection(version, 0, format=us.USER_FORMAT, databases=databases)
+            stale = self._open_handles(name, 0, databases)  # rows an older version of the store left
+
+            def empty(txn: lmdb.Transaction[bytes]) -> None:
+                for db in stale.values():
+                    txn.drop(db, delete=False)
+
+            self.env.write(empty)
+        elif served.version == version:
+            if build is not None:
+                self._abandon(name, build)
+                build = None
+            if set(databases) - set(served.databases or []):  # databases added: made empty
+                served = msgspec.structs.replace(served, databases=sorted(set(served.databases or []) | set(databases)))
+        elif build is None or build.version != version or build.databases != databases:
+            if build is not None:
+                self._abandon(name, build)
+            slots = [served.slot, *(slot for slot, _ in served.retired), 0 if build is None else build.slot]
+            build = us.StoredProjection(version, 0, format=us.USER_FORMAT, slot=max(slots) + 1,
+                                        databases=databases, started_at=now)
+        else:  # a build of this version was under way: it resumes where it stopped
+            build = msgspec.structs.replace(build, started_at=now, started_seq=build.folded_seq)
+        self._open_handles(name, served.slot, served.databases or [])
+        if build is not None:
+            self._open_handles(name, build.slot, databases)
+        keep_served, keep_build = served, build
+
+        def store(txn: lmdb.Transaction[bytes]) -> None:
+            us.put(txn, registry, us.served_key(name), keep_served)
+            if keep_build is not None:
+                us.put(txn, registry, us.build_key(name), keep_build)
+
+        self.env.write(store)
+        self._served[name], self._builds[name] = served, build
+
+    def _abandon(self, name: str, build: us.StoredProjection) -> None:
+        names = us.db_names(name, build.slot, build.databases or [])
+        self._handles.pop((name, build.slot), None)
 
         def drop(txn: lmdb.Transaction[bytes]) -> None:
-            for db in self._dbs[projection.name].values():
-                txn.drop(db, delete=False)
-            txn.put(_PREFIX + projection.name.encode(), _status_encoder.encode(status), db=self._registry)
+            self.env.drop_dbs(txn, names)
+            if self.registry is not None:
+                txn.delete(us.build_key(name), db=self.registry)
 
-        self._env.write(drop)
-        return status
+        self.env.write(drop)
+        self.env.forget_dbs(names)
 
-    def _dbs_of(self, name: str) -> dict[str, lmdb._Database]:
-        try:
-            return self._dbs[name]
-        except KeyError:
-            raise KeyError(f"No projection {name!r} is registered; registered: {sorted(self._dbs)}") from None
+    def _open_handles(self, name: str, slot: int, databases: list[str]) -> dict[str, lmdb._Database]:
+        names = us.db_names(name, slot, databases)
+        handles = {db: self.env.db(full) for db, full in zip(databases, names)}
+        self._handles[(name, slot)] = handles
+        return handles
+
+    def _databases(self, txn: lmdb.Transaction[bytes], name: str, status: us.StoredProjection) -> list[str]:
+        if status.databases is not None:
+            return status.databases
+        assert self.registry is not None
+        others = [key[len(us.SERVED_PREFIX):].decode(errors="replace") for key, _ in _keys(txn, self.registry, us.SERVED_PREFIX)]
+        return us.legacy_databases(txn, name, others)
+
+    def _remember(self, name: str, key: bytes, status: us.StoredProjection) -> None:
+        if key == us.build_key(name):
+            self._builds[name] = status
+        else:
+            self._served[name] = status
+
+    def _not_ready(self, name: str, version: int | None, status: us.StoredProjection | None, build: us.StoredProjection | None) -> Exception:
+        if status is None and build is None and name not in self.projections:
+            return KeyError(f"The store has no projection {name!r}; registered here: {sorted(self.projections)}")
+        wanted = version if version is not None else (build.version if build is not None else self.projections[name].version)
+        if build is not None and build.version == wanted:
+            why = (f"it is being built (folded to sequence {build.folded_seq} of {self.log.head()})" if build.error is None
+                   else f"its build stopped at sequence {build.failed_seq}: {build.error}")
+        else:
+            why = "no writer defining it has built it yet"
+        return ProjectionNotReady(name, wanted, None if status is None else status.version, why)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"The store at {self.path} is closed: its projections are no longer served")
+
+
+def _keys(txn: lmdb.Transaction[bytes], db: lmdb._Database, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    cursor = txn.cursor(db=db)
+    if cursor.set_range(prefix):
+        for key, value in cursor:
+            if not key.startswith(prefix):
+                return
+            yield key, value
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

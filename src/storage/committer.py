@@ -24,6 +24,9 @@ Where a commit runs:
 
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
+A user projection's fold chunk takes it through ``yielding()``: it ends its chunk after the record
+being folded once ``contended()`` says a commit waits, and a direct commit waits for that (at most
+``YIELD_WAIT``) rather than going to the writer thread.
 Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
 aborted and each of its batches is run again alone, so only the batch at fault fails; but when the
 map needs to grow and cannot (``MapBusyError``: a read transaction of this process stayed open),
@@ -58,6 +61,9 @@ DIRECT_RUN: Final = 0.002
 """Seconds a loop may spend in back-to-back direct commits before one of them yields."""
 CONTENDED: Final = 0.05
 """Seconds a loop gathers its commits into groups after seeing others commit beside it."""
+YIELD_WAIT: Final = 0.002
+"""Seconds a direct commit waits for a ``yielding()`` holder of the lock before it goes to the
+writer thread instead (the holder normally lets go within one record's fold)."""
 RESOLVE_CHUNK: Final = 8
 """Callers resumed per turn of their loop: a big group's callers must not all run before the
 loop's other tasks get a turn."""
@@ -132,6 +138,12 @@ class Committer:
         self._unresolved = 0
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._wanting = False
+        """The writer thread waits for ``_lock`` (``contended``)."""
+        self._yielding = False
+        """``_lock`` is held through ``yielding()``: its holder lets go when ``contended()``."""
+        self._waiting_direct = False
+        """A direct commit waits for a ``yielding()`` holder (``_take_direct``)."""
 
     def replicate(self, stream: StreamWriter) -> None:
         """From now on every group settles with ``stream`` and publishes to it (before any
@@ -155,7 +167,7 @@ class Committer:
                 direct = await self._uncontended(loop, now)
             else:
                 direct = True
-            if direct and not self._queue and self._lock.acquire(blocking=False):
+            if direct and not self._queue and self._take_direct():
                 try:
                     if not self._closed and not self._queue and loop not in self._gathering:
                         self._commits += 1
@@ -165,6 +177,21 @@ class Committer:
                 finally:
                     self._lock.release()
         return await self._submit(payload, batch, committed_at, None, loop)  # type: ignore[no-any-return]
+
+    def _take_direct(self) -> bool:
+        """``_lock`` for a direct commit: at once, or, while a holder that yields to commits
+        has it (``yielding``: a user projection's fold chunk), after waiting at most
+        ``YIELD_WAIT`` for it to end its chunk: one hand-off instead of the writer thread's two."""
+
+        if self._lock.acquire(blocking=False):
+            return True
+        if not self._yielding:
+            return False
+        self._waiting_direct = True
+        try:
+            return self._lock.acquire(timeout=YIELD_WAIT)
+        finally:
+            self._waiting_direct = False
 
     async def _uncontended(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
         """Whether a commit may run directly on the caller's thread: one sequential committer
@@ -259,7 +286,9 @@ class Committer:
                 if not self._queue:
                     return  # closed, and every accepted commit resolved
                 jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+            self._wanting = True
             with self._lock:
+                self._wanting = False
                 self._run(jobs)
             loop = jobs[0].loop
             by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {loop: jobs}
@@ -412,10 +441,29 @@ class Committer:
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
-        """No group runs while this is held (a rebuild swapping the projector)."""
+        """No group runs while this is held (a rebuild swapping the projector, a user
+        projection's chunk)."""
 
         with self._lock:
             yield
+
+    @contextmanager
+    def yielding(self) -> Iterator[None]:
+        """``exclusive()`` for a holder that lets go as soon as ``contended()`` says a commit
+        waits: a direct commit then waits for it (briefly) rather than going to the writer thread."""
+
+        with self._lock:
+            self._yielding = True
+            try:
+                yield
+            finally:
+                self._yielding = False
+
+    def contended(self) -> bool:
+        """Whether a commit waits to run (queued, gathering, waiting for ``_lock`` on the writer
+        thread or directly): whoever holds ``_lock`` for long work should let it go soon."""
+
+        return self._wanting or self._waiting_direct or bool(self._queue) or bool(self._gathering)
 
     async def close(self) -> None:
         """Refuse new commits, wait for every accepted one, stop the writer thread."""

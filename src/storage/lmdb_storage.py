@@ -34,7 +34,7 @@ from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.journal import JournalOptions
 from ..log.records import decode_record
 from ..log.storedir import UNSYNCED_FILE
-from ..log.stream.jetstream import JetStreamLink
+from ..log.stream.jetstream import link_for
 from ..log.stream.link import StreamLink
 from ..log.stream.lease import DEFAULT_LEASE_TTL, WriterLease
 from ..log.stream.position import StreamPosition, read_position
@@ -57,9 +57,9 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 ID_BLOCK: Final = 4096
+"""Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
 REPLAY_CHUNK: Final = 64
 """Journal records replayed per write transaction at open."""
-"""Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
 _RESERVED_KEY: Final = b"ids.reserved"
 _U64 = struct.Struct(">Q")
 
@@ -83,7 +83,7 @@ class LmdbStorage(StorageReads, Storage):
             self._replay()
         if not env.readonly:
             self.log.tree.catch_up(self.log, progress)  # a store written before the tree, or behind it
-        self.projections = UserProjections(env, self.log, projections)
+        self.projections = UserProjections(env, self.log, projections, lambda: self._committer, lambda: self._model)
         self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
@@ -179,7 +179,7 @@ class LmdbStorage(StorageReads, Storage):
             raise ValueError("take_over= is for durability='replicated' writers (the lease guards the stream)")
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
-        link = None if nats is None or stream is None else _link(nats, stream)
+        link = None if nats is None or stream is None else link_for(nats, stream)
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
@@ -228,7 +228,7 @@ class LmdbStorage(StorageReads, Storage):
         of ``store``: a local store kept level with the store's subject on ``stream``, read like any
         store, refusing commits (``NotWriterError``); ``await replica.wait(seq)`` waits for ``seq``."""
 
-        link = _link(nats, stream)
+        link = link_for(nats, stream)
         try:  # the stream first: a replica that cannot follow anything creates nothing
             link.run(link.connect())
             link.run(link.ensure_stream(create=False))
@@ -591,13 +591,3 @@ def _reserve(txn: lmdb.Transaction[bytes], meta: lmdb._Database, wanted: int, st
     if stream is not None:
         stream.publish_ids(txn, reserved)
     return reserved
-
-
-def _link(nats: str | Sequence[str] | StreamLink, stream: str) -> StreamLink:
-    """The link ``nats`` names: server URLs (a JetStream link is made), or a link given as is."""
-
-    if isinstance(nats, (str, Sequence)):
-        return JetStreamLink(nats, stream)
-    if nats.stream != stream:
-        raise ValueError(f"The link given as nats= carries stream {nats.stream!r}, not stream={stream!r}")
-    return nats

@@ -20,7 +20,8 @@ from ..log.stream.position import stored_position
 from ..log.stream.shipper import stopped_reason
 from ..projections import tables as t
 from ..projections.rebuild import begin_following, folded_seq, open_core, projection_state
-from ..projections.user import stored_statuses
+from ..projections import userstate
+from ..projections.userstate import ProjectionStatus
 
 from .tail import open_stream
 from .words import format_bytes, plural
@@ -66,7 +67,8 @@ def stored_projections(path: str | os.PathLike[str]) -> list[str]:
 
     env = Environment(path, readonly=True)
     try:
-        return sorted(stored_statuses(env))
+        served, builds, _ = userstate.stored(env)
+        return sorted(set(served) | set(builds))
     finally:
         env.close()
 
@@ -93,7 +95,8 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
             live_documents = txn.stat(model.db[t.DOCUMENT_CURRENT])["entries"]
             state = projection_state(txn, model)
             position = _stored_position(txn, env)
-        users = stored_statuses(env)
+        served, builds, _ = userstate.stored(env)
+        users = {name: userstate.report(served.get(name), builds.get(name), head, None) for name in set(served) | set(builds)}
         shipping_stopped = stopped_reason(env.path)
         tree = _tree(env, log, head)
         return {
@@ -123,6 +126,13 @@ def stats(path: str | os.PathLike[str]) -> dict[str, Any]:
                         "foldedSeq": status.folded_seq,
                         "failedSeq": status.failed_seq,
                         "error": status.error,
+                        "building": None if status.building is None else {
+                            "version": status.building.version,
+                            "foldedSeq": status.building.folded_seq,
+                            "rate": status.building.rate,
+                            "failedSeq": status.building.failed_seq,
+                            "error": status.building.error,
+                        },
                     }
                     for name, status in sorted(users.items())
                 },
@@ -248,6 +258,11 @@ def format_stats(info: dict[str, Any]) -> str:
         state = f"version {user['version']}, folded to sequence {user['foldedSeq']}"
         if user["error"] is not None:
             state += f", stopped at sequence {user['failedSeq']}: {user['error']}"
+        build = user.get("building")
+        if build is not None:
+            state += f"; building version {build['version']}, folded to sequence {build['foldedSeq']}"
+            if build["error"] is not None:
+                state += f", stopped at sequence {build['failedSeq']}: {build['error']}"
         lines.append(f"                 {name}: {state}")
     replication = info.get("replication")
     if replication is not None:
@@ -274,3 +289,19 @@ _KINDS = {
     "submissions": ("submission", "submissions"),
     "documents": ("document", "documents"),
 }
+
+
+def projection_statuses(path: str | os.PathLike[str]) -> dict[str, ProjectionStatus]:
+    """Each user projection the store holds, as ``storage.projections.status()`` reports it,
+    without the program that defines it (``durable-log projections``); read-only."""
+
+    env = Environment(path, readonly=True)
+    try:
+        served, builds, head = userstate.stored(env)
+        now = time.time()
+        return {
+            name: userstate.report(served.get(name), builds.get(name), head, served[name].version if name in served else None, now)
+            for name in sorted(set(served) | set(builds))
+        }
+    finally:
+        env.close()

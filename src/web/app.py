@@ -232,9 +232,9 @@ async def overview(request: web.Request) -> web.Response:
     store = request.app[STORE]
     info = stats(store.path)
     head = int(info["headSeq"])
-    projections = [("core", info["projections"]["core"]["foldedSeq"], None, None)]
-    projections += [(name, user["foldedSeq"], user["failedSeq"], user["error"]) for name, user in info["projections"]["user"].items()]
-    rows = [(name, folded, head - int(folded or 0), failed, error) for name, folded, failed, error in projections]
+    projections = [("core", info["projections"]["core"]["foldedSeq"], None, None, None)]
+    projections += [(name, user["foldedSeq"], user["failedSeq"], user["error"], user.get("building")) for name, user in info["projections"]["user"].items()]
+    rows = [(name, folded, head - int(folded or 0), failed, error, build) for name, folded, failed, error, build in projections]
     verified = last_outcome(store.path)
     drawn = chart.draw((await store.storage()).log)
     return _page(

@@ -20,7 +20,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.records import WRITE_TYPES
-from tools.task_outcomes import TaskOutcomes
+from examples.task_outcomes import TaskOutcomes
 from pi_durable_lmdb import cli as cli_module
 from tests.support.cli_call import call
 from pi_durable_lmdb.storage.jsonlines import from_json, to_json
@@ -146,6 +146,7 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
         "keygen", "checkpoint", "prove",
         "search",
         "snapshot",
+        "projections",
     }
     for name, sub in commands.choices.items():
         for action in sub._actions:
@@ -372,7 +373,7 @@ def test_backup_of_a_store_a_writer_holds_open(tmp_path: Path) -> None:
 def test_stats_lists_user_projections_and_counts_in_words(store: Path) -> None:
     info = json.loads(ok("stats", store, "--json"))
     assert info["projections"]["user"] == {
-        "task_outcomes": {"version": 1, "foldedSeq": 6, "failedSeq": None, "error": None}
+        "task_outcomes": {"version": 1, "foldedSeq": 6, "failedSeq": None, "error": None, "building": None}
     }
     text = ok("stats", store).decode()
     assert "task_outcomes: version 1, folded to sequence 6" in text

@@ -348,6 +348,7 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
         "replica": [path, *nats, "--store", "abc"],
         "promote": [path, *nats],
         "snapshot": [path, *nats],
+        "projections": [path],
         "serve": [path],
         "keygen": ["name"],
         "checkpoint": [path, "--key", str(tmp_path / "k")],

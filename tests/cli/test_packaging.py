@@ -73,7 +73,7 @@ def test_the_wheel_holds_one_package_typed(wheel: Path) -> None:
     assert "pi_durable_lmdb/py.typed" in names
     for sub in ("log", "projections", "storage", "cli"):
         assert f"pi_durable_lmdb/{sub}/__init__.py" in names
-    assert not any("task_outcomes" in name for name in names)  # the example lives in tools/, not the engine
+    assert not any("task_outcomes" in name for name in names)  # the example lives in examples/, not the engine
     assert any(line.startswith("Requires-Dist: pi-durable-python") for line in metadata.splitlines())
     assert "durable-log = pi_durable_lmdb.cli:main" in entry_points
 

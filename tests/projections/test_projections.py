@@ -21,7 +21,7 @@ from pi_durable_lmdb.log.records import EntryWrite
 from pi_durable_lmdb.projections import rebuild as rebuild_module
 from pi_durable_lmdb.projections import tables
 from pi_durable_lmdb.projections.rebuild import read_header
-from tools.task_outcomes import TaskOutcomes, outcome_counts
+from examples.task_outcomes import TaskOutcomes, outcome_counts
 from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Tables
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
@@ -220,9 +220,12 @@ async def test_a_user_projection_catches_up_on_history_and_after_a_version_chang
 
     storage = await LmdbStorage.open(path, projections=[EntryCounterV2()])
     try:
-        assert storage.projections.status()["entry_counter"].folded_seq == 0
+        status = storage.projections.status()["entry_counter"]
+        assert status.version == 1 and status.building is not None and status.building.version == 2
         await storage.projections.wait(storage.log.head())
         assert _counts(storage)[1] == _expected_counts(work, reference).get(1, 0) + 1
+        with storage.projections.read("entry_counter") as view:
+            assert (view.version, view.folded_seq) == (2, storage.log.head())
     finally:
         await storage.close()
 

@@ -369,3 +369,46 @@ async def test_close_during_load_keeps_every_acknowledged_commit(tmp_path: Path,
     assert {seq: ids[0] for seq, ids in logged.items() if ids} == acked
     await again.close()
     assert verify(path) is None
+
+
+async def test_a_direct_commit_waits_for_a_yielding_holder_which_lets_go_when_told(tmp_path: Path) -> None:
+    """A user projection's chunk holds the lock through ``yielding()`` and ends when
+    ``contended()``: a direct commit waits for it (no writer thread); an ``exclusive()`` holder
+    (a rebuild) sends the commit to the writer thread instead, and it waits there."""
+
+    storage = await LmdbStorage.open(tmp_path / "s", durability="process")
+    committer = storage._committer
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        held, told = threading.Event(), threading.Event()
+
+        def chunk() -> None:
+            with committer.yielding():
+                held.set()
+                for _ in range(2000):  # a fold checking after each record, for 2 s at most
+                    if committer.contended():
+                        told.set()
+                        break
+                    threading.Event().wait(0.001)
+
+        worker = threading.Thread(target=chunk)
+        worker.start()
+        held.wait(5)
+        await storage.commit([_entry(2)], CTX)
+        worker.join(5)
+        assert told.is_set() and committer._thread is None, "the commit waited directly, and the holder was told"
+
+        def rebuild_like() -> None:
+            with committer.exclusive():
+                held.set()
+                threading.Event().wait(0.05)
+
+        held.clear()
+        worker = threading.Thread(target=rebuild_like)
+        worker.start()
+        held.wait(5)
+        await storage.commit([_entry(3)], CTX)
+        worker.join(5)
+        assert committer._thread is not None, "behind an exclusive() holder the commit went to the writer thread"
+    finally:
+        await storage.close()

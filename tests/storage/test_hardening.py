@@ -410,7 +410,7 @@ async def test_close_ends_a_pending_projection_wait_and_the_worker_stays_stopped
     gc.collect()
     await asyncio.sleep(0)
     assert unretrieved == []
-    assert storage.projections._worker is None or storage.projections._worker.done()
+    assert storage.projections._worker is None or not storage.projections._worker.is_alive()
     loop.set_exception_handler(None)
 
 

@@ -22,7 +22,7 @@ from pi_durable_lmdb import Projection
 from pi_durable_lmdb.cli.demo import run_workload
 from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.errors import ProjectionFailed
-from tools.task_outcomes import TaskOutcomes
+from examples.task_outcomes import TaskOutcomes
 from pi_durable_lmdb.projections.user import Tables
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 

@@ -29,7 +29,7 @@ from ...errors import (
     StreamMovedError,
 )
 from . import objects
-from .link import LinkLoop
+from .link import LinkLoop, StreamLink
 from .message import (  # noqa: F401 - the message layout, importable from here as before
     H_EPOCH,
     H_FORMAT,
@@ -507,6 +507,16 @@ class JetStreamLink(LinkLoop):
 
     async def trim(self, subject: str, keep_from: int) -> None:
         await objects.purge(self._js, self.stream, subject, keep_from)
+
+
+def link_for(nats: str | Sequence[str] | StreamLink, stream: str) -> StreamLink:
+    """The link ``nats`` names: server URLs (a JetStream link is made), or a link given as is."""
+
+    if isinstance(nats, (str, Sequence)):
+        return JetStreamLink(nats, stream)
+    if nats.stream != stream:
+        raise ValueError(f"The link given as nats= carries stream {nats.stream!r}, not stream={stream!r}")
+    return nats
 
 
 def _unanswered(what: str, error: BaseException) -> ReplicationError:
