@@ -89,7 +89,6 @@ def _parser() -> argparse.ArgumentParser:
     transparency.register(commands)
     snapshot.register(commands)
     projections.register(commands)
-    projections.register(commands)
     _register_serve(commands)
     return parser
 
