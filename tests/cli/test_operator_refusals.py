@@ -353,6 +353,7 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
         "keygen": ["name"],
         "checkpoint": [path, "--key", str(tmp_path / "k")],
         "prove": [path, "1"],
+        "search": [path, "word"],
     }[name]
 
 
