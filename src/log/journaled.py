@@ -23,7 +23,7 @@ import lmdb
 from ..errors import StoreFormatError
 from .counters import EngineCounters
 from .journal import Journal, _faults
-from .storedir import POWER_FILE, boot_id, clear_unsynced, mark_power, read_power_marker
+from .storedir import POWER_FILE, boot_id, clear_markers, mark_power, read_power_marker
 
 T = TypeVar("T")
 
@@ -297,8 +297,7 @@ class JournaledWrites:
             self._pin = pin
             meta = self._read_meta()
             self.env.sync(True)
-            if read_power_marker(self.path) is not None:
-                clear_unsynced(self.path, POWER_FILE)  # the disk holds every commit now
+            clear_markers(self.path)  # the disk holds every commit now (a killed process writer's too)
             epoch = secrets.randbits(63) | 1
             segment = journal.begin()  # no marker now: no recovery can read an earlier segment
             journal.checkpoints.write(epoch, segment, meta)
@@ -329,5 +328,5 @@ class JournaledWrites:
             self._drop_pin()
             if self._replay_from is None:
                 self.env.sync(True)
-                clear_unsynced(self.path, POWER_FILE)
+                clear_markers(self.path)
             journal.close()
