@@ -31,9 +31,9 @@ from pi_durable_lmdb import LmdbStorage, StoreDamagedError
 from pi_durable_lmdb.cli import main
 from pi_durable_lmdb.log.storedir import POWER_FILE, UNSYNCED_FILE
 from pi_durable_lmdb.log.storeid import new_store_id
+from tools.iofaults.check import reboot
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-OTHER_BOOT = b"00000000-0000-0000-0000-000000000000"
 
 KILLED_WRITER = textwrap.dedent('''
     import asyncio, os, random, string, sys
@@ -120,20 +120,6 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tu
             assert (path / marker).exists(), f"the killed {durability} writer left no {marker}"
             made[(durability, point)] = (path, acked)
     return made
-
-
-def reboot(path: Path, process: bool = True) -> None:
-    """As the next boot after a power cut finds the store; ``process``: a ``process.unsynced``
-    marker too (False: one a command left in place is looked at on the same boot)."""
-
-    for name in (POWER_FILE, UNSYNCED_FILE) if process else (POWER_FILE,):
-        marker = path / name
-        if marker.exists():
-            _, _, rest = marker.read_bytes().partition(b"\n")
-            marker.write_bytes(OTHER_BOOT + b"\n" + rest)
-    if (path / POWER_FILE).exists():
-        with open(path / "data.mdb", "r+b") as file:
-            file.write(bytes(8192))
 
 
 def run_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -69,10 +69,13 @@ def run_case(store: str, kind: str, nth: int, error: int, *, commits: int = 41, 
     return outcome
 
 
-def reboot(store: str) -> None:
-    """The store as the next boot after a power cut may find it (see the module docstring)."""
+def reboot(store: str | os.PathLike[str], process: bool = True) -> None:
+    """The store as the next boot after a power cut may find it (see the module docstring);
+    ``process``: a ``process.unsynced`` marker is given another boot too (False: one left in
+    place is looked at on the same boot)."""
 
-    for name in ("power.unsynced", "process.unsynced"):
+    store = os.fspath(store)
+    for name in ("power.unsynced", "process.unsynced") if process else ("power.unsynced",):
         marker = os.path.join(store, name)
         if os.path.exists(marker):
             with open(marker, "rb") as file:
