@@ -137,7 +137,10 @@ class JournaledWrites:
         ):
             return
         if not options.background:
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except Exception:  # the commit is done and durable in the journal: it must not fail now
+                _log.exception("checkpoint of the store at %s failed; commits go on in the journal", self.path)
             return
         with self._wake:
             self._wanted = True

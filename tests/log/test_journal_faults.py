@@ -175,3 +175,23 @@ def test_the_journal_s_end_is_no_damage(tmp_path: Path) -> None:
     made._next_segment(HEADER_SIZE)  # a segment made after it, holding nothing
     made.close()
     assert Journal(str(tmp_path), journal.options).records(start, 0) == records
+
+
+@ERRORS
+async def test_a_checkpoint_that_fails_after_a_commit_does_not_fail_the_commit(tmp_path: Path, error: int) -> None:
+    """With checkpoints on the committing thread (``background=False``), a checkpoint that failed
+    right after a commit made the commit raise, though it was committed and durable in the
+    journal: its caller, trying again, was refused (its ids already stored). Found by
+    tools/io_faults.py. The commit is acknowledged; the checkpoint is retried at the next trigger."""
+
+    path = tmp_path / "store"
+    options = JournalOptions(segment_size=3 * HEADER_SIZE, checkpoint_commits=2, background=False)
+    storage = await LmdbStorage.open(path, journal=options)
+    acked = [await commit(storage, 0, pad=10)]
+    with Injector("checkpoint", 1, error) as injector:
+        acked.append(await commit(storage, 1, pad=10))  # the second commit: a checkpoint, which fails
+        assert injector.failed
+    acked.extend([await commit(storage, n, pad=10) for n in range(2, 6)])
+    crash_copy(path, tmp_path / "cut")
+    await storage.close()
+    await check_recovered(tmp_path / "cut", acked)
