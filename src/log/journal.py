@@ -285,8 +285,25 @@ class Journal:
     def _refuse_stranded(self, missing: int, last: int) -> None:
         """The chain stopped at segment ``missing`` (absent, or its header unreadable) after
         sequence ``last``: no later segment may hold a frame past it, or what lies between is
-        lost (damage, named), not the journal's end."""
+        lost (damage, named), not the journal's end. A file of that number whose header is not
+        valid but whose first frame names it was written after its header was durable: its
+        header is damaged, not cut while it was made."""
 
+        path = os.path.join(self.directory, f"{missing:016x}.seg")
+        try:
+            with open(path, "rb") as file:
+                file.seek(HEADER_SIZE)
+                head = file.read(_FRAME.size)
+        except OSError:
+            head = b""
+        if len(head) == _FRAME.size:
+            magic, _, count, _, seg, first, _ = _FRAME.unpack(head)
+            if magic == _FRAME_MAGIC and seg == missing and count and first > last:
+                raise JournalDamagedError(
+                    os.path.dirname(self.directory),
+                    f"segment {missing:016x}.seg has a damaged header but holds frames (from sequence "
+                    f"{first}); the records after {last} cannot be replayed",
+                )
         for number in sorted(n for n in self.segments if n > missing):
             later = [first for first, _ in self._frames(number) if first > last]
             if later:

@@ -148,6 +148,18 @@ def test_a_hole_or_an_unreadable_segment_inside_the_range_is_named_never_a_quiet
     assert isinstance(raised.value, JournalDamagedError)
 
 
+def test_the_last_segment_with_a_damaged_header_but_frames_is_named(tmp_path: Path) -> None:
+    """The newest segment's header damaged: its frames were written after the header was
+    durable, so it is damage, not a segment cut while it was made (which holds no frame)."""
+
+    journal, start = _journal_of_segments(tmp_path)
+    last = journal.segments[max(journal.segments)]
+    with open(last.path, "r+b") as file:
+        file.write(b"\xff" * 16)
+    with pytest.raises(JournalDamagedError, match=f"{last.number:016x}.seg has a damaged header"):
+        Journal(str(tmp_path), journal.options).records(start, 0)
+
+
 def test_a_frame_that_does_not_continue_the_chain_is_named(tmp_path: Path) -> None:
     journal, start = _journal_of_segments(tmp_path)
     last = journal.segments[max(journal.segments)]
