@@ -5,6 +5,7 @@ Usage::
 
     python tools/io_faults.py                          # every kind, ENOSPC and EIO, 3 calls of each
     python tools/io_faults.py --kinds create,zero-fill --errors ENOSPC --calls 5
+    python tools/io_faults.py --burst 2                # two calls in a row fail (a frame and its unmaking)
     python tools/io_faults.py --plant segment-gap      # a planted bug: must fail
 
 Kinds (``tools/iofaults/inject.py``): create, zero-fill, header, rename, segsync, dirsync, frame,
@@ -45,7 +46,8 @@ def spread(count: int, calls: int) -> list[int]:
 
 
 def explore(kinds: list[str], errors: list[str], calls: int, *, commits: int = 41, seed: int = 1,
-            plant: tuple[str, ...] = (), background: bool = False, say=print, deadline: float | None = None) -> list[Outcome]:
+            plant: tuple[str, ...] = (), background: bool = False, burst: int = 1, say=print,
+            deadline: float | None = None) -> list[Outcome]:
     """Every case; each outcome printed as it is known (``say``)."""
 
     outcomes: list[Outcome] = []
@@ -63,7 +65,8 @@ def explore(kinds: list[str], errors: list[str], calls: int, *, commits: int = 4
                         return outcomes
                     number += 1
                     store = f"{work}/case-{number}"
-                    outcome = run_case(store, kind, nth, ERRORS[name], commits=commits, seed=seed, plant=plant, background=background)
+                    outcome = run_case(store, kind, nth, ERRORS[name], commits=commits, seed=seed, plant=plant,
+                                       background=background, burst=burst)
                     shutil.rmtree(store, ignore_errors=True)
                     if not outcome.fired:
                         outcome.problems.append("the fault never fired (fewer calls than without faults)")
@@ -81,6 +84,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=3, help="calls of each kind to fail, one per case (default 3)")
     parser.add_argument("--commits", type=int, default=41, help="commits each writer makes (default 41)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--burst", type=int, default=1, help="consecutive calls of the kind that fail in each case (default 1)")
     parser.add_argument("--background", action="store_true", help="checkpoints on their own thread (the default of LmdbStorage.open)")
     parser.add_argument("--plant", default="", choices=["", "segment-gap"],
                         help="a planted bug in the journal (log.journal._faults): the run must then fail")
@@ -94,7 +98,7 @@ def main() -> int:
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
     began = time.monotonic()
     outcomes = explore(kinds, errors, args.calls, commits=args.commits, seed=args.seed,
-                       plant=(args.plant,) if args.plant else (), background=args.background,
+                       plant=(args.plant,) if args.plant else (), background=args.background, burst=args.burst,
                        say=lambda line: print(line, flush=True), deadline=deadline)
     failures = [outcome for outcome in outcomes if outcome.problems]
     print(f"{sum(o.refused for o in outcomes)} calls refused, {sum(o.acked for o in outcomes)} commits acknowledged, "

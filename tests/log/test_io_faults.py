@@ -32,3 +32,12 @@ def test_the_checker_catches_a_planted_segment_gap() -> None:
 
 def test_the_calls_failed_are_spread_over_the_count() -> None:
     assert spread(0, 3) == [] and spread(2, 3) == [1, 2] and spread(9, 3) == [1, 5, 9] and spread(9, 1) == [5]
+
+
+def test_a_fault_that_lasts_two_calls_loses_nothing_either() -> None:
+    """A frame's flush failing and then the flush that unmakes it: the commit fails, its frame is
+    written over by the next one, and nothing acknowledged is lost."""
+
+    lines: list[str] = []
+    outcomes = explore(["flush", "frame", "create"], ["EIO"], 1, burst=2, say=lines.append)
+    assert outcomes and all(outcome.fired and not outcome.problems for outcome in outcomes), "\n".join(lines)

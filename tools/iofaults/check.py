@@ -38,10 +38,10 @@ class Outcome:
 
 
 def run_case(store: str, kind: str, nth: int, error: int, *, commits: int = 41, seed: int = 1,
-             plant: tuple[str, ...] = (), background: bool = False, timeout: float = 120.0) -> Outcome:
+             plant: tuple[str, ...] = (), background: bool = False, burst: int = 1, timeout: float = 120.0) -> Outcome:
     outcome = Outcome(kind, nth, error)
     command = [sys.executable, str(CHILD), store, kind, str(nth), str(error), "--commits", str(commits), "--seed", str(seed)]
-    command += [f"--plant={fault}" for fault in plant] + (["--background"] if background else [])
+    command += [f"--plant={fault}" for fault in plant] + (["--background"] if background else []) + ["--burst", str(burst)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     acked: list[tuple[int, int]] = []
     for line in done.stdout.splitlines():

@@ -6,7 +6,7 @@ replays.
 
 Usage (run by ``tools/io_faults.py``)::
 
-    python tools/iofaults/child.py STORE KIND NTH ERRNO --commits N --seed S [--after N] [--plant FAULT]
+    python tools/iofaults/child.py STORE KIND NTH ERRNO --commits N --seed S [--burst N] [--after N] [--plant FAULT]
 
 Prints one line per event: ``ack SEQ ID`` (a commit returned SEQ), ``fail WHAT ERROR`` (a call
 was refused: it is tried again, the fault being spent), ``wedged WHAT ERROR`` (it was refused
@@ -33,8 +33,9 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 from tools.iofaults.inject import Injector  # noqa: E402
 
 T = TypeVar("T")
-ATTEMPTS = 3
-"""Tries of each call: the first may meet the fault; once it is spent, the next must succeed."""
+ATTEMPTS = 4
+"""Tries of each call: the first ones may meet the fault (a burst of two calls can fail two
+tries of a commit that makes a segment); once it is spent, the next must succeed."""
 
 
 def say(line: str) -> None:
@@ -94,11 +95,12 @@ def main() -> None:
     parser.add_argument("errno", type=int)
     parser.add_argument("--commits", type=int, default=41)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--burst", type=int, default=1, help="consecutive calls of the kind that fail")
     parser.add_argument("--after", type=int, default=3, help="commits after the fault fired, then the kill")
     parser.add_argument("--plant", action="append", default=[])
     parser.add_argument("--background", action="store_true")
     args = parser.parse_args()
-    injector = Injector(args.kind, args.nth, args.errno)
+    injector = Injector(args.kind, args.nth, args.errno, args.burst)
     injector.install()
     try:
         asyncio.run(run(args, injector))

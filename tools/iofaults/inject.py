@@ -31,12 +31,13 @@ _FRAME_MAGIC: Final = (0x504A4652).to_bytes(4, "big")
 
 class Injector:
     """Counts the calls of each kind; raises ``OSError(error)`` at the ``nth`` of ``kind``
-    (``nth`` 0: none). ``failed`` says whether it fired."""
+    (``nth`` 0: none) and the ``burst - 1`` calls of that kind after it (a fault that lasts:
+    the call that would unmake a failed frame fails too). ``failed`` says whether it fired."""
 
-    def __init__(self, kind: str, nth: int, error: int) -> None:
+    def __init__(self, kind: str, nth: int, error: int, burst: int = 1) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-        self.kind, self.nth, self.error = kind, nth, error
+        self.kind, self.nth, self.error, self.burst = kind, nth, error, burst
         self.counts = dict.fromkeys(KINDS, 0)
         self.failed = False
         self._files: dict[int, str] = {}  # fd -> "segment", "filling", "checkpoint", "directory"
@@ -44,7 +45,7 @@ class Injector:
 
     def _call(self, kind: str, what: str) -> None:
         self.counts[kind] += 1
-        if kind == self.kind and self.counts[kind] == self.nth:
+        if kind == self.kind and self.nth and self.nth <= self.counts[kind] < self.nth + self.burst:
             self.failed = True
             raise OSError(self.error, f"{os.strerror(self.error)} (injected: {kind} call {self.nth})", what)
 
