@@ -322,13 +322,18 @@ class Journal:
 
         if not records:
             return
-        if self._staged is not None:
-            self._offset, self._staged = self._staged, None
+        if self._staged is not None:  # an earlier attempt's frame, whose unmaking failed: written over
+            self._offset = self._staged
         first = records[0][0]
         segment = self.current
         needed = _FRAME.size + sum(4 + len(data) for _, data in records)
         if segment is None or self._offset + needed > segment.size:
+            if self._staged is not None:
+                # Not written over, so unmade first (or this fails): it may be whole on disk, and
+                # a frame of the same sequence in the next segment would follow it.
+                self.abandon()
             segment = self._next_segment(HEADER_SIZE + needed)
+        self._staged = None
         frame = encode_frame(segment.number, segment.salt, first, [data for _, data in records])
         assert self._fd is not None
         os.pwrite(self._fd, frame, self._offset)

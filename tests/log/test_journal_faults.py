@@ -207,3 +207,22 @@ async def test_a_checkpoint_that_fails_after_a_commit_does_not_fail_the_commit(t
     crash_copy(path, tmp_path / "cut")
     await storage.close()
     await check_recovered(tmp_path / "cut", acked)
+
+
+async def test_a_frame_its_unmaking_failed_for_is_unmade_before_the_journal_moves_on(tmp_path: Path) -> None:
+    """A frame's flush fails and so does the write that unmakes it: the frame may be whole on
+    disk. The next commit (same sequence) needs a new segment: the old frame is unmade first,
+    or recovery would find two frames of one sequence (the stale one unacknowledged)."""
+
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, journal=OPTIONS)
+    acked = [await commit(storage, 0, pad=10)]
+    with Injector("flush", 1, errno.EIO) as flush, Injector("unmake", 1, errno.EIO) as unmake:
+        with pytest.raises(OSError):
+            await commit(storage, 1, pad=10)
+        assert flush.failed and unmake.failed
+    acked.append(await commit(storage, 2, pad=20000))  # a segment of its own
+    acked.append(await commit(storage, 3, pad=10))
+    crash_copy(path, tmp_path / "cut")
+    await storage.close()
+    await check_recovered(tmp_path / "cut", acked)

@@ -13,6 +13,7 @@ and every later call of that kind, goes through. The kinds:
 ``segsync``     ``fsync`` of a segment (its header, before any frame)
 ``dirsync``     ``fsync`` of a directory (a segment's or a marker's name)
 ``frame``       the write of a frame (one transaction's records)
+``unmake``      the write of zeros over a frame whose transaction failed
 ``flush``       ``fdatasync`` of a segment (a frame's flush, or an unmade frame's)
 ``checkpoint``  the write or ``fdatasync`` of a checkpoint record
 """
@@ -23,7 +24,7 @@ import os
 import stat
 from typing import Any, Final
 
-KINDS: Final = ("create", "zero-fill", "header", "rename", "segsync", "dirsync", "frame", "flush", "checkpoint")
+KINDS: Final = ("create", "zero-fill", "header", "rename", "segsync", "dirsync", "frame", "unmake", "flush", "checkpoint")
 
 _SEGMENT_MAGIC: Final = b"PIDLJSEG"
 _FRAME_MAGIC: Final = (0x504A4652).to_bytes(4, "big")
@@ -92,6 +93,8 @@ class Injector:
                     self._call("frame", "frame")
                 elif role == "filling":
                     self._call("zero-fill", "zeros")
+                else:
+                    self._call("unmake", "zeros over a frame")
             elif role == "checkpoint":
                 self._call("checkpoint", "checkpoint write")
             return real_pwrite(fd, data, offset)
