@@ -117,7 +117,15 @@ class JournaledWrites:
                     self._count_commit()
                 return result
             if framed:
-                journal.abandon()
+                try:
+                    journal.abandon()
+                except BaseException:  # the transaction must not stay open and counted: it would wedge every growth
+                    try:
+                        if full is not None:
+                            full.abort()
+                    finally:
+                        self._held.pop()
+                    raise
             self.grow(self.env.info()["map_size"], full)
 
     def _count_commit(self) -> None:

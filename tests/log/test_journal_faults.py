@@ -20,6 +20,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import JournalDamagedError, LmdbStorage, StoreDamagedError, StoreFullError
 from pi_durable_lmdb.log.journal import HEADER_SIZE, Journal, JournalOptions, encode_frame, read_frames
 from tools.iofaults.check import reboot as give_another_boot
+from tools.iofaults.check import run_case
 from tools.iofaults.inject import Injector
 
 OPTIONS = JournalOptions(segment_size=3 * HEADER_SIZE, checkpoint_commits=1000, checkpoint_bytes=1 << 30,
@@ -226,3 +227,15 @@ async def test_a_frame_its_unmaking_failed_for_is_unmade_before_the_journal_move
     crash_copy(path, tmp_path / "cut")
     await storage.close()
     await check_recovered(tmp_path / "cut", acked)
+
+
+@ERRORS
+def test_a_failed_unmaking_while_the_map_grows_does_not_wedge_the_writer(tmp_path: Path, error: int) -> None:
+    """A transaction whose commit found the map full unmakes its frame before the map grows;
+    when that write failed, the transaction was left open and counted as running, so every later
+    growth waited for it and failed (MapBusyError): the writer was wedged. Found by
+    tools/io_faults.py, whose writer (seed 1) meets a full map at a commit once, there."""
+
+    outcome = run_case(str(tmp_path / "store"), "unmake", 1, error)
+    assert outcome.fired, "the writer's commits no longer meet a full map at commit time"
+    assert not outcome.problems, outcome.problems
