@@ -17,6 +17,8 @@ package, so every layer may raise from it.
 
 from __future__ import annotations
 
+import os
+
 
 class DurableLmdbError(Exception):
     """The root of the package's own errors: ``except DurableLmdbError`` catches them all."""
@@ -136,6 +138,22 @@ class StoreDamagedError(StoreFormatError, DamageError):
             f"may be damaged in ways it cannot detect; it is not opened. {remedy}"
         )
         self.path, self.marker = path, marker
+
+
+class JournalDamagedError(StoreDamagedError):
+    """A ``power`` writer's recovery found its journal damaged inside the range it must replay
+    (a segment missing or unreadable with later frames after it, a frame that does not continue
+    the chain): acknowledged commits would be lost, so the store is not opened. Restore it from
+    a copy or replica; the message names what is missing."""
+
+    def __init__(self, path: str, what: str) -> None:
+        Exception.__init__(
+            self,
+            f"The journal of the store at {path} is damaged: {what}. Recovery would lose the "
+            "acknowledged commits after it, so the store is not opened; restore it from a copy or "
+            "replica (the journal directory is left as it was, for inspection)",
+        )
+        self.path, self.marker, self.what = path, os.path.join(path, "power.unsynced"), what
 
 
 # ── ownership ────────────────────────────────────────────────────────────────

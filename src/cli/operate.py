@@ -98,7 +98,8 @@ def _register_compact(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "give the file's free pages back: LMDB's compacting copy swapped in place",
         "Write LMDB's compacting copy of the store beside it, sync it, check it and rename it over "
         "data.mdb (atomic; an interrupted compact leaves the store as it was). Needs the store "
-        "closed everywhere: refuses while a writer or another process's reader has it open. "
+        "closed everywhere: refuses while a writer or another process's reader has it open. A "
+        "power writer's journal left by a power cut is replayed first. "
         "Never creates a store.",
     )
     store_argument(sub)
@@ -106,10 +107,23 @@ def _register_compact(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _compact(args: argparse.Namespace) -> int:
+    from ..errors import JournalReplayPending
     from ..log.compact import compact
 
     require_store(args.path)
-    report = compact(args.path)
+    try:
+        report = compact(args.path)
+    except JournalReplayPending:
+        # A power writer stopped by a power cut: its journal holds commits data.mdb may not.
+        # Its open replays them (and its close syncs them and removes the marker); then compact.
+        from ..storage.lmdb_storage import LmdbStorage
+
+        async def replay() -> None:
+            await (await LmdbStorage.open(args.path)).close()
+
+        print(f"durable-log: {args.path}: replaying the journal of a power writer that stopped uncleanly first", file=sys.stderr)
+        asyncio.run(replay())
+        report = compact(args.path)
     print(
         f"{args.path}: compacted {format_bytes(report.before)} to {format_bytes(report.after)} "
         f"({plural(report.records, 'log record')}, head sequence {report.head})"

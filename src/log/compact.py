@@ -11,6 +11,13 @@ Safe to interrupt: until the rename, ``data.mdb`` is untouched and the copy live
 directory ``compacting/``, which the next ``compact`` or the next writer's open removes; the rename
 is atomic, and the directory is synced after it. The copy is checked (it opens, its log holds the
 same records up to the same head) before it replaces anything.
+
+After a killed writer: a ``process`` writer's marker from this boot is removed once the synced
+copy is in place (from an earlier boot the store is refused, ``StoreDamagedError``); a ``power``
+writer's from this boot is settled before the copy (``settle_power_marker``: the file synced,
+the marker removed, so no recovery can write the old file's meta pages over the new one), and
+from an earlier boot the journal must be replayed first (``JournalReplayPending``; the
+``durable-log compact`` command replays it by opening a power writer).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from .storedir import (
     refuse_after_crash,
     refuse_links,
     remove_leftover_copy,
+    settle_power_marker,
     sync_directory,
     take_writer_lock,
 )
@@ -64,6 +72,7 @@ def compact(path: str | os.PathLike[str]) -> CompactReport:
     lock_fd = take_writer_lock(path)
     try:
         refuse_after_crash(path)
+        settle_power_marker(path)
         check_not_truncated(path)
         readers_fd = _lock_out_readers(path)
         try:

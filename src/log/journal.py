@@ -40,6 +40,13 @@ by the power cut fails its checksum; the chain is read from the checkpoint's seg
 consecutive numbers and must continue sequence by sequence. Reading stops at the first frame
 that fails any of these: nothing after it was acknowledged (each frame is flushed before its
 commit is, and frames are written one after the other).
+
+Every call may fail (a full disk, an I/O error): a segment whose making failed gives its number
+to the next attempt (a number is taken only once its segment is durable, so the chain never has a
+hole), and the segment in use stays open until the next one is ready, so commits that fit it go
+on. Recovery never stops early in silence: a valid frame anywhere past the point where the chain
+stops (in a later segment, or after a frame that does not continue it) means a segment or frame
+inside the range to replay is missing or unreadable, and is ``JournalDamagedError`` naming it.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from typing import Final
 import msgspec
 import xxhash
 
-from ..errors import StoreFormatError, StoreFullError
+from ..errors import JournalDamagedError, StoreFormatError, StoreFullError
 from .storedir import sync_directory
 
 JOURNAL_DIR: Final = "journal"
@@ -71,7 +78,8 @@ _ZEROS: Final = bytes(1 << 20)
 _faults: set[str] = set()
 """Planted faults, for the power-loss explorer's writer process only (``tools/powerloss``): never
 set by the package. ``skip-journal-flush``, ``skip-pin``, ``recycle-early``: each must make the
-explorer fail."""
+explorer fail; ``segment-gap`` (a failed segment uses up its number) must make the I/O fault
+checker (``tools/io_faults.py``) fail."""
 
 
 @dataclass(frozen=True)
@@ -243,19 +251,18 @@ class Journal:
         last: int | None = None
         number = from_segment
         while number in self.segments:
-            segment = self.segments[number]
-            with open(segment.path, "rb") as file:
-                data = file.read()
-            broken = False
-            for first, records in read_frames(data, segment.number, segment.salt):
+            frames = self._frames(number)
+            for at, (first, records) in enumerate(frames):
                 if last is not None and first != last + 1:
-                    broken = True
-                    break
+                    raise JournalDamagedError(
+                        os.path.dirname(self.directory),
+                        f"segment {number:016x}.seg holds a frame starting at sequence {first} "
+                        f"after sequence {last}; {len(frames) - at} frames from there cannot be replayed",
+                    )
                 chain.extend((first + index, record) for index, record in enumerate(records))
                 last = first + len(records) - 1
-            if broken:
-                break
             number += 1
+        self._refuse_stranded(number, after if last is None else max(last, after))
         wanted = [(seq, data) for seq, data in chain if seq > after]
         if wanted and wanted[0][0] != after + 1:
             raise StoreFormatError(
@@ -263,6 +270,49 @@ class Journal:
                 f"checkpoint it was written after ends at {after}: the journal is damaged"
             )
         return wanted
+
+    def _frames(self, number: int) -> list[tuple[int, list[bytes]]]:
+        segment = self.segments[number]
+        try:
+            with open(segment.path, "rb") as file:
+                data = file.read()
+        except OSError as error:
+            raise JournalDamagedError(
+                os.path.dirname(self.directory), f"segment {segment.path} cannot be read ({error.strerror or error})"
+            ) from error
+        return read_frames(data, segment.number, segment.salt)
+
+    def _refuse_stranded(self, missing: int, last: int) -> None:
+        """The chain stopped at segment ``missing`` (absent, or its header unreadable) after
+        sequence ``last``: no later segment may hold a frame past it, or what lies between is
+        lost (damage, named), not the journal's end. A file of that number whose header is not
+        valid but whose first frame names it was written after its header was durable: its
+        header is damaged, not cut while it was made."""
+
+        path = os.path.join(self.directory, f"{missing:016x}.seg")
+        try:
+            with open(path, "rb") as file:
+                file.seek(HEADER_SIZE)
+                head = file.read(_FRAME.size)
+        except OSError:
+            head = b""
+        if len(head) == _FRAME.size:
+            magic, _, count, _, seg, first, _ = _FRAME.unpack(head)
+            if magic == _FRAME_MAGIC and seg == missing and count and first > last:
+                raise JournalDamagedError(
+                    os.path.dirname(self.directory),
+                    f"segment {missing:016x}.seg has a damaged header but holds frames (from sequence "
+                    f"{first}); the records after {last} cannot be replayed",
+                )
+        for number in sorted(n for n in self.segments if n > missing):
+            later = [first for first, _ in self._frames(number) if first > last]
+            if later:
+                named = f"{missing:016x}.seg" if number == missing + 1 else f"{missing:016x}.seg to {number - 1:016x}.seg"
+                raise JournalDamagedError(
+                    os.path.dirname(self.directory),
+                    f"segment {named} is missing or its header unreadable, but segment {number:016x}.seg "
+                    f"holds records from sequence {later[0]} on; the records after {last} before it are lost",
+                )
 
     # ── writing ────────────────────────────────────────────────────────────
 
@@ -272,13 +322,18 @@ class Journal:
 
         if not records:
             return
-        if self._staged is not None:
-            self._offset, self._staged = self._staged, None
+        if self._staged is not None:  # an earlier attempt's frame, whose unmaking failed: written over
+            self._offset = self._staged
         first = records[0][0]
         segment = self.current
         needed = _FRAME.size + sum(4 + len(data) for _, data in records)
         if segment is None or self._offset + needed > segment.size:
+            if self._staged is not None:
+                # Not written over, so unmade first (or this fails): it may be whole on disk, and
+                # a frame of the same sequence in the next segment would follow it.
+                self.abandon()
             segment = self._next_segment(HEADER_SIZE + needed)
+        self._staged = None
         frame = encode_frame(segment.number, segment.salt, first, [data for _, data in records])
         assert self._fd is not None
         os.pwrite(self._fd, frame, self._offset)
@@ -305,54 +360,77 @@ class Journal:
 
     def _next_segment(self, needed: int) -> _Segment:
         """Move on to a new segment: a released one renamed and given a new header, or a new file
-        of zeros. Its header and name are durable before any frame goes into it."""
+        of zeros. Its header and name are durable before any frame goes into it. On failure the
+        segment in use stays current and open, and the number stays free for the next attempt
+        (a failure never leaves a hole in the chain): no frame was written under it."""
 
         size = max(self.options.segment_size, needed)
         number = self.next_number
-        self.next_number += 1
         salt = secrets.randbits(64)
+        path = os.path.join(self.directory, f"{number:016x}.seg")
         with self._lock:
-            reuse = next((s for s in self._free if s.size >= size), None)
+            reuse = next((s for s in self._free if s.path == path and s.size >= size), None)  # a failed attempt's file
+            reuse = reuse or next((s for s in self._free if s.size >= size and s.path != path), None)
             if "recycle-early" in _faults and self.current is not None and self.current.size >= size:
                 reuse = self.segments.pop(self.current.number)  # planted: the segment just filled, unchecked
                 self._free.append(reuse)
+            self._free = [s for s in self._free if s is not reuse and s.path != path]  # replaced by this attempt
+        fd: int | None = None
+        renamed = False
+        try:
             if reuse is not None:
-                self._free.remove(reuse)
-        path = os.path.join(self.directory, f"{number:016x}.seg")
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if reuse is not None:
-            os.rename(reuse.path, path)
-            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-            size = reuse.size
-        else:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-            except OSError as error:
-                raise _full(error, self.directory, size) from error
-            try:
+                if reuse.path != path:
+                    os.rename(reuse.path, path)
+                renamed = True
+                fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+                size = reuse.size
+            else:
+                # No O_EXCL: a file of this name can only be an earlier failed attempt's (the
+                # number is above every segment's), and it is written over whole.
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
                 at = 0
                 while at < size:
                     at += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), size - at)], at)
-            except BaseException as error:
-                os.close(fd)
-                os.unlink(path)  # a segment never made holds nothing; leave no half file behind
-                if isinstance(error, OSError):
-                    raise _full(error, self.directory, size) from error
-                raise
-        try:
             os.pwrite(fd, _segment_header(number, salt), 0)
             os.fsync(fd)
-        except BaseException:
-            os.close(fd)
+            sync_directory(self.directory)
+        except BaseException as error:
+            self._failed_segment(fd, path, reuse, renamed, size)
+            if "segment-gap" in _faults:
+                self.next_number += 1  # planted: the number is used up, a hole recovery meets
+            if isinstance(error, OSError):
+                raise _full(error, self.directory, size) from error
             raise
-        sync_directory(self.directory)
+        self.next_number = number + 1
         segment = _Segment(path, number, salt, size)
         with self._lock:
             self.segments[number] = segment
+        if self._fd is not None:
+            os.close(self._fd)
         self._fd, self.current, self._offset = fd, segment, HEADER_SIZE
         return segment
+
+    def _failed_segment(self, fd: int | None, path: str, reuse: _Segment | None, renamed: bool, size: int) -> None:
+        """Leave nothing of a failed attempt in the way of the next: a recycled file goes back to
+        the free list (under its new name, if the rename happened), a new file is removed (or,
+        if even that fails, kept free under its name, which the next attempt takes)."""
+
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        with self._lock:
+            if reuse is not None:
+                self._free.insert(0, _Segment(path, -1, 0, reuse.size) if renamed else reuse)
+                return
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError:
+            with self._lock:
+                self._free.insert(0, _Segment(path, -1, 0, os.path.getsize(path) if os.path.exists(path) else 0))
 
     @property
     def current_number(self) -> int:

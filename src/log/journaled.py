@@ -23,7 +23,7 @@ import lmdb
 from ..errors import StoreFormatError
 from .counters import EngineCounters
 from .journal import Journal, _faults
-from .storedir import POWER_FILE, boot_id, clear_unsynced, mark_power, read_power_marker
+from .storedir import POWER_FILE, boot_id, clear_markers, mark_power, read_power_marker
 
 T = TypeVar("T")
 
@@ -117,7 +117,15 @@ class JournaledWrites:
                     self._count_commit()
                 return result
             if framed:
-                journal.abandon()
+                try:
+                    journal.abandon()
+                except BaseException:  # the transaction must not stay open and counted: it would wedge every growth
+                    try:
+                        if full is not None:
+                            full.abort()
+                    finally:
+                        self._held.pop()
+                    raise
             self.grow(self.env.info()["map_size"], full)
 
     def _count_commit(self) -> None:
@@ -137,7 +145,10 @@ class JournaledWrites:
         ):
             return
         if not options.background:
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except Exception:  # the commit is done and durable in the journal: it must not fail now
+                _log.exception("checkpoint of the store at %s failed; commits go on in the journal", self.path)
             return
         with self._wake:
             self._wanted = True
@@ -297,8 +308,7 @@ class JournaledWrites:
             self._pin = pin
             meta = self._read_meta()
             self.env.sync(True)
-            if read_power_marker(self.path) is not None:
-                clear_unsynced(self.path, POWER_FILE)  # the disk holds every commit now
+            clear_markers(self.path)  # the disk holds every commit now (a killed process writer's too)
             epoch = secrets.randbits(63) | 1
             segment = journal.begin()  # no marker now: no recovery can read an earlier segment
             journal.checkpoints.write(epoch, segment, meta)
@@ -329,5 +339,5 @@ class JournaledWrites:
             self._drop_pin()
             if self._replay_from is None:
                 self.env.sync(True)
-                clear_unsynced(self.path, POWER_FILE)
+                clear_markers(self.path)
             journal.close()

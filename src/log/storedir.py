@@ -19,7 +19,7 @@ from typing import BinaryIO, Final
 
 import lmdb
 
-from ..errors import StoreDamagedError, StoreFormatError, TruncatedStoreError, WriterLockedError
+from ..errors import JournalReplayPending, StoreDamagedError, StoreFormatError, TruncatedStoreError, WriterLockedError
 
 MAX_DBS: Final = 256
 """Named databases per store: the log, the core projections (two generations during a rebuild)
@@ -177,6 +177,37 @@ def read_power_marker(path: str) -> tuple[bytes, int | None] | None:
     except (IndexError, ValueError):
         epoch = None
     return lines[0].strip(), epoch
+
+
+def settle_power_marker(path: str) -> None:
+    """Before a command that replaces ``data.mdb`` without a power writer's open (``compact``):
+    a power writer killed on this boot left every commit it acknowledged in the page cache, so
+    the file is synced and its marker is obsolete (removed first: its checkpoints hold the meta
+    pages of the file being replaced, which a later recovery must never write over another
+    file). One from another boot (a power cut since) needs its journal replayed by a power
+    writer's open first: ``JournalReplayPending``."""
+
+    marker = read_power_marker(path)
+    if marker is None:
+        return
+    current = boot_id()
+    if current is None or marker[0] != current:
+        raise JournalReplayPending(path, "was open in a power-mode writer when the machine stopped")
+    fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    clear_unsynced(path, POWER_FILE)
+
+
+def clear_markers(path: str) -> None:
+    """A writer that has made the whole file durable (synced it, with this boot's page cache
+    holding every commit: ``refuse_after_crash`` passed) removes every marker that made
+    obsolete: its own, and a ``process`` writer's killed earlier on this boot."""
+
+    clear_unsynced(path, POWER_FILE)
+    clear_unsynced(path, UNSYNCED_FILE)
 
 
 def clear_unsynced(path: str, name: str = UNSYNCED_FILE) -> None:

@@ -10,8 +10,7 @@ from typing import Any
 
 import lmdb
 
-from ..errors import ProjectionsBehind
-
+from ..errors import JournalReplayPending, ProjectionsBehind
 from ..log import Environment, WriteLog
 from ..log.environment import MAIN_DB, PageStats
 from ..log.writelog import LOG_DB
@@ -59,7 +58,10 @@ def require_store(path: str | os.PathLike[str]) -> None:
     """Refuse a path that holds no store, before a command that takes the writer lock (which
     would create one): no read-or-repair command creates a store."""
 
-    Environment(path, readonly=True).close()
+    try:
+        Environment(path, readonly=True).close()
+    except JournalReplayPending:
+        pass  # a store whose journal a writer's open replays
 
 
 def stored_projections(path: str | os.PathLike[str]) -> list[str]:
