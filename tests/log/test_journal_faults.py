@@ -234,8 +234,12 @@ def test_a_failed_unmaking_while_the_map_grows_does_not_wedge_the_writer(tmp_pat
     """A transaction whose commit found the map full unmakes its frame before the map grows;
     when that write failed, the transaction was left open and counted as running, so every later
     growth waited for it and failed (MapBusyError): the writer was wedged. Found by
-    tools/io_faults.py, whose writer (seed 1) meets a full map at a commit once, there."""
+    tools/io_faults.py. Where the writer meets a full map at commit time depends on its seeded
+    workload and on every page a commit writes, so the first of a few seeds that meets one runs."""
 
-    outcome = run_case(str(tmp_path / "store"), "unmake", 1, error)
-    assert outcome.fired, "the writer's commits no longer meet a full map at commit time"
+    for seed in range(1, 9):
+        outcome = run_case(str(tmp_path / f"store-{seed}"), "unmake", 1, error, seed=seed)
+        if outcome.fired:
+            break
+    assert outcome.fired, "none of the writer's seeded workloads meets a full map at commit time"
     assert not outcome.problems, outcome.problems
