@@ -4,6 +4,17 @@ for); checkpoints make ``data.mdb`` durable and move the pin that keeps their pa
 after a power cut the open restores the last checkpoint's meta pages and the store replays the
 journal past it. Why it is built so: ``log.journal`` and docs/reliability.md section 7.
 
+When to checkpoint (``_count_commit``, ``_adapt``): the pin keeps every page freed after the
+checkpoint from reuse, so each commit until the next one writes new pages, and the file's high
+water mark rises by pages per commit times commits per checkpoint. A fixed commit bound made a
+small store many times its ``process`` size, so the bound adapts: at each checkpoint the pages a
+commit writes are estimated from an interval in which the file grew (the free pages it began
+with ran out: all it wrote was those plus the growth), and the next bound is what fits in the
+larger of ``pinned_share`` of the file, ``pinned_pages``, and the free pages the file already
+has (reused, they cost nothing more). A bound by journal bytes keeps two segments taking turns.
+Why not a trigger on file growth alone: each growth-ended interval leaves its pages free for the
+next, so intervals lengthen until the commit bound, and the file ends where it began.
+
 A mixin of ``Environment`` (one object, two files): the state it uses is the environment's,
 declared below for the type checker and set by ``Environment.__init__``.
 """
@@ -30,6 +41,12 @@ T = TypeVar("T")
 _log = logging.getLogger("pi_durable_lmdb")
 
 
+def pages(stat: lmdb._StatDict) -> int:
+    """The pages one database holds."""
+
+    return int(stat["branch_pages"]) + int(stat["leaf_pages"]) + int(stat["overflow_pages"])
+
+
 class JournaledWrites:
     """Writes, checkpoints and recovery of a journaled writer (``_journal`` set)."""
 
@@ -50,6 +67,13 @@ class JournaledWrites:
     _wanted: bool
     _stopping: bool
     _held: list[None]
+    _bound: int
+    """Journaled commits between checkpoints now (``_adapt``)."""
+    _per_commit: float
+    """Estimated pages a commit writes (0: not measured yet)."""
+    _pages_at: tuple[int, int]
+    """(last page number, free pages) at the last checkpoint."""
+    _dbs: dict[bytes, lmdb._Database]
 
     if TYPE_CHECKING:  # Environment's own
 
@@ -130,9 +154,10 @@ class JournaledWrites:
         commits += 1
         self._since = (commits, written, since)
         options = journal.options
+        segment = journal.current
         if not (
-            commits >= options.checkpoint_commits
-            or journal.written - written >= options.checkpoint_bytes
+            commits >= self._bound
+            or journal.written - written >= min(options.checkpoint_bytes, segment.size // 2 if segment else options.checkpoint_bytes)
             or time.monotonic() - since >= options.checkpoint_seconds
         ):
             return
@@ -181,7 +206,11 @@ class JournaledWrites:
                 pin = self._begin_pin(entered=True)
                 meta = self._read_meta()
                 segment = self._replay_from if self._replay_from is not None else journal.current_number
+                commits = self._since[0]
                 self._since = (0, journal.written, time.monotonic())
+                last = int(self.env.info()["last_pgno"])
+            if pin is not None:
+                self._adapt(pin, commits, last)
         finally:
             self._held.pop()
         try:
@@ -195,6 +224,26 @@ class JournaledWrites:
         if old is not None:
             old.abort()
         journal.release(segment)
+
+    def _adapt(self, pin: lmdb.Transaction[bytes], commits: int, last: int) -> None:
+        """The commit bound until the next checkpoint (see the module docstring), from the
+        state ``pin`` holds (``last``: its last page number) and the ``commits`` since the
+        checkpoint before."""
+
+        options = self._journal.options if self._journal is not None else None
+        if options is None:
+            return
+        used = 2 + sum(pages(pin.stat(db)) for db in list(self._dbs.values())) + pages(pin.stat())
+        free = max(0, last + 1 - used)
+        last_before, free_before = self._pages_at
+        self._pages_at = (last, free)
+        grew = last - last_before
+        if commits > 0 and grew > 0 and last_before > 0:  # the free pages ran out: all it wrote is known
+            estimate = (free_before + grew) / commits
+            self._per_commit = estimate if self._per_commit == 0 else (self._per_commit + estimate) / 2
+        if self._per_commit > 0:
+            room = max(options.pinned_pages, options.pinned_share * (last + 1), free)
+            self._bound = max(1, min(options.checkpoint_commits, int(room / self._per_commit)))
 
     def _begin_pin(self, entered: bool = False) -> lmdb.Transaction[bytes] | None:
         """The read transaction that keeps a checkpoint's pages from reuse (LMDB reuses a page
