@@ -69,6 +69,8 @@ _FRAME_MAGIC: Final = 0x504A4652
 _FRAME = struct.Struct(">IIIIQQQ")  # magic, body length, count, reserved, segment, first seq, checksum
 _LENGTH = struct.Struct(">I")
 _ZEROS: Final = bytes(1 << 20)
+SEGMENT_SHARE = 32
+"""A new segment is about ``data.mdb``'s size over this (``segment_sizing``)."""
 
 _faults: set[str] = set()
 """Planted faults, for the power-loss explorer's writer process only (``tools/powerloss``): never
@@ -208,7 +210,7 @@ def segment_sizing(options: JournalOptions, data_bytes: int, needed: int) -> int
     the journal stays a small share of a small store (two segments: about 1/16 of it), and a
     store that has grown, which a host writes to at a rate, gets segments that rotate seldom."""
 
-    top = max(min(options.segment_min, options.segment_size), min(options.segment_size, data_bytes // 32))
+    top = max(min(options.segment_min, options.segment_size), min(options.segment_size, data_bytes // SEGMENT_SHARE))
     size = 1 << (top.bit_length() - 1) if top > 0 else top
     return max(size, min(options.segment_min, options.segment_size), needed)
 
