@@ -14,6 +14,7 @@ this store's journal stays on disk and is counted).
 from __future__ import annotations
 
 import time
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,15 +44,16 @@ def summary(n: int) -> dict[str, Any]:
 
 @dataclass
 class HostState:
+    name: str
     session: Any
     count: int
     commits: int = 0
 
 
-def populate_host(turns: int) -> Any:
+def populate_host(name: str, turns: int) -> Any:
     async def populate(store: Any, scale: float) -> HostState:
         await store.storage.commit([conversation(ROOT)], CTX)
-        return HostState(create_session(store.storage), max(10, int(turns * scale)), 1)
+        return HostState(name, create_session(store.storage), max(10, int(turns * scale)), 1)
 
     return populate
 
@@ -69,7 +71,7 @@ async def measure_host(store: Any, state: HostState, round: int) -> Timings:
         await session.commit(lambda tx, n=n: turn(tx, n), CTX)
     elapsed = time.perf_counter() - started
     state.commits += state.count
-    return {f"host_turn.{state.count}": (elapsed, state.count, await transcript_length(store.storage))}
+    return {state.name: (elapsed, state.count, await transcript_length(store.storage))}
 
 
 async def transcript_length(storage: Any) -> int:
@@ -88,10 +90,82 @@ HOST_WORKLOADS: dict[str, Workload] = {
         "conversation document that is never checkpointed; power, process, SQLite FULL and NORMAL in the same rounds",
         ("process", "power"),
         True,
-        populate_host(turns),
+        populate_host(f"host_{turns}", turns),
         measure_host,
         backends=("lmdb", "sqlite"),
         commits=lambda state: state.commits,
     )
     for turns in HOST_SIZES
 }
+
+
+# ── the report's table ───────────────────────────────────────────────────────
+
+STORES = (("power", "lmdb"), ("power", "sqlite"), ("process", "lmdb"), ("process", "sqlite"))
+LABELS = {("power", "lmdb"): "lmdb (power)", ("power", "sqlite"): "SQLite FULL",
+          ("process", "lmdb"): "lmdb (process)", ("process", "sqlite"): "SQLite NORMAL"}
+
+
+def _paired(results: Any, row: str, slower: tuple[str, str], faster: tuple[str, str]) -> list[float]:
+    """Per round, ``slower``'s time over ``faster``'s (the same round: the stores share it)."""
+
+    a = results.series.get((row, *slower))
+    b = results.series.get((row, *faster))
+    if a is None or b is None:
+        return []
+    return [a.times[r] / b.times[r] for r in sorted(a.times) if r in b.times and b.times[r] > 0]
+
+
+def _ratio(values: list[float], goal: str = "") -> str:
+    if not values:
+        return "—"
+    return f"**{statistics.median(values):.2f}x** [{min(values):.2f}x–{max(values):.2f}x]{goal}"
+
+
+def host_table(results: Any) -> list[str]:
+    """The Session host's rows of the report: time per turn and bytes on disk of the four
+    stores, and the ratios the default durability is held to."""
+
+    names = [name for name in HOST_WORKLOADS if any(key[0] == name for key in results.series)]
+    if not names:
+        return []
+    lines = [
+        "", "### A Session host (`tools/bench_host.py`): both durability classes in the same rounds", "",
+        "Each turn through a pi-durable `Session`: an entry (model message + usage) and one more item in a conversation "
+        "document never checkpointed. Time per turn: median over rounds; ratios: per round, then the median [min–max] "
+        "(FULL / power > 1: power is faster). Bytes: every file of the store after its close, this store's journal "
+        "included (SQLite checkpoints its WAL at its close), median over rounds.", "",
+        "| workload | turns | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | FULL / power (>= 1) "
+        "| NORMAL / process | power / process (<= 1.2) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        cells = []
+        turns = 0
+        for mode, backend in STORES:
+            series = results.series.get((name, mode, backend))
+            cells.append(f"{statistics.median(series.times.values()) * 1e3:.2f} ms" if series else "—")
+            turns = series.ops if series else turns
+        lines.append(
+            f"| {name} | {turns:,} | {' | '.join(cells)} | {_ratio(_paired(results, name, ('power', 'sqlite'), ('power', 'lmdb')))} "
+            f"| {_ratio(_paired(results, name, ('process', 'sqlite'), ('process', 'lmdb')))} "
+            f"| {_ratio(_paired(results, name, ('power', 'lmdb'), ('process', 'lmdb')))} |"
+        )
+    lines += [
+        "", "| workload | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | power / FULL bytes (<= 2) "
+        "| power / process bytes (<= 1.5) | process / NORMAL bytes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        sizes = {key: statistics.median(size for size, _ in results.sizes[(name, *key)])
+                 for key in STORES if (name, *key) in results.sizes}
+        cells = [f"{sizes[key] / 1024:,.0f} KiB" if key in sizes else "—" for key in STORES]
+
+        def over(a: tuple[str, str], b: tuple[str, str]) -> str:
+            return f"**{sizes[a] / sizes[b]:.2f}x**" if a in sizes and b in sizes and sizes[b] else "—"
+
+        lines.append(
+            f"| {name} | {' | '.join(cells)} | {over(('power', 'lmdb'), ('power', 'sqlite'))} "
+            f"| {over(('power', 'lmdb'), ('process', 'lmdb'))} | {over(('process', 'lmdb'), ('process', 'sqlite'))} |"
+        )
+    return lines
