@@ -105,11 +105,11 @@ class JournalOptions:
     checkpoint_bytes: int = 512 << 10
     """At most this much journal between checkpoints, and at most half the segment in use."""
     checkpoint_seconds: float = 1.0
-    pinned_share: float = 0.125
-    """What the pin may keep from reuse, as a share of ``data.mdb`` (at least ``pinned_pages``
-    pages, or the free pages the file already has): the commit bound between checkpoints adapts
-    to it (``log.journaled``), so a small store stays small."""
-    pinned_pages: int = 128
+    pinned_share: float = 0.2
+    """The share of ``data.mdb`` its free pages may take (at least ``pinned_pages`` pages): the
+    commit bound between checkpoints adapts to it (``log.journaled``), so that the pages the pin
+    keeps from reuse do not make a small store big."""
+    pinned_pages: int = 64
     background: bool = True
     """Take checkpoints on a thread of their own while commits go on (True), or on the
     committing thread (False: simpler to reason about, slower)."""

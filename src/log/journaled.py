@@ -6,14 +6,18 @@ journal past it. Why it is built so: ``log.journal`` and docs/reliability.md sec
 
 When to checkpoint (``_count_commit``, ``_adapt``): the pin keeps every page freed after the
 checkpoint from reuse, so each commit until the next one writes new pages, and the file's high
-water mark rises by pages per commit times commits per checkpoint. A fixed commit bound made a
-small store many times its ``process`` size, so the bound adapts: at each checkpoint the pages a
-commit writes are estimated from an interval in which the file grew (the free pages it began
-with ran out: all it wrote was those plus the growth), and the next bound is what fits in the
-larger of ``pinned_share`` of the file, ``pinned_pages``, and the free pages the file already
-has (reused, they cost nothing more). A bound by journal bytes keeps two segments taking turns.
-Why not a trigger on file growth alone: each growth-ended interval leaves its pages free for the
-next, so intervals lengthen until the commit bound, and the file ends where it began.
+water mark rises by pages per commit times commits per checkpoint (the file never shrinks). A
+fixed commit bound made a small store many times its ``process`` size, so the bound adapts to
+what the file shows at each checkpoint, its free pages (counted as ``stats`` counts them): while
+they are within ``pinned_share`` of the file (or ``pinned_pages``), the bound grows (doubles
+after an interval that did not grow the file, else one more commit); when they are above it and
+the interval grew the file, it halves. It starts at one commit. Why this and not an estimate of
+the pages a commit writes: what a commit takes from the free pages cannot be told from outside
+LMDB (py-lmdb shows no free list), and an estimate from file growth counts growth that comes
+from contiguous runs for long values as if the free pages had run out. Why not a trigger on file
+growth alone: each growth-ended interval leaves its pages free for the next, so intervals
+lengthen up to the commit bound and the file grows as far as it did without one. A bound by
+journal bytes (half the segment in use) keeps two segments taking turns.
 
 A mixin of ``Environment`` (one object, two files): the state it uses is the environment's,
 declared below for the type checker and set by ``Environment.__init__``.
@@ -69,10 +73,8 @@ class JournaledWrites:
     _held: list[None]
     _bound: int
     """Journaled commits between checkpoints now (``_adapt``)."""
-    _per_commit: float
-    """Estimated pages a commit writes (0: not measured yet)."""
-    _pages_at: tuple[int, int]
-    """(last page number, free pages) at the last checkpoint."""
+    _last_page: int
+    """``data.mdb``'s last page number at the last checkpoint."""
     _dbs: dict[bytes, lmdb._Database]
 
     if TYPE_CHECKING:  # Environment's own
@@ -230,20 +232,18 @@ class JournaledWrites:
         state ``pin`` holds (``last``: its last page number) and the ``commits`` since the
         checkpoint before."""
 
-        options = self._journal.options if self._journal is not None else None
-        if options is None:
+        if self._journal is None:
             return
+        options = self._journal.options
         used = 2 + sum(pages(pin.stat(db)) for db in list(self._dbs.values())) + pages(pin.stat())
         free = max(0, last + 1 - used)
-        last_before, free_before = self._pages_at
-        self._pages_at = (last, free)
-        grew = last - last_before
-        if commits > 0 and grew > 0 and last_before > 0:  # the free pages ran out: all it wrote is known
-            estimate = (free_before + grew) / commits
-            self._per_commit = estimate if self._per_commit == 0 else (self._per_commit + estimate) / 2
-        if self._per_commit > 0:
-            room = max(options.pinned_pages, options.pinned_share * (last + 1), free)
-            self._bound = max(1, min(options.checkpoint_commits, int(room / self._per_commit)))
+        grew = self._last_page > 0 and last > self._last_page
+        self._last_page = last
+        if free > max(options.pinned_pages, options.pinned_share * (last + 1)):
+            if grew:
+                self._bound = max(1, self._bound // 2)
+        elif commits >= self._bound:
+            self._bound = min(options.checkpoint_commits, self._bound + (1 if grew else self._bound))
 
     def _begin_pin(self, entered: bool = False) -> lmdb.Transaction[bytes] | None:
         """The read transaction that keeps a checkpoint's pages from reuse (LMDB reuses a page
