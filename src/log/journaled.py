@@ -211,8 +211,6 @@ class JournaledWrites:
                 commits = self._since[0]
                 self._since = (0, journal.written, time.monotonic())
                 last = int(self.env.info()["last_pgno"])
-            if pin is not None:
-                self._adapt(pin, commits, last)
         finally:
             self._held.pop()
         try:
@@ -226,6 +224,11 @@ class JournaledWrites:
         if old is not None:
             old.abort()
         journal.release(segment)
+        if pin is not None:
+            try:
+                self._adapt(pin, commits, last)
+            except lmdb.Error:  # a handle a swap dropped meanwhile: the bound stays until the next one
+                pass
 
     def _adapt(self, pin: lmdb.Transaction[bytes], commits: int, last: int) -> None:
         """The commit bound until the next checkpoint (see the module docstring), from the
