@@ -4,8 +4,7 @@ Usage: ``python tools/bench_device.py [--commits N] [--rounds R] [--dir DIR]``. 
 ``commit_turn`` (``tools/bench_workloads.py``) on a fresh store in DIR, between two ``sync()``
 calls, reading the block device's counters (``/proc/diskstats``: sectors and write requests) of
 the file system DIR is on. Other work on the same disk counts too: run it on a quiet machine and
-compare the two backends of the same round; the column of bytes this process wrote
-(``/proc/self/io``) leaves other processes out. What it shows: a one-flush design is bounded by the
+compare the two backends of the same round. What it shows: a one-flush design is bounded by the
 bytes each commit dirties as much as by its flush (LMDB copies every page it changes, ~14 pages
 of 4 KiB in six sub-databases per turn; SQLite's WAL takes its changed pages once).
 """
@@ -25,18 +24,6 @@ sys.path.insert(0, HERE)
 
 from bench import Store  # noqa: E402
 from bench_workloads import populate_turns, measure_turns  # noqa: E402
-
-
-def dirtied_bytes() -> int:
-    """Bytes this process (every thread) caused to be written to storage (``/proc/self/io``
-    ``write_bytes``: counted as pages become dirty, so a page written again before it is
-    written back counts once). Unlike the device's counters, other processes do not count."""
-
-    with open("/proc/self/io", encoding="ascii") as io:
-        for line in io:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    raise SystemExit("no write_bytes in /proc/self/io")
 
 
 def device_counters(path: str) -> tuple[int, int]:
@@ -59,19 +46,17 @@ async def one(backend: str, commits: int, directory: str) -> str:
     state = await populate_turns(store, commits / 150)
     os.sync()
     written, requests = device_counters(path)
-    dirtied = dirtied_bytes()
     started = time.perf_counter()
     await measure_turns(store, state, 0)
     elapsed = time.perf_counter() - started
     await store.close()
     os.sync()
     written_after, requests_after = device_counters(path)
-    dirtied = dirtied_bytes() - dirtied
     shutil.rmtree(path, ignore_errors=True)
     n = state.count
     return (
         f"| {backend} | {n} | {elapsed / n * 1e6:,.0f} µs | {(written_after - written) / n / 1024:.1f} KiB "
-        f"| {dirtied / n / 1024:.1f} KiB | {(requests_after - requests) / n:.1f} |"
+        f"| {(requests_after - requests) / n:.1f} |"
     )
 
 
@@ -81,9 +66,8 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dir", default=tempfile.gettempdir())
     args = parser.parse_args()
-    print("| backend (power / FULL) | commits | per commit | device bytes per commit (with the close) "
-          "| bytes this process wrote per commit | write requests per commit |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| backend (power / FULL) | commits | per commit | device bytes per commit (with the close) | write requests per commit |")
+    print("|---|---:|---:|---:|---:|")
     for _ in range(args.rounds):
         for backend in ("lmdb", "sqlite"):
             print(await one(backend, args.commits, args.dir), flush=True)
