@@ -109,7 +109,9 @@ class JournalOptions:
     """The share of ``data.mdb`` its free pages may take (at least ``pinned_pages`` pages): the
     commit bound between checkpoints adapts to it (``log.journaled``), so that the pages the pin
     keeps from reuse do not make a small store big."""
-    pinned_pages: int = 64
+    pinned_pages: int = 128
+    """Free pages always allowed (512 KiB): a store of a few hundred pages would otherwise take
+    a checkpoint every commit or two, two more flushes each, for a few hundred KiB."""
     background: bool = True
     """Take checkpoints on a thread of their own while commits go on (True), or on the
     committing thread (False: simpler to reason about, slower)."""
