@@ -69,7 +69,7 @@ _FRAME_MAGIC: Final = 0x504A4652
 _FRAME = struct.Struct(">IIIIQQQ")  # magic, body length, count, reserved, segment, first seq, checksum
 _LENGTH = struct.Struct(">I")
 _ZEROS: Final = bytes(1 << 20)
-SEGMENT_SHARE = 32
+SEGMENT_SHARE = 64
 """A new segment is about ``data.mdb``'s size over this (``segment_sizing``)."""
 
 _faults: set[str] = set()
@@ -98,9 +98,9 @@ class JournalOptions:
     smaller is cheaper to open."""
     segment_min: int = 64 << 10
     """The smallest a new segment is made (never above ``segment_size``)."""
-    checkpoint_commits: int = 32
-    """Bounds what the pin keeps from reuse (~14 pages per small commit: ~2 MiB) and what one
-    checkpoint flushes: a big data flush delays the journal flushes queued behind it on the
+    checkpoint_commits: int = 16
+    """Bounds what the pin keeps from reuse (~14 pages per small commit: ~1 MiB; a store's free
+    pages hold about that much) and what one checkpoint flushes: a big data flush delays the journal flushes queued behind it on the
     device (the event-loop stall of one agent's direct commits: p99 7.5 ms with 128)."""
     checkpoint_bytes: int = 512 << 10
     """At most this much journal between checkpoints, and at most half the segment in use."""
@@ -203,13 +203,13 @@ def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[
 
 
 def segment_sizing(options: JournalOptions, data_bytes: int, needed: int) -> int:
-    """The size of a new segment: a power of two near 1/32 of ``data.mdb`` (``data_bytes``),
+    """The size of a new segment: a power of two near 1/64 of ``data.mdb`` (``data_bytes``),
     within ``segment_min`` and ``segment_size``, and at least ``needed`` (one frame must fit).
 
     Why so: a segment is preallocated whole and stays on disk for reuse, so its size is paid in
     bytes by every store, while a small one costs a rotation (a recycled segment renamed and its
     header synced, two flushes on the commit path) every time it fills. Tied to the store's size,
-    the journal stays a small share of a small store (two segments: about 1/16 of it), and a
+    the journal stays a small share of a small store (two segments: about 1/32 of it), and a
     store that has grown, which a host writes to at a rate, gets segments that rotate seldom."""
 
     top = max(min(options.segment_min, options.segment_size), min(options.segment_size, data_bytes // SEGMENT_SHARE))

@@ -19,8 +19,8 @@ KiB = 1024
 def test_a_new_segment_is_a_share_of_the_store_within_its_bounds() -> None:
     options = JournalOptions()
     assert segment_sizing(options, 0, HEADER_SIZE) == 64 * KiB
-    assert segment_sizing(options, 3 * (1 << 20), HEADER_SIZE) == 64 * KiB  # 96 KiB, down to a power of two
-    assert segment_sizing(options, 8 * (1 << 20), HEADER_SIZE) == 256 * KiB
+    assert segment_sizing(options, 6 * (1 << 20), HEADER_SIZE) == 64 * KiB  # 96 KiB, down to a power of two
+    assert segment_sizing(options, 8 * (1 << 20), HEADER_SIZE) == 128 * KiB
     assert segment_sizing(options, 1 << 30, HEADER_SIZE) == 1 << 20
     assert segment_sizing(options, 0, 300 * KiB) == 300 * KiB, "one frame always fits"
     small = JournalOptions(segment_size=3 * HEADER_SIZE)
@@ -51,8 +51,8 @@ def test_segments_grow_with_the_store_and_outgrown_free_ones_are_deleted(tmp_pat
     journal.release(journal.current_number)
     small = {name: os.path.getsize(os.path.join(journal.directory, name)) for name in os.listdir(journal.directory) if name.endswith(".seg")}
     assert set(small.values()) == {2 * HEADER_SIZE} and len(small) >= 2
-    with open(data, "wb") as file:  # the store grew: 2 MiB / 32 = 64 KiB segments from now on
-        file.truncate(2 << 20)
+    with open(data, "wb") as file:  # the store grew: 4 MiB / 64 = 64 KiB segments from now on
+        file.truncate(4 << 20)
     checkpoint = journal.current_number
     seq = _fill(journal, seq, 12)
     sizes = {name: os.path.getsize(os.path.join(journal.directory, name)) for name in os.listdir(journal.directory) if name.endswith(".seg")}
