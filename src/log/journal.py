@@ -27,9 +27,9 @@ a frame overwrites allocated, written blocks and ``fdatasync`` has no file metad
 truncated: once released it is *recycled* (renamed to a new number, its header rewritten and
 synced), as PostgreSQL recycles WAL segments and RocksDB ``recycle_log_file_num`` does; a
 released segment smaller than the size a new one gets is deleted instead when that one is made
-(nothing needs it, and it would never fit again). ``journal/checkpoint.0`` and ``.1`` hold checkpoint records,
-written alternately (the one not holding the newest), each whole or rejected by its checksum,
-so a cut while one is written leaves the other.
+(nothing needs it, and it would never fit again). ``journal/checkpoint.0`` and ``.1`` hold
+checkpoint records, written alternately (the one not holding the newest), each whole or rejected
+by its checksum, so a cut while one is written leaves the other.
 
 A segment starts with a 4 KiB header block (magic, format, its number, a random salt, a
 checksum). Then frames, back to back: a header (magic, body length, record count, the segment's
@@ -100,8 +100,9 @@ class JournalOptions:
     """The smallest a new segment is made (never above ``segment_size``)."""
     checkpoint_commits: int = 16
     """Bounds what the pin keeps from reuse (~14 pages per small commit: ~1 MiB; a store's free
-    pages hold about that much) and what one checkpoint flushes: a big data flush delays the journal flushes queued behind it on the
-    device (the event-loop stall of one agent's direct commits: p99 7.5 ms with 128)."""
+    pages hold about that much) and what one checkpoint flushes: a big data flush delays the
+    journal flushes queued behind it on the device (the event-loop stall of one agent's direct
+    commits: p99 7.5 ms with 128)."""
     checkpoint_bytes: int = 512 << 10
     """At most this much journal between checkpoints, and at most half the segment in use."""
     checkpoint_seconds: float = 1.0
