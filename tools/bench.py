@@ -17,7 +17,7 @@ Commit workloads run in both classes; reads (durability-independent) in ``proces
 
 Usage::
 
-    python tools/bench.py                      # default run, < 5 minutes
+    python tools/bench.py                      # default run, ~10 minutes (the Session host: --host-rounds)
     python tools/bench.py --quick              # ~30 s smoke run
     python tools/bench.py --only commit_turn --only read_point --scale 2 --rounds 7
     python tools/bench.py --markdown docs/bench-table.md
@@ -52,7 +52,12 @@ sys.path.insert(0, HERE)
 from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
 from bench_flush import overwrite_flush_seconds  # noqa: E402
-from bench_workloads import WORKLOADS, Workload  # noqa: E402
+from bench_host import HOST_WORKLOADS, host_table  # noqa: E402
+from bench_workloads import WORKLOADS as COMMON_WORKLOADS, Workload  # noqa: E402
+
+WORKLOADS: dict[str, Workload] = {**COMMON_WORKLOADS, **HOST_WORKLOADS}
+"""Every workload of the run: ``bench_workloads``'s, then the Session host's (``bench_host``),
+which runs both durability classes in the same rounds."""
 
 BACKENDS = ("lmdb", "sqlite", "memory", "jsonl", "floor")
 MODE_BACKENDS = {"process": ("lmdb", "sqlite", "memory", "jsonl"), "power": ("lmdb", "sqlite", "jsonl", "floor")}
@@ -218,7 +223,7 @@ class Results:
             series.digests[round] = digest
 
 
-def _rotated(items: tuple[str, ...], round: int) -> list[str]:
+def _rotated(items: tuple[Any, ...], round: int) -> list[Any]:
     shift = round % len(items)
     return list(items[shift:] + items[:shift])
 
@@ -227,26 +232,35 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+async def run_fresh(
+    workload: Workload, pairs: tuple[tuple[str, str], ...], rounds: int, scale: float, base: str, results: Results,
+) -> None:
+    """A fresh store per (mode, backend) pair and round, the pairs rotated every round (so two
+    durability classes can share rounds: ``bench_host``)."""
+
+    for round in range(rounds):
+        for mode, backend in _rotated(pairs, round):
+            store = Store(backend, mode, os.path.join(base, f"{workload.name}-{mode}-{backend}-{round}"))
+            await store.open()
+            state = await workload.populate(store, scale)
+            gc.collect()
+            timings = await workload.measure(store, state, round)
+            results.add(mode, backend, round, timings)
+            await store.close()
+            results.sizes.setdefault((workload.name, mode, backend), []).append(
+                (store.disk_bytes(), workload.commits(state))
+            )
+            shutil.rmtree(store.path, ignore_errors=True)
+        _log(f"  {workload.name} [{', '.join(sorted({mode for mode, _ in pairs}))}] round {round + 1}/{rounds}")
+
+
 async def run_workload(
     workload: Workload, mode: str, backends: tuple[str, ...], rounds: int, scale: float,
     base: str, results: Results,
 ) -> None:
     key = f"{workload.name}-{mode}"
     if workload.fresh:
-        for round in range(rounds):
-            for backend in _rotated(backends, round):
-                store = Store(backend, mode, os.path.join(base, f"{key}-{backend}-{round}"))
-                await store.open()
-                state = await workload.populate(store, scale)
-                gc.collect()
-                timings = await workload.measure(store, state, round)
-                results.add(mode, backend, round, timings)
-                await store.close()
-                results.sizes.setdefault((workload.name, mode, backend), []).append(
-                    (store.disk_bytes(), workload.commits(state))
-                )
-                shutil.rmtree(store.path, ignore_errors=True)
-            _log(f"  {workload.name} [{mode}] round {round + 1}/{rounds}")
+        await run_fresh(workload, tuple((mode, backend) for backend in backends), rounds, scale, base, results)
         return
     stores: dict[str, tuple[Store, Any]] = {}
     for backend in backends:
@@ -297,6 +311,11 @@ async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Resu
         results.flushes.append(overwrite_flush_seconds(base))
     for name in names:
         workload = WORKLOADS[name]
+        if name in HOST_WORKLOADS:
+            pairs = tuple((mode, backend) for mode in workload.modes if mode in args.modes for backend in workload.backends)
+            _log(f"{name}: {', '.join(LABELS[(backend, mode)] for mode, backend in pairs)}")
+            await run_fresh(workload, pairs, min(args.rounds, args.host_rounds), args.scale, base, results)
+            continue
         for mode in workload.modes:
             if mode not in args.modes:
                 continue
@@ -538,6 +557,7 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
             size, commits = sizes[-1]
             count, per = (f"{commits:,}", _bytes(size / commits)) if commits else ("—", "—")
             lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {_bytes(size)} | {count} | {per} |")
+    lines += host_table(results)
     if results.rss:
         baselines = {backend: kib for (name, _mode, backend), kib in results.rss.items() if name == "none"}
         lines += ["", "### Peak RSS (VmHWM of one subprocess each: populate + one pass; baseline: the same "
@@ -643,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=None, help="size multiplier (default 1; --quick 0.2)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7; --quick 3)")
     parser.add_argument("--quick", action="store_true", help="~30 s smoke run")
+    parser.add_argument("--host-rounds", type=int, default=3, help="rounds of the Session host workloads at most (default 3)")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help=f"workloads to run (repeat or comma-separate): {', '.join(WORKLOADS)}")
     parser.add_argument("--modes", default="process,power", help="durability classes (default both)")

@@ -44,11 +44,13 @@ from pi_durable_lmdb import LmdbStorage  # noqa: E402
 from pi_durable_lmdb.log.journal import JournalOptions  # noqa: E402
 
 NEVER = 10**9
+FIXED: dict[str, Any] = {"pinned_share": 1.0, "pinned_pages": 1 << 30, "checkpoint_bytes": 1 << 40, "checkpoint_seconds": 1e9}
+"""No bound but the commit count (the bound still starts at one commit and doubles)."""
 INTERVALS: dict[str, dict[str, Any]] = {
-    "every 32 commits (default)": {},
-    "every 128 commits": {"checkpoint_commits": 128, "checkpoint_bytes": 1 << 40, "checkpoint_seconds": 1e9},
-    "every 512 commits": {"checkpoint_commits": 512, "checkpoint_bytes": 1 << 40, "checkpoint_seconds": 1e9, "segment_size": 8 << 20},
-    "none until the close": {"checkpoint_commits": NEVER, "checkpoint_bytes": 1 << 40, "checkpoint_seconds": 1e9, "segment_size": 32 << 20},
+    "every 16 commits at most, adapting to the free pages (default)": {},
+    "every 32 commits (fixed)": {**FIXED, "checkpoint_commits": 32, "segment_min": 1 << 20},
+    "every 128 commits": {**FIXED, "checkpoint_commits": 128, "segment_size": 8 << 20, "segment_min": 8 << 20},
+    "none until the close": {**FIXED, "checkpoint_commits": NEVER, "segment_size": 32 << 20, "segment_min": 32 << 20},
     "`process` mode (no pin, no flush; reference)": {"process": True},
 }
 

@@ -1,7 +1,7 @@
 """Store size against pi-durable's SQLite for the same work (issue 24: at most 2x).
 
 For each commit workload of ``tools/bench_workloads.py`` (``commit_turn``, ``commit_doc_delta``:
-the same records and batches), N commits go to a fresh LmdbStorage (``durability="process"``) and
+the same records and batches; ``short_turn``: ``commit_turn`` with a one-line message), N commits go to a fresh LmdbStorage (``durability="process"``) and
 to a fresh SQLite store (WAL, ``synchronous=NORMAL``); both are closed, SQLite's WAL is
 checkpointed (``wal_checkpoint(TRUNCATE)``) and every file of each store directory is counted.
 The LMDB store's ``stats`` footprint (where its bytes go) is printed too.
@@ -57,6 +57,23 @@ def turn_batches() -> tuple[list[list[dict[str, Any]]], Callable[[int], list[dic
     return setup, commit
 
 
+def short_turn_batches() -> tuple[list[list[dict[str, Any]]], Callable[[int], list[dict[str, Any]]]]:
+    """``short_turn``: as ``commit_turn``, but the entry's model message is one short line (a
+    tool-call turn), so the task record and the indexes, not the text, are most of each commit."""
+
+    ids = Ids()
+    task_id = ids()
+    setup = [[conversation(ROOT)], [{"type": "task", "value": task(task_id, ROOT, 0, "pending")}]]
+
+    def commit(n: int) -> list[dict[str, Any]]:
+        value = entry(ids(), ROOT, n, task_id)
+        value["model"][0]["content"] = [{"type": "text", "text": f"Running the tests again ({n})."}]
+        status = "running" if n % 3 else "sleeping"
+        return [{"type": "entry", "value": value}, {"type": "task", "value": task(task_id, ROOT, n, status)}]
+
+    return setup, commit
+
+
 def doc_batches() -> tuple[list[list[dict[str, Any]]], Callable[[int], list[dict[str, Any]]]]:
     """``commit_doc_delta``: one rewindable document, then one delta per commit."""
 
@@ -64,7 +81,7 @@ def doc_batches() -> tuple[list[list[dict[str, Any]]], Callable[[int], list[dict
     return [[conversation(ROOT)], [document_create(doc)]], lambda n: [document_delta(doc)]
 
 
-WORKLOADS = {"commit_turn": turn_batches, "commit_doc_delta": doc_batches}
+WORKLOADS = {"commit_turn": turn_batches, "short_turn": short_turn_batches, "commit_doc_delta": doc_batches}
 
 
 async def fill(backend: str, path: str, workload: str, commits: int) -> tuple[int, float]:

@@ -131,6 +131,8 @@ class Environment(JournaledWrites):
         while it pins a state and copies its meta pages (so they are one state)."""
         self._checkpointing = threading.Lock()
         self._since = (0, 0, time.monotonic())  # commits, journal bytes, time at the last checkpoint
+        self._bound = 1
+        self._last_page = 0
         self._worker: threading.Thread | None = None
         self._wake = threading.Condition()
         self._wanted = False

@@ -20,14 +20,16 @@ arrived); recovery writes the checkpoint's meta pages back, which names a whole,
 and replays the journal's records past it through the normal append and fold. A segment is
 released for reuse once a durable checkpoint needs nothing in it.
 
-Layout: ``journal/<number>.seg`` files of ``segment_size`` bytes, written full of zeros when
-made, so that appending a frame overwrites allocated, written blocks and ``fdatasync`` has no
-file metadata to write (``fallocate`` alone leaves unwritten extents, whose conversion is
-metadata). A segment is never truncated or deleted: once released it is *recycled* (renamed to a
-new number, its header rewritten and synced), as PostgreSQL recycles WAL segments and RocksDB
-``recycle_log_file_num`` does. ``journal/checkpoint.0`` and ``.1`` hold checkpoint records,
-written alternately (the one not holding the newest), each whole or rejected by its checksum,
-so a cut while one is written leaves the other.
+Layout: ``journal/<number>.seg`` files, sized when made (``segment_sizing``: with the store,
+between ``segment_min`` and ``segment_size``) and written full of zeros then, so that appending
+a frame overwrites allocated, written blocks and ``fdatasync`` has no file metadata to write
+(``fallocate`` alone leaves unwritten extents, whose conversion is metadata). A segment is never
+truncated: once released it is *recycled* (renamed to a new number, its header rewritten and
+synced), as PostgreSQL recycles WAL segments and RocksDB ``recycle_log_file_num`` does; a
+released segment smaller than the size a new one gets is deleted instead when that one is made
+(nothing needs it, and it would never fit again). ``journal/checkpoint.0`` and ``.1`` hold
+checkpoint records, written alternately (the one not holding the newest), each whole or rejected
+by its checksum, so a cut while one is written leaves the other.
 
 A segment starts with a 4 KiB header block (magic, format, its number, a random salt, a
 checksum). Then frames, back to back: a header (magic, body length, record count, the segment's
@@ -74,6 +76,8 @@ _FRAME_MAGIC: Final = 0x504A4652
 _FRAME = struct.Struct(">IIIIQQQ")  # magic, body length, count, reserved, segment, first seq, checksum
 _LENGTH = struct.Struct(">I")
 _ZEROS: Final = bytes(1 << 20)
+SEGMENT_SHARE = 64
+"""A new segment is about ``data.mdb``'s size over this (``segment_sizing``)."""
 
 _faults: set[str] = set()
 """Planted faults, for the power-loss explorer's writer process only (``tools/powerloss``): never
@@ -87,24 +91,36 @@ class JournalOptions:
     """How a ``power`` writer journals and checkpoints (``LmdbStorage.open(journal=...)``).
 
     A checkpoint (an ``fdatasync`` of ``data.mdb`` and of the checkpoint file, off the commit
-    path) is taken after ``checkpoint_commits`` journaled commits, ``checkpoint_bytes`` of
-    journal, or ``checkpoint_seconds`` (checked at each commit), whichever comes first. Between
-    checkpoints LMDB keeps the pages of the last checkpoint from reuse, so ``data.mdb`` grows by
-    the pages the commits since then rewrote (about 14 pages per small commit): the bounds keep
-    that growth bounded, and a checkpoint comes long before a segment fills, so two segments
-    take turns.
+    path) is taken after ``checkpoint_commits`` journaled commits (fewer when the pages they
+    write would pin more than ``pinned_share`` of the file), ``checkpoint_bytes`` of journal, or
+    ``checkpoint_seconds`` (checked at each commit), whichever comes first. Between checkpoints
+    LMDB keeps the pages of the last checkpoint from reuse, so ``data.mdb`` grows by the pages
+    the commits since then rewrote: the bounds keep that growth bounded, and a checkpoint comes
+    long before a segment fills, so two segments take turns.
     """
 
     segment_size: int = 1 << 20
-    """Two segments in steady state (a checkpoint comes after ``checkpoint_bytes``, half a
-    segment, so before one fills): 2 MiB on disk. Each writer open makes its first segment
-    ready (zeros written and synced, or a free one recycled), so smaller is cheaper to open."""
-    checkpoint_commits: int = 32
-    """Bounds what the pin keeps from reuse (~14 pages per small commit: ~2 MiB) and what one
-    checkpoint flushes: a big data flush delays the journal flushes queued behind it on the
-    device (the event-loop stall of one agent's direct commits: p99 7.5 ms with 128)."""
+    """The largest a new segment is made (``segment_sizing``). Two segments take turns in steady
+    state (a checkpoint comes once half a segment is written, so before one fills). Each writer
+    open makes its first segment ready (zeros written and synced, or a free one recycled), so
+    smaller is cheaper to open."""
+    segment_min: int = 64 << 10
+    """The smallest a new segment is made (never above ``segment_size``)."""
+    checkpoint_commits: int = 16
+    """Bounds what the pin keeps from reuse (~14 pages per small commit: ~1 MiB; a store's free
+    pages hold about that much) and what one checkpoint flushes: a big data flush delays the
+    journal flushes queued behind it on the device (the event-loop stall of one agent's direct
+    commits: p99 7.5 ms with 128)."""
     checkpoint_bytes: int = 512 << 10
+    """At most this much journal between checkpoints, and at most half the segment in use."""
     checkpoint_seconds: float = 1.0
+    pinned_share: float = 0.2
+    """The share of ``data.mdb`` its free pages may take (at least ``pinned_pages`` pages): the
+    commit bound between checkpoints adapts to it (``log.journaled``), so that the pages the pin
+    keeps from reuse do not make a small store big."""
+    pinned_pages: int = 128
+    """Free pages always allowed (512 KiB): a store of a few hundred pages would otherwise take
+    a checkpoint every commit or two, two more flushes each, for a few hundred KiB."""
     background: bool = True
     """Take checkpoints on a thread of their own while commits go on (True), or on the
     committing thread (False: simpler to reason about, slower)."""
@@ -112,10 +128,16 @@ class JournalOptions:
     def __post_init__(self) -> None:
         if type(self.segment_size) is not int or self.segment_size < 2 * HEADER_SIZE:
             raise ValueError(f"segment_size must be an int of at least {2 * HEADER_SIZE} bytes, not {self.segment_size!r}")
+        if type(self.segment_min) is not int or self.segment_min < 2 * HEADER_SIZE:
+            raise ValueError(f"segment_min must be an int of at least {2 * HEADER_SIZE} bytes, not {self.segment_min!r}")
         if type(self.checkpoint_commits) is not int or self.checkpoint_commits < 1:
             raise ValueError(f"checkpoint_commits must be a positive int, not {self.checkpoint_commits!r}")
         if type(self.checkpoint_bytes) is not int or self.checkpoint_bytes < 1:
             raise ValueError(f"checkpoint_bytes must be a positive int, not {self.checkpoint_bytes!r}")
+        if not isinstance(self.pinned_share, (int, float)) or not 0 < self.pinned_share <= 1:
+            raise ValueError(f"pinned_share must be a number in (0, 1], not {self.pinned_share!r}")
+        if type(self.pinned_pages) is not int or self.pinned_pages < 1:
+            raise ValueError(f"pinned_pages must be a positive int, not {self.pinned_pages!r}")
         if not isinstance(self.checkpoint_seconds, (int, float)) or not self.checkpoint_seconds > 0:
             raise ValueError(f"checkpoint_seconds must be a positive number, not {self.checkpoint_seconds!r}")
 
@@ -189,6 +211,21 @@ def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[
 
 
 
+def segment_sizing(options: JournalOptions, data_bytes: int, needed: int) -> int:
+    """The size of a new segment: a power of two near 1/64 of ``data.mdb`` (``data_bytes``),
+    within ``segment_min`` and ``segment_size``, and at least ``needed`` (one frame must fit).
+
+    Why so: a segment is preallocated whole and stays on disk for reuse, so its size is paid in
+    bytes by every store, while a small one costs a rotation (a recycled segment renamed and its
+    header synced, two flushes on the commit path) every time it fills. Tied to the store's size,
+    the journal stays a small share of a small store (two segments: about 1/32 of it), and a
+    store that has grown, which a host writes to at a rate, gets segments that rotate seldom."""
+
+    top = max(min(options.segment_min, options.segment_size), min(options.segment_size, data_bytes // SEGMENT_SHARE))
+    size = 1 << (top.bit_length() - 1) if top > 0 else top
+    return max(size, min(options.segment_min, options.segment_size), needed)
+
+
 def _is_hex(text: str) -> bool:
     try:
         int(text, 16)
@@ -207,6 +244,7 @@ class Journal:
 
     def __init__(self, store: str, options: JournalOptions) -> None:
         self.directory = os.path.join(store, JOURNAL_DIR)
+        self._data = os.path.join(store, "data.mdb")
         self.options = options
         self._lock = threading.Lock()
         if not os.path.isdir(self.directory):
@@ -364,7 +402,11 @@ class Journal:
         segment in use stays current and open, and the number stays free for the next attempt
         (a failure never leaves a hole in the chain): no frame was written under it."""
 
-        size = max(self.options.segment_size, needed)
+        try:
+            data_bytes = os.path.getsize(self._data)
+        except OSError:
+            data_bytes = 0
+        size = segment_sizing(self.options, data_bytes, needed)
         number = self.next_number
         salt = secrets.randbits(64)
         path = os.path.join(self.directory, f"{number:016x}.seg")
@@ -375,6 +417,13 @@ class Journal:
                 reuse = self.segments.pop(self.current.number)  # planted: the segment just filled, unchecked
                 self._free.append(reuse)
             self._free = [s for s in self._free if s is not reuse and s.path != path]  # replaced by this attempt
+            outgrown = [] if reuse is not None else [s for s in self._free if s.size < size]
+            self._free = [s for s in self._free if s not in outgrown]  # released, too small for the journal now
+        for free in outgrown:
+            try:
+                os.unlink(free.path)
+            except OSError:
+                pass
         fd: int | None = None
         renamed = False
         try:

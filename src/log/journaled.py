@@ -4,6 +4,21 @@ for); checkpoints make ``data.mdb`` durable and move the pin that keeps their pa
 after a power cut the open restores the last checkpoint's meta pages and the store replays the
 journal past it. Why it is built so: ``log.journal`` and docs/reliability.md section 7.
 
+When to checkpoint (``_count_commit``, ``_adapt``): the pin keeps every page freed after the
+checkpoint from reuse, so each commit until the next one writes new pages, and the file's high
+water mark rises by pages per commit times commits per checkpoint (the file never shrinks). A
+fixed commit bound made a small store many times its ``process`` size, so the bound adapts to
+what the file shows at each checkpoint, its free pages (counted as ``stats`` counts them): while
+they are within ``pinned_share`` of the file (or ``pinned_pages``), the bound grows (doubles
+after an interval that did not grow the file, else one more commit); when they are above it and
+the interval grew the file, it halves. It starts at one commit. Why this and not an estimate of
+the pages a commit writes: what a commit takes from the free pages cannot be told from outside
+LMDB (py-lmdb shows no free list), and an estimate from file growth counts growth that comes
+from contiguous runs for long values as if the free pages had run out. Why not a trigger on file
+growth alone: each growth-ended interval leaves its pages free for the next, so intervals
+lengthen up to the commit bound and the file grows as far as it did without one. A bound by
+journal bytes (half the segment in use) keeps two segments taking turns.
+
 A mixin of ``Environment`` (one object, two files): the state it uses is the environment's,
 declared below for the type checker and set by ``Environment.__init__``.
 """
@@ -30,6 +45,12 @@ T = TypeVar("T")
 _log = logging.getLogger("pi_durable_lmdb")
 
 
+def pages(stat: lmdb._StatDict) -> int:
+    """The pages one database holds."""
+
+    return int(stat["branch_pages"]) + int(stat["leaf_pages"]) + int(stat["overflow_pages"])
+
+
 class JournaledWrites:
     """Writes, checkpoints and recovery of a journaled writer (``_journal`` set)."""
 
@@ -50,6 +71,11 @@ class JournaledWrites:
     _wanted: bool
     _stopping: bool
     _held: list[None]
+    _bound: int
+    """Journaled commits between checkpoints now (``_adapt``)."""
+    _last_page: int
+    """``data.mdb``'s last page number at the last checkpoint."""
+    _dbs: dict[bytes, lmdb._Database]
 
     if TYPE_CHECKING:  # Environment's own
 
@@ -138,9 +164,10 @@ class JournaledWrites:
         commits += 1
         self._since = (commits, written, since)
         options = journal.options
+        segment = journal.current
         if not (
-            commits >= options.checkpoint_commits
-            or journal.written - written >= options.checkpoint_bytes
+            commits >= self._bound
+            or journal.written - written >= min(options.checkpoint_bytes, segment.size // 2 if segment else options.checkpoint_bytes)
             or time.monotonic() - since >= options.checkpoint_seconds
         ):
             return
@@ -192,7 +219,9 @@ class JournaledWrites:
                 pin = self._begin_pin(entered=True)
                 meta = self._read_meta()
                 segment = self._replay_from if self._replay_from is not None else journal.current_number
+                commits = self._since[0]
                 self._since = (0, journal.written, time.monotonic())
+                last = int(self.env.info()["last_pgno"])
         finally:
             self._held.pop()
         try:
@@ -206,6 +235,29 @@ class JournaledWrites:
         if old is not None:
             old.abort()
         journal.release(segment)
+        if pin is not None:
+            try:
+                self._adapt(pin, commits, last)
+            except lmdb.Error:  # a handle a swap dropped meanwhile: the bound stays until the next one
+                pass
+
+    def _adapt(self, pin: lmdb.Transaction[bytes], commits: int, last: int) -> None:
+        """The commit bound until the next checkpoint (see the module docstring), from the
+        state ``pin`` holds (``last``: its last page number) and the ``commits`` since the
+        checkpoint before."""
+
+        if self._journal is None:
+            return
+        options = self._journal.options
+        used = 2 + sum(pages(pin.stat(db)) for db in list(self._dbs.values())) + pages(pin.stat())
+        free = max(0, last + 1 - used)
+        grew = self._last_page > 0 and last > self._last_page
+        self._last_page = last
+        if free > max(options.pinned_pages, options.pinned_share * (last + 1)):
+            if grew:
+                self._bound = max(1, self._bound // 2)
+        elif commits >= self._bound:
+            self._bound = min(options.checkpoint_commits, self._bound + (1 if grew else self._bound))
 
     def _begin_pin(self, entered: bool = False) -> lmdb.Transaction[bytes] | None:
         """The read transaction that keeps a checkpoint's pages from reuse (LMDB reuses a page

@@ -164,10 +164,15 @@ def unpack_row(value: bytes, table: str, key: bytes) -> bytes:
         raise CorruptProjectionError(table, key) from None
 
 
-CHUNK: Final = 64 * 1024
-"""A document's current value longer than this is kept in chunks of this size (issue 24): LMDB
-rewrites a long value's overflow pages whole on every change, and keeps about five copies of them
-free in the file; a delta appending to a long text changes only the head and last chunks."""
+CHUNK: Final = 2 * 4096 - 16 - 8
+"""A document's current value longer than this is kept in chunks of this size: LMDB rewrites a
+long value's overflow pages whole on every change, and keeps about five copies of them free in
+the file; a delta appending to a long text changes only the head and last chunks. Two overflow
+pages each, exactly (a page header and the seal's checksum included): a document that grows
+every turn rewrites two pages per change, not a run of up to seventeen; in ``power`` mode every
+page a commit writes is a new page until the next checkpoint (and goes to the device then), and
+a long run needs free pages that are contiguous, which a file whose free pages are many short
+runs does not have, so it grows instead. A read of a long value gets more rows in exchange."""
 CHUNKED: Final = b"\xc1"
 """Leads a ``DOCUMENT_VALUES`` head row: 4-byte chunk count + 8-byte total size; chunk ``i`` is
 at the value's key + 4-byte ``i``. (A value's own row never starts with it: msgpack never does.)"""

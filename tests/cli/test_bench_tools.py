@@ -79,3 +79,26 @@ def test_bench_concurrent_gives_the_power_ceiling_and_the_raw_record_rows() -> N
         assert row in out, out
     ceiling = next(line for line in out.splitlines() if line.startswith("Ceiling of the power class, 4 agents"))
     assert float(ceiling.split(" does ")[1].split("x")[0]) > 0, ceiling
+
+
+def test_bench_runs_the_session_host_in_both_classes_and_reports_time_and_bytes(tmp_path: Path) -> None:
+    """The Session host (``tools/bench_host.py``): power, process, SQLite FULL and NORMAL in the
+    same rounds, every store answering the same document length, and the host's two tables."""
+
+    out = _run("tools/bench.py", "--only", "host_1000", "--scale", "0.02", "--rounds", "2", "--dir", str(tmp_path))
+    for row in ("| host_1000 | power | lmdb (power) |", "| host_1000 | power | sqlite (FULL) |",
+                "| host_1000 | process | lmdb (process) |", "| host_1000 | process | sqlite (NORMAL) |"):
+        assert row in out, out
+    assert "### A Session host" in out and "Answers that differ" not in out, out
+    times = next(line for line in out.splitlines() if line.startswith("| host_1000 | 20 |"))
+    assert times.count(" ms |") == 4 and times.count("x** [") == 3, times
+    sizes = [line for line in out.splitlines() if line.startswith("| host_1000 |") and "KiB |" in line and "**" in line]
+    assert len(sizes) == 1 and sizes[0].count(" KiB |") == 4, out
+
+
+def test_bench_footprint_covers_a_short_turn() -> None:
+    import json
+
+    out = _run("tools/bench_footprint.py", "--only", "short_turn", "--commits", "60", "--json")
+    (result,) = json.loads(out.strip().splitlines()[-1])
+    assert result["workload"] == "short_turn" and result["lmdb"]["bytes"] > 0 and result["sqlite"]["bytes"] > 0, result

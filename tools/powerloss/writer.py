@@ -189,7 +189,10 @@ def journal_options(args: argparse.Namespace) -> dict[str, Any]:
     """A power writer's journal, small so the recording holds segment changes, recycled segments
     and checkpoints (on their own thread, as by default) every few commits: the smallest segment
     (4 KiB of frames) fills in a few commits of the workload's incompressible entries, before
-    the store is reopened, and between checkpoints (``recycle-early`` needs that to bite).
+    the store is reopened, and between checkpoints (``recycle-early`` needs that to bite). Once
+    ``data.mdb`` passes 384 KiB, late in a recording, new segments are 16 KiB and the free 8 KiB
+    ones are deleted; the commit bound between checkpoints adapts to the free pages (a small
+    ``pinned_pages``: 1 to 4 commits).
     ``--fault`` plants one of ``log.journal._faults`` in this process."""
 
     if args.durability != "power":
@@ -198,7 +201,9 @@ def journal_options(args: argparse.Namespace) -> dict[str, Any]:
 
     for fault in args.fault:
         journal._faults.add(fault)
-    return {"journal": journal.JournalOptions(segment_size=2 * journal.HEADER_SIZE, checkpoint_commits=4, checkpoint_bytes=16384)}
+    journal.SEGMENT_SHARE = 24  # so the journal's segments grow late in a recording (see above)
+    return {"journal": journal.JournalOptions(segment_min=2 * journal.HEADER_SIZE, segment_size=4 * journal.HEADER_SIZE,
+                                              checkpoint_commits=4, checkpoint_bytes=16384, pinned_pages=8)}
 
 
 async def run(args: argparse.Namespace) -> None:
