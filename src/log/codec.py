@@ -48,21 +48,89 @@ except ImportError:  # pragma: no cover - exercised only without pi-durable inst
     _ARRAY_TYPES = frozenset({list})
 
 
-def _ext_hook(code: int, data: memoryview) -> Any:
+class _Deferred:
+    """An ``EXT_OBJECT`` met while decoding another one's payload: its bytes, decoded later by
+    the same loop (``_object``), so nested objects never decode through nested calls."""
+
+    __slots__ = ("data",)
+    __hash__ = None  # type: ignore[assignment]  # as a map key it is refused, like the object it stands for
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _scalar_ext(code: int, data: memoryview) -> Any:
     if code == EXT_STR:
         return bytes(data).decode("utf-8", "surrogatepass")
     if code == EXT_BIG_INT:
         return int.from_bytes(data, "big", signed=True)
     if code == EXT_INT:
         return int(bytes(data))
-    if code == EXT_OBJECT:
-        items = _any_decoder.decode(data)
-        return dict(zip(items[::2], items[1::2]))
     raise ValueError(f"unknown msgpack extension type {code}")
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == EXT_OBJECT:
+        return _object(bytes(data))
+    return _scalar_ext(code, data)
+
+
+def _deferring_hook(code: int, data: memoryview) -> Any:
+    if code == EXT_OBJECT:
+        return _Deferred(bytes(data))
+    return _scalar_ext(code, data)
 
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _any_decoder: Final = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_flat_decoder: Final = msgspec.msgpack.Decoder(ext_hook=_deferring_hook)
+
+
+def _object(data: bytes) -> dict[str, Any]:
+    """The object an ``EXT_OBJECT`` payload holds, with every object nested in it, built by one
+    loop: each level costs no Python frame (the interpreters differ in how many they allow).
+
+    A payload that is not a flat array of string keys and values, or that nests objects deeper
+    than ``MAX_DEPTH``, raises ``ValueError``: nothing this store writes is either."""
+
+    root = _pairs(data)
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        container, depth = stack.pop()
+        slots: Iterable[Any] = container.items() if type(container) is dict else enumerate(container)
+        for slot, item in slots:
+            if type(item) is _Deferred:
+                item = container[slot] = _pairs(item.data)
+            elif type(item) is not dict and type(item) is not list:
+                continue
+            if depth >= MAX_DEPTH:
+                raise ValueError(_TOO_DEEP)
+            stack.append((item, depth + 1))
+    return root
+
+
+def _pairs(data: bytes) -> dict[str, Any]:
+    """One ``EXT_OBJECT`` level: its flat array as a dict (nested ones left ``_Deferred``)."""
+
+    items = deep(_flat_decoder.decode, data)
+    if type(items) is not list or len(items) % 2:
+        raise ValueError(f"an object with surrogate keys holds {_kind(items)}, not a flat array of keys and values")
+    keys = items[::2]
+    for key in keys:
+        if type(key) is not str:
+            raise ValueError(f"an object with surrogate keys has a key that is {_kind(key)}, not a string")
+    return dict(zip(keys, items[1::2]))
+
+
+def _kind(value: Any) -> str:
+    if type(value) is list:
+        return f"an array of {len(value)} items"
+    if type(value) is _Deferred:
+        return "an object"
+    return f"a value of type {type(value).__name__}"
+
+
+_TOO_DEEP: Final = f"a stored value nests deeper than {MAX_DEPTH} levels; the store is damaged"
 
 
 def decoder(type: Any = Any) -> msgspec.msgpack.Decoder[Any]:
@@ -123,14 +191,45 @@ def decode_deep(decoder: msgspec.msgpack.Decoder[T], data: bytes | memoryview) -
     try:
         value = deep(decoder.decode, data)
     except RecursionError:
-        value = None
-    if value is None or _deeper_than(value, MAX_DEPTH + 4):
-        raise ValueError(f"A stored value nests deeper than {MAX_DEPTH} levels; the store is damaged")
+        raise ValueError(_TOO_DEEP) from None
+    if deeper_than(value, MAX_DEPTH):
+        raise ValueError(_TOO_DEEP)
     return value
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    stack: list[tuple[Any, int]] = [(value, 0)]
+def decode_bounded(data: bytes | memoryview, decoder: msgspec.msgpack.Decoder[Any] = _any_decoder) -> Any:
+    """``decode_with``, and ``ValueError`` for a value nesting deeper than ``MAX_DEPTH`` (which no
+    commit is), checked here on every Python rather than left to where its stack runs out.
+
+    A value can only nest as deep as it has container headers, so the walk over the decoded
+    value is paid only by a payload holding more than ``MAX_DEPTH`` bytes that could be one."""
+
+    value = decode_with(decoder, data)
+    if len(data) > MAX_DEPTH and _headers(data) > MAX_DEPTH and deeper_than(value, MAX_DEPTH):
+        raise ValueError(_TOO_DEEP)
+    return value
+
+
+_NOT_HEADERS: Final = bytes(
+    code
+    for code in range(256)
+    if not (0x80 <= code <= 0x9F or 0xDC <= code <= 0xDF or 0xC7 <= code <= 0xC9 or 0xD4 <= code <= 0xD8)
+)
+"""Every byte but msgpack's array, map and extension headers (fixmap, fixarray, array and map
+16/32, fixext and ext 8/16/32)."""
+
+
+def _headers(data: bytes | memoryview) -> int:
+    """An upper bound on how deep ``data`` nests: how many of its bytes could open a container."""
+
+    return len(bytes(data).translate(None, _NOT_HEADERS))
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` containers (a Struct counts as one), found
+    without recursion."""
+
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, msgspec.Struct):
