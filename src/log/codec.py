@@ -192,40 +192,67 @@ def decode_deep(decoder: msgspec.msgpack.Decoder[T], data: bytes | memoryview) -
         value = deep(decoder.decode, data)
     except RecursionError:
         raise ValueError(_TOO_DEEP) from None
-    if deeper_than(value, MAX_DEPTH):
+    if _deeper_than(value, MAX_DEPTH):
         raise ValueError(_TOO_DEEP)
     return value
 
 
 def decode_bounded(data: bytes | memoryview, decoder: msgspec.msgpack.Decoder[Any] = _any_decoder) -> Any:
-    """``decode_with``, and ``ValueError`` for a value nesting deeper than ``MAX_DEPTH`` (which no
-    commit is), checked here on every Python rather than left to where its stack runs out.
+    """``decode_with`` for bytes that must hold what a commit wrote: ``ValueError`` for a value
+    nesting deeper than ``MAX_DEPTH`` (checked here, the same on every Python, not left to where
+    the interpreter's stack runs out) or holding what JSON cannot (binary, a key that is not a
+    string).
 
-    A value can only nest as deep as it has container headers, so the walk over the decoded
-    value is paid only by a payload holding more than ``MAX_DEPTH`` bytes that could be one."""
+    The walk over the decoded value is paid only by a payload that could hold either: one with
+    more bytes that could open a container than ``MAX_DEPTH``, or with a byte that could open
+    a binary value."""
 
     value = decode_with(decoder, data)
-    if len(data) > MAX_DEPTH and _headers(data) > MAX_DEPTH and deeper_than(value, MAX_DEPTH):
-        raise ValueError(_TOO_DEEP)
+    suspect = bytes(data).translate(None, _INNOCENT)
+    if len(suspect) > MAX_DEPTH or len(suspect.translate(None, _NOT_BINARY)):
+        problem = _not_stored_json(value)
+        if problem is not None:
+            raise ValueError(problem)
     return value
 
 
-_NOT_HEADERS: Final = bytes(
-    code
-    for code in range(256)
-    if not (0x80 <= code <= 0x9F or 0xDC <= code <= 0xDF or 0xC7 <= code <= 0xC9 or 0xD4 <= code <= 0xD8)
+_CONTAINERS: Final = frozenset(
+    [*range(0x80, 0xA0), *range(0xDC, 0xE0), *range(0xC7, 0xCA), *range(0xD4, 0xD9)]
 )
-"""Every byte but msgpack's array, map and extension headers (fixmap, fixarray, array and map
-16/32, fixext and ext 8/16/32)."""
+"""msgpack's map, array and extension headers (fixmap, fixarray, array and map 16/32, fixext and
+ext 8/16/32): a value nests at most as deep as it has bytes among these."""
+_BINARY: Final = frozenset((0xC4, 0xC5, 0xC6))
+"""msgpack's bin 8/16/32 headers: nothing a commit writes holds one."""
+_INNOCENT: Final = bytes(code for code in range(256) if code not in _CONTAINERS | _BINARY)
+_NOT_BINARY: Final = bytes(code for code in range(256) if code not in _BINARY)
 
 
-def _headers(data: bytes | memoryview) -> int:
-    """An upper bound on how deep ``data`` nests: how many of its bytes could open a container."""
+def _not_stored_json(value: Any) -> str | None:
+    """What makes ``value`` something no commit wrote, or None; found without recursion."""
 
-    return len(bytes(data).translate(None, _NOT_HEADERS))
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if isinstance(item, msgspec.Struct):
+            item, kind = msgspec.structs.astuple(item), tuple
+        if kind is dict:
+            if any(type(key) is not str for key in item):
+                return "a stored object has a key that is not a string; the store is damaged"
+            children: Any = item.values()
+        elif kind is list or kind is tuple:
+            children = item
+        elif kind is bytes:
+            return "a stored value holds binary data; the store is damaged"
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            return _TOO_DEEP
+        stack.extend((child, depth + 1) for child in children)
+    return None
 
 
-def deeper_than(value: Any, limit: int) -> bool:
+def _deeper_than(value: Any, limit: int) -> bool:
     """Whether ``value`` nests more than ``limit`` containers (a Struct counts as one), found
     without recursion."""
 

@@ -37,7 +37,7 @@ def to_json(value: Any) -> str:
 
     try:
         return _encoder.encode(value).decode()
-    except (UnicodeEncodeError, OverflowError, ValueError):
+    except (UnicodeEncodeError, OverflowError, ValueError, RecursionError):  # RecursionError: nested past the default stack
         parts: list[str] = []
         deep(_write, value, parts)
         return "".join(parts)
