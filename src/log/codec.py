@@ -228,28 +228,37 @@ _NOT_BINARY: Final = bytes(code for code in range(256) if code not in _BINARY)
 
 
 def _not_stored_json(value: Any) -> str | None:
-    """What makes ``value`` something no commit wrote, or None; found without recursion."""
+    """What makes ``value`` something no commit wrote, or None; level by level, without
+    recursion (a Struct counts as one container)."""
 
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        kind = type(item)
-        if isinstance(item, msgspec.Struct):
-            item, kind = msgspec.structs.astuple(item), tuple
-        if kind is dict:
-            if any(type(key) is not str for key in item):
-                return "a stored object has a key that is not a string; the store is damaged"
-            children: Any = item.values()
-        elif kind is list or kind is tuple:
-            children = item
-        elif kind is bytes:
-            return "a stored value holds binary data; the store is damaged"
-        else:
-            continue
-        if depth > MAX_DEPTH:
-            return _TOO_DEEP
-        stack.extend((child, depth + 1) for child in children)
+    level, depth = [value], 1
+    while level:
+        below: list[Any] = []
+        for item in level:
+            kind = type(item)
+            if kind in _LEAVES:
+                continue
+            if kind is dict:
+                try:
+                    "".join(item)  # in C: a key that is not a string raises
+                except TypeError:
+                    return "a stored object has a key that is not a string; the store is damaged"
+                below.extend(item.values())
+            elif kind is list or kind is tuple:
+                below.extend(item)
+            elif kind is bytes:
+                return "a stored value holds binary data; the store is damaged"
+            elif isinstance(item, msgspec.Struct):
+                below.extend(msgspec.structs.astuple(item))
+            else:
+                continue
+            if depth > MAX_DEPTH:
+                return _TOO_DEEP
+        level, depth = below, depth + 1
     return None
+
+
+_LEAVES: Final = frozenset((str, int, float, bool, type(None)))
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
