@@ -107,7 +107,7 @@ def _children(node: Any) -> list[tuple[Any, Any]]:
     if isinstance(node, Ext) and node.code == codec.EXT_OBJECT:
         try:
             return [(None, _tree_decoder.decode(node.data))]
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # not MessagePack, or too deep for this helper
             return []
     return []
 
@@ -349,6 +349,16 @@ def test_a_mutated_stream_message_is_taken_or_refused_as_foreign(data: st.DataOb
         return
     if message.kind != "record":
         message.control
+
+
+@pytest.mark.parametrize("seq", ["9" * 5_000, str(2**64), "²", ""], ids=["5000-digits", "2**64", "superscript", "empty"])
+def test_a_stream_message_with_a_sequence_no_log_holds_is_foreign(seq: str) -> None:
+    """Digits past Python's 4,300-digit conversion limit raised ValueError from the parser."""
+
+    headers = record_headers("s" * 8, SEQ, 1)
+    headers["Pd-Seq"] = seq
+    with pytest.raises(ForeignMessageError, match="is not a log sequence"):
+        parse_message("stream", 1, headers, record_bytes(SEED_PAYLOADS[0], 1), "s" * 8)
 
 
 # ── projected rows ──────────────────────────────────────────────────────────
