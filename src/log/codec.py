@@ -239,9 +239,7 @@ def _not_stored_json(value: Any) -> str | None:
             if kind in _LEAVES:
                 continue
             if kind is dict:
-                try:
-                    "".join(item)  # in C: a key that is not a string raises
-                except TypeError:
+                if not _STR_ONLY.issuperset(map(type, item)):  # the keys' types, in C
                     return "a stored object has a key that is not a string; the store is damaged"
                 below.extend(item.values())
             elif kind is list or kind is tuple:
@@ -259,6 +257,7 @@ def _not_stored_json(value: Any) -> str | None:
 
 
 _LEAVES: Final = frozenset((str, int, float, bool, type(None)))
+_STR_ONLY: Final = frozenset((str,))
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
