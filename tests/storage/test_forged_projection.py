@@ -15,7 +15,7 @@ from pi_durable_lmdb.log import codec
 from pi_durable_lmdb.projections import tables as t
 from pi_durable_lmdb.storage import LmdbStorage
 
-from ..support.reliability_helpers import CTX, seeded
+from ..support.reliability_helpers import CTX, seeded, task
 from .test_reliability_corruption import edit_on_disk, raw_value
 
 
@@ -50,5 +50,28 @@ async def test_a_forged_projected_value_with_a_valid_checksum_is_corrupt_project
             await storage.task(3, CTX)
         with pytest.raises(CorruptProjectionError, match="'tasks'"):
             await storage.scan_tasks({}, 10, None, CTX)
+    finally:
+        await storage.close()
+
+
+@pytest.mark.parametrize("forge", [_never_msgpack, _surrogate_object_holding_text], ids=["not-msgpack", "surrogate-object-of-text"])
+async def test_a_commit_over_a_forged_projected_value_is_refused_as_corrupt_projection(
+    tmp_path: Path, forge: Callable[[bytes], bytes]
+) -> None:
+    """Folding a task update reads the task's previous value (for its status index): a forged one
+    is damage, and the commit is refused with nothing written."""
+
+    path = tmp_path / "store"
+    storage = await seeded(path)
+    key = t.u64(3)
+    raw = raw_value(storage, t.TASKS, key)
+    await storage.close()
+    edit_on_disk(path, key, raw, lambda _: t.seal(forge(raw[t.SUM_SIZE :])))
+    storage = await LmdbStorage.open(path, durability="process")
+    try:
+        head = storage.log.head()
+        with pytest.raises(CorruptProjectionError, match="'tasks' holds a damaged value at key 0000000000000003"):
+            await storage.commit([task(3, "waiting")], CTX)
+        assert storage.log.head() == head
     finally:
         await storage.close()
