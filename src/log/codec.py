@@ -27,7 +27,9 @@ EXT_OBJECT: Final = 3
 """An object with a key that needs EXT_STR; the payload is a flat msgpack array k1, v1, k2, v2."""
 
 MAX_DEPTH: Final = 1_000
-"""Deeper values are refused: the reference backends overflow Python's stack at about this depth."""
+"""Deeper values are refused: the reference backends overflow Python's stack at about this depth.
+The store's own limit, the same on every Python: ``check_json`` refuses a deeper commit and
+``decode_bounded`` a deeper stored record, neither leaning on where an interpreter's stack ends."""
 
 _DEEP_STACK: Final = 4 * MAX_DEPTH + 2_000
 """Frames enough for every recursive step here on a value ``MAX_DEPTH`` deep."""
