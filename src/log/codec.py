@@ -27,7 +27,9 @@ EXT_OBJECT: Final = 3
 """An object with a key that needs EXT_STR; the payload is a flat msgpack array k1, v1, k2, v2."""
 
 MAX_DEPTH: Final = 1_000
-"""Deeper values are refused: the reference backends overflow Python's stack at about this depth."""
+"""Deeper values are refused: the reference backends overflow Python's stack at about this depth.
+The store's own limit, the same on every Python: ``check_json`` refuses a deeper commit and
+``decode_bounded`` a deeper stored record, neither leaning on where an interpreter's stack ends."""
 
 _DEEP_STACK: Final = 4 * MAX_DEPTH + 2_000
 """Frames enough for every recursive step here on a value ``MAX_DEPTH`` deep."""
@@ -48,21 +50,89 @@ except ImportError:  # pragma: no cover - exercised only without pi-durable inst
     _ARRAY_TYPES = frozenset({list})
 
 
-def _ext_hook(code: int, data: memoryview) -> Any:
+class _Deferred:
+    """An ``EXT_OBJECT`` met while decoding another one's payload: its bytes, decoded later by
+    the same loop (``_object``), so nested objects never decode through nested calls."""
+
+    __slots__ = ("data",)
+    __hash__ = None  # type: ignore[assignment]  # as a map key it is refused, like the object it stands for
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _scalar_ext(code: int, data: memoryview) -> Any:
     if code == EXT_STR:
         return bytes(data).decode("utf-8", "surrogatepass")
     if code == EXT_BIG_INT:
         return int.from_bytes(data, "big", signed=True)
     if code == EXT_INT:
         return int(bytes(data))
-    if code == EXT_OBJECT:
-        items = _any_decoder.decode(data)
-        return dict(zip(items[::2], items[1::2]))
     raise ValueError(f"unknown msgpack extension type {code}")
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == EXT_OBJECT:
+        return _object(bytes(data))
+    return _scalar_ext(code, data)
+
+
+def _deferring_hook(code: int, data: memoryview) -> Any:
+    if code == EXT_OBJECT:
+        return _Deferred(bytes(data))
+    return _scalar_ext(code, data)
 
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _any_decoder: Final = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_flat_decoder: Final = msgspec.msgpack.Decoder(ext_hook=_deferring_hook)
+
+
+def _object(data: bytes) -> dict[str, Any]:
+    """The object an ``EXT_OBJECT`` payload holds, with every object nested in it, built by one
+    loop: each level costs no Python frame (the interpreters differ in how many they allow).
+
+    A payload that is not a flat array of string keys and values, or that nests objects deeper
+    than ``MAX_DEPTH``, raises ``ValueError``: nothing this store writes is either."""
+
+    root = _pairs(data)
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        container, depth = stack.pop()
+        slots: Iterable[Any] = container.items() if type(container) is dict else enumerate(container)
+        for slot, item in slots:
+            if type(item) is _Deferred:
+                item = container[slot] = _pairs(item.data)
+            elif type(item) is not dict and type(item) is not list:
+                continue
+            if depth >= MAX_DEPTH:
+                raise ValueError(_TOO_DEEP)
+            stack.append((item, depth + 1))
+    return root
+
+
+def _pairs(data: bytes) -> dict[str, Any]:
+    """One ``EXT_OBJECT`` level: its flat array as a dict (nested ones left ``_Deferred``)."""
+
+    items = deep(_flat_decoder.decode, data)
+    if type(items) is not list or len(items) % 2:
+        raise ValueError(f"an object with surrogate keys holds {_kind(items)}, not a flat array of keys and values")
+    keys = items[::2]
+    for key in keys:
+        if type(key) is not str:
+            raise ValueError(f"an object with surrogate keys has a key that is {_kind(key)}, not a string")
+    return dict(zip(keys, items[1::2]))
+
+
+def _kind(value: Any) -> str:
+    if type(value) is list:
+        return f"an array of {len(value)} items"
+    if type(value) is _Deferred:
+        return "an object"
+    return f"a value of type {type(value).__name__}"
+
+
+_TOO_DEEP: Final = f"a stored value nests deeper than {MAX_DEPTH} levels; the store is damaged"
 
 
 def decoder(type: Any = Any) -> msgspec.msgpack.Decoder[Any]:
@@ -123,14 +193,80 @@ def decode_deep(decoder: msgspec.msgpack.Decoder[T], data: bytes | memoryview) -
     try:
         value = deep(decoder.decode, data)
     except RecursionError:
-        value = None
-    if value is None or _deeper_than(value, MAX_DEPTH + 4):
-        raise ValueError(f"A stored value nests deeper than {MAX_DEPTH} levels; the store is damaged")
+        raise ValueError(_TOO_DEEP) from None
+    if _deeper_than(value, MAX_DEPTH):
+        raise ValueError(_TOO_DEEP)
     return value
 
 
+def decode_bounded(data: bytes | memoryview, decoder: msgspec.msgpack.Decoder[Any] = _any_decoder) -> Any:
+    """``decode_with`` for bytes that must hold what a commit wrote: ``ValueError`` for a value
+    nesting deeper than ``MAX_DEPTH`` (checked here, the same on every Python, not left to where
+    the interpreter's stack runs out) or holding what JSON cannot (binary, a key that is not a
+    string).
+
+    The walk over the decoded value is paid only by a payload that could hold either: one with
+    more bytes that could open a container than ``MAX_DEPTH``, or with a byte that could open
+    a binary value."""
+
+    value = decode_with(decoder, data)
+    suspect = bytes(data).translate(None, _INNOCENT)
+    if len(suspect) > MAX_DEPTH or len(suspect.translate(None, _NOT_BINARY)):
+        problem = _not_stored_json(value)
+        if problem is not None:
+            raise ValueError(problem)
+    return value
+
+
+_CONTAINERS: Final = frozenset(
+    [*range(0x80, 0xA0), *range(0xDC, 0xE0), *range(0xC7, 0xCA), *range(0xD4, 0xD9)]
+)
+"""msgpack's map, array and extension headers (fixmap, fixarray, array and map 16/32, fixext and
+ext 8/16/32): a value nests at most as deep as it has bytes among these."""
+_BINARY: Final = frozenset((0xC4, 0xC5, 0xC6))
+"""msgpack's bin 8/16/32 headers: nothing a commit writes holds one."""
+_INNOCENT: Final = bytes(code for code in range(256) if code not in _CONTAINERS | _BINARY)
+_NOT_BINARY: Final = bytes(code for code in range(256) if code not in _BINARY)
+
+
+def _not_stored_json(value: Any) -> str | None:
+    """What makes ``value`` something no commit wrote, or None; level by level, without
+    recursion (a Struct counts as one container)."""
+
+    level, depth = [value], 1
+    while level:
+        below: list[Any] = []
+        for item in level:
+            kind = type(item)
+            if kind in _LEAVES:
+                continue
+            if kind is dict:
+                if not _STR_ONLY.issuperset(map(type, item)):  # the keys' types, in C
+                    return "a stored object has a key that is not a string; the store is damaged"
+                below.extend(item.values())
+            elif kind is list or kind is tuple:
+                below.extend(item)
+            elif kind is bytes:
+                return "a stored value holds binary data; the store is damaged"
+            elif isinstance(item, msgspec.Struct):
+                below.extend(msgspec.structs.astuple(item))
+            else:
+                continue
+            if depth > MAX_DEPTH:
+                return _TOO_DEEP
+        level, depth = below, depth + 1
+    return None
+
+
+_LEAVES: Final = frozenset((str, int, float, bool, type(None)))
+_STR_ONLY: Final = frozenset((str,))
+
+
 def _deeper_than(value: Any, limit: int) -> bool:
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    """Whether ``value`` nests more than ``limit`` containers (a Struct counts as one), found
+    without recursion."""
+
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, msgspec.Struct):

@@ -167,16 +167,17 @@ def encode_batch(writes: Sequence[Mapping[str, Any]]) -> EncodedBatch:
     codec.check_json(batch)
     payload = codec.encode(batch)
     try:
-        return EncodedBatch(payload, codec.deep(_batch_decoder.decode, payload))
+        return EncodedBatch(payload, codec.decode_with(_batch_decoder, payload))
     except msgspec.ValidationError as error:
         raise ValueError(f"Invalid storage write: {error}") from None
 
 
 def decode_batch(payload: bytes | memoryview) -> list[Write]:
-    """Decode and validate a payload; a write that is not of the contract raises ``ValueError``."""
+    """Decode and validate a payload; a write that is not of the contract, or a payload nesting
+    deeper than a commit may, raises ``ValueError``."""
 
     try:
-        return codec.deep(_batch_decoder.decode, payload)
+        return codec.decode_bounded(payload, _batch_decoder)  # type: ignore[no-any-return]
     except msgspec.ValidationError as error:
         raise ValueError(f"Invalid storage write: {error}") from None
 
@@ -234,10 +235,7 @@ def decode_record(seq: int, data: bytes | memoryview) -> Commit:
 
     record, payload = _verified(seq, data)
     try:
-        try:
-            writes = _batch_decoder.decode(payload)
-        except RecursionError:
-            writes = codec.decode_deep(_batch_decoder, payload)
+        writes = codec.decode_bounded(payload, _batch_decoder)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as error:
         raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
     return Commit(seq, record.committed_at, writes)
@@ -249,7 +247,7 @@ def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]
 
     record, payload = _verified(seq, data)
     try:
-        writes = codec.decode(payload)
+        writes = codec.decode_bounded(payload)
     except (msgspec.DecodeError, ValueError) as error:
         raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
     if not isinstance(writes, list):

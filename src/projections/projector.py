@@ -322,7 +322,7 @@ class Projector:
         if previous is None:
             rows.claim(t.u64(id), "task")
         else:
-            old_status = t.TASK_STATUS_KEYS[_task_status(previous)]
+            old_status = t.TASK_STATUS_KEYS[_task_status(previous, t.u64(id))]
             if old_status == status:
                 return
             rows.delete(t.TASKS_BY_STATUS, old_status + t.u64(id))
@@ -332,7 +332,7 @@ class Projector:
         id = value["id"]
         rows.claim(t.u64(id), "submission")
         raw = rows.replace(t.SUBMISSIONS, t.u64(id), codec.encode(value))
-        previous = None if raw is None else codec.decode(raw)
+        previous = None if raw is None else t.decode_row(t.any_decoder, raw, t.SUBMISSIONS, t.u64(id))
         status = t.SUBMISSION_STATUS_KEYS[value["status"]]
         if previous is not None:
             old_status = t.SUBMISSION_STATUS_KEYS[previous["status"]]
@@ -365,7 +365,7 @@ class Projector:
         else:
             stored = rows.get(t.DOCUMENTS, key)
             assert stored is not None, "prepare checked that the document exists"
-            record = codec.decode(stored)
+            record = t.decode_row(t.any_decoder, stored, t.DOCUMENTS, key)
             if action.retire:
                 record["retiredAt"] = seq
                 address = address_key(record)
@@ -462,12 +462,14 @@ class _TaskStatus(msgspec.Struct):
 _task_status_decoder: Final = codec.decoder(_TaskStatus)
 
 
-def _task_status(raw: bytes) -> str:
+def _task_status(raw: bytes, key: bytes) -> str:
     status: str
     try:
         status = _task_status_decoder.decode(raw).state.status
     except (msgspec.ValidationError, RecursionError):  # escaped objects (odd keys), deep values
-        status = codec.decode(raw)["state"]["status"]
+        status = t.decode_row(t.any_decoder, raw, t.TASKS, key)["state"]["status"]
+    except (msgspec.DecodeError, ValueError):
+        raise CorruptProjectionError(t.TASKS, key) from None
     return status
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import lmdb
+import msgspec
 from pi_durable.errors import StorageRequestError
 
 from ..log import Environment, codec
@@ -168,8 +169,11 @@ class ReadModel:
 
     def _get(self, txn: lmdb.Transaction[bytes], table: str, id: object) -> Any | None:
         key = as_key_id(id)
-        raw = None if key is None else self.value(txn, table, _pack(key))
-        return None if raw is None else codec.decode(raw)
+        if key is None:
+            return None
+        packed = _pack(key)
+        raw = self.value(txn, table, packed)
+        return None if raw is None else t.decode_row(t.any_decoder, raw, table, packed)
 
     def record_type(self, txn: lmdb.Transaction[bytes], id: int) -> str | None:
         key = as_key_id(id)
@@ -200,8 +204,9 @@ class ReadModel:
         if registered is None or registered[:1] != t.RECORD_TYPES["entry"]:
             return None
         conversation = registered[9:17]  # after the type code and the claiming commit's sequence
-        raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, conversation + t.u64(key))
-        return None if raw is None else codec.decode_with(t.entry_decoder, raw)
+        row_key = conversation + t.u64(key)
+        raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, row_key)
+        return None if raw is None else t.decode_row(t.entry_decoder, raw, t.ENTRIES_BY_CONVERSATION, row_key)
 
     def submission_id_by_request(
         self, txn: lmdb.Transaction[bytes], conversation_id: object, request_id: object
@@ -242,7 +247,11 @@ class ReadModel:
             value = raw[t.SUM_SIZE:]  # a scan loop: the checksum checked inline
             if checked and t.checksum(value) != t.checksum_of(raw)[0]:
                 raise CorruptProjectionError(table, key)
-            yield decode(value)
+            try:
+                decoded = decode(value)
+            except (msgspec.DecodeError, ValueError):
+                raise CorruptProjectionError(table, key) from None
+            yield decoded
 
     def entry_page(
         self,
@@ -284,7 +293,9 @@ class ReadModel:
                 try:
                     rows.append(decode(value))
                 except RecursionError:  # an entry nested deeper than the default stack allows
-                    rows.append(codec.decode_deep(t.entry_decoder, value))
+                    rows.append(t.decode_row(t.entry_decoder, value, t.ENTRIES_BY_CONVERSATION, key))
+                except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+                    raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key) from None
         return rows, False
 
     def _fork_segments(
@@ -331,7 +342,7 @@ class ReadModel:
                 raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, key)
                 if raw is None:  # a head whose entry is gone
                     raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
-                return codec.decode_with(t.entry_decoder, raw).record
+                return t.decode_row(t.entry_decoder, raw, t.ENTRIES_BY_CONVERSATION, key).record
         return None
 
     # ── documents ───────────────────────────────────────────────────────────
@@ -346,11 +357,12 @@ class ReadModel:
 
     def current_value(self, txn: lmdb.Transaction[bytes], id: int) -> t.CurrentValue | None:
         raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal)
-        return None if raw is None else codec.decode_with(t.current_decoder, raw)
+        return None if raw is None else t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id))
 
     def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:
         for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):
-            version: int = codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq))).version
+            key = t.u64_pair(id, seq)
+            version: int = t.decode_row(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, key), t.DOCUMENT_REVISIONS, key).version
             return version
         return None
 
@@ -359,7 +371,8 @@ class ReadModel:
         the versions a reader can pick (a current-only document keeps none)."""
 
         for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, False):
-            yield seq, codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq)))
+            key = t.u64_pair(id, seq)
+            yield seq, t.decode_row(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, key), t.DOCUMENT_REVISIONS, key)
 
     def materialize(self, txn: lmdb.Transaction[bytes], id: Any, at: Any) -> dict[str, Any] | None:
         """One incarnation at a point: ``{record, version, value, deltasSinceBase}``."""
@@ -395,13 +408,14 @@ class ReadModel:
         for snapshot_seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True):
             key = t.u64_pair(id, snapshot_seq)
             packed = self.unseal(raw, t.DOCUMENT_SNAPSHOTS, key)
-            snapshot = codec.decode_with(t.current_decoder, t.unpack_row(packed, t.DOCUMENT_SNAPSHOTS, key))
+            snapshot = t.decode_row(t.current_decoder, t.unpack_row(packed, t.DOCUMENT_SNAPSHOTS, key), t.DOCUMENT_SNAPSHOTS, key)
             break
         deltas: list[t.Revision] = []
         base: t.Revision | None = None
         revisions = self.db[t.DOCUMENT_REVISIONS]
         for seq, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
-            revision = codec.decode_with(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, t.u64_pair(id, seq)))
+            key = t.u64_pair(id, seq)
+            revision = t.decode_row(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, key), t.DOCUMENT_REVISIONS, key)
             if revision.kind == "base":
                 base = revision
                 break

@@ -361,6 +361,16 @@ def unseal(raw: bytes, table: str, key: bytes) -> bytes:
     return value
 
 
+def decode_row(decoder: msgspec.msgpack.Decoder[Any], value: bytes, table: str, key: bytes) -> Any:
+    """A projected value decoded; bytes that do not decode (a forged value whose checksum holds)
+    raise ``CorruptProjectionError`` naming the key, like any other damage."""
+
+    try:
+        return codec.decode_with(decoder, value)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+        raise CorruptProjectionError(table, key) from None
+
+
 def history_key(table: str, key: bytes, seq: int) -> bytes:
     """Where the value ``key`` held *before* commit ``seq`` changed it is kept."""
 
@@ -417,6 +427,7 @@ class ProjectionState(msgspec.Struct):
 STATE_KEY: Final = b"core"
 
 _encoder: Final = msgspec.msgpack.Encoder()
+any_decoder: Final = codec.decoder()
 entry_decoder: Final = codec.decoder(EntryRow)
 revision_decoder: Final = codec.decoder(Revision)
 current_decoder: Final = codec.decoder(CurrentValue)

@@ -37,10 +37,17 @@ def to_json(value: Any) -> str:
 
     try:
         return _encoder.encode(value).decode()
-    except (UnicodeEncodeError, OverflowError, ValueError):
-        parts: list[str] = []
-        deep(_write, value, parts)
-        return "".join(parts)
+    except (UnicodeEncodeError, OverflowError, ValueError, RecursionError):  # RecursionError: nested past the default stack
+        return deep(_written, value)
+
+
+def _written(value: Any) -> str:
+    """``value`` through ``_write``, into a list of its own: a try that ran out of stack leaves
+    nothing behind for the next one to append to."""
+
+    parts: list[str] = []
+    _write(value, parts)
+    return "".join(parts)
 
 
 def from_json(text: str) -> Any:

@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 
 from pi_durable_lmdb.log import decode_batch, encode_batch, write_to_builtins
 from pi_durable_lmdb.log import codec
+from pi_durable_lmdb.log.records import decode_record_builtins, encode_record
+from pi_durable_lmdb.storage.jsonlines import to_json
+from pi_durable_lmdb.storage.migrate import parse_batch
 
 from ..support.log_helpers import same, open_log, commit, nest_lists, nest_dicts
 
@@ -381,3 +384,16 @@ def test_strict_json_rejected_and_nothing_written(tmp_path: Path, name: str) -> 
     env, log = open_log(tmp_path / "store", readonly=True)
     assert [c.seq for c in log.read(1)] == [1, 2]
     env.close()
+
+
+@pytest.mark.parametrize("shape", list(DEEP_VALUES))
+def test_an_export_line_carries_every_accepted_depth(shape: str) -> None:
+    """The line nests three levels more than the value (the line's object, its writes, the write):
+    msgspec's JSON encoder ran out of the default stack on 3.11 and ``export`` failed."""
+
+    value = DEEP_VALUES[shape](DEEPEST)
+    payload = encode_batch([{"type": "entry", "value": value}]).payload
+    line = to_json(decode_record_builtins(5, encode_record(payload, 1)))
+    seq, committed_at, writes = parse_batch(1, line)
+    assert (seq, committed_at) == (5, 1)
+    same(writes, [{"type": "entry", "value": value}])

@@ -33,6 +33,8 @@ KINDS: Final = ("record", "fence", "ids")
 """``record``: a log record. ``fence``: a new writer's first message, which moves the subject on
 so that no earlier writer's conditional append can land after it. ``ids``: an id block reserved."""
 
+_MAX_SEQ: Final = 2**64 - 1
+"""Log sequences are unsigned 64-bit (big-endian keys)."""
 _STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 
 
@@ -146,11 +148,12 @@ def parse_message(
     try:
         epoch = int(headers.get(H_EPOCH, "0"))
     except (ValueError, TypeError):
-        raise refuse(f"its epoch {headers.get(H_EPOCH)!r} is not an integer") from None
+        raise refuse(f"its epoch {headers.get(H_EPOCH)!r:.80} is not an integer") from None
     raw_seq = headers.get(H_SEQ, "")  # a client may hand a non-ASCII value as another type
-    if not (isinstance(raw_seq, str) and raw_seq.isascii() and raw_seq.isdigit()) or (kind == "record" and int(raw_seq) < 1):
-        raise refuse(f"its {H_SEQ} {raw_seq!r} is not a log sequence")
-    seq = int(raw_seq)
+    ok = isinstance(raw_seq, str) and raw_seq.isascii() and raw_seq.isdigit() and len(raw_seq) <= 20
+    seq = int(raw_seq) if ok else -1
+    if not (1 if kind == "record" else 0) <= seq <= _MAX_SEQ:
+        raise refuse(f"its {H_SEQ} {raw_seq!r:.80} is not a log sequence")
     if kind != "record":
         try:
             control = _control_decoder.decode(body)
