@@ -201,10 +201,13 @@ async def test_a_checkpoint_that_fails_after_a_commit_does_not_fail_the_commit(t
     options = JournalOptions(segment_size=3 * HEADER_SIZE, checkpoint_commits=2, background=False)
     storage = await LmdbStorage.open(path, journal=options)
     acked = [await commit(storage, 0, pad=10)]
+    n = 1
     with Injector("checkpoint", 1, error) as injector:
-        acked.append(await commit(storage, 1, pad=10))  # the second commit: a checkpoint, which fails
+        while not injector.failed and n < 20:  # the first commit that ends in a checkpoint: it fails
+            acked.append(await commit(storage, n, pad=10))
+            n += 1
         assert injector.failed
-    acked.extend([await commit(storage, n, pad=10) for n in range(2, 6)])
+    acked.extend([await commit(storage, m, pad=10) for m in range(n, n + 4)])
     crash_copy(path, tmp_path / "cut")
     await storage.close()
     await check_recovered(tmp_path / "cut", acked)
@@ -235,10 +238,12 @@ def test_a_failed_unmaking_while_the_map_grows_does_not_wedge_the_writer(tmp_pat
     when that write failed, the transaction was left open and counted as running, so every later
     growth waited for it and failed (MapBusyError): the writer was wedged. Found by
     tools/io_faults.py. Where the writer meets a full map at commit time depends on its seeded
-    workload and on every page a commit writes, so the first of a few seeds that meets one runs."""
+    workload, its map and every page a commit writes (checkpoint policy included), so the first
+    of a bounded grid of seeds and map sizes that meets one runs."""
 
-    for seed in range(1, 9):
-        outcome = run_case(str(tmp_path / f"store-{seed}"), "unmake", 1, error, seed=seed)
+    cases = [(seed, size) for size in (256 << 10, 192 << 10, 320 << 10) for seed in range(1, 13)]
+    for seed, size in cases:
+        outcome = run_case(str(tmp_path / f"store-{seed}-{size}"), "unmake", 1, error, seed=seed, map_size=size)
         if outcome.fired:
             break
     assert outcome.fired, "none of the writer's seeded workloads meets a full map at commit time"

@@ -37,10 +37,11 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
 
 
-def run_case(store: str, kind: str, nth: int, error: int, *, commits: int = 41, seed: int = 1,
+def run_case(store: str, kind: str, nth: int, error: int, *, commits: int = 41, seed: int = 1, map_size: int = 256 * 1024,
              plant: tuple[str, ...] = (), background: bool = False, burst: int = 1, timeout: float = 120.0) -> Outcome:
     outcome = Outcome(kind, nth, error)
-    command = [sys.executable, str(CHILD), store, kind, str(nth), str(error), "--commits", str(commits), "--seed", str(seed)]
+    command = [sys.executable, str(CHILD), store, kind, str(nth), str(error), "--commits", str(commits), "--seed", str(seed),
+               "--map-size", str(map_size)]
     command += [f"--plant={fault}" for fault in plant] + (["--background"] if background else []) + ["--burst", str(burst)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     acked: list[tuple[int, int]] = []

@@ -66,7 +66,7 @@ async def run(args: argparse.Namespace, injector: Injector) -> None:
 
     lmdb_storage.ID_BLOCK = 24  # type: ignore[misc]  # reservations (each a checkpoint) now and then
     rng = random.Random(args.seed)
-    storage = await attempt("open", lambda: LmdbStorage.open(args.store, map_size=256 * 1024, **options(args)))
+    storage = await attempt("open", lambda: LmdbStorage.open(args.store, map_size=args.map_size, **options(args)))
     if storage is None:
         return
     after = 0
@@ -95,6 +95,7 @@ def main() -> None:
     parser.add_argument("errno", type=int)
     parser.add_argument("--commits", type=int, default=41)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--map-size", type=int, default=256 * 1024, help="LMDB's map: small, so that it fills and grows")
     parser.add_argument("--burst", type=int, default=1, help="consecutive calls of the kind that fail")
     parser.add_argument("--after", type=int, default=3, help="commits after the fault fired, then the kill")
     parser.add_argument("--plant", action="append", default=[])
