@@ -113,6 +113,10 @@ class JournalOptions:
     commits: p99 7.5 ms with 128)."""
     checkpoint_bytes: int = 512 << 10
     """At most this much journal between checkpoints, and at most half the segment in use."""
+    checkpoint_half_segment: bool = True
+    """A checkpoint once half the segment in use is written, so that two segments take turns and
+    the journal stays two segments long. False leaves only the other bounds (a test's writer
+    that must meet segment changes between checkpoints)."""
     checkpoint_seconds: float = 1.0
     pinned_share: float = 0.2
     """The share of ``data.mdb`` its free pages may take (at least ``pinned_pages`` pages): the
@@ -126,6 +130,8 @@ class JournalOptions:
     committing thread (False: simpler to reason about, slower)."""
 
     def __post_init__(self) -> None:
+        if type(self.checkpoint_half_segment) is not bool:
+            raise ValueError(f"checkpoint_half_segment must be a bool, not {self.checkpoint_half_segment!r}")
         if type(self.segment_size) is not int or self.segment_size < 2 * HEADER_SIZE:
             raise ValueError(f"segment_size must be an int of at least {2 * HEADER_SIZE} bytes, not {self.segment_size!r}")
         if type(self.segment_min) is not int or self.segment_min < 2 * HEADER_SIZE:

@@ -165,9 +165,10 @@ class JournaledWrites:
         self._since = (commits, written, since)
         options = journal.options
         segment = journal.current
+        half = segment.size // 2 if segment is not None and options.checkpoint_half_segment else options.checkpoint_bytes
         if not (
             commits >= self._bound
-            or journal.written - written >= min(options.checkpoint_bytes, segment.size // 2 if segment else options.checkpoint_bytes)
+            or journal.written - written >= min(options.checkpoint_bytes, half)
             or time.monotonic() - since >= options.checkpoint_seconds
         ):
             return

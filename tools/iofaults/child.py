@@ -58,7 +58,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     for fault in args.plant:
         journal._faults.add(fault)
     return {"journal": journal.JournalOptions(segment_size=2 * journal.HEADER_SIZE, checkpoint_commits=12,
-                                              checkpoint_bytes=1 << 20, checkpoint_seconds=600.0, background=args.background)}
+                                              checkpoint_bytes=1 << 20, checkpoint_seconds=600.0, background=args.background,
+                                              checkpoint_half_segment=False, pinned_pages=1 << 20)}  # a checkpoint every 12 commits
 
 
 async def run(args: argparse.Namespace, injector: Injector) -> None:
