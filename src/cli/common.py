@@ -10,7 +10,6 @@ import signal
 import sys
 import time
 from collections.abc import Coroutine
-from datetime import datetime, timedelta, timezone
 from typing import Any, Final, TypeVar
 
 import lmdb
@@ -26,6 +25,9 @@ from ..errors import (
 )
 from pi_durable.errors import StorageRequestError
 from ..storage.jsonlines import to_json
+
+from . import numbers
+from .numbers import CONVERSATION, COUNT, INTERVAL, RECORD_ID, SEQUENCE, argument, parse_time, typed
 
 # ── exit codes ────────────────────────────────────────────────────────────────
 
@@ -142,69 +144,15 @@ def progress_option(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
 
 
-# ── argument types ────────────────────────────────────────────────────────────
+# ── argument types (every one parsed by ``numbers``) ─────────────────────────────
 
-
-def sequence(text: str) -> int:
-    value = integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a log sequence is 1 or more, not {value}")
-    return value
-
-
-def count(text: str) -> int:
-    value = integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a count is 0 or more, not {value}")
-    return value
-
-
-def integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < 86400:
-        raise argparse.ArgumentTypeError(f"an interval is more than 0 and less than a day of seconds, not {text}")
-    return value
-
-
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def parse_time(text: str) -> int:
-    """Unix milliseconds of an ISO 8601 timestamp (``2026-12-02T18:30:00Z``, ``2026-12-02``,
-    ``...+02:00``); one without a zone is UTC, as every time the CLI prints is."""
-
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"{text!r} is not a timestamp; write ISO 8601, e.g. 2026-12-02T18:30:00Z") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return (moment - _EPOCH) // timedelta(milliseconds=1)
-
-
-def time_argument(text: str) -> int:
-    try:
-        return parse_time(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def point(text: str) -> tuple[str, int]:
-    """``--as-of``: a sequence (digits) or a time."""
-
-    if text.strip().isdigit():
-        return "seq", int(text)
-    return "time", time_argument(text)
+sequence = argument(SEQUENCE)
+count = argument(COUNT)
+conversation_id = argument(CONVERSATION)
+record_id = argument(RECORD_ID)
+interval = argument(INTERVAL)
+time_argument = typed(parse_time)
+point = typed(numbers.point)
 
 
 # ── output ────────────────────────────────────────────────────────────────────

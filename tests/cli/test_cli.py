@@ -99,7 +99,7 @@ USAGE_ERRORS = [
     (["tail", "PATH", "--from", "-5"], "1 or more"),
     (["tail", "PATH", "--from", "0"], "1 or more"),
     (["tail", "PATH", "--limit", "-1"], "0 or more"),
-    (["tail", "PATH", "--limit", "x"], "not an integer"),
+    (["tail", "PATH", "--limit", "x"], "'x' is not a count"),
     (["tail", "PATH", "--type", "bogus"], "bogus"),
     (["tail", "PATH", "--follow", "--until", "2026-01-01"], "--until"),
     (["tail", "PATH", "--from", "2", "--since", "2026-01-01"], "--since"),
