@@ -385,7 +385,7 @@ def test_import_from_pi_durable_refuses_what_is_not_a_pi_durable_store(tmp_path:
     not_sqlite.write_text("not a database\n" * 100)
     empty = tmp_path / "empty"
     empty.mkdir()
-    for source, words in ((not_sqlite, "is not a pi-durable SQLite store"), (empty, "no main.jsonl")):
+    for source, words in ((not_sqlite, "is not a pi-durable store: not a SQLite database"), (empty, "no main.jsonl")):
         code, _, stderr = call(capsys, "import", "--from-pi-durable", source, tmp_path / "new")
         assert code == 2 and words in stderr and "Traceback" not in stderr, stderr
     assert sorted(os.listdir(tmp_path)) == ["empty", "notes.txt"] and os.listdir(empty) == []
