@@ -9,6 +9,7 @@ import asyncio
 import signal
 import sys
 import time
+from importlib import metadata
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
@@ -97,6 +98,32 @@ examples:
 READ_ONLY: Final = "read-only: never blocks the writer and never creates a store"
 
 
+def install_hint(extra: str) -> str:
+    """How to install this package with ``extra``: from a checkout or from its wheel (it is not
+    on a package index)."""
+
+    try:
+        version = metadata.version("pi-durable-lmdb")
+    except metadata.PackageNotFoundError:
+        version = "VERSION"
+    return (
+        f"from a checkout, pip install '/path/to/pi-durable-lmdb[{extra}]'; "
+        f"from a wheel, pip install 'pi_durable_lmdb-{version}-py3-none-any.whl[{extra}]'"
+    )
+
+
+SERVE_MODULES: Final = ("aiohttp", "jinja2", "prometheus_client")
+"""What ``serve`` needs: the ``[web]`` extra."""
+
+
+def serve_missing(missing: str) -> ValueError:
+    """The refusal of ``serve`` without the ``[web]`` extra (exit 2)."""
+
+    return usage(
+        f"durable-log serve needs the [web] extra ({missing} is not installed): {install_hint('web')}"
+    )
+
+
 def usage(message: str) -> ValueError:
     """A refusal the command names (exit 2)."""
 
@@ -123,7 +150,11 @@ def add_command(
 
 
 def store_argument(sub: argparse.ArgumentParser) -> None:
+    """``PATH``, a store the command reads: a store this user may not read is refused first,
+    as a permission problem (``storage.access``)."""
+
     sub.add_argument("path", metavar="PATH", help="the store's directory")
+    sub.set_defaults(reads_store=True)
 
 
 def nats_options(sub: argparse.ArgumentParser, store_required: bool = True) -> None:

@@ -139,6 +139,7 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "line then naming its store (--from is then a log sequence of each store).",
     )
     sub.add_argument("path", nargs="?", metavar="PATH", help="the store's directory (not with --nats)")
+    sub.set_defaults(reads_store=True)
     nats_options(sub, store_required=False)
     sub.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this log sequence")
     sub.add_argument("--since", type=time_argument, metavar="TIME", help="start at the first batch committed at or after TIME")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import ipaddress
 import os
 import signal
 import sys
 from typing import Final
 
-from ..cli.common import READ_ONLY, add_command, store_argument, usage
+from ..cli.common import READ_ONLY, SERVE_MODULES, add_command, serve_missing, store_argument, usage
 from ..cli.numbers import MAX_LAG, PORT, argument
 from ..storage.stats import require_store
 
@@ -49,6 +50,11 @@ def is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    for name in SERVE_MODULES:  # the [web] extra: said before anything else, never a traceback
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise serve_missing(name) from None
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host) and token is None:
         raise usage(

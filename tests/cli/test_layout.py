@@ -127,7 +127,8 @@ def test_serve_without_the_web_extra_says_what_to_install(args: list[str]) -> No
     missing = "import sys\nsys.modules['pi_durable_lmdb.web.command'] = None  # as when the [web] extra is missing"
     done = _run_cli(missing, *args)
     assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "pip install 'pi-durable-lmdb[web]'" in done.stderr and "Traceback" not in done.stderr
+    assert "pip install '/path/to/pi-durable-lmdb[web]'" in done.stderr and "Traceback" not in done.stderr
+    assert "py3-none-any.whl[web]'" in done.stderr
     helped = _run_cli(missing, "--help")
     assert "serve" in helped.stdout
 
