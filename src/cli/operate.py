@@ -9,7 +9,7 @@ import asyncio
 import sys
 
 from ..log.environment import check_store_id
-from ..storage.stats import require_store, stored_projections
+from ..storage.stats import refuse_foreign_files, require_store, stored_projections
 from ..storage.words import format_bytes, plural
 
 from .numbers import LEASE_TTL, argument
@@ -135,6 +135,7 @@ def _register_replica(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 def _replica(args: argparse.Namespace) -> int:
     check_store_id(args.store)
+    refuse_foreign_files(args.path)
     return int(run_until_signalled(_keep_replica(args)))
 
 

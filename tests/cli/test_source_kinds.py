@@ -167,3 +167,17 @@ def test_import_from_pi_durable_leaves_a_file_that_is_not_its_store_byte_for_byt
         with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as db:
             assert [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["notes"]
         db.close()
+
+
+@pytest.mark.parametrize("command", [["demo", "SRC"], ["replica", "SRC", *NATS, "--store", "abc"]])
+def test_a_command_that_makes_its_store_refuses_another_programs_lmdb_files_unwritten(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """``demo`` and ``replica`` open (or make) a store at PATH as its writer: another program's
+    LMDB environment there is refused first, never written into."""
+
+    source = _make("foreign LMDB", tmp_path, store)
+    before = _snapshot(tmp_path)
+    code, _, err = call(capsys, *[str(source) if arg == "SRC" else arg for arg in command])
+    assert code == 2 and "not a pi-durable-lmdb store" in err and "Traceback" not in err, (code, err)
+    assert _snapshot(tmp_path) == before
