@@ -18,6 +18,7 @@ from importlib import metadata
 
 from ..log.records import FORMAT_VERSION
 from ..projections.tables import SCHEMA_VERSION
+from ..storage.access import require_access
 
 from . import demo, find, inspect, move, operate, projections, snapshot, transparency
 from .common import (
@@ -30,14 +31,11 @@ from .common import (
     KNOWN_REFUSALS,
     Formatter,
     add_command,
-    usage,
+    serve_missing,
 )
 
 __all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
 
-SERVE_MISSING = (
-    "durable-log serve needs the web extra, which is not installed: pip install 'pi-durable-lmdb[web]'"
-)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown and not getattr(args, "takes_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
+        if getattr(args, "reads_store", False) and args.path is not None:
+            require_access(args.path)
         return int(args.run(args) or 0)
     except DAMAGE as error:
         print(f"durable-log: damage: {error}", file=sys.stderr)
@@ -58,7 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"durable-log: {str(error) or type(error).__name__}", file=sys.stderr)
         _debug(args)
         return EXIT_USAGE
-    except Exception:
+    except Exception as error:
+        if isinstance(error, ImportError) and "[nats]" in str(error):  # the extra is not installed
+            print(f"durable-log: {error}", file=sys.stderr)
+            _debug(args)
+            return EXIT_USAGE
         print(
             "durable-log: unexpected error (a bug in durable-log: please report it with this traceback):",
             file=sys.stderr,
@@ -108,7 +112,7 @@ def _register_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _serve_missing(args: argparse.Namespace) -> int:
-    raise usage(SERVE_MISSING)
+    raise serve_missing("aiohttp")
 
 
 def _version() -> str:

@@ -9,8 +9,8 @@ import asyncio
 import signal
 import sys
 import time
+from importlib import metadata
 from collections.abc import Coroutine
-from datetime import datetime, timedelta, timezone
 from typing import Any, Final, TypeVar
 
 import lmdb
@@ -26,6 +26,9 @@ from ..errors import (
 )
 from pi_durable.errors import StorageRequestError
 from ..storage.jsonlines import to_json
+
+from . import numbers
+from .numbers import CONVERSATION, COUNT, INTERVAL, RECORD_ID, SEQUENCE, argument, parse_time, typed
 
 # ── exit codes ────────────────────────────────────────────────────────────────
 
@@ -95,6 +98,32 @@ examples:
 READ_ONLY: Final = "read-only: never blocks the writer and never creates a store"
 
 
+def install_hint(extra: str) -> str:
+    """How to install this package with ``extra``: from a checkout or from its wheel (it is not
+    on a package index)."""
+
+    try:
+        version = metadata.version("pi-durable-lmdb")
+    except metadata.PackageNotFoundError:
+        version = "VERSION"
+    return (
+        f"from a checkout, pip install '/path/to/pi-durable-lmdb[{extra}]'; "
+        f"from a wheel, pip install 'pi_durable_lmdb-{version}-py3-none-any.whl[{extra}]'"
+    )
+
+
+SERVE_MODULES: Final = ("aiohttp", "jinja2", "prometheus_client")
+"""What ``serve`` needs: the ``[web]`` extra."""
+
+
+def serve_missing(missing: str) -> ValueError:
+    """The refusal of ``serve`` without the ``[web]`` extra (exit 2)."""
+
+    return usage(
+        f"durable-log serve needs the [web] extra ({missing} is not installed): {install_hint('web')}"
+    )
+
+
 def usage(message: str) -> ValueError:
     """A refusal the command names (exit 2)."""
 
@@ -121,7 +150,11 @@ def add_command(
 
 
 def store_argument(sub: argparse.ArgumentParser) -> None:
+    """``PATH``, a store the command reads: a store this user may not read is refused first,
+    as a permission problem (``storage.access``)."""
+
     sub.add_argument("path", metavar="PATH", help="the store's directory")
+    sub.set_defaults(reads_store=True)
 
 
 def nats_options(sub: argparse.ArgumentParser, store_required: bool = True) -> None:
@@ -142,69 +175,15 @@ def progress_option(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
 
 
-# ── argument types ────────────────────────────────────────────────────────────
+# ── argument types (every one parsed by ``numbers``) ─────────────────────────────
 
-
-def sequence(text: str) -> int:
-    value = integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a log sequence is 1 or more, not {value}")
-    return value
-
-
-def count(text: str) -> int:
-    value = integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a count is 0 or more, not {value}")
-    return value
-
-
-def integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < 86400:
-        raise argparse.ArgumentTypeError(f"an interval is more than 0 and less than a day of seconds, not {text}")
-    return value
-
-
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def parse_time(text: str) -> int:
-    """Unix milliseconds of an ISO 8601 timestamp (``2026-12-02T18:30:00Z``, ``2026-12-02``,
-    ``...+02:00``); one without a zone is UTC, as every time the CLI prints is."""
-
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"{text!r} is not a timestamp; write ISO 8601, e.g. 2026-12-02T18:30:00Z") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return (moment - _EPOCH) // timedelta(milliseconds=1)
-
-
-def time_argument(text: str) -> int:
-    try:
-        return parse_time(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def point(text: str) -> tuple[str, int]:
-    """``--as-of``: a sequence (digits) or a time."""
-
-    if text.strip().isdigit():
-        return "seq", int(text)
-    return "time", time_argument(text)
+sequence = argument(SEQUENCE)
+count = argument(COUNT)
+conversation_id = argument(CONVERSATION)
+record_id = argument(RECORD_ID)
+interval = argument(INTERVAL)
+time_argument = typed(parse_time)
+point = typed(numbers.point)
 
 
 # ── output ────────────────────────────────────────────────────────────────────

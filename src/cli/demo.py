@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ..storage.lmdb_storage import LmdbStorage
-from ..storage.stats import format_stats, stats
+from ..storage.stats import format_stats, refuse_foreign_files, stats
 from ..storage.tail import Tail, summarize
 
 from .common import add_command
@@ -151,6 +151,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def main(path: str | None) -> int:
     path = path or "demo-store"
+    refuse_foreign_files(path)  # runs again on a store of its own, never into another program's files
     print(f"Running a small agent host on the embedded store at {os.path.abspath(path)} ...\n")
     result = asyncio.run(run_workload(path))
     print(

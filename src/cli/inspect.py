@@ -23,6 +23,7 @@ from ..storage.tail import StreamTail, Tail, TailFilter, commit_to_builtins, ope
 from ..storage.verify import check, record_outcome
 
 from . import transparency
+from .numbers import DIFFERENCES, argument
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,
@@ -30,14 +31,16 @@ from .common import (
     READ_ONLY,
     Progress,
     add_command,
+    conversation_id,
     count,
-    integer,
+    interval,
     nats_options,
     point,
     print_json,
     progress_on,
     progress_option,
     readable,
+    record_id,
     run_until_signalled,
     sequence,
     store_argument,
@@ -63,7 +66,7 @@ def _register_stats(commands: argparse._SubParsersAction[argparse.ArgumentParser
     sub.add_argument("--nats", metavar="URL", help="also ask NATS for the store's writer lease (with --stream)")
     sub.add_argument("--stream", metavar="S", help="the stream that carries the store's log (with --nats)")
     sub.add_argument("--watch", action="store_true", help="print rates (commits/s, fold lag, replication lag) every --every seconds")
-    sub.add_argument("--every", type=float, default=2.0, metavar="SECONDS", help="interval of --watch (default 2)")
+    sub.add_argument("--every", type=interval, default=2.0, metavar="SECONDS", help="interval of --watch (default 2)")
     sub.set_defaults(run=_stats)
 
 
@@ -100,7 +103,7 @@ def _register_show(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     store_argument(sub)
     sub.add_argument("kind", choices=SHOW_KINDS, metavar="KIND", help=f"one of: {', '.join(SHOW_KINDS)}")
-    sub.add_argument("id", type=integer, metavar="ID", help="the record's id")
+    sub.add_argument("id", type=record_id, metavar="ID", help="the record's id")
     sub.add_argument("--as-of", type=point, metavar="SEQ|TIME", help="as the store was right after this log sequence, or at this time")
     sub.add_argument("--pretty", action="store_true", help="indent the JSON for reading (the default is one line)")
     sub.set_defaults(run=_show)
@@ -143,6 +146,7 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "line then naming its store (--from is then a log sequence of each store).",
     )
     sub.add_argument("path", nargs="?", metavar="PATH", help="the store's directory (not with --nats)")
+    sub.set_defaults(reads_store=True)
     nats_options(sub, store_required=False)
     sub.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this log sequence")
     sub.add_argument("--to", dest="to_seq", type=sequence, metavar="SEQ", help="stop at this log sequence (with --from: that range)")
@@ -151,7 +155,7 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     sub.add_argument("--limit", "-n", type=count, metavar="N", help="only the last N matching batches of the range")
     sub.add_argument("--follow", "-f", action="store_true", help="then keep printing new batches as they are committed, until Ctrl-C")
     sub.add_argument("--json", action="store_true", help='one JSON object per batch: {"seq", "committedAt", "writes"}')
-    sub.add_argument("--conversation", type=sequence, metavar="ID", help="only the writes of this conversation (its entries, tasks, submissions and documents)")
+    sub.add_argument("--conversation", type=conversation_id, metavar="ID", help="only the writes of this conversation (its entries, tasks, submissions and documents)")
     sub.add_argument(
         "--type",
         dest="types",
@@ -334,7 +338,7 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
         f"compare them with the live ones key by key; {READ_ONLY}. Exit 1 if anything differs.",
     )
     store_argument(sub)
-    sub.add_argument("--max-differences", type=count, default=20, metavar="N", help="list at most N differences (default 20)")
+    sub.add_argument("--max-differences", type=argument(DIFFERENCES), default=20, metavar="N", help="list at most N differences (default 20)")
     progress_option(sub)
     transparency.trusted_options(sub)
     sub.set_defaults(run=_verify)
@@ -343,7 +347,7 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
 def _verify(args: argparse.Namespace) -> int:
     if args.trusted is not None:
         return transparency.verify_against(args)
-    report = check(args.path, progress=Progress("verify", None, progress_on(args)), limit=max(1, args.max_differences))
+    report = check(args.path, progress=Progress("verify", None, progress_on(args)), limit=args.max_differences)
     record_outcome(args.path, report)
     if report.sound:
         print(f"{args.path}: {report.summary()}")

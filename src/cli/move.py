@@ -113,7 +113,7 @@ def _register_import(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _import(args: argparse.Namespace) -> int:
-    from ..storage import migrate
+    from ..storage import migrate, pisource
 
     if args.from_pi_durable and args.renumber:
         raise usage("--renumber is for an export; --from-pi-durable numbers what it reads itself")
@@ -126,11 +126,9 @@ def _import(args: argparse.Namespace) -> int:
     async def run() -> migrate.ImportReport:
         if args.from_pi_durable:
             report = Progress("import", None, progress_on(args), unit="commits")
-            source = await migrate.open_pi_durable_store(args.source)
-            try:
+            scratch = os.path.dirname(os.path.abspath(args.path))  # the copy of the source: beside the new store
+            async with pisource.open_read_only(args.source, scratch if os.path.isdir(scratch) else None) as source:
                 return await migrate.import_pi_durable(source, args.path, report)
-            finally:
-                await source.close(None)
         if args.source == "-":
             report = Progress("import", None, progress_on(args), unit="commits")
             return await migrate.import_export(sys.stdin.buffer, args.path, report, renumber=args.renumber)

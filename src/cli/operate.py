@@ -9,9 +9,10 @@ import asyncio
 import sys
 
 from ..log.environment import check_store_id
-from ..storage.stats import require_store, stored_projections
+from ..storage.stats import refuse_foreign_files, require_store, stored_projections
 from ..storage.words import format_bytes, plural
 
+from .numbers import LEASE_TTL, argument
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,
@@ -21,7 +22,7 @@ from .common import (
     progress_on,
     progress_option,
     run_until_signalled,
-    seconds,
+    interval,
     store_argument,
     usage,
 )
@@ -146,12 +147,13 @@ def _register_replica(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     sub.add_argument("path", metavar="PATH", help="the replica's directory (made when missing)")
     nats_options(sub)
-    sub.add_argument("--interval", type=seconds, default=10.0, metavar="SECONDS", help="print the status every SECONDS (default 10)")
+    sub.add_argument("--interval", type=interval, default=10.0, metavar="SECONDS", help="print the status every SECONDS (default 10)")
     sub.set_defaults(run=_replica)
 
 
 def _replica(args: argparse.Namespace) -> int:
     check_store_id(args.store)
+    refuse_foreign_files(args.path)
     return int(run_until_signalled(_keep_replica(args)))
 
 
@@ -212,7 +214,7 @@ def _register_promote(commands: argparse._SubParsersAction[argparse.ArgumentPars
     sub.add_argument("--nats", required=True, metavar="URL", help="a NATS server URL, or several, comma-separated")
     sub.add_argument("--stream", required=True, metavar="S", help="the JetStream stream that carries the log")
     sub.add_argument("--force", action="store_true", help="fence the old writer out now, without waiting for its lease")
-    sub.add_argument("--lease-ttl", type=int, default=None, metavar="SECONDS", help="the lease's time to live")
+    sub.add_argument("--lease-ttl", type=argument(LEASE_TTL), default=None, metavar="SECONDS", help="the lease's time to live")
     sub.set_defaults(run=_promote)
 
 

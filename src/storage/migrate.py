@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import shutil
-import sqlite3
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from ..log.records import check_committed_at
 from ..errors import WriterLockedError
 from ..log.storedir import sync_directory, take_writer_lock
 
+from .pisource import SQLITE_HEADER
 from .words import plural
 from .export import ROOT_TRAILER
 from .jsonlines import from_json
@@ -89,7 +89,6 @@ class ImportReport:
 _RUNS_SHOWN: Final = 20
 """Renumbered runs listed one by one in an import's report; the rest are counted."""
 
-SQLITE_HEADER: Final = b"SQLite format 3\x00"
 
 
 _PLURALS: Final = {"entry": "entries"}
@@ -314,27 +313,6 @@ def _check_root(storage: LmdbStorage, report: ImportReport, number: int, size: i
             "after it was written. Nothing was imported"
         )
     return f"the records imported have the exporter's root {root.hex()} (tree of {size} records)"
-
-
-async def open_pi_durable_store(path: str) -> Any:
-    """A pi-durable SQLite file or JSONL directory, through pi-durable's own backends; a path that
-    holds neither is refused (and never created: opening them would create a store)."""
-
-    if os.path.isdir(path):
-        from pi_durable.env.posix import PosixExecutionEnv
-        from pi_durable.storage.jsonl import JsonlStorage
-
-        if not os.path.isfile(os.path.join(path, "main.jsonl")):
-            raise FileNotFoundError(f"No pi-durable JSONL store in {path} (no main.jsonl)")
-        return await JsonlStorage.open(path, PosixExecutionEnv(), BACKGROUND_CONTEXT)
-    from pi_durable.storage.sqlite.posix import open_posix_sqlite_storage
-
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"No pi-durable store at {path}")
-    try:
-        return await open_posix_sqlite_storage(path)
-    except sqlite3.Error as error:
-        raise ValueError(f"{path} is not a pi-durable SQLite store ({error})") from None
 
 
 async def _pages(scan: Any, query: dict[str, Any], limit: int = 500) -> AsyncIterator[Any]:

@@ -64,6 +64,15 @@ def require_store(path: str | os.PathLike[str]) -> None:
         pass  # a store whose journal a writer's open replays
 
 
+def refuse_foreign_files(path: str | os.PathLike[str]) -> None:
+    """Before a command makes or opens its own store at ``path`` (``demo``, ``replica``): LMDB
+    files there that are not a store of this program (another program's environment) are
+    refused by a read-only open, before a writer could write into them."""
+
+    if os.path.exists(os.path.join(os.fspath(path), "data.mdb")):
+        require_store(path)
+
+
 def stored_projections(path: str | os.PathLike[str]) -> list[str]:
     """The names of the user projections a store holds rows for."""
 

@@ -33,7 +33,10 @@ MAX_SIGNATURES: Final = 100
 MAX_NOTE: Final = 1 << 20
 """Bytes of a note read at most: a checkpoint is a few hundred."""
 _DASH: Final = "\u2014 "
-MISSING: Final = "Signing and verifying checkpoints needs the cryptography package: pip install 'pi-durable-lmdb[audit]'"
+MISSING: Final = (
+    "Signing and verifying checkpoints needs the cryptography package (the [audit] extra): from a checkout, "
+    "pip install '/path/to/pi-durable-lmdb[audit]'; from a wheel, pip install 'pi_durable_lmdb-<version>-py3-none-any.whl[audit]'"
+)
 
 
 def _ed25519() -> Any:

@@ -9,6 +9,7 @@ import hmac
 import json
 import os
 import time
+from urllib.parse import urlencode
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -29,6 +30,7 @@ from ..log.records import WRITE_TYPES
 
 from ..errors import BadQueryError, NoteError
 from . import chart, links, lists, search, timeline, views
+from .query import parameter
 from .search import Finder, marked
 from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 
@@ -39,6 +41,9 @@ POLL: Final = 0.5
 LIVE_ROWS: Final = 200
 """Rows the live log keeps on its page: older ones are dropped as new ones arrive (the "older"
 link pages through them), so a page left open all day stays small."""
+REPLAY_CHUNK: Final = 64
+"""Log records the live log reads and sends at a time before letting other requests run: a
+client that asks for a long backlog (``?after=0`` on a big log) never holds the server."""
 HEARTBEAT: Final = 15.0
 """Seconds of silence after which the live log sends a comment (keeps proxies from closing it)."""
 CSP: Final = (
@@ -157,10 +162,13 @@ def _token_of(request: web.Request) -> str | None:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A store that cannot be read is a 503 page naming why (and is opened afresh next time)."""
+    """A bad query parameter is a 400 page naming it; a store that cannot be read is a 503 page
+    naming why, and is opened afresh by the next request (the handle other requests are reading
+    through is closed only once they end)."""
 
     try:
-        return await handler(request)
+        async with request.app[STORE].request():
+            return await handler(request)
     except web.HTTPException:
         raise
     except BadQueryError as error:
@@ -185,19 +193,20 @@ def _json(value: Any, status: int = 200) -> web.Response:
 
 
 def _int(request: web.Request, name: str) -> int | None:
-    text = request.query.get(name, "").strip()
-    if not text:
-        return None
-    if not text.isdigit():
-        raise BadQueryError(f"{name}={text!r} is not a whole number")
-    return int(text)
+    found: int | None = parameter(request.query, name)
+    return found
+
+
+def _path_number(request: web.Request, name: str) -> int:
+    found: int = parameter(request.match_info, name)
+    return found
 
 
 async def _as_of(request: web.Request) -> tuple[int | None, int]:
     """The page's point (None: now) and the log's head, for the history control."""
 
     store = request.app[STORE]
-    as_of = await store.point(request.query.get("as_of"))
+    as_of = await store.point(parameter(request.query, "as_of"))
     head = (await store.storage()).log.head()
     return as_of, head
 
@@ -284,14 +293,31 @@ async def conversation_list(request: web.Request) -> web.Response:
 
 
 async def conversation_page(request: web.Request) -> web.Response:
-    id = int(request.match_info["id"])
+    id = _path_number(request, "id")
     as_of, head = await _as_of(request)
     reader = await request.app[STORE].reader(as_of)
-    found = await views.conversation(reader, id)
+    found = await views.conversation(reader, id, _int(request, "after"), _int(request, "before"))
     if found is None:
         return _missing(request, f"conversation {id}", as_of)
     times = await timeline.entry_times((await request.app[STORE].storage()).log, reader, found["nodes"])
-    return _page(request, "conversation.html", {"title": f"Conversation {id}", "c": found, "as_of": as_of, "head": head, "times": times})
+    paging = found["paging"]
+    pages = {}
+    if paging["older"] is not None:
+        pages["first"] = _link(request, after=None, before=None)
+        pages["prev"] = _link(request, after=None, before=paging["older"])
+    if paging["newer"] is not None:
+        pages["next"] = _link(request, after=paging["newer"], before=None)
+        pages["last"] = _link(request, after=None, before=paging["newest"])
+    context = {"title": f"Conversation {id}", "c": found, "links": pages, "as_of": as_of, "head": head, "times": times}
+    return _page(request, "conversation.html", context)
+
+
+def _link(request: web.Request, **changes: int | None) -> str:
+    """This page's address with some query parameters changed (None: left out), the token never."""
+
+    query = {key: value for key, value in request.query.items() if key != "token" and key not in changes}
+    query.update({key: str(value) for key, value in changes.items() if value is not None})
+    return request.path + ("?" + urlencode(query) if query else "")
 
 
 async def document_list(request: web.Request) -> web.Response:
@@ -319,7 +345,7 @@ async def task_list(request: web.Request) -> web.Response:
 
 
 async def document_page(request: web.Request) -> web.Response:
-    id = int(request.match_info["id"])
+    id = _path_number(request, "id")
     as_of, head = await _as_of(request)
     store = request.app[STORE]
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
@@ -336,24 +362,11 @@ def _missing(request: web.Request, what: str, as_of: int | None) -> web.Response
 
 
 def _filter(request: web.Request) -> TailFilter:
-    kinds = [kind for kind in request.query.getall("kind", []) if kind]
-    unknown = [kind for kind in kinds if kind not in WRITE_TYPES]
-    if unknown:
-        raise BadQueryError(f"unknown write kind(s) {unknown}; known: {', '.join(WRITE_TYPES)}")
-    return TailFilter(_int(request, "conversation"), frozenset(kinds) if kinds else None)
+    return TailFilter(_int(request, "conversation"), parameter(request.query, "kind"))
 
 
 def _times(request: web.Request) -> tuple[int | None, int | None]:
-    from ..cli.common import parse_time
-
-    found: list[int | None] = []
-    for name in ("since", "until"):
-        text = request.query.get(name, "").strip()
-        try:
-            found.append(parse_time(text) if text else None)
-        except ValueError as error:
-            raise BadQueryError(f"{name}={text!r}: {error}") from None
-    return found[0], found[1]
+    return parameter(request.query, "since"), parameter(request.query, "until")
 
 
 def _batch(commit: Any, writes: list[Any]) -> dict[str, Any]:
@@ -397,14 +410,18 @@ async def log_events(request: web.Request) -> web.StreamResponse:
         while True:
             head = tail.head()
             if head > seen:
-                commits: list[Any] = list(tail.log.read(seen + 1, head))
-                for commit in commits:
-                    writes = tail.select(commit)
-                    if writes:
-                        data = utf8_safe(json.dumps(_batch(commit, writes)))
-                        await response.write(f"id: {commit.seq}\nevent: batch\ndata: {data}\n\n".encode())
+                while seen < head:  # a chunk per read, the loop free between chunks (a long backlog)
+                    last = min(head, seen + REPLAY_CHUNK)
+                    commits: list[Any] = list(tail.log.read(seen + 1, last))
+                    for commit in commits:
+                        writes = tail.select(commit)
+                        if writes:
+                            data = utf8_safe(json.dumps(_batch(commit, writes)))
+                            await response.write(f"id: {commit.seq}\nevent: batch\ndata: {data}\n\n".encode())
+                    seen = last
+                    await asyncio.sleep(0)
                 await response.write(f"event: head\ndata: {head}\n\n".encode())
-                seen, quiet = head, 0.0
+                quiet = 0.0
             elif quiet >= HEARTBEAT:
                 await response.write(b": still here\n\n")
                 quiet = 0.0
@@ -422,7 +439,7 @@ async def log_record(request: web.Request) -> web.Response:
     prints it for ``Accept: application/json`` or ``?format=json`` (or any client that does not
     ask for HTML)."""
 
-    seq = int(request.match_info["seq"])
+    seq = _path_number(request, "seq")
     tail = Tail(request.app[STORE].path)
     try:
         commit: Any = tail.log.get(seq) if seq >= 1 else None
@@ -459,10 +476,10 @@ def _wants_html(request: web.Request) -> bool:
 async def record_json(request: web.Request) -> web.Response:
     """One record as ``durable-log show`` prints it, now or ``?as_of=``."""
 
-    kind, id = request.match_info["kind"], int(request.match_info["id"])
+    kind, id = request.match_info["kind"], _path_number(request, "id")
     if kind not in SHOW_KINDS:
         return _json({"error": f"unknown kind {kind!r}; one of {', '.join(SHOW_KINDS)}"}, status=404)
-    as_of = await request.app[STORE].point(request.query.get("as_of"))
+    as_of = await request.app[STORE].point(parameter(request.query, "as_of"))
     try:
         found, _ = await show(request.app[STORE].path, kind, id, as_of)
     except TypeError as error:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import ipaddress
 import os
 import signal
 import sys
 from typing import Final
 
-from ..cli.common import READ_ONLY, add_command, integer, store_argument, usage
+from ..cli.common import READ_ONLY, SERVE_MODULES, add_command, serve_missing, store_argument, usage
+from ..cli.numbers import MAX_LAG, PORT, argument
 from ..storage.stats import require_store
 
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -32,11 +34,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     store_argument(sub)
     sub.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; any other needs --token)")
-    sub.add_argument("--port", type=integer, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT}; 0: any free one)")
+    sub.add_argument("--port", type=argument(PORT), default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT}; 0: any free one)")
     sub.add_argument("--token", help=f"the secret every request must carry (or the environment variable {TOKEN_ENV})")
     sub.add_argument("--nats", metavar="URL", help="also read the store's stream, for /healthz and /metrics (with --stream)")
     sub.add_argument("--stream", metavar="S", help="the stream that carries the store's log (with --nats)")
-    sub.add_argument("--max-lag", type=integer, default=None, metavar="N", help="records behind the stream at which /healthz says stale (default 1000)")
+    sub.add_argument("--max-lag", type=argument(MAX_LAG), default=None, metavar="N", help="records behind the stream at which /healthz says stale (default 1000)")
     sub.set_defaults(run=run)
 
 
@@ -50,6 +52,11 @@ def is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    for name in SERVE_MODULES:  # the [web] extra: said before anything else, never a traceback
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise serve_missing(name) from None
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host) and token is None:
         raise usage(
@@ -58,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
         )
     if (args.nats is None) != (args.stream is None):
         raise usage("--nats and --stream go together")
-    if not 0 <= args.port <= 65535:
-        raise usage(f"--port {args.port}: a port is 0 to 65535")
     require_store(args.path)
     return asyncio.run(_serve(args, token))
 

@@ -60,7 +60,7 @@ async def health(path: str, options: dict[str, Any]) -> tuple[bool, dict[str, An
         return False, body
     lag = 0 if last is None else max(0, last - head)
     body["stream"] = {"headSeq": last, "lagRecords": lag}
-    max_lag = int(options.get("max_lag") or DEFAULT_MAX_LAG)
+    max_lag = DEFAULT_MAX_LAG if options.get("max_lag") is None else int(options["max_lag"])
     if lag > max_lag:
         body.update(status="stale", reason=f"the store is {lag} records behind stream {options['stream']!r} (more than {max_lag})")
         return False, body

@@ -4,8 +4,11 @@ across a request, so the writer is never blocked."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -24,7 +27,7 @@ from .text import brief
 PAGE: Final = 100
 """Rows of a list page (conversations, documents, log batches)."""
 ENTRY_CAP: Final = 2000
-"""Entries a conversation page draws (the rest: the JSON of each record, or ``tail``)."""
+"""Entries a conversation page draws; the page links to the older and newer ones."""
 BRANCH_CAP: Final = 50
 """Entries drawn of each fork under a conversation."""
 FORK_DEPTH: Final = 4
@@ -33,56 +36,105 @@ SCAN_CAP: Final = 5000
 """Conversations scanned to find forks (a bigger store shows a note)."""
 
 
+_HELD: ContextVar[list[LmdbStorage] | None] = ContextVar("held", default=None)
+"""The handles the running request has used (each request runs in its own task, with its own
+copy of the context)."""
+
+
 class Store:
-    """The store behind the pages: one read-only handle, opened on first use and again after a
-    failure (a damaged store is reported per request, then read again once repaired)."""
+    """The store behind the pages: one read-only handle shared by every request, opened on first
+    use and again after a failure (a damaged store is reported per request, then read again once
+    repaired). A handle a failed request gives up is closed only once no request still uses it:
+    one request's error never closes what another is reading."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.path.abspath(path)
         self._storage: LmdbStorage | None = None
+        self._opening = asyncio.Lock()
+        self._users: dict[int, int] = {}
+        """Requests using each handle (by ``id``)."""
+        self._retired: list[LmdbStorage] = []
+        """Handles given up while requests still used them: closed when the last one ends."""
+
+    @contextlib.asynccontextmanager
+    async def request(self) -> AsyncIterator[None]:
+        """Around one request: the handles it takes are counted as used until it ends."""
+
+        held: list[LmdbStorage] = []
+        token = _HELD.set(held)
+        try:
+            yield
+        finally:
+            _HELD.reset(token)
+            for storage in held:
+                self._users[id(storage)] -= 1
+                if not self._users[id(storage)]:
+                    del self._users[id(storage)]
+                    if storage in self._retired:
+                        self._retired.remove(storage)
+                        await _close_quietly(storage)
 
     async def storage(self) -> LmdbStorage:
-        if self._storage is None:
-            self._storage = await LmdbStorage.open(self.path, readonly=True)
-        return self._storage
+        async with self._opening:
+            if self._storage is None:
+                self._storage = await LmdbStorage.open(self.path, readonly=True)
+            storage = self._storage
+        held = _HELD.get()
+        if held is not None and not any(storage is mine for mine in held):
+            held.append(storage)
+            self._users[id(storage)] = self._users.get(id(storage), 0) + 1
+        return storage
 
     async def close(self) -> None:
-        if self._storage is not None:
-            storage, self._storage = self._storage, None
+        """When the server stops: every handle."""
+
+        handles = [*self._retired, *([self._storage] if self._storage is not None else [])]
+        self._storage, self._retired = None, []
+        for storage in handles:
             await storage.close()
 
     async def forget(self) -> None:
-        """After a failed read: drop the handle so the next request opens the store afresh."""
+        """After a failed read: the next request opens the store afresh; this handle is closed
+        now if no other request uses it, else when the last one that does ends."""
 
-        try:
-            await self.close()
-        except Exception:  # closing a damaged store may fail too; the next open says why
-            self._storage = None
+        storage, self._storage = self._storage, None
+        if storage is None:
+            return
+        held = _HELD.get() or []
+        mine = 1 if any(storage is handle for handle in held) else 0
+        if self._users.get(id(storage), 0) > mine:
+            self._retired.append(storage)
+            return
+        if mine:
+            held.remove(storage)
+            del self._users[id(storage)]
+        await _close_quietly(storage)
 
-    async def point(self, text: str | None) -> int | None:
-        """``?as_of=``: a log sequence (digits) or a time (as the CLI's ``--as-of``); None: now."""
+    async def point(self, found: tuple[str, int] | None) -> int | None:
+        """The log sequence of ``?as_of=`` as ``query.parameter`` read it (a sequence, or a time
+        as the CLI's ``--as-of``); None: now."""
 
-        from ..cli.common import parse_time
-
-        if text is None or not text.strip():
+        if found is None:
             return None
         storage = await self.storage()
+        kind, value = found
+        if kind == "time":
+            return seq_at(storage.log, value)
         head = storage.log.head()
-        text = text.strip()
-        if text.isdigit():
-            seq = int(text)
-            if seq > head:
-                raise BadQueryError(f"as_of={seq}: the log's head is {head}")
-            return seq
-        try:
-            ms = parse_time(text)
-        except ValueError as error:
-            raise BadQueryError(f"as_of={text!r}: {error}") from None
-        return seq_at(storage.log, ms)
+        if value > head:
+            raise BadQueryError(f"as_of: {value} is after the log's head, {head}")
+        return value
 
     async def reader(self, as_of: int | None) -> StorageReads:
         storage = await self.storage()
         return storage if as_of is None else await storage.as_of(as_of)
+
+
+async def _close_quietly(storage: LmdbStorage) -> None:
+    try:
+        await storage.close()
+    except Exception:  # closing a damaged store may fail too; the next open says why
+        pass
 
 
 # ── conversations ─────────────────────────────────────────────────────────────
@@ -105,18 +157,52 @@ async def _all_conversations(reader: StorageReads) -> tuple[list[Any], bool]:
     return found, True
 
 
-async def _entries(reader: StorageReads, conversation: int, cap: int) -> tuple[list[Any], bool]:
-    """The entries visible in a conversation, oldest first (its ancestors' up to each fork)."""
+async def _entries(
+    reader: StorageReads, conversation: int, cap: int, after: int | None = None, before: int | None = None
+) -> tuple[list[Any], bool]:
+    """Up to ``cap`` entries visible in a conversation (its ancestors' up to each fork), oldest
+    first, and whether there are more: the first ones, those after entry ``after``, or the last
+    ones before entry ``before``."""
 
+    query: dict[str, Any] = {"conversationId": ConversationId(conversation)}
+    if before is not None:
+        query.update(order="descending", maxEntryId=before - 1)
+    else:
+        query.update(order="ascending", minEntryId=(after or 0) + 1)
     found: list[Any] = []
     cursor: Any = None
+    more = True
     while len(found) < cap:
-        page = await reader.scan_entries({"conversationId": ConversationId(conversation), "order": "ascending"}, min(500, cap - len(found)), cursor, CTX)
+        page = await reader.scan_entries(query, min(500, cap - len(found)), cursor, CTX)  # type: ignore[arg-type]
         found.extend(page["items"])
         if "next" not in page:
-            return found, False
+            more = False
+            break
         cursor = page["next"]
-    return found, True
+    if more and len(found) >= cap:
+        more = bool((await reader.scan_entries(query, 1, cursor, CTX))["items"])  # type: ignore[arg-type]
+    return (found[::-1], more) if before is not None else (found, more)
+
+
+async def _has_entry(reader: StorageReads, conversation: int, **bound: int) -> bool:
+    query: Any = {"conversationId": ConversationId(conversation), **bound}
+    return bool((await reader.scan_entries(query, 1, None, CTX))["items"])
+
+
+async def _paging(reader: StorageReads, id: int, entries: list[Any], more: bool, before: int | None) -> dict[str, int | None]:
+    """The links of a conversation page: the entry ids that the older and newer pages start
+    from (None: none), and ``newest``: the ``before`` of the last page (None: this is it)."""
+
+    if not entries:
+        return {"older": None, "newer": None, "newest": None}
+    first, last = entries[0]["id"], entries[-1]["id"]
+    older = first if (more if before is not None else await _has_entry(reader, id, maxEntryId=first - 1)) else None
+    newer = last if (await _has_entry(reader, id, minEntryId=last + 1) if before is not None else more) else None
+    newest = None
+    if newer is not None:
+        top = (await reader.scan_entries({"conversationId": ConversationId(id), "order": "descending"}, 1, None, CTX))["items"]
+        newest = top[0]["id"] + 1 if top else None
+    return {"older": older, "newer": newer, "newest": newest}
 
 
 @dataclass
@@ -138,7 +224,13 @@ class Branch:
     depth: int
 
 
-async def conversation(reader: StorageReads, id: int) -> dict[str, Any] | None:
+async def conversation(
+    reader: StorageReads, id: int, after: int | None = None, before: int | None = None
+) -> dict[str, Any] | None:
+    """A conversation's page: its record, a page of ``ENTRY_CAP`` entries drawn as a tree with the
+    forks made after each (the first, those after entry ``after``, or the last before entry
+    ``before``), links to the pages beside it, its tasks, submissions and the conversations it owns."""
+
     record = await reader.conversation(ConversationId(id), CTX)
     if record is None:
         return None
@@ -149,7 +241,8 @@ async def conversation(reader: StorageReads, id: int) -> dict[str, Any] | None:
         if isinstance(parent, dict):
             forks.setdefault((parent["conversationId"], parent["at"]), []).append(other)
     line = _ancestry(record, {c["id"]: c for c in everyone})
-    entries, more = await _entries(reader, id, ENTRY_CAP)
+    entries, more = await _entries(reader, id, ENTRY_CAP, after, before)
+    paging = await _paging(reader, id, entries, more, before)
     nodes = [await _node(reader, entry, entry["conversationId"] != id, forks, line, 1) for entry in entries]
     tasks = (await reader.scan_tasks({"conversationId": ConversationId(id)}, PAGE * 5, None, CTX))["items"]
     submissions = (await reader.scan_submissions({"conversationId": ConversationId(id)}, PAGE * 5, None, CTX))["items"]
@@ -157,7 +250,7 @@ async def conversation(reader: StorageReads, id: int) -> dict[str, Any] | None:
     return {
         "record": record,
         "nodes": nodes,
-        "more": more,
+        "paging": paging,
         "tasks": tasks,
         "submissions": submissions,
         "owned": owned,

@@ -99,7 +99,7 @@ USAGE_ERRORS = [
     (["tail", "PATH", "--from", "-5"], "1 or more"),
     (["tail", "PATH", "--from", "0"], "1 or more"),
     (["tail", "PATH", "--limit", "-1"], "0 or more"),
-    (["tail", "PATH", "--limit", "x"], "not an integer"),
+    (["tail", "PATH", "--limit", "x"], "'x' is not a count"),
     (["tail", "PATH", "--type", "bogus"], "bogus"),
     (["tail", "PATH", "--follow", "--until", "2026-01-01"], "--until"),
     (["tail", "PATH", "--from", "2", "--since", "2026-01-01"], "--since"),
@@ -391,7 +391,7 @@ def test_import_from_pi_durable_refuses_what_is_not_a_pi_durable_store(tmp_path:
     not_sqlite.write_text("not a database\n" * 100)
     empty = tmp_path / "empty"
     empty.mkdir()
-    for source, words in ((not_sqlite, "is not a pi-durable SQLite store"), (empty, "no main.jsonl")):
+    for source, words in ((not_sqlite, "is not a pi-durable store: not a SQLite database"), (empty, "no main.jsonl")):
         code, _, stderr = call(capsys, "import", "--from-pi-durable", source, tmp_path / "new")
         assert code == 2 and words in stderr and "Traceback" not in stderr, stderr
     assert sorted(os.listdir(tmp_path)) == ["empty", "notes.txt"] and os.listdir(empty) == []

@@ -141,7 +141,8 @@ def test_serve_without_the_web_extra_says_what_to_install(args: list[str]) -> No
     missing = "import sys\nsys.modules['pi_durable_lmdb.web.command'] = None  # as when the [web] extra is missing"
     done = _run_cli(missing, *args)
     assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "pip install 'pi-durable-lmdb[web]'" in done.stderr and "Traceback" not in done.stderr
+    assert "pip install '/path/to/pi-durable-lmdb[web]'" in done.stderr and "Traceback" not in done.stderr
+    assert "py3-none-any.whl[web]'" in done.stderr
     helped = _run_cli(missing, "--help")
     assert "serve" in helped.stdout
 
@@ -164,3 +165,30 @@ def test_serve_is_the_web_modules_own_command_when_it_is_there() -> None:
     assert done.returncode == 0 and done.stdout == "serving store 9\n", done.stderr
     refused = _run_cli(web, "serve", "store", "--bogus")
     assert refused.returncode == 2 and "unrecognized arguments: --bogus" in refused.stderr
+
+
+@pytest.mark.parametrize("blocked", ["aiohttp", "jinja2", "prometheus_client"])
+def test_serve_with_the_web_modules_missing_says_what_to_install_and_exits_2(tmp_path: Path, blocked: str) -> None:
+    """The web view's own module imports, but a package of the [web] extra does not (as when it
+    was never installed): a message naming it and an install that works (a checkout or the
+    wheel, the package is on no index), exit 2, no traceback, nothing served."""
+
+    import asyncio
+
+    from pi_durable_lmdb.cli.demo import run_workload
+
+    store = tmp_path / "store"
+    asyncio.run(run_workload(str(store)))
+    gone = f"import sys\nsys.modules[{blocked!r}] = None  # importing it raises ImportError, as when it is missing"
+    done = _run_cli(gone, "serve", str(store), "--port", "0")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert f"({blocked} is not installed)" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "pip install '/path/to/pi-durable-lmdb[web]'" in done.stderr and ".whl[web]'" in done.stderr, done.stderr
+    assert "serving" not in done.stderr
+
+
+def test_tail_nats_with_nats_py_missing_says_what_to_install_and_exits_2() -> None:
+    gone = "import sys\nsys.modules['nats'] = None"
+    done = _run_cli(gone, "tail", "--nats", "nats://127.0.0.1:1", "--stream", "S")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "pip install '/path/to/pi-durable-lmdb[nats]'" in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -10,7 +10,8 @@ from pi_durable.storage.jsonl import JsonlStorage
 
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
-from pi_durable_lmdb.storage.migrate import import_pi_durable, open_pi_durable_store
+from pi_durable_lmdb.storage.migrate import import_pi_durable
+from pi_durable_lmdb.storage.pisource import open_read_only
 
 
 async def test_import_from_a_jsonl_store(tmp_path: Path) -> None:
@@ -32,11 +33,8 @@ async def test_import_from_a_jsonl_store(tmp_path: Path) -> None:
     await source.commit([{"type": "document.change", "id": 5, "content": {"kind": "delta", "version": 1, "ops": [["s", ["a"], 2]]}}], CTX)
     await source.close(CTX)
 
-    reopened = await open_pi_durable_store(source_dir)
-    try:
+    async with open_read_only(source_dir) as reopened:
         report = await import_pi_durable(reopened, tmp_path / "store")
-    finally:
-        await reopened.close(CTX)
     assert report.records == {"conversation": 1, "entry": 2, "task": 1, "document": 1}
     assert any("document history" in line for line in report.lacking)
 

@@ -136,7 +136,9 @@ class JetStreamLink(LinkLoop):
             import nats  # noqa: F401
         except ImportError:  # pragma: no cover - the extra is not installed
             raise ImportError(
-                "Replication through NATS needs nats-py: pip install 'pi-durable-lmdb[nats]'"
+                "Replication through NATS needs nats-py, the [nats] extra: from a checkout, "
+                "pip install '/path/to/pi-durable-lmdb[nats]'; from a wheel, "
+                "pip install 'pi_durable_lmdb-VERSION-py3-none-any.whl[nats]'"
             ) from None
         self.servers = parse_servers(servers)
         self.stream = check_stream_name(stream)
