@@ -10,7 +10,7 @@ import time
 from ..storage.stats import require_store
 from ..storage.words import format_bytes
 
-from .common import EXIT_OK, add_command, count, run_until_signalled, seconds, usage
+from .common import EXIT_OK, add_command, count, interval, run_until_signalled, usage
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +31,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sub.add_argument("--stream", required=True, metavar="S", help="the JetStream stream that carries the store's log")
     sub.add_argument("--keep", type=count, metavar="N", help="keep only the store's N newest snapshots (default: all)")
     sub.add_argument("--trim", action="store_true", help="with --keep: remove the log older than the oldest snapshot kept")
-    sub.add_argument("--every", type=seconds, metavar="SECONDS", help="publish one every SECONDS until stopped (default: once)")
+    sub.add_argument("--every", type=interval, metavar="SECONDS", help="publish one every SECONDS until stopped (default: once)")
     sub.set_defaults(run=_snapshot)
 
 
