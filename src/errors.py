@@ -64,6 +64,17 @@ class BadInputError(DurableLmdbError, ValueError):
     the id you gave."""
 
 
+class NumberError(BadInputError):
+    """A number or duration given on the command line or in a web view's query is not the number it
+    should be (not ASCII digits, out of its stated range, too long to read): ``str()`` says what it
+    is and what it must be."""
+
+
+class NotPiDurableError(BadInputError):
+    """``import --from-pi-durable`` was given a source that is not a pi-durable store this version
+    can read (another application's SQLite file, an empty file): it is refused and left as it was."""
+
+
 class BadQueryError(BadInputError):
     """A request to ``durable-log serve`` asks for something its page does not take (a sequence
     past the head, an unknown write kind, a time that does not parse): answered with 400 and what
@@ -344,6 +355,8 @@ class ProjectionNotReady(StoreStateError):
 
 
 __all__ = [
+    "NumberError",
+    "NotPiDurableError",
     "StoreInUseError",
     "BadInputError",
     "BadQueryError",

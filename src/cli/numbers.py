@@ -15,6 +15,8 @@ from typing import Final, TypeVar
 
 import msgspec
 
+from ..errors import NumberError
+
 INT64_MAX: Final = 2**63 - 1
 """The largest id, sequence or count a store holds (LMDB keys are unsigned 64-bit; ids are the
 contract's signed 64-bit integers)."""
@@ -22,10 +24,6 @@ LONGEST: Final = 40
 """Characters a number may have, sign and leading zeros included; a longer text is refused unread."""
 _DIGITS: Final = frozenset("0123456789")
 _DECIMAL: Final = frozenset("0123456789.eE+-")
-
-
-class NumberError(ValueError):
-    """A text that is not the number it should be: ``str()`` says what it is and what it must be."""
 
 
 class Whole(msgspec.Struct, frozen=True):

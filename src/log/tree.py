@@ -250,12 +250,39 @@ class TreeStore:
         return done
 
     def rebuild(self, log: WriteLog, progress: Progress | None = None) -> int:
-        """Drop the stored tree and fill it in again from the whole log."""
+        """Write every tile again from the whole log, over the stored ones, then delete the tiles
+        past the log's last whole tile. Never dropped first: a reader in another process (a
+        ``verify``, a proof) sees the stored tree or the rebuilt one, never a tree with a hole."""
 
-        db = self.db
-        if db is not None:
-            self.env.write(lambda txn: txn.drop(db, delete=False))
-        return self.catch_up(log, progress)
+        self._builder = None
+        db = self.env.db(TREE_DB)
+        with self.env.read() as txn:
+            head = log.head(txn)
+        last = head - head % TILE
+        builder = merkle.TreeBuilder()
+        done = 0
+        for chunk in _chunks(log, 1, last):
+            first = builder.size // TILE
+            rows = [builder.add(leaf) for leaf in chunk]
+            tiles = [b"".join(rows[at : at + TILE]) for at in range(0, len(rows), TILE)]
+
+            def put(txn: lmdb.Transaction[bytes], first: int = first, tiles: list[bytes] = tiles) -> None:
+                for offset, tile in enumerate(tiles):
+                    txn.put(_key(first + offset), tile, db=db)
+
+            self.env.write(put)
+            done += len(chunk)
+            if progress is not None:
+                progress(builder.size, head)
+
+        def trim(txn: lmdb.Transaction[bytes]) -> None:
+            cursor = txn.cursor(db=db)
+            found = cursor.set_range(_key(last // TILE))
+            while found:
+                found = cursor.delete()
+
+        self.env.write(trim)
+        return done
 
     # ── checking ────────────────────────────────────────────────────────────
 

@@ -21,12 +21,10 @@ from urllib.parse import quote
 
 from pi_durable.context import BACKGROUND_CONTEXT
 
+from ..errors import NotPiDurableError
+
 SQLITE_HEADER: Final = b"SQLite format 3\x00"
 JSONL_MAIN: Final = "main.jsonl"
-
-
-class NotPiDurableError(ValueError):
-    """The source is not a pi-durable store this version can read (exit 2 on the command line)."""
 
 
 def check_sqlite_source(path: str) -> None:

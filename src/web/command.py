@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
+import importlib.util
 import ipaddress
 import os
 import signal
@@ -54,9 +54,11 @@ def is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     for name in SERVE_MODULES:  # the [web] extra: said before anything else, never a traceback
         try:
-            importlib.import_module(name)
-        except ImportError:
-            raise serve_missing(name) from None
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise serve_missing(name)
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host) and token is None:
         raise usage(

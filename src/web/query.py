@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ..cli.numbers import INT64_MAX, NumberError, Whole, parse_time, point, whole
-from ..errors import BadQueryError
+from ..cli.numbers import INT64_MAX, Whole, parse_time, point, whole
+from ..errors import BadQueryError, NumberError
 from ..log.records import WRITE_TYPES
 
 NUMBERS: Final = {

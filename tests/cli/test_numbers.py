@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from pi_durable_lmdb import cli as cli_module
 from pi_durable_lmdb.cli import numbers
-from pi_durable_lmdb.cli.numbers import INTERVAL, SEQUENCE, NumberError, Whole, point, seconds, whole
+from pi_durable_lmdb.cli.numbers import INTERVAL, SEQUENCE, Whole, point, seconds, whole
+from pi_durable_lmdb.errors import NumberError
 from tests.support.cli_call import call
 
 HUGE = "9" * 5000

@@ -39,8 +39,14 @@ COMMANDS: dict[str, list[str]] = {
     "promote": ["promote", "SRC", *NATS],
     "serve": ["serve", "SRC", "--port", "0"],
     "demo": ["demo", "SRC"],
+    "search": ["search", "SRC", "word"],
+    "checkpoint": ["checkpoint", "SRC", "--key", "KEY"],
+    "prove": ["prove", "SRC", "1"],
+    "projections": ["projections", "SRC"],
+    "snapshot": ["snapshot", "SRC", *NATS],
 }
 NOT_A_SOURCE = {
+    "keygen": "reads no store; writes a new key file, never over an existing one",
     "restore": "reads a NATS stream; its PATH is the new store it builds",
     "replica": "reads a NATS stream; its PATH is the replica it keeps (made when missing)",
 }
@@ -50,12 +56,14 @@ DOES_ITS_JOB = {
     ("import", "empty file"): "an empty export is the export of an empty store",
     ("demo", "missing"): "demo makes its store",
     ("demo", "directory"): "demo makes its store in an empty directory",
-    **{(name, "symlink to a store"): "reads the store" for name in ("stats", "show", "tail", "verify", "export", "backup")},
+    **{(name, "symlink to a store"): "reads the store" for name in ("stats", "show", "tail", "verify", "export", "backup",
+                                                                    "search", "checkpoint", "prove", "projections")},
 }
 """Where the command succeeds (exit 0), the source still unchanged."""
 SKIPPED = {
     **{(name, "symlink to a store"): "writes the store: its job" for name in ("rebuild", "compact", "demo")},
     ("promote", "symlink to a store"): "would ask a NATS server",
+    ("snapshot", "symlink to a store"): "would ask a NATS server",
     ("serve", "symlink to a store"): "would serve until stopped",
     ("stats --watch", "symlink to a store"): "would watch until stopped",
 }
@@ -113,6 +121,17 @@ def _snapshot(root: Path) -> dict[str, tuple[int | None, bytes | str | None]]:
     return found
 
 
+@pytest.fixture(scope="module")
+def key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A signing key for ``checkpoint`` (outside every case's directory)."""
+
+    from pi_durable_lmdb.tlog import note
+
+    path = tmp_path_factory.mktemp("key") / "auditor.key"
+    path.write_text(note.generate_signer("auditor").text() + "\n")
+    return path
+
+
 def test_the_matrix_covers_every_command() -> None:
     parser = cli_module._parser()
     names = set(next(action for action in parser._actions if hasattr(action, "choices") and action.choices).choices)
@@ -124,13 +143,13 @@ CASES = [(name, kind) for name in COMMANDS for kind in KINDS]
 
 @pytest.mark.parametrize("name, kind", CASES, ids=[f"{name}-{kind}" for name, kind in CASES])
 def test_a_command_given_each_kind_of_source_refuses_or_works_and_never_writes_it(
-    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, kind: str
+    store: Path, key: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, kind: str
 ) -> None:
     if (name, kind) in SKIPPED:
         pytest.skip(SKIPPED[name, kind])
     source = _make(kind, tmp_path, store)
     before = _snapshot(tmp_path)
-    args = [{"SRC": str(source), "NEW": str(tmp_path / "new")}.get(arg, arg) for arg in COMMANDS[name]]
+    args = [{"SRC": str(source), "NEW": str(tmp_path / "new"), "KEY": str(key)}.get(arg, arg) for arg in COMMANDS[name]]
     code, _, err = call(capsys, *args)
     assert "Traceback" not in err, err
     after = _snapshot(tmp_path)
@@ -139,6 +158,8 @@ def test_a_command_given_each_kind_of_source_refuses_or_works_and_never_writes_i
         assert code == 0, (code, err)
         if name == "verify":
             made.discard("store/last-verify.json")  # what verify found, kept beside the store
+        if name == "search":  # the word index, a projection the first search builds in the store's directory
+            made -= {"store/search.index", "store/search.index/data.mdb"}
         if name in ("import", "backup"):
             made = {path for path in made if path != "new" and not path.startswith("new/")}
         if name == "demo":

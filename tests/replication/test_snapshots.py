@@ -184,7 +184,7 @@ def test_a_snapshot_publisher_killed_at_random_moments(tmp_path: Path, nats_serv
     for round in range(3):
         child = subprocess.Popen(
             [str(DURABLE_LOG), "snapshot", str(tmp_path / "writer"), "--nats", nats_server.url, "--stream", stream,
-             "--every", "0.05"],
+             "--every", "0.1"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
         )
         try:

@@ -355,9 +355,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 async def test_no_room_for_the_power_journal_is_a_full_disk_and_leaves_no_half_segment(tmp_path: Path) -> None:
-    """A ``power`` writer makes its journal's segments (zero-filled, 1 MiB) as it opens: on a disk
-    without room for one, the open fails with ``StoreFullError`` naming the journal, and no half
-    made segment is left to fill the disk further."""
+    """A ``power`` writer makes its journal's first segment (zero-filled, at least 64 KiB) as it
+    opens: on a disk without room for one, the open fails with ``StoreFullError`` naming the
+    journal, and no half made segment is left to fill the disk further."""
 
     mount = tmp_path / "disk"
     mount.mkdir()
@@ -365,6 +365,10 @@ async def test_no_room_for_the_power_journal_is_a_full_disk_and_leaves_no_half_s
     if done.returncode != 0:
         pytest.skip(f"cannot mount a 512 KiB tmpfs here (mount said: {done.stderr.strip()})")
     try:
+        storage = await LmdbStorage.open(mount / "store", durability="process")  # the store, then a full disk
+        await storage.close()
+        stat = os.statvfs(mount)
+        (mount / "filler").write_bytes(b"\0" * max(0, stat.f_bavail * stat.f_frsize - (48 << 10)))
         with pytest.raises(StoreFullError, match="journal segment"):
             await LmdbStorage.open(mount / "store", durability="power")
         segments = list((mount / "store").rglob("*.seg"))
