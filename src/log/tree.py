@@ -228,26 +228,10 @@ class TreeStore:
         self._builder = None
         with self.env.read() as txn:
             size, head = self.size(txn), log.head(txn)
-            last = head - head % TILE
-            if size >= last:
+            if size >= head - head % TILE:
                 return 0
             builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier(size)))
-        done = 0
-        for chunk in _chunks(log, size + 1, last):
-            first = builder.size // TILE
-            rows = [builder.add(leaf) for leaf in chunk]
-            tiles = [b"".join(rows[at : at + TILE]) for at in range(0, len(rows), TILE)]
-
-            def put(txn: lmdb.Transaction[bytes], first: int = first, tiles: list[bytes] = tiles) -> None:
-                cursor = txn.cursor(db=self.db)
-                for offset, tile in enumerate(tiles):
-                    cursor.put(_key(first + offset), tile, append=True)
-
-            self.env.write(put)
-            done += len(chunk)
-            if progress is not None:
-                progress(builder.size, head)
-        return done
+        return self._write_tiles(log, builder, head, progress, append=True)
 
     def rebuild(self, log: WriteLog, progress: Progress | None = None) -> int:
         """Write every tile again from the whole log, over the stored ones, then delete the tiles
@@ -258,30 +242,38 @@ class TreeStore:
         db = self.env.db(TREE_DB)
         with self.env.read() as txn:
             head = log.head(txn)
-        last = head - head % TILE
-        builder = merkle.TreeBuilder()
+        done = self._write_tiles(log, merkle.TreeBuilder(), head, progress, append=False)
+
+        def trim(txn: lmdb.Transaction[bytes]) -> None:
+            cursor = txn.cursor(db=db)
+            found = cursor.set_range(_key((head - head % TILE) // TILE))
+            while found:
+                found = cursor.delete()
+
+        self.env.write(trim)
+        return done
+
+    def _write_tiles(self, log: WriteLog, builder: merkle.TreeBuilder, head: int, progress: Progress | None, append: bool) -> int:
+        """Hash the records from ``builder``'s size to the last whole tile before ``head`` and
+        write their tiles, a chunk per transaction (``append``: past every stored tile, else over
+        them); returns how many records it hashed."""
+
+        db = self.env.db(TREE_DB)
         done = 0
-        for chunk in _chunks(log, 1, last):
+        for chunk in _chunks(log, builder.size + 1, head - head % TILE):
             first = builder.size // TILE
             rows = [builder.add(leaf) for leaf in chunk]
             tiles = [b"".join(rows[at : at + TILE]) for at in range(0, len(rows), TILE)]
 
             def put(txn: lmdb.Transaction[bytes], first: int = first, tiles: list[bytes] = tiles) -> None:
+                cursor = txn.cursor(db=db)
                 for offset, tile in enumerate(tiles):
-                    txn.put(_key(first + offset), tile, db=db)
+                    cursor.put(_key(first + offset), tile, append=append)
 
             self.env.write(put)
             done += len(chunk)
             if progress is not None:
                 progress(builder.size, head)
-
-        def trim(txn: lmdb.Transaction[bytes]) -> None:
-            cursor = txn.cursor(db=db)
-            found = cursor.set_range(_key(last // TILE))
-            while found:
-                found = cursor.delete()
-
-        self.env.write(trim)
         return done
 
     # ── checking ────────────────────────────────────────────────────────────
