@@ -12,8 +12,9 @@ commit that completes a tile writes it, in its own transaction: one more table t
 would cost each commit more than the hashing (LMDB copies and writes that table's path of pages
 every time). The records after the last whole tile, and all of a store written before the tree,
 are hashed from the log when a root or proof needs them (``reader_at``); a writer's open writes
-every whole tile the tree lacks (``catch_up``). ``rebuild`` drops the tree and refills it from the
-log; ``check`` recomputes it from the log and compares every stored tile.
+every whole tile the tree lacks (``catch_up``). ``rebuild`` writes every tile again from the
+log, over the stored ones (never a tree with a hole); ``check`` recomputes it and compares every
+stored tile.
 """
 
 from __future__ import annotations
