@@ -113,6 +113,10 @@ async def test_a_refold_to_a_new_version_serves_every_read_one_whole_version(tmp
         await _commit_entries(storage, 30_000, 200)  # commits go on during the build
         head = storage.log.head()
         await asyncio.wait_for(storage.projections.wait(head), 120)
+        for _ in range(1000):  # the reader's next read, after the swap (it may not have run since)
+            if seen and seen[-1][0] == 2:
+                break
+            await asyncio.sleep(0.01)
         done.set()
         await task
         with storage.projections.read("counter", version=2) as tables:
