@@ -286,11 +286,12 @@ class TreeStore:
 
         found: list[str] = []
         total = 0
-        with self.env.read() as txn:
-            size = self.size(txn)
-        if size > head:  # tiles beyond the records checked: the tree of another, longer log
+        with self.env.read() as txn:  # one snapshot: a writer may append records and tiles meanwhile
+            size, logged = self.size(txn), log.head(txn)
+        if size > logged:  # tiles beyond the log's records: the tree of another, longer log
             total += 1
-            found.append(f"the log tree holds {size} leaves, more than the log's {head} records")
+            found.append(f"the log tree holds {size} leaves, more than the log's {logged} records")
+        size = min(size, head)  # tiles past the records this check covers were written since
         builder = merkle.TreeBuilder()
         for chunk in _chunks(log, 1, min(size, head)):
             first = builder.size // TILE
