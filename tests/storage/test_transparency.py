@@ -110,6 +110,35 @@ async def test_rebuild_refills_the_tree_and_check_names_a_damaged_tile(tmp_path:
     assert total == 1 and found == [f"the log tree's tile of records {2 * TILE + 1} to {3 * TILE} differs from the hashes of the log's records"]
 
 
+async def test_rebuild_rewrites_a_damaged_tree_in_place_and_trims_tiles_past_the_log(tmp_path: Path) -> None:
+    """A rebuild writes every tile over the stored one (never dropping the tree first, so a
+    reader never sees a hole) and deletes tiles the log does not cover; ``check`` names both."""
+
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability="process")
+    for n in range(3 * TILE + 5):
+        await storage.commit([{"type": "conversation", "value": {"id": 2 + n}}], CTX)
+    root = storage.log.root()
+    await storage.close()
+
+    env = Environment(path, durability="process")
+    log = WriteLog(env)
+    first, far = (0).to_bytes(8, "big"), (9).to_bytes(8, "big")
+    with env.read() as txn:
+        tile = bytes(txn.get(first, db=log.tree.db))
+    env.write(lambda txn: (txn.put(first, bytes(len(tile)), db=log.tree.db), txn.put(far, tile, db=log.tree.db)))
+    found, total = log.tree.check(log, log.head())
+    assert total == 2 and any(f"holds {10 * TILE} leaves, more than the log's {3 * TILE + 5} records" in line for line in found), found
+    log.tree.rebuild(log)
+    assert log.tree.check(log, log.head()) == ([], 0)
+    with env.read() as txn:
+        assert log.tree.size(txn) == 3 * TILE
+    env.close()
+    storage = await LmdbStorage.open(path, durability="process")
+    assert storage.log.root() == root
+    await storage.close()
+
+
 async def test_stores_written_before_the_tree_get_it_and_keep_their_root_through_import_and_compaction(tmp_path: Path) -> None:
     for version, archive in old_store.ARCHIVES.items():
         where = old_store.extract(tmp_path / f"v{version}", archive)
