@@ -190,8 +190,8 @@ class TreeStore:
 
     def append_leaf(self, txn: lmdb.Transaction[bytes], seq: int, leaf: bytes) -> None:
         """Note record ``seq``'s leaf, appended in ``txn``; the record that completes a multiple of
-        ``WRITE_TILES`` tiles writes, in ``txn``, every whole tile the stored tree lacks (a leaf this process did not
-        note, appended before it opened the store, is hashed from the log).
+        ``WRITE_TILES`` tiles writes, in ``txn``, every whole tile the stored tree lacks (a leaf
+        this process did not note, appended before it opened the store, is hashed from the log).
 
         A leaf noted in a transaction that then aborts is replaced when its sequence is appended
         again, which it must be before the log reaches the end of its tile."""
