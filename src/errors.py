@@ -316,6 +316,13 @@ class ProofError(DamageError):
     what does not hold."""
 
 
+class CheckpointRefusedError(ProofError):
+    """A checkpoint was not published to a witness bucket: the last checkpoint there is not
+    signed by the same key, or the store's tree does not extend it (a forked or rewritten
+    history, or a store behind it). The message names the bucket, the key and what does not
+    hold (``storage.witness``)."""
+
+
 class NoteError(BadInputError):
     """A signing key, verifier key, signed note or checkpoint is not well formed (C2SP
     signed-note and tlog-checkpoint): the message names what is wrong."""

@@ -13,10 +13,11 @@ import re
 import sys
 from collections.abc import Callable
 
-from ..errors import NoteError
+from ..errors import CheckpointRefusedError, NoteError
 from ..log import WriteLog
 from ..storage.jsonlines import to_json
 from ..storage.transparency import checkpoint, prove, prove_consistency, verify_trusted
+from ..storage.witness import publish_checkpoint
 from ..tlog.note import Signer, Verifier, generate_signer, parse_signer, parse_verifier
 
 from .common import EXIT_DAMAGE, EXIT_OK, READ_ONLY, add_command, count, print_json, sequence, store_argument, usage
@@ -99,12 +100,32 @@ def _register_checkpoint(commands: argparse._SubParsersAction[argparse.ArgumentP
     sub.add_argument("--key", required=True, metavar="KEYFILE", help="the signing key file keygen wrote")
     sub.add_argument("--origin", metavar="ORIGIN", help="the checkpoint's origin line (default: the key's name)")
     sub.add_argument("--size", type=count, metavar="N", help="sign the tree of the first N records (default: all)")
+    sub.add_argument(
+        "--publish",
+        action="store_true",
+        help="also put it in the JetStream key-value bucket S-checkpoints (key: the origin), only if the store "
+        "extends the checkpoint there (exit 1 naming what does not hold); needs --nats and --stream",
+    )
+    sub.add_argument("--nats", metavar="URL", help="with --publish: a NATS server URL, or several, comma-separated")
+    sub.add_argument("--stream", metavar="S", help="with --publish: the stream whose bucket S-checkpoints witnesses it")
     sub.set_defaults(run=_checkpoint)
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
+    if len({args.publish, args.nats is not None, args.stream is not None}) > 1:
+        raise usage("--publish goes with --nats URL and --stream S, all three or none")
     signer = parse_signer(_read_key_text(args.key, "signing key"))
-    sys.stdout.write(checkpoint(args.path, signer, args.origin, args.size))
+    if not args.publish:
+        sys.stdout.write(checkpoint(args.path, signer, args.origin, args.size))
+        return EXIT_OK
+    try:
+        done = publish_checkpoint(args.path, signer, args.nats, args.stream, args.origin, args.size)
+    except CheckpointRefusedError as error:
+        print(f"{args.path}: {error}", file=sys.stderr)
+        return EXIT_DAMAGE
+    sys.stdout.write(done.note)
+    what = "published" if done.published else "already there"
+    print(f"{what}: {done.bucket} key {done.key} revision {done.revision} (tree size {done.tree_size})", file=sys.stderr)
     return EXIT_OK
 
 

@@ -8,11 +8,12 @@ leaf ``i`` has ``1 + trailing ones of i`` of them, so where each row starts is c
 stored). The stored tree holds whole tiles only: its size is a multiple of ``TILE``.
 
 Commits note each record's leaf hash (computed from the writes they encode, no reread) and the
-commit that completes a tile writes it, in its own transaction: one more table touched per commit
-would cost each commit more than the hashing (LMDB copies and writes that table's path of pages
-every time). The records after the last whole tile, and all of a store written before the tree,
-are hashed from the log when a root or proof needs them (``reader_at``); a writer's open writes
-every whole tile the tree lacks (``catch_up``). ``rebuild`` writes every tile again from the
+commit that completes every ``WRITE_TILES``-th tile writes the tiles since the last write, in its
+own transaction: one more table touched in a transaction costs it more than the hashing (LMDB
+copies and writes that table's last page and path every time), so it is touched rarely. The
+records after the last stored tile, and all of a store written before the tree, are hashed from
+the log when a root or proof needs them (``reader_at``); a writer's open and close write every
+whole tile the tree lacks (``catch_up``). ``rebuild`` writes every tile again from the
 log, over the stored ones (never a tree with a hole); ``check`` recomputes it and compares every
 stored tile.
 """
@@ -40,6 +41,10 @@ LOG_DB: Final = "log"
 """The log's own database (``writelog.LOG_DB``), read for leaves this process did not note."""
 TILE: Final = 16
 """Leaves per stored tile: a tile's rows (31 to about 50 hashes) stay within one LMDB page."""
+WRITE_TILES: Final = 32
+"""Tiles a commit writes at once: the commit whose record completes a multiple of
+``WRITE_TILES * TILE`` leaves writes the tiles the stored tree lacks."""
+_WRITE_EVERY: Final = WRITE_TILES * TILE
 CHUNK: Final = 4096
 """Records hashed per write transaction while filling the tree in (a multiple of ``TILE``)."""
 MAX_BEHIND: Final = 65_536
@@ -184,17 +189,17 @@ class TreeStore:
     # ── writing ─────────────────────────────────────────────────────────────
 
     def append_leaf(self, txn: lmdb.Transaction[bytes], seq: int, leaf: bytes) -> None:
-        """Note record ``seq``'s leaf, appended in ``txn``; the record that completes a tile
-        writes, in ``txn``, every whole tile the stored tree lacks (a leaf this process did not
-        note, appended before it opened the store, is hashed from the log).
+        """Note record ``seq``'s leaf, appended in ``txn``; the record that completes a multiple of
+        ``WRITE_TILES`` tiles writes, in ``txn``, every whole tile the stored tree lacks (a leaf
+        this process did not note, appended before it opened the store, is hashed from the log).
 
         A leaf noted in a transaction that then aborts is replaced when its sequence is appended
         again, which it must be before the log reaches the end of its tile."""
 
-        pending = self._pending
-        pending[seq] = leaf
-        if seq % TILE:
+        self._pending[seq] = leaf
+        if seq % _WRITE_EVERY:
             return
+        pending = self._pending
         size = self.size(txn)
         for old in [at for at in pending if at <= size]:
             del pending[old]

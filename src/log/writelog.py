@@ -249,6 +249,18 @@ class WriteLog:
 
     # ── the Merkle tree (docs/audit.md) ─────────────────────────────────────
 
+    def tree_root(self, txn: lmdb.Transaction[bytes], size: int, leaf: bytes | None = None) -> bytes:
+        """The root of the tree of the first ``size`` records as ``txn`` sees them (a write
+        transaction's own appends included), with ``leaf`` appended when given: the root a record
+        about to be appended after ``size`` would make."""
+
+        size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
+        if leaf is None:
+            return merkle.tree_hash(size, read)
+        builder = merkle.TreeBuilder(size, read(merkle.frontier(size)))
+        builder.add(leaf)
+        return builder.root()
+
     def root(self, size: int | None = None) -> bytes:
         """The root hash of the tree of the log's first ``size`` records (default: all)."""
 

@@ -27,7 +27,7 @@ from pi_durable.types import (
     StorageWrite,
 )
 
-from ..errors import NotWriterError
+from ..errors import DamageError, NotWriterError, StoreStateError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
 from ..log.counters import EngineCounters
 from ..log.environment import DEFAULT_MAP_SIZE
@@ -510,6 +510,11 @@ class LmdbStorage(StorageReads, Storage):
         await self.projections.close()
         if self._link is not None:
             self._link.close()
+        if not self._env.readonly:  # the whole tiles commits left to a later write (tree.WRITE_TILES)
+            try:
+                self.log.tree.catch_up(self.log)
+            except (DamageError, StoreStateError) as error:  # verify names it, rebuild mends it
+                logger.error("the log tree of %s was not brought up to date at close: %s", self._env.path, error)
         self._env.close()
         self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
 

@@ -17,7 +17,7 @@ from pi_durable_lmdb import LmdbStorage, tlog
 from pi_durable_lmdb.log import Environment, WriteLog
 from pi_durable_lmdb.log.compact import compact
 from pi_durable_lmdb.log.records import record_leaf
-from pi_durable_lmdb.log.tree import TILE
+from pi_durable_lmdb.log.tree import TILE, WRITE_TILES
 from pi_durable_lmdb.storage.export import export_lines
 from pi_durable_lmdb.storage.migrate import import_export
 from tests.fixtures import old_store
@@ -268,3 +268,24 @@ def test_a_legacy_big_integer_record_has_the_leaf_of_its_writes_encoded_today() 
     assert legacy != today
     stored = msgspec.msgpack.encode(RawRecord(1, 5, _checksum(5, legacy), legacy))
     assert record_leaf(1, stored) == record_leaf_hash(1, 5, today) == record_leaf(1, encode_record(today, 5))
+
+
+async def test_commits_write_tiles_a_group_at_a_time_and_close_writes_the_rest(tmp_path: Path) -> None:
+    """A commit touches the tree's table only when its record completes a group of WRITE_TILES
+    tiles; roots in between hash the rest from the log, and a close stores every whole tile."""
+
+    path = tmp_path / "store"
+    group = WRITE_TILES * TILE
+    storage = await LmdbStorage.open(path, durability="process")
+    sizes = []
+    try:
+        for n in range(group + 2 * TILE + 3):
+            await storage.commit([{"type": "conversation", "value": {"id": 2 + n}}], CTX)
+            with storage.log.env.read() as txn:
+                sizes.append((storage.log.head(), storage.log.tree.size(txn)))
+        head = storage.log.head()
+        assert storage.log.root() == tlog.root_of(leaves_of(path))
+    finally:
+        await storage.close()
+    assert sizes == [(seq, seq - seq % group) for seq in range(1, head + 1)]
+    assert stored_tree(path) == (head - head % TILE, tlog.root_of(leaves_of(path)), [])

@@ -10,16 +10,19 @@ it with ``ForeignMessageError`` naming its stream sequence.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 
 import lmdb
 
-from ...errors import ForeignMessageError
+from ...errors import DamageError, ForeignMessageError, ProjectionsBehind
 from .. import WriteLog, decode_record
-from ..records import Write
+from ..records import Write, record_leaf
 from .message import StreamMessage
 from .position import POSITION_FORMAT, StreamPosition, put_position
+
+_logger = logging.getLogger(__name__)
 
 FETCH_CHUNK: Final = 4096
 """Messages taken from the stream per transaction when a store catches up."""
@@ -73,6 +76,8 @@ class StreamApplier:
                         self.stream, message.stream_seq, f"record {message.seq} does not follow this store's head {head}"
                     )
                 else:
+                    if message.root is not None:
+                        self._check_root(txn, message, head)
                     commit = message.commit or decode_record(message.seq, message.data)
                     outcome = projector.admit(
                         txn, commit.writes, lambda: log.append_record(txn, message.seq, message.data)
@@ -97,3 +102,19 @@ class StreamApplier:
             )
         put_position(txn, self.meta, position)
         return position
+
+    def _check_root(self, txn: lmdb.Transaction[bytes], message: StreamMessage, head: int) -> None:
+        """Refuse, before it is appended, a record after which this store's tree would not have
+        the root its writer's had: the histories forked."""
+
+        try:
+            root = self.log.tree_root(txn, head, record_leaf(message.seq, message.data))
+        except (DamageError, ProjectionsBehind) as error:  # this store's own tree: verify names it
+            _logger.error("record %d's tree root was not checked: %s", message.seq, error)
+            return
+        if root != message.root:
+            raise ForeignMessageError(
+                self.stream, message.stream_seq,
+                f"record {message.seq} would give this store's log tree the root {root.hex()}, not its writer's "
+                f"{(message.root or b'').hex()} (the histories forked)",
+            )

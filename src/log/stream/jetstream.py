@@ -28,7 +28,7 @@ from ...errors import (
     StreamMissingError,
     StreamMovedError,
 )
-from . import objects
+from . import buckets, objects
 from .link import LinkLoop, StreamLink
 from .message import (  # noqa: F401 - the message layout, importable from here as before
     H_EPOCH,
@@ -68,7 +68,6 @@ FETCH_BYTES: Final = 16 << 20
 """Bytes one batched read may carry at most (the server ends the batch before)."""
 DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
-
 
 
 MOVED_CODES: Final = frozenset({WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT, DUPLICATE_IN_BATCH})
@@ -148,6 +147,7 @@ class JetStreamLink(LinkLoop):
         self._nc: Any = None
         self._js: Any = None
         self._kv: Any = None
+        self._buckets: dict[str, Any] = {}
         super().__init__(f"nats {stream}")
 
     # ── connection and stream (coroutines of the link's loop) ───────────────
@@ -492,6 +492,14 @@ class JetStreamLink(LinkLoop):
             await kv.delete(key, last=revision)
         except (nats.js.errors.Error, nats.errors.Error, asyncio.TimeoutError):
             pass  # it expires by itself
+
+    # ── other key-value buckets: ``<stream>-<bucket>`` (``buckets.py``) ────
+
+    async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]:
+        return await buckets.get(self._js, self.stream, bucket, key, self._buckets)
+
+    async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
+        return await buckets.put(self._js, self.stream, bucket, key, value, revision, self._buckets)
 
     # ── snapshots: the object store ``<stream>-snapshots`` (``objects.py``) ───
 

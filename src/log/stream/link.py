@@ -30,6 +30,11 @@ What every link promises:
   its revision is ``revision`` and returns the new one, or ``None`` when it is not (someone moved
   first); the value is dropped ``ttl`` seconds after the put, by the engine's clock, not the
   holder's. ``lease_delete(key, revision)`` drops it if it is still at ``revision``.
+- Other key-value buckets beside the stream, ``<stream>-<bucket>`` (signed checkpoints:
+  ``storage.witness``), made on first use: ``kv_get(bucket, key)`` is ``(value, revision)`` as for
+  the lease; ``kv_put(bucket, key, value, revision)`` sets it only if its revision is
+  ``revision`` (0: the key has never been set) and returns the new one, or ``None`` when it is
+  not (someone else put first). Values never expire.
 
 A link owns a thread with its event loop (``LinkLoop``): the writer thread, which must not run an
 event loop, calls ``run``; a caller's loop calls ``arun``.
@@ -97,6 +102,10 @@ class StreamLink(Protocol):
     async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None: ...
 
     async def lease_delete(self, key: str, revision: int) -> None: ...
+
+    async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]: ...
+
+    async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None: ...
 
     def close(self) -> None: ...
 

@@ -69,6 +69,8 @@ class MemoryStream:
     lose_answers: int = 0
     messages: list[_Message] = field(default_factory=list)
     keys: dict[str, _Key] = field(default_factory=dict)
+    buckets: dict[str, dict[str, _Key]] = field(default_factory=dict)
+    """Other key-value buckets (``kv_get``, ``kv_put``): bucket -> key -> value."""
     objects: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
     """The snapshot bucket: name -> (content, its SHA-256 as stored)."""
     revision: int = 0
@@ -83,10 +85,13 @@ class MemoryStream:
         with self.lock:
             return [m for m in self.messages if m.subject == subject and m.stream_seq > after]
 
-    def answer(self) -> None:
+    def answer(self, stream: bool = True) -> None:
+        """Raise what a server that is down, or lacks the stream (``stream``: when asked about
+        it), would answer."""
+
         if self.down:
             raise NatsUnavailableError(f"The in-memory stream {self.name!r} is down")
-        if not self.exists:
+        if stream and not self.exists:
             raise StreamMissingError(f"No stream {self.name!r} (in memory)")
 
 
@@ -223,6 +228,23 @@ class MemoryLink(LinkLoop):
                 return None
             self.server.revision += 1
             self.server.keys[key] = _Key(value, self.server.revision, self.clock() + ttl)
+            return self.server.revision
+
+    async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]:
+        self.server.answer(stream=False)
+        with self.server.lock:
+            entry = self.server.buckets.get(bucket, {}).get(key)
+            return (None, 0) if entry is None else (entry.value, entry.revision)
+
+    async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
+        self.server.answer(stream=False)
+        with self.server.lock:
+            keys = self.server.buckets.setdefault(bucket, {})
+            entry = keys.get(key)
+            if (0 if entry is None else entry.revision) != revision:
+                return None
+            self.server.revision += 1
+            keys[key] = _Key(bytes(value), self.server.revision, float("inf"))
             return self.server.revision
 
     async def lease_delete(self, key: str, revision: int) -> None:

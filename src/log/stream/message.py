@@ -9,13 +9,15 @@ Headers carry what the body does not: the store, the record's sequence, the writ
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
+from collections.abc import Callable
 from typing import Final, Literal, NamedTuple
 
 import msgspec
 
-from ...errors import CorruptRecordError, ForeignMessageError, ReplicationError
+from ...errors import CorruptRecordError, DamageError, ForeignMessageError, ProjectionsBehind, ReplicationError
 from ..records import Commit, decode_record
 
 MESSAGE_FORMAT: Final = 1
@@ -27,6 +29,14 @@ H_SEQ: Final = "Pd-Seq"
 H_KIND: Final = "Pd-Kind"
 H_EPOCH: Final = "Pd-Epoch"
 H_MSG_ID: Final = "Nats-Msg-Id"
+H_ROOT: Final = "Pd-Tree-Root"
+"""On some records (optional): the writer's log tree root of the first ``seq`` records, lowercase
+hex; a follower refuses the record when its own tree with it has another root."""
+ROOT_EVERY: Final = 512
+"""A writer puts ``Pd-Tree-Root`` on the records whose sequence is a multiple of this (where its
+tree has just stored its tiles, so the root costs a few reads)."""
+_ROOT_HEX: Final = re.compile(r"[0-9a-f]{64}")
+_logger = logging.getLogger(__name__)
 
 Kind = Literal["record", "fence", "ids"]
 KINDS: Final = ("record", "fence", "ids")
@@ -70,6 +80,8 @@ class StreamMessage(NamedTuple):
     """The record as the log stores it (``record``), else the encoded control message."""
     commit: Commit | None = None
     """A record's decoded batch (decoded once, when its checksum was checked)."""
+    root: bytes | None = None
+    """The writer's tree root of the first ``seq`` records, when the record carries it (``H_ROOT``)."""
 
     @property
     def control(self) -> Fence | IdReservation:
@@ -101,8 +113,8 @@ def check_stream_name(stream: object) -> str:
     return stream
 
 
-def record_headers(store: str, seq: int, epoch: int) -> dict[str, str]:
-    return {
+def record_headers(store: str, seq: int, epoch: int, root: bytes | None = None) -> dict[str, str]:
+    headers = {
         H_MSG_ID: f"{store}:{seq}",
         H_FORMAT: str(MESSAGE_FORMAT),
         H_STORE: store,
@@ -110,6 +122,22 @@ def record_headers(store: str, seq: int, epoch: int) -> dict[str, str]:
         H_SEQ: str(seq),
         H_EPOCH: str(epoch),
     }
+    if root is not None:
+        headers[H_ROOT] = root.hex()
+    return headers
+
+
+def carried_root(seq: int, root: Callable[[], bytes]) -> bytes | None:
+    """The tree root record ``seq`` carries to its followers (``root()`` on every ``ROOT_EVERY``-th
+    record), or None: a tree that cannot give it (damaged, far behind) never holds a record back."""
+
+    if seq % ROOT_EVERY:
+        return None
+    try:
+        return root()
+    except (DamageError, ProjectionsBehind) as error:
+        _logger.error("record %d goes to the stream without its tree root: %s", seq, error)
+        return None
 
 
 def control_headers(store: str, kind: Kind, epoch: int, head: int) -> dict[str, str]:
@@ -164,11 +192,14 @@ def parse_message(
         return StreamMessage(stream_seq, found, kind, epoch, seq, body)  # type: ignore[arg-type]
     if headers.get(H_MSG_ID) != f"{found}:{seq}":
         raise refuse(f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}")
+    root = headers.get(H_ROOT)
+    if root is not None and not (isinstance(root, str) and _ROOT_HEX.fullmatch(root)):
+        raise refuse(f"its {H_ROOT} {root!r:.80} is not a tree root (64 lowercase hex digits)")
     try:
         commit = decode_record(seq, body)
     except CorruptRecordError as error:
         raise refuse(f"record {seq}: {error.reason}") from None
-    return StreamMessage(stream_seq, found, "record", epoch, seq, body, commit)
+    return StreamMessage(stream_seq, found, "record", epoch, seq, body, commit, None if root is None else bytes.fromhex(root))
 
 
 RECORD_HEADROOM: Final = 1024

@@ -12,6 +12,7 @@ twice, skipped or reordered.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from typing import Any, Final
 
 from ...errors import ForeignMessageError, ReplicationError
 from .link import StreamLink
-from .message import record_headers, subject_of
+from .message import carried_root, record_headers, subject_of
 from ..storedir import replace_file
 from ..writelog import WriteLog
 
@@ -81,7 +82,10 @@ class Shipper:
                             stuck, rows = _CannotShip(f"record {seq} of store {self.store}: {reason}"), rows[:index]
                             break
                     if rows:
-                        messages = [(record_headers(self.store, seq, self.epoch), bytes(data)) for seq, data in rows]
+                        messages = [
+                            (record_headers(self.store, seq, self.epoch, carried_root(seq, functools.partial(self.log.root, seq))), bytes(data))
+                            for seq, data in rows
+                        ]
                         self.expected = await self.link.publish(self.subject, messages, self.expected)
                         self.shipped_seq = rows[-1][0]
                     if stuck is not None:

@@ -42,6 +42,7 @@ from .message import (
     IdReservation,
     RawMessage,
     StreamMessage,
+    carried_root,
     control_headers,
     encode_control,
     parse_message,
@@ -251,7 +252,7 @@ class StreamWriter:
         for seq in seqs:
             data = self.log.record(txn, seq)
             assert data is not None
-            messages.append((record_headers(self.store, seq, self.epoch), data))
+            messages.append((record_headers(self.store, seq, self.epoch, carried_root(seq, lambda: self.log.tree_root(txn, seq))), data))
         position = self._send(txn, messages, seqs[-1])
         self.in_doubt_seqs = list(seqs)
         return position
