@@ -1,12 +1,16 @@
 """The thread that folds the log into user projections, in short chunks, off the event loop.
 
-Each chunk is one write transaction that folds as many records as fit in ``FOLD_SLICE`` seconds
-and stores the checkpoint with the rows (a killed process resumes after the last chunk). It runs
-under the store's write exclusion (the committer's lock), never on the event loop's thread: the
-loop never waits for a fold, and a commit arriving meanwhile ends the chunk after the record being
-folded (``Writes.contended``), so it waits for one record's fold and a commit of the chunk.
-Between rounds the thread rests as long as the round took (``FOLD_PAUSE`` at least), so a loop
-that wants the interpreter gets it within a slice, and folding takes at most about half the CPU.
+Each chunk folds as many records as fit in ``FOLD_SLICE`` seconds in a read transaction, outside
+the store's write exclusion, keeping the rows it writes aside (``StagedTables``; the fold reads
+them back); then one short write transaction, under the exclusion (the committer's lock), puts
+those rows and stores the checkpoint with them (a killed process resumes after the last chunk).
+A commit arriving meanwhile waits for a few puts and that transaction's commit, not for folds,
+and a thread preempted while folding holds up no commit. Folding stops after the record being
+folded once a commit waits (``Writes.contended``), and waiting commits go before each step that
+takes the lock. A fold that fails, or a row LMDB refuses, is folded again inside the write
+transaction, so the rows before the record at fault are kept and that record is named. Between
+rounds the thread rests as long as the round took (``FOLD_PAUSE`` at least), so a loop that wants
+the interpreter gets it within a slice, and folding takes at most about half the CPU.
 
 A build (another version beside the served one) that reaches the log's head is swapped in inside
 the transaction of its last chunk: the served status becomes the build's, and the old slot is
@@ -38,12 +42,12 @@ if TYPE_CHECKING:
 _log = logging.getLogger("pi_durable_lmdb")
 
 FOLD_SLICE: Final = 0.0003
-"""Seconds of folding per write transaction at most (plus the record being folded)."""
+"""Seconds of folding per chunk at most (plus the record being folded)."""
 FOLD_PAUSE: Final = 0.0003
 """Seconds the thread rests between rounds at least (and as long as the round took): the event
 loop's turn at the interpreter and the CPU."""
 YIELD_ROUNDS: Final = 60
-"""Rests of ``FOLD_PAUSE / 4`` a chunk waits at most for the commits waiting before it begins."""
+"""Rests of ``FOLD_PAUSE / 4`` a chunk waits at most for the commits waiting before it takes the lock."""
 READ_AHEAD: Final = 32
 """Log records decoded at a time, outside any write transaction."""
 

@@ -24,9 +24,9 @@ Where a commit runs:
 
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
-A user projection's fold chunk takes it through ``yielding()``: it ends its chunk after the record
-being folded once ``contended()`` says a commit waits, and a direct commit waits for that (at most
-``YIELD_WAIT``) rather than going to the writer thread.
+A user projection's fold chunk takes it through ``yielding()`` only to put the rows it folded
+beforehand (it lets waiting commits go first, ``contended()``), and a direct commit waits for
+that (at most ``YIELD_WAIT``) rather than going to the writer thread.
 Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
 aborted and each of its batches is run again alone, so only the batch at fault fails; but when the
 map needs to grow and cannot (``MapBusyError``: a read transaction of this process stayed open),
@@ -63,7 +63,7 @@ CONTENDED: Final = 0.05
 """Seconds a loop gathers its commits into groups after seeing others commit beside it."""
 YIELD_WAIT: Final = 0.002
 """Seconds a direct commit waits for a ``yielding()`` holder of the lock before it goes to the
-writer thread instead (the holder normally lets go within one record's fold)."""
+writer thread instead (the holder normally lets go within a few puts)."""
 RESOLVE_CHUNK: Final = 8
 """Callers resumed per turn of their loop: a big group's callers must not all run before the
 loop's other tasks get a turn."""
