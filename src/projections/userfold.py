@@ -65,6 +65,9 @@ class Writes(Protocol):
     def contended(self) -> bool:
         """Whether a commit is waiting for the store's writes: a chunk then ends early."""
 
+    def busy(self) -> bool:
+        """Whether a commit runs or waits: folding outside the lock then pauses."""
+
 
 Source = Callable[[], Writes]
 
@@ -191,9 +194,11 @@ class Folder:
         owner = self._owner
         env = owner.env
         writes = self._writes()
-        self._let_commits_go(writes)
-        with writes.yielding():
-            handles = owner.handles(name, target)
+        handles = owner.open_handles(name, target)
+        if handles is None:
+            self._let_commits_go(writes)
+            with writes.yielding():
+                handles = owner.handles(name, target)
         staged = self._stage(projection, target, handles, commits, writes)
         self._let_commits_go(writes)
         with writes.yielding():
@@ -220,10 +225,11 @@ class Folder:
 
     @staticmethod
     def _let_commits_go(writes: Writes) -> None:
-        """Commits waiting for the store's writes go first (for a while at most)."""
+        """Commits running or waiting go first (for a while at most): one on its way to a
+        direct transaction would otherwise find the lock taken."""
 
         for _ in range(YIELD_ROUNDS):
-            if not writes.contended():
+            if not writes.busy():
                 break
             time.sleep(FOLD_PAUSE / 4)
 
@@ -246,8 +252,8 @@ class Folder:
                 except Exception:
                     return None
                 folded = commit.seq
-                if time.perf_counter() >= deadline or writes.contended():
-                    break
+                if time.perf_counter() >= deadline or writes.busy():
+                    break  # a commit runs or waits: it has the interpreter to itself
         return tables, folded
 
     def _fold_in(
