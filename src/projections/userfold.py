@@ -6,8 +6,8 @@ them back); then one short write transaction, under the exclusion (the committer
 those rows and stores the checkpoint with them (a killed process resumes after the last chunk).
 A commit arriving meanwhile waits for a few puts and that transaction's commit, not for folds,
 and a thread preempted while folding holds up no commit. Folding stops after the record being
-folded once a commit waits (``Writes.contended``), and waiting commits go before each step that
-takes the lock. A fold that fails, or a row LMDB refuses, is folded again inside the write
+folded once a commit is on its way, runs or waits (``Writes.busy``), and such commits go before
+each step that takes the lock. A fold that fails, or a row LMDB refuses, is folded again inside the write
 transaction, so the rows before the record at fault are kept and that record is named. Between
 rounds the thread rests as long as the round took (``FOLD_PAUSE`` at least), so a loop that wants
 the interpreter gets it within a slice, and folding takes at most about half the CPU.
