@@ -14,8 +14,9 @@ projection at version 1, then, in one writer process, for each durability:
   got busier or quieter meanwhile shows.
 
 Prints a table: commits, commit latency p50/p99/max, loop stall p50/p99/max, the time each fold
-chunk spent folding inside its write transaction (what a commit arriving then waits for, with the
-transaction's commit), and the refold's duration and rate. The goals: stall p99 at most 5 ms, commit p99 during the refold at most twice
+chunk spent inside its write transaction before its commit (putting the rows it folded beforehand:
+what a commit arriving then waits for, with the transaction's commit), and the refold's duration
+and rate. The goals: stall p99 at most 5 ms, commit p99 during the refold at most twice
 the idle p99. On a machine whose other load already stalls an idle loop, compare the refold's rows
 with the idle ones around them.
 """

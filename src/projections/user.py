@@ -129,6 +129,9 @@ class _OwnLock(Writes):
     def contended(self) -> bool:
         return False
 
+    def busy(self) -> bool:
+        return False
+
 
 class UserProjections:
     """The registered projections of one open store, and the thread that keeps them level.
@@ -380,6 +383,11 @@ class UserProjections:
         if found is None:
             found = self._open_handles(name, status.slot, status.databases or [])
         return found
+
+    def open_handles(self, name: str, status: us.StoredProjection) -> dict[str, lmdb._Database] | None:
+        """The databases of ``status``'s slot if already open (no write exclusion needed), else None."""
+
+        return self._handles.get((name, status.slot))
 
     def core_source(self) -> CoreSource | None:
         """What ``tables.core`` reads through in a chunk: the core read model current now (a

@@ -1,12 +1,16 @@
 """The thread that folds the log into user projections, in short chunks, off the event loop.
 
-Each chunk is one write transaction that folds as many records as fit in ``FOLD_SLICE`` seconds
-and stores the checkpoint with the rows (a killed process resumes after the last chunk). It runs
-under the store's write exclusion (the committer's lock), never on the event loop's thread: the
-loop never waits for a fold, and a commit arriving meanwhile ends the chunk after the record being
-folded (``Writes.contended``), so it waits for one record's fold and a commit of the chunk.
-Between rounds the thread rests as long as the round took (``FOLD_PAUSE`` at least), so a loop
-that wants the interpreter gets it within a slice, and folding takes at most about half the CPU.
+Each chunk folds as many records as fit in ``FOLD_SLICE`` seconds in a read transaction, outside
+the store's write exclusion, keeping the rows it writes aside (``StagedTables``; the fold reads
+them back); then one short write transaction, under the exclusion (the committer's lock), puts
+those rows and stores the checkpoint with them (a killed process resumes after the last chunk).
+A commit arriving meanwhile waits for a few puts and that transaction's commit, not for folds,
+and a thread preempted while folding holds up no commit. Folding stops after the record being
+folded once a commit is on its way, runs or waits (``Writes.busy``), and such commits go before
+each step that takes the lock. A fold that fails, or a row LMDB refuses, is folded again inside the write
+transaction, so the rows before the record at fault are kept and that record is named. Between
+rounds the thread rests as long as the round took (``FOLD_PAUSE`` at least), so a loop that wants
+the interpreter gets it within a slice, and folding takes at most about half the CPU.
 
 A build (another version beside the served one) that reaches the log's head is swapped in inside
 the transaction of its last chunk: the served status becomes the build's, and the old slot is
@@ -30,21 +34,21 @@ import msgspec
 from ..log import Commit
 
 from . import userstate as us
-from .usertables import Tables
+from .usertables import StagedTables, Tables
 
 if TYPE_CHECKING:
     from .user import Projection, UserProjections
 
 _log = logging.getLogger("pi_durable_lmdb")
 
-FOLD_SLICE: Final = 0.001
-"""Seconds of folding per write transaction at most (plus the record being folded)."""
-FOLD_PAUSE: Final = 0.001
+FOLD_SLICE: Final = 0.0003
+"""Seconds of folding per chunk at most (plus the record being folded)."""
+FOLD_PAUSE: Final = 0.0003
 """Seconds the thread rests between rounds at least (and as long as the round took): the event
 loop's turn at the interpreter and the CPU."""
-YIELD_ROUNDS: Final = 20
-"""Rests of ``FOLD_PAUSE / 4`` a chunk waits at most for the commits waiting before it begins."""
-READ_AHEAD: Final = 64
+YIELD_ROUNDS: Final = 60
+"""Rests of ``FOLD_PAUSE / 4`` a chunk waits at most for the commits waiting before it takes the lock."""
+READ_AHEAD: Final = 32
 """Log records decoded at a time, outside any write transaction."""
 
 
@@ -60,6 +64,9 @@ class Writes(Protocol):
 
     def contended(self) -> bool:
         """Whether a commit is waiting for the store's writes: a chunk then ends early."""
+
+    def busy(self) -> bool:
+        """Whether a commit runs or waits: folding outside the lock then pauses."""
 
 
 Source = Callable[[], Writes]
@@ -187,14 +194,24 @@ class Folder:
         owner = self._owner
         env = owner.env
         writes = self._writes()
-        for _ in range(YIELD_ROUNDS):  # commits waiting go first
-            if not writes.contended():
-                break
-            time.sleep(FOLD_PAUSE / 4)
+        handles = owner.open_handles(name, target)
+        if handles is None:
+            self._let_commits_go(writes)
+            with writes.yielding():
+                handles = owner.handles(name, target)
+        staged = self._stage(projection, target, handles, commits, writes)
+        self._let_commits_go(writes)
         with writes.yielding():
-            handles = owner.handles(name, target)
+            if owner.target(name) != (key, target):
+                return  # dropped, retried or rebuilt meanwhile: the next round starts afresh
             try:
-                status, swapped = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, commits, FOLD_SLICE, writes))
+                if staged is not None:
+                    try:
+                        status, swapped = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, commits, FOLD_SLICE, writes, staged))
+                    except lmdb.Error:  # a row LMDB refuses: folded again in the transaction, so the record at fault is named
+                        staged = None
+                if staged is None:
+                    status, swapped = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, commits, FOLD_SLICE, writes))
             except _FoldFailed as failure:
                 before = [commit for commit in commits if commit.seq < failure.seq]
                 status = target
@@ -205,6 +222,39 @@ class Folder:
         owner.folded(name, key, status, swapped)
         if swapped:
             _log.info("user projection %r: version %d swapped in at sequence %d", name, status.version, status.folded_seq)
+
+    @staticmethod
+    def _let_commits_go(writes: Writes) -> None:
+        """Commits running or waiting go first (for a while at most): one on its way to a
+        direct transaction would otherwise find the lock taken."""
+
+        for _ in range(YIELD_ROUNDS):
+            if not writes.busy():
+                break
+            time.sleep(FOLD_PAUSE / 4)
+
+    def _stage(
+        self, projection: Projection, target: us.StoredProjection, handles: dict[str, lmdb._Database], commits: list[Commit], writes: Writes
+    ) -> tuple[StagedTables, int] | None:
+        """Fold records for ``FOLD_SLICE`` seconds at most in a read transaction, outside the
+        store's write exclusion, keeping the rows aside; returns them with the sequence they are
+        level with, or None when a fold failed (the write transaction folds those records again
+        itself, to keep what came before the failure and name the record at fault)."""
+
+        with self._owner.env.read() as txn:
+            tables = StagedTables(txn, handles, target.version, target.folded_seq, self._owner.core_source())
+            deadline = time.perf_counter() + FOLD_SLICE
+            folded = target.folded_seq
+            for commit in commits:
+                tables.at(commit.seq)
+                try:
+                    projection.fold(tables, commit)
+                except Exception:
+                    return None
+                folded = commit.seq
+                if time.perf_counter() >= deadline or writes.busy():
+                    break  # a commit runs or waits: it has the interpreter to itself
+        return tables, folded
 
     def _fold_in(
         self,
@@ -217,13 +267,18 @@ class Folder:
         commits: list[Commit],
         budget: float | None,
         writes: Writes,
+        staged: tuple[StagedTables, int] | None = None,
     ) -> tuple[us.StoredProjection, bool]:
-        """One chunk inside ``txn`` (run again from the start after a map growth)."""
+        """One chunk inside ``txn`` (run again from the start after a map growth): the rows
+        ``staged`` if given, else ``commits`` folded here, for ``budget`` seconds at most."""
 
         owner = self._owner
         tables = Tables(txn, handles, target.version, target.folded_seq, owner.core_source())
         deadline = None if budget is None else time.perf_counter() + budget
         folded = target.folded_seq
+        if staged is not None:
+            staged[0].apply(txn)
+            folded, commits = staged[1], []
         for commit in commits:
             tables.at(commit.seq)
             try:

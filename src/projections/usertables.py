@@ -113,3 +113,71 @@ class Tables:
             if not key.startswith(prefix):
                 return
             yield key, value
+
+
+class StagedTables(Tables):
+    """``Tables`` over a read transaction whose writes are kept aside (and read back by ``get``
+    and ``items``) until ``apply`` puts them in a write transaction: a fold runs outside the
+    store's write exclusion, and the write transaction that follows only puts its rows, so a
+    commit waits for a few puts rather than for the folds."""
+
+    def __init__(
+        self,
+        txn: lmdb.Transaction[bytes],
+        dbs: dict[str, lmdb._Database],
+        version: int = 0,
+        folded_seq: int = 0,
+        core: CoreSource | None = None,
+    ) -> None:
+        super().__init__(txn, dbs, version, folded_seq, core)
+        self.staged: dict[str, dict[bytes, bytes | None]] = {}
+        """Per database, each key written: its value, or None where it was deleted."""
+
+    def get(self, db: str, key: bytes) -> bytes | None:
+        rows = self.staged.get(db)
+        if rows is not None:
+            key = bytes(key)
+            if key in rows:
+                return rows[key]
+        return super().get(db, key)
+
+    def put(self, db: str, key: bytes, value: bytes) -> None:
+        self._db(db)
+        self.staged.setdefault(db, {})[bytes(key)] = bytes(value)
+
+    def delete(self, db: str, key: bytes) -> None:
+        self._db(db)
+        self.staged.setdefault(db, {})[bytes(key)] = None
+
+    def items(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        rows = self.staged.get(db)
+        if not rows:
+            yield from super().items(db, prefix)
+            return
+        staged = sorted((key, value) for key, value in rows.items() if key.startswith(prefix))
+        stored = super().items(db, prefix)
+        stored_row = next(stored, None)
+        index = 0
+        while stored_row is not None or index < len(staged):
+            if index < len(staged) and (stored_row is None or staged[index][0] <= stored_row[0]):
+                key, value = staged[index]
+                index += 1
+                if stored_row is not None and stored_row[0] == key:
+                    stored_row = next(stored, None)
+                if value is not None:
+                    yield key, value
+            else:
+                assert stored_row is not None
+                yield stored_row
+                stored_row = next(stored, None)
+
+    def apply(self, txn: lmdb.Transaction[bytes]) -> None:
+        """Put the staged writes in ``txn`` (a write transaction), in the order they were made."""
+
+        for db, rows in self.staged.items():
+            handle = self._dbs[db]
+            for key, value in rows.items():
+                if value is None:
+                    txn.delete(key, db=handle)
+                else:
+                    txn.put(key, value, db=handle)

@@ -24,9 +24,9 @@ Where a commit runs:
 
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
-A user projection's fold chunk takes it through ``yielding()``: it ends its chunk after the record
-being folded once ``contended()`` says a commit waits, and a direct commit waits for that (at most
-``YIELD_WAIT``) rather than going to the writer thread.
+A user projection's fold chunk takes it through ``yielding()`` only to put the rows it folded
+beforehand (it lets waiting commits go first, ``contended()``), and a direct commit waits for
+that (at most ``YIELD_WAIT``) rather than going to the writer thread.
 Should something other than a rejection go wrong inside a group (a bug, a full disk), the group is
 aborted and each of its batches is run again alone, so only the batch at fault fails; but when the
 map needs to grow and cannot (``MapBusyError``: a read transaction of this process stayed open),
@@ -63,7 +63,7 @@ CONTENDED: Final = 0.05
 """Seconds a loop gathers its commits into groups after seeing others commit beside it."""
 YIELD_WAIT: Final = 0.002
 """Seconds a direct commit waits for a ``yielding()`` holder of the lock before it goes to the
-writer thread instead (the holder normally lets go within one record's fold)."""
+writer thread instead (the holder normally lets go within a few puts)."""
 RESOLVE_CHUNK: Final = 8
 """Callers resumed per turn of their loop: a big group's callers must not all run before the
 loop's other tasks get a turn."""
@@ -144,6 +144,8 @@ class Committer:
         """``_lock`` is held through ``yielding()``: its holder lets go when ``contended()``."""
         self._waiting_direct = False
         """A direct commit waits for a ``yielding()`` holder (``_take_direct``)."""
+        self._direct_commits: list[None] = []
+        """One item per commit between its start and its direct transaction's end (``busy``)."""
 
     def replicate(self, stream: StreamWriter) -> None:
         """From now on every group settles with ``stream`` and publishes to it (before any
@@ -159,23 +161,28 @@ class Committer:
 
         loop = asyncio.get_running_loop()
         if self._direct and loop not in self._gathering:
-            run = self._runs.get(loop)
-            now = time.perf_counter()
-            if run is not None and now < run.contended_until:
-                direct = False  # what _uncontended would answer, without a coroutine per commit
-            elif run is None or now - run.started >= self._direct_run:
-                direct = await self._uncontended(loop, now)
-            else:
-                direct = True
-            if direct and not self._queue and self._take_direct():
-                try:
-                    if not self._closed and not self._queue and loop not in self._gathering:
-                        self._commits += 1
-                        result = self._env.write(lambda txn: self._commit_one(txn, payload, batch, committed_at))
-                        self._committed([result])
-                        return result
-                finally:
-                    self._lock.release()
+            direct_commits = self._direct_commits
+            direct_commits.append(None)  # atomic (the GIL), like its pop
+            try:
+                run = self._runs.get(loop)
+                now = time.perf_counter()
+                if run is not None and now < run.contended_until:
+                    direct = False  # what _uncontended would answer, without a coroutine per commit
+                elif run is None or now - run.started >= self._direct_run:
+                    direct = await self._uncontended(loop, now)
+                else:
+                    direct = True
+                if direct and not self._queue and self._take_direct():
+                    try:
+                        if not self._closed and not self._queue and loop not in self._gathering:
+                            self._commits += 1
+                            result = self._env.write(lambda txn: self._commit_one(txn, payload, batch, committed_at))
+                            self._committed([result])
+                            return result
+                    finally:
+                        self._lock.release()
+            finally:
+                direct_commits.pop()
         return await self._submit(payload, batch, committed_at, None, loop)  # type: ignore[no-any-return]
 
     def _take_direct(self) -> bool:
@@ -464,6 +471,14 @@ class Committer:
         thread or directly): whoever holds ``_lock`` for long work should let it go soon."""
 
         return self._wanting or self._waiting_direct or bool(self._queue) or bool(self._gathering)
+
+    def busy(self) -> bool:
+        """Whether a commit runs or waits to (one on its way to a direct transaction, ``_lock``
+        held, or ``contended()``): work that
+        shares the interpreter with commits but needs no lock (a user projection's fold) pauses,
+        since a commit that lets go of the interpreter for LMDB may not get it back for a while."""
+
+        return bool(self._direct_commits) or self._lock.locked() or self.contended()
 
     async def close(self) -> None:
         """Refuse new commits, wait for every accepted one, stop the writer thread."""
