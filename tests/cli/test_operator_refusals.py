@@ -33,7 +33,7 @@ from pi_durable_lmdb import cli as cli_module
 from tests.support.cli_call import call
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 
@@ -411,11 +411,11 @@ def test_a_known_refusal_is_one_line_and_exit_2_with_its_traceback_under_debug(
         assert err.count("\n") == 1, err
 
 
-# ── the README's command table lists every command ─────────────────────────────
+# ── the operator manual's command table lists every command ─────────────────────────────
 
 
-def test_the_readme_table_lists_every_command_and_no_other() -> None:
-    section = README.read_text().split("## The `durable-log` command", 1)[1].split("\n## ", 1)[0]
+def test_the_operator_manual_table_lists_every_command_and_no_other() -> None:
+    section = OPERATIONS.read_text().split("## The `durable-log` command", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `durable-log (?:--\w+ )*([a-z]+)", section, re.MULTILINE)
     assert set(rows) == set(_commands()), sorted(set(rows) ^ set(_commands()))
     assert "3" in section and "--debug" in section and "--renumber" in section
