@@ -23,7 +23,7 @@ from ..errors import CorruptProjectionError
 
 SCHEMA_VERSION: Final = 6
 """Bump when any table below changes shape: the projections are then rebuilt from the log.
-6: document addresses and scopes are keyed by the reference's text of them (issue 12)."""
+Version 6 keys document addresses and scopes by the reference's text of them."""
 
 
 def db_name(generation: int, table: str) -> str:
@@ -111,7 +111,7 @@ BORN_KNOWN: Final = BORN_WITH_ID | BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SE
 creation: it keeps only what later commits overwrote or deleted."""
 APPENDED: Final = BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ | {CONVERSATIONS, CONVERSATION_PARENTS}
 """Tables whose new keys mostly sort after every key they hold (ids and sequences grow): a put
-tries LMDB's append first, which fills pages instead of splitting them in half (issue 24), and
+tries LMDB's append first, which fills pages instead of splitting them in half, and
 falls back to an ordinary put when the key is not the last."""
 TABLE_CODES: Final = {
     name: bytes([code]) for code, name in enumerate(TABLES) if name not in UNVERSIONED
@@ -122,8 +122,7 @@ ABSENT: Final = b"\x00"
 PRESENT: Final = b"\x01"
 DEFLATED: Final = b"\x02"
 LOGGED: Final = b"\x03"
-"""A ``HISTORY`` value is one of (issue 24 added the last two; stores written before hold neither,
-and all are read):
+"""A ``HISTORY`` value is one of these (a store may hold any mix of them; all are read):
 
 - ``ABSENT``: the key held nothing;
 - ``PRESENT`` + the sealed previous value;
@@ -147,14 +146,14 @@ _SIZE = struct.Struct(">I")
 
 def pack_row(encoded: bytes) -> bytes:
     """A rarely read row (a document snapshot) deflated when that saves bytes: ``PACKED`` +
-    4-byte size + deflated bytes; else ``encoded`` itself (issue 24)."""
+    4-byte size + deflated bytes; else ``encoded`` itself."""
 
     deflated = deflate(encoded) if len(encoded) < 1 << 32 else None
     return encoded if deflated is None else PACKED + _SIZE.pack(len(encoded)) + deflated
 
 
 def unpack_row(value: bytes, table: str, key: bytes) -> bytes:
-    """The encoded row ``pack_row`` kept (rows written before it are never packed)."""
+    """The encoded row ``pack_row`` kept (a row not led by ``PACKED`` is stored as it is)."""
 
     if value[:1] != PACKED:
         return value
@@ -284,7 +283,7 @@ def history_before(value: bytes, key: bytes, log_rows: LogRows) -> bytes | None:
 
 def comparable(table: str, key: bytes, raw: bytes, log_rows: LogRows) -> bytes:
     """A stored value in the one form each layout version shares (``verify`` compares a store's
-    rows with a fresh fold's, which may pack what an earlier version kept as it was)."""
+    rows with a fresh fold's, which may pack a row the store keeps unpacked)."""
 
     if table == HISTORY:
         before = history_before(raw, key, log_rows)
@@ -340,8 +339,9 @@ def text_key(value: Any) -> bytes:
 _SUM = struct.Struct(">Q")
 SUM_SIZE: Final = _SUM.size
 checksum: Final = xxhash.xxh3_64_intdigest
-"""XXH3-64 of a value's bytes: every read checks one, and on a ~1 KiB row it costs a fifth of
-zlib's CRC-32 (tools/bench.py figures in docs/benchmarks.md), with twice the bits."""
+"""XXH3-64 of a value's bytes: every read checks one, so it is a fast non-cryptographic hash
+(cheaper than zlib's CRC-32 on rows of a kilobyte, with twice the bits); it detects damage, not
+tampering (the log's Merkle tree does that)."""
 checksum_of: Final = _SUM.unpack_from
 """``checksum_of(raw)[0]``: the checksum a sealed value was stored with."""
 

@@ -454,7 +454,7 @@ class UserProjections:
         assert registry is not None
         served, build = self._served.get(name), self._builds.get(name)
         now = int(time.time() * 1000)
-        if served is not None and served.databases is None:  # stored before builds: slot 0
+        if served is not None and served.databases is None:  # a format-1 status: slot 0, names not recorded
             with self.env.read() as txn:
                 found = self._databases(txn, name, served)
             served = msgspec.structs.replace(served, format=us.USER_FORMAT, databases=found)

@@ -1,1 +1,2 @@
-"""Read-only views of a store for operators and auditors (`durable-log stats --watch`; more to come)."""
+"""Read-only views of a store for operators and auditors: `durable-log serve` (the web view, its
+health and metrics endpoints) and `durable-log stats --watch`."""
