@@ -21,7 +21,8 @@ def test_the_readme_includes_the_host_example_as_it_is() -> None:
 
 def test_the_host_example_runs_and_reopens_its_store(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    for run, answers, head in ((1, "'Hello to you'", 2), (2, "'Hello to you', 'Hello to you'", 3)):  # the second reopens the first's store
+    runs = ((1, "'Hello to you'", 2), (2, "'Hello to you', 'Hello to you'", 3))  # the second reopens the store
+    for run, answers, head in runs:
         done = subprocess.run(
             [sys.executable, str(ROOT / "examples" / "host.py"), str(store)],
             capture_output=True, text=True, timeout=120, cwd=tmp_path,
