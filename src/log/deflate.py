@@ -1,6 +1,6 @@
-"""Deflating stored bytes (issue 24): the projections' rows that are read rarely (document
+"""Deflating stored bytes: the projections' rows that are read rarely (document
 snapshots, the history of overwritten rows), and log records of format 2, which are still read
-(log records are written as format 3 since issue 23: ``log.zstd``, with this module's ``PRESET``).
+(log records are written as format 3: ``log.zstd``, with this module's ``PRESET``).
 
 Raw deflate (zlib's, no header or trailer: every stored value already has its own checksum) with a
 preset dictionary of the Storage contract's field names and record shapes (placeholder values,

@@ -24,9 +24,9 @@ FORMAT_VERSION: Final = 3
 
 1. ``[1, committed_at, checksum, payload]``: the encoded writes as they are.
 2. ``[2, committed_at, checksum, deflated, size]``: the encoded writes deflated (``log.deflate``,
-   its preset dictionary), ``size`` bytes once inflated (issue 24).
+   its preset dictionary), ``size`` bytes once inflated.
 3. ``[3, committed_at, checksum, frame, size]``: the encoded writes as one zstd frame with the same
-   preset dictionary (``log.zstd``: half deflate's CPU on the commit path, issue 23).
+   preset dictionary (``log.zstd``: half deflate's CPU on the commit path).
 
 A writer stores a batch as format 3 when compressing saves bytes, as format 2 when its frame
 would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs of one value),

@@ -1,4 +1,4 @@
-"""Compressing log records (format 3, issue 23): zstd at level 1 with ``log.deflate.PRESET`` as a
+"""Compressing log records (format 3): zstd at level 1 with ``log.deflate.PRESET`` as a
 raw-content dictionary, in a plain zstd frame that carries its content size (no checksum: the
 record's CRC-32 covers the frame; no dictionary id: format 3 names the dictionary).
 

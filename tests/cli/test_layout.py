@@ -1,4 +1,4 @@
-"""Where the command line lives (issue 22 item 2): in ``pi_durable_lmdb.cli``, apart from the
+"""Where the command line lives: in ``pi_durable_lmdb.cli``, apart from the
 engine, which never imports it; one module per family of commands; the audit API still importable
 from its old path and from the package; ``serve`` taken from ``pi_durable_lmdb.web.command`` when
 it is installed, and a clear refusal when it is not."""

@@ -1,4 +1,4 @@
-"""``durable-log`` refusing what would hide a loss (issue 21, items 6 and 7): an import whose
+"""``durable-log`` refusing what would hide a loss: an import whose
 sequences skip or repeat, an import line that is not UTF-8, a SQLite file given as an export;
 ``show`` of id 0 answering as the contract does; ``tail --follow`` waiting for a store that is not
 there yet; exit 2 only for refusals the command names, exit 3 and a traceback for a bug.

@@ -424,7 +424,7 @@ JOURNAL_FAULTS = [
 ]
 """The power journal's planted faults (``log.journal._faults``), each in the recorded writer.
 ``recycle-early`` bites only when a segment fills between checkpoints: with records stored
-deflated (issue 24) it found 0 of 300 until the power writer's entries carried incompressible
+deflated it found 0 of 300 until the power writer's entries carried incompressible
 padding and its segments became the smallest allowed (150 states, seeds 11-13: 8, 19, 12
 failing single; 12, 23, 16 group)."""
 

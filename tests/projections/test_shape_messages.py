@@ -1,8 +1,7 @@
 """The shape checks' refusals (``projector._check_shape``) word for word, for every field they name.
 
-The field names are formatted only when a check fails (issue 23 item 3: a commit that passes
-builds no message); these pin each message as the checks wrote them before that change, so
-no refusal changes its words. Each refused commit leaves the log as it was.
+The field names are formatted only when a check fails (a commit that passes builds no
+message); these pin each message word for word, so no refusal changes its words. Each refused commit leaves the log as it was.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A message on a store's subject that is not a record of the store (published by someone else)
 is damage on the stream, not another writer: the writer's commit fails with ``ForeignMessageError``
-naming the message, and the writer is not deposed with words about ownership (issue 21, item 7)."""
+naming the message, and the writer is not deposed with words about ownership."""
 
 from __future__ import annotations
 

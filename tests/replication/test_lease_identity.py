@@ -1,4 +1,4 @@
-"""Who may take a store's lease without ``take_over`` (issue 21, item 4).
+"""Who may take a store's lease without ``take_over``.
 
 The lease used to be reclaimed by any writer with the same host name and store path: a second
 writer on a cloned VM, or in a container with a fixed host name, opened without ``take_over``,

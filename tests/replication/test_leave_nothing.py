@@ -1,5 +1,5 @@
 """Operator commands that fail leave nothing they made behind, and clean up after their own
-killed runs (issue 21, item 7): ``replica`` with NATS down used to leave an empty store
+killed runs: ``replica`` with NATS down used to leave an empty store
 directory; an ``import`` or ``restore`` killed midway left its hidden partial directory beside
 NEWPATH forever, and later runs neither reused nor removed it."""
 

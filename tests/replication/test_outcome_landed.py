@@ -1,4 +1,4 @@
-"""A publish whose answer is lost, when the records did land (issue 21, item 7).
+"""A publish whose answer is lost, when the records did land.
 
 After an unanswered publish the writer looks at the stream to learn whether its records are
 there. It used to look only at the subject's last message: when another writer had fenced and

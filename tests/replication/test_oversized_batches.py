@@ -1,4 +1,4 @@
-"""Batches too big for the stream, in every mode (issue 21, item 3).
+"""Batches too big for the stream, in every mode.
 
 With ``nats=`` in ``power`` or ``process`` mode a batch over the server's ``max_payload`` used to
 be acknowledged locally; the shipper then failed on it forever (``lastError`` set, ``stopped``

@@ -1,5 +1,5 @@
 """Every JetStream refusal of an append the link can meet maps to the error that says what to do
-(issue 21, item 5; docs/distributed.md lists the codes). Clustered JetStream answers a racing
+(docs/distributed.md lists the codes). Clustered JetStream answers a racing
 conditional append with 10164 ("wrong last sequence", no number): it used to surface as a bare
 ``ReplicationError`` and fail a forced take-over about one time in five, where it means exactly
 what 10071 means: the subject moved, so the writer is deposed and its racing commits get

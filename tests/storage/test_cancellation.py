@@ -1,4 +1,4 @@
-"""Callers cancelled at any await point of ``commit``, ``mint_id`` and ``close`` (issue 21, item 1).
+"""Callers cancelled at any await point of ``commit``, ``mint_id`` and ``close``.
 
 A commit whose caller is cancelled (``task.cancel()``, ``asyncio.wait_for`` timing out) while
 it waits for its group may still be committed. It used to be committed without raising the id

@@ -1,4 +1,4 @@
-"""Where a store's bytes go (issue 24): ``stats``' page breakdown, ``compact``, and old stores.
+"""Where a store's bytes go: ``stats``' page breakdown, ``compact``, and old stores.
 
 Every test works on real LMDB files written through ``LmdbStorage``; the page counts are checked
 against an independent reading of the same file with py-lmdb itself.

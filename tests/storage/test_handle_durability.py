@@ -1,5 +1,5 @@
 """Two handles on one store in one process: each writer gets exactly the durability it asked for,
-or a clear error (issue 21, item 2).
+or a clear error.
 
 py-lmdb allows one LMDB environment per directory per process, so handles on one store share it,
 and its sync mode is fixed when it opens. A read-only handle left open after a ``process``-mode

@@ -1,4 +1,4 @@
-"""Hardening (issue 12): each finding of a hostile session, and the family it stands for.
+"""Hardening: each finding of an adversarial review, and the family it stands for.
 
 * record headers: every value a caller can put in one is checked before anything is written, so
   every record the program wrote reads back;

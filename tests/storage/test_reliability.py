@@ -1,4 +1,4 @@
-"""Reliability (issue 7) with real processes against real files (no mocks):
+"""Reliability with real processes against real files (no mocks):
 
 1. killed processes: ``tools/crash_harness.py`` SIGKILLs writers at random moments, many rounds on
    one store, including mid-rebuild and right after map growth;
@@ -6,7 +6,7 @@
    stale reader slots of killed readers are cleared;
 3. limits: map growth under load from a tiny map, a really full disk (a small tmpfs).
 
-The rest of issue 7: ``test_reliability_input.py`` (bad input), ``test_reliability_corruption.py``,
+The rest of reliability: ``test_reliability_input.py`` (bad input), ``test_reliability_corruption.py``,
 ``test_reliability_security.py``.
 
 ``docs/reliability.md`` says what each of these promises. Known bugs are ``xfail(strict=True)``

@@ -1,4 +1,4 @@
-"""Reliability (issue 7), corruption, against real files (no mocks): damaged log records and
+"""Reliability, corruption, against real files (no mocks): damaged log records and
 projection values are detected and named, and a rebuild repairs damaged projections.
 
 ``docs/reliability.md`` says what each of these promises. Known bugs are ``xfail(strict=True)``

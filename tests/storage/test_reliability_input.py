@@ -1,4 +1,4 @@
-"""Reliability (issue 7), bad input, against real stores (no mocks): malformed commits and reads
+"""Reliability, bad input, against real stores (no mocks): malformed commits and reads
 are refused with a clear error and change nothing; big, deep and huge-integer values read back.
 
 ``docs/reliability.md`` says what each of these promises. Known bugs are ``xfail(strict=True)``

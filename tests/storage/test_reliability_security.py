@@ -1,4 +1,4 @@
-"""Security (issue 7), against real files (no mocks): store files are private whatever the umask,
+"""Security, against real files (no mocks): store files are private whatever the umask,
 nothing read from disk is unpickled or evaluated, hostile log records are reported corrupt in
 bounded time and memory, nothing is written through symlinks planted in the store directory.
 
