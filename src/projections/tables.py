@@ -341,7 +341,7 @@ _SUM = struct.Struct(">Q")
 SUM_SIZE: Final = _SUM.size
 checksum: Final = xxhash.xxh3_64_intdigest
 """XXH3-64 of a value's bytes: every read checks one, and on a ~1 KiB row it costs a fifth of
-zlib's CRC-32 (tools/bench.py figures in docs/benchmarks.md), with twice the bits."""
+zlib's CRC-32 (tools/bench/report.py figures in docs/benchmarks.md), with twice the bits."""
 checksum_of: Final = _SUM.unpack_from
 """``checksum_of(raw)[0]``: the checksum a sealed value was stored with."""
 
