@@ -270,8 +270,8 @@ def test_a_failed_open_leaves_nothing_open_behind_it(tmp_path: Path) -> None:
 def test_the_tool_prints_its_summary_line(recorder: str, tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, str(root / "tools" / "power_loss.py"), "--mode", "power", "--states", "12", "--seed", "5", "--batches", "6"],
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "tools.harness.power_loss", "--mode", "power", "--states", "12", "--seed", "5", "--batches", "6"],
+        capture_output=True, text=True, timeout=300, cwd=root,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "power_loss: 12 states, 0 failures"
