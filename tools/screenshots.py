@@ -2,7 +2,7 @@
 test data): the demo is run into a temporary directory, its word index built, ``serve`` started on
 a free loopback port, and Debian's headless Chromium (through Playwright) opens each page.
 
-Usage: python tools/screenshots.py [--out docs/screenshots] [--chromium /usr/bin/chromium]
+Usage: python -m tools.screenshots [--out docs/screenshots] [--chromium /usr/bin/chromium]
 """
 
 from __future__ import annotations

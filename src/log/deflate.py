@@ -80,7 +80,7 @@ MIN_SAVING: Final = 8
 """A value is stored deflated only when that saves at least this many bytes."""
 LEVEL: Final = 1
 """Small values (a commit's batch is ~1 KiB): the dictionary and zlib's setup dominate, level 1
-costs ~20% less CPU than the default 6 for ~2% more bytes (``tools/bench_commit_path.py``)."""
+costs ~20% less CPU than the default 6 for ~2% more bytes (``tools/bench/commit_path.py``)."""
 BIG_LEVEL: Final = 6
 """Values of ``BIG`` bytes or more (document snapshots, long rows) keep zlib's default: there the
 level decides the size."""

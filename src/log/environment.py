@@ -24,7 +24,7 @@ Durability modes:
     written, and LMDB cannot tell. So a process-mode writer keeps ``process.unsynced`` in the store
     (holding the boot id, made durable before LMDB writes anything) until it has synced and closed;
     any open that finds one from an earlier boot refuses with ``StoreDamagedError``
-    (tools/powerloss: docs/reliability.md, "Power loss").
+    (tools/harness/powerloss: docs/reliability.md, "Power loss").
 ``"replicated"``
     Locally as ``"process"``: a NATS JetStream stream is the durable copy (``log.stream.writer``
     publishes a commit's records before its LMDB transaction commits).

@@ -80,10 +80,10 @@ SEGMENT_SHARE = 64
 """A new segment is about ``data.mdb``'s size over this (``segment_sizing``)."""
 
 _faults: set[str] = set()
-"""Planted faults, for the power-loss explorer's writer process only (``tools/powerloss``): never
+"""Planted faults, for the power-loss explorer's writer process only (``tools/harness/powerloss``): never
 set by the package. ``skip-journal-flush``, ``skip-pin``, ``recycle-early``: each must make the
 explorer fail; ``segment-gap`` (a failed segment uses up its number) must make the I/O fault
-checker (``tools/io_faults.py``) fail."""
+checker (``tools/harness/io_faults.py``) fail."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Why not deflate (format 2) any more: on the commit path deflating the record was
 single cost left, about a quarter of a commit's instructions under 64 agents. On a turn's ~1.1 KiB
 batch, zstd takes 6.8 µs against zlib's 13.9 (level 1 both, hot caches) for 568 bytes against 532,
 and a read's decompress 2.8 µs against inflate's 4.0; a whole ``commit_turn`` 507K instructions
-against 567K (callgrind; 406K with nothing compressed, which ``tools/bench_concurrent.py
+against 567K (callgrind; 406K with nothing compressed, which ``tools/bench/concurrent.py
 --raw-records`` measures on a busy store; docs/benchmarks.md). Level 1: negative levels cost a
 third more bytes (726 at -1), levels 2 and 3 the same bytes for more time, 4 and above 3-4% fewer
 bytes for more time than deflate took.

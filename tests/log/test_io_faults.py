@@ -1,4 +1,4 @@
-"""The I/O fault checker (``tools/io_faults.py``) in CI: every kind of journal call failed with
+"""The I/O fault checker (``tools/harness/io_faults.py``) in CI: every kind of journal call failed with
 ENOSPC and with EIO, once each, in a real writer that is then killed and its store rebooted;
 and the checker fails when a planted bug (``segment-gap``: a failed segment uses up its number)
 brings the hole back."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tools.io_faults import explore, spread
-from tools.iofaults.inject import KINDS
+from tools.harness.io_faults import explore, spread
+from tools.harness.iofaults.inject import KINDS
 
 pytestmark = pytest.mark.slow
 

@@ -160,7 +160,7 @@ async def test_a_power_writer_killed_without_closing_loses_nothing_and_readers_f
 async def test_after_a_reboot_readers_refuse_until_a_power_writer_replays(tmp_path: Path, commits: int, every: int, background: str) -> None:
     """The writer's open restores the last checkpoint's meta pages (LMDB's own are zeroed here)
     and replays the journal past it; the other pages LMDB wrote since are still there, unlike
-    after a real power cut (tools/power_loss.py)."""
+    after a real power cut (tools/harness/power_loss.py)."""
 
     path = tmp_path / "store"
     done = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path), str(commits), str(every), background],

@@ -1,6 +1,6 @@
 """A power writer's journal when its I/O fails (ENOSPC, EIO at each kind of call), and recovery
 that never stops early in silence. The faults are raised at the os calls the journal makes
-(``tools/iofaults/inject.py``); a power cut is a copy of the store taken while the writer has it
+(``tools/harness/iofaults/inject.py``); a power cut is a copy of the store taken while the writer has it
 open (what the page cache holds), with the boot id in its marker changed and LMDB's meta pages
 zeroed, as a reboot after a cut leaves them at worst."""
 
@@ -19,9 +19,9 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import JournalDamagedError, LmdbStorage, StoreDamagedError, StoreFullError
 from pi_durable_lmdb.log.journal import HEADER_SIZE, Journal, JournalOptions, encode_frame, read_frames
-from tools.iofaults.check import reboot as give_another_boot
-from tools.iofaults.check import run_case
-from tools.iofaults.inject import Injector
+from tools.harness.iofaults.check import reboot as give_another_boot
+from tools.harness.iofaults.check import run_case
+from tools.harness.iofaults.inject import Injector
 
 OPTIONS = JournalOptions(segment_size=3 * HEADER_SIZE, checkpoint_commits=1000, checkpoint_bytes=1 << 30,
                          checkpoint_seconds=3600.0, background=False)
@@ -195,7 +195,7 @@ async def test_a_checkpoint_that_fails_after_a_commit_does_not_fail_the_commit(t
     """With checkpoints on the committing thread (``background=False``), a checkpoint that failed
     right after a commit made the commit raise, though it was committed and durable in the
     journal: its caller, trying again, was refused (its ids already stored). Found by
-    tools/io_faults.py. The commit is acknowledged; the checkpoint is retried at the next trigger."""
+    tools/harness/io_faults.py. The commit is acknowledged; the checkpoint is retried at the next trigger."""
 
     path = tmp_path / "store"
     options = JournalOptions(segment_size=3 * HEADER_SIZE, checkpoint_commits=2, background=False)
@@ -237,7 +237,7 @@ def test_a_failed_unmaking_while_the_map_grows_does_not_wedge_the_writer(tmp_pat
     """A transaction whose commit found the map full unmakes its frame before the map grows;
     when that write failed, the transaction was left open and counted as running, so every later
     growth waited for it and failed (MapBusyError): the writer was wedged. Found by
-    tools/io_faults.py. Where the writer meets a full map at commit time depends on its seeded
+    tools/harness/io_faults.py. Where the writer meets a full map at commit time depends on its seeded
     workload, its map and every page a commit writes (checkpoint policy included), so the first
     of a bounded grid of seeds and map sizes that meets one runs."""
 

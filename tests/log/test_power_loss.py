@@ -1,7 +1,7 @@
 """Simulated power loss (docs/reliability.md, "Power loss"): a write recorder built at test time,
 crash states built from its recordings, and a bounded exploration of each durability mode.
 
-``python tools/power_loss.py --mode power|process --states N --seed S`` runs a long exploration.
+``python -m tools.harness.power_loss --mode power|process --states N --seed S`` runs a long exploration.
 """
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ from pathlib import Path
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from tools.powerloss.crash import CREATE, FDATASYNC, FSYNC, MARK, MKDIR, MSYNC, RENAME, TRUNCATE, UNLINK, WRITE, Event, crash_state, marks, parse
-from tools.powerloss.check import sequences_problem
-from tools.powerloss.explore import UNSYNCED_FILE, explore
-from tools.powerloss.record import build_recorder, find_compiler, record
+from tools.harness.powerloss.crash import CREATE, FDATASYNC, FSYNC, MARK, MKDIR, MSYNC, RENAME, TRUNCATE, UNLINK, WRITE, Event, crash_state, marks, parse
+from tools.harness.powerloss.check import sequences_problem
+from tools.harness.powerloss.explore import UNSYNCED_FILE, explore
+from tools.harness.powerloss.record import build_recorder, find_compiler, record
 
 pytestmark = pytest.mark.powerloss
 
-NO_COMPILER = "no C compiler (cc or gcc, or $CC): the power-loss recorder tools/powerloss/recorder.c is built at test time (.ci/run installs gcc)"
+NO_COMPILER = "no C compiler (cc or gcc, or $CC): the power-loss recorder tools/harness/powerloss/recorder.c is built at test time (.ci/run installs gcc)"
 
 STATES = 250
 """Crash states per mode in CI (about 15 to 30 s each on the test machine)."""
 WORKLOAD_STATES = 100
-"""Crash states per group / command workload in CI; ``tools/power_loss.py --states 1500`` runs long."""
+"""Crash states per group / command workload in CI; ``python -m tools.harness.power_loss --states 1500`` runs long."""
 
 
 
@@ -270,8 +270,8 @@ def test_a_failed_open_leaves_nothing_open_behind_it(tmp_path: Path) -> None:
 def test_the_tool_prints_its_summary_line(recorder: str, tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, str(root / "tools" / "power_loss.py"), "--mode", "power", "--states", "12", "--seed", "5", "--batches", "6"],
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "tools.harness.power_loss", "--mode", "power", "--states", "12", "--seed", "5", "--batches", "6"],
+        capture_output=True, text=True, timeout=300, cwd=root,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "power_loss: 12 states, 0 failures"

@@ -31,7 +31,7 @@ from pi_durable_lmdb import LmdbStorage, StoreDamagedError
 from pi_durable_lmdb.cli import main
 from pi_durable_lmdb.log.storedir import POWER_FILE, UNSYNCED_FILE
 from pi_durable_lmdb.log.storeid import new_store_id
-from tools.iofaults.check import reboot
+from tools.harness.iofaults.check import reboot
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

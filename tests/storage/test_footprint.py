@@ -23,8 +23,7 @@ from tests.support.cli_call import call
 from pi_durable_lmdb.log import Environment
 from pi_durable_lmdb.log.environment import MAIN_DB
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from bench_workloads import ROOT, conversation, entry, task  # noqa: E402
+from tools.bench.workloads import ROOT, conversation, entry, task
 
 
 
@@ -158,7 +157,7 @@ def reads_of(path: Path) -> dict[str, Any]:
 from pi_durable.storage import MemoryStorage  # noqa: E402
 
 from tests.fixtures import old_store  # noqa: E402
-from bench_concurrent import log_formats  # noqa: E402
+from tools.bench.concurrent import log_formats  # noqa: E402
 from tests.support.workload import snapshot  # noqa: E402
 
 
@@ -411,7 +410,7 @@ from pi_durable_lmdb.log import codec  # noqa: E402
 from pi_durable_lmdb.log.deflate import PRESET  # noqa: E402
 from pi_durable_lmdb.log.records import decode_record, encode_record, write_to_builtins  # noqa: E402
 from tests.support.workload import Workload  # noqa: E402
-from bench_workloads import document_create, document_delta  # noqa: E402
+from tools.bench.workloads import document_create, document_delta  # noqa: E402
 
 
 def test_the_preset_dictionary_never_changes() -> None:

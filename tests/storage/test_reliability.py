@@ -1,6 +1,6 @@
 """Reliability with real processes against real files (no mocks):
 
-1. killed processes: ``tools/crash_harness.py`` SIGKILLs writers at random moments, many rounds on
+1. killed processes: ``tools/harness/crash_harness.py`` SIGKILLs writers at random moments, many rounds on
    one store, including mid-rebuild and right after map growth;
 2. concurrency: one writer process at a time, readers in other processes see whole commits only,
    stale reader slots of killed readers are cleared;
@@ -16,7 +16,6 @@ with a reason starting "BUG": they turn into failures the day the bug is fixed, 
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ from pi_durable_lmdb.log import Environment, StoreFullError, WriteLog
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.audit import verify
 
+from tools.harness import crash_harness
 from ..support.reliability_helpers import ROOT, HARNESS, CLI, CHILD_ENV, child, child_line, cli, kill, seeded
 
 
@@ -66,20 +66,11 @@ def test_killed_writers_lose_no_acknowledged_commit(tmp_path: Path) -> None:
     assert summary["group_rounds"] == 5 and summary["group_acknowledged"] > 50, summary
 
 
-def _harness() -> Any:
-    spec = importlib.util.spec_from_file_location("crash_harness", HARNESS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_the_crash_checker_catches_lost_altered_and_stray_commits(tmp_path: Path) -> None:
     """The checker is not vacuous: fed a ledger that disagrees with the store, it complains."""
 
-    harness = _harness()
+    harness = crash_harness
     store = tmp_path / "store"
     done = subprocess.run(
         [sys.executable, str(harness.CHILD), "write", str(store), "--count", "30", "--seed", "5", "--durability", "process"],

@@ -3,11 +3,11 @@ SIGSTOPped and fenced out, a minting writer, and a Harness whose tasks outlive t
 
 Usage::
 
-    python tests/support/failover_child.py writer DIR --nats URLS --stream S --store ID [--ttl 2]
+    python -m tests.support.failover_child writer DIR --nats URLS --stream S --store ID [--ttl 2]
         [--take-over no|yes|force] [--agents K] [--loop] [--after-deposed N] [--pace S]
         [--stall-after-check N] [--name NAME]
-    python tests/support/failover_child.py mint DIR --nats URLS --stream S --store ID [--ttl 2] [--count N]
-    python tests/support/failover_child.py session DIR --nats URLS --stream S --store ID [--ttl 2]
+    python -m tests.support.failover_child mint DIR --nats URLS --stream S --store ID [--ttl 2] [--count N]
+    python -m tests.support.failover_child session DIR --nats URLS --stream S --store ID [--ttl 2]
 
 Every line is written and flushed at once, so a parent that SIGKILLs this process knows exactly
 what was acknowledged:
@@ -53,12 +53,9 @@ import time
 import traceback
 from typing import Any
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from pi_durable import define_doc, define_task  # noqa: E402
-from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
-from pi_durable.entries import define_entry  # noqa: E402
+from pi_durable import define_doc, define_task
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.entries import define_entry
 
 HANG_ENV = "PD_FAILOVER_HANG"
 """Set in the ``session`` child: the worker's ``work`` phase hangs there (never in the test)."""

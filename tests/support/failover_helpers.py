@@ -24,7 +24,8 @@ from pi_durable_lmdb.log.records import decode_record_builtins
 from .natsserver import NatsCluster
 
 HERE = Path(__file__).resolve().parent
-CHILD = str(HERE / "failover_child.py")
+ROOT = HERE.parents[1]
+CHILD = "tests.support.failover_child"
 PYTHON = sys.executable
 DURABLE_LOG = str(Path(sys.executable).parent / "durable-log")
 STREAM = "PD"
@@ -46,8 +47,8 @@ class Child:
         self.stopped = False
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen(
-                [PYTHON, CHILD, *args], stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
+                [PYTHON, "-m", CHILD, *args], stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})}, cwd=ROOT,
             )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -26,10 +26,9 @@ import sys
 import time
 import zlib
 
+import lmdb
 
-import lmdb  # noqa: E402
-
-from pi_durable_lmdb.log import Environment, WriteLog, WriterLockedError, encode_batch, write_to_builtins  # noqa: E402
+from pi_durable_lmdb.log import Environment, WriteLog, WriterLockedError, encode_batch, write_to_builtins
 
 
 def batch(n: int, size: int = 0) -> list[dict]:

@@ -21,7 +21,7 @@ from pi_durable_lmdb.storage import LmdbStorage
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 CHILD = str(ROOT / "tests" / "support" / "reliability_child.py")
-HARNESS = str(ROOT / "tools" / "crash_harness.py")
+HARNESS = str(ROOT / "tools" / "harness" / "crash_harness.py")
 CLI = str(Path(sys.executable).parent / "durable-log")
 CHILD_ENV = dict(os.environ)
 

@@ -3,9 +3,9 @@ JetStream stream until it is SIGKILLed (or has made ``--count`` commits, then cl
 
 Usage::
 
-    python tests/support/replication_child.py STORE --nats URLS --stream NAME [--durability D]
+    python -m tests.support.replication_child STORE --nats URLS --stream NAME [--durability D]
         [--replicas N] [--agents K] [--count N] [--workload SEED] [--pause S] [--lease-ttl S]
-    python tests/support/replication_child.py STORE --nats URLS --stream NAME --replica-of ID --until SEQ
+    python -m tests.support.replication_child STORE --nats URLS --stream NAME --replica-of ID --until SEQ
 
 Every line is written and flushed at once, so a parent that SIGKILLs this process knows exactly
 what was acknowledged:
@@ -41,9 +41,7 @@ import time
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 
 def say(line: str) -> None:

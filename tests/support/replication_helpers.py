@@ -23,7 +23,7 @@ from pi_durable_lmdb.storage import LmdbStorage
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
-CHILD = ROOT / "tests" / "support" / "replication_child.py"
+CHILD = "tests.support.replication_child"
 DURABLE_LOG = Path(sys.executable).with_name("durable-log")
 TURN_IDS = 10**9
 """Ids the child's turn agents use beside a workload (``replication_child.py``)."""
@@ -45,7 +45,7 @@ class Child:
         self.stderr_path = log_dir / f"child-{time.monotonic_ns()}.stderr"
         self._stderr = open(self.stderr_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), *args],
+            [sys.executable, "-m", CHILD, *args],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             stdin=subprocess.DEVNULL,

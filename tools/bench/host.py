@@ -1,0 +1,175 @@
+"""The realistic host of ``tools/bench/report.py``: a pi-durable ``Session`` on the store, one turn per
+commit, each turn appending an entry (a model message with usage data) and changing a
+conversation document that grows every turn (a running log of the turns, one line more per turn,
+never checkpointed: every change is a delta). What a host with the default durability feels,
+per turn, and what its store leaves on disk, journal included.
+
+The four stores (this store in ``power`` and ``process`` mode, SQLite FULL and NORMAL) run in
+the same rounds, rotated (``bench.run_workload`` with both durability classes), so the power
+class and the process class are compared on the same slice of a noisy machine. The sizes are
+counted after each store is closed (SQLite checkpoints its WAL into the database at its close;
+this store's journal stays on disk and is counted).
+"""
+
+from __future__ import annotations
+
+import time
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from pi_durable import create_session, define_doc
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
+from tools.bench.workloads import ROOT, Timings, Workload, conversation, entry
+
+HOST_SIZES = (1_000, 10_000)
+"""Turns per store at ``--scale 1``."""
+
+
+def _never(value: Any, ops: Any, info: Any) -> bool:
+    return False
+
+
+Transcript = define_doc(
+    kind="bench.transcript", version=1, scope="conversation", history="rewindable", fork="asOf",
+    initial=lambda: {"text": ""}, checkpoint_when=_never,
+)
+"""The growing conversation document: a running log of the turns, one line more per turn (the
+Session sends each change as an append delta), never checkpointed. A text, not a list of
+records: the Session's draft of a list compares every item at every commit, which at 10,000
+turns made the Session, not either store, most of each turn."""
+
+
+def summary(n: int) -> str:
+    return f"Turn {n}: ran the tests, {1834 + n % 97} tokens.\n"
+
+
+@dataclass
+class HostState:
+    name: str
+    session: Any
+    count: int
+    commits: int = 0
+
+
+def populate_host(name: str, turns: int) -> Any:
+    async def populate(store: Any, scale: float) -> HostState:
+        await store.storage.commit([conversation(ROOT)], CTX)
+        return HostState(name, create_session(store.storage), max(10, int(turns * scale)), 1)
+
+    return populate
+
+
+async def measure_host(store: Any, state: HostState, round: int) -> Timings:
+    session = state.session
+
+    async def turn(tx: Any, n: int) -> None:
+        value = entry(0, ROOT, n)
+        await tx.append_entry(ROOT, {key: value[key] for key in ("kind", "model", "data")})
+        transcript = await tx.doc(Transcript, ROOT)
+        transcript["text"] += summary(n)
+
+    started = time.perf_counter()
+    for n in range(1, state.count + 1):
+        await session.commit(lambda tx, n=n: turn(tx, n), CTX)
+    elapsed = time.perf_counter() - started
+    state.commits += state.count
+    return {state.name: (elapsed, state.count, await transcript_length(store.storage))}
+
+
+async def transcript_length(storage: Any) -> int:
+    """How many turns the stored document holds (the digest every backend must agree on)."""
+
+    page = await storage.scan_documents({"scope": {"kind": "conversation", "conversationId": ROOT}, "at": "current"}, 10, None, CTX)
+    (record,) = page["items"]
+    current = await storage.document(record["id"], "current", CTX)
+    return int(current["value"]["text"].count("\n"))
+
+
+HOST_WORKLOADS: dict[str, Workload] = {
+    f"host_{turns}": Workload(
+        f"host_{turns}",
+        f"a Session host, {turns:,} turns: per turn an entry (model message + usage) and one more line in a "
+        "conversation document that is never checkpointed; power, process, SQLite FULL and NORMAL in the same rounds",
+        ("process", "power"),
+        True,
+        populate_host(f"host_{turns}", turns),
+        measure_host,
+        backends=("lmdb", "sqlite"),
+        commits=lambda state: state.commits,
+    )
+    for turns in HOST_SIZES
+}
+
+
+# ── the report's table ───────────────────────────────────────────────────────
+
+STORES = (("power", "lmdb"), ("power", "sqlite"), ("process", "lmdb"), ("process", "sqlite"))
+LABELS = {("power", "lmdb"): "lmdb (power)", ("power", "sqlite"): "SQLite FULL",
+          ("process", "lmdb"): "lmdb (process)", ("process", "sqlite"): "SQLite NORMAL"}
+
+
+def _paired(results: Any, row: str, slower: tuple[str, str], faster: tuple[str, str]) -> list[float]:
+    """Per round, ``slower``'s time over ``faster``'s (the same round: the stores share it)."""
+
+    a = results.series.get((row, *slower))
+    b = results.series.get((row, *faster))
+    if a is None or b is None:
+        return []
+    return [a.times[r] / b.times[r] for r in sorted(a.times) if r in b.times and b.times[r] > 0]
+
+
+def _ratio(values: list[float], goal: str = "") -> str:
+    if not values:
+        return "—"
+    return f"**{statistics.median(values):.2f}x** [{min(values):.2f}x–{max(values):.2f}x]{goal}"
+
+
+def host_table(results: Any) -> list[str]:
+    """The Session host's rows of the report: time per turn and bytes on disk of the four
+    stores, and the ratios the default durability is held to."""
+
+    names = [name for name in HOST_WORKLOADS if any(key[0] == name for key in results.series)]
+    if not names:
+        return []
+    lines = [
+        "", "### A Session host (`tools/bench/host.py`): both durability classes in the same rounds", "",
+        "Each turn through a pi-durable `Session`: an entry (model message + usage) and one more line in a conversation "
+        "document never checkpointed. Time per turn: median over rounds; ratios: per round, then the median [min–max] "
+        "(FULL / power > 1: power is faster). Bytes: every file of the store after its close, this store's journal "
+        "included (SQLite checkpoints its WAL at its close), median over rounds.", "",
+        "| workload | turns | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | FULL / power (>= 1) "
+        "| NORMAL / process | power / process (<= 1.2) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        cells = []
+        turns = 0
+        for mode, backend in STORES:
+            series = results.series.get((name, mode, backend))
+            cells.append(f"{statistics.median(series.times.values()) * 1e3:.2f} ms" if series else "—")
+            turns = series.ops if series else turns
+        lines.append(
+            f"| {name} | {turns:,} | {' | '.join(cells)} | {_ratio(_paired(results, name, ('power', 'sqlite'), ('power', 'lmdb')))} "
+            f"| {_ratio(_paired(results, name, ('process', 'sqlite'), ('process', 'lmdb')))} "
+            f"| {_ratio(_paired(results, name, ('power', 'lmdb'), ('process', 'lmdb')))} |"
+        )
+    lines += [
+        "", "| workload | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | power / FULL bytes (<= 2) "
+        "| power / process bytes (<= 1.5) | process / NORMAL bytes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        sizes = {key: statistics.median(size for size, _ in results.sizes[(name, *key)])
+                 for key in STORES if (name, *key) in results.sizes}
+        cells = [f"{sizes[key] / 1024:,.0f} KiB" if key in sizes else "—" for key in STORES]
+
+        def over(a: tuple[str, str], b: tuple[str, str]) -> str:
+            return f"**{sizes[a] / sizes[b]:.2f}x**" if a in sizes and b in sizes and sizes[b] else "—"
+
+        lines.append(
+            f"| {name} | {' | '.join(cells)} | {over(('power', 'lmdb'), ('power', 'sqlite'))} "
+            f"| {over(('power', 'lmdb'), ('process', 'lmdb'))} | {over(('process', 'lmdb'), ('process', 'sqlite'))} |"
+        )
+    return lines
