@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(path.stem for path in (ROOT / "examples").glob("*.py") if path.stem != "__init__")
 
 EXPECTED = {
+    "host": ["conversation 1: ['Hello to you'], log head 11"],  # the seeded root, one more commit
     "task_outcomes": [
         "       2  fetch  completed",
         "       1  fetch  failed",
