@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import struct
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Literal, TypeVar
 
@@ -36,32 +34,29 @@ from ..log.records import decode_record
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.jetstream import link_for
 from ..log.stream.link import StreamLink
-from ..log.stream.lease import DEFAULT_LEASE_TTL, WriterLease
+from ..log.stream.lease import DEFAULT_LEASE_TTL
 from ..log.stream.position import StreamPosition, read_position
 from ..log.stream.shipper import Shipper
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
-from ..projections.readmodel import MAX_SAFE_INTEGER
 from ..projections.rebuild import CORE_KEY, REGISTRY_DB, begin_following, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 
 from .committer import Committer
+from .ids import IdMinter
+from .options import OpenOptions
 from .replica import Follower
+from .roles import Following, Replication, ReplicationRole, Shipping, Standalone, Writing
 from .snapshot import seed_new
 from ..log.stream.applier import StreamApplier
-from ..log.stream.writer import StreamWriter
 from .reads import StorageReads
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-ID_BLOCK: Final = 4096
-"""Ids reserved per durable write, so ``mint_id`` touches the disk once per block."""
 REPLAY_CHUNK: Final = 64
 """Journal records replayed per write transaction at open."""
-_RESERVED_KEY: Final = b"ids.reserved"
-_U64 = struct.Struct(">Q")
 
 
 class LmdbStorage(StorageReads, Storage):
@@ -87,21 +82,14 @@ class LmdbStorage(StorageReads, Storage):
         self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
-        self._ids = threading.Lock()
         self._registry = env.db(REGISTRY_DB)
         self._core: bytes | None = None
         """The core header the read model was checked against; read-only handles compare it at
         each read, so they follow a rebuild's swap made by the writer."""
         self._link: StreamLink | None = None
-        self.replication: StreamWriter | Shipper | Follower | None = None
-        """The store's link to its NATS stream, if it has one: ``status()`` says where it stands."""
-        self._deposed_by: NotWriterError | None = None
-        self._lease: WriterLease | None = None
+        self._role: ReplicationRole = Standalone(self)
         with env.read() as txn:
-            stored = self._model.max_record_id(txn) + 1
-            raw = txn.get(_RESERVED_KEY, db=self._meta)
-        self._reserved = 0 if raw is None else _U64.unpack(raw)[0]
-        self._next_id = max(2, stored, self._reserved)
+            self._ids = IdMinter.load(txn, self._meta, self._model.max_record_id(txn) + 1)
 
     def _replay(self) -> None:
         """After an unclean stop of a journaled ``power`` writer: append and fold the journal's
@@ -167,19 +155,8 @@ class LmdbStorage(StorageReads, Storage):
         ``take_over="force"`` (fence it out at once). It then takes in what the stream holds.
         """
 
-        if durability not in ("power", "process", "replicated"):
-            raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
-        if (nats is None) != (stream is None):
-            raise ValueError("nats= and stream= go together: the NATS servers and the stream that carries the log")
-        if durability == "replicated" and nats is None:
-            raise ValueError("durability='replicated' needs nats= (the servers) and stream= (the stream)")
-        if nats is not None and readonly:
-            raise ValueError("A read-only open does not ship its log: open_replica() follows a stream")
-        if take_over and durability != "replicated":
-            raise ValueError("take_over= is for durability='replicated' writers (the lease guards the stream)")
-        if type(replicas) is not int or not 1 <= replicas <= 5:
-            raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {replicas!r}")
-        link = None if nats is None or stream is None else link_for(nats, stream)
+        options = OpenOptions(durability, readonly, nats, stream, replicas, take_over)
+        link = options.link()
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
@@ -199,7 +176,7 @@ class LmdbStorage(StorageReads, Storage):
             ) from None
         if link is not None:
             try:
-                await storage._link_to(link, replicas, durability == "replicated", take_over, lease_ttl)
+                await storage._link_to(link, replicas, options.replicated, take_over, lease_ttl)
             except BaseException:
                 await storage.close()
                 raise
@@ -239,8 +216,9 @@ class LmdbStorage(StorageReads, Storage):
         storage = cls._build(
             link, progress, projections, verify_checksums, path=path, durability=durability, map_size=map_size, store_id=store
         )
-        storage._link, storage.replication = link, Follower(link, storage, store)
-        storage.replication.start()
+        storage._link = link
+        storage._role = Following(storage, Follower(link, storage, store))
+        storage._role.start()
         storage.projections.kick()
         logger.info("opened replica %s of store %s on stream %s: head %d", storage.path, store, stream, storage.log.head())
         return storage
@@ -287,31 +265,25 @@ class LmdbStorage(StorageReads, Storage):
         store = self._env.store_id
         assert store is not None
         if replicated:
-            writer = StreamWriter(link, self._env, self.log, store, self._meta)
-            lease = WriterLease(link, store, self.path, lease_ttl)
-            with self._env.read() as txn:
-                seen = read_position(txn, self._meta, link.stream).epoch
-
-            async def floor() -> int:  # on the link's loop, each time the lease is about to be taken
-                last = await link.last(writer.subject, store)
-                return max(seen, 0 if last is None else last.epoch)
-
-            epoch = await link.arun(lease.acquire(floor, bool(take_over), take_over == "force"))
-            writer.lease, writer.epoch, writer.fence_pending = lease, epoch, True
-            self._lease = lease
-            self.replication = writer
+            role = self._role = await Writing.acquire(self, link, self._env, self.log, self._meta, take_over, lease_ttl)
+            writer = role.writer
             self._committer.replicate(writer)
-            lease.on_lost = self._deposed
-            lease.start_renewing()  # now: taking in a long stream must not let the lease lapse
+            role.lease.on_lost = self._deposed
+            role.lease.start_renewing()  # now: taking in a long stream must not let the lease lapse
             await self._committer.write(lambda txn: None)  # a group fences and settles before anything else
-            self._raise_id_floor(writer.applier.max_id)
+            self._ids.raise_floor(writer.applier.max_id)
             if writer.position is not None and writer.position.ids_reserved:
-                with self._ids:  # blocks any earlier writer reserved are never handed out again
-                    self._next_id = max(self._next_id, writer.position.ids_reserved)
-                    self._reserved = max(self._reserved, writer.position.ids_reserved)
+                self._ids.skip_reserved(writer.position.ids_reserved)  # blocks any earlier writer reserved
         else:
-            shipper = self.replication = Shipper(link, self.log, store)
-            shipper.start()
+            self._role = Shipping(self, Shipper(link, self.log, store))
+            self._role.start()
+
+    @property
+    def replication(self) -> Replication:
+        """The store's link to its NATS stream, if it has one: ``status()`` says where it stands
+        (a ``StreamWriter``, ``Shipper`` or ``Follower``; ``None`` without a stream)."""
+
+        return self._role.replication
 
     @property
     def store_id(self) -> str | None:
@@ -322,26 +294,16 @@ class LmdbStorage(StorageReads, Storage):
     async def wait(self, seq: int, timeout: float | None = None) -> None:
         """A replica: wait until it holds record ``seq``. Any other store holds what it committed."""
 
-        if isinstance(self.replication, Follower):
-            await self.replication.wait(seq, timeout)
-        elif self.log.head() < seq:
-            raise ValueError(f"The store at {self.path} has no record {seq} (its head is {self.log.head()})")
+        await self._role.wait(seq, timeout)
 
     def _after_commit(self, max_id: int) -> None:
         """The committer's ``on_commit``: every id a committed transaction holds (its batches',
         and another writer's records a replicated group took in) is never minted again."""
 
-        self._raise_id_floor(max_id)
-        writer = self.replication
-        if isinstance(writer, StreamWriter):
-            self._raise_id_floor(writer.applier.max_id)
+        self._ids.raise_floor(max_id)
+        self._role.after_commit(self._ids)
 
-    def _raise_id_floor(self, max_id: int) -> None:
-        if max_id >= self._next_id:
-            with self._ids:
-                self._next_id = max(self._next_id, max_id + 1)
-
-    # ── for a follower taking the stream in (``storage.replica``) ───────────
+    # ── for a follower taking the stream in (``storage.replica.ReplicaHost``) ─
 
     def stream_position(self, stream: str, txn: lmdb.Transaction[bytes] | None = None) -> StreamPosition:
         """How far this store took in (or shipped to) ``stream``; in ``txn`` when given."""
@@ -367,32 +329,19 @@ class LmdbStorage(StorageReads, Storage):
         """After ``take_in`` committed: its ids are never minted, and readers and user
         projections see its records."""
 
-        self._raise_id_floor(max_id)
+        self._ids.raise_floor(max_id)
         self.log.committed()
         self.projections.kick()
 
     def _deposed(self, error: NotWriterError) -> None:
         """On the link's loop, once the lease is lost: refuse commits, follow as a replica."""
 
-        writer = self.replication
-        if self._closed or not isinstance(writer, StreamWriter):
+        if self._closed:
             return
-        writer.failure = error  # the committer keeps it: anything still queued fails
-        self._deposed_by = error
-        store = self.store_id
-        assert store is not None and self._link is not None
-        follower = self.replication = Follower(self._link, self, store)
-        follower.start()
-
-    def _refuse_replica(self) -> None:
-        if self._deposed_by is not None:
-            raise self._deposed_by
-        if isinstance(self.replication, Follower):
-            raise NotWriterError(
-                f"The store at {self.path} is a replica of store {self.store_id} on stream "
-                f"{self.replication.link.stream!r}: it takes no commits (commit to its writer)",
-                self.store_id,
-            )
+        successor = self._role.deposed(error, self)
+        if successor is not None:
+            self._role = successor
+            successor.start()
 
     @property
     def path(self) -> str:
@@ -411,15 +360,14 @@ class LmdbStorage(StorageReads, Storage):
         """
 
         self.check_open()
-        self._refuse_replica()
+        self._role.refuse_commits()
         if committed_at is not None:
             committed_at = check_committed_at(committed_at)
         counters = self._env.counters
         began = time.perf_counter()
         try:
             payload, batch = encode_batch(writes)
-            if isinstance(self.replication, Shipper):  # acknowledged means shippable, in every mode
-                self.replication.link.check_size(len(payload))
+            self._role.check_payload(payload)
             seq, _ = await self._committer.commit(payload, batch, committed_at)
         except BaseException:
             counters.commit_failures += 1
@@ -438,24 +386,19 @@ class LmdbStorage(StorageReads, Storage):
 
     async def mint_id(self) -> int:
         """A fresh id above every id stored or minted, across reopen and crashes, whichever
-        thread or loop asks (blocks of ``ID_BLOCK`` ids are reserved durably, through the
+        thread or loop asks (blocks of ``ids.ID_BLOCK`` ids are reserved durably, through the
         committer, so minting rarely touches the disk)."""
 
         self.check_open()
-        self._refuse_replica()
-        while True:
-            with self._ids:
-                if self._next_id > MAX_SAFE_INTEGER:
-                    raise ValueError("ID space is exhausted")
-                if self._next_id < self._reserved:
-                    value = self._next_id
-                    self._next_id += 1
-                    return value
-                wanted = self._next_id + ID_BLOCK
-            writer = self.replication if isinstance(self.replication, StreamWriter) else None
-            reserved = await self._committer.write(lambda txn: _reserve(txn, self._meta, wanted, writer))
-            with self._ids:
-                self._reserved = max(self._reserved, reserved)
+        self._role.refuse_commits()
+        return await self._ids.mint(self._reserve_ids)
+
+    def _reserve_ids(self, wanted: int) -> Awaitable[int]:
+        """Raise the durable id reservation to ``wanted`` in a group's transaction, with what
+        the role does with a reservation (a replicated writer puts it on the stream)."""
+
+        publish, ids = self._role.publish_ids, self._ids
+        return self._committer.write(lambda txn: ids.reserve_in(txn, wanted, publish))
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
@@ -499,14 +442,9 @@ class LmdbStorage(StorageReads, Storage):
         await asyncio.shield(closing)
 
     async def _close(self) -> None:
-        if isinstance(self.replication, (Follower, Shipper)):
-            self.replication.stop()
+        self._role.stop()
         await self._committer.close()
-        if self._lease is not None and self._link is not None:
-            try:
-                await self._link.arun(self._lease.release())
-            except Exception:
-                pass  # it expires by itself
+        await self._role.release()
         await self.projections.close()
         if self._link is not None:
             self._link.close()
@@ -584,15 +522,3 @@ class StorageView(StorageReads):
 
     async def close(self, context: Context | None = None) -> None:
         """Nothing to release: views hold nothing open between reads."""
-
-
-def _reserve(txn: lmdb.Transaction[bytes], meta: lmdb._Database, wanted: int, stream: StreamWriter | None = None) -> int:
-    """Raise the durable id reservation to ``wanted`` (never lower it); returns it. A replicated
-    writer puts it on the stream too, so a writer after a failover mints above it."""
-
-    raw = txn.get(_RESERVED_KEY, db=meta)
-    reserved = max(wanted, 0 if raw is None else _U64.unpack(raw)[0])
-    txn.put(_RESERVED_KEY, _U64.pack(reserved), db=meta)
-    if stream is not None:
-        stream.publish_ids(txn, reserved)
-    return reserved

@@ -13,14 +13,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol, TypeVar
+
+import lmdb
 
 from ..errors import ForeignMessageError, ReplicationError
+from ..log import WriteLog
+from ..log.stream.applier import StreamApplier
 from ..log.stream.link import StreamLink
 from ..log.stream.message import RawMessage, StreamMessage, parse_message, subject_of
-
-if TYPE_CHECKING:
-    from .lmdb_storage import LmdbStorage
+from ..log.stream.position import StreamPosition
+from ..projections import Projector
 
 APPLY_CHUNK: Final = 1024
 """Messages taken in per LMDB transaction at most while following."""
@@ -28,11 +31,40 @@ BULK_BATCH: Final = 4096
 """Messages per batched read (and per LMDB transaction) while catching up from far behind."""
 RETRY: Final = (0.05, 2.0)
 
+T = TypeVar("T")
+
+
+class ReplicaHost(Protocol):
+    """What a follower needs of the store it takes a stream into (``LmdbStorage`` is one)."""
+
+    @property
+    def log(self) -> WriteLog:
+        """The store's log: its head, the records, the wake-ups of its waiters."""
+
+    @property
+    def path(self) -> str:
+        """The store's directory, for messages."""
+
+    def check_open(self) -> None:
+        """Raise ``StoreClosedError`` once the store is closed."""
+
+    def stream_position(self, stream: str, txn: lmdb.Transaction[bytes] | None = None) -> StreamPosition:
+        """How far the store took in ``stream``; in ``txn`` when given."""
+
+    def stream_applier(self, stream: str, store: str) -> StreamApplier:
+        """An applier of ``store``'s messages on ``stream`` to the store's log and position."""
+
+    def take_in(self, work: Callable[[lmdb.Transaction[bytes], Projector], T]) -> T:
+        """Run ``work`` in one write transaction with no commit beside it (on a worker thread)."""
+
+    def taken_in(self, max_id: int) -> None:
+        """After ``take_in`` committed: its ids are never minted, readers see its records."""
+
 
 class Follower:
     """Takes a store's messages from the stream into a local store (a task on the link's loop)."""
 
-    def __init__(self, link: StreamLink, storage: LmdbStorage, store: str) -> None:
+    def __init__(self, link: StreamLink, storage: ReplicaHost, store: str) -> None:
         self.link, self.storage, self.store = link, storage, store
         self.subject = subject_of(link.stream, store)
         self.applier = storage.stream_applier(link.stream, store)

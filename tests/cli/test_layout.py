@@ -192,3 +192,12 @@ def test_tail_nats_with_nats_py_missing_says_what_to_install_and_exits_2() -> No
     done = _run_cli(gone, "tail", "--nats", "nats://127.0.0.1:1", "--stream", "S")
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "pip install '/path/to/pi-durable-lmdb[nats]'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("part", ["replica", "roles", "ids", "options"])
+def test_the_parts_of_lmdb_storage_never_import_it(part: str) -> None:
+    """The facade holds its parts; a part that needs the store's shape names it in a ``Protocol``
+    (``replica.ReplicaHost``), so no import cycle runs through ``lmdb_storage``."""
+
+    imported = _imports(SRC / "storage" / f"{part}.py")
+    assert imported and not [name for name in imported if "lmdb_storage" in name]
