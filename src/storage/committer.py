@@ -204,10 +204,10 @@ class Committer:
 
     async def _uncontended(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
         """Whether a commit may run directly on the caller's thread: one sequential committer
-        then keeps its speed (a thread hand-off costs more than a ``process`` commit). A run of direct commits yields
-        to the loop every ``DIRECT_RUN`` seconds; if anything committed meanwhile, the loop's
-        commits are gathered into groups (on the writer thread) for the next ``CONTENDED``
-        seconds."""
+        then keeps its speed (a thread hand-off costs more than a ``process`` commit). A run of
+        direct commits yields to the loop every ``DIRECT_RUN`` seconds; if anything committed
+        meanwhile, the loop's commits are gathered into groups (on the writer thread) for the
+        next ``CONTENDED`` seconds."""
 
         run = self._runs.get(loop)
         if run is None:
