@@ -11,16 +11,20 @@ acknowledged commit is durable in the mode's sense and visible to every later re
 
 Where a commit runs:
 
-- **directly**, on the caller's thread, when nothing else is being committed (no other task of
-  the loop, no other thread): exactly as before groups existed, so one sequential committer
-  keeps its speed; the thread hand-off would cost more than a ``process`` commit and a good part
-  of a ``power`` one. A run of direct commits yields to the loop (every 2 ms in ``process`` mode,
-  before each commit in ``power`` mode); if another commit showed up meanwhile, the loop's
-  commits go to groups for a while (``CONTENDED``).
-- **in a group on the writer thread** otherwise: LMDB's commit and, in ``power`` mode, its syncs
-  happen there, never on an event loop. py-lmdb binds a write transaction to the thread that
-  began it; each group's transaction begins and ends on the writer thread, which is started on
-  the first group and stopped by ``close()``.
+- **directly**, on the caller's thread, in ``process`` mode when nothing else is being
+  committed (no other task of the loop, no other thread): one sequential committer keeps its
+  speed, since the thread hand-off would cost more than the commit. A run of direct commits
+  yields to the loop every 2 ms; if another commit showed up meanwhile, the loop's commits go to
+  groups for a while (``CONTENDED``).
+- **in a group on the writer thread** otherwise, and always in ``power`` mode: each ``power``
+  transaction waits for a device flush (the journal's frame, or LMDB's own syncs) before it
+  commits, and that wait, milliseconds on most disks, must not stall the caller's event loop
+  even when the commit has the store to itself. The flush cannot move to another thread on its
+  own: py-lmdb binds a write transaction to the thread that began it, and the flush sits between
+  the transaction's work and its commit. So the whole transaction runs on the writer thread,
+  where commits that arrive during one flush share the next (group commit). Each group's
+  transaction begins and ends there; the thread is started on the first group and stopped by
+  ``close()``.
 
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
@@ -120,11 +124,9 @@ class Committer:
         Once per transaction: it raises a floor, so the group's highest id is all it needs."""
         """Swapped by a rebuild, under ``exclusive()``."""
         self.stream = stream
-        self._direct = stream is None
-        self._direct_run = DIRECT_RUN if env.durability != "power" else 0.0
-        """How long a run of direct commits lasts between yields: in ``power`` mode each direct
-        commit yields first, so the loop waits for one commit's syncs at most, and only while
-        no other commit is about."""
+        self._direct = stream is None and env.durability != "power"
+        """Commits may run on the caller's thread: not when each waits for a device flush
+        (``power``) or for the network (a stream), which must not stall the caller's loop."""
         self._lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._state = threading.Condition(self._state_lock)
@@ -168,7 +170,7 @@ class Committer:
                 now = time.perf_counter()
                 if run is not None and now < run.contended_until:
                     direct = False  # what _uncontended would answer, without a coroutine per commit
-                elif run is None or now - run.started >= self._direct_run:
+                elif run is None or now - run.started >= DIRECT_RUN:
                     direct = await self._uncontended(loop, now)
                 else:
                     direct = True
@@ -202,11 +204,10 @@ class Committer:
 
     async def _uncontended(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
         """Whether a commit may run directly on the caller's thread: one sequential committer
-        then keeps the speed it had before groups (a thread hand-off costs more than a
-        ``process`` commit, and a good part of a ``power`` one). A run of direct commits yields
-        to the loop every ``_direct_run`` seconds; if anything committed meanwhile, the loop's
-        commits are gathered into groups (on the writer thread) for the next ``CONTENDED``
-        seconds."""
+        then keeps its speed (a thread hand-off costs more than a ``process`` commit). A run of
+        direct commits yields to the loop every ``DIRECT_RUN`` seconds; if anything committed
+        meanwhile, the loop's commits are gathered into groups (on the writer thread) for the
+        next ``CONTENDED`` seconds."""
 
         run = self._runs.get(loop)
         if run is None:
@@ -265,7 +266,7 @@ class Committer:
         """The loop's turn ended: its gathered commits go as one group (or more)."""
 
         jobs = self._gathering.pop(loop)
-        if self._direct and self._direct_run and len(jobs) == 1 and self._lock.acquire(blocking=False):
+        if self._direct and len(jobs) == 1 and self._lock.acquire(blocking=False):
             try:
                 with self._state:
                     idle = not self._queue

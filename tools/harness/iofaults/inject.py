@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from typing import Any, Final
 
 KINDS: Final = ("create", "zero-fill", "header", "rename", "segsync", "dirsync", "frame", "unmake", "flush", "checkpoint")
@@ -33,9 +34,12 @@ _FRAME_MAGIC: Final = (0x504A4652).to_bytes(4, "big")
 class Injector:
     """Counts the calls of each kind; raises ``OSError(error)`` at the ``nth`` of ``kind``
     (``nth`` 0: none) and the ``burst - 1`` calls of that kind after it (a fault that lasts:
-    the call that would unmake a failed frame fails too). ``failed`` says whether it fired."""
+    the call that would unmake a failed frame fails too). ``failed`` says whether it fired.
+    ``observe``, if given, is called with each call's kind before it goes on (on the calling
+    thread: a test can tell which thread flushes)."""
 
-    def __init__(self, kind: str, nth: int, error: int, burst: int = 1) -> None:
+    def __init__(self, kind: str, nth: int, error: int, burst: int = 1,
+                 observe: Callable[[str], None] | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         self.kind, self.nth, self.error, self.burst = kind, nth, error, burst
@@ -43,9 +47,12 @@ class Injector:
         self.failed = False
         self._files: dict[int, str] = {}  # fd -> "segment", "filling", "checkpoint", "directory"
         self._saved: dict[str, Any] = {}
+        self._observe = observe
 
     def _call(self, kind: str, what: str) -> None:
         self.counts[kind] += 1
+        if self._observe is not None:
+            self._observe(kind)
         if kind == self.kind and self.nth and self.nth <= self.counts[kind] < self.nth + self.burst:
             self.failed = True
             raise OSError(self.error, f"{os.strerror(self.error)} (injected: {kind} call {self.nth})", what)
