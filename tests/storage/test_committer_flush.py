@@ -17,7 +17,7 @@ from typing import Any
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.storage import LmdbStorage
-from tools.iofaults.inject import Injector
+from tools.harness.iofaults.inject import Injector
 
 
 def _entry(id: int) -> dict[str, Any]:
