@@ -41,7 +41,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
 
 from pi_durable_lmdb.log import Environment, WriteLog  # noqa: E402
 from pi_durable_lmdb.storage import LmdbStorage  # noqa: E402
-from pi_durable_lmdb.storage.audit import commit_to_builtins, to_json  # noqa: E402
+from pi_durable_lmdb.audit import commit_to_builtins, to_json  # noqa: E402
 
 _script = Path(sys.executable).parent / "durable-log"
 DURABLE_LOG = [str(_script)] if _script.exists() else [sys.executable, "-m", "pi_durable_lmdb.cli"]

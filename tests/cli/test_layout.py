@@ -71,8 +71,8 @@ def test_the_scan_sees_every_way_of_importing_the_command_line(tmp_path: Path, t
 
 def test_a_fresh_interpreter_using_the_engine_loads_no_command_line_module() -> None:
     script = (
-        "import sys, pi_durable_lmdb, pi_durable_lmdb.storage.audit, pi_durable_lmdb.storage.migrate, "
-        "pi_durable_lmdb.storage.restore, pi_durable_lmdb.metrics\n"
+        "import sys, pi_durable_lmdb, pi_durable_lmdb.audit, pi_durable_lmdb.audit.migrate, "
+        "pi_durable_lmdb.audit.restore, pi_durable_lmdb.metrics\n"
         "print(sorted(m for m in sys.modules if m.startswith('pi_durable_lmdb.cli')))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
