@@ -1,9 +1,10 @@
 """pi-durable-lmdb: an embedded, event-sourced LMDB engine for pi-durable's ``Storage`` contract.
 
-Three layers, each using only the ones below it: ``log`` (the sequenced write log, the source of
-truth), ``projections`` (read models folded from it) and ``storage`` (the contract facade and the
-audit functions: tail, stats, verify, export); the ``durable-log`` command sits apart, in ``cli``,
-and nothing here imports it. The public names are re-exported here.
+Layers, each using only the ones below it: ``log`` (the sequenced write log, the source of
+truth), ``projections`` (read models folded from it), ``storage`` (the contract facade),
+``audit`` (the operator functions: tail, stats, verify, export, import, restore ...), and on top
+the ``durable-log`` command (``cli``) and its web view (``web``), which nothing here imports.
+The public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from .errors import (
 from .projections import StorageRequestError
 from .projections.user import Projection
 from .storage import Durability, LmdbStorage
-from .storage.tail import Tail, TailFilter
+from .audit.tail import Tail, TailFilter
 
 __version__ = "0.2.0"
 

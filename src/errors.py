@@ -320,7 +320,7 @@ class CheckpointRefusedError(ProofError):
     """A checkpoint was not published to a witness bucket: the last checkpoint there is not
     signed by the same key, or the store's tree does not extend it (a forked or rewritten
     history, or a store behind it). The message names the bucket, the key and what does not
-    hold (``storage.witness``)."""
+    hold (``audit.witness``)."""
 
 
 class NoteError(BadInputError):

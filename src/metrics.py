@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from .log.counters import Histogram
-from .storage.stats import stats
+from .audit.stats import stats
 
 PREFIX = "pi_durable_lmdb"
 

@@ -1,11 +1,12 @@
 """durable-log: look at, check, copy, move and demonstrate a pi-durable-lmdb store.
 
-The command line sits apart from the engine: the engine (``log``, ``projections``, ``storage``)
-never imports this package. One module per family of commands, each registering its own
+The command line sits on top: nothing else in the package imports it (``tests/cli/test_layout.py``
+checks the layers). One module per family of commands, each registering its own
 sub-parsers: ``inspect`` (stats, show, tail, verify), ``move`` (export, import, backup, restore),
 ``operate`` (rebuild, replica, promote), ``transparency`` (keygen, checkpoint, prove), ``find`` (search), ``snapshot``,
-``projections`` (list, retry, drop), ``demo``; ``serve`` comes from ``pi_durable_lmdb.web``
-when the ``[web]`` extra is installed. Exit codes and shared helpers are in ``common``.
+``projections`` (list, retry, drop), ``demo``, ``serve`` (starts the web view of
+``pi_durable_lmdb.web``, which needs the ``[web]`` extra). The functions the commands run are in
+``pi_durable_lmdb.audit``; exit codes and shared helpers in ``common``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from importlib import metadata
 
 from ..log.records import FORMAT_VERSION
 from ..projections.tables import SCHEMA_VERSION
-from ..storage.access import require_access
+from ..audit.access import require_access
 
-from . import demo, find, inspect, move, operate, projections, snapshot, transparency
+from . import demo, find, inspect, move, operate, projections, serve, snapshot, transparency
 from .common import (
     DAMAGE,
     EPILOG,
@@ -30,8 +31,6 @@ from .common import (
     EXIT_USAGE,
     KNOWN_REFUSALS,
     Formatter,
-    add_command,
-    serve_missing,
 )
 
 __all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
@@ -40,9 +39,7 @@ __all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "takes_any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     try:
         if getattr(args, "reads_store", False) and args.path is not None:
             require_access(args.path)
@@ -93,26 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     transparency.register(commands)
     snapshot.register(commands)
     projections.register(commands)
-    _register_serve(commands)
+    serve.add_parser(commands)
     return parser
-
-
-def _register_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``serve`` from ``pi_durable_lmdb.web.command`` (its ``add_parser(subparsers)``), imported only
-    here: without the ``[web]`` extra, ``serve`` is still listed and says what to install."""
-
-    try:
-        from ..web import command as web_command  # the optional [web] extra
-    except ImportError:
-        sub = add_command(commands, "serve", "serve a store's views over HTTP (needs the [web] extra)")
-        sub.add_argument("arguments", nargs="*", metavar="ARGUMENT", help="the arguments serve takes once the [web] extra is installed")
-        sub.set_defaults(run=_serve_missing, takes_any_arguments=True)
-    else:
-        web_command.add_parser(commands)
-
-
-def _serve_missing(args: argparse.Namespace) -> int:
-    raise serve_missing("aiohttp")
 
 
 def _version() -> str:

@@ -25,10 +25,10 @@ from ..errors import (
     TruncatedStoreError,
 )
 from pi_durable.errors import StorageRequestError
-from ..storage.jsonlines import to_json
+from ..audit.jsonlines import to_json
 
-from . import numbers
-from .numbers import CONVERSATION, COUNT, INTERVAL, RECORD_ID, SEQUENCE, argument, parse_time, typed
+from ..audit import numbers
+from ..audit.numbers import CONVERSATION, COUNT, INTERVAL, RECORD_ID, SEQUENCE, argument, parse_time, typed
 
 # ── exit codes ────────────────────────────────────────────────────────────────
 
@@ -151,7 +151,7 @@ def add_command(
 
 def store_argument(sub: argparse.ArgumentParser) -> None:
     """``PATH``, a store the command reads: a store this user may not read is refused first,
-    as a permission problem (``storage.access``)."""
+    as a permission problem (``audit.access``)."""
 
     sub.add_argument("path", metavar="PATH", help="the store's directory")
     sub.set_defaults(reads_store=True)

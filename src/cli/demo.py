@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from ..storage.lmdb_storage import LmdbStorage
-from ..storage.stats import format_stats, refuse_foreign_files, stats
-from ..storage.tail import Tail, summarize
+from ..audit.stats import format_stats, refuse_foreign_files, stats
+from ..audit.tail import Tail, summarize
 
 from .common import add_command
 

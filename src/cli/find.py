@@ -13,10 +13,10 @@ import time
 
 import msgspec
 
-from ..storage.export import seq_at
+from ..audit.export import seq_at
 from ..storage.lmdb_storage import LmdbStorage
-from ..storage.search import SearchResults, catch_up, index_exists, search
-from ..storage.stats import require_store
+from ..audit.search import SearchResults, catch_up, index_exists, search
+from ..audit.stats import require_store
 
 from .common import EXIT_OK, READ_ONLY, add_command, point, print_json, readable, sequence, store_argument, usage
 

@@ -15,15 +15,15 @@ import lmdb
 from ..errors import LogError
 from ..log.environment import check_store_id
 from ..log.records import WRITE_TYPES
-from ..storage.export import seq_range
-from ..storage.jsonlines import to_json
-from ..storage.show import SHOW_KINDS, show
-from ..storage.stats import format_stats, lease_of, require_store, stats
-from ..storage.tail import StreamTail, Tail, TailFilter, commit_to_builtins, open_stream, summarize
-from ..storage.verify import check, record_outcome
+from ..audit.export import seq_range
+from ..audit.jsonlines import to_json
+from ..audit.show import SHOW_KINDS, show
+from ..audit.stats import format_stats, lease_of, require_store, stats
+from ..audit.tail import StreamTail, Tail, TailFilter, commit_to_builtins, open_stream, summarize
+from ..audit.verify import check, record_outcome
 
 from . import transparency
-from .numbers import DIFFERENCES, argument
+from ..audit.numbers import DIFFERENCES, argument
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,
@@ -72,7 +72,7 @@ def _register_stats(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 def _stats(args: argparse.Namespace) -> int:
     if args.watch:
-        from ..web.watch import watch
+        from .watch import watch
 
         require_store(args.path)
         try:

@@ -12,8 +12,8 @@ import sys
 
 from ..log.environment import check_store_id
 from ..storage.backup import backup
-from ..storage.export import export_lines
-from ..storage.words import format_bytes, plural
+from ..audit.export import export_lines
+from ..audit.words import format_bytes, plural
 
 from .common import (
     EXIT_OK,
@@ -68,7 +68,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.since is not None and args.until is not None and args.since > args.until:
         raise usage("--since is after --until: an empty range")
     if args.from_seq is not None:
-        from ..storage.tail import Tail
+        from ..audit.tail import Tail
         from .inspect import past_head
 
         tail = Tail(args.path)
@@ -113,7 +113,7 @@ def _register_import(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _import(args: argparse.Namespace) -> int:
-    from ..storage import migrate, pisource
+    from ..audit import migrate, pisource
 
     if args.from_pi_durable and args.renumber:
         raise usage("--renumber is for an export; --from-pi-durable numbers what it reads itself")
@@ -194,7 +194,7 @@ def _register_restore(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from ..storage import restore
+    from ..audit import restore
 
     check_store_id(args.store)
     report = Progress("restore", None, progress_on(args))

@@ -9,10 +9,10 @@ import asyncio
 import sys
 
 from ..log.environment import check_store_id
-from ..storage.stats import refuse_foreign_files, require_store, stored_projections
-from ..storage.words import format_bytes, plural
+from ..audit.stats import refuse_foreign_files, require_store, stored_projections
+from ..audit.words import format_bytes, plural
 
-from .numbers import LEASE_TTL, argument
+from ..audit.numbers import LEASE_TTL, argument
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,

@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from ..projections.userstate import ProjectionStatus
-from ..storage.stats import projection_statuses, require_store
-from ..storage.words import plural
+from ..audit.stats import projection_statuses, require_store
+from ..audit.words import plural
 
 from .common import EXIT_OK, READ_ONLY, Progress, add_command, print_json, readable, usage
 

@@ -7,8 +7,8 @@ import argparse
 import asyncio
 import time
 
-from ..storage.stats import require_store
-from ..storage.words import format_bytes
+from ..audit.stats import require_store
+from ..audit.words import format_bytes
 
 from .common import EXIT_OK, add_command, count, interval, run_until_signalled, usage
 
@@ -48,7 +48,7 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 async def _publish(args: argparse.Namespace, once: bool) -> int:
     from ..storage.snapshot import take_snapshot
-    from ..storage.tail import open_stream
+    from ..audit.tail import open_stream
 
     link = await open_stream(args.nats, args.stream)
     try:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from ..errors import CheckpointRefusedError, NoteError
 from ..log import WriteLog
-from ..storage.jsonlines import to_json
-from ..storage.transparency import checkpoint, prove, prove_consistency, verify_trusted
-from ..storage.witness import publish_checkpoint
+from ..audit.jsonlines import to_json
+from ..audit.transparency import checkpoint, prove, prove_consistency, verify_trusted
+from ..audit.witness import publish_checkpoint
 from ..tlog.note import Signer, Verifier, generate_signer, parse_signer, parse_verifier
 
 from .common import EXIT_DAMAGE, EXIT_OK, READ_ONLY, add_command, count, print_json, sequence, store_argument, usage

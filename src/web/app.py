@@ -17,14 +17,14 @@ import jinja2
 import msgspec
 from aiohttp import web
 
-from ..storage.jsonlines import to_json
-from ..storage.show import SHOW_KINDS, show
-from ..storage.stats import format_stats, stats
-from ..storage.tail import Tail, TailFilter, commit_to_builtins, summarize
-from ..storage.transparency import verify_trusted
-from ..storage.verify import last_outcome
-from ..storage.export import seq_range
-from ..storage.search import said
+from ..audit.jsonlines import to_json
+from ..audit.show import SHOW_KINDS, show
+from ..audit.stats import format_stats, stats
+from ..audit.tail import Tail, TailFilter, commit_to_builtins, summarize
+from ..audit.transparency import verify_trusted
+from ..audit.verify import last_outcome
+from ..audit.export import seq_range
+from ..audit.search import said
 from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
 

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from ..metrics import PREFIX, register_path
-from ..storage.stats import lease_of, stats
-from ..storage.tail import open_stream
+from ..audit.stats import lease_of, stats
+from ..audit.tail import open_stream
 
 DEFAULT_MAX_LAG: Final = 1000
 """Records a store may be behind its stream before ``/healthz`` calls it stale."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ..cli.numbers import INT64_MAX, Whole, parse_time, point, whole
+from ..audit.numbers import INT64_MAX, Whole, parse_time, point, whole
 from ..errors import BadQueryError, NumberError
 from ..log.records import WRITE_TYPES
 

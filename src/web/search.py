@@ -15,7 +15,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.types import ConversationId
 
 from ..projections.search_index import MAX_WORD, Activity, SearchIndex
-from ..storage.search import SearchResults, catch_up, index_exists, search
+from ..audit.search import SearchResults, catch_up, index_exists, search
 from ..storage.reads import StorageReads
 
 from .text import visible

@@ -17,7 +17,7 @@ from pi_durable.types import ConversationId, DocumentId
 
 from ..errors import BadQueryError
 from ..projections import StorageRequestError
-from ..storage.export import seq_at
+from ..audit.export import seq_at
 from ..storage.lmdb_storage import LmdbStorage
 from ..storage.reads import StorageReads
 

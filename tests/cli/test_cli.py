@@ -23,7 +23,7 @@ from pi_durable_lmdb.log.records import WRITE_TYPES
 from examples.task_outcomes import TaskOutcomes
 from pi_durable_lmdb import cli as cli_module
 from tests.support.cli_call import call
-from pi_durable_lmdb.storage.jsonlines import from_json, to_json
+from pi_durable_lmdb.audit.jsonlines import from_json, to_json
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 T0 = 1_767_225_600_000

@@ -11,7 +11,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.cli.demo import QUESTIONS, _definitions, run_workload
-from pi_durable_lmdb.storage.audit import verify
+from pi_durable_lmdb.audit import verify
 
 
 async def test_the_demo_workload_reads_back_after_reopen(tmp_path: Path) -> None:

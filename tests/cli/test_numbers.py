@@ -1,4 +1,4 @@
-"""Every number, duration and point the command line reads goes through ``cli.numbers``: ASCII
+"""Every number, duration and point the command line reads goes through ``audit.numbers``: ASCII
 digits only, a stated range, a text too long to be a number refused before ``int()`` sees it, the
 option named in the refusal, exit 2 and never a traceback."""
 
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pi_durable_lmdb import cli as cli_module
-from pi_durable_lmdb.cli import numbers
-from pi_durable_lmdb.cli.numbers import INTERVAL, SEQUENCE, Whole, point, seconds, whole
+from pi_durable_lmdb.audit import numbers
+from pi_durable_lmdb.audit.numbers import INTERVAL, SEQUENCE, Whole, point, seconds, whole
 from pi_durable_lmdb.errors import NumberError
 from tests.support.cli_call import call
 

@@ -150,7 +150,7 @@ def test_every_public_method_says_why() -> None:
 
     from pi_durable_lmdb import LmdbStorage, Projection
     from pi_durable_lmdb.projections.user import Tables, UserProjections
-    from pi_durable_lmdb.storage.audit import Tail
+    from pi_durable_lmdb.audit import Tail
     from pi_durable_lmdb.storage.lmdb_storage import StorageView
 
     missing = [

@@ -41,8 +41,8 @@ from pi_durable_lmdb.log.records import (
 )
 from pi_durable_lmdb.log.stream.message import parse_message, record_headers
 from pi_durable_lmdb.projections import tables as t
-from pi_durable_lmdb.storage.jsonlines import from_json, to_json
-from pi_durable_lmdb.storage.migrate import parse_batch
+from pi_durable_lmdb.audit.jsonlines import from_json, to_json
+from pi_durable_lmdb.audit.migrate import parse_batch
 
 SEQ = 7
 EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

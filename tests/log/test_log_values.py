@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from pi_durable_lmdb.log import decode_batch, encode_batch, write_to_builtins
 from pi_durable_lmdb.log import codec
 from pi_durable_lmdb.log.records import decode_record_builtins, encode_record
-from pi_durable_lmdb.storage.jsonlines import to_json
-from pi_durable_lmdb.storage.migrate import parse_batch
+from pi_durable_lmdb.audit.jsonlines import to_json
+from pi_durable_lmdb.audit.migrate import parse_batch
 
 from ..support.log_helpers import same, open_log, commit, nest_lists, nest_dicts
 

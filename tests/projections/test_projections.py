@@ -24,7 +24,7 @@ from pi_durable_lmdb.projections.rebuild import read_header
 from examples.task_outcomes import TaskOutcomes, outcome_counts
 from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Tables
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import verify
+from pi_durable_lmdb.audit import verify
 
 from ..log.test_log_corruption import CORRUPTIONS
 from ..support.log_helpers import open_log

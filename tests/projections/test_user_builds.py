@@ -27,7 +27,7 @@ from pi_durable_lmdb.projections.typedrows import TEXT, U64, TypedTable
 from pi_durable_lmdb.projections.user import Projection, Tables
 from pi_durable_lmdb.projections.userstate import db_names
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.stats import stats
+from pi_durable_lmdb.audit.stats import stats
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "pi_durable_lmdb.cli"]

@@ -16,7 +16,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
 from pi_durable_lmdb.log.stream.message import RawMessage
-from pi_durable_lmdb.storage.audit import export_lines, verify
+from pi_durable_lmdb.audit import export_lines, verify
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 

@@ -39,7 +39,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import NatsUnavailableError, ReplicationError, StreamMissingError, WrongStoreError
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import export_lines, verify
+from pi_durable_lmdb.audit import export_lines, verify
 
 from ..support.natsserver import NatsNode, free_port, nats_server  # noqa: F401 - fixtures
 from ..support.replication_helpers import (

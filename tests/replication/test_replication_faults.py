@@ -38,7 +38,7 @@ from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb import LeaseLapsedError, NatsUnavailableError, NotWriterError, ReplicationError
 from pi_durable_lmdb.log import write_to_builtins
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import export_lines, verify
+from pi_durable_lmdb.audit import export_lines, verify
 
 from ..support.compare import canonical
 from ..support.natsserver import NatsCluster, NatsNode, nats_cluster, nats_server  # noqa: F401 - fixtures
@@ -146,7 +146,7 @@ def test_machine_loss_every_acknowledged_commit_is_restored_from_the_stream(tmp_
             await replica.close()
         assert verify(machine_b) is None
         try:
-            from pi_durable_lmdb.storage.restore import restore
+            from pi_durable_lmdb.audit.restore import restore
         except ImportError:
             restore = None
         if restore is not None:

@@ -33,7 +33,7 @@ from pi_durable_lmdb.log import encode_batch
 from pi_durable_lmdb.log.stream.jetstream import Fence, encode_control
 from pi_durable_lmdb.log.records import LogRecord, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import check, export_lines, verify
+from pi_durable_lmdb.audit import check, export_lines, verify
 
 from ..support.compare import canonical
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures

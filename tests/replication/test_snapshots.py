@@ -29,8 +29,8 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.errors import SnapshotUnsoundError
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import export_lines, verify
-from pi_durable_lmdb.storage.restore import restore
+from pi_durable_lmdb.audit import export_lines, verify
+from pi_durable_lmdb.audit.restore import restore
 from pi_durable_lmdb.storage.snapshot import (
     SnapshotName,
     read_snapshot,
@@ -39,7 +39,7 @@ from pi_durable_lmdb.storage.snapshot import (
     snapshots_of,
     take_snapshot,
 )
-from pi_durable_lmdb.storage.tail import open_stream
+from pi_durable_lmdb.audit.tail import open_stream
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
 from ..support.replication_helpers import DURABLE_LOG, ROOT, _bounded, _entry, read_subject, subject

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage
-from pi_durable_lmdb.storage.audit import verify
+from pi_durable_lmdb.audit import verify
 
 
 def task_write(id: int, status: str = "running") -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb.log import encode_batch, write_to_builtins
 from pi_durable_lmdb.log.records import encode_record
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import verify
+from pi_durable_lmdb.audit import verify
 
 from ..support.compare import canonical
 from ..support.workload import Workload, snapshot

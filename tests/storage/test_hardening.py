@@ -32,7 +32,7 @@ from pi_durable_lmdb.log import Environment, TruncatedStoreError, WriterLockedEr
 from pi_durable_lmdb.log.storedir import check_not_truncated
 from pi_durable_lmdb.log.records import decode_record, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import verify
+from pi_durable_lmdb.audit import verify
 
 from ..support.workload import Workload
 
@@ -557,7 +557,7 @@ def test_writer_locked_names_the_process_holding_the_lock_now(tmp_path: Path) ->
 
 
 async def test_verify_and_stats_while_another_process_rebuilds(tmp_path: Path) -> None:
-    from pi_durable_lmdb.storage.audit import stats
+    from pi_durable_lmdb.audit import stats
 
     path = tmp_path / "s"
     storage = await _filled_store(path, commits=1500)

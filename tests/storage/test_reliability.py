@@ -33,7 +33,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.log import Environment, StoreFullError, WriteLog
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import verify
+from pi_durable_lmdb.audit import verify
 
 from tools.harness import crash_harness
 from ..support.reliability_helpers import ROOT, HARNESS, CLI, CHILD_ENV, child, child_line, cli, kill, seeded

@@ -22,7 +22,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.log import codec
 from pi_durable_lmdb.projections import StorageRequestError
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import verify
+from pi_durable_lmdb.audit import verify
 
 from ..support.reliability_helpers import CHILD_ENV, task, seeded, fingerprint, nest, _cyclic
 

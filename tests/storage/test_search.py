@@ -20,7 +20,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.projections import search_index
 from pi_durable_lmdb.projections.search_index import SearchIndex, words
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.search import SearchResults, catch_up, search
+from pi_durable_lmdb.audit.search import SearchResults, catch_up, search
 
 CONVERSATION, NOTES = 1, 2
 
@@ -173,7 +173,7 @@ def test_folded_in_chunks_or_at_once_repacked_or_not_the_postings_are_the_same(t
     old = search_index.CHUNK
     search_index.CHUNK = chunk  # type: ignore[misc]
     try:
-        import pi_durable_lmdb.storage.search as searching
+        import pi_durable_lmdb.audit.search as searching
 
         searching.CHUNK = chunk  # type: ignore[misc]
         index = SearchIndex(chunked, create=True)

@@ -18,8 +18,8 @@ from pi_durable_lmdb.log import Environment, WriteLog
 from pi_durable_lmdb.log.compact import compact
 from pi_durable_lmdb.log.records import record_leaf
 from pi_durable_lmdb.log.tree import TILE, WRITE_TILES
-from pi_durable_lmdb.storage.export import export_lines
-from pi_durable_lmdb.storage.migrate import import_export
+from pi_durable_lmdb.audit.export import export_lines
+from pi_durable_lmdb.audit.migrate import import_export
 from tests.fixtures import old_store
 from tests.support.workload import Workload
 
@@ -186,7 +186,7 @@ async def test_root_and_proofs_refuse_sizes_the_log_does_not_have(tmp_path: Path
 
 
 async def test_verify_checks_the_stored_tree(tmp_path: Path) -> None:
-    from pi_durable_lmdb.storage.verify import check
+    from pi_durable_lmdb.audit.verify import check
 
     path = tmp_path / "store"
     storage = await LmdbStorage.open(path, durability="process")

@@ -1,4 +1,4 @@
-"""Signed checkpoints witnessed on NATS JetStream (``storage.witness``), against a real nats-server:
+"""Signed checkpoints witnessed on NATS JetStream (``audit.witness``), against a real nats-server:
 the bucket's compare-and-set put (JetStream's link and the in-memory one alike), a checkpoint
 published only if the store's tree extends the last one in the bucket, and the refusals that make
 a forked or rewritten history show up as a refused write and a logged error, through the Python API
@@ -24,7 +24,7 @@ from pi_durable_lmdb import CheckpointRefusedError, LmdbStorage, tlog
 from pi_durable_lmdb.log.stream.jetstream import JetStreamLink
 from pi_durable_lmdb.log.stream.link import StreamLink
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
-from pi_durable_lmdb.storage.witness import BUCKET, publish, publish_checkpoint
+from pi_durable_lmdb.audit.witness import BUCKET, publish, publish_checkpoint
 
 from ..support.natsserver import NatsNode, running_node
 
@@ -105,7 +105,7 @@ async def test_publishing_follows_the_log_and_refuses_a_fork(nats: NatsNode, tmp
 
         stored = await link.arun(link.kv_get(BUCKET, ORIGIN))
         assert stored == (later.note.encode(), later.revision)
-        caplog.set_level(logging.ERROR, logger="pi_durable_lmdb.storage.witness")
+        caplog.set_level(logging.ERROR, logger="pi_durable_lmdb.audit.witness")
         storage = await LmdbStorage.open(fork, durability="process")
         try:
             with pytest.raises(CheckpointRefusedError, match="does not extend the last checkpoint in WITNESS-checkpoints") as refused:

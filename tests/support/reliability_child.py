@@ -211,7 +211,7 @@ async def open_loop(args: argparse.Namespace) -> int:
 
 async def umask_open(args: argparse.Namespace) -> int:
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.storage.audit import verify
+    from pi_durable_lmdb.audit import verify
 
     os.umask(int(args.umask, 8))
     storage = await LmdbStorage.open(args.path)

@@ -104,7 +104,7 @@ async def fill(backend: str, path: str, workload: str, commits: int) -> tuple[in
 
 
 def footprint(path: str) -> dict[str, Any]:
-    from pi_durable_lmdb.storage.stats import stats
+    from pi_durable_lmdb.audit.stats import stats
 
     info = stats(path)
     return {"fileBytes": info["fileBytes"], "records": info["records"], **info["footprint"]}

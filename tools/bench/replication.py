@@ -15,7 +15,7 @@ round doing a share of every part:
    the writer to ``replica.wait(seq)`` returning on a replica (``open_replica``, same process,
    its own directory); beside it the event loop's stalls and the full GCs meanwhile.
 3. With ``--records`` records of one store on the stream, each into a fresh directory: catch-up
-   (``open_replica`` until its log holds them all), restore (``storage.restore.restore()``, when
+   (``open_replica`` until its log holds them all), restore (``audit.restore.restore()``, when
    the tree has it), and a replicated writer ``open``ed on the store id (it takes the stream in
    before it returns: a failover to a machine without a replica).
 4. Failover: a writer in a child process commits in a loop and is SIGKILLed; a new writer in
@@ -460,9 +460,9 @@ async def snapshot_restore(urls: list[str], base: str, records: int, tail: int, 
     the newest snapshot that verifies plus the log after it."""
 
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.storage.restore import restore
+    from pi_durable_lmdb.audit.restore import restore
     from pi_durable_lmdb.storage.snapshot import take_snapshot
-    from pi_durable_lmdb.storage.tail import open_stream
+    from pi_durable_lmdb.audit.tail import open_stream
 
     path = tempfile.mkdtemp(dir=base, prefix="snapshot-fill-")
     out: dict[str, Any] = {"records": records, "tail": tail, "restores": []}
@@ -537,17 +537,17 @@ async def measure_catch_up(urls: list[str], base: str, store: str, records: int)
 
 
 def _restore_function() -> Any:
-    """``storage.restore.restore`` when this tree has it (else ``None``)."""
+    """``audit.restore.restore`` when this tree has it (else ``None``)."""
 
     try:
-        from pi_durable_lmdb.storage.restore import restore
+        from pi_durable_lmdb.audit.restore import restore
     except ImportError:
         return None
     return restore
 
 
 async def measure_restore(urls: list[str], base: str, store: str, records: int) -> float:
-    """``restore()`` (``src/storage/restore.py``) of ``store`` into a new directory."""
+    """``restore()`` (``src/audit/restore.py``) of ``store`` into a new directory."""
 
     restore = _restore_function()
     path = os.path.join(tempfile.mkdtemp(dir=base, prefix="restore-"), "store")
@@ -651,7 +651,7 @@ async def measure_failover(urls: list[str], base: str, ttl: int, run: int) -> di
 
 RECOVERY: dict[str, tuple[Any, str, bool]] = {
     "catch_up": (measure_catch_up, "catch-up: `open_replica` (fresh directory) until its log holds them all", True),
-    "restore": (measure_restore, "restore: `storage.restore.restore()` into a new directory", True),
+    "restore": (measure_restore, "restore: `audit.restore.restore()` into a new directory", True),
     "writer_take_in": (measure_writer_take_in, "a replicated writer `open`ed in a fresh directory on the store id "
                        "(takes the stream in before it returns)", False),
 }
@@ -769,7 +769,7 @@ async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argpa
     stop("parse", len(parsed))
     del messages
     await _fold_stage(out, start, stop, base, store, parsed, 1024, ("power", "process"), args.records)
-    from pi_durable_lmdb.storage.tail import open_stream
+    from pi_durable_lmdb.audit.tail import open_stream
 
     link = await open_stream(urls, STREAM)
     try:

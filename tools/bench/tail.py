@@ -39,7 +39,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.log import Environment, WriteLog
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.storage.audit import commit_to_builtins, to_json
+from pi_durable_lmdb.audit import commit_to_builtins, to_json
 from tools.bench.sample import MESSAGE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ process that opens the store and checks that
   record an earlier check saw is still there byte for byte;
 * the log holds nothing else but, at most, the one batch the writer was committing when it was
   killed (whole, never partial);
-* the projections match a fresh fold of the log (``pi_durable_lmdb.storage.audit.verify``), before and after the
+* the projections match a fresh fold of the log (``pi_durable_lmdb.audit.verify``), before and after the
   checker's own commit;
 * a new commit gets the next sequence, and ``mint_id()`` returns an id above every stored id and
   every id handed out before.

@@ -334,7 +334,7 @@ async def check(args: argparse.Namespace) -> int:
     from pi_durable_lmdb.log import Environment, write_to_builtins
     from pi_durable_lmdb.projections.rebuild import ProjectionsBehind, read_header
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.storage.audit import verify
+    from pi_durable_lmdb.audit import verify
 
     with open(args.ledger, encoding="utf-8") as file:
         ledger = json.load(file)

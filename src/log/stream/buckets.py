@@ -1,6 +1,6 @@
 """Key-value buckets beside a stream on NATS JetStream, ``<stream>-<bucket>``, other than the
 lease's: values that never expire, each put conditional on the key's revision (a compare-and-set,
-so two writers cannot both move a key from the same value). ``storage.witness`` keeps the last
+so two writers cannot both move a key from the same value). ``audit.witness`` keeps the last
 signed checkpoint of each log there.
 
 A bucket is made on first use, with the stream's replicas when the stream exists (a bucket needs

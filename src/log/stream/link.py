@@ -31,7 +31,7 @@ What every link promises:
   first); the value is dropped ``ttl`` seconds after the put, by the engine's clock, not the
   holder's. ``lease_delete(key, revision)`` drops it if it is still at ``revision``.
 - Other key-value buckets beside the stream, ``<stream>-<bucket>`` (signed checkpoints:
-  ``storage.witness``), made on first use: ``kv_get(bucket, key)`` is ``(value, revision)`` as for
+  ``audit.witness``), made on first use: ``kv_get(bucket, key)`` is ``(value, revision)`` as for
   the lease; ``kv_put(bucket, key, value, revision)`` sets it only if its revision is
   ``revision`` (0: the key has never been set) and returns the new one, or ``None`` when it is
   not (someone else put first). Values never expire.

@@ -62,7 +62,7 @@ def engine_tools() -> tuple[Any, Any, Any]:
                 return found
         raise ImportError(f"{name} is in none of {', '.join(modules)}")
 
-    audits = ("pi_durable_lmdb.storage.audit", "pi_durable_lmdb.cli.inspect", "pi_durable_lmdb.cli.move", "pi_durable_lmdb.cli.common", "pi_durable_lmdb")
+    audits = ("pi_durable_lmdb.audit", "pi_durable_lmdb.cli.inspect", "pi_durable_lmdb.cli.move", "pi_durable_lmdb.cli.common", "pi_durable_lmdb")
     return (
         find("verify", audits),
         find("export_lines", audits),

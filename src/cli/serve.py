@@ -11,9 +11,9 @@ import signal
 import sys
 from typing import Final
 
-from ..cli.common import READ_ONLY, SERVE_MODULES, add_command, serve_missing, store_argument, usage
-from ..cli.numbers import MAX_LAG, PORT, argument
-from ..storage.stats import require_store
+from .common import READ_ONLY, SERVE_MODULES, add_command, serve_missing, store_argument, usage
+from ..audit.numbers import MAX_LAG, PORT, argument
+from ..audit.stats import require_store
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8470
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace, token: str | None) -> int:
     from aiohttp import web
 
-    from .app import OPTIONS, make_app
+    from ..web.app import OPTIONS, make_app
 
     app = make_app(args.path, token=token, nats=args.nats, stream=args.stream)
     app[OPTIONS]["max_lag"] = args.max_lag

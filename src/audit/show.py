@@ -8,7 +8,7 @@ from typing import Any
 from pi_durable.context import BACKGROUND_CONTEXT
 
 from .export import seq_at
-from .lmdb_storage import LmdbStorage
+from ..storage.lmdb_storage import LmdbStorage
 
 
 SHOW_KINDS = ("conversation", "entry", "task", "submission", "document")

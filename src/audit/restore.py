@@ -27,8 +27,8 @@ from ..log.stream.message import check_stream_name, subject_of
 
 from .tail import open_stream
 from .migrate import refuse_existing, new_store
-from .replica import Follower
-from .snapshot import seed, snapshots_of
+from ..storage.replica import Follower
+from ..storage.snapshot import seed, snapshots_of
 
 Progress = Callable[[int, int], None]
 """Called with (records taken in so far, records known to come)."""

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from ..storage.stats import stats
+from ..audit.stats import stats
 
 
 def fold_lag(info: dict[str, Any]) -> int:

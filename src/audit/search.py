@@ -34,7 +34,7 @@ from ..projections.search_index import (
     task_words,
 )
 
-from .reads import StorageReads
+from ..storage.reads import StorageReads
 
 LIMIT: Final = 50
 """Entries a query returns per page (tasks: up to this many too)."""

@@ -30,7 +30,7 @@ from .pisource import SQLITE_HEADER
 from .words import plural
 from .export import ROOT_TRAILER
 from .jsonlines import from_json
-from .lmdb_storage import LmdbStorage
+from ..storage.lmdb_storage import LmdbStorage
 
 _BATCH = 256
 """Records per commit when a source has no commit grouping of its own."""

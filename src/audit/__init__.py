@@ -1,13 +1,15 @@
-"""The audit API under its first import path: ``from pi_durable_lmdb.storage.audit import Tail,
-TailFilter`` (documented in the README), and the functions scripts and tests import from here.
+"""The operator functions the command line and the web view run on a store, above the
+``Storage`` contract (``storage``) and below both (``cli``, ``web``): ``tail``, ``stats``,
+``verify``, ``export``, ``show``, import (``migrate``, ``pisource``), ``restore``, ``search``,
+``transparency`` and ``witness`` (checkpoints, proofs), ``access``, and the shared parsing and
+wording of their input and output (``numbers``, ``jsonlines``, ``words``).
 
-Each idea has its own module now (``tail``, ``stats``, ``verify``, ``export``, ``show``,
-``backup``); this module only names them, so code written against it keeps working.
+The most used are named here: ``from pi_durable_lmdb.audit import Tail, TailFilter, verify``.
 """
 
 from __future__ import annotations
 
-from .backup import backup
+from ..storage.backup import backup
 from .export import export_lines, seq_at, seq_range
 from .jsonlines import to_json
 from .show import SHOW_KINDS, show
