@@ -24,20 +24,17 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
 import lmdb
 import msgspec
 
-from ..log import Commit
+from ..log import Commit, Environment, WriteLog
 
 from . import userstate as us
-from .usertables import StagedTables, Tables
-
-if TYPE_CHECKING:
-    from .user import Projection, UserProjections
+from .usertables import CoreSource, StagedTables, Tables
 
 _log = logging.getLogger("pi_durable_lmdb")
 
@@ -99,10 +96,37 @@ def _unwritable_traceback(error: BaseException) -> str | None:
     return None if safe == raw else safe
 
 
+class Folded(Protocol):
+    """A user projection as the fold thread sees it (``user.Projection``)."""
+
+    def fold(self, tables: Tables, commit: Commit) -> None:
+        """Fold one committed batch into the projection's rows."""
+
+
+class Owner(Protocol):
+    """The store's user projections as their fold thread needs them (``user.UserProjections``):
+    where they are, what to fold into, and where to report a chunk."""
+
+    env: Environment
+    log: WriteLog
+    path: str
+    registry: lmdb._Database | None
+
+    @property
+    def projections(self) -> Mapping[str, Folded]: ...
+    def notify(self) -> None: ...
+    def target(self, name: str) -> tuple[bytes, us.StoredProjection | None]: ...
+    def handles(self, name: str, status: us.StoredProjection) -> dict[str, lmdb._Database]: ...
+    def open_handles(self, name: str, status: us.StoredProjection) -> dict[str, lmdb._Database] | None: ...
+    def core_source(self) -> CoreSource | None: ...
+    def folded(self, name: str, key: bytes, status: us.StoredProjection, swapped: bool) -> None: ...
+    def drop_retired(self, name: str) -> bool: ...
+
+
 class Folder:
     """The fold thread of one store's user projections (started by ``kick``, ended by ``stop``)."""
 
-    def __init__(self, owner: UserProjections, writes: Source) -> None:
+    def __init__(self, owner: Owner, writes: Source) -> None:
         self._owner = owner
         self._writes = writes
         self._wake = threading.Condition()
@@ -190,7 +214,7 @@ class Folder:
         self._pending[name] = pending
         return pending
 
-    def _fold(self, name: str, projection: Projection, key: bytes, target: us.StoredProjection, commits: list[Commit]) -> None:
+    def _fold(self, name: str, projection: Folded, key: bytes, target: us.StoredProjection, commits: list[Commit]) -> None:
         owner = self._owner
         env = owner.env
         writes = self._writes()
@@ -234,7 +258,7 @@ class Folder:
             time.sleep(FOLD_PAUSE / 4)
 
     def _stage(
-        self, projection: Projection, target: us.StoredProjection, handles: dict[str, lmdb._Database], commits: list[Commit], writes: Writes
+        self, projection: Folded, target: us.StoredProjection, handles: dict[str, lmdb._Database], commits: list[Commit], writes: Writes
     ) -> tuple[StagedTables, int] | None:
         """Fold records for ``FOLD_SLICE`` seconds at most in a read transaction, outside the
         store's write exclusion, keeping the rows aside; returns them with the sequence they are
@@ -260,7 +284,7 @@ class Folder:
         self,
         txn: lmdb.Transaction[bytes],
         name: str,
-        projection: Projection,
+        projection: Folded,
         key: bytes,
         target: us.StoredProjection,
         handles: dict[str, lmdb._Database],

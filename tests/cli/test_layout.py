@@ -40,7 +40,6 @@ KNOWN_CYCLES: Final = frozenset(
     {
         frozenset({"log.environment", "log.shared"}),  # the Durability type
         frozenset({"log.tree", "log.writelog"}),  # WriteLog, for typing
-        frozenset({"projections.user", "projections.userfold"}),  # Projection, UserProjections, for typing
     }
 )
 """Import cycles that exist today, each through an import made only for typing, to be taken apart
