@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ..storage.jsonlines import to_json
 from ..storage.show import SHOW_KINDS, show
-from ..storage.stats import format_stats, stats
+from ..storage.stats import UserBuild, format_stats, stats
 from ..storage.tail import Tail, TailFilter, commit_to_builtins, summarize
 from ..storage.transparency import verify_trusted
 from ..storage.verify import last_outcome
@@ -221,9 +221,10 @@ async def _no_icon(request: web.Request) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     from .health import health
 
-    ok, body = await health(request.app[STORE].path, request.app[OPTIONS])
+    ok, found = await health(request.app[STORE].path, request.app[OPTIONS])
+    body = msgspec.to_builtins(found)
     if not request["authorized"]:
-        body = {"status": body["status"]}  # a probe without the token learns only this
+        body = {"status": found.status}  # a probe without the token learns only this
     return web.json_response(body, status=200 if ok else 503, dumps=lambda value: utf8_safe(json.dumps(value)))
 
 
@@ -240,9 +241,9 @@ async def metrics(request: web.Request) -> web.Response:
 async def overview(request: web.Request) -> web.Response:
     store = request.app[STORE]
     info = stats(store.path)
-    head = int(info["headSeq"])
-    projections = [("core", info["projections"]["core"]["foldedSeq"], None, None, None)]
-    projections += [(name, user["foldedSeq"], user["failedSeq"], user["error"], user.get("building")) for name, user in info["projections"]["user"].items()]
+    head = info.head_seq
+    projections: list[tuple[str, int | None, int | None, str | None, UserBuild | None]] = [("core", info.projections.core.folded_seq, None, None, None)]
+    projections += [(name, user.folded_seq, user.failed_seq, user.error, user.building) for name, user in info.projections.user.items()]
     rows = [(name, folded, head - int(folded or 0), failed, error, build) for name, folded, failed, error, build in projections]
     verified = last_outcome(store.path)
     drawn = chart.draw((await store.storage()).log)
@@ -276,7 +277,7 @@ async def audit_page(request: web.Request) -> web.Response:
     elif note.strip() or vkey:
         error = "paste both the signed checkpoint and the verifier key"
     return _page(
-        request, "audit.html", {"title": "Audit", "tree": info["tree"], "note": note, "vkey": vkey, "report": report, "error": error}
+        request, "audit.html", {"title": "Audit", "tree": info.tree, "note": note, "vkey": vkey, "report": report, "error": error}
     )
 
 

@@ -277,10 +277,10 @@ async def test_a_retired_projection_is_dropped_with_its_databases(tmp_path: Path
                 pass
     finally:
         await storage.close()
-    assert list(stats(path)["projections"]["user"]) == ["steady"]
+    assert list(stats(path).projections.user) == ["steady"]
     done = subprocess.run([*CLI, "projections", "drop", str(path), "steady"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and "dropped projection 'steady': 1 database deleted" in done.stdout, done
-    assert stats(path)["projections"]["user"] == {}
+    assert stats(path).projections.user == {}
     missing = subprocess.run([*CLI, "projections", "drop", str(path), "steady"], capture_output=True, text=True, cwd=ROOT)
     assert missing.returncode == 2 and "no projection 'steady'" in missing.stderr
 
@@ -412,8 +412,8 @@ async def test_a_build_shows_its_progress_to_status_and_the_command_line(tmp_pat
         assert "counter: version 2 is served" in followed.stdout
     finally:
         assert writer.wait(60) == 0
-    info = stats(path)["projections"]["user"]["counter"]
-    assert (info["version"], info["foldedSeq"], info["building"]) == (2, 2000, None)
+    info = stats(path).projections.user["counter"]
+    assert (info.version, info.folded_seq, info.building) == (2, 2000, None)
 
 
 class Tally(msgspec.Struct):
