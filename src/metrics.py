@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from .log.counters import Histogram
+from .log.stream.status import ReplicaStatus, ReplicationStatus, ShipperStatus, WriterStatus
 from .storage.stats import Stats, stats
 
 PREFIX = "pi_durable_lmdb"
@@ -109,20 +110,21 @@ class HandleCollector(Collector):
         replication = self.storage.replication
         if replication is None:
             return
-        status = replication.status()
-        if "shippedSeq" in status:
-            yield _gauge("replication_shipped_seq", "Log sequence the stream holds (shipped, or published)", status["shippedSeq"])
-        if "appliedSeq" in status:
-            yield _gauge("replica_applied_seq", "Log sequence this replica took in", status["appliedSeq"])
-        yield _gauge("replication_lag_records", "Records the stream and this store differ by", status.get("lagRecords", 0))
-        yield _gauge("replication_stopped", "1 when shipping or following stopped for good", 1 if status.get("stopped") or status.get("failed") else 0)
+        status: ReplicationStatus = replication.status()
+        if isinstance(status, ReplicaStatus):
+            yield _gauge("replica_applied_seq", "Log sequence this replica took in", status.applied_seq)
+        else:
+            yield _gauge("replication_shipped_seq", "Log sequence the stream holds (shipped, or published)", status.shipped_seq)
+        yield _gauge("replication_lag_records", "Records the stream and this store differ by", status.lag_records)
+        stopped = status.failed is not None if isinstance(status, WriterStatus) else status.stopped
+        yield _gauge("replication_stopped", "1 when shipping or following stopped for good", 1 if stopped else 0)
         errors = CounterMetricFamily(f"{PREFIX}_shipping_errors", "Shipping attempts that failed (each retried)")
-        errors.add_metric([], status.get("errors", 0))
+        errors.add_metric([], status.errors if isinstance(status, ShipperStatus) else 0)
         yield errors
-        lease = status.get("lease")
+        lease = status.lease if isinstance(status, WriterStatus) else None
         if lease is not None:
-            yield _gauge("lease_held", "1 while this process holds the store's writer lease", 0 if lease["lost"] else 1)
-            yield _gauge("lease_holder_epoch", "Epoch of this process's lease", lease["epoch"])
+            yield _gauge("lease_held", "1 while this process holds the store's writer lease", 0 if lease.lost else 1)
+            yield _gauge("lease_holder_epoch", "Epoch of this process's lease", lease.epoch)
 
 
 def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:

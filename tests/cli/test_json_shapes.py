@@ -160,3 +160,52 @@ def test_healthz_of_a_missing_store_says_unavailable_and_why(store: Path, tmp_pa
     assert status == 503
     assert shape(json.loads(body)) == [("status", "str"), ("reason", "str")]
     assert json.loads(body)["status"] == "unavailable"
+
+
+def test_replication_status_keeps_its_keys(tmp_path: Path) -> None:
+    """``storage.replication.status()`` in each mode, as ``msgspec.to_builtins`` gives it (the
+    documented keys, in this order)."""
+
+    import asyncio
+
+    import msgspec
+    from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
+    from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
+    from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+    from tests.support.audit_writer_child import batch
+
+    async def run() -> list[Shape]:
+        server = MemoryStream("M")
+        shipping = await LmdbStorage.open(tmp_path / "s", durability="process", nats=MemoryLink(server), stream="M", store="s")
+        writer = await LmdbStorage.open(tmp_path / "w", durability="replicated", nats=MemoryLink(server), stream="M", store="w")
+        try:
+            await shipping.commit(batch(0), CTX)
+            await writer.commit(batch(0), CTX)
+            replica = await LmdbStorage.open_replica(tmp_path / "r", nats=MemoryLink(server), stream="M", store="w")
+            try:
+                await replica.wait(1, 10)
+                handles = [shipping, writer, replica]
+                return [shape(msgspec.to_builtins(handle.replication.status())) for handle in handles]  # type: ignore[union-attr]
+            finally:
+                await replica.close()
+        finally:
+            await shipping.close()
+            await writer.close()
+
+    shipper, replicated, replica = asyncio.run(run())
+    common = [("stream", "str"), ("subject", "str")]
+    assert shipper == [
+        ("mode", "str"), *common, ("shippedSeq", "int"), ("lagRecords", "int"), ("lagMs", "float"), ("lastError", "null"),
+        ("stopped", "bool"), ("errors", "int"),
+    ]
+    assert replicated == [
+        ("mode", "str"), *common, ("shippedSeq", "int"), ("lagRecords", "int"), ("lagMs", "float"), ("lastError", "null"),
+        ("epoch", "int"),
+        ("lease", [("holder", "str"), ("epoch", "int"), ("ttl", "int"), ("expiresIn", "float"), ("lost", "null")]),
+        ("failed", "null"),
+    ]
+    assert replica == [
+        ("mode", "str"), *common, ("appliedSeq", "int"), ("streamSeq", "int"), ("lagRecords", "int"), ("lagMs", "float"),
+        ("lastError", "null"), ("stopped", "bool"), ("transactions", "int"),
+    ]
