@@ -370,10 +370,25 @@ def _times(request: web.Request) -> tuple[int | None, int | None]:
     return parameter(request.query, "since"), parameter(request.query, "until")
 
 
-def _batch(commit: Any, writes: list[Any]) -> dict[str, Any]:
+class BatchLink(msgspec.Struct, frozen=True):
+    text: str
+    href: str
+
+
+class BatchRow(msgspec.Struct, frozen=True):
+    """One batch as the log page lists it and ``/log/events`` sends it (as JSON): its sequence,
+    time, ``tail`` line and a link to each record it wrote."""
+
+    seq: int
+    when: str
+    summary: str
+    links: list[BatchLink]
+
+
+def _batch(commit: Any, writes: list[Any]) -> BatchRow:
     summary = summarize(commit, writes).split("Z  ", 1)[-1]  # the line of ``tail``, after its time
-    found = [{"text": link.text, "href": link.href} for link in links.of_writes(commit.seq, writes)]
-    return {"seq": commit.seq, "when": _when(commit.committed_at), "summary": plain(summary), "links": found}
+    found = [BatchLink(text=link.text, href=link.href) for link in links.of_writes(commit.seq, writes)]
+    return BatchRow(seq=commit.seq, when=_when(commit.committed_at), summary=plain(summary), links=found)
 
 
 async def log_page(request: web.Request) -> web.Response:
@@ -389,7 +404,7 @@ async def log_page(request: web.Request) -> web.Response:
     finally:
         tail.close()
     live = before is None and until is None
-    older = batches[-1]["seq"] - 1 if len(batches) == views.PAGE and batches[-1]["seq"] > first else None
+    older = batches[-1].seq - 1 if len(batches) == views.PAGE and batches[-1].seq > first else None
     return _page(request, "log.html", {"title": "Log", "batches": batches, "head": head, "live": live, "older": older, "kinds": filter.types or frozenset(), "keep": LIVE_ROWS})
 
 
@@ -417,7 +432,7 @@ async def log_events(request: web.Request) -> web.StreamResponse:
                     for commit in commits:
                         writes = tail.select(commit)
                         if writes:
-                            data = utf8_safe(json.dumps(_batch(commit, writes)))
+                            data = utf8_safe(json.dumps(msgspec.to_builtins(_batch(commit, writes))))
                             await response.write(f"id: {commit.seq}\nevent: batch\ndata: {data}\n\n".encode())
                     seen = last
                     await asyncio.sleep(0)

@@ -209,3 +209,22 @@ def test_replication_status_keeps_its_keys(tmp_path: Path) -> None:
         ("mode", "str"), *common, ("appliedSeq", "int"), ("streamSeq", "int"), ("lagRecords", "int"), ("lagMs", "float"),
         ("lastError", "null"), ("stopped", "bool"), ("transactions", "int"),
     ]
+
+
+def test_live_log_events_keep_their_keys(store: Path) -> None:
+    """``/log/events``: each batch's ``data:`` line, as the live log page reads it."""
+
+    import urllib.request
+
+    with serve(store) as served:
+        with urllib.request.urlopen(served.url + "/log/events?after=0", timeout=60) as stream:
+            for raw in stream:
+                if raw.startswith(b"data: "):
+                    data = raw[len(b"data: "):].decode().rstrip("\n")
+                    break
+    found = json.loads(data)
+    assert data == json.dumps(found), "json.dumps's spacing, ASCII escapes"
+    assert found["seq"] == 1
+    links = [("text", "str"), ("href", "str")]
+    assert shape(found) == [("seq", "int"), ("when", "str"), ("summary", "str"), ("links", [links] * len(found["links"]))]
+    assert found["links"], "the first batch wrote a record"
