@@ -300,15 +300,15 @@ async def conversation_page(request: web.Request) -> web.Response:
     found = await views.conversation(reader, id, _int(request, "after"), _int(request, "before"))
     if found is None:
         return _missing(request, f"conversation {id}", as_of)
-    times = await timeline.entry_times((await request.app[STORE].storage()).log, reader, found["nodes"])
-    paging = found["paging"]
+    times = await timeline.entry_times((await request.app[STORE].storage()).log, reader, found.nodes)
+    paging = found.paging
     pages = {}
-    if paging["older"] is not None:
+    if paging.older is not None:
         pages["first"] = _link(request, after=None, before=None)
-        pages["prev"] = _link(request, after=None, before=paging["older"])
-    if paging["newer"] is not None:
-        pages["next"] = _link(request, after=paging["newer"], before=None)
-        pages["last"] = _link(request, after=None, before=paging["newest"])
+        pages["prev"] = _link(request, after=None, before=paging.older)
+    if paging.newer is not None:
+        pages["next"] = _link(request, after=paging.newer, before=None)
+        pages["last"] = _link(request, after=None, before=paging.newest)
     context = {"title": f"Conversation {id}", "c": found, "links": pages, "as_of": as_of, "head": head, "times": times}
     return _page(request, "conversation.html", context)
 
@@ -326,6 +326,7 @@ async def document_list(request: web.Request) -> web.Response:
     reader = await request.app[STORE].reader(as_of)
     kind = request.query.get("kind", "").strip() or None
     scope = lists.scope_filter(request.query.get("scope"))
+    page: lists.ListPage | lists.FilteredPage
     if kind is None and scope is None:
         page = await views.documents(reader, _int(request, "after"))
     else:
@@ -352,8 +353,8 @@ async def document_page(request: web.Request) -> web.Response:
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
     if found is None:
         return _missing(request, f"document {id}", as_of)
-    shown, newer, older = lists.version_window(found["versions"], found["picked"], _int(request, "versions"))
-    window = {"shown": shown, "newer": newer, "older": older, "total": len(found["versions"])}
+    shown, newer, older = lists.version_window(found.versions, found.picked, _int(request, "versions"))
+    window = {"shown": shown, "newer": newer, "older": older, "total": len(found.versions)}
     return _page(request, "document.html", {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head, "window": window})
 
 
