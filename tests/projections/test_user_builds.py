@@ -247,6 +247,11 @@ async def test_retry_resumes_a_fixed_fold_from_the_record_it_stopped_at(tmp_path
     assert listed.returncode == 0, listed.stderr
     info = json.loads(listed.stdout)["flaky"]
     assert info["state"] == "failed" and info["building"]["failedSeq"] == 7 and info["version"] == 1
+    assert list(info) == ["version", "foldedSeq", "lag", "state", "failedSeq", "error", "building"]
+    assert list(info["building"]) == ["version", "foldedSeq", "lag", "rate", "eta", "failedSeq", "error"]
+    shown = subprocess.run([*CLI, "stats", str(path), "--json"], capture_output=True, text=True, cwd=ROOT)
+    build = json.loads(shown.stdout)["projections"]["user"]["flaky"]["building"]
+    assert list(build) == ["version", "foldedSeq", "rate", "failedSeq", "error"] and build["failedSeq"] == 7, build
     cleared = subprocess.run([*CLI, "projections", "retry", str(path), "flaky"], capture_output=True, text=True, cwd=ROOT)
     assert cleared.returncode == 0 and "cleared the failure" in cleared.stdout and "sequence 7" in cleared.stdout, cleared
     FlakyV2.broken = False
