@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-from pi_durable.types import ConversationId, DocumentId
+from pi_durable.types import ConversationId, DocumentId, Seq
 
 from ..errors import BadQueryError
 from ..projections import StorageRequestError
@@ -337,14 +337,24 @@ async def documents(reader: StorageReads, after: int | None) -> ListPage:
     return ListPage(items=page["items"], after=page["next"]["after"] if "next" in page else None)
 
 
+class Version(msgspec.Struct, frozen=True):
+    """A stored version of a document as its page lists it: numbered from 1, oldest first."""
+
+    number: int
+    seq: Seq
+    version: int
+    kind: str
+    body: Any
+
+
 class DocumentView(msgspec.Struct, frozen=True):
     """A document's page at a point: its record, its versions up to the point (numbered), the
     one in force then (``picked``), its value (``shown``) and the one before (``previous``), the
     change between them, why a past value is missing (``error``), and the point (``at``)."""
 
     record: Any
-    versions: list[Any]
-    picked: Any
+    versions: list[Version]
+    picked: Version | None
     shown: Any
     previous: Any
     diff: Any
@@ -364,17 +374,16 @@ async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_o
     record = next((item for item in page["items"] if item["id"] == id), None)
     if record is None:
         return None
-    versions = [row for row in await storage.document_revisions(id) if row["seq"] <= at]
-    for index, row in enumerate(versions, 1):
-        row["number"] = index
+    stored = [row for row in await storage.document_revisions(id) if row.seq <= at]
+    versions = [Version(number=index, seq=row.seq, version=row.version, kind=row.kind, body=row.body) for index, row in enumerate(stored, 1)]
     picked = versions[-1] if versions else None  # the version in force at the point
     shown, before, error = None, None, None
     if picked is not None:
         try:
-            shown = await storage.document(id, picked["seq"], CTX)
+            shown = await storage.document(id, picked.seq, CTX)
             index = versions.index(picked)
             if index > 0:
-                before = await storage.document(id, versions[index - 1]["seq"], CTX)
+                before = await storage.document(id, versions[index - 1].seq, CTX)
         except StorageRequestError as refused:  # a current-only document keeps no past values
             error = str(refused)
     if shown is None and as_of is None:
