@@ -21,47 +21,49 @@ class LeaseStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     lost: str | None
 
 
-class ShipperStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """An async shipper (``durability="power"`` or ``"process"`` with a stream): the log
-    sequence the stream holds, how far the store's commits are ahead of it, the last error, and
-    ``stopped`` once a record can never be shipped."""
+class _Status(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What every mode reports first: the mode, and the stream and subject the store is on."""
 
-    mode: Literal["async"] = "async"
+    mode: str
     stream: str
     subject: str
+
+
+class _Shipped(_Status, frozen=True, kw_only=True):
+    """A writer's side: the log sequence the stream holds and how far the store's commits are
+    ahead of it (records, and milliseconds since the oldest one not shipped), the last error."""
+
     shipped_seq: int
     lag_records: int
     lag_ms: float
     last_error: str | None
+
+
+class ShipperStatus(_Shipped, frozen=True, kw_only=True):
+    """An async shipper (``durability="power"`` or ``"process"`` with a stream); ``stopped``
+    once a record can never be shipped, ``errors``: shipping attempts that failed (each retried)."""
+
+    mode: Literal["async"] = "async"
     stopped: bool
     errors: int
-    """Shipping attempts that failed (each retried)."""
 
 
-class WriterStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class WriterStatus(_Shipped, frozen=True, kw_only=True):
     """A replicated writer: every acknowledged commit is on the stream (no lag); its epoch, its
     lease (``None`` without one) and ``failed``: why it stopped writing, if it did."""
 
     mode: Literal["replicated"] = "replicated"
-    stream: str
-    subject: str
-    shipped_seq: int
-    lag_records: int
-    lag_ms: float
-    last_error: str | None
     epoch: int
     lease: LeaseStatus | None
     failed: str | None
 
 
-class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ReplicaStatus(_Status, frozen=True, kw_only=True):
     """A replica following the stream: the log sequence and stream message it applied, the
     records still to take in, the last error, ``stopped`` once it stopped for good, and the
     write transactions it has made."""
 
     mode: Literal["replica"] = "replica"
-    stream: str
-    subject: str
     applied_seq: int
     stream_seq: int
     lag_records: int
