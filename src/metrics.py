@@ -12,12 +12,14 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from msgspec import UNSET
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .log.counters import Histogram
-from .audit.stats import stats
+from .log.stream.status import ReplicaStatus, ReplicationStatus, ShipperStatus, WriterStatus
+from .audit.stats import Stats, stats
 
 PREFIX = "pi_durable_lmdb"
 
@@ -45,42 +47,41 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
 
-def _families(info: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
-    head = int(info["headSeq"])
+def _families(info: Stats) -> Iterator[GaugeMetricFamily]:
+    head = info.head_seq
     yield _gauge("log_head_seq", "Sequence of the newest record in the write log", head)
-    yield _gauge("log_records", "Records held in the write log", int(info["records"]))
-    yield _gauge("store_bytes", "Bytes of the store's data file", int(info["fileBytes"]))
-    yield _gauge("log_bytes", "Bytes used by the write log", int(info["logBytes"]))
-    tree = info.get("tree")
-    if tree is not None:
-        yield _gauge("log_tree_size", "Records in the log's Merkle tree (its size, as a checkpoint names it)", int(tree["size"]))
-        yield _gauge(
-            "log_tree_stored_leaves", "Records whose hashes the stored tree holds (the rest are hashed from the log when read)",
-            int(tree["storedLeaves"]),
-        )
+    yield _gauge("log_records", "Records held in the write log", info.records)
+    yield _gauge("store_bytes", "Bytes of the store's data file", info.file_bytes)
+    yield _gauge("log_bytes", "Bytes used by the write log", info.log_bytes)
+    tree = info.tree
+    yield _gauge("log_tree_size", "Records in the log's Merkle tree (its size, as a checkpoint names it)", tree.size)
+    yield _gauge(
+        "log_tree_stored_leaves", "Records whose hashes the stored tree holds (the rest are hashed from the log when read)",
+        tree.stored_leaves,
+    )
     lag = GaugeMetricFamily(
         f"{PREFIX}_projection_lag_records", "Records of the log not yet folded by a projection", labels=["projection"]
     )
-    core = info["projections"]["core"]["foldedSeq"]
-    lag.add_metric(["core"], head - int(core or 0))
+    core = info.projections.core.folded_seq
+    lag.add_metric(["core"], head - (core or 0))
     building = GaugeMetricFamily(
         f"{PREFIX}_projection_build_lag_records",
         "Records of the log a user projection's version being built has not folded yet",
         labels=["projection", "version"],
     )
-    for name, status in info["projections"]["user"].items():
-        lag.add_metric([name], head - int(status["foldedSeq"] or 0))
-        build = status.get("building")
+    for name, status in info.projections.user.items():
+        lag.add_metric([name], head - (status.folded_seq or 0))
+        build = status.building
         if build is not None:
-            building.add_metric([name, str(build["version"])], max(0, head - int(build["foldedSeq"])))
+            building.add_metric([name, str(build.version)], max(0, head - build.folded_seq))
     yield lag
     yield building
-    replication = info.get("replication")
-    if replication is not None:
+    replication = info.replication
+    if replication is not UNSET:
         yield _gauge(
-            "replication_stream_seq", "Stream sequence of the last record shipped or applied", replication["streamSeq"]
+            "replication_stream_seq", "Stream sequence of the last record shipped or applied", replication.stream_seq
         )
-        yield _gauge("lease_epoch", "Lease epoch recorded with the stream position", replication["epoch"])
+        yield _gauge("lease_epoch", "Lease epoch recorded with the stream position", replication.epoch)
 
 
 def register_path(path: str | os.PathLike[str], registry: CollectorRegistry | None = None) -> StoreCollector:
@@ -109,20 +110,21 @@ class HandleCollector(Collector):
         replication = self.storage.replication
         if replication is None:
             return
-        status = replication.status()
-        if "shippedSeq" in status:
-            yield _gauge("replication_shipped_seq", "Log sequence the stream holds (shipped, or published)", status["shippedSeq"])
-        if "appliedSeq" in status:
-            yield _gauge("replica_applied_seq", "Log sequence this replica took in", status["appliedSeq"])
-        yield _gauge("replication_lag_records", "Records the stream and this store differ by", status.get("lagRecords", 0))
-        yield _gauge("replication_stopped", "1 when shipping or following stopped for good", 1 if status.get("stopped") or status.get("failed") else 0)
+        status: ReplicationStatus = replication.status()
+        if isinstance(status, ReplicaStatus):
+            yield _gauge("replica_applied_seq", "Log sequence this replica took in", status.applied_seq)
+        else:
+            yield _gauge("replication_shipped_seq", "Log sequence the stream holds (shipped, or published)", status.shipped_seq)
+        yield _gauge("replication_lag_records", "Records the stream and this store differ by", status.lag_records)
+        stopped = status.failed is not None if isinstance(status, WriterStatus) else status.stopped
+        yield _gauge("replication_stopped", "1 when shipping or following stopped for good", 1 if stopped else 0)
         errors = CounterMetricFamily(f"{PREFIX}_shipping_errors", "Shipping attempts that failed (each retried)")
-        errors.add_metric([], status.get("errors", 0))
+        errors.add_metric([], status.errors if isinstance(status, ShipperStatus) else 0)
         yield errors
-        lease = status.get("lease")
+        lease = status.lease if isinstance(status, WriterStatus) else None
         if lease is not None:
-            yield _gauge("lease_held", "1 while this process holds the store's writer lease", 0 if lease["lost"] else 1)
-            yield _gauge("lease_holder_epoch", "Epoch of this process's lease", lease["epoch"])
+            yield _gauge("lease_held", "1 while this process holds the store's writer lease", 0 if lease.lost else 1)
+            yield _gauge("lease_holder_epoch", "Epoch of this process's lease", lease.epoch)
 
 
 def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:

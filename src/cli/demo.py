@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+import msgspec
 from ..storage.lmdb_storage import LmdbStorage
 from ..audit.stats import format_stats, refuse_foreign_files, stats
 from ..audit.tail import Tail, summarize
@@ -58,7 +59,26 @@ def _definitions() -> tuple[Any, Any, Any]:
     return notes, settings, answer
 
 
-async def run_workload(path: str) -> dict[str, Any]:
+class DemoRun(msgspec.Struct, frozen=True):
+    """What one run of the demo's workload wrote and read back: the root and fork conversation
+    ids, the commits it made and the seconds they took, the answers the root's notes, the fork's
+    copy and the notes three commits in hold, the entries the fork sees, the log's head, the
+    notes document's id and the sequence of that first turn."""
+
+    root: int
+    fork: int
+    commits: int
+    elapsed: float
+    root_answers: int
+    fork_answers: int
+    fork_entries: int
+    past_answers: int | None
+    head: int
+    notes: int
+    first_turn: int
+
+
+async def run_workload(path: str) -> DemoRun:
     """Conversations, turns with entries, tasks and document updates, a fork, a reopen."""
 
     from pi_durable import create_session
@@ -124,19 +144,19 @@ async def run_workload(path: str) -> dict[str, Any]:
     finally:
         await session.close(ctx)
         await storage.close()
-    return {
-        "root": root["id"],
-        "fork": fork["id"],
-        "commits": head - commits_before,
-        "elapsed": elapsed,
-        "root_answers": _items(root_notes, "answers"),
-        "fork_answers": _items(fork_notes, "answers"),
-        "fork_entries": len(page["items"]),
-        "past_answers": None if past is None else _items(past["value"], "answers"),
-        "head": head,
-        "notes": notes_id,
-        "first_turn": commits_before + 3,
-    }
+    return DemoRun(
+        root=root["id"],
+        fork=fork["id"],
+        commits=head - commits_before,
+        elapsed=elapsed,
+        root_answers=_items(root_notes, "answers"),
+        fork_answers=_items(fork_notes, "answers"),
+        fork_entries=len(page["items"]),
+        past_answers=None if past is None else _items(past["value"], "answers"),
+        head=head,
+        notes=notes_id,
+        first_turn=commits_before + 3,
+    )
 
 
 def _count(n: int | None, one: str, many: str) -> str:
@@ -155,16 +175,16 @@ def main(path: str | None) -> int:
     print(f"Running a small agent host on the embedded store at {os.path.abspath(path)} ...\n")
     result = asyncio.run(run_workload(path))
     print(
-        f"Wrote {_count(result['commits'], 'commit', 'commits')} in {result['elapsed'] * 1000:.0f} ms through a pi-durable Session\n"
+        f"Wrote {_count(result.commits, 'commit', 'commits')} in {result.elapsed * 1000:.0f} ms through a pi-durable Session\n"
         f"(durability 'power', the default: each commit synced to disk before it returns):\n"
-        f"  - conversation {result['root']}: {len(QUESTIONS)} questions and answers (entries), one task per\n"
+        f"  - conversation {result.root}: {len(QUESTIONS)} questions and answers (entries), one task per\n"
         f"    question created and settled, a rewindable 'notes' document updated every turn\n"
-        f"    ({result['root_answers']} answers now) and a session-wide 'settings' document;\n"
-        f"  - conversation {result['fork']}: a fork after the first question; through its parent it "
-        f"sees {_count(result['fork_entries'], 'entry', 'entries')},\n"
-        f"    and its copy of 'notes' was taken as of the fork point ({result['fork_answers']} answers);\n"
+        f"    ({result.root_answers} answers now) and a session-wide 'settings' document;\n"
+        f"  - conversation {result.fork}: a fork after the first question; through its parent it "
+        f"sees {_count(result.fork_entries, 'entry', 'entries')},\n"
+        f"    and its copy of 'notes' was taken as of the fork point ({result.fork_answers} answers);\n"
         f"  - the Session was closed and the store reopened: everything above was read back from disk;\n"
-        f"  - as_of(): three commits into this run, the notes held {_count(result['past_answers'], 'answer', 'answers')}.\n"
+        f"  - as_of(): three commits into this run, the notes held {_count(result.past_answers, 'answer', 'answers')}.\n"
     )
     print("durable-log stats:\n")
     print(format_stats(stats(path)))
@@ -183,7 +203,7 @@ def main(path: str | None) -> int:
         f"  durable-log tail {path} --follow          # watch commits live, from another terminal\n"
         f"  durable-log tail {path} --from 1 --json --type document.change\n"
         f"  durable-log verify {path}                 # re-fold the log and compare every projection\n"
-        f"  durable-log show {path} document {result['notes']} --as-of {result['first_turn']}"
+        f"  durable-log show {path} document {result.notes} --as-of {result.first_turn}"
         f"   # the notes as they were, by sequence or time\n"
         f"  durable-log export {path} > log.jsonl && durable-log import log.jsonl copy-store\n"
         f"  durable-log rebuild {path}                # rebuild projections beside the live ones\n"

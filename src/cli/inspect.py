@@ -11,6 +11,7 @@ import sys
 from typing import Any, Final
 
 import lmdb
+import msgspec
 
 from ..errors import LogError
 from ..log.environment import check_store_id
@@ -83,9 +84,9 @@ def _stats(args: argparse.Namespace) -> int:
         raise usage("--nats and --stream go together")
     info = stats(args.path)
     if args.nats is not None:
-        info["lease"] = asyncio.run(lease_of(args.nats, args.stream, info.get("storeId")))
+        info = msgspec.structs.replace(info, lease=asyncio.run(lease_of(args.nats, args.stream, info.store_id)))
     if args.json:
-        print_json(info)
+        print_json(msgspec.to_builtins(info))
     else:
         print(format_stats(info))
     return EXIT_OK

@@ -171,10 +171,10 @@ async def _keep_replica(args: argparse.Namespace) -> int:
     def status() -> str:
         now = follower.status()
         text = (
-            f"applied sequence {now['appliedSeq']} (stream message {now['streamSeq']}), "
-            f"lag {plural(now['lagRecords'], 'record')}, {now['lagMs'] / 1000:.1f} s"
+            f"applied sequence {now.applied_seq} (stream message {now.stream_seq}), "
+            f"lag {plural(now.lag_records, 'record')}, {now.lag_ms / 1000:.1f} s"
         )
-        return text + (f"; last error: {now['lastError']}" if now["lastError"] else "")
+        return text + (f"; last error: {now.last_error}" if now.last_error else "")
 
     try:
         say(f"store {args.store}, following subject {follower.subject}; Ctrl-C or SIGTERM stops")

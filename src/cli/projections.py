@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
+
+import msgspec
 
 from ..projections.userstate import ProjectionStatus
 from ..audit.stats import projection_statuses, require_store
@@ -52,7 +53,7 @@ def _projections(args: argparse.Namespace) -> int:
         return _follow(path)
     statuses = projection_statuses(path)
     if args.json:
-        print_json({name: as_json(status) for name, status in statuses.items()})
+        print_json(msgspec.to_builtins({name: as_json(status) for name, status in statuses.items()}))
     elif not statuses:
         print(f"{path}: no user projections")
     else:
@@ -61,25 +62,49 @@ def _projections(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def as_json(status: ProjectionStatus) -> dict[str, Any]:
+class ListedBuild(msgspec.Struct, frozen=True, rename="camel"):
+    """A version being built, as ``projections --json`` lists it: its lag behind the head it saw."""
+
+    version: int
+    folded_seq: int
+    lag: int
+    rate: float
+    eta: float | None
+    failed_seq: int | None
+    error: str | None
+
+
+class ListedProjection(msgspec.Struct, frozen=True, rename="camel"):
+    """One user projection as ``projections --json`` lists it."""
+
+    version: int
+    folded_seq: int
+    lag: int
+    state: str
+    failed_seq: int | None
+    error: str | None
+    building: ListedBuild | None
+
+
+def as_json(status: ProjectionStatus) -> ListedProjection:
     build = status.building
-    return {
-        "version": status.version,
-        "foldedSeq": status.folded_seq,
-        "lag": status.lag,
-        "state": status.state,
-        "failedSeq": status.failed_seq,
-        "error": status.error,
-        "building": None if build is None else {
-            "version": build.version,
-            "foldedSeq": build.folded_seq,
-            "lag": max(0, build.head - build.folded_seq),
-            "rate": build.rate,
-            "eta": build.eta,
-            "failedSeq": build.failed_seq,
-            "error": build.error,
-        },
-    }
+    return ListedProjection(
+        version=status.version,
+        folded_seq=status.folded_seq,
+        lag=status.lag,
+        state=status.state,
+        failed_seq=status.failed_seq,
+        error=status.error,
+        building=None if build is None else ListedBuild(
+            version=build.version,
+            folded_seq=build.folded_seq,
+            lag=max(0, build.head - build.folded_seq),
+            rate=build.rate,
+            eta=build.eta,
+            failed_seq=build.failed_seq,
+            error=build.error,
+        ),
+    )
 
 
 def describe(name: str, status: ProjectionStatus) -> str:

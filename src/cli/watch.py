@@ -5,25 +5,27 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TextIO
 
-from ..audit.stats import stats
+from msgspec import UNSET
+
+from ..audit.stats import Stats, stats
 
 
-def fold_lag(info: dict[str, Any]) -> int:
+def fold_lag(info: Stats) -> int:
     """Records of the log that the slowest projection has not folded yet."""
-    head = int(info["headSeq"])
-    folded = [info["projections"]["core"]["foldedSeq"] or 0]
-    folded += [status["foldedSeq"] or 0 for status in info["projections"]["user"].values()]
-    return head - min(int(seq) for seq in folded)
+    head = info.head_seq
+    folded = [info.projections.core.folded_seq or 0]
+    folded += [status.folded_seq or 0 for status in info.projections.user.values()]
+    return head - min(folded)
 
 
-def rate_line(before: dict[str, Any], after: dict[str, Any], seconds: float) -> str:
-    commits = (int(after["headSeq"]) - int(before["headSeq"])) / seconds if seconds > 0 else 0.0
-    line = f"head {after['headSeq']}  {commits:.1f} commits/s  fold lag {fold_lag(after)}"
-    replication = after.get("replication")
-    if replication is not None:
-        line += f"  replicated to seq {replication['seq']} (lag {int(after['headSeq']) - int(replication['seq'])})"
+def rate_line(before: Stats, after: Stats, seconds: float) -> str:
+    commits = (after.head_seq - before.head_seq) / seconds if seconds > 0 else 0.0
+    line = f"head {after.head_seq}  {commits:.1f} commits/s  fold lag {fold_lag(after)}"
+    replication = after.replication
+    if replication is not UNSET:
+        line += f"  replicated to seq {replication.seq} (lag {after.head_seq - replication.seq})"
     return line
 
 

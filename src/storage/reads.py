@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, cast, overload
 
+import msgspec
 from pi_durable.context import Context
 from pi_durable.types import (
     ConversationId,
@@ -298,15 +299,25 @@ class StorageReads:
             records = self._model.scan_table(txn, t.DOCUMENTS, None, b"", after, False)
             return cast("Page[DocumentRecord, Cursor]", take_page(records, limit, "ascending", None))
 
-    async def document_revisions(self, id: DocumentId) -> list[dict[str, Any]]:
-        """The stored versions of one incarnation, oldest first: ``{seq, version, kind, body}``
-        (``kind`` "base": ``body`` is the value; "delta": the ops applied to the version before)."""
+    async def document_revisions(self, id: DocumentId) -> list[DocumentRevision]:
+        """The stored versions of one incarnation, oldest first."""
 
         with self._read() as txn:
             return [
-                {"seq": seq, "version": revision.version, "kind": revision.kind, "body": revision.body}
+                DocumentRevision(seq=Seq(seq), version=revision.version, kind=revision.kind, body=revision.body)
                 for seq, revision in self._model.revisions(txn, id)
             ]
+
+
+class DocumentRevision(msgspec.Struct, frozen=True):
+    """One stored version of a document incarnation: the log sequence that wrote it, the
+    document definition's version, and ``kind`` "base" (``body`` is the value) or "delta"
+    (``body``: the ops applied to the version before)."""
+
+    seq: Seq
+    version: int
+    kind: str
+    body: Any
 
 
 def positive_id(value: Any) -> int:

@@ -24,6 +24,7 @@ from ..log.stream.link import StreamLink
 from ..log.stream.message import RawMessage, StreamMessage, parse_message, subject_of
 from ..log.stream.position import StreamPosition
 from ..projections import Projector
+from ..log.stream.status import ReplicaStatus
 
 APPLY_CHUNK: Final = 1024
 """Messages taken in per LMDB transaction at most while following."""
@@ -256,24 +257,23 @@ class Follower:
                 )
             await log.wait_commit(0.05)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ReplicaStatus:
         head = self.storage.log.head()
         last = self.storage.log.get(head) if head else None
         lag_ms = 0.0
         if self.pending and last is not None:
             lag_ms = max(0.0, time.time() * 1000 - last.committed_at)
-        return {
-            "mode": "replica",
-            "stream": self.link.stream,
-            "subject": self.subject,
-            "appliedSeq": head,
-            "streamSeq": self.stream_seq,
-            "lagRecords": self.pending,
-            "lagMs": lag_ms,
-            "lastError": self.last_error or self.link.last_error,
-            "stopped": self.error is not None,
-            "transactions": self.transactions,
-        }
+        return ReplicaStatus(
+            stream=self.link.stream,
+            subject=self.subject,
+            applied_seq=head,
+            stream_seq=self.stream_seq,
+            lag_records=self.pending,
+            lag_ms=lag_ms,
+            last_error=self.last_error or self.link.last_error,
+            stopped=self.error is not None,
+            transactions=self.transactions,
+        )
 
     def stop(self) -> None:
         self._stopping = True

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ..audit.jsonlines import to_json
 from ..audit.show import SHOW_KINDS, show
-from ..audit.stats import format_stats, stats
+from ..audit.stats import UserBuild, format_stats, stats
 from ..audit.tail import Tail, TailFilter, commit_to_builtins, summarize
 from ..audit.transparency import verify_trusted
 from ..audit.verify import last_outcome
@@ -221,9 +221,10 @@ async def _no_icon(request: web.Request) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     from .health import health
 
-    ok, body = await health(request.app[STORE].path, request.app[OPTIONS])
+    ok, found = await health(request.app[STORE].path, request.app[OPTIONS])
+    body = msgspec.to_builtins(found)
     if not request["authorized"]:
-        body = {"status": body["status"]}  # a probe without the token learns only this
+        body = {"status": found.status}  # a probe without the token learns only this
     return web.json_response(body, status=200 if ok else 503, dumps=lambda value: utf8_safe(json.dumps(value)))
 
 
@@ -240,9 +241,9 @@ async def metrics(request: web.Request) -> web.Response:
 async def overview(request: web.Request) -> web.Response:
     store = request.app[STORE]
     info = stats(store.path)
-    head = int(info["headSeq"])
-    projections = [("core", info["projections"]["core"]["foldedSeq"], None, None, None)]
-    projections += [(name, user["foldedSeq"], user["failedSeq"], user["error"], user.get("building")) for name, user in info["projections"]["user"].items()]
+    head = info.head_seq
+    projections: list[tuple[str, int | None, int | None, str | None, UserBuild | None]] = [("core", info.projections.core.folded_seq, None, None, None)]
+    projections += [(name, user.folded_seq, user.failed_seq, user.error, user.building) for name, user in info.projections.user.items()]
     rows = [(name, folded, head - int(folded or 0), failed, error, build) for name, folded, failed, error, build in projections]
     verified = last_outcome(store.path)
     drawn = chart.draw((await store.storage()).log)
@@ -276,7 +277,7 @@ async def audit_page(request: web.Request) -> web.Response:
     elif note.strip() or vkey:
         error = "paste both the signed checkpoint and the verifier key"
     return _page(
-        request, "audit.html", {"title": "Audit", "tree": info["tree"], "note": note, "vkey": vkey, "report": report, "error": error}
+        request, "audit.html", {"title": "Audit", "tree": info.tree, "note": note, "vkey": vkey, "report": report, "error": error}
     )
 
 
@@ -299,15 +300,15 @@ async def conversation_page(request: web.Request) -> web.Response:
     found = await views.conversation(reader, id, _int(request, "after"), _int(request, "before"))
     if found is None:
         return _missing(request, f"conversation {id}", as_of)
-    times = await timeline.entry_times((await request.app[STORE].storage()).log, reader, found["nodes"])
-    paging = found["paging"]
+    times = await timeline.entry_times((await request.app[STORE].storage()).log, reader, found.nodes)
+    paging = found.paging
     pages = {}
-    if paging["older"] is not None:
+    if paging.older is not None:
         pages["first"] = _link(request, after=None, before=None)
-        pages["prev"] = _link(request, after=None, before=paging["older"])
-    if paging["newer"] is not None:
-        pages["next"] = _link(request, after=paging["newer"], before=None)
-        pages["last"] = _link(request, after=None, before=paging["newest"])
+        pages["prev"] = _link(request, after=None, before=paging.older)
+    if paging.newer is not None:
+        pages["next"] = _link(request, after=paging.newer, before=None)
+        pages["last"] = _link(request, after=None, before=paging.newest)
     context = {"title": f"Conversation {id}", "c": found, "links": pages, "as_of": as_of, "head": head, "times": times}
     return _page(request, "conversation.html", context)
 
@@ -325,6 +326,7 @@ async def document_list(request: web.Request) -> web.Response:
     reader = await request.app[STORE].reader(as_of)
     kind = request.query.get("kind", "").strip() or None
     scope = lists.scope_filter(request.query.get("scope"))
+    page: lists.ListPage | lists.FilteredPage
     if kind is None and scope is None:
         page = await views.documents(reader, _int(request, "after"))
     else:
@@ -351,8 +353,8 @@ async def document_page(request: web.Request) -> web.Response:
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
     if found is None:
         return _missing(request, f"document {id}", as_of)
-    shown, newer, older = lists.version_window(found["versions"], found["picked"], _int(request, "versions"))
-    window = {"shown": shown, "newer": newer, "older": older, "total": len(found["versions"])}
+    shown, newer, older = lists.version_window(found.versions, found.picked, _int(request, "versions"))
+    window = {"shown": shown, "newer": newer, "older": older, "total": len(found.versions)}
     return _page(request, "document.html", {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head, "window": window})
 
 
@@ -369,10 +371,25 @@ def _times(request: web.Request) -> tuple[int | None, int | None]:
     return parameter(request.query, "since"), parameter(request.query, "until")
 
 
-def _batch(commit: Any, writes: list[Any]) -> dict[str, Any]:
+class BatchLink(msgspec.Struct, frozen=True):
+    text: str
+    href: str
+
+
+class BatchRow(msgspec.Struct, frozen=True):
+    """One batch as the log page lists it and ``/log/events`` sends it (as JSON): its sequence,
+    time, ``tail`` line and a link to each record it wrote."""
+
+    seq: int
+    when: str
+    summary: str
+    links: list[BatchLink]
+
+
+def _batch(commit: Any, writes: list[Any]) -> BatchRow:
     summary = summarize(commit, writes).split("Z  ", 1)[-1]  # the line of ``tail``, after its time
-    found = [{"text": link.text, "href": link.href} for link in links.of_writes(commit.seq, writes)]
-    return {"seq": commit.seq, "when": _when(commit.committed_at), "summary": plain(summary), "links": found}
+    found = [BatchLink(text=link.text, href=link.href) for link in links.of_writes(commit.seq, writes)]
+    return BatchRow(seq=commit.seq, when=_when(commit.committed_at), summary=plain(summary), links=found)
 
 
 async def log_page(request: web.Request) -> web.Response:
@@ -388,7 +405,7 @@ async def log_page(request: web.Request) -> web.Response:
     finally:
         tail.close()
     live = before is None and until is None
-    older = batches[-1]["seq"] - 1 if len(batches) == views.PAGE and batches[-1]["seq"] > first else None
+    older = batches[-1].seq - 1 if len(batches) == views.PAGE and batches[-1].seq > first else None
     return _page(request, "log.html", {"title": "Log", "batches": batches, "head": head, "live": live, "older": older, "kinds": filter.types or frozenset(), "keep": LIVE_ROWS})
 
 
@@ -416,7 +433,7 @@ async def log_events(request: web.Request) -> web.StreamResponse:
                     for commit in commits:
                         writes = tail.select(commit)
                         if writes:
-                            data = utf8_safe(json.dumps(_batch(commit, writes)))
+                            data = utf8_safe(json.dumps(msgspec.to_builtins(_batch(commit, writes))))
                             await response.write(f"id: {commit.seq}\nevent: batch\ndata: {data}\n\n".encode())
                     seen = last
                     await asyncio.sleep(0)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
+import msgspec
+from msgspec import UNSET, UnsetType
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from ..metrics import PREFIX, register_path
-from ..audit.stats import lease_of, stats
+from ..audit.stats import LeaseHolder, lease_of, stats
 from ..audit.tail import open_stream
 
 DEFAULT_MAX_LAG: Final = 1000
@@ -32,38 +34,55 @@ async def stream_head(nats: str, stream: str, store: str | None) -> int | None:
         await asyncio.to_thread(link.close)
 
 
-async def health(path: str, options: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+class StreamLag(msgspec.Struct, frozen=True, rename="camel"):
+    """The store's last record on its stream, and how many records the store lacks."""
+
+    head_seq: int | None
+    lag_records: int
+
+
+class Health(msgspec.Struct, frozen=True, rename="camel"):
+    """The body of ``/healthz``: ``status`` (``ok``, ``stale``, ``unavailable``) and what backs
+    it; a field left ``UNSET`` is not written."""
+
+    status: str
+    head_seq: int | UnsetType = UNSET
+    store_id: str | None | UnsetType = UNSET
+    warnings: list[str] | UnsetType = UNSET
+    stream: StreamLag | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+
+
+async def health(path: str, options: dict[str, Any]) -> tuple[bool, Health]:
     """``(healthy, body)``: healthy while the store opens and reads and (with a stream) is no more
     than ``max_lag`` records behind it; the body says why not, and what else is wrong."""
 
     try:
         info = await asyncio.to_thread(stats, path)
     except Exception as error:  # damaged, missing, unreadable: what /healthz is for
-        return False, {"status": "unavailable", "reason": f"{type(error).__name__}: {error}"}
-    head = int(info["headSeq"])
-    body: dict[str, Any] = {"status": "ok", "headSeq": head, "storeId": info["storeId"]}
+        return False, Health(status="unavailable", reason=f"{type(error).__name__}: {error}")
+    head = info.head_seq
     warnings = [
-        f"projection {name} stopped at sequence {user['failedSeq']}: {user['error']}"
-        for name, user in info["projections"]["user"].items()
-        if user["error"] is not None
+        f"projection {name} stopped at sequence {user.failed_seq}: {user.error}"
+        for name, user in info.projections.user.items()
+        if user.error is not None
     ]
-    if "shipping" in info:
-        warnings.append(f"shipping stopped: {info['shipping']['reason']}")
-    if warnings:
-        body["warnings"] = warnings
+    if info.shipping is not UNSET:
+        warnings.append(f"shipping stopped: {info.shipping.reason}")
+    body = Health(status="ok", head_seq=head, store_id=info.store_id, warnings=warnings or UNSET)
     if options.get("nats") is None:
         return True, body
     try:
-        last = await stream_head(options["nats"], options["stream"], info["storeId"])
+        last = await stream_head(options["nats"], options["stream"], info.store_id)
     except Exception as error:
-        body.update(status="unavailable", reason=f"stream {options['stream']!r} cannot be read: {type(error).__name__}: {error}")
-        return False, body
+        reason = f"stream {options['stream']!r} cannot be read: {type(error).__name__}: {error}"
+        return False, msgspec.structs.replace(body, status="unavailable", reason=reason)
     lag = 0 if last is None else max(0, last - head)
-    body["stream"] = {"headSeq": last, "lagRecords": lag}
+    body = msgspec.structs.replace(body, stream=StreamLag(head_seq=last, lag_records=lag))
     max_lag = DEFAULT_MAX_LAG if options.get("max_lag") is None else int(options["max_lag"])
     if lag > max_lag:
-        body.update(status="stale", reason=f"the store is {lag} records behind stream {options['stream']!r} (more than {max_lag})")
-        return False, body
+        reason = f"the store is {lag} records behind stream {options['stream']!r} (more than {max_lag})"
+        return False, msgspec.structs.replace(body, status="stale", reason=reason)
     return True, body
 
 
@@ -87,7 +106,7 @@ class _StreamCollector:
         up = GaugeMetricFamily(f"{PREFIX}_stream_up", "1 while the stream that carries the log answers")
         try:
             info = stats(self.path)
-            store = info["storeId"]
+            store = info.store_id
             last, lease = asyncio.run(self._read(store))
         except Exception:
             up.add_metric([], 0)
@@ -95,13 +114,13 @@ class _StreamCollector:
             return
         up.add_metric([], 1)
         yield up
-        head = int(info["headSeq"])
+        head = info.head_seq
         yield GaugeMetricFamily(f"{PREFIX}_stream_head_seq", "Log sequence of the store's last record on the stream", value=last or 0)
         yield GaugeMetricFamily(
             f"{PREFIX}_replication_lag_records", "Records on the stream the store does not hold yet", value=max(0, (last or 0) - head)
         )
         if lease is not None:
-            yield GaugeMetricFamily(f"{PREFIX}_stream_lease_epoch", "Epoch of the store's writer lease on the stream", value=lease["epoch"])
+            yield GaugeMetricFamily(f"{PREFIX}_stream_lease_epoch", "Epoch of the store's writer lease on the stream", value=lease.epoch)
 
-    async def _read(self, store: str | None) -> tuple[int | None, dict[str, Any] | None]:
+    async def _read(self, store: str | None) -> tuple[int | None, LeaseHolder | None]:
         return await stream_head(self.nats, self.stream, store), await lease_of(self.nats, self.stream, store)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from ..errors import BadQueryError
@@ -20,6 +21,23 @@ SCAN_CAP: Final = 5000
 """Documents looked at to fill one filtered page."""
 VERSIONS: Final = 40
 """Versions of a document listed at once (the rest: paged)."""
+
+
+class ListPage(msgspec.Struct, frozen=True):
+    """A page of a list (rows as the store reads them) and the id the next page starts after
+    (the contract's cursor value; None: this is the last)."""
+
+    items: list[Any]
+    after: Any
+
+
+class FilteredPage(msgspec.Struct, frozen=True):
+    """A page of filtered documents; ``stopped``: the scan stopped before filling the page
+    (``after`` is where the next one goes on)."""
+
+    items: list[Any]
+    after: int | None
+    stopped: bool
 
 
 def status_of(text: str | None) -> str | None:
@@ -45,7 +63,7 @@ async def task_facets(reader: StorageReads, kind: str | None) -> list[tuple[str,
     return found
 
 
-async def tasks(reader: StorageReads, status: str | None, kind: str | None, after: int | None) -> dict[str, Any]:
+async def tasks(reader: StorageReads, status: str | None, kind: str | None, after: int | None) -> ListPage:
     query: dict[str, Any] = {}
     if status:
         query["status"] = status
@@ -53,7 +71,7 @@ async def tasks(reader: StorageReads, status: str | None, kind: str | None, afte
         query["kind"] = kind
     cursor = None if after is None else {"after": after, "order": "ascending"}
     page = await reader.scan_tasks(query, PAGE, cursor, CTX)  # type: ignore[arg-type]
-    return {"items": page["items"], "after": page["next"]["after"] if "next" in page else None}
+    return ListPage(items=page["items"], after=page["next"]["after"] if "next" in page else None)
 
 
 def scope_filter(text: str | None) -> tuple[str, int | None] | None:
@@ -76,7 +94,7 @@ def _in_scope(record: Any, wanted: tuple[str, int | None]) -> bool:
     return wanted[1] is None or scope.get("conversationId") == wanted[1]
 
 
-async def documents(reader: StorageReads, kind: str | None, scope: tuple[str, int | None] | None, after: int | None) -> dict[str, Any]:
+async def documents(reader: StorageReads, kind: str | None, scope: tuple[str, int | None] | None, after: int | None) -> FilteredPage:
     """A page of documents by id, of ``kind`` and in ``scope`` when given; ``stopped``: the id
     the scan stopped at before filling the page (the next page goes on from there)."""
 
@@ -94,9 +112,9 @@ async def documents(reader: StorageReads, kind: str | None, scope: tuple[str, in
                     break
         if "next" not in page:
             if len(items) < PAGE:
-                return {"items": items, "after": None, "stopped": False}
+                return FilteredPage(items=items, after=None, stopped=False)
             break
-    return {"items": items, "after": cursor, "stopped": len(items) < PAGE}
+    return FilteredPage(items=items, after=cursor, stopped=len(items) < PAGE)
 
 
 def version_window(versions: list[Any], picked: Any, before: int | None) -> tuple[list[Any], int | None, int | None]:

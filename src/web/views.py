@@ -12,8 +12,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-from pi_durable.types import ConversationId, DocumentId
+from pi_durable.types import ConversationId, DocumentId, Seq
 
 from ..errors import BadQueryError
 from ..projections import StorageRequestError
@@ -22,6 +23,7 @@ from ..storage.lmdb_storage import LmdbStorage
 from ..storage.reads import StorageReads
 
 from . import jsondiff
+from .lists import ListPage
 from .text import brief
 
 PAGE: Final = 100
@@ -140,9 +142,9 @@ async def _close_quietly(storage: LmdbStorage) -> None:
 # ── conversations ─────────────────────────────────────────────────────────────
 
 
-async def conversations(reader: StorageReads, after: int | None) -> dict[str, Any]:
+async def conversations(reader: StorageReads, after: int | None) -> ListPage:
     page = await reader.scan_conversations({}, PAGE, None if after is None else {"after": after, "order": "ascending"}, CTX)
-    return {"items": page["items"], "after": page["next"]["after"] if "next" in page else None}
+    return ListPage(items=page["items"], after=page["next"]["after"] if "next" in page else None)
 
 
 async def _all_conversations(reader: StorageReads) -> tuple[list[Any], bool]:
@@ -189,12 +191,21 @@ async def _has_entry(reader: StorageReads, conversation: int, **bound: int) -> b
     return bool((await reader.scan_entries(query, 1, None, CTX))["items"])
 
 
-async def _paging(reader: StorageReads, id: int, entries: list[Any], more: bool, before: int | None) -> dict[str, int | None]:
+class Paging(msgspec.Struct, frozen=True):
+    """The links of a conversation page: the entry ids that the older and newer pages start
+    from (None: none), and ``newest``: the ``before`` of the last page (None: this is it)."""
+
+    older: int | None
+    newer: int | None
+    newest: int | None
+
+
+async def _paging(reader: StorageReads, id: int, entries: list[Any], more: bool, before: int | None) -> Paging:
     """The links of a conversation page: the entry ids that the older and newer pages start
     from (None: none), and ``newest``: the ``before`` of the last page (None: this is it)."""
 
     if not entries:
-        return {"older": None, "newer": None, "newest": None}
+        return Paging(older=None, newer=None, newest=None)
     first, last = entries[0]["id"], entries[-1]["id"]
     older = first if (more if before is not None else await _has_entry(reader, id, maxEntryId=first - 1)) else None
     newer = last if (await _has_entry(reader, id, minEntryId=last + 1) if before is not None else more) else None
@@ -202,7 +213,7 @@ async def _paging(reader: StorageReads, id: int, entries: list[Any], more: bool,
     if newer is not None:
         top = (await reader.scan_entries({"conversationId": ConversationId(id), "order": "descending"}, 1, None, CTX))["items"]
         newest = top[0]["id"] + 1 if top else None
-    return {"older": older, "newer": newer, "newest": newest}
+    return Paging(older=older, newer=newer, newest=newest)
 
 
 @dataclass
@@ -224,9 +235,25 @@ class Branch:
     depth: int
 
 
+class ConversationView(msgspec.Struct, frozen=True):
+    """A conversation's page: its record (as the store reads it), its entries as a tree, the
+    links beside it, its tasks, submissions, the conversations it owns, the conversations it
+    descends from (itself first), and ``partial``: the forks were looked for among the first
+    ``SCAN_CAP`` conversations only."""
+
+    record: Any
+    nodes: list[Node]
+    paging: Paging
+    tasks: list[Any]
+    submissions: list[Any]
+    owned: list[Any]
+    ancestry: list[int]
+    partial: bool
+
+
 async def conversation(
     reader: StorageReads, id: int, after: int | None = None, before: int | None = None
-) -> dict[str, Any] | None:
+) -> ConversationView | None:
     """A conversation's page: its record, a page of ``ENTRY_CAP`` entries drawn as a tree with the
     forks made after each (the first, those after entry ``after``, or the last before entry
     ``before``), links to the pages beside it, its tasks, submissions and the conversations it owns."""
@@ -247,16 +274,9 @@ async def conversation(
     tasks = (await reader.scan_tasks({"conversationId": ConversationId(id)}, PAGE * 5, None, CTX))["items"]
     submissions = (await reader.scan_submissions({"conversationId": ConversationId(id)}, PAGE * 5, None, CTX))["items"]
     owned = [c for c in everyone if isinstance(c.get("owner"), dict) and c["owner"].get("conversationId") == id]
-    return {
-        "record": record,
-        "nodes": nodes,
-        "paging": paging,
-        "tasks": tasks,
-        "submissions": submissions,
-        "owned": owned,
-        "ancestry": line,
-        "partial": partial,
-    }
+    return ConversationView(
+        record=record, nodes=nodes, paging=paging, tasks=tasks, submissions=submissions, owned=owned, ancestry=line, partial=partial
+    )
 
 
 def _ancestry(record: Any, by_id: dict[int, Any]) -> list[int]:
@@ -312,12 +332,37 @@ def entry_text(entry: Any) -> str:
 # ── documents ─────────────────────────────────────────────────────────────────
 
 
-async def documents(reader: StorageReads, after: int | None) -> dict[str, Any]:
+async def documents(reader: StorageReads, after: int | None) -> ListPage:
     page = await reader.scan_all_documents(PAGE, after)
-    return {"items": page["items"], "after": page["next"]["after"] if "next" in page else None}
+    return ListPage(items=page["items"], after=page["next"]["after"] if "next" in page else None)
 
 
-async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_of: int | None) -> dict[str, Any] | None:
+class Version(msgspec.Struct, frozen=True):
+    """A stored version of a document as its page lists it: numbered from 1, oldest first."""
+
+    number: int
+    seq: Seq
+    version: int
+    kind: str
+    body: Any
+
+
+class DocumentView(msgspec.Struct, frozen=True):
+    """A document's page at a point: its record, its versions up to the point (numbered), the
+    one in force then (``picked``), its value (``shown``) and the one before (``previous``), the
+    change between them, why a past value is missing (``error``), and the point (``at``)."""
+
+    record: Any
+    versions: list[Version]
+    picked: Version | None
+    shown: Any
+    previous: Any
+    diff: Any
+    error: str | None
+    at: int
+
+
+async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_of: int | None) -> DocumentView | None:
     """A document at a point (``as_of``, None: now): its record, its versions up to the point,
     the value of the one in force then and the change from the version before it. Picking a
     version is moving the point to the sequence that wrote it."""
@@ -329,32 +374,22 @@ async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_o
     record = next((item for item in page["items"] if item["id"] == id), None)
     if record is None:
         return None
-    versions = [row for row in await storage.document_revisions(id) if row["seq"] <= at]
-    for index, row in enumerate(versions, 1):
-        row["number"] = index
+    stored = [row for row in await storage.document_revisions(id) if row.seq <= at]
+    versions = [Version(number=index, seq=row.seq, version=row.version, kind=row.kind, body=row.body) for index, row in enumerate(stored, 1)]
     picked = versions[-1] if versions else None  # the version in force at the point
     shown, before, error = None, None, None
     if picked is not None:
         try:
-            shown = await storage.document(id, picked["seq"], CTX)
+            shown = await storage.document(id, picked.seq, CTX)
             index = versions.index(picked)
             if index > 0:
-                before = await storage.document(id, versions[index - 1]["seq"], CTX)
+                before = await storage.document(id, versions[index - 1].seq, CTX)
         except StorageRequestError as refused:  # a current-only document keeps no past values
             error = str(refused)
     if shown is None and as_of is None:
         shown = await reader.document(id, "current", CTX)
     diff = jsondiff.changes(None if before is None else before["value"], None if shown is None else shown["value"])
-    return {
-        "record": record,
-        "versions": versions,
-        "picked": picked,
-        "shown": shown,
-        "previous": before,
-        "diff": diff,
-        "error": error,
-        "at": at,
-    }
+    return DocumentView(record=record, versions=versions, picked=picked, shown=shown, previous=before, diff=diff, error=error, at=at)
 
 
 def ids(values: Iterable[Any]) -> list[int]:

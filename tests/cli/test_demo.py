@@ -17,12 +17,12 @@ from pi_durable_lmdb.audit import verify
 async def test_the_demo_workload_reads_back_after_reopen(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
     first = await run_workload(path)
-    assert first["root_answers"] == len(QUESTIONS)
-    assert first["fork_answers"] == 0, "the fork copied the notes as of its fork point"
-    assert first["fork_entries"] == 1
+    assert first.root_answers == len(QUESTIONS)
+    assert first.fork_answers == 0, "the fork copied the notes as of its fork point"
+    assert first.fork_entries == 1
     second = await run_workload(path)  # the same store, reopened: history accumulates
-    assert second["root_answers"] == 2 * len(QUESTIONS)
-    assert second["head"] > first["head"]
+    assert second.root_answers == 2 * len(QUESTIONS)
+    assert second.head > first.head
     assert verify(path) is None
 
     notes, settings, _ = _definitions()

@@ -247,6 +247,11 @@ async def test_retry_resumes_a_fixed_fold_from_the_record_it_stopped_at(tmp_path
     assert listed.returncode == 0, listed.stderr
     info = json.loads(listed.stdout)["flaky"]
     assert info["state"] == "failed" and info["building"]["failedSeq"] == 7 and info["version"] == 1
+    assert list(info) == ["version", "foldedSeq", "lag", "state", "failedSeq", "error", "building"]
+    assert list(info["building"]) == ["version", "foldedSeq", "lag", "rate", "eta", "failedSeq", "error"]
+    shown = subprocess.run([*CLI, "stats", str(path), "--json"], capture_output=True, text=True, cwd=ROOT)
+    build = json.loads(shown.stdout)["projections"]["user"]["flaky"]["building"]
+    assert list(build) == ["version", "foldedSeq", "rate", "failedSeq", "error"] and build["failedSeq"] == 7, build
     cleared = subprocess.run([*CLI, "projections", "retry", str(path), "flaky"], capture_output=True, text=True, cwd=ROOT)
     assert cleared.returncode == 0 and "cleared the failure" in cleared.stdout and "sequence 7" in cleared.stdout, cleared
     FlakyV2.broken = False
@@ -277,10 +282,10 @@ async def test_a_retired_projection_is_dropped_with_its_databases(tmp_path: Path
                 pass
     finally:
         await storage.close()
-    assert list(stats(path)["projections"]["user"]) == ["steady"]
+    assert list(stats(path).projections.user) == ["steady"]
     done = subprocess.run([*CLI, "projections", "drop", str(path), "steady"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and "dropped projection 'steady': 1 database deleted" in done.stdout, done
-    assert stats(path)["projections"]["user"] == {}
+    assert stats(path).projections.user == {}
     missing = subprocess.run([*CLI, "projections", "drop", str(path), "steady"], capture_output=True, text=True, cwd=ROOT)
     assert missing.returncode == 2 and "no projection 'steady'" in missing.stderr
 
@@ -412,8 +417,8 @@ async def test_a_build_shows_its_progress_to_status_and_the_command_line(tmp_pat
         assert "counter: version 2 is served" in followed.stdout
     finally:
         assert writer.wait(60) == 0
-    info = stats(path)["projections"]["user"]["counter"]
-    assert (info["version"], info["foldedSeq"], info["building"]) == (2, 2000, None)
+    info = stats(path).projections.user["counter"]
+    assert (info.version, info.folded_seq, info.building) == (2, 2000, None)
 
 
 class Tally(msgspec.Struct):

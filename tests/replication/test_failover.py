@@ -92,9 +92,9 @@ async def test_sigkilled_writer_is_replaced_within_its_ttl(tmp_path: Path, nats_
               f"first commit acknowledged after {promoted_after:.2f} s")
         assert promoted_after < TTL + 3, f"promotion took {promoted_after:.2f} s"
         status = new.replication.status()
-        assert status["lease"]["epoch"] == new.replication.epoch and status["lease"]["ttl"] == TTL
-        assert status["lease"]["holder"].endswith(str(tmp_path / "b"))
-        assert 0 < status["lease"]["expiresIn"] <= TTL
+        assert status.lease.epoch == new.replication.epoch and status.lease.ttl == TTL
+        assert status.lease.holder.endswith(str(tmp_path / "b"))
+        assert 0 < status.lease.expires_in <= TTL
 
         # every acknowledged commit is on the new writer, at its sequence
         assert seq > max(before.values())

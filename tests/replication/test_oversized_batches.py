@@ -64,7 +64,7 @@ async def test_a_batch_the_stream_cannot_take_is_refused_before_it_is_acknowledg
         if durability != "replicated":
             assert await storage._link.arun(storage.replication.drain(10)), storage.replication.status()  # type: ignore[union-attr]
             status = storage.replication.status()  # type: ignore[union-attr]
-            assert status["shippedSeq"] == seq and not status["stopped"], status
+            assert status.shipped_seq == seq and not status.stopped, status
     finally:
         await storage.close()
 
@@ -82,12 +82,12 @@ async def test_a_shipper_that_meets_a_record_it_can_never_publish_stops_and_says
     try:
         shipper = storage.replication
         for _ in range(200):
-            if shipper.status()["stopped"]:  # type: ignore[union-attr]
+            if shipper.status().stopped:  # type: ignore[union-attr]
                 break
             await asyncio.sleep(0.05)
         status = shipper.status()  # type: ignore[union-attr]
-        assert status["stopped"] is True and "record 2" in status["lastError"] and "max_payload" in status["lastError"], status
-        assert status["shippedSeq"] == 1, "the record before it was shipped"
+        assert status.stopped is True and "record 2" in status.last_error and "max_payload" in status.last_error, status
+        assert status.shipped_seq == 1, "the record before it was shipped"
         assert any(r.levelno == logging.ERROR and "stopped" in r.getMessage() for r in caplog.records), caplog.records
         done = subprocess.run(
             [sys.executable, "-m", "pi_durable_lmdb.cli", "stats", str(path), "--json"],

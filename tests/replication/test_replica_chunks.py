@@ -29,13 +29,13 @@ async def test_a_replica_held_up_takes_what_arrived_meanwhile_in_one_chunk(nats_
     try:
         await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         await replica.wait(1, timeout=10)
-        before = replica.replication.status()["transactions"]  # type: ignore[union-attr]
+        before = replica.replication.status().transactions  # type: ignore[union-attr]
         with replica._committer.exclusive():  # the replica cannot take anything in meanwhile
             for id in range(2, 2 + RECORDS):  # one commit at a time: each a message of its own
                 await writer.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX)
             await asyncio.sleep(0.5)  # every message has reached the replica's connection
         await replica.wait(1 + RECORDS, timeout=20)
-        taken = replica.replication.status()["transactions"] - before  # type: ignore[union-attr]
+        taken = replica.replication.status().transactions - before  # type: ignore[union-attr]
         assert taken <= 4, f"{RECORDS} records waiting took {taken} transactions"
         assert (await replica.entry(1 + RECORDS, CTX)) is not None
     finally:
@@ -110,7 +110,7 @@ def test_a_catch_up_whose_transaction_grows_the_map_takes_every_record(tmp_path:
             grown_from = 256 * 1024
             await replica.wait(head, timeout=30)
             assert replica._env.env.info()["map_size"] > grown_from, "the catch-up made the map grow"
-            assert replica.replication.status()["lastError"] is None  # type: ignore[union-attr]
+            assert replica.replication.status().last_error is None  # type: ignore[union-attr]
         finally:
             await replica.close()
         assert list(export_lines(tmp_path / "r")) == list(export_lines(tmp_path / "w"))

@@ -137,7 +137,7 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
         assert len(records) <= head
 
     # A shipping writer drains what is left; a replicated writer settles (and has nothing to add).
-    async def reopen() -> dict[str, Any]:
+    async def reopen() -> Any:
         storage = await LmdbStorage.open(path, durability=durability, nats=nats_server.url, stream=stream)
         try:
             if durability != "replicated":
@@ -147,7 +147,7 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
             await storage.close()
 
     status = _bounded(30, reopen())
-    assert status["shippedSeq"] == head and status["lagRecords"] == 0, status
+    assert status.shipped_seq == head and status.lag_records == 0, status
     local = local_records(path)
     assert max(local) == head
     records = check_subject(asyncio.run(read_subject(nats_server.url, stream, subj)), store, local)
@@ -229,7 +229,7 @@ def test_a_store_keeps_one_history_across_modes(tmp_path: Path, nats_server: Nat
             finally:
                 await storage.close()
             await replica.wait(102, timeout=10)
-            assert not replica.replication.status()["stopped"]
+            assert not replica.replication.status().stopped
         finally:
             await replica.close()
         records = check_subject(await read_subject(url, stream, subject(stream, store)), store, local_records(path))

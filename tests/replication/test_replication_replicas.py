@@ -96,7 +96,7 @@ def test_replica_follows_a_writer_under_load_and_ends_identical(tmp_path: Path, 
             assert head > 2000
             await replica.wait(head, timeout=20)
             status = replica.replication.status()
-            assert status["appliedSeq"] == head and not status["stopped"], status
+            assert status.applied_seq == head and not status.stopped, status
             assert canonical(await snapshot(replica, work, head)) == canonical(await snapshot(writer, work, head)), f"seed {seed}"
         finally:
             if replica is not None:
@@ -139,7 +139,7 @@ def test_replica_closed_for_thousands_of_commits_catches_up(tmp_path: Path, nats
             head = writer.log.head()
             assert head == 3101
             status = writer.replication.status()
-            assert status["shippedSeq"] == head and status["lagRecords"] == 0 and status["lastError"] is None, status
+            assert status.shipped_seq == head and status.lag_records == 0 and status.last_error is None, status
             began = time.monotonic()
             replica = await LmdbStorage.open_replica(replica_dir, nats=nats_server.url, stream=stream, store=writer.store_id)
             try:
@@ -306,7 +306,7 @@ def test_forged_message_stops_the_replica_and_applies_nothing(tmp_path: Path, na
                     assert f"Message {stream_seq} of stream {stream}" in str(caught.value), str(caught.value)
                     assert reason in str(caught.value), str(caught.value)
                     assert replica.log.head() == head
-                    assert replica.replication.status()["stopped"]
+                    assert replica.replication.status().stopped
                     read = await replica.entry(128, CTX)
                     assert read is not None and read["commitSeq"] == head
                     assert (await replica.scan_entries({"conversationId": 1}, 100, None, CTX))["items"][0]["id"] == 128

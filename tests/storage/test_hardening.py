@@ -562,7 +562,7 @@ async def test_verify_and_stats_while_another_process_rebuilds(tmp_path: Path) -
     path = tmp_path / "s"
     storage = await _filled_store(path, commits=1500)
     await storage.close()
-    expected = stats(path)["counts"]
+    expected = stats(path).counts
     for _ in range(2):
         process = await asyncio.create_subprocess_exec(
             CLI, "rebuild", str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -570,7 +570,7 @@ async def test_verify_and_stats_while_another_process_rebuilds(tmp_path: Path) -
         runs = 0
         while process.returncode is None or runs < 2:
             assert verify(path) is None
-            assert stats(path)["counts"] == expected
+            assert stats(path).counts == expected
             runs += 1
             try:
                 await asyncio.wait_for(process.wait(), 0.001)

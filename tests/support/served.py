@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
@@ -78,9 +79,9 @@ def build_store(path: Path) -> dict[str, Any]:
         try:
 
             async def write(tx: Any) -> dict[str, Any]:
-                forked = await tx.append_entry(made["fork"], {"kind": "message", "model": [{"role": "user", "content": "a question on the fork"}]})
-                hostile = await tx.append_entry(made["root"], {"kind": "message", "model": [{"role": "user", "content": HOSTILE + " " + INVISIBLE}]})
-                huge = await tx.append_entry(made["root"], {"kind": "note", "data": {"text": HUGE}})
+                forked = await tx.append_entry(made.fork, {"kind": "message", "model": [{"role": "user", "content": "a question on the fork"}]})
+                hostile = await tx.append_entry(made.root, {"kind": "message", "model": [{"role": "user", "content": HOSTILE + " " + INVISIBLE}]})
+                huge = await tx.append_entry(made.root, {"kind": "note", "data": {"text": HUGE}})
                 return {"forked_entry": forked["id"], "hostile_entry": hostile["id"], "huge_entry": huge["id"]}
 
             written = dict(await session.commit(write, CTX))
@@ -94,8 +95,8 @@ def build_store(path: Path) -> dict[str, Any]:
             await session.close(CTX)
             await storage.close()
 
-    point = _run(lambda: _fork_point(path, made["fork"]))
-    return {**made, **_run(more), "fork_point": point}
+    point = _run(lambda: _fork_point(path, made.fork))
+    return {**msgspec.to_builtins(made), **_run(more), "fork_point": point}
 
 
 async def _fork_point(path: Path, fork: int) -> int:

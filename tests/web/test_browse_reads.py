@@ -37,10 +37,10 @@ async def test_every_document_and_each_ones_versions_are_those_the_log_wrote(tmp
             scoped = await storage.scan_documents({"scope": record["scope"], "at": "current"}, 100, None, CTX)
             assert record in scoped["items"]
             versions = await storage.document_revisions(record["id"])
-            assert [row["seq"] for row in versions] == written[record["id"]]
-            assert versions[0]["kind"] == "base"
+            assert [row.seq for row in versions] == written[record["id"]]
+            assert versions[0].kind == "base"
             if record.get("history") == "rewindable":  # a current-only one keeps no past values to read
-                last = await storage.document(record["id"], versions[-1]["seq"], CTX)
+                last = await storage.document(record["id"], versions[-1].seq, CTX)
                 assert last == await storage.document(record["id"], "current", CTX)
         view = await storage.as_of(2)
         assert (await view.scan_all_documents(10))["items"] == []  # none existed yet

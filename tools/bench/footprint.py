@@ -107,7 +107,9 @@ def footprint(path: str) -> dict[str, Any]:
     from pi_durable_lmdb.audit.stats import stats
 
     info = stats(path)
-    return {"fileBytes": info["fileBytes"], "records": info["records"], **info["footprint"]}
+    import msgspec
+
+    return {"fileBytes": info.file_bytes, "records": info.records, **msgspec.to_builtins(info.footprint)}
 
 
 async def measure(workload: str, commits: int, base: str) -> dict[str, Any]:

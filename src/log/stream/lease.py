@@ -37,6 +37,7 @@ from ...errors import NatsUnavailableError, NotWriterError, ReplicationError
 from ...errors import LeaseLapsedError
 from .link import StreamLink
 from .message import subject_of
+from .status import LeaseStatus
 from ..storedir import replace_file
 
 logger = logging.getLogger(__name__)
@@ -327,14 +328,14 @@ class WriterLease:
             pass  # it expires by itself
         self.lost = NotWriterError(f"Store {self.store}'s writer closed", self.store, self.epoch)
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "holder": self.holder,
-            "epoch": self.epoch,
-            "ttl": self.ttl,
-            "expiresIn": max(0.0, self.valid_until - self.link.clock()) if self.lost is None else 0.0,
-            "lost": None if self.lost is None else str(self.lost),
-        }
+    def status(self) -> LeaseStatus:
+        return LeaseStatus(
+            holder=self.holder,
+            epoch=self.epoch,
+            ttl=self.ttl,
+            expires_in=max(0.0, self.valid_until - self.link.clock()) if self.lost is None else 0.0,
+            lost=None if self.lost is None else str(self.lost),
+        )
 
 
 

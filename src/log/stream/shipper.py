@@ -17,11 +17,12 @@ import json
 import logging
 import os
 import time
-from typing import Any, Final
+from typing import Final
 
 from ...errors import ForeignMessageError, ReplicationError
 from .link import StreamLink
 from .message import carried_root, record_headers, subject_of
+from .status import ShipperStatus
 from ..storedir import replace_file
 from ..writelog import WriteLog
 
@@ -154,24 +155,23 @@ class Shipper:
         # a record of an older epoch after that fence is refused by every replica.
         self.epoch = max(self.epoch, last.epoch)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ShipperStatus:
         head = self.log.head()
         lag_ms = 0.0
         if head > self.shipped_seq:
             oldest = self.log.get(self.shipped_seq + 1)
             if oldest is not None:
                 lag_ms = max(0.0, time.time() * 1000 - oldest.committed_at)
-        return {
-            "mode": "async",
-            "stream": self.link.stream,
-            "subject": self.subject,
-            "shippedSeq": self.shipped_seq,
-            "lagRecords": max(0, head - self.shipped_seq),
-            "lagMs": lag_ms,
-            "lastError": self.last_error,
-            "stopped": self.fatal is not None,
-            "errors": self.errors,
-        }
+        return ShipperStatus(
+            stream=self.link.stream,
+            subject=self.subject,
+            shipped_seq=self.shipped_seq,
+            lag_records=max(0, head - self.shipped_seq),
+            lag_ms=lag_ms,
+            last_error=self.last_error,
+            stopped=self.fatal is not None,
+            errors=self.errors,
+        )
 
     async def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every committed record is shipped."""

@@ -53,6 +53,7 @@ from .lease import WriterLease
 from .link import StreamLink
 from .applier import FETCH_CHUNK, Admitter, StreamApplier
 from .position import POSITION_FORMAT, StreamPosition, put_position, read_position
+from .status import WriterStatus
 
 SHIP_CHUNK: Final = 256
 """Records per atomic batch when a writer ships history the stream lacks."""
@@ -368,16 +369,15 @@ class StreamWriter:
             f"and not the rest: the records up to log sequence {found[count - 1].seq} are stored, later ones are not"
         ) from None
 
-    def status(self) -> dict[str, object]:
-        return {
-            "mode": "replicated",
-            "stream": self.link.stream,
-            "subject": self.subject,
-            "shippedSeq": self.acked_seq if self.acked_seq else self.log.head(),
-            "lagRecords": 0,
-            "lagMs": 0.0,
-            "lastError": self.last_error or self.link.last_error,
-            "epoch": self.epoch,
-            "lease": None if self.lease is None else self.lease.status(),
-            "failed": None if self.failure is None else str(self.failure),
-        }
+    def status(self) -> WriterStatus:
+        return WriterStatus(
+            stream=self.link.stream,
+            subject=self.subject,
+            shipped_seq=self.acked_seq if self.acked_seq else self.log.head(),
+            lag_records=0,
+            lag_ms=0.0,
+            last_error=self.last_error or self.link.last_error,
+            epoch=self.epoch,
+            lease=None if self.lease is None else self.lease.status(),
+            failed=None if self.failure is None else str(self.failure),
+        )
