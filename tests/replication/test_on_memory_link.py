@@ -25,7 +25,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.errors import NotWriterError, ReplicationError
 from pi_durable_lmdb.log import decode_record
-from pi_durable_lmdb.log.stream.lease import WriterLease
+from pi_durable_lmdb.log.stream.lease import LEASE_FORMAT, Lease, WriterLease
 from pi_durable_lmdb.log.stream.memory import ManualClock, MemoryLink, MemoryStream
 
 STREAM = "MEM"
@@ -259,3 +259,40 @@ async def test_lease_expiry_and_take_over_by_the_servers_clock(tmp_path: Path) -
     finally:
         a_link.close()
         b_link.close()
+
+
+async def test_a_restarted_writer_takes_its_own_lease_when_it_expires_while_being_watched(tmp_path: Path) -> None:
+    """The same writer restarted (its instance id, host and path; another pid) watches its old
+    lease for a renewal period before reclaiming it. A lease that expires on the server during
+    that watch was not renewed: its holder is dead, and the restarted writer takes it, rather
+    than being refused as though another writer were renewing it."""
+
+    clock = ManualClock()
+    server = MemoryStream(STREAM, clock=clock, exists=True)
+    link = MemoryLink(server)
+    path = tmp_path / "store"
+    path.mkdir()
+    try:
+        restarted = WriterLease(link, STORE, str(path), ttl=3)
+        host, pid, instance, where = restarted.holder.split(":", 3)
+        dead = Lease(LEASE_FORMAT, 4, f"{host}:{int(pid) + 1}:{instance}:{where}", 3)  # the killed one
+        assert await link.arun(link.lease_put(STORE, msgspec.json.encode(dead), 0, 3.0)) is not None
+        clock.advance(2.5)  # the lease expires 0.5 s into the restarted writer's watch
+
+        async def ticking() -> None:
+            while True:
+                await asyncio.sleep(0.01)
+                clock.advance(0.05)
+
+        async def acquire() -> int:
+            ticker = asyncio.ensure_future(ticking())
+            try:
+                return await restarted.acquire(0, take_over=False)
+            finally:
+                ticker.cancel()
+
+        assert await link.arun(acquire()) == 5
+        value, _ = await link.arun(link.lease_get(STORE))
+        assert value is not None and msgspec.json.decode(value)["holder"] == restarted.holder
+    finally:
+        link.close()

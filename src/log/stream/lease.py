@@ -181,14 +181,15 @@ class WriterLease:
 
     async def _renewed(self, revision: int, ttl: int) -> bool:
         """Whether the lease at ``revision`` is renewed (or replaced) within one renewal period
-        of its holder (``ttl / 3``) and some slack: a live holder always is, a dead one never."""
+        of its holder (``ttl / 3``) and some slack: a live holder always is, a dead one never. A
+        lease that expires meanwhile was not renewed: it is gone, not rewritten."""
 
         deadline = self.link.clock() + ttl / 3 + 0.5
         while self.link.clock() < deadline:
             await asyncio.sleep(0.1)
-            _, now = await self._answered(self.current)
+            lease, now = await self._answered(self.current)
             if now != revision:
-                return True
+                return lease is not None
         return False
 
     async def _answered(self, request: Any, *args: Any) -> Any:
