@@ -2,14 +2,12 @@
 raw-content dictionary, in a plain zstd frame that carries its content size (no checksum: the
 record's CRC-32 covers the frame; no dictionary id: format 3 names the dictionary).
 
-Why not deflate (format 2) any more: on the commit path deflating the record was the largest
-single cost left, about a quarter of a commit's instructions under 64 agents. On a turn's ~1.1 KiB
-batch, zstd takes 6.8 µs against zlib's 13.9 (level 1 both, hot caches) for 568 bytes against 532,
-and a read's decompress 2.8 µs against inflate's 4.0; a whole ``commit_turn`` 507K instructions
-against 567K (callgrind; 406K with nothing compressed, which ``tools/bench/concurrent.py
---raw-records`` measures on a busy store; docs/benchmarks.md). Level 1: negative levels cost a
-third more bytes (726 at -1), levels 2 and 3 the same bytes for more time, 4 and above 3-4% fewer
-bytes for more time than deflate took.
+Why zstd rather than deflate (format 2): compressing the record is one of the largest costs on
+the commit path, and on a turn's batch of about a kilobyte zstd at level 1 takes about half
+deflate's time to compress and less to decompress, for a few percent more bytes
+(``tools/bench/concurrent.py --raw-records`` measures what compression costs a busy store). Level
+1: negative levels cost a third more bytes, levels 2 and 3 the same bytes for more time, higher
+ones a few percent fewer bytes for more time than deflate took.
 
 The dictionary is format 2's ``PRESET``, byte for byte: never change it (a record of format 3 is
 decompressed with exactly these bytes). Format-2 records are still read (``log.deflate``).
