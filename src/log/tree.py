@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 TREE_DB: Final = "tlog"
 LOG_DB: Final = "log"
 """The log's own database (``writelog.LOG_DB``), read for leaves this process did not note."""
-TILE: Final = 16
-"""Leaves per stored tile: a tile's rows (31 to about 50 hashes) stay within one LMDB page."""
+TILE: Final = merkle.BLOCK
+"""Leaves per stored tile: a tile's rows (31 to about 50 hashes) stay within one LMDB page; a
+whole tile's rows are built at once (``TreeBuilder.add_block``)."""
 WRITE_TILES: Final = 32
 """Tiles a commit writes at once: the commit whose record completes a multiple of
 ``WRITE_TILES * TILE`` leaves writes the tiles the stored tree lacks."""
@@ -215,10 +216,9 @@ class TreeStore:
         except DamageError as error:  # a damaged tree never refuses a commit: verify names it, rebuild mends it
             _logger.error("the log tree of %s is not extended past %d records: %s", self.env.path, size, error)
             return
-        rows = [builder.add(leaf) for leaf in leaves]
         cursor = txn.cursor(db=self._db)
-        for at in range(0, len(rows), TILE):
-            cursor.put(_key((size + at) // TILE), b"".join(rows[at : at + TILE]), append=True)
+        for tile, rows in enumerate(_tiles(builder, leaves), size // TILE):
+            cursor.put(_key(tile), rows, append=True)
         self._builder = builder
 
     def _leaf_from_log(self, txn: lmdb.Transaction[bytes], seq: int) -> bytes:
@@ -268,8 +268,7 @@ class TreeStore:
         done = 0
         for chunk in _chunks(log, builder.size + 1, head - head % TILE):
             first = builder.size // TILE
-            rows = [builder.add(leaf) for leaf in chunk]
-            tiles = [b"".join(rows[at : at + TILE]) for at in range(0, len(rows), TILE)]
+            tiles = _tiles(builder, chunk)
 
             def put(txn: lmdb.Transaction[bytes], first: int = first, tiles: list[bytes] = tiles) -> None:
                 cursor = txn.cursor(db=db)
@@ -296,20 +295,25 @@ class TreeStore:
         if size > logged:  # tiles beyond the log's records: the tree of another, longer log
             total += 1
             found.append(f"the log tree holds {size} leaves, more than the log's {logged} records")
-        size = min(size, head)  # tiles past the records this check covers were written since
+        size = min(size, head - head % TILE)  # tiles past the records this check covers were written since
         builder = merkle.TreeBuilder()
-        for chunk in _chunks(log, 1, min(size, head)):
+        for chunk in _chunks(log, 1, size):
             first = builder.size // TILE
-            rows = [builder.add(leaf) for leaf in chunk]
+            tiles = _tiles(builder, chunk)
             with self.env.read() as txn:
-                for offset in range(len(rows) // TILE):
-                    tile = b"".join(rows[offset * TILE : (offset + 1) * TILE])
+                for offset, tile in enumerate(tiles):
                     stored = txn.get(_key(first + offset), db=self.db)
                     if stored != tile:
                         total += 1
                         if len(found) < limit:
                             found.append(_difference(first + offset, stored))
         return found, total
+
+
+def _tiles(builder: merkle.TreeBuilder, leaves: Sequence[bytes]) -> list[bytes]:
+    """The tiles of ``leaves`` (whole tiles, appended to ``builder`` at a whole tile)."""
+
+    return [builder.add_block(leaves[at : at + TILE]) for at in range(0, len(leaves), TILE)]
 
 
 def _difference(tile: int, stored: bytes | None) -> str:
