@@ -7,10 +7,13 @@ every tile is appended at the end; value the rows of its leaves in order, 32 byt
 leaf ``i`` has ``1 + trailing ones of i`` of them, so where each row starts is computed, not
 stored). The stored tree holds whole tiles only: its size is a multiple of ``TILE``.
 
-Commits note each record's leaf hash (computed from the writes they encode, no reread) and the
-commit that completes every ``WRITE_TILES``-th tile writes the tiles since the last write, in its
-own transaction: one more table touched in a transaction costs it more than the hashing (LMDB
-copies and writes that table's last page and path every time), so it is touched rarely. The
+Commits note each record's writes (the bytes they encode, no reread); the commit that completes a
+tile hashes the leaves of the records noted since, one after another (a hash in a row with others
+costs about half of one between two commits, whose other work evicts the hashing code from the
+caches), and the commit that completes every ``WRITE_TILES``-th tile writes the tiles since the
+last write, in its own transaction: one more table touched in a transaction costs it more than the
+hashing (LMDB copies and writes that table's last page and path every time), so it is touched
+rarely. The
 records after the last stored tile, and all of a store written before the tree, are hashed from
 the log when a root or proof needs them (``reader_at``); a writer's open and close write every
 whole tile the tree lacks (``catch_up``). ``rebuild`` writes every tile again from the
@@ -31,6 +34,7 @@ import msgspec
 from ..errors import CorruptRecordError, DamageError, ProjectionsBehind, ProofError
 from ..tlog import merkle
 from .environment import Environment
+from ..tlog.leaf import record_leaf_hash
 from .records import record_leaf
 
 if TYPE_CHECKING:
@@ -101,6 +105,9 @@ class TreeStore:
     def __init__(self, env: Environment) -> None:
         self.env = env
         self._db = env.db(TREE_DB) if not env.readonly or env.has_db(TREE_DB) else None
+        self._noted: dict[int, tuple[int, bytes]] = {}
+        """``(committed_at, writes)`` of the records appended by this process since the last
+        whole tile, by sequence: hashed when a record completes a tile."""
         self._pending: dict[int, bytes] = {}
         """Leaves appended by this process past the stored tree, by sequence."""
         self._builder: merkle.TreeBuilder | None = None
@@ -189,6 +196,21 @@ class TreeStore:
 
     # ── writing ─────────────────────────────────────────────────────────────
 
+    def append_writes(self, txn: lmdb.Transaction[bytes], seq: int, committed_at: int, writes: bytes) -> None:
+        """Note record ``seq``, appended in ``txn`` with ``writes`` (its encoded writes, not to be
+        changed) at ``committed_at``; the record that completes a tile hashes the leaves noted
+        since the last (``tlog.leaf``), and ``append_leaf`` follows."""
+
+        self._noted[seq] = (committed_at, writes)
+        if seq % TILE:
+            return
+        pending, noted = self._pending, self._noted
+        for at, (when, data) in noted.items():
+            pending[at] = record_leaf_hash(at, when, data)
+        noted.clear()
+        if seq % _WRITE_EVERY == 0:
+            self._write(txn, seq)
+
     def append_leaf(self, txn: lmdb.Transaction[bytes], seq: int, leaf: bytes) -> None:
         """Note record ``seq``'s leaf, appended in ``txn``; the record that completes a multiple of
         ``WRITE_TILES`` tiles writes, in ``txn``, every whole tile the stored tree lacks (a leaf
@@ -197,9 +219,15 @@ class TreeStore:
         A leaf noted in a transaction that then aborts is replaced when its sequence is appended
         again, which it must be before the log reaches the end of its tile."""
 
+        if self._noted:
+            self._noted.pop(seq, None)  # noted by ``append_writes`` in a transaction that aborted
         self._pending[seq] = leaf
-        if seq % _WRITE_EVERY:
-            return
+        if seq % _WRITE_EVERY == 0:
+            self._write(txn, seq)
+
+    def _write(self, txn: lmdb.Transaction[bytes], seq: int) -> None:
+        """Write, in ``txn``, every whole tile up to record ``seq`` the stored tree lacks."""
+
         pending = self._pending
         size = self.size(txn)
         for old in [at for at in pending if at <= size]:
