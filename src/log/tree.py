@@ -7,10 +7,13 @@ every tile is appended at the end; value the rows of its leaves in order, 32 byt
 leaf ``i`` has ``1 + trailing ones of i`` of them, so where each row starts is computed, not
 stored). The stored tree holds whole tiles only: its size is a multiple of ``TILE``.
 
-Commits note each record's leaf hash (computed from the writes they encode, no reread) and the
-commit that completes every ``WRITE_TILES``-th tile writes the tiles since the last write, in its
-own transaction: one more table touched in a transaction costs it more than the hashing (LMDB
-copies and writes that table's last page and path every time), so it is touched rarely. The
+Commits note each record's writes (the bytes they encode, no reread); the commit that completes a
+tile hashes the leaves of the records noted since, one after another (a hash in a row with others
+costs about half of one between two commits, whose other work evicts the hashing code from the
+caches), and the commit that completes every ``WRITE_TILES``-th tile writes the tiles since the
+last write, in its own transaction: one more table touched in a transaction costs it more than the
+hashing (LMDB copies and writes that table's last page and path every time), so it is touched
+rarely. The
 records after the last stored tile, and all of a store written before the tree, are hashed from
 the log when a root or proof needs them (``reader_at``); a writer's open and close write every
 whole tile the tree lacks (``catch_up``). ``rebuild`` writes every tile again from the
@@ -31,6 +34,7 @@ import msgspec
 from ..errors import CorruptRecordError, DamageError, ProjectionsBehind, ProofError
 from ..tlog import merkle
 from .environment import Environment
+from ..tlog.leaf import record_leaf_hash
 from .records import record_leaf
 
 if TYPE_CHECKING:
@@ -39,8 +43,9 @@ if TYPE_CHECKING:
 TREE_DB: Final = "tlog"
 LOG_DB: Final = "log"
 """The log's own database (``writelog.LOG_DB``), read for leaves this process did not note."""
-TILE: Final = 16
-"""Leaves per stored tile: a tile's rows (31 to about 50 hashes) stay within one LMDB page."""
+TILE: Final = merkle.BLOCK
+"""Leaves per stored tile: a tile's rows (31 to about 50 hashes) stay within one LMDB page; a
+whole tile's rows are built at once (``TreeBuilder.add_block``)."""
 WRITE_TILES: Final = 32
 """Tiles a commit writes at once: the commit whose record completes a multiple of
 ``WRITE_TILES * TILE`` leaves writes the tiles the stored tree lacks."""
@@ -100,6 +105,9 @@ class TreeStore:
     def __init__(self, env: Environment) -> None:
         self.env = env
         self._db = env.db(TREE_DB) if not env.readonly or env.has_db(TREE_DB) else None
+        self._noted: dict[int, tuple[int, bytes]] = {}
+        """``(committed_at, writes)`` of the records appended by this process since the last
+        whole tile, by sequence: hashed when a record completes a tile."""
         self._pending: dict[int, bytes] = {}
         """Leaves appended by this process past the stored tree, by sequence."""
         self._builder: merkle.TreeBuilder | None = None
@@ -188,6 +196,21 @@ class TreeStore:
 
     # ── writing ─────────────────────────────────────────────────────────────
 
+    def append_writes(self, txn: lmdb.Transaction[bytes], seq: int, committed_at: int, writes: bytes) -> None:
+        """Note record ``seq``, appended in ``txn`` with ``writes`` (its encoded writes, not to be
+        changed) at ``committed_at``; the record that completes a tile hashes the leaves noted
+        since the last (``tlog.leaf``), and ``append_leaf`` follows."""
+
+        self._noted[seq] = (committed_at, writes)
+        if seq % TILE:
+            return
+        pending, noted = self._pending, self._noted
+        for at, (when, data) in noted.items():
+            pending[at] = record_leaf_hash(at, when, data)
+        noted.clear()
+        if seq % _WRITE_EVERY == 0:
+            self._write(txn, seq)
+
     def append_leaf(self, txn: lmdb.Transaction[bytes], seq: int, leaf: bytes) -> None:
         """Note record ``seq``'s leaf, appended in ``txn``; the record that completes a multiple of
         ``WRITE_TILES`` tiles writes, in ``txn``, every whole tile the stored tree lacks (a leaf
@@ -196,9 +219,15 @@ class TreeStore:
         A leaf noted in a transaction that then aborts is replaced when its sequence is appended
         again, which it must be before the log reaches the end of its tile."""
 
+        if self._noted:
+            self._noted.pop(seq, None)  # noted by ``append_writes`` in a transaction that aborted
         self._pending[seq] = leaf
-        if seq % _WRITE_EVERY:
-            return
+        if seq % _WRITE_EVERY == 0:
+            self._write(txn, seq)
+
+    def _write(self, txn: lmdb.Transaction[bytes], seq: int) -> None:
+        """Write, in ``txn``, every whole tile up to record ``seq`` the stored tree lacks."""
+
         pending = self._pending
         size = self.size(txn)
         for old in [at for at in pending if at <= size]:
@@ -215,10 +244,9 @@ class TreeStore:
         except DamageError as error:  # a damaged tree never refuses a commit: verify names it, rebuild mends it
             _logger.error("the log tree of %s is not extended past %d records: %s", self.env.path, size, error)
             return
-        rows = [builder.add(leaf) for leaf in leaves]
         cursor = txn.cursor(db=self._db)
-        for at in range(0, len(rows), TILE):
-            cursor.put(_key((size + at) // TILE), b"".join(rows[at : at + TILE]), append=True)
+        for tile, rows in enumerate(_tiles(builder, leaves), size // TILE):
+            cursor.put(_key(tile), rows, append=True)
         self._builder = builder
 
     def _leaf_from_log(self, txn: lmdb.Transaction[bytes], seq: int) -> bytes:
@@ -268,8 +296,7 @@ class TreeStore:
         done = 0
         for chunk in _chunks(log, builder.size + 1, head - head % TILE):
             first = builder.size // TILE
-            rows = [builder.add(leaf) for leaf in chunk]
-            tiles = [b"".join(rows[at : at + TILE]) for at in range(0, len(rows), TILE)]
+            tiles = _tiles(builder, chunk)
 
             def put(txn: lmdb.Transaction[bytes], first: int = first, tiles: list[bytes] = tiles) -> None:
                 cursor = txn.cursor(db=db)
@@ -296,20 +323,25 @@ class TreeStore:
         if size > logged:  # tiles beyond the log's records: the tree of another, longer log
             total += 1
             found.append(f"the log tree holds {size} leaves, more than the log's {logged} records")
-        size = min(size, head)  # tiles past the records this check covers were written since
+        size = min(size, head - head % TILE)  # tiles past the records this check covers were written since
         builder = merkle.TreeBuilder()
-        for chunk in _chunks(log, 1, min(size, head)):
+        for chunk in _chunks(log, 1, size):
             first = builder.size // TILE
-            rows = [builder.add(leaf) for leaf in chunk]
+            tiles = _tiles(builder, chunk)
             with self.env.read() as txn:
-                for offset in range(len(rows) // TILE):
-                    tile = b"".join(rows[offset * TILE : (offset + 1) * TILE])
+                for offset, tile in enumerate(tiles):
                     stored = txn.get(_key(first + offset), db=self.db)
                     if stored != tile:
                         total += 1
                         if len(found) < limit:
                             found.append(_difference(first + offset, stored))
         return found, total
+
+
+def _tiles(builder: merkle.TreeBuilder, leaves: Sequence[bytes]) -> list[bytes]:
+    """The tiles of ``leaves`` (whole tiles, appended to ``builder`` at a whole tile)."""
+
+    return [builder.add_block(leaves[at : at + TILE]) for at in range(0, len(leaves), TILE)]
 
 
 def _difference(tile: int, stored: bytes | None) -> str:

@@ -22,7 +22,6 @@ from .records import Commit, decode_record, encode_record, record_leaf
 from .tree import ConsistencyProof, InclusionProof, TreeStore
 from ..tlog import merkle
 from ..tlog.note import Checkpoint, Signer, parse_signer, sign_checkpoint
-from ..tlog.leaf import record_leaf_hash
 
 T = TypeVar("T")
 
@@ -95,7 +94,7 @@ class WriteLog:
         record = encode_record(payload, committed_at)
         if not txn.put(seq_key(seq), record, db=db, append=True):
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
-        self.tree.append_leaf(txn, seq, record_leaf_hash(seq, committed_at, payload))
+        self.tree.append_writes(txn, seq, committed_at, payload)
         self.env.journal_stage(seq, record)  # power: flushed to the journal before txn commits
         return seq
 

@@ -8,6 +8,7 @@ docs/audit.md has the design and the leaf encoding.
 
 from .leaf import LEAF_FORMAT, leaf_data, leaf_header, record_leaf_hash
 from .merkle import (
+    BLOCK,
     EMPTY_ROOT,
     HASH_SIZE,
     HashReader,
@@ -40,6 +41,7 @@ from .note import (
 )
 
 __all__ = [
+    "BLOCK",
     "EMPTY_ROOT",
     "HASH_SIZE",
     "LEAF_FORMAT",

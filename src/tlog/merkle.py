@@ -29,6 +29,10 @@ HashReader = Callable[[Sequence[tuple[int, int]]], Sequence[bytes]]
 _LEAF: Final = b"\x00"
 _NODE: Final = b"\x01"
 _sha256: Final = hashlib.sha256
+BLOCK: Final = 16
+"""Leaves ``TreeBuilder.add_block`` appends at once."""
+_BLOCK_LEVEL: Final = 4
+"""The height of a block's subtree: ``BLOCK == 1 << _BLOCK_LEVEL``."""
 
 
 def leaf_hash(data: bytes) -> bytes:
@@ -123,6 +127,43 @@ class TreeBuilder:
             levels[level] = value
         self.size = size + 1
         return row
+
+    def add_block(self, leaves: Sequence[bytes]) -> bytes:
+        """Append ``BLOCK`` leaves at a size that is a multiple of ``BLOCK``; their rows joined, as
+        ``add`` gives them. The block's 15 interior hashes are computed pair by pair without a
+        loop (about a third less time per leaf than ``add``: a tree's whole tiles are built here)."""
+
+        size, levels, sha, node = self.size, self._levels, _sha256, _NODE
+        if size % BLOCK or len(leaves) != BLOCK:
+            raise ValueError(f"a block is {BLOCK} leaves appended at a multiple of {BLOCK}, not {len(leaves)} at {size}")
+        l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15 = leaves
+        a = sha(node + l0 + l1).digest()
+        b = sha(node + l2 + l3).digest()
+        ab = sha(node + a + b).digest()
+        c = sha(node + l4 + l5).digest()
+        d = sha(node + l6 + l7).digest()
+        cd = sha(node + c + d).digest()
+        a_d = sha(node + ab + cd).digest()
+        e = sha(node + l8 + l9).digest()
+        f = sha(node + l10 + l11).digest()
+        ef = sha(node + e + f).digest()
+        g = sha(node + l12 + l13).digest()
+        h = sha(node + l14 + l15).digest()
+        gh = sha(node + g + h).digest()
+        e_h = sha(node + ef + gh).digest()
+        value = sha(node + a_d + e_h).digest()
+        rows = [l0, l1, a, l2, l3, b, ab, l4, l5, c, l6, l7, d, cd, a_d,
+                l8, l9, e, l10, l11, f, ef, l12, l13, g, l14, l15, h, gh, e_h, value]
+        level = _BLOCK_LEVEL
+        while (size >> level) & 1:  # the subtrees above the block its last leaf completes
+            value = sha(node + levels[level] + value).digest()
+            rows.append(value)
+            level += 1
+        if level >= len(levels):
+            levels.extend([EMPTY_ROOT] * (level + 1 - len(levels)))
+        levels[level] = value
+        self.size = size + BLOCK
+        return b"".join(rows)
 
     def root(self) -> bytes:
         size = self.size

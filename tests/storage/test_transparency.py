@@ -14,9 +14,9 @@ from typing import Any
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import LmdbStorage, tlog
-from pi_durable_lmdb.log import Environment, WriteLog
+from pi_durable_lmdb.log import Environment, WriteLog, encode_batch
 from pi_durable_lmdb.log.compact import compact
-from pi_durable_lmdb.log.records import record_leaf
+from pi_durable_lmdb.log.records import encode_record, record_leaf
 from pi_durable_lmdb.log.tree import TILE, WRITE_TILES
 from pi_durable_lmdb.audit.export import export_lines
 from pi_durable_lmdb.audit.migrate import import_export
@@ -289,3 +289,51 @@ async def test_commits_write_tiles_a_group_at_a_time_and_close_writes_the_rest(t
         await storage.close()
     assert sizes == [(seq, seq - seq % group) for seq in range(1, head + 1)]
     assert stored_tree(path) == (head - head % TILE, tlog.root_of(leaves_of(path)), [])
+
+
+def test_records_appended_again_after_an_aborted_transaction_are_the_trees_leaves(tmp_path: Path) -> None:
+    """A transaction that appends records and then aborts (across a tile's end, within a tile, up
+    to a tile's end, up to the end of a group of tiles, whose commit writes them) leaves nothing
+    of its records in the tree: the records appended in their place are the leaves of the tiles
+    the commits write, whether appended as a commit appends them or as a replica does."""
+
+    class Aborted(Exception):
+        pass
+
+    def payload(n: int, doomed: bool) -> bytes:
+        return encode_batch([{"type": "conversation", "value": {"id": n, "doomed": doomed}}]).payload
+
+    env = Environment(tmp_path / "store", durability="process")
+    log = WriteLog(env)
+    group = WRITE_TILES * TILE
+    aborted = {TILE - 1: TILE + 3, 2 * TILE + 3: 2 * TILE + 8, 4 * TILE - 6: 4 * TILE, 5 * TILE + 3: 5 * TILE + 6, group - 19: group}
+    replicated = range(5 * TILE + 3, 5 * TILE + 7)  # appended again as a replica appends records
+    try:
+        for seq in range(1, group + TILE + 4):
+            if seq in aborted:
+
+                def doomed(txn: Any, first: int = seq, end: int = aborted[seq]) -> None:
+                    after = None
+                    for at in range(first, end + 1):
+                        after = log.append(txn, payload(at, True), 1_760_000_000_000 + at, after)
+                    raise Aborted
+
+                try:
+                    env.write(doomed)
+                except Aborted:
+                    pass
+            if seq in replicated:
+                record = encode_record(payload(seq, False), 1_760_000_000_000 + seq)
+                env.write(lambda txn, seq=seq, record=record: log.append_record(txn, seq, record))
+            else:
+                env.write(lambda txn, seq=seq: log.append(txn, payload(seq, False), 1_760_000_000_000 + seq))
+        with env.read() as txn:
+            assert log.tree.size(txn) == group
+        assert log.tree.check(log, log.head()) == ([], 0)
+        root = log.root()
+    finally:
+        env.close()
+    leaves = leaves_of(tmp_path / "store")
+    assert len(leaves) == group + TILE + 3
+    assert root == tlog.root_of(leaves)
+    assert stored_tree(tmp_path / "store") == (group, root, [])

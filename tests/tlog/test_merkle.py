@@ -104,6 +104,35 @@ def test_roots_and_proofs_equal_the_definition_for_every_size_up_to_70() -> None
             assert builder.add(tlog.leaf_hash(DATA[n])) == b"".join(STORED.rows[n])
 
 
+BLOCK_DATA = [i.to_bytes(2, "big") * (i % 3) for i in range(16 * 11)]
+BLOCK_STORED = Stored(BLOCK_DATA)
+
+
+def test_blocks_give_the_rows_of_their_leaves_and_the_definitions_root() -> None:
+    """``add_block`` (16 leaves at a multiple of 16) gives the rows the stored-hash scheme gives
+    leaf by leaf, carries into the subtrees above the block (sizes 16 to 176 cover one to three
+    carries), and mixes with ``add``; a block out of place is refused."""
+
+    leaves = [tlog.leaf_hash(item) for item in BLOCK_DATA]
+    builder = tlog.TreeBuilder()
+    for at in range(0, len(leaves), tlog.BLOCK):
+        if at // tlog.BLOCK % 3 == 2:  # every third block a leaf at a time
+            rows = b"".join(builder.add(leaf) for leaf in leaves[at : at + tlog.BLOCK])
+        else:
+            rows = builder.add_block(leaves[at : at + tlog.BLOCK])
+        assert rows == b"".join(b"".join(row) for row in BLOCK_STORED.rows[at : at + tlog.BLOCK])
+        assert builder.size == at + tlog.BLOCK
+        assert builder.root() == mth(BLOCK_DATA[: at + tlog.BLOCK])
+    resumed = tlog.TreeBuilder(48, BLOCK_STORED.read(tlog.frontier(48)))
+    resumed.add_block(leaves[48:64])
+    assert resumed.root() == mth(BLOCK_DATA[:64])
+    builder.add(leaves[0])
+    with pytest.raises(ValueError, match="multiple of 16"):
+        builder.add_block(leaves[:16])
+    with pytest.raises(ValueError, match="not 15"):
+        tlog.TreeBuilder().add_block(leaves[:15])
+
+
 def _altered(data: st.DataObject, proof: list[bytes]) -> list[bytes] | None:
     """``proof`` with one hash flipped, dropped or added (None: nothing to flip or drop)."""
 
