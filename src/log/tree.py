@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import lmdb
 import msgspec
@@ -37,8 +37,14 @@ from .environment import Environment
 from ..tlog.leaf import record_leaf_hash
 from .records import record_leaf
 
-if TYPE_CHECKING:
-    from .writelog import WriteLog
+
+class Records(Protocol):
+    """The log as its tree reads it (``writelog.WriteLog``): its head, and its stored records a
+    chunk at a time."""
+
+    def head(self, txn: lmdb.Transaction[bytes] | None = None) -> int: ...
+    def raw_chunk(self, first: int, last: int | None, limit: int = ...) -> list[tuple[int, bytes]]: ...
+
 
 TREE_DB: Final = "tlog"
 LOG_DB: Final = "log"
@@ -255,7 +261,7 @@ class TreeStore:
             raise CorruptRecordError(seq, "missing between the log's first record and its head")
         return record_leaf(seq, data)
 
-    def catch_up(self, log: WriteLog, progress: Progress | None = None) -> int:
+    def catch_up(self, log: Records, progress: Progress | None = None) -> int:
         """Write every whole tile the tree lacks, a chunk of records per transaction; returns
         how many records it hashed."""
 
@@ -267,7 +273,7 @@ class TreeStore:
             builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier(size)))
         return self._write_tiles(log, builder, head, progress, append=True)
 
-    def rebuild(self, log: WriteLog, progress: Progress | None = None) -> int:
+    def rebuild(self, log: Records, progress: Progress | None = None) -> int:
         """Write every tile again from the whole log, over the stored ones, then delete the tiles
         past the log's last whole tile. Never dropped first: a reader in another process (a
         ``verify``, a proof) sees the stored tree or the rebuilt one, never a tree with a hole."""
@@ -287,7 +293,7 @@ class TreeStore:
         self.env.write(trim)
         return done
 
-    def _write_tiles(self, log: WriteLog, builder: merkle.TreeBuilder, head: int, progress: Progress | None, append: bool) -> int:
+    def _write_tiles(self, log: Records, builder: merkle.TreeBuilder, head: int, progress: Progress | None, append: bool) -> int:
         """Hash the records from ``builder``'s size to the last whole tile before ``head`` and
         write their tiles, a chunk per transaction (``append``: past every stored tile, else over
         them); returns how many records it hashed."""
@@ -311,7 +317,7 @@ class TreeStore:
 
     # ── checking ────────────────────────────────────────────────────────────
 
-    def check(self, log: WriteLog, head: int, limit: int = 20) -> tuple[list[str], int]:
+    def check(self, log: Records, head: int, limit: int = 20) -> tuple[list[str], int]:
         """Recompute the tree of the log's first ``head`` records and compare every stored tile
         with it (the records after the last stored tile are hashed from the log whenever they are
         read, so they are never stale): ``(the first differences, how many in all)``."""
@@ -350,7 +356,7 @@ def _difference(tile: int, stored: bytes | None) -> str:
     return f"the log tree's tile of {records} {what}"
 
 
-def _chunks(log: WriteLog, first: int, last: int) -> Iterator[list[bytes]]:
+def _chunks(log: Records, first: int, last: int) -> Iterator[list[bytes]]:
     """The leaf hashes of records ``first`` to ``last``, a chunk at a time (each chunk read in
     short transactions)."""
 
@@ -368,7 +374,7 @@ def _chunks(log: WriteLog, first: int, last: int) -> Iterator[list[bytes]]:
         seq = end + 1
 
 
-def _raw(log: WriteLog, first: int, last: int) -> Iterator[tuple[int, bytes]]:
+def _raw(log: Records, first: int, last: int) -> Iterator[tuple[int, bytes]]:
     seq = first
     while seq <= last:
         rows = log.raw_chunk(seq, last)

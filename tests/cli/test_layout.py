@@ -39,7 +39,6 @@ WEB_STARTED_FROM: Final = frozenset({"cli/serve.py"})
 KNOWN_CYCLES: Final = frozenset(
     {
         frozenset({"log.environment", "log.shared"}),  # the Durability type
-        frozenset({"log.tree", "log.writelog"}),  # WriteLog, for typing
     }
 )
 """Import cycles that exist today, each through an import made only for typing, to be taken apart
