@@ -86,6 +86,12 @@ explorer fail; ``segment-gap`` (a failed segment uses up its number) must make t
 checker (``tools/io_faults.py``) fail."""
 
 
+def planted(fault: str) -> bool:
+    """Whether the fault ``fault`` is planted in this process (``_faults``)."""
+
+    return fault in _faults
+
+
 @dataclass(frozen=True)
 class JournalOptions:
     """How a ``power`` writer journals and checkpoints (``LmdbStorage.open(journal=...)``).

@@ -121,7 +121,7 @@ class Committer:
         """Swapped by a rebuild, under ``exclusive()``."""
         self.stream = stream
         self._direct = stream is None
-        self._direct_run = DIRECT_RUN if env.durability != "power" else 0.0
+        self._direct_run = DIRECT_RUN if env.mode.unsynced else 0.0
         """How long a run of direct commits lasts between yields: in ``power`` mode each direct
         commit yields first, so the loop waits for one commit's syncs at most, and only while
         no other commit is about."""

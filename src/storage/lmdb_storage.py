@@ -31,7 +31,9 @@ from ..errors import DamageError, NotWriterError, StoreStateError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
 from ..log.counters import EngineCounters
 from ..log.environment import DEFAULT_MAP_SIZE
+from ..log.durability import Mode, Role, mode_for
 from ..log.journal import JournalOptions
+from ..log.journaled import CommitJournal
 from ..log.records import decode_record
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.jetstream import link_for
@@ -79,8 +81,8 @@ class LmdbStorage(StorageReads, Storage):
         self._meta = env.db("meta")
         self._model = open_core(env, self.log, progress, verify_checksums)
         self._projector = Projector(self._model)
-        if env.replay_pending:
-            self._replay()
+        if env.journal is not None and env.journal.replay_pending:
+            self._replay(env.journal)
         if not env.readonly:
             self.log.tree.catch_up(self.log, progress)  # a store written before the tree, or behind it
         self.projections = UserProjections(env, self.log, projections, lambda: self._committer, lambda: self._model)
@@ -103,13 +105,13 @@ class LmdbStorage(StorageReads, Storage):
         self._reserved = 0 if raw is None else _U64.unpack(raw)[0]
         self._next_id = max(2, stored, self._reserved)
 
-    def _replay(self) -> None:
+    def _replay(self, journal: CommitJournal) -> None:
         """After an unclean stop of a journaled ``power`` writer: append and fold the journal's
         records past the restored checkpoint, as their commits did (checks included), then sync
         them and begin a new writer life (``log.environment``)."""
 
         env = self._env
-        records = env.journal_replay(self.log.head())
+        records = journal.records(self.log.head())
         logger.warning("store %s stopped uncleanly: replaying %d journal records after %d", env.path, len(records), self.log.head())
         projector, log = self._projector, self.log
 
@@ -122,7 +124,7 @@ class LmdbStorage(StorageReads, Storage):
         for at in range(0, len(records), REPLAY_CHUNK):
             chunk = records[at : at + REPLAY_CHUNK]
             env.write(lambda txn, chunk=chunk: replay(txn, chunk))  # type: ignore[misc]
-        env.finish_replay()
+        journal.finish_replay()
         logger.info("store %s recovered: head %d", env.path, self.log.head())
 
     @classmethod
@@ -167,8 +169,7 @@ class LmdbStorage(StorageReads, Storage):
         ``take_over="force"`` (fence it out at once). It then takes in what the stream holds.
         """
 
-        if durability not in ("power", "process", "replicated"):
-            raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
+        mode = mode_for(durability, Role.READER if readonly else Role.WRITER)
         if (nats is None) != (stream is None):
             raise ValueError("nats= and stream= go together: the NATS servers and the stream that carries the log")
         if durability == "replicated" and nats is None:
@@ -183,12 +184,11 @@ class LmdbStorage(StorageReads, Storage):
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
-                path=path, readonly=readonly, durability=durability, map_size=map_size, store_id=store,
-                journal=(journal or JournalOptions()) if durability == "power" and not readonly else None,
+                path=path, mode=mode, map_size=map_size, store_id=store, journal=journal,
             )
         except StoreDamagedError as error:
             logger.error("store %s is damaged: %s", path, error)
-            if durability != "replicated":
+            if mode is not Mode.REPLICATED:
                 raise
             raise StoreDamagedError(
                 error.path,
@@ -199,7 +199,7 @@ class LmdbStorage(StorageReads, Storage):
             ) from None
         if link is not None:
             try:
-                await storage._link_to(link, replicas, durability == "replicated", take_over, lease_ttl)
+                await storage._link_to(link, replicas, mode is Mode.REPLICATED, take_over, lease_ttl)
             except BaseException:
                 await storage.close()
                 raise
@@ -228,6 +228,7 @@ class LmdbStorage(StorageReads, Storage):
         of ``store``: a local store kept level with the store's subject on ``stream``, read like any
         store, refusing commits (``NotWriterError``); ``await replica.wait(seq)`` waits for ``seq``."""
 
+        mode = mode_for(durability, Role.REPLICA)
         link = link_for(nats, stream)
         try:  # the stream first: a replica that cannot follow anything creates nothing
             link.run(link.connect())
@@ -237,7 +238,7 @@ class LmdbStorage(StorageReads, Storage):
             link.close()
             raise
         storage = cls._build(
-            link, progress, projections, verify_checksums, path=path, durability=durability, map_size=map_size, store_id=store
+            link, progress, projections, verify_checksums, path=path, mode=mode, map_size=map_size, store_id=store
         )
         storage._link, storage.replication = link, Follower(link, storage, store)
         storage.replication.start()
