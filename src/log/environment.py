@@ -99,8 +99,7 @@ class Environment:
         self.journal: CommitJournal | None = None
         """The journal that makes commits durable (``Mode.JOURNALED``), else None."""
         created = False
-        readonly = self.readonly
-        if readonly:
+        if self.readonly:
             if not os.path.isfile(os.path.join(self.path, "data.mdb")):
                 raise FileNotFoundError(f"No store at {self.path} (no data.mdb)")
             refuse_after_crash(self.path)
@@ -114,7 +113,7 @@ class Environment:
             remove_leftover_copy(self.path)
         handle: SharedEnv | None = None
         try:
-            if not readonly:
+            if not self.readonly:
                 refuse_after_crash(self.path)
                 shared.refuse_shared_conflict(self.path, mode)  # before the marker: a refused open leaves none
                 if not mode.journaled and read_power_marker(self.path) is not None:

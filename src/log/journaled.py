@@ -59,7 +59,7 @@ class CommitJournal:
     def __init__(self, path: str, options: JournalOptions) -> None:
         self.path = path
         self._journal = Journal(path, options)
-        self._env: lmdb.Environment | None = None
+        self._env: lmdb.Environment | None = None  # these three are the environment's (``attach``)
         self._gate = Gate()
         self._dbs: dict[bytes, lmdb._Database] = {}
         self._closed = False
