@@ -1,4 +1,4 @@
-"""A journaled ``power`` writer's side of ``Environment``: each write transaction's log records
+"""How a journaled ``power`` writer makes its commits durable: each write transaction's log records
 go to the journal as one flushed frame before LMDB commits (the one device flush a commit waits
 for); checkpoints make ``data.mdb`` durable and move the pin that keeps their pages from reuse;
 after a power cut the open restores the last checkpoint's meta pages and the store replays the
