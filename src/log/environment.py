@@ -268,14 +268,14 @@ class Environment:
             framed = done = False
             result: T
             if journal is not None:
-                journal.begin()
+                journal.begin()  # no checkpoint until this transaction ends
             try:
                 txn = self.env.begin(write=True)
                 try:
                     result = work(txn)
                     began = time.perf_counter()
                     if journal is not None:
-                        framed = journal.flush()
+                        framed = journal.flush()  # what work staged, one flushed frame: before the commit
                     txn.commit()
                     self.counters.flush_seconds.observe(time.perf_counter() - began)  # with a journal, its flush
                     done = True
@@ -293,7 +293,7 @@ class Environment:
                         journal.abandon()
                     raise
                 if framed and done and journal is not None:
-                    journal.confirm()
+                    journal.confirm()  # before end(): the next transaction's frame follows this one
             finally:
                 if journal is not None:
                     journal.end()
@@ -301,7 +301,7 @@ class Environment:
                     self._held.pop()
             if done:
                 if framed and journal is not None:
-                    journal.committed()
+                    journal.committed()  # a checkpoint when one is due
                 return result
             if framed and journal is not None:
                 try:
