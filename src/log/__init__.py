@@ -4,7 +4,8 @@
 holds the persisted shapes and ``codec`` the lossless strict-JSON encoding they use.
 """
 
-from .environment import Durability, Environment
+from .durability import Durability, Mode, Role, mode_for
+from .environment import Environment
 from ..errors import (  # the log layer's errors, defined in the one error tree; importable here too
     CorruptRecordError,
     DurabilityConflictError,
@@ -40,6 +41,8 @@ __all__ = [
     "Durability",
     "EncodedBatch",
     "Environment",
+    "Mode",
+    "Role",
     "Write",
     "WriteLog",
     "check_committed_at",
@@ -47,6 +50,7 @@ __all__ = [
     "decode_record",
     "encode_batch",
     "key_seq",
+    "mode_for",
     "seq_key",
     "write_to_builtins",
 ]

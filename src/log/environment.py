@@ -4,40 +4,18 @@ A store is a directory holding LMDB's ``data.mdb`` and ``lock.mdb`` and our ``wr
 LMDB already serialises write transactions, but a second writer *process* would only queue behind
 the first; ``writer.lock`` (``flock``) turns that into a clear error instead. Readers never take it.
 
-Durability modes:
-
-``"power"`` (default)
-    An acknowledged commit survives power loss. A writer opened with ``journal=`` options (what
-    ``LmdbStorage.open`` does) runs LMDB without syncing and flushes each write transaction's
-    log records to a write-ahead journal before LMDB commits it: one device flush per commit or
-    group (``log.journal``). Checkpoints sync ``data.mdb`` off the commit path; a read
-    transaction pinned on the last checkpoint keeps its pages from reuse; ``power.unsynced``
-    (boot id, the writer life's epoch) stays in the store until a clean close. An open that finds
-    it writes the checkpoint's meta pages back and leaves the journal's later records for the
-    storage to replay (``journal_replay`` then ``finish_replay``); until then a read-only open
-    after a reboot, and any other writer, refuses the store (``JournalReplayPending``). Without
-    ``journal=`` (replicas, tools) LMDB syncs data and meta pages on every commit.
-``"process"``
-    ``MDB_NOSYNC``: a commit is in the OS page cache when acknowledged, so it survives the process
-    being killed. It does not survive an OS crash or power loss: the OS writes unsynced pages back
-    in any order (ext4 and xfs included), so the disk can hold a meta page whose tree was never
-    written, and LMDB cannot tell. So a process-mode writer keeps ``process.unsynced`` in the store
-    (holding the boot id, made durable before LMDB writes anything) until it has synced and closed;
-    any open that finds one from an earlier boot refuses with ``StoreDamagedError``
-    (tools/harness/powerloss: docs/reliability.md, "Power loss").
-``"replicated"``
-    Locally as ``"process"``: a NATS JetStream stream is the durable copy (``log.stream.writer``
-    publishes a commit's records before its LMDB transaction commits).
+How a commit is made durable is the handle's ``mode`` (``log.durability``, resolved once from
+the durability asked for and the opener's role); a ``Mode.JOURNALED`` writer holds its
+``CommitJournal`` as ``journal`` (``log.journaled``), whose hooks the one write loop calls.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import threading
 import time
 from collections.abc import Callable
-from typing import Final, Literal, TypeVar
+from typing import Final, TypeVar
 
 import lmdb
 import msgspec
@@ -53,15 +31,16 @@ from ..errors import (
     StoreFullError,
     WrongStoreError,
 )
-from .journal import Journal, JournalOptions
-from .journaled import JournaledWrites
+from .durability import Durability as Durability, Mode, Role, mode_for
+from .journal import JournalOptions
+from .journaled import CommitJournal
 from .pages import MAIN_DB as MAIN_DB, DbPages as DbPages, PageStats as PageStats, tally
 from .storeid import STORE_ID_PATTERN as STORE_ID_PATTERN, StoreHeader as StoreHeader, check_store_id as check_store_id, new_store_id as new_store_id
 from .storeid import decode_header, encode_header
-from .shared import SharedEnv
+from .shared import REMAP_DRAIN as REMAP_DRAIN, SharedEnv
 from .storedir import MAX_DBS as MAX_DBS
 from .storedir import UNSYNCED_FILE as UNSYNCED_FILE
-from .storedir import POWER_FILE, boot_id, read_power_marker
+from .storedir import boot_id, read_power_marker
 from .storedir import (
     clear_unsynced,
     create_data_file,
@@ -76,24 +55,22 @@ from .storedir import (
 
 T = TypeVar("T")
 
-
-Durability = Literal["power", "process", "replicated"]
-"""The one durability type of the package (see the module docstring); only ``"power"`` syncs."""
-
 STORE_FORMAT: Final = 1
 DEFAULT_MAP_SIZE: Final = 1 << 30
 _META_DB: Final = b"meta"
 _HEADER_KEY: Final = b"store"
-REMAP_DRAIN: Final = 0.02
-"""Seconds a map change keeps new transactions out while waiting for the open ones to end,
-before it lets them in again and retries (so a long read stalls the others only briefly)."""
 REMAP_PATIENCE: Final = 5.0
 """Seconds a map change retries before giving up (``MapBusyError``): a read transaction of
 this process stayed open all that time (held across an ``await``, or on the growing thread)."""
 
 
-class Environment(JournaledWrites):
-    """An open store directory. Use one per process per directory; never across ``fork()``."""
+class Environment:
+    """An open store directory. Use one per process per directory; never across ``fork()``.
+
+    ``mode`` (``log.durability``) is how its commits are made durable; without it, ``readonly``
+    and ``durability`` give the mode of a reader or of a writer without a journal (a tool's).
+    ``journal``: the journal's options in ``Mode.JOURNALED`` (defaults when None); the other
+    modes have no journal."""
 
     def __init__(
         self,
@@ -101,44 +78,28 @@ class Environment(JournaledWrites):
         *,
         readonly: bool = False,
         durability: Durability = "power",
+        mode: Mode | None = None,
         map_size: int = DEFAULT_MAP_SIZE,
         store_id: str | None = None,
         journal: JournalOptions | None = None,
     ) -> None:
-        if journal is not None and (readonly or durability != "power"):
-            raise ValueError("journal= is for power-durability writers")
+        if mode is None:
+            mode = mode_for(durability, Role.READER if readonly else Role.REPLICA)
         if store_id is not None:
             check_store_id(store_id)
-        if durability not in ("power", "process", "replicated"):
-            raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
         self.path = os.path.abspath(os.fspath(path))
         self._closed = False
-        self.readonly = readonly
+        self.mode = mode
+        self.readonly = not mode.writes
         self.counters = EngineCounters()
         """What this handle committed, for a host's metrics (``log.counters``)."""
-        self.durability: Durability = durability
         self._pid = os.getpid()
         self._forks = shared.forks
         self._lock_fd: int | None = None
-        self._journal: Journal | None = None
-        self._pin: lmdb.Transaction[bytes] | None = None
-        self._replay_from: int | None = None
-        """While a replay after an unclean stop is pending: the segment its records start in."""
-        self._epoch = 0
-        self._staged: list[tuple[int, bytes]] = []
-        self._writing = threading.Lock()
-        """Held from a journaled write transaction's begin to its commit, and by a checkpoint
-        while it pins a state and copies its meta pages (so they are one state)."""
-        self._checkpointing = threading.Lock()
-        self._since = (0, 0, time.monotonic())  # commits, journal bytes, time at the last checkpoint
-        self._bound = 1
-        self._last_page = 0
-        self._worker: threading.Thread | None = None
-        self._wake = threading.Condition()
-        self._wanted = False
-        self._stopping = False
+        self.journal: CommitJournal | None = None
+        """The journal that makes commits durable (``Mode.JOURNALED``), else None."""
         created = False
-        if readonly:
+        if self.readonly:
             if not os.path.isfile(os.path.join(self.path, "data.mdb")):
                 raise FileNotFoundError(f"No store at {self.path} (no data.mdb)")
             refuse_after_crash(self.path)
@@ -152,43 +113,32 @@ class Environment(JournaledWrites):
             remove_leftover_copy(self.path)
         handle: SharedEnv | None = None
         try:
-            if not readonly:
+            if not self.readonly:
                 refuse_after_crash(self.path)
-                shared.refuse_shared_conflict(self.path, durability, journal is not None)  # before the marker: a refused open leaves none
-                if journal is None and read_power_marker(self.path) is not None:
+                shared.refuse_shared_conflict(self.path, mode)  # before the marker: a refused open leaves none
+                if not mode.journaled and read_power_marker(self.path) is not None:
                     raise JournalReplayPending(self.path, "holds a power-mode writer's journal not yet replayed")
-                if durability != "power":
+                if mode.unsynced:
                     mark_unsynced(self.path)
                 if not os.path.exists(os.path.join(self.path, "data.mdb")):
                     create_data_file(self.path, map_size)
-                if journal is not None:
-                    self._journal = Journal(self.path, journal)
-                    self._restore()
-            handle = self._shared = shared.acquire(self.path, readonly, durability, map_size, journal is not None)
+                if mode.journaled:
+                    self.journal = CommitJournal(self.path, journal or JournalOptions())
+            handle = self._shared = shared.acquire(self.path, mode, map_size)
             if created:
                 sync_directory(os.path.dirname(self.path))
             self.env = self._shared.env
             self._dbs = self._shared.dbs
             self._gate = self._shared.gate
             self._held = self._gate.held
-            if self._journal is not None:
-                if self._replay_from is not None:
-                    self._pin = self._begin_pin()  # the restored checkpoint, until the replay is synced
-                else:
-                    self._start_life()
+            if self.journal is not None:
+                self.journal.attach(self._shared)
             self.store_id: str | None = self._check_header(store_id)
-            if self._journal is not None and self._replay_from is None:
-                self.checkpoint()  # a new store's header and id survive a power cut from now on
+            if self.journal is not None and not self.journal.replay_pending:
+                self.journal.checkpoint()  # a new store's header and id survive a power cut from now on
         except BaseException:
-            self._drop_pin()
-            if self._journal is not None:
-                if handle is not None and self._replay_from is None and read_power_marker(self.path) is not None:
-                    try:  # a refused open (another store's id, say) leaves no marker behind it
-                        handle.env.sync(True)
-                        clear_unsynced(self.path, POWER_FILE)
-                    except OSError:
-                        pass
-                self._journal.close()
+            if self.journal is not None:
+                self.journal.failed_open(None if handle is None else handle.env)
             if handle is not None:  # a failed open leaves nothing open behind it
                 shared.release(handle)
             self._release_lock()
@@ -224,7 +174,7 @@ class Environment(JournaledWrites):
         lock as any commit does; begun inside a bare ``open_db`` it deadlocked beside another
         thread's commit (a ``stats`` thread beside a committing writer, in one process)."""
 
-        self._enter()
+        self._gate.enter()
         try:
             if self.env.flags()["readonly"]:
                 return self.env.open_db(key, create=False)
@@ -286,7 +236,7 @@ class Environment(JournaledWrites):
         """``read()`` while the map changes, or after another process grew it."""
 
         while True:
-            self._enter()
+            self._gate.enter()
             try:
                 txn = self.env.begin(buffers=False)
             except lmdb.MapResizedError:
@@ -298,55 +248,70 @@ class Environment(JournaledWrites):
             self._held.pop()
             return txn
 
-    def _enter(self) -> None:
-        """Count this thread into the gate's ``held``, waiting while the map changes; the caller
-        pops ``held`` once done with the map."""
-
-        gate = self._gate
-        while True:
-            self._held.append(None)
-            if not gate.growing:
-                return
-            self._held.pop()
-            with gate.changed:
-                gate.changed.wait_for(lambda: not gate.growing, REMAP_DRAIN)
-
     def write(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         """Run ``work`` in one write transaction and commit it, growing the map when it is full.
 
         ``work`` is run again from the start after a growth, so it must change nothing outside
-        the transaction before it returns.
+        the transaction before it returns. With a journal, its hooks run around the transaction:
+        the records ``work`` staged are flushed as one frame before LMDB commits (the only device
+        flush a commit waits for), and the frame is unmade if the commit fails.
         """
 
         self.check_open()
         self.check_process()
         if self.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
-        if self._journal is not None:
-            return self._write_journaled(work)
+        journal = self.journal
         while True:
-            self._enter()  # held from begin to commit: write transactions are not in the reader table
+            self._gate.enter()  # held from begin to commit: write transactions are not in the reader table
             full = None
+            framed = done = False
+            result: T
+            if journal is not None:
+                journal.begin()  # no checkpoint until this transaction ends
             try:
                 txn = self.env.begin(write=True)
                 try:
                     result = work(txn)
                     began = time.perf_counter()
+                    if journal is not None:
+                        framed = journal.flush()  # what work staged, one flushed frame: before the commit
                     txn.commit()
-                    self.counters.flush_seconds.observe(time.perf_counter() - began)
-                    return result
+                    self.counters.flush_seconds.observe(time.perf_counter() - began)  # with a journal, its flush
+                    done = True
                 except lmdb.MapFullError:
                     full = txn  # aborted by the growth, once it keeps other transactions out
                 except lmdb.Error as error:
                     txn.abort()
+                    if framed and journal is not None:
+                        journal.abandon()
                     self._explain(error)
                     raise
                 except BaseException:
                     txn.abort()
+                    if framed and journal is not None:
+                        journal.abandon()
                     raise
+                if framed and done and journal is not None:
+                    journal.confirm()  # before end(): the next transaction's frame follows this one
             finally:
+                if journal is not None:
+                    journal.end()
                 if full is None:
                     self._held.pop()
+            if done:
+                if framed and journal is not None:
+                    journal.committed()  # a checkpoint when one is due
+                return result
+            if framed and journal is not None:
+                try:
+                    journal.abandon()
+                except BaseException:  # the transaction must not stay open and counted: it would wedge every growth
+                    try:
+                        txn.abort()
+                    finally:
+                        self._held.pop()
+                    raise
             self.grow(self.env.info()["map_size"], full)
 
     def _explain(self, error: lmdb.Error) -> None:
@@ -371,7 +336,7 @@ class Environment(JournaledWrites):
         which is aborted here."""
 
         if txn is None:
-            self._enter()
+            self._gate.enter()
         self._remap(2, full, txn)
 
     def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction[bytes] | None) -> None:
@@ -387,6 +352,7 @@ class Environment(JournaledWrites):
         for seconds, unless new transactions are kept out first."""
 
         gate = self._gate
+        journal = self.journal
         deadline = time.monotonic() + REMAP_PATIENCE
         locked = gate.lock.acquire(blocking=False)
         try:
@@ -403,18 +369,18 @@ class Environment(JournaledWrites):
                 return  # grown by another thread meanwhile
             while True:
                 gate.growing = True
-                if self._journal is not None:
-                    if self._checkpointing.acquire(blocking=False):
-                        try:
-                            if self._drained(time.monotonic() + REMAP_DRAIN):
-                                self._remap_journaled(factor)
-                                return
-                        finally:
-                            self._checkpointing.release()
-                elif self._drained(time.monotonic() + REMAP_DRAIN):
-                    size = 0 if factor == 0 else self.env.info()["map_size"] * factor
-                    self.env.set_mapsize(size)
-                    return
+                if journal is None or journal.hold_checkpoints():  # else a checkpoint runs: try again
+                    try:
+                        if self._drained(time.monotonic() + REMAP_DRAIN):
+                            if journal is not None:
+                                journal.unpin()
+                            self.env.set_mapsize(0 if factor == 0 else self.env.info()["map_size"] * factor)
+                            if journal is not None:
+                                journal.pin()
+                            return
+                    finally:
+                        if journal is not None:
+                            journal.allow_checkpoints()
                 self._open_gate()  # let the waiting transactions run meanwhile
                 if time.monotonic() >= deadline:
                     raise MapBusyError(self.path, REMAP_PATIENCE)
@@ -422,25 +388,6 @@ class Environment(JournaledWrites):
         finally:
             self._open_gate()
             gate.lock.release()
-
-    def _remap_journaled(self, factor: int) -> None:
-        """A map change of a journaled writer, with every transaction drained and checkpoints
-        held off: the pin must end too (LMDB changes the map only with no transaction open), so
-        a checkpoint of the current state is made durable first, and pinned once the map has
-        changed (nothing can commit meanwhile: the gate is closed)."""
-
-        journal = self._journal
-        assert journal is not None
-        self._drop_pin()
-        meta = self._read_meta()
-        segment = self._replay_from if self._replay_from is not None else journal.current_number
-        self.env.sync(True)
-        journal.checkpoints.write(self._epoch, segment, meta)
-        journal.release(segment)
-        self._since = (0, journal.written, time.monotonic())
-        size = 0 if factor == 0 else self.env.info()["map_size"] * factor
-        self.env.set_mapsize(size)
-        self._pin = self._begin_pin(entered=True)
 
     def _open_gate(self) -> None:
         gate = self._gate
@@ -455,7 +402,7 @@ class Environment(JournaledWrites):
 
         pause = 0.00005
         while True:
-            if not self._held and self._live_readers() <= (self._pin is not None):
+            if not self._held and self._live_readers() <= (self.journal is not None and self.journal.pinned):
                 return True
             if time.monotonic() >= until:
                 return False
@@ -502,18 +449,26 @@ class Environment(JournaledWrites):
     def sync(self) -> None:
         self.check_open()
         if not self.readonly:
-            self._enter()
+            self._gate.enter()
             try:
                 self.env.sync(True)
             finally:
                 self._held.pop()
+
+    def make_durable(self) -> None:
+        """A write transaction that holds no log records (the id reservation) must survive a
+        power cut before its caller hears back: with a journal, a checkpoint now (LMDB's own
+        sync, in the other modes, did what the mode promises at the commit)."""
+
+        if self.journal is not None:
+            self.journal.checkpoint()
 
     def copy(self, dest: str, compact: bool = False) -> None:
         """LMDB's copy of the store into the directory ``dest``, from one read snapshot."""
 
         self.check_open()
         self.check_process()
-        self._enter()
+        self._gate.enter()
         try:
             self.env.copy(dest, compact=compact)
         finally:
@@ -524,13 +479,12 @@ class Environment(JournaledWrites):
             return  # a forked child must not touch the parent's environment
         self._closed = True
         try:
-            if self._journal is not None:
-                self._close_journal()
+            if self.journal is not None:
+                self.journal.close()
             elif not self.readonly:
                 self.env.sync(True)
                 clear_unsynced(self.path)
         finally:
-            self._drop_pin()
             shared.release(self._shared)
             self._release_lock()
 

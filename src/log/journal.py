@@ -9,7 +9,7 @@ is visible to every reader (other processes included) as soon as LMDB commits it
 may be visible that a power cut could take back. A frame whose transaction then fails to commit
 is unmade (``abandon``) before the failure is reported.
 
-Checkpoints (``log.environment``): ``data.mdb`` is synced (``env.sync(True)``) off the commit
+Checkpoints (``log.journaled``): ``data.mdb`` is synced (``env.sync(True)``) off the commit
 path, and a *checkpoint record* is made durable: a copy of LMDB's two meta pages as they were
 when the checkpoint began, and the journal segment where records after it start. A read
 transaction of the writer stays pinned on that state until the next checkpoint is durable:
@@ -28,8 +28,8 @@ truncated: once released it is *recycled* (renamed to a new number, its header r
 synced), as PostgreSQL recycles WAL segments and RocksDB ``recycle_log_file_num`` does; a
 released segment smaller than the size a new one gets is deleted instead when that one is made
 (nothing needs it, and it would never fit again). ``journal/checkpoint.0`` and ``.1`` hold
-checkpoint records, written alternately (the one not holding the newest), each whole or rejected
-by its checksum, so a cut while one is written leaves the other.
+checkpoint records (``log.checkpoints``), written alternately (the one not holding the newest),
+each whole or rejected by its checksum, so a cut while one is written leaves the other.
 
 A segment starts with a 4 KiB header block (magic, format, its number, a random salt, a
 checksum). Then frames, back to back: a header (magic, body length, record count, the segment's
@@ -61,10 +61,10 @@ import threading
 from dataclasses import dataclass
 from typing import Final
 
-import msgspec
 import xxhash
 
 from ..errors import JournalDamagedError, StoreFormatError, StoreFullError
+from .checkpoints import CheckpointRecord as CheckpointRecord, Checkpoints as Checkpoints
 from .storedir import sync_directory
 
 JOURNAL_DIR: Final = "journal"
@@ -84,6 +84,12 @@ _faults: set[str] = set()
 set by the package. ``skip-journal-flush``, ``skip-pin``, ``recycle-early``: each must make the
 explorer fail; ``segment-gap`` (a failed segment uses up its number) must make the I/O fault
 checker (``tools/harness/io_faults.py``) fail."""
+
+
+def planted(fault: str) -> bool:
+    """Whether the fault ``fault`` is planted in this process (``_faults``)."""
+
+    return fault in _faults
 
 
 @dataclass(frozen=True)
@@ -521,101 +527,6 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-# ── checkpoint records ──────────────────────────────────────────────────────
-
-CHECKPOINT_FORMAT: Final = 1
-_CHECKPOINT_NAMES: Final = ("checkpoint.0", "checkpoint.1")
-_CHECKPOINT_SIZE: Final = 4096 * 4
-_CHECKPOINT_HEAD = struct.Struct(">8sIQ")  # magic, body length, xxh3-64 of the body
-_CHECKPOINT_MAGIC: Final = b"PIDLJCKP"
-
-
-class CheckpointRecord(msgspec.Struct, frozen=True):
-    """What recovery needs of one checkpoint. ``epoch``: the writer life that made it (the
-    ``power.unsynced`` marker names the life whose checkpoints recovery may trust);
-    ``generation`` orders a life's checkpoints; ``segment``: where records after it start;
-    ``meta``: LMDB's two meta pages as they were (the first two pages of ``data.mdb``)."""
-
-    format: int
-    epoch: int
-    generation: int
-    segment: int
-    meta: bytes
-
-
-_checkpoint_encoder: Final = msgspec.msgpack.Encoder()
-_checkpoint_decoder: Final = msgspec.msgpack.Decoder(CheckpointRecord)
-
-
-class Checkpoints:
-    """The two checkpoint slots: preallocated files written in place (one ``pwrite`` and one
-    ``fdatasync`` each), alternately, so the newest whole record survives a cut while the other
-    is written."""
-
-    def __init__(self, directory: str) -> None:
-        self.paths = [os.path.join(directory, name) for name in _CHECKPOINT_NAMES]
-        made = False
-        for path in self.paths:
-            if not os.path.exists(path):
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-                try:
-                    os.pwrite(fd, bytes(_CHECKPOINT_SIZE), 0)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                made = True
-        if made:
-            sync_directory(directory)
-        self.slots = [self._read(path) for path in self.paths]
-
-    @staticmethod
-    def _read(path: str) -> CheckpointRecord | None:
-        try:
-            with open(path, "rb") as file:
-                raw = file.read(_CHECKPOINT_SIZE)
-        except OSError:
-            return None
-        if len(raw) < _CHECKPOINT_HEAD.size:
-            return None
-        magic, length, checksum = _CHECKPOINT_HEAD.unpack_from(raw)
-        body = raw[_CHECKPOINT_HEAD.size : _CHECKPOINT_HEAD.size + length]
-        if magic != _CHECKPOINT_MAGIC or len(body) != length or xxhash.xxh3_64_intdigest(body) != checksum:
-            return None
-        try:
-            record = _checkpoint_decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None
-        if record.format != CHECKPOINT_FORMAT:
-            raise StoreFormatError(f"{path} is a checkpoint of format {record.format}; this version reads {CHECKPOINT_FORMAT}")
-        return record
-
-    def newest(self, epoch: int) -> CheckpointRecord | None:
-        """The newest whole checkpoint of the life ``epoch``."""
-
-        found = [record for record in self.slots if record is not None and record.epoch == epoch]
-        return max(found, key=lambda record: record.generation, default=None)
-
-    def write(self, epoch: int, segment: int, meta: bytes) -> CheckpointRecord:
-        """Make a checkpoint durable, in the slot not holding the newest one."""
-
-        valid = [(record.generation, index) for index, record in enumerate(self.slots) if record is not None]
-        newest_generation, newest_index = max(valid, default=(0, 1))
-        index = 1 - newest_index
-        record = CheckpointRecord(CHECKPOINT_FORMAT, epoch, newest_generation + 1, segment, meta)
-        body = _checkpoint_encoder.encode(record)
-        raw = _CHECKPOINT_HEAD.pack(_CHECKPOINT_MAGIC, len(body), xxhash.xxh3_64_intdigest(body)) + body
-        if len(raw) > _CHECKPOINT_SIZE:
-            raise StoreFormatError(f"A checkpoint record of {len(raw)} bytes does not fit its slot of {_CHECKPOINT_SIZE}")
-        fd = os.open(self.paths[index], os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        try:
-            os.pwrite(fd, raw, 0)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        self.slots[index] = record
-        return record
 
 
 def _full(error: OSError, directory: str, size: int) -> OSError:

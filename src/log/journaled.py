@@ -1,10 +1,10 @@
-"""A journaled ``power`` writer's side of ``Environment``: each write transaction's log records
+"""How a journaled ``power`` writer makes its commits durable: each write transaction's log records
 go to the journal as one flushed frame before LMDB commits (the one device flush a commit waits
 for); checkpoints make ``data.mdb`` durable and move the pin that keeps their pages from reuse;
 after a power cut the open restores the last checkpoint's meta pages and the store replays the
 journal past it. Why it is built so: ``log.journal`` and docs/reliability.md section 7.
 
-When to checkpoint (``_count_commit``, ``_adapt``): the pin keeps every page freed after the
+When to checkpoint (``committed``, ``_adapt``): the pin keeps every page freed after the
 checkpoint from reuse, so each commit until the next one writes new pages, and the file's high
 water mark rises by pages per commit times commits per checkpoint (the file never shrinks). A
 fixed commit bound made a small store many times its ``process`` size, so the bound adapts to
@@ -19,8 +19,9 @@ growth alone: each growth-ended interval leaves its pages free for the next, so 
 lengthen up to the commit bound and the file grows as far as it did without one. A bound by
 journal bytes (half the segment in use) keeps two segments taking turns.
 
-A mixin of ``Environment`` (one object, two files): the state it uses is the environment's,
-declared below for the type checker and set by ``Environment.__init__``.
+``CommitJournal`` is what an ``Environment`` of ``Mode.JOURNALED`` holds as ``journal`` (None in
+every other mode): its one write loop (``Environment.write``) calls the hooks here around each
+write transaction, and ``WriteLog.append`` stages each record it appends (``stage``).
 """
 
 from __future__ import annotations
@@ -30,17 +31,13 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
 
 import lmdb
 
 from ..errors import StoreFormatError
-from .counters import EngineCounters
-from .journal import Journal, _faults
-from .storedir import POWER_FILE, boot_id, clear_markers, mark_power, read_power_marker
-
-T = TypeVar("T")
+from .journal import Journal, JournalOptions, planted
+from .shared import Gate, SharedEnv
+from .storedir import POWER_FILE, boot_id, clear_markers, clear_unsynced, mark_power, read_power_marker
 
 _log = logging.getLogger("pi_durable_lmdb")
 
@@ -51,115 +48,121 @@ def pages(stat: lmdb._StatDict) -> int:
     return int(stat["branch_pages"]) + int(stat["leaf_pages"]) + int(stat["overflow_pages"])
 
 
-class JournaledWrites:
-    """Writes, checkpoints and recovery of a journaled writer (``_journal`` set)."""
+class CommitJournal:
+    """A journaled writer's commits made durable (see the module docstring): each write
+    transaction's records staged, then flushed as one frame before LMDB commits it; checkpoints
+    and the pin that keeps their pages from reuse; recovery after an unclean stop.
 
-    path: str
-    env: lmdb.Environment
-    counters: EngineCounters
-    _closed: bool
-    _journal: Journal | None
-    _pin: lmdb.Transaction[bytes] | None
-    _replay_from: int | None
-    _epoch: int
-    _staged: list[tuple[int, bytes]]
-    _writing: threading.Lock
-    _checkpointing: threading.Lock
-    _since: tuple[int, int, float]
-    _worker: threading.Thread | None
-    _wake: threading.Condition
-    _wanted: bool
-    _stopping: bool
-    _held: list[None]
-    _bound: int
-    """Journaled commits between checkpoints now (``_adapt``)."""
-    _last_page: int
-    """``data.mdb``'s last page number at the last checkpoint."""
-    _dbs: dict[bytes, lmdb._Database]
+    Made before LMDB maps the file (a recovery writes the checkpoint's meta pages back first),
+    then ``attach``-ed to the environment once it is open."""
 
-    if TYPE_CHECKING:  # Environment's own
+    def __init__(self, path: str, options: JournalOptions) -> None:
+        self.path = path
+        self._journal = Journal(path, options)
+        self._env: lmdb.Environment | None = None  # these three are the environment's (``attach``)
+        self._gate = Gate()
+        self._dbs: dict[bytes, lmdb._Database] = {}
+        self._closed = False
+        self._pin: lmdb.Transaction[bytes] | None = None
+        self._replay_from: int | None = None
+        """While a replay after an unclean stop is pending: the segment its records start in."""
+        self._epoch = 0
+        self._staged: list[tuple[int, bytes]] = []
+        self._writing = threading.Lock()
+        """Held from a write transaction's begin to its commit, and by a checkpoint while it pins
+        a state and copies its meta pages (so they are one state)."""
+        self._checkpointing = threading.Lock()
+        self._since = (0, 0, time.monotonic())  # commits, journal bytes, time at the last checkpoint
+        self._bound = 1
+        """Journaled commits between checkpoints now (``_adapt``)."""
+        self._last_page = 0
+        """``data.mdb``'s last page number at the last checkpoint."""
+        self._worker: threading.Thread | None = None
+        self._wake = threading.Condition()
+        self._wanted = False
+        self._stopping = False
+        try:
+            self._restore()
+        except BaseException:
+            self._journal.close()
+            raise
 
-        def _enter(self) -> None: ...
+    @property
+    def env(self) -> lmdb.Environment:
+        assert self._env is not None, "the journal is not attached to its environment yet"
+        return self._env
 
-        def _explain(self, error: lmdb.Error) -> None: ...
+    def attach(self, shared: SharedEnv) -> None:
+        """The environment is open: pin the restored checkpoint until the replay is synced, or
+        begin a new writer life."""
 
-        def grow(self, full: int | None = None, txn: lmdb.Transaction[bytes] | None = None) -> None: ...
+        self._env, self._gate, self._dbs = shared.env, shared.gate, shared.dbs
+        if self._replay_from is not None:
+            self._pin = self._begin_pin()
+        else:
+            self._start_life()
 
-    def journal_stage(self, seq: int, data: bytes) -> None:
+    @property
+    def bound(self) -> int:
+        """Journaled commits between checkpoints now (``_adapt``)."""
+
+        return self._bound
+
+    @property
+    def pinned(self) -> bool:
+        """A read transaction of the writer is pinned on the last checkpoint."""
+
+        return self._pin is not None
+
+    # ── the write loop's hooks (``Environment.write``) ─────────────────────
+
+    def stage(self, seq: int, data: bytes) -> None:
         """Inside a write transaction: one of its log records (sequence, stored bytes); they go
-        to the journal as one flushed frame right before the transaction commits. A no-op
-        without a journal (LMDB's own sync, or another durability)."""
+        to the journal as one flushed frame right before the transaction commits."""
 
-        if self._journal is not None:
-            self._staged.append((seq, data))
+        self._staged.append((seq, data))
 
-    def _write_journaled(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
-        """``write`` for a journaled writer: the staged records' frame is flushed before LMDB
-        commits (the only device flush a commit waits for), and unmade if the commit fails."""
+    def begin(self) -> None:
+        """A write transaction begins: checkpoints wait until it ends; nothing is staged yet."""
 
-        journal = self._journal
-        assert journal is not None
-        while True:
-            self._enter()
-            full = None
-            framed = False
-            done = False
-            result: T
-            self._writing.acquire()
-            try:
-                txn = self.env.begin(write=True)
-                self._staged = []
-                try:
-                    result = work(txn)
-                    began = time.perf_counter()
-                    if self._staged:
-                        framed = True  # a frame written, even in part, is unmade if anything fails
-                        journal.write(self._staged)
-                    txn.commit()
-                    self.counters.flush_seconds.observe(time.perf_counter() - began)  # the journal's flush
-                    done = True
-                except lmdb.MapFullError:
-                    full = txn
-                except lmdb.Error as error:
-                    txn.abort()
-                    if framed:
-                        journal.abandon()
-                    self._explain(error)
-                    raise
-                except BaseException:
-                    txn.abort()
-                    if framed:
-                        journal.abandon()
-                    raise
-                if done and framed:
-                    journal.confirm()
-            finally:
-                self._staged = []
-                self._writing.release()
-                if full is None:
-                    self._held.pop()
-            if done:
-                if framed:
-                    self._count_commit()
-                return result
-            if framed:
-                try:
-                    journal.abandon()
-                except BaseException:  # the transaction must not stay open and counted: it would wedge every growth
-                    try:
-                        if full is not None:
-                            full.abort()
-                    finally:
-                        self._held.pop()
-                    raise
-            self.grow(self.env.info()["map_size"], full)
+        self._writing.acquire()
+        self._staged = []
 
-    def _count_commit(self) -> None:
-        """A journaled commit: take a checkpoint when the options' bounds are reached (on the
-        checkpoint thread, or here)."""
+    def flush(self) -> bool:
+        """Right before LMDB commits: the staged records as one frame, flushed (the only device
+        flush a commit waits for). Whether a frame was written; one written even in part is
+        unmade before a failure here is raised."""
+
+        if not self._staged:
+            return False
+        try:
+            self._journal.write(self._staged)
+        except BaseException:
+            self._journal.abandon()
+            raise
+        return True
+
+    def confirm(self) -> None:
+        """The transaction of the frame committed (before ``end``: the next one's frame follows)."""
+
+        self._journal.confirm()
+
+    def abandon(self) -> None:
+        """The transaction of the frame did not commit: unmake the frame, durably."""
+
+        self._journal.abandon()
+
+    def end(self) -> None:
+        """The write transaction ended (committed or not)."""
+
+        self._staged = []
+        self._writing.release()
+
+    def committed(self) -> None:
+        """A commit with a frame, after ``end``: take a checkpoint when the options' bounds are
+        reached (on the checkpoint thread, or here)."""
 
         journal = self._journal
-        assert journal is not None
         commits, written, since = self._since
         commits += 1
         self._since = (commits, written, since)
@@ -185,6 +188,8 @@ class JournaledWrites:
                 self._worker.start()
             self._wake.notify()
 
+    # ── checkpoints ─────────────────────────────────────────────────────────
+
     def _checkpointer(self) -> None:
         while True:
             with self._wake:
@@ -200,10 +205,10 @@ class JournaledWrites:
 
     def checkpoint(self) -> None:
         """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
-        recovery starts from (no-op without a journal). The pin moves to it once it is durable;
-        segments it no longer needs are released."""
+        recovery starts from. The pin moves to it once it is durable; segments it no longer
+        needs are released."""
 
-        if self._journal is None or self._closed:
+        if self._closed:
             return
         with self._checkpointing:
             self._checkpoint()
@@ -213,8 +218,7 @@ class JournaledWrites:
         with no write transaction open (``_writing``), then synced off the commit path."""
 
         journal = self._journal
-        assert journal is not None
-        self._enter()  # the map stays as it is while the pin begins
+        self._gate.enter()  # the map stays as it is while the pin begins
         try:
             with self._writing:
                 pin = self._begin_pin(entered=True)
@@ -224,7 +228,7 @@ class JournaledWrites:
                 self._since = (0, journal.written, time.monotonic())
                 last = int(self.env.info()["last_pgno"])
         finally:
-            self._held.pop()
+            self._gate.held.pop()
         try:
             self.env.sync(True)
             journal.checkpoints.write(self._epoch, segment, meta)
@@ -247,8 +251,6 @@ class JournaledWrites:
         state ``pin`` holds (``last``: its last page number) and the ``commits`` since the
         checkpoint before."""
 
-        if self._journal is None:
-            return
         options = self._journal.options
         used = 2 + sum(pages(pin.stat(db)) for db in list(self._dbs.values())) + pages(pin.stat())
         free = max(0, last + 1 - used)
@@ -260,19 +262,49 @@ class JournaledWrites:
         elif commits >= self._bound:
             self._bound = min(options.checkpoint_commits, self._bound + (1 if grew else self._bound))
 
+    # ── map changes (``Environment._remap``) ────────────────────────────────
+
+    def hold_checkpoints(self) -> bool:
+        """Keep checkpoints off while the map changes; False when one is running (try later)."""
+
+        return self._checkpointing.acquire(blocking=False)
+
+    def allow_checkpoints(self) -> None:
+        self._checkpointing.release()
+
+    def unpin(self) -> None:
+        """Before a map change, with every transaction drained and checkpoints held off: the pin
+        must end too (LMDB changes the map only with no transaction open), so a checkpoint of
+        the current state is made durable first (nothing can commit meanwhile: the gate is
+        closed)."""
+
+        journal = self._journal
+        self._drop_pin()
+        meta = self._read_meta()
+        segment = self._replay_from if self._replay_from is not None else journal.current_number
+        self.env.sync(True)
+        journal.checkpoints.write(self._epoch, segment, meta)
+        journal.release(segment)
+        self._since = (0, journal.written, time.monotonic())
+
+    def pin(self) -> None:
+        """After a map change (``unpin`` before it): pin the checkpoint it made."""
+
+        self._pin = self._begin_pin(entered=True)
+
     def _begin_pin(self, entered: bool = False) -> lmdb.Transaction[bytes] | None:
         """The read transaction that keeps a checkpoint's pages from reuse (LMDB reuses a page
         only once every reader is newer than the transaction that freed it)."""
 
-        if "skip-pin" in _faults:  # planted: the explorer must fail without it
+        if planted("skip-pin"):  # planted: the explorer must fail without it
             return None
         if entered:
             return self.env.begin(buffers=False)
-        self._enter()
+        self._gate.enter()
         try:
             return self.env.begin(buffers=False)
         finally:
-            self._held.pop()
+            self._gate.held.pop()
 
     def _drop_pin(self) -> None:
         pin, self._pin = self._pin, None
@@ -292,14 +324,15 @@ class JournaledWrites:
             raise StoreFormatError(f"{self.path}/data.mdb is shorter than its two meta pages")
         return meta
 
+    # ── recovery and writer lives ───────────────────────────────────────────
+
     def _restore(self) -> None:
         """Before LMDB maps the file: after a power cut or OS crash (``power.unsynced`` names
         another boot, or none can be read), write the last checkpoint's meta pages back (its
         pages were synced and kept from reuse, so they name a whole tree) and remember where its
-        journal records start (``journal_replay``)."""
+        journal records start (``records``)."""
 
         journal = self._journal
-        assert journal is not None
         marker = read_power_marker(self.path)
         if marker is None or marker[1] is None:
             return  # a clean stop, or a cut while a life began: no page was written unsynced since
@@ -328,22 +361,22 @@ class JournaledWrites:
 
     @property
     def replay_pending(self) -> bool:
-        """An unclean stop left journal records to replay (``journal_replay``, ``finish_replay``)."""
+        """An unclean stop left journal records to replay (``records``, ``finish_replay``)."""
 
         return self._replay_from is not None
 
-    def journal_replay(self, head: int) -> list[tuple[int, bytes]]:
+    def records(self, head: int) -> list[tuple[int, bytes]]:
         """The journal's records after ``head`` (the restored checkpoint's log head), in order:
         the caller appends and folds each, then calls ``finish_replay``."""
 
-        if self._journal is None or self._replay_from is None:
+        if self._replay_from is None:
             return []
         return self._journal.records(self._replay_from, head)
 
     def finish_replay(self) -> None:
         """The replayed records are committed: sync them and begin a new writer life."""
 
-        if self._journal is None or self._replay_from is None:
+        if self._replay_from is None:
             return
         self._start_life()
 
@@ -352,7 +385,6 @@ class JournaledWrites:
         marker naming that epoch; from then on LMDB may be written unsynced."""
 
         journal = self._journal
-        assert journal is not None
         with self._checkpointing:
             old, self._pin = self._pin, None
             pin = self._begin_pin()
@@ -370,27 +402,35 @@ class JournaledWrites:
             journal.release(segment)
             self._since = (0, journal.written, time.monotonic())
 
-    def make_durable(self) -> None:
-        """A write transaction that holds no log records (the id reservation) must survive a
-        power cut before its caller hears back: with a journal, a checkpoint now."""
+    def failed_open(self, env: lmdb.Environment | None) -> None:
+        """The environment's open failed (``env``: LMDB's, if it was mapped): a refused open
+        (another store's id, say) leaves no marker behind it, and nothing open."""
 
-        if self._journal is not None:
-            self.checkpoint()
+        self._drop_pin()
+        if env is not None and self._replay_from is None and read_power_marker(self.path) is not None:
+            try:
+                env.sync(True)
+                clear_unsynced(self.path, POWER_FILE)
+            except OSError:
+                pass
+        self._journal.close()
 
-    def _close_journal(self) -> None:
+    def close(self) -> None:
         """Stop the checkpoint thread; on a clean close sync everything and remove the marker
         (a close with a replay still pending keeps it: the next open replays again)."""
 
-        journal = self._journal
-        assert journal is not None
-        with self._wake:
-            self._stopping = True
-            self._wake.notify_all()
-        if self._worker is not None:
-            self._worker.join()
-        with self._checkpointing:
+        self._closed = True
+        try:
+            with self._wake:
+                self._stopping = True
+                self._wake.notify_all()
+            if self._worker is not None:
+                self._worker.join()
+            with self._checkpointing:
+                self._drop_pin()
+                if self._replay_from is None:
+                    self.env.sync(True)
+                    clear_markers(self.path)
+                self._journal.close()
+        finally:
             self._drop_pin()
-            if self._replay_from is None:
-                self.env.sync(True)
-                clear_markers(self.path)
-            journal.close()

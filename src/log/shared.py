@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import Final
 
 import lmdb
 
 from ..errors import DurabilityConflictError, WriterLockedError
+from .durability import Mode
 from .storedir import MAX_DBS, check_not_truncated, refuse_links
 
-if TYPE_CHECKING:
-    from .environment import Durability
+REMAP_DRAIN: Final = 0.02
+"""Seconds a map change keeps new transactions out while waiting for the open ones to end,
+before it lets them in again and retries (so a long read stalls the others only briefly)."""
 
 class Gate:
     """Keeps this process's transactions out of the memory map while it changes (one per LMDB
@@ -36,17 +38,29 @@ class Gate:
         self.lock = threading.Lock()
         self.changed = threading.Condition()
 
+    def enter(self) -> None:
+        """Count this thread into ``held``, waiting while the map changes; the caller pops
+        ``held`` once done with the map."""
+
+        held = self.held
+        while True:
+            held.append(None)
+            if not self.growing:
+                return
+            held.pop()
+            with self.changed:
+                self.changed.wait_for(lambda: not self.growing, REMAP_DRAIN)
+
 
 class SharedEnv:
     """py-lmdb allows one environment per directory per process; handles share it. Its sync mode
-    is fixed when it opens (py-lmdb cannot change ``MDB_NOSYNC`` later), so ``durability`` is the
-    only durability a writer sharing it can be given."""
+    is fixed when it opens (py-lmdb cannot change ``MDB_NOSYNC`` later), so a writer sharing it
+    must ask for a mode that syncs as ``mode`` does."""
 
-    def __init__(self, env: lmdb.Environment, readonly: bool, durability: Durability, journaled: bool = False) -> None:
+    def __init__(self, env: lmdb.Environment, mode: Mode) -> None:
         self.env = env
-        self.readonly = readonly
-        self.durability = durability
-        self.journaled = journaled
+        self.mode = mode
+        self.readonly = not mode.writes
         self.users = 0
         self.dbs: dict[bytes, lmdb._Database] = {}
         self.gate = Gate()
@@ -55,9 +69,8 @@ class SharedEnv:
 open_envs: dict[str, SharedEnv] = {}
 
 
-def acquire(path: str, readonly: bool, durability: Durability, map_size: int, journaled: bool = False) -> SharedEnv:
-    """``journaled``: a ``power`` writer whose commits are made durable by its journal
-    (``log.journal``): LMDB itself does not sync them."""
+def acquire(path: str, mode: Mode, map_size: int) -> SharedEnv:
+    """The environment of ``path`` in this process, opened for ``mode`` if it is not open yet."""
 
     real = os.path.realpath(path)
     shared = open_envs.get(real)
@@ -68,37 +81,34 @@ def acquire(path: str, readonly: bool, durability: Durability, map_size: int, jo
             path,
             map_size=map_size,
             max_dbs=MAX_DBS,
-            readonly=readonly,
-            sync=durability == "power" and not journaled,
+            readonly=not mode.writes,
+            sync=mode.lmdb_sync,
             metasync=True,
             mode=0o600,
-            create=not readonly,
+            create=mode.writes,
             max_spare_txns=4,
         )
         env.reader_check()
-        shared = open_envs[real] = SharedEnv(env, readonly, durability, journaled)
-    elif not readonly:
-        refuse_shared_conflict(path, durability, journaled)
+        shared = open_envs[real] = SharedEnv(env, mode)
+    elif mode.writes:
+        refuse_shared_conflict(path, mode)
     shared.users += 1
     return shared
 
 
-def refuse_shared_conflict(path: str, durability: Durability, journaled: bool = False) -> None:
-    """A writer cannot share an environment this process opened read-only, or for another
-    durability (its sync mode is fixed when it opens)."""
+def refuse_shared_conflict(path: str, mode: Mode) -> None:
+    """A writer cannot share an environment this process opened read-only, or for a mode that
+    syncs otherwise (its sync mode is fixed when it opens)."""
 
     shared = open_envs.get(os.path.realpath(path))
     if shared is None:
         return
     if shared.readonly:
         raise WriterLockedError(path, " read-only by this process; close those readers first")
-    if (shared.durability == "power") != (durability == "power"):
-        raise DurabilityConflictError(path, durability, shared.durability)
-    if shared.journaled != journaled:  # a journaled writer's LMDB does not sync; a replica's does
-        def label(journaled: bool) -> str:
-            return "power (journaled writer)" if journaled else "power (replica)"
-
-        raise DurabilityConflictError(path, label(journaled), label(shared.journaled))
+    if shared.mode.unsynced != mode.unsynced:
+        raise DurabilityConflictError(path, mode.durability, shared.mode.durability)
+    if shared.mode.journaled != mode.journaled:  # a journaled writer's LMDB does not sync; a replica's does
+        raise DurabilityConflictError(path, mode.value, shared.mode.value)
 
 
 def release(shared: SharedEnv) -> None:

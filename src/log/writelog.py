@@ -95,7 +95,9 @@ class WriteLog:
         if not txn.put(seq_key(seq), record, db=db, append=True):
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
         self.tree.append_writes(txn, seq, committed_at, payload)
-        self.env.journal_stage(seq, record)  # power: flushed to the journal before txn commits
+        journal = self.env.journal
+        if journal is not None:
+            journal.stage(seq, record)  # flushed to the journal before txn commits
         return seq
 
     def append_record(self, txn: lmdb.Transaction[bytes], seq: int, data: bytes) -> int:

@@ -124,7 +124,7 @@ class Committer:
         Once per transaction: it raises a floor, so the group's highest id is all it needs."""
         """Swapped by a rebuild, under ``exclusive()``."""
         self.stream = stream
-        self._direct = stream is None and env.durability != "power"
+        self._direct = stream is None and env.mode.unsynced
         """Commits may run on the caller's thread: not when each waits for a device flush
         (``power``) or for the network (a stream), which must not stall the caller's loop."""
         self._lock = threading.Lock()

@@ -29,7 +29,9 @@ from ..errors import DamageError, NotWriterError, StoreStateError
 from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
 from ..log.counters import EngineCounters
 from ..log.environment import DEFAULT_MAP_SIZE
+from ..log.durability import Mode, Role, mode_for
 from ..log.journal import JournalOptions
+from ..log.journaled import CommitJournal
 from ..log.records import decode_record
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.jetstream import link_for
@@ -74,8 +76,8 @@ class LmdbStorage(StorageReads, Storage):
         self._meta = env.db("meta")
         self._model = open_core(env, self.log, progress, verify_checksums)
         self._projector = Projector(self._model)
-        if env.replay_pending:
-            self._replay()
+        if env.journal is not None and env.journal.replay_pending:
+            self._replay(env.journal)
         if not env.readonly:
             self.log.tree.catch_up(self.log, progress)  # a store written before the tree, or behind it
         self.projections = UserProjections(env, self.log, projections, lambda: self._committer, lambda: self._model)
@@ -91,13 +93,13 @@ class LmdbStorage(StorageReads, Storage):
         with env.read() as txn:
             self._ids = IdMinter.load(txn, self._meta, self._model.max_record_id(txn) + 1)
 
-    def _replay(self) -> None:
+    def _replay(self, journal: CommitJournal) -> None:
         """After an unclean stop of a journaled ``power`` writer: append and fold the journal's
         records past the restored checkpoint, as their commits did (checks included), then sync
         them and begin a new writer life (``log.environment``)."""
 
         env = self._env
-        records = env.journal_replay(self.log.head())
+        records = journal.records(self.log.head())
         logger.warning("store %s stopped uncleanly: replaying %d journal records after %d", env.path, len(records), self.log.head())
         projector, log = self._projector, self.log
 
@@ -110,7 +112,7 @@ class LmdbStorage(StorageReads, Storage):
         for at in range(0, len(records), REPLAY_CHUNK):
             chunk = records[at : at + REPLAY_CHUNK]
             env.write(lambda txn, chunk=chunk: replay(txn, chunk))  # type: ignore[misc]
-        env.finish_replay()
+        journal.finish_replay()
         logger.info("store %s recovered: head %d", env.path, self.log.head())
 
     @classmethod
@@ -157,15 +159,15 @@ class LmdbStorage(StorageReads, Storage):
 
         options = OpenOptions(durability, readonly, nats, stream, replicas, take_over)
         link = options.link()
+        mode = mode_for(durability, Role.READER if readonly else Role.WRITER)
         try:
             storage = cls._build(
                 link, progress, projections, verify_checksums,
-                path=path, readonly=readonly, durability=durability, map_size=map_size, store_id=store,
-                journal=(journal or JournalOptions()) if durability == "power" and not readonly else None,
+                path=path, mode=mode, map_size=map_size, store_id=store, journal=journal,
             )
         except StoreDamagedError as error:
             logger.error("store %s is damaged: %s", path, error)
-            if durability != "replicated":
+            if mode is not Mode.REPLICATED:
                 raise
             raise StoreDamagedError(
                 error.path,
@@ -176,7 +178,7 @@ class LmdbStorage(StorageReads, Storage):
             ) from None
         if link is not None:
             try:
-                await storage._link_to(link, replicas, options.replicated, take_over, lease_ttl)
+                await storage._link_to(link, replicas, mode is Mode.REPLICATED, take_over, lease_ttl)
             except BaseException:
                 await storage.close()
                 raise
@@ -205,6 +207,7 @@ class LmdbStorage(StorageReads, Storage):
         of ``store``: a local store kept level with the store's subject on ``stream``, read like any
         store, refusing commits (``NotWriterError``); ``await replica.wait(seq)`` waits for ``seq``."""
 
+        mode = mode_for(durability, Role.REPLICA)
         link = link_for(nats, stream)
         try:  # the stream first: a replica that cannot follow anything creates nothing
             link.run(link.connect())
@@ -214,7 +217,7 @@ class LmdbStorage(StorageReads, Storage):
             link.close()
             raise
         storage = cls._build(
-            link, progress, projections, verify_checksums, path=path, durability=durability, map_size=map_size, store_id=store
+            link, progress, projections, verify_checksums, path=path, mode=mode, map_size=map_size, store_id=store
         )
         storage._link = link
         storage._role = Following(storage, Follower(link, storage, store))

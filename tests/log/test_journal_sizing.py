@@ -75,7 +75,7 @@ async def _commit_turns(path: Path, options: JournalOptions, turns: int) -> tupl
                 {"type": "task", "value": {"id": 2, "conversationId": 1, "kind": "t", "version": 1, "input": None, "background": False,
                                            "abortRequested": False, "startedAt": 1, "state": {"status": "running", "n": n}}},
             ], CTX)
-        bound = storage._env._bound
+        bound = storage._env.journal.bound
     finally:
         await storage.close()
     return os.path.getsize(path / "data.mdb"), bound

@@ -54,7 +54,8 @@ class _WithoutTree(WriteLog):
         record = encode_record(payload, committed_at)
         if not txn.put(seq_key(seq), record, db=db, append=True):
             raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
-        self.env.journal_stage(seq, record)
+        if self.env.journal is not None:
+            self.env.journal.stage(seq, record)
         return seq
 
 
