@@ -36,14 +36,9 @@ is raised everywhere; ``tlog`` is pure functions (see below); ``metrics`` reads 
 for the web view's /metrics."""
 WEB_STARTED_FROM: Final = frozenset({"cli/serve.py"})
 """The only modules of ``cli`` that may import ``web``: ``durable-log serve`` starts it."""
-KNOWN_CYCLES: Final = frozenset(
-    {
-        frozenset({"log.environment", "log.shared"}),  # the Durability type
-    }
-)
-"""Import cycles that exist today, each through an import made only for typing, to be taken apart
-(a ``Protocol`` or the shared type in a module of its own). This set must become empty: never add
-to it."""
+KNOWN_CYCLES: Final[frozenset[frozenset[str]]] = frozenset()
+"""Import cycles allowed: none. A lower module that needs a higher one's shape names it in a
+``Protocol``; a type two modules share lives in a module of its own."""
 
 
 def _module_of(path: Path, root: Path) -> str:
