@@ -10,6 +10,7 @@ code points stays two code points).
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeVar, cast
@@ -210,8 +211,9 @@ def decode_bounded(data: bytes | memoryview, decoder: msgspec.msgpack.Decoder[An
     a binary value."""
 
     value = decode_with(decoder, data)
-    suspect = bytes(data).translate(None, _INNOCENT)
-    if len(suspect) > MAX_DEPTH or len(suspect.translate(None, _NOT_BINARY)):
+    raw = bytes(data)
+    suspect = raw.translate(None, _INNOCENT)
+    if len(suspect) > MAX_DEPTH or len(suspect.translate(None, _NOT_BINARY)) or _NON_FINITE.search(raw):
         problem = _not_stored_json(value)
         if problem is not None:
             raise ValueError(problem)
@@ -225,6 +227,9 @@ _CONTAINERS: Final = frozenset(
 ext 8/16/32): a value nests at most as deep as it has bytes among these."""
 _BINARY: Final = frozenset((0xC4, 0xC5, 0xC6))
 """msgpack's bin 8/16/32 headers: nothing a commit writes holds one."""
+_NON_FINITE: Final = re.compile(rb"[\xca\xcb][\x7f\xff]", re.DOTALL)
+"""A float 32/64 header whose exponent may be all ones (an infinity or a NaN, which no commit
+writes: strict JSON): found by a scan in C, so only such payloads pay for the walk."""
 _INNOCENT: Final = bytes(code for code in range(256) if code not in _CONTAINERS | _BINARY)
 _NOT_BINARY: Final = bytes(code for code in range(256) if code not in _BINARY)
 
@@ -238,6 +243,10 @@ def _not_stored_json(value: Any) -> str | None:
         below: list[Any] = []
         for item in level:
             kind = type(item)
+            if kind is float:
+                if not math.isfinite(item):
+                    return "a stored value holds a number JSON cannot (infinite or NaN); the store is damaged"
+                continue
             if kind in _LEAVES:
                 continue
             if kind is dict:

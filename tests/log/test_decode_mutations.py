@@ -424,3 +424,18 @@ def _jsonable(node: Any) -> Any:
     if isinstance(node, (bytes, Ext)) or (isinstance(node, float) and not math.isfinite(node)):
         return repr(node)
     return node
+
+
+@pytest.mark.parametrize("number", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize("record_format", [1, 2, 3], ids=["raw", "deflate", "zstd"])
+def test_a_record_holding_a_number_json_cannot_is_corrupt(record_format: int, number: float) -> None:
+    """No commit writes an infinity or a NaN (strict JSON), so a record holding one, with its
+    checksum recomputed, is damage: it decoded, and the export of it then failed with
+    ``ValueError: Out of range float values are not JSON compliant``."""
+
+    payload = msgspec.msgpack.encode([{"type": "conversation", "value": {"id": 1, "meta": {"k": [1, number]}}}])
+    data = record_bytes(payload, record_format)
+    with pytest.raises(CorruptRecordError, match=f"Log record {SEQ} is corrupt.*infinite or NaN"):
+        decode_record(SEQ, data)
+    with pytest.raises(CorruptRecordError, match="infinite or NaN"):
+        decode_record_builtins(SEQ, data)
