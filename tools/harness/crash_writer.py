@@ -430,16 +430,17 @@ async def check(args: argparse.Namespace) -> int:
             problems.append(f"MINT: mint_id() returned {minted}, not above minted {minted_max} / stored {stored_max}")
 
         # 4. New commits get larger sequences.
+        last_minted = await storage.mint_id()
         batch = [
             {"type": "conversation", "value": {"id": minted}},
-            {"type": "entry", "value": {"id": await storage.mint_id(), "conversationId": minted, "kind": "check"}},
+            {"type": "entry", "value": {"id": last_minted, "conversationId": minted, "kind": "check"}},
         ]
         seq = await storage.commit(batch, CTX)
         if seq != head + 1:
             problems.append(f"SEQUENCE: a new commit got {seq} after head {head}")
         result["check_seq"] = seq
         result["check_batch"] = canonical(batch)
-        result["minted_after"] = storage._next_id - 1
+        result["minted_after"] = last_minted
         raw = storage.log.raw_chunk(seq, seq)[0][1]
         result["digests"] = {str(s): d for s, d in seen.items() if s > checked_head}
         result["digests"][str(seq)] = digest(raw)
