@@ -208,6 +208,7 @@ class TreeStore:
         since the last (``tlog.leaf``), and ``append_leaf`` follows."""
 
         self._noted[seq] = (committed_at, writes)
+        self._pending.pop(seq, None)  # hashed in a transaction that aborted: the note replaces it
         if seq % TILE:
             return
         pending, noted = self._pending, self._noted
