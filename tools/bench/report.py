@@ -663,6 +663,8 @@ def main(argv: list[str] | None = None) -> int:
         if mode not in MODE_BACKENDS:
             parser.error(f"unknown durability class {mode!r}")
 
+    if args.dir is not None:
+        os.makedirs(args.dir, exist_ok=True)  # the stores' parent, made when named and missing
     base = tempfile.mkdtemp(prefix="pi-durable-bench-", dir=args.dir)
     try:
         if args.profile:
