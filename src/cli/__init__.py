@@ -15,7 +15,6 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
-from importlib import metadata
 
 from ..log.records import FORMAT_VERSION
 from ..projections.tables import SCHEMA_VERSION
@@ -79,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="durable-log", description=__doc__.split("\n", 1)[0], epilog=EPILOG, formatter_class=Formatter
     )
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_Version, help="show program's version number and exit")
     parser.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of an unexpected one")
     commands = parser.add_subparsers(required=True, metavar="COMMAND", title="commands")
     demo.register(commands)
@@ -94,7 +93,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Version(argparse.Action):
+    """``--version``: argparse's version action, with the version looked up only when asked for
+    (the package metadata is slow to import, and every other start of the command goes without)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None
+    ) -> None:
+        sys.stdout.write(_version() + "\n")
+        parser.exit()
+
+
 def _version() -> str:
+    from importlib import metadata
+
     try:
         version = metadata.version("pi-durable-lmdb")
     except metadata.PackageNotFoundError:

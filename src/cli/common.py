@@ -9,7 +9,6 @@ import asyncio
 import signal
 import sys
 import time
-from importlib import metadata
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
@@ -101,6 +100,8 @@ READ_ONLY: Final = "read-only: never blocks the writer and never creates a store
 def install_hint(extra: str) -> str:
     """How to install this package with ``extra``: from a checkout or from its wheel (it is not
     on a package index)."""
+
+    from importlib import metadata  # only when a refusal needs it: it is slow to import at every start
 
     try:
         version = metadata.version("pi-durable-lmdb")

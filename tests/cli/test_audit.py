@@ -290,7 +290,17 @@ async def test_tail_is_read_only_and_cheap_when_idle(scratch_copy: Path) -> None
 
 
 @pytest.mark.slow
-def test_tail_conversation_and_type_filters_print_only_matching_writes(built: Path) -> None:
+def test_tail_conversation_and_type_filters_print_only_matching_writes(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.cli_call import call
+
+    def tail_json(*options: str) -> bytes:
+        """The filters through the command's entry point in this process (the refusal below and the
+        other tail tests run it as a process)."""
+
+        code, out, err = call(capsys, "tail", built, "--json", "--from", "1", *options)
+        assert code == 0, (options, code, err)
+        return out.encode()
+
     cases = [
         (["--conversation", "2"], lambda w: conversation_of(w) == 2),
         (["--conversation", "1"], lambda w: conversation_of(w) == 1),  # document 20's changes too
@@ -301,10 +311,10 @@ def test_tail_conversation_and_type_filters_print_only_matching_writes(built: Pa
         (["--conversation", "99"], lambda w: False),
     ]
     for options, keep in cases:
-        got = seqs_and_writes(json_lines(cli_ok("tail", built, "--json", "--from", "1", *options)))
+        got = seqs_and_writes(json_lines(tail_json(*options)))
         assert got == expected(keep), options
     # Session-scoped document 21 belongs to no conversation.
-    got = json_lines(cli_ok("tail", built, "--json", "--from", "1", "--type", "document.change", "--conversation", "3"))
+    got = json_lines(tail_json("--type", "document.change", "--conversation", "3"))
     assert got == []
 
     unknown = cli("tail", built, "--json", "--type", "bogus")
@@ -328,9 +338,22 @@ TAIL_LIMITS = [
 
 
 @pytest.mark.parametrize("options, want", TAIL_LIMITS)
-def test_tail_limit_keeps_the_last_n_matching(built: Path, options: list[str], want: Any) -> None:
-    assert seqs_and_writes(json_lines(cli_ok("tail", built, "--json", *options))) == want
-    text = cli_ok("tail", built, *options).decode().splitlines()
+def test_tail_limit_keeps_the_last_n_matching(
+    built: Path, options: list[str], want: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if options == TAIL_LIMITS[0][0]:  # one case in real processes, the rest through the same entry point here
+        json_output, text_output = cli_ok("tail", built, "--json", *options), cli_ok("tail", built, *options)
+    else:
+        from tests.support.cli_call import call
+
+        outputs = []
+        for json_option in (["--json"], []):
+            code, out, err = call(capsys, "tail", built, *json_option, *options)
+            assert code == 0, (options, code, err)
+            outputs.append(out.encode())
+        json_output, text_output = outputs
+    assert seqs_and_writes(json_lines(json_output)) == want
+    text = text_output.decode().splitlines()
     assert [int(line.split()[0]) for line in text] == [seq for seq, _ in want]
 
 

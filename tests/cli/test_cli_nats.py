@@ -217,10 +217,21 @@ def test_restore_refusals_are_named_and_leave_nothing(nats: NatsNode, writer: tu
 
 
 @pytest.mark.slow
-def test_tail_of_one_store_reads_as_the_local_tail(nats: NatsNode, writer: tuple[Path, str]) -> None:
+def test_tail_of_one_store_reads_as_the_local_tail(
+    nats: NatsNode, writer: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.support.cli_call import call
+
+    def in_process(*args: object) -> str:
+        """The command's entry point in this process: the first case and the last check run as processes."""
+
+        code, out, err = call(capsys, *args)
+        assert code == 0, (args, code, err)
+        return out
+
     path, store = writer
     remote = ["tail", "--nats", nats.url, "--stream", STREAM, "--store", store]
-    for options in (
+    for n, options in enumerate((
         [],  # the last 10
         ["--json", "--from", "1"],
         ["--limit", "2"],
@@ -229,8 +240,9 @@ def test_tail_of_one_store_reads_as_the_local_tail(nats: NatsNode, writer: tuple
         ["--type", "document.change", "--type", "document.create", "--json"],
         ["--from", "3", "--type", "entry"],
         ["--since", "2026-01-01T00:02:00Z", "--until", "2026-01-01T00:04:00Z", "--json"],
-    ):
-        assert ok(*remote, *options) == ok("tail", path, *options), options
+    )):
+        tail = ok if n == 0 else in_process
+        assert tail(*remote, *options) == tail("tail", path, *options), options
     lines = [json.loads(line) for line in ok(*remote, "--json", "--conversation", "1").splitlines()]
     assert [line["seq"] for line in lines] == [1, 2, 4, 5, 6]
     assert lines[1]["writes"][0]["value"]["data"]["lone"] == "x\ud800"  # lossless, as the local one
@@ -273,7 +285,17 @@ def test_tail_follow_prints_new_commits_until_sigterm(nats: NatsNode, tmp_path: 
 
 
 @pytest.mark.slow
-def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str]) -> None:
+def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.cli_call import call
+
+    def refused_in_process(*args: object) -> str:
+        """``refused`` through the entry point in this process (the first of the option sets below runs as a process)."""
+
+        code, out, err = call(capsys, *args)
+        assert code == 2, (args, code, out, err)
+        assert out == "" and "Traceback" not in err, err
+        return err
+
     path, store = writer
     assert "No NATS server answered" in refused("tail", "--nats", f"127.0.0.1:{unused_port()}", "--stream", STREAM)
     assert "NATS has no stream 'NOSUCH'" in refused("tail", "--nats", nats.url, "--stream", "NOSUCH")
@@ -281,8 +303,8 @@ def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str]) -> 
     assert "--nats needs --stream" in refused("tail", "--nats", nats.url)
     assert "give --nats" in refused("tail", path, "--store", store)
     assert "needs a store's PATH" in refused("tail")
-    for options in ([], ["--json"], ["--from", "1"], ["--limit", "3"], ["--conversation", "1"]):
-        nothing = refused("tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody", *options)
+    for n, options in enumerate(([], ["--json"], ["--from", "1"], ["--limit", "3"], ["--conversation", "1"])):
+        nothing = (refused if n == 0 else refused_in_process)("tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody", *options)
         assert f"stream {STREAM} holds nothing of store nobody (subject {STREAM}.nobody.log)" in nothing
 
 
