@@ -29,6 +29,7 @@ from ..support.natsserver import (
     nats_pids,
     nats_server,  # noqa: F401 - fixture
     running_cluster,
+    running_node,
 )
 
 # Directories of every server the fixtures started in this module; the last test checks them.
@@ -198,8 +199,14 @@ def test_context_manager_cleans_up_on_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.cluster
-def test_zz_no_server_left_after_fixtures() -> None:
-    """Runs last in this module: every fixture's processes are gone after its teardown."""
-    assert len(_started_dirs) >= 3
-    for d in _started_dirs:
+def test_zz_no_server_left_after_fixtures(tmp_path: Path) -> None:
+    """Every server the fixtures start (``nats_server`` and ``nats_cluster`` are these context
+    managers) is gone after their teardown, and so is every server the tests of this module that
+    ran before it in this process started (under pytest-xdist, others may run in another worker)."""
+
+    with running_node(tmp_path / "node") as node:
+        assert nats_pids(str(node.dir)) != []
+    with running_cluster(tmp_path / "cluster", 3) as cluster:
+        assert len(nats_pids(str(cluster.dir))) == 3
+    for d in [str(node.dir), str(cluster.dir), *_started_dirs]:
         assert nats_pids(d) == [], d
