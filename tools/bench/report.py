@@ -26,7 +26,6 @@ Usage::
 """
 
 from __future__ import annotations
-
 import argparse
 import asyncio
 import cProfile
@@ -34,60 +33,28 @@ import gc
 import io
 import json
 import os
-import platform
 import pstats
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from tools import ROOT, module_command, module_env
 from tools.bench.flush import overwrite_flush_seconds
-from tools.bench.host import HOST_WORKLOADS, host_table
+from tools.bench.host import HOST_WORKLOADS
+from tools.bench.report_markdown import BACKENDS, LABELS, Results, Series, render, write_markdown
 from tools.bench.workloads import WORKLOADS as COMMON_WORKLOADS, Workload
 
 WORKLOADS: dict[str, Workload] = {**COMMON_WORKLOADS, **HOST_WORKLOADS}
 """Every workload of the run: ``workloads``'s, then the Session host's (``host``),
 which runs both durability classes in the same rounds."""
 
-BACKENDS = ("lmdb", "sqlite", "memory", "jsonl", "floor")
 MODE_BACKENDS = {"process": ("lmdb", "sqlite", "memory", "jsonl"), "power": ("lmdb", "sqlite", "jsonl", "floor")}
-LABELS = {
-    ("lmdb", "process"): "lmdb (process)",
-    ("lmdb", "power"): "lmdb (power)",
-    ("sqlite", "process"): "sqlite (NORMAL)",
-    ("sqlite", "power"): "sqlite (FULL)",
-    ("memory", "process"): "memory",
-    ("jsonl", "process"): "jsonl",
-    ("jsonl", "power"): "jsonl (fsync)",
-    ("floor", "power"): "floor: lmdb (process) + one flush",
-}
-CEILINGS = {"process": "memory", "power": "floor"}
-"""Per class, the backend that bounds what any design of this engine can reach here on a commit: in
-``process``, pi-durable's ``MemoryStorage`` (no I/O, no encoding); in ``power``, ``OneFlush``
-(this engine's ``process`` commit path plus one device flush per commit)."""
-COMMIT_ROWS = frozenset({"commit_turn", "commit_doc_delta", "session_turn"})
-"""The workloads that write: the ceilings bound them (a read may well beat MemoryStorage)."""
-
-# (row, mode, required lmdb/sqlite ratio, also faster than MemoryStorage)
-TARGETS: tuple[tuple[str, str, float, bool], ...] = (
-    ("commit_turn", "process", 10.0, False),
-    ("commit_doc_delta", "process", 10.0, False),
-    ("commit_turn", "power", 1.5, False),
-    ("read_point", "process", 4.0, True),
-    ("read_entry_pages", "process", 3.0, False),
-    ("read_entry_pages.forks", "process", 4.0, False),
-    ("read_doc_tail.current", "process", 100.0, False),
-    ("read_doc_tail.middle", "process", 3.0, False),
-    ("scan_tasks_status", "process", 2.0, False),
-)
 
 
 # ── stores ───────────────────────────────────────────────────────────────────
@@ -192,35 +159,6 @@ class Store:
 # ── running ──────────────────────────────────────────────────────────────────
 
 
-@dataclass
-class Series:
-    """Per-op seconds, one value per round (index = round), and what each round answered."""
-
-    times: dict[int, float] = field(default_factory=dict)
-    ops: int = 0
-    digests: dict[int, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Results:
-    series: dict[tuple[str, str, str], Series] = field(default_factory=dict)
-    sizes: dict[tuple[str, str, str], list[tuple[int, int]]] = field(default_factory=dict)
-    """(workload, mode, backend) -> [(bytes on disk, commits)] after each store is closed."""
-    rss: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    mismatches: list[str] = field(default_factory=list)
-    elapsed: float = 0.0
-    source: str = "unknown"
-    flushes: list[float] = field(default_factory=list)
-    """One flush on the disk of the stores (``flush``), at the start and the end of the run."""
-
-    def add(self, mode: str, backend: str, round: int, timings: dict[str, tuple[float, int, Any]]) -> None:
-        for row, (seconds, ops, digest) in timings.items():
-            series = self.series.setdefault((row, mode, backend), Series())
-            series.times[round] = seconds / ops
-            series.ops = ops
-            series.digests[round] = digest
-
-
 def _rotated(items: tuple[Any, ...], round: int) -> list[Any]:
     shift = round % len(items)
     return list(items[shift:] + items[:shift])
@@ -228,6 +166,20 @@ def _rotated(items: tuple[Any, ...], round: int) -> list[Any]:
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _source_version() -> str:
+    """The git commit of the engine benchmarked, marked dirty when ``src/`` has local changes."""
+
+    root = str(ROOT)
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "src"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + uncommitted changes in src/" if dirty else "")
 
 
 async def run_fresh(
@@ -420,204 +372,6 @@ async def profile_lmdb(args: argparse.Namespace, names: list[str], base: str) ->
                 stats = pstats.Stats(profiler, stream=out)
                 stats.strip_dirs().sort_stats(sort).print_stats(args.profile_top)
     return out.getvalue()
-
-
-# ── reporting ────────────────────────────────────────────────────────────────
-
-
-def _fmt_time(seconds: float) -> str:
-    us = seconds * 1e6
-    if us >= 10_000:
-        return f"{us / 1000:,.1f} ms"
-    if us >= 100:
-        return f"{us:,.0f} µs"
-    if us >= 10:
-        return f"{us:.1f} µs"
-    return f"{us:.2f} µs"
-
-
-def _fmt_ratio(value: float) -> str:
-    if value >= 100:
-        return f"{value:,.0f}x"
-    if value >= 10:
-        return f"{value:.1f}x"
-    return f"{value:.2f}x"
-
-
-def paired_ratios(results: Results, row: str, mode: str, backend: str, against: str = "sqlite") -> list[float]:
-    mine = results.series.get((row, mode, backend))
-    theirs = results.series.get((row, mode, against))
-    if mine is None or theirs is None:
-        return []
-    return [theirs.times[r] / mine.times[r] for r in sorted(mine.times) if r in theirs.times and mine.times[r] > 0]
-
-
-def _row_order(results: Results) -> list[tuple[str, str]]:
-    seen: list[tuple[str, str]] = []
-    for (row, mode, _backend) in results.series:
-        if (row, mode) not in seen:
-            seen.append((row, mode))
-    return seen
-
-
-def _bytes(value: float) -> str:
-    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= size:
-            return f"{value / size:,.1f} {unit}"
-    return f"{value:,.0f} B"
-
-
-def _source_version() -> str:
-    """The git commit of the engine benchmarked, marked dirty when ``src/`` has local changes."""
-
-    root = str(ROOT)
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "src"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + (" + uncommitted changes in src/" if dirty else "")
-
-
-def render(results: Results, args: argparse.Namespace, command: str) -> str:
-    lines = [
-        f"Command: `{command}`  ",
-        f"Engine: git {results.source}  ",
-        f"Machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
-        f"Python {platform.python_version()}, {platform.system()} {platform.release()}; "
-        f"{args.rounds} rounds, scale {args.scale}, run took {results.elapsed:.0f} s  ",
-        *(
-            [f"One device flush on the stores' disk (4 KiB overwritten in a preallocated file + fdatasync, "
-             f"median of 200, `tools/bench/flush.py`): {' at the start, '.join(_fmt_time(t) for t in results.flushes)} "
-             f"at the end of the run: the floor of a power commit"]
-            if results.flushes else []
-        ),
-        "",
-        "Median time per operation over rounds; spread = min–max over rounds; ratio = SQLite time / "
-        "this backend's time, paired per round, median [min–max] (> 1: faster than SQLite, same "
-        "durability class).",
-        "",
-        "| workload | class | backend | median / op | spread (min–max) | ratio vs SQLite | ops per round |",
-        "|---|---|---|---:|---:|---:|---:|",
-    ]
-    for row, mode in _row_order(results):
-        for backend in BACKENDS:
-            series = results.series.get((row, mode, backend))
-            if series is None:
-                continue
-            values = list(series.times.values())
-            ratios = paired_ratios(results, row, mode, backend)
-            ratio = "—" if backend == "sqlite" or not ratios else (
-                f"**{_fmt_ratio(statistics.median(ratios))}** "
-                f"[{_fmt_ratio(min(ratios))}–{_fmt_ratio(max(ratios))}]"
-            )
-            lines.append(
-                f"| {row} | {mode} | {LABELS[(backend, mode)]} | {_fmt_time(statistics.median(values))} "
-                f"| {_fmt_time(min(values))}–{_fmt_time(max(values))} | {ratio} | {series.ops:,} |"
-            )
-    lines += ["", "### Targets (LMDB vs SQLite, same run, same durability class)", "",
-              "The ceiling column, for commits: the same ratio for the backend that bounds any design of this engine "
-              "here (`process`: pi-durable's MemoryStorage, no I/O at all; `power`: this engine's "
-              "`process` commit path plus one device flush, `OneFlush` in `tools/bench/report.py`). A target "
-              "above its ceiling cannot be met by this engine's commit design (its work, then its flush) "
-              "on this machine.", "",
-              "| workload | class | target | measured (median [min–max]) | ceiling here | met |",
-              "|---|---|---|---:|---:|---|"]
-    for row, mode, target, vs_memory in TARGETS:
-        ratios = paired_ratios(results, row, mode, "lmdb")
-        if not ratios:
-            continue
-        median = statistics.median(ratios)
-        met = median >= target
-        text = f"{_fmt_ratio(median)} [{_fmt_ratio(min(ratios))}–{_fmt_ratio(max(ratios))}]"
-        bound = paired_ratios(results, row, mode, CEILINGS[mode]) if row.split(".")[0] in COMMIT_ROWS else []
-        ceiling = (
-            f"{_fmt_ratio(statistics.median(bound))} ({LABELS[(CEILINGS[mode], mode)]})" if bound else "—"
-        )
-        goal = f">= {target:g}x"
-        if vs_memory:
-            memory = paired_ratios(results, row, mode, "lmdb", against="memory")
-            if memory:
-                faster = statistics.median(memory)
-                met = met and faster > 1
-                text += f"; vs memory {_fmt_ratio(faster)}"
-                goal += ", faster than memory"
-        lines.append(f"| {row} | {mode} | {goal} | {text} | {ceiling} | {'met' if met else '**not met**'} |")
-    if results.sizes:
-        lines += ["", "### Store size on disk (after close)", "",
-                  "| workload | class | backend | bytes on disk | commits | bytes / commit |",
-                  "|---|---|---|---:|---:|---:|"]
-        for (name, mode, backend), sizes in results.sizes.items():
-            if backend in ("memory", "floor"):
-                continue
-            size, commits = sizes[-1]
-            count, per = (f"{commits:,}", _bytes(size / commits)) if commits else ("—", "—")
-            lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {_bytes(size)} | {count} | {per} |")
-    lines += host_table(results)
-    if results.rss:
-        baselines = {backend: kib for (name, _mode, backend), kib in results.rss.items() if name == "none"}
-        lines += ["", "### Peak RSS (VmHWM of one subprocess each: populate + one pass; baseline: the same "
-                      "backend opening and closing an empty store; LMDB's count includes the mapped pages "
-                      "of its file)", "",
-                  "| workload | class | backend | peak RSS | above baseline |", "|---|---|---|---:|---:|"]
-        for (name, mode, backend), kib in results.rss.items():
-            if name == "none":
-                continue
-            above = kib - baselines.get(backend, kib)
-            lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {kib / 1024:.1f} MiB "
-                         f"| {above / 1024:+.1f} MiB |")
-        lines.append("")
-        lines.append("Baselines: " + ", ".join(f"{backend} {kib / 1024:.1f} MiB" for backend, kib in baselines.items()))
-    if results.mismatches:
-        lines += ["", "### Answers that differ from SQLite", ""]
-        lines += [f"- {mismatch}" for mismatch in results.mismatches]
-    return "\n".join(lines) + "\n"
-
-
-SQLITE_SYNC = {"process": "NORMAL", "power": "FULL"}
-"""SQLite's ``synchronous`` setting in each durability class."""
-MARKDOWN_BEGIN = "<!-- generated by python -m tools.bench --markdown: begin -->"
-MARKDOWN_END = "<!-- generated by python -m tools.bench --markdown: end -->"
-
-
-def _legacy(marker: str) -> str:
-    """The same marker as written by the report when it was the script ``tools/bench.py``: a file
-    that still holds it is rewritten with the new one."""
-
-    return marker.replace("python -m tools.bench", "tools/bench.py")
-
-
-def write_marked(path: str, block: str, begin: str, end: str) -> None:
-    """Replace the block between the lines ``begin`` and ``end`` of ``path`` (once each) with
-    ``block`` (which starts and ends with them)."""
-
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    if begin not in text and end not in text:
-        begin, end = _legacy(begin), _legacy(end)
-    if text.count(begin) != 1 or text.count(end) != 1:
-        raise SystemExit(f"{path} must hold the lines {begin!r} and {end!r} once each")
-    head, rest = text.split(begin)
-    tail = rest.split(end, 1)[1]
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(head + block + tail)
-
-
-def write_markdown(path: str, table: str) -> None:
-    """The tables into ``path``: its marked block when it has one (docs/benchmarks.md), else the
-    whole file."""
-
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-            marked = MARKDOWN_BEGIN in text or _legacy(MARKDOWN_BEGIN) in text
-        if marked:
-            write_marked(path, f"{MARKDOWN_BEGIN}\n{table}{MARKDOWN_END}", MARKDOWN_BEGIN, MARKDOWN_END)
-            return
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(table)
 
 
 # ── command line ─────────────────────────────────────────────────────────────
