@@ -1,7 +1,7 @@
 """The NATS JetStream cluster ``tools.bench.replication`` runs on, and the processes it starts.
 
 Three ``nats-server`` (from the venv) routed to each other on loopback, on free ports, their store
-directories under a directory of the caller's; every process started through ``_spawn`` dies with
+directories under a directory of the caller's; every process started through ``spawn`` dies with
 this one and is stopped at exit (only those are ever killed)."""
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ def _die_with_parent() -> None:
         pass
 
 
-def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+def spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
     process = subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)
     _STARTED.append(process)
     return process
 
 
-def _kill_started() -> None:
+def kill_started() -> None:
     for process in _STARTED:
         if process.poll() is None:
             process.terminate()
@@ -55,10 +55,10 @@ def _kill_started() -> None:
                 process.wait()
 
 
-atexit.register(_kill_started)
+atexit.register(kill_started)
 
 
-def _log(message: str) -> None:
+def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
@@ -109,7 +109,7 @@ class Cluster:
                     f"cluster {{ name: bench, listen: 127.0.0.1:{self.cluster_ports[index]}, routes: [{routes}] }}\n"
                 )
             log = open(os.path.join(directory, "server.log"), "w")
-            self.processes.append(_spawn([NATS_SERVER, "-c", config], stdout=log, stderr=subprocess.STDOUT))
+            self.processes.append(spawn([NATS_SERVER, "-c", config], stdout=log, stderr=subprocess.STDOUT))
             log.close()
 
     async def ready(self, timeout: float = 60.0) -> None:
@@ -166,7 +166,7 @@ class Cluster:
                 process.wait()
 
 
-def _nats_version() -> str:
+def nats_version() -> str:
     try:
         return subprocess.run([NATS_SERVER, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -127,7 +127,7 @@ def _label(backend: str, mode: str) -> str:
     return LABELS.get((backend, mode), "no store (floor)")
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -137,7 +137,7 @@ def _percentile(values: list[float], q: float) -> float:
 async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -> dict[str, float]:
     if backend == "none":
         elapsed, rest = await run_agents(NoStore(), agents, turns)
-        return {"rate": rest[0], "cpu": rest[1], "p99": _percentile(rest[2:], 0.99), "max": max(rest[2:], default=0.0)}
+        return {"rate": rest[0], "cpu": rest[1], "p99": percentile(rest[2:], 0.99), "max": max(rest[2:], default=0.0)}
     path = tempfile.mkdtemp(dir=base)
     store = Store("lmdb" if backend == RAW else backend, mode, path)
     threshold = zstd.MIN_SIZE
@@ -158,7 +158,7 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
         zstd.MIN_SIZE = threshold
         shutil.rmtree(path, ignore_errors=True)
     rate, cpu, stalls = rest[0], rest[1], rest[2:]
-    return {"rate": rate, "cpu": cpu, "p99": _percentile(stalls, 0.99), "max": max(stalls, default=0.0)}
+    return {"rate": rate, "cpu": cpu, "p99": percentile(stalls, 0.99), "max": max(stalls, default=0.0)}
 
 
 async def main_async(args: argparse.Namespace) -> str:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tools.bench.report import Store
-from tools.bench.concurrent import _percentile, run_agents
+from tools.bench.concurrent import percentile, run_agents
 
 from pi_durable_lmdb.storage import committer
 
@@ -109,7 +109,7 @@ async def measure(agents: int, turns: int, mode: str, profile: str | None) -> No
     per = 1e6 / commits
     groups = counters.group_batches
     flushes = counters.flush_seconds
-    print(f"{agents} agents, {mode}, {commits} commits: {rest[0]:,.0f} commits/s, stall p99 {_percentile(rest[2:], 0.99) * 1e3:.2f} ms")
+    print(f"{agents} agents, {mode}, {commits} commits: {rest[0]:,.0f} commits/s, stall p99 {percentile(rest[2:], 0.99) * 1e3:.2f} ms")
     print(
         f"CPU µs per commit: {total * per:.1f} = loop thread {loop_cpu * per:.1f} + writer thread {writer.cpu * per:.1f}"
         f" + other {(total - loop_cpu - writer.cpu) * per:.1f}"

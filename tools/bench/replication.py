@@ -49,13 +49,13 @@ import tempfile
 import time
 from typing import Any
 
-from tools.bench.cluster import NATS_SERVER, Cluster, _kill_started, _log
-from tools.bench.concurrent import _percentile
+from tools.bench.cluster import NATS_SERVER, Cluster, kill_started, progress
+from tools.bench.concurrent import percentile
 from tools.bench.replication_breakdown import breakdown
 from tools.bench.replication_commits import BACKENDS, COMMITTERS, LABEL, measure_commits, measure_lag, raw_publish
 from tools.bench.replication_recovery import RECOVERY, child_writer, fill, measure_failover, snapshot_restore
 from tools.bench.replication_report import render
-from tools.bench.report import _rotated, _source_version
+from tools.bench.report import rotated, source_version
 
 PARTS = ("commits", "lag", "recovery", "failover", "snapshot")
 
@@ -73,59 +73,59 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
     cluster.start()
     try:
         await cluster.ready()
-        _log(f"cluster up at {', '.join(cluster.urls)}")
+        progress(f"cluster up at {', '.join(cluster.urls)}")
         urls = cluster.urls
         results: dict[str, Any] = {"commits": {}, "raw": [], "lag": [], "failover": [], "urls": urls,
-                                   "source": _source_version(), **{key: [] for key in RECOVERY}}
+                                   "source": source_version(), **{key: [] for key in RECOVERY}}
         parts = args.parts
         store = ""
         if parts & {"commits", "recovery"}:  # the store recovered, and the record size of the raw publishes
-            _log(f"filling a store with {args.records:,} records (64 committers)")
+            progress(f"filling a store with {args.records:,} records (64 committers)")
             store, rate, size = await fill(urls, base, args.records)
             results["fill_rate"], results["record_size"] = rate, size
-            _log(f"  {rate:,.0f} commits/s")
+            progress(f"  {rate:,.0f} commits/s")
         load = os.getloadavg()[0]
         started = time.perf_counter()
         for round in range(args.rounds):
             for committers in COMMITTERS if "commits" in parts else ():
-                for backend in _rotated(BACKENDS, round):
+                for backend in rotated(BACKENDS, round):
                     figures = await measure_commits(backend, committers, args.commits, base, urls)
                     results["commits"].setdefault((backend, committers), []).append(figures)
-                    _log(f"round {round} {LABEL[backend]:>16} committers={committers:<3} {figures['rate']:>8,.0f}/s "
+                    progress(f"round {round} {LABEL[backend]:>16} committers={committers:<3} {figures['rate']:>8,.0f}/s "
                          f"p50 {figures['p50'] * 1e3:6.2f} ms p99 {figures['p99'] * 1e3:6.2f} ms")
             if "commits" in parts:
                 raw = await raw_publish(urls, args.raw, size)
                 results["raw"].extend(raw)
-                _log(f"round {round} raw js.publish p50 {_percentile(raw, 0.5) * 1e3:.2f} ms")
+                progress(f"round {round} raw js.publish p50 {percentile(raw, 0.5) * 1e3:.2f} ms")
             if "lag" in parts:
                 lag = await measure_lag(urls, base, args.lag_seconds / args.rounds, args.lag_rate)
                 results["lag"].append(lag)
-                _log(
-                    f"round {round} lag at {lag['achieved']:,.0f}/s: p50 {_percentile(lag['lags'], 0.5) * 1e3:.2f} ms "
-                    f"p99 {_percentile(lag['lags'], 0.99) * 1e3:.2f} ms ({len(lag['errors'])} errors); loop stall p99 "
-                    f"{_percentile(lag['stalls'], 0.99) * 1e3:.2f} ms max {max(lag['stalls'], default=0) * 1e3:.1f} ms; "
+                progress(
+                    f"round {round} lag at {lag['achieved']:,.0f}/s: p50 {percentile(lag['lags'], 0.5) * 1e3:.2f} ms "
+                    f"p99 {percentile(lag['lags'], 0.99) * 1e3:.2f} ms ({len(lag['errors'])} errors); loop stall p99 "
+                    f"{percentile(lag['stalls'], 0.99) * 1e3:.2f} ms max {max(lag['stalls'], default=0) * 1e3:.1f} ms; "
                     f"load {os.getloadavg()[0]:.1f}"
                 )
-            for key in _rotated(tuple(RECOVERY), round) if "recovery" in parts else ():
+            for key in rotated(tuple(RECOVERY), round) if "recovery" in parts else ():
                 cpu, servers = time.process_time(), cluster.cpu()
                 seconds = await RECOVERY[key][0](urls, base, store, args.records)
                 cpu, servers = time.process_time() - cpu, cluster.cpu() - servers
                 results[key].append(seconds)
                 results.setdefault(f"{key}_cpu", []).append((cpu, servers))
-                _log(f"round {round} {key}: {args.records / seconds:,.0f} records/s; CPU per record "
+                progress(f"round {round} {key}: {args.records / seconds:,.0f} records/s; CPU per record "
                      f"{cpu / args.records * 1e6:.1f} µs here, {servers / args.records * 1e6:.1f} µs in the servers")
             for _ in range(_spread(args.failovers, args.rounds, round) if "failover" in parts else 0):
                 figures = await measure_failover(urls, base, args.lease_ttl, len(results["failover"]))
                 results["failover"].append(figures)
-                _log(f"round {round} failover {figures['total']:.2f} s (open {figures['open']:.2f} s, "
+                progress(f"round {round} failover {figures['total']:.2f} s (open {figures['open']:.2f} s, "
                      f"commit {figures['commit'] * 1e3:.1f} ms, {figures['taken_in']} records taken in)")
         results["elapsed"] = time.perf_counter() - started
         if "snapshot" in parts:
-            _log(f"a store of {args.snapshot_records:,} records with a snapshot {args.snapshot_tail:,} records before its end")
+            progress(f"a store of {args.snapshot_records:,} records with a snapshot {args.snapshot_tail:,} records before its end")
             results["snapshot"] = await snapshot_restore(urls, base, args.snapshot_records, args.snapshot_tail, args.rounds)
         if args.breakdown:
             results["breakdown"] = await breakdown(urls, base, store, args)
-        results["source_end"] = _source_version()
+        results["source_end"] = source_version()
         results["load"] = (load, os.getloadavg()[0])
         return results
     finally:
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = asyncio.run(main_async(args, base))
     finally:
-        _kill_started()
+        kill_started()
         shutil.rmtree(base, ignore_errors=True)
     command = "python -m tools.bench.replication" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:] if argv is None else argv))
     print(render(results, args, command))

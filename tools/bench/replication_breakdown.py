@@ -12,7 +12,7 @@ import tempfile
 import time
 from typing import Any
 
-from tools.bench.concurrent import _percentile
+from tools.bench.concurrent import percentile
 from tools.bench.replication_commits import COMMITTERS, STREAM, ReplicatedStore, measure_lag, run_committers
 
 
@@ -62,8 +62,8 @@ async def breakdown(urls: list[str], base: str, store: str, args: argparse.Names
         out["groups"][committers] = {
             "commit_p50": figures["p50"], "rate": figures["rate"], "groups": len(runs),
             "size": statistics.median(size for _, size in sends),
-            "group": _percentile(runs, 0.5), "publish": _percentile([t for t, _ in sends], 0.5),
-            "local": _percentile([r - t for r, (t, _) in zip(runs, sends)], 0.5),
+            "group": percentile(runs, 0.5), "publish": percentile([t for t, _ in sends], 0.5),
+            "local": percentile([r - t for r, (t, _) in zip(runs, sends)], 0.5),
         }
     for _ in range(3 if "lag" in args.parts else 0):
         for durability in ("power", "process"):

@@ -14,7 +14,7 @@ from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from tools.bench.concurrent import TICK, _percentile
+from tools.bench.concurrent import TICK, percentile
 from tools.bench.report import Store
 from tools.bench.report_markdown import LABELS
 from tools.bench.workloads import Ids, conversation, entry, task
@@ -88,8 +88,8 @@ async def run_committers(storage: Any, committers: int, commits: int) -> dict[st
     elapsed = time.perf_counter() - started
     return {
         "rate": per * committers / elapsed,
-        "p50": _percentile(latencies, 0.50),
-        "p99": _percentile(latencies, 0.99),
+        "p50": percentile(latencies, 0.50),
+        "p99": percentile(latencies, 0.99),
     }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from tools import module_command, module_env
-from tools.bench.cluster import _log, _spawn
+from tools.bench.cluster import progress, spawn
 from tools.bench.replication_commits import STREAM, own, turn
 from tools.bench.workloads import Ids
 
@@ -81,14 +81,14 @@ async def snapshot_restore(urls: list[str], base: str, records: int, tail: int, 
             await _turns(writer, ids, owned, records - tail - writer.log.head())
             out["fill_rate"] = (records - tail) / (time.perf_counter() - started)
             store = writer.store_id
-            _log(f"  filled {writer.log.head():,} records at {out['fill_rate']:,.0f}/s")
+            progress(f"  filled {writer.log.head():,} records at {out['fill_rate']:,.0f}/s")
             link = await open_stream(urls, STREAM)
             try:
                 report = await take_snapshot(path, link)
             finally:
                 await asyncio.to_thread(link.close)
             out["snapshot"] = {"seconds": report.seconds, "size": report.size, "stored": report.stored, "seq": report.seq}
-            _log(f"  snapshot at record {report.seq:,}: {report.size / 1e6:,.0f} MB as {report.stored / 1e6:,.0f} MB "
+            progress(f"  snapshot at record {report.seq:,}: {report.size / 1e6:,.0f} MB as {report.stored / 1e6:,.0f} MB "
                  f"in {report.seconds:.1f} s")
             await _turns(writer, ids, owned, records - writer.log.head())
         finally:
@@ -102,7 +102,7 @@ async def snapshot_restore(urls: list[str], base: str, records: int, tail: int, 
             if head != records:
                 raise RuntimeError(f"the restored store holds {head} records, not {records}")
             out["restores"].append(elapsed)
-            _log(f"  restore with a snapshot {tail:,} records old: {elapsed:.2f} s")
+            progress(f"  restore with a snapshot {tail:,} records old: {elapsed:.2f} s")
             shutil.rmtree(os.path.dirname(target), ignore_errors=True)
         return out
     finally:
@@ -217,7 +217,7 @@ async def measure_failover(urls: list[str], base: str, ttl: int, run: int) -> di
     old_dir = tempfile.mkdtemp(dir=base, prefix="failover-old-")
     new_dir = tempfile.mkdtemp(dir=base, prefix="failover-new-")
     errors = open(os.path.join(base, "failover-child.log"), "a")
-    child = _spawn(
+    child = spawn(
         module_command("tools.bench.replication", "--child-writer", old_dir, ",".join(urls), str(ttl)),
         stdout=subprocess.PIPE, stderr=errors, text=True, env=module_env(),
     )

@@ -8,18 +8,18 @@ import platform
 import statistics
 from typing import Any
 
-from tools.bench.cluster import _nats_version
-from tools.bench.concurrent import _percentile
+from tools.bench.cluster import nats_version
+from tools.bench.concurrent import percentile
 from tools.bench.replication_commits import BACKENDS, COMMITTERS, LABEL, REPLICATED
 from tools.bench.replication_recovery import RECOVERY
-from tools.bench.report_markdown import _fmt_time
+from tools.bench.report_markdown import fmt_time
 
 
 # ── reporting ────────────────────────────────────────────────────────────────
 
 
 def _ms(seconds: float) -> str:
-    return _fmt_time(seconds)
+    return fmt_time(seconds)
 
 
 def _met(ok: bool) -> str:
@@ -34,7 +34,7 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
         + "  ",
         f"Machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), Python "
         f"{platform.python_version()}, {platform.system()} {platform.release()}; 3 nats-server "
-        f"({_nats_version()}) on loopback, same machine; {args.rounds} rounds, {args.commits} commits per run; "
+        f"({nats_version()}) on loopback, same machine; {args.rounds} rounds, {args.commits} commits per run; "
         f"rounds took {results['elapsed']:.0f} s; load average {results['load'][0]:.1f} at the start, "
         f"{results['load'][1]:.1f} at the end (other work shares the machine)",
     ]
@@ -107,7 +107,7 @@ def render_lag(results: dict[str, Any], args: argparse.Namespace, targets: list[
     lag_all = [value for lag in results["lag"] for value in lag["lags"]]
     commit_all = [value for lag in results["lag"] for value in lag["commit_latency"]]
     errors = [error for lag in results["lag"] for error in lag["errors"]]
-    per_round_p99 = [_percentile(lag["lags"], 0.99) for lag in results["lag"]]
+    per_round_p99 = [percentile(lag["lags"], 0.99) for lag in results["lag"]]
     gcs = [pause for lag in results["lag"] for pause in lag["gc"]]
     stall_all = [stall for lag in results["lag"] for stall in lag["stalls"]]
     lines = [
@@ -124,15 +124,15 @@ def render_lag(results: dict[str, Any], args: argparse.Namespace, targets: list[
         f"| {sum(lag['commits'] for lag in results['lag']):,} "
         f"| {statistics.median(lag['offered'] for lag in results['lag']):,.0f}/s "
         f"| {statistics.median(lag['achieved'] for lag in results['lag']):,.0f}/s "
-        f"| {_ms(_percentile(commit_all, 0.5))} / {_ms(_percentile(commit_all, 0.99))} "
-        f"| {_ms(_percentile(lag_all, 0.5))} | {_ms(_percentile(lag_all, 0.99))} | {_ms(max(lag_all, default=0))} "
+        f"| {_ms(percentile(commit_all, 0.5))} / {_ms(percentile(commit_all, 0.99))} "
+        f"| {_ms(percentile(lag_all, 0.5))} | {_ms(percentile(lag_all, 0.99))} | {_ms(max(lag_all, default=0))} "
         f"| {', '.join(_ms(v) for v in per_round_p99)} (median {_ms(statistics.median(per_round_p99))}) "
-        f"| {_ms(_percentile(stall_all, 0.99))} / {_ms(max(stall_all, default=0.0))} "
+        f"| {_ms(percentile(stall_all, 0.99))} / {_ms(max(stall_all, default=0.0))} "
         f"| {len(gcs)}, {_ms(max(gcs, default=0.0))} |",
     ]
     if errors:
         lines += ["", f"{len(errors)} waits failed, first: {errors[0]}"]
-    lag_p99 = _percentile(lag_all, 0.99)
+    lag_p99 = percentile(lag_all, 0.99)
     targets.append((f"replica lag p99 at {args.lag_rate:,.0f} commits/s (all rounds pooled)", "<= 50 ms",
                     f"{_ms(lag_p99)} (per round: median {_ms(statistics.median(per_round_p99))}, "
                     f"worst {_ms(max(per_round_p99))})", lag_p99 <= 0.050 and not errors))
@@ -216,7 +216,7 @@ def render_context(results: dict[str, Any], args: argparse.Namespace) -> list[st
         "| figure | value |",
         "|---|---:|",
         f"| raw nats-py `await js.publish()` to an R3 stream, {results['record_size']:,} B, one at a time: p50 / p99 "
-        f"({len(raw):,} publishes) | {_ms(_percentile(raw, 0.5))} / {_ms(_percentile(raw, 0.99))} |",
+        f"({len(raw):,} publishes) | {_ms(percentile(raw, 0.5))} / {_ms(percentile(raw, 0.99))} |",
         f"| filling the {n:,}-record store, replicated, 64 committers | {results['fill_rate']:,.0f} commits/s |",
         "",
         "Every replicated writer holds the store's lease (renewed every ttl / 3 s on the link's loop, "
@@ -278,10 +278,10 @@ def render_breakdown(results: dict[str, Any], args: argparse.Namespace) -> list[
             sizes = [size for _, size in applies]
             stalls = [stall for lag in segments for stall in lag["stalls"]]
             lines.append(
-                f"| {durability} | {_ms(_percentile(lags, 0.5))} | {_ms(_percentile(lags, 0.99))} | {_ms(max(lags, default=0.0))} "
-                f"| {len(applies):,} | {_percentile(sizes, 0.5):.0f} / {max(sizes, default=0):,} "
-                f"| {_ms(_percentile(times, 0.5))} / {_ms(_percentile(times, 0.99))} / {_ms(max(times, default=0.0))} "
-                f"| {_ms(_percentile(stalls, 0.99))} / {_ms(max(stalls, default=0.0))} |"
+                f"| {durability} | {_ms(percentile(lags, 0.5))} | {_ms(percentile(lags, 0.99))} | {_ms(max(lags, default=0.0))} "
+                f"| {len(applies):,} | {percentile(sizes, 0.5):.0f} / {max(sizes, default=0):,} "
+                f"| {_ms(percentile(times, 0.5))} / {_ms(percentile(times, 0.99))} / {_ms(max(times, default=0.0))} "
+                f"| {_ms(percentile(stalls, 0.99))} / {_ms(max(stalls, default=0.0))} |"
             )
         lines.append("")
     return lines

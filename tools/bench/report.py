@@ -159,7 +159,7 @@ class Store:
 # ── running ──────────────────────────────────────────────────────────────────
 
 
-def _rotated(items: tuple[Any, ...], round: int) -> list[Any]:
+def rotated(items: tuple[Any, ...], round: int) -> list[Any]:
     shift = round % len(items)
     return list(items[shift:] + items[:shift])
 
@@ -168,7 +168,7 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _source_version() -> str:
+def source_version() -> str:
     """The git commit of the engine benchmarked, marked dirty when ``src/`` has local changes."""
 
     root = str(ROOT)
@@ -189,7 +189,7 @@ async def run_fresh(
     durability classes can share rounds: ``host``)."""
 
     for round in range(rounds):
-        for mode, backend in _rotated(pairs, round):
+        for mode, backend in rotated(pairs, round):
             store = Store(backend, mode, os.path.join(base, f"{workload.name}-{mode}-{backend}-{round}"))
             await store.open()
             state = await workload.populate(store, scale)
@@ -223,7 +223,7 @@ async def run_workload(
         store, state = stores[backend]
         await workload.measure(store, state, -1)
     for round in range(rounds):
-        for backend in _rotated(backends, round):
+        for backend in rotated(backends, round):
             store, state = stores[backend]
             gc.collect()
             results.add(mode, backend, round, await workload.measure(store, state, round))
@@ -255,7 +255,7 @@ def _check_digests(results: Results) -> None:
 
 
 async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Results:
-    results = Results(source=_source_version())
+    results = Results(source=source_version())
     started = time.perf_counter()
     if "power" in args.modes:
         results.flushes.append(overwrite_flush_seconds(base))
@@ -277,7 +277,7 @@ async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Resu
     if "power" in args.modes:
         results.flushes.append(overwrite_flush_seconds(base))
     results.elapsed = time.perf_counter() - started
-    after = _source_version()
+    after = source_version()
     if after != results.source:
         results.source += f" at the start, {after} at the end (src/ changed during the run)"
     _check_digests(results)

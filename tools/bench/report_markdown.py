@@ -73,7 +73,7 @@ class Results:
             series.digests[round] = digest
 
 
-def _fmt_time(seconds: float) -> str:
+def fmt_time(seconds: float) -> str:
     us = seconds * 1e6
     if us >= 10_000:
         return f"{us / 1000:,.1f} ms"
@@ -124,7 +124,7 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
         f"{args.rounds} rounds, scale {args.scale}, run took {results.elapsed:.0f} s  ",
         *(
             [f"One device flush on the stores' disk (4 KiB overwritten in a preallocated file + fdatasync, "
-             f"median of 200, `tools/bench/flush.py`): {' at the start, '.join(_fmt_time(t) for t in results.flushes)} "
+             f"median of 200, `tools/bench/flush.py`): {' at the start, '.join(fmt_time(t) for t in results.flushes)} "
              f"at the end of the run: the floor of a power commit"]
             if results.flushes else []
         ),
@@ -148,8 +148,8 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
                 f"[{_fmt_ratio(min(ratios))}–{_fmt_ratio(max(ratios))}]"
             )
             lines.append(
-                f"| {row} | {mode} | {LABELS[(backend, mode)]} | {_fmt_time(statistics.median(values))} "
-                f"| {_fmt_time(min(values))}–{_fmt_time(max(values))} | {ratio} | {series.ops:,} |"
+                f"| {row} | {mode} | {LABELS[(backend, mode)]} | {fmt_time(statistics.median(values))} "
+                f"| {fmt_time(min(values))}–{fmt_time(max(values))} | {ratio} | {series.ops:,} |"
             )
     lines += ["", "### Targets (LMDB vs SQLite, same run, same durability class)", "",
               "The ceiling column, for commits: the same ratio for the backend that bounds any design of this engine "
