@@ -17,7 +17,7 @@ from typing import Final, TypeVar
 import lmdb
 
 from .environment import Environment
-from ..errors import LogError
+from ..errors import CorruptRecordError, LogError
 from .records import Commit, decode_record, encode_record, record_leaf
 from .tree import ConsistencyProof, InclusionProof, TreeStore
 from ..tlog import merkle
@@ -191,11 +191,15 @@ class WriteLog:
             cursor = txn.cursor(db=self.db)
             if not cursor.set_range(seq_key(max(first, 0))):
                 return rows
+            previous = max(first, 0) - 1
             for key, value in cursor:
                 seq = key_seq(key)
+                if seq <= previous:  # LMDB keeps keys in order: only damaged pages give this
+                    raise CorruptRecordError(seq, f"found after record {previous}: the log's index is out of order")
                 if last is not None and seq > last:
                     break
                 rows.append((seq, value))
+                previous = seq
                 if len(rows) >= limit:
                     break
         return rows
