@@ -113,10 +113,9 @@ class JournalOptions:
     segment_min: int = 64 << 10
     """The smallest a new segment is made (never above ``segment_size``)."""
     checkpoint_commits: int = 16
-    """Bounds what the pin keeps from reuse (~14 pages per small commit: ~1 MiB; a store's free
-    pages hold about that much) and what one checkpoint flushes: a big data flush delays the
-    journal flushes queued behind it on the device (the event-loop stall of one agent's direct
-    commits: p99 7.5 ms with 128)."""
+    """Bounds what the pin keeps from reuse (some 14 pages per small commit) and what one
+    checkpoint flushes: a big data flush delays the journal flushes queued behind it on the
+    device, and so the commits waiting for them."""
     checkpoint_bytes: int = 512 << 10
     """At most this much journal between checkpoints, and at most half the segment in use."""
     checkpoint_half_segment: bool = True
