@@ -428,8 +428,9 @@ class Journal:
                 reuse = self.segments.pop(self.current.number)  # planted: the segment just filled, unchecked
                 self._free.append(reuse)
             self._free = [s for s in self._free if s is not reuse and s.path != path]  # replaced by this attempt
-            outgrown = [] if reuse is not None else [s for s in self._free if s.size < size]
-            self._free = [s for s in self._free if s not in outgrown]  # released, too small for the journal now
+            # Too small for the journal now (or for any segment: cut at a clean close, ``trim``).
+            outgrown = [s for s in self._free if s.size < (HEADER_SIZE * 2 if reuse is not None else size)]
+            self._free = [s for s in self._free if s not in outgrown]
         for free in outgrown:
             try:
                 os.unlink(free.path)
@@ -526,6 +527,30 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def trim(self) -> None:
+        """After a clean close (``data.mdb`` synced, the marker gone, so no recovery reads a
+        segment): cut every segment but the one in use to zero bytes. A closed store keeps one
+        segment, which the next writer life recycles (``begin``), instead of every segment it
+        wrote, as SQLite keeps no ``-wal`` file past its last close; the names stay, so segment
+        numbers keep growing, and that life deletes the empty files when it makes or recycles its
+        first segment (``_next_segment``: too small to reuse). Best effort: the close is already
+        done, and a segment left whole (an error, a power cut before the truncation reached the
+        disk) is only the bytes it was before."""
+
+        keep = self.current.path if self.current is not None else None
+        self.close()
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if name.endswith(".seg") and path != keep:
+                try:
+                    os.truncate(path, 0)
+                except OSError:
+                    pass
 
 
 def _full(error: OSError, directory: str, size: int) -> OSError:

@@ -431,6 +431,8 @@ class CommitJournal:
                 if self._replay_from is None:
                     self.env.sync(True)
                     clear_markers(self.path)
-                self._journal.close()
+                    self._journal.trim()  # nothing reads the journal of a cleanly closed store
+                else:
+                    self._journal.close()
         finally:
             self._drop_pin()

@@ -92,3 +92,35 @@ async def test_checkpoints_come_sooner_when_the_pin_would_hold_more_than_its_sha
     bounded_bytes, bounded_bound = await _commit_turns(tmp_path / "bounded", bounded, 300)
     assert 1 <= bounded_bound < fixed_bound
     assert bounded_bytes < fixed_bytes * 0.8, (bounded_bytes, fixed_bytes)
+
+
+def _segments(store: Path) -> dict[str, int]:
+    journal = store / "journal"
+    return {name: os.path.getsize(journal / name) for name in os.listdir(journal) if name.endswith(".seg")}
+
+
+async def test_a_clean_close_keeps_one_segment_and_the_next_life_recycles_it(tmp_path: Path) -> None:
+    """A closed store holds one preallocated segment, not every one it wrote: the others are cut
+    to zero bytes at the close (nothing reads the journal of a cleanly closed store), the next
+    open recycles the one kept and deletes the empty ones, and every commit is there."""
+
+    store = tmp_path / "store"
+    options = JournalOptions(segment_min=2 * HEADER_SIZE, segment_size=2 * HEADER_SIZE, checkpoint_commits=2)
+    storage = await LmdbStorage.open(store, durability="power", journal=options)
+    await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+    for n in range(12):  # 1.5 KiB entries in 4 KiB of frames per segment: several segments
+        await storage.commit([{"type": "entry", "value": {"id": 100 + n, "conversationId": 1, "kind": "note", "data": {"text": os.urandom(750).hex()}}}], CTX)
+    assert len(_segments(store)) >= 2, _segments(store)
+    await storage.close()
+    closed = _segments(store)
+    assert sorted(closed.values())[-1] == 2 * HEADER_SIZE and sorted(closed.values())[:-1] == [0] * (len(closed) - 1), closed
+    storage = await LmdbStorage.open(store, durability="power", journal=options)
+    try:
+        reopened = _segments(store)
+        assert list(reopened.values()) == [2 * HEADER_SIZE], f"the empty segments stayed, or the kept one was not recycled: {reopened}"
+        assert int(max(reopened)[:-4], 16) > int(max(closed)[:-4], 16), f"segment numbers went back: {closed} then {reopened}"
+        await storage.commit([{"type": "entry", "value": {"id": 200, "conversationId": 1, "kind": "note"}}], CTX)
+        page = await storage.scan_entries({"conversationId": 1}, 100, None, CTX)
+        assert sorted(item["id"] for item in page["items"]) == [*range(100, 112), 200]
+    finally:
+        await storage.close()
