@@ -249,12 +249,38 @@ def apply_ops(root: Json, ops: Iterable[Op]) -> Json:
 
 
 def apply_batches(root: Json, batches: Iterable[Iterable[Op]]) -> Json:
-    """Apply ordered batches to a copy, leaving the caller's tree untouched."""
+    """Apply ordered batches to a copy, leaving the caller's tree untouched.
+
+    A run of text appends to one path (a transcript that grows every turn) is joined and applied
+    once: appended one at a time, each copies the whole text, so replaying a long run cost the
+    text's length times the run's. The first append of a run is applied as it comes (it raises
+    what the reference raises when the path holds no text); the ones after it to the same path
+    cannot fail, since nothing else ran in between, so the result and any error are the
+    reference's."""
 
     root = copy_json(root)
+    run_path: Path | None = None
+    run: list[str] = []
     for ops in batches:
-        root = apply_ops(root, ops)
+        for op in ops:
+            validate_op(op)
+            appends = op[0] == "a" and type(op[2]) is str
+            if run_path is not None:
+                if appends and op[1] == run_path:
+                    run.append(op[2])
+                    continue
+                root = _join_appends(root, run_path, run)
+                run_path = None
+            root = _APPLIERS[op[0]](root, op)
+            if appends:
+                run_path, run = op[1], []
+    if run_path is not None:
+        root = _join_appends(root, run_path, run)
     return root
+
+
+def _join_appends(root: Json, path: Path, suffixes: list[str]) -> Json:
+    return _APPLIERS["a"](root, ["a", path, "".join(suffixes)]) if suffixes else root
 
 
 __all__ = [

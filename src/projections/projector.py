@@ -60,8 +60,8 @@ class Plan:
     writes: list[Write]
     actions: dict[int, DocumentAction] = field(default_factory=dict)
     max_id: int = 0
-    current: dict[int, t.CurrentValue] = field(default_factory=dict)
-    """Current values the checks read, for the fold to continue from."""
+    current: dict[int, tuple[t.CurrentValue, bytes]] = field(default_factory=dict)
+    """Current values the checks read (and their stored bytes), for the fold to continue from."""
 
 
 _DOCUMENT_WRITES: Final = frozenset({DocumentCreateWrite, DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite})
@@ -239,11 +239,11 @@ class Projector:
         live_counts: dict[bytes, int] = {}
         for id, action in plan.actions.items():
             if _is_plain_delta(action):
-                current = self.model.current_value(txn, id)
-                if current is not None:  # a live document: it exists, is not retired, has a base
-                    if current.version != action.content.version:  # type: ignore[union-attr]
+                found = self.model.current_encoded(txn, id)
+                if found is not None:  # a live document: it exists, is not retired, has a base
+                    if found[0].version != action.content.version:  # type: ignore[union-attr]
                         raise ValueError(f"Document {id} version transition requires a base")
-                    plan.current[id] = current
+                    plan.current[id] = found
                     continue  # its address keeps the one incarnation it has
             existing = self.model.document_record(txn, id)
             if action.create is None and existing is None:
@@ -395,18 +395,22 @@ class Projector:
         rows: Rows,
         id: int,
         content: DeltaContent,
-        previous: t.CurrentValue | None,
+        checked: tuple[t.CurrentValue, bytes] | None,
         values: dict[int, t.CurrentValue] | None = None,
     ) -> None:
-        """Append a delta and fold it into the materialized value (the checks may have read it)."""
+        """Append a delta and fold it into the materialized value (the checks may have read it,
+        ``checked``: the value and the bytes stored for it)."""
 
+        previous, stored = checked if checked is not None else (None, None)
         if previous is None and values is not None:
             previous = values.get(id)
         if previous is None:
-            previous = self.model.current_value(rows.txn, id)
-            assert previous is not None, f"document {id} has no current value"
+            found = self.model.current_encoded(rows.txn, id)
+            assert found is not None, f"document {id} has no current value"
+            previous, stored = found
         current = t.CurrentValue(
-            previous.version, previous.deltas_since_base + 1, previous.value, previous.broken
+            previous.version, previous.deltas_since_base + 1, previous.value, previous.broken,
+            previous.tail, previous.tail_bytes, previous.size,
         )
         if not current.broken:
             try:
@@ -416,19 +420,41 @@ class Projector:
         if values is not None:
             values[id] = current
         revision = t.Revision("delta", content.version, content.ops)
-        self._put_current(rows, id, revision, current, write_value=values is None)
+        self._put_current(rows, id, revision, current, write_value=values is None, stored=stored)
 
     def _put_current(
-        self, rows: Rows, id: int, revision: t.Revision, current: t.CurrentValue, write_value: bool = True
+        self,
+        rows: Rows,
+        id: int,
+        revision: t.Revision,
+        current: t.CurrentValue,
+        write_value: bool = True,
+        stored: bytes | None = None,
     ) -> None:
-        rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), t.encode_row(revision))
-        since_base = current.deltas_since_base
-        snapshot = since_base > 0 and since_base % t.SNAPSHOT_EVERY == 0 and not current.broken
+        """Store a revision and the value it leaves (``stored``: the value's bytes before it, if
+        read in this transaction), and a snapshot when one is due (``SNAPSHOT_SHARE``)."""
+
+        encoded_revision = t.encode_row(revision)
+        rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), encoded_revision)
+        snapshot = False
+        if revision.kind == "base":
+            current.tail, current.tail_bytes, current.size = 0, 0, len(encoded_revision)
+        else:
+            current.tail += 1
+            current.tail_bytes += len(encoded_revision)
+            snapshot = (
+                not current.broken
+                and current.tail >= t.SNAPSHOT_EVERY
+                and current.tail_bytes * t.SNAPSHOT_SHARE >= current.size
+            )
+            if snapshot:
+                current.size += current.tail_bytes
+                current.tail = current.tail_bytes = 0
         if not write_value and not snapshot:
             return
         encoded = t.encode_row(current)
         if write_value:
-            t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded)  # not versioned: no history
+            t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded, stored)  # not versioned: no history
         if snapshot:
             rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(encoded))
 

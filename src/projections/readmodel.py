@@ -356,8 +356,15 @@ class ReadModel:
             yield id
 
     def current_value(self, txn: lmdb.Transaction[bytes], id: int) -> t.CurrentValue | None:
+        found = self.current_encoded(txn, id)
+        return None if found is None else found[0]
+
+    def current_encoded(self, txn: lmdb.Transaction[bytes], id: int) -> tuple[t.CurrentValue, bytes] | None:
+        """A live document's current value and the bytes it is stored as (a commit that changes
+        it compares its new encoding with them, ``tables.put_value``)."""
+
         raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal)
-        return None if raw is None else t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id))
+        return None if raw is None else (t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id)), raw)
 
     def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:
         for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):

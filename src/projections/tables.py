@@ -21,9 +21,10 @@ from ..log.deflate import deflate, inflate
 
 from ..errors import CorruptProjectionError
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 """Bump when any table below changes shape: the projections are then rebuilt from the log.
-Version 6 keys document addresses and scopes by the reference's text of them."""
+Version 6 keys document addresses and scopes by the reference's text of them; version 7 spaces
+a document's snapshots by the bytes of its deltas as well (``SNAPSHOT_SHARE``)."""
 
 
 def db_name(generation: int, table: str) -> str:
@@ -83,8 +84,18 @@ TABLES: Final = (
 )
 
 SNAPSHOT_EVERY: Final = 64
-"""A document's value is kept every this many deltas since its base, so a read at a past point
-(or in a view) replays at most this many deltas however long the tail is."""
+"""A document's value is kept (a snapshot) at most every this many deltas, so a read at a past
+point (or in a view) of a small document replays at most this many deltas however long the
+tail is."""
+SNAPSHOT_SHARE: Final = 8
+"""...and only once the deltas since the last snapshot (or base) hold at least 1/8 of the bytes of
+the value then (``CurrentValue.size``). Why: a snapshot is the whole value, so at a fixed count a
+document that grows every turn (a transcript never checkpointed) stored its whole text every 64
+turns: bytes quadratic in its history (a store of 100,000 turns was 4x SQLite's, which keeps
+deltas only). With this share, snapshots hold at most nine times the bytes of the deltas they
+follow (before they are deflated), so a document's bytes stay linear in its history, and a past
+read replays at most an eighth of the value in deltas (a run of appends is joined and applied
+once, ``delta.apply_batches``), about what decoding the snapshot itself costs."""
 
 UNVERSIONED: Final = frozenset({RECORD_IDS, DOCUMENT_VALUES, STATE, HISTORY})
 """Tables without history: no read uses the id registry, and views replay document values from
@@ -179,18 +190,29 @@ _U32 = struct.Struct(">I")
 _HEAD = struct.Struct(">IQ")
 
 
-def put_value(txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, encoded: bytes) -> None:
+def put_value(
+    txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, encoded: bytes, stored: bytes | None = None
+) -> None:
     """Store document ``id``'s current value (encoded): one sealed row, or chunked when long,
-    writing only the chunks that changed."""
+    writing only the chunks that changed. ``stored``: the encoded value the table holds now, if
+    the caller read it in this transaction (``get_value``); the chunks are then compared in
+    memory, not read back one by one, which made a commit to a long document cost a read of
+    every chunk."""
 
     key = u64(id)
     old_chunks = _chunk_count(txn, db, key)
-    chunks = [encoded[at : at + CHUNK] for at in range(0, len(encoded), CHUNK)] if len(encoded) > CHUNK else []
-    for index, chunk in enumerate(chunks):
-        sealed = seal(chunk)
-        chunk_key = key + _U32.pack(index)
-        if index >= old_chunks or txn.get(chunk_key, db=db) != sealed:
-            txn.put(chunk_key, sealed, db=db)
+    if stored is not None and len(stored) <= CHUNK:
+        stored = None  # one row, not chunks: nothing to compare
+    chunks = range(0, len(encoded), CHUNK) if len(encoded) > CHUNK else range(0)
+    for index, at in enumerate(chunks):
+        chunk = encoded[at : at + CHUNK]
+        if index < old_chunks:
+            if stored is not None:
+                if stored[at : at + CHUNK] == chunk:
+                    continue
+            elif txn.get(key + _U32.pack(index), db=db) == seal(chunk):
+                continue
+        txn.put(key + _U32.pack(index), seal(chunk), db=db)
     for index in range(len(chunks), old_chunks):
         txn.delete(key + _U32.pack(index), db=db)
     head = CHUNKED + _HEAD.pack(len(chunks), len(encoded)) if chunks else encoded
@@ -401,6 +423,14 @@ class CurrentValue(msgspec.Struct, array_like=True):
     deltas_since_base: int
     value: Any
     broken: bool = False
+    tail: int = 0
+    """Deltas since the last snapshot (or the base)."""
+    tail_bytes: int = 0
+    """Their stored bytes."""
+    size: int = 0
+    """The value's bytes at the last snapshot or base, as the revisions count them (the base's
+    stored bytes, plus each snapshot's ``tail_bytes``): what ``SNAPSHOT_SHARE`` compares with,
+    known without encoding the value at every delta."""
 
 
 class CoreHeader(msgspec.Struct):

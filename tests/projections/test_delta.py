@@ -344,3 +344,32 @@ def test_failed_op_keeps_earlier_ops_applied() -> None:
     with pytest.raises(PathError):
         apply_ops(root, [["p", ["a"], 0, 0, [1]], ["t", ["a"], 1]])
     assert root == {"a": [1]}
+
+
+text_paths = st.lists(st.sampled_from(["a", "b", 0, 1]), min_size=0, max_size=2)
+append_ops = st.builds(lambda path, text: ["a", path, text], text_paths, texts)
+run_ops = append_ops | st.builds(lambda path, n: ["t", path, n], text_paths, st.integers(0, 3)) | st.builds(
+    lambda path, value: ["s", path, value], st.lists(st.sampled_from(["a", "b", 0, 1]), min_size=1, max_size=2), texts | st.integers(0, 3)
+)
+text_documents = st.fixed_dictionaries({"a": texts, "b": texts}) | st.lists(texts, max_size=2) | texts | st.fixed_dictionaries({"a": st.lists(texts, max_size=2)})
+
+
+@SETTINGS
+@given(text_documents, st.lists(st.lists(run_ops, max_size=4), max_size=6))
+def test_runs_of_appends_joined_match_the_reference(root: Any, batches: list[list[Any]]) -> None:
+    """``apply_batches`` joins a run of appends to one path (across batches too) and applies it
+    once: the same value, or the same error, as the reference applying them one by one, whatever
+    breaks the run (another path, another verb, a path that holds no text)."""
+
+    assert outcome(apply_batches, root, batches) == outcome(reference.apply_immutable_batches, root, batches)
+
+
+def test_a_long_run_of_appends_across_batches_is_the_whole_text_once() -> None:
+    """A transcript's run of appends, one per batch, ends as every line in order; the input is
+    left as it was."""
+
+    root = {"text": "Start.\n", "other": ["kept"]}
+    batches = [[["a", ["text"], f"Turn {n}: ran the tests, {1834 + n % 97} tokens.\n"]] for n in range(1_000)]
+    result = apply_batches(root, batches)
+    assert result == {"text": "Start.\n" + "".join(batch[0][2] for batch in batches), "other": ["kept"]}
+    assert root == {"text": "Start.\n", "other": ["kept"]} and result["other"] is not root["other"]

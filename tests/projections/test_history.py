@@ -126,6 +126,46 @@ async def test_long_document_tails_read_from_snapshots_equal_memory_storage(tmp_
         await storage.close(CTX)
 
 
+async def test_a_long_growing_document_keeps_snapshots_linear_in_its_deltas_and_reads_equal_memory_storage(tmp_path: Path) -> None:
+    """A transcript of 20 KB that grows by a line per commit (never a new base): snapshots are
+    spaced by the bytes of the deltas as well as their count, so together they hold at most
+    ``SNAPSHOT_SHARE + 1`` times the bytes of the deltas (at one per 64 deltas they were about
+    six times more here, and grew with the square of the history); every past read, each through
+    a run of appends joined, still equals the reference's."""
+
+    from pi_durable_lmdb.projections import tables as t
+
+    storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+    reference = MemoryStorage()
+    record = {"id": 2, "kind": "transcript", "scope": {"kind": "conversation", "conversationId": 1},
+              "history": "rewindable", "fork": "asOf"}
+    batches: list[list[dict]] = [
+        [{"type": "conversation", "value": {"id": 1}}],
+        [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"text": "x" * 20_000}}}],
+    ]
+    for step in range(700):
+        ops = [["a", ["text"], f"Turn {step}: ran the tests, {1834 + step % 97} tokens.\n"]]
+        if step % 50 == 7:
+            ops.append(["s", ["turns"], step])  # another verb inside a run of appends
+        batches.append([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": ops}}])
+    try:
+        for writes in batches:
+            await reference.commit(writes, CTX)
+            await storage.commit(writes, CTX)
+        model = storage._model  # the projections' own tables: what the snapshots cost
+        with model.env.read() as txn:
+            kept = list(txn.cursor(db=model.db[t.DOCUMENT_SNAPSHOTS]).iternext())
+            deltas = list(txn.cursor(db=model.db[t.DOCUMENT_REVISIONS]).iternext())
+        snapshot_bytes = sum(len(t.unpack_row(value[t.SUM_SIZE:], "", key)) for key, value in kept)
+        delta_bytes = sum(len(value) for _, value in deltas[1:])
+        assert 0 < len(kept) < 700 // t.SNAPSHOT_EVERY, [int.from_bytes(key[8:], "big") for key, _ in kept]
+        assert snapshot_bytes <= (t.SNAPSHOT_SHARE + 1) * delta_bytes, (snapshot_bytes, delta_bytes)
+        for at in [*range(1, len(batches) + 1, 7), len(batches), "current"]:
+            assert await storage.document(2, at, CTX) == await reference.document(2, at, CTX), at
+    finally:
+        await storage.close(CTX)
+
+
 async def test_reads_without_checksum_checks_answer_the_same(tmp_path: Path) -> None:
     storage, work, batches = await _fill(tmp_path / "store", 11, 40)
     expected = await snapshot(storage, work, len(batches))

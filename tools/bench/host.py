@@ -25,6 +25,9 @@ from tools.bench.workloads import ROOT, Timings, Workload, conversation, entry
 
 HOST_SIZES = (1_000, 10_000)
 """Turns per store at ``--scale 1``."""
+LONG_SIZES = (100_000,)
+"""Turns of the long host runs (``--long``): one round each, about a quarter of an hour, so they
+are left out of a run unless asked for."""
 
 
 def _never(value: Any, ops: Any, info: Any) -> bool:
@@ -98,9 +101,11 @@ HOST_WORKLOADS: dict[str, Workload] = {
         measure_host,
         backends=("lmdb", "sqlite"),
         commits=lambda state: state.commits,
+        rounds=1 if turns in LONG_SIZES else None,
     )
-    for turns in HOST_SIZES
+    for turns in (*HOST_SIZES, *LONG_SIZES)
 }
+LONG_WORKLOADS: frozenset[str] = frozenset(f"host_{turns}" for turns in LONG_SIZES)
 
 
 # ── the report's table ───────────────────────────────────────────────────────

@@ -19,6 +19,7 @@ Usage::
 
     python -m tools.bench                      # default run, ~10 minutes (the Session host: --host-rounds)
     python -m tools.bench --quick              # ~30 s smoke run
+    python -m tools.bench --long               # also host_100000: 100,000 Session turns, one round
     python -m tools.bench --only commit_turn --only read_point --scale 2 --rounds 7
     python -m tools.bench --markdown docs/bench-table.md
     python -m tools.bench --rss                # also peak RSS per workload, one subprocess each
@@ -46,7 +47,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from tools import ROOT, module_command, module_env
 from tools.bench.flush import overwrite_flush_seconds
-from tools.bench.host import HOST_WORKLOADS
+from tools.bench.host import HOST_WORKLOADS, LONG_WORKLOADS
 from tools.bench.report_markdown import BACKENDS, LABELS, Results, Series, render, write_markdown
 from tools.bench.workloads import WORKLOADS as COMMON_WORKLOADS, Workload
 
@@ -264,7 +265,8 @@ async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Resu
         if name in HOST_WORKLOADS:
             pairs = tuple((mode, backend) for mode in workload.modes if mode in args.modes for backend in workload.backends)
             _log(f"{name}: {', '.join(LABELS[(backend, mode)] for mode, backend in pairs)}")
-            await run_fresh(workload, pairs, min(args.rounds, args.host_rounds), args.scale, base, results)
+            rounds = min(args.rounds, args.host_rounds, workload.rounds or args.rounds)
+            await run_fresh(workload, pairs, rounds, args.scale, base, results)
             continue
         for mode in workload.modes:
             if mode not in args.modes:
@@ -383,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7; --quick 3)")
     parser.add_argument("--quick", action="store_true", help="~30 s smoke run")
     parser.add_argument("--host-rounds", type=int, default=3, help="rounds of the Session host workloads at most (default 3)")
+    parser.add_argument("--long", action="store_true",
+                        help=f"also the long workloads, one round each ({', '.join(sorted(LONG_WORKLOADS))}: ~15 minutes)")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help=f"workloads to run (repeat or comma-separate): {', '.join(WORKLOADS)}")
     parser.add_argument("--modes", default="process,power", help="durability classes (default both)")
@@ -409,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         child_rss(*args.child_rss, args.scale, args.dir or tempfile.gettempdir())
         return 0
 
-    names = [name.strip() for item in args.only for name in item.split(",") if name.strip()] or list(WORKLOADS)
+    names = [name.strip() for item in args.only for name in item.split(",") if name.strip()] or [
+        name for name in WORKLOADS if args.long or name not in LONG_WORKLOADS
+    ]
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")

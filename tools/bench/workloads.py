@@ -48,6 +48,8 @@ class Workload:
     backends: tuple[str, ...] = ("lmdb", "sqlite", "memory", "jsonl", "floor")
     commits: Callable[[Any], int] = field(default=lambda state: 0)
     """How many commits the store holds after a pass, for the bytes-per-commit column."""
+    rounds: int | None = None
+    """Rounds at most, whatever ``--rounds`` says (a workload of many minutes a round)."""
 
 
 def _n(base: int, scale: float, minimum: int = 1) -> int:
