@@ -454,7 +454,7 @@ class Projector:
             return
         encoded = t.encode_row(current)
         if write_value:
-            t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded, stored)  # not versioned: no history
+            t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded, stored, self.model.values)  # not versioned: no history
         if snapshot:
             rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(encoded))
 
@@ -462,7 +462,7 @@ class Projector:
         """Store the values ``fold`` kept back (the table has no history to keep)."""
 
         for id, current in values.items():
-            t.put_value(txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current))
+            t.put_value(txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current), cache=self.model.values)
         values.clear()
 
     def _drop_revisions(self, rows: Rows, id: int) -> None:

@@ -156,6 +156,8 @@ class ReadModel:
         self.env = env
         self.generation = generation
         self.unseal = t.unseal if verify_checksums else _unchecked
+        self.values = t.ValueCache()
+        """Long documents' current values, for commits and reads that would read every chunk."""
         self.checked = verify_checksums
         self.db = {name: env.db(t.db_name(generation, name)) for name in t.TABLES}
 
@@ -363,7 +365,7 @@ class ReadModel:
         """A live document's current value and the bytes it is stored as (a commit that changes
         it compares its new encoding with them, ``tables.put_value``)."""
 
-        raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal)
+        raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal, self.values)
         return None if raw is None else (t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id)), raw)
 
     def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:
