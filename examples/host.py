@@ -9,8 +9,13 @@ from pi_durable.context import BACKGROUND_CONTEXT as ctx
 from pi_durable_lmdb import open_lmdb_storage
 
 notes = define_doc(  # a document per conversation: the answers given in it
-    kind="notes", version=1, scope="conversation", history="latest", fork="current",
-    initial=lambda: {"answers": []}, checkpoint_when=lambda value, ops, info: False,
+    kind="notes",
+    version=1,
+    scope="conversation",
+    history="latest",
+    fork="current",
+    initial=lambda: {"answers": []},
+    checkpoint_when=lambda value, ops, info: False,
 )
 
 
@@ -18,13 +23,16 @@ async def main(path: str) -> None:
     storage = await open_lmdb_storage(path)  # durability="power": survives power loss
     session = create_session(storage)
     try:
+
         async def open_root(tx):  # the root conversation (id 1), made by the first run
             return await tx.conversation(1) or await tx.create_root_conversation()
 
         root = await session.commit(open_root, ctx)
 
         async def turn(tx):  # one commit, all or nothing: an entry and a document change
-            await tx.append_entry(root["id"], {"kind": "message", "model": [{"role": "user", "content": "Hello"}]})
+            await tx.append_entry(
+                root["id"], {"kind": "message", "model": [{"role": "user", "content": "Hello"}]}
+            )
             doc = await tx.doc(notes, root["id"])
             doc.answers.append("Hello to you")
 

@@ -78,11 +78,15 @@ class TaskOutcomesV2(TaskOutcomes):
                 _add(tables, "by_conversation", _key_encoder.encode((where, outcome)))
 
 
-def outcome_counts(projections: UserProjections, db: str = "outcomes") -> dict[tuple[str, str], int]:
+def outcome_counts(
+    projections: UserProjections, db: str = "outcomes"
+) -> dict[tuple[str, str], int]:
     """One of the index's tables as a dict; ``projections`` is an open store's ``storage.projections``."""
 
     with projections.read(TaskOutcomes.name) as tables:
-        return {_key_decoder.decode(key): _COUNT.unpack(value)[0] for key, value in tables.items(db)}
+        return {
+            _key_decoder.decode(key): _COUNT.unpack(value)[0] for key, value in tables.items(db)
+        }
 
 
 async def main(path: str) -> None:

@@ -259,7 +259,9 @@ class ForeignMessageError(ReplicationError, DamageError):
     applied. Find who publishes on the subject; the store's own records are untouched."""
 
     def __init__(self, stream: str, stream_seq: int, reason: str) -> None:
-        super().__init__(f"Message {stream_seq} of stream {stream} is refused: {reason}; nothing of it was applied")
+        super().__init__(
+            f"Message {stream_seq} of stream {stream} is refused: {reason}; nothing of it was applied"
+        )
         self.stream, self.stream_seq, self.reason = stream, stream_seq, reason
 
 

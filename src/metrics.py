@@ -14,7 +14,12 @@ from typing import Any
 
 from msgspec import UNSET
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from .log.counters import Histogram
@@ -31,7 +36,9 @@ class StoreCollector(Collector):
         self.path = os.fspath(path)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        up = GaugeMetricFamily(f"{PREFIX}_up", "1 while the store opens and reads, 0 when it does not")
+        up = GaugeMetricFamily(
+            f"{PREFIX}_up", "1 while the store opens and reads, 0 when it does not"
+        )
         try:
             info = stats(self.path)
         except Exception:  # a damaged or missing store is what `up` reports
@@ -54,13 +61,20 @@ def _families(info: Stats) -> Iterator[GaugeMetricFamily]:
     yield _gauge("store_bytes", "Bytes of the store's data file", info.file_bytes)
     yield _gauge("log_bytes", "Bytes used by the write log", info.log_bytes)
     tree = info.tree
-    yield _gauge("log_tree_size", "Records in the log's Merkle tree (its size, as a checkpoint names it)", tree.size)
     yield _gauge(
-        "log_tree_stored_leaves", "Records whose hashes the stored tree holds (the rest are hashed from the log when read)",
+        "log_tree_size",
+        "Records in the log's Merkle tree (its size, as a checkpoint names it)",
+        tree.size,
+    )
+    yield _gauge(
+        "log_tree_stored_leaves",
+        "Records whose hashes the stored tree holds (the rest are hashed from the log when read)",
         tree.stored_leaves,
     )
     lag = GaugeMetricFamily(
-        f"{PREFIX}_projection_lag_records", "Records of the log not yet folded by a projection", labels=["projection"]
+        f"{PREFIX}_projection_lag_records",
+        "Records of the log not yet folded by a projection",
+        labels=["projection"],
     )
     core = info.projections.core.folded_seq
     lag.add_metric(["core"], head - (core or 0))
@@ -79,12 +93,18 @@ def _families(info: Stats) -> Iterator[GaugeMetricFamily]:
     replication = info.replication
     if replication is not UNSET:
         yield _gauge(
-            "replication_stream_seq", "Stream sequence of the last record shipped or applied", replication.stream_seq
+            "replication_stream_seq",
+            "Stream sequence of the last record shipped or applied",
+            replication.stream_seq,
         )
-        yield _gauge("lease_epoch", "Lease epoch recorded with the stream position", replication.epoch)
+        yield _gauge(
+            "lease_epoch", "Lease epoch recorded with the stream position", replication.epoch
+        )
 
 
-def register_path(path: str | os.PathLike[str], registry: CollectorRegistry | None = None) -> StoreCollector:
+def register_path(
+    path: str | os.PathLike[str], registry: CollectorRegistry | None = None
+) -> StoreCollector:
     collector = StoreCollector(path)
     (REGISTRY if registry is None else registry).register(collector)
     return collector
@@ -98,32 +118,64 @@ class HandleCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         counters = self.storage.counters
-        commits = CounterMetricFamily(f"{PREFIX}_commits", "Commits acknowledged by this handle since it opened")
+        commits = CounterMetricFamily(
+            f"{PREFIX}_commits", "Commits acknowledged by this handle since it opened"
+        )
         commits.add_metric([], counters.commit_seconds.count)
         yield commits
-        failures = CounterMetricFamily(f"{PREFIX}_commit_failures", "Commits that raised (refused or failed)")
+        failures = CounterMetricFamily(
+            f"{PREFIX}_commit_failures", "Commits that raised (refused or failed)"
+        )
         failures.add_metric([], counters.commit_failures)
         yield failures
-        yield _histogram("commit_seconds", "From a commit call to its acknowledgement", counters.commit_seconds)
-        yield _histogram("group_batches", "Batches per write transaction (group commit)", counters.group_batches)
-        yield _histogram("flush_seconds", "LMDB's commit of a write transaction, its sync included", counters.flush_seconds)
+        yield _histogram(
+            "commit_seconds", "From a commit call to its acknowledgement", counters.commit_seconds
+        )
+        yield _histogram(
+            "group_batches", "Batches per write transaction (group commit)", counters.group_batches
+        )
+        yield _histogram(
+            "flush_seconds",
+            "LMDB's commit of a write transaction, its sync included",
+            counters.flush_seconds,
+        )
         replication = self.storage.replication
         if replication is None:
             return
         status: ReplicationStatus = replication.status()
         if isinstance(status, ReplicaStatus):
-            yield _gauge("replica_applied_seq", "Log sequence this replica took in", status.applied_seq)
+            yield _gauge(
+                "replica_applied_seq", "Log sequence this replica took in", status.applied_seq
+            )
         else:
-            yield _gauge("replication_shipped_seq", "Log sequence the stream holds (shipped, or published)", status.shipped_seq)
-        yield _gauge("replication_lag_records", "Records the stream and this store differ by", status.lag_records)
+            yield _gauge(
+                "replication_shipped_seq",
+                "Log sequence the stream holds (shipped, or published)",
+                status.shipped_seq,
+            )
+        yield _gauge(
+            "replication_lag_records",
+            "Records the stream and this store differ by",
+            status.lag_records,
+        )
         stopped = status.failed is not None if isinstance(status, WriterStatus) else status.stopped
-        yield _gauge("replication_stopped", "1 when shipping or following stopped for good", 1 if stopped else 0)
-        errors = CounterMetricFamily(f"{PREFIX}_shipping_errors", "Shipping attempts that failed (each retried)")
+        yield _gauge(
+            "replication_stopped",
+            "1 when shipping or following stopped for good",
+            1 if stopped else 0,
+        )
+        errors = CounterMetricFamily(
+            f"{PREFIX}_shipping_errors", "Shipping attempts that failed (each retried)"
+        )
         errors.add_metric([], status.errors if isinstance(status, ShipperStatus) else 0)
         yield errors
         lease = status.lease if isinstance(status, WriterStatus) else None
         if lease is not None:
-            yield _gauge("lease_held", "1 while this process holds the store's writer lease", 0 if lease.lost else 1)
+            yield _gauge(
+                "lease_held",
+                "1 while this process holds the store's writer lease",
+                0 if lease.lost else 1,
+            )
             yield _gauge("lease_holder_epoch", "Epoch of this process's lease", lease.epoch)
 
 

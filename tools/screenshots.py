@@ -20,7 +20,9 @@ DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     args = parser.parse_args()
@@ -29,8 +31,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="screenshots-") as parent:
         store = os.path.join(parent, "demo-store")
         subprocess.run([*DURABLE_LOG, "demo", store], check=True, capture_output=True, timeout=120)
-        subprocess.run([*DURABLE_LOG, "search", store, "answer"], check=True, capture_output=True, timeout=120)
-        server = subprocess.Popen([*DURABLE_LOG, "serve", store, "--port", "0"], stderr=subprocess.PIPE, text=True)
+        subprocess.run(
+            [*DURABLE_LOG, "search", store, "answer"], check=True, capture_output=True, timeout=120
+        )
+        server = subprocess.Popen(
+            [*DURABLE_LOG, "serve", store, "--port", "0"], stderr=subprocess.PIPE, text=True
+        )
         try:
             assert server.stderr is not None
             found = re.search(r"at (http://127\.0\.0\.1:\d+)/", server.stderr.readline())
@@ -48,7 +54,9 @@ def main() -> int:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=args.chromium, headless=True, args=["--no-sandbox"])
+                browser = playwright.chromium.launch(
+                    executable_path=args.chromium, headless=True, args=["--no-sandbox"]
+                )
                 try:
                     page = browser.new_page(viewport={"width": 1200, "height": 900})
                     for name, path, _ in pages:

@@ -54,7 +54,6 @@ def seq_range(
     return low, high
 
 
-
 # ── export, show, backup ──────────────────────────────────────────────────────
 
 
@@ -83,7 +82,9 @@ def export_lines(
         log = WriteLog(env)
         low, high = seq_range(log, first, last, since, until)
         if root and low != 1:
-            raise ValueError(f"An export with its root starts at sequence 1 (a root covers the log's first records), not {low}")
+            raise ValueError(
+                f"An export with its root starts at sequence 1 (a root covers the log's first records), not {low}"
+            )
         if low <= high:
             for batch in log.read(low, high, decode=decode_record_builtins):
                 yield to_json(batch)

@@ -37,7 +37,12 @@ def to_json(value: Any) -> str:
 
     try:
         return _encoder.encode(value).decode()
-    except (UnicodeEncodeError, OverflowError, ValueError, RecursionError):  # RecursionError: nested past the default stack
+    except (
+        UnicodeEncodeError,
+        OverflowError,
+        ValueError,
+        RecursionError,
+    ):  # RecursionError: nested past the default stack
         return deep(_written, value)
 
 

@@ -65,16 +65,23 @@ class ImportReport:
         self.renumbered.append((exported, new, 1))
 
     def __str__(self) -> str:
-        counts = ", ".join(plural(n, kind, _PLURALS.get(kind)) for kind, n in self.records.items()) or "nothing"
+        counts = (
+            ", ".join(plural(n, kind, _PLURALS.get(kind)) for kind, n in self.records.items())
+            or "nothing"
+        )
         lines = [f"imported {plural(self.commits, 'commit')} ({counts})"]
         if self.renumbered:
             moved = sum(length for _, _, length in self.renumbered)
-            lines.append(f"renumbered {plural(moved, 'batch', 'batches')} of {self.commits} (export sequence -> new sequence):")
+            lines.append(
+                f"renumbered {plural(moved, 'batch', 'batches')} of {self.commits} (export sequence -> new sequence):"
+            )
             for first, new_first, length in self.renumbered[:_RUNS_SHOWN]:
                 if length == 1:
                     lines.append(f"  {first} -> {new_first}")
                 else:
-                    lines.append(f"  {first}-{first + length - 1} -> {new_first}-{new_first + length - 1}")
+                    lines.append(
+                        f"  {first}-{first + length - 1} -> {new_first}-{new_first + length - 1}"
+                    )
             if len(self.renumbered) > _RUNS_SHOWN:
                 rest = self.renumbered[_RUNS_SHOWN:]
                 lines.append(
@@ -90,7 +97,6 @@ _RUNS_SHOWN: Final = 20
 """Renumbered runs listed one by one in an import's report; the rest are counted."""
 
 
-
 _PLURALS: Final = {"entry": "entries"}
 
 
@@ -99,7 +105,9 @@ def refuse_existing(target: str, verb: str = "import") -> None:
         held = sorted(os.listdir(target))
         if held:
             shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
-            raise ValueError(f"{target} is not empty (it holds {shown}); {verb} only into a new store")
+            raise ValueError(
+                f"{target} is not empty (it holds {shown}); {verb} only into a new store"
+            )
     elif os.path.lexists(target):
         raise ValueError(f"{target} exists and is not a directory; {verb} only into a new store")
 
@@ -133,7 +141,9 @@ def remove_stale_partials(final: str) -> list[str]:
             shutil.rmtree(partial)
         finally:
             os.close(fd)
-        logger.warning("Removed %s, the partial store of an import or restore that was killed", partial)
+        logger.warning(
+            "Removed %s, the partial store of an import or restore that was killed", partial
+        )
         removed.append(partial)
     if removed:
         sync_directory(parent)
@@ -263,7 +273,9 @@ async def import_export(
             if not line.strip():
                 continue
             if trailer is not None:
-                raise ValueError(f"Line {number} of the export follows its root line {trailer[0]}: the root line is the last")
+                raise ValueError(
+                    f"Line {number} of the export follows its root line {trailer[0]}: the root line is the last"
+                )
             if line.startswith('{"' + ROOT_TRAILER + '"'):
                 trailer = (number, *parse_root(number, line))
                 continue
@@ -271,9 +283,13 @@ async def import_export(
             if seq != expected and not renumber:
                 raise _out_of_order(number, seq, expected)
             try:
-                new_seq = await storage.commit(writes, BACKGROUND_CONTEXT, committed_at=committed_at)
+                new_seq = await storage.commit(
+                    writes, BACKGROUND_CONTEXT, committed_at=committed_at
+                )
             except (ValueError, TypeError) as error:
-                raise ValueError(f"Line {number} of the export (sequence {seq}) is refused: {error}") from None
+                raise ValueError(
+                    f"Line {number} of the export (sequence {seq}) is refused: {error}"
+                ) from None
             expected = new_seq + 1
             report.note_sequence(seq, new_seq)
             report.commits += 1
@@ -292,21 +308,38 @@ def parse_root(number: int, line: str) -> tuple[int, bytes]:
     try:
         value = from_json(line)
     except (ValueError, RecursionError) as error:
-        raise ValueError(f"Line {number} of the export is not a root line: not JSON ({error})") from None
-    size, root = (value.get(ROOT_TRAILER), value.get("rootHash")) if isinstance(value, dict) else (None, None)
-    if type(size) is not int or size < 0 or not isinstance(root, str) or not re.fullmatch("[0-9a-f]{64}", root):
-        raise ValueError(f'Line {number} of the export is not a root line {{"treeSize": N, "rootHash": 64 hex digits}}')
+        raise ValueError(
+            f"Line {number} of the export is not a root line: not JSON ({error})"
+        ) from None
+    size, root = (
+        (value.get(ROOT_TRAILER), value.get("rootHash"))
+        if isinstance(value, dict)
+        else (None, None)
+    )
+    if (
+        type(size) is not int
+        or size < 0
+        or not isinstance(root, str)
+        or not re.fullmatch("[0-9a-f]{64}", root)
+    ):
+        raise ValueError(
+            f'Line {number} of the export is not a root line {{"treeSize": N, "rootHash": 64 hex digits}}'
+        )
     return size, bytes.fromhex(root)
 
 
-def _check_root(storage: LmdbStorage, report: ImportReport, number: int, size: int, root: bytes) -> str:
+def _check_root(
+    storage: LmdbStorage, report: ImportReport, number: int, size: int, root: bytes
+) -> str:
     """The import holds what the exporter's root covers, or ``ValueError`` (nothing is imported)."""
 
     if report.renumbered:
         return "the export's root was not checked: renumbered records have other leaves"
     head = storage.log.head()
     if size != head:
-        raise ValueError(f"Line {number} of the export gives the root of {size} records, the export holds {head}. Nothing was imported")
+        raise ValueError(
+            f"Line {number} of the export gives the root of {size} records, the export holds {head}. Nothing was imported"
+        )
     if storage.log.root(size) != root:
         raise ValueError(
             f"The records imported do not have the exporter's root (line {number}): the export was altered "
@@ -336,7 +369,9 @@ async def import_pi_durable(
         return await _copy_pi_durable(source, storage, progress)
 
 
-async def _copy_pi_durable(source: Any, storage: LmdbStorage, progress: Progress | None) -> ImportReport:
+async def _copy_pi_durable(
+    source: Any, storage: LmdbStorage, progress: Progress | None
+) -> ImportReport:
     report = ImportReport(
         lacking=[
             "the order of commits other than entries' (tasks and submissions keep only their final state)",

@@ -38,19 +38,28 @@ def check_sqlite_source(path: str) -> None:
         header = data.read(100)
     if len(header) < 100 or not header.startswith(SQLITE_HEADER):
         what = "an empty file" if not header else "not a SQLite database"
-        raise NotPiDurableError(f"{path} is not a pi-durable store: {what} (nothing was read or changed)")
+        raise NotPiDurableError(
+            f"{path} is not a pi-durable store: {what} (nothing was read or changed)"
+        )
     with closing(_connect_read_only(path)) as source:
         try:
-            tables = {row[0] for row in source.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {
+                row[0]
+                for row in source.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
             missing = sorted(set(TABLE_NAMES.values()) - tables)
             if missing:
                 raise NotPiDurableError(
                     f"{path} is a SQLite database but not a pi-durable store: it has no table {', '.join(missing)} "
                     "(nothing was read or changed)"
                 )
-            row = source.execute(f"SELECT version FROM {TABLE_NAMES['durableSchema']} WHERE singleton = 1").fetchone()
+            row = source.execute(
+                f"SELECT version FROM {TABLE_NAMES['durableSchema']} WHERE singleton = 1"
+            ).fetchone()
         except sqlite3.Error as error:
-            raise NotPiDurableError(f"{path} cannot be read as a pi-durable SQLite store ({error})") from None
+            raise NotPiDurableError(
+                f"{path} cannot be read as a pi-durable SQLite store ({error})"
+            ) from None
     version = row[0] if row is not None else None
     if type(version) is not int or not 1 <= version <= CURRENT_SQLITE_SCHEMA_VERSION:
         raise NotPiDurableError(
@@ -74,7 +83,9 @@ def _snapshot_sqlite(path: str, copy: str) -> None:
         try:
             source.backup(target)
         except sqlite3.Error as error:
-            raise NotPiDurableError(f"{path} cannot be read as a pi-durable SQLite store ({error})") from None
+            raise NotPiDurableError(
+                f"{path} cannot be read as a pi-durable SQLite store ({error})"
+            ) from None
 
 
 def check_source(path: str) -> str:
@@ -88,7 +99,9 @@ def check_source(path: str) -> str:
     if not os.path.exists(path):
         raise FileNotFoundError(f"No pi-durable store at {path}")
     if not os.path.isfile(path):
-        raise NotPiDurableError(f"{path} is not a pi-durable store (neither a SQLite file nor a JSONL directory)")
+        raise NotPiDurableError(
+            f"{path} is not a pi-durable store (neither a SQLite file nor a JSONL directory)"
+        )
     check_sqlite_source(path)
     return "sqlite"
 
@@ -110,7 +123,9 @@ async def open_read_only(path: str, scratch: str | None = None) -> AsyncIterator
             try:
                 source: Any = await JsonlStorage.open(copy, PosixExecutionEnv(), BACKGROUND_CONTEXT)
             except Exception as error:  # whatever pi-durable's reader says of a file it cannot read
-                raise NotPiDurableError(f"{path} cannot be read as a pi-durable JSONL store ({type(error).__name__}: {error})") from None
+                raise NotPiDurableError(
+                    f"{path} cannot be read as a pi-durable JSONL store ({type(error).__name__}: {error})"
+                ) from None
         else:
             from pi_durable.storage.sqlite.posix import open_posix_sqlite_storage
 

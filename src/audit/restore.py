@@ -63,7 +63,9 @@ async def restore(
     try:
         subject = subject_of(stream, store)
         last = await link.arun(link.last(subject, store))
-        if last is None and not (snapshots and snapshots_of(await link.arun(link.snapshot_names()), store)):
+        if last is None and not (
+            snapshots and snapshots_of(await link.arun(link.snapshot_names()), store)
+        ):
             raise StreamMissingError(
                 f"Stream {stream!r} holds no messages of store {store} (subject {subject}); "
                 f"`durable-log tail --nats ... --stream {stream}` lists the stores it carries"

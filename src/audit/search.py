@@ -93,7 +93,9 @@ def index_exists(path: str | os.PathLike[str]) -> bool:
     return os.path.isfile(os.path.join(os.fspath(path), INDEX_DIR, "data.mdb"))
 
 
-def catch_up(path: str | os.PathLike[str], index: SearchIndex, progress: Progress | None = None) -> int:
+def catch_up(
+    path: str | os.PathLike[str], index: SearchIndex, progress: Progress | None = None
+) -> int:
     """Fold the records the index lacks (all of them for a new index, or one of another store
     or format); returns how many."""
 
@@ -103,11 +105,18 @@ def catch_up(path: str | os.PathLike[str], index: SearchIndex, progress: Progres
         head = log.head()
         for _ in range(3):  # another process may be resetting it too: at most a few rounds
             header = index.header()
-            if header is not None and header.format == FORMAT and header.store_id == env.store_id and header.folded_seq <= head:
+            if (
+                header is not None
+                and header.format == FORMAT
+                and header.store_id == env.store_id
+                and header.folded_seq <= head
+            ):
                 break
             index.reset(env.store_id, header)  # of another store or format, or ahead of this log
         else:
-            raise SearchIndexError(f"The search index at {index.path} keeps being reset by other processes; try again")
+            raise SearchIndexError(
+                f"The search index at {index.path} keeps being reset by other processes; try again"
+            )
         model: list[ReadModel] = []
 
         def document_at(id: int, seq: int) -> Any:
@@ -168,7 +177,9 @@ async def search(
         documents, capped_documents = _candidates(index, txn, terms, DOCUMENT, at)
         tasks, capped_tasks = _candidates(index, txn, terms, TASK, at)
         # the index knows each task's words at any point: only the tasks that match then are read
-        tasks = [(seq, id) for seq, id in tasks if set(terms) <= (index.task_words(txn, id, at) or set())][:limit]
+        tasks = [
+            (seq, id) for seq, id in tasks if set(terms) <= (index.task_words(txn, id, at) or set())
+        ][:limit]
     results.capped = capped_documents or capped_tasks
     times: dict[int, int] = {}
     for seq, id, value in found:
@@ -179,7 +190,11 @@ async def search(
         if seq not in times:
             commit = storage.log.get(seq)
             times[seq] = 0 if commit is None else commit.committed_at
-        results.entries.append(EntryHit(id, int(entry["conversationId"]), seq, times[seq], roles_of(entry), said(entry)))
+        results.entries.append(
+            EntryHit(
+                id, int(entry["conversationId"]), seq, times[seq], roles_of(entry), said(entry)
+            )
+        )
     wanted = set(terms)
     for seq, id in documents:
         if len(results.documents) >= min(limit, DOCUMENT_LIMIT):
@@ -197,11 +212,20 @@ async def search(
         if wanted <= kind_words | state_words:
             state: Any = task.get("state", {})
             conversation = task.get("conversationId")
-            results.tasks.append(TaskHit(id, str(task.get("kind", "")), str(state.get("status", "")), conversation if isinstance(conversation, int) else None))
+            results.tasks.append(
+                TaskHit(
+                    id,
+                    str(task.get("kind", "")),
+                    str(state.get("status", "")),
+                    conversation if isinstance(conversation, int) else None,
+                )
+            )
     return results
 
 
-def _candidates(index: SearchIndex, txn: Any, terms: list[str], kind: bytes, at: int) -> tuple[list[tuple[int, int]], bool]:
+def _candidates(
+    index: SearchIndex, txn: Any, terms: list[str], kind: bytes, at: int
+) -> tuple[list[tuple[int, int]], bool]:
     """``(seq, id)`` of the records that posted every word at or before ``at``, newest first
     (``seq``: the latest of their words' postings), and whether a word had too many to read."""
 
@@ -224,7 +248,9 @@ def _candidates(index: SearchIndex, txn: Any, terms: list[str], kind: bytes, at:
     return ordered, capped
 
 
-async def _document_hit(storage: Any, reader: StorageReads, id: int, seq: int, wanted: set[str]) -> DocumentHit | None:
+async def _document_hit(
+    storage: Any, reader: StorageReads, id: int, seq: int, wanted: set[str]
+) -> DocumentHit | None:
     """The document if its version in force at the point holds every word, else the version
     written at ``seq`` (when every word had been added) if that one does."""
 
@@ -250,13 +276,24 @@ def roles_of(entry: Any) -> list[str]:
     model = entry.get("model") if isinstance(entry, dict) else None
     if not isinstance(model, list):
         return []
-    return list(dict.fromkeys(str(message["role"]) for message in model if isinstance(message, dict) and "role" in message))
+    return list(
+        dict.fromkeys(
+            str(message["role"])
+            for message in model
+            if isinstance(message, dict) and "role" in message
+        )
+    )
 
 
 def said(entry: Any, limit: int = 300) -> str:
     """An entry's words in one line: its messages' text, else its data."""
 
-    parts = [text for name in ("model", "data") if name in entry for text in strings_of(entry[name], frozenset({"role", "type"}))]
+    parts = [
+        text
+        for name in ("model", "data")
+        if name in entry
+        for text in strings_of(entry[name], frozenset({"role", "type"}))
+    ]
     return _cut(" ".join(reversed(parts)), limit)
 
 
@@ -266,7 +303,11 @@ def _around(value: Any, wanted: set[str], limit: int = 300) -> str:
     texts = list(reversed(list(strings_of(value))))
     for text in texts:
         lowered = text.lower()
-        found = [match.start() for word in wanted if (match := re.search(r"(?<!\w)" + re.escape(word), lowered))]
+        found = [
+            match.start()
+            for word in wanted
+            if (match := re.search(r"(?<!\w)" + re.escape(word), lowered))
+        ]
         if found:
             start = max(0, min(found) - limit // 3)
             return ("…" if start else "") + _cut(text[start : start + 2 * limit], limit)

@@ -15,7 +15,11 @@ SHOW_KINDS = ("conversation", "entry", "task", "submission", "document")
 
 
 async def show(
-    path: str | os.PathLike[str], kind: str, id: int, as_of: int | None = None, as_of_time: int | None = None
+    path: str | os.PathLike[str],
+    kind: str,
+    id: int,
+    as_of: int | None = None,
+    as_of_time: int | None = None,
 ) -> tuple[Any | None, int | None]:
     """One record as the contract reads it (a document with its value), now, right after commit
     ``as_of``, or as of Unix ms ``as_of_time``; and the sequence it was read at (None: now).

@@ -185,7 +185,6 @@ async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) ->
         await asyncio.to_thread(link.close)
 
 
-
 # ── stats ─────────────────────────────────────────────────────────────────────
 
 
@@ -242,7 +241,10 @@ def stats(path: str | os.PathLike[str]) -> Stats:
             state = projection_state(txn, model)
             position = _stored_position(txn, env)
         served, builds, _ = userstate.stored(env)
-        users = {name: userstate.report(served.get(name), builds.get(name), head, None) for name in set(served) | set(builds)}
+        users = {
+            name: userstate.report(served.get(name), builds.get(name), head, None)
+            for name in set(served) | set(builds)
+        }
         shipping_stopped = stopped_reason(env.path)
         tree = _tree(env, log, head)
         return Stats(
@@ -272,7 +274,9 @@ def stats(path: str | os.PathLike[str]) -> Stats:
                         folded_seq=status.folded_seq,
                         failed_seq=status.failed_seq,
                         error=status.error,
-                        building=None if status.building is None else UserBuild(
+                        building=None
+                        if status.building is None
+                        else UserBuild(
                             version=status.building.version,
                             folded_seq=status.building.folded_seq,
                             rate=status.building.rate,
@@ -283,10 +287,17 @@ def stats(path: str | os.PathLike[str]) -> Stats:
                     for name, status in sorted(users.items())
                 },
             ),
-            replication=UNSET if position is None else Replication(
-                stream=position.stream, stream_seq=position.stream_seq, seq=position.seq, epoch=position.epoch
+            replication=UNSET
+            if position is None
+            else Replication(
+                stream=position.stream,
+                stream_seq=position.stream_seq,
+                seq=position.seq,
+                epoch=position.epoch,
             ),
-            shipping=UNSET if shipping_stopped is None else Shipping(stopped=True, reason=shipping_stopped),
+            shipping=UNSET
+            if shipping_stopped is None
+            else Shipping(stopped=True, reason=shipping_stopped),
         )
     finally:
         env.close()
@@ -319,7 +330,9 @@ def footprint(pages: PageStats) -> Footprint:
         free_pages=pages.free_pages,
         free_bytes=pages.free_bytes,
         free_share=round(pages.free_bytes / pages.file_bytes, 4) if pages.file_bytes else 0.0,
-        log_bytes_per_record=round(log.bytes / log.entries, 1) if log is not None and log.entries else None,
+        log_bytes_per_record=round(log.bytes / log.entries, 1)
+        if log is not None and log.entries
+        else None,
         databases={
             name: DatabasePages(
                 entries=db.entries,
@@ -365,7 +378,9 @@ def _stored_position(txn: lmdb.Transaction[bytes], env: Environment) -> Any:
     try:
         return stored_position(txn, env.db("meta"))
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        raise ReplicationError(f"The replication position of the store at {env.path} is unreadable ({error})") from None
+        raise ReplicationError(
+            f"The replication position of the store at {env.path} is unreadable ({error})"
+        ) from None
 
 
 def format_stats(info: Stats) -> str:
@@ -413,8 +428,11 @@ def format_stats(info: Stats) -> str:
         lease = info.lease
         lines.append(
             "writer lease     "
-            + ("none (nobody writes the store now)" if lease is None else
-               f"held by {lease.holder}, epoch {lease.epoch}, {lease.expires}")
+            + (
+                "none (nobody writes the store now)"
+                if lease is None
+                else f"held by {lease.holder}, epoch {lease.epoch}, {lease.expires}"
+            )
         )
     return "\n".join(lines)
 
@@ -437,7 +455,13 @@ def projection_statuses(path: str | os.PathLike[str]) -> dict[str, ProjectionSta
         served, builds, head = userstate.stored(env)
         now = time.time()
         return {
-            name: userstate.report(served.get(name), builds.get(name), head, served[name].version if name in served else None, now)
+            name: userstate.report(
+                served.get(name),
+                builds.get(name),
+                head,
+                served[name].version if name in served else None,
+                now,
+            )
             for name in sorted(set(served) | set(builds))
         }
     finally:

@@ -29,7 +29,9 @@ def commit_to_builtins(commit: Commit, writes: Iterable[Any] | None = None) -> d
     return {
         "seq": commit.seq,
         "committedAt": commit.committed_at,
-        "writes": [write_to_builtins(write) for write in (commit.writes if writes is None else writes)],
+        "writes": [
+            write_to_builtins(write) for write in (commit.writes if writes is None else writes)
+        ],
     }
 
 
@@ -55,7 +57,9 @@ class TailFilter:
     def __post_init__(self) -> None:
         unknown = set(self.types or ()) - set(WRITE_TYPES)
         if unknown:
-            raise ValueError(f"Unknown write type(s) {sorted(unknown)}; known: {', '.join(WRITE_TYPES)}")
+            raise ValueError(
+                f"Unknown write type(s) {sorted(unknown)}; known: {', '.join(WRITE_TYPES)}"
+            )
 
     @property
     def everything(self) -> bool:
@@ -72,7 +76,10 @@ class TailFilter:
             type_name = type(write).__struct_config__.tag
             if self.types is not None and type_name not in self.types:
                 continue
-            if self.conversation is not None and conversation_of(write, document_record) != self.conversation:
+            if (
+                self.conversation is not None
+                and conversation_of(write, document_record) != self.conversation
+            ):
                 continue
             kept.append(write)
         return kept
@@ -125,7 +132,9 @@ class Tail:
         with self.env.read() as txn:
             return self._model.document_record(txn, id)
 
-    def last(self, count: int, first: int = 1, last: int | None = None) -> list[tuple[Commit, list[Any]]]:
+    def last(
+        self, count: int, first: int = 1, last: int | None = None
+    ) -> list[tuple[Commit, list[Any]]]:
         """The last ``count`` commits from ``first`` to ``last`` (default: the head) with a kept
         write, oldest first, with their kept writes: what ``tail -n`` and ``git log -n`` show.
         Reads backwards in chunks, so a filter that matches rarely costs what it has to."""
@@ -141,13 +150,20 @@ class Tail:
         return found[max(0, len(found) - count) :] if count else []
 
     async def commits(
-        self, from_seq: int = 1, *, follow: bool = False, limit: int | None = None, last: int | None = None
+        self,
+        from_seq: int = 1,
+        *,
+        follow: bool = False,
+        limit: int | None = None,
+        last: int | None = None,
     ) -> AsyncIterator[tuple[Commit, list[Any]]]:
         """``(commit, kept writes)`` for each commit with at least one kept write, up to ``last``
         (default: the head) or, with ``follow``, on as new ones are committed; at most ``limit``."""
 
         shown = 0
-        source: Any = self.log.follow(from_seq) if follow else _as_async(self.log.read(from_seq, last))
+        source: Any = (
+            self.log.follow(from_seq) if follow else _as_async(self.log.read(from_seq, last))
+        )
         if limit is not None and limit <= 0:
             return
         async for commit in source:
@@ -159,15 +175,21 @@ class Tail:
             if limit is not None and shown >= limit:
                 return
 
-
     async def json_lines(
-        self, from_seq: int = 1, *, follow: bool = False, limit: int | None = None, last: int | None = None
+        self,
+        from_seq: int = 1,
+        *,
+        follow: bool = False,
+        limit: int | None = None,
+        last: int | None = None,
     ) -> AsyncIterator[str]:
         """The ``--json`` lines: ``{"seq", "committedAt", "writes"}``, the writes exactly as
         committed (only the kept ones when filtering)."""
 
         if not self.filter.everything:
-            async for commit, writes in self.commits(from_seq, follow=follow, limit=limit, last=last):
+            async for commit, writes in self.commits(
+                from_seq, follow=follow, limit=limit, last=last
+            ):
                 yield to_json(commit_to_builtins(commit, writes))
             return
         if limit is not None and limit <= 0:
@@ -209,7 +231,6 @@ async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
     return link
 
 
-
 def stream_subject(stream: str, store: str | None) -> str:
     """The subject of one store's log on ``stream``, or (``store`` None) of every store's."""
 
@@ -227,7 +248,14 @@ class StreamTail:
     ``document.create``/``document.copy`` the stream carried before it (a document created in
     messages the stream no longer retains is not placed)."""
 
-    def __init__(self, link: JetStreamLink, store: str | None, filter: TailFilter | None = None, *, json: bool = False) -> None:
+    def __init__(
+        self,
+        link: JetStreamLink,
+        store: str | None,
+        filter: TailFilter | None = None,
+        *,
+        json: bool = False,
+    ) -> None:
         self.link, self.store, self.json = link, store, json
         self.filter = filter or TailFilter()
         self.subject = stream_subject(link.stream, store)
@@ -236,21 +264,32 @@ class StreamTail:
         self._documents: dict[tuple[str, int], Any] = {}
 
     async def lines(
-        self, *, follow: bool = False, first: int = 1, since: int | None = None, until: int | None = None
+        self,
+        *,
+        follow: bool = False,
+        first: int = 1,
+        since: int | None = None,
+        until: int | None = None,
     ) -> AsyncIterator[str]:
         """One line per kept batch after ``self.position``: to the stream's end, or on with
         ``follow``; only records from log sequence ``first`` and committed between ``since``
         and ``until`` (Unix ms, inclusive). Without a store, each line carries its store id."""
 
-        async for message, _pending in self.link.read(self.subject, self.position, store=self.store, follow=follow):
+        async for message, _pending in self.link.read(
+            self.subject, self.position, store=self.store, follow=follow
+        ):
             self.position = message.stream_seq
             if message.kind != "record":
                 continue  # a fence or an id reservation: nothing an auditor reads
             if self.json and self.filter.everything:
-                batch = decode_record_builtins(message.seq, message.data)  # no Structs: the fast path
+                batch = decode_record_builtins(
+                    message.seq, message.data
+                )  # no Structs: the fast path
                 if not _in_range(message.seq, batch["committedAt"], first, since, until):
                     continue
-                yield to_json(batch if self.store is not None else {"store": message.store, **batch})
+                yield to_json(
+                    batch if self.store is not None else {"store": message.store, **batch}
+                )
                 continue
             commit = decode_record(message.seq, message.data)
             if self.filter.conversation is not None:
@@ -265,7 +304,11 @@ class StreamTail:
                 batch = commit_to_builtins(commit, writes)
                 yield to_json(batch if self.store is not None else {"store": store, **batch})
             else:
-                text = summarize(commit, writes) if self.store is not None else f"{store}  {summarize(commit, writes)}"
+                text = (
+                    summarize(commit, writes)
+                    if self.store is not None
+                    else f"{store}  {summarize(commit, writes)}"
+                )
                 yield text.encode("utf-8", "backslashreplace").decode("utf-8")
 
     def _note_documents(self, store: str, writes: Iterable[Any]) -> None:
@@ -275,8 +318,14 @@ class StreamTail:
                 self._documents[(store, record["id"])] = {"scope": record.get("scope")}
 
 
-def _in_range(seq: int, committed_at: int, first: int, since: int | None, until: int | None) -> bool:
-    return seq >= first and (since is None or committed_at >= since) and (until is None or committed_at <= until)
+def _in_range(
+    seq: int, committed_at: int, first: int, since: int | None, until: int | None
+) -> bool:
+    return (
+        seq >= first
+        and (since is None or committed_at >= since)
+        and (until is None or committed_at <= until)
+    )
 
 
 def summarize(commit: Commit, writes: list[Any]) -> str:
@@ -292,11 +341,17 @@ def _describe(write: Any) -> str:
     value: Any = getattr(write, "value", None)
     if tag == "conversation":
         parent = value.get("parent") if isinstance(value, dict) else None
-        fork = f" fork of {parent['conversationId']}@{parent['at']}" if isinstance(parent, dict) else ""
+        fork = (
+            f" fork of {parent['conversationId']}@{parent['at']}"
+            if isinstance(parent, dict)
+            else ""
+        )
         return f"conversation {value.get('id')}{fork}"
     if tag == "entry":
         head = " head" if "head" in value else ""
-        return f"entry {value.get('id')} in {value.get('conversationId')} ({value.get('kind')}){head}"
+        return (
+            f"entry {value.get('id')} in {value.get('conversationId')} ({value.get('kind')}){head}"
+        )
     if tag == "task":
         state = value.get("state") if isinstance(value.get("state"), dict) else {}
         return f"task {value.get('id')} {value.get('kind')} {state.get('status')}"

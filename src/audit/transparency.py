@@ -29,7 +29,12 @@ def _log(path: str | os.PathLike[str]) -> Iterator[WriteLog]:
         env.close()
 
 
-def checkpoint(path: str | os.PathLike[str], key: Signer | str, origin: str | None = None, size: int | None = None) -> str:
+def checkpoint(
+    path: str | os.PathLike[str],
+    key: Signer | str,
+    origin: str | None = None,
+    size: int | None = None,
+) -> str:
     """The signed checkpoint of the store's log (its first ``size`` records, default all)."""
 
     with _log(path) as log:
@@ -43,7 +48,9 @@ def prove(path: str | os.PathLike[str], seq: int, size: int | None = None) -> In
         return log.prove(seq, size)
 
 
-def prove_consistency(path: str | os.PathLike[str], old: int, new: int | None = None) -> ConsistencyProof:
+def prove_consistency(
+    path: str | os.PathLike[str], old: int, new: int | None = None
+) -> ConsistencyProof:
     """The consistency proof from the tree of ``old`` records to that of ``new`` (default all)."""
 
     with _log(path) as log:
@@ -64,7 +71,9 @@ class TrustReport(msgspec.Struct):
         return not self.problems
 
     def summary(self) -> str:
-        lines = [f"  ok: {step}" for step in self.steps] + [f"  FAILED: {problem}" for problem in self.problems]
+        lines = [f"  ok: {step}" for step in self.steps] + [
+            f"  FAILED: {problem}" for problem in self.problems
+        ]
         verdict = (
             f"the store extends the trusted checkpoint of {plural(self.checkpoint_size, 'record')}"
             if self.sound
@@ -73,7 +82,9 @@ class TrustReport(msgspec.Struct):
         return "\n".join([f"{verdict} (head {self.head}, {self.seconds:.1f} s):", *lines])
 
 
-def verify_trusted(path: str | os.PathLike[str], note: str | bytes, verifier: Verifier | str) -> TrustReport:
+def verify_trusted(
+    path: str | os.PathLike[str], note: str | bytes, verifier: Verifier | str
+) -> TrustReport:
     """Check a store against a signed checkpoint an auditor kept: the signature is the trusted
     key's; the store's log extends the checkpoint's tree (a consistency proof from its size to the
     head, checked against the checkpoint's root); and the stored tree is the log's own (every
@@ -91,7 +102,9 @@ def verify_trusted(path: str | os.PathLike[str], note: str | bytes, verifier: Ve
         problems.append(f"signature: {error}")
     else:
         trusted = signed
-        steps.append(f"the checkpoint is signed by {key.name}+{key.key_id:08x} ({signed.origin}, size {signed.size})")
+        steps.append(
+            f"the checkpoint is signed by {key.name}+{key.key_id:08x} ({signed.origin}, size {signed.size})"
+        )
     with _log(path) as log:
         head = log.head()
         if trusted is not None:
@@ -102,24 +115,41 @@ def verify_trusted(path: str | os.PathLike[str], note: str | bytes, verifier: Ve
             problems.append(f"the log itself is damaged: {error}")
         else:
             if total:
-                problems.append(f"the stored tree does not match the log ({plural(total, 'difference')}): " + "; ".join(differences))
+                problems.append(
+                    f"the stored tree does not match the log ({plural(total, 'difference')}): "
+                    + "; ".join(differences)
+                )
             else:
                 steps.append(f"the stored tree matches the log's {plural(head, 'record')}")
-    return TrustReport(0 if trusted is None else trusted.size, head, problems, steps, time.monotonic() - started)
+    return TrustReport(
+        0 if trusted is None else trusted.size, head, problems, steps, time.monotonic() - started
+    )
 
 
-def _check_extends(log: WriteLog, trusted: Checkpoint, head: int, steps: list[str], problems: list[str]) -> None:
+def _check_extends(
+    log: WriteLog, trusted: Checkpoint, head: int, steps: list[str], problems: list[str]
+) -> None:
     if trusted.size > head:
-        problems.append(f"consistency: the checkpoint covers {plural(trusted.size, 'record')}, the store holds only {head}")
+        problems.append(
+            f"consistency: the checkpoint covers {plural(trusted.size, 'record')}, the store holds only {head}"
+        )
         return
     try:
         proof = log.prove_consistency(trusted.size, head)
         merkle.verify_consistency(
-            trusted.size, head, trusted.root, bytes.fromhex(proof.new_root), [bytes.fromhex(value) for value in proof.consistency]
+            trusted.size,
+            head,
+            trusted.root,
+            bytes.fromhex(proof.new_root),
+            [bytes.fromhex(value) for value in proof.consistency],
         )
     except ProofError as error:
-        problems.append(f"consistency: {error}: the store's first {plural(trusted.size, 'record')} are not the ones signed")
+        problems.append(
+            f"consistency: {error}: the store's first {plural(trusted.size, 'record')} are not the ones signed"
+        )
     except DamageError as error:
         problems.append(f"consistency: the log is damaged: {error}")
     else:
-        steps.append(f"the store's log extends it: consistency proof from {trusted.size} to {head} verified")
+        steps.append(
+            f"the store's log extends it: consistency proof from {trusted.size} to {head} verified"
+        )

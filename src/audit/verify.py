@@ -39,7 +39,9 @@ class Difference:
 
     def __str__(self) -> str:
         where = f", log sequence {self.seq}" if self.seq is not None else ""
-        return f"{describe_key(self.database, self.key)} {self.detail} (table {self.database}{where})"
+        return (
+            f"{describe_key(self.database, self.key)} {self.detail} (table {self.database}{where})"
+        )
 
 
 @dataclass(slots=True)
@@ -127,7 +129,6 @@ def describe_key(table: str, key: bytes) -> str:
     return f"key {key.hex()}"
 
 
-
 def verify(path: str | os.PathLike[str], progress: Progress | None = None) -> Difference | None:
     """The first difference ``check`` finds, or None when the store is sound."""
 
@@ -135,7 +136,9 @@ def verify(path: str | os.PathLike[str], progress: Progress | None = None) -> Di
     return report.differences[0] if report.differences else None
 
 
-def check(path: str | os.PathLike[str], progress: Progress | None = None, limit: int = 20) -> VerifyReport:
+def check(
+    path: str | os.PathLike[str], progress: Progress | None = None, limit: int = 20
+) -> VerifyReport:
     """Check every record, fold them all into scratch projections, compare key by key.
 
     Keeps the first ``limit`` differences and counts the rest. A writer may keep committing:
@@ -173,7 +176,9 @@ def check(path: str | os.PathLike[str], progress: Progress | None = None, limit:
                 _fold_into(scratch, projector, rest)
                 scratch.write(lambda scratch_txn: mark_lockstep(scratch_txn, projector.model))
                 report(head, head)
-                result = VerifyReport(records=records + len(rest), tables=len(t.TABLES) + 1, head=head)
+                result = VerifyReport(
+                    records=records + len(rest), tables=len(t.TABLES) + 1, head=head
+                )
                 _compare(txn, live, projector.model, result, limit)
             _compare_tree(log, head, result, limit)
         finally:
@@ -205,9 +210,20 @@ def record_outcome(path: str | os.PathLike[str], report: VerifyReport) -> None:
     """Keep ``report``'s outcome beside the store, for whoever looks next. Best effort: an
     auditor may verify a store whose directory it cannot write, and verifying still counts."""
 
-    outcome = VerifyOutcome(1, int(time.time() * 1000), report.head, report.sound, len(report.differences) + report.more, report.summary())
+    outcome = VerifyOutcome(
+        1,
+        int(time.time() * 1000),
+        report.head,
+        report.sound,
+        len(report.differences) + report.more,
+        report.summary(),
+    )
     try:
-        replace_file(os.path.join(os.fspath(path), LAST_VERIFY_FILE), msgspec.json.encode(outcome), durable=False)
+        replace_file(
+            os.path.join(os.fspath(path), LAST_VERIFY_FILE),
+            msgspec.json.encode(outcome),
+            durable=False,
+        )
     except OSError:
         pass
 
@@ -243,7 +259,11 @@ def _compare_tree(log: WriteLog, head: int, report: VerifyReport, limit: int) ->
 
 
 def _compare(
-    live_txn: lmdb.Transaction[bytes], live: ReadModel, scratch: ReadModel, report: VerifyReport, limit: int
+    live_txn: lmdb.Transaction[bytes],
+    live: ReadModel,
+    scratch: ReadModel,
+    report: VerifyReport,
+    limit: int,
 ) -> None:
     def found(name: str, key: bytes, detail: str) -> None:
         if len(report.differences) < limit:
@@ -269,7 +289,9 @@ def _compare(
                     found(name, a[0], "is in the live projection but not in the log")
                     a = next(ours, None)
                 else:
-                    if a[1] != b[1] and (_comparable(name, a, rows) or b"?") != _comparable(name, b, rows):
+                    if a[1] != b[1] and (_comparable(name, a, rows) or b"?") != _comparable(
+                        name, b, rows
+                    ):
                         found(name, a[0], "holds a value the log does not produce")
                     a, b = next(ours, None), next(theirs, None)
 

@@ -23,7 +23,14 @@ from typing import Final
 
 import msgspec
 
-from ..errors import BadInputError, CheckpointRefusedError, DamageError, NoteError, ProofError, ReplicationError
+from ..errors import (
+    BadInputError,
+    CheckpointRefusedError,
+    DamageError,
+    NoteError,
+    ProofError,
+    ReplicationError,
+)
 from ..log import Environment, WriteLog
 from ..log.stream.link import StreamLink
 from ..tlog import merkle
@@ -66,7 +73,11 @@ def witness_key(origin: str) -> str:
 
 
 async def publish(
-    log: WriteLog, signer: Signer, link: StreamLink, origin: str | None = None, size: int | None = None
+    log: WriteLog,
+    signer: Signer,
+    link: StreamLink,
+    origin: str | None = None,
+    size: int | None = None,
 ) -> PublishedCheckpoint:
     """Sign a checkpoint of ``log`` (its first ``size`` records, default all) and put it in the
     witness bucket of ``link``'s stream, only if consistent with the checkpoint there.
@@ -83,15 +94,23 @@ async def publish(
         value, revision = await link.arun(link.kv_get(BUCKET, key))
         previous = None if value is None else _check_previous(log, signer, new, value, bucket, key)
         if previous is not None and previous.size == new.size:  # the same tree (its root checked)
-            return PublishedCheckpoint(bucket, key, revision, new.size, new.root.hex(), previous.size, False, note)
+            return PublishedCheckpoint(
+                bucket, key, revision, new.size, new.root.hex(), previous.size, False, note
+            )
         put = await link.arun(link.kv_put(BUCKET, key, note.encode(), revision))
         if put is not None:
             previous_size = None if previous is None else previous.size
-            return PublishedCheckpoint(bucket, key, put, new.size, new.root.hex(), previous_size, True, note)
-    raise ReplicationError(f"The checkpoint of {new.origin} was not published: other publishers moved {bucket} {key} {ATTEMPTS} times")
+            return PublishedCheckpoint(
+                bucket, key, put, new.size, new.root.hex(), previous_size, True, note
+            )
+    raise ReplicationError(
+        f"The checkpoint of {new.origin} was not published: other publishers moved {bucket} {key} {ATTEMPTS} times"
+    )
 
 
-def _check_previous(log: WriteLog, signer: Signer, new: Checkpoint, value: bytes, bucket: str, key: str) -> Checkpoint:
+def _check_previous(
+    log: WriteLog, signer: Signer, new: Checkpoint, value: bytes, bucket: str, key: str
+) -> Checkpoint:
     """The bucket's last checkpoint, once it is ``signer``'s and the log's tree at ``new.size``
     extends it; else ``CheckpointRefusedError``, logged."""
 
@@ -99,7 +118,9 @@ def _check_previous(log: WriteLog, signer: Signer, new: Checkpoint, value: bytes
     try:
         previous = verify_checkpoint(value, signer.verifier(), new.origin)
     except (ProofError, NoteError) as error:
-        raise _refused(f"{where} is not a checkpoint of {new.origin} signed by {signer.name}: {error}") from None
+        raise _refused(
+            f"{where} is not a checkpoint of {new.origin} signed by {signer.name}: {error}"
+        ) from None
     if previous.size > new.size:
         raise _refused(
             f"{where} covers {previous.size} records, this one {new.size}: the store holds fewer records than "
@@ -109,7 +130,11 @@ def _check_previous(log: WriteLog, signer: Signer, new: Checkpoint, value: bytes
         try:
             proof = log.prove_consistency(previous.size, new.size)
             merkle.verify_consistency(
-                previous.size, new.size, previous.root, new.root, [bytes.fromhex(value) for value in proof.consistency]
+                previous.size,
+                new.size,
+                previous.root,
+                new.root,
+                [bytes.fromhex(value) for value in proof.consistency],
             )
         except DamageError as error:  # ProofError among them
             raise _refused(

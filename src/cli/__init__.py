@@ -35,7 +35,6 @@ from .common import (
 __all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -76,10 +75,17 @@ def _debug(args: argparse.Namespace) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="durable-log", description=__doc__.split("\n", 1)[0], epilog=EPILOG, formatter_class=Formatter
+        prog="durable-log",
+        description=__doc__.split("\n", 1)[0],
+        epilog=EPILOG,
+        formatter_class=Formatter,
     )
     parser.add_argument("--version", action=_Version, help="show program's version number and exit")
-    parser.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of an unexpected one")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="print the traceback of any error, not only of an unexpected one",
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND", title="commands")
     demo.register(commands)
     inspect.register(commands)
@@ -97,11 +103,17 @@ class _Version(argparse.Action):
     """``--version``: argparse's version action, with the version looked up only when asked for
     (the package metadata is slow to import, and every other start of the command goes without)."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+    def __init__(
+        self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None
+    ) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
     def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
     ) -> None:
         sys.stdout.write(_version() + "\n")
         parser.exit()
@@ -114,4 +126,6 @@ def _version() -> str:
         version = metadata.version("pi-durable-lmdb")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return f"durable-log {version} (log format {FORMAT_VERSION}, projection schema {SCHEMA_VERSION})"
+    return (
+        f"durable-log {version} (log format {FORMAT_VERSION}, projection schema {SCHEMA_VERSION})"
+    )

@@ -27,7 +27,16 @@ from pi_durable.errors import StorageRequestError
 from ..audit.jsonlines import to_json
 
 from ..audit import numbers
-from ..audit.numbers import CONVERSATION, COUNT, INTERVAL, RECORD_ID, SEQUENCE, argument, parse_time, typed
+from ..audit.numbers import (
+    CONVERSATION,
+    COUNT,
+    INTERVAL,
+    RECORD_ID,
+    SEQUENCE,
+    argument,
+    parse_time,
+    typed,
+)
 
 # ── exit codes ────────────────────────────────────────────────────────────────
 
@@ -101,7 +110,9 @@ def install_hint(extra: str) -> str:
     """How to install this package with ``extra``: from a checkout or from its wheel (it is not
     on a package index)."""
 
-    from importlib import metadata  # only when a refusal needs it: it is slow to import at every start
+    from importlib import (
+        metadata,
+    )  # only when a refusal needs it: it is slow to import at every start
 
     try:
         version = metadata.version("pi-durable-lmdb")
@@ -133,6 +144,7 @@ def usage(message: str) -> ValueError:
 
 # ── sub-parsers and shared options ─────────────────────────────────────────────
 
+
 class Formatter(argparse.HelpFormatter):
     """Descriptions wrapped to the terminal; the epilog (a table and examples) kept as written."""
 
@@ -143,11 +155,16 @@ class Formatter(argparse.HelpFormatter):
 
 
 def add_command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, description: str | None = None
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    description: str | None = None,
 ) -> argparse.ArgumentParser:
     """A sub-command with the exit codes, time format and examples as its epilog."""
 
-    return commands.add_parser(name, help=help, description=description or help, epilog=EPILOG, formatter_class=Formatter)
+    return commands.add_parser(
+        name, help=help, description=description or help, epilog=EPILOG, formatter_class=Formatter
+    )
 
 
 def store_argument(sub: argparse.ArgumentParser) -> None:
@@ -162,18 +179,33 @@ def nats_options(sub: argparse.ArgumentParser, store_required: bool = True) -> N
     """``--nats``, ``--stream``, ``--store``: all required (restore, replica) or not (tail)."""
 
     required = store_required
-    sub.add_argument("--nats", required=required, metavar="URL", help="a NATS server URL, or several, comma-separated")
-    sub.add_argument("--stream", required=required, metavar="S", help="the JetStream stream that carries the logs")
+    sub.add_argument(
+        "--nats",
+        required=required,
+        metavar="URL",
+        help="a NATS server URL, or several, comma-separated",
+    )
+    sub.add_argument(
+        "--stream",
+        required=required,
+        metavar="S",
+        help="the JetStream stream that carries the logs",
+    )
     sub.add_argument(
         "--store",
         required=required,
         metavar="ID",
-        help="the store's id (stats shows it); its subject is S.ID.log" + ("" if required else " (default: every store of the stream)"),
+        help="the store's id (stats shows it); its subject is S.ID.log"
+        + ("" if required else " (default: every store of the stream)"),
     )
 
 
 def progress_option(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a terminal")
+    sub.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress on stderr even when it is not a terminal",
+    )
 
 
 # ── argument types (every one parsed by ``numbers``) ─────────────────────────────

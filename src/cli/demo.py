@@ -54,7 +54,11 @@ def _definitions() -> tuple[Any, Any, Any]:
         """The demo settles tasks itself; a Harness would run this phase."""
 
     answer = define_task(
-        name="answer", version=1, initial=lambda input: {"phase": "run"}, phases={"run": run}, abort=lambda *a: None
+        name="answer",
+        version=1,
+        initial=lambda input: {"phase": "run"},
+        phases={"run": run},
+        abort=lambda *a: None,
     )
     return notes, settings, answer
 
@@ -102,17 +106,33 @@ async def run_workload(path: str) -> DemoRun:
             entry = await tx.append_entry(
                 root["id"], {"kind": "message", "model": [{"role": "user", "content": question}]}
             )
-            task = await tx.create_task(answer, {"question": question}, {"ownership": {"kind": "conversation"}, "conversationId": root["id"]})
+            task = await tx.create_task(
+                answer,
+                {"question": question},
+                {"ownership": {"kind": "conversation"}, "conversationId": root["id"]},
+            )
             return entry, task
 
         entry, task_id = await session.commit(ask, ctx)
         fork_point = fork_point or entry["id"]
 
-        async def reply(tx: Any, question: str = question, task_id: int = task_id, number: int = number) -> None:
+        async def reply(
+            tx: Any, question: str = question, task_id: int = task_id, number: int = number
+        ) -> None:
             text = f"Answer {number + 1}: see the README section on '{question[:-1].lower()}'."
             task = await tx.task(task_id)  # a transaction reads before it writes
-            await tx.append_entry(root["id"], {"kind": "message", "model": [{"role": "assistant", "content": text}]})
-            tx.set_task({**task, "state": {"status": "terminal", "outcome": {"status": "completed", "result": text}}})
+            await tx.append_entry(
+                root["id"], {"kind": "message", "model": [{"role": "assistant", "content": text}]}
+            )
+            tx.set_task(
+                {
+                    **task,
+                    "state": {
+                        "status": "terminal",
+                        "outcome": {"status": "completed", "result": text},
+                    },
+                }
+            )
             doc = await tx.doc(notes, root["id"])
             doc.answers.append(text)
             doc.summary = f"{_count(number + 1, 'question', 'questions')} answered"
@@ -122,7 +142,9 @@ async def run_workload(path: str) -> DemoRun:
         await session.commit(reply, ctx)
 
     async def branch(tx: Any) -> Any:
-        return await tx.fork_conversation(root["id"], fork_point, {"ownership": {"kind": "ownerless"}})
+        return await tx.fork_conversation(
+            root["id"], fork_point, {"ownership": {"kind": "ownerless"}}
+        )
 
     fork = await session.commit(branch, ctx)
     await session.close(ctx)
@@ -137,7 +159,11 @@ async def run_workload(path: str) -> DemoRun:
         page = await storage.scan_entries({"conversationId": fork["id"]}, 50, None, ctx)
         head = storage.log.head()
         first_turn = await storage.as_of(commits_before + 3)
-        found = await storage.find_document({"kind": "notes", "scope": {"kind": "conversation", "conversationId": root["id"]}}, "current", ctx)
+        found = await storage.find_document(
+            {"kind": "notes", "scope": {"kind": "conversation", "conversationId": root["id"]}},
+            "current",
+            ctx,
+        )
         assert found is not None, "the demo wrote the root's notes"
         notes_id = found["id"]
         past = await first_turn.document(notes_id, "current", ctx)
@@ -164,14 +190,20 @@ def _count(n: int | None, one: str, many: str) -> str:
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub = add_command(commands, "demo", "run a small agent host on a store, then show what it wrote")
-    sub.add_argument("path", nargs="?", metavar="PATH", help="the store's directory (default: ./demo-store)")
+    sub = add_command(
+        commands, "demo", "run a small agent host on a store, then show what it wrote"
+    )
+    sub.add_argument(
+        "path", nargs="?", metavar="PATH", help="the store's directory (default: ./demo-store)"
+    )
     sub.set_defaults(run=lambda args: main(args.path))
 
 
 def main(path: str | None) -> int:
     path = path or "demo-store"
-    refuse_foreign_files(path)  # runs again on a store of its own, never into another program's files
+    refuse_foreign_files(
+        path
+    )  # runs again on a store of its own, never into another program's files
     print(f"Running a small agent host on the embedded store at {os.path.abspath(path)} ...\n")
     result = asyncio.run(run_workload(path))
     print(
@@ -191,6 +223,7 @@ def main(path: str | None) -> int:
     print("\ndurable-log tail (the last batches):\n")
     tail = Tail(path)
     try:
+
         async def show() -> None:
             async for commit, writes in tail.commits(max(1, tail.head() - 4)):
                 print(summarize(commit, writes))

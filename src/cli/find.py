@@ -18,7 +18,17 @@ from ..storage.lmdb_storage import LmdbStorage
 from ..audit.search import SearchResults, catch_up, index_exists, search
 from ..audit.stats import require_store
 
-from .common import EXIT_OK, READ_ONLY, add_command, point, print_json, readable, sequence, store_argument, usage
+from .common import (
+    EXIT_OK,
+    READ_ONLY,
+    add_command,
+    point,
+    print_json,
+    readable,
+    sequence,
+    store_argument,
+    usage,
+)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,8 +43,18 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     store_argument(sub)
     sub.add_argument("text", metavar="TEXT", help="the words to find (all of them)")
-    sub.add_argument("--as-of", type=point, metavar="SEQ|TIME", help="as the store was right after this log sequence, or at this time")
-    sub.add_argument("--before", type=sequence, metavar="SEQ", help="entries written at or before this sequence (the next page)")
+    sub.add_argument(
+        "--as-of",
+        type=point,
+        metavar="SEQ|TIME",
+        help="as the store was right after this log sequence, or at this time",
+    )
+    sub.add_argument(
+        "--before",
+        type=sequence,
+        metavar="SEQ",
+        help="entries written at or before this sequence (the next page)",
+    )
     sub.add_argument("--json", action="store_true", help="print one JSON object")
     sub.set_defaults(run=_search)
 
@@ -56,13 +76,19 @@ async def _run(args: argparse.Namespace) -> SearchResults:
 
     fresh = not index_exists(args.path)
     if fresh:
-        print(f"durable-log: building the word index of {os.path.abspath(args.path)} (once; later searches fold only new records)", file=sys.stderr)
+        print(
+            f"durable-log: building the word index of {os.path.abspath(args.path)} (once; later searches fold only new records)",
+            file=sys.stderr,
+        )
     index = SearchIndex(args.path, create=True)
     try:
         await asyncio.to_thread(catch_up, args.path, index)
         if fresh:
             await asyncio.to_thread(index.compact)
-            print(f"durable-log: the index takes {index.size():,} bytes in {index.path}", file=sys.stderr)
+            print(
+                f"durable-log: the index takes {index.size():,} bytes in {index.path}",
+                file=sys.stderr,
+            )
         storage = await LmdbStorage.open(args.path, readonly=True)
         try:
             as_of = None
@@ -89,20 +115,30 @@ def format_results(results: SearchResults) -> str:
 
     point = "now" if results.asOf is None else f"as of log sequence {results.asOf}"
     lines = [f"{' '.join(results.words)!r} {point} (log head {results.head}):"]
-    lines.append(f"entries ({len(results.entries)}{'+' if results.moreEntriesBefore is not None else ''}):")
+    lines.append(
+        f"entries ({len(results.entries)}{'+' if results.moreEntriesBefore is not None else ''}):"
+    )
     for hit in results.entries:
         roles = "/".join(hit.roles) or "-"
-        lines.append(f"  entry {hit.id}  conversation {hit.conversationId}  seq {hit.seq}  {_when(hit.committedAt)}  {roles}: {hit.text}")
+        lines.append(
+            f"  entry {hit.id}  conversation {hit.conversationId}  seq {hit.seq}  {_when(hit.committedAt)}  {roles}: {hit.text}"
+        )
     if results.moreEntriesBefore is not None:
         lines.append(f"  … older ones: --before {results.moreEntriesBefore}")
     lines.append(f"documents ({len(results.documents)}):")
     for doc in results.documents:
-        which = f"in the version in force, since seq {doc.seq}" if doc.current else f"in an earlier version, written at seq {doc.seq}"
+        which = (
+            f"in the version in force, since seq {doc.seq}"
+            if doc.current
+            else f"in an earlier version, written at seq {doc.seq}"
+        )
         lines.append(f"  document {doc.id}  {doc.kind}  {which}: {doc.text}")
     lines.append(f"tasks ({len(results.tasks)}):")
     for task in results.tasks:
         where = "" if task.conversationId is None else f"  conversation {task.conversationId}"
         lines.append(f"  task {task.id}  {task.kind}  {task.status}{where}")
     if results.capped:
-        lines.append("(some word is very common: documents and tasks were looked for among its newest postings only)")
+        lines.append(
+            "(some word is very common: documents and tasks were looked for among its newest postings only)"
+        )
     return "\n".join(lines)

@@ -61,13 +61,32 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _register_stats(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub = add_command(commands, "stats", "head sequence, record counts, sizes, projections", f"Statistics of a store; {READ_ONLY}.")
+    sub = add_command(
+        commands,
+        "stats",
+        "head sequence, record counts, sizes, projections",
+        f"Statistics of a store; {READ_ONLY}.",
+    )
     store_argument(sub)
     sub.add_argument("--json", action="store_true", help="print one JSON object")
-    sub.add_argument("--nats", metavar="URL", help="also ask NATS for the store's writer lease (with --stream)")
-    sub.add_argument("--stream", metavar="S", help="the stream that carries the store's log (with --nats)")
-    sub.add_argument("--watch", action="store_true", help="print rates (commits/s, fold lag, replication lag) every --every seconds")
-    sub.add_argument("--every", type=interval, default=2.0, metavar="SECONDS", help="interval of --watch (default 2)")
+    sub.add_argument(
+        "--nats", metavar="URL", help="also ask NATS for the store's writer lease (with --stream)"
+    )
+    sub.add_argument(
+        "--stream", metavar="S", help="the stream that carries the store's log (with --nats)"
+    )
+    sub.add_argument(
+        "--watch",
+        action="store_true",
+        help="print rates (commits/s, fold lag, replication lag) every --every seconds",
+    )
+    sub.add_argument(
+        "--every",
+        type=interval,
+        default=2.0,
+        metavar="SECONDS",
+        help="interval of --watch (default 2)",
+    )
     sub.set_defaults(run=_stats)
 
 
@@ -84,7 +103,9 @@ def _stats(args: argparse.Namespace) -> int:
         raise usage("--nats and --stream go together")
     info = stats(args.path)
     if args.nats is not None:
-        info = msgspec.structs.replace(info, lease=asyncio.run(lease_of(args.nats, args.stream, info.store_id)))
+        info = msgspec.structs.replace(
+            info, lease=asyncio.run(lease_of(args.nats, args.stream, info.store_id))
+        )
     if args.json:
         print_json(msgspec.to_builtins(info))
     else:
@@ -103,10 +124,21 @@ def _register_show(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         f"Print one record as JSON (a document with its value), as the Storage contract reads it; {READ_ONLY}.",
     )
     store_argument(sub)
-    sub.add_argument("kind", choices=SHOW_KINDS, metavar="KIND", help=f"one of: {', '.join(SHOW_KINDS)}")
+    sub.add_argument(
+        "kind", choices=SHOW_KINDS, metavar="KIND", help=f"one of: {', '.join(SHOW_KINDS)}"
+    )
     sub.add_argument("id", type=record_id, metavar="ID", help="the record's id")
-    sub.add_argument("--as-of", type=point, metavar="SEQ|TIME", help="as the store was right after this log sequence, or at this time")
-    sub.add_argument("--pretty", action="store_true", help="indent the JSON for reading (the default is one line)")
+    sub.add_argument(
+        "--as-of",
+        type=point,
+        metavar="SEQ|TIME",
+        help="as the store was right after this log sequence, or at this time",
+    )
+    sub.add_argument(
+        "--pretty",
+        action="store_true",
+        help="indent the JSON for reading (the default is one line)",
+    )
     sub.set_defaults(run=_show)
 
 
@@ -117,11 +149,16 @@ def _show(args: argparse.Namespace) -> int:
         as_of, as_of_time = (value, None) if kind == "seq" else (None, value)
     try:
         found, seq = asyncio.run(show(args.path, args.kind, args.id, as_of, as_of_time))
-    except TypeError as error:  # the contract's own refusal of an id (entry 0: "0 is not a positive ID")
+    except (
+        TypeError
+    ) as error:  # the contract's own refusal of an id (entry 0: "0 is not a positive ID")
         raise usage(f"{args.kind} {args.id}: {error}") from None
     if found is None:
         when = "" if seq is None else f" as of log sequence {seq}"
-        print(f"durable-log: no {args.kind} {args.id} in {os.path.abspath(args.path)}{when}", file=sys.stderr)
+        print(
+            f"durable-log: no {args.kind} {args.id} in {os.path.abspath(args.path)}{when}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if args.pretty:
         import json
@@ -146,17 +183,57 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "(no local store): those of store --store ID, or of every store the stream carries, each "
         "line then naming its store (--from is then a log sequence of each store).",
     )
-    sub.add_argument("path", nargs="?", metavar="PATH", help="the store's directory (not with --nats)")
+    sub.add_argument(
+        "path", nargs="?", metavar="PATH", help="the store's directory (not with --nats)"
+    )
     sub.set_defaults(reads_store=True)
     nats_options(sub, store_required=False)
-    sub.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this log sequence")
-    sub.add_argument("--to", dest="to_seq", type=sequence, metavar="SEQ", help="stop at this log sequence (with --from: that range)")
-    sub.add_argument("--since", type=time_argument, metavar="TIME", help="start at the first batch committed at or after TIME")
-    sub.add_argument("--until", type=time_argument, metavar="TIME", help="stop at the last batch committed at or before TIME")
-    sub.add_argument("--limit", "-n", type=count, metavar="N", help="only the last N matching batches of the range")
-    sub.add_argument("--follow", "-f", action="store_true", help="then keep printing new batches as they are committed, until Ctrl-C")
-    sub.add_argument("--json", action="store_true", help='one JSON object per batch: {"seq", "committedAt", "writes"}')
-    sub.add_argument("--conversation", type=conversation_id, metavar="ID", help="only the writes of this conversation (its entries, tasks, submissions and documents)")
+    sub.add_argument(
+        "--from", dest="from_seq", type=sequence, metavar="SEQ", help="start at this log sequence"
+    )
+    sub.add_argument(
+        "--to",
+        dest="to_seq",
+        type=sequence,
+        metavar="SEQ",
+        help="stop at this log sequence (with --from: that range)",
+    )
+    sub.add_argument(
+        "--since",
+        type=time_argument,
+        metavar="TIME",
+        help="start at the first batch committed at or after TIME",
+    )
+    sub.add_argument(
+        "--until",
+        type=time_argument,
+        metavar="TIME",
+        help="stop at the last batch committed at or before TIME",
+    )
+    sub.add_argument(
+        "--limit",
+        "-n",
+        type=count,
+        metavar="N",
+        help="only the last N matching batches of the range",
+    )
+    sub.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="then keep printing new batches as they are committed, until Ctrl-C",
+    )
+    sub.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON object per batch: {"seq", "committedAt", "writes"}',
+    )
+    sub.add_argument(
+        "--conversation",
+        type=conversation_id,
+        metavar="ID",
+        help="only the writes of this conversation (its entries, tasks, submissions and documents)",
+    )
     sub.add_argument(
         "--type",
         dest="types",
@@ -192,7 +269,9 @@ def _tail(args: argparse.Namespace) -> int:
     args.signer = transparency.checkpoint_signer(args)
     if args.nats is not None:
         if args.path is not None:
-            raise usage(f"tail reads a store at PATH or a NATS stream (--nats), not both (PATH {args.path!r})")
+            raise usage(
+                f"tail reads a store at PATH or a NATS stream (--nats), not both (PATH {args.path!r})"
+            )
         if args.stream is None:
             raise usage("--nats needs --stream: the JetStream stream that carries the logs")
         if args.store is not None:
@@ -201,7 +280,9 @@ def _tail(args: argparse.Namespace) -> int:
     if args.path is None:
         raise usage("tail needs a store's PATH, or --nats URL --stream S to read a NATS stream")
     if args.stream is not None or args.store is not None:
-        raise usage("--stream and --store name what to read from a NATS stream: give --nats URL (and no PATH)")
+        raise usage(
+            "--stream and --store name what to read from a NATS stream: give --nats URL (and no PATH)"
+        )
     if args.to_seq is not None and args.nats is not None:
         raise usage("--to is for a store's log (PATH)")
     if args.follow and not os.path.isfile(os.path.join(args.path, "data.mdb")):
@@ -227,14 +308,22 @@ def past_head(head: int, from_seq: int | None, follow: bool = False) -> None:
 
     if from_seq is not None and from_seq > head:
         then = "waiting for it" if follow else "nothing to print"
-        print(f"durable-log: --from {from_seq} is past the log's head ({head}): {then}", file=sys.stderr, flush=True)
+        print(
+            f"durable-log: --from {from_seq} is past the log's head ({head}): {then}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 async def _wait_for_store(path: str, filter: TailFilter) -> Tail:
     """``tail -F`` for a store: wait until a host creates it (saying so once), then open it.
     A store that appeared is given a moment to become readable: its writer may be making it."""
 
-    print(f"durable-log: no store at {os.path.abspath(path)} yet: waiting for one (Ctrl-C stops)", file=sys.stderr, flush=True)
+    print(
+        f"durable-log: no store at {os.path.abspath(path)} yet: waiting for one (Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
     loop = asyncio.get_running_loop()
     appeared: float | None = None
     while True:
@@ -250,7 +339,9 @@ async def _wait_for_store(path: str, filter: TailFilter) -> Tail:
         await asyncio.sleep(STORE_WAIT_POLL)
 
 
-async def _print_tail(tail: Tail, first: int, last: int, limit: int | None, args: argparse.Namespace) -> int:
+async def _print_tail(
+    tail: Tail, first: int, last: int, limit: int | None, args: argparse.Namespace
+) -> int:
     write, flush = sys.stdout.write, sys.stdout.flush
 
     def line(commit: Any, writes: list[Any]) -> str:
@@ -273,7 +364,11 @@ async def _print_tail(tail: Tail, first: int, last: int, limit: int | None, args
     start = max(first, last + 1)
     checkpoints = None
     if args.signer is not None:
-        checkpoints = asyncio.ensure_future(transparency.print_checkpoints(tail.log, args.checkpoints, args.signer, args.json, write))
+        checkpoints = asyncio.ensure_future(
+            transparency.print_checkpoints(
+                tail.log, args.checkpoints, args.signer, args.json, write
+            )
+        )
     try:
         if args.json:
             async for text in tail.json_lines(start, follow=True):
@@ -314,10 +409,16 @@ async def _stream_tail_lines(tail: StreamTail, args: argparse.Namespace) -> int:
         async for text in tail.lines(**window):
             write(text + "\n")
     if args.store is not None and tail.position == 0:  # not one message on the store's subject
-        nothing = f"stream {args.stream} holds nothing of store {args.store} (subject {tail.subject})"
+        nothing = (
+            f"stream {args.stream} holds nothing of store {args.store} (subject {tail.subject})"
+        )
         if not args.follow:
             raise usage(nothing)
-        print(f"durable-log: {nothing} yet: waiting for its first commit (Ctrl-C stops)", file=sys.stderr, flush=True)
+        print(
+            f"durable-log: {nothing} yet: waiting for its first commit (Ctrl-C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
     if not args.follow:
         return EXIT_OK
     flush()
@@ -339,7 +440,13 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
         f"compare them with the live ones key by key; {READ_ONLY}. Exit 1 if anything differs.",
     )
     store_argument(sub)
-    sub.add_argument("--max-differences", type=argument(DIFFERENCES), default=20, metavar="N", help="list at most N differences (default 20)")
+    sub.add_argument(
+        "--max-differences",
+        type=argument(DIFFERENCES),
+        default=20,
+        metavar="N",
+        help="list at most N differences (default 20)",
+    )
     progress_option(sub)
     transparency.trusted_options(sub)
     sub.set_defaults(run=_verify)
@@ -348,7 +455,9 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
 def _verify(args: argparse.Namespace) -> int:
     if args.trusted is not None:
         return transparency.verify_against(args)
-    report = check(args.path, progress=Progress("verify", None, progress_on(args)), limit=args.max_differences)
+    report = check(
+        args.path, progress=Progress("verify", None, progress_on(args)), limit=args.max_differences
+    )
     record_outcome(args.path, report)
     if report.sound:
         print(f"{args.path}: {report.summary()}")

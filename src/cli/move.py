@@ -49,10 +49,32 @@ def _register_export(commands: argparse._SubParsersAction[argparse.ArgumentParse
         f"rebuilds the same store from it; {READ_ONLY}.",
     )
     store_argument(sub)
-    sub.add_argument("--from", dest="from_seq", type=sequence, metavar="SEQ", help="first log sequence (default 1)")
-    sub.add_argument("--to", dest="to_seq", type=sequence, metavar="SEQ", help="last log sequence (default: the head)")
-    sub.add_argument("--since", type=time_argument, metavar="TIME", help="from the first batch committed at or after TIME")
-    sub.add_argument("--until", type=time_argument, metavar="TIME", help="to the last batch committed at or before TIME")
+    sub.add_argument(
+        "--from",
+        dest="from_seq",
+        type=sequence,
+        metavar="SEQ",
+        help="first log sequence (default 1)",
+    )
+    sub.add_argument(
+        "--to",
+        dest="to_seq",
+        type=sequence,
+        metavar="SEQ",
+        help="last log sequence (default: the head)",
+    )
+    sub.add_argument(
+        "--since",
+        type=time_argument,
+        metavar="TIME",
+        help="from the first batch committed at or after TIME",
+    )
+    sub.add_argument(
+        "--until",
+        type=time_argument,
+        metavar="TIME",
+        help="to the last batch committed at or before TIME",
+    )
     sub.add_argument(
         "--root",
         action="store_true",
@@ -78,7 +100,14 @@ def _export(args: argparse.Namespace) -> int:
             tail.close()
     report = Progress("export", None, progress_on(args), unit="commits")
     done = 0
-    for line in export_lines(args.path, args.from_seq or 1, args.to_seq, since=args.since, until=args.until, root=args.root):
+    for line in export_lines(
+        args.path,
+        args.from_seq or 1,
+        args.to_seq,
+        since=args.since,
+        until=args.until,
+        root=args.root,
+    ):
         sys.stdout.write(line + "\n")
         done += 1
         report(done)
@@ -99,9 +128,19 @@ def _register_import(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "in a temporary directory, synced once and renamed to NEWPATH at the end: a failed import "
         "leaves nothing behind.",
     )
-    sub.add_argument("source", metavar="SOURCE", help="an export (a .jsonl file, or - for stdin), or with --from-pi-durable a SQLite file or JSONL directory")
-    sub.add_argument("path", metavar="NEWPATH", help="the new store's directory (must not exist, or be empty)")
-    sub.add_argument("--from-pi-durable", action="store_true", help="SOURCE is a pi-durable SQLite file or JSONL directory")
+    sub.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="an export (a .jsonl file, or - for stdin), or with --from-pi-durable a SQLite file or JSONL directory",
+    )
+    sub.add_argument(
+        "path", metavar="NEWPATH", help="the new store's directory (must not exist, or be empty)"
+    )
+    sub.add_argument(
+        "--from-pi-durable",
+        action="store_true",
+        help="SOURCE is a pi-durable SQLite file or JSONL directory",
+    )
     sub.add_argument(
         "--renumber",
         action="store_true",
@@ -126,14 +165,22 @@ def _import(args: argparse.Namespace) -> int:
     async def run() -> migrate.ImportReport:
         if args.from_pi_durable:
             report = Progress("import", None, progress_on(args), unit="commits")
-            scratch = os.path.dirname(os.path.abspath(args.path))  # the copy of the source: beside the new store
-            async with pisource.open_read_only(args.source, scratch if os.path.isdir(scratch) else None) as source:
+            scratch = os.path.dirname(
+                os.path.abspath(args.path)
+            )  # the copy of the source: beside the new store
+            async with pisource.open_read_only(
+                args.source, scratch if os.path.isdir(scratch) else None
+            ) as source:
                 return await migrate.import_pi_durable(source, args.path, report)
         if args.source == "-":
             report = Progress("import", None, progress_on(args), unit="commits")
-            return await migrate.import_export(sys.stdin.buffer, args.path, report, renumber=args.renumber)
+            return await migrate.import_export(
+                sys.stdin.buffer, args.path, report, renumber=args.renumber
+            )
         report = Progress("import", _count_lines(args.source), progress_on(args), unit="commits")
-        with open(args.source, "rb") as lines:  # bytes: each line is decoded strictly, named if not UTF-8
+        with open(
+            args.source, "rb"
+        ) as lines:  # bytes: each line is decoded strictly, named if not UTF-8
             return await migrate.import_export(lines, args.path, report, renumber=args.renumber)
 
     print(asyncio.run(run()))
@@ -161,7 +208,11 @@ def _register_backup(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
     store_argument(sub)
     sub.add_argument("dest", metavar="DEST", help="the copy's directory (must not exist)")
-    sub.add_argument("--compact", action="store_true", help="leave out free pages (slower; the copy is as small as the data)")
+    sub.add_argument(
+        "--compact",
+        action="store_true",
+        help="leave out free pages (slower; the copy is as small as the data)",
+    )
     sub.set_defaults(run=_backup)
 
 
@@ -187,8 +238,16 @@ def _register_restore(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "end: a failed restore leaves nothing behind.",
     )
     nats_options(sub)
-    sub.add_argument("path", metavar="NEWPATH", help="the new store's directory (must not exist, or be empty)")
-    sub.add_argument("--to", dest="to_seq", type=sequence, metavar="SEQ", help="stop at this log sequence (default: the stream's last record)")
+    sub.add_argument(
+        "path", metavar="NEWPATH", help="the new store's directory (must not exist, or be empty)"
+    )
+    sub.add_argument(
+        "--to",
+        dest="to_seq",
+        type=sequence,
+        metavar="SEQ",
+        help="stop at this log sequence (default: the stream's last record)",
+    )
     progress_option(sub)
     sub.set_defaults(run=_restore)
 
@@ -203,7 +262,11 @@ def _restore(args: argparse.Namespace) -> int:
         report.total = total
         report(done)
 
-    head = asyncio.run(restore.restore(args.nats, args.stream, args.store, args.path, args.to_seq, progress))
+    head = asyncio.run(
+        restore.restore(args.nats, args.stream, args.store, args.path, args.to_seq, progress)
+    )
     report.finish(head)
-    print(f"{args.path}: restored store {args.store} from stream {args.stream}: {plural(head, 'log record')}, up to sequence {head}")
+    print(
+        f"{args.path}: restored store {args.store} from stream {args.stream}: {plural(head, 'log record')}, up to sequence {head}"
+    )
     return EXIT_OK

@@ -74,7 +74,9 @@ def _rebuild(args: argparse.Namespace) -> int:
             if args.projection == "core":
                 head = storage.log.head()
                 await storage.rebuild(Progress("rebuild", head, progress_on(args)))
-                print(f"{args.path}: rebuilt the core projections from {plural(head, 'log record')}")
+                print(
+                    f"{args.path}: rebuilt the core projections from {plural(head, 'log record')}"
+                )
             else:
                 dropped = await storage.projections.drop(args.projection)
                 print(
@@ -122,7 +124,10 @@ def _compact(args: argparse.Namespace) -> int:
         async def replay() -> None:
             await (await LmdbStorage.open(args.path)).close()
 
-        print(f"durable-log: {args.path}: replaying the journal of a power writer that stopped uncleanly first", file=sys.stderr)
+        print(
+            f"durable-log: {args.path}: replaying the journal of a power writer that stopped uncleanly first",
+            file=sys.stderr,
+        )
         asyncio.run(replay())
         report = compact(args.path)
     print(
@@ -147,7 +152,13 @@ def _register_replica(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     sub.add_argument("path", metavar="PATH", help="the replica's directory (made when missing)")
     nats_options(sub)
-    sub.add_argument("--interval", type=interval, default=10.0, metavar="SECONDS", help="print the status every SECONDS (default 10)")
+    sub.add_argument(
+        "--interval",
+        type=interval,
+        default=10.0,
+        metavar="SECONDS",
+        help="print the status every SECONDS (default 10)",
+    )
     sub.set_defaults(run=_replica)
 
 
@@ -161,7 +172,9 @@ async def _keep_replica(args: argparse.Namespace) -> int:
     from ..storage.lmdb_storage import LmdbStorage
     from ..storage.replica import Follower
 
-    replica = await LmdbStorage.open_replica(args.path, nats=args.nats, stream=args.stream, store=args.store)
+    replica = await LmdbStorage.open_replica(
+        args.path, nats=args.nats, stream=args.stream, store=args.store
+    )
     follower = replica.replication
     assert isinstance(follower, Follower)
 
@@ -211,10 +224,27 @@ def _register_promote(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "next with durability='replicated' writes at once. Exit 2 if another writer keeps its lease.",
     )
     store_argument(sub)
-    sub.add_argument("--nats", required=True, metavar="URL", help="a NATS server URL, or several, comma-separated")
-    sub.add_argument("--stream", required=True, metavar="S", help="the JetStream stream that carries the log")
-    sub.add_argument("--force", action="store_true", help="fence the old writer out now, without waiting for its lease")
-    sub.add_argument("--lease-ttl", type=argument(LEASE_TTL), default=None, metavar="SECONDS", help="the lease's time to live")
+    sub.add_argument(
+        "--nats",
+        required=True,
+        metavar="URL",
+        help="a NATS server URL, or several, comma-separated",
+    )
+    sub.add_argument(
+        "--stream", required=True, metavar="S", help="the JetStream stream that carries the log"
+    )
+    sub.add_argument(
+        "--force",
+        action="store_true",
+        help="fence the old writer out now, without waiting for its lease",
+    )
+    sub.add_argument(
+        "--lease-ttl",
+        type=argument(LEASE_TTL),
+        default=None,
+        metavar="SECONDS",
+        help="the lease's time to live",
+    )
     sub.set_defaults(run=_promote)
 
 
@@ -244,7 +274,9 @@ def _promote(args: argparse.Namespace) -> int:
         try:
             writer = storage.replication
             epoch = getattr(writer, "epoch", None)
-            print(f"promoted {args.path}: store {store}, writer epoch {epoch}, head sequence {storage.log.head()}")
+            print(
+                f"promoted {args.path}: store {store}, writer epoch {epoch}, head sequence {storage.log.head()}"
+            )
         finally:
             await storage.close()
         return EXIT_OK

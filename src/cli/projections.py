@@ -33,9 +33,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "free) and status; its program, if it still defines it, folds it again from the start. "
         "retry and drop take the writer lock and never create a store.",
     )
-    sub.add_argument("words", nargs="+", metavar="ARGS", help="PATH, or retry PATH NAME, or drop PATH NAME")
+    sub.add_argument(
+        "words", nargs="+", metavar="ARGS", help="PATH, or retry PATH NAME, or drop PATH NAME"
+    )
     sub.add_argument("--json", action="store_true", help="print one JSON object (the listing)")
-    sub.add_argument("--follow", action="store_true", help="show each build's progress until none is left (the listing)")
+    sub.add_argument(
+        "--follow",
+        action="store_true",
+        help="show each build's progress until none is left (the listing)",
+    )
     sub.set_defaults(run=_projections)
 
 
@@ -53,7 +59,9 @@ def _projections(args: argparse.Namespace) -> int:
         return _follow(path)
     statuses = projection_statuses(path)
     if args.json:
-        print_json(msgspec.to_builtins({name: as_json(status) for name, status in statuses.items()}))
+        print_json(
+            msgspec.to_builtins({name: as_json(status) for name, status in statuses.items()})
+        )
     elif not statuses:
         print(f"{path}: no user projections")
     else:
@@ -95,7 +103,9 @@ def as_json(status: ProjectionStatus) -> ListedProjection:
         state=status.state,
         failed_seq=status.failed_seq,
         error=status.error,
-        building=None if build is None else ListedBuild(
+        building=None
+        if build is None
+        else ListedBuild(
             version=build.version,
             folded_seq=build.folded_seq,
             lag=max(0, build.head - build.folded_seq),
@@ -113,7 +123,9 @@ def describe(name: str, status: ProjectionStatus) -> str:
         text += f"; stopped at sequence {status.failed_seq}: {status.error}"
     build = status.building
     if build is not None:
-        text += f"; building version {build.version}: sequence {build.folded_seq:,} of {build.head:,}"
+        text += (
+            f"; building version {build.version}: sequence {build.folded_seq:,} of {build.head:,}"
+        )
         if build.error is not None:
             text += f", stopped at sequence {build.failed_seq}: {build.error}"
         elif build.eta is not None:
@@ -126,9 +138,15 @@ def _follow(path: str) -> int:
 
     bars: dict[tuple[str, int], tuple[Progress, int]] = {}
     while True:
-        building = {name: status.building for name, status in projection_statuses(path).items() if status.building is not None}
+        building = {
+            name: status.building
+            for name, status in projection_statuses(path).items()
+            if status.building is not None
+        }
         for key, (bar, first) in list(bars.items()):
-            if key[0] not in building or building[key[0]].version != key[1]:  # swapped in (or given up)
+            if (
+                key[0] not in building or building[key[0]].version != key[1]
+            ):  # swapped in (or given up)
                 bar.finish(bar.total or 0)
                 print(f"{key[0]}: version {key[1]} is served")
                 del bars[key]
@@ -139,10 +157,15 @@ def _follow(path: str) -> int:
             assert build is not None
             key = (name, build.version)
             if key not in bars:
-                bars[key] = (Progress(f"{name} version {build.version}", None, True), build.folded_seq)
+                bars[key] = (
+                    Progress(f"{name} version {build.version}", None, True),
+                    build.folded_seq,
+                )
             bar, first = bars[key]
             if build.error is not None:
-                print(f"\n{name}: the build of version {build.version} stopped at sequence {build.failed_seq}: {build.error}")
+                print(
+                    f"\n{name}: the build of version {build.version} stopped at sequence {build.failed_seq}: {build.error}"
+                )
                 return EXIT_OK
             bar.total = max(1, build.head - first)
             bar(build.folded_seq - first)
@@ -164,12 +187,18 @@ def _act(action: str, path: str, name: str) -> int:
                 return f"{path}: dropped projection {name!r}: {plural(len(dropped), 'database')} deleted ({', '.join(dropped) or '-'}), its status removed"
             before = known[name]
             after = await storage.projections.retry(name)
-            failed = before.building if before.building is not None and before.building.error is not None else before
+            failed = (
+                before.building
+                if before.building is not None and before.building.error is not None
+                else before
+            )
             if failed.error is None:
                 return f"{path}: projection {name!r} has no failure to retry ({before.state})"
             assert after is not None
-            return (f"{path}: cleared the failure of projection {name!r} at sequence {failed.failed_seq}; its program "
-                    "resumes the fold from there on its next open")
+            return (
+                f"{path}: cleared the failure of projection {name!r} at sequence {failed.failed_seq}; its program "
+                "resumes the fold from there on its next open"
+            )
         finally:
             await storage.close()
 

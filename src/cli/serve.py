@@ -33,12 +33,36 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         f"it to others (README, Web view).",
     )
     store_argument(sub)
-    sub.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; any other needs --token)")
-    sub.add_argument("--port", type=argument(PORT), default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT}; 0: any free one)")
-    sub.add_argument("--token", help=f"the secret every request must carry (or the environment variable {TOKEN_ENV})")
-    sub.add_argument("--nats", metavar="URL", help="also read the store's stream, for /healthz and /metrics (with --stream)")
-    sub.add_argument("--stream", metavar="S", help="the stream that carries the store's log (with --nats)")
-    sub.add_argument("--max-lag", type=argument(MAX_LAG), default=None, metavar="N", help="records behind the stream at which /healthz says stale (default 1000)")
+    sub.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to bind (default {DEFAULT_HOST}; any other needs --token)",
+    )
+    sub.add_argument(
+        "--port",
+        type=argument(PORT),
+        default=DEFAULT_PORT,
+        help=f"port to bind (default {DEFAULT_PORT}; 0: any free one)",
+    )
+    sub.add_argument(
+        "--token",
+        help=f"the secret every request must carry (or the environment variable {TOKEN_ENV})",
+    )
+    sub.add_argument(
+        "--nats",
+        metavar="URL",
+        help="also read the store's stream, for /healthz and /metrics (with --stream)",
+    )
+    sub.add_argument(
+        "--stream", metavar="S", help="the stream that carries the store's log (with --nats)"
+    )
+    sub.add_argument(
+        "--max-lag",
+        type=argument(MAX_LAG),
+        default=None,
+        metavar="N",
+        help="records behind the stream at which /healthz says stale (default 1000)",
+    )
     sub.set_defaults(run=run)
 
 
@@ -74,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace, token: str | None) -> int:
     from aiohttp import web
 
-    from ..web.app import OPTIONS, make_app
+    from ..web.access import OPTIONS
+    from ..web.app import make_app
 
     app = make_app(args.path, token=token, nats=args.nats, stream=args.stream)
     app[OPTIONS]["max_lag"] = args.max_lag

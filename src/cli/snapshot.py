@@ -27,11 +27,35 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "restore to an earlier point, then needs a snapshot).",
     )
     sub.add_argument("path", metavar="PATH", help="the store's directory")
-    sub.add_argument("--nats", required=True, metavar="URL", help="a NATS server URL, or several, comma-separated")
-    sub.add_argument("--stream", required=True, metavar="S", help="the JetStream stream that carries the store's log")
-    sub.add_argument("--keep", type=count, metavar="N", help="keep only the store's N newest snapshots (default: all)")
-    sub.add_argument("--trim", action="store_true", help="with --keep: remove the log older than the oldest snapshot kept")
-    sub.add_argument("--every", type=interval, metavar="SECONDS", help="publish one every SECONDS until stopped (default: once)")
+    sub.add_argument(
+        "--nats",
+        required=True,
+        metavar="URL",
+        help="a NATS server URL, or several, comma-separated",
+    )
+    sub.add_argument(
+        "--stream",
+        required=True,
+        metavar="S",
+        help="the JetStream stream that carries the store's log",
+    )
+    sub.add_argument(
+        "--keep",
+        type=count,
+        metavar="N",
+        help="keep only the store's N newest snapshots (default: all)",
+    )
+    sub.add_argument(
+        "--trim",
+        action="store_true",
+        help="with --keep: remove the log older than the oldest snapshot kept",
+    )
+    sub.add_argument(
+        "--every",
+        type=interval,
+        metavar="SECONDS",
+        help="publish one every SECONDS until stopped (default: once)",
+    )
     sub.set_defaults(run=_snapshot)
 
 
@@ -60,7 +84,11 @@ async def _publish(args: argparse.Namespace, once: bool) -> int:
                 f"(message {report.stream_seq}), {format_bytes(report.size)} as {format_bytes(report.stored)}, "
                 f"in {report.seconds:.1f} s"
                 + (f"; deleted {len(report.deleted)} older" if report.deleted else "")
-                + (f"; trimmed the log below message {report.trimmed_below}" if report.trimmed_below else ""),
+                + (
+                    f"; trimmed the log below message {report.trimmed_below}"
+                    if report.trimmed_below
+                    else ""
+                ),
                 flush=True,
             )
             if once:

@@ -20,7 +20,17 @@ from ..audit.transparency import checkpoint, prove, prove_consistency, verify_tr
 from ..audit.witness import publish_checkpoint
 from ..tlog.note import Signer, Verifier, generate_signer, parse_signer, parse_verifier
 
-from .common import EXIT_DAMAGE, EXIT_OK, READ_ONLY, add_command, count, print_json, sequence, store_argument, usage
+from .common import (
+    EXIT_DAMAGE,
+    EXIT_OK,
+    READ_ONLY,
+    add_command,
+    count,
+    print_json,
+    sequence,
+    store_argument,
+    usage,
+)
 
 VKEY_VARIABLE = "DURABLE_LOG_VKEY"
 """Where ``verify --trusted`` finds the verifier key when ``--vkey`` is not given."""
@@ -46,8 +56,14 @@ def _register_keygen(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "its verifier key, which auditors keep to check checkpoints. Name it after the store, e.g. "
         "audit.example.com/orders. Never overwrites a file.",
     )
-    sub.add_argument("name", metavar="NAME", help="the key's name (no spaces, no '+'); checkpoints' origin by default")
-    sub.add_argument("--out", metavar="FILE", help="where to write the signing key (default NAME.key)")
+    sub.add_argument(
+        "name",
+        metavar="NAME",
+        help="the key's name (no spaces, no '+'); checkpoints' origin by default",
+    )
+    sub.add_argument(
+        "--out", metavar="FILE", help="where to write the signing key (default NAME.key)"
+    )
     sub.set_defaults(run=_keygen)
 
 
@@ -97,17 +113,34 @@ def _register_checkpoint(commands: argparse._SubParsersAction[argparse.ArgumentP
         f"this history; {READ_ONLY}.",
     )
     store_argument(sub)
-    sub.add_argument("--key", required=True, metavar="KEYFILE", help="the signing key file keygen wrote")
-    sub.add_argument("--origin", metavar="ORIGIN", help="the checkpoint's origin line (default: the key's name)")
-    sub.add_argument("--size", type=count, metavar="N", help="sign the tree of the first N records (default: all)")
+    sub.add_argument(
+        "--key", required=True, metavar="KEYFILE", help="the signing key file keygen wrote"
+    )
+    sub.add_argument(
+        "--origin", metavar="ORIGIN", help="the checkpoint's origin line (default: the key's name)"
+    )
+    sub.add_argument(
+        "--size",
+        type=count,
+        metavar="N",
+        help="sign the tree of the first N records (default: all)",
+    )
     sub.add_argument(
         "--publish",
         action="store_true",
         help="also put it in the JetStream key-value bucket S-checkpoints (key: the origin), only if the store "
         "extends the checkpoint there (exit 1 naming what does not hold); needs --nats and --stream",
     )
-    sub.add_argument("--nats", metavar="URL", help="with --publish: a NATS server URL, or several, comma-separated")
-    sub.add_argument("--stream", metavar="S", help="with --publish: the stream whose bucket S-checkpoints witnesses it")
+    sub.add_argument(
+        "--nats",
+        metavar="URL",
+        help="with --publish: a NATS server URL, or several, comma-separated",
+    )
+    sub.add_argument(
+        "--stream",
+        metavar="S",
+        help="with --publish: the stream whose bucket S-checkpoints witnesses it",
+    )
     sub.set_defaults(run=_checkpoint)
 
 
@@ -125,7 +158,10 @@ def _checkpoint(args: argparse.Namespace) -> int:
         return EXIT_DAMAGE
     sys.stdout.write(done.note)
     what = "published" if done.published else "already there"
-    print(f"{what}: {done.bucket} key {done.key} revision {done.revision} (tree size {done.tree_size})", file=sys.stderr)
+    print(
+        f"{what}: {done.bucket} key {done.key} revision {done.revision} (tree size {done.tree_size})",
+        file=sys.stderr,
+    )
     return EXIT_OK
 
 
@@ -143,16 +179,31 @@ def _register_prove(commands: argparse._SubParsersAction[argparse.ArgumentParser
     )
     store_argument(sub)
     sub.add_argument("seq", nargs="?", type=sequence, metavar="SEQ", help="the record to prove")
-    sub.add_argument("--size", type=count, metavar="N", help="the tree size of the inclusion proof (default: the head)")
-    sub.add_argument("--from", dest="old", type=count, metavar="OLD", help="a consistency proof from this tree size")
-    sub.add_argument("--to", dest="new", type=count, metavar="NEW", help="... to this one (default: the head)")
+    sub.add_argument(
+        "--size",
+        type=count,
+        metavar="N",
+        help="the tree size of the inclusion proof (default: the head)",
+    )
+    sub.add_argument(
+        "--from",
+        dest="old",
+        type=count,
+        metavar="OLD",
+        help="a consistency proof from this tree size",
+    )
+    sub.add_argument(
+        "--to", dest="new", type=count, metavar="NEW", help="... to this one (default: the head)"
+    )
     sub.add_argument("--json", action="store_true", help="print the proof as one JSON object")
     sub.set_defaults(run=_prove)
 
 
 def _prove(args: argparse.Namespace) -> int:
     if (args.seq is None) == (args.old is None):
-        raise usage("prove takes SEQ (an inclusion proof) or --from OLD (a consistency proof), one of them")
+        raise usage(
+            "prove takes SEQ (an inclusion proof) or --from OLD (a consistency proof), one of them"
+        )
     if args.seq is not None:
         if args.new is not None:
             raise usage("--to goes with --from; an inclusion proof takes --size")
@@ -160,8 +211,12 @@ def _prove(args: argparse.Namespace) -> int:
         if args.json:
             print_json(inclusion)
         else:
-            print(f"record {inclusion.seq} is leaf {inclusion.leaf_index} of the tree of {inclusion.tree_size} records")
-            print(f"leaf hash {inclusion.leaf_hash}\nroot hash {inclusion.root_hash}\ninclusion proof:")
+            print(
+                f"record {inclusion.seq} is leaf {inclusion.leaf_index} of the tree of {inclusion.tree_size} records"
+            )
+            print(
+                f"leaf hash {inclusion.leaf_hash}\nroot hash {inclusion.root_hash}\ninclusion proof:"
+            )
             for value in inclusion.inclusion:
                 print(f"  {value}")
         return EXIT_OK
@@ -171,8 +226,12 @@ def _prove(args: argparse.Namespace) -> int:
     if args.json:
         print_json(consistency)
     else:
-        print(f"the tree of {consistency.new_size} records extends the tree of {consistency.old_size}")
-        print(f"old root {consistency.old_root}\nnew root {consistency.new_root}\nconsistency proof:")
+        print(
+            f"the tree of {consistency.new_size} records extends the tree of {consistency.old_size}"
+        )
+        print(
+            f"old root {consistency.old_root}\nnew root {consistency.new_root}\nconsistency proof:"
+        )
         for value in consistency.consistency:
             print(f"  {value}")
     return EXIT_OK
@@ -202,7 +261,9 @@ def verify_against(args: argparse.Namespace) -> int:
 
     text = args.vkey if args.vkey is not None else os.environ.get(VKEY_VARIABLE)
     if not text:
-        raise usage(f"verify --trusted needs the verifier key of the checkpoint's signer: --vkey KEY (or ${VKEY_VARIABLE})")
+        raise usage(
+            f"verify --trusted needs the verifier key of the checkpoint's signer: --vkey KEY (or ${VKEY_VARIABLE})"
+        )
     verifier: Verifier = parse_verifier(_read_key_text(text, "verifier key"))
     with open(args.trusted, "rb") as handle:
         note = handle.read(1 << 20)
@@ -230,7 +291,9 @@ def checkpoint_options(sub: argparse.ArgumentParser) -> None:
         help="with --follow: also print a signed checkpoint each time the log reaches a multiple of N records "
         '(with --json as {"checkpoint": NOTE}), for an auditor\'s own copy (needs --key)',
     )
-    sub.add_argument("--key", metavar="KEYFILE", help="the signing key of --checkpoints (keygen writes one)")
+    sub.add_argument(
+        "--key", metavar="KEYFILE", help="the signing key of --checkpoints (keygen writes one)"
+    )
 
 
 def checkpoint_signer(args: argparse.Namespace) -> Signer | None:
@@ -241,11 +304,15 @@ def checkpoint_signer(args: argparse.Namespace) -> Signer | None:
             raise usage("--key signs the checkpoints of --checkpoints N")
         return None
     if not args.follow or args.checkpoints < 1 or args.key is None or args.nats is not None:
-        raise usage("--checkpoints N (N >= 1) goes with --follow and --key KEYFILE, on a store at PATH")
+        raise usage(
+            "--checkpoints N (N >= 1) goes with --follow and --key KEYFILE, on a store at PATH"
+        )
     return parse_signer(_read_key_text(args.key, "signing key"))
 
 
-async def print_checkpoints(log: WriteLog, every: int, signer: Signer, as_json: bool, write: Callable[[str], object]) -> None:
+async def print_checkpoints(
+    log: WriteLog, every: int, signer: Signer, as_json: bool, write: Callable[[str], object]
+) -> None:
     """Print a signed checkpoint of every size that is a multiple of ``every`` as the log reaches
     it, from the head when called, until cancelled."""
 

@@ -71,14 +71,20 @@ class Checkpoints:
             return None
         magic, length, checksum = _CHECKPOINT_HEAD.unpack_from(raw)
         body = raw[_CHECKPOINT_HEAD.size : _CHECKPOINT_HEAD.size + length]
-        if magic != _CHECKPOINT_MAGIC or len(body) != length or xxhash.xxh3_64_intdigest(body) != checksum:
+        if (
+            magic != _CHECKPOINT_MAGIC
+            or len(body) != length
+            or xxhash.xxh3_64_intdigest(body) != checksum
+        ):
             return None
         try:
             record = _checkpoint_decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
         if record.format != CHECKPOINT_FORMAT:
-            raise StoreFormatError(f"{path} is a checkpoint of format {record.format}; this version reads {CHECKPOINT_FORMAT}")
+            raise StoreFormatError(
+                f"{path} is a checkpoint of format {record.format}; this version reads {CHECKPOINT_FORMAT}"
+            )
         return record
 
     def newest(self, epoch: int) -> CheckpointRecord | None:
@@ -90,14 +96,23 @@ class Checkpoints:
     def write(self, epoch: int, segment: int, meta: bytes) -> CheckpointRecord:
         """Make a checkpoint durable, in the slot not holding the newest one."""
 
-        valid = [(record.generation, index) for index, record in enumerate(self.slots) if record is not None]
+        valid = [
+            (record.generation, index)
+            for index, record in enumerate(self.slots)
+            if record is not None
+        ]
         newest_generation, newest_index = max(valid, default=(0, 1))
         index = 1 - newest_index
         record = CheckpointRecord(CHECKPOINT_FORMAT, epoch, newest_generation + 1, segment, meta)
         body = _checkpoint_encoder.encode(record)
-        raw = _CHECKPOINT_HEAD.pack(_CHECKPOINT_MAGIC, len(body), xxhash.xxh3_64_intdigest(body)) + body
+        raw = (
+            _CHECKPOINT_HEAD.pack(_CHECKPOINT_MAGIC, len(body), xxhash.xxh3_64_intdigest(body))
+            + body
+        )
         if len(raw) > _CHECKPOINT_SIZE:
-            raise StoreFormatError(f"A checkpoint record of {len(raw)} bytes does not fit its slot of {_CHECKPOINT_SIZE}")
+            raise StoreFormatError(
+                f"A checkpoint record of {len(raw)} bytes does not fit its slot of {_CHECKPOINT_SIZE}"
+            )
         fd = os.open(self.paths[index], os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         try:
             os.pwrite(fd, raw, 0)

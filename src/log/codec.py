@@ -100,7 +100,9 @@ def _object(data: bytes) -> dict[str, Any]:
     stack: list[tuple[Any, int]] = [(root, 1)]
     while stack:
         container, depth = stack.pop()
-        slots: Iterable[Any] = container.items() if type(container) is dict else enumerate(container)
+        slots: Iterable[Any] = (
+            container.items() if type(container) is dict else enumerate(container)
+        )
         for slot, item in slots:
             if type(item) is _Deferred:
                 item = container[slot] = _pairs(item.data)
@@ -117,11 +119,15 @@ def _pairs(data: bytes) -> dict[str, Any]:
 
     items = deep(_flat_decoder.decode, data)
     if type(items) is not list or len(items) % 2:
-        raise ValueError(f"an object with surrogate keys holds {_kind(items)}, not a flat array of keys and values")
+        raise ValueError(
+            f"an object with surrogate keys holds {_kind(items)}, not a flat array of keys and values"
+        )
     keys = items[::2]
     for key in keys:
         if type(key) is not str:
-            raise ValueError(f"an object with surrogate keys has a key that is {_kind(key)}, not a string")
+            raise ValueError(
+                f"an object with surrogate keys has a key that is {_kind(key)}, not a string"
+            )
     return dict(zip(keys, items[1::2]))
 
 
@@ -200,7 +206,9 @@ def decode_deep(decoder: msgspec.msgpack.Decoder[T], data: bytes | memoryview) -
     return value
 
 
-def decode_bounded(data: bytes | memoryview, decoder: msgspec.msgpack.Decoder[Any] = _any_decoder) -> Any:
+def decode_bounded(
+    data: bytes | memoryview, decoder: msgspec.msgpack.Decoder[Any] = _any_decoder
+) -> Any:
     """``decode_with`` for bytes that must hold what a commit wrote: ``ValueError`` for a value
     nesting deeper than ``MAX_DEPTH`` (checked here, the same on every Python, not left to where
     the interpreter's stack runs out) or holding what JSON cannot (binary, a key that is not a
@@ -213,7 +221,11 @@ def decode_bounded(data: bytes | memoryview, decoder: msgspec.msgpack.Decoder[An
     value = decode_with(decoder, data)
     raw = bytes(data)
     suspect = raw.translate(None, _INNOCENT)
-    if len(suspect) > MAX_DEPTH or len(suspect.translate(None, _NOT_BINARY)) or _NON_FINITE.search(raw):
+    if (
+        len(suspect) > MAX_DEPTH
+        or len(suspect.translate(None, _NOT_BINARY))
+        or _NON_FINITE.search(raw)
+    ):
         problem = _not_stored_json(value)
         if problem is not None:
             raise ValueError(problem)
@@ -404,6 +416,10 @@ def _has_cycle(value: object, ancestors: set[int]) -> bool:
                 return True
             ancestors.add(id(item))
             stack.append((item, True))
-            children: Iterable[Any] = cast("dict[Any, Any]", item).values() if kind in _OBJECT_TYPES else cast("list[Any]", item)
+            children: Iterable[Any] = (
+                cast("dict[Any, Any]", item).values()
+                if kind in _OBJECT_TYPES
+                else cast("list[Any]", item)
+            )
             stack.extend((child, False) for child in children)
     return False

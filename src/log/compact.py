@@ -102,13 +102,17 @@ def _lock_out_readers(path: str) -> int:
     with the environment open holds shared); the open file, to close once the swap is done.
     A reader opening meanwhile waits for it in LMDB, then maps the new file."""
 
-    fd = os.open(os.path.join(path, "lock.mdb"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    fd = os.open(
+        os.path.join(path, "lock.mdb"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600
+    )
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
     except OSError:
         holder = _lock_holder(fd)
         os.close(fd)
-        raise StoreInUseError(path, f" by process {holder}" if holder else " by another process") from None
+        raise StoreInUseError(
+            path, f" by process {holder}" if holder else " by another process"
+        ) from None
     return fd
 
 

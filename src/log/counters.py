@@ -12,7 +12,24 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Final
 
-SECONDS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+SECONDS: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 """Bucket bounds for durations, from 100 µs (a commit in ``process`` mode) to 10 s (a stalled stream)."""
 SIZES: Final = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 """Bucket bounds for the batches of one transaction (a group holds at most 64)."""

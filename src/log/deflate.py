@@ -17,27 +17,116 @@ from typing import Final
 import msgspec
 
 PRESET_KEYS: Final = (
-    "type", "value", "record", "content", "source", "id", "conversation", "entry", "task",
-    "submission", "document.create", "document.copy", "document.change", "document.retire",
-    "conversationId", "taskId", "parent", "at", "kind", "version", "ops", "base", "delta",
-    "scope", "session", "key", "history", "rewindable", "fork", "asOf", "current",
-    "message", "model", "role", "user", "assistant", "toolResult", "toolCall", "text",
-    "thinking", "name", "arguments", "api", "provider", "usage", "input", "output",
-    "cacheRead", "cacheWrite", "totalTokens", "cost", "stopReason", "stop", "toolUse",
-    "timestamp", "isError", "details", "data", "byTaskId", "customType", "display",
-    "background", "abortRequested", "startedAt", "state", "status", "pending", "running",
-    "waiting", "sleeping", "completing", "terminal", "until", "checkpoint", "memos", "result",
-    "error", "requestId", "queued", "placed", "done", "unanswered", "createdAt",
+    "type",
+    "value",
+    "record",
+    "content",
+    "source",
+    "id",
+    "conversation",
+    "entry",
+    "task",
+    "submission",
+    "document.create",
+    "document.copy",
+    "document.change",
+    "document.retire",
+    "conversationId",
+    "taskId",
+    "parent",
+    "at",
+    "kind",
+    "version",
+    "ops",
+    "base",
+    "delta",
+    "scope",
+    "session",
+    "key",
+    "history",
+    "rewindable",
+    "fork",
+    "asOf",
+    "current",
+    "message",
+    "model",
+    "role",
+    "user",
+    "assistant",
+    "toolResult",
+    "toolCall",
+    "text",
+    "thinking",
+    "name",
+    "arguments",
+    "api",
+    "provider",
+    "usage",
+    "input",
+    "output",
+    "cacheRead",
+    "cacheWrite",
+    "totalTokens",
+    "cost",
+    "stopReason",
+    "stop",
+    "toolUse",
+    "timestamp",
+    "isError",
+    "details",
+    "data",
+    "byTaskId",
+    "customType",
+    "display",
+    "background",
+    "abortRequested",
+    "startedAt",
+    "state",
+    "status",
+    "pending",
+    "running",
+    "waiting",
+    "sleeping",
+    "completing",
+    "terminal",
+    "until",
+    "checkpoint",
+    "memos",
+    "result",
+    "error",
+    "requestId",
+    "queued",
+    "placed",
+    "done",
+    "unanswered",
+    "createdAt",
 )
 """Never change (see the module docstring)."""
 
 PRESET_SHAPES: Final = (
     [{"type": "conversation", "value": {"id": 1, "parent": {"conversationId": 1, "at": 1}}}],
-    [{"type": "submission", "value": {"id": 1, "conversationId": 1, "requestId": "", "type": "input", "status": "queued"}}],
+    [
+        {
+            "type": "submission",
+            "value": {
+                "id": 1,
+                "conversationId": 1,
+                "requestId": "",
+                "type": "input",
+                "status": "queued",
+            },
+        }
+    ],
     [
         {
             "type": "document.create",
-            "record": {"id": 1, "kind": "", "scope": {"kind": "conversation", "conversationId": 1}, "history": "rewindable", "fork": "asOf"},
+            "record": {
+                "id": 1,
+                "kind": "",
+                "scope": {"kind": "conversation", "conversationId": 1},
+                "history": "rewindable",
+                "fork": "asOf",
+            },
             "content": {"kind": "base", "version": 1, "value": {}},
         }
     ],
@@ -45,8 +134,16 @@ PRESET_SHAPES: Final = (
         {
             "type": "task",
             "value": {
-                "id": 1, "conversationId": 1, "kind": "", "version": 1, "input": {}, "background": False,
-                "abortRequested": False, "startedAt": 1_760_000_000_000, "state": {"status": "running"}, "memos": {},
+                "id": 1,
+                "conversationId": 1,
+                "kind": "",
+                "version": 1,
+                "input": {},
+                "background": False,
+                "abortRequested": False,
+                "startedAt": 1_760_000_000_000,
+                "state": {"status": "running"},
+                "memos": {},
             },
         }
     ],
@@ -54,12 +151,19 @@ PRESET_SHAPES: Final = (
         {
             "type": "entry",
             "value": {
-                "id": 1, "conversationId": 1, "kind": "message",
+                "id": 1,
+                "conversationId": 1,
+                "kind": "message",
                 "model": [
                     {
-                        "role": "assistant", "content": [{"type": "text", "text": ""}], "api": "", "provider": "",
-                        "model": "", "usage": {"input": 1, "output": 1, "cacheRead": 0, "cacheWrite": 0},
-                        "stopReason": "stop", "timestamp": 1_760_000_000_000,
+                        "role": "assistant",
+                        "content": [{"type": "text", "text": ""}],
+                        "api": "",
+                        "provider": "",
+                        "model": "",
+                        "usage": {"input": 1, "output": 1, "cacheRead": 0, "cacheWrite": 0},
+                        "stopReason": "stop",
+                        "timestamp": 1_760_000_000_000,
                     }
                 ],
             },
@@ -125,11 +229,20 @@ def inflate(data: bytes | memoryview, size: int) -> bytes:
         raise ValueError(f"a deflated value of {size} bytes")
     decompressor = zlib.decompressobj(-15, PRESET)
     try:
-        out = decompressor.decompress(data, size)  # the output grows as it is made: no allocation of ``size``
+        out = decompressor.decompress(
+            data, size
+        )  # the output grows as it is made: no allocation of ``size``
     except zlib.error as error:
         raise ValueError(f"undeflatable ({error})") from None
     except (OverflowError, MemoryError):
-        raise ValueError(f"a deflated value of {size} bytes, which this process cannot hold") from None
-    if len(out) != size or not decompressor.eof or decompressor.unconsumed_tail or decompressor.unused_data:
+        raise ValueError(
+            f"a deflated value of {size} bytes, which this process cannot hold"
+        ) from None
+    if (
+        len(out) != size
+        or not decompressor.eof
+        or decompressor.unconsumed_tail
+        or decompressor.unused_data
+    ):
         raise ValueError(f"does not deflate to {size} bytes")
     return out

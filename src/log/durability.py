@@ -111,7 +111,9 @@ def mode_for(durability: Durability, role: Role) -> Mode:
     decides it (and whether a store has a journal)."""
 
     if durability not in DURABILITIES:
-        raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
+        raise ValueError(
+            f"durability must be 'power', 'process' or 'replicated', not {durability!r}"
+        )
     if role is Role.READER:
         return Mode.READONLY
     if durability == "power":

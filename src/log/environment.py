@@ -35,7 +35,12 @@ from .durability import Durability as Durability, Mode, Role, mode_for
 from .journal import JournalOptions
 from .journaled import CommitJournal
 from .pages import MAIN_DB as MAIN_DB, DbPages as DbPages, PageStats as PageStats, tally
-from .storeid import STORE_ID_PATTERN as STORE_ID_PATTERN, StoreHeader as StoreHeader, check_store_id as check_store_id, new_store_id as new_store_id
+from .storeid import (
+    STORE_ID_PATTERN as STORE_ID_PATTERN,
+    StoreHeader as StoreHeader,
+    check_store_id as check_store_id,
+    new_store_id as new_store_id,
+)
 from .storeid import decode_header, encode_header
 from .shared import REMAP_DRAIN as REMAP_DRAIN, SharedEnv
 from .storedir import MAX_DBS as MAX_DBS
@@ -105,7 +110,9 @@ class Environment:
             refuse_after_crash(self.path)
             marker = read_power_marker(self.path)
             if marker is not None and marker[0] != (boot_id() or b"unknown"):
-                raise JournalReplayPending(self.path, "was open in a power-mode writer when the machine stopped")
+                raise JournalReplayPending(
+                    self.path, "was open in a power-mode writer when the machine stopped"
+                )
         else:
             created = make_private_dir(self.path)
             refuse_links(self.path)
@@ -115,9 +122,13 @@ class Environment:
         try:
             if not self.readonly:
                 refuse_after_crash(self.path)
-                shared.refuse_shared_conflict(self.path, mode)  # before the marker: a refused open leaves none
+                shared.refuse_shared_conflict(
+                    self.path, mode
+                )  # before the marker: a refused open leaves none
                 if not mode.journaled and read_power_marker(self.path) is not None:
-                    raise JournalReplayPending(self.path, "holds a power-mode writer's journal not yet replayed")
+                    raise JournalReplayPending(
+                        self.path, "holds a power-mode writer's journal not yet replayed"
+                    )
                 if mode.unsynced:
                     mark_unsynced(self.path)
                 if not os.path.exists(os.path.join(self.path, "data.mdb")):
@@ -240,7 +251,9 @@ class Environment:
             try:
                 txn = self.env.begin(buffers=False)
             except lmdb.MapResizedError:
-                self._remap(0, None, None)  # adopt the size the writer's meta page holds (pops held)
+                self._remap(
+                    0, None, None
+                )  # adopt the size the writer's meta page holds (pops held)
                 continue
             except BaseException:
                 self._held.pop()
@@ -275,9 +288,13 @@ class Environment:
                     result = work(txn)
                     began = time.perf_counter()
                     if journal is not None:
-                        framed = journal.flush()  # what work staged, one flushed frame: before the commit
+                        framed = (
+                            journal.flush()
+                        )  # what work staged, one flushed frame: before the commit
                     txn.commit()
-                    self.counters.flush_seconds.observe(time.perf_counter() - began)  # with a journal, its flush
+                    self.counters.flush_seconds.observe(
+                        time.perf_counter() - began
+                    )  # with a journal, its flush
                     done = True
                 except lmdb.MapFullError:
                     full = txn  # aborted by the growth, once it keeps other transactions out
@@ -306,7 +323,9 @@ class Environment:
             if framed and journal is not None:
                 try:
                     journal.abandon()
-                except BaseException:  # the transaction must not stay open and counted: it would wedge every growth
+                except (
+                    BaseException
+                ):  # the transaction must not stay open and counted: it would wedge every growth
                     try:
                         txn.abort()
                     finally:
@@ -369,12 +388,16 @@ class Environment:
                 return  # grown by another thread meanwhile
             while True:
                 gate.growing = True
-                if journal is None or journal.hold_checkpoints():  # else a checkpoint runs: try again
+                if (
+                    journal is None or journal.hold_checkpoints()
+                ):  # else a checkpoint runs: try again
                     try:
                         if self._drained(time.monotonic() + REMAP_DRAIN):
                             if journal is not None:
                                 journal.unpin()
-                            self.env.set_mapsize(0 if factor == 0 else self.env.info()["map_size"] * factor)
+                            self.env.set_mapsize(
+                                0 if factor == 0 else self.env.info()["map_size"] * factor
+                            )
                             if journal is not None:
                                 journal.pin()
                             return
@@ -402,7 +425,9 @@ class Environment:
 
         pause = 0.00005
         while True:
-            if not self._held and self._live_readers() <= (self.journal is not None and self.journal.pinned):
+            if not self._held and self._live_readers() <= (
+                self.journal is not None and self.journal.pinned
+            ):
                 return True
             if time.monotonic() >= until:
                 return False
@@ -555,5 +580,3 @@ class Environment:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-
-

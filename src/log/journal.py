@@ -73,7 +73,9 @@ HEADER_SIZE: Final = 4096
 _SEGMENT_MAGIC: Final = b"PIDLJSEG"
 _SEGMENT = struct.Struct(">8sIIQQQ")  # magic, format, reserved, number, salt, checksum
 _FRAME_MAGIC: Final = 0x504A4652
-_FRAME = struct.Struct(">IIIIQQQ")  # magic, body length, count, reserved, segment, first seq, checksum
+_FRAME = struct.Struct(
+    ">IIIIQQQ"
+)  # magic, body length, count, reserved, segment, first seq, checksum
 _LENGTH = struct.Struct(">I")
 _ZEROS: Final = bytes(1 << 20)
 SEGMENT_SHARE = 64
@@ -136,21 +138,33 @@ class JournalOptions:
 
     def __post_init__(self) -> None:
         if type(self.checkpoint_half_segment) is not bool:
-            raise ValueError(f"checkpoint_half_segment must be a bool, not {self.checkpoint_half_segment!r}")
+            raise ValueError(
+                f"checkpoint_half_segment must be a bool, not {self.checkpoint_half_segment!r}"
+            )
         if type(self.segment_size) is not int or self.segment_size < 2 * HEADER_SIZE:
-            raise ValueError(f"segment_size must be an int of at least {2 * HEADER_SIZE} bytes, not {self.segment_size!r}")
+            raise ValueError(
+                f"segment_size must be an int of at least {2 * HEADER_SIZE} bytes, not {self.segment_size!r}"
+            )
         if type(self.segment_min) is not int or self.segment_min < 2 * HEADER_SIZE:
-            raise ValueError(f"segment_min must be an int of at least {2 * HEADER_SIZE} bytes, not {self.segment_min!r}")
+            raise ValueError(
+                f"segment_min must be an int of at least {2 * HEADER_SIZE} bytes, not {self.segment_min!r}"
+            )
         if type(self.checkpoint_commits) is not int or self.checkpoint_commits < 1:
-            raise ValueError(f"checkpoint_commits must be a positive int, not {self.checkpoint_commits!r}")
+            raise ValueError(
+                f"checkpoint_commits must be a positive int, not {self.checkpoint_commits!r}"
+            )
         if type(self.checkpoint_bytes) is not int or self.checkpoint_bytes < 1:
-            raise ValueError(f"checkpoint_bytes must be a positive int, not {self.checkpoint_bytes!r}")
+            raise ValueError(
+                f"checkpoint_bytes must be a positive int, not {self.checkpoint_bytes!r}"
+            )
         if not isinstance(self.pinned_share, (int, float)) or not 0 < self.pinned_share <= 1:
             raise ValueError(f"pinned_share must be a number in (0, 1], not {self.pinned_share!r}")
         if type(self.pinned_pages) is not int or self.pinned_pages < 1:
             raise ValueError(f"pinned_pages must be a positive int, not {self.pinned_pages!r}")
         if not isinstance(self.checkpoint_seconds, (int, float)) or not self.checkpoint_seconds > 0:
-            raise ValueError(f"checkpoint_seconds must be a positive number, not {self.checkpoint_seconds!r}")
+            raise ValueError(
+                f"checkpoint_seconds must be a positive number, not {self.checkpoint_seconds!r}"
+            )
 
 
 class _Segment:
@@ -161,7 +175,7 @@ class _Segment:
 
 
 def _segment_header(number: int, salt: int) -> bytes:
-    head = _SEGMENT.pack(_SEGMENT_MAGIC, SEGMENT_FORMAT, 0, number, salt, 0)[: -8]
+    head = _SEGMENT.pack(_SEGMENT_MAGIC, SEGMENT_FORMAT, 0, number, salt, 0)[:-8]
     return head + struct.pack(">Q", xxhash.xxh3_64_intdigest(head))
 
 
@@ -179,7 +193,9 @@ def _read_header(path: str) -> tuple[int, int] | None:
     if magic != _SEGMENT_MAGIC or xxhash.xxh3_64_intdigest(raw[:-8]) != checksum:
         return None
     if fmt != SEGMENT_FORMAT:
-        raise StoreFormatError(f"{path} is a journal segment of format {fmt}; this version reads {SEGMENT_FORMAT}")
+        raise StoreFormatError(
+            f"{path} is a journal segment of format {fmt}; this version reads {SEGMENT_FORMAT}"
+        )
     return number, salt
 
 
@@ -203,7 +219,12 @@ def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[
         if magic != _FRAME_MAGIC or seg != number or end > len(view) or count == 0:
             break
         body = view[at + _FRAME.size : end]
-        if xxhash.xxh3_64_intdigest(bytes(view[at : at + _FRAME.size - 8]) + bytes(body), seed=salt) != checksum:
+        if (
+            xxhash.xxh3_64_intdigest(
+                bytes(view[at : at + _FRAME.size - 8]) + bytes(body), seed=salt
+            )
+            != checksum
+        ):
             break
         records = []
         pos = 0
@@ -220,8 +241,6 @@ def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[
     return frames
 
 
-
-
 def segment_sizing(options: JournalOptions, data_bytes: int, needed: int) -> int:
     """The size of a new segment: a power of two near 1/64 of ``data.mdb`` (``data_bytes``),
     within ``segment_min`` and ``segment_size``, and at least ``needed`` (one frame must fit).
@@ -232,7 +251,10 @@ def segment_sizing(options: JournalOptions, data_bytes: int, needed: int) -> int
     the journal stays a small share of a small store (two segments: about 1/32 of it), and a
     store that has grown, which a host writes to at a rate, gets segments that rotate seldom."""
 
-    top = max(min(options.segment_min, options.segment_size), min(options.segment_size, data_bytes // SEGMENT_SHARE))
+    top = max(
+        min(options.segment_min, options.segment_size),
+        min(options.segment_size, data_bytes // SEGMENT_SHARE),
+    )
     size = 1 << (top.bit_length() - 1) if top > 0 else top
     return max(size, min(options.segment_min, options.segment_size), needed)
 
@@ -275,7 +297,11 @@ class Journal:
                 self._free.append(_Segment(path, -1, 0, size))
             else:
                 self.segments[header[0]] = _Segment(path, header[0], header[1], size)
-        named = [int(name[:-4], 16) for name in os.listdir(self.directory) if name.endswith(".seg") and _is_hex(name[:-4])]
+        named = [
+            int(name[:-4], 16)
+            for name in os.listdir(self.directory)
+            if name.endswith(".seg") and _is_hex(name[:-4])
+        ]
         self.next_number = max([*self.segments, *named, 0]) + 1
         """The number the next segment made or recycled gets: never one seen before, in a header
         or a file name (a segment whose making was cut by a power cut has its name and no
@@ -283,7 +309,9 @@ class Journal:
         self.current: _Segment | None = None
         self._offset = 0
         self._fd: int | None = None
-        self._staged: int | None = None  # offset of a frame written for a transaction not yet committed
+        self._staged: int | None = (
+            None  # offset of a frame written for a transaction not yet committed
+        )
         self.written = 0
         """Bytes of frames written since this journal opened (a checkpoint trigger)."""
         self.checkpoints = Checkpoints(self.directory)
@@ -327,7 +355,8 @@ class Journal:
                 data = file.read()
         except OSError as error:
             raise JournalDamagedError(
-                os.path.dirname(self.directory), f"segment {segment.path} cannot be read ({error.strerror or error})"
+                os.path.dirname(self.directory),
+                f"segment {segment.path} cannot be read ({error.strerror or error})",
             ) from error
         return read_frames(data, segment.number, segment.salt)
 
@@ -356,7 +385,11 @@ class Journal:
         for number in sorted(n for n in self.segments if n > missing):
             later = [first for first, _ in self._frames(number) if first > last]
             if later:
-                named = f"{missing:016x}.seg" if number == missing + 1 else f"{missing:016x}.seg to {number - 1:016x}.seg"
+                named = (
+                    f"{missing:016x}.seg"
+                    if number == missing + 1
+                    else f"{missing:016x}.seg to {number - 1:016x}.seg"
+                )
                 raise JournalDamagedError(
                     os.path.dirname(self.directory),
                     f"segment {named} is missing or its header unreadable, but segment {number:016x}.seg "
@@ -371,7 +404,9 @@ class Journal:
 
         if not records:
             return
-        if self._staged is not None:  # an earlier attempt's frame, whose unmaking failed: written over
+        if (
+            self._staged is not None
+        ):  # an earlier attempt's frame, whose unmaking failed: written over
             self._offset = self._staged
         first = records[0][0]
         segment = self.current
@@ -422,14 +457,28 @@ class Journal:
         salt = secrets.randbits(64)
         path = os.path.join(self.directory, f"{number:016x}.seg")
         with self._lock:
-            reuse = next((s for s in self._free if s.path == path and s.size >= size), None)  # a failed attempt's file
-            reuse = reuse or next((s for s in self._free if s.size >= size and s.path != path), None)
-            if "recycle-early" in _faults and self.current is not None and self.current.size >= size:
-                reuse = self.segments.pop(self.current.number)  # planted: the segment just filled, unchecked
+            reuse = next(
+                (s for s in self._free if s.path == path and s.size >= size), None
+            )  # a failed attempt's file
+            reuse = reuse or next(
+                (s for s in self._free if s.size >= size and s.path != path), None
+            )
+            if (
+                "recycle-early" in _faults
+                and self.current is not None
+                and self.current.size >= size
+            ):
+                reuse = self.segments.pop(
+                    self.current.number
+                )  # planted: the segment just filled, unchecked
                 self._free.append(reuse)
-            self._free = [s for s in self._free if s is not reuse and s.path != path]  # replaced by this attempt
+            self._free = [
+                s for s in self._free if s is not reuse and s.path != path
+            ]  # replaced by this attempt
             # Too small for the journal now (or for any segment: cut at a clean close, ``trim``).
-            outgrown = [s for s in self._free if s.size < (HEADER_SIZE * 2 if reuse is not None else size)]
+            outgrown = [
+                s for s in self._free if s.size < (HEADER_SIZE * 2 if reuse is not None else size)
+            ]
             self._free = [s for s in self._free if s not in outgrown]
         for free in outgrown:
             try:
@@ -471,7 +520,9 @@ class Journal:
         self._fd, self.current, self._offset = fd, segment, HEADER_SIZE
         return segment
 
-    def _failed_segment(self, fd: int | None, path: str, reuse: _Segment | None, renamed: bool, size: int) -> None:
+    def _failed_segment(
+        self, fd: int | None, path: str, reuse: _Segment | None, renamed: bool, size: int
+    ) -> None:
         """Leave nothing of a failed attempt in the way of the next: a recycled file goes back to
         the free list (under its new name, if the rename happened), a new file is removed (or,
         if even that fails, kept free under its name, which the next attempt takes)."""
@@ -491,7 +542,9 @@ class Journal:
             return
         except OSError:
             with self._lock:
-                self._free.insert(0, _Segment(path, -1, 0, os.path.getsize(path) if os.path.exists(path) else 0))
+                self._free.insert(
+                    0, _Segment(path, -1, 0, os.path.getsize(path) if os.path.exists(path) else 0)
+                )
 
     @property
     def current_number(self) -> int:

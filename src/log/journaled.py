@@ -37,7 +37,14 @@ import lmdb
 from ..errors import StoreFormatError
 from .journal import Journal, JournalOptions, planted
 from .shared import Gate, SharedEnv
-from .storedir import POWER_FILE, boot_id, clear_markers, clear_unsynced, mark_power, read_power_marker
+from .storedir import (
+    POWER_FILE,
+    boot_id,
+    clear_markers,
+    clear_unsynced,
+    mark_power,
+    read_power_marker,
+)
 
 _log = logging.getLogger("pi_durable_lmdb")
 
@@ -72,7 +79,11 @@ class CommitJournal:
         """Held from a write transaction's begin to its commit, and by a checkpoint while it pins
         a state and copies its meta pages (so they are one state)."""
         self._checkpointing = threading.Lock()
-        self._since = (0, 0, time.monotonic())  # commits, journal bytes, time at the last checkpoint
+        self._since = (
+            0,
+            0,
+            time.monotonic(),
+        )  # commits, journal bytes, time at the last checkpoint
         self._bound = 1
         """Journaled commits between checkpoints now (``_adapt``)."""
         self._last_page = 0
@@ -168,7 +179,11 @@ class CommitJournal:
         self._since = (commits, written, since)
         options = journal.options
         segment = journal.current
-        half = segment.size // 2 if segment is not None and options.checkpoint_half_segment else options.checkpoint_bytes
+        half = (
+            segment.size // 2
+            if segment is not None and options.checkpoint_half_segment
+            else options.checkpoint_bytes
+        )
         if not (
             commits >= self._bound
             or journal.written - written >= min(options.checkpoint_bytes, half)
@@ -179,12 +194,16 @@ class CommitJournal:
             try:
                 self.checkpoint()
             except Exception:  # the commit is done and durable in the journal: it must not fail now
-                _log.exception("checkpoint of the store at %s failed; commits go on in the journal", self.path)
+                _log.exception(
+                    "checkpoint of the store at %s failed; commits go on in the journal", self.path
+                )
             return
         with self._wake:
             self._wanted = True
             if self._worker is None:
-                self._worker = threading.Thread(target=self._checkpointer, name=f"lmdb-checkpoint {self.path}", daemon=True)
+                self._worker = threading.Thread(
+                    target=self._checkpointer, name=f"lmdb-checkpoint {self.path}", daemon=True
+                )
                 self._worker.start()
             self._wake.notify()
 
@@ -200,8 +219,12 @@ class CommitJournal:
                 self._wanted = False
             try:
                 self.checkpoint()
-            except Exception:  # commits stay durable in the journal, which grows; the next trigger retries
-                _log.exception("checkpoint of the store at %s failed; commits go on in the journal", self.path)
+            except (
+                Exception
+            ):  # commits stay durable in the journal, which grows; the next trigger retries
+                _log.exception(
+                    "checkpoint of the store at %s failed; commits go on in the journal", self.path
+                )
 
     def checkpoint(self) -> None:
         """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
@@ -223,7 +246,9 @@ class CommitJournal:
             with self._writing:
                 pin = self._begin_pin(entered=True)
                 meta = self._read_meta()
-                segment = self._replay_from if self._replay_from is not None else journal.current_number
+                segment = (
+                    self._replay_from if self._replay_from is not None else journal.current_number
+                )
                 commits = self._since[0]
                 self._since = (0, journal.written, time.monotonic())
                 last = int(self.env.info()["last_pgno"])
@@ -243,7 +268,9 @@ class CommitJournal:
         if pin is not None:
             try:
                 self._adapt(pin, commits, last)
-            except lmdb.Error:  # a handle a swap dropped meanwhile: the bound stays until the next one
+            except (
+                lmdb.Error
+            ):  # a handle a swap dropped meanwhile: the bound stays until the next one
                 pass
 
     def _adapt(self, pin: lmdb.Transaction[bytes], commits: int, last: int) -> None:
@@ -260,7 +287,9 @@ class CommitJournal:
             if grew:
                 self._bound = max(1, self._bound // 2)
         elif commits >= self._bound:
-            self._bound = min(options.checkpoint_commits, self._bound + (1 if grew else self._bound))
+            self._bound = min(
+                options.checkpoint_commits, self._bound + (1 if grew else self._bound)
+            )
 
     # ── map changes (``Environment._remap``) ────────────────────────────────
 
@@ -393,7 +422,9 @@ class CommitJournal:
             self._pin = pin
             meta = self._read_meta()
             self.env.sync(True)
-            clear_markers(self.path)  # the disk holds every commit now (a killed process writer's too)
+            clear_markers(
+                self.path
+            )  # the disk holds every commit now (a killed process writer's too)
             epoch = secrets.randbits(63) | 1
             segment = journal.begin()  # no marker now: no recovery can read an earlier segment
             journal.checkpoints.write(epoch, segment, meta)
@@ -407,7 +438,11 @@ class CommitJournal:
         (another store's id, say) leaves no marker behind it, and nothing open."""
 
         self._drop_pin()
-        if env is not None and self._replay_from is None and read_power_marker(self.path) is not None:
+        if (
+            env is not None
+            and self._replay_from is None
+            and read_power_marker(self.path) is not None
+        ):
             try:
                 env.sync(True)
                 clear_unsynced(self.path, POWER_FILE)

@@ -27,8 +27,12 @@ class DbPages(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, stat: lmdb._StatDict) -> DbPages:
         return cls(
-            stat["entries"], stat["depth"], stat["branch_pages"], stat["leaf_pages"],
-            stat["overflow_pages"], stat["psize"],
+            stat["entries"],
+            stat["depth"],
+            stat["branch_pages"],
+            stat["leaf_pages"],
+            stat["overflow_pages"],
+            stat["psize"],
         )
 
     @property
@@ -55,7 +59,9 @@ class PageStats(msgspec.Struct, frozen=True):
     def free_bytes(self) -> int:
         """Free pages plus the file beyond its last used page: what a compacting copy gives back."""
 
-        return self.free_pages * self.page_size + max(0, self.file_bytes - self.used_pages * self.page_size)
+        return self.free_pages * self.page_size + max(
+            0, self.file_bytes - self.used_pages * self.page_size
+        )
 
 
 def tally(dbs: dict[str, DbPages], last_pgno: int, file_bytes: int) -> PageStats:

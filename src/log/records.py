@@ -37,7 +37,9 @@ DEFLATED_FORMAT: Final = 2
 ZSTD_FORMAT: Final = 3
 
 
-class ConversationWrite(msgspec.Struct, tag="conversation", tag_field="type", forbid_unknown_fields=True):
+class ConversationWrite(
+    msgspec.Struct, tag="conversation", tag_field="type", forbid_unknown_fields=True
+):
     value: Any
 
 
@@ -49,7 +51,9 @@ class TaskWrite(msgspec.Struct, tag="task", tag_field="type", forbid_unknown_fie
     value: Any
 
 
-class SubmissionWrite(msgspec.Struct, tag="submission", tag_field="type", forbid_unknown_fields=True):
+class SubmissionWrite(
+    msgspec.Struct, tag="submission", tag_field="type", forbid_unknown_fields=True
+):
     value: Any
 
 
@@ -71,22 +75,30 @@ class CopySource(msgspec.Struct, forbid_unknown_fields=True):
     at: Union[int, Literal["current"]]
 
 
-class DocumentCreateWrite(msgspec.Struct, tag="document.create", tag_field="type", forbid_unknown_fields=True):
+class DocumentCreateWrite(
+    msgspec.Struct, tag="document.create", tag_field="type", forbid_unknown_fields=True
+):
     record: Any
     content: Content
 
 
-class DocumentCopyWrite(msgspec.Struct, tag="document.copy", tag_field="type", forbid_unknown_fields=True):
+class DocumentCopyWrite(
+    msgspec.Struct, tag="document.copy", tag_field="type", forbid_unknown_fields=True
+):
     record: Any
     source: CopySource
 
 
-class DocumentChangeWrite(msgspec.Struct, tag="document.change", tag_field="type", forbid_unknown_fields=True):
+class DocumentChangeWrite(
+    msgspec.Struct, tag="document.change", tag_field="type", forbid_unknown_fields=True
+):
     id: int
     content: Content
 
 
-class DocumentRetireWrite(msgspec.Struct, tag="document.retire", tag_field="type", forbid_unknown_fields=True):
+class DocumentRetireWrite(
+    msgspec.Struct, tag="document.retire", tag_field="type", forbid_unknown_fields=True
+):
     id: int
 
 
@@ -224,9 +236,13 @@ def encode_record(payload: bytes, committed_at: int) -> bytes:
     if stored is not None and zstd.dense(stored, len(payload)):  # beyond what a reader accepts
         stored, record_format = deflate(payload), DEFLATED_FORMAT
     if stored is None:
-        return _record_encoder.encode(RawRecord(RAW_FORMAT, committed_at, _checksum(committed_at, payload), payload))
+        return _record_encoder.encode(
+            RawRecord(RAW_FORMAT, committed_at, _checksum(committed_at, payload), payload)
+        )
     return _record_encoder.encode(
-        LogRecord(record_format, committed_at, _checksum(committed_at, stored), stored, len(payload))
+        LogRecord(
+            record_format, committed_at, _checksum(committed_at, stored), stored, len(payload)
+        )
     )
 
 

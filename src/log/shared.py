@@ -22,6 +22,7 @@ REMAP_DRAIN: Final = 0.02
 """Seconds a map change keeps new transactions out while waiting for the open ones to end,
 before it lets them in again and retries (so a long read stalls the others only briefly)."""
 
+
 class Gate:
     """Keeps this process's transactions out of the memory map while it changes (one per LMDB
     environment, shared by its handles): ``held`` has an item per begin, write transaction or
@@ -107,7 +108,9 @@ def refuse_shared_conflict(path: str, mode: Mode) -> None:
         raise WriterLockedError(path, " read-only by this process; close those readers first")
     if shared.mode.unsynced != mode.unsynced:
         raise DurabilityConflictError(path, mode.durability, shared.mode.durability)
-    if shared.mode.journaled != mode.journaled:  # a journaled writer's LMDB does not sync; a replica's does
+    if (
+        shared.mode.journaled != mode.journaled
+    ):  # a journaled writer's LMDB does not sync; a replica's does
         raise DurabilityConflictError(path, mode.value, shared.mode.value)
 
 

@@ -19,7 +19,13 @@ from typing import BinaryIO, Final
 
 import lmdb
 
-from ..errors import JournalReplayPending, StoreDamagedError, StoreFormatError, TruncatedStoreError, WriterLockedError
+from ..errors import (
+    JournalReplayPending,
+    StoreDamagedError,
+    StoreFormatError,
+    TruncatedStoreError,
+    WriterLockedError,
+)
 
 MAX_DBS: Final = 256
 """Named databases per store: the log, the core projections (two generations during a rebuild)
@@ -144,7 +150,13 @@ def replace_file(file: str, content: bytes, durable: bool) -> None:
 
     staged = f"{file}.{os.getpid()}.tmp"
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        flags = (
+            os.O_WRONLY
+            | os.O_CREAT
+            | os.O_TRUNC
+            | getattr(os, "O_NOFOLLOW", 0)
+            | getattr(os, "O_CLOEXEC", 0)
+        )
         fd = os.open(staged, flags, 0o600)
         try:
             os.write(fd, content)
@@ -268,7 +280,12 @@ def lock_holders(fd: int) -> list[int]:
         holders = []
         for line in lines:
             fields = line.split()
-            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+            if (
+                len(fields) > 5
+                and fields[1] == "FLOCK"
+                and fields[5] == inode
+                and fields[4].isdigit()
+            ):
                 holders.append(int(fields[4]))  # waiters are listed as "->", so they never match
         if holders:
             return sorted(set(holders))
@@ -313,7 +330,9 @@ _NODE = struct.Struct("=HHHH")  # lo, hi, flags, key size
 _BRANCH, _LEAF, _BIG_DATA = 0x01, 0x02, 0x01
 
 
-def _all_free(handle: BinaryIO, page_size: int, file_pages: int, free_root: int, pages: range) -> bool:
+def _all_free(
+    handle: BinaryIO, page_size: int, file_pages: int, free_root: int, pages: range
+) -> bool:
     """Whether every page of ``pages`` (past the end of the file) is on LMDB's list of free pages.
 
     LMDB does not write a page it allocated and freed in the same transaction (a "loose" page):
@@ -393,7 +412,9 @@ def check_not_truncated(path: str) -> None:
             if len(data) == _META_OFFSET + _META.size:
                 magic, _, _, last_page, txnid = _META.unpack_from(data, _META_OFFSET)
                 if magic == _MAGIC:
-                    (free_root,) = struct.unpack_from("=Q", data, _FREE_ROOT_OFFSET)  # inside _META's span
+                    (free_root,) = struct.unpack_from(
+                        "=Q", data, _FREE_ROOT_OFFSET
+                    )  # inside _META's span
                     metas.append((txnid, last_page, free_root))
         # Only now the size: a writer elsewhere writes a commit's pages before its meta page and
         # never shrinks the file, so a size taken after the metas were read covers them.
@@ -401,7 +422,11 @@ def check_not_truncated(path: str) -> None:
         if len(metas) == 2:
             _, last_page, free_root = max(metas)  # the meta LMDB will use: the newest transaction's
             if size < (last_page + 1) * page_size and _all_free(
-                handle, page_size, size // page_size, free_root, range(size // page_size, last_page + 1)
+                handle,
+                page_size,
+                size // page_size,
+                free_root,
+                range(size // page_size, last_page + 1),
             ):
                 return  # the pages past the end were never written and are free: nothing lives there
     if len(metas) < 2:

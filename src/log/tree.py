@@ -43,7 +43,9 @@ class Records(Protocol):
     chunk at a time."""
 
     def head(self, txn: lmdb.Transaction[bytes] | None = None) -> int: ...
-    def raw_chunk(self, first: int, last: int | None, limit: int = ...) -> list[tuple[int, bytes]]: ...
+    def raw_chunk(
+        self, first: int, last: int | None, limit: int = ...
+    ) -> list[tuple[int, bytes]]: ...
 
 
 TREE_DB: Final = "tlog"
@@ -159,14 +161,20 @@ class TreeStore:
         return read
 
     def reader_at(
-        self, txn: lmdb.Transaction[bytes], log_db: lmdb._Database | None, head: int, size: int | None
+        self,
+        txn: lmdb.Transaction[bytes],
+        log_db: lmdb._Database | None,
+        head: int,
+        size: int | None,
     ) -> tuple[int, merkle.HashReader]:
         """``(size, a reader of the tree of that size)``, ``size`` defaulting to ``head``: the
         stored tiles, and rows hashed from the log's records in ``txn`` beyond them."""
 
         wanted = head if size is None else size
         if isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted <= head:
-            raise ValueError(f"A tree size must be an int from 0 to the log head {head}, not {wanted!r}")
+            raise ValueError(
+                f"A tree size must be an int from 0 to the log head {head}, not {wanted!r}"
+            )
         stored = self.size(txn)
         read = self.reader(txn)
         if wanted <= stored:
@@ -195,14 +203,20 @@ class TreeStore:
             out = []
             for level, n in subtrees:
                 row = rows.get(((n + 1) << level) - 1)
-                out.append(read([(level, n)])[0] if row is None else row[_HASH * level : _HASH * (level + 1)])
+                out.append(
+                    read([(level, n)])[0]
+                    if row is None
+                    else row[_HASH * level : _HASH * (level + 1)]
+                )
             return out
 
         return wanted, overlaid
 
     # ── writing ─────────────────────────────────────────────────────────────
 
-    def append_writes(self, txn: lmdb.Transaction[bytes], seq: int, committed_at: int, writes: bytes) -> None:
+    def append_writes(
+        self, txn: lmdb.Transaction[bytes], seq: int, committed_at: int, writes: bytes
+    ) -> None:
         """Note record ``seq``, appended in ``txn`` with ``writes`` (its encoded writes, not to be
         changed) at ``committed_at``; the record that completes a tile hashes the leaves noted
         since the last (``tlog.leaf``), and ``append_leaf`` follows."""
@@ -240,16 +254,27 @@ class TreeStore:
         for old in [at for at in pending if at <= size]:
             del pending[old]
         if not size < seq <= size + CHUNK:
-            if seq > size:  # far behind (a log appended to without the tree): a writer's open fills it
+            if (
+                seq > size
+            ):  # far behind (a log appended to without the tree): a writer's open fills it
                 pending.clear()
             return
-        self._builder, builder = None, self._builder  # until the tiles are in: an aborted transaction leaves none
+        self._builder, builder = (
+            None,
+            self._builder,
+        )  # until the tiles are in: an aborted transaction leaves none
         try:
-            leaves = [pending.get(at) or self._leaf_from_log(txn, at) for at in range(size + 1, seq + 1)]
+            leaves = [
+                pending.get(at) or self._leaf_from_log(txn, at) for at in range(size + 1, seq + 1)
+            ]
             if builder is None or builder.size != size:  # else: the frontier the last tile left
                 builder = merkle.TreeBuilder(size, self.reader(txn)(merkle.frontier(size)))
-        except DamageError as error:  # a damaged tree never refuses a commit: verify names it, rebuild mends it
-            _logger.error("the log tree of %s is not extended past %d records: %s", self.env.path, size, error)
+        except (
+            DamageError
+        ) as error:  # a damaged tree never refuses a commit: verify names it, rebuild mends it
+            _logger.error(
+                "the log tree of %s is not extended past %d records: %s", self.env.path, size, error
+            )
             return
         cursor = txn.cursor(db=self._db)
         for tile, rows in enumerate(_tiles(builder, leaves), size // TILE):
@@ -294,7 +319,14 @@ class TreeStore:
         self.env.write(trim)
         return done
 
-    def _write_tiles(self, log: Records, builder: merkle.TreeBuilder, head: int, progress: Progress | None, append: bool) -> int:
+    def _write_tiles(
+        self,
+        log: Records,
+        builder: merkle.TreeBuilder,
+        head: int,
+        progress: Progress | None,
+        append: bool,
+    ) -> int:
         """Hash the records from ``builder``'s size to the last whole tile before ``head`` and
         write their tiles, a chunk per transaction (``append``: past every stored tile, else over
         them); returns how many records it hashed."""
@@ -305,7 +337,9 @@ class TreeStore:
             first = builder.size // TILE
             tiles = _tiles(builder, chunk)
 
-            def put(txn: lmdb.Transaction[bytes], first: int = first, tiles: list[bytes] = tiles) -> None:
+            def put(
+                txn: lmdb.Transaction[bytes], first: int = first, tiles: list[bytes] = tiles
+            ) -> None:
                 cursor = txn.cursor(db=db)
                 for offset, tile in enumerate(tiles):
                     cursor.put(_key(first + offset), tile, append=append)
@@ -325,12 +359,16 @@ class TreeStore:
 
         found: list[str] = []
         total = 0
-        with self.env.read() as txn:  # one snapshot: a writer may append records and tiles meanwhile
+        with (
+            self.env.read() as txn
+        ):  # one snapshot: a writer may append records and tiles meanwhile
             size, logged = self.size(txn), log.head(txn)
         if size > logged:  # tiles beyond the log's records: the tree of another, longer log
             total += 1
             found.append(f"the log tree holds {size} leaves, more than the log's {logged} records")
-        size = min(size, head - head % TILE)  # tiles past the records this check covers were written since
+        size = min(
+            size, head - head % TILE
+        )  # tiles past the records this check covers were written since
         builder = merkle.TreeBuilder()
         for chunk in _chunks(log, 1, size):
             first = builder.size // TILE
@@ -367,10 +405,14 @@ def _chunks(log: Records, first: int, last: int) -> Iterator[list[bytes]]:
         end = min(last, seq + CHUNK - 1)
         for at, data in _raw(log, seq, end):
             if at != seq + len(leaves):
-                raise CorruptRecordError(seq + len(leaves), "missing between the log's first record and its head")
+                raise CorruptRecordError(
+                    seq + len(leaves), "missing between the log's first record and its head"
+                )
             leaves.append(record_leaf(at, data))
         if len(leaves) != end - seq + 1:
-            raise CorruptRecordError(seq + len(leaves), "missing between the log's first record and its head")
+            raise CorruptRecordError(
+                seq + len(leaves), "missing between the log's first record and its head"
+            )
         yield leaves
         seq = end + 1
 

@@ -43,7 +43,9 @@ def _position(value: object, name: str) -> int:
     """A sequence argument of a read: an int (any: out of range it just matches no record)."""
 
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a log sequence (an int), not {type(value).__name__} {value!r:.40}")
+        raise TypeError(
+            f"{name} must be a log sequence (an int), not {type(value).__name__} {value!r:.40}"
+        )
     return int(value)
 
 
@@ -73,7 +75,11 @@ class WriteLog:
     # ── writing ─────────────────────────────────────────────────────────────
 
     def append(
-        self, txn: lmdb.Transaction[bytes], payload: bytes, committed_at: int | None = None, after: int | None = None
+        self,
+        txn: lmdb.Transaction[bytes],
+        payload: bytes,
+        committed_at: int | None = None,
+        after: int | None = None,
     ) -> int:
         """Append one batch's payload (from ``encode_batch``) inside ``txn``; the sequence is
         durable once ``txn`` commits.
@@ -93,7 +99,9 @@ class WriteLog:
             committed_at = time.time_ns() // 1_000_000
         record = encode_record(payload, committed_at)
         if not txn.put(seq_key(seq), record, db=db, append=True):
-            raise LogError(f"The log refused to append sequence {seq} after its head; nothing was committed")
+            raise LogError(
+                f"The log refused to append sequence {seq} after its head; nothing was committed"
+            )
         self.tree.append_writes(txn, seq, committed_at, payload)
         journal = self.env.journal
         if journal is not None:
@@ -108,7 +116,9 @@ class WriteLog:
         cursor = txn.cursor(db=self.db)
         head = key_seq(cursor.key()) if cursor.last() else 0
         if seq != head + 1 or not cursor.put(seq_key(seq), data, append=True):
-            raise LogError(f"Record {seq} cannot follow the log's head {head}; nothing was committed")
+            raise LogError(
+                f"Record {seq} cannot follow the log's head {head}; nothing was committed"
+            )
         self.tree.append_leaf(txn, seq, record_leaf(seq, data))
         return seq
 
@@ -177,14 +187,21 @@ class WriteLog:
             data = txn.get(seq_key(seq), db=self.db)
         return None if data is None else decode_record(seq, data)
 
-    def raw_chunk(self, first: int, last: int | None, limit: int = READ_CHUNK) -> list[tuple[int, bytes]]:
+    def raw_chunk(
+        self, first: int, last: int | None, limit: int = READ_CHUNK
+    ) -> list[tuple[int, bytes]]:
         """Up to ``limit`` stored records with ``first <= seq <= last``, from one short transaction."""
 
         first = _position(first, "first")
         if last is not None:
             last = _position(last, "last")
         limit = _position(limit, "limit")
-        if self.db is None or limit <= 0 or first > MAX_SEQ or (last is not None and last < max(first, 0)):
+        if (
+            self.db is None
+            or limit <= 0
+            or first > MAX_SEQ
+            or (last is not None and last < max(first, 0))
+        ):
             return []
         rows: list[tuple[int, bytes]] = []
         with self.env.read() as txn:
@@ -195,7 +212,9 @@ class WriteLog:
             for key, value in cursor:
                 seq = key_seq(key)
                 if seq <= previous:  # LMDB keeps keys in order: only damaged pages give this
-                    raise CorruptRecordError(seq, f"found after record {previous}: the log's index is out of order")
+                    raise CorruptRecordError(
+                        seq, f"found after record {previous}: the log's index is out of order"
+                    )
                 if last is not None and seq > last:
                     break
                 rows.append((seq, value))
@@ -210,7 +229,10 @@ class WriteLog:
         return [decode_record(seq, data) for seq, data in self.raw_chunk(first, last, count)]
 
     def read(
-        self, first: int = 1, last: int | None = None, decode: Callable[[int, bytes], T] = decode_record  # type: ignore[assignment]
+        self,
+        first: int = 1,
+        last: int | None = None,
+        decode: Callable[[int, bytes], T] = decode_record,  # type: ignore[assignment]
     ) -> Iterator[T]:
         """Verified records from ``first`` to ``last`` (inclusive; ``None``: the head when
         reached), each made by ``decode(seq, stored bytes)``: a ``Commit`` by default."""
@@ -254,7 +276,9 @@ class WriteLog:
 
     # ── the Merkle tree (docs/audit.md) ─────────────────────────────────────
 
-    def tree_root(self, txn: lmdb.Transaction[bytes], size: int, leaf: bytes | None = None) -> bytes:
+    def tree_root(
+        self, txn: lmdb.Transaction[bytes], size: int, leaf: bytes | None = None
+    ) -> bytes:
         """The root of the tree of the first ``size`` records as ``txn`` sees them (a write
         transaction's own appends included), with ``leaf`` appended when given: the root a record
         about to be appended after ``size`` would make."""
@@ -280,11 +304,15 @@ class WriteLog:
         with self.env.read() as txn:
             size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
             if not 1 <= seq <= size:
-                raise ValueError(f"Record {seq} is not in the tree of {size} records (sequences 1 to {size})")
+                raise ValueError(
+                    f"Record {seq} is not in the tree of {size} records (sequences 1 to {size})"
+                )
             leaf = read([(0, seq - 1)])[0]
             path = merkle.inclusion_proof(seq - 1, size, read)
             root = merkle.tree_hash(size, read)
-        return InclusionProof(seq, seq - 1, size, leaf.hex(), [value.hex() for value in path], root.hex())
+        return InclusionProof(
+            seq, seq - 1, size, leaf.hex(), [value.hex() for value in path], root.hex()
+        )
 
     def prove_consistency(self, old: int, new: int | None = None) -> ConsistencyProof:
         """The consistency proof from the tree of ``old`` records to that of ``new`` (default: all)."""
@@ -293,12 +321,18 @@ class WriteLog:
         with self.env.read() as txn:
             new, read = self.tree.reader_at(txn, self.db, self.head(txn), new)
             if not 0 <= old <= new:
-                raise ValueError(f"No consistency proof from size {old} to size {new}: the old size must be from 0 to {new}")
+                raise ValueError(
+                    f"No consistency proof from size {old} to size {new}: the old size must be from 0 to {new}"
+                )
             path = merkle.consistency_proof(old, new, read)
             old_root, new_root = merkle.tree_hash(old, read), merkle.tree_hash(new, read)
-        return ConsistencyProof(old, new, old_root.hex(), new_root.hex(), [value.hex() for value in path])
+        return ConsistencyProof(
+            old, new, old_root.hex(), new_root.hex(), [value.hex() for value in path]
+        )
 
-    def checkpoint(self, key: Signer | str, origin: str | None = None, size: int | None = None) -> str:
+    def checkpoint(
+        self, key: Signer | str, origin: str | None = None, size: int | None = None
+    ) -> str:
         """A C2SP ``tlog-checkpoint`` of the tree of ``size`` records (default: all), signed by
         ``key`` (a ``tlog.Signer`` or its text); ``origin`` defaults to the key's name."""
 
@@ -306,7 +340,9 @@ class WriteLog:
         with self.env.read() as txn:
             size, read = self.tree.reader_at(txn, self.db, self.head(txn), size)
             root = merkle.tree_hash(size, read)
-        return sign_checkpoint(Checkpoint(signer.name if origin is None else origin, size, root), signer)
+        return sign_checkpoint(
+            Checkpoint(signer.name if origin is None else origin, size, root), signer
+        )
 
     async def wait_commit(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a commit of this process (or a close); returns

@@ -45,13 +45,19 @@ _DICTIONARY.precompute_compress(level=LEVEL)  # once, not per record
 class _Contexts(threading.local):
     def __init__(self) -> None:
         self.compressor = zstandard.ZstdCompressor(
-            level=LEVEL, dict_data=_DICTIONARY, write_checksum=False, write_content_size=True, write_dict_id=False
+            level=LEVEL,
+            dict_data=_DICTIONARY,
+            write_checksum=False,
+            write_content_size=True,
+            write_dict_id=False,
         )
         self.decompressor = zstandard.ZstdDecompressor(dict_data=_DICTIONARY)
 
 
 _contexts = _Contexts()
-_contexts.decompressor.decompress(_contexts.compressor.compress(PRESET))  # the dictionary's tables, built once here
+_contexts.decompressor.decompress(
+    _contexts.compressor.compress(PRESET)
+)  # the dictionary's tables, built once here
 
 
 def compress(data: bytes) -> bytes | None:
@@ -80,7 +86,9 @@ def decompress(data: bytes | memoryview, size: int) -> bytes:
     if size <= 0:
         raise ValueError(f"a compressed value of {size} bytes")
     if dense(data, size):
-        raise ValueError(f"a frame of {len(data)} bytes that claims {size}: more than {MAX_EXPANSION} times its size")
+        raise ValueError(
+            f"a frame of {len(data)} bytes that claims {size}: more than {MAX_EXPANSION} times its size"
+        )
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as error:

@@ -121,13 +121,20 @@ def _check_m(op: Op) -> None:
     order = op[2]
     _require(isinstance(order, list), "m permutation is not an array")
     size = len(order)
-    bijective = all(_is_index(index) and index < size for index in order) and len(set(order)) == size
+    bijective = (
+        all(_is_index(index) and index < size for index in order) and len(set(order)) == size
+    )
     _require(bijective, "m permutation is not a bijection")
 
 
 _VALIDATORS: dict[str, Callable[[Op], None]] = {
-    "r": _check_r, "s": _check_s, "d": _check_d, "a": _check_a,
-    "t": _check_t, "p": _check_p, "m": _check_m,
+    "r": _check_r,
+    "s": _check_s,
+    "d": _check_d,
+    "a": _check_a,
+    "t": _check_t,
+    "p": _check_p,
+    "m": _check_m,
 }
 
 
@@ -211,7 +218,7 @@ def _edit_text(edit: Callable[[str, Any], str]) -> Callable[[Json, Op], Json]:
 
 def _splice(root: Json, op: Op) -> Json:
     _, path, index, remove, items = op
-    _array_at(root, path)[index:index + remove] = copy_json(items)
+    _array_at(root, path)[index : index + remove] = copy_json(items)
     return root
 
 

@@ -33,11 +33,16 @@ def log_rows(txn: lmdb.Transaction[bytes], env: Environment) -> t.LogRows:
             return None
         id = t.read_u64(key)
         for write in reversed(decode_record(seq, data).writes):  # the commit's last write of it
-            if isinstance(write, TaskWrite) and isinstance(write.value, dict) and write.value.get("id") == id:
+            if (
+                isinstance(write, TaskWrite)
+                and isinstance(write.value, dict)
+                and write.value.get("id") == id
+            ):
                 return codec.encode(write.value)
         return None
 
     return row
+
 
 _AFTER_ALL_SEQS = b"\xff" * 8
 
@@ -46,7 +51,11 @@ class AsOfTxn:
     """A read transaction's view of the tables as of ``seq``."""
 
     def __init__(
-        self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int, env: Environment
+        self,
+        txn: lmdb.Transaction[bytes],
+        db: dict[str, lmdb._Database],
+        seq: int,
+        env: Environment,
     ) -> None:
         self.txn = txn
         self._log_rows = log_rows(txn, env)

@@ -64,7 +64,9 @@ class Plan:
     """Current values the checks read (and their stored bytes), for the fold to continue from."""
 
 
-_DOCUMENT_WRITES: Final = frozenset({DocumentCreateWrite, DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite})
+_DOCUMENT_WRITES: Final = frozenset(
+    {DocumentCreateWrite, DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite}
+)
 
 _TABLE_OF = {
     ConversationWrite: "conversation",
@@ -81,7 +83,9 @@ class Projector:
         self.model = model
         self.db = model.db
 
-    def fold(self, txn: lmdb.Transaction[bytes], commits: Sequence[Commit], check: bool = True) -> None:
+    def fold(
+        self, txn: lmdb.Transaction[bytes], commits: Sequence[Commit], check: bool = True
+    ) -> None:
         """Apply records in order and write the last down as folded (catch-ups, rebuilds, verify).
 
         ``check=False`` skips the commit checks, which the records passed when they were
@@ -133,7 +137,9 @@ class Projector:
 
     # ── checks ──────────────────────────────────────────────────────────────
 
-    def prepare(self, txn: lmdb.Transaction[bytes], writes: list[Write], check: bool = True) -> Plan:
+    def prepare(
+        self, txn: lmdb.Transaction[bytes], writes: list[Write], check: bool = True
+    ) -> Plan:
         if check:
             for write in writes:
                 _check_shape(write)
@@ -151,9 +157,14 @@ class Projector:
         if not any(type(write) is DocumentCopyWrite for write in writes):
             return writes
         changed = {
-            write.record["id"] if isinstance(write, (DocumentCreateWrite, DocumentCopyWrite)) else write.id
+            write.record["id"]
+            if isinstance(write, (DocumentCreateWrite, DocumentCopyWrite))
+            else write.id
             for write in writes
-            if isinstance(write, (DocumentCreateWrite, DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite))
+            if isinstance(
+                write,
+                (DocumentCreateWrite, DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite),
+            )
         }
         resolved: list[Write] = []
         for write in writes:
@@ -274,7 +285,11 @@ class Projector:
     # ── application ─────────────────────────────────────────────────────────
 
     def apply(
-        self, txn: lmdb.Transaction[bytes], seq: int, plan: Plan, values: dict[int, t.CurrentValue] | None = None
+        self,
+        txn: lmdb.Transaction[bytes],
+        seq: int,
+        plan: Plan,
+        values: dict[int, t.CurrentValue] | None = None,
     ) -> None:
         """Write a prepared batch; a live commit calls this in the log's transaction. ``values``:
         where plain deltas leave documents' values for the caller to write (see ``fold``)."""
@@ -305,13 +320,19 @@ class Projector:
         rows.put(t.CONVERSATION_PARENTS, t.u64(id), fork)
         owner = value.get("owner")
         if owner is not None:
-            rows.put(t.CONVERSATIONS_BY_OWNER_CONVERSATION, t.u64_pair(owner["conversationId"], id), b"")
+            rows.put(
+                t.CONVERSATIONS_BY_OWNER_CONVERSATION, t.u64_pair(owner["conversationId"], id), b""
+            )
             rows.put(t.CONVERSATIONS_BY_OWNER_TASK, t.u64_pair(owner["taskId"], id), b"")
 
     def _put_entry(self, rows: Rows, value: Any) -> None:
         id, conversation_id = value["id"], value["conversationId"]
         rows.claim(t.u64(id), "entry", t.u64(conversation_id))
-        rows.put(t.ENTRIES_BY_CONVERSATION, t.u64_pair(conversation_id, id), t.encode_row(t.EntryRow(rows.seq, value)))
+        rows.put(
+            t.ENTRIES_BY_CONVERSATION,
+            t.u64_pair(conversation_id, id),
+            t.encode_row(t.EntryRow(rows.seq, value)),
+        )
         if "head" in value:
             rows.put(t.HEADS_BY_CONVERSATION, t.u64_pair(conversation_id, id), b"")
 
@@ -332,7 +353,9 @@ class Projector:
         id = value["id"]
         rows.claim(t.u64(id), "submission")
         raw = rows.replace(t.SUBMISSIONS, t.u64(id), codec.encode(value))
-        previous = None if raw is None else t.decode_row(t.any_decoder, raw, t.SUBMISSIONS, t.u64(id))
+        previous = (
+            None if raw is None else t.decode_row(t.any_decoder, raw, t.SUBMISSIONS, t.u64(id))
+        )
         status = t.SUBMISSION_STATUS_KEYS[value["status"]]
         if previous is not None:
             old_status = t.SUBMISSION_STATUS_KEYS[previous["status"]]
@@ -347,7 +370,11 @@ class Projector:
             rows.put(t.SUBMISSIONS_BY_STATUS, status + t.u64(id), b"")
         request = value.get("requestId")
         if request is not None:
-            rows.put(t.SUBMISSIONS_BY_REQUEST, t.u64(value["conversationId"]) + t.text_key(request), t.u64(id))
+            rows.put(
+                t.SUBMISSIONS_BY_REQUEST,
+                t.u64(value["conversationId"]) + t.text_key(request),
+                t.u64(id),
+            )
 
     def _apply_document(self, rows: Rows, id: int, action: DocumentAction) -> None:
         key = t.u64(id)
@@ -409,8 +436,13 @@ class Projector:
             assert found is not None, f"document {id} has no current value"
             previous, stored = found
         current = t.CurrentValue(
-            previous.version, previous.deltas_since_base + 1, previous.value, previous.broken,
-            previous.tail, previous.tail_bytes, previous.size,
+            previous.version,
+            previous.deltas_since_base + 1,
+            previous.value,
+            previous.broken,
+            previous.tail,
+            previous.tail_bytes,
+            previous.size,
         )
         if not current.broken:
             try:
@@ -454,15 +486,21 @@ class Projector:
             return
         encoded = t.encode_row(current)
         if write_value:
-            t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded, stored, self.model.values)  # not versioned: no history
+            t.put_value(
+                rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded, stored, self.model.values
+            )  # not versioned: no history
         if snapshot:
             rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(encoded))
 
-    def _write_values(self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]) -> None:
+    def _write_values(
+        self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]
+    ) -> None:
         """Store the values ``fold`` kept back (the table has no history to keep)."""
 
         for id, current in values.items():
-            t.put_value(txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current), cache=self.model.values)
+            t.put_value(
+                txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current), cache=self.model.values
+            )
         values.clear()
 
     def _drop_revisions(self, rows: Rows, id: int) -> None:
@@ -546,11 +584,20 @@ def _check_shape(write: Write) -> None:
     elif kind is ConversationWrite:
         value = _object(write.value, "A conversation write's value")  # type: ignore[union-attr]
         _check_id(value.get("id"), "A conversation's 'id'")
-        for name, fields in (("parent", ("conversationId", "at")), ("owner", ("conversationId", "taskId"))):
+        for name, fields in (
+            ("parent", ("conversationId", "at")),
+            ("owner", ("conversationId", "taskId")),
+        ):
             if name in value:
                 part = _object(value[name], "Conversation {}'s '{}'", value["id"], name)
                 for field_name in fields:
-                    _check_id(part.get(field_name), "Conversation {}'s '{}.{}'", value["id"], name, field_name)
+                    _check_id(
+                        part.get(field_name),
+                        "Conversation {}'s '{}.{}'",
+                        value["id"],
+                        name,
+                        field_name,
+                    )
     elif kind is DocumentCreateWrite or kind is DocumentCopyWrite:
         record = _object(write.record, "A document write's record")  # type: ignore[union-attr]
         _check_id(record.get("id"), "A document's 'id'")

@@ -62,7 +62,9 @@ def address_key(address: Any) -> bytes:
     scope = address["scope"]
     owner = None if scope["kind"] == "session" else scope.get("conversationId", scope.get("taskId"))
     return t.text_key(
-        json.dumps([address["kind"], scope["kind"], owner, address.get("key")], separators=(",", ":"))
+        json.dumps(
+            [address["kind"], scope["kind"], owner, address.get("key")], separators=(",", ":")
+        )
     )
 
 
@@ -146,7 +148,7 @@ def ids_in_range(
 
 
 def _unchecked(raw: bytes, table: str, key: bytes) -> bytes:
-    return raw[t.SUM_SIZE:]
+    return raw[t.SUM_SIZE :]
 
 
 class ReadModel:
@@ -208,7 +210,11 @@ class ReadModel:
         conversation = registered[9:17]  # after the type code and the claiming commit's sequence
         row_key = conversation + t.u64(key)
         raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, row_key)
-        return None if raw is None else t.decode_row(t.entry_decoder, raw, t.ENTRIES_BY_CONVERSATION, row_key)
+        return (
+            None
+            if raw is None
+            else t.decode_row(t.entry_decoder, raw, t.ENTRIES_BY_CONVERSATION, row_key)
+        )
 
     def submission_id_by_request(
         self, txn: lmdb.Transaction[bytes], conversation_id: object, request_id: object
@@ -246,7 +252,7 @@ class ReadModel:
                 if found is None:  # an index row whose record is gone
                     raise CorruptProjectionError(table, key)
                 raw = found
-            value = raw[t.SUM_SIZE:]  # a scan loop: the checksum checked inline
+            value = raw[t.SUM_SIZE :]  # a scan loop: the checksum checked inline
             if checked and t.checksum(value) != t.checksum_of(raw)[0]:
                 raise CorruptProjectionError(table, key)
             try:
@@ -274,7 +280,12 @@ class ReadModel:
         segments = self._fork_segments(txn, conversation_id, minimum, upper)
         cursor = txn.cursor(db=self.db[t.ENTRIES_BY_CONVERSATION])
         walk = cursor.iterprev if descending else cursor.iternext
-        checked, checksum, checksum_of, decode = self.checked, t.checksum, t.checksum_of, _decode_entry
+        checked, checksum, checksum_of, decode = (
+            self.checked,
+            t.checksum,
+            t.checksum_of,
+            _decode_entry,
+        )
         skip = t.SUM_SIZE
         rows: list[t.EntryRow] = []
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
@@ -295,7 +306,9 @@ class ReadModel:
                 try:
                     rows.append(decode(value))
                 except RecursionError:  # an entry nested deeper than the default stack allows
-                    rows.append(t.decode_row(t.entry_decoder, value, t.ENTRIES_BY_CONVERSATION, key))
+                    rows.append(
+                        t.decode_row(t.entry_decoder, value, t.ENTRIES_BY_CONVERSATION, key)
+                    )
                 except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
                     raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key) from None
         return rows, False
@@ -317,7 +330,12 @@ class ReadModel:
         return self._walk_forks(txn, current, fork, minimum, upper)  # type: ignore[arg-type]
 
     def _walk_forks(
-        self, txn: lmdb.Transaction[bytes], current: int, fork: bytes | None, minimum: Any, upper: Any
+        self,
+        txn: lmdb.Transaction[bytes],
+        current: int,
+        fork: bytes | None,
+        minimum: Any,
+        upper: Any,
     ) -> Iterator[tuple[int, Any]]:
         while True:
             yield current, upper
@@ -338,7 +356,9 @@ class ReadModel:
     ) -> Any | None:
         upper = MAX_SAFE_INTEGER if at_or_before is None else at_or_before
         heads = self.db[t.HEADS_BY_CONVERSATION]
-        for segment_id, segment_upper in self._fork_segments(txn, conversation_id, _FAR_BELOW, upper):
+        for segment_id, segment_upper in self._fork_segments(
+            txn, conversation_id, _FAR_BELOW, upper
+        ):
             for id, _ in ids_in_range(txn, heads, t.u64(segment_id), 0, segment_upper, True):
                 key = t.u64_pair(segment_id, id)
                 raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, key)
@@ -354,24 +374,39 @@ class ReadModel:
         return None if raw is None else t.read_u64(raw)
 
     def incarnations(self, txn: lmdb.Transaction[bytes], address: bytes) -> Iterator[int]:
-        for id, _ in ids_in_range(txn, self.db[t.DOCUMENT_INCARNATIONS], address, 0, t.MAX_ID, False):
+        for id, _ in ids_in_range(
+            txn, self.db[t.DOCUMENT_INCARNATIONS], address, 0, t.MAX_ID, False
+        ):
             yield id
 
     def current_value(self, txn: lmdb.Transaction[bytes], id: int) -> t.CurrentValue | None:
         found = self.current_encoded(txn, id)
         return None if found is None else found[0]
 
-    def current_encoded(self, txn: lmdb.Transaction[bytes], id: int) -> tuple[t.CurrentValue, bytes] | None:
+    def current_encoded(
+        self, txn: lmdb.Transaction[bytes], id: int
+    ) -> tuple[t.CurrentValue, bytes] | None:
         """A live document's current value and the bytes it is stored as (a commit that changes
         it compares its new encoding with them, ``tables.put_value``)."""
 
         raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal, self.values)
-        return None if raw is None else (t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id)), raw)
+        return (
+            None
+            if raw is None
+            else (t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id)), raw)
+        )
 
     def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:
-        for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True):
+        for seq, raw in ids_in_range(
+            txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, True
+        ):
             key = t.u64_pair(id, seq)
-            version: int = t.decode_row(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, key), t.DOCUMENT_REVISIONS, key).version
+            version: int = t.decode_row(
+                t.revision_decoder,
+                self.unseal(raw, t.DOCUMENT_REVISIONS, key),
+                t.DOCUMENT_REVISIONS,
+                key,
+            ).version
             return version
         return None
 
@@ -379,9 +414,19 @@ class ReadModel:
         """``(seq, revision)`` of every stored content command of one incarnation, oldest first:
         the versions a reader can pick (a current-only document keeps none)."""
 
-        for seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, False):
+        for seq, raw in ids_in_range(
+            txn, self.db[t.DOCUMENT_REVISIONS], t.u64(id), 0, t.MAX_ID, False
+        ):
             key = t.u64_pair(id, seq)
-            yield seq, t.decode_row(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, key), t.DOCUMENT_REVISIONS, key)
+            yield (
+                seq,
+                t.decode_row(
+                    t.revision_decoder,
+                    self.unseal(raw, t.DOCUMENT_REVISIONS, key),
+                    t.DOCUMENT_REVISIONS,
+                    key,
+                ),
+            )
 
     def materialize(self, txn: lmdb.Transaction[bytes], id: Any, at: Any) -> dict[str, Any] | None:
         """One incarnation at a point: ``{record, version, value, deltasSinceBase}``."""
@@ -414,17 +459,29 @@ class ReadModel:
 
         snapshot: t.CurrentValue | None = None
         snapshot_seq = 0
-        for snapshot_seq, raw in ids_in_range(txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True):
+        for snapshot_seq, raw in ids_in_range(
+            txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True
+        ):
             key = t.u64_pair(id, snapshot_seq)
             packed = self.unseal(raw, t.DOCUMENT_SNAPSHOTS, key)
-            snapshot = t.decode_row(t.current_decoder, t.unpack_row(packed, t.DOCUMENT_SNAPSHOTS, key), t.DOCUMENT_SNAPSHOTS, key)
+            snapshot = t.decode_row(
+                t.current_decoder,
+                t.unpack_row(packed, t.DOCUMENT_SNAPSHOTS, key),
+                t.DOCUMENT_SNAPSHOTS,
+                key,
+            )
             break
         deltas: list[t.Revision] = []
         base: t.Revision | None = None
         revisions = self.db[t.DOCUMENT_REVISIONS]
         for seq, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
             key = t.u64_pair(id, seq)
-            revision = t.decode_row(t.revision_decoder, self.unseal(raw, t.DOCUMENT_REVISIONS, key), t.DOCUMENT_REVISIONS, key)
+            revision = t.decode_row(
+                t.revision_decoder,
+                self.unseal(raw, t.DOCUMENT_REVISIONS, key),
+                t.DOCUMENT_REVISIONS,
+                key,
+            )
             if revision.kind == "base":
                 base = revision
                 break

@@ -31,7 +31,6 @@ FOLD_CHUNK = 2048
 Progress = Callable[[int, int], None]
 
 
-
 def read_header(env: Environment) -> t.CoreHeader | None:
     if env.readonly and not env.has_db(REGISTRY_DB):
         return None
@@ -81,7 +80,11 @@ def open_core(
         with env.read() as txn:  # one snapshot, or a commit in between looks like a lag
             state = projection_state(txn, model)
             head = log.head(txn)
-            folded = head if state is not None and state.lockstep else (0 if state is None else state.folded_seq)
+            folded = (
+                head
+                if state is not None and state.lockstep
+                else (0 if state is None else state.folded_seq)
+            )
         if folded < head:
             raise ProjectionsBehind(
                 f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
@@ -148,7 +151,9 @@ def begin_following(
     return txn, model, raw
 
 
-def catch_up(env: Environment, log: WriteLog, model: ReadModel, progress: Progress | None = None) -> int:
+def catch_up(
+    env: Environment, log: WriteLog, model: ReadModel, progress: Progress | None = None
+) -> int:
     """Fold every record ``model`` lacks, a chunk per transaction; returns how many."""
 
     projector = Projector(model)
@@ -182,11 +187,22 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
         _put_header(txn, env, t.CoreHeader(header.generation, header.schema_version, target))
 
     env.write(begin)
-    _log.info("rebuilding the projections of %s: generation %d, schema %d, from %d records", env.path, target, t.SCHEMA_VERSION, log.head())
+    _log.info(
+        "rebuilding the projections of %s: generation %d, schema %d, from %d records",
+        env.path,
+        target,
+        t.SCHEMA_VERSION,
+        log.head(),
+    )
     try:
         catch_up(env, log, building, progress)
     except Exception:
-        _log.error("rebuilding the projections of %s failed; the store keeps its generation %d", env.path, header.generation, exc_info=True)
+        _log.error(
+            "rebuilding the projections of %s failed; the store keeps its generation %d",
+            env.path,
+            header.generation,
+            exc_info=True,
+        )
         abandon(env, header, target)  # e.g. a damaged record: keep the store writable as it was
         raise
     old = [t.db_name(header.generation, name) for name in t.TABLES]

@@ -15,7 +15,9 @@ class Rows:
 
     __slots__ = ("txn", "db", "seq", "_history")
 
-    def __init__(self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int) -> None:
+    def __init__(
+        self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int
+    ) -> None:
         self.txn, self.db, self.seq = txn, db, seq
         self._history = db[t.HISTORY]
 
@@ -69,7 +71,6 @@ class Rows:
         # The first change in a commit holds the value from before the commit; keep it.
         if not self.txn.put(history_key, before, db=self._history, append=True):
             self.txn.put(history_key, before, db=self._history, overwrite=False)
-
 
     def _writer(self, table: str, key: bytes, history_key: bytes) -> int | None:
         """The commit that wrote ``key``'s live value: the newest one that changed it (its

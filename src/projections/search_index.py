@@ -204,7 +204,9 @@ class SearchIndex:
     def __init__(self, store_path: str | os.PathLike[str], *, create: bool = False) -> None:
         self.path = os.path.join(os.path.abspath(store_path), INDEX_DIR)
         if not create and not os.path.isfile(os.path.join(self.path, "data.mdb")):
-            raise FileNotFoundError(f"{store_path} has no search index (durable-log search PATH WORDS builds one)")
+            raise FileNotFoundError(
+                f"{store_path} has no search index (durable-log search PATH WORDS builds one)"
+            )
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         self._open()
 
@@ -239,7 +241,9 @@ class SearchIndex:
         try:
             header = _header_decoder.decode(raw)
         except msgspec.DecodeError:
-            raise SearchIndexError(f"The search index at {self.path} has an unreadable header; delete it to build it again") from None
+            raise SearchIndexError(
+                f"The search index at {self.path} has an unreadable header; delete it to build it again"
+            ) from None
         return header
 
     def reset(self, store_id: str | None, seen: IndexHeader | None) -> None:
@@ -263,7 +267,13 @@ class SearchIndex:
         os.makedirs(staging, mode=0o700)
         fresh = lmdb.open(staging, map_size=MAP_SIZE, max_dbs=8, subdir=True)
         try:
-            tables = ((_POSTINGS, self.postings), (_TASKS, self.tasks), (_META, self.meta), (_ACTIVITY, self.activity), (_RECENT, self.recent))
+            tables = (
+                (_POSTINGS, self.postings),
+                (_TASKS, self.tasks),
+                (_META, self.meta),
+                (_ACTIVITY, self.activity),
+                (_RECENT, self.recent),
+            )
             for name, source in tables:
                 target = fresh.open_db(name)
                 with self.env.begin() as reading:
@@ -290,7 +300,9 @@ class SearchIndex:
 
         return os.path.getsize(os.path.join(self.path, "data.mdb"))
 
-    def fold(self, commits: list[Commit], folded: int, store_id: str | None, document_at: DocumentAt) -> bool:
+    def fold(
+        self, commits: list[Commit], folded: int, store_id: str | None, document_at: DocumentAt
+    ) -> bool:
         """Fold ``commits`` (the records after ``folded``) in one write transaction with the new
         checkpoint; False (nothing written) when another process moved the checkpoint first."""
 
@@ -301,7 +313,11 @@ class SearchIndex:
                 return False
             for commit in commits:
                 folder.fold(txn, self, commit)
-            txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, commits[-1].seq)), db=self.meta)
+            txn.put(
+                _HEADER_KEY,
+                _encoder.encode(IndexHeader(FORMAT, store_id, commits[-1].seq)),
+                db=self.meta,
+            )
         return True
 
     def active(self, txn: lmdb.Transaction[bytes], skip: int, count: int) -> list[Activity]:
@@ -332,7 +348,9 @@ class SearchIndex:
     def conversations(self, txn: lmdb.Transaction[bytes]) -> int:
         return int(txn.stat(self.activity)["entries"])
 
-    def walk(self, txn: lmdb.Transaction[bytes], word: str, kind: bytes, as_of: int) -> Iterator[tuple[int, int, bytes]]:
+    def walk(
+        self, txn: lmdb.Transaction[bytes], word: str, kind: bytes, as_of: int
+    ) -> Iterator[tuple[int, int, bytes]]:
         """``(seq, id, value)`` of ``word``'s postings of ``kind`` at or before ``as_of``, newest first."""
 
         prefix = word_prefix(word, kind)
@@ -345,7 +363,9 @@ class SearchIndex:
             seq, id = split_suffix(key[len(prefix) :])
             yield seq, id, value
 
-    def join(self, txn: lmdb.Transaction[bytes], terms: list[str], kind: bytes, as_of: int) -> Iterator[tuple[int, int, bytes]]:
+    def join(
+        self, txn: lmdb.Transaction[bytes], terms: list[str], kind: bytes, as_of: int
+    ) -> Iterator[tuple[int, int, bytes]]:
         """Postings of ``kind`` that every word of ``terms`` has at the same ``(seq, id)``
         (an entry's words all do), newest first: a zig-zag over one cursor per word, each
         seeking to the greatest suffix another found, so the rarest word bounds the work."""
@@ -422,7 +442,11 @@ class _Folder:
                     put(posting_key(word, ENTRY, seq, int(entry["id"])), b"", db=db)
             elif kind is TaskWrite:
                 self._task(txn, index, seq, write.value)  # type: ignore[union-attr]
-            elif kind is DocumentCreateWrite or kind is DocumentCopyWrite or kind is DocumentChangeWrite:
+            elif (
+                kind is DocumentCreateWrite
+                or kind is DocumentCopyWrite
+                or kind is DocumentChangeWrite
+            ):
                 self._document(txn, index, seq, write)
             elif kind is DocumentRetireWrite:
                 self.values.pop(write.id, None)  # type: ignore[union-attr]
@@ -441,7 +465,9 @@ class _Folder:
     def _task(self, txn: lmdb.Transaction[bytes], index: SearchIndex, seq: int, task: Any) -> None:
         id = int(task["id"])
         kind_words, state_words = task_words(task)
-        said = " ".join(sorted(kind_words)).encode() + b"\x00" + " ".join(sorted(state_words)).encode()
+        said = (
+            " ".join(sorted(kind_words)).encode() + b"\x00" + " ".join(sorted(state_words)).encode()
+        )
         before = _task_row(txn, index.tasks, id, seq)
         if before == said:
             return
@@ -450,7 +476,9 @@ class _Folder:
         for word in new:
             txn.put(posting_key(word, TASK, seq, id), b"", db=index.postings)
 
-    def _document(self, txn: lmdb.Transaction[bytes], index: SearchIndex, seq: int, write: Any) -> None:
+    def _document(
+        self, txn: lmdb.Transaction[bytes], index: SearchIndex, seq: int, write: Any
+    ) -> None:
         if isinstance(write, DocumentChangeWrite):
             id = write.id
             content = write.content
@@ -470,7 +498,9 @@ class _Folder:
             id = write.record["id"]
             if isinstance(write, DocumentCreateWrite):
                 content = write.content
-                value = content.value if isinstance(content, BaseContent) else self.document_at(id, seq)
+                value = (
+                    content.value if isinstance(content, BaseContent) else self.document_at(id, seq)
+                )
             else:
                 value = self.document_at(id, seq)
             previous = set()

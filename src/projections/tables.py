@@ -120,7 +120,9 @@ BORN_WITH_TRAILING_SEQ: Final = frozenset({DOCUMENT_REVISIONS, DOCUMENT_SNAPSHOT
 BORN_KNOWN: Final = BORN_WITH_ID | BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ
 """Tables whose keys' first commit is known from the key, so ``HISTORY`` need not mark their
 creation: it keeps only what later commits overwrote or deleted."""
-APPENDED: Final = BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ | {CONVERSATIONS, CONVERSATION_PARENTS}
+APPENDED: Final = (
+    BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ | {CONVERSATIONS, CONVERSATION_PARENTS}
+)
 """Tables whose new keys mostly sort after every key they hold (ids and sequences grow): a put
 tries LMDB's append first, which fills pages instead of splitting them in half, and
 falls back to an ordinary put when the key is not the last."""
@@ -221,7 +223,9 @@ class ValueCache:
             old = self._items.pop(id, None)
             self._bytes += len(value) - (0 if old is None else len(old[1]))
             self._items[id] = (digest, value)
-            while len(self._items) > self.ENTRIES or (self._bytes > self.BYTES and len(self._items) > 1):
+            while len(self._items) > self.ENTRIES or (
+                self._bytes > self.BYTES and len(self._items) > 1
+            ):
                 _, dropped = self._items.pop(next(iter(self._items)))
                 self._bytes -= len(dropped)
 
@@ -312,7 +316,11 @@ def get_value(
 
 def _chunk_count(txn: lmdb.Transaction[bytes], db: lmdb._Database, key: bytes) -> int:
     raw = txn.get(key, db=db)
-    if raw is None or raw[SUM_SIZE : SUM_SIZE + 1] != CHUNKED or len(raw) != SUM_SIZE + 1 + _HEAD.size:
+    if (
+        raw is None
+        or raw[SUM_SIZE : SUM_SIZE + 1] != CHUNKED
+        or len(raw) != SUM_SIZE + 1 + _HEAD.size
+    ):
         return 0
     count: int = _HEAD.unpack_from(raw, SUM_SIZE + 1)[0]
     return count
@@ -369,6 +377,7 @@ def comparable(table: str, key: bytes, raw: bytes, log_rows: LogRows) -> bytes:
     if table == DOCUMENT_SNAPSHOTS:
         return unpack_row(unseal(raw, table, key), table, key)
     return raw
+
 
 RECORD_TYPES: Final = {
     "conversation": b"c",

@@ -41,7 +41,10 @@ def _u64(value: int) -> bytes:
 
 U64: Final = KeyCodec[int](_u64, lambda raw: int.from_bytes(raw, "big"))
 """Unsigned 64-bit integers (record ids, sequences), big-endian: numeric order."""
-TEXT: Final = KeyCodec[str](lambda value: value.encode("utf-8", "surrogatepass"), lambda raw: raw.decode("utf-8", "surrogatepass"))
+TEXT: Final = KeyCodec[str](
+    lambda value: value.encode("utf-8", "surrogatepass"),
+    lambda raw: raw.decode("utf-8", "surrogatepass"),
+)
 """Strings as UTF-8: code point order."""
 
 

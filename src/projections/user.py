@@ -33,7 +33,14 @@ from .userfold import Folder, Source, Writes
 from .userstate import ProjectionStatus as ProjectionStatus
 from .usertables import CoreSource, CoreView, Tables
 
-__all__ = ["CoreView", "Projection", "ProjectionFailed", "ProjectionStatus", "Tables", "UserProjections"]
+__all__ = [
+    "CoreView",
+    "Projection",
+    "ProjectionFailed",
+    "ProjectionStatus",
+    "Tables",
+    "UserProjections",
+]
 
 
 class Projection:
@@ -93,7 +100,9 @@ def _check_definition(projection: Projection) -> None:
     if isinstance(version, bool) or not isinstance(version, int) or not -(2**63) <= version < 2**63:
         raise TypeError(f"{label}: its version must be a 64-bit int, not {version!r:.60}")
     if not isinstance(databases, (tuple, list)) or not databases:
-        raise TypeError(f"{label}: databases must be a non-empty tuple of names, not {databases!r:.60}")
+        raise TypeError(
+            f"{label}: databases must be a non-empty tuple of names, not {databases!r:.60}"
+        )
     for db in databases:
         _check_name(db, f"{label}: database name")
     if len(set(databases)) != len(databases):
@@ -106,10 +115,11 @@ def _check_name(value: object, what: str) -> None:
     try:
         size = len(value.encode())
     except UnicodeEncodeError:
-        raise ValueError(f"{what} {value!r:.60} is not valid Unicode (it holds a lone surrogate)") from None
+        raise ValueError(
+            f"{what} {value!r:.60} is not valid Unicode (it holds a lone surrogate)"
+        ) from None
     if size > _MAX_NAME:
         raise ValueError(f"{what} is {size} bytes long; at most {_MAX_NAME}")
-
 
 
 class _OwnLock(Writes):
@@ -156,7 +166,9 @@ class UserProjections:
             raise ValueError(f"Projection names must be unique: {names}")
         tables = [f"u.{p.name}.{db}" for p in projections for db in p.databases]
         if len(set(tables)) != len(tables):
-            raise ValueError(f"Projections' databases must have distinct names; these collide: {sorted(tables)}")
+            raise ValueError(
+                f"Projections' databases must have distinct names; these collide: {sorted(tables)}"
+            )
         self.env = env
         self.log = log
         self.path = env.path
@@ -198,8 +210,11 @@ class UserProjections:
         now = time.time()
         return {
             name: us.report(
-                served.get(name), builds.get(name), head,
-                None if name not in self.projections else self.projections[name].version, now,
+                served.get(name),
+                builds.get(name),
+                head,
+                None if name not in self.projections else self.projections[name].version,
+                now,
             )
             for name in names
         }
@@ -215,14 +230,22 @@ class UserProjections:
             with self._reading:
                 txn = self.env.read()
                 try:
-                    status = None if self.registry is None else us.get(txn, self.registry, us.served_key(name))
+                    status = (
+                        None
+                        if self.registry is None
+                        else us.get(txn, self.registry, us.served_key(name))
+                    )
                     ready = status is not None and (version is None or status.version == version)
                     handles = None if status is None else self._handles.get((name, status.slot))
                     if ready and handles is not None:
                         assert status is not None
                         self._readers[(name, status.slot)] += 1
                         break
-                    build = None if self.registry is None else us.get(txn, self.registry, us.build_key(name))
+                    build = (
+                        None
+                        if self.registry is None
+                        else us.get(txn, self.registry, us.build_key(name))
+                    )
                     databases = None if status is None else self._databases(txn, name, status)
                 except BaseException:
                     txn.abort()
@@ -246,7 +269,9 @@ class UserProjections:
         names = [name] if name is not None else list(self.projections)
         for item in names:
             if item not in self.projections:
-                raise KeyError(f"No projection {item!r} is registered; registered: {sorted(self.projections)}")
+                raise KeyError(
+                    f"No projection {item!r} is registered; registered: {sorted(self.projections)}"
+                )
         loop = asyncio.get_running_loop()
         while True:
             self._check_open()
@@ -290,15 +315,23 @@ class UserProjections:
 
         self._check_open()
         if self.env.readonly:
-            raise PermissionError(f"The store at {self.path} is open read-only: only its writer folds")
+            raise PermissionError(
+                f"The store at {self.path} is open read-only: only its writer folds"
+            )
         if name in self.projections:
             key, target = self.target(name)
         else:
             served, builds, _ = us.stored(self.env)
             if name not in served and name not in builds:
-                raise KeyError(f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}")
+                raise KeyError(
+                    f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}"
+                )
             build = builds.get(name)
-            key, target = (us.build_key(name), build) if build is not None and build.error is not None else (us.served_key(name), served.get(name))
+            key, target = (
+                (us.build_key(name), build)
+                if build is not None and build.error is not None
+                else (us.served_key(name), served.get(name))
+            )
         if target is not None and target.error is not None:
             cleared = msgspec.structs.replace(target, failed_seq=None, error=None)
             registry = self.registry
@@ -320,17 +353,27 @@ class UserProjections:
 
         self._check_open()
         if name in self.projections:
-            raise ValueError(f"Projection {name!r} is defined by this program: remove it from projections= before dropping it")
+            raise ValueError(
+                f"Projection {name!r} is defined by this program: remove it from projections= before dropping it"
+            )
         if self.env.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
         served, builds, _ = us.stored(self.env)
         if name not in served and name not in builds:
-            raise KeyError(f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}")
+            raise KeyError(
+                f"The store has no projection {name!r}; it has: {sorted(set(served) | set(builds))}"
+            )
         others = sorted(set(served) | set(builds))
+
         def drop() -> list[str]:
-            with self._writes().exclusive(), self._reading:  # no reader of this process is inside its databases
+            with (
+                self._writes().exclusive(),
+                self._reading,
+            ):  # no reader of this process is inside its databases
                 if any(count for (item, _), count in self._readers.items() if item == name):
-                    raise RuntimeError(f"Projection {name!r} is being read in this process; drop it once the reads end")
+                    raise RuntimeError(
+                        f"Projection {name!r} is being read in this process; drop it once the reads end"
+                    )
                 names = self.env.write(lambda txn: us.drop_stored(self.env, txn, name, others))
                 self.env.forget_dbs(names)
                 for slot in [slot for item, slot in self._handles if item == name]:
@@ -384,7 +427,9 @@ class UserProjections:
             found = self._open_handles(name, status.slot, status.databases or [])
         return found
 
-    def open_handles(self, name: str, status: us.StoredProjection) -> dict[str, lmdb._Database] | None:
+    def open_handles(
+        self, name: str, status: us.StoredProjection
+    ) -> dict[str, lmdb._Database] | None:
         """The databases of ``status``'s slot if already open (no write exclusion needed), else None."""
 
         return self._handles.get((name, status.slot))
@@ -415,7 +460,9 @@ class UserProjections:
         if served is None or not served.retired:
             return False
         with self._reading:
-            free = [(slot, names) for slot, names in served.retired if not self._readers[(name, slot)]]
+            free = [
+                (slot, names) for slot, names in served.retired if not self._readers[(name, slot)]
+            ]
         if not free:
             return True
         registry = self.registry
@@ -454,7 +501,9 @@ class UserProjections:
         assert registry is not None
         served, build = self._served.get(name), self._builds.get(name)
         now = int(time.time() * 1000)
-        if served is not None and served.databases is None:  # a format-1 status: slot 0, names not recorded
+        if (
+            served is not None and served.databases is None
+        ):  # a format-1 status: slot 0, names not recorded
             with self.env.read() as txn:
                 found = self._databases(txn, name, served)
             served = msgspec.structs.replace(served, format=us.USER_FORMAT, databases=found)
@@ -463,7 +512,9 @@ class UserProjections:
                 self._abandon(name, build)
                 build = None
             served = us.StoredProjection(version, 0, format=us.USER_FORMAT, databases=databases)
-            stale = self._open_handles(name, 0, databases)  # rows an older version of the store left
+            stale = self._open_handles(
+                name, 0, databases
+            )  # rows an older version of the store left
 
             def empty(txn: lmdb.Transaction[bytes]) -> None:
                 for db in stale.values():
@@ -475,13 +526,25 @@ class UserProjections:
                 self._abandon(name, build)
                 build = None
             if set(databases) - set(served.databases or []):  # databases added: made empty
-                served = msgspec.structs.replace(served, databases=sorted(set(served.databases or []) | set(databases)))
+                served = msgspec.structs.replace(
+                    served, databases=sorted(set(served.databases or []) | set(databases))
+                )
         elif build is None or build.version != version or build.databases != databases:
             if build is not None:
                 self._abandon(name, build)
-            slots = [served.slot, *(slot for slot, _ in served.retired), 0 if build is None else build.slot]
-            build = us.StoredProjection(version, 0, format=us.USER_FORMAT, slot=max(slots) + 1,
-                                        databases=databases, started_at=now)
+            slots = [
+                served.slot,
+                *(slot for slot, _ in served.retired),
+                0 if build is None else build.slot,
+            ]
+            build = us.StoredProjection(
+                version,
+                0,
+                format=us.USER_FORMAT,
+                slot=max(slots) + 1,
+                databases=databases,
+                started_at=now,
+            )
         else:  # a build of this version was under way: it resumes where it stopped
             build = msgspec.structs.replace(build, started_at=now, started_seq=build.folded_seq)
         self._open_handles(name, served.slot, served.databases or [])
@@ -509,17 +572,24 @@ class UserProjections:
         self.env.write(drop)
         self.env.forget_dbs(names)
 
-    def _open_handles(self, name: str, slot: int, databases: list[str]) -> dict[str, lmdb._Database]:
+    def _open_handles(
+        self, name: str, slot: int, databases: list[str]
+    ) -> dict[str, lmdb._Database]:
         names = us.db_names(name, slot, databases)
         handles = {db: self.env.db(full) for db, full in zip(databases, names)}
         self._handles[(name, slot)] = handles
         return handles
 
-    def _databases(self, txn: lmdb.Transaction[bytes], name: str, status: us.StoredProjection) -> list[str]:
+    def _databases(
+        self, txn: lmdb.Transaction[bytes], name: str, status: us.StoredProjection
+    ) -> list[str]:
         if status.databases is not None:
             return status.databases
         assert self.registry is not None
-        others = [key[len(us.SERVED_PREFIX):].decode(errors="replace") for key, _ in _keys(txn, self.registry, us.SERVED_PREFIX)]
+        others = [
+            key[len(us.SERVED_PREFIX) :].decode(errors="replace")
+            for key, _ in _keys(txn, self.registry, us.SERVED_PREFIX)
+        ]
         return us.legacy_databases(txn, name, others)
 
     def _remember(self, name: str, key: bytes, status: us.StoredProjection) -> None:
@@ -528,23 +598,42 @@ class UserProjections:
         else:
             self._served[name] = status
 
-    def _not_ready(self, name: str, version: int | None, status: us.StoredProjection | None, build: us.StoredProjection | None) -> Exception:
+    def _not_ready(
+        self,
+        name: str,
+        version: int | None,
+        status: us.StoredProjection | None,
+        build: us.StoredProjection | None,
+    ) -> Exception:
         if status is None and build is None and name not in self.projections:
-            return KeyError(f"The store has no projection {name!r}; registered here: {sorted(self.projections)}")
-        wanted = version if version is not None else (build.version if build is not None else self.projections[name].version)
+            return KeyError(
+                f"The store has no projection {name!r}; registered here: {sorted(self.projections)}"
+            )
+        wanted = (
+            version
+            if version is not None
+            else (build.version if build is not None else self.projections[name].version)
+        )
         if build is not None and build.version == wanted:
-            why = (f"it is being built (folded to sequence {build.folded_seq} of {self.log.head()})" if build.error is None
-                   else f"its build stopped at sequence {build.failed_seq}: {build.error}")
+            why = (
+                f"it is being built (folded to sequence {build.folded_seq} of {self.log.head()})"
+                if build.error is None
+                else f"its build stopped at sequence {build.failed_seq}: {build.error}"
+            )
         else:
             why = "no writer defining it has built it yet"
         return ProjectionNotReady(name, wanted, None if status is None else status.version, why)
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosedError(f"The store at {self.path} is closed: its projections are no longer served")
+            raise StoreClosedError(
+                f"The store at {self.path} is closed: its projections are no longer served"
+            )
 
 
-def _keys(txn: lmdb.Transaction[bytes], db: lmdb._Database, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+def _keys(
+    txn: lmdb.Transaction[bytes], db: lmdb._Database, prefix: bytes
+) -> Iterator[tuple[bytes, bytes]]:
     cursor = txn.cursor(db=db)
     if cursor.set_range(prefix):
         for key, value in cursor:

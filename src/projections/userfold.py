@@ -49,7 +49,6 @@ READ_AHEAD: Final = 32
 """Log records decoded at a time, outside any write transaction."""
 
 
-
 class Writes(Protocol):
     """The store's write path as the fold thread needs it (the committer)."""
 
@@ -117,7 +116,9 @@ class Owner(Protocol):
     def notify(self) -> None: ...
     def target(self, name: str) -> tuple[bytes, us.StoredProjection | None]: ...
     def handles(self, name: str, status: us.StoredProjection) -> dict[str, lmdb._Database]: ...
-    def open_handles(self, name: str, status: us.StoredProjection) -> dict[str, lmdb._Database] | None: ...
+    def open_handles(
+        self, name: str, status: us.StoredProjection
+    ) -> dict[str, lmdb._Database] | None: ...
     def core_source(self) -> CoreSource | None: ...
     def folded(self, name: str, key: bytes, status: us.StoredProjection, swapped: bool) -> None: ...
     def drop_retired(self, name: str) -> bool: ...
@@ -204,7 +205,11 @@ class Folder:
             commits = self._commits(name, target.folded_seq, head)
             self._fold(name, projection, key, target, commits)
             _, after = owner.target(name)
-            busy |= after is not None and after.error is None and (after.folded_seq < head or key != us.served_key(name))
+            busy |= (
+                after is not None
+                and after.error is None
+                and (after.folded_seq < head or key != us.served_key(name))
+            )
         return busy
 
     def _commits(self, name: str, folded: int, head: int) -> list[Commit]:
@@ -214,7 +219,14 @@ class Folder:
         self._pending[name] = pending
         return pending
 
-    def _fold(self, name: str, projection: Folded, key: bytes, target: us.StoredProjection, commits: list[Commit]) -> None:
+    def _fold(
+        self,
+        name: str,
+        projection: Folded,
+        key: bytes,
+        target: us.StoredProjection,
+        commits: list[Commit],
+    ) -> None:
         owner = self._owner
         env = owner.env
         writes = self._writes()
@@ -231,21 +243,47 @@ class Folder:
             try:
                 if staged is not None:
                     try:
-                        status, swapped = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, commits, FOLD_SLICE, writes, staged))
+                        status, swapped = env.write(
+                            lambda txn: self._fold_in(
+                                txn,
+                                name,
+                                projection,
+                                key,
+                                target,
+                                handles,
+                                commits,
+                                FOLD_SLICE,
+                                writes,
+                                staged,
+                            )
+                        )
                     except lmdb.Error:  # a row LMDB refuses: folded again in the transaction, so the record at fault is named
                         staged = None
                 if staged is None:
-                    status, swapped = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, commits, FOLD_SLICE, writes))
+                    status, swapped = env.write(
+                        lambda txn: self._fold_in(
+                            txn, name, projection, key, target, handles, commits, FOLD_SLICE, writes
+                        )
+                    )
             except _FoldFailed as failure:
                 before = [commit for commit in commits if commit.seq < failure.seq]
                 status = target
                 if before:  # keep what folded cleanly, so the checkpoint stops right before it
-                    status, _ = env.write(lambda txn: self._fold_in(txn, name, projection, key, target, handles, before, None, writes))
+                    status, _ = env.write(
+                        lambda txn: self._fold_in(
+                            txn, name, projection, key, target, handles, before, None, writes
+                        )
+                    )
                 status = self._record_failure(name, key, status, failure.seq, failure.error)
                 swapped = False
         owner.folded(name, key, status, swapped)
         if swapped:
-            _log.info("user projection %r: version %d swapped in at sequence %d", name, status.version, status.folded_seq)
+            _log.info(
+                "user projection %r: version %d swapped in at sequence %d",
+                name,
+                status.version,
+                status.folded_seq,
+            )
 
     @staticmethod
     def _let_commits_go(writes: Writes) -> None:
@@ -258,7 +296,12 @@ class Folder:
             time.sleep(FOLD_PAUSE / 4)
 
     def _stage(
-        self, projection: Folded, target: us.StoredProjection, handles: dict[str, lmdb._Database], commits: list[Commit], writes: Writes
+        self,
+        projection: Folded,
+        target: us.StoredProjection,
+        handles: dict[str, lmdb._Database],
+        commits: list[Commit],
+        writes: Writes,
     ) -> tuple[StagedTables, int] | None:
         """Fold records for ``FOLD_SLICE`` seconds at most in a read transaction, outside the
         store's write exclusion, keeping the rows aside; returns them with the sequence they are
@@ -266,7 +309,9 @@ class Folder:
         itself, to keep what came before the failure and name the record at fault)."""
 
         with self._owner.env.read() as txn:
-            tables = StagedTables(txn, handles, target.version, target.folded_seq, self._owner.core_source())
+            tables = StagedTables(
+                txn, handles, target.version, target.folded_seq, self._owner.core_source()
+            )
             deadline = time.perf_counter() + FOLD_SLICE
             folded = target.folded_seq
             for commit in commits:
@@ -321,19 +366,36 @@ class Folder:
             us.put(txn, registry, key, status)
             return status, False
         served = us.get(txn, registry, us.served_key(name))
-        retired = [] if served is None else [*served.retired, (served.slot, us.db_names(name, served.slot, served.databases or []))]
+        retired = (
+            []
+            if served is None
+            else [
+                *served.retired,
+                (served.slot, us.db_names(name, served.slot, served.databases or [])),
+            ]
+        )
         status = msgspec.structs.replace(status, retired=retired, started_at=None, started_seq=0)
         us.put(txn, registry, us.served_key(name), status)
         txn.delete(key, db=registry)
         return status, True
 
-    def _record_failure(self, name: str, key: bytes, status: us.StoredProjection, seq: int, error: Exception) -> us.StoredProjection:
+    def _record_failure(
+        self, name: str, key: bytes, status: us.StoredProjection, seq: int, error: Exception
+    ) -> us.StoredProjection:
         failed = msgspec.structs.replace(status, failed_seq=seq, error=describe(error))
         written = _unwritable_traceback(error)
         if written is None:
-            _log.error("user projection %r stopped at record %d: %s", name, seq, failed.error, exc_info=error)
+            _log.error(
+                "user projection %r stopped at record %d: %s",
+                name,
+                seq,
+                failed.error,
+                exc_info=error,
+            )
         else:
-            _log.error("user projection %r stopped at record %d: %s\n%s", name, seq, failed.error, written)
+            _log.error(
+                "user projection %r stopped at record %d: %s\n%s", name, seq, failed.error, written
+            )
         registry = self._owner.registry
         assert registry is not None
         self._owner.env.write(lambda txn: us.put(txn, registry, key, failed))

@@ -116,27 +116,35 @@ def build_key(name: str) -> bytes:
     return BUILD_PREFIX + name.encode()
 
 
-def get(txn: lmdb.Transaction[bytes], registry: lmdb._Database, key: bytes) -> StoredProjection | None:
+def get(
+    txn: lmdb.Transaction[bytes], registry: lmdb._Database, key: bytes
+) -> StoredProjection | None:
     raw = txn.get(key, db=registry)
     return None if raw is None else decode(key, raw)
 
 
-def put(txn: lmdb.Transaction[bytes], registry: lmdb._Database, key: bytes, status: StoredProjection) -> None:
+def put(
+    txn: lmdb.Transaction[bytes], registry: lmdb._Database, key: bytes, status: StoredProjection
+) -> None:
     txn.put(key, encode(status), db=registry)
 
 
-def _scan(txn: lmdb.Transaction[bytes], registry: lmdb._Database, prefix: bytes) -> dict[str, StoredProjection]:
+def _scan(
+    txn: lmdb.Transaction[bytes], registry: lmdb._Database, prefix: bytes
+) -> dict[str, StoredProjection]:
     found: dict[str, StoredProjection] = {}
     cursor = txn.cursor(db=registry)
     if cursor.set_range(prefix):
         for key, value in cursor:
             if not key.startswith(prefix):
                 break
-            found[key[len(prefix):].decode(errors="replace")] = decode(key, value)
+            found[key[len(prefix) :].decode(errors="replace")] = decode(key, value)
     return found
 
 
-def stored(env: Environment) -> tuple[dict[str, StoredProjection], dict[str, StoredProjection], int]:
+def stored(
+    env: Environment,
+) -> tuple[dict[str, StoredProjection], dict[str, StoredProjection], int]:
     """The served status and the build status of every user projection the store holds, and the
     log head, all from one snapshot (for ``stats`` and ``durable-log projections``)."""
 
@@ -154,8 +162,13 @@ def stored(env: Environment) -> tuple[dict[str, StoredProjection], dict[str, Sto
         return _scan(txn, registry, SERVED_PREFIX), _scan(txn, registry, BUILD_PREFIX), head
 
 
-def report(served: StoredProjection | None, build: StoredProjection | None, head: int,
-           defined: int | None = None, now: float | None = None) -> ProjectionStatus:
+def report(
+    served: StoredProjection | None,
+    build: StoredProjection | None,
+    head: int,
+    defined: int | None = None,
+    now: float | None = None,
+) -> ProjectionStatus:
     """The status of one projection as its stored parts and the log head tell it. ``defined``:
     the version this program defines (``None``: none, the projection is retired here)."""
 
@@ -166,8 +179,15 @@ def report(served: StoredProjection | None, build: StoredProjection | None, head
             elapsed = (time.time() if now is None else now) - build.started_at / 1000
             rate = (build.folded_seq - build.started_seq) / elapsed if elapsed > 0 else 0.0
         eta = (head - build.folded_seq) / rate if rate > 0 else None
-        building = BuildStatus(build.version, build.folded_seq, head, round(rate, 1),
-                               None if eta is None else round(eta, 1), build.failed_seq, build.error)
+        building = BuildStatus(
+            build.version,
+            build.folded_seq,
+            head,
+            round(rate, 1),
+            None if eta is None else round(eta, 1),
+            build.failed_seq,
+            build.error,
+        )
     if served is None:
         version = defined if defined is not None else (build.version if build is not None else 0)
         return ProjectionStatus(version, 0, state="unserved", lag=head, building=building)
@@ -183,8 +203,15 @@ def report(served: StoredProjection | None, build: StoredProjection | None, head
         state = "unserved"
     else:
         state = "level" if served.folded_seq >= head else "behind"
-    return ProjectionStatus(served.version, served.folded_seq, served.failed_seq, served.error, state,
-                            max(0, head - served.folded_seq), building)
+    return ProjectionStatus(
+        served.version,
+        served.folded_seq,
+        served.failed_seq,
+        served.error,
+        state,
+        max(0, head - served.folded_seq),
+        building,
+    )
 
 
 def legacy_databases(txn: lmdb.Transaction[bytes], name: str, others: list[str]) -> list[str]:
@@ -192,7 +219,9 @@ def legacy_databases(txn: lmdb.Transaction[bytes], name: str, others: list[str])
     the store holds that no other stored projection's name claims (``a`` and ``a.b`` share a prefix)."""
 
     prefix = f"u.{name}.".encode()
-    claimed = [f"u.{other}.".encode() for other in others if other != name and other.startswith(name + ".")]
+    claimed = [
+        f"u.{other}.".encode() for other in others if other != name and other.startswith(name + ".")
+    ]
     found: list[str] = []
     cursor = txn.cursor()
     if cursor.set_range(prefix):
@@ -200,11 +229,13 @@ def legacy_databases(txn: lmdb.Transaction[bytes], name: str, others: list[str])
             if not key.startswith(prefix):
                 break
             if not any(key.startswith(other) for other in claimed):
-                found.append(key[len(prefix):].decode(errors="replace"))
+                found.append(key[len(prefix) :].decode(errors="replace"))
     return found
 
 
-def drop_stored(env: Environment, txn: lmdb.Transaction[bytes], name: str, others: list[str]) -> list[str]:
+def drop_stored(
+    env: Environment, txn: lmdb.Transaction[bytes], name: str, others: list[str]
+) -> list[str]:
     """Inside ``txn``: delete every database and status of projection ``name`` (served, build,
     retired slots); returns the database names dropped (forget their handles once committed)."""
 
@@ -214,7 +245,11 @@ def drop_stored(env: Environment, txn: lmdb.Transaction[bytes], name: str, other
         status = get(txn, registry, key)
         if status is None:
             continue
-        databases = status.databases if status.databases is not None else legacy_databases(txn, name, others)
+        databases = (
+            status.databases
+            if status.databases is not None
+            else legacy_databases(txn, name, others)
+        )
         names += db_names(name, status.slot, databases)
         for _, retired in status.retired:
             names += retired

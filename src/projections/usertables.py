@@ -86,7 +86,9 @@ class Tables:
         try:
             return self._dbs[name]
         except KeyError:
-            raise KeyError(f"This projection has no database {name!r}; it declares {sorted(self._dbs)}") from None
+            raise KeyError(
+                f"This projection has no database {name!r}; it declares {sorted(self._dbs)}"
+            ) from None
 
     def get(self, db: str, key: bytes) -> bytes | None:
         """The value at ``key`` in database ``db``, or None."""

@@ -5,4 +5,11 @@ from ..log import Durability
 from ..projections import StorageRequestError
 from .lmdb_storage import LmdbStorage
 
-__all__ = ["Durability", "LmdbStorage", "NatsUnavailableError", "NotWriterError", "ReplicationError", "StorageRequestError"]
+__all__ = [
+    "Durability",
+    "LmdbStorage",
+    "NatsUnavailableError",
+    "NotWriterError",
+    "ReplicationError",
+    "StorageRequestError",
+]

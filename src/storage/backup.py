@@ -9,7 +9,9 @@ import tempfile
 from ..log import Environment
 
 
-def backup(path: str | os.PathLike[str], dest: str | os.PathLike[str], compact: bool = False) -> int:
+def backup(
+    path: str | os.PathLike[str], dest: str | os.PathLike[str], compact: bool = False
+) -> int:
     """A consistent copy of a store, live or not, in the new directory ``dest``: LMDB's own copy
     from one read snapshot (``compact`` leaves out free pages, so the copy is as small as the data).
 

@@ -158,7 +158,9 @@ class Committer:
 
     # ── callers ─────────────────────────────────────────────────────────────
 
-    async def commit(self, payload: bytes, batch: list[Write], committed_at: int | None) -> tuple[int, int]:
+    async def commit(
+        self, payload: bytes, batch: list[Write], committed_at: int | None
+    ) -> tuple[int, int]:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
         loop = asyncio.get_running_loop()
@@ -178,7 +180,9 @@ class Committer:
                     try:
                         if not self._closed and not self._queue and loop not in self._gathering:
                             self._commits += 1
-                            result = self._env.write(lambda txn: self._commit_one(txn, payload, batch, committed_at))
+                            result = self._env.write(
+                                lambda txn: self._commit_one(txn, payload, batch, committed_at)
+                            )
                             self._committed([result])
                             return result
                     finally:
@@ -223,11 +227,17 @@ class Committer:
         return True
 
     def _commit_one(
-        self, txn: lmdb.Transaction[bytes], payload: bytes, batch: list[Write], committed_at: int | None
+        self,
+        txn: lmdb.Transaction[bytes],
+        payload: bytes,
+        batch: list[Write],
+        committed_at: int | None,
     ) -> tuple[int, int]:
         """A direct commit's transaction: check, append, fold; a refusal is the caller's error."""
 
-        outcome = self.projector.admit(txn, batch, lambda: self._log.append(txn, payload, committed_at))
+        outcome = self.projector.admit(
+            txn, batch, lambda: self._log.append(txn, payload, committed_at)
+        )
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -280,7 +290,9 @@ class Committer:
         with self._state:
             self._queue.extend(jobs)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._writer, name=f"lmdb-writer {self._env.path}", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._writer, name=f"lmdb-writer {self._env.path}", daemon=True
+                )
                 self._thread.start()
             self._state.notify()
 
@@ -328,7 +340,9 @@ class Committer:
             self._durable(jobs)
             if stream is not None:
                 stream.committed()
-            self._committed([job.result for job in jobs if job.batch is not None and job.error is None], stream)
+            self._committed(
+                [job.result for job in jobs if job.batch is not None and job.error is None], stream
+            )
             return
         except ReplicationError as error:  # the stream refused or did not answer: all alike
             for job in jobs:
@@ -348,7 +362,9 @@ class Committer:
                 self._durable([job])
                 if stream is not None:
                     stream.committed()
-                self._committed([job.result] if job.batch is not None and job.error is None else [], stream)
+                self._committed(
+                    [job.result] if job.batch is not None and job.error is None else [], stream
+                )
             except BaseException as error:
                 job.result, job.error = None, error
 
@@ -367,7 +383,9 @@ class Committer:
                 if job.work is not None:
                     job.result, job.error = None, error
 
-    def _committed(self, results: list[tuple[int, int]], stream: StreamWriter | None = None) -> None:
+    def _committed(
+        self, results: list[tuple[int, int]], stream: StreamWriter | None = None
+    ) -> None:
         """Right after a transaction holding ``results`` (sequence, highest id) committed, on the
         committing thread: the effects every batch in the log has, whether or not its caller
         still waits for it. A group that settled with a ``stream`` may have taken in another
@@ -381,7 +399,9 @@ class Committer:
         elif stream is not None:
             self._on_commit(0)
 
-    def _group(self, txn: lmdb.Transaction[bytes], jobs: list[_Job], stream: StreamWriter | None = None) -> None:
+    def _group(
+        self, txn: lmdb.Transaction[bytes], jobs: list[_Job], stream: StreamWriter | None = None
+    ) -> None:
         """Check, append and fold each batch in order, inside ``txn`` (run again from the start
         after a map growth, so outcomes are set afresh); with a ``stream``, settle first and
         publish before the transaction commits."""
@@ -394,7 +414,12 @@ class Committer:
         records: list[tuple[int, bytes]] = []
         seq: int | None = None  # the last sequence appended in this transaction
         for job in jobs:
-            if landed and job.batch is not None and job.result is not None and job.result[0] in landed:
+            if (
+                landed
+                and job.batch is not None
+                and job.result is not None
+                and job.result[0] in landed
+            ):
                 continue  # published by an earlier run of this group, taken in from the stream just now
             job.result = job.error = None
             if job.work is not None:
@@ -408,7 +433,9 @@ class Committer:
                 except Exception as error:
                     job.error = error
                     continue
-            outcome = projector.admit(txn, job.batch, lambda: self._log.append(txn, payload, committed_at, seq))
+            outcome = projector.admit(
+                txn, job.batch, lambda: self._log.append(txn, payload, committed_at, seq)
+            )
             if isinstance(outcome, Exception):  # a refusal wrote nothing; its neighbours go on
                 job.error = outcome
                 continue

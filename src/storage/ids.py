@@ -64,7 +64,9 @@ class IdMinter:
             with self._lock:
                 self._reserved = max(self._reserved, reserved)
 
-    def reserve_in(self, txn: lmdb.Transaction[bytes], wanted: int, publish: PublishIds | None = None) -> int:
+    def reserve_in(
+        self, txn: lmdb.Transaction[bytes], wanted: int, publish: PublishIds | None = None
+    ) -> int:
         """Raise the durable reservation to ``wanted`` in ``txn`` (never lower it); returns it.
         ``publish`` is called with it in the same transaction."""
 

@@ -26,7 +26,15 @@ from pi_durable.types import (
 )
 
 from ..errors import DamageError, NotWriterError, StoreStateError
-from ..log import Durability, Environment, StoreClosedError, StoreDamagedError, WriteLog, check_committed_at, encode_batch
+from ..log import (
+    Durability,
+    Environment,
+    StoreClosedError,
+    StoreDamagedError,
+    WriteLog,
+    check_committed_at,
+    encode_batch,
+)
 from ..log.counters import EngineCounters
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.durability import Mode, Role, mode_for
@@ -79,8 +87,12 @@ class LmdbStorage(StorageReads, Storage):
         if env.journal is not None and env.journal.replay_pending:
             self._replay(env.journal)
         if not env.readonly:
-            self.log.tree.catch_up(self.log, progress)  # a store written before the tree, or behind it
-        self.projections = UserProjections(env, self.log, projections, lambda: self._committer, lambda: self._model)
+            self.log.tree.catch_up(
+                self.log, progress
+            )  # a store written before the tree, or behind it
+        self.projections = UserProjections(
+            env, self.log, projections, lambda: self._committer, lambda: self._model
+        )
         self._committer = Committer(env, self.log, self._projector, self._after_commit)
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
@@ -100,7 +112,12 @@ class LmdbStorage(StorageReads, Storage):
 
         env = self._env
         records = journal.records(self.log.head())
-        logger.warning("store %s stopped uncleanly: replaying %d journal records after %d", env.path, len(records), self.log.head())
+        logger.warning(
+            "store %s stopped uncleanly: replaying %d journal records after %d",
+            env.path,
+            len(records),
+            self.log.head(),
+        )
         projector, log = self._projector, self.log
 
         def replay(txn: lmdb.Transaction[bytes], chunk: list[tuple[int, bytes]]) -> None:
@@ -162,8 +179,15 @@ class LmdbStorage(StorageReads, Storage):
         mode = mode_for(durability, Role.READER if readonly else Role.WRITER)
         try:
             storage = cls._build(
-                link, progress, projections, verify_checksums,
-                path=path, mode=mode, map_size=map_size, store_id=store, journal=journal,
+                link,
+                progress,
+                projections,
+                verify_checksums,
+                path=path,
+                mode=mode,
+                map_size=map_size,
+                store_id=store,
+                journal=journal,
             )
         except StoreDamagedError as error:
             logger.error("store %s is damaged: %s", path, error)
@@ -178,14 +202,19 @@ class LmdbStorage(StorageReads, Storage):
             ) from None
         if link is not None:
             try:
-                await storage._link_to(link, replicas, mode is Mode.REPLICATED, take_over, lease_ttl)
+                await storage._link_to(
+                    link, replicas, mode is Mode.REPLICATED, take_over, lease_ttl
+                )
             except BaseException:
                 await storage.close()
                 raise
         storage.projections.kick()
         logger.info(
-            "opened store %s (%s%s): head %d", storage.path, "read-only" if readonly else durability,
-            "" if link is None else f", stream {link.stream}", storage.log.head(),
+            "opened store %s (%s%s): head %d",
+            storage.path,
+            "read-only" if readonly else durability,
+            "" if link is None else f", stream {link.stream}",
+            storage.log.head(),
         )
         return storage
 
@@ -217,13 +246,26 @@ class LmdbStorage(StorageReads, Storage):
             link.close()
             raise
         storage = cls._build(
-            link, progress, projections, verify_checksums, path=path, mode=mode, map_size=map_size, store_id=store
+            link,
+            progress,
+            projections,
+            verify_checksums,
+            path=path,
+            mode=mode,
+            map_size=map_size,
+            store_id=store,
         )
         storage._link = link
         storage._role = Following(storage, Follower(link, storage, store))
         storage._role.start()
         storage.projections.kick()
-        logger.info("opened replica %s of store %s on stream %s: head %d", storage.path, store, stream, storage.log.head())
+        logger.info(
+            "opened replica %s of store %s on stream %s: head %d",
+            storage.path,
+            store,
+            stream,
+            storage.log.head(),
+        )
         return storage
 
     @classmethod
@@ -268,15 +310,21 @@ class LmdbStorage(StorageReads, Storage):
         store = self._env.store_id
         assert store is not None
         if replicated:
-            role = self._role = await Writing.acquire(self, link, self._env, self.log, self._meta, take_over, lease_ttl)
+            role = self._role = await Writing.acquire(
+                self, link, self._env, self.log, self._meta, take_over, lease_ttl
+            )
             writer = role.writer
             self._committer.replicate(writer)
             role.lease.on_lost = self._deposed
             role.lease.start_renewing()  # now: taking in a long stream must not let the lease lapse
-            await self._committer.write(lambda txn: None)  # a group fences and settles before anything else
+            await self._committer.write(
+                lambda txn: None
+            )  # a group fences and settles before anything else
             self._ids.raise_floor(writer.applier.max_id)
             if writer.position is not None and writer.position.ids_reserved:
-                self._ids.skip_reserved(writer.position.ids_reserved)  # blocks any earlier writer reserved
+                self._ids.skip_reserved(
+                    writer.position.ids_reserved
+                )  # blocks any earlier writer reserved
         else:
             self._role = Shipping(self, Shipper(link, self.log, store))
             self._role.start()
@@ -308,7 +356,9 @@ class LmdbStorage(StorageReads, Storage):
 
     # ── for a follower taking the stream in (``storage.replica.ReplicaHost``) ─
 
-    def stream_position(self, stream: str, txn: lmdb.Transaction[bytes] | None = None) -> StreamPosition:
+    def stream_position(
+        self, stream: str, txn: lmdb.Transaction[bytes] | None = None
+    ) -> StreamPosition:
         """How far this store took in (or shipped to) ``stream``; in ``txn`` when given."""
 
         if txn is not None:
@@ -451,11 +501,17 @@ class LmdbStorage(StorageReads, Storage):
         await self.projections.close()
         if self._link is not None:
             self._link.close()
-        if not self._env.readonly:  # the whole tiles commits left to a later write (tree.WRITE_TILES)
+        if (
+            not self._env.readonly
+        ):  # the whole tiles commits left to a later write (tree.WRITE_TILES)
             try:
                 self.log.tree.catch_up(self.log)
             except (DamageError, StoreStateError) as error:  # verify names it, rebuild mends it
-                logger.error("the log tree of %s was not brought up to date at close: %s", self._env.path, error)
+                logger.error(
+                    "the log tree of %s was not brought up to date at close: %s",
+                    self._env.path,
+                    error,
+                )
         self._env.close()
         self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
 

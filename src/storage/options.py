@@ -27,17 +27,29 @@ class OpenOptions:
     def __post_init__(self) -> None:
         durability, nats = self.durability, self.nats
         if durability not in ("power", "process", "replicated"):
-            raise ValueError(f"durability must be 'power', 'process' or 'replicated', not {durability!r}")
+            raise ValueError(
+                f"durability must be 'power', 'process' or 'replicated', not {durability!r}"
+            )
         if (nats is None) != (self.stream is None):
-            raise ValueError("nats= and stream= go together: the NATS servers and the stream that carries the log")
+            raise ValueError(
+                "nats= and stream= go together: the NATS servers and the stream that carries the log"
+            )
         if durability == "replicated" and nats is None:
-            raise ValueError("durability='replicated' needs nats= (the servers) and stream= (the stream)")
+            raise ValueError(
+                "durability='replicated' needs nats= (the servers) and stream= (the stream)"
+            )
         if nats is not None and self.readonly:
-            raise ValueError("A read-only open does not ship its log: open_replica() follows a stream")
+            raise ValueError(
+                "A read-only open does not ship its log: open_replica() follows a stream"
+            )
         if self.take_over and durability != "replicated":
-            raise ValueError("take_over= is for durability='replicated' writers (the lease guards the stream)")
+            raise ValueError(
+                "take_over= is for durability='replicated' writers (the lease guards the stream)"
+            )
         if type(self.replicas) is not int or not 1 <= self.replicas <= 5:
-            raise ValueError(f"replicas must be an int from 1 to 5 (JetStream's limit), not {self.replicas!r}")
+            raise ValueError(
+                f"replicas must be an int from 1 to 5 (JetStream's limit), not {self.replicas!r}"
+            )
 
     @property
     def replicated(self) -> bool:
@@ -48,4 +60,6 @@ class OpenOptions:
     def link(self) -> StreamLink | None:
         """A new link to the stream (not connected yet), or ``None`` for a store without one."""
 
-        return None if self.nats is None or self.stream is None else link_for(self.nats, self.stream)
+        return (
+            None if self.nats is None or self.stream is None else link_for(self.nats, self.stream)
+        )

@@ -97,14 +97,18 @@ class StorageReads:
             if index is not None and as_key_id(owner) is None:
                 return {"items": []}
             prefix = b"" if index is None or owner is None else t.u64(owner)
-            records = self._model.scan_table(txn, t.CONVERSATIONS, index, prefix, start.after, descending)
+            records = self._model.scan_table(
+                txn, t.CONVERSATIONS, index, prefix, start.after, descending
+            )
             keep = None
             if owner_conversation is not None:
                 keep = lambda record: (  # noqa: E731
                     record.get("owner") is not None
                     and record["owner"]["conversationId"] == owner_conversation
                 )
-            return cast("Page[ConversationRecord, Cursor]", take_page(records, limit, start.order, keep))
+            return cast(
+                "Page[ConversationRecord, Cursor]", take_page(records, limit, start.order, keep)
+            )
 
     @overload
     async def entry(self, id: EntryId, context: Context, /) -> EntryLookup | None: ...
@@ -146,7 +150,10 @@ class StorageReads:
             return found
 
     async def find_latest_head_marker(
-        self, conversation_id: ConversationId, at_or_before_entry_id: EntryId | None, context: Context
+        self,
+        conversation_id: ConversationId,
+        at_or_before_entry_id: EntryId | None,
+        context: Context,
     ) -> EntryWithHead | None:
         """The newest head marker visible from the conversation, walking up its forks."""
 
@@ -170,7 +177,9 @@ class StorageReads:
                 min_entry_id = max(bound, start.after + 1)
             descending = start.order == "descending"
             if not isinstance(limit, int):  # the reference's loop, compare for compare
-                rows, _ = self._model.entry_page(txn, query["conversationId"], min_entry_id, max_entry_id, descending, -1)
+                rows, _ = self._model.entry_page(
+                    txn, query["conversationId"], min_entry_id, max_entry_id, descending, -1
+                )
                 values = []
                 for row in rows:
                     values.append(row.record)
@@ -183,9 +192,14 @@ class StorageReads:
                 min_entry_id,
                 max_entry_id,
                 descending,
-                max(limit, 0),  # below 1, "more" is any entry: the page then fails as the reference's
+                max(
+                    limit, 0
+                ),  # below 1, "more" is any entry: the page then fails as the reference's
             )
-            return cast("Page[EntryRecord, Cursor]", page_of([row.record for row in rows], more, start.order))
+            return cast(
+                "Page[EntryRecord, Cursor]",
+                page_of([row.record for row in rows], more, start.order),
+            )
 
     async def task(self, id: TaskId, context: Context) -> TaskRecord | None:
         """The latest record of one task."""
@@ -197,7 +211,9 @@ class StorageReads:
     ) -> Page[TaskRecord, Cursor]:
         """Tasks matching every filter of the query, through the status index when it has one."""
 
-        return self._scan_by_status(query, limit, cursor, t.TASKS, t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS, TASK_FILTERS)
+        return self._scan_by_status(
+            query, limit, cursor, t.TASKS, t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS, TASK_FILTERS
+        )
 
     async def submission(self, id: SubmissionId, context: Context) -> SubmissionRecord | None:
         """The latest record of one admitted submission."""
@@ -210,7 +226,13 @@ class StorageReads:
         """Submissions matching every filter of the query, through the status index when it has one."""
 
         return self._scan_by_status(
-            query, limit, cursor, t.SUBMISSIONS, t.SUBMISSIONS_BY_STATUS, t.SUBMISSION_STATUS_KEYS, ("conversationId",)
+            query,
+            limit,
+            cursor,
+            t.SUBMISSIONS,
+            t.SUBMISSIONS_BY_STATUS,
+            t.SUBMISSION_STATUS_KEYS,
+            ("conversationId",),
         )
 
     def _scan_by_status(
@@ -230,7 +252,9 @@ class StorageReads:
             start = scan_start(query.get("order"), cursor, "ascending")
             status = query.get("status")
             index, prefix = (None, b"") if status is None else (by_status, status_keys[status])
-            records = self._model.scan_table(txn, table, index, prefix, start.after, start.order == "descending")
+            records = self._model.scan_table(
+                txn, table, index, prefix, start.after, start.order == "descending"
+            )
             wanted = [(name, query[name]) for name in filters if name in query]
             keep = None
             if wanted:
@@ -264,7 +288,9 @@ class StorageReads:
                     return record
             return None
 
-    async def document(self, id: DocumentId, at: DocumentPoint, context: Context) -> StoredDocument | None:
+    async def document(
+        self, id: DocumentId, at: DocumentPoint, context: Context
+    ) -> StoredDocument | None:
         """One incarnation's value and version, materialized from its nearest base and deltas."""
 
         with self._read() as txn:
@@ -283,28 +309,39 @@ class StorageReads:
             )
             kind_filter = "kind" in query
             kind, at = query.get("kind"), query["at"]
-            return cast("Page[DocumentRecord, Cursor]", take_page(
-                records,
-                limit,
-                "ascending",
-                lambda record: (not kind_filter or record["kind"] == kind) and is_alive_at(record, at),
-            ))
+            return cast(
+                "Page[DocumentRecord, Cursor]",
+                take_page(
+                    records,
+                    limit,
+                    "ascending",
+                    lambda record: (
+                        (not kind_filter or record["kind"] == kind) and is_alive_at(record, at)
+                    ),
+                ),
+            )
 
     # ── browsing (not in the contract: what a viewer of the whole store needs) ──
 
-    async def scan_all_documents(self, limit: int, after: int | None = None) -> Page[DocumentRecord, Cursor]:
+    async def scan_all_documents(
+        self, limit: int, after: int | None = None
+    ) -> Page[DocumentRecord, Cursor]:
         """Every incarnation of every scope by id (retired ones too), ``limit`` after id ``after``."""
 
         with self._read() as txn:
             records = self._model.scan_table(txn, t.DOCUMENTS, None, b"", after, False)
-            return cast("Page[DocumentRecord, Cursor]", take_page(records, limit, "ascending", None))
+            return cast(
+                "Page[DocumentRecord, Cursor]", take_page(records, limit, "ascending", None)
+            )
 
     async def document_revisions(self, id: DocumentId) -> list[DocumentRevision]:
         """The stored versions of one incarnation, oldest first."""
 
         with self._read() as txn:
             return [
-                DocumentRevision(seq=Seq(seq), version=revision.version, kind=revision.kind, body=revision.body)
+                DocumentRevision(
+                    seq=Seq(seq), version=revision.version, kind=revision.kind, body=revision.body
+                )
                 for seq, revision in self._model.revisions(txn, id)
             ]
 

@@ -49,7 +49,9 @@ class ReplicaHost(Protocol):
     def check_open(self) -> None:
         """Raise ``StoreClosedError`` once the store is closed."""
 
-    def stream_position(self, stream: str, txn: lmdb.Transaction[bytes] | None = None) -> StreamPosition:
+    def stream_position(
+        self, stream: str, txn: lmdb.Transaction[bytes] | None = None
+    ) -> StreamPosition:
         """How far the store took in ``stream``; in ``txn`` when given."""
 
     def stream_applier(self, stream: str, store: str) -> StreamApplier:
@@ -100,7 +102,11 @@ class Follower:
             pause = min(pause * 2, RETRY[1])
 
     async def catch_up(
-        self, *, follow: bool = False, to_seq: int | None = None, progress: Callable[[int, int], None] | None = None
+        self,
+        *,
+        follow: bool = False,
+        to_seq: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> int:
         """Take in the subject's messages beyond this store's position (on the link's loop):
         until the stream's end (``follow=False``), record ``to_seq``, or forever; returns the
@@ -115,12 +121,18 @@ class Follower:
         position = self._position()
         chunk: list[StreamMessage] = []
         try:
-            async for message, pending in self.link.read(self.subject, position.stream_seq, store=self.store, follow=follow):
+            async for message, pending in self.link.read(
+                self.subject, position.stream_seq, store=self.store, follow=follow
+            ):
                 self.pending = pending
                 if to_seq is not None and message.kind == "record" and message.seq > to_seq:
                     break
                 chunk.append(message)
-                if pending == 0 or len(chunk) >= APPLY_CHUNK or (to_seq is not None and message.seq >= to_seq):
+                if (
+                    pending == 0
+                    or len(chunk) >= APPLY_CHUNK
+                    or (to_seq is not None and message.seq >= to_seq)
+                ):
                     await self._apply(chunk)
                     chunk = []
                     if progress is not None:
@@ -161,7 +173,9 @@ class Follower:
                     return False
                 after = raws[-1].stream_seq
                 if after < end:
-                    fetching = asyncio.ensure_future(self.link.fetch(self.subject, after, batch=BULK_BATCH))
+                    fetching = asyncio.ensure_future(
+                        self.link.fetch(self.subject, after, batch=BULK_BATCH)
+                    )
                 reached = await self._take_raw(raws, to_seq)
                 head, self.pending = self.storage.log.head(), raws[-1].pending
                 if progress is not None:
@@ -194,7 +208,9 @@ class Follower:
                 yield message
 
         try:  # a fresh iterator for each run of the transaction (a map growth runs it again)
-            position = await asyncio.to_thread(self._write, lambda: checked(raws[-1].stream_seq + 1))
+            position = await asyncio.to_thread(
+                self._write, lambda: checked(raws[-1].stream_seq + 1)
+            )
         except ForeignMessageError as error:
             if raws[0].stream_seq < error.stream_seq:
                 await asyncio.to_thread(self._write, lambda: checked(error.stream_seq))
@@ -227,7 +243,9 @@ class Follower:
 
         self.transactions += 1
         make = chunk if callable(chunk) else (lambda: chunk)
-        return self.storage.take_in(lambda txn, projector: self.applier.apply(txn, projector, make(), self._position(txn)))
+        return self.storage.take_in(
+            lambda txn, projector: self.applier.apply(txn, projector, make(), self._position(txn))
+        )
 
     def _applied(self) -> None:
         self.storage.taken_in(self.applier.max_id)

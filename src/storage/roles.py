@@ -90,7 +90,9 @@ class _RoleDefaults:
 
         head = self.host.log.head()
         if head < seq:
-            raise ValueError(f"The store at {self.host.path} has no record {seq} (its head is {head})")
+            raise ValueError(
+                f"The store at {self.host.path} has no record {seq} (its head is {head})"
+            )
 
     def deposed(self, error: NotWriterError, host: ReplicaHost) -> ReplicationRole | None:
         return None
@@ -189,7 +191,12 @@ class Writing(_RoleDefaults):
         follow the stream as a replica."""
 
         self.writer.failure = error
-        return Following(host, Follower(self.writer.link, host, self.writer.store), deposed_by=error, lease=self.lease)
+        return Following(
+            host,
+            Follower(self.writer.link, host, self.writer.store),
+            deposed_by=error,
+            lease=self.lease,
+        )
 
     async def release(self) -> None:
         await _release(self.writer.link, self.lease)
@@ -199,7 +206,11 @@ class Following(_RoleDefaults):
     """A replica: the stream's records are taken in by a ``Follower``; commits are refused."""
 
     def __init__(
-        self, host: ReplicaHost, follower: Follower, deposed_by: NotWriterError | None = None, lease: WriterLease | None = None
+        self,
+        host: ReplicaHost,
+        follower: Follower,
+        deposed_by: NotWriterError | None = None,
+        lease: WriterLease | None = None,
     ) -> None:
         super().__init__(host)
         self.follower, self.deposed_by, self.lease = follower, deposed_by, lease

@@ -44,7 +44,9 @@ def scan_start(requested: Any, cursor: Any, default: Order) -> ScanStart:
         raise StorageRequestError("Invalid storage cursor")
     order = stored or default
     if requested is not None and requested != order:
-        raise StorageRequestError(f"The cursor continues a {order} scan; the query asks for {requested}")
+        raise StorageRequestError(
+            f"The cursor continues a {order} scan; the query asks for {requested}"
+        )
     return ScanStart(order, after)
 
 
@@ -103,4 +105,3 @@ def page_of(items: list[Any], more: bool, order: Order) -> dict[str, Any]:
     if not more:
         return {"items": items}
     return {"items": items, "next": {"after": items[-1]["id"], "order": order}}
-

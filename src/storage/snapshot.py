@@ -119,7 +119,9 @@ def snapshots_of(names: list[str], store: str) -> list[SnapshotName]:
 # ── writing one ───────────────────────────────────────────────────────────────
 
 
-def write_snapshot(path: str | os.PathLike[str], stream: str, sink: BinaryIO, work: str) -> SnapshotHeader:
+def write_snapshot(
+    path: str | os.PathLike[str], stream: str, sink: BinaryIO, work: str
+) -> SnapshotHeader:
     """Write a snapshot of the store at ``path`` (live or not) to ``sink``, through a compacted
     copy made in the directory ``work``. Refuses a store whose log holds records the stream does
     not (a store shipping behind its commits that has not shipped them all yet)."""
@@ -129,7 +131,11 @@ def write_snapshot(path: str | os.PathLike[str], stream: str, sink: BinaryIO, wo
     data = os.path.join(copy, "data.mdb")
     env = Environment(copy, readonly=True)
     try:
-        store, log, meta = env.store_id, WriteLog(env), env.db("meta")  # databases before the transaction
+        store, log, meta = (
+            env.store_id,
+            WriteLog(env),
+            env.db("meta"),
+        )  # databases before the transaction
         with env.read() as txn:
             head = log.head(txn)
             position = read_position(txn, meta, stream)
@@ -147,28 +153,40 @@ def write_snapshot(path: str | os.PathLike[str], stream: str, sink: BinaryIO, wo
         while block := source.read(BLOCK):
             digest.update(block)
     header = SnapshotHeader(
-        SNAPSHOT_FORMAT, store, stream, position.stream_seq, head, os.path.getsize(data),
-        digest.intdigest(), int(time.time() * 1000),
+        SNAPSHOT_FORMAT,
+        store,
+        stream,
+        position.stream_seq,
+        head,
+        os.path.getsize(data),
+        digest.intdigest(),
+        int(time.time() * 1000),
     )
     encoded = _header_encoder.encode(header)
     sink.write(MAGIC + _LENGTH.pack(len(encoded)) + encoded)
     with open(data, "rb") as source:
-        zstandard.ZstdCompressor(level=LEVEL).copy_stream(source, sink, read_size=BLOCK, write_size=BLOCK)
+        zstandard.ZstdCompressor(level=LEVEL).copy_stream(
+            source, sink, read_size=BLOCK, write_size=BLOCK
+        )
     shutil.rmtree(copy, ignore_errors=True)
     return header
 
 
-def read_snapshot(source: BinaryIO, directory: str, store: str, stream: str, expected: SnapshotName) -> SnapshotHeader:
+def read_snapshot(
+    source: BinaryIO, directory: str, store: str, stream: str, expected: SnapshotName
+) -> SnapshotHeader:
     """Verify the snapshot in ``source`` and leave its copy as ``directory``/data.mdb; anything
     that does not verify raises ``SnapshotUnsoundError`` (and leaves no ``data.mdb``)."""
 
     def unsound(why: str) -> SnapshotUnsoundError:
-        return SnapshotUnsoundError(f"The snapshot {expected.name} of stream {stream} does not verify: {why}")
+        return SnapshotUnsoundError(
+            f"The snapshot {expected.name} of stream {stream} does not verify: {why}"
+        )
 
     start = source.read(len(MAGIC) + _LENGTH.size)
     if len(start) < len(MAGIC) + _LENGTH.size or not start.startswith(MAGIC):
         raise unsound("it does not begin as a snapshot does")
-    (length,) = _LENGTH.unpack(start[len(MAGIC):])
+    (length,) = _LENGTH.unpack(start[len(MAGIC) :])
     if length > MAX_HEADER:
         raise unsound(f"its header claims {length} bytes")
     try:
@@ -177,7 +195,12 @@ def read_snapshot(source: BinaryIO, directory: str, store: str, stream: str, exp
         raise unsound(f"its header does not decode ({error})") from None
     if header.format != SNAPSHOT_FORMAT:
         raise unsound(f"it has format {header.format}, this program reads {SNAPSHOT_FORMAT}")
-    if (header.store, header.stream, header.stream_seq, header.seq) != (store, stream, expected.stream_seq, expected.seq):
+    if (header.store, header.stream, header.stream_seq, header.seq) != (
+        store,
+        stream,
+        expected.stream_seq,
+        expected.seq,
+    ):
         raise unsound(
             f"it holds store {header.store} of stream {header.stream} at message {header.stream_seq}, record "
             f"{header.seq}, not what its name says"
@@ -191,7 +214,9 @@ def read_snapshot(source: BinaryIO, directory: str, store: str, stream: str, exp
                 while block := reader.read(BLOCK):
                     size += len(block)
                     if size > header.size:
-                        raise unsound(f"it holds more than the {header.size} bytes its header names")
+                        raise unsound(
+                            f"it holds more than the {header.size} bytes its header names"
+                        )
                     digest.update(block)
                     sink.write(block)
             except zstandard.ZstdError as error:
@@ -199,7 +224,9 @@ def read_snapshot(source: BinaryIO, directory: str, store: str, stream: str, exp
             sink.flush()
             os.fsync(sink.fileno())
         if size != header.size or digest.intdigest() != header.checksum:
-            raise unsound(f"its copy has {size} bytes and checksum {digest.intdigest():x}, not {header.size} and {header.checksum:x}")
+            raise unsound(
+                f"its copy has {size} bytes and checksum {digest.intdigest():x}, not {header.size} and {header.checksum:x}"
+            )
         _check_copy(directory, header, unsound)
     except BaseException:
         for name in ("data.mdb", "lock.mdb"):
@@ -209,7 +236,9 @@ def read_snapshot(source: BinaryIO, directory: str, store: str, stream: str, exp
     return header
 
 
-def _check_copy(directory: str, header: SnapshotHeader, unsound: Callable[[str], SnapshotUnsoundError]) -> None:
+def _check_copy(
+    directory: str, header: SnapshotHeader, unsound: Callable[[str], SnapshotUnsoundError]
+) -> None:
     """The copy opens as the store the header names, at its log head and stream position."""
 
     env = Environment(directory, readonly=True)
@@ -220,7 +249,9 @@ def _check_copy(directory: str, header: SnapshotHeader, unsound: Callable[[str],
             position = read_position(txn, meta, header.stream)
         found = (env.store_id, head, position.stream_seq)
     except Exception as error:  # an LMDB error, a store header it cannot read
-        raise unsound(f"its copy does not open as a store ({type(error).__name__}: {error})") from None
+        raise unsound(
+            f"its copy does not open as a store ({type(error).__name__}: {error})"
+        ) from None
     finally:
         env.close()
     if found != (header.store, header.seq, header.stream_seq):
@@ -257,7 +288,9 @@ async def take_snapshot(
         stored = os.path.getsize(packed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = SnapshotReport(name, header.store, header.stream_seq, header.seq, header.size, stored, 0.0)
+    report = SnapshotReport(
+        name, header.store, header.stream_seq, header.seq, header.size, stored, 0.0
+    )
     if keep is not None:
         await _retain(link, header.store, keep, trim, report)
     report.seconds = time.perf_counter() - started
@@ -269,12 +302,14 @@ def _remove_stale_work(parent: str) -> None:
 
     for name in os.listdir(parent):
         if name.startswith(WORK_PREFIX):
-            pid = name[len(WORK_PREFIX):].split("-", 1)[0]
+            pid = name[len(WORK_PREFIX) :].split("-", 1)[0]
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-async def _retain(link: StreamLink, store: str, keep: int, trim: bool, report: SnapshotReport) -> None:
+async def _retain(
+    link: StreamLink, store: str, keep: int, trim: bool, report: SnapshotReport
+) -> None:
     found = snapshots_of(await link.arun(link.snapshot_names()), store)
     kept, dropped = found[-keep:], found[:-keep]
     for old in dropped:
@@ -285,7 +320,9 @@ async def _retain(link: StreamLink, store: str, keep: int, trim: bool, report: S
         report.trimmed_below = kept[0].stream_seq
 
 
-def seed(link: StreamLink, store: str, directory: str, to_seq: int | None = None) -> SnapshotHeader | None:
+def seed(
+    link: StreamLink, store: str, directory: str, to_seq: int | None = None
+) -> SnapshotHeader | None:
     """Leave in the empty ``directory`` the copy of the newest snapshot of ``store`` that
     verifies (holding records up to ``to_seq`` at most); ``None`` when there is none. Run from a
     thread other than the link's. Snapshots that do not verify are skipped, with a warning."""

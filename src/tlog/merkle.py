@@ -102,7 +102,9 @@ class TreeBuilder:
 
         parts = _subtrees(0, size)
         if len(parts) != len(hashes):
-            raise ValueError(f"a tree of {size} leaves has {len(parts)} complete subtrees, not {len(hashes)}")
+            raise ValueError(
+                f"a tree of {size} leaves has {len(parts)} complete subtrees, not {len(hashes)}"
+            )
         self.size = size
         self._levels: list[bytes] = [EMPTY_ROOT] * size.bit_length()
         """``_levels[l]``: the complete subtree of height ``l`` on the frontier (when bit ``l`` of
@@ -135,7 +137,9 @@ class TreeBuilder:
 
         size, levels, sha, node = self.size, self._levels, _sha256, _NODE
         if size % BLOCK or len(leaves) != BLOCK:
-            raise ValueError(f"a block is {BLOCK} leaves appended at a multiple of {BLOCK}, not {len(leaves)} at {size}")
+            raise ValueError(
+                f"a block is {BLOCK} leaves appended at a multiple of {BLOCK}, not {len(leaves)} at {size}"
+            )
         l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15 = leaves
         a = sha(node + l0 + l1).digest()
         b = sha(node + l2 + l3).digest()
@@ -152,8 +156,39 @@ class TreeBuilder:
         gh = sha(node + g + h).digest()
         e_h = sha(node + ef + gh).digest()
         value = sha(node + a_d + e_h).digest()
-        rows = [l0, l1, a, l2, l3, b, ab, l4, l5, c, l6, l7, d, cd, a_d,
-                l8, l9, e, l10, l11, f, ef, l12, l13, g, l14, l15, h, gh, e_h, value]
+        rows = [
+            l0,
+            l1,
+            a,
+            l2,
+            l3,
+            b,
+            ab,
+            l4,
+            l5,
+            c,
+            l6,
+            l7,
+            d,
+            cd,
+            a_d,
+            l8,
+            l9,
+            e,
+            l10,
+            l11,
+            f,
+            ef,
+            l12,
+            l13,
+            g,
+            l14,
+            l15,
+            h,
+            gh,
+            e_h,
+            value,
+        ]
         level = _BLOCK_LEVEL
         while (size >> level) & 1:  # the subtrees above the block its last leaf completes
             value = sha(node + levels[level] + value).digest()
@@ -172,7 +207,9 @@ class TreeBuilder:
         value: bytes | None = None
         for level in range(size.bit_length()):
             if (size >> level) & 1:
-                value = self._levels[level] if value is None else node_hash(self._levels[level], value)
+                value = (
+                    self._levels[level] if value is None else node_hash(self._levels[level], value)
+                )
         assert value is not None
         return value
 
@@ -189,7 +226,11 @@ def _subtrees(lo: int, hi: int) -> list[tuple[int, int]]:
 
     out: list[tuple[int, int]] = []
     while lo < hi:
-        level = ((hi - lo).bit_length() - 1) if lo == 0 else min((lo & -lo).bit_length() - 1, (hi - lo).bit_length() - 1)
+        level = (
+            ((hi - lo).bit_length() - 1)
+            if lo == 0
+            else min((lo & -lo).bit_length() - 1, (hi - lo).bit_length() - 1)
+        )
         out.append((level, lo >> level))
         lo += 1 << level
     return out
@@ -295,13 +336,17 @@ def root_from_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[byte
     return r
 
 
-def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes) -> None:
+def verify_inclusion(
+    leaf: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes
+) -> None:
     """Check that leaf hash ``leaf`` is leaf ``index`` of the tree of ``size`` leaves whose root
     is ``root``; ``ProofError`` says what does not hold."""
 
     _check_hash(root, "the root hash")
     if root_from_inclusion(leaf, index, size, proof) != root:
-        raise ProofError(f"the inclusion proof of leaf {index} does not lead to the root of size {size}")
+        raise ProofError(
+            f"the inclusion proof of leaf {index} does not lead to the root of size {size}"
+        )
 
 
 def verify_consistency(
@@ -327,7 +372,9 @@ def verify_consistency(
     for number, p in enumerate(proof):
         _check_hash(p, f"proof hash {number}")
     path = list(proof)
-    if old_size & (old_size - 1) == 0:  # an exact power of two: the old root is a node of the new tree
+    if (
+        old_size & (old_size - 1) == 0
+    ):  # an exact power of two: the old root is a node of the new tree
         path.insert(0, old_root)
     fn, sn = old_size - 1, new_size - 1
     while fn & 1:

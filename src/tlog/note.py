@@ -24,7 +24,10 @@ import msgspec
 from ..errors import NoteError, ProofError
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 ED25519: Final = 0x01
 """The signature type byte of Ed25519 (signed-note's registry)."""
@@ -130,7 +133,9 @@ def generate_signer(name: str) -> Signer:
 def _key_parts(text: str, what: str) -> tuple[str, int, bytes]:
     parts = text.strip().split("+", 2)
     if len(parts) != 3:
-        raise NoteError(f"A {what} is name+keyid+key (three fields joined by '+'), not {len(parts)} fields")
+        raise NoteError(
+            f"A {what} is name+keyid+key (three fields joined by '+'), not {len(parts)} fields"
+        )
     name, hex_id, encoded = parts
     check_key_name(name)
     if len(hex_id) != 8 or any(char not in "0123456789abcdefABCDEF" for char in hex_id):
@@ -150,7 +155,9 @@ def parse_verifier(text: str) -> Verifier:
     name, wanted, public = _key_parts(text, "verifier key")
     verifier = Verifier(name, public)
     if verifier.key_id != wanted:
-        raise NoteError(f"The verifier key's ID {wanted:08x} is not its key's ({verifier.key_id:08x})")
+        raise NoteError(
+            f"The verifier key's ID {wanted:08x} is not its key's ({verifier.key_id:08x})"
+        )
     return verifier
 
 
@@ -230,10 +237,14 @@ def open_note(note: str | bytes, verifiers: list[Verifier]) -> tuple[str, list[s
         if verifier is None:
             continue  # an unknown key (a witness, a rotated key): ignored, as the spec says
         if not verifier.verify(message, raw[4:]):
-            raise ProofError(f"The signature of {name!r} (key ID {verifier.key_id:08x}) does not verify")
+            raise ProofError(
+                f"The signature of {name!r} (key ID {verifier.key_id:08x}) does not verify"
+            )
         verified.append(name)
     if not verified:
-        names = ", ".join(f"{verifier.name}+{verifier.key_id:08x}" for verifier in verifiers) or "none"
+        names = (
+            ", ".join(f"{verifier.name}+{verifier.key_id:08x}" for verifier in verifiers) or "none"
+        )
         raise ProofError(f"The note has no signature by a trusted key (trusted: {names})")
     return text, verified
 
@@ -252,11 +263,20 @@ class Checkpoint(msgspec.Struct, frozen=True):
     def text(self) -> str:
         """The checkpoint's note text."""
 
-        if not self.origin or "\n" in self.origin or any(not line or "\n" in line for line in self.extensions):
+        if (
+            not self.origin
+            or "\n" in self.origin
+            or any(not line or "\n" in line for line in self.extensions)
+        ):
             raise NoteError("A checkpoint's origin and extension lines are non-empty single lines")
         if len(self.root) != 32 or self.size < 0:
             raise NoteError("A checkpoint names a tree size of 0 or more and a 32-byte root")
-        lines = [self.origin, str(self.size), base64.b64encode(self.root).decode(), *self.extensions]
+        lines = [
+            self.origin,
+            str(self.size),
+            base64.b64encode(self.root).decode(),
+            *self.extensions,
+        ]
         return "".join(line + "\n" for line in lines)
 
 
@@ -267,10 +287,18 @@ def parse_checkpoint(text: str) -> Checkpoint:
         raise NoteError("A checkpoint's text ends with a newline")
     lines = text[:-1].split("\n")
     if len(lines) < 3 or any(not line for line in lines):
-        raise NoteError("A checkpoint is at least three non-empty lines: origin, tree size, root hash")
+        raise NoteError(
+            "A checkpoint is at least three non-empty lines: origin, tree size, root hash"
+        )
     origin, size_text, root_text, *extensions = lines
-    if not size_text.isascii() or not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")):
-        raise NoteError(f"A checkpoint's tree size is a decimal number without leading zeros, not {size_text[:30]!r}")
+    if (
+        not size_text.isascii()
+        or not size_text.isdigit()
+        or (size_text != "0" and size_text.startswith("0"))
+    ):
+        raise NoteError(
+            f"A checkpoint's tree size is a decimal number without leading zeros, not {size_text[:30]!r}"
+        )
     try:
         root = base64.b64decode(root_text, validate=True)
     except (binascii.Error, ValueError):
@@ -286,7 +314,9 @@ def sign_checkpoint(checkpoint: Checkpoint, signer: Signer) -> str:
     return sign_note(checkpoint.text(), signer)
 
 
-def verify_checkpoint(note: str | bytes, verifier: Verifier | str, origin: str | None = None) -> Checkpoint:
+def verify_checkpoint(
+    note: str | bytes, verifier: Verifier | str, origin: str | None = None
+) -> Checkpoint:
     """The checkpoint of a signed note, once ``verifier`` (a ``Verifier`` or its text) signed it
     and, when given, its origin is ``origin``; ``ProofError`` or ``NoteError`` otherwise."""
 
@@ -304,4 +334,8 @@ def note_key_names(note: str) -> list[str]:
     at = note.rfind("\n\n")
     if at < 0:
         return []
-    return [line[len(_DASH) :].split(" ", 1)[0] for line in note[at + 2 :].splitlines() if line.startswith(_DASH)]
+    return [
+        line[len(_DASH) :].split(" ", 1)[0]
+        for line in note[at + 2 :].splitlines()
+        if line.startswith(_DASH)
+    ]

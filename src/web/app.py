@@ -5,37 +5,45 @@ script, the live log, is a static file), and the token checked on every request 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import os
 import time
-from urllib.parse import urlencode
-from collections.abc import Awaitable, Callable
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import jinja2
 import msgspec
 from aiohttp import web
 
+from ..audit.export import seq_range
 from ..audit.jsonlines import to_json
+from ..audit.search import said
 from ..audit.show import SHOW_KINDS, show
 from ..audit.stats import UserBuild, format_stats, stats
 from ..audit.tail import Tail, TailFilter, commit_to_builtins, summarize
 from ..audit.transparency import verify_trusted
 from ..audit.verify import last_outcome
-from ..audit.export import seq_range
-from ..audit.search import said
+from ..errors import NoteError
 from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
-
-from ..errors import BadQueryError, NoteError
 from . import chart, links, lists, search, timeline, views
+from .access import CSP, OPTIONS, guard
 from .query import parameter
+from .respond import (
+    FINDER,
+    STORE,
+    TEMPLATES,
+    as_json,
+    as_of_point,
+    errors,
+    path_number,
+    query_int,
+    render,
+)
 from .search import Finder, marked
 from .text import brief, is_cut, plain, pretty, utf8_safe, visible
 
 HERE: Final = os.path.dirname(os.path.abspath(__file__))
-TOKEN_COOKIE: Final = "durable_log_token"
 POLL: Final = 0.5
 """Seconds between two looks at the log's head for the live log (one read each)."""
 LIVE_ROWS: Final = 200
@@ -46,24 +54,12 @@ REPLAY_CHUNK: Final = 64
 client that asks for a long backlog (``?after=0`` on a big log) never holds the server."""
 HEARTBEAT: Final = 15.0
 """Seconds of silence after which the live log sends a comment (keeps proxies from closing it)."""
-CSP: Final = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
-)
-LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "[::1]", "::1")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-STORE: Final = web.AppKey("store", views.Store)
-TEMPLATES: Final = web.AppKey("templates", jinja2.Environment)
-OPTIONS: Final = web.AppKey("options", dict)
-FINDER: Final = web.AppKey("finder", Finder)
-PROBE: Final = "/healthz"
-"""Answers without the token (a load balancer's probe cannot send one), saying only whether the
-store is readable; with the token, what is wrong too."""
 
 
-def make_app(path: str, *, token: str | None = None, nats: str | None = None, stream: str | None = None) -> web.Application:
-    app = web.Application(middlewares=[_guard, _errors])
+def make_app(
+    path: str, *, token: str | None = None, nats: str | None = None, stream: str | None = None
+) -> web.Application:
+    app = web.Application(middlewares=[guard, errors])
     app[STORE] = views.Store(path)
     app[TEMPLATES] = _templates()
     app[OPTIONS] = {"token": token, "nats": nats, "stream": stream}
@@ -101,8 +97,16 @@ def _templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(text=visible, pretty=pretty, brief=brief, when=_when, cut=is_cut, marked=marked)
-    env.globals.update(entry_text=views.entry_text, write_types=WRITE_TYPES, links=links, roles=timeline.roles, said=said)
+    env.filters.update(
+        text=visible, pretty=pretty, brief=brief, when=_when, cut=is_cut, marked=marked
+    )
+    env.globals.update(
+        entry_text=views.entry_text,
+        write_types=WRITE_TYPES,
+        links=links,
+        roles=timeline.roles,
+        said=said,
+    )
     return env
 
 
@@ -113,102 +117,6 @@ def _when(ms: Any) -> str:
 
 
 # ── middleware ────────────────────────────────────────────────────────────────
-
-
-@web.middleware
-async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The token (when set) on every request; without one, only a loopback Host (a page of
-    another site cannot reach the view through DNS rebinding); security headers on every answer."""
-
-    token = request.app[OPTIONS]["token"]
-    set_cookie = False
-    request["authorized"] = True
-    if token is not None:
-        given = _token_of(request)
-        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
-            if request.path != PROBE:
-                return web.Response(status=401, text="durable-log serve: this view needs its token (header Authorization: Bearer T, or ?token=T)\n")
-            request["authorized"] = False
-        set_cookie = request.query.get("token") is not None
-    elif request.host.rsplit(":", 1)[0] not in LOOPBACK_HOSTS:
-        return web.Response(status=403, text="durable-log serve: without --token, only loopback host names are served\n")
-    if set_cookie and request.method == "GET" and request["authorized"]:
-        response: web.StreamResponse = _without_token(request)  # out of the address bar and history
-    else:
-        response = await handler(request)
-    response.headers.setdefault("Content-Security-Policy", CSP)
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "no-referrer"
-    response.headers["X-Frame-Options"] = "DENY"
-    if set_cookie and token is not None and not response.prepared:
-        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
-    return response
-
-
-def _without_token(request: web.Request) -> web.Response:
-    """A redirect to the same address without ``token=`` (the cookie, set with it, carries it)."""
-
-    kept = [(key, value) for key, value in request.query.items() if key != "token"]
-    location = str(request.rel_url.with_query(kept))
-    return web.Response(status=303, headers={"Location": location, "Cache-Control": "no-store"})
-
-
-def _token_of(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[len("Bearer ") :].strip()
-    return request.headers.get("X-Durable-Log-Token") or request.query.get("token") or request.cookies.get(TOKEN_COOKIE)
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A bad query parameter is a 400 page naming it; a store that cannot be read is a 503 page
-    naming why, and is opened afresh by the next request (the handle other requests are reading
-    through is closed only once they end)."""
-
-    try:
-        async with request.app[STORE].request():
-            return await handler(request)
-    except web.HTTPException:
-        raise
-    except BadQueryError as error:
-        return _page(request, "error.html", {"title": "Bad request", "message": str(error)}, status=400)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as error:
-        await request.app[STORE].forget()
-        message = f"{type(error).__name__}: {error}"
-        return _page(request, "error.html", {"title": "Store unavailable", "message": message}, status=503)
-
-
-def _page(request: web.Request, name: str, context: dict[str, Any], status: int = 200) -> web.Response:
-    template = request.app[TEMPLATES].get_template(name)
-    query = {key: value for key, value in request.query.items() if key != "token"}
-    html = template.render(request_path=request.path, query=query, **context)
-    return web.Response(text=utf8_safe(html), content_type="text/html", status=status)
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(text=utf8_safe(to_json(value)), content_type="application/json", status=status)
-
-
-def _int(request: web.Request, name: str) -> int | None:
-    found: int | None = parameter(request.query, name)
-    return found
-
-
-def _path_number(request: web.Request, name: str) -> int:
-    found: int = parameter(request.match_info, name)
-    return found
-
-
-async def _as_of(request: web.Request) -> tuple[int | None, int]:
-    """The page's point (None: now) and the log's head, for the history control."""
-
-    store = request.app[STORE]
-    as_of = await store.point(parameter(request.query, "as_of"))
-    head = (await store.storage()).log.head()
-    return as_of, head
 
 
 async def _no_icon(request: web.Request) -> web.Response:
@@ -225,14 +133,18 @@ async def healthz(request: web.Request) -> web.Response:
     body = msgspec.to_builtins(found)
     if not request["authorized"]:
         body = {"status": found.status}  # a probe without the token learns only this
-    return web.json_response(body, status=200 if ok else 503, dumps=lambda value: utf8_safe(json.dumps(value)))
+    return web.json_response(
+        body, status=200 if ok else 503, dumps=lambda value: utf8_safe(json.dumps(value))
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
     from .health import metrics_text
 
     text = await asyncio.to_thread(metrics_text, request.app[STORE].path, request.app[OPTIONS])
-    return web.Response(body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(
+        body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
 
 
 # ── pages ─────────────────────────────────────────────────────────────────────
@@ -242,15 +154,33 @@ async def overview(request: web.Request) -> web.Response:
     store = request.app[STORE]
     info = stats(store.path)
     head = info.head_seq
-    projections: list[tuple[str, int | None, int | None, str | None, UserBuild | None]] = [("core", info.projections.core.folded_seq, None, None, None)]
-    projections += [(name, user.folded_seq, user.failed_seq, user.error, user.building) for name, user in info.projections.user.items()]
-    rows = [(name, folded, head - int(folded or 0), failed, error, build) for name, folded, failed, error, build in projections]
+    projections: list[tuple[str, int | None, int | None, str | None, UserBuild | None]] = [
+        ("core", info.projections.core.folded_seq, None, None, None)
+    ]
+    projections += [
+        (name, user.folded_seq, user.failed_seq, user.error, user.building)
+        for name, user in info.projections.user.items()
+    ]
+    rows = [
+        (name, folded, head - int(folded or 0), failed, error, build)
+        for name, folded, failed, error, build in projections
+    ]
     verified = last_outcome(store.path)
     drawn = chart.draw((await store.storage()).log)
-    return _page(
-        request, "overview.html",
-        {"title": "Overview", "info": info, "chart": drawn, "text": format_stats(info), "projections": rows, "verified": verified,
-         "verified_at": None if verified is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(verified.at / 1000))},
+    return render(
+        request,
+        "overview.html",
+        {
+            "title": "Overview",
+            "info": info,
+            "chart": drawn,
+            "text": format_stats(info),
+            "projections": rows,
+            "verified": verified,
+            "verified_at": None
+            if verified is None
+            else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(verified.at / 1000)),
+        },
     )
 
 
@@ -276,31 +206,60 @@ async def audit_page(request: web.Request) -> web.Response:
             error = str(refused)
     elif note.strip() or vkey:
         error = "paste both the signed checkpoint and the verifier key"
-    return _page(
-        request, "audit.html", {"title": "Audit", "tree": info.tree, "note": note, "vkey": vkey, "report": report, "error": error}
+    return render(
+        request,
+        "audit.html",
+        {
+            "title": "Audit",
+            "tree": info.tree,
+            "note": note,
+            "vkey": vkey,
+            "report": report,
+            "error": error,
+        },
     )
 
 
 async def conversation_list(request: web.Request) -> web.Response:
-    as_of, head = await _as_of(request)
+    as_of, head = await as_of_point(request)
     reader = await request.app[STORE].reader(as_of)
     finder = request.app[FINDER]
     if as_of is None and "after" not in request.query and finder.exists():  # by newest activity
-        skip = _int(request, "skip") or 0
+        skip = query_int(request, "skip") or 0
         rows, total = await search.active(finder, reader, skip, views.PAGE)
-        return _page(request, "active.html", {"title": "Conversations", "rows": rows, "total": total, "skip": skip, "per_page": views.PAGE, "as_of": as_of, "head": head})
-    page = await views.conversations(reader, _int(request, "after"))
-    return _page(request, "conversations.html", {"title": "Conversations", "page": page, "as_of": as_of, "head": head})
+        return render(
+            request,
+            "active.html",
+            {
+                "title": "Conversations",
+                "rows": rows,
+                "total": total,
+                "skip": skip,
+                "per_page": views.PAGE,
+                "as_of": as_of,
+                "head": head,
+            },
+        )
+    page = await views.conversations(reader, query_int(request, "after"))
+    return render(
+        request,
+        "conversations.html",
+        {"title": "Conversations", "page": page, "as_of": as_of, "head": head},
+    )
 
 
 async def conversation_page(request: web.Request) -> web.Response:
-    id = _path_number(request, "id")
-    as_of, head = await _as_of(request)
+    id = path_number(request, "id")
+    as_of, head = await as_of_point(request)
     reader = await request.app[STORE].reader(as_of)
-    found = await views.conversation(reader, id, _int(request, "after"), _int(request, "before"))
+    found = await views.conversation(
+        reader, id, query_int(request, "after"), query_int(request, "before")
+    )
     if found is None:
         return _missing(request, f"conversation {id}", as_of)
-    times = await timeline.entry_times((await request.app[STORE].storage()).log, reader, found.nodes)
+    times = await timeline.entry_times(
+        (await request.app[STORE].storage()).log, reader, found.nodes
+    )
     paging = found.paging
     pages = {}
     if paging.older is not None:
@@ -309,62 +268,95 @@ async def conversation_page(request: web.Request) -> web.Response:
     if paging.newer is not None:
         pages["next"] = _link(request, after=paging.newer, before=None)
         pages["last"] = _link(request, after=None, before=paging.newest)
-    context = {"title": f"Conversation {id}", "c": found, "links": pages, "as_of": as_of, "head": head, "times": times}
-    return _page(request, "conversation.html", context)
+    context = {
+        "title": f"Conversation {id}",
+        "c": found,
+        "links": pages,
+        "as_of": as_of,
+        "head": head,
+        "times": times,
+    }
+    return render(request, "conversation.html", context)
 
 
 def _link(request: web.Request, **changes: int | None) -> str:
     """This page's address with some query parameters changed (None: left out), the token never."""
 
-    query = {key: value for key, value in request.query.items() if key != "token" and key not in changes}
+    query = {
+        key: value for key, value in request.query.items() if key != "token" and key not in changes
+    }
     query.update({key: str(value) for key, value in changes.items() if value is not None})
     return request.path + ("?" + urlencode(query) if query else "")
 
 
 async def document_list(request: web.Request) -> web.Response:
-    as_of, head = await _as_of(request)
+    as_of, head = await as_of_point(request)
     reader = await request.app[STORE].reader(as_of)
     kind = request.query.get("kind", "").strip() or None
     scope = lists.scope_filter(request.query.get("scope"))
     page: lists.ListPage | lists.FilteredPage
     if kind is None and scope is None:
-        page = await views.documents(reader, _int(request, "after"))
+        page = await views.documents(reader, query_int(request, "after"))
     else:
-        page = await lists.documents(reader, kind, scope, _int(request, "after"))
-    return _page(request, "documents.html", {"title": "Documents", "page": page, "as_of": as_of, "head": head})
+        page = await lists.documents(reader, kind, scope, query_int(request, "after"))
+    return render(
+        request,
+        "documents.html",
+        {"title": "Documents", "page": page, "as_of": as_of, "head": head},
+    )
 
 
 async def task_list(request: web.Request) -> web.Response:
     """Tasks by id with a facet per status (and a kind filter), now or ``?as_of=``."""
 
-    as_of, head = await _as_of(request)
+    as_of, head = await as_of_point(request)
     reader = await request.app[STORE].reader(as_of)
     status = lists.status_of(request.query.get("status"))
     kind = request.query.get("kind", "").strip() or None
     facets = await lists.task_facets(reader, kind)
-    page = await lists.tasks(reader, status, kind, _int(request, "after"))
-    return _page(request, "tasks.html", {"title": "Tasks", "page": page, "facets": facets, "status": status, "kind": kind, "as_of": as_of, "head": head})
+    page = await lists.tasks(reader, status, kind, query_int(request, "after"))
+    return render(
+        request,
+        "tasks.html",
+        {
+            "title": "Tasks",
+            "page": page,
+            "facets": facets,
+            "status": status,
+            "kind": kind,
+            "as_of": as_of,
+            "head": head,
+        },
+    )
 
 
 async def document_page(request: web.Request) -> web.Response:
-    id = _path_number(request, "id")
-    as_of, head = await _as_of(request)
+    id = path_number(request, "id")
+    as_of, head = await as_of_point(request)
     store = request.app[STORE]
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
     if found is None:
         return _missing(request, f"document {id}", as_of)
-    shown, newer, older = lists.version_window(found.versions, found.picked, _int(request, "versions"))
+    shown, newer, older = lists.version_window(
+        found.versions, found.picked, query_int(request, "versions")
+    )
     window = {"shown": shown, "newer": newer, "older": older, "total": len(found.versions)}
-    return _page(request, "document.html", {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head, "window": window})
+    return render(
+        request,
+        "document.html",
+        {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head, "window": window},
+    )
 
 
 def _missing(request: web.Request, what: str, as_of: int | None) -> web.Response:
     when = "" if as_of is None else f" as of log sequence {as_of}"
-    return _page(request, "error.html", {"title": "Not found", "message": f"No {what}{when}."}, status=404)
+    return render(
+        request, "error.html", {"title": "Not found", "message": f"No {what}{when}."}, status=404
+    )
 
 
 def _filter(request: web.Request) -> TailFilter:
-    return TailFilter(_int(request, "conversation"), parameter(request.query, "kind"))
+    return TailFilter(query_int(request, "conversation"), parameter(request.query, "kind"))
 
 
 def _times(request: web.Request) -> tuple[int | None, int | None]:
@@ -388,25 +380,44 @@ class BatchRow(msgspec.Struct, frozen=True):
 
 def _batch(commit: Any, writes: list[Any]) -> BatchRow:
     summary = summarize(commit, writes).split("Z  ", 1)[-1]  # the line of ``tail``, after its time
-    found = [BatchLink(text=link.text, href=link.href) for link in links.of_writes(commit.seq, writes)]
-    return BatchRow(seq=commit.seq, when=_when(commit.committed_at), summary=plain(summary), links=found)
+    found = [
+        BatchLink(text=link.text, href=link.href) for link in links.of_writes(commit.seq, writes)
+    ]
+    return BatchRow(
+        seq=commit.seq, when=_when(commit.committed_at), summary=plain(summary), links=found
+    )
 
 
 async def log_page(request: web.Request) -> web.Response:
     store = request.app[STORE]
     filter = _filter(request)
     since, until = _times(request)
-    before = _int(request, "before")
+    before = query_int(request, "before")
     tail = Tail(store.path, filter)
     try:
         head = tail.head()
         first, last = seq_range(tail.log, None, before, since, until)
-        batches = [_batch(commit, writes) for commit, writes in reversed(tail.last(views.PAGE, first, last))]
+        batches = [
+            _batch(commit, writes)
+            for commit, writes in reversed(tail.last(views.PAGE, first, last))
+        ]
     finally:
         tail.close()
     live = before is None and until is None
     older = batches[-1].seq - 1 if len(batches) == views.PAGE and batches[-1].seq > first else None
-    return _page(request, "log.html", {"title": "Log", "batches": batches, "head": head, "live": live, "older": older, "kinds": filter.types or frozenset(), "keep": LIVE_ROWS})
+    return render(
+        request,
+        "log.html",
+        {
+            "title": "Log",
+            "batches": batches,
+            "head": head,
+            "live": live,
+            "older": older,
+            "kinds": filter.types or frozenset(),
+            "keep": LIVE_ROWS,
+        },
+    )
 
 
 async def log_events(request: web.Request) -> web.StreamResponse:
@@ -415,8 +426,10 @@ async def log_events(request: web.Request) -> web.StreamResponse:
 
     store = request.app[STORE]
     filter = _filter(request)
-    after = _int(request, "after")
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+    after = query_int(request, "after")
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+    )
     response.headers["Content-Security-Policy"] = CSP
     response.headers["X-Content-Type-Options"] = "nosniff"
     await response.prepare(request)
@@ -427,14 +440,20 @@ async def log_events(request: web.Request) -> web.StreamResponse:
         while True:
             head = tail.head()
             if head > seen:
-                while seen < head:  # a chunk per read, the loop free between chunks (a long backlog)
+                while (
+                    seen < head
+                ):  # a chunk per read, the loop free between chunks (a long backlog)
                     last = min(head, seen + REPLAY_CHUNK)
                     commits: list[Any] = list(tail.log.read(seen + 1, last))
                     for commit in commits:
                         writes = tail.select(commit)
                         if writes:
-                            data = utf8_safe(json.dumps(msgspec.to_builtins(_batch(commit, writes))))
-                            await response.write(f"id: {commit.seq}\nevent: batch\ndata: {data}\n\n".encode())
+                            data = utf8_safe(
+                                json.dumps(msgspec.to_builtins(_batch(commit, writes)))
+                            )
+                            await response.write(
+                                f"id: {commit.seq}\nevent: batch\ndata: {data}\n\n".encode()
+                            )
                     seen = last
                     await asyncio.sleep(0)
                 await response.write(f"event: head\ndata: {head}\n\n".encode())
@@ -456,7 +475,7 @@ async def log_record(request: web.Request) -> web.Response:
     prints it for ``Accept: application/json`` or ``?format=json`` (or any client that does not
     ask for HTML)."""
 
-    seq = _path_number(request, "seq")
+    seq = path_number(request, "seq")
     tail = Tail(request.app[STORE].path)
     try:
         commit: Any = tail.log.get(seq) if seq >= 1 else None
@@ -466,14 +485,36 @@ async def log_record(request: web.Request) -> web.Response:
     html = _wants_html(request)
     if commit is None:
         if html:
-            return _page(request, "error.html", {"title": "Not found", "message": f"No log record {seq} (the log's head is {head})."}, status=404)
-        return _json({"error": f"no log record {seq}"}, status=404)
+            return render(
+                request,
+                "error.html",
+                {
+                    "title": "Not found",
+                    "message": f"No log record {seq} (the log's head is {head}).",
+                },
+                status=404,
+            )
+        return as_json({"error": f"no log record {seq}"}, status=404)
     if not html:
-        return _json(commit_to_builtins(commit))
-    writes = [(type(write).__struct_config__.tag, links.of_writes(seq, [write]), to_json(write_to_builtins(write))) for write in commit.writes]
-    return _page(
-        request, "record.html",
-        {"title": f"Log record {seq}", "seq": seq, "head": head, "when": _when(commit.committed_at), "writes": writes},
+        return as_json(commit_to_builtins(commit))
+    writes = [
+        (
+            type(write).__struct_config__.tag,
+            links.of_writes(seq, [write]),
+            to_json(write_to_builtins(write)),
+        )
+        for write in commit.writes
+    ]
+    return render(
+        request,
+        "record.html",
+        {
+            "title": f"Log record {seq}",
+            "seq": seq,
+            "head": head,
+            "when": _when(commit.committed_at),
+            "writes": writes,
+        },
     )
 
 
@@ -493,18 +534,20 @@ def _wants_html(request: web.Request) -> bool:
 async def record_json(request: web.Request) -> web.Response:
     """One record as ``durable-log show`` prints it, now or ``?as_of=``."""
 
-    kind, id = request.match_info["kind"], _path_number(request, "id")
+    kind, id = request.match_info["kind"], path_number(request, "id")
     if kind not in SHOW_KINDS:
-        return _json({"error": f"unknown kind {kind!r}; one of {', '.join(SHOW_KINDS)}"}, status=404)
+        return as_json(
+            {"error": f"unknown kind {kind!r}; one of {', '.join(SHOW_KINDS)}"}, status=404
+        )
     as_of = await request.app[STORE].point(parameter(request.query, "as_of"))
     try:
         found, _ = await show(request.app[STORE].path, kind, id, as_of)
     except TypeError as error:
-        return _json({"error": f"{kind} {id}: {error}"}, status=400)
+        return as_json({"error": f"{kind} {id}: {error}"}, status=400)
     if found is None:
         when = "" if as_of is None else f" as of log sequence {as_of}"
-        return _json({"error": f"no {kind} {id}{when}"}, status=404)
-    return _json(found)
+        return as_json({"error": f"no {kind} {id}{when}"}, status=404)
+    return as_json(found)
 
 
 # ── search ────────────────────────────────────────────────────────────────────
@@ -516,18 +559,37 @@ async def search_page(request: web.Request) -> web.Response:
     results as ``durable-log search --json`` prints them."""
 
     text = request.query.get("q", "").strip()
-    as_of, head = await _as_of(request)
-    before = _int(request, "before")
+    as_of, head = await as_of_point(request)
+    before = query_int(request, "before")
     store, finder = request.app[STORE], request.app[FINDER]
     results = None
     if text and finder.exists():
-        results = await finder.find(await store.storage(), await store.reader(as_of), text, as_of, before)
-    if request.query.get("format") == "json" or ("application/json" in request.headers.get("Accept", "") and not _wants_html(request)):
+        results = await finder.find(
+            await store.storage(), await store.reader(as_of), text, as_of, before
+        )
+    if request.query.get("format") == "json" or (
+        "application/json" in request.headers.get("Accept", "") and not _wants_html(request)
+    ):
         if results is None:
-            return _json({"error": "give ?q=WORDS" if not text else "this store has no word index: durable-log search PATH WORDS builds it"}, status=400 if not text else 404)
-        return _json(msgspec.to_builtins(results))
-    return _page(
-        request, "search.html",
-        {"title": "Search", "q": text, "results": results, "indexed": finder.exists(), "as_of": as_of, "head": head,
-         "path": store.path},
+            return as_json(
+                {
+                    "error": "give ?q=WORDS"
+                    if not text
+                    else "this store has no word index: durable-log search PATH WORDS builds it"
+                },
+                status=400 if not text else 404,
+            )
+        return as_json(msgspec.to_builtins(results))
+    return render(
+        request,
+        "search.html",
+        {
+            "title": "Search",
+            "q": text,
+            "results": results,
+            "indexed": finder.exists(),
+            "as_of": as_of,
+            "head": head,
+            "path": store.path,
+        },
     )

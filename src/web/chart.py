@@ -98,7 +98,10 @@ def draw(log: Any) -> Chart:
     span = end - start
     edges = [start - 1 + span * index / BARS for index in range(BARS + 1)]
     edges[-1] = end
-    counts = [max(0.0, committed_by(edges[index + 1]) - committed_by(edges[index])) for index in range(BARS)]
+    counts = [
+        max(0.0, committed_by(edges[index + 1]) - committed_by(edges[index]))
+        for index in range(BARS)
+    ]
     most = max(1, round(max(counts)))
     plot_w, plot_h = WIDTH - LEFT - 8, HEIGHT - BOTTOM - TOP
     bar_w = plot_w / BARS
@@ -106,10 +109,20 @@ def draw(log: Any) -> Chart:
     for index, count in enumerate(counts):
         height = plot_h * count / most
         title = f"{round(count):,} commits{'' if exact else ' (about)'} from {_label(int(edges[index]) + 1)} to {_label(int(edges[index + 1]))}"
-        bars.append(Bar(LEFT + index * bar_w + 0.5, TOP + plot_h - height, max(bar_w - 1, 0.5), height, title))
+        bars.append(
+            Bar(
+                LEFT + index * bar_w + 0.5,
+                TOP + plot_h - height,
+                max(bar_w - 1, 0.5),
+                height,
+                title,
+            )
+        )
     total = seqs[-1] - first_seq
     line = " ".join(
         f"{LEFT + plot_w * (ms - start) / span:.1f},{TOP + plot_h - plot_h * (seq - first_seq) / max(total, 1):.1f}"
         for seq, ms in zip(seqs, times)
     )
-    return Chart(False, exact, bars, line, _label(start), _label(end), most, seqs[-1], first_seq + 1)
+    return Chart(
+        False, exact, bars, line, _label(start), _label(end), most, seqs[-1], first_seq + 1
+    )

@@ -11,9 +11,9 @@ from msgspec import UNSET, UnsetType
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from ..metrics import PREFIX, register_path
 from ..audit.stats import LeaseHolder, lease_of, stats
 from ..audit.tail import open_stream
+from ..metrics import PREFIX, register_path
 
 DEFAULT_MAX_LAG: Final = 1000
 """Records a store may be behind its stream before ``/healthz`` calls it stale."""
@@ -81,7 +81,9 @@ async def health(path: str, options: dict[str, Any]) -> tuple[bool, Health]:
     body = msgspec.structs.replace(body, stream=StreamLag(head_seq=last, lag_records=lag))
     max_lag = DEFAULT_MAX_LAG if options.get("max_lag") is None else int(options["max_lag"])
     if lag > max_lag:
-        reason = f"the store is {lag} records behind stream {options['stream']!r} (more than {max_lag})"
+        reason = (
+            f"the store is {lag} records behind stream {options['stream']!r} (more than {max_lag})"
+        )
         return False, msgspec.structs.replace(body, status="stale", reason=reason)
     return True, body
 
@@ -103,7 +105,9 @@ class _StreamCollector:
         self.path, self.nats, self.stream = path, nats, stream
 
     def collect(self) -> Any:
-        up = GaugeMetricFamily(f"{PREFIX}_stream_up", "1 while the stream that carries the log answers")
+        up = GaugeMetricFamily(
+            f"{PREFIX}_stream_up", "1 while the stream that carries the log answers"
+        )
         try:
             info = stats(self.path)
             store = info.store_id
@@ -115,12 +119,24 @@ class _StreamCollector:
         up.add_metric([], 1)
         yield up
         head = info.head_seq
-        yield GaugeMetricFamily(f"{PREFIX}_stream_head_seq", "Log sequence of the store's last record on the stream", value=last or 0)
         yield GaugeMetricFamily(
-            f"{PREFIX}_replication_lag_records", "Records on the stream the store does not hold yet", value=max(0, (last or 0) - head)
+            f"{PREFIX}_stream_head_seq",
+            "Log sequence of the store's last record on the stream",
+            value=last or 0,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_replication_lag_records",
+            "Records on the stream the store does not hold yet",
+            value=max(0, (last or 0) - head),
         )
         if lease is not None:
-            yield GaugeMetricFamily(f"{PREFIX}_stream_lease_epoch", "Epoch of the store's writer lease on the stream", value=lease.epoch)
+            yield GaugeMetricFamily(
+                f"{PREFIX}_stream_lease_epoch",
+                "Epoch of the store's writer lease on the stream",
+                value=lease.epoch,
+            )
 
     async def _read(self, store: str | None) -> tuple[int | None, LeaseHolder | None]:
-        return await stream_head(self.nats, self.stream, store), await lease_of(self.nats, self.stream, store)
+        return await stream_head(self.nats, self.stream, store), await lease_of(
+            self.nats, self.stream, store
+        )

@@ -17,13 +17,20 @@ VALUE_CHARS: Final = 300
 
 
 def _pointer(path: list[str]) -> str:
-    return "/" + "/".join(part.replace("~", "~0").replace("/", "~1") for part in path) if path else "(the whole value)"
+    return (
+        "/" + "/".join(part.replace("~", "~0").replace("/", "~1") for part in path)
+        if path
+        else "(the whole value)"
+    )
 
 
 def _shown(value: Any) -> str:
     """A value in one line of JSON (a string in its quotes), cut when long."""
 
-    return brief(json.dumps(value, ensure_ascii=False, default=repr) if isinstance(value, str) else value, VALUE_CHARS)
+    return brief(
+        json.dumps(value, ensure_ascii=False, default=repr) if isinstance(value, str) else value,
+        VALUE_CHARS,
+    )
 
 
 def _key(value: Any) -> str:
@@ -64,13 +71,20 @@ def _walk(before: Any, after: Any, path: list[str], lines: list[tuple[str, str]]
                 lines.append(("+", f"+ {_pointer(path + [name])}: {_shown(value)}"))
         return
     if isinstance(before, list) and isinstance(after, list):
-        matcher = difflib.SequenceMatcher(None, [_key(item) for item in before], [_key(item) for item in after], autojunk=False)
+        matcher = difflib.SequenceMatcher(
+            None, [_key(item) for item in before], [_key(item) for item in after], autojunk=False
+        )
         for tag, low, high, new_low, new_high in matcher.get_opcodes():
             if tag == "equal":
                 continue
             if tag == "replace" and high - low == new_high - new_low:
                 for offset in range(high - low):
-                    _walk(before[low + offset], after[new_low + offset], path + [str(new_low + offset)], lines)
+                    _walk(
+                        before[low + offset],
+                        after[new_low + offset],
+                        path + [str(new_low + offset)],
+                        lines,
+                    )
                 continue
             for index in range(low, high):
                 lines.append(("-", f"- {_pointer(path + [str(index)])}: {_shown(before[index])}"))

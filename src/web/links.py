@@ -45,8 +45,14 @@ def sequence(seq: Any) -> str:
 def scope(value: Any) -> Link | None:
     """A document's scope as a link, when it names a conversation."""
 
-    if isinstance(value, dict) and value.get("kind") == "conversation" and isinstance(value.get("conversationId"), int):
-        return Link(f"conversation {value['conversationId']}", conversation(value["conversationId"]))
+    if (
+        isinstance(value, dict)
+        and value.get("kind") == "conversation"
+        and isinstance(value.get("conversationId"), int)
+    ):
+        return Link(
+            f"conversation {value['conversationId']}", conversation(value["conversationId"])
+        )
     return None
 
 
@@ -57,9 +63,13 @@ def owner(value: Any) -> list[Link]:
         return []
     found = []
     if isinstance(value.get("conversationId"), int):
-        found.append(Link(f"conversation {value['conversationId']}", conversation(value["conversationId"])))
+        found.append(
+            Link(f"conversation {value['conversationId']}", conversation(value["conversationId"]))
+        )
         if isinstance(value.get("taskId"), int):
-            found.append(Link(f"task {value['taskId']}", task(value["taskId"], value["conversationId"])))
+            found.append(
+                Link(f"task {value['taskId']}", task(value["taskId"], value["conversationId"]))
+            )
     return found
 
 
@@ -83,9 +93,15 @@ def _write_link(seq: int, write: Any) -> list[Link]:
     if tag == "conversation" and isinstance(value, dict):
         return [Link(f"conversation {int(value['id'])}", conversation(value["id"]))]
     if tag == "task" and isinstance(value, dict):
-        return [Link(f"task {int(value['id'])}", task(value["id"], value.get("conversationId"), seq))]
+        return [
+            Link(f"task {int(value['id'])}", task(value["id"], value.get("conversationId"), seq))
+        ]
     if tag == "submission" and isinstance(value, dict):
-        return [Link(f"submission {int(value['id'])}", at(f"/records/submission/{int(value['id'])}", seq))]
+        return [
+            Link(
+                f"submission {int(value['id'])}", at(f"/records/submission/{int(value['id'])}", seq)
+            )
+        ]
     if tag in ("document.create", "document.copy"):
         return [Link(f"document {int(write.record['id'])}", document(write.record["id"], seq))]
     if tag == "document.change":

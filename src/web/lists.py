@@ -63,7 +63,9 @@ async def task_facets(reader: StorageReads, kind: str | None) -> list[tuple[str,
     return found
 
 
-async def tasks(reader: StorageReads, status: str | None, kind: str | None, after: int | None) -> ListPage:
+async def tasks(
+    reader: StorageReads, status: str | None, kind: str | None, after: int | None
+) -> ListPage:
     query: dict[str, Any] = {}
     if status:
         query["status"] = status
@@ -94,7 +96,9 @@ def _in_scope(record: Any, wanted: tuple[str, int | None]) -> bool:
     return wanted[1] is None or scope.get("conversationId") == wanted[1]
 
 
-async def documents(reader: StorageReads, kind: str | None, scope: tuple[str, int | None] | None, after: int | None) -> FilteredPage:
+async def documents(
+    reader: StorageReads, kind: str | None, scope: tuple[str, int | None] | None, after: int | None
+) -> FilteredPage:
     """A page of documents by id, of ``kind`` and in ``scope`` when given; ``stopped``: the id
     the scan stopped at before filling the page (the next page goes on from there)."""
 
@@ -106,7 +110,9 @@ async def documents(reader: StorageReads, kind: str | None, scope: tuple[str, in
         for record in page["items"]:
             looked += 1
             cursor = record["id"]
-            if (not kind or record.get("kind") == kind) and (scope is None or _in_scope(record, scope)):
+            if (not kind or record.get("kind") == kind) and (
+                scope is None or _in_scope(record, scope)
+            ):
                 items.append(record)
                 if len(items) >= PAGE:
                     break
@@ -117,7 +123,9 @@ async def documents(reader: StorageReads, kind: str | None, scope: tuple[str, in
     return FilteredPage(items=items, after=cursor, stopped=len(items) < PAGE)
 
 
-def version_window(versions: list[Any], picked: Any, before: int | None) -> tuple[list[Any], int | None, int | None]:
+def version_window(
+    versions: list[Any], picked: Any, before: int | None
+) -> tuple[list[Any], int | None, int | None]:
     """The versions to list (newest first): ``VERSIONS`` of them ending at number ``before``
     (None: a window holding the picked version), and the ``before`` of the newer and older windows."""
 

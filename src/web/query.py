@@ -36,10 +36,16 @@ def parameter(query: Mapping[str, str], name: str) -> Any:
 
     if name in KINDS:
         getall = getattr(query, "getall", None)
-        values = [value for value in (getall(name, []) if getall is not None else [query.get(name, "")]) if value]
+        values = [
+            value
+            for value in (getall(name, []) if getall is not None else [query.get(name, "")])
+            if value
+        ]
         unknown = [value for value in values if value not in WRITE_TYPES]
         if unknown:
-            raise BadQueryError(f"{name}: unknown write kind(s) {unknown}; known: {', '.join(WRITE_TYPES)}")
+            raise BadQueryError(
+                f"{name}: unknown write kind(s) {unknown}; known: {', '.join(WRITE_TYPES)}"
+            )
         return frozenset(values) if values else None
     text = query.get(name, "").strip()
     if not text:
@@ -53,4 +59,6 @@ def parameter(query: Mapping[str, str], name: str) -> Any:
             return point(text)
     except NumberError as error:
         raise BadQueryError(f"{name}: {error}") from None
-    raise KeyError(f"no rule for the query parameter {name!r}")  # a bug of the view, never a request's
+    raise KeyError(
+        f"no rule for the query parameter {name!r}"
+    )  # a bug of the view, never a request's

@@ -10,14 +10,12 @@ import re
 from typing import Any
 
 from markupsafe import Markup
-
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.types import ConversationId
 
-from ..projections.search_index import MAX_WORD, Activity, SearchIndex
 from ..audit.search import SearchResults, catch_up, index_exists, search
+from ..projections.search_index import MAX_WORD, Activity, SearchIndex
 from ..storage.reads import StorageReads
-
 from .text import visible
 
 
@@ -41,7 +39,9 @@ class Finder:
             await asyncio.to_thread(catch_up, self.path, self._index)
         return self._index
 
-    async def find(self, storage: Any, reader: StorageReads, query: str, as_of: int | None, before: int | None) -> SearchResults:
+    async def find(
+        self, storage: Any, reader: StorageReads, query: str, as_of: int | None, before: int | None
+    ) -> SearchResults:
         return await search(await self.level(), storage, reader, query, as_of, before)
 
     def close(self) -> None:
@@ -65,12 +65,17 @@ def marked(text: str, terms: list[str]) -> Markup:
     return Markup("".join(parts))
 
 
-async def active(finder: Finder, reader: StorageReads, skip: int, count: int) -> tuple[list[tuple[Activity, Any]], int]:
+async def active(
+    finder: Finder, reader: StorageReads, skip: int, count: int
+) -> tuple[list[tuple[Activity, Any]], int]:
     """A page of conversations by newest activity (each with its record), and how many there are."""
 
     index = await finder.level()
     with index.env.begin() as txn:
         found = index.active(txn, skip, count)
         total = index.conversations(txn)
-    rows = [(activity, await reader.conversation(ConversationId(activity.conversationId), CTX)) for activity in found]
+    rows = [
+        (activity, await reader.conversation(ConversationId(activity.conversationId), CTX))
+        for activity in found
+    ]
     return rows, total

@@ -47,7 +47,9 @@ def visible(text: str, limit: int | None = SHOWN_CHARS) -> Markup:
             if plain:
                 parts.append(str(escape("".join(plain))))
                 plain = []
-            parts.append(f'<span class="ctl" title="an invisible character">{escape(_escape_char(char))}</span>')
+            parts.append(
+                f'<span class="ctl" title="an invisible character">{escape(_escape_char(char))}</span>'
+            )
         else:
             plain.append(char)
     if plain:

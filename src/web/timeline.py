@@ -18,7 +18,9 @@ def _entries(nodes: Iterable[Any]) -> Iterator[Any]:
             yield from _entries(branch.nodes)
 
 
-async def entry_times(log: Any, reader: StorageReads, nodes: Iterable[Any]) -> dict[int, tuple[int, int]]:
+async def entry_times(
+    log: Any, reader: StorageReads, nodes: Iterable[Any]
+) -> dict[int, tuple[int, int]]:
     """``{entry id: (commit sequence, commit time in Unix ms)}`` for the entries of a tree."""
 
     times: dict[int, int] = {}
@@ -45,4 +47,10 @@ def roles(entry: Any) -> list[str]:
     if not isinstance(model, list):
         return []
     named = [message.get("role") for message in model if isinstance(message, dict)]
-    return list(dict.fromkeys(role if role in ("user", "assistant", "tool", "system") else "other" for role in named if role is not None))
+    return list(
+        dict.fromkeys(
+            role if role in ("user", "assistant", "tool", "system") else "other"
+            for role in named
+            if role is not None
+        )
+    )

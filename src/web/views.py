@@ -16,12 +16,11 @@ import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.types import ConversationId, DocumentId, Seq
 
+from ..audit.export import seq_at
 from ..errors import BadQueryError
 from ..projections import StorageRequestError
-from ..audit.export import seq_at
 from ..storage.lmdb_storage import LmdbStorage
 from ..storage.reads import StorageReads
-
 from . import jsondiff
 from .lists import ListPage
 from .text import brief
@@ -143,7 +142,9 @@ async def _close_quietly(storage: LmdbStorage) -> None:
 
 
 async def conversations(reader: StorageReads, after: int | None) -> ListPage:
-    page = await reader.scan_conversations({}, PAGE, None if after is None else {"after": after, "order": "ascending"}, CTX)
+    page = await reader.scan_conversations(
+        {}, PAGE, None if after is None else {"after": after, "order": "ascending"}, CTX
+    )
     return ListPage(items=page["items"], after=page["next"]["after"] if "next" in page else None)
 
 
@@ -160,7 +161,11 @@ async def _all_conversations(reader: StorageReads) -> tuple[list[Any], bool]:
 
 
 async def _entries(
-    reader: StorageReads, conversation: int, cap: int, after: int | None = None, before: int | None = None
+    reader: StorageReads,
+    conversation: int,
+    cap: int,
+    after: int | None = None,
+    before: int | None = None,
 ) -> tuple[list[Any], bool]:
     """Up to ``cap`` entries visible in a conversation (its ancestors' up to each fork), oldest
     first, and whether there are more: the first ones, those after entry ``after``, or the last
@@ -200,18 +205,32 @@ class Paging(msgspec.Struct, frozen=True):
     newest: int | None
 
 
-async def _paging(reader: StorageReads, id: int, entries: list[Any], more: bool, before: int | None) -> Paging:
+async def _paging(
+    reader: StorageReads, id: int, entries: list[Any], more: bool, before: int | None
+) -> Paging:
     """The links of a conversation page: the entry ids that the older and newer pages start
     from (None: none), and ``newest``: the ``before`` of the last page (None: this is it)."""
 
     if not entries:
         return Paging(older=None, newer=None, newest=None)
     first, last = entries[0]["id"], entries[-1]["id"]
-    older = first if (more if before is not None else await _has_entry(reader, id, maxEntryId=first - 1)) else None
-    newer = last if (await _has_entry(reader, id, minEntryId=last + 1) if before is not None else more) else None
+    older = (
+        first
+        if (more if before is not None else await _has_entry(reader, id, maxEntryId=first - 1))
+        else None
+    )
+    newer = (
+        last
+        if (await _has_entry(reader, id, minEntryId=last + 1) if before is not None else more)
+        else None
+    )
     newest = None
     if newer is not None:
-        top = (await reader.scan_entries({"conversationId": ConversationId(id), "order": "descending"}, 1, None, CTX))["items"]
+        top = (
+            await reader.scan_entries(
+                {"conversationId": ConversationId(id), "order": "descending"}, 1, None, CTX
+            )
+        )["items"]
         newest = top[0]["id"] + 1 if top else None
     return Paging(older=older, newer=newer, newest=newest)
 
@@ -270,12 +289,30 @@ async def conversation(
     line = _ancestry(record, {c["id"]: c for c in everyone})
     entries, more = await _entries(reader, id, ENTRY_CAP, after, before)
     paging = await _paging(reader, id, entries, more, before)
-    nodes = [await _node(reader, entry, entry["conversationId"] != id, forks, line, 1) for entry in entries]
-    tasks = (await reader.scan_tasks({"conversationId": ConversationId(id)}, PAGE * 5, None, CTX))["items"]
-    submissions = (await reader.scan_submissions({"conversationId": ConversationId(id)}, PAGE * 5, None, CTX))["items"]
-    owned = [c for c in everyone if isinstance(c.get("owner"), dict) and c["owner"].get("conversationId") == id]
+    nodes = [
+        await _node(reader, entry, entry["conversationId"] != id, forks, line, 1)
+        for entry in entries
+    ]
+    tasks = (await reader.scan_tasks({"conversationId": ConversationId(id)}, PAGE * 5, None, CTX))[
+        "items"
+    ]
+    submissions = (
+        await reader.scan_submissions({"conversationId": ConversationId(id)}, PAGE * 5, None, CTX)
+    )["items"]
+    owned = [
+        c
+        for c in everyone
+        if isinstance(c.get("owner"), dict) and c["owner"].get("conversationId") == id
+    ]
     return ConversationView(
-        record=record, nodes=nodes, paging=paging, tasks=tasks, submissions=submissions, owned=owned, ancestry=line, partial=partial
+        record=record,
+        nodes=nodes,
+        paging=paging,
+        tasks=tasks,
+        submissions=submissions,
+        owned=owned,
+        ancestry=line,
+        partial=partial,
     )
 
 
@@ -290,7 +327,14 @@ def _ancestry(record: Any, by_id: dict[int, Any]) -> list[int]:
     return line
 
 
-async def _node(reader: StorageReads, entry: Any, inherited: bool, forks: dict[tuple[int, int], list[Any]], line: list[int], depth: int) -> Node:
+async def _node(
+    reader: StorageReads,
+    entry: Any,
+    inherited: bool,
+    forks: dict[tuple[int, int], list[Any]],
+    line: list[int],
+    depth: int,
+) -> Node:
     node = Node(entry, inherited)
     for child in forks.get((entry["conversationId"], entry["id"]), []):
         if child["id"] in line:
@@ -299,12 +343,20 @@ async def _node(reader: StorageReads, entry: Any, inherited: bool, forks: dict[t
     return node
 
 
-async def _branch(reader: StorageReads, child: Any, forks: dict[tuple[int, int], list[Any]], line: list[int], depth: int) -> Branch:
+async def _branch(
+    reader: StorageReads,
+    child: Any,
+    forks: dict[tuple[int, int], list[Any]],
+    line: list[int],
+    depth: int,
+) -> Branch:
     if depth > FORK_DEPTH:
         return Branch(child, [], True, depth)
     entries, more = await _entries(reader, child["id"], ENTRY_CAP)
     own = [entry for entry in entries if entry["conversationId"] == child["id"]]
-    nodes = [await _node(reader, entry, False, forks, line, depth + 1) for entry in own[:BRANCH_CAP]]
+    nodes = [
+        await _node(reader, entry, False, forks, line, depth + 1) for entry in own[:BRANCH_CAP]
+    ]
     return Branch(child, nodes, more or len(own) > BRANCH_CAP, depth)
 
 
@@ -319,8 +371,13 @@ def entry_text(entry: Any) -> str:
                 continue
             content = message.get("content")
             if isinstance(content, list):
-                content = " ".join(str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content)
-            parts.append(f"{message.get('role', '?')}: {brief(content if content is not None else message)}")
+                content = " ".join(
+                    str(part.get("text", "")) if isinstance(part, dict) else str(part)
+                    for part in content
+                )
+            parts.append(
+                f"{message.get('role', '?')}: {brief(content if content is not None else message)}"
+            )
         return " | ".join(parts)
     if "data" in entry:
         return brief(entry["data"])
@@ -362,7 +419,9 @@ class DocumentView(msgspec.Struct, frozen=True):
     at: int
 
 
-async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_of: int | None) -> DocumentView | None:
+async def document(
+    storage: LmdbStorage, reader: StorageReads, number: int, as_of: int | None
+) -> DocumentView | None:
     """A document at a point (``as_of``, None: now): its record, its versions up to the point,
     the value of the one in force then and the change from the version before it. Picking a
     version is moving the point to the sequence that wrote it."""
@@ -375,7 +434,10 @@ async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_o
     if record is None:
         return None
     stored = [row for row in await storage.document_revisions(id) if row.seq <= at]
-    versions = [Version(number=index, seq=row.seq, version=row.version, kind=row.kind, body=row.body) for index, row in enumerate(stored, 1)]
+    versions = [
+        Version(number=index, seq=row.seq, version=row.version, kind=row.kind, body=row.body)
+        for index, row in enumerate(stored, 1)
+    ]
     picked = versions[-1] if versions else None  # the version in force at the point
     shown, before, error = None, None, None
     if picked is not None:
@@ -388,8 +450,19 @@ async def document(storage: LmdbStorage, reader: StorageReads, number: int, as_o
             error = str(refused)
     if shown is None and as_of is None:
         shown = await reader.document(id, "current", CTX)
-    diff = jsondiff.changes(None if before is None else before["value"], None if shown is None else shown["value"])
-    return DocumentView(record=record, versions=versions, picked=picked, shown=shown, previous=before, diff=diff, error=error, at=at)
+    diff = jsondiff.changes(
+        None if before is None else before["value"], None if shown is None else shown["value"]
+    )
+    return DocumentView(
+        record=record,
+        versions=versions,
+        picked=picked,
+        shown=shown,
+        previous=before,
+        diff=diff,
+        error=error,
+        at=at,
+    )
 
 
 def ids(values: Iterable[Any]) -> list[int]:

@@ -50,7 +50,9 @@ BUILT = 60
 # ── helpers ───────────────────────────────────────────────────────────────────
 
 
-def cli(*args: str, input: bytes | None = None, timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+def cli(
+    *args: str, input: bytes | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [*DURABLE_LOG, *map(str, args)], input=input, capture_output=True, env=ENV, timeout=timeout
     )
@@ -66,7 +68,17 @@ def write_store(path: Path, start: int, count: int, delay: float = 0.0) -> int:
     """Commit batch(start) .. batch(start + count - 1) from a writer process; its head after."""
 
     done = subprocess.run(
-        [sys.executable, CHILD, str(path), "--start", str(start), "--count", str(count), "--delay", str(delay)],
+        [
+            sys.executable,
+            CHILD,
+            str(path),
+            "--start",
+            str(start),
+            "--count",
+            str(count),
+            "--delay",
+            str(delay),
+        ],
         capture_output=True,
         env=ENV,
         timeout=60,
@@ -81,7 +93,9 @@ def json_lines(output: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in output.decode("ascii").splitlines()]
 
 
-def expected(keep: Any = lambda write: True, first: int = 1, last: int = BUILT) -> list[tuple[int, list[Any]]]:
+def expected(
+    keep: Any = lambda write: True, first: int = 1, last: int = BUILT
+) -> list[tuple[int, list[Any]]]:
     """(seq, kept writes) of the batches from ``first`` to ``last`` holding a kept write."""
 
     out = []
@@ -157,7 +171,9 @@ class Proc:
         deadline = time.monotonic() + timeout
         out: list[dict[str, Any]] = []
         while not out or out[-1]["seq"] < last_seq:
-            out.append(json.loads(self.line(max(0.01, deadline - time.monotonic())).decode("ascii")))
+            out.append(
+                json.loads(self.line(max(0.01, deadline - time.monotonic())).decode("ascii"))
+            )
         return out
 
     def quiet(self, seconds: float) -> list[bytes]:
@@ -216,10 +232,32 @@ def test_follow_sees_every_batch_once_in_order_while_another_process_writes(tmp_
     tails = {
         "all": Proc([*DURABLE_LOG, "tail", str(path), "--follow", "--json", "--from", "1"]),
         "conversation 1": Proc(
-            [*DURABLE_LOG, "tail", str(path), "--follow", "--json", "--from", "1", "--conversation", "1"]
+            [
+                *DURABLE_LOG,
+                "tail",
+                str(path),
+                "--follow",
+                "--json",
+                "--from",
+                "1",
+                "--conversation",
+                "1",
+            ]
         ),
         "tasks and document changes": Proc(
-            [*DURABLE_LOG, "tail", str(path), "-f", "--json", "--from", "1", "--type", "task", "--type", "document.change"]
+            [
+                *DURABLE_LOG,
+                "tail",
+                str(path),
+                "-f",
+                "--json",
+                "--from",
+                "1",
+                "--type",
+                "task",
+                "--type",
+                "document.change",
+            ]
         ),
     }
     keeps = {
@@ -229,17 +267,33 @@ def test_follow_sees_every_batch_once_in_order_while_another_process_writes(tmp_
     }
     writer = None
     try:
-        seen: dict[str, list[dict[str, Any]]] = {name: tail.json_until(1) for name, tail in tails.items()}
-        for tail in tails.values():  # readers: no writer lock, so the writer below can open the store
+        seen: dict[str, list[dict[str, Any]]] = {
+            name: tail.json_until(1) for name, tail in tails.items()
+        }
+        for (
+            tail
+        ) in tails.values():  # readers: no writer lock, so the writer below can open the store
             assert not any(name.endswith("writer.lock") for name in open_files(tail.pid))
 
         # Half the commits back to back, half spaced out, while the tails follow.
-        writer = Proc([sys.executable, CHILD, str(path), "--start", "1", "--count", str(count // 2)])
+        writer = Proc(
+            [sys.executable, CHILD, str(path), "--start", "1", "--count", str(count // 2)]
+        )
         acks = [writer.line() for _ in range(count // 2)]
         assert writer.line().split() == [b"done", str(count // 2 + 1).encode()], writer.stderr
         assert writer.popen.wait(10) == 0
         writer = Proc(
-            [sys.executable, CHILD, str(path), "--start", str(count // 2 + 1), "--count", str(count // 2), "--delay", "0.002"]
+            [
+                sys.executable,
+                CHILD,
+                str(path),
+                "--start",
+                str(count // 2 + 1),
+                "--count",
+                str(count // 2),
+                "--delay",
+                "0.002",
+            ]
         )
         acks += [writer.line() for _ in range(count // 2)]
         assert writer.line().split() == [b"done", str(last).encode()], writer.stderr
@@ -266,10 +320,14 @@ async def test_tail_is_read_only_and_cheap_when_idle(scratch_copy: Path) -> None
     tail = Proc([*DURABLE_LOG, "tail", str(scratch_copy), "--follow", "--json"])
     try:
         first = tail.json_until(BUILT)
-        assert [line["seq"] for line in first] == list(range(BUILT - 9, BUILT + 1))  # default: last 10
+        assert [line["seq"] for line in first] == list(
+            range(BUILT - 9, BUILT + 1)
+        )  # default: last 10
         assert not any(name.endswith("writer.lock") for name in open_files(tail.pid))
 
-        storage = await LmdbStorage.open(scratch_copy, durability="process")  # the writer lock is free
+        storage = await LmdbStorage.open(
+            scratch_copy, durability="process"
+        )  # the writer lock is free
         try:
             seq = await storage.commit(batch(BUILT), CTX)
         finally:
@@ -290,7 +348,9 @@ async def test_tail_is_read_only_and_cheap_when_idle(scratch_copy: Path) -> None
 
 
 @pytest.mark.slow
-def test_tail_conversation_and_type_filters_print_only_matching_writes(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tail_conversation_and_type_filters_print_only_matching_writes(
+    built: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.support.cli_call import call
 
     def tail_json(*options: str) -> bytes:
@@ -305,8 +365,14 @@ def test_tail_conversation_and_type_filters_print_only_matching_writes(built: Pa
         (["--conversation", "2"], lambda w: conversation_of(w) == 2),
         (["--conversation", "1"], lambda w: conversation_of(w) == 1),  # document 20's changes too
         (["--type", "task"], lambda w: w["type"] == "task"),
-        (["--type", "entry", "--type", "document.change"], lambda w: w["type"] in ("entry", "document.change")),
-        (["--conversation", "1", "--type", "document.change"], lambda w: w["type"] == "document.change" and conversation_of(w) == 1),
+        (
+            ["--type", "entry", "--type", "document.change"],
+            lambda w: w["type"] in ("entry", "document.change"),
+        ),
+        (
+            ["--conversation", "1", "--type", "document.change"],
+            lambda w: w["type"] == "document.change" and conversation_of(w) == 1,
+        ),
         (["--type", "submission"], lambda w: w["type"] == "submission"),
         (["--conversation", "99"], lambda w: False),
     ]
@@ -328,7 +394,10 @@ TAIL_LIMITS = [
     (["--from", "1", "--limit", "5"], expected()[-5:]),
     (["--from", "1", "--limit", str(BUILT + 5)], expected()),
     (["--from", str(BUILT - 1), "--limit", "5"], expected(first=BUILT - 1)),
-    (["--from", "10", "--limit", "3", "--type", "submission"], expected(lambda w: w["type"] == "submission", 10)[-3:]),
+    (
+        ["--from", "10", "--limit", "3", "--type", "submission"],
+        expected(lambda w: w["type"] == "submission", 10)[-3:],
+    ),
     (["--limit", "3", "--type", "submission"], expected(lambda w: w["type"] == "submission")[-3:]),
     (["--limit", "2", "--conversation", "2"], expected(lambda w: conversation_of(w) == 2)[-2:]),
     (["--from", "1", "--limit", "0"], []),
@@ -341,8 +410,13 @@ TAIL_LIMITS = [
 def test_tail_limit_keeps_the_last_n_matching(
     built: Path, options: list[str], want: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if options == TAIL_LIMITS[0][0]:  # one case in real processes, the rest through the same entry point here
-        json_output, text_output = cli_ok("tail", built, "--json", *options), cli_ok("tail", built, *options)
+    if (
+        options == TAIL_LIMITS[0][0]
+    ):  # one case in real processes, the rest through the same entry point here
+        json_output, text_output = (
+            cli_ok("tail", built, "--json", *options),
+            cli_ok("tail", built, *options),
+        )
     else:
         from tests.support.cli_call import call
 
@@ -362,7 +436,11 @@ def test_tail_limit_with_follow_prints_the_last_n_then_follows(scratch_copy: Pat
     try:
         assert [line["seq"] for line in tail.json_until(BUILT)] == [BUILT - 1, BUILT]
         assert write_store(scratch_copy, BUILT, 3) == BUILT + 3
-        assert [line["seq"] for line in tail.json_until(BUILT + 3)] == [BUILT + 1, BUILT + 2, BUILT + 3]
+        assert [line["seq"] for line in tail.json_until(BUILT + 3)] == [
+            BUILT + 1,
+            BUILT + 2,
+            BUILT + 3,
+        ]
         assert tail.terminate() == 0, tail.stderr
     finally:
         tail.kill()
@@ -370,10 +448,24 @@ def test_tail_limit_with_follow_prints_the_last_n_then_follows(scratch_copy: Pat
 
 def test_filtered_follow_survives_a_rebuild_in_another_process(scratch_copy: Path) -> None:
     in_one = lambda write: conversation_of(write) == 1  # noqa: E731
-    tail = Proc([*DURABLE_LOG, "tail", str(scratch_copy), "-f", "--json", "--from", "1", "--conversation", "1"])
+    tail = Proc(
+        [
+            *DURABLE_LOG,
+            "tail",
+            str(scratch_copy),
+            "-f",
+            "--json",
+            "--from",
+            "1",
+            "--conversation",
+            "1",
+        ]
+    )
     try:
         want = expected(in_one)
-        assert seqs_and_writes(tail.json_until(want[-1][0])) == want  # document 20's changes looked up
+        assert (
+            seqs_and_writes(tail.json_until(want[-1][0])) == want
+        )  # document 20's changes looked up
         rebuilt = cli("rebuild", scratch_copy)
         assert rebuilt.returncode == 0, rebuilt.stderr
         assert write_store(scratch_copy, BUILT, 10) == BUILT + 10
@@ -401,7 +493,10 @@ def test_tail_default_readable_format(built: Path) -> None:
         assert len(parts) == len(batch(seq - 1)), line  # one phrase per write
         if seq == 1:
             assert parts[:3] == ["conversation 1", "conversation 2", "conversation 3"]
-            assert "task 10 agent pending" in parts and "document 21 created (settings, definition version 1)" in parts
+            assert (
+                "task 10 agent pending" in parts
+                and "document 21 created (settings, definition version 1)" in parts
+            )
             continue
         n = seq - 1
         assert parts[0].startswith(f"entry {1000 + n} in {1 + n % 3} (message)"), line
@@ -434,7 +529,9 @@ async def test_tail_readable_format_survives_lone_surrogates(tmp_path: Path) -> 
     storage = await LmdbStorage.open(path, durability="process")
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
-        await storage.commit([{"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "\ud800"}}], CTX)
+        await storage.commit(
+            [{"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "\ud800"}}], CTX
+        )
     finally:
         await storage.close()
     out = cli_ok("tail", path)
@@ -448,7 +545,10 @@ def test_verify_passes_on_a_healthy_store(built: Path) -> None:
     done = cli("verify", built)
     assert done.returncode == 0, done.stderr
     summary = done.stdout.decode()
-    assert re.search(rf"verified {BUILT} log records \(checksums and order\) and \d+ projection keys in \d+ tables", summary), summary
+    assert re.search(
+        rf"verified {BUILT} log records \(checksums and order\) and \d+ projection keys in \d+ tables",
+        summary,
+    ), summary
     assert "the projections match the log" in summary
 
 
@@ -460,7 +560,9 @@ def _flip(path: Path, db_name: bytes | None, pick: Any) -> bytes:
         if db_name is None:
             with env.begin() as txn:
                 names = [bytes(key) for key, _ in txn.cursor()]
-            db_name = next(name for name in names if re.fullmatch(rb"p\d+\.entries\.by_conversation", name))
+            db_name = next(
+                name for name in names if re.fullmatch(rb"p\d+\.entries\.by_conversation", name)
+            )
         db = env.open_db(db_name, create=False)
         with env.begin(write=True, db=db) as txn:
             key, value = pick(txn)
@@ -483,7 +585,11 @@ def test_verify_names_a_damaged_log_record(scratch_copy: Path) -> None:
     output = (done.stdout + done.stderr).decode()
     assert re.search(rf"\b{damaged_seq}\b", output), output
     # Every reading command refuses the damaged record too, naming it, instead of printing garbage.
-    for command in (["tail", scratch_copy, "--json", "--from", "1"], ["export", scratch_copy], ["tail", scratch_copy, "--limit", "30"]):
+    for command in (
+        ["tail", scratch_copy, "--json", "--from", "1"],
+        ["export", scratch_copy],
+        ["tail", scratch_copy, "--limit", "30"],
+    ):
         failed = cli(*command)
         assert failed.returncode == 1, (command, failed.stderr)
         assert re.search(rf"\b{damaged_seq}\b", failed.stderr.decode()), failed.stderr
@@ -502,10 +608,14 @@ def test_verify_names_a_damaged_projection(scratch_copy: Path) -> None:
     done = cli("verify", scratch_copy)
     assert done.returncode == 1, (done.stdout, done.stderr)
     output = (done.stdout + done.stderr).decode()
-    table = name.decode().split(".", 1)[1]  # "entries.by_conversation" of "p0.entries.by_conversation"
+    table = name.decode().split(".", 1)[
+        1
+    ]  # "entries.by_conversation" of "p0.entries.by_conversation"
     assert re.search(rf"\b{re.escape(table)}\b", output), output
     # In words: which entry of which conversation, not key bytes.
-    assert re.search(r"entry \d+ of conversation \d+ holds a value the log does not produce", output), output
+    assert re.search(
+        r"entry \d+ of conversation \d+ holds a value the log does not produce", output
+    ), output
     assert "1 difference" in output, output
 
 
@@ -517,7 +627,9 @@ def test_stats(built: Path) -> None:
     assert info["headSeq"] == BUILT and info["records"] == BUILT
     assert info["formatVersion"] == FORMAT_VERSION
     assert info["fileBytes"] == os.path.getsize(built / "data.mdb")
-    assert 0 < info["logBytes"] < info["fileBytes"] and 0 < info["projectionBytes"] < info["fileBytes"]
+    assert (
+        0 < info["logBytes"] < info["fileBytes"] and 0 < info["projectionBytes"] < info["fileBytes"]
+    )
     assert info["firstCommittedAt"] <= info["lastCommittedAt"]
     submissions = sum(1 for n in range(1, BUILT) if n % 11 == 0)
     assert info["counts"] == {
@@ -535,7 +647,10 @@ def test_stats(built: Path) -> None:
     assert re.search(rf"^log records +{BUILT}$", text, re.M), text
     assert re.search(rf"^format version +{FORMAT_VERSION}$", text, re.M), text
     assert re.search(r"^file size +[\d.]+ (B|KiB|MiB|GiB)$", text, re.M), text
-    assert f"3 conversations, {BUILT - 1} entries, 2 tasks, {submissions} submissions, 2 documents" in text
+    assert (
+        f"3 conversations, {BUILT - 1} entries, 2 tasks, {submissions} submissions, 2 documents"
+        in text
+    )
 
 
 # ── export and import ─────────────────────────────────────────────────────────
@@ -559,7 +674,9 @@ async def _reads(storage: Any, history: bool) -> dict[str, Any]:
         out[f"conversation {id}"] = await storage.conversation(id, CTX)
         out[f"head marker {id}"] = await storage.find_latest_head_marker(id, None, CTX)
         for order in ("ascending", "descending"):
-            out[f"entries {id} {order}"] = await _pages(storage, "scan_entries", {"conversationId": id, "order": order})
+            out[f"entries {id} {order}"] = await _pages(
+                storage, "scan_entries", {"conversationId": id, "order": order}
+            )
     out["conversations"] = await _pages(storage, "scan_conversations", {})
     for id in (1001, 1007, 1030, 1059):
         out[f"entry {id}"] = await storage.entry(id, CTX)
@@ -597,7 +714,9 @@ async def test_export_then_import_gives_an_identical_store(built: Path, tmp_path
     assert f"imported {BUILT} commits" in report and "renumbered" not in report
     assert cli("verify", new).returncode == 0
     assert cli_ok("export", new) == exported
-    assert cli_ok("export", new, "--from", "20", "--to", "25") == b"".join(exported.splitlines(True)[19:25])
+    assert cli_ok("export", new, "--from", "20", "--to", "25") == b"".join(
+        exported.splitlines(True)[19:25]
+    )
 
     # From stdin, too.
     piped = tmp_path / "piped"
@@ -634,23 +753,44 @@ async def test_import_from_a_pi_durable_sqlite_store(tmp_path: Path) -> None:
         await source.commit(
             [
                 {"type": "entry", "value": {"id": 2001, "conversationId": 1, "kind": "note"}},
-                {"type": "entry", "value": {"id": 2002, "conversationId": 2, "kind": "note", "head": 2002}},
+                {
+                    "type": "entry",
+                    "value": {"id": 2002, "conversationId": 2, "kind": "note", "head": 2002},
+                },
             ],
             CTX,
         )
         await source.commit(
-            [{"type": "conversation", "value": {"id": 4, "parent": {"conversationId": 1, "at": 1030}, "owner": {"conversationId": 1, "taskId": 10}}}],
+            [
+                {
+                    "type": "conversation",
+                    "value": {
+                        "id": 4,
+                        "parent": {"conversationId": 1, "at": 1030},
+                        "owner": {"conversationId": 1, "taskId": 10},
+                    },
+                }
+            ],
             CTX,
         )
-        await source.commit([{"type": "entry", "value": {"id": 2003, "conversationId": 4, "kind": "message"}}], CTX)
+        await source.commit(
+            [{"type": "entry", "value": {"id": 2003, "conversationId": 4, "kind": "message"}}], CTX
+        )
         done = dict(batch(0)[3]["value"])  # task 10, finished
-        done["state"] = {"status": "terminal", "outcome": {"status": "completed", "result": {"ok": True}}}
+        done["state"] = {
+            "status": "terminal",
+            "outcome": {"status": "completed", "result": {"ok": True}},
+        }
         await source.commit([{"type": "task", "value": done}], CTX)
         await source.commit(
             [
                 {
                     "type": "document.create",
-                    "record": {"id": 30, "kind": "scratch", "scope": {"kind": "task", "taskId": 11}},
+                    "record": {
+                        "id": 30,
+                        "kind": "scratch",
+                        "scope": {"kind": "task", "taskId": 11},
+                    },
                     "content": {"kind": "base", "version": 2, "value": {"x": "\ud800"}},
                 },
                 {
@@ -683,9 +823,15 @@ async def test_import_from_a_pi_durable_sqlite_store(tmp_path: Path) -> None:
             elif key.startswith("document "):
                 # Each document starts afresh at its current value: no deltas since base,
                 # createdAt from the new numbering.
-                assert got[key]["version"] == want[key]["version"] and got[key]["value"] == want[key]["value"], key
+                assert (
+                    got[key]["version"] == want[key]["version"]
+                    and got[key]["value"] == want[key]["value"]
+                ), key
                 assert got[key]["deltasSinceBase"] == 0
-                want[key], got[key] = _without_created(want[key]["record"]), _without_created(got[key]["record"])
+                want[key], got[key] = (
+                    _without_created(want[key]["record"]),
+                    _without_created(got[key]["record"]),
+                )
             elif key.startswith("find "):
                 want[key], got[key] = _without_created(want[key]), _without_created(got[key])
         assert got == want
@@ -694,23 +840,42 @@ async def test_import_from_a_pi_durable_sqlite_store(tmp_path: Path) -> None:
             assert await target.conversation(id, CTX) == await source.conversation(id, CTX)
             for order in ("ascending", "descending"):
                 query = {"conversationId": id, "order": order}
-                assert await _pages(target, "scan_entries", query) == await _pages(source, "scan_entries", query)
+                assert await _pages(target, "scan_entries", query) == await _pages(
+                    source, "scan_entries", query
+                )
         assert await target.task(10, CTX) == await source.task(10, CTX)
         for query in ({}, {"status": "terminal"}, {"conversationId": 2}):
-            assert await _pages(target, "scan_tasks", query) == await _pages(source, "scan_tasks", query)
+            assert await _pages(target, "scan_tasks", query) == await _pages(
+                source, "scan_tasks", query
+            )
         for id in (30, 31):
-            want_doc, got_doc = await source.document(id, "current", CTX), await target.document(id, "current", CTX)
-            assert (got_doc is None) == (want_doc is None) and (got_doc is None or got_doc["value"] == want_doc["value"])
+            want_doc, got_doc = (
+                await source.document(id, "current", CTX),
+                await target.document(id, "current", CTX),
+            )
+            assert (got_doc is None) == (want_doc is None) and (
+                got_doc is None or got_doc["value"] == want_doc["value"]
+            )
         task_address = {"kind": "scratch", "scope": {"kind": "task", "taskId": 11}}
-        assert _without_created(await target.find_document(task_address, "current", CTX)) == _without_created(
-            await source.find_document(task_address, "current", CTX)
+        assert _without_created(
+            await target.find_document(task_address, "current", CTX)
+        ) == _without_created(await source.find_document(task_address, "current", CTX))
+        assert (
+            await target.find_document(
+                {"kind": "gone", "scope": {"kind": "session"}}, "current", CTX
+            )
+            is None
         )
-        assert await target.find_document({"kind": "gone", "scope": {"kind": "session"}}, "current", CTX) is None
 
         # Entries keep their original commit grouping and order.
         pairs = []
         for id in [*range(1001, 1001 + BUILT - 1), 2001, 2002, 2003]:
-            pairs.append(((await source.entry(id, CTX))["commitSeq"], (await target.entry(id, CTX))["commitSeq"]))
+            pairs.append(
+                (
+                    (await source.entry(id, CTX))["commitSeq"],
+                    (await target.entry(id, CTX))["commitSeq"],
+                )
+            )
         pairs.sort()
         assert all(a[1] < b[1] if a[0] < b[0] else a[1] == b[1] for a, b in zip(pairs, pairs[1:]))
     finally:

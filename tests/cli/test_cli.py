@@ -32,8 +32,9 @@ MINUTE = 60_000
 
 
 def run(*args: object, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*DURABLE_LOG, *map(str, args)], input=input, capture_output=True, timeout=60)
-
+    return subprocess.run(
+        [*DURABLE_LOG, *map(str, args)], input=input, capture_output=True, timeout=60
+    )
 
 
 def ok(*args: object, input: bytes | None = None) -> bytes:
@@ -46,19 +47,62 @@ def task(id: int, status: str = "pending") -> dict[str, Any]:
     state: dict[str, Any] = {"status": status}
     if status == "terminal":
         state["outcome"] = {"status": "completed"}
-    return {"type": "task", "value": {"id": id, "conversationId": 1, "kind": "job", "version": 1, "input": None,
-                                      "background": False, "abortRequested": False, "state": state}}
+    return {
+        "type": "task",
+        "value": {
+            "id": id,
+            "conversationId": 1,
+            "kind": "job",
+            "version": 1,
+            "input": None,
+            "background": False,
+            "abortRequested": False,
+            "state": state,
+        },
+    }
 
 
 NOTES = {"id": 4, "kind": "notes", "scope": {"kind": "session"}}
 BATCHES: list[list[dict[str, Any]]] = [
     [{"type": "conversation", "value": {"id": 1}}],
-    [{"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "m",
-                                 "data": {"pair": "\ud83d\ude00", "emoji": "😀", "lone": "x\ud800", "huge": 10**5000 + 1}}}],
+    [
+        {
+            "type": "entry",
+            "value": {
+                "id": 2,
+                "conversationId": 1,
+                "kind": "m",
+                "data": {
+                    "pair": "\ud83d\ude00",
+                    "emoji": "😀",
+                    "lone": "x\ud800",
+                    "huge": 10**5000 + 1,
+                },
+            },
+        }
+    ],
     [task(3)],
-    [{"type": "document.create", "record": NOTES, "content": {"kind": "base", "version": 1, "value": {"n": 0}}}],
-    [{"type": "document.change", "id": 4, "content": {"kind": "delta", "version": 1, "ops": [["s", ["n"], 1]]}}],
-    [task(3, "terminal"), {"type": "submission", "value": {"id": 5, "conversationId": 1, "type": "input", "status": "queued"}}],
+    [
+        {
+            "type": "document.create",
+            "record": NOTES,
+            "content": {"kind": "base", "version": 1, "value": {"n": 0}},
+        }
+    ],
+    [
+        {
+            "type": "document.change",
+            "id": 4,
+            "content": {"kind": "delta", "version": 1, "ops": [["s", ["n"], 1]]},
+        }
+    ],
+    [
+        task(3, "terminal"),
+        {
+            "type": "submission",
+            "value": {"id": 5, "conversationId": 1, "type": "input", "status": "queued"},
+        },
+    ],
 ]
 """Commit n + 1 is BATCHES[n], committed at T0 + n minutes."""
 
@@ -68,7 +112,9 @@ def at(seq: int) -> str:
 
     import datetime
 
-    moment = datetime.datetime.fromtimestamp((T0 + (seq - 1) * MINUTE) / 1000, datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(
+        (T0 + (seq - 1) * MINUTE) / 1000, datetime.timezone.utc
+    )
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -142,8 +188,23 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
     parser = cli_module._parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == {
-        "demo", "stats", "tail", "show", "verify", "export", "import", "rebuild", "compact", "backup", "restore", "replica", "promote", "serve",
-        "keygen", "checkpoint", "prove",
+        "demo",
+        "stats",
+        "tail",
+        "show",
+        "verify",
+        "export",
+        "import",
+        "rebuild",
+        "compact",
+        "backup",
+        "restore",
+        "replica",
+        "promote",
+        "serve",
+        "keygen",
+        "checkpoint",
+        "prove",
         "search",
         "snapshot",
         "projections",
@@ -168,15 +229,21 @@ def test_version() -> None:
 
 
 @pytest.mark.slow
-def test_rebuild_takes_the_writer_lock_only_on_a_store_and_names_user_projections(store: Path, tmp_path: Path) -> None:
+def test_rebuild_takes_the_writer_lock_only_on_a_store_and_names_user_projections(
+    store: Path, tmp_path: Path
+) -> None:
     copy = tmp_path / "copy"
     ok("backup", store, copy)
     done = run("rebuild", copy)
-    assert done.returncode == 0 and done.stderr == b"", "progress only on a terminal or with --progress"
+    assert done.returncode == 0 and done.stderr == b"", (
+        "progress only on a terminal or with --progress"
+    )
     assert b"from 6 log records" in done.stdout
     done = run("rebuild", copy, "--progress")
     assert done.returncode == 0 and b"rebuild: 6/6 records" in done.stderr
-    assert b"task_outcomes" in run("rebuild", copy, "--projection", "nosuch").stderr, "lists what there is"
+    assert b"task_outcomes" in run("rebuild", copy, "--projection", "nosuch").stderr, (
+        "lists what there is"
+    )
     ok("rebuild", copy, "--projection", "task_outcomes")
 
 
@@ -189,7 +256,10 @@ SHOWN = [
     (["task", "3", "--as-of", at(5)], lambda got: got["state"]["status"] == "pending"),
     (["task", "3", "--as-of", at(6)], lambda got: got["state"]["status"] == "terminal"),
     (["conversation", "1"], lambda got: got == {"id": 1}),
-    (["entry", "2"], lambda got: got["commitSeq"] == 2 and got["entry"]["data"]["pair"] == "\ud83d\ude00"),
+    (
+        ["entry", "2"],
+        lambda got: got["commitSeq"] == 2 and got["entry"]["data"]["pair"] == "\ud83d\ude00",
+    ),
     (["submission", "5"], lambda got: got["status"] == "queued"),
     (["document", "4"], lambda got: got["value"] == {"n": 1} and got["record"]["kind"] == "notes"),
     (["document", "4", "--as-of", "4"], lambda got: got["value"] == {"n": 0}),
@@ -243,7 +313,9 @@ def test_export_and_tail_json_carry_integers_beyond_the_4300_digit_limit(store: 
         assert from_json(lines[1])["writes"][0]["value"]["data"]["huge"] == 10**5000 + 1
 
 
-async def test_export_import_is_lossless_for_surrogate_pairs_and_huge_integers(store: Path, tmp_path: Path) -> None:
+async def test_export_import_is_lossless_for_surrogate_pairs_and_huge_integers(
+    store: Path, tmp_path: Path
+) -> None:
     exported = ok("export", store)
     exported.decode("utf-8")  # strict UTF-8 on the wire
     copy = tmp_path / "copy"
@@ -255,13 +327,22 @@ async def test_export_import_is_lossless_for_surrogate_pairs_and_huge_integers(s
     finally:
         await storage.close()
     assert data == BATCHES[1][0]["value"]["data"]
-    assert len(data["pair"]) == 2 and len(data["emoji"]) == 1, "two code points stay two; one stays one"
+    assert len(data["pair"]) == 2 and len(data["emoji"]) == 1, (
+        "two code points stay two; one stays one"
+    )
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.text() | st.integers() | st.integers(min_value=-(10**9000), max_value=10**9000)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(["\ud83d\ude00", "\ud800", "\udfff\ud800", "😀"]),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.text()
+    | st.integers()
+    | st.integers(min_value=-(10**9000), max_value=10**9000)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["\ud83d\ude00", "\ud800", "\udfff\ud800", "😀"]),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -300,7 +381,7 @@ BAD_LINES = [
     ('{"seq": 1, "committedAt": 5}', "'writes'"),
     ('{"seq": 1, "committedAt": 5, "writes": {}}', "'writes'"),
     ('{"seq": "1", "committedAt": 5, "writes": []}', "'seq'"),
-    ('[1, 2]', "not an object"),
+    ("[1, 2]", "not an object"),
     ('{"seq": 1, "committedAt": 5, "writes": [', "not JSON"),
     ('{"seq": 2, "committedAt": 5, "writes": [{"type": "nonsense"}]}', "refused"),
 ]
@@ -321,14 +402,18 @@ def test_a_malformed_import_line_is_named_and_leaves_nothing_behind(
 
 
 @pytest.mark.slow
-def test_import_into_an_empty_directory_and_progress_only_when_asked(store: Path, tmp_path: Path) -> None:
+def test_import_into_an_empty_directory_and_progress_only_when_asked(
+    store: Path, tmp_path: Path
+) -> None:
     dump = tmp_path / "log.jsonl"
     dump.write_bytes(ok("export", store))
     empty = tmp_path / "empty"
     empty.mkdir()
     done = run("import", dump, empty)
     assert done.returncode == 0 and done.stderr == b"", done.stderr
-    assert done.stdout.decode().startswith("imported 6 commits (1 conversation, 1 entry, 2 tasks, 1 document.create")
+    assert done.stdout.decode().startswith(
+        "imported 6 commits (1 conversation, 1 entry, 2 tasks, 1 document.create"
+    )
     done = run("import", dump, tmp_path / "other", "--progress")
     assert done.returncode == 0 and b"import: 6/6 commits" in done.stderr
     assert sorted(os.listdir(tmp_path)) == ["empty", "log.jsonl", "other"]
@@ -356,7 +441,9 @@ def test_backup_of_a_store_a_writer_holds_open(tmp_path: Path) -> None:
         "    await storage.close()\n"
         "asyncio.run(main())\n"
     )
-    writer = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
         assert b"a consistent copy" in ok("backup", path, tmp_path / "full")
@@ -373,7 +460,13 @@ def test_backup_of_a_store_a_writer_holds_open(tmp_path: Path) -> None:
 def test_stats_lists_user_projections_and_counts_in_words(store: Path) -> None:
     info = json.loads(ok("stats", store, "--json"))
     assert info["projections"]["user"] == {
-        "task_outcomes": {"version": 1, "foldedSeq": 6, "failedSeq": None, "error": None, "building": None}
+        "task_outcomes": {
+            "version": 1,
+            "foldedSeq": 6,
+            "failedSeq": None,
+            "error": None,
+            "building": None,
+        }
     }
     text = ok("stats", store).decode()
     assert "task_outcomes: version 1, folded to sequence 6" in text
@@ -386,24 +479,33 @@ def test_tail_lines_in_words(store: Path) -> None:
     assert lines[4].endswith("document 4 changed (1 op, definition version 1)")
 
 
-def test_import_from_pi_durable_refuses_what_is_not_a_pi_durable_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_import_from_pi_durable_refuses_what_is_not_a_pi_durable_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     not_sqlite = tmp_path / "notes.txt"
     not_sqlite.write_text("not a database\n" * 100)
     empty = tmp_path / "empty"
     empty.mkdir()
-    for source, words in ((not_sqlite, "is not a pi-durable store: not a SQLite database"), (empty, "no main.jsonl")):
+    for source, words in (
+        (not_sqlite, "is not a pi-durable store: not a SQLite database"),
+        (empty, "no main.jsonl"),
+    ):
         code, _, stderr = call(capsys, "import", "--from-pi-durable", source, tmp_path / "new")
         assert code == 2 and words in stderr and "Traceback" not in stderr, stderr
     assert sorted(os.listdir(tmp_path)) == ["empty", "notes.txt"] and os.listdir(empty) == []
 
 
-def test_a_truncated_store_is_damage_for_every_reading_command(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_truncated_store_is_damage_for_every_reading_command(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     copy = tmp_path / "copy"
     ok("backup", store, copy)
     with open(copy / "data.mdb", "r+b") as data:
         data.truncate(5 * 4096)
     for command in (["stats"], ["verify"], ["tail"], ["export"], ["show", "task", "3"], ["backup"]):
-        args = [command[0], copy, *command[1:]] + ([tmp_path / "dest"] if command == ["backup"] else [])
+        args = [command[0], copy, *command[1:]] + (
+            [tmp_path / "dest"] if command == ["backup"] else []
+        )
         code, _, stderr = call(capsys, *args)
         assert code == 1 and "truncated" in stderr, (command, code, stderr)
 
@@ -412,7 +514,9 @@ async def test_every_commit_time_the_engine_writes_imports_back(tmp_path: Path) 
     storage = await LmdbStorage.open(tmp_path / "store", durability="process")
     try:
         for n, when in enumerate((-(2**63), -1, 0, 2**63 - 1), 1):
-            await storage.commit([{"type": "conversation", "value": {"id": n}}], CTX, committed_at=when)
+            await storage.commit(
+                [{"type": "conversation", "value": {"id": n}}], CTX, committed_at=when
+            )
     finally:
         await storage.close()
     exported = ok("export", tmp_path / "store")

@@ -19,7 +19,9 @@ DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 
 
 def run(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DURABLE_LOG, *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*DURABLE_LOG, *map(str, args)], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +33,20 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         try:
             await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             for n in range(6):
-                await storage.commit([{"type": "entry", "value": {"id": 10 + n, "conversationId": 1, "kind": "message",
-                                                                  "model": [{"role": "user", "content": f"line {n} é"}]}}], CTX)
+                await storage.commit(
+                    [
+                        {
+                            "type": "entry",
+                            "value": {
+                                "id": 10 + n,
+                                "conversationId": 1,
+                                "kind": "message",
+                                "model": [{"role": "user", "content": f"line {n} é"}],
+                            },
+                        }
+                    ],
+                    CTX,
+                )
         finally:
             await storage.close()
 
@@ -67,14 +81,19 @@ def test_show_pretty_indents_the_same_json(store: Path) -> None:
     flat = run("show", store, "entry", 12)
     pretty = run("show", store, "entry", 12, "--pretty")
     assert pretty.returncode == 0 and json.loads(pretty.stdout) == json.loads(flat.stdout)
-    assert pretty.stdout.count("\n") > 5 and '\n  "entry": {' in pretty.stdout and "é" in pretty.stdout
+    assert (
+        pretty.stdout.count("\n") > 5 and '\n  "entry": {' in pretty.stdout and "é" in pretty.stdout
+    )
 
 
 def test_free_pages_say_what_they_count_with_the_json_keys_name(store: Path) -> None:
     text = run("stats", store).stdout
     info = json.loads(run("stats", store, "--json").stdout)["footprint"]
     line = next(line for line in text.splitlines() if line.startswith("free pages"))
-    assert f"{info['freePages']:,} of the file's {info['pagesUpToLastUsed']:,} pages up to its last used one" in line
+    assert (
+        f"{info['freePages']:,} of the file's {info['pagesUpToLastUsed']:,} pages up to its last used one"
+        in line
+    )
     assert "(freePages of pagesUpToLastUsed" in line
     assert info["usedPages"] == info["pagesUpToLastUsed"]  # the older key, kept for its readers
 

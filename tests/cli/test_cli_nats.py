@@ -37,11 +37,33 @@ MINUTE = 60_000
 DOC = {"id": 6, "kind": "notes", "scope": {"kind": "conversation", "conversationId": 1}}
 BATCHES: list[list[dict[str, Any]]] = [
     [{"type": "conversation", "value": {"id": 1}}, {"type": "conversation", "value": {"id": 2}}],
-    [{"type": "entry", "value": {"id": 3, "conversationId": 1, "kind": "m", "data": {"lone": "x\ud800", "huge": 10**30}}}],
+    [
+        {
+            "type": "entry",
+            "value": {
+                "id": 3,
+                "conversationId": 1,
+                "kind": "m",
+                "data": {"lone": "x\ud800", "huge": 10**30},
+            },
+        }
+    ],
     [{"type": "entry", "value": {"id": 4, "conversationId": 2, "kind": "m", "data": "other"}}],
     [{"type": "entry", "value": {"id": 5, "conversationId": 1, "kind": "m", "data": "again"}}],
-    [{"type": "document.create", "record": DOC, "content": {"kind": "base", "version": 1, "value": {"n": 0}}}],
-    [{"type": "document.change", "id": 6, "content": {"kind": "delta", "version": 1, "ops": [["s", ["n"], 1]]}}],
+    [
+        {
+            "type": "document.create",
+            "record": DOC,
+            "content": {"kind": "base", "version": 1, "value": {"n": 0}},
+        }
+    ],
+    [
+        {
+            "type": "document.change",
+            "id": 6,
+            "content": {"kind": "delta", "version": 1, "ops": [["s", ["n"], 1]]},
+        }
+    ],
     [{"type": "entry", "value": {"id": 7, "conversationId": 2, "kind": "m", "data": "late"}}],
 ]
 """Commit n + 1 is BATCHES[n], committed at T0 + n minutes."""
@@ -49,7 +71,11 @@ BATCHES: list[list[dict[str, Any]]] = [
 
 def run(*args: object, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*DURABLE_LOG, *map(str, args)], capture_output=True, text=True, errors="backslashreplace", timeout=timeout
+        [*DURABLE_LOG, *map(str, args)],
+        capture_output=True,
+        text=True,
+        errors="backslashreplace",
+        timeout=timeout,
     )
 
 
@@ -68,7 +94,9 @@ def refused(*args: object) -> str:
     return done.stderr
 
 
-async def write_store(path: Path, url: str, batches: list[list[dict[str, Any]]], start: int = 0) -> str:
+async def write_store(
+    path: Path, url: str, batches: list[list[dict[str, Any]]], start: int = 0
+) -> str:
     """Commit ``batches`` to a replicated store at ``path`` (made when missing); its store id."""
 
     storage = await LmdbStorage.open(path, durability="replicated", nats=url, stream=STREAM)
@@ -98,7 +126,9 @@ def writer(nats: NatsNode, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
 
 
 @pytest.fixture(scope="module")
-def other(nats: NatsNode, writer: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def other(
+    nats: NatsNode, writer: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str]:
     """A second store on the same stream, committed after the first."""
 
     path = tmp_path_factory.mktemp("other") / "store"
@@ -115,7 +145,9 @@ def unused_port() -> int:
 
 
 @pytest.mark.slow
-def test_stats_carries_the_store_id_and_the_replication_position(writer: tuple[Path, str], tmp_path: Path) -> None:
+def test_stats_carries_the_store_id_and_the_replication_position(
+    writer: tuple[Path, str], tmp_path: Path
+) -> None:
     path, store = writer
     info = json.loads(ok("stats", path, "--json"))
     assert info["storeId"] == store
@@ -128,7 +160,9 @@ def test_stats_carries_the_store_id_and_the_replication_position(writer: tuple[P
     assert info["replication"]["streamSeq"] >= len(BATCHES)
     text = ok("stats", path)
     assert f"store id         {store}" in text
-    assert f"replication      stream {STREAM}: log sequence {len(BATCHES)} at stream message" in text
+    assert (
+        f"replication      stream {STREAM}: log sequence {len(BATCHES)} at stream message" in text
+    )
 
     async def local() -> str:
         storage = await LmdbStorage.open(tmp_path / "local", durability="process")
@@ -155,6 +189,7 @@ def test_stats_carries_the_store_id_and_the_replication_position(writer: tuple[P
         env.close()
     assert json.loads(ok("stats", tmp_path / "local", "--json"))["storeId"] is None
     assert "store id         - (its next writer assigns one)" in ok("stats", tmp_path / "local")
+
     async def reopen() -> None:
         await (await LmdbStorage.open(tmp_path / "local", durability="process")).close()
 
@@ -166,9 +201,13 @@ def test_stats_carries_the_store_id_and_the_replication_position(writer: tuple[P
 
 
 @pytest.mark.slow
-def test_restore_builds_the_store_from_the_stream_alone(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
+def test_restore_builds_the_store_from_the_stream_alone(
+    nats: NatsNode, writer: tuple[Path, str], tmp_path: Path
+) -> None:
     path, store = writer
-    out = ok("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "restored")
+    out = ok(
+        "restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "restored"
+    )
     assert f"restored store {store} from stream {STREAM}: {len(BATCHES)} log records" in out
     assert ok("export", tmp_path / "restored") == ok("export", path)
     info = json.loads(ok("stats", tmp_path / "restored", "--json"))
@@ -178,24 +217,60 @@ def test_restore_builds_the_store_from_the_stream_alone(nats: NatsNode, writer: 
 
 
 @pytest.mark.slow
-def test_restore_to_a_sequence_with_progress(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
+def test_restore_to_a_sequence_with_progress(
+    nats: NatsNode, writer: tuple[Path, str], tmp_path: Path
+) -> None:
     path, store = writer
     # a list of URLs, one of them dead, is taken where one is
     urls = f"nats://127.0.0.1:{unused_port()},{nats.url}"
-    done = run("restore", "--nats", urls, "--stream", STREAM, "--store", store, tmp_path / "at3", "--to", 3, "--progress")
+    done = run(
+        "restore",
+        "--nats",
+        urls,
+        "--stream",
+        STREAM,
+        "--store",
+        store,
+        tmp_path / "at3",
+        "--to",
+        3,
+        "--progress",
+    )
     assert done.returncode == 0, done.stderr
     assert "restore: 3/3 records" in done.stderr
     assert ok("export", tmp_path / "at3") == ok("export", path, "--to", 3)
-    stderr = refused("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "beyond", "--to", 99)
+    stderr = refused(
+        "restore",
+        "--nats",
+        nats.url,
+        "--stream",
+        STREAM,
+        "--store",
+        store,
+        tmp_path / "beyond",
+        "--to",
+        99,
+    )
     assert f"up to {len(BATCHES)}, not 99" in stderr
     assert sorted(os.listdir(tmp_path)) == ["at3"]
 
 
 @pytest.mark.slow
-def test_restore_refusals_are_named_and_leave_nothing(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
+def test_restore_refusals_are_named_and_leave_nothing(
+    nats: NatsNode, writer: tuple[Path, str], tmp_path: Path
+) -> None:
     path, store = writer
     target = tmp_path / "new"
-    stderr = refused("restore", "--nats", f"127.0.0.1:{unused_port()}", "--stream", STREAM, "--store", store, target)
+    stderr = refused(
+        "restore",
+        "--nats",
+        f"127.0.0.1:{unused_port()}",
+        "--stream",
+        STREAM,
+        "--store",
+        store,
+        target,
+    )
     assert "No NATS server answered at nats://127.0.0.1:" in stderr
     stderr = refused("restore", "--nats", nats.url, "--stream", "NOSUCH", "--store", store, target)
     assert "NATS has no stream 'NOSUCH'" in stderr
@@ -206,11 +281,29 @@ def test_restore_refusals_are_named_and_leave_nothing(nats: NatsNode, writer: tu
     assert sorted(os.listdir(tmp_path)) == []
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
-    stderr = refused("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "full")
-    assert f"{tmp_path / 'full'} is not empty (it holds keep.txt); restore only into a new store" in stderr
-    assert sorted(os.listdir(tmp_path)) == ["full"] and os.listdir(tmp_path / "full") == ["keep.txt"]
+    stderr = refused(
+        "restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "full"
+    )
+    assert (
+        f"{tmp_path / 'full'} is not empty (it holds keep.txt); restore only into a new store"
+        in stderr
+    )
+    assert sorted(os.listdir(tmp_path)) == ["full"] and os.listdir(tmp_path / "full") == [
+        "keep.txt"
+    ]
     (tmp_path / "empty").mkdir()  # an empty directory is taken, as import takes one
-    ok("restore", "--nats", nats.url, "--stream", STREAM, "--store", store, tmp_path / "empty", "--to", 1)
+    ok(
+        "restore",
+        "--nats",
+        nats.url,
+        "--stream",
+        STREAM,
+        "--store",
+        store,
+        tmp_path / "empty",
+        "--to",
+        1,
+    )
 
 
 # ── tail of a stream ──────────────────────────────────────────────────────────
@@ -231,16 +324,18 @@ def test_tail_of_one_store_reads_as_the_local_tail(
 
     path, store = writer
     remote = ["tail", "--nats", nats.url, "--stream", STREAM, "--store", store]
-    for n, options in enumerate((
-        [],  # the last 10
-        ["--json", "--from", "1"],
-        ["--limit", "2"],
-        ["--json", "--conversation", "1"],  # the document's change is placed by its create
-        ["--conversation", "2"],
-        ["--type", "document.change", "--type", "document.create", "--json"],
-        ["--from", "3", "--type", "entry"],
-        ["--since", "2026-01-01T00:02:00Z", "--until", "2026-01-01T00:04:00Z", "--json"],
-    )):
+    for n, options in enumerate(
+        (
+            [],  # the last 10
+            ["--json", "--from", "1"],
+            ["--limit", "2"],
+            ["--json", "--conversation", "1"],  # the document's change is placed by its create
+            ["--conversation", "2"],
+            ["--type", "document.change", "--type", "document.create", "--json"],
+            ["--from", "3", "--type", "entry"],
+            ["--since", "2026-01-01T00:02:00Z", "--until", "2026-01-01T00:04:00Z", "--json"],
+        )
+    ):
         tail = ok if n == 0 else in_process
         assert tail(*remote, *options) == tail("tail", path, *options), options
     lines = [json.loads(line) for line in ok(*remote, "--json", "--conversation", "1").splitlines()]
@@ -248,17 +343,25 @@ def test_tail_of_one_store_reads_as_the_local_tail(
     assert lines[1]["writes"][0]["value"]["data"]["lone"] == "x\ud800"  # lossless, as the local one
 
 
-def test_tail_of_every_store_names_each_store(nats: NatsNode, writer: tuple[Path, str], other: tuple[Path, str]) -> None:
+def test_tail_of_every_store_names_each_store(
+    nats: NatsNode, writer: tuple[Path, str], other: tuple[Path, str]
+) -> None:
     (_, first), (_, second) = writer, other
     remote = ["tail", "--nats", nats.url, "--stream", STREAM]
     every = ok(*remote, "--json", "--from", "1").splitlines()
-    lines = [line for line in map(json.loads, every) if line["store"] in (first, second)]  # others' tests add stores
+    lines = [
+        line for line in map(json.loads, every) if line["store"] in (first, second)
+    ]  # others' tests add stores
     assert [(line["store"], line["seq"]) for line in lines] == [
         *((first, seq) for seq in range(1, len(BATCHES) + 1)),
         (second, 1),
         (second, 2),
     ]
-    text = [line for line in ok(*remote, "--conversation", "1", "--type", "entry").splitlines() if line.split()[0] in (first, second)]
+    text = [
+        line
+        for line in ok(*remote, "--conversation", "1", "--type", "entry").splitlines()
+        if line.split()[0] in (first, second)
+    ]
     assert [line.split()[:2] for line in text] == [[first, "2"], [first, "4"], [second, "2"]]
     assert "entry 3 in 1 (m)" in text[0]
     assert ok(*remote, "--json").splitlines() == every[-10:]  # like tail: the last 10 of the stream
@@ -268,7 +371,18 @@ def test_tail_follow_prints_new_commits_until_sigterm(nats: NatsNode, tmp_path: 
     path = tmp_path / "live"
     store = asyncio.run(write_store(path, nats.url, BATCHES[:1]))
     follower = subprocess.Popen(
-        [*DURABLE_LOG, "tail", "--nats", nats.url, "--stream", STREAM, "--store", store, "--follow", "--json"],
+        [
+            *DURABLE_LOG,
+            "tail",
+            "--nats",
+            nats.url,
+            "--stream",
+            STREAM,
+            "--store",
+            store,
+            "--follow",
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -285,7 +399,9 @@ def test_tail_follow_prints_new_commits_until_sigterm(nats: NatsNode, tmp_path: 
 
 
 @pytest.mark.slow
-def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_tail_of_a_stream_refusals(
+    nats: NatsNode, writer: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.support.cli_call import call
 
     def refused_in_process(*args: object) -> str:
@@ -297,21 +413,45 @@ def test_tail_of_a_stream_refusals(nats: NatsNode, writer: tuple[Path, str], cap
         return err
 
     path, store = writer
-    assert "No NATS server answered" in refused("tail", "--nats", f"127.0.0.1:{unused_port()}", "--stream", STREAM)
-    assert "NATS has no stream 'NOSUCH'" in refused("tail", "--nats", nats.url, "--stream", "NOSUCH")
+    assert "No NATS server answered" in refused(
+        "tail", "--nats", f"127.0.0.1:{unused_port()}", "--stream", STREAM
+    )
+    assert "NATS has no stream 'NOSUCH'" in refused(
+        "tail", "--nats", nats.url, "--stream", "NOSUCH"
+    )
     assert "not both" in refused("tail", path, "--nats", nats.url, "--stream", STREAM)
     assert "--nats needs --stream" in refused("tail", "--nats", nats.url)
     assert "give --nats" in refused("tail", path, "--store", store)
     assert "needs a store's PATH" in refused("tail")
-    for n, options in enumerate(([], ["--json"], ["--from", "1"], ["--limit", "3"], ["--conversation", "1"])):
-        nothing = (refused if n == 0 else refused_in_process)("tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody", *options)
-        assert f"stream {STREAM} holds nothing of store nobody (subject {STREAM}.nobody.log)" in nothing
+    for n, options in enumerate(
+        ([], ["--json"], ["--from", "1"], ["--limit", "3"], ["--conversation", "1"])
+    ):
+        nothing = (refused if n == 0 else refused_in_process)(
+            "tail", "--nats", nats.url, "--stream", STREAM, "--store", "nobody", *options
+        )
+        assert (
+            f"stream {STREAM} holds nothing of store nobody (subject {STREAM}.nobody.log)"
+            in nothing
+        )
 
 
-def test_tail_of_a_store_not_on_the_stream_yet_waits_with_follow(nats: NatsNode, tmp_path: Path) -> None:
+def test_tail_of_a_store_not_on_the_stream_yet_waits_with_follow(
+    nats: NatsNode, tmp_path: Path
+) -> None:
     store = "feedfacecafe0021"
     follower = subprocess.Popen(
-        [*DURABLE_LOG, "tail", "--nats", nats.url, "--stream", STREAM, "--store", store, "--follow", "--json"],
+        [
+            *DURABLE_LOG,
+            "tail",
+            "--nats",
+            nats.url,
+            "--stream",
+            STREAM,
+            "--store",
+            store,
+            "--follow",
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -321,7 +461,13 @@ def test_tail_of_a_store_not_on_the_stream_yet_waits_with_follow(nats: NatsNode,
         assert "waiting for its first commit" in _readline(errors, 20)
 
         async def write() -> None:
-            storage = await LmdbStorage.open(tmp_path / "late", durability="replicated", nats=nats.url, stream=STREAM, store=store)
+            storage = await LmdbStorage.open(
+                tmp_path / "late",
+                durability="replicated",
+                nats=nats.url,
+                stream=STREAM,
+                store=store,
+            )
             try:
                 await storage.commit(BATCHES[0], CTX, committed_at=T0)
             finally:
@@ -344,7 +490,19 @@ def test_replica_keeps_level_until_sigterm(nats: NatsNode, tmp_path: Path) -> No
     store = asyncio.run(write_store(source, nats.url, BATCHES[:3]))
     replica_path = tmp_path / "replica"
     replica = subprocess.Popen(
-        [*DURABLE_LOG, "replica", replica_path, "--nats", nats.url, "--stream", STREAM, "--store", store, "--interval", "0.2"],
+        [
+            *DURABLE_LOG,
+            "replica",
+            replica_path,
+            "--nats",
+            nats.url,
+            "--stream",
+            STREAM,
+            "--store",
+            store,
+            "--interval",
+            "0.2",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -360,7 +518,9 @@ def test_replica_keeps_level_until_sigterm(nats: NatsNode, tmp_path: Path) -> No
     finally:
         _end(replica)
     assert f"following subject {STREAM}.{store}.log" in stderr
-    assert f"applied sequence {len(BATCHES)} (stream message" in stderr and "lag 0 records" in stderr
+    assert (
+        f"applied sequence {len(BATCHES)} (stream message" in stderr and "lag 0 records" in stderr
+    )
     assert "stopping: applied sequence" in stderr
     assert ok("export", replica_path) == ok("export", source)
     assert json.loads(ok("stats", replica_path, "--json"))["storeId"] == store
@@ -373,22 +533,45 @@ def test_replica_stops_on_a_refused_message_naming_it(nats: NatsNode, tmp_path: 
 
         client = await nats_client.connect(nats.url)
         try:
-            ack = await client.jetstream().publish(f"{STREAM}.forged.log", b"not a record", headers={"Pd-Format": "1"})
+            ack = await client.jetstream().publish(
+                f"{STREAM}.forged.log", b"not a record", headers={"Pd-Format": "1"}
+            )
             return int(ack.seq)
         finally:
             await client.close()
 
     asyncio.run(write_store(tmp_path / "any", nats.url, BATCHES[:1]))  # the stream exists
     stream_seq = asyncio.run(forge())
-    done = run("replica", tmp_path / "replica", "--nats", nats.url, "--stream", STREAM, "--store", "forged", "--interval", "0.2", timeout=30)
+    done = run(
+        "replica",
+        tmp_path / "replica",
+        "--nats",
+        nats.url,
+        "--stream",
+        STREAM,
+        "--store",
+        "forged",
+        "--interval",
+        "0.2",
+        timeout=30,
+    )
     assert done.returncode == 1, done.stderr
     assert f"durable-log: damage: Message {stream_seq} of stream {STREAM} is refused" in done.stderr
-    assert json.loads(ok("stats", tmp_path / "replica", "--json"))["headSeq"] == 0  # nothing of it applied
+    assert (
+        json.loads(ok("stats", tmp_path / "replica", "--json"))["headSeq"] == 0
+    )  # nothing of it applied
     assert "NATS has no stream 'NOSUCH'" in refused(
         "replica", tmp_path / "r2", "--nats", nats.url, "--stream", "NOSUCH", "--store", "forged"
     )
     assert f"Message {stream_seq} of stream {STREAM} is refused" in _fails_with_damage(
-        "restore", "--nats", nats.url, "--stream", STREAM, "--store", "forged", tmp_path / "restored"
+        "restore",
+        "--nats",
+        nats.url,
+        "--stream",
+        STREAM,
+        "--store",
+        "forged",
+        tmp_path / "restored",
     )
     assert not (tmp_path / "restored").exists()
 
@@ -454,10 +637,14 @@ def _end(process: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.slow
-def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(nats: NatsNode, tmp_path: Path) -> None:
+def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(
+    nats: NatsNode, tmp_path: Path
+) -> None:
     async def scenario() -> None:
         source = tmp_path / "source"
-        writer = await LmdbStorage.open(source, durability="replicated", nats=nats.url, stream=STREAM, lease_ttl=2)
+        writer = await LmdbStorage.open(
+            source, durability="replicated", nats=nats.url, stream=STREAM, lease_ttl=2
+        )
         try:
             for n, writes in enumerate(BATCHES[:3]):
                 await writer.commit(writes, CTX, committed_at=T0 + n * MINUTE)
@@ -465,23 +652,40 @@ def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(nats: NatsN
             assert store is not None
             epoch = writer.replication.epoch  # type: ignore[union-attr]
             copy = tmp_path / "copy"
-            replica = await LmdbStorage.open_replica(copy, nats=nats.url, stream=STREAM, store=store)
+            replica = await LmdbStorage.open_replica(
+                copy, nats=nats.url, stream=STREAM, store=store
+            )
             await replica.wait(3, timeout=10)
             await replica.close()
-            lease = json.loads((await asyncio.to_thread(ok, "stats", source, "--json", "--nats", nats.url, "--stream", STREAM)))["lease"]
+            lease = json.loads(
+                (
+                    await asyncio.to_thread(
+                        ok, "stats", source, "--json", "--nats", nats.url, "--stream", STREAM
+                    )
+                )
+            )["lease"]
             assert lease["epoch"] >= epoch and str(source) in lease["holder"]
             # The writer renews its lease: a plain promote waits, then gives up naming the holder.
-            message = await asyncio.to_thread(refused, "promote", copy, "--nats", nats.url, "--stream", STREAM)
+            message = await asyncio.to_thread(
+                refused, "promote", copy, "--nats", nats.url, "--stream", STREAM
+            )
             assert "keeps renewing its lease" in message and str(source) in message
             await writer.commit(BATCHES[3], CTX, committed_at=T0 + 3 * MINUTE)  # still the writer
-            promoted = await asyncio.to_thread(ok, "promote", copy, "--nats", nats.url, "--stream", STREAM, "--force")
+            promoted = await asyncio.to_thread(
+                ok, "promote", copy, "--nats", nats.url, "--stream", STREAM, "--force"
+            )
             promoted_epoch = int(promoted.split("writer epoch ")[1].split(",")[0])
-            assert f"store {store}, writer epoch {promoted_epoch}, head sequence 4" in promoted and promoted_epoch > epoch
+            assert (
+                f"store {store}, writer epoch {promoted_epoch}, head sequence 4" in promoted
+                and promoted_epoch > epoch
+            )
             # deposed: its next append finds the subject moved, or its lease renewal found the fence first
             with pytest.raises(NotWriterError, match="another writer|was taken over"):
                 await writer.commit(BATCHES[4], CTX)
             # The promoted copy writes at once (the lease was released), continuing the history.
-            successor = await LmdbStorage.open(copy, durability="replicated", nats=nats.url, stream=STREAM)
+            successor = await LmdbStorage.open(
+                copy, durability="replicated", nats=nats.url, stream=STREAM
+            )
             try:
                 assert await successor.commit(BATCHES[4], CTX, committed_at=T0 + 4 * MINUTE) == 5
             finally:
@@ -498,7 +702,9 @@ def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(nats: NatsN
 
 
 @pytest.mark.slow
-def test_a_replicated_store_refused_after_an_os_crash_is_restored_whole_from_the_stream(nats: NatsNode, tmp_path: Path) -> None:
+def test_a_replicated_store_refused_after_an_os_crash_is_restored_whole_from_the_stream(
+    nats: NatsNode, tmp_path: Path
+) -> None:
     """A replicated writer syncs no local commit (the stream is the durable copy): a writer killed
     while open leaves its ``process.unsynced`` marker; from an earlier boot (an OS crash) the store
     is refused, naming the restore from the stream, which gives back every acknowledged commit."""
@@ -506,12 +712,16 @@ def test_a_replicated_store_refused_after_an_os_crash_is_restored_whole_from_the
     source = tmp_path / "source"
     child = subprocess.run(
         [sys.executable, "-c", KILLED_WRITER, str(source), nats.url, STREAM],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
     store, acknowledged = child.stdout.split()
     assert (source / "process.unsynced").exists()  # a replicated writer's local store is unsynced
-    (source / "process.unsynced").write_bytes(b"00000000-0000-0000-0000-000000000000\n")  # an earlier boot's
+    (source / "process.unsynced").write_bytes(
+        b"00000000-0000-0000-0000-000000000000\n"
+    )  # an earlier boot's
     with pytest.raises(StoreDamagedError) as caught:
         asyncio.run(LmdbStorage.open(source, durability="replicated", nats=nats.url, stream=STREAM))
     assert f"Every commit it acknowledged is on stream {STREAM!r}" in str(caught.value)

@@ -41,7 +41,10 @@ async def test_the_demo_workload_reads_back_after_reopen(tmp_path: Path) -> None
 def test_the_demo_command_runs_and_points_the_way(tmp_path: Path) -> None:
     store = tmp_path / "demo-store"
     done = subprocess.run(
-        [sys.executable, "-m", "pi_durable_lmdb.cli", "demo", str(store)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "demo", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     for words in ("through a pi-durable Session", "head sequence", "durable-log tail", "Try next"):

@@ -32,28 +32,79 @@ def shape(value: Any) -> Shape:
 
 
 DATABASE = [
-    ("entries", "int"), ("depth", "int"), ("branchPages", "int"), ("leafPages", "int"),
-    ("overflowPages", "int"), ("bytes", "int"), ("bytesPerEntry", "float"),
+    ("entries", "int"),
+    ("depth", "int"),
+    ("branchPages", "int"),
+    ("leafPages", "int"),
+    ("overflowPages", "int"),
+    ("bytes", "int"),
+    ("bytesPerEntry", "float"),
 ]
-PROJECTION = [("version", "int"), ("foldedSeq", "int"), ("failedSeq", "null"), ("error", "null"), ("building", "null")]
+PROJECTION = [
+    ("version", "int"),
+    ("foldedSeq", "int"),
+    ("failedSeq", "null"),
+    ("error", "null"),
+    ("building", "null"),
+]
 STATS = [
-    ("path", "str"), ("storeId", "str"), ("formatVersion", "int"), ("headSeq", "int"), ("records", "int"),
-    ("firstCommittedAt", "int"), ("lastCommittedAt", "int"), ("fileBytes", "int"), ("logBytes", "int"),
+    ("path", "str"),
+    ("storeId", "str"),
+    ("formatVersion", "int"),
+    ("headSeq", "int"),
+    ("records", "int"),
+    ("firstCommittedAt", "int"),
+    ("lastCommittedAt", "int"),
+    ("fileBytes", "int"),
+    ("logBytes", "int"),
     ("projectionBytes", "int"),
-    ("footprint", [
-        ("pageSize", "int"), ("usedPages", "int"), ("pagesUpToLastUsed", "int"), ("freePages", "int"),
-        ("freeBytes", "int"), ("freeShare", "float"), ("logBytesPerRecord", "float"), ("databases", "DATABASES"),
-    ]),
-    ("counts", [("conversations", "int"), ("entries", "int"), ("tasks", "int"), ("submissions", "int"), ("documents", "int")]),
+    (
+        "footprint",
+        [
+            ("pageSize", "int"),
+            ("usedPages", "int"),
+            ("pagesUpToLastUsed", "int"),
+            ("freePages", "int"),
+            ("freeBytes", "int"),
+            ("freeShare", "float"),
+            ("logBytesPerRecord", "float"),
+            ("databases", "DATABASES"),
+        ],
+    ),
+    (
+        "counts",
+        [
+            ("conversations", "int"),
+            ("entries", "int"),
+            ("tasks", "int"),
+            ("submissions", "int"),
+            ("documents", "int"),
+        ],
+    ),
     ("liveDocuments", "int"),
     ("tree", [("size", "int"), ("storedLeaves", "int"), ("rootHash", "str")]),
-    ("projections", [
-        ("core", [("generation", "int"), ("schemaVersion", "int"), ("foldedSeq", "int")]),
-        ("user", [
-            ("exploding", [("version", "int"), ("foldedSeq", "int"), ("failedSeq", "int"), ("error", "str"), ("building", "null")]),
-            ("task_outcomes", PROJECTION),
-        ]),
-    ]),
+    (
+        "projections",
+        [
+            ("core", [("generation", "int"), ("schemaVersion", "int"), ("foldedSeq", "int")]),
+            (
+                "user",
+                [
+                    (
+                        "exploding",
+                        [
+                            ("version", "int"),
+                            ("foldedSeq", "int"),
+                            ("failedSeq", "int"),
+                            ("error", "str"),
+                            ("building", "null"),
+                        ],
+                    ),
+                    ("task_outcomes", PROJECTION),
+                ],
+            ),
+        ],
+    ),
 ]
 
 
@@ -77,11 +128,15 @@ def _without_databases(found: Shape) -> tuple[Shape, Shape]:
     top = dict(found)
     foot = dict(top["footprint"])
     databases = foot["databases"]
-    top["footprint"] = [(key, "DATABASES" if key == "databases" else item) for key, item in top["footprint"]]
+    top["footprint"] = [
+        (key, "DATABASES" if key == "databases" else item) for key, item in top["footprint"]
+    ]
     return [(key, top[key]) for key, _ in found], databases
 
 
-def test_stats_json_keeps_its_keys_order_and_types(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stats_json_keeps_its_keys_order_and_types(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out, info = _stats(capsys, store)
     found, databases = _without_databases(shape(info))
     assert found == STATS
@@ -89,12 +144,16 @@ def test_stats_json_keeps_its_keys_order_and_types(store: Path, capsys: pytest.C
     assert names == sorted(names) and {"log", "meta"} <= set(names)
     for _, database in databases:
         assert [key for key, _ in database] == [key for key, _ in DATABASE]
-    assert out == json.dumps(info, separators=(",", ":"), ensure_ascii=False) + "\n", "compact, UTF-8, in this order"
+    assert out == json.dumps(info, separators=(",", ":"), ensure_ascii=False) + "\n", (
+        "compact, UTF-8, in this order"
+    )
     assert info["headSeq"] == info["records"] == info["tree"]["size"]
     assert info["path"] == os.path.abspath(store)
 
 
-def test_stats_json_shows_a_stopped_shipper_last(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stats_json_shows_a_stopped_shipper_last(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from pi_durable_lmdb.log.stream.shipper import STOPPED_FILE
 
     stopped = os.path.join(store, STOPPED_FILE)
@@ -104,7 +163,10 @@ def test_stats_json_shows_a_stopped_shipper_last(store: Path, capsys: pytest.Cap
         _, info = _stats(capsys, store)
         assert list(info)[-1] == "shipping"
         assert shape(info["shipping"]) == [("stopped", "bool"), ("reason", "str")]
-        assert info["shipping"] == {"stopped": True, "reason": "record 2 is bigger than the server's max_payload"}
+        assert info["shipping"] == {
+            "stopped": True,
+            "reason": "record 2 is bigger than the server's max_payload",
+        }
         code, text, _ = call(capsys, "stats", store)
         assert code == 0 and "shipping         STOPPED: record 2 is bigger" in text
     finally:
@@ -117,8 +179,13 @@ def test_projections_json_keeps_its_keys(store: Path, capsys: pytest.CaptureFixt
     found = shape(json.loads(out))
     assert [name for name, _ in found] == ["exploding", "task_outcomes"]
     assert dict(found)["task_outcomes"] == [
-        ("version", "int"), ("foldedSeq", "int"), ("lag", "int"), ("state", "str"), ("failedSeq", "null"),
-        ("error", "null"), ("building", "null"),
+        ("version", "int"),
+        ("foldedSeq", "int"),
+        ("lag", "int"),
+        ("state", "str"),
+        ("failedSeq", "null"),
+        ("error", "null"),
+        ("building", "null"),
     ]
 
 
@@ -126,12 +193,25 @@ def test_healthz_and_metrics_keep_their_keys(store: Path) -> None:
     with serve(store) as served:
         status, body, headers = get(served.url + "/healthz")
         assert status == 200 and headers["Content-Type"].startswith("application/json")
-        assert shape(json.loads(body)) == [("status", "str"), ("headSeq", "int"), ("storeId", "str"), ("warnings", ["str"])]
+        assert shape(json.loads(body)) == [
+            ("status", "str"),
+            ("headSeq", "int"),
+            ("storeId", "str"),
+            ("warnings", ["str"]),
+        ]
         assert body == json.dumps(json.loads(body)), "json.dumps's spacing, ASCII escapes"
-        assert json.loads(body)["warnings"][0].startswith("projection exploding stopped at sequence 7: RuntimeError")
+        assert json.loads(body)["warnings"][0].startswith(
+            "projection exploding stopped at sequence 7: RuntimeError"
+        )
         status, text, _ = get(served.url + "/metrics")
         assert status == 200
-    names = sorted({line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")})
+    names = sorted(
+        {
+            line.split("{")[0].split(" ")[0]
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+        }
+    )
     assert names == [
         "pi_durable_lmdb_log_bytes",
         "pi_durable_lmdb_log_head_seq",
@@ -142,7 +222,11 @@ def test_healthz_and_metrics_keep_their_keys(store: Path) -> None:
         "pi_durable_lmdb_store_bytes",
         "pi_durable_lmdb_up",
     ]
-    lags = sorted(line.split(" ")[0] for line in text.splitlines() if line.startswith("pi_durable_lmdb_projection_lag_records{"))
+    lags = sorted(
+        line.split(" ")[0]
+        for line in text.splitlines()
+        if line.startswith("pi_durable_lmdb_projection_lag_records{")
+    )
     assert lags == [
         'pi_durable_lmdb_projection_lag_records{projection="core"}',
         'pi_durable_lmdb_projection_lag_records{projection="exploding"}',
@@ -177,16 +261,24 @@ def test_replication_status_keeps_its_keys(tmp_path: Path) -> None:
 
     async def run() -> list[Shape]:
         server = MemoryStream("M")
-        shipping = await LmdbStorage.open(tmp_path / "s", durability="process", nats=MemoryLink(server), stream="M", store="s")
-        writer = await LmdbStorage.open(tmp_path / "w", durability="replicated", nats=MemoryLink(server), stream="M", store="w")
+        shipping = await LmdbStorage.open(
+            tmp_path / "s", durability="process", nats=MemoryLink(server), stream="M", store="s"
+        )
+        writer = await LmdbStorage.open(
+            tmp_path / "w", durability="replicated", nats=MemoryLink(server), stream="M", store="w"
+        )
         try:
             await shipping.commit(batch(0), CTX)
             await writer.commit(batch(0), CTX)
-            replica = await LmdbStorage.open_replica(tmp_path / "r", nats=MemoryLink(server), stream="M", store="w")
+            replica = await LmdbStorage.open_replica(
+                tmp_path / "r", nats=MemoryLink(server), stream="M", store="w"
+            )
             try:
                 await replica.wait(1, 10)
                 handles = [shipping, writer, replica]
-                return [shape(msgspec.to_builtins(handle.replication.status())) for handle in handles]  # type: ignore[union-attr]
+                return [
+                    shape(msgspec.to_builtins(handle.replication.status())) for handle in handles
+                ]  # type: ignore[union-attr]
             finally:
                 await replica.close()
         finally:
@@ -196,18 +288,45 @@ def test_replication_status_keeps_its_keys(tmp_path: Path) -> None:
     shipper, replicated, replica = asyncio.run(run())
     common = [("stream", "str"), ("subject", "str")]
     assert shipper == [
-        ("mode", "str"), *common, ("shippedSeq", "int"), ("lagRecords", "int"), ("lagMs", "float"), ("lastError", "null"),
-        ("stopped", "bool"), ("errors", "int"),
+        ("mode", "str"),
+        *common,
+        ("shippedSeq", "int"),
+        ("lagRecords", "int"),
+        ("lagMs", "float"),
+        ("lastError", "null"),
+        ("stopped", "bool"),
+        ("errors", "int"),
     ]
     assert replicated == [
-        ("mode", "str"), *common, ("shippedSeq", "int"), ("lagRecords", "int"), ("lagMs", "float"), ("lastError", "null"),
+        ("mode", "str"),
+        *common,
+        ("shippedSeq", "int"),
+        ("lagRecords", "int"),
+        ("lagMs", "float"),
+        ("lastError", "null"),
         ("epoch", "int"),
-        ("lease", [("holder", "str"), ("epoch", "int"), ("ttl", "int"), ("expiresIn", "float"), ("lost", "null")]),
+        (
+            "lease",
+            [
+                ("holder", "str"),
+                ("epoch", "int"),
+                ("ttl", "int"),
+                ("expiresIn", "float"),
+                ("lost", "null"),
+            ],
+        ),
         ("failed", "null"),
     ]
     assert replica == [
-        ("mode", "str"), *common, ("appliedSeq", "int"), ("streamSeq", "int"), ("lagRecords", "int"), ("lagMs", "float"),
-        ("lastError", "null"), ("stopped", "bool"), ("transactions", "int"),
+        ("mode", "str"),
+        *common,
+        ("appliedSeq", "int"),
+        ("streamSeq", "int"),
+        ("lagRecords", "int"),
+        ("lagMs", "float"),
+        ("lastError", "null"),
+        ("stopped", "bool"),
+        ("transactions", "int"),
     ]
 
 
@@ -220,11 +339,16 @@ def test_live_log_events_keep_their_keys(store: Path) -> None:
         with urllib.request.urlopen(served.url + "/log/events?after=0", timeout=60) as stream:
             for raw in stream:
                 if raw.startswith(b"data: "):
-                    data = raw[len(b"data: "):].decode().rstrip("\n")
+                    data = raw[len(b"data: ") :].decode().rstrip("\n")
                     break
     found = json.loads(data)
     assert data == json.dumps(found), "json.dumps's spacing, ASCII escapes"
     assert found["seq"] == 1
     links = [("text", "str"), ("href", "str")]
-    assert shape(found) == [("seq", "int"), ("when", "str"), ("summary", "str"), ("links", [links] * len(found["links"]))]
+    assert shape(found) == [
+        ("seq", "int"),
+        ("when", "str"),
+        ("summary", "str"),
+        ("links", [links] * len(found["links"])),
+    ]
     assert found["links"], "the first batch wrote a record"

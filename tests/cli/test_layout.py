@@ -123,7 +123,9 @@ def _upward(root: Path) -> dict[str, str]:
         file = str(modules[module].relative_to(root))
         for target in sorted(imported):
             low, high = _room(module), _room(target)
-            if _rank(high) > _rank(low) or ((low, high) == ("cli", "web") and file not in WEB_STARTED_FROM):
+            if _rank(high) > _rank(low) or (
+                (low, high) == ("cli", "web") and file not in WEB_STARTED_FROM
+            ):
                 found.setdefault(file, target)
     return found
 
@@ -165,7 +167,14 @@ def _cycles(graph: Mapping[str, set[str]]) -> list[frozenset[str]]:
 
 
 def test_every_import_goes_down_the_layers() -> None:
-    assert {_room(module) for module in _modules(SRC)} >= {"log", "projections", "storage", "audit", "cli", "web"}
+    assert {_room(module) for module in _modules(SRC)} >= {
+        "log",
+        "projections",
+        "storage",
+        "audit",
+        "cli",
+        "web",
+    }
     assert _upward(SRC) == {}
 
 
@@ -173,14 +182,22 @@ def test_no_import_cycle_but_the_known_ones() -> None:
     assert len(_graph(SRC)) > 80
     cycles = _cycles(_graph(SRC))
     new = [sorted(cycle) for cycle in cycles if cycle not in KNOWN_CYCLES]
-    assert new == [], "modules that import each other (directly or round a ring); take one import apart"
+    assert new == [], (
+        "modules that import each other (directly or round a ring); take one import apart"
+    )
     gone = [sorted(cycle) for cycle in KNOWN_CYCLES if cycle not in cycles]
     assert gone == [], "a known cycle is gone: take it off KNOWN_CYCLES"
 
 
 def _plant(root: Path, files: Mapping[str, str]) -> Path:
-    for name, text in {"__init__.py": "", "storage/__init__.py": "", "audit/__init__.py": "",
-                       "cli/__init__.py": "", "web/__init__.py": "", **files}.items():
+    for name, text in {
+        "__init__.py": "",
+        "storage/__init__.py": "",
+        "audit/__init__.py": "",
+        "cli/__init__.py": "",
+        "web/__init__.py": "",
+        **files,
+    }.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text + "\n")
     return root
@@ -191,7 +208,10 @@ UPWARD: Final = [
     ("storage/planted.py", "from .. import audit"),
     ("storage/planted.py", "import pi_durable_lmdb.cli"),
     ("storage/planted.py", "def f():\n    from ..cli.common import usage"),
-    ("storage/planted.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..audit.tail import Tail"),
+    (
+        "storage/planted.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..audit.tail import Tail",
+    ),
     ("audit/planted.py", "from ..web import app"),
     ("audit/planted.py", "from .. import Tail"),
     ("web/planted.py", "from ..cli import common"),
@@ -202,25 +222,31 @@ UPWARD: Final = [
 
 @pytest.mark.parametrize(("file", "text"), UPWARD)
 def test_the_scan_sees_every_way_of_importing_upward(tmp_path: Path, file: str, text: str) -> None:
-    root = _plant(tmp_path, {
-        "audit/tail.py": "from ..storage import lmdb_storage",  # downward: allowed
-        "cli/common.py": "from ..audit.tail import Tail\nfrom .. import open_lmdb_storage",
-        "cli/serve.py": "def run():\n    from ..web.app import make_app",  # cli starts web here
-        "web/app.py": "from ..audit import tail",
-        "storage/lmdb_storage.py": "",
-        file: text,
-    })
+    root = _plant(
+        tmp_path,
+        {
+            "audit/tail.py": "from ..storage import lmdb_storage",  # downward: allowed
+            "cli/common.py": "from ..audit.tail import Tail\nfrom .. import open_lmdb_storage",
+            "cli/serve.py": "def run():\n    from ..web.app import make_app",  # cli starts web here
+            "web/app.py": "from ..audit import tail",
+            "storage/lmdb_storage.py": "",
+            file: text,
+        },
+    )
     assert list(_upward(root)) == [file]
 
 
 def test_the_scan_sees_an_import_cycle_and_only_one(tmp_path: Path) -> None:
-    root = _plant(tmp_path, {
-        "storage/a.py": "from . import b",
-        "storage/b.py": "def f():\n    from .c import C",
-        "storage/c.py": "from .a import A",
-        "storage/d.py": "from .a import A",
-        "audit/e.py": "from ..storage import a",
-    })
+    root = _plant(
+        tmp_path,
+        {
+            "storage/a.py": "from . import b",
+            "storage/b.py": "def f():\n    from .c import C",
+            "storage/c.py": "from .a import A",
+            "storage/d.py": "from .a import A",
+            "audit/e.py": "from ..storage import a",
+        },
+    )
     assert _cycles(_graph(root)) == [frozenset({"storage.a", "storage.b", "storage.c"})]
     (root / "storage" / "c.py").write_text("import json\n")  # the ring broken
     assert _cycles(_graph(root)) == []
@@ -232,13 +258,24 @@ def test_a_fresh_interpreter_using_the_engine_loads_no_command_line_module() -> 
         "pi_durable_lmdb.audit.restore, pi_durable_lmdb.audit.numbers, pi_durable_lmdb.metrics\n"
         "print(sorted(m for m in sys.modules if m.startswith(('pi_durable_lmdb.cli', 'pi_durable_lmdb.web'))))"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("path", sorted(str(path.relative_to(SRC)) for room in ("cli", "audit", "web") for path in (SRC / room).rglob("*.py")))
-def test_no_module_of_the_command_line_the_audit_functions_or_the_web_view_is_over_600_lines(path: str) -> None:
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        str(path.relative_to(SRC))
+        for room in ("cli", "audit", "web")
+        for path in (SRC / room).rglob("*.py")
+    ),
+)
+def test_no_module_of_the_command_line_the_audit_functions_or_the_web_view_is_over_600_lines(
+    path: str,
+) -> None:
     assert len((SRC / path).read_text().splitlines()) <= 600
 
 
@@ -248,7 +285,9 @@ def test_the_transparency_log_functions_import_nothing_of_the_store() -> None:
     graph = _graph(SRC)
     tlog = [module for module in graph if _room(module) == "tlog"]
     assert len(tlog) >= 4
-    assert {module: sorted(graph[module] - set(tlog) - {"errors"}) for module in tlog} == {module: [] for module in tlog}
+    assert {module: sorted(graph[module] - set(tlog) - {"errors"}) for module in tlog} == {
+        module: [] for module in tlog
+    }
 
 
 def test_each_family_registers_its_own_commands() -> None:
@@ -286,33 +325,55 @@ def test_tail_is_importable_where_users_import_it() -> None:
 
 
 def _run_cli(prelude: str, *args: str) -> subprocess.CompletedProcess[str]:
-    script = prelude + f"\nimport sys\nfrom pi_durable_lmdb.cli import main\nsys.exit(main({list(args)!r}))\n"
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    script = (
+        prelude
+        + f"\nimport sys\nfrom pi_durable_lmdb.cli import main\nsys.exit(main({list(args)!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
 
 
 WEB_MISSING: Final = "import sys\nsys.modules['aiohttp'] = None  # importing it raises ImportError, as when the [web] extra is missing"
 
 
-@pytest.mark.parametrize("args", [["serve", "store"], ["serve", "store", "--port", "8080", "--host", "0.0.0.0"]])
+@pytest.mark.parametrize(
+    "args", [["serve", "store"], ["serve", "store", "--port", "8080", "--host", "0.0.0.0"]]
+)
 def test_serve_without_the_web_extra_says_what_to_install(args: list[str]) -> None:
     done = _run_cli(WEB_MISSING, *args)
     assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "pip install '/path/to/pi-durable-lmdb[web]'" in done.stderr and "Traceback" not in done.stderr
+    assert (
+        "pip install '/path/to/pi-durable-lmdb[web]'" in done.stderr
+        and "Traceback" not in done.stderr
+    )
     assert "py3-none-any.whl[web]'" in done.stderr
     helped = _run_cli(WEB_MISSING, "--help")
     assert "serve" in helped.stdout
 
 
-@pytest.mark.parametrize(("args", "said"), [(["serve"], "the following arguments are required: PATH"),
-                                            (["serve", "store", "--bogus"], "unrecognized arguments: --bogus")])
-def test_serve_refuses_bad_arguments_with_or_without_the_web_extra(args: list[str], said: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["serve"], "the following arguments are required: PATH"),
+        (["serve", "store", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_serve_refuses_bad_arguments_with_or_without_the_web_extra(
+    args: list[str], said: str
+) -> None:
     for prelude in ("", WEB_MISSING):
         done = _run_cli(prelude, *args)
-        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, (prelude, done.stderr)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, (
+            prelude,
+            done.stderr,
+        )
 
 
 @pytest.mark.parametrize("blocked", ["aiohttp", "jinja2", "prometheus_client"])
-def test_serve_with_the_web_modules_missing_says_what_to_install_and_exits_2(tmp_path: Path, blocked: str) -> None:
+def test_serve_with_the_web_modules_missing_says_what_to_install_and_exits_2(
+    tmp_path: Path, blocked: str
+) -> None:
     """The web view's own module imports, but a package of the [web] extra does not (as when it
     was never installed): a message naming it and an install that works (a checkout or the
     wheel, the package is on no index), exit 2, no traceback, nothing served."""
@@ -326,8 +387,12 @@ def test_serve_with_the_web_modules_missing_says_what_to_install_and_exits_2(tmp
     gone = f"import sys\nsys.modules[{blocked!r}] = None  # importing it raises ImportError, as when it is missing"
     done = _run_cli(gone, "serve", str(store), "--port", "0")
     assert done.returncode == 2, (done.returncode, done.stderr)
-    assert f"({blocked} is not installed)" in done.stderr and "Traceback" not in done.stderr, done.stderr
-    assert "pip install '/path/to/pi-durable-lmdb[web]'" in done.stderr and ".whl[web]'" in done.stderr, done.stderr
+    assert f"({blocked} is not installed)" in done.stderr and "Traceback" not in done.stderr, (
+        done.stderr
+    )
+    assert (
+        "pip install '/path/to/pi-durable-lmdb[web]'" in done.stderr and ".whl[web]'" in done.stderr
+    ), done.stderr
     assert "serving" not in done.stderr
 
 
@@ -335,7 +400,10 @@ def test_tail_nats_with_nats_py_missing_says_what_to_install_and_exits_2() -> No
     gone = "import sys\nsys.modules['nats'] = None"
     done = _run_cli(gone, "tail", "--nats", "nats://127.0.0.1:1", "--stream", "S")
     assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "pip install '/path/to/pi-durable-lmdb[nats]'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert (
+        "pip install '/path/to/pi-durable-lmdb[nats]'" in done.stderr
+        and "Traceback" not in done.stderr
+    ), done.stderr
 
 
 @pytest.mark.parametrize("part", ["replica", "roles", "ids", "options"])

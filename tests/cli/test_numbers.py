@@ -45,10 +45,16 @@ def _actions(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action
 
 
 def test_every_typed_argument_of_every_command_is_parsed_by_the_numbers_module() -> None:
-    typed = [(name, action.type) for name, action in _actions(cli_module._parser()) if action.type is not None]
+    typed = [
+        (name, action.type)
+        for name, action in _actions(cli_module._parser())
+        if action.type is not None
+    ]
     assert len(typed) >= 15, typed
     for name, parse in typed:
-        assert getattr(parse, "__module__", None) == numbers.__name__, f"{name} is parsed by {parse!r}"
+        assert getattr(parse, "__module__", None) == numbers.__name__, (
+            f"{name} is parsed by {parse!r}"
+        )
 
 
 # (arguments, the option the refusal names, words it holds); PATH: a store
@@ -60,9 +66,21 @@ REFUSED = [
     (["stats", "PATH", "--watch", "--every", "-1"], "--every", "from 0.1 to 86400"),
     (["stats", "PATH", "--watch", "--every", "١"], "--every", "is not an interval"),
     (["stats", "PATH", "--watch", "--every", HUGE], "--every", "characters"),
-    (["promote", "PATH", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--lease-ttl", "0"], "--lease-ttl", "from 1 to 3600"),
-    (["promote", "PATH", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--lease-ttl", "-5"], "--lease-ttl", "from 1 to 3600"),
-    (["promote", "PATH", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--lease-ttl", "3601"], "--lease-ttl", "from 1 to 3600"),
+    (
+        ["promote", "PATH", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--lease-ttl", "0"],
+        "--lease-ttl",
+        "from 1 to 3600",
+    ),
+    (
+        ["promote", "PATH", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--lease-ttl", "-5"],
+        "--lease-ttl",
+        "from 1 to 3600",
+    ),
+    (
+        ["promote", "PATH", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--lease-ttl", "3601"],
+        "--lease-ttl",
+        "from 1 to 3600",
+    ),
     (["tail", "PATH", "--conversation", "-5"], "--conversation", "is not a conversation id"),
     (["tail", "PATH", "--conversation", "٣"], "--conversation", "ASCII digits"),
     (["tail", "PATH", "--from", "²"], "--from", "ASCII digits"),
@@ -80,21 +98,75 @@ REFUSED = [
     (["export", "PATH", "--since", "٢٠٢٦-١٢-٠١"], "--since", "is not a timestamp"),
     (["verify", "PATH", "--max-differences", "0"], "--max-differences", "1 or more"),
     (["verify", "PATH", "--max-differences", HUGE], "--max-differences", "characters"),
-    (["restore", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--store", "x", "NEW", "--to", "0"], "--to", "1 or more"),
-    (["replica", "NEW", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--store", "x", "--interval", "inf"], "--interval", "is not an interval"),
-    (["replica", "NEW", "--nats", "nats://127.0.0.1:1", "--stream", "S", "--store", "x", "--interval", "0"], "--interval", "from 0.1"),
+    (
+        [
+            "restore",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--stream",
+            "S",
+            "--store",
+            "x",
+            "NEW",
+            "--to",
+            "0",
+        ],
+        "--to",
+        "1 or more",
+    ),
+    (
+        [
+            "replica",
+            "NEW",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--stream",
+            "S",
+            "--store",
+            "x",
+            "--interval",
+            "inf",
+        ],
+        "--interval",
+        "is not an interval",
+    ),
+    (
+        [
+            "replica",
+            "NEW",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--stream",
+            "S",
+            "--store",
+            "x",
+            "--interval",
+            "0",
+        ],
+        "--interval",
+        "from 0.1",
+    ),
     (["serve", "PATH", "--port", "65536"], "--port", "from 0 to 65535"),
     (["serve", "PATH", "--port", "٨٠"], "--port", "ASCII digits"),
     (["serve", "PATH", "--max-lag", "-1"], "--max-lag", "0 or more"),
 ]
 
 
-@pytest.mark.parametrize("args, option, words", REFUSED, ids=[" ".join(a)[:70] for a, _, _ in REFUSED])
+@pytest.mark.parametrize(
+    "args, option, words", REFUSED, ids=[" ".join(a)[:70] for a, _, _ in REFUSED]
+)
 def test_a_bad_number_is_refused_naming_its_option_with_exit_2(
-    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], option: str, words: str
+    store: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    option: str,
+    words: str,
 ) -> None:
     before = sorted(os.listdir(store)), os.stat(store / "data.mdb").st_mtime_ns
-    code, out, err = call(capsys, *[{"PATH": str(store), "NEW": str(tmp_path / "new")}.get(arg, arg) for arg in args])
+    code, out, err = call(
+        capsys, *[{"PATH": str(store), "NEW": str(tmp_path / "new")}.get(arg, arg) for arg in args]
+    )
     assert code == 2 and out == "", (code, err)
     assert option in err.split("error:", 1)[-1], err
     assert words in err, err
@@ -106,15 +178,26 @@ def test_a_bad_number_is_refused_naming_its_option_with_exit_2(
     assert os.listdir(tmp_path) == []
 
 
-def test_the_lease_ttl_refusal_is_the_same_for_0_and_minus_5(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_lease_ttl_refusal_is_the_same_for_0_and_minus_5(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ["promote", str(store), "--nats", "nats://127.0.0.1:1", "--stream", "S", "--lease-ttl"]
-    refusals = [call(capsys, *base, ttl)[2].splitlines()[-1].replace(repr(ttl), "X") for ttl in ("0", "-5")]
+    refusals = [
+        call(capsys, *base, ttl)[2].splitlines()[-1].replace(repr(ttl), "X") for ttl in ("0", "-5")
+    ]
     assert refusals[0] == refusals[1], refusals
 
 
-def test_tail_conversation_names_a_conversation_id_not_a_log_sequence(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tail_conversation_names_a_conversation_id_not_a_log_sequence(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, _, err = call(capsys, "tail", store, "--conversation", "-5")
-    assert code == 2 and "--conversation" in err and "conversation id" in err and "log sequence" not in err, err
+    assert (
+        code == 2
+        and "--conversation" in err
+        and "conversation id" in err
+        and "log sequence" not in err
+    ), err
 
 
 def test_good_numbers_still_work(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,7 +238,9 @@ def test_any_text_is_a_number_in_range_or_a_number_error(text: str) -> None:
         pass
 
 
-@pytest.mark.parametrize("text", ["٣", "²", "³", "①", "𝟑", "٢٠", "1_000", "0x10", " ", "", "-", "+", "1e3", "inf"])
+@pytest.mark.parametrize(
+    "text", ["٣", "²", "³", "①", "𝟑", "٢٠", "1_000", "0x10", " ", "", "-", "+", "1e3", "inf"]
+)
 def test_what_int_or_isdigit_would_take_is_refused(text: str) -> None:
     with pytest.raises(NumberError):
         whole(text, SEQUENCE)

@@ -36,11 +36,16 @@ DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
-
 def batch_line(seq: int, n: int) -> str:
     """An export line: sequence ``seq`` holding conversation ``n`` (so each batch is told apart)."""
 
-    return json.dumps({"seq": seq, "committedAt": 1_000 + n, "writes": [{"type": "conversation", "value": {"id": n}}]})
+    return json.dumps(
+        {
+            "seq": seq,
+            "committedAt": 1_000 + n,
+            "writes": [{"type": "conversation", "value": {"id": n}}],
+        }
+    )
 
 
 def export_of(seqs: list[int]) -> str:
@@ -79,7 +84,9 @@ def test_an_import_that_skips_or_repeats_is_refused_naming_the_line(
     code, out, err = call(capsys, "import", source, target)
     line = first_out_of_order(seqs)
     assert code == 2 and out == "", (code, out, err)
-    assert f"Line {line} of the export is sequence {seqs[line - 1]}" in err and "--renumber" in err, err
+    assert (
+        f"Line {line} of the export is sequence {seqs[line - 1]}" in err and "--renumber" in err
+    ), err
     assert "Traceback" not in err
     assert os.listdir(tmp_path / "out") == [], "no store, no temporary directory"
 
@@ -93,11 +100,15 @@ def test_renumber_imports_in_line_order_and_lists_what_changed(
     code, out, err = call(capsys, "import", "--renumber", source, tmp_path / "store")
     assert code == 0, err
     assert "did not start at sequence 1" not in out
-    assert renumbered_pairs(out) == [(seq, line) for line, seq in enumerate(seqs, 1) if seq != line], out
+    assert renumbered_pairs(out) == [
+        (seq, line) for line, seq in enumerate(seqs, 1) if seq != line
+    ], out
     code, exported, _ = call(capsys, "export", tmp_path / "store")
     batches = [json.loads(text) for text in exported.splitlines()]
     assert [b["seq"] for b in batches] == list(range(1, len(seqs) + 1))
-    assert [b["writes"][0]["value"]["id"] for b in batches] == list(range(1, len(seqs) + 1)), "line order kept"
+    assert [b["writes"][0]["value"]["id"] for b in batches] == list(range(1, len(seqs) + 1)), (
+        "line order kept"
+    )
     assert [b["committedAt"] for b in batches] == [1_000 + n for n in range(1, len(seqs) + 1)]
 
 
@@ -111,7 +122,9 @@ def renumbered_pairs(report: str) -> list[tuple[int, int]]:
     return pairs
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(seqs=st.lists(st.integers(1, 8), min_size=1, max_size=8))
 def test_any_sequence_list_imports_exactly_when_it_runs_1_2_3(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], seqs: list[int]
@@ -131,7 +144,9 @@ def test_any_sequence_list_imports_exactly_when_it_runs_1_2_3(
     assert renumbered_pairs(out) == [(seq, n) for n, seq in enumerate(seqs, 1) if seq != n]
 
 
-def test_a_long_renumbering_is_counted_after_twenty_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_long_renumbering_is_counted_after_twenty_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     seqs = [n * 2 for n in range(1, 31)]  # every other sequence missing: 30 runs of one
     source = tmp_path / "export.jsonl"
     source.write_text(export_of(seqs))
@@ -158,17 +173,30 @@ INVALID_UTF8 = {
 @pytest.mark.parametrize("via_stdin", [False, True], ids=["file", "stdin"])
 @pytest.mark.parametrize("bad", INVALID_UTF8.values(), ids=INVALID_UTF8.keys())
 def test_an_import_line_that_is_not_utf8_is_refused_naming_the_line(
-    tmp_path: Path, bad: bytes, via_stdin: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    bad: bytes,
+    via_stdin: bool,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     good = batch_line(1, 1).encode()
-    broken = b'{"seq": 2, "committedAt": 5, "writes": [{"type": "conversation", "value": {"id": 2, "t": "a' + bad + b'"}}]}'
+    broken = (
+        b'{"seq": 2, "committedAt": 5, "writes": [{"type": "conversation", "value": {"id": 2, "t": "a'
+        + bad
+        + b'"}}]}'
+    )
     data = good + b"\n" + broken + b"\n"
     source = tmp_path / "export.jsonl"
     source.write_bytes(data)
     target = tmp_path / "out" / "store"
     args = ["import", "-", target] if via_stdin else ["import", source, target]
     if bad == INVALID_UTF8["lone 0xff"]:  # one form, from a file and from a pipe, in a real process
-        done = subprocess.run([*DURABLE_LOG, *map(str, args)], input=data if via_stdin else None, capture_output=True, timeout=60)
+        done = subprocess.run(
+            [*DURABLE_LOG, *map(str, args)],
+            input=data if via_stdin else None,
+            capture_output=True,
+            timeout=60,
+        )
         code, stderr = done.returncode, done.stderr.decode()
     else:  # the other forms through the same entry point, in this process, the bytes on stdin as a pipe gives them
         import io
@@ -181,26 +209,44 @@ def test_an_import_line_that_is_not_utf8_is_refused_naming_the_line(
 
 
 @pytest.mark.parametrize("via_stdin", [False, True], ids=["file", "stdin"])
-def test_a_sqlite_file_given_as_an_export_names_the_option_that_reads_it(tmp_path: Path, via_stdin: bool) -> None:
+def test_a_sqlite_file_given_as_an_export_names_the_option_that_reads_it(
+    tmp_path: Path, via_stdin: bool
+) -> None:
     database = tmp_path / "agent.sqlite"
     connection = sqlite3.connect(database)
     connection.execute("CREATE TABLE t (a)")
     connection.commit()
     connection.close()
-    args = ["import", "-", tmp_path / "new"] if via_stdin else ["import", database, tmp_path / "new"]
+    args = (
+        ["import", "-", tmp_path / "new"] if via_stdin else ["import", database, tmp_path / "new"]
+    )
     done = subprocess.run(
-        [*DURABLE_LOG, *map(str, args)], input=database.read_bytes() if via_stdin else None, capture_output=True, timeout=60
+        [*DURABLE_LOG, *map(str, args)],
+        input=database.read_bytes() if via_stdin else None,
+        capture_output=True,
+        timeout=60,
     )
     stderr = done.stderr.decode()
-    assert done.returncode == 2 and "SQLite database" in stderr and "--from-pi-durable" in stderr, stderr
+    assert done.returncode == 2 and "SQLite database" in stderr and "--from-pi-durable" in stderr, (
+        stderr
+    )
     assert "not JSON" not in stderr and not (tmp_path / "new").exists()
 
 
-def test_a_directory_given_as_an_export_names_the_option_that_reads_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_directory_given_as_an_export_names_the_option_that_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "jsonl-store").mkdir()
     code, _, err = call(capsys, "import", tmp_path / "jsonl-store", tmp_path / "new")
     assert code == 2 and "is a directory" in err and "--from-pi-durable" in err, err
-    code, _, err = call(capsys, "import", "--renumber", "--from-pi-durable", tmp_path / "jsonl-store", tmp_path / "new")
+    code, _, err = call(
+        capsys,
+        "import",
+        "--renumber",
+        "--from-pi-durable",
+        tmp_path / "jsonl-store",
+        tmp_path / "new",
+    )
     assert code == 2 and "--renumber" in err
     assert not (tmp_path / "new").exists()
 
@@ -274,7 +320,9 @@ def _wait_for(condition: Any, timeout: float = 20) -> None:
 
 
 @pytest.mark.parametrize("json_lines", [False, True], ids=["text", "json"])
-def test_tail_follow_waits_for_the_store_then_prints_its_commits(tmp_path: Path, json_lines: bool) -> None:
+def test_tail_follow_waits_for_the_store_then_prints_its_commits(
+    tmp_path: Path, json_lines: bool
+) -> None:
     path = tmp_path / "not-yet" / "store"
     follower = subprocess.Popen(
         [*DURABLE_LOG, "tail", str(path), "--follow", *(["--json"] if json_lines else [])],
@@ -311,9 +359,16 @@ def test_tail_follow_waits_for_the_store_then_prints_its_commits(tmp_path: Path,
             follower.wait()
 
 
-def test_tail_follow_stopped_while_waiting_exits_0_and_tail_without_follow_refuses(tmp_path: Path) -> None:
+def test_tail_follow_stopped_while_waiting_exits_0_and_tail_without_follow_refuses(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "never"
-    follower = subprocess.Popen([*DURABLE_LOG, "tail", str(path), "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [*DURABLE_LOG, "tail", str(path), "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         errors = _stderr_reader(follower)
         _wait_for(lambda: any("waiting" in line for line in errors))
@@ -323,7 +378,9 @@ def test_tail_follow_stopped_while_waiting_exits_0_and_tail_without_follow_refus
         if follower.poll() is None:
             follower.kill()
             follower.wait()
-    done = subprocess.run([*DURABLE_LOG, "tail", str(path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*DURABLE_LOG, "tail", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "No store" in done.stderr
     assert not path.exists()
 
@@ -365,8 +422,21 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
     }[name]
 
 
-UNEXPECTED = [KeyError("k"), IndexError("i"), TypeError("t"), AttributeError("a"), RuntimeError("r"), AssertionError("x"), ZeroDivisionError("z")]
-KNOWN = [ValueError("a refused value"), FileNotFoundError("No store at x"), LogError("a log refusal"), PermissionError("not yours")]
+UNEXPECTED = [
+    KeyError("k"),
+    IndexError("i"),
+    TypeError("t"),
+    AttributeError("a"),
+    RuntimeError("r"),
+    AssertionError("x"),
+    ZeroDivisionError("z"),
+]
+KNOWN = [
+    ValueError("a refused value"),
+    FileNotFoundError("No store at x"),
+    LogError("a log refusal"),
+    PermissionError("not yours"),
+]
 
 
 def _failing_parser(error: BaseException) -> Any:
@@ -396,23 +466,36 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 @pytest.mark.parametrize("error", UNEXPECTED, ids=lambda e: type(e).__name__)
 @pytest.mark.parametrize("command", sorted(_commands()))
 def test_an_unexpected_error_prints_its_traceback_and_exits_3(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, error: BaseException
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    error: BaseException,
 ) -> None:
     monkeypatch.setattr(cli_module, "_parser", _failing_parser(error))
     code, out, err = call(capsys, command, *_valid_args(command, tmp_path))
     assert code == cli_module.EXIT_BUG == 3, (code, err)
     assert "unexpected error" in err and "Traceback (most recent call last)" in err
-    assert err.rstrip().splitlines()[-1] == "".join(traceback.format_exception_only(error)).strip(), err
+    assert (
+        err.rstrip().splitlines()[-1] == "".join(traceback.format_exception_only(error)).strip()
+    ), err
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "--debug"])
 @pytest.mark.parametrize("error", KNOWN, ids=lambda e: type(e).__name__)
 @pytest.mark.parametrize("command", sorted(_commands()))
 def test_a_known_refusal_is_one_line_and_exit_2_with_its_traceback_under_debug(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, error: BaseException, debug: bool
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    error: BaseException,
+    debug: bool,
 ) -> None:
     monkeypatch.setattr(cli_module, "_parser", _failing_parser(error))
-    code, _, err = call(capsys, *(["--debug"] if debug else []), command, *_valid_args(command, tmp_path))
+    code, _, err = call(
+        capsys, *(["--debug"] if debug else []), command, *_valid_args(command, tmp_path)
+    )
     assert code == 2 and f"durable-log: {error.args[0]}" in err, err
     assert ("Traceback" in err) is debug
     if not debug:
@@ -423,7 +506,9 @@ def test_a_known_refusal_is_one_line_and_exit_2_with_its_traceback_under_debug(
 
 
 def test_the_operator_manual_table_lists_every_command_and_no_other() -> None:
-    section = OPERATIONS.read_text().split("## The `durable-log` command", 1)[1].split("\n## ", 1)[0]
+    section = (
+        OPERATIONS.read_text().split("## The `durable-log` command", 1)[1].split("\n## ", 1)[0]
+    )
     rows = re.findall(r"^\| `durable-log (?:--\w+ )*([a-z]+)", section, re.MULTILINE)
     assert set(rows) == set(_commands()), sorted(set(rows) ^ set(_commands()))
     assert "3" in section and "--debug" in section and "--renumber" in section

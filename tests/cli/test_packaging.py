@@ -38,7 +38,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
-    built = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(source)])
+    built = _run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(source)]
+    )
     assert built.returncode == 0, built.stderr
     (out / "build.log").write_text(built.stdout + built.stderr)
     (found,) = out.glob("pi_durable_lmdb-*.whl")
@@ -48,7 +50,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("site")
-    done = _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)])
+    done = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ]
+    )
     assert done.returncode == 0, done.stderr
     return target
 
@@ -66,15 +80,23 @@ def project(tmp_path: Path) -> Path:
 def test_the_wheel_holds_one_package_typed(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-        entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+        metadata = archive.read(
+            next(n for n in names if n.endswith(".dist-info/METADATA"))
+        ).decode()
+        entry_points = archive.read(
+            next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+        ).decode()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"pi_durable_lmdb", wheel.name.split("-py3")[0] + ".dist-info"}, tops
     assert "pi_durable_lmdb/py.typed" in names
     for sub in ("log", "projections", "storage", "cli"):
         assert f"pi_durable_lmdb/{sub}/__init__.py" in names
-    assert not any("task_outcomes" in name for name in names)  # the example lives in examples/, not the engine
-    assert any(line.startswith("Requires-Dist: pi-durable-python") for line in metadata.splitlines())
+    assert not any(
+        "task_outcomes" in name for name in names
+    )  # the example lives in examples/, not the engine
+    assert any(
+        line.startswith("Requires-Dist: pi-durable-python") for line in metadata.splitlines()
+    )
     assert "durable-log = pi_durable_lmdb.cli:main" in entry_points
 
 
@@ -83,12 +105,18 @@ def test_the_build_prints_no_warning(wheel: Path) -> None:
     into errors in later releases: the build must print none of them."""
 
     log = (wheel.parent / "build.log").read_text()
-    warnings = [line for line in log.splitlines() if "Warning" in line or "deprecated" in line.lower()]
+    warnings = [
+        line for line in log.splitlines() if "Warning" in line or "deprecated" in line.lower()
+    ]
     assert not warnings, "\n".join(warnings)
     with zipfile.ZipFile(wheel) as archive:
-        metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        metadata = archive.read(
+            next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        ).decode()
     assert "License-Expression: MIT" in metadata
-    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in zipfile.ZipFile(wheel).namelist())
+    assert any(
+        name.endswith(".dist-info/licenses/LICENSE") for name in zipfile.ZipFile(wheel).namelist()
+    )
 
 
 def test_a_project_with_its_own_storage_log_and_projections_imports_and_runs_it(
@@ -110,37 +138,63 @@ def test_a_project_with_its_own_storage_log_and_projections_imports_and_runs_it(
     assert done.returncode == 0, done.stderr
     location, seq = done.stdout.split()
     assert Path(location).is_relative_to(installed) and seq == "1"
-    cli = _run([sys.executable, "-m", "pi_durable_lmdb.cli", "stats", "store"], cwd=project, env=env)
+    cli = _run(
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "stats", "store"], cwd=project, env=env
+    )
     assert cli.returncode == 0, cli.stderr
     assert "head sequence    1" in cli.stdout
 
 
 def test_mypy_strict_accepts_the_typed_host(installed: Path, tmp_path: Path) -> None:
     done = _run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(tmp_path / "cache"),
-         str(ROOT / "tests" / "support" / "typed_host.py")],
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--follow-imports=silent",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(ROOT / "tests" / "support" / "typed_host.py"),
+        ],
         env={**os.environ, "MYPYPATH": str(installed)},
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_mypy_strict_accepts_the_whole_package_as_installed(installed: Path, tmp_path: Path) -> None:
+def test_mypy_strict_accepts_the_whole_package_as_installed(
+    installed: Path, tmp_path: Path
+) -> None:
     """``mypy --strict -p pi_durable_lmdb`` on the wheel's files (not the checkout): 0 errors, kept
     at 0 by CI, which runs this suite."""
 
     done = _run(
-        [sys.executable, "-m", "mypy", "--strict", "-v", "--cache-dir", str(tmp_path / "cache"), "-p", "pi_durable_lmdb"],
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "-v",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "-p",
+            "pi_durable_lmdb",
+        ],
         env={**os.environ, "MYPYPATH": str(installed)},
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout
     assert "Success: no issues found" in done.stdout
-    assert str(installed / "pi_durable_lmdb") in done.stderr, "mypy read the installed wheel, not the checkout"
+    assert str(installed / "pi_durable_lmdb") in done.stderr, (
+        "mypy read the installed wheel, not the checkout"
+    )
 
 
 def test_the_typed_host_runs(tmp_path: Path) -> None:
-    done = _run([sys.executable, str(ROOT / "tests" / "support" / "typed_host.py"), str(tmp_path / "store")])
+    done = _run(
+        [sys.executable, str(ROOT / "tests" / "support" / "typed_host.py"), str(tmp_path / "store")]
+    )
     assert done.returncode == 0, done.stderr
     assert "'commitSeq': 1" in done.stdout
 
@@ -157,6 +211,8 @@ def test_every_public_method_says_why() -> None:
         f"{cls.__name__}.{name}"
         for cls in (LmdbStorage, StorageView, UserProjections, Tables, Projection, Tail)
         for name, member in inspect.getmembers(cls)
-        if not name.startswith("_") and (callable(member) or isinstance(member, property)) and not member.__doc__
+        if not name.startswith("_")
+        and (callable(member) or isinstance(member, property))
+        and not member.__doc__
     ]
     assert missing == []

@@ -23,7 +23,9 @@ AS_NOBODY = [SETPRIV or "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear
 
 
 def _as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*AS_NOBODY, sys.executable, *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*AS_NOBODY, sys.executable, *args], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,12 @@ code and stderr per line out (the same checks as a process per command, without 
 
 @pytest.fixture(scope="module")
 def nobody_cli(shared_store: Path) -> Iterator[Callable[[list[str]], tuple[int, str]]]:
-    process = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", NOBODY_CLI], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [*AS_NOBODY, sys.executable, "-c", NOBODY_CLI],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdin is not None and process.stdout is not None
     stdin, stdout = process.stdin, process.stdout
 
@@ -92,7 +99,10 @@ def nobody_cli(shared_store: Path) -> Iterator[Callable[[list[str]], tuple[int, 
             process.wait()
 
 
-@pytest.mark.parametrize("command", [["stats"], ["tail"], ["verify"], ["show", "conversation", "1"], ["serve", "--port", "0"]])
+@pytest.mark.parametrize(
+    "command",
+    [["stats"], ["tail"], ["verify"], ["show", "conversation", "1"], ["serve", "--port", "0"]],
+)
 def test_a_store_nobody_may_read_is_a_permission_problem_naming_what_is_missing(
     shared_store: Path, nobody_cli: Callable[[list[str]], tuple[int, str]], command: list[str]
 ) -> None:
@@ -119,6 +129,7 @@ def test_an_auditor_with_the_documented_access_reads_the_store(shared_store: Pat
     for command in (["stats"], ["tail"], ["verify"]):
         done = _as_nobody("-m", "pi_durable_lmdb.cli", command[0], str(shared_store), *command[1:])
         assert done.returncode == 0, (command, done.stderr)
-    assert not (shared_store / "last-verify.json").exists() or os.stat(shared_store / "last-verify.json").st_uid == 0, (
-        "verify keeps its outcome only where its user may write"
-    )
+    assert (
+        not (shared_store / "last-verify.json").exists()
+        or os.stat(shared_store / "last-verify.json").st_uid == 0
+    ), "verify keeps its outcome only where its user may write"

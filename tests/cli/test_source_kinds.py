@@ -50,18 +50,42 @@ NOT_A_SOURCE = {
     "restore": "reads a NATS stream; its PATH is the new store it builds",
     "replica": "reads a NATS stream; its PATH is the replica it keeps (made when missing)",
 }
-KINDS = ["missing", "empty file", "foreign SQLite", "foreign LMDB", "directory", "dangling symlink", "symlink to a store"]
+KINDS = [
+    "missing",
+    "empty file",
+    "foreign SQLite",
+    "foreign LMDB",
+    "directory",
+    "dangling symlink",
+    "symlink to a store",
+]
 
 DOES_ITS_JOB = {
     ("import", "empty file"): "an empty export is the export of an empty store",
     ("demo", "missing"): "demo makes its store",
     ("demo", "directory"): "demo makes its store in an empty directory",
-    **{(name, "symlink to a store"): "reads the store" for name in ("stats", "show", "tail", "verify", "export", "backup",
-                                                                    "search", "checkpoint", "prove", "projections")},
+    **{
+        (name, "symlink to a store"): "reads the store"
+        for name in (
+            "stats",
+            "show",
+            "tail",
+            "verify",
+            "export",
+            "backup",
+            "search",
+            "checkpoint",
+            "prove",
+            "projections",
+        )
+    },
 }
 """Where the command succeeds (exit 0), the source still unchanged."""
 SKIPPED = {
-    **{(name, "symlink to a store"): "writes the store: its job" for name in ("rebuild", "compact", "demo")},
+    **{
+        (name, "symlink to a store"): "writes the store: its job"
+        for name in ("rebuild", "compact", "demo")
+    },
     ("promote", "symlink to a store"): "would ask a NATS server",
     ("snapshot", "symlink to a store"): "would ask a NATS server",
     ("serve", "symlink to a store"): "would serve until stopped",
@@ -134,7 +158,11 @@ def key(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_matrix_covers_every_command() -> None:
     parser = cli_module._parser()
-    names = set(next(action for action in parser._actions if hasattr(action, "choices") and action.choices).choices)
+    names = set(
+        next(
+            action for action in parser._actions if hasattr(action, "choices") and action.choices
+        ).choices
+    )
     assert names == {args[0] for args in COMMANDS.values()} | set(NOT_A_SOURCE), names
 
 
@@ -149,7 +177,10 @@ def test_a_command_given_each_kind_of_source_refuses_or_works_and_never_writes_i
         pytest.skip(SKIPPED[name, kind])
     source = _make(kind, tmp_path, store)
     before = _snapshot(tmp_path)
-    args = [{"SRC": str(source), "NEW": str(tmp_path / "new"), "KEY": str(key)}.get(arg, arg) for arg in COMMANDS[name]]
+    args = [
+        {"SRC": str(source), "NEW": str(tmp_path / "new"), "KEY": str(key)}.get(arg, arg)
+        for arg in COMMANDS[name]
+    ]
     code, _, err = call(capsys, *args)
     assert "Traceback" not in err, err
     after = _snapshot(tmp_path)
@@ -158,13 +189,17 @@ def test_a_command_given_each_kind_of_source_refuses_or_works_and_never_writes_i
         assert code == 0, (code, err)
         if name == "verify":
             made.discard("store/last-verify.json")  # what verify found, kept beside the store
-        if name == "search":  # the word index, a projection the first search builds in the store's directory
+        if (
+            name == "search"
+        ):  # the word index, a projection the first search builds in the store's directory
             made -= {"store/search.index", "store/search.index/data.mdb"}
         if name in ("import", "backup"):
             made = {path for path in made if path != "new" and not path.startswith("new/")}
         if name == "demo":
             made = {path for path in made if path != "source" and not path.startswith("source/")}
-            before = {path: value for path, value in before.items() if not path.startswith("source/")}
+            before = {
+                path: value for path, value in before.items() if not path.startswith("source/")
+            }
             after = {path: value for path, value in after.items() if not path.startswith("source/")}
     else:
         assert code == 2, (code, err)
@@ -186,7 +221,9 @@ def test_import_from_pi_durable_leaves_a_file_that_is_not_its_store_byte_for_byt
     assert sorted(os.listdir(tmp_path)) == ["source"], "no store, no copy, no -journal or -wal file"
     if kind == "foreign SQLite":
         with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as db:
-            assert [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["notes"]
+            assert [
+                row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            ] == ["notes"]
         db.close()
 
 
@@ -200,5 +237,8 @@ def test_a_command_that_makes_its_store_refuses_another_programs_lmdb_files_unwr
     source = _make("foreign LMDB", tmp_path, store)
     before = _snapshot(tmp_path)
     code, _, err = call(capsys, *[str(source) if arg == "SRC" else arg for arg in command])
-    assert code == 2 and "not a pi-durable-lmdb store" in err and "Traceback" not in err, (code, err)
+    assert code == 2 and "not a pi-durable-lmdb store" in err and "Traceback" not in err, (
+        code,
+        err,
+    )
     assert _snapshot(tmp_path) == before

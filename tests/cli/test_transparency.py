@@ -24,7 +24,15 @@ async def _store(path: Path, records: int = 40) -> None:
     storage = await LmdbStorage.open(path, durability="process")
     await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     for n in range(records - 1):
-        await storage.commit([{"type": "entry", "value": {"id": 100 + n, "conversationId": 1, "text": f"turn {n}", "amount": n}}], CTX)
+        await storage.commit(
+            [
+                {
+                    "type": "entry",
+                    "value": {"id": 100 + n, "conversationId": 1, "text": f"turn {n}", "amount": n},
+                }
+            ],
+            CTX,
+        )
     await storage.close()
 
 
@@ -49,7 +57,9 @@ def _checkpoint(capsys: pytest.CaptureFixture[str], path: Path, key_file: Path, 
     return at
 
 
-def test_keygen_checkpoint_prove_and_verify_a_sound_store(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_keygen_checkpoint_prove_and_verify_a_sound_store(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     path = tmp_path / "store"
     asyncio.run(_store(path))
     key_file, vkey = _keys(capsys, tmp_path)
@@ -61,17 +71,37 @@ def test_keygen_checkpoint_prove_and_verify_a_sound_store(capsys: pytest.Capture
 
     code, out, _ = call(capsys, "prove", path, 7, "--size", 20, "--json")
     proof = json.loads(out)
-    assert code == 0 and list(proof) == ["seq", "leafIndex", "treeSize", "leafHash", "inclusion", "rootHash"]
+    assert code == 0 and list(proof) == [
+        "seq",
+        "leafIndex",
+        "treeSize",
+        "leafHash",
+        "inclusion",
+        "rootHash",
+    ]
     assert (proof["seq"], proof["leafIndex"], proof["treeSize"]) == (7, 6, 20)
-    assert all(value == value.lower() and len(value) == 64 for value in proof["inclusion"] + [proof["leafHash"], proof["rootHash"]])
+    assert all(
+        value == value.lower() and len(value) == 64
+        for value in proof["inclusion"] + [proof["leafHash"], proof["rootHash"]]
+    )
     tlog.verify_inclusion(
-        bytes.fromhex(proof["leafHash"]), 6, 20, [bytes.fromhex(value) for value in proof["inclusion"]], bytes.fromhex(proof["rootHash"])
+        bytes.fromhex(proof["leafHash"]),
+        6,
+        20,
+        [bytes.fromhex(value) for value in proof["inclusion"]],
+        bytes.fromhex(proof["rootHash"]),
     )
     code, out, _ = call(capsys, "prove", path, "--from", 13, "--json")
     proof = json.loads(out)
     assert code == 0 and list(proof) == ["oldSize", "newSize", "oldRoot", "newRoot", "consistency"]
     assert bytes.fromhex(proof["newRoot"]) == checkpoint.root
-    tlog.verify_consistency(13, 40, bytes.fromhex(proof["oldRoot"]), checkpoint.root, [bytes.fromhex(v) for v in proof["consistency"]])
+    tlog.verify_consistency(
+        13,
+        40,
+        bytes.fromhex(proof["oldRoot"]),
+        checkpoint.root,
+        [bytes.fromhex(v) for v in proof["consistency"]],
+    )
 
     asyncio.run(_grow(path))  # the store grows: it still extends the checkpoint
     code, out, err = call(capsys, "verify", path, "--trusted", trusted, "--vkey", vkey)
@@ -80,7 +110,11 @@ def test_keygen_checkpoint_prove_and_verify_a_sound_store(capsys: pytest.Capture
 
     code, out, _ = call(capsys, "stats", path, "--json")
     tree = json.loads(out)["tree"]
-    assert tree == {"size": 41, "storedLeaves": 32, "rootHash": json.loads(call(capsys, "prove", path, "--from", 0, "--json")[1])["newRoot"]}
+    assert tree == {
+        "size": 41,
+        "storedLeaves": 32,
+        "rootHash": json.loads(call(capsys, "prove", path, "--from", 0, "--json")[1])["newRoot"],
+    }
     assert f"merkle tree      41 records, root {tree['rootHash']}" in call(capsys, "stats", path)[1]
 
     vkey_file = tmp_path / "orders.pub"
@@ -103,7 +137,9 @@ def test_a_store_rebuilt_from_an_altered_export_fails_against_the_earlier_checkp
 
     faithful = tmp_path / "faithful"
     assert call(capsys, "import", export, faithful)[0] == 0
-    assert call(capsys, "verify", faithful, "--trusted", trusted, "--vkey", vkey)[0] == 0  # the control
+    assert (
+        call(capsys, "verify", faithful, "--trusted", trusted, "--vkey", vkey)[0] == 0
+    )  # the control
 
     assert '"amount":17' in lines[18]
     lines[18] = lines[18].replace('"amount":17', '"amount":1700')  # one figure of one record
@@ -115,7 +151,10 @@ def test_a_store_rebuilt_from_an_altered_export_fails_against_the_earlier_checkp
     code, out, err = call(capsys, "verify", altered, "--trusted", trusted, "--vkey", vkey)
     assert code == 1 and out == ""
     assert "does NOT hold the history" in err
-    assert "FAILED: consistency: two different roots for the same size 40: the store's first 40 records are not the ones signed" in err
+    assert (
+        "FAILED: consistency: two different roots for the same size 40: the store's first 40 records are not the ones signed"
+        in err
+    )
     assert "ok: the stored tree matches the log's 40 records" in err
 
 
@@ -144,7 +183,9 @@ def test_a_record_rewritten_in_place_fails_against_the_earlier_checkpoint(
     trusted = _checkpoint(capsys, path, key_file, tmp_path / "cp")
     _rewrite_in_place(path, 9)
     if rebuilt:
-        assert call(capsys, "rebuild", path)[0] == 0  # projections and tree folded from the rewritten log
+        assert (
+            call(capsys, "rebuild", path)[0] == 0
+        )  # projections and tree folded from the rewritten log
         code, out, err = call(capsys, "verify", path)
         assert code == 0, err  # checksums and projections cannot tell
     code, out, err = call(capsys, "verify", path, "--trusted", trusted, "--vkey", vkey)
@@ -152,11 +193,18 @@ def test_a_record_rewritten_in_place_fails_against_the_earlier_checkpoint(
     if rebuilt:
         assert "FAILED: consistency" in err and "ok: the stored tree matches" in err
     else:
-        assert "ok: the store's log extends it" in err  # the stored tree still holds the signed history ...
-        assert "FAILED: the stored tree does not match the log (2 differences): the log tree's tile of records 1 to 16" in err
+        assert (
+            "ok: the store's log extends it" in err
+        )  # the stored tree still holds the signed history ...
+        assert (
+            "FAILED: the stored tree does not match the log (2 differences): the log tree's tile of records 1 to 16"
+            in err
+        )
 
 
-def test_verify_trusted_refuses_a_forged_or_foreign_checkpoint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_verify_trusted_refuses_a_forged_or_foreign_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     path = tmp_path / "store"
     asyncio.run(_store(path, 20))
     key_file, vkey = _keys(capsys, tmp_path)
@@ -166,7 +214,9 @@ def test_verify_trusted_refuses_a_forged_or_foreign_checkpoint(capsys: pytest.Ca
     code, _, err = call(capsys, "verify", path, "--trusted", forged, "--vkey", vkey)
     assert code == 1 and "FAILED: signature: The signature of 'audit.example.com/orders'" in err
     other_key, other_vkey = tmp_path / "other.key", tlog.generate_signer(NAME)
-    code, _, err = call(capsys, "verify", path, "--trusted", trusted, "--vkey", other_vkey.verifier().text())
+    code, _, err = call(
+        capsys, "verify", path, "--trusted", trusted, "--vkey", other_vkey.verifier().text()
+    )
     assert code == 1 and "no signature by a trusted key" in err
     longer = tmp_path / "longer"
     signer = tlog.parse_signer(key_file.read_text())
@@ -176,7 +226,9 @@ def test_verify_trusted_refuses_a_forged_or_foreign_checkpoint(capsys: pytest.Ca
     assert not other_key.exists()
 
 
-def test_bad_input_is_exit_2_with_a_message(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_input_is_exit_2_with_a_message(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "store"
     asyncio.run(_store(path, 5))
     key_file, vkey = _keys(capsys, tmp_path)
@@ -203,7 +255,9 @@ def test_bad_input_is_exit_2_with_a_message(capsys: pytest.CaptureFixture[str], 
     assert msgspec.json.decode(call(capsys, "prove", path, 5, "--json")[1])["treeSize"] == 5
 
 
-def test_import_checks_the_root_an_export_ends_with(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_import_checks_the_root_an_export_ends_with(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     path = tmp_path / "store"
     asyncio.run(_store(path, 20))
     code, out, _ = call(capsys, "export", path, "--root")
@@ -211,7 +265,10 @@ def test_import_checks_the_root_an_export_ends_with(capsys: pytest.CaptureFixtur
     assert code == 0 and len(lines) == 21
     trailer = json.loads(lines[-1])
     assert list(trailer) == ["treeSize", "rootHash"] and trailer["treeSize"] == 20
-    assert trailer["rootHash"] == json.loads(call(capsys, "prove", path, "--from", 20, "--json")[1])["newRoot"]
+    assert (
+        trailer["rootHash"]
+        == json.loads(call(capsys, "prove", path, "--from", 20, "--json")[1])["newRoot"]
+    )
 
     export = tmp_path / "export.jsonl"
     export.write_text(out)
@@ -235,15 +292,31 @@ def test_import_checks_the_root_an_export_ends_with(capsys: pytest.CaptureFixtur
     assert call(capsys, "export", path, "--root", "--from", 2)[0] == 2
 
 
-def test_tail_follow_prints_a_signed_checkpoint_every_n_records(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_tail_follow_prints_a_signed_checkpoint_every_n_records(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from tests.cli.test_audit import DURABLE_LOG, Proc, write_store
 
     path = tmp_path / "store"
     assert write_store(path, 0, 7) == 7
     key_file, vkey = _keys(capsys, tmp_path)
-    tail = Proc([*DURABLE_LOG, "tail", str(path), "--follow", "--json", "--checkpoints", "5", "--key", str(key_file)])
+    tail = Proc(
+        [
+            *DURABLE_LOG,
+            "tail",
+            str(path),
+            "--follow",
+            "--json",
+            "--checkpoints",
+            "5",
+            "--key",
+            str(key_file),
+        ]
+    )
     try:
-        assert [line["seq"] for line in tail.json_until(7)] == list(range(1, 8))  # following from here
+        assert [line["seq"] for line in tail.json_until(7)] == list(
+            range(1, 8)
+        )  # following from here
         assert write_store(path, 7, 9) == 16  # sizes 10 and 15 reached
         notes: list[str] = []
         seqs: list[int] = []
@@ -261,12 +334,19 @@ def test_tail_follow_prints_a_signed_checkpoint_every_n_records(capsys: pytest.C
         assert tail.terminate() == 0, tail.stderr
     finally:
         tail.kill()
-    for args in (["--checkpoints", "5"], ["--follow", "--checkpoints", "5"], ["--key", str(key_file)], ["--follow", "--checkpoints", "0", "--key", str(key_file)]):
+    for args in (
+        ["--checkpoints", "5"],
+        ["--follow", "--checkpoints", "5"],
+        ["--key", str(key_file)],
+        ["--follow", "--checkpoints", "0", "--key", str(key_file)],
+    ):
         code, _, err = call(capsys, "tail", path, *args)
         assert code == 2 and ("--checkpoints" in err or "--key" in err), (args, err)
 
 
-def test_the_web_view_shows_the_tree_and_checks_a_pasted_checkpoint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_web_view_shows_the_tree_and_checks_a_pasted_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     pytest.importorskip("aiohttp")
     import html
     import urllib.parse
@@ -283,9 +363,17 @@ def test_the_web_view_shows_the_tree_and_checks_a_pasted_checkpoint(capsys: pyte
         assert status == 200 and f'<code id="root">{root}</code>' in body and "20 records" in body
         query = urllib.parse.urlencode({"checkpoint": note.replace("\n", "\r\n"), "vkey": vkey})
         status, body, _ = get(served.url + "/audit?" + query)
-        assert status == 200 and 'class="good">sound: the store extends the checkpoint' in body, body
-        forged = urllib.parse.urlencode({"checkpoint": note.replace("\n20\n", "\n19\n"), "vkey": vkey})
+        assert status == 200 and 'class="good">sound: the store extends the checkpoint' in body, (
+            body
+        )
+        forged = urllib.parse.urlencode(
+            {"checkpoint": note.replace("\n20\n", "\n19\n"), "vkey": vkey}
+        )
         status, body, _ = get(served.url + "/audit?" + forged)
         assert status == 200 and "NOT sound" in body and "FAILED: signature" in html.unescape(body)
-        status, body, _ = get(served.url + "/audit?" + urllib.parse.urlencode({"checkpoint": note, "vkey": "nonsense"}))
+        status, body, _ = get(
+            served.url
+            + "/audit?"
+            + urllib.parse.urlencode({"checkpoint": note, "vkey": "nonsense"})
+        )
         assert status == 200 and "three fields" in body

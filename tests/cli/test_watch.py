@@ -35,7 +35,9 @@ async def test_watch_prints_the_commits_made_between_two_reads(tmp_path: Path) -
 def test_stats_watch_on_a_missing_store_exits_nonzero(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pi_durable_lmdb.cli", "stats", "--watch", str(tmp_path / "none")],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 2, done.stderr
     assert "No store at" in done.stderr

@@ -39,11 +39,15 @@ def log_leaf_pages(data: bytes) -> dict[int, int]:
     return found
 
 
-async def test_a_log_whose_index_runs_out_of_order_is_corrupt_not_read_forever(tmp_path: Path) -> None:
+async def test_a_log_whose_index_runs_out_of_order_is_corrupt_not_read_forever(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     storage = await LmdbStorage.open(path, durability="process")
     for n in range(1, 200):
-        await storage.commit([{"type": "conversation", "value": {"id": n, "title": "x" * 300}}], CTX)
+        await storage.commit(
+            [{"type": "conversation", "value": {"id": n, "title": "x" * 300}}], CTX
+        )
     await storage.close()
 
     data = bytearray((path / "data.mdb").read_bytes())
@@ -53,7 +57,10 @@ async def test_a_log_whose_index_runs_out_of_order_is_corrupt_not_read_forever(t
     assert 1 in reachable and len(reachable) >= 3, reachable
     low, high = reachable[1], reachable[sorted(reachable)[1]]
     a, b = data[low * PAGE + 8 : (low + 1) * PAGE], data[high * PAGE + 8 : (high + 1) * PAGE]
-    data[low * PAGE + 8 : (low + 1) * PAGE], data[high * PAGE + 8 : (high + 1) * PAGE] = b, a  # each keeps its number
+    data[low * PAGE + 8 : (low + 1) * PAGE], data[high * PAGE + 8 : (high + 1) * PAGE] = (
+        b,
+        a,
+    )  # each keeps its number
     (path / "data.mdb").write_bytes(bytes(data))
 
     reader = await LmdbStorage.open(path, readonly=True)

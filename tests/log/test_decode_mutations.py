@@ -48,18 +48,39 @@ SEQ = 7
 EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 SEED_BATCHES: list[list[dict[str, Any]]] = [
-    [{"type": "conversation", "value": {"id": 1, "title": "t", "meta": {"\ud800k": [1, {"\udc00": 2**70}]}}}],
     [
-        {"type": "entry", "value": {"id": 2, "conversationId": 1, "content": ["a", {"b": None}], "n": -(2**65)}},
+        {
+            "type": "conversation",
+            "value": {"id": 1, "title": "t", "meta": {"\ud800k": [1, {"\udc00": 2**70}]}},
+        }
+    ],
+    [
+        {
+            "type": "entry",
+            "value": {"id": 2, "conversationId": 1, "content": ["a", {"b": None}], "n": -(2**65)},
+        },
         {"type": "task", "value": {"id": 3, "state": {"status": "pending"}, "x": 1.5}},
     ],
     [
-        {"type": "document.create", "record": {"id": 4}, "content": {"kind": "base", "version": 1, "value": {"k": "v"}}},
-        {"type": "document.change", "id": 4, "content": {"kind": "delta", "version": 2, "ops": [{"\udfffx": {"\ud800": [3]}}]}},
+        {
+            "type": "document.create",
+            "record": {"id": 4},
+            "content": {"kind": "base", "version": 1, "value": {"k": "v"}},
+        },
+        {
+            "type": "document.change",
+            "id": 4,
+            "content": {"kind": "delta", "version": 2, "ops": [{"\udfffx": {"\ud800": [3]}}]},
+        },
         {"type": "document.copy", "record": {"id": 5}, "source": {"id": 4, "at": "current"}},
         {"type": "document.retire", "id": 5},
     ],
-    [{"type": "submission", "value": {"id": 6, "text": "x" * 300, "deep": [[[{"a": [[{"\ud801": "\udc37"}]]}]]]}}],
+    [
+        {
+            "type": "submission",
+            "value": {"id": 6, "text": "x" * 300, "deep": [[[{"a": [[{"\ud801": "\udc37"}]]}]]]},
+        }
+    ],
 ]
 SEED_PAYLOADS = [encode_batch(batch).payload for batch in SEED_BATCHES]
 
@@ -76,7 +97,9 @@ SCALARS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=8),
     st.binary(max_size=8),
-    st.sampled_from(["type", "entry", "value", "kind", "base", "delta", "version", "ops", "id", "at", "current"]),
+    st.sampled_from(
+        ["type", "entry", "value", "kind", "base", "delta", "version", "ops", "id", "at", "current"]
+    ),
 )
 
 
@@ -85,7 +108,13 @@ def _ext_payloads(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Ext]:
     and values is what an object with surrogate keys holds; anything else is damage)."""
 
     packed = inner.map(msgspec.msgpack.encode)
-    return st.builds(Ext, st.sampled_from([codec.EXT_STR, codec.EXT_INT, codec.EXT_OBJECT, codec.EXT_BIG_INT, 0, 5, 127]), st.one_of(st.binary(max_size=12), packed))
+    return st.builds(
+        Ext,
+        st.sampled_from(
+            [codec.EXT_STR, codec.EXT_INT, codec.EXT_OBJECT, codec.EXT_BIG_INT, 0, 5, 127]
+        ),
+        st.one_of(st.binary(max_size=12), packed),
+    )
 
 
 NODES = st.recursive(
@@ -107,7 +136,10 @@ def _children(node: Any) -> list[tuple[Any, Any]]:
     if isinstance(node, Ext) and node.code == codec.EXT_OBJECT:
         try:
             return [(None, _tree_decoder.decode(node.data))]
-        except (msgspec.DecodeError, RecursionError):  # not MessagePack, or too deep for this helper
+        except (
+            msgspec.DecodeError,
+            RecursionError,
+        ):  # not MessagePack, or too deep for this helper
             return []
     return []
 
@@ -126,7 +158,10 @@ def mutate(data: st.DataObject, node: Any, depth: int = 0) -> Any:
     if children and depth < 40 and data.draw(st.booleans(), label="descend"):
         slot, child = data.draw(st.sampled_from(children), label="into")
         return _rebuild(node, slot, mutate(data, child, depth + 1))
-    how = data.draw(st.sampled_from(["swap", "nest", "cut", "extend", "ext", "surrogate-object", "deep"]), label="how")
+    how = data.draw(
+        st.sampled_from(["swap", "nest", "cut", "extend", "ext", "surrogate-object", "deep"]),
+        label="how",
+    )
     if how == "swap":
         return data.draw(NODES, label="swap for")
     if how == "nest":
@@ -157,7 +192,9 @@ def mutate(data: st.DataObject, node: Any, depth: int = 0) -> Any:
         return [node, extra]
     if how == "ext":
         return data.draw(_ext_payloads(NODES), label="ext")
-    if how == "surrogate-object":  # an object with surrogate keys around something that is not a flat array
+    if (
+        how == "surrogate-object"
+    ):  # an object with surrogate keys around something that is not a flat array
         return Ext(codec.EXT_OBJECT, msgspec.msgpack.encode(data.draw(NODES, label="held")))
     levels = data.draw(st.sampled_from([990, 1_001, 1_200, 3_000]), label="levels")
     return _deep(node, levels, data.draw(st.booleans(), label="as objects"))
@@ -206,13 +243,19 @@ def _crc(committed_at: int, stored: bytes) -> int:
     return zlib.crc32(stored, zlib.crc32(committed_at.to_bytes(8, "big", signed=True)))
 
 
-def record_bytes(payload: bytes, record_format: int, committed_at: int = 1_700_000_000_000) -> bytes:
+def record_bytes(
+    payload: bytes, record_format: int, committed_at: int = 1_700_000_000_000
+) -> bytes:
     """A record of ``record_format`` around ``payload``, with the checksum it must carry."""
 
     if record_format == 1:
-        return msgspec.msgpack.encode(RawRecord(1, committed_at, _crc(committed_at, payload), payload))
+        return msgspec.msgpack.encode(
+            RawRecord(1, committed_at, _crc(committed_at, payload), payload)
+        )
     stored = _deflated(payload) if record_format == 2 else _ZSTD.compress(payload)
-    return msgspec.msgpack.encode(LogRecord(record_format, committed_at, _crc(committed_at, stored), stored, len(payload)))
+    return msgspec.msgpack.encode(
+        LogRecord(record_format, committed_at, _crc(committed_at, stored), stored, len(payload))
+    )
 
 
 def assert_record_decodes_or_is_corrupt(data: bytes, seq: int = SEQ) -> None:
@@ -236,7 +279,9 @@ def assert_record_decodes_or_is_corrupt(data: bytes, seq: int = SEQ) -> None:
 @pytest.mark.parametrize("record_format", [1, 2, 3], ids=["raw", "deflate", "zstd"])
 @EXAMPLES
 @given(data=st.data())
-def test_a_mutated_record_with_a_valid_checksum_decodes_or_is_corrupt(record_format: int, data: st.DataObject) -> None:
+def test_a_mutated_record_with_a_valid_checksum_decodes_or_is_corrupt(
+    record_format: int, data: st.DataObject
+) -> None:
     payload = mutated_payload(data)
     assert_record_decodes_or_is_corrupt(record_bytes(payload, record_format))
     try:
@@ -249,14 +294,21 @@ def test_a_mutated_record_with_a_valid_checksum_decodes_or_is_corrupt(record_for
 
 @EXAMPLES
 @given(data=st.data())
-def test_a_mutated_record_header_with_a_valid_checksum_decodes_or_is_corrupt(data: st.DataObject) -> None:
+def test_a_mutated_record_header_with_a_valid_checksum_decodes_or_is_corrupt(
+    data: st.DataObject,
+) -> None:
     """The header's own fields swapped, cut, extended: format, commit time, size."""
 
     payload = data.draw(st.sampled_from(SEED_PAYLOADS))
     record_format = data.draw(st.sampled_from([1, 2, 3]))
     header = _tree_decoder.decode(record_bytes(payload, record_format))
     header = mutate(data, header)
-    if isinstance(header, list) and len(header) >= 4 and isinstance(header[1], int) and isinstance(header[3], bytes):
+    if (
+        isinstance(header, list)
+        and len(header) >= 4
+        and isinstance(header[1], int)
+        and isinstance(header[3], bytes)
+    ):
         if -(2**63) <= header[1] < 2**63 and data.draw(st.booleans(), label="recompute checksum"):
             header[2] = _crc(header[1], header[3])
     assert_record_decodes_or_is_corrupt(msgspec.msgpack.encode(header))
@@ -264,11 +316,21 @@ def test_a_mutated_record_header_with_a_valid_checksum_decodes_or_is_corrupt(dat
 
 @pytest.mark.parametrize(
     "held",
-    [5, "k", {"k": 1}, [[1], 2], [{"a": 1}, 2], ["odd"], [Ext(codec.EXT_OBJECT, msgspec.msgpack.encode(["a", 1])), 1]],
+    [
+        5,
+        "k",
+        {"k": 1},
+        [[1], 2],
+        [{"a": 1}, 2],
+        ["odd"],
+        [Ext(codec.EXT_OBJECT, msgspec.msgpack.encode(["a", 1])), 1],
+    ],
     ids=["int", "str", "map", "array-key", "map-key", "odd-length", "object-key"],
 )
 @pytest.mark.parametrize("record_format", [1, 2, 3], ids=["raw", "deflate", "zstd"])
-def test_an_object_with_surrogate_keys_holding_no_flat_array_is_a_corrupt_record(record_format: int, held: Any) -> None:
+def test_an_object_with_surrogate_keys_holding_no_flat_array_is_a_corrupt_record(
+    record_format: int, held: Any
+) -> None:
     """It raised TypeError ("unhashable type" for a key that is an array or a map) in every
     record format, and ``tail`` died with a traceback."""
 
@@ -282,7 +344,9 @@ def test_an_object_with_surrogate_keys_holding_no_flat_array_is_a_corrupt_record
         decode_record_builtins(SEQ, data)
 
 
-def test_objects_with_surrogate_keys_nested_to_the_limit_read_back_and_one_more_is_corrupt() -> None:
+def test_objects_with_surrogate_keys_nested_to_the_limit_read_back_and_one_more_is_corrupt() -> (
+    None
+):
     """Nested objects with surrogate keys decode without a Python frame per level, on every
     Python; one level past ``MAX_DEPTH`` is damage, not a value."""
 
@@ -308,21 +372,34 @@ def test_objects_with_surrogate_keys_nested_to_the_limit_read_back_and_one_more_
 
 @EXAMPLES
 @given(data=st.data())
-def test_a_mutated_journal_frame_is_read_or_stops_and_its_records_decode_or_are_corrupt(data: st.DataObject) -> None:
+def test_a_mutated_journal_frame_is_read_or_stops_and_its_records_decode_or_are_corrupt(
+    data: st.DataObject,
+) -> None:
     number, salt = 3, data.draw(st.integers(0, 2**64 - 1))
-    records = [record_bytes(mutated_payload(data), data.draw(st.sampled_from([1, 2, 3]))) for _ in range(data.draw(st.integers(1, 3)))]
+    records = [
+        record_bytes(mutated_payload(data), data.draw(st.sampled_from([1, 2, 3])))
+        for _ in range(data.draw(st.integers(1, 3)))
+    ]
     frame = bytearray(encode_frame(number, salt, SEQ, records))
     if data.draw(st.booleans(), label="forge the frame's fields"):
-        field = data.draw(st.sampled_from([4, 8, 12, 16, 24]), label="field")  # length, count, reserved, segment, first
+        field = data.draw(
+            st.sampled_from([4, 8, 12, 16, 24]), label="field"
+        )  # length, count, reserved, segment, first
         width = 8 if field >= 16 else 4
-        frame[field : field + width] = data.draw(st.integers(0, 2 ** (8 * width) - 1)).to_bytes(width, "big")
+        frame[field : field + width] = data.draw(st.integers(0, 2 ** (8 * width) - 1)).to_bytes(
+            width, "big"
+        )
         if data.draw(st.booleans(), label="cut"):
             del frame[data.draw(st.integers(0, len(frame))) :]
         head = bytes(frame[:32])
-        frame[32:40] = xxhash.xxh3_64_intdigest(head + bytes(frame[40:]), seed=salt).to_bytes(8, "big")
+        frame[32:40] = xxhash.xxh3_64_intdigest(head + bytes(frame[40:]), seed=salt).to_bytes(
+            8, "big"
+        )
     for first, found in read_frames(bytes(HEADER_SIZE) + bytes(frame), number, salt):
         for offset, record in enumerate(found):
-            assert_record_decodes_or_is_corrupt(record, first + offset if first + offset > 0 else SEQ)
+            assert_record_decodes_or_is_corrupt(
+                record, first + offset if first + offset > 0 else SEQ
+            )
 
 
 # ── stream messages ─────────────────────────────────────────────────────────
@@ -338,11 +415,17 @@ def test_a_mutated_stream_message_is_taken_or_refused_as_foreign(data: st.DataOb
         body = record_bytes(mutated_payload(data), data.draw(st.sampled_from([1, 2, 3])))
     else:
         headers["Pd-Kind"] = kind
-        control = {"type": "fence", "epoch": 1, "holder": "h"} if kind == "fence" else {"type": "ids", "epoch": 1, "upto": 9}
+        control = (
+            {"type": "fence", "epoch": 1, "holder": "h"}
+            if kind == "fence"
+            else {"type": "ids", "epoch": 1, "upto": 9}
+        )
         body = codec.deep(msgspec.msgpack.encode, mutate(data, control))
     if data.draw(st.booleans(), label="forge a header"):
         name = data.draw(st.sampled_from(sorted(headers)))
-        headers[name] = data.draw(st.one_of(st.text(max_size=6), st.sampled_from(["²", "٣", "-1", "0", "9" * 5_000])))
+        headers[name] = data.draw(
+            st.one_of(st.text(max_size=6), st.sampled_from(["²", "٣", "-1", "0", "9" * 5_000]))
+        )
     try:
         message = parse_message("stream", 1, headers, body, store)
     except ForeignMessageError:
@@ -351,7 +434,9 @@ def test_a_mutated_stream_message_is_taken_or_refused_as_foreign(data: st.DataOb
         message.control
 
 
-@pytest.mark.parametrize("seq", ["9" * 5_000, str(2**64), "²", ""], ids=["5000-digits", "2**64", "superscript", "empty"])
+@pytest.mark.parametrize(
+    "seq", ["9" * 5_000, str(2**64), "²", ""], ids=["5000-digits", "2**64", "superscript", "empty"]
+)
 def test_a_stream_message_with_a_sequence_no_log_holds_is_foreign(seq: str) -> None:
     """Digits past Python's 4,300-digit conversion limit raised ValueError from the parser."""
 
@@ -363,13 +448,20 @@ def test_a_stream_message_with_a_sequence_no_log_holds_is_foreign(seq: str) -> N
 
 # ── projected rows ──────────────────────────────────────────────────────────
 
-ROW_DECODERS = {"entry": t.entry_decoder, "revision": t.revision_decoder, "current": t.current_decoder, "any": None}
+ROW_DECODERS = {
+    "entry": t.entry_decoder,
+    "revision": t.revision_decoder,
+    "current": t.current_decoder,
+    "any": None,
+}
 
 
 @pytest.mark.parametrize("row", list(ROW_DECODERS))
 @EXAMPLES
 @given(data=st.data())
-def test_a_mutated_projected_row_decodes_or_raises_a_decode_error(row: str, data: st.DataObject) -> None:
+def test_a_mutated_projected_row_decodes_or_raises_a_decode_error(
+    row: str, data: st.DataObject
+) -> None:
     value = {"id": 1, "meta": {"\ud800": [2**70, "\udc00"]}, "text": "x"}
     seeds = {
         "entry": t.EntryRow(3, value),
@@ -397,7 +489,28 @@ def test_a_mutated_export_line_is_a_batch_or_refused_naming_the_line(data: st.Da
     line = to_json(tree) if not isinstance(tree, str) else tree
     if data.draw(st.booleans(), label="damage the text"):
         at = data.draw(st.integers(0, len(line)))
-        line = line[:at] + data.draw(st.sampled_from(["", "[", "{", '"', "\\u", "\\ud800", "]]", "1e999999", "9" * 5_000, "\x00", "[" * 1_200, '{"a":' * 3_000])) + line[at + data.draw(st.integers(0, 3)) :]
+        line = (
+            line[:at]
+            + data.draw(
+                st.sampled_from(
+                    [
+                        "",
+                        "[",
+                        "{",
+                        '"',
+                        "\\u",
+                        "\\ud800",
+                        "]]",
+                        "1e999999",
+                        "9" * 5_000,
+                        "\x00",
+                        "[" * 1_200,
+                        '{"a":' * 3_000,
+                    ]
+                )
+            )
+            + line[at + data.draw(st.integers(0, 3)) :]
+        )
     try:
         parse_batch(4, line)
     except ValueError as error:
@@ -410,7 +523,9 @@ def _json_mutate(data: st.DataObject, line: str) -> Any:
 
     try:
         return codec.deep(_jsonable, mutate(data, from_json(line)))
-    except RecursionError:  # a mutation too deep for this helper: the text damage below nests deep too
+    except (
+        RecursionError
+    ):  # a mutation too deep for this helper: the text damage below nests deep too
         return from_json(line)
 
 
@@ -428,12 +543,16 @@ def _jsonable(node: Any) -> Any:
 
 @pytest.mark.parametrize("number", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
 @pytest.mark.parametrize("record_format", [1, 2, 3], ids=["raw", "deflate", "zstd"])
-def test_a_record_holding_a_number_json_cannot_is_corrupt(record_format: int, number: float) -> None:
+def test_a_record_holding_a_number_json_cannot_is_corrupt(
+    record_format: int, number: float
+) -> None:
     """No commit writes an infinity or a NaN (strict JSON), so a record holding one, with its
     checksum recomputed, is damage: it decoded, and the export of it then failed with
     ``ValueError: Out of range float values are not JSON compliant``."""
 
-    payload = msgspec.msgpack.encode([{"type": "conversation", "value": {"id": 1, "meta": {"k": [1, number]}}}])
+    payload = msgspec.msgpack.encode(
+        [{"type": "conversation", "value": {"id": 1, "meta": {"k": [1, number]}}}]
+    )
     data = record_bytes(payload, record_format)
     with pytest.raises(CorruptRecordError, match=f"Log record {SEQ} is corrupt.*infinite or NaN"):
         decode_record(SEQ, data)

@@ -13,13 +13,19 @@ from hypothesis import strategies as st
 
 from pi_durable_lmdb.log.deflate import BIG, MIN_SAVING, MIN_SIZE, PRESET, deflate, inflate
 
-_ALPHABET = "abcdefghij klmnop\"{}:,"
+_ALPHABET = 'abcdefghij klmnop"{}:,'
 _TEXT = st.text(alphabet=_ALPHABET, min_size=0, max_size=3 * BIG).map(str.encode)
 _BATCHES = st.builds(
     lambda id, text, status: msgspec.msgpack.encode(
         [
-            {"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": text}},
-            {"type": "task", "value": {"id": id + 1, "conversationId": 1, "state": {"status": status}}},
+            {
+                "type": "entry",
+                "value": {"id": id, "conversationId": 1, "kind": "message", "text": text},
+            },
+            {
+                "type": "task",
+                "value": {"id": id + 1, "conversationId": 1, "state": {"status": status}},
+            },
         ]
     ),
     st.integers(1, 2**53),
@@ -27,7 +33,12 @@ _BATCHES = st.builds(
     st.sampled_from(["running", "waiting", "sleeping"]),
 )
 """Batches shaped like the contract's: their keys and headers are matched in ``PRESET``."""
-_VALUES = st.one_of(_BATCHES, _TEXT, st.binary(max_size=2 * BIG), st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=64), st.integers(1, 2000)))
+_VALUES = st.one_of(
+    _BATCHES,
+    _TEXT,
+    st.binary(max_size=2 * BIG),
+    st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=64), st.integers(1, 2000)),
+)
 
 
 @settings(max_examples=150, deadline=None)

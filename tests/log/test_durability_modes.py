@@ -66,7 +66,11 @@ def test_an_environment_runs_its_mode(tmp_path: Path, mode: Mode) -> None:
 def test_a_bare_environment_is_a_reader_or_a_writer_without_a_journal(tmp_path: Path) -> None:
     """A tool's ``Environment(path)`` syncs LMDB itself; none of them makes a journal."""
 
-    for durability, mode in (("power", Mode.SYNCED), ("process", Mode.PROCESS), ("replicated", Mode.REPLICATED)):
+    for durability, mode in (
+        ("power", Mode.SYNCED),
+        ("process", Mode.PROCESS),
+        ("replicated", Mode.REPLICATED),
+    ):
         env = Environment(tmp_path / durability, durability=durability)  # type: ignore[arg-type]
         try:
             assert env.mode is mode and env.journal is None

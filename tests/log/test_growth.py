@@ -64,7 +64,9 @@ def test_map_growth_while_reader_threads_read(tmp_path: Path) -> None:
     while four threads, each on its own loop, read the store without a pause."""
 
     path = tmp_path / "store"
-    result = _result(_child("writer", str(path), "--map-size", str(SMALL), "--readers", "4", "--commits", "600"))
+    result = _result(
+        _child("writer", str(path), "--map-size", str(SMALL), "--readers", "4", "--commits", "600")
+    )
     _assert_clean(result)
     assert result["end_size"] >= 2**6 * result["start_size"], result  # it really grew, many times
     assert result["acked"] == 600 and result["lost"] == []
@@ -85,7 +87,9 @@ def test_reader_threads_adopt_a_map_grown_by_another_process(tmp_path: Path) -> 
 
     storage = asyncio.run(seed())
     try:
-        proc = _child("reader", str(path), "--map-size", str(SMALL), "--readers", "4", stdin=subprocess.PIPE)
+        proc = _child(
+            "reader", str(path), "--map-size", str(SMALL), "--readers", "4", stdin=subprocess.PIPE
+        )
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
         acked = asyncio.run(growth_child.commit_many(storage, 600, 6000, 8))
@@ -96,7 +100,9 @@ def test_reader_threads_adopt_a_map_grown_by_another_process(tmp_path: Path) -> 
     _assert_clean(result)
     assert len(acked) == 600
     assert result["head"] == head
-    assert result["end_size"] >= 2**6 * result["start_size"], result  # the reader adopted a grown map
+    assert result["end_size"] >= 2**6 * result["start_size"], (
+        result
+    )  # the reader adopted a grown map
     assert verify(path) is None
 
 
@@ -121,7 +127,10 @@ async def test_a_read_held_open_fails_the_growing_commit_instead_of_hanging(
             failed = 10_000 + n
             head = storage.log.head()  # reads still work meanwhile
             together = await asyncio.gather(  # a group on the writer thread fails as a whole, once
-                *(storage.commit([growth_child.big_entry(20_000 + k, 20_000)], CTX) for k in range(8)),
+                *(
+                    storage.commit([growth_child.big_entry(20_000 + k, 20_000)], CTX)
+                    for k in range(8)
+                ),
                 return_exceptions=True,
             )
             assert all(isinstance(outcome, MapBusyError) for outcome in together), together

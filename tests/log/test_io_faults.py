@@ -24,14 +24,23 @@ def test_every_kind_of_journal_call_failing_loses_nothing_and_wedges_nothing() -
 
 def test_the_checker_catches_a_planted_segment_gap() -> None:
     lines: list[str] = []
-    outcomes = explore(["create", "zero-fill"], ["ENOSPC"], 12, plant=("segment-gap",), say=lines.append)  # every call: where a hole meets a replay depends on the checkpoint rhythm
+    outcomes = explore(
+        ["create", "zero-fill"], ["ENOSPC"], 12, plant=("segment-gap",), say=lines.append
+    )  # every call: where a hole meets a replay depends on the checkpoint rhythm
     failed = [outcome for outcome in outcomes if outcome.problems]
     assert failed, "\n".join(lines)
-    assert all("JournalDamagedError" in " ".join(outcome.problems) for outcome in failed), "\n".join(lines)
+    assert all("JournalDamagedError" in " ".join(outcome.problems) for outcome in failed), (
+        "\n".join(lines)
+    )
 
 
 def test_the_calls_failed_are_spread_over_the_count() -> None:
-    assert spread(0, 3) == [] and spread(2, 3) == [1, 2] and spread(9, 3) == [1, 5, 9] and spread(9, 1) == [5]
+    assert (
+        spread(0, 3) == []
+        and spread(2, 3) == [1, 2]
+        and spread(9, 3) == [1, 5, 9]
+        and spread(9, 1) == [5]
+    )
 
 
 def test_a_fault_that_lasts_two_calls_loses_nothing_either() -> None:
@@ -40,4 +49,6 @@ def test_a_fault_that_lasts_two_calls_loses_nothing_either() -> None:
 
     lines: list[str] = []
     outcomes = explore(["flush", "frame", "create"], ["EIO"], 1, burst=2, say=lines.append)
-    assert outcomes and all(outcome.fired and not outcome.problems for outcome in outcomes), "\n".join(lines)
+    assert outcomes and all(outcome.fired and not outcome.problems for outcome in outcomes), (
+        "\n".join(lines)
+    )

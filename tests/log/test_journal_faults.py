@@ -18,13 +18,24 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb import JournalDamagedError, LmdbStorage, StoreDamagedError, StoreFullError
-from pi_durable_lmdb.log.journal import HEADER_SIZE, Journal, JournalOptions, encode_frame, read_frames
+from pi_durable_lmdb.log.journal import (
+    HEADER_SIZE,
+    Journal,
+    JournalOptions,
+    encode_frame,
+    read_frames,
+)
 from tools.harness.iofaults.check import reboot as give_another_boot
 from tools.harness.iofaults.check import run_case
 from tools.harness.iofaults.inject import Injector
 
-OPTIONS = JournalOptions(segment_size=3 * HEADER_SIZE, checkpoint_commits=1000, checkpoint_bytes=1 << 30,
-                         checkpoint_seconds=3600.0, background=False)
+OPTIONS = JournalOptions(
+    segment_size=3 * HEADER_SIZE,
+    checkpoint_commits=1000,
+    checkpoint_bytes=1 << 30,
+    checkpoint_seconds=3600.0,
+    background=False,
+)
 
 
 def crash_copy(store: Path, copy: Path, reboot: bool = True) -> None:
@@ -41,14 +52,19 @@ async def commit(storage: LmdbStorage, n: int, pad: int = 1500) -> tuple[int, in
 
     conversation = await storage.mint_id()
     noise = random.Random(n).choices(string.ascii_letters, k=pad)
-    seq = await storage.commit([{"type": "conversation", "value": {"id": conversation, "n": n, "pad": "".join(noise)}}], CTX)
+    seq = await storage.commit(
+        [{"type": "conversation", "value": {"id": conversation, "n": n, "pad": "".join(noise)}}],
+        CTX,
+    )
     return seq, conversation
 
 
 async def check_recovered(path: Path, acked: list[tuple[int, int]]) -> None:
     storage = await LmdbStorage.open(path, journal=OPTIONS)
     try:
-        assert storage.log.head() >= max(seq for seq, _ in acked), "recovery stopped before acknowledged commits"
+        assert storage.log.head() >= max(seq for seq, _ in acked), (
+            "recovery stopped before acknowledged commits"
+        )
         for seq, conversation in acked:
             assert await storage.conversation(conversation, CTX) is not None, f"commit {seq} lost"
     finally:
@@ -59,7 +75,9 @@ SEGMENT_KINDS = ["create", "zero-fill", "header", "segsync", "dirsync"]
 ERRORS = pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
 
 
-async def fail_a_new_segment(storage: LmdbStorage, kind: str, error: int, acked: list[tuple[int, int]]) -> None:
+async def fail_a_new_segment(
+    storage: LmdbStorage, kind: str, error: int, acked: list[tuple[int, int]]
+) -> None:
     """Commit until one needs a new segment, whose making fails at its first ``kind`` call."""
 
     with Injector(kind, 1, error) as injector:
@@ -75,7 +93,9 @@ async def fail_a_new_segment(storage: LmdbStorage, kind: str, error: int, acked:
 
 @pytest.mark.parametrize("kind", SEGMENT_KINDS)
 @ERRORS
-async def test_a_segment_that_could_not_be_made_leaves_no_gap_recovery_stops_at(tmp_path: Path, kind: str, error: int) -> None:
+async def test_a_segment_that_could_not_be_made_leaves_no_gap_recovery_stops_at(
+    tmp_path: Path, kind: str, error: int
+) -> None:
     """A failure while a new segment is made (the disk full while it is zero-filled, say): the
     commit that needed it fails, and the next segment made takes the number it would have had,
     so after a power cut recovery replays every acknowledged commit (it used to stop, silently,
@@ -95,7 +115,9 @@ async def test_a_segment_that_could_not_be_made_leaves_no_gap_recovery_stops_at(
 
 @pytest.mark.parametrize("kind", SEGMENT_KINDS)
 @ERRORS
-async def test_the_same_open_storage_commits_again_once_the_fault_clears(tmp_path: Path, kind: str, error: int) -> None:
+async def test_the_same_open_storage_commits_again_once_the_fault_clears(
+    tmp_path: Path, kind: str, error: int
+) -> None:
     """docs/reliability.md section 5: after a failed segment, commits that fit the segment in use
     go on there, and bigger ones make the segment then (the journal used to be left with no open
     file: a bare AssertionError on every commit until the store was reopened)."""
@@ -130,7 +152,9 @@ def _journal_of_segments(path: Path) -> tuple[Journal, int]:
 
 
 @pytest.mark.parametrize("damage", ["deleted", "header", "directory", "unreadable"])
-def test_a_hole_or_an_unreadable_segment_inside_the_range_is_named_never_a_quiet_end(tmp_path: Path, damage: str) -> None:
+def test_a_hole_or_an_unreadable_segment_inside_the_range_is_named_never_a_quiet_end(
+    tmp_path: Path, damage: str
+) -> None:
     journal, start = _journal_of_segments(tmp_path)
     assert [seq for seq, _ in journal.records(start, 0)] == list(range(1, 13))
     middle = journal.segments[start + 1].path
@@ -142,7 +166,9 @@ def test_a_hole_or_an_unreadable_segment_inside_the_range_is_named_never_a_quiet
         with open(middle, "r+b") as file:
             file.write(b"\xff" * 16)
     reopened = Journal(str(tmp_path), journal.options)
-    if damage == "unreadable":  # gone between the open's listing and the read (an I/O error, as far as recovery knows)
+    if (
+        damage == "unreadable"
+    ):  # gone between the open's listing and the read (an I/O error, as far as recovery knows)
         os.unlink(middle)
     with pytest.raises(StoreDamagedError, match=f"{start + 1:016x}.seg") as raised:
         reopened.records(start, 0)
@@ -167,10 +193,14 @@ def test_a_frame_that_does_not_continue_the_chain_is_named(tmp_path: Path) -> No
     with open(last.path, "rb") as file:
         data = file.read()
     first, records = read_frames(data, last.number, last.salt)[0]
-    with open(last.path, "r+b") as file:  # its first frame names a sequence further on, checksum and all
+    with open(
+        last.path, "r+b"
+    ) as file:  # its first frame names a sequence further on, checksum and all
         file.seek(HEADER_SIZE)
         file.write(encode_frame(last.number, last.salt, first + 5, records))
-    with pytest.raises(JournalDamagedError, match=f"starting at sequence {first + 5} after sequence {first - 1}"):
+    with pytest.raises(
+        JournalDamagedError, match=f"starting at sequence {first + 5} after sequence {first - 1}"
+    ):
         Journal(str(tmp_path), journal.options).records(start, 0)
 
 
@@ -191,7 +221,9 @@ def test_the_journal_s_end_is_no_damage(tmp_path: Path) -> None:
 
 
 @ERRORS
-async def test_a_checkpoint_that_fails_after_a_commit_does_not_fail_the_commit(tmp_path: Path, error: int) -> None:
+async def test_a_checkpoint_that_fails_after_a_commit_does_not_fail_the_commit(
+    tmp_path: Path, error: int
+) -> None:
     """With checkpoints on the committing thread (``background=False``), a checkpoint that failed
     right after a commit made the commit raise, though it was committed and durable in the
     journal: its caller, trying again, was refused (its ids already stored). Found by
@@ -203,7 +235,9 @@ async def test_a_checkpoint_that_fails_after_a_commit_does_not_fail_the_commit(t
     acked = [await commit(storage, 0, pad=10)]
     n = 1
     with Injector("checkpoint", 1, error) as injector:
-        while not injector.failed and n < 20:  # the first commit that ends in a checkpoint: it fails
+        while (
+            not injector.failed and n < 20
+        ):  # the first commit that ends in a checkpoint: it fails
             acked.append(await commit(storage, n, pad=10))
             n += 1
         assert injector.failed
@@ -213,7 +247,9 @@ async def test_a_checkpoint_that_fails_after_a_commit_does_not_fail_the_commit(t
     await check_recovered(tmp_path / "cut", acked)
 
 
-async def test_a_frame_its_unmaking_failed_for_is_unmade_before_the_journal_moves_on(tmp_path: Path) -> None:
+async def test_a_frame_its_unmaking_failed_for_is_unmade_before_the_journal_moves_on(
+    tmp_path: Path,
+) -> None:
     """A frame's flush fails and so does the write that unmakes it: the frame may be whole on
     disk. The next commit (same sequence) needs a new segment: the old frame is unmade first,
     or recovery would find two frames of one sequence (the stale one unacknowledged)."""
@@ -233,7 +269,9 @@ async def test_a_frame_its_unmaking_failed_for_is_unmade_before_the_journal_move
 
 
 @ERRORS
-def test_a_failed_unmaking_while_the_map_grows_does_not_wedge_the_writer(tmp_path: Path, error: int) -> None:
+def test_a_failed_unmaking_while_the_map_grows_does_not_wedge_the_writer(
+    tmp_path: Path, error: int
+) -> None:
     """A transaction whose commit found the map full unmakes its frame before the map grows;
     when that write failed, the transaction was left open and counted as running, so every later
     growth waited for it and failed (MapBusyError): the writer was wedged. Found by
@@ -243,7 +281,9 @@ def test_a_failed_unmaking_while_the_map_grows_does_not_wedge_the_writer(tmp_pat
 
     cases = [(seed, size) for size in (256 << 10, 192 << 10, 320 << 10) for seed in range(1, 13)]
     for seed, size in cases:
-        outcome = run_case(str(tmp_path / f"store-{seed}-{size}"), "unmake", 1, error, seed=seed, map_size=size)
+        outcome = run_case(
+            str(tmp_path / f"store-{seed}-{size}"), "unmake", 1, error, seed=seed, map_size=size
+        )
         if outcome.fired:
             break
     assert outcome.fired, "none of the writer's seeded workloads meets a full map at commit time"

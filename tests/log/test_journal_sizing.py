@@ -19,16 +19,29 @@ KiB = 1024
 def test_a_new_segment_is_a_share_of_the_store_within_its_bounds() -> None:
     options = JournalOptions()
     assert segment_sizing(options, 0, HEADER_SIZE) == 64 * KiB
-    assert segment_sizing(options, 6 * (1 << 20), HEADER_SIZE) == 64 * KiB  # 96 KiB, down to a power of two
+    assert (
+        segment_sizing(options, 6 * (1 << 20), HEADER_SIZE) == 64 * KiB
+    )  # 96 KiB, down to a power of two
     assert segment_sizing(options, 8 * (1 << 20), HEADER_SIZE) == 128 * KiB
     assert segment_sizing(options, 1 << 30, HEADER_SIZE) == 1 << 20
     assert segment_sizing(options, 0, 300 * KiB) == 300 * KiB, "one frame always fits"
     small = JournalOptions(segment_size=3 * HEADER_SIZE)
-    assert segment_sizing(small, 1 << 30, HEADER_SIZE) == 3 * HEADER_SIZE, "segment_size bounds it, below segment_min too"
+    assert segment_sizing(small, 1 << 30, HEADER_SIZE) == 3 * HEADER_SIZE, (
+        "segment_size bounds it, below segment_min too"
+    )
 
 
-@pytest.mark.parametrize(("field", "value"), [("segment_min", 4096), ("segment_min", 1.5), ("pinned_share", 0), ("pinned_share", 1.5),
-                                              ("pinned_pages", 0), ("pinned_pages", "8")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("segment_min", 4096),
+        ("segment_min", 1.5),
+        ("pinned_share", 0),
+        ("pinned_share", 1.5),
+        ("pinned_pages", 0),
+        ("pinned_pages", "8"),
+    ],
+)
 def test_the_new_options_refuse_what_makes_no_sense(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
         JournalOptions(**{field: value})
@@ -49,16 +62,29 @@ def test_segments_grow_with_the_store_and_outgrown_free_ones_are_deleted(tmp_pat
     journal.begin()
     seq = _fill(journal, 1, 6)  # 8 KiB segments, 3 KiB frames: several rotations
     journal.release(journal.current_number)
-    small = {name: os.path.getsize(os.path.join(journal.directory, name)) for name in os.listdir(journal.directory) if name.endswith(".seg")}
+    small = {
+        name: os.path.getsize(os.path.join(journal.directory, name))
+        for name in os.listdir(journal.directory)
+        if name.endswith(".seg")
+    }
     assert set(small.values()) == {2 * HEADER_SIZE} and len(small) >= 2
     with open(data, "wb") as file:  # the store grew: 4 MiB / 64 = 64 KiB segments from now on
         file.truncate(4 << 20)
     checkpoint = journal.current_number
     seq = _fill(journal, seq, 12)
-    sizes = {name: os.path.getsize(os.path.join(journal.directory, name)) for name in os.listdir(journal.directory) if name.endswith(".seg")}
+    sizes = {
+        name: os.path.getsize(os.path.join(journal.directory, name))
+        for name in os.listdir(journal.directory)
+        if name.endswith(".seg")
+    }
     assert max(sizes.values()) == 16 * HEADER_SIZE
-    assert not [name for name in small if name in sizes and name != f"{checkpoint:016x}.seg"], (small, sizes)
-    assert [s for s, _ in Journal(str(tmp_path), options).records(checkpoint, 6)] == list(range(7, seq))
+    assert not [name for name in small if name in sizes and name != f"{checkpoint:016x}.seg"], (
+        small,
+        sizes,
+    )
+    assert [s for s, _ in Journal(str(tmp_path), options).records(checkpoint, 6)] == list(
+        range(7, seq)
+    )
     journal.close()
 
 
@@ -70,24 +96,61 @@ async def _commit_turns(path: Path, options: JournalOptions, turns: int) -> tupl
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         for n in range(turns):
-            await storage.commit([
-                {"type": "entry", "value": {"id": 10 + n, "conversationId": 1, "kind": "m", "data": {"n": n, "text": "word " * 80}}},
-                {"type": "task", "value": {"id": 2, "conversationId": 1, "kind": "t", "version": 1, "input": None, "background": False,
-                                           "abortRequested": False, "startedAt": 1, "state": {"status": "running", "n": n}}},
-            ], CTX)
+            await storage.commit(
+                [
+                    {
+                        "type": "entry",
+                        "value": {
+                            "id": 10 + n,
+                            "conversationId": 1,
+                            "kind": "m",
+                            "data": {"n": n, "text": "word " * 80},
+                        },
+                    },
+                    {
+                        "type": "task",
+                        "value": {
+                            "id": 2,
+                            "conversationId": 1,
+                            "kind": "t",
+                            "version": 1,
+                            "input": None,
+                            "background": False,
+                            "abortRequested": False,
+                            "startedAt": 1,
+                            "state": {"status": "running", "n": n},
+                        },
+                    },
+                ],
+                CTX,
+            )
         bound = storage._env.journal.bound
     finally:
         await storage.close()
     return os.path.getsize(path / "data.mdb"), bound
 
 
-async def test_checkpoints_come_sooner_when_the_pin_would_hold_more_than_its_share(tmp_path: Path) -> None:
+async def test_checkpoints_come_sooner_when_the_pin_would_hold_more_than_its_share(
+    tmp_path: Path,
+) -> None:
     """With the free pages' share bounded, the commit bound stays lower and the file smaller than
     with no bound but ``checkpoint_commits`` (the same commits, checkpoints on the committing
     thread so both runs are the same every time)."""
 
-    fixed = JournalOptions(checkpoint_commits=32, checkpoint_seconds=1e9, pinned_share=1.0, pinned_pages=1 << 30, background=False)
-    bounded = JournalOptions(checkpoint_commits=32, checkpoint_seconds=1e9, pinned_share=0.05, pinned_pages=8, background=False)
+    fixed = JournalOptions(
+        checkpoint_commits=32,
+        checkpoint_seconds=1e9,
+        pinned_share=1.0,
+        pinned_pages=1 << 30,
+        background=False,
+    )
+    bounded = JournalOptions(
+        checkpoint_commits=32,
+        checkpoint_seconds=1e9,
+        pinned_share=0.05,
+        pinned_pages=8,
+        background=False,
+    )
     fixed_bytes, fixed_bound = await _commit_turns(tmp_path / "fixed", fixed, 300)
     bounded_bytes, bounded_bound = await _commit_turns(tmp_path / "bounded", bounded, 300)
     assert 1 <= bounded_bound < fixed_bound
@@ -96,30 +159,59 @@ async def test_checkpoints_come_sooner_when_the_pin_would_hold_more_than_its_sha
 
 def _segments(store: Path) -> dict[str, int]:
     journal = store / "journal"
-    return {name: os.path.getsize(journal / name) for name in os.listdir(journal) if name.endswith(".seg")}
+    return {
+        name: os.path.getsize(journal / name)
+        for name in os.listdir(journal)
+        if name.endswith(".seg")
+    }
 
 
-async def test_a_clean_close_keeps_one_segment_and_the_next_life_recycles_it(tmp_path: Path) -> None:
+async def test_a_clean_close_keeps_one_segment_and_the_next_life_recycles_it(
+    tmp_path: Path,
+) -> None:
     """A closed store holds one preallocated segment, not every one it wrote: the others are cut
     to zero bytes at the close (nothing reads the journal of a cleanly closed store), the next
     open recycles the one kept and deletes the empty ones, and every commit is there."""
 
     store = tmp_path / "store"
-    options = JournalOptions(segment_min=2 * HEADER_SIZE, segment_size=2 * HEADER_SIZE, checkpoint_commits=2)
+    options = JournalOptions(
+        segment_min=2 * HEADER_SIZE, segment_size=2 * HEADER_SIZE, checkpoint_commits=2
+    )
     storage = await LmdbStorage.open(store, durability="power", journal=options)
     await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     for n in range(12):  # 1.5 KiB entries in 4 KiB of frames per segment: several segments
-        await storage.commit([{"type": "entry", "value": {"id": 100 + n, "conversationId": 1, "kind": "note", "data": {"text": os.urandom(750).hex()}}}], CTX)
+        await storage.commit(
+            [
+                {
+                    "type": "entry",
+                    "value": {
+                        "id": 100 + n,
+                        "conversationId": 1,
+                        "kind": "note",
+                        "data": {"text": os.urandom(750).hex()},
+                    },
+                }
+            ],
+            CTX,
+        )
     assert len(_segments(store)) >= 2, _segments(store)
     await storage.close()
     closed = _segments(store)
-    assert sorted(closed.values())[-1] == 2 * HEADER_SIZE and sorted(closed.values())[:-1] == [0] * (len(closed) - 1), closed
+    assert sorted(closed.values())[-1] == 2 * HEADER_SIZE and sorted(closed.values())[:-1] == [
+        0
+    ] * (len(closed) - 1), closed
     storage = await LmdbStorage.open(store, durability="power", journal=options)
     try:
         reopened = _segments(store)
-        assert list(reopened.values()) == [2 * HEADER_SIZE], f"the empty segments stayed, or the kept one was not recycled: {reopened}"
-        assert int(max(reopened)[:-4], 16) > int(max(closed)[:-4], 16), f"segment numbers went back: {closed} then {reopened}"
-        await storage.commit([{"type": "entry", "value": {"id": 200, "conversationId": 1, "kind": "note"}}], CTX)
+        assert list(reopened.values()) == [2 * HEADER_SIZE], (
+            f"the empty segments stayed, or the kept one was not recycled: {reopened}"
+        )
+        assert int(max(reopened)[:-4], 16) > int(max(closed)[:-4], 16), (
+            f"segment numbers went back: {closed} then {reopened}"
+        )
+        await storage.commit(
+            [{"type": "entry", "value": {"id": 200, "conversationId": 1, "kind": "note"}}], CTX
+        )
         page = await storage.scan_entries({"conversationId": 1}, 100, None, CTX)
         assert sorted(item["id"] for item in page["items"]) == [*range(100, 112), 200]
     finally:

@@ -57,6 +57,7 @@ def test_sequences_ranges_and_reopen(tmp_path: Path) -> None:
         empty = encode_batch([]).payload
         pair = env.write(lambda txn: (log.append(txn, empty), log.append(txn, empty)))
         assert pair == (15, 16)
+
         # An aborted transaction commits nothing; the next commit takes the next free sequence.
         def append_then_fail(txn: lmdb.Transaction) -> None:
             assert log.append(txn, empty) == 17
@@ -83,7 +84,9 @@ def test_sequences_ranges_and_reopen(tmp_path: Path) -> None:
         for c in first_five:
             assert t0 - 1000 <= c.committed_at <= t1 + 1000, c.committed_at
         stamps = [c.committed_at for c in log.read(1)]
-        assert all(1_500_000_000_000 < s < 4_000_000_000_000 for s in stamps)  # unix ms, not s or ns
+        assert all(
+            1_500_000_000_000 < s < 4_000_000_000_000 for s in stamps
+        )  # unix ms, not s or ns
     finally:
         env.close()
 

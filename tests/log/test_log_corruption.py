@@ -30,7 +30,9 @@ CORRUPTIONS = {
     "empty": lambda raw: b"",
     "garbage": lambda raw: b"\xc1\xff\x00garbage",
     "format": lambda raw: raw[:1] + b"\x09" + raw[2:],
-    "valid-crc-invalid-writes": lambda raw: encode_record(msgspec.msgpack.encode([{"type": "bogus"}]), 1),
+    "valid-crc-invalid-writes": lambda raw: encode_record(
+        msgspec.msgpack.encode([{"type": "bogus"}]), 1
+    ),
     "valid-crc-not-msgpack": lambda raw: encode_record(b"\xc1\xc1", 1),
 }
 

@@ -37,7 +37,14 @@ def test_kill_9_keeps_every_acknowledged_commit(tmp_path: Path, durability: str)
         size = rng.choice([64, 500, 5000, 50_000])
         context = f"seed={seed} round={round_} durability={durability} size={size}"
         proc = run_child(
-            "loop", str(path), "--durability", durability, "--start", str(start), "--size", str(size)
+            "loop",
+            str(path),
+            "--durability",
+            durability,
+            "--start",
+            str(start),
+            "--size",
+            str(size),
         )
         acked: dict[int, int] = {}  # seq -> batch counter
         for _ in range(rng.randint(1, 40)):
@@ -47,7 +54,9 @@ def test_kill_9_keeps_every_acknowledged_commit(tmp_path: Path, durability: str)
         os.kill(proc.pid, signal.SIGKILL)
         out = drain(proc)
         assert proc.returncode == -signal.SIGKILL, context
-        for line in out.split("\n")[:-1]:  # the last piece is unterminated or empty: not acknowledged
+        for line in out.split("\n")[
+            :-1
+        ]:  # the last piece is unterminated or empty: not acknowledged
             seq, n = map(int, line.split()[1:])
             acked[seq] = n
         seqs = list(acked)
@@ -198,14 +207,18 @@ def test_map_growth_with_a_reader_in_another_process(tmp_path: Path) -> None:
         reader.stdin.write("read\n")
         reader.stdin.flush()
         after = json.loads(read_line(reader))
-        assert after["resized_seen"], "the reader's map never needed resizing: the test proves nothing"
+        assert after["resized_seen"], (
+            "the reader's map never needed resizing: the test proves nothing"
+        )
         assert after["head"] == 124
         assert after["seqs"] == list(range(1, 125))
         assert after["ns"] == list(range(124))
         assert after["digest"] == child._report(env, log, False)["digest"]
         assert after["map_size"] >= os.path.getsize(path / "data.mdb")
 
-        commit(env, log, child.batch(124, 10))  # the reader keeps following after it adopted the size
+        commit(
+            env, log, child.batch(124, 10)
+        )  # the reader keeps following after it adopted the size
         reader.stdin.write("read\n")
         reader.stdin.flush()
         assert json.loads(read_line(reader))["head"] == 125

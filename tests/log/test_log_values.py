@@ -30,7 +30,19 @@ SURROGATE = st.integers(0xD800, 0xDFFF).map(chr)
 CHAR = st.one_of(st.characters(), SURROGATE)
 TEXT = st.one_of(
     st.lists(CHAR, max_size=10).map("".join),
-    st.sampled_from(["", "\ud800", "\udfff", "\udc00\ud800", "\ud83d\ude00", "a\ud83d\ude00b", "😀", "\x00", "é€"]),
+    st.sampled_from(
+        [
+            "",
+            "\ud800",
+            "\udfff",
+            "\udc00\ud800",
+            "\ud83d\ude00",
+            "a\ud83d\ude00b",
+            "😀",
+            "\x00",
+            "é€",
+        ]
+    ),
 )
 INTEGER = st.one_of(
     st.integers(-(2**70), 2**70),
@@ -54,9 +66,13 @@ JSON = st.recursive(
 OBJECT = st.dictionaries(TEXT, JSON, max_size=4)
 ID = st.integers(0, 2**63 - 1)
 VERSION = st.integers(0, 2**40)
-BASE = st.builds(lambda version, value: {"kind": "base", "version": version, "value": value}, VERSION, JSON)
+BASE = st.builds(
+    lambda version, value: {"kind": "base", "version": version, "value": value}, VERSION, JSON
+)
 DELTA = st.builds(
-    lambda version, ops: {"kind": "delta", "version": version, "ops": ops}, VERSION, st.lists(JSON, max_size=3)
+    lambda version, ops: {"kind": "delta", "version": version, "ops": ops},
+    VERSION,
+    st.lists(JSON, max_size=3),
 )
 WRITE = st.one_of(
     st.builds(
@@ -64,20 +80,35 @@ WRITE = st.one_of(
         st.sampled_from(["conversation", "entry", "task", "submission"]),
         JSON,
     ),
-    st.builds(lambda record, content: {"type": "document.create", "record": record, "content": content}, OBJECT, BASE),
     st.builds(
-        lambda record, id, at: {"type": "document.copy", "record": record, "source": {"id": id, "at": at}},
+        lambda record, content: {"type": "document.create", "record": record, "content": content},
+        OBJECT,
+        BASE,
+    ),
+    st.builds(
+        lambda record, id, at: {
+            "type": "document.copy",
+            "record": record,
+            "source": {"id": id, "at": at},
+        },
         OBJECT,
         ID,
         st.one_of(VERSION, st.just("current")),
     ),
-    st.builds(lambda id, content: {"type": "document.change", "id": id, "content": content}, ID, st.one_of(BASE, DELTA)),
+    st.builds(
+        lambda id, content: {"type": "document.change", "id": id, "content": content},
+        ID,
+        st.one_of(BASE, DELTA),
+    ),
     st.builds(lambda id: {"type": "document.retire", "id": id}, ID),
 )
 
 ALL_KINDS = [
     {"type": "conversation", "value": {"id": 1, "title": "t\ud800", "n": 2**80}},
-    {"type": "entry", "value": {"role": "user", "text": "\ud83d\ude00", "\udc00key": [-(2**65), -0.0]}},
+    {
+        "type": "entry",
+        "value": {"role": "user", "text": "\ud83d\ude00", "\udc00key": [-(2**65), -0.0]},
+    },
     {"type": "task", "value": {"state": "running", "retries": 0, "x": None, "ok": True}},
     {"type": "submission", "value": [1, 2.5, "three", {"four": 4}]},
     {
@@ -87,11 +118,19 @@ ALL_KINDS = [
     },
     {"type": "document.copy", "record": {"id": 8}, "source": {"id": 7, "at": 1}},
     {"type": "document.copy", "record": {"id": 9}, "source": {"id": 7, "at": "current"}},
-    {"type": "document.change", "id": 7, "content": {"kind": "base", "version": 2, "value": "\udfff"}},
     {
         "type": "document.change",
         "id": 7,
-        "content": {"kind": "delta", "version": 3, "ops": [{"op": "insert", "at": 0, "text": "\ud800x"}]},
+        "content": {"kind": "base", "version": 2, "value": "\udfff"},
+    },
+    {
+        "type": "document.change",
+        "id": 7,
+        "content": {
+            "kind": "delta",
+            "version": 3,
+            "ops": [{"op": "insert", "at": 0, "text": "\ud800x"}],
+        },
     },
     {"type": "document.retire", "id": 9},
 ]
@@ -132,9 +171,13 @@ def test_every_write_kind_round_trips_through_reopen(tmp_path: Path, durability:
 
 
 @pytest.mark.slow
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(writes=st.lists(WRITE, min_size=1, max_size=5))
-def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, writes: list[dict[str, Any]]) -> None:
+def test_round_trip_property(
+    tmp_path_factory: pytest.TempPathFactory, writes: list[dict[str, Any]]
+) -> None:
     path = tmp_path_factory.getbasetemp() / "property-store"
     encoded = encode_batch(writes)
     same([write_to_builtins(w) for w in encoded.writes], writes)
@@ -190,7 +233,9 @@ def test_numbers_round_trip(tmp_path: Path) -> None:
         True, False, None,
     ]  # fmt: skip
     env, log = open_log(tmp_path / "store")
-    seq = commit(env, log, [{"type": "task", "value": numbers}, {"type": "task", "value": {"n": numbers}}])
+    seq = commit(
+        env, log, [{"type": "task", "value": numbers}, {"type": "task", "value": {"n": numbers}}]
+    )
     env.close()
     env, log = open_log(tmp_path / "store", readonly=True)
     got = log.get(seq)
@@ -206,7 +251,11 @@ def test_deep_nesting_round_trips(tmp_path: Path) -> None:
     plain = nest_lists(depth, {"leaf": 1})
     tricky = {"\ud800": 2**70}
     for level in range(depth):
-        tricky = {"k\udc00": tricky, "n": -(2**65) - level, "s": "\ud83d\ude00"} if level % 2 else [tricky, "\ud800"]
+        tricky = (
+            {"k\udc00": tricky, "n": -(2**65) - level, "s": "\ud83d\ude00"}
+            if level % 2
+            else [tricky, "\ud800"]
+        )
     env, log = open_log(tmp_path / "store")
     seq = commit(
         env,
@@ -214,7 +263,11 @@ def test_deep_nesting_round_trips(tmp_path: Path) -> None:
         [
             {"type": "entry", "value": plain},
             {"type": "entry", "value": nest_dicts(depth, "\ud800")},
-            {"type": "document.change", "id": 1, "content": {"kind": "delta", "version": 1, "ops": [tricky]}},
+            {
+                "type": "document.change",
+                "id": 1,
+                "content": {"kind": "delta", "version": 1, "ops": [tricky]},
+            },
         ],
     )
     env.close()
@@ -242,7 +295,9 @@ DEEP_VALUES = {
 
 @pytest.mark.parametrize("shape", list(DEEP_VALUES))
 @pytest.mark.parametrize("depth", [700, DEEPEST])
-def test_every_accepted_depth_encodes_commits_and_reads(tmp_path: Path, shape: str, depth: int) -> None:
+def test_every_accepted_depth_encodes_commits_and_reads(
+    tmp_path: Path, shape: str, depth: int
+) -> None:
     value = DEEP_VALUES[shape](depth)
     encoded = encode_batch([{"type": "entry", "value": value}])
     same(encoded.writes[0].value, value)
@@ -297,14 +352,28 @@ def test_write_to_builtins_handles_every_accepted_depth(shape: str) -> None:
         {"type": "document.change", "id": 1, "content": {"kind": "patch", "version": 1, "ops": []}},
         {"type": "document.copy", "record": {}, "source": {"id": 1, "at": "latest"}},
     ],
-    ids=["unknown-type", "missing-field", "no-type", "id-beyond-64-bits", "id-str", "bad-kind", "bad-at"],
+    ids=[
+        "unknown-type",
+        "missing-field",
+        "no-type",
+        "id-beyond-64-bits",
+        "id-str",
+        "bad-kind",
+        "bad-at",
+    ],
 )
-def test_non_contract_writes_are_refused_before_the_log(tmp_path: Path, bad: dict[str, Any]) -> None:
+def test_non_contract_writes_are_refused_before_the_log(
+    tmp_path: Path, bad: dict[str, Any]
+) -> None:
     env, log = open_log(tmp_path / "store")
     try:
         commit(env, log, [{"type": "entry", "value": 0}])
         with pytest.raises(ValueError, match="Invalid storage write"):
-            env.write(lambda txn: log.append(txn, encode_batch([{"type": "task", "value": 1}, bad]).payload))
+            env.write(
+                lambda txn: log.append(
+                    txn, encode_batch([{"type": "task", "value": 1}, bad]).payload
+                )
+            )
         with pytest.raises(ValueError, match="Invalid storage write"):
             decode_batch(codec.encode([bad]))
         assert log.head() == 1 and log.count() == 1
@@ -367,7 +436,11 @@ def test_strict_json_rejected_and_nothing_written(tmp_path: Path, name: str) -> 
             [{"type": "entry", "value": bad}],
             [
                 {"type": "task", "value": 1},
-                {"type": "document.create", "record": {"r": bad}, "content": {"kind": "base", "version": 1, "value": 1}},
+                {
+                    "type": "document.create",
+                    "record": {"r": bad},
+                    "content": {"kind": "base", "version": 1, "value": 1},
+                },
             ],
         ):
             with pytest.raises(TypeError, match="strict JSON") as caught:

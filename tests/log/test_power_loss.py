@@ -16,7 +16,22 @@ from pathlib import Path
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from tools.harness.powerloss.crash import CREATE, FDATASYNC, FSYNC, MARK, MKDIR, MSYNC, RENAME, TRUNCATE, UNLINK, WRITE, Event, crash_state, marks, parse
+from tools.harness.powerloss.crash import (
+    CREATE,
+    FDATASYNC,
+    FSYNC,
+    MARK,
+    MKDIR,
+    MSYNC,
+    RENAME,
+    TRUNCATE,
+    UNLINK,
+    WRITE,
+    Event,
+    crash_state,
+    marks,
+    parse,
+)
 from tools.harness.powerloss.check import sequences_problem
 from tools.harness.powerloss.explore import UNSYNCED_FILE, explore
 from tools.harness.powerloss.record import build_recorder, find_compiler, record
@@ -31,7 +46,6 @@ WORKLOAD_STATES = 100
 """Crash states per group / command workload in CI; ``python -m tools.harness.power_loss --states 1500`` runs long."""
 
 
-
 @pytest.fixture(scope="module")
 def recorder(tmp_path_factory: pytest.TempPathFactory) -> str:
     if find_compiler() is None:
@@ -44,8 +58,20 @@ def _run_recorded(recorder: str, tmp_path: Path, code: str) -> list[Event]:
     marks = tmp_path / "marks"
     marks.write_bytes(b"")
     recording = tmp_path / "recording"
-    env = dict(os.environ, LD_PRELOAD=recorder, PL_RECORD=str(recording), PL_STORE=str(store), PL_MARKER=str(marks), PL_EXCLUDE="lock.mdb")
-    subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(store), str(marks)], env=env, check=True, timeout=60)
+    env = dict(
+        os.environ,
+        LD_PRELOAD=recorder,
+        PL_RECORD=str(recording),
+        PL_STORE=str(store),
+        PL_MARKER=str(marks),
+        PL_EXCLUDE="lock.mdb",
+    )
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), str(store), str(marks)],
+        env=env,
+        check=True,
+        timeout=60,
+    )
     return parse(recording.read_bytes(), str(store))
 
 
@@ -53,7 +79,10 @@ def test_the_recorder_sees_every_kind_of_write_and_sync(recorder: str, tmp_path:
     """Python's os calls reach libc through the dynamic linker too: each one is recorded in order,
     with its offset and bytes (a plain write at the descriptor's offset), and only under the store."""
 
-    events = _run_recorded(recorder, tmp_path, """
+    events = _run_recorded(
+        recorder,
+        tmp_path,
+        """
         import os, sys
         store, marks = sys.argv[1], sys.argv[2]
         os.makedirs(store)
@@ -82,8 +111,20 @@ def test_the_recorder_sees_every_kind_of_write_and_sync(recorder: str, tmp_path:
         os.unlink(os.path.join(store, "c"))
         directory = os.open(store, os.O_RDONLY)
         os.fsync(directory)
-    """)
-    seen = [(event.kind, event.path, event.offset, event.data, event.synced or event.directory, event.target) for event in events if event.kind != MKDIR]
+    """,
+    )
+    seen = [
+        (
+            event.kind,
+            event.path,
+            event.offset,
+            event.data,
+            event.synced or event.directory,
+            event.target,
+        )
+        for event in events
+        if event.kind != MKDIR
+    ]
     assert seen == [
         (CREATE, "a", 0, b"", False, ""),
         (WRITE, "a", 0, b"hello", False, ""),
@@ -102,12 +143,17 @@ def test_the_recorder_sees_every_kind_of_write_and_sync(recorder: str, tmp_path:
     ]
 
 
-def test_the_recorder_catches_lmdb_inside_the_py_lmdb_extension(recorder: str, tmp_path: Path) -> None:
+def test_the_recorder_catches_lmdb_inside_the_py_lmdb_extension(
+    recorder: str, tmp_path: Path
+) -> None:
     """py-lmdb links LMDB into its extension module; its pwrite/writev/fdatasync calls still go
     through libc's dynamic symbols. A synced commit: data pages, fdatasync, then the meta page
     through LMDB's O_DSYNC descriptor; an unsynced one: no sync until ``env.sync``."""
 
-    events = _run_recorded(recorder, tmp_path, """
+    events = _run_recorded(
+        recorder,
+        tmp_path,
+        """
         import lmdb, sys
         for sync in (True, False):
             env = lmdb.open(sys.argv[1], map_size=1 << 20, sync=sync)
@@ -117,22 +163,31 @@ def test_the_recorder_catches_lmdb_inside_the_py_lmdb_extension(recorder: str, t
             env.close()
         env = lmdb.open(sys.argv[1], map_size=1 << 20, sync=False)
         env.sync(True)
-    """)
+    """,
+    )
     kinds = [(event.kind, event.path, event.synced) for event in events if event.kind != MKDIR]
     assert not any(path == "lock.mdb" for _, path, _ in kinds)
-    assert not any(kind == MSYNC for kind, _, _ in kinds)  # no writemap: nothing written through the map
+    assert not any(
+        kind == MSYNC for kind, _, _ in kinds
+    )  # no writemap: nothing written through the map
     assert (CREATE, "data.mdb", False) in kinds
     first_meta = kinds.index((WRITE, "data.mdb", True))  # the synced commit's meta page
     assert (FDATASYNC, "data.mdb", False) in kinds[:first_meta]
     rest = kinds[first_meta + 1 :]
     assert (WRITE, "data.mdb", False) in rest  # the unsynced commit wrote pages...
-    assert rest.count((FDATASYNC, "data.mdb", False)) == 1 == len([k for k in rest if k[0] == FDATASYNC])  # ...synced once, by env.sync
+    assert (
+        rest.count((FDATASYNC, "data.mdb", False))
+        == 1
+        == len([k for k in rest if k[0] == FDATASYNC])
+    )  # ...synced once, by env.sync
     assert rest[-1] == (FDATASYNC, "data.mdb", False)
     meta = next(event for event in events if event.kind == WRITE and event.synced)
     assert meta.offset in (32, 4096 + 32) and len(meta.data) < 4096
 
 
-def _event(index: int, kind: int, path: str = "f", offset: int = 0, data: bytes = b"", synced: bool = False) -> Event:
+def _event(
+    index: int, kind: int, path: str = "f", offset: int = 0, data: bytes = b"", synced: bool = False
+) -> Event:
     return Event(index, kind, path, offset, data, synced)
 
 
@@ -164,7 +219,11 @@ def test_crash_states_keep_what_was_synced_and_choose_among_the_rest() -> None:
     assert after_dir.pending == 1  # the write at #3
     everything = crash_state(events, 8, "prefix", 0)
     assert everything.pending == 2
-    states = {crash_state(events, 8, variant, seed).files["f"] for variant in ("prefix", "subset", "torn") for seed in range(40)}
+    states = {
+        crash_state(events, 8, variant, seed).files["f"]
+        for variant in ("prefix", "subset", "torn")
+        for seed in range(40)
+    }
     whole = b"C" * 10 + b"A" * (4096 - 10) + b"B" * 8192
     assert whole in states and b"A" * 8192 in states
     torn = [s for s in states if len(s) == 12288 and s[4096:8192] == b"A" * 4096]
@@ -172,7 +231,11 @@ def test_crash_states_keep_what_was_synced_and_choose_among_the_rest() -> None:
     for content in states:  # every state is made of whole sectors of the writes
         for sector in range(0, len(content), 4096):
             piece = content[sector : sector + 4096]
-            assert piece.strip(b"C").strip(b"A") == b"" or piece.strip(b"B") == b"" or piece.strip(b"A") == b""
+            assert (
+                piece.strip(b"C").strip(b"A") == b""
+                or piece.strip(b"B") == b""
+                or piece.strip(b"A") == b""
+            )
 
 
 def test_power_mode_survives_every_crash_state(recorder: str) -> None:
@@ -197,12 +260,17 @@ def test_process_mode_refuses_a_store_it_may_have_damaged(recorder: str) -> None
     assert summary.outcomes.get("refused", 0) > 0 and summary.outcomes.get("ok", 0) > 0
 
 
-def test_a_process_mode_store_killed_in_this_boot_opens_and_one_from_an_earlier_boot_is_refused(tmp_path: Path) -> None:
+def test_a_process_mode_store_killed_in_this_boot_opens_and_one_from_an_earlier_boot_is_refused(
+    tmp_path: Path,
+) -> None:
     from pi_durable_lmdb import LmdbStorage, StoreDamagedError
 
     store = tmp_path / "store"
     killed = subprocess.Popen(
-        [sys.executable, "-c", f"""
+        [
+            sys.executable,
+            "-c",
+            f"""
 import asyncio, sys, time
 from pi_durable_lmdb import LmdbStorage
 async def main():
@@ -211,7 +279,8 @@ async def main():
     print("ack", flush=True)
     time.sleep(60)
 asyncio.run(main())
-"""],
+""",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -236,12 +305,19 @@ asyncio.run(main())
     assert done.stdout.strip() == "1"
     assert not (store / UNSYNCED_FILE).exists()  # a clean close removes it
 
-    (store / UNSYNCED_FILE).write_bytes(b"00000000-0000-0000-0000-000000000000\n")  # an earlier boot's
+    (store / UNSYNCED_FILE).write_bytes(
+        b"00000000-0000-0000-0000-000000000000\n"
+    )  # an earlier boot's
     for readonly in (False, True):
         with pytest.raises(StoreDamagedError) as caught:
             asyncio.run(LmdbStorage.open(store, readonly=readonly))
         assert "durability='process'" in str(caught.value) and str(store) in str(caught.value)
-    cli = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "verify", str(store)], capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "verify", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode != 0 and "machine stopped" in (cli.stdout + cli.stderr)
 
 
@@ -260,7 +336,9 @@ def test_a_failed_open_leaves_nothing_open_behind_it(tmp_path: Path) -> None:
 
     async def write() -> int:
         storage = await LmdbStorage.open(store)
-        seq = await storage.commit([{"type": "conversation", "value": {"id": await storage.mint_id()}}], CTX)
+        seq = await storage.commit(
+            [{"type": "conversation", "value": {"id": await storage.mint_id()}}], CTX
+        )
         await storage.close()
         return seq
 
@@ -270,14 +348,31 @@ def test_a_failed_open_leaves_nothing_open_behind_it(tmp_path: Path) -> None:
 def test_the_tool_prints_its_summary_line(recorder: str, tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "-m", "tools.harness.power_loss", "--mode", "power", "--states", "12", "--seed", "5", "--batches", "6"],
-        capture_output=True, text=True, timeout=300, cwd=root,
+        [
+            sys.executable,
+            "-m",
+            "tools.harness.power_loss",
+            "--mode",
+            "power",
+            "--states",
+            "12",
+            "--seed",
+            "5",
+            "--batches",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "power_loss: 12 states, 0 failures"
 
 
-def test_the_recorder_drops_planted_syncs_and_records_directory_changes(recorder: str, tmp_path: Path) -> None:
+def test_the_recorder_drops_planted_syncs_and_records_directory_changes(
+    recorder: str, tmp_path: Path
+) -> None:
     """``PL_DROP`` leaves the matching syncs out of the recording (the planted faults the
     workloads must fail on) and keeps the others; mkdir and rmdir are directory changes."""
 
@@ -303,10 +398,21 @@ def test_the_recorder_drops_planted_syncs_and_records_directory_changes(recorder
         os.unlink(os.path.join(store, "d", "a"))
         os.rmdir(os.path.join(store, "d"))
     """
-    env = dict(os.environ, LD_PRELOAD=recorder, PL_RECORD=str(recording), PL_STORE=str(store), PL_MARKER=str(marks_file),
-               PL_DROP="fsync:d/a,dsync:/b,dirsync:*store/d,fdatasync:nothing")
-    subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(store)], env=env, check=True, timeout=60)
-    seen = [(event.kind, event.path, event.synced or event.directory) for event in parse(recording.read_bytes(), str(store))]
+    env = dict(
+        os.environ,
+        LD_PRELOAD=recorder,
+        PL_RECORD=str(recording),
+        PL_STORE=str(store),
+        PL_MARKER=str(marks_file),
+        PL_DROP="fsync:d/a,dsync:/b,dirsync:*store/d,fdatasync:nothing",
+    )
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), str(store)], env=env, check=True, timeout=60
+    )
+    seen = [
+        (event.kind, event.path, event.synced or event.directory)
+        for event in parse(recording.read_bytes(), str(store))
+    ]
     assert seen == [
         (MKDIR, "d", False),
         (CREATE, "d/a", False),
@@ -346,10 +452,21 @@ def test_crash_states_move_a_directory_with_what_it_holds() -> None:
     assert crash_state(events, 10, "none", 0).files == {"new/data": b"D" * 100}  # x lost with sub
     kept = {crash_state(events, 10, "prefix", seed).directories for seed in range(30)}
     assert ("new",) in kept and ("new", "new/sub") in kept
-    assert all(crash_state(events, 10, "prefix", seed).files.get("new/sub/x", b"") == b"" for seed in range(30))
-    unsynced = [_event(0, MKDIR, ".part"), _event(1, CREATE, ".part/data"), _event(2, WRITE, ".part/data", 0, b"D"),
-                _event(3, FSYNC, ".part/data"), Event(4, RENAME, ".part", target="new"), Event(5, FSYNC, "", directory=True)]
-    assert crash_state(unsynced, 6, "none", 0).files == {}  # "new" is there, empty: data's name was never synced
+    assert all(
+        crash_state(events, 10, "prefix", seed).files.get("new/sub/x", b"") == b""
+        for seed in range(30)
+    )
+    unsynced = [
+        _event(0, MKDIR, ".part"),
+        _event(1, CREATE, ".part/data"),
+        _event(2, WRITE, ".part/data", 0, b"D"),
+        _event(3, FSYNC, ".part/data"),
+        Event(4, RENAME, ".part", target="new"),
+        Event(5, FSYNC, "", directory=True),
+    ]
+    assert (
+        crash_state(unsynced, 6, "none", 0).files == {}
+    )  # "new" is there, empty: data's name was never synced
     assert crash_state(unsynced, 6, "none", 0).directories == ("new",)
 
 
@@ -361,7 +478,11 @@ def test_group_commit_meets_the_power_cut(recorder: str, tmp_path: Path) -> None
     per_sync: list[int] = []
     acks = 0
     for event in events:
-        if event.kind == FDATASYNC and event.path.startswith("journal/") and event.path.endswith(".seg"):
+        if (
+            event.kind == FDATASYNC
+            and event.path.startswith("journal/")
+            and event.path.endswith(".seg")
+        ):
             per_sync.append(acks)
             acks = 0
         elif event.kind == MARK:
@@ -393,6 +514,8 @@ PLANTED_FAULTS = [
 ]
 """Each workload's own syncs; left out of the recording, some states must fail (seed 11, 100
 states: from 2 failed states for the directory syncs to 93 for the group's data sync)."""
+
+
 @pytest.mark.parametrize("workload", ["import", "restore", "backup", "backup-plain"])
 def test_a_command_leaves_its_new_store_absent_or_complete(recorder: str, workload: str) -> None:
     """``durable-log import / restore / backup [--compact]`` cut anywhere: NEWPATH is absent (only
@@ -406,11 +529,15 @@ def test_a_command_leaves_its_new_store_absent_or_complete(recorder: str, worklo
 
 
 @pytest.mark.parametrize(("workload", "drop", "batches"), PLANTED_FAULTS)
-def test_each_workload_fails_without_its_own_sync(recorder: str, workload: str, drop: str, batches: int) -> None:
+def test_each_workload_fails_without_its_own_sync(
+    recorder: str, workload: str, drop: str, batches: int
+) -> None:
     """The explorations above can fail: with a sync each one relies on left out of the
     recording, some crash states lose acknowledged data or leave a partial store."""
 
-    summary = explore("power", WORKLOAD_STATES, 11, recorder, batches=batches, workload=workload, drop=drop)
+    summary = explore(
+        "power", WORKLOAD_STATES, 11, recorder, batches=batches, workload=workload, drop=drop
+    )
     assert summary.failures, f"{workload} without {drop}: {summary.outcomes}"
 
 
@@ -430,21 +557,33 @@ failing single; 12, 23, 16 group)."""
 
 
 @pytest.mark.parametrize(("fault", "workload", "batches", "states"), JOURNAL_FAULTS)
-def test_the_power_journal_fails_with_each_planted_fault(recorder: str, fault: str, workload: str, batches: int, states: int) -> None:
+def test_the_power_journal_fails_with_each_planted_fault(
+    recorder: str, fault: str, workload: str, batches: int, states: int
+) -> None:
     """The power explorations can fail: without the journal's flush, without the checkpoint's pin,
     or recycling a segment that still holds records the last checkpoint lacks, some crash states
     lose acknowledged commits or leave a damaged store."""
 
     outcomes = []
-    for seed in (11, 12, 13):  # concurrent committers record differently each run: up to three recordings
-        summary = explore("power", states, seed, recorder, batches=batches, workload=workload, fault=fault)
+    for seed in (
+        11,
+        12,
+        13,
+    ):  # concurrent committers record differently each run: up to three recordings
+        summary = explore(
+            "power", states, seed, recorder, batches=batches, workload=workload, fault=fault
+        )
         if summary.failures:
             return
         outcomes.append(summary.outcomes)
-    raise AssertionError(f"{workload} with {fault}: no failing state in three recordings: {outcomes}")
+    raise AssertionError(
+        f"{workload} with {fault}: no failing state in three recordings: {outcomes}"
+    )
 
 
-def test_a_power_commit_waits_for_one_flush_and_the_recording_holds_checkpoints_and_recycling(recorder: str, tmp_path: Path) -> None:
+def test_a_power_commit_waits_for_one_flush_and_the_recording_holds_checkpoints_and_recycling(
+    recorder: str, tmp_path: Path
+) -> None:
     """Between a commit's intent and its acknowledgement the writer flushes one journal frame and
     nothing else on data.mdb's way (no O_DSYNC meta page); the recording the power explorations
     check holds checkpoints (data.mdb synced, checkpoint records flushed), recycled segments and
@@ -452,9 +591,18 @@ def test_a_power_commit_waits_for_one_flush_and_the_recording_holds_checkpoints_
 
     events = record(recorder, "power", 11, 30, str(tmp_path)).events
     assert not any(event.kind == WRITE and event.synced for event in events)
-    renames = [event for event in events if event.kind == RENAME and event.path.startswith("journal/")]
+    renames = [
+        event for event in events if event.kind == RENAME and event.path.startswith("journal/")
+    ]
     assert renames, "no journal segment was recycled"
-    assert sum(1 for event in events if event.kind == FDATASYNC and event.path.startswith("journal/checkpoint")) >= 3
+    assert (
+        sum(
+            1
+            for event in events
+            if event.kind == FDATASYNC and event.path.startswith("journal/checkpoint")
+        )
+        >= 3
+    )
     assert sum(1 for event in events if event.kind == FDATASYNC and event.path == "data.mdb") >= 3
     open_intent = False
     flushes: list[int] = []
@@ -467,9 +615,20 @@ def test_a_power_commit_waits_for_one_flush_and_the_recording_holds_checkpoints_
                 elif line.startswith("ack ") and open_intent:
                     flushes.append(count)
                     open_intent = False
-        elif open_intent and event.kind == FDATASYNC and event.path.startswith("journal/") and event.path.endswith(".seg"):
+        elif (
+            open_intent
+            and event.kind == FDATASYNC
+            and event.path.startswith("journal/")
+            and event.path.endswith(".seg")
+        ):
             count += 1
-        elif open_intent and event.kind == WRITE and event.offset == 0 and event.path.startswith("journal/") and event.path.endswith(".seg"):
+        elif (
+            open_intent
+            and event.kind == WRITE
+            and event.offset == 0
+            and event.path.startswith("journal/")
+            and event.path.endswith(".seg")
+        ):
             switches += 1  # a segment's header written inside a commit: the one before filled
     assert flushes and set(flushes) == {1}, flushes
     assert switches, "no commit moved to a new journal segment (what recycle-early needs to bite)"

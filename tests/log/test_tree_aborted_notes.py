@@ -27,7 +27,9 @@ def test_aborted_notes_do_not_reach_a_tile_a_replica_append_writes(tmp_path: Pat
     log = WriteLog(env)
     try:
         for seq in range(1, group - 12):
-            env.write(lambda txn, seq=seq: log.append(txn, _payload(seq, False), 1_760_000_000_000 + seq))
+            env.write(
+                lambda txn, seq=seq: log.append(txn, _payload(seq, False), 1_760_000_000_000 + seq)
+            )
 
         def doomed(txn: Any) -> None:  # crosses the group's end, whose record hashes the notes
             after = None
@@ -40,9 +42,13 @@ def test_aborted_notes_do_not_reach_a_tile_a_replica_append_writes(tmp_path: Pat
         except Aborted:
             pass
         for seq in range(group - 12, group):  # appended again as commits
-            env.write(lambda txn, seq=seq: log.append(txn, _payload(seq, False), 1_760_000_000_000 + seq))
+            env.write(
+                lambda txn, seq=seq: log.append(txn, _payload(seq, False), 1_760_000_000_000 + seq)
+            )
         record = encode_record(_payload(group, False), 1_760_000_000_000 + group)
-        env.write(lambda txn: log.append_record(txn, group, record))  # as a replica: completes the group
+        env.write(
+            lambda txn: log.append_record(txn, group, record)
+        )  # as a replica: completes the group
         with env.read() as txn:
             assert log.tree.size(txn) == group
         root = log.root()
@@ -51,7 +57,10 @@ def test_aborted_notes_do_not_reach_a_tile_a_replica_append_writes(tmp_path: Pat
         env.close()
     env = Environment(tmp_path / "store", readonly=True)
     try:
-        leaves = [record_leaf(seq, data) for seq, data in WriteLog(env).read(1, None, decode=lambda seq, data: (seq, data))]
+        leaves = [
+            record_leaf(seq, data)
+            for seq, data in WriteLog(env).read(1, None, decode=lambda seq, data: (seq, data))
+        ]
     finally:
         env.close()
     assert found == ([], 0)

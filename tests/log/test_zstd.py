@@ -18,8 +18,14 @@ from pi_durable_lmdb.log.zstd import MAX_EXPANSION, compress, decompress, dense
 _BATCHES = st.builds(
     lambda id, text, status: msgspec.msgpack.encode(
         [
-            {"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": text}},
-            {"type": "task", "value": {"id": id + 1, "conversationId": 1, "state": {"status": status}}},
+            {
+                "type": "entry",
+                "value": {"id": id, "conversationId": 1, "kind": "message", "text": text},
+            },
+            {
+                "type": "task",
+                "value": {"id": id + 1, "conversationId": 1, "state": {"status": status}},
+            },
         ]
     ),
     st.integers(1, 2**53),
@@ -40,7 +46,11 @@ def test_a_compressed_value_decompresses_back_and_saves_bytes(data: bytes) -> No
     if out is None:  # too short to try, or compressing would not save MIN_SAVING bytes
         dictionary = zstandard.ZstdCompressionDict(PRESET, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
         frame = zstandard.ZstdCompressor(
-            level=1, dict_data=dictionary, write_checksum=False, write_content_size=True, write_dict_id=False
+            level=1,
+            dict_data=dictionary,
+            write_checksum=False,
+            write_content_size=True,
+            write_dict_id=False,
         ).compress(data)
         assert len(data) < MIN_SIZE or len(frame) + MIN_SAVING > len(data)
         return
@@ -54,8 +64,12 @@ def test_a_compressed_value_decompresses_back_and_saves_bytes(data: bytes) -> No
 
 
 def test_the_dictionary_does_the_work_on_a_contract_batch() -> None:
-    batch = msgspec.msgpack.encode([{"type": "entry", "value": {"id": 12, "conversationId": 1, "kind": "message"}}])
-    plain = zstandard.ZstdCompressor(level=1, write_checksum=False, write_content_size=True).compress(batch)
+    batch = msgspec.msgpack.encode(
+        [{"type": "entry", "value": {"id": 12, "conversationId": 1, "kind": "message"}}]
+    )
+    plain = zstandard.ZstdCompressor(
+        level=1, write_checksum=False, write_content_size=True
+    ).compress(batch)
     out = compress(batch)
     assert out is not None and len(out) < len(plain) - 16, (len(out), len(plain))
 
@@ -68,13 +82,17 @@ def test_a_size_that_is_not_positive_is_refused(size: int) -> None:
 
 def test_a_frame_without_its_content_size_is_refused_unread() -> None:
     dictionary = zstandard.ZstdCompressionDict(PRESET, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-    frame = zstandard.ZstdCompressor(dict_data=dictionary, write_content_size=False).compress(b"x" * 500)
+    frame = zstandard.ZstdCompressor(dict_data=dictionary, write_content_size=False).compress(
+        b"x" * 500
+    )
     with pytest.raises(ValueError, match="zstd frame of -1 bytes, not 500"):
         decompress(frame, 500)
 
 
 def test_threads_compressing_at_once_each_get_their_own_value() -> None:
-    values = [b" ".join(b"%d" % (n * k * k) for k in range(20 + 200 * (n % 20))) for n in range(1, 41)]
+    values = [
+        b" ".join(b"%d" % (n * k * k) for k in range(20 + 200 * (n % 20))) for n in range(1, 41)
+    ]
     expected = [compress(value) for value in values]
     results: dict[int, list[bytes | None]] = {}
     errors: list[BaseException] = []

@@ -30,7 +30,9 @@ class _AppendFailed(Exception):
     pass
 
 
-def _everything(env: lmdb.Environment, txn: lmdb.Transaction[bytes]) -> dict[bytes, list[tuple[bytes, bytes]]]:
+def _everything(
+    env: lmdb.Environment, txn: lmdb.Transaction[bytes]
+) -> dict[bytes, list[tuple[bytes, bytes]]]:
     """Every row of every named database, as ``txn`` sees it."""
 
     names = [key for key, _ in txn.cursor()]
@@ -70,7 +72,9 @@ async def _run(path: Path, seed: int, batches: int) -> None:
 
             before, outcome, after = env.write(step)
             if refused:
-                assert isinstance(outcome, Exception), f"batch {number} was taken; the reference refuses it"
+                assert isinstance(outcome, Exception), (
+                    f"batch {number} was taken; the reference refuses it"
+                )
                 assert appended == [] and after == before, "a refused batch wrote something"
                 continue
             assert not isinstance(outcome, Exception), f"batch {number} refused: {outcome!r}"

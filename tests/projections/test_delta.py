@@ -27,14 +27,29 @@ TRICKY_CHARS = ["a", "b", "é", "😀", "𝄞", "\ud83d", "\ude00", "\ud834", "\
 
 chars = st.sampled_from(TRICKY_CHARS) | st.characters()
 texts = st.lists(chars, max_size=6).map("".join)
-scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False, allow_infinity=False) | texts
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 5)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | texts
+)
 json_values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(KEYS), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(KEYS), children, max_size=4)
+    ),
     max_leaves=12,
 )
-documents = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=4) | st.lists(json_values, max_size=4) | json_values
-bad_segments = st.sampled_from(["__proto__", "constructor", "prototype"]) | st.sampled_from([-1, True, False, 1.0, None, [0], {}])
+documents = (
+    st.dictionaries(st.sampled_from(KEYS), json_values, max_size=4)
+    | st.lists(json_values, max_size=4)
+    | json_values
+)
+bad_segments = st.sampled_from(["__proto__", "constructor", "prototype"]) | st.sampled_from(
+    [-1, True, False, 1.0, None, [0], {}]
+)
 segments = st.sampled_from(KEYS[:3]) | st.integers(0, 4)
 bad_counts = st.sampled_from([-1, True, 1.5, None, "1", [1]])
 
@@ -63,7 +78,7 @@ def paths_for(draw: st.DrawFn, root: Any) -> list[Any]:
         return existing + [draw(segments)]
     if choice == 2 and existing:
         spot = draw(st.integers(0, len(existing) - 1))
-        return existing[:spot] + [draw(bad_segments)] + existing[spot + 1:]
+        return existing[:spot] + [draw(bad_segments)] + existing[spot + 1 :]
     if choice == 3 and existing:
         return existing[:-1] + [draw(st.integers(0, 6))]
     return existing
@@ -93,12 +108,22 @@ def ops_for(draw: st.DrawFn, root: Any) -> Any:
     elif verb == "t":
         op = ["t", path, draw(st.integers(0, 7))]
     elif verb == "p":
-        op = ["p", path, draw(st.integers(0, 6)), draw(st.integers(0, 6)), draw(st.lists(json_values, max_size=3))]
+        op = [
+            "p",
+            path,
+            draw(st.integers(0, 6)),
+            draw(st.integers(0, 6)),
+            draw(st.lists(json_values, max_size=3)),
+        ]
     else:
         target = resolve_quietly(root, path)
         size = len(target) if isinstance(target, list) else draw(st.integers(0, 3))
         in_range = st.lists(st.integers(0, max(size - 1, 0)), min_size=size, max_size=size)
-        order = draw(st.permutations(range(size)) | in_range | st.lists(st.integers(-1, size), max_size=size + 1))
+        order = draw(
+            st.permutations(range(size))
+            | in_range
+            | st.lists(st.integers(-1, size), max_size=size + 1)
+        )
         op = ["m", path, order]
     return draw(malformed(op)) if draw(st.integers(0, 4)) == 0 else op
 
@@ -118,7 +143,7 @@ def malformed(draw: st.DrawFn, op: list[Any]) -> Any:
         return [op[0], draw(st.sampled_from([None, "a", 0, {}, (), []]))] + op[2:]
     if choice == 5 and len(op) > 2:
         spot = draw(st.integers(2, len(op) - 1))
-        return op[:spot] + [draw(bad_counts)] + op[spot + 1:]
+        return op[:spot] + [draw(bad_counts)] + op[spot + 1 :]
     if choice == 6 and op[0] == "m":
         return ["m", op[1], draw(st.lists(st.integers(-1, 4), max_size=4))]
     return op
@@ -156,15 +181,19 @@ def edge_cases(draw: st.DrawFn) -> tuple[Any, list[Any]]:
     array = draw(st.lists(json_values, max_size=3))
     root = {"s": draw(texts), "l": array}
     index = draw(st.integers(0, len(array) + 1))
-    op = draw(st.sampled_from([
-        ["t", ["s"], draw(st.integers(0, 7))],
-        ["a", ["s"], draw(texts)],
-        ["s", ["l", index], "x"],
-        ["a", ["l", index], "x"],
-        ["t", ["l", index], 1],
-        ["d", ["l", index]],
-        ["p", ["l"], index, draw(st.integers(0, 3)), [[index]]],
-    ]))
+    op = draw(
+        st.sampled_from(
+            [
+                ["t", ["s"], draw(st.integers(0, 7))],
+                ["a", ["s"], draw(texts)],
+                ["s", ["l", index], "x"],
+                ["a", ["l", index], "x"],
+                ["t", ["l", index], 1],
+                ["d", ["l", index]],
+                ["p", ["l"], index, draw(st.integers(0, 3)), [[index]]],
+            ]
+        )
+    )
     return root, [op, ["t", ["s"], draw(st.integers(0, 3))]]
 
 
@@ -181,8 +210,12 @@ def test_edges_match_reference(case: tuple[Any, list[Any]]) -> None:
     assert_detached(result, ops[:1])
 
 
-junk = st.sampled_from([None, True, 0, 2, -1, 1.0, "", "x", "__proto__", (), [], {}]) | st.lists(bad_segments | segments, max_size=3)
-junk_ops = st.builds(lambda verb, rest: [verb, *rest], st.sampled_from(list("rsdatpm")), st.lists(junk, max_size=5))
+junk = st.sampled_from([None, True, 0, 2, -1, 1.0, "", "x", "__proto__", (), [], {}]) | st.lists(
+    bad_segments | segments, max_size=3
+)
+junk_ops = st.builds(
+    lambda verb, rest: [verb, *rest], st.sampled_from(list("rsdatpm")), st.lists(junk, max_size=5)
+)
 
 
 @SETTINGS
@@ -200,10 +233,14 @@ def test_validate_op_matches_reference(op: Any) -> None:
 @pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(documents, st.lists(st.lists(st.just(None)), max_size=3), st.data())
-def test_apply_batches_matches_reference_and_leaves_input_alone(root: Any, shape: list[Any], data: Any) -> None:
+def test_apply_batches_matches_reference_and_leaves_input_alone(
+    root: Any, shape: list[Any], data: Any
+) -> None:
     batches = [[data.draw(ops_for(root)) for _ in batch] for batch in shape]
     snapshot = copy.deepcopy(root)
-    assert outcome(apply_batches, root, batches) == outcome(reference.apply_immutable_batches, root, batches)
+    assert outcome(apply_batches, root, batches) == outcome(
+        reference.apply_immutable_batches, root, batches
+    )
     try:
         apply_batches(root, batches)
     except Exception:
@@ -223,7 +260,9 @@ def containers(value: Any) -> list[Any]:
 
 
 def assert_detached(result: Any, ops: list[Any]) -> None:
-    payload_ids = {id(node) for op in ops for node in containers(op[1:] if op[0] == "r" else op[2:])}
+    payload_ids = {
+        id(node) for op in ops for node in containers(op[1:] if op[0] == "r" else op[2:])
+    }
     assert not payload_ids & {id(node) for node in containers(result)}
 
 
@@ -274,7 +313,9 @@ def test_copy_json_thaws_frozen_values_and_rejects_non_json() -> None:
         ("abc", 0, "abc"),
     ],
 )
-def test_trim_counts_python_code_points_like_the_reference(text: str, count: int, expected: str) -> None:
+def test_trim_counts_python_code_points_like_the_reference(
+    text: str, count: int, expected: str
+) -> None:
     ops = [["t", ["s"], count]]
     assert apply_ops({"s": text}, ops) == reference.apply({"s": text}, ops) == {"s": expected}
 
@@ -285,7 +326,12 @@ def test_trim_counts_python_code_points_like_the_reference(text: str, count: int
         ({}, [["s", ["__proto__"], 1]], UnsafePathError, "unsafe path segment: __proto__"),
         ({}, [["s", [-1], 1]], UnsafePathError, "unsafe path segment: -1"),
         ({}, [["d", ["prototype"]]], UnsafePathError, "unsafe path segment: prototype"),
-        ({"a": {}}, [["s", ["a", "constructor"], 1]], UnsafePathError, "unsafe path segment: constructor"),
+        (
+            {"a": {}},
+            [["s", ["a", "constructor"], 1]],
+            UnsafePathError,
+            "unsafe path segment: constructor",
+        ),
         ({}, [["a", [-1], 5]], TypeError, "a shape"),
         ({}, [["p", "x", -1, 0, []]], TypeError, "path is not an array"),
         ({}, [["p", [], -1, 0, []]], TypeError, "p index"),
@@ -306,7 +352,9 @@ def test_trim_counts_python_code_points_like_the_reference(text: str, count: int
         ({}, [["t", ["a"], -1]], TypeError, "t shape"),
     ],
 )
-def test_hand_written_failures(root: Any, ops: list[Any], error: type[Exception], message: str) -> None:
+def test_hand_written_failures(
+    root: Any, ops: list[Any], error: type[Exception], message: str
+) -> None:
     with pytest.raises(error) as raised:
         apply_ops(copy.deepcopy(root), ops)
     assert str(raised.value) == message
@@ -333,7 +381,10 @@ def test_hand_written_batch() -> None:
 
 def test_apply_batches_copies_its_input() -> None:
     root: dict[str, Any] = {"l": [1, {"x": "y"}], "s": "ab"}
-    batches = [[["p", ["l"], 0, 1, []], ["s", ["l", 0, "x"], "z"]], [["t", ["s"], 1], ["d", ["l", 0]]]]
+    batches = [
+        [["p", ["l"], 0, 1, []], ["s", ["l", 0, "x"], "z"]],
+        [["t", ["s"], 1], ["d", ["l", 0]]],
+    ]
     result = apply_batches(root, batches)
     assert result == {"l": [], "s": "b"}
     assert root == {"l": [1, {"x": "y"}], "s": "ab"}
@@ -348,10 +399,21 @@ def test_failed_op_keeps_earlier_ops_applied() -> None:
 
 text_paths = st.lists(st.sampled_from(["a", "b", 0, 1]), min_size=0, max_size=2)
 append_ops = st.builds(lambda path, text: ["a", path, text], text_paths, texts)
-run_ops = append_ops | st.builds(lambda path, n: ["t", path, n], text_paths, st.integers(0, 3)) | st.builds(
-    lambda path, value: ["s", path, value], st.lists(st.sampled_from(["a", "b", 0, 1]), min_size=1, max_size=2), texts | st.integers(0, 3)
+run_ops = (
+    append_ops
+    | st.builds(lambda path, n: ["t", path, n], text_paths, st.integers(0, 3))
+    | st.builds(
+        lambda path, value: ["s", path, value],
+        st.lists(st.sampled_from(["a", "b", 0, 1]), min_size=1, max_size=2),
+        texts | st.integers(0, 3),
+    )
 )
-text_documents = st.fixed_dictionaries({"a": texts, "b": texts}) | st.lists(texts, max_size=2) | texts | st.fixed_dictionaries({"a": st.lists(texts, max_size=2)})
+text_documents = (
+    st.fixed_dictionaries({"a": texts, "b": texts})
+    | st.lists(texts, max_size=2)
+    | texts
+    | st.fixed_dictionaries({"a": st.lists(texts, max_size=2)})
+)
 
 
 @SETTINGS
@@ -361,7 +423,9 @@ def test_runs_of_appends_joined_match_the_reference(root: Any, batches: list[lis
     once: the same value, or the same error, as the reference applying them one by one, whatever
     breaks the run (another path, another verb, a path that holds no text)."""
 
-    assert outcome(apply_batches, root, batches) == outcome(reference.apply_immutable_batches, root, batches)
+    assert outcome(apply_batches, root, batches) == outcome(
+        reference.apply_immutable_batches, root, batches
+    )
 
 
 def test_a_long_run_of_appends_across_batches_is_the_whole_text_once() -> None:
@@ -369,7 +433,13 @@ def test_a_long_run_of_appends_across_batches_is_the_whole_text_once() -> None:
     left as it was."""
 
     root = {"text": "Start.\n", "other": ["kept"]}
-    batches = [[["a", ["text"], f"Turn {n}: ran the tests, {1834 + n % 97} tokens.\n"]] for n in range(1_000)]
+    batches = [
+        [["a", ["text"], f"Turn {n}: ran the tests, {1834 + n % 97} tokens.\n"]]
+        for n in range(1_000)
+    ]
     result = apply_batches(root, batches)
-    assert result == {"text": "Start.\n" + "".join(batch[0][2] for batch in batches), "other": ["kept"]}
+    assert result == {
+        "text": "Start.\n" + "".join(batch[0][2] for batch in batches),
+        "other": ["kept"],
+    }
     assert root == {"text": "Start.\n", "other": ["kept"]} and result["other"] is not root["other"]

@@ -16,7 +16,9 @@ from pi_durable_lmdb.storage import LmdbStorage
 from ..support.workload import Workload, snapshot
 
 
-async def _fill(path: Path, seed: int, commits: int) -> tuple[LmdbStorage, Workload, list[list[dict]]]:
+async def _fill(
+    path: Path, seed: int, commits: int
+) -> tuple[LmdbStorage, Workload, list[list[dict]]]:
     storage = await LmdbStorage.open(path, durability="process")
     reference = MemoryStorage()
     work = Workload(seed)
@@ -42,19 +44,29 @@ async def _memory_after(batches: list[list[dict]]) -> MemoryStorage:
     return memory
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(seed=st.integers(0, 2**32), data=st.data())
-async def test_as_of_equals_memory_storage_fed_the_prefix(tmp_path: Path, seed: int, data: st.DataObject) -> None:
+async def test_as_of_equals_memory_storage_fed_the_prefix(
+    tmp_path: Path, seed: int, data: st.DataObject
+) -> None:
     directory = Path(tempfile.mkdtemp(dir=tmp_path))
     storage, work, batches = await _fill(directory, seed, 24)
     try:
-        points = data.draw(st.lists(st.integers(0, len(batches)), min_size=2, max_size=4, unique=True))
+        points = data.draw(
+            st.lists(st.integers(0, len(batches)), min_size=2, max_size=4, unique=True)
+        )
         for seq in points + [len(batches)]:
             view = await storage.as_of(seq)
             expected = await snapshot(await _memory_after(batches[:seq]), work, seq)
             actual = await snapshot(view, work, seq)
             differing = [key for key in expected if expected[key] != actual[key]]
-            assert not differing, (seq, differing[:3], [(expected[k], actual[k]) for k in differing[:2]])
+            assert not differing, (
+                seq,
+                differing[:3],
+                [(expected[k], actual[k]) for k in differing[:2]],
+            )
     finally:
         await storage.close(CTX)
 
@@ -90,11 +102,22 @@ async def test_long_document_tails_read_from_snapshots_equal_memory_storage(tmp_
 
     storage = await LmdbStorage.open(tmp_path / "store", durability="process")
     reference = MemoryStorage()
-    record = {"id": 2, "kind": "notes", "scope": {"kind": "conversation", "conversationId": 1},
-              "history": "rewindable", "fork": "asOf"}
+    record = {
+        "id": 2,
+        "kind": "notes",
+        "scope": {"kind": "conversation", "conversationId": 1},
+        "history": "rewindable",
+        "fork": "asOf",
+    }
     batches: list[list[dict]] = [
         [{"type": "conversation", "value": {"id": 1}}],
-        [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"t": "", "n": []}}}],
+        [
+            {
+                "type": "document.create",
+                "record": record,
+                "content": {"kind": "base", "version": 1, "value": {"t": "", "n": []}},
+            }
+        ],
     ]
     for step in range(300):
         if step == 150:
@@ -102,7 +125,9 @@ async def test_long_document_tails_read_from_snapshots_equal_memory_storage(tmp_
         else:
             ops = [["a", ["t"], str(step % 10)], ["p", ["n"], 0, 0, [step]]]
             if step == 100:
-                ops = [["d", ["missing", "path"]]]  # fails to apply: reads raise until the next base
+                ops = [
+                    ["d", ["missing", "path"]]
+                ]  # fails to apply: reads raise until the next base
             content = {"kind": "delta", "version": 1 if step < 150 else 2, "ops": ops}
         batches.append([{"type": "document.change", "id": 2, "content": content}])
     try:
@@ -121,12 +146,16 @@ async def test_long_document_tails_read_from_snapshots_equal_memory_storage(tmp_
         for seq in (70, 130, 250):
             view = await storage.as_of(seq)
             past = await _memory_after(batches[:seq])
-            assert await outcome(view, 2, "current", CTX) == await outcome(past, 2, "current", CTX), seq
+            assert await outcome(view, 2, "current", CTX) == await outcome(
+                past, 2, "current", CTX
+            ), seq
     finally:
         await storage.close(CTX)
 
 
-async def test_a_long_growing_document_keeps_snapshots_linear_in_its_deltas_and_reads_equal_memory_storage(tmp_path: Path) -> None:
+async def test_a_long_growing_document_keeps_snapshots_linear_in_its_deltas_and_reads_equal_memory_storage(
+    tmp_path: Path,
+) -> None:
     """A transcript of 20 KB that grows by a line per commit (never a new base): snapshots are
     spaced by the bytes of the deltas as well as their count, so together they hold at most
     ``SNAPSHOT_SHARE + 1`` times the bytes of the deltas (at one per 64 deltas they were about
@@ -137,17 +166,36 @@ async def test_a_long_growing_document_keeps_snapshots_linear_in_its_deltas_and_
 
     storage = await LmdbStorage.open(tmp_path / "store", durability="process")
     reference = MemoryStorage()
-    record = {"id": 2, "kind": "transcript", "scope": {"kind": "conversation", "conversationId": 1},
-              "history": "rewindable", "fork": "asOf"}
+    record = {
+        "id": 2,
+        "kind": "transcript",
+        "scope": {"kind": "conversation", "conversationId": 1},
+        "history": "rewindable",
+        "fork": "asOf",
+    }
     batches: list[list[dict]] = [
         [{"type": "conversation", "value": {"id": 1}}],
-        [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"text": "x" * 20_000}}}],
+        [
+            {
+                "type": "document.create",
+                "record": record,
+                "content": {"kind": "base", "version": 1, "value": {"text": "x" * 20_000}},
+            }
+        ],
     ]
     for step in range(700):
         ops = [["a", ["text"], f"Turn {step}: ran the tests, {1834 + step % 97} tokens.\n"]]
         if step % 50 == 7:
             ops.append(["s", ["turns"], step])  # another verb inside a run of appends
-        batches.append([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": ops}}])
+        batches.append(
+            [
+                {
+                    "type": "document.change",
+                    "id": 2,
+                    "content": {"kind": "delta", "version": 1, "ops": ops},
+                }
+            ]
+        )
     try:
         for writes in batches:
             await reference.commit(writes, CTX)
@@ -156,9 +204,11 @@ async def test_a_long_growing_document_keeps_snapshots_linear_in_its_deltas_and_
         with model.env.read() as txn:
             kept = list(txn.cursor(db=model.db[t.DOCUMENT_SNAPSHOTS]).iternext())
             deltas = list(txn.cursor(db=model.db[t.DOCUMENT_REVISIONS]).iternext())
-        snapshot_bytes = sum(len(t.unpack_row(value[t.SUM_SIZE:], "", key)) for key, value in kept)
+        snapshot_bytes = sum(len(t.unpack_row(value[t.SUM_SIZE :], "", key)) for key, value in kept)
         delta_bytes = sum(len(value) for _, value in deltas[1:])
-        assert 0 < len(kept) < 700 // t.SNAPSHOT_EVERY, [int.from_bytes(key[8:], "big") for key, _ in kept]
+        assert 0 < len(kept) < 700 // t.SNAPSHOT_EVERY, [
+            int.from_bytes(key[8:], "big") for key, _ in kept
+        ]
         assert snapshot_bytes <= (t.SNAPSHOT_SHARE + 1) * delta_bytes, (snapshot_bytes, delta_bytes)
         for at in [*range(1, len(batches) + 1, 7), len(batches), "current"]:
             assert await storage.document(2, at, CTX) == await reference.document(2, at, CTX), at

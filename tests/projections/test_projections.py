@@ -107,7 +107,9 @@ async def test_a_rebuild_copies_a_document_whose_deltas_it_has_kept_back(tmp_pat
     await storage.commit([{"type": "document.create", "record": notes, "content": base}], CTX)
     for _ in range(70):  # past a snapshot
         await storage.commit([{"type": "document.change", "id": 2, "content": delta}], CTX)
-    await storage.commit([{"type": "document.copy", "record": copy, "source": {"id": 2, "at": "current"}}], CTX)
+    await storage.commit(
+        [{"type": "document.copy", "record": copy, "source": {"id": 2, "at": "current"}}], CTX
+    )
     await storage.commit([{"type": "document.change", "id": 3, "content": delta}], CTX)
     await storage.rebuild()
     assert (await storage.document(3, "current", CTX))["value"] == {"text": "x" * 71}
@@ -119,7 +121,9 @@ async def test_forced_rebuild_and_cli(tmp_path: Path) -> None:
     path = tmp_path / "store"
     work, reference = await _filled(path, 40)
     result = subprocess.run(
-        [sys.executable, "-m", "pi_durable_lmdb.cli", "rebuild", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "rebuild", str(path)],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
     assert "rebuilt" in result.stdout
@@ -144,11 +148,16 @@ KILLED_REBUILD = textwrap.dedent(
 
 
 @pytest.mark.slow
-async def test_a_rebuild_killed_half_way_leaves_a_store_that_opens_and_finishes(tmp_path: Path) -> None:
+async def test_a_rebuild_killed_half_way_leaves_a_store_that_opens_and_finishes(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     work, reference = await _filled(path, 3000, seed=9)
     child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_REBUILD, str(path)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+        [sys.executable, "-c", KILLED_REBUILD, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     assert child.stdout is not None
     first = child.stdout.readline()  # one chunk folded into the new generation
@@ -163,7 +172,9 @@ async def test_a_rebuild_killed_half_way_leaves_a_store_that_opens_and_finishes(
         assert await storage.conversation(1, CTX) == {"id": 1}
     finally:
         await storage.close()
-    assert interrupted is not None and interrupted.building is not None, "the kill landed after the swap"
+    assert interrupted is not None and interrupted.building is not None, (
+        "the kill landed after the swap"
+    )
     storage = await LmdbStorage.open(path)  # same schema: resumes into the same generation
     try:
         header = read_header(storage._env)
@@ -200,7 +211,9 @@ def _expected_counts(work: Workload, reference: MemoryStorage) -> dict[int, int]
     return counts
 
 
-async def test_a_user_projection_catches_up_on_history_and_after_a_version_change(tmp_path: Path) -> None:
+async def test_a_user_projection_catches_up_on_history_and_after_a_version_change(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     work, reference = await _filled(path, 1500)
     storage = await LmdbStorage.open(path, projections=[EntryCounter()])
@@ -242,26 +255,36 @@ class Exploding(Projection):
 
 async def test_a_failing_user_projection_stops_alone(tmp_path: Path) -> None:
     path = tmp_path / "store"
-    storage = await LmdbStorage.open(path, projections=[Exploding(), EntryCounter(), TaskOutcomes()])
+    storage = await LmdbStorage.open(
+        path, projections=[Exploding(), EntryCounter(), TaskOutcomes()]
+    )
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         for id in range(2, 21):
-            await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX)
+            await storage.commit(
+                [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX
+            )
         head = storage.log.head()
         await storage.projections.wait(head, "entry_counter")
         assert _counts(storage) == {1: 19}
-        with pytest.raises(ProjectionFailed, match="'exploding' stopped at log sequence 7: RuntimeError: boom"):
+        with pytest.raises(
+            ProjectionFailed, match="'exploding' stopped at log sequence 7: RuntimeError: boom"
+        ):
             await storage.projections.wait(head)
         status = storage.projections.status()["exploding"]
         assert (status.folded_seq, status.failed_seq) == (6, 7)
         with storage.projections.read("exploding") as view:
             assert len(list(view.items("main"))) == 6, "the failing chunk left nothing behind"
-        assert await storage.commit([{"type": "entry", "value": {"id": 99, "conversationId": 1, "kind": "m"}}], CTX)
+        assert await storage.commit(
+            [{"type": "entry", "value": {"id": 99, "conversationId": 1, "kind": "m"}}], CTX
+        )
     finally:
         await storage.close()
     storage = await LmdbStorage.open(path, projections=[Exploding()])
     try:
-        assert storage.projections.status()["exploding"].error == "RuntimeError: boom", "failures persist"
+        assert storage.projections.status()["exploding"].error == "RuntimeError: boom", (
+            "failures persist"
+        )
     finally:
         await storage.close()
 
@@ -270,15 +293,31 @@ async def test_task_outcomes_example(tmp_path: Path) -> None:
     storage = await LmdbStorage.open(tmp_path / "store", projections=[TaskOutcomes()])
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
-        for id, (kind, outcome) in enumerate([("fetch", "completed"), ("fetch", "failed"), ("sum", "completed")], 2):
-            task = {"id": id, "conversationId": 1, "kind": kind, "version": 1, "input": None,
-                    "background": False, "abortRequested": False, "state": {"status": "running"}}
+        for id, (kind, outcome) in enumerate(
+            [("fetch", "completed"), ("fetch", "failed"), ("sum", "completed")], 2
+        ):
+            task = {
+                "id": id,
+                "conversationId": 1,
+                "kind": kind,
+                "version": 1,
+                "input": None,
+                "background": False,
+                "abortRequested": False,
+                "state": {"status": "running"},
+            }
             await storage.commit([{"type": "task", "value": task}], CTX)
             settled = {**task, "state": {"status": "terminal", "outcome": {"status": outcome}}}
             await storage.commit([{"type": "task", "value": settled}], CTX)
-            await storage.commit([{"type": "task", "value": settled}], CTX)  # rewritten: counted once
+            await storage.commit(
+                [{"type": "task", "value": settled}], CTX
+            )  # rewritten: counted once
         await storage.projections.wait(storage.log.head())
-        assert outcome_counts(storage.projections) == {("fetch", "completed"): 1, ("fetch", "failed"): 1, ("sum", "completed"): 1}
+        assert outcome_counts(storage.projections) == {
+            ("fetch", "completed"): 1,
+            ("fetch", "failed"): 1,
+            ("sum", "completed"): 1,
+        }
     finally:
         await storage.close()
 
@@ -298,12 +337,16 @@ class Bulky(Projection):
 
 @pytest.mark.parametrize("durability", ["power", "process"])
 @pytest.mark.parametrize("size", [300, 3000, 20000])
-async def test_a_user_projection_whose_fold_fills_the_map_grows_it_and_goes_on(tmp_path: Path, durability: str, size: int) -> None:
+async def test_a_user_projection_whose_fold_fills_the_map_grows_it_and_goes_on(
+    tmp_path: Path, durability: str, size: int
+) -> None:
     """A fold that fills the map is LMDB's MapFullError inside the projection's ``fold``: the map
     grows and the chunk folds again; it is not the projection's failure (it was recorded as one,
     stopping the projection for good: the power-loss group recording found it)."""
 
-    storage = await LmdbStorage.open(tmp_path / "store", durability=durability, map_size=64 * 1024, projections=[Bulky(size)])  # type: ignore[arg-type]
+    storage = await LmdbStorage.open(
+        tmp_path / "store", durability=durability, map_size=64 * 1024, projections=[Bulky(size)]
+    )  # type: ignore[arg-type]
     try:
         for id in range(1, 41):
             await storage.commit([{"type": "conversation", "value": {"id": id}}], CTX)
@@ -316,7 +359,9 @@ async def test_a_user_projection_whose_fold_fills_the_map_grows_it_and_goes_on(t
 
 @pytest.mark.parametrize("at", [1, 4, 7])
 @pytest.mark.parametrize("damage", list(CORRUPTIONS.values()), ids=list(CORRUPTIONS))
-async def test_waiting_for_user_projections_past_a_corrupt_record_raises_it(tmp_path: Path, damage: Any, at: int) -> None:
+async def test_waiting_for_user_projections_past_a_corrupt_record_raises_it(
+    tmp_path: Path, damage: Any, at: int
+) -> None:
     """A log record the projections' worker cannot read stops the worker: every ``wait`` raises
     the record's ``CorruptRecordError`` (it hung for good: the worker died with the error unread,
     and the power-loss checker's writer waited out its 10 s on stores a planted fault damaged).
@@ -326,7 +371,9 @@ async def test_waiting_for_user_projections_past_a_corrupt_record_raises_it(tmp_
     storage = await LmdbStorage.open(path, durability="process")
     await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     for id in range(2, 9):
-        await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX)
+        await storage.commit(
+            [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX
+        )
     await storage.close()
     env, log = open_log(path)
     with env.read() as txn:
@@ -340,7 +387,9 @@ async def test_waiting_for_user_projections_past_a_corrupt_record_raises_it(tmp_
             with pytest.raises(CorruptRecordError) as caught:
                 await asyncio.wait_for(storage.projections.wait(seq), 10)
             assert caught.value.seq == at
-        seq = await storage.commit([{"type": "entry", "value": {"id": 99, "conversationId": 1, "kind": "m"}}], CTX)
+        seq = await storage.commit(
+            [{"type": "entry", "value": {"id": 99, "conversationId": 1, "kind": "m"}}], CTX
+        )
         with pytest.raises(CorruptRecordError):
             await asyncio.wait_for(storage.projections.wait(seq, "entry_counter"), 10)
         assert storage.projections.status()["entry_counter"].folded_seq < at

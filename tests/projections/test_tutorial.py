@@ -24,9 +24,19 @@ def test_the_tutorial_includes_the_example_as_it_is() -> None:
     assert blocks[0][1] == (ROOT / "examples" / "task_outcomes.py").read_text()
 
 
-async def _settle(storage: LmdbStorage, id: int, conversation: int, kind: str, outcome: str) -> None:
-    task = {"id": id, "conversationId": conversation, "kind": kind, "version": 1, "input": None,
-            "background": False, "abortRequested": False, "state": {"status": "running"}}
+async def _settle(
+    storage: LmdbStorage, id: int, conversation: int, kind: str, outcome: str
+) -> None:
+    task = {
+        "id": id,
+        "conversationId": conversation,
+        "kind": kind,
+        "version": 1,
+        "input": None,
+        "background": False,
+        "abortRequested": False,
+        "state": {"status": "running"},
+    }
     await storage.commit([{"type": "task", "value": task}], CTX)
     settled = {**task, "state": {"status": "terminal", "outcome": {"status": outcome}}}
     await storage.commit([{"type": "task", "value": settled}], CTX)
@@ -44,7 +54,11 @@ async def test_the_tutorial_schema_change(tmp_path: Path) -> None:
         await _settle(storage, 4, 3, "fetch", "failed")
         await _settle(storage, 5, 1, "sum", "completed")
         await storage.projections.wait(storage.log.head())
-        assert outcome_counts(storage.projections) == {("fetch", "completed"): 1, ("fetch", "failed"): 1, ("sum", "completed"): 1}
+        assert outcome_counts(storage.projections) == {
+            ("fetch", "completed"): 1,
+            ("fetch", "failed"): 1,
+            ("sum", "completed"): 1,
+        }
     finally:
         await storage.close()
     storage = await LmdbStorage.open(path, durability="process", projections=[TaskOutcomesV2()])
@@ -59,7 +73,8 @@ async def test_the_tutorial_schema_change(tmp_path: Path) -> None:
         with storage.projections.read("task_outcomes", version=2) as tables:
             assert tables.folded_seq == storage.log.head()
         assert outcome_counts(storage.projections, "by_conversation") == {
-            ("top-level", "completed"): 2, ("sub-agent", "failed"): 1
+            ("top-level", "completed"): 2,
+            ("sub-agent", "failed"): 1,
         }
     finally:
         await storage.close()

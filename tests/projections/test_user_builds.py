@@ -20,7 +20,12 @@ import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from pi_durable_lmdb import CorruptProjectionError, ProjectionFailed, ProjectionNotReady, StoreStateError
+from pi_durable_lmdb import (
+    CorruptProjectionError,
+    ProjectionFailed,
+    ProjectionNotReady,
+    StoreStateError,
+)
 from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.log.records import EntryWrite, TaskWrite
 from pi_durable_lmdb.projections.typedrows import TEXT, U64, TypedTable
@@ -68,7 +73,9 @@ def check_whole(tables: Tables) -> int:
     if folded:
         assert tables.get("main", b"version") == str(version).encode()
     seqs = list(tables.items("seqs"))
-    assert len(seqs) == folded and all(value == str(version).encode() for _, value in seqs[:1] + seqs[-1:])
+    assert len(seqs) == folded and all(
+        value == str(version).encode() for _, value in seqs[:1] + seqs[-1:]
+    )
     return version
 
 
@@ -77,7 +84,9 @@ async def _commit_entries(storage: LmdbStorage, first: int, count: int) -> None:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         count -= 1
     for id in range(first, first + count):
-        await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX)
+        await storage.commit(
+            [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX
+        )
 
 
 async def _store(path: Path, commits: int, projections: list[Projection]) -> None:
@@ -89,7 +98,9 @@ async def _store(path: Path, commits: int, projections: list[Projection]) -> Non
         await storage.close()
 
 
-async def test_a_refold_to_a_new_version_serves_every_read_one_whole_version(tmp_path: Path) -> None:
+async def test_a_refold_to_a_new_version_serves_every_read_one_whole_version(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     await _store(path, 20_000, [Counter()])
     storage = await LmdbStorage.open(path, durability="process", projections=[CounterV2()])
@@ -106,7 +117,9 @@ async def test_a_refold_to_a_new_version_serves_every_read_one_whole_version(tmp
     try:
         status = storage.projections.status()["counter"]
         assert status.state == "building" and status.version == 1 and status.building is not None
-        with pytest.raises(ProjectionNotReady, match="serves version 1, not version 2: it is being built"):
+        with pytest.raises(
+            ProjectionNotReady, match="serves version 1, not version 2: it is being built"
+        ):
             with storage.projections.read("counter", version=2):
                 pass
         task = asyncio.ensure_future(reader())
@@ -122,16 +135,23 @@ async def test_a_refold_to_a_new_version_serves_every_read_one_whole_version(tmp
         with storage.projections.read("counter", version=2) as tables:
             assert check_whole(tables) == 2 and tables.folded_seq == head
         versions = [version for version, _ in seen]
-        assert versions[0] == 1 and versions[-1] == 2 and versions.count(1) > 10, (versions.count(1), versions.count(2))
+        assert versions[0] == 1 and versions[-1] == 2 and versions.count(1) > 10, (
+            versions.count(1),
+            versions.count(2),
+        )
         assert versions == sorted(versions), "never back to the old version once swapped"
-        assert all(folded == 20_000 for version, folded in seen if version == 1), "the old version stays at its position"
+        assert all(folded == 20_000 for version, folded in seen if version == 1), (
+            "the old version stays at its position"
+        )
         for _ in range(200):  # the old slot is dropped once no read holds it
             if not storage.projections.status()["counter"].state == "building" and not any(
                 storage._env.has_db(name) for name in db_names("counter", 0, ["main", "seqs"])
             ):
                 break
             await asyncio.sleep(0.01)
-        assert not any(storage._env.has_db(name) for name in db_names("counter", 0, ["main", "seqs"]))
+        assert not any(
+            storage._env.has_db(name) for name in db_names("counter", 0, ["main", "seqs"])
+        )
     finally:
         await storage.close()
     reader_storage = await LmdbStorage.open(path, readonly=True, projections=[CounterV3()])
@@ -164,10 +184,14 @@ KILLED_BUILD = textwrap.dedent(
 )
 
 
-async def test_a_build_killed_half_way_leaves_the_served_version_and_resumes(tmp_path: Path) -> None:
+async def test_a_build_killed_half_way_leaves_the_served_version_and_resumes(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     await _store(path, 3000, [Counter()])
-    child = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_BUILD, str(path)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     assert child.stdout is not None
     first = child.stdout.readline()
     os.kill(child.pid, signal.SIGKILL)
@@ -178,7 +202,9 @@ async def test_a_build_killed_half_way_leaves_the_served_version_and_resumes(tmp
         with reader.projections.read("counter") as tables:
             assert check_whole(tables) == 1 and tables.folded_seq == 3000
         build = reader.projections.status()["counter"].building
-        assert build is not None and build.version == 2 and 0 < build.folded_seq < 3000, "the kill landed after the swap"
+        assert build is not None and build.version == 2 and 0 < build.folded_seq < 3000, (
+            "the kill landed after the swap"
+        )
         killed_at = build.folded_seq
     finally:
         await reader.close()
@@ -229,7 +255,9 @@ async def test_retry_resumes_a_fixed_fold_from_the_record_it_stopped_at(tmp_path
         assert status.error is None
         await asyncio.wait_for(storage.projections.wait(20), 10)
         with storage.projections.read("flaky") as tables:
-            assert tables.get("main", b"n") == b"20", "records 1-6 folded once, 7-20 after the retry"
+            assert tables.get("main", b"n") == b"20", (
+                "records 1-6 folded once, 7-20 after the retry"
+            )
     finally:
         Flaky.broken = True
         await storage.close()
@@ -243,17 +271,38 @@ async def test_retry_resumes_a_fixed_fold_from_the_record_it_stopped_at(tmp_path
         assert storage.projections.status()["flaky"].building.failed_seq == 7  # type: ignore[union-attr]
     finally:
         await storage.close()
-    listed = subprocess.run([*CLI, "projections", str(path), "--json"], capture_output=True, text=True, cwd=ROOT)
+    listed = subprocess.run(
+        [*CLI, "projections", str(path), "--json"], capture_output=True, text=True, cwd=ROOT
+    )
     assert listed.returncode == 0, listed.stderr
     info = json.loads(listed.stdout)["flaky"]
     assert info["state"] == "failed" and info["building"]["failedSeq"] == 7 and info["version"] == 1
     assert list(info) == ["version", "foldedSeq", "lag", "state", "failedSeq", "error", "building"]
-    assert list(info["building"]) == ["version", "foldedSeq", "lag", "rate", "eta", "failedSeq", "error"]
-    shown = subprocess.run([*CLI, "stats", str(path), "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert list(info["building"]) == [
+        "version",
+        "foldedSeq",
+        "lag",
+        "rate",
+        "eta",
+        "failedSeq",
+        "error",
+    ]
+    shown = subprocess.run(
+        [*CLI, "stats", str(path), "--json"], capture_output=True, text=True, cwd=ROOT
+    )
     build = json.loads(shown.stdout)["projections"]["user"]["flaky"]["building"]
-    assert list(build) == ["version", "foldedSeq", "rate", "failedSeq", "error"] and build["failedSeq"] == 7, build
-    cleared = subprocess.run([*CLI, "projections", "retry", str(path), "flaky"], capture_output=True, text=True, cwd=ROOT)
-    assert cleared.returncode == 0 and "cleared the failure" in cleared.stdout and "sequence 7" in cleared.stdout, cleared
+    assert (
+        list(build) == ["version", "foldedSeq", "rate", "failedSeq", "error"]
+        and build["failedSeq"] == 7
+    ), build
+    cleared = subprocess.run(
+        [*CLI, "projections", "retry", str(path), "flaky"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert (
+        cleared.returncode == 0
+        and "cleared the failure" in cleared.stdout
+        and "sequence 7" in cleared.stdout
+    ), cleared
     FlakyV2.broken = False
     storage = await LmdbStorage.open(path, durability="process", projections=[FlakyV2()])
     try:
@@ -283,10 +332,16 @@ async def test_a_retired_projection_is_dropped_with_its_databases(tmp_path: Path
     finally:
         await storage.close()
     assert list(stats(path).projections.user) == ["steady"]
-    done = subprocess.run([*CLI, "projections", "drop", str(path), "steady"], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0 and "dropped projection 'steady': 1 database deleted" in done.stdout, done
+    done = subprocess.run(
+        [*CLI, "projections", "drop", str(path), "steady"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert (
+        done.returncode == 0 and "dropped projection 'steady': 1 database deleted" in done.stdout
+    ), done
     assert stats(path).projections.user == {}
-    missing = subprocess.run([*CLI, "projections", "drop", str(path), "steady"], capture_output=True, text=True, cwd=ROOT)
+    missing = subprocess.run(
+        [*CLI, "projections", "drop", str(path), "steady"], capture_output=True, text=True, cwd=ROOT
+    )
     assert missing.returncode == 2 and "no projection 'steady'" in missing.stderr
 
 
@@ -301,21 +356,37 @@ class TaskStates(Projection):
             if type(write) is TaskWrite:
                 task = tables.core.task(write.value["id"])
                 conversation = tables.core.conversation(task["conversationId"])
-                tables.put("main", commit.seq.to_bytes(8, "big"), f"{task['state']['status']} {conversation['id']}".encode())
+                tables.put(
+                    "main",
+                    commit.seq.to_bytes(8, "big"),
+                    f"{task['state']['status']} {conversation['id']}".encode(),
+                )
 
 
 async def test_a_fold_reads_core_records_as_they_stood_at_its_batch(tmp_path: Path) -> None:
     path = tmp_path / "store"
     storage = await LmdbStorage.open(path, durability="process")
-    task = {"id": 2, "conversationId": 1, "kind": "k", "version": 1, "input": None,
-            "background": False, "abortRequested": False, "state": {"status": "pending"}}
+    task = {
+        "id": 2,
+        "conversationId": 1,
+        "kind": "k",
+        "version": 1,
+        "input": None,
+        "background": False,
+        "abortRequested": False,
+        "state": {"status": "pending"},
+    }
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         await storage.commit([{"type": "task", "value": task}], CTX)
-        await storage.commit([{"type": "task", "value": {**task, "state": {"status": "running"}}}], CTX)
+        await storage.commit(
+            [{"type": "task", "value": {**task, "state": {"status": "running"}}}], CTX
+        )
     finally:
         await storage.close()
-    storage = await LmdbStorage.open(path, durability="process", projections=[TaskStates()])  # folded after all three
+    storage = await LmdbStorage.open(
+        path, durability="process", projections=[TaskStates()]
+    )  # folded after all three
     try:
         await storage.projections.wait(3)
         with storage.projections.read("task_states") as tables:
@@ -336,7 +407,9 @@ class LegacyV2(Legacy):
     version = 2
 
 
-async def test_a_projection_stored_before_builds_existed_is_served_then_rebuilt_beside(tmp_path: Path) -> None:
+async def test_a_projection_stored_before_builds_existed_is_served_then_rebuilt_beside(
+    tmp_path: Path,
+) -> None:
     """A status of format 1 (no slot, no database names) and its rows in ``u.<name>.<db>``."""
 
     import msgspec
@@ -350,7 +423,9 @@ async def test_a_projection_stored_before_builds_existed_is_served_then_rebuilt_
     await storage.close()
     env = Environment(path, durability="process")
     main, registry = env.db("u.legacy.main"), env.db(REGISTRY_DB)
-    old = msgspec.msgpack.encode({"version": 1, "folded_seq": 10, "failed_seq": None, "error": None})
+    old = msgspec.msgpack.encode(
+        {"version": 1, "folded_seq": 10, "failed_seq": None, "error": None}
+    )
 
     def plant(txn: Any) -> None:
         txn.put(b"user:legacy", old, db=registry)
@@ -362,19 +437,29 @@ async def test_a_projection_stored_before_builds_existed_is_served_then_rebuilt_
     try:
         await storage.projections.wait(10)
         with storage.projections.read("legacy") as tables:
-            assert (tables.version, tables.folded_seq, tables.get("main", b"planted")) == (1, 10, b"by the old layout")
+            assert (tables.version, tables.folded_seq, tables.get("main", b"planted")) == (
+                1,
+                10,
+                b"by the old layout",
+            )
     finally:
         await storage.close()
     storage = await LmdbStorage.open(path, durability="process", projections=[LegacyV2()])
     try:
         await asyncio.wait_for(storage.projections.wait(10), 30)
         with storage.projections.read("legacy") as tables:
-            assert (tables.version, tables.get("main", b"planted"), len(list(tables.items("main")))) == (2, None, 10)
+            assert (
+                tables.version,
+                tables.get("main", b"planted"),
+                len(list(tables.items("main"))),
+            ) == (2, None, 10)
         for _ in range(200):
             if not storage._env.has_db("u.legacy.main"):
                 break
             await asyncio.sleep(0.01)
-        assert not storage._env.has_db("u.legacy.main"), "the old layout's database is dropped after the swap"
+        assert not storage._env.has_db("u.legacy.main"), (
+            "the old layout's database is dropped after the swap"
+        )
     finally:
         await storage.close()
 
@@ -403,15 +488,32 @@ async def test_a_build_shows_its_progress_to_status_and_the_command_line(tmp_pat
     try:
         building = None
         for _ in range(500):
-            listed = subprocess.run([*CLI, "projections", str(path), "--json"], capture_output=True, text=True, cwd=ROOT)
-            building = json.loads(listed.stdout)["counter"]["building"] if listed.returncode == 0 else None
+            listed = subprocess.run(
+                [*CLI, "projections", str(path), "--json"], capture_output=True, text=True, cwd=ROOT
+            )
+            building = (
+                json.loads(listed.stdout)["counter"]["building"] if listed.returncode == 0 else None
+            )
             if building is not None and building["foldedSeq"] > 0 and building["rate"] > 0:
                 break
             await asyncio.sleep(0.02)
-        assert building is not None and building["version"] == 2 and building["eta"] is not None, building
-        text = subprocess.run([*CLI, "projections", str(path)], capture_output=True, text=True, cwd=ROOT).stdout
-        assert "counter: building, serves version 1 folded to sequence 2000" in text and "records/s, ETA" in text, text
-        followed = subprocess.run([*CLI, "projections", str(path), "--follow"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert building is not None and building["version"] == 2 and building["eta"] is not None, (
+            building
+        )
+        text = subprocess.run(
+            [*CLI, "projections", str(path)], capture_output=True, text=True, cwd=ROOT
+        ).stdout
+        assert (
+            "counter: building, serves version 1 folded to sequence 2000" in text
+            and "records/s, ETA" in text
+        ), text
+        followed = subprocess.run(
+            [*CLI, "projections", str(path), "--follow"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert followed.returncode == 0, followed.stderr
         assert "counter version 2: " in followed.stderr and "records/s, ETA" in followed.stderr
         assert "counter: version 2 is served" in followed.stdout
@@ -437,7 +539,9 @@ class Typed(Projection):
         for write in commit.writes:
             if type(write) is EntryWrite:
                 tally = TALLY.get(tables, write.value["conversationId"]) or Tally(0, 0)
-                TALLY.put(tables, write.value["conversationId"], Tally(tally.entries + 1, commit.seq))
+                TALLY.put(
+                    tables, write.value["conversationId"], Tally(tally.entries + 1, commit.seq)
+                )
                 KINDS.put(tables, write.value["kind"], commit.seq)
 
 
@@ -446,11 +550,15 @@ KINDS = TypedTable("kinds", TEXT, int)
 
 
 async def test_typed_rows_read_and_write_values_and_refuse_a_damaged_one(tmp_path: Path) -> None:
-    storage = await LmdbStorage.open(tmp_path / "store", durability="process", projections=[Typed()])
+    storage = await LmdbStorage.open(
+        tmp_path / "store", durability="process", projections=[Typed()]
+    )
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         for id, kind in [(2, "b"), (3, "a"), (4, "b")]:
-            await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": kind}}], CTX)
+            await storage.commit(
+                [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": kind}}], CTX
+            )
         await storage.projections.wait(4)
         with storage.projections.read("typed") as tables:
             assert list(TALLY.items(tables)) == [(1, Tally(3, 4))]
@@ -493,11 +601,21 @@ async def test_the_metrics_export_the_lag_of_a_version_being_built(tmp_path: Pat
         for family in text_string_to_metric_families(generate_latest(registry).decode())
         for sample in family.samples
     }
-    assert found[("pi_durable_lmdb_projection_build_lag_records", (("projection", "steady"), ("version", "2")))] == 14
+    assert (
+        found[
+            (
+                "pi_durable_lmdb_projection_build_lag_records",
+                (("projection", "steady"), ("version", "2")),
+            )
+        ]
+        == 14
+    )
     assert found[("pi_durable_lmdb_projection_lag_records", (("projection", "steady"),))] == 0
 
 
-async def test_another_version_replaces_an_unfinished_build_and_going_back_drops_it(tmp_path: Path) -> None:
+async def test_another_version_replaces_an_unfinished_build_and_going_back_drops_it(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     await _store(path, 500, [Counter()])
     CounterV2.delay = CounterV3.delay = 0.002  # each build would take a second: closed long before
@@ -509,7 +627,9 @@ async def test_another_version_replaces_an_unfinished_build_and_going_back_drops
         try:
             build = storage.projections.status()["counter"].building
             assert build is not None and build.version == 3
-            assert not any(storage._env.has_db(name) for name in db_names("counter", 1, ["main", "seqs"])), "version 2's build is dropped"
+            assert not any(
+                storage._env.has_db(name) for name in db_names("counter", 1, ["main", "seqs"])
+            ), "version 2's build is dropped"
             await asyncio.sleep(0.05)
         finally:
             await storage.close()
@@ -519,7 +639,9 @@ async def test_another_version_replaces_an_unfinished_build_and_going_back_drops
     try:
         status = storage.projections.status()["counter"]
         assert (status.state, status.version, status.building) == ("level", 1, None)
-        assert not any(storage._env.has_db(name) for name in db_names("counter", 2, ["main", "seqs"])), "version 3's build is dropped"
+        assert not any(
+            storage._env.has_db(name) for name in db_names("counter", 2, ["main", "seqs"])
+        ), "version 3's build is dropped"
         with storage.projections.read("counter") as tables:
             assert check_whole(tables) == 1 and tables.folded_seq == 500
     finally:

@@ -26,7 +26,12 @@ OPS = st.lists(
         st.tuples(st.just("put"), st.sampled_from(["x", "y"]), KEYS, st.binary(max_size=4)),
         st.tuples(st.just("delete"), st.sampled_from(["x", "y"]), KEYS, st.just(b"")),
         st.tuples(st.just("get"), st.sampled_from(["x", "y"]), KEYS, st.just(b"")),
-        st.tuples(st.just("items"), st.sampled_from(["x", "y"]), st.sampled_from([b"", b"a", b"b", b"ab", b"d"]), st.just(b"")),
+        st.tuples(
+            st.just("items"),
+            st.sampled_from(["x", "y"]),
+            st.sampled_from([b"", b"a", b"b", b"ab", b"d"]),
+            st.just(b""),
+        ),
     ),
     max_size=40,
 )
@@ -46,14 +51,20 @@ def _run(tables: Tables, ops: list[tuple[str, str, bytes, bytes]]) -> list[objec
     return seen
 
 
-def _contents(env: lmdb.Environment, dbs: dict[str, lmdb._Database]) -> dict[str, list[tuple[bytes, bytes]]]:
+def _contents(
+    env: lmdb.Environment, dbs: dict[str, lmdb._Database]
+) -> dict[str, list[tuple[bytes, bytes]]]:
     with env.begin() as txn:
         return {name: list(txn.cursor(db=db)) for name, db in dbs.items()}
 
 
 @settings(max_examples=150, deadline=None)
 @given(stored=st.dictionaries(KEYS, st.binary(max_size=4), max_size=8), ops=OPS)
-def test_staged_rows_read_and_land_as_written_ones(tmp_path_factory: pytest.TempPathFactory, stored: dict[bytes, bytes], ops: list[tuple[str, str, bytes, bytes]]) -> None:
+def test_staged_rows_read_and_land_as_written_ones(
+    tmp_path_factory: pytest.TempPathFactory,
+    stored: dict[bytes, bytes],
+    ops: list[tuple[str, str, bytes, bytes]],
+) -> None:
     outcomes = []
     for staged in (False, True):
         env = lmdb.open(str(tmp_path_factory.mktemp("env")), max_dbs=4, map_size=1 << 20)
@@ -89,7 +100,9 @@ class EmptyKey(Projection):
 
 
 async def test_a_row_lmdb_refuses_stops_the_projection_at_its_record(tmp_path: Path) -> None:
-    storage = await LmdbStorage.open(tmp_path / "store", durability="process", projections=[EmptyKey()])
+    storage = await LmdbStorage.open(
+        tmp_path / "store", durability="process", projections=[EmptyKey()]
+    )
     try:
         await _commit_entries(storage, 2, 12)
         with pytest.raises(ProjectionFailed, match="stopped at log sequence 5"):

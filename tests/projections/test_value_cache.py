@@ -45,4 +45,6 @@ def test_the_cache_keeps_the_newest_values_within_its_bounds() -> None:
     assert cache.get(3, 3) == bytes([3]) * 10 and cache.get(3, 4) is None
     cache.put(100, 1, b"x" * (t.ValueCache.BYTES - 5))
     cache.put(101, 1, b"y" * 10)
-    assert cache.get(100, 1) is None and cache.get(101, 1) == b"y" * 10, "the bytes bound drops the oldest"
+    assert cache.get(100, 1) is None and cache.get(101, 1) == b"y" * 10, (
+        "the bytes bound drops the oldest"
+    )

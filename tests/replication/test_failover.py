@@ -73,9 +73,16 @@ pytestmark = pytest.mark.cluster  # every test here runs a 3-node nats-server cl
 # ── SIGKILL: promotion within the TTL ───────────────────────────────────────
 
 
-async def test_sigkilled_writer_is_replaced_within_its_ttl(tmp_path: Path, nats_cluster: NatsCluster, children: Any) -> None:
+async def test_sigkilled_writer_is_replaced_within_its_ttl(
+    tmp_path: Path, nats_cluster: NatsCluster, children: Any
+) -> None:
     store = secrets.token_hex(8)
-    old = children("writer", tmp_path / "a", *writer_args(nats_cluster, store, "--agents", "4", "--take-over", "no"), name="a")
+    old = children(
+        "writer",
+        tmp_path / "a",
+        *writer_args(nats_cluster, store, "--agents", "4", "--take-over", "no"),
+        name="a",
+    )
     await old.wait_line("opened", 20)
     await old.wait_for(lambda: old.count("ack") >= 120, 30, "120 acks")
     killed_at = time.monotonic()
@@ -88,8 +95,10 @@ async def test_sigkilled_writer_is_replaced_within_its_ttl(tmp_path: Path, nats_
         opened_after = time.monotonic() - killed_at
         seq = await new.commit([conversation(await new.mint_id(), by="b")], CTX)
         promoted_after = time.monotonic() - killed_at
-        print(f"\nfailover after SIGKILL (lease_ttl={TTL}): open returned after {opened_after:.2f} s, "
-              f"first commit acknowledged after {promoted_after:.2f} s")
+        print(
+            f"\nfailover after SIGKILL (lease_ttl={TTL}): open returned after {opened_after:.2f} s, "
+            f"first commit acknowledged after {promoted_after:.2f} s"
+        )
         assert promoted_after < TTL + 3, f"promotion took {promoted_after:.2f} s"
         status = new.replication.status()
         assert status.lease.epoch == new.replication.epoch and status.lease.ttl == TTL
@@ -100,8 +109,12 @@ async def test_sigkilled_writer_is_replaced_within_its_ttl(tmp_path: Path, nats_
         assert seq > max(before.values())
         for cid, acked_seq in before.items():
             record = await new.conversation(cid, CTX)
-            assert record is not None, f"acknowledged commit {acked_seq} (conversation {cid}) is lost"
-            entries = (await new.scan_entries({"conversationId": cid, "order": "ascending"}, 10, None, CTX))["items"]
+            assert record is not None, (
+                f"acknowledged commit {acked_seq} (conversation {cid}) is lost"
+            )
+            entries = (
+                await new.scan_entries({"conversationId": cid, "order": "ascending"}, 10, None, CTX)
+            )["items"]
             lookup = await new.entry(entries[0]["id"], CTX)
             assert lookup is not None and lookup["commitSeq"] == acked_seq
 
@@ -130,9 +143,16 @@ async def test_sigkilled_writer_is_replaced_within_its_ttl(tmp_path: Path, nats_
 # ── SIGSTOP: a paused writer is fenced out ──────────────────────────────────
 
 
-async def paused_writer_round(tmp_path: Path, cluster: NatsCluster, children: Any, *extra: str, stall: bool = False) -> None:
+async def paused_writer_round(
+    tmp_path: Path, cluster: NatsCluster, children: Any, *extra: str, stall: bool = False
+) -> None:
     store = secrets.token_hex(8)
-    old = children("writer", tmp_path / "a", *writer_args(cluster, store, "--take-over", "no", "--after-deposed", "3", *extra), name="a")
+    old = children(
+        "writer",
+        tmp_path / "a",
+        *writer_args(cluster, store, "--take-over", "no", "--after-deposed", "3", *extra),
+        name="a",
+    )
     await old.wait_line("opened", 20)
     await old.wait_for(lambda: old.count("ack") >= 40, 30, "40 acks")
     if stall:
@@ -163,58 +183,94 @@ async def paused_writer_round(tmp_path: Path, cluster: NatsCluster, children: An
 
     ok, refused, other = acked(old), failed(old, "NotWriterError"), failed(old)
     late = [cid for cid in intents(old) if cid >= 9 * 10**12]
-    assert late and all(cid in refused for cid in late), f"commits after deposition were not refused:\n{old.tail()}"
+    assert late and all(cid in refused for cid in late), (
+        f"commits after deposition were not refused:\n{old.tail()}"
+    )
     assert refused, "the old writer's commits never failed"
     messages = await read_subject(cluster, store)
     records = check_linear(messages, store)
     in_stream = Counter(record["cid"] for record in records)
     assert len(records) == head
-    fence = next(m for m in messages if m["kind"] == "fence" and m["epoch"] == new.replication.epoch)
+    fence = next(
+        m for m in messages if m["kind"] == "fence" and m["epoch"] == new.replication.epoch
+    )
     for cid, seq in ok.items():
-        assert in_stream[cid] == 1, f"commit {seq} (conversation {cid}) acknowledged by the paused writer is not in the stream"
+        assert in_stream[cid] == 1, (
+            f"commit {seq} (conversation {cid}) acknowledged by the paused writer is not in the stream"
+        )
         record = next(r for r in records if r["cid"] == cid)
         assert record["seq"] == seq and record["stream_seq"] < fence["stream_seq"]
     for cid in refused:
-        assert cid not in in_stream, f"conversation {cid}: refused with NotWriterError, yet in the stream"
+        assert cid not in in_stream, (
+            f"conversation {cid}: refused with NotWriterError, yet in the stream"
+        )
     for cid, seq in mine.items():
         assert in_stream[cid] == 1 and next(r for r in records if r["cid"] == cid)["seq"] == seq
     unknown = {cid: kind for cid, kind in other.items() if kind != "NotWriterError"}
-    for record in records:  # nothing else: each is the old writer's (acked, or of unknown outcome) or the new one's
-        assert record["cid"] in ok or record["cid"] in mine or record["cid"] in unknown, f"record {record['seq']} is nobody's: {record}"
-    print(f"\npaused writer: {len(ok)} acked, {len(refused)} refused (NotWriterError), other failures {unknown}")
+    for record in (
+        records
+    ):  # nothing else: each is the old writer's (acked, or of unknown outcome) or the new one's
+        assert record["cid"] in ok or record["cid"] in mine or record["cid"] in unknown, (
+            f"record {record['seq']} is nobody's: {record}"
+        )
+    print(
+        f"\npaused writer: {len(ok)} acked, {len(refused)} refused (NotWriterError), other failures {unknown}"
+    )
     assert export(tmp_path / "b") == await converge(cluster, tmp_path / "a", store, head)
 
 
-async def test_paused_writer_is_fenced_out(tmp_path: Path, nats_cluster: NatsCluster, children: Any) -> None:
+async def test_paused_writer_is_fenced_out(
+    tmp_path: Path, nats_cluster: NatsCluster, children: Any
+) -> None:
     await paused_writer_round(tmp_path, nats_cluster, children, "--agents", "4")
 
 
-async def test_writer_paused_between_lease_check_and_publish(tmp_path: Path, nats_cluster: NatsCluster, children: Any) -> None:
+async def test_writer_paused_between_lease_check_and_publish(
+    tmp_path: Path, nats_cluster: NatsCluster, children: Any
+) -> None:
     # a single agent: the stalled publish is one record alone (a plain conditional publish)
-    await paused_writer_round(tmp_path, nats_cluster, children, "--agents", "1", "--stall-after-check", "60", stall=True)
+    await paused_writer_round(
+        tmp_path, nats_cluster, children, "--agents", "1", "--stall-after-check", "60", stall=True
+    )
 
 
 # ── take_over="force": the fence deposes a live writer ──────────────────────
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["one-record", "group"])
-async def test_force_take_over_deposes_the_old_writer(tmp_path: Path, nats_cluster: NatsCluster, group: bool) -> None:
+async def test_force_take_over_deposes_the_old_writer(
+    tmp_path: Path, nats_cluster: NatsCluster, group: bool
+) -> None:
     store = secrets.token_hex(8)
     # a long TTL: the old writer learns of the take-over from the stream, not from a renewal
     old = await LmdbStorage.open(
-        tmp_path / "a", durability="replicated", nats=nats_cluster.urls, stream=STREAM, replicas=3, store=store, lease_ttl=30
+        tmp_path / "a",
+        durability="replicated",
+        nats=nats_cluster.urls,
+        stream=STREAM,
+        replicas=3,
+        store=store,
+        lease_ttl=30,
     )
     new = None
     try:
         await old.commit([conversation(100, by="a")], CTX)
         new = await LmdbStorage.open(
-            tmp_path / "b", durability="replicated", nats=nats_cluster.urls, stream=STREAM, replicas=3, store=store,
-            take_over="force", lease_ttl=30,
+            tmp_path / "b",
+            durability="replicated",
+            nats=nats_cluster.urls,
+            stream=STREAM,
+            replicas=3,
+            store=store,
+            take_over="force",
+            lease_ttl=30,
         )
         theirs = {}
         cids = [200, 201, 202]
         if group:
-            seqs = await asyncio.gather(*(new.commit([conversation(cid, by="b")], CTX) for cid in cids))
+            seqs = await asyncio.gather(
+                *(new.commit([conversation(cid, by="b")], CTX) for cid in cids)
+            )
         else:
             seqs = [await new.commit([conversation(cid, by="b")], CTX) for cid in cids]
         theirs.update(zip(cids, seqs))
@@ -223,7 +279,9 @@ async def test_force_take_over_deposes_the_old_writer(tmp_path: Path, nats_clust
 
         async def attempt(cid: int) -> None:
             try:
-                outcomes[cid] = f"acknowledged as {await old.commit([conversation(cid, by='a')], CTX)}"
+                outcomes[cid] = (
+                    f"acknowledged as {await old.commit([conversation(cid, by='a')], CTX)}"
+                )
             except Exception as error:
                 outcomes[cid] = type(error).__name__
 
@@ -247,8 +305,12 @@ async def test_force_take_over_deposes_the_old_writer(tmp_path: Path, nats_clust
                 f"the old writer's commit {outcome} (conversation {cid}) is not in the stream: its attempts {outcomes}"
             )
         for cid, seq in theirs.items():
-            assert cid in in_stream and in_stream[cid]["seq"] == seq, f"the new writer's commit {seq} is not in the stream"
-        assert outcomes == {cid: "NotWriterError" for cid in outcomes}, f"the old writer's commits after the fence: {outcomes}"
+            assert cid in in_stream and in_stream[cid]["seq"] == seq, (
+                f"the new writer's commit {seq} is not in the stream"
+            )
+        assert outcomes == {cid: "NotWriterError" for cid in outcomes}, (
+            f"the old writer's commits after the fence: {outcomes}"
+        )
         await old.wait(new.log.head(), timeout=10)
         for cid in outcomes:
             assert await old.conversation(cid, CTX) is None
@@ -262,7 +324,9 @@ async def test_force_take_over_deposes_the_old_writer(tmp_path: Path, nats_clust
 # ── the epoch of a take-over that waited ────────────────────────────────────
 
 
-async def test_take_over_epoch_is_above_every_epoch_on_the_subject(tmp_path: Path, nats_cluster: NatsCluster) -> None:
+async def test_take_over_epoch_is_above_every_epoch_on_the_subject(
+    tmp_path: Path, nats_cluster: NatsCluster
+) -> None:
     """A writer that waits for a lease must, once it takes it, fence with an epoch above every
     epoch the subject carries by then, not only above those it saw when it began to wait: here
     two writers take the store over (``force``) and go while it waits, each fencing the subject
@@ -274,11 +338,15 @@ async def test_take_over_epoch_is_above_every_epoch_on_the_subject(tmp_path: Pat
         first = await open_writer(nats_cluster, tmp_path / "first", store, take_over=False)
         opened.append(first)
         await first.commit([conversation(1)], CTX)
-        waiting = asyncio.ensure_future(open_writer(nats_cluster, tmp_path / "waiting", store, take_over=True))
+        waiting = asyncio.ensure_future(
+            open_writer(nats_cluster, tmp_path / "waiting", store, take_over=True)
+        )
         await asyncio.sleep(0.5)  # it has read the subject (epoch 1) and polls the lease
         assert not waiting.done()
         for number in range(2):
-            other = await open_writer(nats_cluster, tmp_path / f"other{number}", store, take_over="force")
+            other = await open_writer(
+                nats_cluster, tmp_path / f"other{number}", store, take_over="force"
+            )
             opened.append(other)
             await other.commit([conversation(10 + number)], CTX)
         assert not waiting.done()
@@ -287,8 +355,10 @@ async def test_take_over_epoch_is_above_every_epoch_on_the_subject(tmp_path: Pat
         late = await asyncio.wait_for(waiting, 15)
         opened.append(late)
         highest = max(  # of the others' fences
-            m["epoch"] for m in await read_subject(nats_cluster, store)
-            if m["kind"] == "fence" and not m["control"]["holder"].endswith(str(tmp_path / "waiting"))
+            m["epoch"]
+            for m in await read_subject(nats_cluster, store)
+            if m["kind"] == "fence"
+            and not m["control"]["holder"].endswith(str(tmp_path / "waiting"))
         )
         try:
             seq = await late.commit([conversation(20)], CTX)
@@ -314,12 +384,24 @@ async def test_take_over_epoch_is_above_every_epoch_on_the_subject(tmp_path: Pat
 # ── mint_id across writers ──────────────────────────────────────────────────
 
 
-async def test_mint_ids_after_failover(tmp_path: Path, nats_cluster: NatsCluster, children: Any) -> None:
+async def test_mint_ids_after_failover(
+    tmp_path: Path, nats_cluster: NatsCluster, children: Any
+) -> None:
     store = secrets.token_hex(8)
-    old = children("mint", tmp_path / "a", *writer_args(nats_cluster, store, "--take-over", "no", "--count", "5000"), name="a")
+    old = children(
+        "mint",
+        tmp_path / "a",
+        *writer_args(nats_cluster, store, "--take-over", "no", "--count", "5000"),
+        name="a",
+    )
     await old.wait_line("ready", 60)
     old.kill()
-    handed_out = [int(value) for line in old.snapshot() if line.startswith("minted ") for value in line.split()[1:]]
+    handed_out = [
+        int(value)
+        for line in old.snapshot()
+        if line.startswith("minted ")
+        for value in line.split()[1:]
+    ]
     assert len(handed_out) == len(set(handed_out)) == 5000
     messages = await read_subject(nats_cluster, store)
 
@@ -327,7 +409,9 @@ async def test_mint_ids_after_failover(tmp_path: Path, nats_cluster: NatsCluster
     try:
         fresh = [await new.mint_id() for _ in range(200)]
         assert len(set(fresh)) == 200
-        assert min(fresh) > max(handed_out), f"the new writer minted {min(fresh)}, the old one had handed out up to {max(handed_out)}"
+        assert min(fresh) > max(handed_out), (
+            f"the new writer minted {min(fresh)}, the old one had handed out up to {max(handed_out)}"
+        )
         await new.commit([conversation(fresh[0])], CTX)
     finally:
         await new.close()
@@ -340,14 +424,21 @@ async def test_mint_ids_after_failover(tmp_path: Path, nats_cluster: NatsCluster
 # ── a Session continues on the new writer ───────────────────────────────────
 
 
-async def test_session_continues_after_failover(tmp_path: Path, nats_cluster: NatsCluster, children: Any) -> None:
+async def test_session_continues_after_failover(
+    tmp_path: Path, nats_cluster: NatsCluster, children: Any
+) -> None:
     from pi_durable import Harness
 
     from ..support.failover_child import HANG_ENV, Step, Trail, harness_options
 
     assert not os.environ.get(HANG_ENV)
     store = secrets.token_hex(8)
-    old = children("session", tmp_path / "a", *writer_args(nats_cluster, store, "--take-over", "no"), name="session")
+    old = children(
+        "session",
+        tmp_path / "a",
+        *writer_args(nats_cluster, store, "--take-over", "no"),
+        name="session",
+    )
     ready = await old.wait_line("ready", 60)
     sleeper, worker, head = (int(part) for part in (ready[1] + " " + ready[2]).split())
     root = int(old.words("root")[0][1])
@@ -362,21 +453,42 @@ async def test_session_continues_after_failover(tmp_path: Path, nats_cluster: Na
         left = await harness.get_task(sleeper, CTX)
         assert left is not None and left["state"]["status"] == "sleeping"
         cut = await harness.get_task(worker, CTX)
-        assert cut is not None and cut["state"]["status"] == "pending" and cut["state"]["checkpoint"] == {"phase": "work"}
+        assert (
+            cut is not None
+            and cut["state"]["status"] == "pending"
+            and cut["state"]["checkpoint"] == {"phase": "work"}
+        )
         assert cut.get("restarts") == 1
         harness.resume()
         for task in (sleeper, worker):
             settled = await asyncio.wait_for(harness.wait_for_task(task, CTX), 30)
-            assert settled["state"] == {"status": "terminal", "outcome": {"status": "completed", "result": {"last": "finish"}}}
+            assert settled["state"] == {
+                "status": "terminal",
+                "outcome": {"status": "completed", "result": {"last": "finish"}},
+            }
         lines = (await harness.snapshot(Trail, root, CTX))["lines"]
-        assert [line for line in lines if line.startswith(f"{sleeper}:")] == [f"{sleeper}:{p}" for p in ("start", "wake", "finish")]
-        assert [line for line in lines if line.startswith(f"{worker}:")] == [f"{worker}:{p}" for p in ("start", "work", "finish")]
-        entries = (await harness.storage.scan_entries({"conversationId": root, "order": "ascending"}, 1000, None, CTX))["items"]
-        steps = [(entry["data"]["task"], entry["data"]["phase"]) for entry in entries if entry["kind"] == Step.kind]
+        assert [line for line in lines if line.startswith(f"{sleeper}:")] == [
+            f"{sleeper}:{p}" for p in ("start", "wake", "finish")
+        ]
+        assert [line for line in lines if line.startswith(f"{worker}:")] == [
+            f"{worker}:{p}" for p in ("start", "work", "finish")
+        ]
+        entries = (
+            await harness.storage.scan_entries(
+                {"conversationId": root, "order": "ascending"}, 1000, None, CTX
+            )
+        )["items"]
+        steps = [
+            (entry["data"]["task"], entry["data"]["phase"])
+            for entry in entries
+            if entry["kind"] == Step.kind
+        ]
         assert [phase for task, phase in steps if task == sleeper] == ["start", "wake", "finish"]
         assert [phase for task, phase in steps if task == worker] == ["start", "work", "finish"]
     finally:
         await harness.close(CTX)
     # the dead writer's directory follows the stream to the same history
     records = check_linear(await read_subject(nats_cluster, store), store)
-    assert export(tmp_path / "b") == await converge(nats_cluster, tmp_path / "a", store, len(records))
+    assert export(tmp_path / "b") == await converge(
+        nats_cluster, tmp_path / "a", store, len(records)
+    )

@@ -83,15 +83,21 @@ async def snapshot_reads(store: Any, ids: list[int], conversations: list[int]) -
         state[f"tasks {order}"] = await pages("scan_tasks", {"order": order}, 5)
     for status in ("pending", "running", "sleeping", "terminal"):
         state[f"tasks {status}"] = await pages("scan_tasks", {"status": status}, 4)
-        state[f"background tasks {status}"] = await pages("scan_tasks", {"status": status, "background": True}, 3)
+        state[f"background tasks {status}"] = await pages(
+            "scan_tasks", {"status": status, "background": True}, 3
+        )
     for cid in conversations:
         for order in ("ascending", "descending"):
-            state[f"entries {cid} {order}"] = await pages("scan_entries", {"conversationId": cid, "order": order}, 2)
+            state[f"entries {cid} {order}"] = await pages(
+                "scan_entries", {"conversationId": cid, "order": order}, 2
+            )
         state[f"head {cid}"] = await call("find_latest_head_marker", cid, None, CTX)
     return state
 
 
-async def test_randomized_failover(tmp_path: Path, nats_cluster: NatsCluster, children: Any) -> None:
+async def test_randomized_failover(
+    tmp_path: Path, nats_cluster: NatsCluster, children: Any
+) -> None:
     from pi_durable.storage.memory import MemoryStorage
 
     seed = int(os.environ.get("PD_FAILOVER_SEED", str(random.randrange(1 << 30))))
@@ -103,7 +109,9 @@ async def test_randomized_failover(tmp_path: Path, nats_cluster: NatsCluster, ch
 
     def start(slot: int) -> Child:
         child = children(
-            "writer", dirs[slot], *writer_args(nats_cluster, store, "--agents", "2", "--loop", "--name", f"c{slot}"),
+            "writer",
+            dirs[slot],
+            *writer_args(nats_cluster, store, "--agents", "2", "--loop", "--name", f"c{slot}"),
             name=f"c{slot}",
         )
         everyone.append(child)
@@ -175,13 +183,21 @@ async def test_randomized_failover(tmp_path: Path, nats_cluster: NatsCluster, ch
 
     messages = await read_subject(nats_cluster, store)
     # for a post-mortem: what each candidate said, and the subject
-    dump = Path(os.environ.get("PD_FAILOVER_DUMP") or tmp_path) / f"failover-{seed}-{int(time.time())}"
+    dump = (
+        Path(os.environ.get("PD_FAILOVER_DUMP") or tmp_path) / f"failover-{seed}-{int(time.time())}"
+    )
     dump.mkdir(parents=True)
     for number, child in enumerate(everyone):
-        (dump / f"{number:02d}-{child.name}-{child.proc.pid}.out").write_text("\n".join(f"{at:.3f} {line}" for at, line in child.lines))
-    (dump / "subject.jsonl").write_text("\n".join(json.dumps({k: v for k, v in m.items() if k != "writes"}) for m in messages))
+        (dump / f"{number:02d}-{child.name}-{child.proc.pid}.out").write_text(
+            "\n".join(f"{at:.3f} {line}" for at, line in child.lines)
+        )
+    (dump / "subject.jsonl").write_text(
+        "\n".join(json.dumps({k: v for k, v in m.items() if k != "writes"}) for m in messages)
+    )
     print(f"randomized failover: seed {seed}, post-mortem in {dump}")
-    assert working, f"no writer after the chaos (seed {seed}):\n" + "\n".join(c.tail(8) for c in current)
+    assert working, f"no writer after the chaos (seed {seed}):\n" + "\n".join(
+        c.tail(8) for c in current
+    )
 
     # one linear history (fences of an epoch not above the last: reported, and tested by
     # test_take_over_epoch_is_above_every_epoch_on_the_subject)
@@ -197,7 +213,9 @@ async def test_randomized_failover(tmp_path: Path, nats_cluster: NatsCluster, ch
     minted: Counter[int] = Counter()
     for child in everyone:
         for cid, writes in intents(child).items():
-            assert cid not in said, f"conversation id {cid} used by two commits ({said[cid][0].name}, {child.name})"
+            assert cid not in said, (
+                f"conversation id {cid} used by two commits ({said[cid][0].name}, {child.name})"
+            )
             said[cid] = (child, writes)
         for cid, seq in acked(child).items():
             acknowledged[cid] = (child, seq)
@@ -208,18 +226,30 @@ async def test_randomized_failover(tmp_path: Path, nats_cluster: NatsCluster, ch
     assert not twice, f"ids minted twice: {twice[:20]}"
 
     by_cid = Counter(record["cid"] for record in records)
-    assert all(count == 1 for count in by_cid.values()), [cid for cid, count in by_cid.items() if count > 1]
+    assert all(count == 1 for count in by_cid.values()), [
+        cid for cid, count in by_cid.items() if count > 1
+    ]
     used: Counter[int] = Counter()
     for record in records:
         cid = record["cid"]
-        assert cid in said, f"record {record['seq']} was never committed by any candidate: {record['writes']}"
+        assert cid in said, (
+            f"record {record['seq']} was never committed by any candidate: {record['writes']}"
+        )
         child, writes = said[cid]
-        assert canonical(record["writes"], tuples_as_arrays=True) == canonical(writes, tuples_as_arrays=True)
-        assert cid not in refused, f"record {record['seq']}: {child.name}'s commit refused with NotWriterError is in the stream"
+        assert canonical(record["writes"], tuples_as_arrays=True) == canonical(
+            writes, tuples_as_arrays=True
+        )
+        assert cid not in refused, (
+            f"record {record['seq']}: {child.name}'s commit refused with NotWriterError is in the stream"
+        )
         for write in record["writes"]:
             used[write["value"]["id"]] += 1
-            assert minted[write["value"]["id"]] == 1, f"id {write['value']['id']} of record {record['seq']} was never minted"
-    assert all(count == 1 for count in used.values()), [id for id, count in used.items() if count > 1]
+            assert minted[write["value"]["id"]] == 1, (
+                f"id {write['value']['id']} of record {record['seq']} was never minted"
+            )
+    assert all(count == 1 for count in used.values()), [
+        id for id, count in used.items() if count > 1
+    ]
     seq_of = {record["cid"]: record["seq"] for record in records}
     for cid, (child, seq) in acknowledged.items():
         assert seq_of.get(cid) == seq, (
@@ -234,7 +264,10 @@ async def test_randomized_failover(tmp_path: Path, nats_cluster: NatsCluster, ch
     )
 
     # every directory, opened as a replica, converges to one export; so does a fresh one
-    exports = {path.name: await converge(nats_cluster, path, store, head) for path in [*dirs, tmp_path / "fresh"]}
+    exports = {
+        path.name: await converge(nats_cluster, path, store, head)
+        for path in [*dirs, tmp_path / "fresh"]
+    }
     assert len(set(exports.values())) == 1, {name: len(text) for name, text in exports.items()}
     assert len(exports["fresh"].splitlines()) == head
 
@@ -251,4 +284,6 @@ async def test_randomized_failover(tmp_path: Path, nats_cluster: NatsCluster, ch
     finally:
         await ours.close()
     for key in reference_state:
-        assert canonical(mine_state[key], tuples_as_arrays=True) == canonical(reference_state[key], tuples_as_arrays=True), f"{key}: {mine_state[key]!r} != {reference_state[key]!r}"
+        assert canonical(mine_state[key], tuples_as_arrays=True) == canonical(
+            reference_state[key], tuples_as_arrays=True
+        ), f"{key}: {mine_state[key]!r} != {reference_state[key]!r}"

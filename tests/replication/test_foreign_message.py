@@ -33,11 +33,15 @@ async def publish_raw(url: str, subject: str, body: bytes, headers: dict[str, st
 async def test_a_foreign_message_fails_the_commit_as_damage_not_ownership(
     tmp_path: Path, nats_server: NatsNode, headers: dict[str, str] | None
 ) -> None:
-    storage = await LmdbStorage.open(tmp_path / "store", durability="replicated", nats=nats_server.url, stream="FOREIGN")
+    storage = await LmdbStorage.open(
+        tmp_path / "store", durability="replicated", nats=nats_server.url, stream="FOREIGN"
+    )
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         subject = f"FOREIGN.{storage.store_id}.log"
-        await asyncio.to_thread(asyncio.run, publish_raw(nats_server.url, subject, b"not a record", headers))
+        await asyncio.to_thread(
+            asyncio.run, publish_raw(nats_server.url, subject, b"not a record", headers)
+        )
         with pytest.raises(ForeignMessageError) as caught:
             await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX)
         assert not isinstance(caught.value, NotWriterError)

@@ -53,21 +53,39 @@ def in_namespace(clone: Path, path: Path, *args: str) -> list[str]:
     """A child that sees ``clone`` at ``path`` (a private mount namespace, same host name)."""
 
     script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
-    return ["unshare", "-m", "sh", "-c", script, "sh", str(clone), str(path), sys.executable, "-c", OPEN, str(path), *args]
+    return [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        str(clone),
+        str(path),
+        sys.executable,
+        "-c",
+        OPEN,
+        str(path),
+        *args,
+    ]
 
 
 @pytest.fixture
 def namespaces() -> None:
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if shutil.which("unshare") is None or probe.returncode != 0:
-        pytest.skip(f"no private mount namespaces here (unshare -m: {probe.stderr.decode().strip()})")
+        pytest.skip(
+            f"no private mount namespaces here (unshare -m: {probe.stderr.decode().strip()})"
+        )
 
 
 async def test_a_clone_of_a_live_writer_is_refused_and_the_writer_goes_on(
     tmp_path: Path, nats_server: NatsNode, namespaces: None
 ) -> None:
     path, clone = tmp_path / "store", tmp_path / "clone"
-    writer = await LmdbStorage.open(path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=2)
+    writer = await LmdbStorage.open(
+        path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=2
+    )
     try:
         first = await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         store = writer.store_id
@@ -76,7 +94,12 @@ async def test_a_clone_of_a_live_writer_is_refused_and_the_writer_goes_on(
         writer._env.copy(str(clone))
         shutil.copy(path / INSTANCE_FILE, clone / INSTANCE_FILE)
         for mode in ("open", "open"):  # twice: a refused clone changes nothing for the next try
-            done = subprocess.run(in_namespace(clone, path, nats_server.url, store, mode), capture_output=True, text=True, timeout=60)
+            done = subprocess.run(
+                in_namespace(clone, path, nats_server.url, store, mode),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert done.stdout.startswith("refused NotWriterError"), (done.stdout, done.stderr)
             assert "take_over" in done.stdout
         seq = await writer.commit([{"type": "conversation", "value": {"id": 2}}], CTX)
@@ -89,7 +112,11 @@ async def test_a_clone_of_a_live_writer_is_refused_and_the_writer_goes_on(
 def kill_a_holder(path: Path, url: str, store: str) -> None:
     """A writer process that takes the lease, commits, and is SIGKILLed holding it."""
 
-    child = subprocess.Popen([sys.executable, "-c", OPEN, str(path), url, store, "hold"], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", OPEN, str(path), url, store, "hold"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None
         assert child.stdout.readline().startswith("opened")
@@ -99,16 +126,22 @@ def kill_a_holder(path: Path, url: str, store: str) -> None:
         child.wait()
 
 
-async def test_the_same_writer_restarted_reclaims_its_lease_without_take_over(tmp_path: Path, nats_server: NatsNode) -> None:
+async def test_the_same_writer_restarted_reclaims_its_lease_without_take_over(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     path = tmp_path / "store"
-    first = await LmdbStorage.open(path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30)
+    first = await LmdbStorage.open(
+        path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30
+    )
     store = first.store_id
     assert store is not None
     await first.close()  # releases the lease; now a holder that dies holding it:
     kill_a_holder(path, nats_server.url, store)
     # the lease lives 30 s more on the server; the restarted writer of this instance sees
     # nobody renew it and takes it at once
-    again = await LmdbStorage.open(path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30)
+    again = await LmdbStorage.open(
+        path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30
+    )
     try:
         assert await again.conversation(777, CTX) is not None
         await again.commit([{"type": "conversation", "value": {"id": 778}}], CTX)
@@ -116,16 +149,25 @@ async def test_the_same_writer_restarted_reclaims_its_lease_without_take_over(tm
         await again.close()
 
 
-async def test_another_instance_waits_for_a_dead_holders_lease_to_expire(tmp_path: Path, nats_server: NatsNode) -> None:
+async def test_another_instance_waits_for_a_dead_holders_lease_to_expire(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """A copy without the instance id (a store restored elsewhere at the same path) is not the
     holder: without ``take_over`` it is refused even while nobody renews the lease."""
 
     path = tmp_path / "store"
-    first = await LmdbStorage.open(path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30)
+    first = await LmdbStorage.open(
+        path, durability="replicated", nats=nats_server.url, stream="CLONE", lease_ttl=30
+    )
     store = first.store_id
     assert store is not None
     await first.close()
     kill_a_holder(path, nats_server.url, store)
     (path / INSTANCE_FILE).unlink()
-    done = subprocess.run([sys.executable, "-c", OPEN, str(path), nats_server.url, store, "open"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", OPEN, str(path), nats_server.url, store, "open"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.stdout.startswith("refused NotWriterError"), (done.stdout, done.stderr)

@@ -29,9 +29,16 @@ pytestmark = pytest.mark.asyncio
 
 
 @pytest.mark.parametrize("commits_after", [1, 3])
-async def test_lease_regained_inside_a_group(tmp_path: Path, nats_server: NatsNode, commits_after: int) -> None:
+async def test_lease_regained_inside_a_group(
+    tmp_path: Path, nats_server: NatsNode, commits_after: int
+) -> None:
     storage = await LmdbStorage.open(
-        tmp_path / "w", durability="replicated", nats=nats_server.url, stream=STREAM, store="regain", lease_ttl=3
+        tmp_path / "w",
+        durability="replicated",
+        nats=nats_server.url,
+        stream=STREAM,
+        store="regain",
+        lease_ttl=3,
     )
     writer: Any = storage.replication
     lease = writer.lease
@@ -59,7 +66,10 @@ async def test_lease_regained_inside_a_group(tmp_path: Path, nats_server: NatsNo
             await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX)
         assert storage.log.head() == 1
         for n in range(commits_after):
-            assert await storage.commit([{"type": "conversation", "value": {"id": 3 + n}}], CTX) == 2 + n
+            assert (
+                await storage.commit([{"type": "conversation", "value": {"id": 3 + n}}], CTX)
+                == 2 + n
+            )
         assert writer.epoch == lease.epoch > first_epoch
     finally:
         await storage.close()

@@ -24,7 +24,10 @@ from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
 
 def entry(id: int, size: int) -> dict[str, object]:
-    return {"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": "x" * size}}
+    return {
+        "type": "entry",
+        "value": {"id": id, "conversationId": 1, "kind": "message", "text": "x" * size},
+    }
 
 
 async def stream_records(url: str, stream: str, store: str) -> list[bytes]:
@@ -34,7 +37,9 @@ async def stream_records(url: str, stream: str, store: str) -> list[bytes]:
 
         async def collect() -> list[bytes]:
             found = []
-            async for message, _ in link.read(subject_of(stream, store), 0, store=store, follow=False):
+            async for message, _ in link.read(
+                subject_of(stream, store), 0, store=store, follow=False
+            ):
                 if message.kind == "record":
                     found.append(message.data)
             return found
@@ -50,7 +55,11 @@ async def test_a_group_that_grows_the_map_after_publishing_commits_once(
 ) -> None:
     rng = random.Random(callers)
     storage = await LmdbStorage.open(
-        tmp_path / "store", durability="replicated", nats=nats_server.url, stream="GROW", map_size=256 * 1024
+        tmp_path / "store",
+        durability="replicated",
+        nats=nats_server.url,
+        stream="GROW",
+        map_size=256 * 1024,
     )
     store = storage.store_id
     assert store is not None

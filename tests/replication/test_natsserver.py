@@ -75,7 +75,9 @@ async def publish_eventually(
 
 
 @pytest.fixture
-async def cluster_js(nats_cluster: NatsCluster) -> AsyncIterator[tuple[NatsCluster, JetStreamContext]]:
+async def cluster_js(
+    nats_cluster: NatsCluster,
+) -> AsyncIterator[tuple[NatsCluster, JetStreamContext]]:
     """The 3-node cluster with a connected client (all URLs) and an R3 stream "S" on "s.>"."""
     _started_dirs.append(str(nats_cluster.dir))
     nc = await connect(nats_cluster.url_list)

@@ -56,7 +56,9 @@ def check_history(server: MemoryStream) -> dict[int, int]:
             assert epoch > highest, f"fence of epoch {epoch} after one of {highest}"
             fence = highest = epoch
         elif kind == "record":
-            assert fence is not None and epoch == fence, f"record {seq} of epoch {epoch}, last fence {fence}"
+            assert fence is not None and epoch == fence, (
+                f"record {seq} of epoch {epoch}, last fence {fence}"
+            )
             seqs.append(seq)
             cid = conversation_of(seq, body)
             assert cid not in where, f"conversation {cid} stored twice"
@@ -85,8 +87,13 @@ class ReplicatedWriters(RuleBasedStateMachine):
         link = MemoryLink(self.server)
         writer: LmdbStorage = self.run(
             LmdbStorage.open(
-                self.root / f"w{len(self.writers)}", durability="replicated", nats=link, stream=STREAM,
-                store=STORE, take_over="force" if force else False, lease_ttl=1,
+                self.root / f"w{len(self.writers)}",
+                durability="replicated",
+                nats=link,
+                stream=STREAM,
+                store=STORE,
+                take_over="force" if force else False,
+                lease_ttl=1,
             )
         )
         self.writers.append(writer)
@@ -96,7 +103,9 @@ class ReplicatedWriters(RuleBasedStateMachine):
     def commit(self, count: int) -> None:
         async def one(cid: int) -> None:
             try:
-                seq = await self.writer.commit([{"type": "conversation", "value": {"id": cid}}], CTX)
+                seq = await self.writer.commit(
+                    [{"type": "conversation", "value": {"id": cid}}], CTX
+                )
             except NotWriterError:
                 self.refused.add(cid)
             except ReplicationError:
@@ -158,8 +167,12 @@ class ReplicatedWriters(RuleBasedStateMachine):
     def one_fenced_history(self) -> None:
         where = check_history(self.server)
         for cid, seq in self.acked.items():
-            assert where.get(cid) == seq, f"conversation {cid} acknowledged at {seq}, stored at {where.get(cid)}"
-        assert not (self.refused & where.keys()), f"refused commits stored: {self.refused & where.keys()}"
+            assert where.get(cid) == seq, (
+                f"conversation {cid} acknowledged at {seq}, stored at {where.get(cid)}"
+            )
+        assert not (self.refused & where.keys()), (
+            f"refused commits stored: {self.refused & where.keys()}"
+        )
 
     def teardown(self) -> None:
         try:
@@ -168,10 +181,16 @@ class ReplicatedWriters(RuleBasedStateMachine):
             self.server.lose_answers = self.server.drop_requests = 0
             cid = next(self.ids)
             try:
-                seq = self.run(self.writer.commit([{"type": "conversation", "value": {"id": cid}}], CTX))
+                seq = self.run(
+                    self.writer.commit([{"type": "conversation", "value": {"id": cid}}], CTX)
+                )
             except ReplicationError:
-                seq = self.run(self.writer.commit([{"type": "conversation", "value": {"id": cid}}], CTX))
-            records = [(s, body) for kind, _, s, body in subject_history(self.server) if kind == "record"]
+                seq = self.run(
+                    self.writer.commit([{"type": "conversation", "value": {"id": cid}}], CTX)
+                )
+            records = [
+                (s, body) for kind, _, s, body in subject_history(self.server) if kind == "record"
+            ]
             assert seq == len(records)
             for s, body in records:
                 assert self.writer.log.get(s) == decode_record(s, body)
@@ -188,7 +207,9 @@ def test_replicated_writers_on_the_memory_stream() -> None:
     run_state_machine_as_test(
         ReplicatedWriters,
         settings=settings(
-            max_examples=12, stateful_step_count=12, deadline=None,
+            max_examples=12,
+            stateful_step_count=12,
+            deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
@@ -199,13 +220,19 @@ def test_replicated_writers_on_the_memory_stream() -> None:
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("faults", [(), ("down",), ("lose",), ("drop",), ("down", "lose", "drop")])
-async def test_shipping_and_following_through_faults(tmp_path: Path, faults: tuple[str, ...]) -> None:
+async def test_shipping_and_following_through_faults(
+    tmp_path: Path, faults: tuple[str, ...]
+) -> None:
     """A ``process`` writer ships behind its commits through the stream's faults; a replica
     follows; both end with the writer's log, byte for byte."""
 
     server = MemoryStream(STREAM)
-    writer = await LmdbStorage.open(tmp_path / "w", durability="process", nats=MemoryLink(server), stream=STREAM, store=STORE)
-    replica = await LmdbStorage.open_replica(tmp_path / "r", nats=MemoryLink(server), stream=STREAM, store=STORE)
+    writer = await LmdbStorage.open(
+        tmp_path / "w", durability="process", nats=MemoryLink(server), stream=STREAM, store=STORE
+    )
+    replica = await LmdbStorage.open_replica(
+        tmp_path / "r", nats=MemoryLink(server), stream=STREAM, store=STORE
+    )
     try:
         for n in range(1, 41):
             if n == 10 and "down" in faults:
@@ -217,7 +244,11 @@ async def test_shipping_and_following_through_faults(tmp_path: Path, faults: tup
             assert await writer.commit([{"type": "conversation", "value": {"id": n}}], CTX) == n
         assert await writer._link.arun(writer.replication.drain(10)), writer.replication.status()  # type: ignore[union-attr]
         await replica.wait(40, 10)
-        records = [decode_record(seq, body) for kind, _, seq, body in subject_history(server) if kind == "record"]
+        records = [
+            decode_record(seq, body)
+            for kind, _, seq, body in subject_history(server)
+            if kind == "record"
+        ]
         assert records == [writer.log.get(seq) for seq in range(1, 41)]
         assert [replica.log.get(seq) for seq in range(1, 41)] == records
         assert await replica.conversation(40, CTX) == {"id": 40}
@@ -248,7 +279,9 @@ async def test_lease_expiry_and_take_over_by_the_servers_clock(tmp_path: Path) -
         with pytest.raises(NotWriterError):  # not yet expired on the server
             await b_link.arun(b.acquire(0, take_over=False))
         clock.advance(1.5)  # expired on the server
-        second = await b_link.arun(b.acquire(first, take_over=False))  # the floor: the subject's epochs
+        second = await b_link.arun(
+            b.acquire(first, take_over=False)
+        )  # the floor: the subject's epochs
         assert second > first
         value, revision = await b_link.arun(b_link.lease_get(STORE))
         assert value is not None and msgspec.json.decode(value)["epoch"] == second
@@ -261,7 +294,9 @@ async def test_lease_expiry_and_take_over_by_the_servers_clock(tmp_path: Path) -
         b_link.close()
 
 
-async def test_a_restarted_writer_takes_its_own_lease_when_it_expires_while_being_watched(tmp_path: Path) -> None:
+async def test_a_restarted_writer_takes_its_own_lease_when_it_expires_while_being_watched(
+    tmp_path: Path,
+) -> None:
     """The same writer restarted (its instance id, host and path; another pid) watches its old
     lease for a renewal period before reclaiming it. A lease that expires on the server during
     that watch was not renewed: its holder is dead, and the restarted writer takes it, rather
@@ -275,7 +310,9 @@ async def test_a_restarted_writer_takes_its_own_lease_when_it_expires_while_bein
     try:
         restarted = WriterLease(link, STORE, str(path), ttl=3)
         host, pid, instance, where = restarted.holder.split(":", 3)
-        dead = Lease(LEASE_FORMAT, 4, f"{host}:{int(pid) + 1}:{instance}:{where}", 3)  # the killed one
+        dead = Lease(
+            LEASE_FORMAT, 4, f"{host}:{int(pid) + 1}:{instance}:{where}", 3
+        )  # the killed one
         assert await link.arun(link.lease_put(STORE, msgspec.json.encode(dead), 0, 3.0)) is not None
         clock.advance(2.5)  # the lease expires 0.5 s into the restarted writer's watch
 

@@ -38,7 +38,14 @@ def conversation(id: int) -> list[dict[str, Any]]:
 async def test_records_that_landed_before_another_writer_are_acknowledged(
     tmp_path: Path, nats_server: NatsNode, others_commits: int
 ) -> None:
-    a = await LmdbStorage.open(tmp_path / "a", durability="replicated", nats=nats_server.url, stream=STREAM, store="s", lease_ttl=30)
+    a = await LmdbStorage.open(
+        tmp_path / "a",
+        durability="replicated",
+        nats=nats_server.url,
+        stream=STREAM,
+        store="s",
+        lease_ttl=30,
+    )
     writer: Any = a.replication
     real_publish = writer.link.publish
     published, taken_over = threading.Event(), threading.Event()
@@ -59,7 +66,12 @@ async def test_records_that_landed_before_another_writer_are_acknowledged(
         pending = asyncio.ensure_future(a.commit(conversation(2), CTX))
         assert await asyncio.to_thread(published.wait, 20)
         b = await LmdbStorage.open(
-            tmp_path / "b", durability="replicated", nats=nats_server.url, stream=STREAM, store="s", take_over="force"
+            tmp_path / "b",
+            durability="replicated",
+            nats=nats_server.url,
+            stream=STREAM,
+            store="s",
+            take_over="force",
         )
         for n in range(others_commits):
             assert await b.commit(conversation(10 + n), CTX) == 3 + n
@@ -67,7 +79,9 @@ async def test_records_that_landed_before_another_writer_are_acknowledged(
         assert await pending == 2  # it landed: acknowledged, not "may or may not"
         with pytest.raises(NotWriterError):
             await a.commit(conversation(3), CTX)
-        assert await a.conversation(2, CTX) is not None  # detached read, from the deposed writer's own log
+        assert (
+            await a.conversation(2, CTX) is not None
+        )  # detached read, from the deposed writer's own log
         assert await b.conversation(2, CTX) is not None  # the new writer took it in
         assert await b.commit(conversation(99), CTX) == 3 + others_commits
     finally:
@@ -77,12 +91,21 @@ async def test_records_that_landed_before_another_writer_are_acknowledged(
             await b.close()
 
 
-async def test_records_of_which_only_some_landed_are_named(tmp_path: Path, nats_server: NatsNode) -> None:
+async def test_records_of_which_only_some_landed_are_named(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """A stream without atomic batches takes a group's records one by one: when the answer is
     lost after the first landed, the error says which are stored; the next commit takes that one
     in from the stream and the store goes on."""
 
-    a = await LmdbStorage.open(tmp_path / "a", durability="replicated", nats=nats_server.url, stream=STREAM, store="p", lease_ttl=30)
+    a = await LmdbStorage.open(
+        tmp_path / "a",
+        durability="replicated",
+        nats=nats_server.url,
+        stream=STREAM,
+        store="p",
+        lease_ttl=30,
+    )
     writer: Any = a.replication
     real_publish = writer.link.publish
     writer.link.atomic = False
@@ -99,13 +122,20 @@ async def test_records_of_which_only_some_landed_are_named(tmp_path: Path, nats_
     try:
         assert await a.commit(conversation(1), CTX) == 1
         writer.link.publish = first_only
-        outcomes = await asyncio.gather(*(a.commit(conversation(100 + n), CTX) for n in range(8)), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(a.commit(conversation(100 + n), CTX) for n in range(8)), return_exceptions=True
+        )
         assert injected, f"no group of two or more records was published: {outcomes}"
         named = [o for o in outcomes if isinstance(o, OutcomeUnknownError)]
-        assert named and all(f"records up to log sequence {injected[0]} are stored" in str(o) for o in named), outcomes
+        assert named and all(
+            f"records up to log sequence {injected[0]} are stored" in str(o) for o in named
+        ), outcomes
         assert await a.commit(conversation(999), CTX) > injected[0]
         stored = [n for n in range(8) if await a.conversation(100 + n, CTX) is not None]
         acknowledged = [n for n, o in enumerate(outcomes) if isinstance(o, int)]
-        assert len(stored) == len(acknowledged) + 1, (stored, acknowledged)  # the landed one, besides the acknowledged
+        assert len(stored) == len(acknowledged) + 1, (
+            stored,
+            acknowledged,
+        )  # the landed one, besides the acknowledged
     finally:
         await a.close()

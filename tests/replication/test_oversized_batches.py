@@ -46,23 +46,33 @@ def entry(id: int, size: int) -> list[dict[str, object]]:
     compressed since format 2 (zstd frames since format 3): a run of one letter would fit any stream)."""
 
     text = base64.b85encode(os.urandom(size))[:size].decode()
-    return [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": text}}]
+    return [
+        {"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "text": text}}
+    ]
 
 
 @pytest.mark.parametrize("durability", ["power", "process", "replicated"])
 async def test_a_batch_the_stream_cannot_take_is_refused_before_it_is_acknowledged(
     tmp_path: Path, small: NatsNode, durability: str
 ) -> None:
-    storage = await LmdbStorage.open(tmp_path / "store", durability=durability, nats=small.url, stream="SMALL")  # type: ignore[arg-type]
+    storage = await LmdbStorage.open(
+        tmp_path / "store", durability=durability, nats=small.url, stream="SMALL"
+    )  # type: ignore[arg-type]
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         head = storage.log.head()
         with pytest.raises(ReplicationError, match=f"at most {LIMIT} bytes"):
             await storage.commit(entry(2, LIMIT), CTX)
-        assert storage.log.head() == head and await storage.entry(2, CTX) is None, "nothing of it was committed"
-        seq = await storage.commit(entry(3, LIMIT // 4), CTX)  # later batches go on, and reach the stream
+        assert storage.log.head() == head and await storage.entry(2, CTX) is None, (
+            "nothing of it was committed"
+        )
+        seq = await storage.commit(
+            entry(3, LIMIT // 4), CTX
+        )  # later batches go on, and reach the stream
         if durability != "replicated":
-            assert await storage._link.arun(storage.replication.drain(10)), storage.replication.status()  # type: ignore[union-attr]
+            assert await storage._link.arun(storage.replication.drain(10)), (
+                storage.replication.status()
+            )  # type: ignore[union-attr]
             status = storage.replication.status()  # type: ignore[union-attr]
             assert status.shipped_seq == seq and not status.stopped, status
     finally:
@@ -86,18 +96,29 @@ async def test_a_shipper_that_meets_a_record_it_can_never_publish_stops_and_says
                 break
             await asyncio.sleep(0.05)
         status = shipper.status()  # type: ignore[union-attr]
-        assert status.stopped is True and "record 2" in status.last_error and "max_payload" in status.last_error, status
+        assert (
+            status.stopped is True
+            and "record 2" in status.last_error
+            and "max_payload" in status.last_error
+        ), status
         assert status.shipped_seq == 1, "the record before it was shipped"
-        assert any(r.levelno == logging.ERROR and "stopped" in r.getMessage() for r in caplog.records), caplog.records
+        assert any(
+            r.levelno == logging.ERROR and "stopped" in r.getMessage() for r in caplog.records
+        ), caplog.records
         done = subprocess.run(
             [sys.executable, "-m", "pi_durable_lmdb.cli", "stats", str(path), "--json"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert done.returncode == 0, done.stderr
         shown = json.loads(done.stdout)["shipping"]
         assert shown["stopped"] is True and "record 2" in shown["reason"]
         text = subprocess.run(
-            [sys.executable, "-m", "pi_durable_lmdb.cli", "stats", str(path)], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "pi_durable_lmdb.cli", "stats", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert "shipping         STOPPED" in text.stdout, text.stdout
     finally:

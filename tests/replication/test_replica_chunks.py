@@ -23,16 +23,24 @@ from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 RECORDS = 400
 
 
-async def test_a_replica_held_up_takes_what_arrived_meanwhile_in_one_chunk(nats_server: NatsNode, tmp_path: Path) -> None:  # noqa: F811
-    writer = await LmdbStorage.open(tmp_path / "w", durability="replicated", nats=nats_server.url, stream="CHUNKS")
-    replica = await LmdbStorage.open_replica(tmp_path / "r", nats=nats_server.url, stream="CHUNKS", store=writer.store_id or "")
+async def test_a_replica_held_up_takes_what_arrived_meanwhile_in_one_chunk(
+    nats_server: NatsNode, tmp_path: Path
+) -> None:  # noqa: F811
+    writer = await LmdbStorage.open(
+        tmp_path / "w", durability="replicated", nats=nats_server.url, stream="CHUNKS"
+    )
+    replica = await LmdbStorage.open_replica(
+        tmp_path / "r", nats=nats_server.url, stream="CHUNKS", store=writer.store_id or ""
+    )
     try:
         await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         await replica.wait(1, timeout=10)
         before = replica.replication.status().transactions  # type: ignore[union-attr]
         with replica._committer.exclusive():  # the replica cannot take anything in meanwhile
             for id in range(2, 2 + RECORDS):  # one commit at a time: each a message of its own
-                await writer.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX)
+                await writer.commit(
+                    [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX
+                )
             await asyncio.sleep(0.5)  # every message has reached the replica's connection
         await replica.wait(1 + RECORDS, timeout=20)
         taken = replica.replication.status().transactions - before  # type: ignore[union-attr]
@@ -66,16 +74,22 @@ def test_a_catch_up_reads_on_from_where_a_lagging_server_stopped(tmp_path: Path)
     server = MemoryStream("SHORT")
 
     async def body() -> None:
-        writer = await LmdbStorage.open(tmp_path / "w", durability="replicated", nats=MemoryLink(server), stream="SHORT")
+        writer = await LmdbStorage.open(
+            tmp_path / "w", durability="replicated", nats=MemoryLink(server), stream="SHORT"
+        )
         try:
             await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             for id in range(2, 300):
-                await writer.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX)
+                await writer.commit(
+                    [{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m"}}], CTX
+                )
             head, store = writer.log.head(), writer.store_id or ""
         finally:
             await writer.close()
         link = ShortBatches(server, most=37, answers=3)
-        replica = await LmdbStorage.open_replica(tmp_path / "r", nats=link, stream="SHORT", store=store)
+        replica = await LmdbStorage.open_replica(
+            tmp_path / "r", nats=link, stream="SHORT", store=store
+        )
         try:
             await replica.wait(head, timeout=20)
             assert link.asked >= 4, "the batched reads were used, then the consumer"
@@ -95,21 +109,42 @@ def test_a_catch_up_whose_transaction_grows_the_map_takes_every_record(tmp_path:
     server = MemoryStream("GROWING")
 
     async def body() -> None:
-        writer = await LmdbStorage.open(tmp_path / "w", durability="replicated", nats=MemoryLink(server), stream="GROWING")
+        writer = await LmdbStorage.open(
+            tmp_path / "w", durability="replicated", nats=MemoryLink(server), stream="GROWING"
+        )
         try:
             await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             for id in range(2, 400):
-                await writer.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "m", "text": "x" * 2000}}], CTX)
+                await writer.commit(
+                    [
+                        {
+                            "type": "entry",
+                            "value": {
+                                "id": id,
+                                "conversationId": 1,
+                                "kind": "m",
+                                "text": "x" * 2000,
+                            },
+                        }
+                    ],
+                    CTX,
+                )
             head, store = writer.log.head(), writer.store_id or ""
         finally:
             await writer.close()
         replica = await LmdbStorage.open_replica(
-            tmp_path / "r", nats=MemoryLink(server), stream="GROWING", store=store, map_size=256 * 1024
+            tmp_path / "r",
+            nats=MemoryLink(server),
+            stream="GROWING",
+            store=store,
+            map_size=256 * 1024,
         )
         try:
             grown_from = 256 * 1024
             await replica.wait(head, timeout=30)
-            assert replica._env.env.info()["map_size"] > grown_from, "the catch-up made the map grow"
+            assert replica._env.env.info()["map_size"] > grown_from, (
+                "the catch-up made the map grow"
+            )
             assert replica.replication.status().last_error is None  # type: ignore[union-attr]
         finally:
             await replica.close()

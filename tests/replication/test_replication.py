@@ -37,7 +37,12 @@ import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from pi_durable_lmdb import NatsUnavailableError, ReplicationError, StreamMissingError, WrongStoreError
+from pi_durable_lmdb import (
+    NatsUnavailableError,
+    ReplicationError,
+    StreamMissingError,
+    WrongStoreError,
+)
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.audit import export_lines, verify
 
@@ -63,7 +68,9 @@ from ..support.replication_helpers import (
 
 @pytest.mark.slow
 @pytest.mark.parametrize("durability", ["process", "replicated"])
-def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, nats_server: NatsNode, durability: str) -> None:
+def test_exactly_once_across_writer_kills_and_server_restarts(
+    tmp_path: Path, nats_server: NatsNode, durability: str
+) -> None:
     """A child writer (4 agents, conversation + entry turns, ids from ``mint_id``) is SIGKILLed at
     a random moment 10 times and restarted; the NATS server is restarted under it twice (once
     gracefully, once SIGKILLed); a last writer closes cleanly past 3,000 commits. The store's
@@ -77,7 +84,17 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
     rng = random.Random(seed)
     path = tmp_path / "store"
     stream = f"once-{durability}"
-    args = [str(path), "--nats", nats_server.url, "--stream", stream, "--durability", durability, "--agents", "4"]
+    args = [
+        str(path),
+        "--nats",
+        nats_server.url,
+        "--stream",
+        stream,
+        "--durability",
+        durability,
+        "--agents",
+        "4",
+    ]
     if durability != "replicated":
         args += ["--pause", "0.01"]  # a few hundred commits per round, as in replicated mode
     restarts = {3: True, 7: False}  # round -> graceful
@@ -95,7 +112,14 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
             child.kill()
         ledger.add(child.lines)
         assert ledger.store is not None
-        kills.append((local_head(path), asyncio.run(last_on_subject(nats_server.url, stream, subject(stream, ledger.store)))))
+        kills.append(
+            (
+                local_head(path),
+                asyncio.run(
+                    last_on_subject(nats_server.url, stream, subject(stream, ledger.store))
+                ),
+            )
+        )
         if durability == "replicated":  # published before committed locally: never behind
             assert kills[-1][1] >= kills[-1][0], kills
         else:  # shipped behind the commits: never ahead
@@ -111,7 +135,13 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
     ledger.add(child.lines)
     assert len(ledger.acked) >= 3000, f"seed {seed}: only {len(ledger.acked)} commits acknowledged"
     if durability == "replicated":  # a publish refused or unanswered fails its commit, nothing else
-        odd = [line for line in ledger.failures if not line.split()[1].endswith(("NatsUnavailableError", "OutcomeUnknownError", "ReplicationError"))]
+        odd = [
+            line
+            for line in ledger.failures
+            if not line.split()[1].endswith(
+                ("NatsUnavailableError", "OutcomeUnknownError", "ReplicationError")
+            )
+        ]
         assert not odd, odd[:5]
     else:
         assert not ledger.failures, ledger.failures[:5]  # shipping never fails a commit
@@ -124,24 +154,38 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
     records = check_subject(asyncio.run(read_subject(nats_server.url, stream, subj)), store, local)
     assert sorted(local) == list(range(1, head + 1))
     for seq, ids in ledger.acked.items():
-        assert seq in local and entry_ids(local[seq], seq) == ids, f"seed {seed}: acknowledged {seq} ({ids}) is not in the log"
+        assert seq in local and entry_ids(local[seq], seq) == ids, (
+            f"seed {seed}: acknowledged {seq} ({ids}) is not in the log"
+        )
     if durability == "replicated":
         # Each commit was acknowledged only after the stream held it: all of them are there, and
         # the writer that closed cleanly took in whatever an earlier one left in the stream only.
-        assert len(records) == head, f"seed {seed}: the stream holds {len(records)} records, the log {head}"
+        assert len(records) == head, (
+            f"seed {seed}: the stream holds {len(records)} records, the log {head}"
+        )
         for seq, ids in ledger.acked.items():
             assert entry_ids(records[seq - 1].data, seq) == ids
-        fences = [message.epoch for message in asyncio.run(read_subject(nats_server.url, stream, subj)) if message.kind == "fence"]
-        assert len(fences) >= 11 and fences == sorted(set(fences)), f"a fence per writer, growing epochs: {fences}"
+        fences = [
+            message.epoch
+            for message in asyncio.run(read_subject(nats_server.url, stream, subj))
+            if message.kind == "fence"
+        ]
+        assert len(fences) >= 11 and fences == sorted(set(fences)), (
+            f"a fence per writer, growing epochs: {fences}"
+        )
     else:
         assert len(records) <= head
 
     # A shipping writer drains what is left; a replicated writer settles (and has nothing to add).
     async def reopen() -> Any:
-        storage = await LmdbStorage.open(path, durability=durability, nats=nats_server.url, stream=stream)
+        storage = await LmdbStorage.open(
+            path, durability=durability, nats=nats_server.url, stream=stream
+        )
         try:
             if durability != "replicated":
-                assert await storage._link.arun(storage.replication.drain(15)), storage.replication.status()
+                assert await storage._link.arun(storage.replication.drain(15)), (
+                    storage.replication.status()
+                )
             return storage.replication.status()
         finally:
             await storage.close()
@@ -151,7 +195,9 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
     local = local_records(path)
     assert max(local) == head
     records = check_subject(asyncio.run(read_subject(nats_server.url, stream, subj)), store, local)
-    assert len(records) == head, f"seed {seed}: the stream holds {len(records)} records, the log {head}"
+    assert len(records) == head, (
+        f"seed {seed}: the stream holds {len(records)} records, the log {head}"
+    )
     for seq, ids in ledger.acked.items():
         assert entry_ids(records[seq - 1].data, seq) == ids
     assert verify(path) is None
@@ -161,24 +207,33 @@ def test_exactly_once_across_writer_kills_and_server_restarts(tmp_path: Path, na
     rebuilt_dir = tmp_path / "rebuilt"
 
     async def rebuild_from_stream() -> int:
-        replica = await LmdbStorage.open_replica(rebuilt_dir, nats=nats_server.url, stream=stream, store=store)
+        replica = await LmdbStorage.open_replica(
+            rebuilt_dir, nats=nats_server.url, stream=stream, store=store
+        )
         try:
             await replica.wait(head, timeout=30)
         finally:
             await replica.close()
         assert list(export_lines(rebuilt_dir)) == list(export_lines(path))
-        writer = await LmdbStorage.open(rebuilt_dir, durability="replicated", nats=nats_server.url, stream=stream)
+        writer = await LmdbStorage.open(
+            rebuilt_dir, durability="replicated", nats=nats_server.url, stream=stream
+        )
         try:
             return await writer.mint_id()
         finally:
             await writer.close()
 
     messages = asyncio.run(read_subject(nats_server.url, stream, subj))
-    reserved = max((msgspec.msgpack.decode(m.data)["upto"] for m in messages if m.kind == "ids"), default=0)
+    reserved = max(
+        (msgspec.msgpack.decode(m.data)["upto"] for m in messages if m.kind == "ids"), default=0
+    )
     if durability == "replicated":
         assert reserved > 0, "no id reservation went to the stream"
     minted = _bounded(40, rebuild_from_stream())
-    assert minted > max(id for ids in ledger.acked.values() for id in ids) and minted >= reserved, (minted, reserved)
+    assert minted > max(id for ids in ledger.acked.values() for id in ids) and minted >= reserved, (
+        minted,
+        reserved,
+    )
     assert verify(rebuilt_dir) is None
     elapsed = time.monotonic() - started
     print(
@@ -219,7 +274,9 @@ def test_a_store_keeps_one_history_across_modes(tmp_path: Path, nats_server: Nat
             try:
                 for id in range(150, 200):
                     await storage.commit([_entry(id)], CTX)
-                assert await storage._link.arun(storage.replication.drain(10)), storage.replication.status()
+                assert await storage._link.arun(storage.replication.drain(10)), (
+                    storage.replication.status()
+                )
             finally:
                 await storage.close()
             await replica.wait(101, timeout=10)
@@ -232,7 +289,9 @@ def test_a_store_keeps_one_history_across_modes(tmp_path: Path, nats_server: Nat
             assert not replica.replication.status().stopped
         finally:
             await replica.close()
-        records = check_subject(await read_subject(url, stream, subject(stream, store)), store, local_records(path))
+        records = check_subject(
+            await read_subject(url, stream, subject(stream, store)), store, local_records(path)
+        )
         assert len(records) == 102
 
     _bounded(60, body())
@@ -240,10 +299,10 @@ def test_a_store_keeps_one_history_across_modes(tmp_path: Path, nats_server: Nat
     assert verify(replica_dir) is None
 
 
-@pytest.mark.parametrize(
-    "durability", ["replicated", "process"]
-)
-def test_a_store_written_before_it_had_a_stream_ships_its_history(tmp_path: Path, nats_server: NatsNode, durability: str) -> None:
+@pytest.mark.parametrize("durability", ["replicated", "process"])
+def test_a_store_written_before_it_had_a_stream_ships_its_history(
+    tmp_path: Path, nats_server: NatsNode, durability: str
+) -> None:
     """300 commits made with no stream at all; then the store is opened linked to one: its
     writer (replicated, or shipping) puts that history on the subject before its own new records,
     so a replica (and a restore) holds the whole log."""
@@ -264,10 +323,14 @@ def test_a_store_written_before_it_had_a_stream_ships_its_history(tmp_path: Path
         try:
             assert await storage.commit([_entry(400)], CTX) == 301
             if durability != "replicated":
-                assert await storage._link.arun(storage.replication.drain(10)), storage.replication.status()
+                assert await storage._link.arun(storage.replication.drain(10)), (
+                    storage.replication.status()
+                )
         finally:
             await storage.close()
-        records = check_subject(await read_subject(url, stream, subject(stream, store)), store, local_records(path))
+        records = check_subject(
+            await read_subject(url, stream, subject(stream, store)), store, local_records(path)
+        )
         assert len(records) == 301
         replica = await LmdbStorage.open_replica(replica_dir, nats=url, stream=stream, store=store)
         try:
@@ -279,17 +342,26 @@ def test_a_store_written_before_it_had_a_stream_ships_its_history(tmp_path: Path
     assert list(export_lines(replica_dir)) == list(export_lines(path))
 
 
-def test_a_commit_too_big_for_the_stream_fails_alone_with_a_clear_error(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_a_commit_too_big_for_the_stream_fails_alone_with_a_clear_error(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """A replicated commit whose record exceeds the server's ``max_payload`` cannot be acknowledged:
     it fails with a ``ReplicationError`` naming the limit, commits nothing, and the commits of its
     group beside it go through."""
 
     async def body() -> None:
-        storage = await LmdbStorage.open(tmp_path / "store", durability="replicated", nats=nats_server.url, stream="big")
+        storage = await LmdbStorage.open(
+            tmp_path / "store", durability="replicated", nats=nats_server.url, stream="big"
+        )
         try:
             await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             outcomes = await asyncio.gather(
-                *(storage.commit([_entry(100 + n, data={"text": "x" * (2_000_000 if n == 3 else 10)})], CTX) for n in range(6)),
+                *(
+                    storage.commit(
+                        [_entry(100 + n, data={"text": "x" * (2_000_000 if n == 3 else 10)})], CTX
+                    )
+                    for n in range(6)
+                ),
                 return_exceptions=True,
             )
             big = outcomes.pop(3)
@@ -319,10 +391,17 @@ def test_unreachable_server_fails_fast_and_leaves_the_store_usable(tmp_path: Pat
 
     async def body() -> None:
         opens: dict[str, Callable[[], Awaitable[LmdbStorage]]] = {
-            "replicated": lambda: LmdbStorage.open(tmp_path / "a", durability="replicated", nats=url, stream="s"),
-            "shipping": lambda: LmdbStorage.open(tmp_path / "b", durability="process", nats=url, stream="s"),
-            "replica": lambda: LmdbStorage.open_replica(tmp_path / "c", nats=url, stream="s", store="0123456789abcdef"),
+            "replicated": lambda: LmdbStorage.open(
+                tmp_path / "a", durability="replicated", nats=url, stream="s"
+            ),
+            "shipping": lambda: LmdbStorage.open(
+                tmp_path / "b", durability="process", nats=url, stream="s"
+            ),
+            "replica": lambda: LmdbStorage.open_replica(
+                tmp_path / "c", nats=url, stream="s", store="0123456789abcdef"
+            ),
         }
+
         async def fails(name: str, opener: Callable[[], Awaitable[LmdbStorage]]) -> None:
             began = time.monotonic()
             with pytest.raises(NatsUnavailableError) as caught:
@@ -340,7 +419,9 @@ def test_unreachable_server_fails_fast_and_leaves_the_store_usable(tmp_path: Pat
     _bounded(40, body())
 
 
-def test_wrong_stream_store_or_replicas_get_clear_errors(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_wrong_stream_store_or_replicas_get_clear_errors(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """``open_replica`` of a stream that does not exist, or does not carry store subjects:
     ``StreamMissingError`` naming it. A directory opened with another store's id:
     ``WrongStoreError``, as writer and as replica. ``replicas=3`` on a single server: a
@@ -350,42 +431,68 @@ def test_wrong_stream_store_or_replicas_get_clear_errors(tmp_path: Path, nats_se
 
     async def body() -> None:
         with pytest.raises(StreamMissingError, match="'nope'"):
-            await LmdbStorage.open_replica(tmp_path / "r", nats=url, stream="nope", store="0123456789abcdef")
+            await LmdbStorage.open_replica(
+                tmp_path / "r", nats=url, stream="nope", store="0123456789abcdef"
+            )
         nc = await _connect(url)
         try:
             await nc.jetstream(timeout=5).add_stream(name="other", subjects=["elsewhere.>"])
         finally:
             await nc.close()
         with pytest.raises(StreamMissingError, match="other"):
-            await LmdbStorage.open_replica(tmp_path / "r", nats=url, stream="other", store="0123456789abcdef")
+            await LmdbStorage.open_replica(
+                tmp_path / "r", nats=url, stream="other", store="0123456789abcdef"
+            )
         with pytest.raises(StreamMissingError, match="other"):
-            await LmdbStorage.open(tmp_path / "w", durability="replicated", nats=url, stream="other")
+            await LmdbStorage.open(
+                tmp_path / "w", durability="replicated", nats=url, stream="other"
+            )
 
-        storage = await LmdbStorage.open(tmp_path / "store", durability="replicated", nats=url, stream="ok")
+        storage = await LmdbStorage.open(
+            tmp_path / "store", durability="replicated", nats=url, stream="ok"
+        )
         store = storage.store_id
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         await storage.close()
         assert store is not None
         for opener in (
             lambda: LmdbStorage.open(tmp_path / "store", store="fedcba9876543210"),
-            lambda: LmdbStorage.open(tmp_path / "store", durability="replicated", nats=url, stream="ok", store="fedcba9876543210"),
-            lambda: LmdbStorage.open_replica(tmp_path / "store", nats=url, stream="ok", store="fedcba9876543210"),
+            lambda: LmdbStorage.open(
+                tmp_path / "store",
+                durability="replicated",
+                nats=url,
+                stream="ok",
+                store="fedcba9876543210",
+            ),
+            lambda: LmdbStorage.open_replica(
+                tmp_path / "store", nats=url, stream="ok", store="fedcba9876543210"
+            ),
         ):
             with pytest.raises(WrongStoreError) as caught:
                 await opener()
-            assert store in str(caught.value) and "fedcba9876543210" in str(caught.value), str(caught.value)
-        again = await LmdbStorage.open(tmp_path / "store", durability="replicated", nats=url, stream="ok", store=store)
+            assert store in str(caught.value) and "fedcba9876543210" in str(caught.value), str(
+                caught.value
+            )
+        again = await LmdbStorage.open(
+            tmp_path / "store", durability="replicated", nats=url, stream="ok", store=store
+        )
         assert again.log.head() == 1
         await again.close()
 
         began = time.monotonic()
         with pytest.raises(ReplicationError) as caught:
-            await LmdbStorage.open(tmp_path / "r3", durability="replicated", nats=url, stream="three", replicas=3)
+            await LmdbStorage.open(
+                tmp_path / "r3", durability="replicated", nats=url, stream="three", replicas=3
+            )
         assert time.monotonic() - began < 8
         message = str(caught.value)
         assert "3 replicas" in message and "'three'" in message, message
-        assert "replicas" in message.split(":", 1)[1].lower() or "cluster" in message.lower(), message
-        storage = await LmdbStorage.open(tmp_path / "r3", durability="replicated", nats=url, stream="three")
+        assert "replicas" in message.split(":", 1)[1].lower() or "cluster" in message.lower(), (
+            message
+        )
+        storage = await LmdbStorage.open(
+            tmp_path / "r3", durability="replicated", nats=url, stream="three"
+        )
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         await storage.close()
         assert not _nats_threads(), _nats_threads()

@@ -64,7 +64,9 @@ from ..support.workload import Workload, snapshot
 
 
 @pytest.mark.cluster
-def test_machine_loss_every_acknowledged_commit_is_restored_from_the_stream(tmp_path: Path, nats_cluster: NatsCluster) -> None:
+def test_machine_loss_every_acknowledged_commit_is_restored_from_the_stream(
+    tmp_path: Path, nats_cluster: NatsCluster
+) -> None:
     """A replicated writer on an R3 stream (a child: one agent committing ``Workload`` batches,
     two committing entry turns, so groups form) is SIGKILLed mid-load and its directory deleted.
     A replica opened on a new directory catches up to the stream's end: it holds every
@@ -77,19 +79,41 @@ def test_machine_loss_every_acknowledged_commit_is_restored_from_the_stream(tmp_
     machine_a = tmp_path / "machine-a"
     stream = "loss"
 
-    async def provision() -> None:  # the R3 stream and its lease bucket, made as a writer makes them
-        storage = await open_writer(tmp_path / "provision", durability="replicated", nats=nats_cluster.urls, stream=stream, replicas=3)
+    async def provision() -> (
+        None
+    ):  # the R3 stream and its lease bucket, made as a writer makes them
+        storage = await open_writer(
+            tmp_path / "provision",
+            durability="replicated",
+            nats=nats_cluster.urls,
+            stream=stream,
+            replicas=3,
+        )
         await storage.close()
 
     _bounded(40, provision())
     child = Child(
-        tmp_path, str(machine_a / "store"), "--nats", nats_cluster.urls, "--stream", stream,
-        "--durability", "replicated", "--replicas", "3", "--agents", "3", "--workload", str(seed),
+        tmp_path,
+        str(machine_a / "store"),
+        "--nats",
+        nats_cluster.urls,
+        "--stream",
+        stream,
+        "--durability",
+        "replicated",
+        "--replicas",
+        "3",
+        "--agents",
+        "3",
+        "--workload",
+        str(seed),
     )
     try:
         child.wait_for(lambda lines: "ready" in lines, 30, "ready")
         target = rng.randint(250, 400)
-        child.wait_for(lambda lines: _count("ack#0 ")(lines) >= target, 60, f"{target} workload commits")
+        child.wait_for(
+            lambda lines: _count("ack#0 ")(lines) >= target, 60, f"{target} workload commits"
+        )
         time.sleep(rng.uniform(0, 0.05))
     finally:
         child.kill()
@@ -110,7 +134,9 @@ def test_machine_loss_every_acknowledged_commit_is_restored_from_the_stream(tmp_
         last = len(records)
         assert last >= max(ledger.all_acked())
         machine_b = tmp_path / "machine-b"
-        replica = await LmdbStorage.open_replica(machine_b, nats=nats_cluster.urls, stream=stream, store=store)
+        replica = await LmdbStorage.open_replica(
+            machine_b, nats=nats_cluster.urls, stream=stream, store=store
+        )
         try:
             await replica.wait(last, timeout=30)
             head = replica.log.head()
@@ -123,19 +149,31 @@ def test_machine_loss_every_acknowledged_commit_is_restored_from_the_stream(tmp_
                 writes = [write_to_builtins(write) for write in commit.writes]
                 if seq in ledger.workload:
                     fed = batches[ledger.workload[seq]]
-                    assert canonical(writes) == canonical(fed), f"seed {seed}: record {seq} is not the batch acknowledged"
+                    assert canonical(writes) == canonical(fed), (
+                        f"seed {seed}: record {seq} is not the batch acknowledged"
+                    )
                 elif seq in ledger.acked:
                     fed = writes
-                    assert tuple(w["value"]["id"] for w in writes if w["type"] == "entry") == ledger.acked[seq]
+                    assert (
+                        tuple(w["value"]["id"] for w in writes if w["type"] == "entry")
+                        == ledger.acked[seq]
+                    )
                 else:  # committed, killed before it could say so: only what was in flight
                     fed = writes
                     unacknowledged.append(seq)
-                    turn = all(w["type"] in ("entry", "conversation") and w["value"]["id"] >= TURN_IDS for w in writes)
+                    turn = all(
+                        w["type"] in ("entry", "conversation") and w["value"]["id"] >= TURN_IDS
+                        for w in writes
+                    )
                     if not turn:
-                        assert in_flight and canonical(writes) == canonical(batches[in_flight[0]]), f"seed {seed}: {seq}"
+                        assert in_flight and canonical(writes) == canonical(
+                            batches[in_flight[0]]
+                        ), f"seed {seed}: {seq}"
                 assert await memory.commit(copy.deepcopy(fed), CTX) == seq
             assert len(unacknowledged) <= 3, unacknowledged  # at most one batch in flight per agent
-            assert canonical(await snapshot(replica, work, head)) == canonical(await snapshot(memory, work, head)), f"seed {seed}"
+            assert canonical(await snapshot(replica, work, head)) == canonical(
+                await snapshot(memory, work, head)
+            ), f"seed {seed}"
             for seq, ids in ledger.acked.items():
                 for id in ids:
                     ours, theirs = await replica.entry(id, CTX), await memory.entry(id, CTX)
@@ -155,18 +193,31 @@ def test_machine_loss_every_acknowledged_commit_is_restored_from_the_stream(tmp_
             assert list(export_lines(machine_c)) == exported
         # The restored store goes on as the writer (the dead one's lease is fenced out).
         writer = await LmdbStorage.open(
-            machine_b, durability="replicated", nats=nats_cluster.urls, stream=stream, replicas=3, take_over="force"
+            machine_b,
+            durability="replicated",
+            nats=nats_cluster.urls,
+            stream=stream,
+            replicas=3,
+            take_over="force",
         )
         try:
-            seq = await writer.commit([{"type": "conversation", "value": {"id": 3 * TURN_IDS}}], CTX)
+            seq = await writer.commit(
+                [{"type": "conversation", "value": {"id": 3 * TURN_IDS}}], CTX
+            )
             assert seq == head + 1
         finally:
             await writer.close()
-        records = check_subject(await read_subject(nats_cluster.urls, stream, subject(stream, store)), store, local_records(machine_b))
+        records = check_subject(
+            await read_subject(nats_cluster.urls, stream, subject(stream, store)),
+            store,
+            local_records(machine_b),
+        )
         assert len(records) == head + 1
 
     _bounded(90, restore_elsewhere())
-    print(f"machine loss: seed {seed}, {len(ledger.all_acked())} acknowledged, in flight {in_flight}")
+    print(
+        f"machine loss: seed {seed}, {len(ledger.all_acked())} acknowledged, in flight {in_flight}"
+    )
 
 
 # ── cluster faults ──────────────────────────────────────────────────────────
@@ -193,7 +244,9 @@ async def _stream_leader(servers: str, stream: str) -> str:
 
 
 @pytest.mark.cluster
-def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_cluster: NatsCluster) -> None:
+def test_cluster_faults_one_node_down_two_down_and_back(
+    tmp_path: Path, nats_cluster: NatsCluster
+) -> None:
     """A replicated writer on a 3-node R3 stream, four agents committing turns. The stream's
     leader is SIGKILLed: commits go on after an election (failed ones are followed by new ones,
     acknowledged ones are never retried). A second node is SIGKILLed: no commit begun after that
@@ -213,7 +266,12 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
 
     async def body() -> None:
         storage = await open_writer(
-            path, durability="replicated", nats=nats_cluster.urls, stream=stream, replicas=3, lease_ttl=120
+            path,
+            durability="replicated",
+            nats=nats_cluster.urls,
+            stream=stream,
+            replicas=3,
+            lease_ttl=120,
         )
         stop = asyncio.Event()
 
@@ -226,7 +284,10 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
                     if conversation is None:
                         conversation = await storage.mint_id()
                         ids = (await storage.mint_id(),)
-                        writes = [{"type": "conversation", "value": {"id": conversation}}, _entry(ids[0], conversation)]
+                        writes = [
+                            {"type": "conversation", "value": {"id": conversation}},
+                            _entry(ids[0], conversation),
+                        ]
                     else:
                         ids = (await storage.mint_id(),)
                         writes = [_entry(ids[0], conversation, data={"turn": turn})]
@@ -245,7 +306,9 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
         async def until(condition: Callable[[], bool], timeout: float, what: str) -> float:
             deadline = time.monotonic() + timeout
             while not condition():
-                assert time.monotonic() < deadline, f"{what}: not within {timeout} s; last attempts: {attempts[-4:]}"
+                assert time.monotonic() < deadline, (
+                    f"{what}: not within {timeout} s; last attempts: {attempts[-4:]}"
+                )
                 await asyncio.sleep(0.02)
             return time.monotonic()
 
@@ -256,13 +319,17 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
             nonlocal replica, lost, back
             begin = time.monotonic()
             await until(lambda: acked_since(begin) >= 200, 30, "200 commits")
-            replica = await LmdbStorage.open_replica(replica_dir, nats=nats_cluster.urls, stream=stream, store=storage.store_id)
+            replica = await LmdbStorage.open_replica(
+                replica_dir, nats=nats_cluster.urls, stream=stream, store=storage.store_id
+            )
 
             # One node down: the stream's leader.
             first = nats_cluster.index_of(await _stream_leader(nats_cluster.urls, stream))
             await asyncio.to_thread(nats_cluster.kill, first)
             killed = time.monotonic()
-            resumed = await until(lambda: acked_since(killed) >= 1, 30, "a commit after the leader's loss")
+            resumed = await until(
+                lambda: acked_since(killed) >= 1, 30, "a commit after the leader's loss"
+            )
             await until(lambda: acked_since(killed) >= 200, 20, "200 commits with one node down")
             timings["one down: first commit after"] = resumed - killed
 
@@ -272,7 +339,9 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
             await asyncio.to_thread(nats_cluster.kill, second)
             lost = time.monotonic()
             failing = lambda: [a for a in attempts if a.started > lost and a.error is not None]  # noqa: E731
-            first_failure = await until(lambda: len(failing()) >= 1, 15, "a failed commit without quorum")
+            first_failure = await until(
+                lambda: len(failing()) >= 1, 15, "a failed commit without quorum"
+            )
             await until(lambda: len({a.agent for a in failing()}) == 4, 30, "every agent failing")
             timings["two down: first failure after"] = first_failure - lost
             timings["two down: longest failed commit"] = max(a.ended - a.started for a in failing())
@@ -281,7 +350,9 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
             await asyncio.to_thread(nats_cluster.start_node, first)
             await asyncio.to_thread(nats_cluster.start_node, second)
             back = time.monotonic()
-            resumed = await until(lambda: acked_since(back) >= 1, 45, "a commit once the nodes are back")
+            resumed = await until(
+                lambda: acked_since(back) >= 1, 45, "a commit once the nodes are back"
+            )
             await until(lambda: acked_since(back) >= 100, 30, "100 commits once the nodes are back")
             timings["back: first commit after"] = resumed - back
 
@@ -310,21 +381,36 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
                 await replica.close()
 
         no_quorum = [a for a in attempts if lost < a.started and a.ended < back]
-        assert no_quorum and all(a.seq is None for a in no_quorum), "a commit was acknowledged without a quorum"
+        assert no_quorum and all(a.seq is None for a in no_quorum), (
+            "a commit was acknowledged without a quorum"
+        )
         for attempt in no_quorum:
             assert isinstance(attempt.error, NatsUnavailableError), repr(attempt.error)
-            assert attempt.ended - attempt.started < 15, f"a commit took {attempt.ended - attempt.started:.1f} s to fail"
+            assert attempt.ended - attempt.started < 15, (
+                f"a commit took {attempt.ended - attempt.started:.1f} s to fail"
+            )
             assert stream in str(attempt.error) or "NATS" in str(attempt.error), str(attempt.error)
-        odd = [a.error for a in attempts if a.error is not None and not isinstance(a.error, ReplicationError)]
+        odd = [
+            a.error
+            for a in attempts
+            if a.error is not None and not isinstance(a.error, ReplicationError)
+        ]
         assert not odd, f"failures that are not ReplicationError: {odd[:3]!r}"
-        assert not [a for a in attempts if isinstance(a.error, NotWriterError)], "the writer was deposed"
+        assert not [a for a in attempts if isinstance(a.error, NotWriterError)], (
+            "the writer was deposed"
+        )
         acked = [a for a in attempts if a.seq is not None]
         assert len({a.seq for a in acked}) == len(acked), "a sequence was acknowledged twice"
         for attempt in acked:
-            assert attempt.seq in local and entry_ids(local[attempt.seq], attempt.seq)[-1:] == attempt.ids, attempt
+            assert (
+                attempt.seq in local
+                and entry_ids(local[attempt.seq], attempt.seq)[-1:] == attempt.ids
+            ), attempt
         store = storage.store_id
         assert store is not None
-        records = check_subject(await read_subject(nats_cluster.urls, stream, subject(stream, store)), store, local)
+        records = check_subject(
+            await read_subject(nats_cluster.urls, stream, subject(stream, store)), store, local
+        )
         assert len(records) == head == len(local)
 
     _bounded(170, body())
@@ -335,12 +421,16 @@ def test_cluster_faults_one_node_down_two_down_and_back(tmp_path: Path, nats_clu
     for attempt in attempts:
         if attempt.error is not None:
             errors.setdefault(type(attempt.error).__name__, str(attempt.error)[:160])
-    print(f"{sum(a.seq is not None for a in attempts)} acknowledged, {sum(a.error is not None for a in attempts)} failed: {errors}")
+    print(
+        f"{sum(a.seq is not None for a in attempts)} acknowledged, {sum(a.error is not None for a in attempts)} failed: {errors}"
+    )
     assert verify(path) is None
 
 
 @pytest.mark.cluster
-def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_errors(tmp_path: Path, nats_cluster: NatsCluster) -> None:
+def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_errors(
+    tmp_path: Path, nats_cluster: NatsCluster
+) -> None:
     """All three nodes of an R3 cluster crash and one comes back alone: it answers JetStream
     requests with "503 JetStream system temporarily unavailable". A replicated open, a replica
     open and a commit of an open writer then fail with ``NatsUnavailableError`` (never a raw
@@ -352,7 +442,9 @@ def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_error
     outcomes: list[tuple[str, float, BaseException]] = []
 
     async def body() -> None:
-        storage = await open_writer(path, durability="replicated", nats=urls, stream=stream, replicas=3, lease_ttl=120)
+        storage = await open_writer(
+            path, durability="replicated", nats=urls, stream=stream, replicas=3, lease_ttl=120
+        )
         try:
             await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             store = storage.store_id
@@ -377,9 +469,21 @@ def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_error
             while time.monotonic() - began < 12:  # long enough for the lone node to answer 503s
                 await attempt("commit", lambda: storage.commit([_entry(next(next_id))], CTX))
                 await attempt(
-                    "open", lambda: LmdbStorage.open(tmp_path / "other", durability="replicated", nats=urls, stream=stream, replicas=3)
+                    "open",
+                    lambda: LmdbStorage.open(
+                        tmp_path / "other",
+                        durability="replicated",
+                        nats=urls,
+                        stream=stream,
+                        replicas=3,
+                    ),
                 )
-                await attempt("open_replica", lambda: LmdbStorage.open_replica(replica_dir, nats=urls, stream=stream, store=store))
+                await attempt(
+                    "open_replica",
+                    lambda: LmdbStorage.open_replica(
+                        replica_dir, nats=urls, stream=stream, store=store
+                    ),
+                )
             for node in (1, 2):
                 await asyncio.to_thread(nats_cluster.start_node, node)
             back = time.monotonic()
@@ -390,14 +494,18 @@ def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_error
                     break
                 except Exception as error:
                     outcomes.append(("commit, nodes coming back", time.monotonic() - tried, error))
-                    assert time.monotonic() - back < 45, "commits did not resume once the nodes were back"
+                    assert time.monotonic() - back < 45, (
+                        "commits did not resume once the nodes were back"
+                    )
                     await asyncio.sleep(0.2)
             assert seq == storage.log.head() and seq >= 2
         finally:
             await storage.close()
 
     _bounded(100, body())
-    raw = [(name, error) for name, _, error in outcomes if not isinstance(error, NatsUnavailableError)]
+    raw = [
+        (name, error) for name, _, error in outcomes if not isinstance(error, NatsUnavailableError)
+    ]
     assert not raw, f"errors that are not NatsUnavailableError: {raw[:4]!r}"
     slow = [(name, round(seconds, 1)) for name, seconds, _ in outcomes if seconds > 12]
     assert not slow, slow
@@ -405,7 +513,9 @@ def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_error
 
 
 @pytest.mark.slow
-def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """The server is down longer than a writer's lease may go unrenewed (``lease_ttl=2``: 1.5 s):
     a commit is then refused at once with ``LeaseLapsedError`` (a ``NotWriterError``) naming the
     lease, committing nothing. Once the server is back, nobody else having taken the lease, the
@@ -416,7 +526,9 @@ def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(tmp_pa
     stream = "lease"
 
     async def body() -> None:
-        storage = await open_writer(path, durability="replicated", nats=nats_server.url, stream=stream, lease_ttl=2)
+        storage = await open_writer(
+            path, durability="replicated", nats=nats_server.url, stream=stream, lease_ttl=2
+        )
         try:
             acked = [await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)]
             for id in range(100, 120):
@@ -438,10 +550,14 @@ def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(tmp_pa
                     acked.append(await storage.commit([_entry(next(next_id))], CTX))
                     break
                 except NotWriterError as error:
-                    assert isinstance(error, LeaseLapsedError), repr(error)  # never deposed for good
+                    assert isinstance(error, LeaseLapsedError), repr(
+                        error
+                    )  # never deposed for good
                 except NatsUnavailableError:
                     pass
-                assert time.monotonic() - back < 15, "commits did not resume once the server was back"
+                assert time.monotonic() - back < 15, (
+                    "commits did not resume once the server was back"
+                )
                 await asyncio.sleep(0.1)
             resumed = time.monotonic() - back
             assert storage.replication.epoch > epoch

@@ -37,7 +37,15 @@ from pi_durable_lmdb.audit import check, export_lines, verify
 
 from ..support.compare import canonical
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
-from ..support.replication_helpers import _bounded, Child, publish_raw, local_records, subject, _entry, _cli
+from ..support.replication_helpers import (
+    _bounded,
+    Child,
+    publish_raw,
+    local_records,
+    subject,
+    _entry,
+    _cli,
+)
 from ..support.workload import Workload, snapshot
 
 
@@ -45,7 +53,9 @@ from ..support.workload import Workload, snapshot
 
 
 @pytest.mark.slow
-def test_replica_follows_a_writer_under_load_and_ends_identical(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_replica_follows_a_writer_under_load_and_ends_identical(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """A replica follows a replicated writer while eight agents commit entries and one commits
     ``Workload`` batches (documents, tasks, forks, rejections): it serves read-your-writes once
     ``wait(seq)`` returns, refuses commits and ``mint_id`` with ``NotWriterError``, and ends with
@@ -58,11 +68,15 @@ def test_replica_follows_a_writer_under_load_and_ends_identical(tmp_path: Path, 
     stream = "follow"
 
     async def body() -> None:
-        writer = await LmdbStorage.open(writer_dir, durability="replicated", nats=nats_server.url, stream=stream)
+        writer = await LmdbStorage.open(
+            writer_dir, durability="replicated", nats=nats_server.url, stream=stream
+        )
         replica = None
         try:
             await writer.commit([{"type": "conversation", "value": {"id": 10**6}}], CTX)
-            replica = await LmdbStorage.open_replica(replica_dir, nats=nats_server.url, stream=stream, store=writer.store_id)
+            replica = await LmdbStorage.open_replica(
+                replica_dir, nats=nats_server.url, stream=stream, store=writer.store_id
+            )
             assert replica.store_id == writer.store_id
 
             async def entries(k: int) -> None:
@@ -97,7 +111,9 @@ def test_replica_follows_a_writer_under_load_and_ends_identical(tmp_path: Path, 
             await replica.wait(head, timeout=20)
             status = replica.replication.status()
             assert status.applied_seq == head and not status.stopped, status
-            assert canonical(await snapshot(replica, work, head)) == canonical(await snapshot(writer, work, head)), f"seed {seed}"
+            assert canonical(await snapshot(replica, work, head)) == canonical(
+                await snapshot(writer, work, head)
+            ), f"seed {seed}"
         finally:
             if replica is not None:
                 await replica.close()
@@ -112,7 +128,9 @@ def test_replica_follows_a_writer_under_load_and_ends_identical(tmp_path: Path, 
     assert ours.stdout == theirs.stdout and ours.stdout.count(b"\n") > 2000
 
 
-def test_replica_closed_for_thousands_of_commits_catches_up(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_replica_closed_for_thousands_of_commits_catches_up(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """A replica of a shipping (``process``) writer is closed while the writer commits 3,000
     more batches; reopened, it catches up, and ends with the writer's log and projections."""
 
@@ -121,27 +139,40 @@ def test_replica_closed_for_thousands_of_commits_catches_up(tmp_path: Path, nats
     timings: dict[str, float] = {}
 
     async def body() -> None:
-        writer = await LmdbStorage.open(writer_dir, durability="process", nats=nats_server.url, stream=stream)
+        writer = await LmdbStorage.open(
+            writer_dir, durability="process", nats=nats_server.url, stream=stream
+        )
         drain = lambda: writer._link.arun(writer.replication.drain(20))  # noqa: E731
         try:
             await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             for id in range(100, 200):
                 await writer.commit([_entry(id)], CTX)
             assert await drain()
-            replica = await LmdbStorage.open_replica(replica_dir, nats=nats_server.url, stream=stream, store=writer.store_id)
+            replica = await LmdbStorage.open_replica(
+                replica_dir, nats=nats_server.url, stream=stream, store=writer.store_id
+            )
             try:
                 await replica.wait(101, timeout=10)
             finally:
                 await replica.close()
             for start in range(1000, 4000, 50):
-                await asyncio.gather(*(writer.commit([_entry(id, data={"n": id})], CTX) for id in range(start, start + 50)))
+                await asyncio.gather(
+                    *(
+                        writer.commit([_entry(id, data={"n": id})], CTX)
+                        for id in range(start, start + 50)
+                    )
+                )
             assert await drain(), writer.replication.status()
             head = writer.log.head()
             assert head == 3101
             status = writer.replication.status()
-            assert status.shipped_seq == head and status.lag_records == 0 and status.last_error is None, status
+            assert (
+                status.shipped_seq == head and status.lag_records == 0 and status.last_error is None
+            ), status
             began = time.monotonic()
-            replica = await LmdbStorage.open_replica(replica_dir, nats=nats_server.url, stream=stream, store=writer.store_id)
+            replica = await LmdbStorage.open_replica(
+                replica_dir, nats=nats_server.url, stream=stream, store=writer.store_id
+            )
             try:
                 await replica.wait(head, timeout=30)
                 timings["catch-up of 3000 records"] = time.monotonic() - began
@@ -160,7 +191,9 @@ def test_replica_closed_for_thousands_of_commits_catches_up(tmp_path: Path, nats
 
 
 @pytest.mark.slow
-def test_a_replica_killed_at_random_moments_resumes_where_it_stood(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_a_replica_killed_at_random_moments_resumes_where_it_stood(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """A shipping writer puts 20,000 records on the stream; a replica (a child process) catching
     up is SIGKILLed at random moments six times, then left to finish. After each kill its log is
     a prefix of the writer's, byte for byte, never shorter than after the kill before, and its
@@ -172,12 +205,21 @@ def test_a_replica_killed_at_random_moments_resumes_where_it_stood(tmp_path: Pat
     stream = "resume"
 
     async def write() -> tuple[str, int]:
-        writer = await LmdbStorage.open(writer_dir, durability="process", nats=nats_server.url, stream=stream)
+        writer = await LmdbStorage.open(
+            writer_dir, durability="process", nats=nats_server.url, stream=stream
+        )
         try:
             await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             for start in range(100, 20_099, 200):
-                await asyncio.gather(*(writer.commit([_entry(id, data={"n": id})], CTX) for id in range(start, min(start + 200, 20_099))))
-            assert await writer._link.arun(writer.replication.drain(30)), writer.replication.status()
+                await asyncio.gather(
+                    *(
+                        writer.commit([_entry(id, data={"n": id})], CTX)
+                        for id in range(start, min(start + 200, 20_099))
+                    )
+                )
+            assert await writer._link.arun(writer.replication.drain(30)), (
+                writer.replication.status()
+            )
             assert writer.store_id is not None
             return writer.store_id, writer.log.head()
         finally:
@@ -186,7 +228,17 @@ def test_a_replica_killed_at_random_moments_resumes_where_it_stood(tmp_path: Pat
     store, head = _bounded(60, write())
     assert head == 20_000
     written = local_records(writer_dir)
-    args = [str(replica_dir), "--nats", nats_server.url, "--stream", stream, "--replica-of", store, "--until", str(head)]
+    args = [
+        str(replica_dir),
+        "--nats",
+        nats_server.url,
+        "--stream",
+        stream,
+        "--replica-of",
+        store,
+        "--until",
+        str(head),
+    ]
     heads = [0]
     for round in range(6):
         child = Child(tmp_path, *args)
@@ -198,7 +250,9 @@ def test_a_replica_killed_at_random_moments_resumes_where_it_stood(tmp_path: Pat
         local = local_records(replica_dir)
         heads.append(max(local, default=0))
         assert heads[-1] >= heads[-2], f"seed {seed}: the replica went back: {heads}"
-        assert sorted(local) == list(range(1, heads[-1] + 1)) and all(local[seq] == written[seq] for seq in local), f"seed {seed}"
+        assert sorted(local) == list(range(1, heads[-1] + 1)) and all(
+            local[seq] == written[seq] for seq in local
+        ), f"seed {seed}"
         if round % 2:
             assert verify(replica_dir) is None, f"seed {seed}: after a kill at {heads[-1]}"
     child = Child(tmp_path, *args)
@@ -214,7 +268,11 @@ def test_a_replica_killed_at_random_moments_resumes_where_it_stood(tmp_path: Pat
 
 def _bad_checksum(data: bytes) -> bytes:
     record = msgspec.msgpack.decode(data, type=LogRecord)
-    return msgspec.msgpack.encode(LogRecord(record.format, record.committed_at, record.checksum ^ 1, record.payload, record.size))
+    return msgspec.msgpack.encode(
+        LogRecord(
+            record.format, record.committed_at, record.checksum ^ 1, record.payload, record.size
+        )
+    )
 
 
 def _record_of(writes: list[dict[str, Any]]) -> bytes:
@@ -224,32 +282,52 @@ def _record_of(writes: list[dict[str, Any]]) -> bytes:
 FORGERIES: dict[str, Callable[[str, int, bytes, int], tuple[dict[str, str], bytes, str]]] = {
     # name: (store, head, the last record's bytes, writer epoch) -> (headers, body, reason in the error)
     "bad checksum": lambda store, head, last, epoch: (
-        _forged_headers(store, head + 1, epoch), _bad_checksum(last), f"record {head + 1}: checksum mismatch"
+        _forged_headers(store, head + 1, epoch),
+        _bad_checksum(last),
+        f"record {head + 1}: checksum mismatch",
     ),
     "skipped sequence": lambda store, head, last, epoch: (
-        _forged_headers(store, head + 2, epoch), _record_of([_entry(777)]), f"record {head + 2} does not follow this store's head {head}"
+        _forged_headers(store, head + 2, epoch),
+        _record_of([_entry(777)]),
+        f"record {head + 2} does not follow this store's head {head}",
     ),
     "invalid commit": lambda store, head, last, epoch: (
-        _forged_headers(store, head + 1, epoch), _record_of([_entry(1)]), f"record {head + 1} is not a valid commit here"
+        _forged_headers(store, head + 1, epoch),
+        _record_of([_entry(1)]),
+        f"record {head + 1} is not a valid commit here",
     ),
     "fenced epoch": lambda store, head, last, epoch: (
-        _forged_headers(store, head + 1, epoch - 1), _record_of([_entry(777)]), f"after epoch {epoch} fenced it"
+        _forged_headers(store, head + 1, epoch - 1),
+        _record_of([_entry(777)]),
+        f"after epoch {epoch} fenced it",
     ),
     "another store": lambda store, head, last, epoch: (
-        _forged_headers("f0f0f0f0f0f0f0f0", head + 1, epoch), _record_of([_entry(777)]), "belongs to store 'f0f0f0f0f0f0f0f0'"
+        _forged_headers("f0f0f0f0f0f0f0f0", head + 1, epoch),
+        _record_of([_entry(777)]),
+        "belongs to store 'f0f0f0f0f0f0f0f0'",
     ),
     "superscript digit as sequence": lambda store, head, last, epoch: (
-        {**_forged_headers(store, head + 1, epoch), "Pd-Seq": "\u00b2", "Nats-Msg-Id": f"{store}:\u00b2"},
+        {
+            **_forged_headers(store, head + 1, epoch),
+            "Pd-Seq": "\u00b2",
+            "Nats-Msg-Id": f"{store}:\u00b2",
+        },
         _record_of([_entry(777)]),
         "is not a log sequence",
     ),
     "fence body as an id reservation": lambda store, head, last, epoch: (
-        {**_forged_headers(store, head, epoch), "Pd-Kind": "ids", "Nats-Msg-Id": f"{store}:ids:{epoch}:f0f0"},
+        {
+            **_forged_headers(store, head, epoch),
+            "Pd-Kind": "ids",
+            "Nats-Msg-Id": f"{store}:ids:{epoch}:f0f0",
+        },
         encode_control(Fence(epoch, "forger")),
         "its body is a Fence, not what a 'ids' message carries",
     ),
     "message id of another record": lambda store, head, last, epoch: (
-        {**_forged_headers(store, head + 1, epoch), "Nats-Msg-Id": f"{store}:{head + 1}x"}, _record_of([_entry(777)]), "does not name record"
+        {**_forged_headers(store, head + 1, epoch), "Nats-Msg-Id": f"{store}:{head + 1}x"},
+        _record_of([_entry(777)]),
+        "does not name record",
     ),
 }
 
@@ -269,7 +347,9 @@ def _forged_headers(store: str, seq: int, epoch: int) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("forgery", list(FORGERIES))
-def test_forged_message_stops_the_replica_and_applies_nothing(tmp_path: Path, nats_server: NatsNode, forgery: str) -> None:
+def test_forged_message_stops_the_replica_and_applies_nothing(
+    tmp_path: Path, nats_server: NatsNode, forgery: str
+) -> None:
     """A message published on a store's subject by someone else, with valid-looking headers
     (``Pd-Format``, ``Pd-Store``, a matching ``Nats-Msg-Id``) but a body or sequence that is not
     the store's next record, stops a replica that follows live and one that catches up from
@@ -281,7 +361,9 @@ def test_forged_message_stops_the_replica_and_applies_nothing(tmp_path: Path, na
     live_dir, fresh_dir = tmp_path / "live", tmp_path / "fresh"
 
     async def body() -> None:
-        writer = await LmdbStorage.open(tmp_path / "writer", durability="replicated", nats=nats_server.url, stream=stream)
+        writer = await LmdbStorage.open(
+            tmp_path / "writer", durability="replicated", nats=nats_server.url, stream=stream
+        )
         try:
             await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             for id in range(100, 129):
@@ -292,24 +374,35 @@ def test_forged_message_stops_the_replica_and_applies_nothing(tmp_path: Path, na
             last = writer.log.raw_chunk(head, head)[0][1]
         finally:
             await writer.close()
-        live = await LmdbStorage.open_replica(live_dir, nats=nats_server.url, stream=stream, store=store)
+        live = await LmdbStorage.open_replica(
+            live_dir, nats=nats_server.url, stream=stream, store=store
+        )
         try:
             await live.wait(head, timeout=10)
             headers, data, reason = FORGERIES[forgery](store, head, bytes(last), epoch)
             stream_seq = await publish_raw(nats_server.url, subject(stream, store), headers, data)
-            replicas = [live, await LmdbStorage.open_replica(fresh_dir, nats=nats_server.url, stream=stream, store=store)]
+            replicas = [
+                live,
+                await LmdbStorage.open_replica(
+                    fresh_dir, nats=nats_server.url, stream=stream, store=store
+                ),
+            ]
             try:
                 for replica in replicas:
                     with pytest.raises(ForeignMessageError) as caught:
                         await replica.wait(head + 2, timeout=10)
                     assert caught.value.stream_seq == stream_seq
-                    assert f"Message {stream_seq} of stream {stream}" in str(caught.value), str(caught.value)
+                    assert f"Message {stream_seq} of stream {stream}" in str(caught.value), str(
+                        caught.value
+                    )
                     assert reason in str(caught.value), str(caught.value)
                     assert replica.log.head() == head
                     assert replica.replication.status().stopped
                     read = await replica.entry(128, CTX)
                     assert read is not None and read["commitSeq"] == head
-                    assert (await replica.scan_entries({"conversationId": 1}, 100, None, CTX))["items"][0]["id"] == 128
+                    assert (await replica.scan_entries({"conversationId": 1}, 100, None, CTX))[
+                        "items"
+                    ][0]["id"] == 128
             finally:
                 await replicas[1].close()
         finally:
@@ -317,7 +410,9 @@ def test_forged_message_stops_the_replica_and_applies_nothing(tmp_path: Path, na
         for path in (live_dir, fresh_dir):
             assert verify(path) is None
             assert local_records(path)[head] == bytes(last)
-        again = await LmdbStorage.open_replica(live_dir, nats=nats_server.url, stream=stream, store=store)
+        again = await LmdbStorage.open_replica(
+            live_dir, nats=nats_server.url, stream=stream, store=store
+        )
         try:
             with pytest.raises(ForeignMessageError) as caught:
                 await again.wait(head + 1, timeout=10)

@@ -61,7 +61,9 @@ def _same(restored: Path, writer: Path) -> None:
     assert list(export_lines(restored)) == list(export_lines(writer))
 
 
-def test_restore_from_a_snapshot_after_the_log_before_it_was_trimmed(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_restore_from_a_snapshot_after_the_log_before_it_was_trimmed(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     stream = "snaps"
 
     async def body() -> None:
@@ -73,7 +75,11 @@ def test_restore_from_a_snapshot_after_the_log_before_it_was_trimmed(tmp_path: P
             link = await open_stream(nats_server.url, stream)
             try:
                 first = await take_snapshot(tmp_path / "writer", link)
-                assert first.seq == writer.log.head() and first.deleted == [] and first.trimmed_below == 0
+                assert (
+                    first.seq == writer.log.head()
+                    and first.deleted == []
+                    and first.trimmed_below == 0
+                )
                 await _commit(writer, 300, 40)
                 second = await take_snapshot(tmp_path / "writer", link, keep=1, trim=True)
                 assert second.deleted == [first.name] and second.trimmed_below == second.stream_seq
@@ -82,7 +88,9 @@ def test_restore_from_a_snapshot_after_the_log_before_it_was_trimmed(tmp_path: P
             finally:
                 await asyncio.to_thread(link.close)
             messages = await read_subject(nats_server.url, stream, subject(stream, store))
-            assert messages[0].stream_seq == second.stream_seq, "the log before the snapshot kept is trimmed"
+            assert messages[0].stream_seq == second.stream_seq, (
+                "the log before the snapshot kept is trimmed"
+            )
             await _commit(writer, 400, 30)
             head = writer.log.head()
         finally:
@@ -90,9 +98,16 @@ def test_restore_from_a_snapshot_after_the_log_before_it_was_trimmed(tmp_path: P
         assert await restore(nats_server.url, stream, store, tmp_path / "restored") == head
         _same(tmp_path / "restored", tmp_path / "writer")
         # to a point between the snapshot and the end; before the snapshot the log is gone
-        assert await restore(nats_server.url, stream, store, tmp_path / "earlier", to_seq=second.seq + 5) == second.seq + 5
+        assert (
+            await restore(
+                nats_server.url, stream, store, tmp_path / "earlier", to_seq=second.seq + 5
+            )
+            == second.seq + 5
+        )
         with pytest.raises(ValueError, match="trimmed"):
-            await restore(nats_server.url, stream, store, tmp_path / "too-early", to_seq=second.seq - 5)
+            await restore(
+                nats_server.url, stream, store, tmp_path / "too-early", to_seq=second.seq - 5
+            )
         assert not (tmp_path / "too-early").exists()
 
     _bounded(90, body())
@@ -107,7 +122,9 @@ def _corrupt(packed: bytes, how: str) -> bytes:
     raise AssertionError(how)
 
 
-def test_snapshots_that_do_not_verify_are_never_started_from(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_snapshots_that_do_not_verify_are_never_started_from(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     stream = "unsound"
 
     async def body() -> None:
@@ -129,7 +146,9 @@ def test_snapshots_that_do_not_verify_are_never_started_from(tmp_path: Path, nat
                 # newer than the good one, each unsound in its own way
                 for offset, how in enumerate(("cut short", "flipped byte"), 1):
                     name = snapshot_name(store, later + offset, head)
-                    await link.arun(link.snapshot_put(name, io.BytesIO(_corrupt(packed.getvalue(), how))))
+                    await link.arun(
+                        link.snapshot_put(name, io.BytesIO(_corrupt(packed.getvalue(), how)))
+                    )
                 foreign = await take_snapshot(tmp_path / "other", link)
                 moved = io.BytesIO()
                 await link.arun(link.snapshot_get(foreign.name, moved))
@@ -145,7 +164,9 @@ def test_snapshots_that_do_not_verify_are_never_started_from(tmp_path: Path, nat
                     directory.mkdir()
                     with pytest.raises(SnapshotUnsoundError):
                         read_snapshot(spool, str(directory), store, stream, bad)
-                    assert os.listdir(directory) == [], "nothing is left of a snapshot that does not verify"
+                    assert os.listdir(directory) == [], (
+                        "nothing is left of a snapshot that does not verify"
+                    )
                 # the newest sound one is chosen
                 seeded = tmp_path / "seeded"
                 seeded.mkdir()
@@ -158,13 +179,18 @@ def test_snapshots_that_do_not_verify_are_never_started_from(tmp_path: Path, nat
             await other.close()
         assert await restore(nats_server.url, stream, store, tmp_path / "restored") == head
         _same(tmp_path / "restored", tmp_path / "writer")
-        assert await restore(nats_server.url, stream, store, tmp_path / "from-log", snapshots=False) == head
+        assert (
+            await restore(nats_server.url, stream, store, tmp_path / "from-log", snapshots=False)
+            == head
+        )
         _same(tmp_path / "from-log", tmp_path / "writer")
 
     _bounded(90, body())
 
 
-def test_a_snapshot_publisher_killed_at_random_moments(tmp_path: Path, nats_server: NatsNode) -> None:
+def test_a_snapshot_publisher_killed_at_random_moments(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
     """``durable-log snapshot --every`` SIGKILLed at random moments (3 kills): every snapshot the
     bucket lists verifies, and a restore after each kill equals the writer."""
 
@@ -183,9 +209,20 @@ def test_a_snapshot_publisher_killed_at_random_moments(tmp_path: Path, nats_serv
     store, head = _bounded(60, fill())
     for round in range(3):
         child = subprocess.Popen(
-            [str(DURABLE_LOG), "snapshot", str(tmp_path / "writer"), "--nats", nats_server.url, "--stream", stream,
-             "--every", "0.1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+            [
+                str(DURABLE_LOG),
+                "snapshot",
+                str(tmp_path / "writer"),
+                "--nats",
+                nats_server.url,
+                "--stream",
+                stream,
+                "--every",
+                "0.1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
         )
         try:
             time.sleep(rng.uniform(0.3, 1.5))
@@ -207,16 +244,31 @@ def test_a_snapshot_publisher_killed_at_random_moments(tmp_path: Path, nats_serv
                     assert header.seq == head
             finally:
                 await asyncio.to_thread(link.close)
-            assert await restore(nats_server.url, stream, store, tmp_path / f"restored-{round}") == head
+            assert (
+                await restore(nats_server.url, stream, store, tmp_path / f"restored-{round}")
+                == head
+            )
             _same(tmp_path / f"restored-{round}", tmp_path / "writer")
 
         _bounded(60, check())
     done = subprocess.run(
-        [str(DURABLE_LOG), "snapshot", str(tmp_path / "writer"), "--nats", nats_server.url, "--stream", stream],
-        capture_output=True, timeout=60, cwd=ROOT,
+        [
+            str(DURABLE_LOG),
+            "snapshot",
+            str(tmp_path / "writer"),
+            "--nats",
+            nats_server.url,
+            "--stream",
+            stream,
+        ],
+        capture_output=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert not [name for name in os.listdir(tmp_path) if name.startswith(".snapshot-")], "work left by the killed ones"
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".snapshot-")], (
+        "work left by the killed ones"
+    )
 
 
 def test_a_new_replica_starts_from_a_snapshot_on_the_memory_engine(tmp_path: Path) -> None:
@@ -231,12 +283,16 @@ def test_a_new_replica_starts_from_a_snapshot_on_the_memory_engine(tmp_path: Pat
                 report = await take_snapshot(tmp_path / "writer", link, keep=1, trim=True)
             finally:
                 await asyncio.to_thread(link.close)
-            assert [m.stream_seq for m in server.subject_messages(f"{server.name}.{report.store}.log")][0] == report.stream_seq
+            assert [
+                m.stream_seq for m in server.subject_messages(f"{server.name}.{report.store}.log")
+            ][0] == report.stream_seq
             await _commit(writer, 200, 10)
             head = writer.log.head()
         finally:
             await writer.close()
-        replica = await LmdbStorage.open_replica(tmp_path / "replica", nats=MemoryLink(server), stream=server.name, store=report.store)
+        replica = await LmdbStorage.open_replica(
+            tmp_path / "replica", nats=MemoryLink(server), stream=server.name, store=report.store
+        )
         try:
             await replica.wait(head, timeout=20)
         finally:
@@ -257,13 +313,25 @@ def test_retention_is_by_policy_only(tmp_path: Path) -> None:
             for round in range(3):
                 await _commit(writer, 100 + 10 * round, 10)
                 names.append((await take_snapshot(tmp_path / "writer", link)).name)
-            assert await link.arun(link.snapshot_names()) == sorted(names), "without keep nothing is deleted"
-            assert server.subject_messages(f"{server.name}.{writer.store_id}.log")[0].stream_seq == 1
+            assert await link.arun(link.snapshot_names()) == sorted(names), (
+                "without keep nothing is deleted"
+            )
+            assert (
+                server.subject_messages(f"{server.name}.{writer.store_id}.log")[0].stream_seq == 1
+            )
             with pytest.raises(ValueError, match="keep"):
                 await take_snapshot(tmp_path / "writer", link, trim=True)
-            report = await take_snapshot(tmp_path / "writer", link, keep=2)  # nothing new: the same name again
-            assert report.name == names[-1] and report.deleted == names[:1] and report.trimmed_below == 0
-            assert server.subject_messages(f"{server.name}.{writer.store_id}.log")[0].stream_seq == 1
+            report = await take_snapshot(
+                tmp_path / "writer", link, keep=2
+            )  # nothing new: the same name again
+            assert (
+                report.name == names[-1]
+                and report.deleted == names[:1]
+                and report.trimmed_below == 0
+            )
+            assert (
+                server.subject_messages(f"{server.name}.{writer.store_id}.log")[0].stream_seq == 1
+            )
         finally:
             await asyncio.to_thread(link.close)
             await writer.close()
@@ -273,18 +341,45 @@ def test_retention_is_by_policy_only(tmp_path: Path) -> None:
 
 def test_snapshot_command_refuses_trim_without_keep_and_a_missing_store(tmp_path: Path) -> None:
     missing = subprocess.run(
-        [str(DURABLE_LOG), "snapshot", str(tmp_path / "none"), "--nats", "127.0.0.1:1", "--stream", "S"],
-        capture_output=True, timeout=60, cwd=ROOT,
+        [
+            str(DURABLE_LOG),
+            "snapshot",
+            str(tmp_path / "none"),
+            "--nats",
+            "127.0.0.1:1",
+            "--stream",
+            "S",
+        ],
+        capture_output=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert missing.returncode == 2 and b"Traceback" not in missing.stderr, missing.stderr
     trim = subprocess.run(
-        [str(DURABLE_LOG), "snapshot", str(tmp_path), "--nats", "127.0.0.1:1", "--stream", "S", "--trim"],
-        capture_output=True, timeout=60, cwd=ROOT,
+        [
+            str(DURABLE_LOG),
+            "snapshot",
+            str(tmp_path),
+            "--nats",
+            "127.0.0.1:1",
+            "--stream",
+            "S",
+            "--trim",
+        ],
+        capture_output=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert trim.returncode == 2 and b"--keep" in trim.stderr, trim.stderr
 
 
 def test_snapshot_names_sort_by_age() -> None:
-    names = [snapshot_name("abc", 10, 3), snapshot_name("abc", 9, 2), snapshot_name("xyz", 11, 4), "abc.bad", "abc.1.x"]
+    names = [
+        snapshot_name("abc", 10, 3),
+        snapshot_name("abc", 9, 2),
+        snapshot_name("xyz", 11, 4),
+        "abc.bad",
+        "abc.1.x",
+    ]
     assert [found.stream_seq for found in snapshots_of(names, "abc")] == [9, 10]
     assert snapshots_of(names, "abc")[0] == SnapshotName(9, 2, snapshot_name("abc", 9, 2))

@@ -35,7 +35,7 @@ from tools.harness.iofaults.check import reboot
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
-KILLED_WRITER = textwrap.dedent('''
+KILLED_WRITER = textwrap.dedent("""
     import asyncio, os, random, string, sys
     from pi_durable.context import BACKGROUND_CONTEXT as CTX
     from pi_durable_lmdb import LmdbStorage
@@ -96,7 +96,7 @@ KILLED_WRITER = textwrap.dedent('''
         os._exit(9)
 
     asyncio.run(main())
-''')
+""")
 
 DURABILITIES = ("power", "process")
 POINTS = ("mid-commit", "after-commit", "checkpoint")
@@ -104,17 +104,27 @@ COMMANDS = ("compact", "backup", "restore-onto", "import-into", "rebuild", "othe
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Path, list[tuple[int, int]]]]:
+def killed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, str], tuple[Path, list[tuple[int, int]]]]:
     """Each durability and kill point: a store its writer left, and what it acknowledged."""
 
     made = {}
     for durability in DURABILITIES:
         for point in POINTS:
             path = tmp_path_factory.mktemp("killed") / f"{durability}-{point}"
-            done = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path), durability, point],
-                                  capture_output=True, text=True, timeout=120, cwd=ROOT)
+            done = subprocess.run(
+                [sys.executable, "-c", KILLED_WRITER, str(path), durability, point],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=ROOT,
+            )
             assert done.returncode == 9, (durability, point, done.stderr)
-            acked = [(int(seq), int(conversation)) for seq, conversation in (line.split() for line in done.stdout.split("\n") if line)]
+            acked = [
+                (int(seq), int(conversation))
+                for seq, conversation in (line.split() for line in done.stdout.split("\n") if line)
+            ]
             assert len(acked) == 24, (durability, point, done.stderr)
             marker = POWER_FILE if durability == "power" else UNSYNCED_FILE
             assert (path / marker).exists(), f"the killed {durability} writer left no {marker}"
@@ -133,21 +143,37 @@ async def holds(path: Path, acked: list[tuple[int, int]], **options: Any) -> Non
     try:
         assert storage.log.head() >= acked[-1][0], "acknowledged commits lost"
         for seq, conversation in acked:
-            assert await storage.conversation(conversation, CTX) is not None, f"acknowledged commit {seq} lost"
+            assert await storage.conversation(conversation, CTX) is not None, (
+                f"acknowledged commit {seq} lost"
+            )
     finally:
         await storage.close()
 
 
-def run_command(command: str, durability: str, path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def run_command(
+    command: str, durability: str, path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
     if command == "compact":
         return run_cli("compact", str(path), capsys=capsys)
     if command == "backup":
         return run_cli("backup", str(path), str(tmp_path / "backup"), capsys=capsys)
     if command == "restore-onto":
-        return run_cli("restore", "--nats", "nats://127.0.0.1:9", "--stream", "S", "--store", new_store_id(), str(path), capsys=capsys)
+        return run_cli(
+            "restore",
+            "--nats",
+            "nats://127.0.0.1:9",
+            "--stream",
+            "S",
+            "--store",
+            new_store_id(),
+            str(path),
+            capsys=capsys,
+        )
     if command == "import-into":
         export = tmp_path / "export.jsonl"
-        export.write_text('{"seq": 1, "committedAt": 0, "writes": [{"type": "conversation", "value": {"id": 5}}]}\n')
+        export.write_text(
+            '{"seq": 1, "committedAt": 0, "writes": [{"type": "conversation", "value": {"id": 5}}]}\n'
+        )
         return run_cli("import", str(export), str(path), capsys=capsys)
     if command == "rebuild":
         return run_cli("rebuild", str(path), capsys=capsys)
@@ -156,7 +182,9 @@ def run_command(command: str, durability: str, path: Path, tmp_path: Path, capsy
     async def open_other() -> None:
         storage = await LmdbStorage.open(path, durability=other)
         try:
-            await storage.commit([{"type": "conversation", "value": {"id": await storage.mint_id()}}], CTX)
+            await storage.commit(
+                [{"type": "conversation", "value": {"id": await storage.mint_id()}}], CTX
+            )
         finally:
             await storage.close()
 
@@ -202,9 +230,13 @@ def test_a_command_on_a_store_a_killed_writer_left_completes_or_refuses_and_lose
         with pytest.raises(StoreDamagedError):
             asyncio.run(holds(path, acked))
         return
-    elif command == "other-durability" and durability == "power":  # only a power writer replays its journal
+    elif (
+        command == "other-durability" and durability == "power"
+    ):  # only a power writer replays its journal
         assert code == 2 and "JournalReplayPending" in err and "durability='power'" in err, err
-    elif command == "backup" and durability == "power" and rebooted:  # a read-only copy cannot replay
+    elif (
+        command == "backup" and durability == "power" and rebooted
+    ):  # a read-only copy cannot replay
         assert code == 2 and "durability='power'" in err, err
     else:
         assert code == 0, err
@@ -213,33 +245,51 @@ def test_a_command_on_a_store_a_killed_writer_left_completes_or_refuses_and_lose
     if crashed_process:
         return
     if durability == "process" and command in ("compact", "rebuild", "other-durability"):
-        assert not (path / UNSYNCED_FILE).exists(), "the whole file is durable: the marker is obsolete"
+        assert not (path / UNSYNCED_FILE).exists(), (
+            "the whole file is durable: the marker is obsolete"
+        )
     reboot(path, process=False)  # the next boot, as a power cut right after the command leaves it
     asyncio.run(holds(path, acked))
-    assert not (path / POWER_FILE).exists() and not (path / UNSYNCED_FILE).exists(), "a closed writer left a marker"
+    assert not (path / POWER_FILE).exists() and not (path / UNSYNCED_FILE).exists(), (
+        "a closed writer left a marker"
+    )
 
 
 def _killed(tmp_path: Path, durability: str) -> tuple[Path, list[tuple[int, int]]]:
     path = tmp_path / "store"
-    done = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path), durability, "after-commit"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(path), durability, "after-commit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 9, done.stderr
-    return path, [(int(seq), int(conversation)) for seq, conversation in (line.split() for line in done.stdout.split("\n") if line)]
+    return path, [
+        (int(seq), int(conversation))
+        for seq, conversation in (line.split() for line in done.stdout.split("\n") if line)
+    ]
 
 
-def test_compact_after_a_killed_power_writer_then_a_reboot_keeps_every_commit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_compact_after_a_killed_power_writer_then_a_reboot_keeps_every_commit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``compact`` used to check only the process marker: it swapped the file in and left the
     power marker, whose checkpoint held the old file's meta pages; after a reboot the writer's
     open wrote them over the compacted file (TruncatedStoreError, every commit unreachable)."""
 
     path, acked = _killed(tmp_path, "power")
     assert run_cli("compact", str(path), capsys=capsys)[0] == 0
-    assert not (path / POWER_FILE).exists(), "the synced file needs no journal: the marker is obsolete"
+    assert not (path / POWER_FILE).exists(), (
+        "the synced file needs no journal: the marker is obsolete"
+    )
     reboot(path)
     asyncio.run(holds(path, acked))
 
 
-def test_a_power_writer_removes_the_marker_of_a_process_writer_killed_before_it(tmp_path: Path) -> None:
+def test_a_power_writer_removes_the_marker_of_a_process_writer_killed_before_it(
+    tmp_path: Path,
+) -> None:
     """A power writer that synced the whole file used to leave a killed process writer's marker:
     after a reboot every open refused the healthy store as damaged."""
 

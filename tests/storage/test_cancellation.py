@@ -101,13 +101,17 @@ async def cancel_after(turns: int, how: str, coro: Any) -> None:
         pass
 
 
-async def scenario(directory: str, rounds: list[list[Op]], close_turns: int, close_how: str) -> None:
+async def scenario(
+    directory: str, rounds: list[list[Op]], close_turns: int, close_how: str
+) -> None:
     ledger = Ledger()
     storage = await LmdbStorage.open(directory, durability="process")
     await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     for round in rounds:
         ledger.next_explicit = max([ledger.next_explicit, *ledger.minted]) + 1
-        await asyncio.gather(*(cancel_after(turns, how, run_op(storage, ledger, kind)) for kind, turns, how in round))
+        await asyncio.gather(
+            *(cancel_after(turns, how, run_op(storage, ledger, kind)) for kind, turns, how in round)
+        )
         await check(storage, ledger)
     # close, cancelled at a chosen point; a second close finishes it, and nothing is lost
     await cancel_after(close_turns, close_how, storage.close())
@@ -122,7 +126,9 @@ async def scenario(directory: str, rounds: list[list[Op]], close_turns: int, clo
 
 
 async def check(storage: LmdbStorage, ledger: Ledger) -> None:
-    assert len(set(ledger.minted)) == len(ledger.minted), f"an id was handed out twice: {ledger.minted}"
+    assert len(set(ledger.minted)) == len(ledger.minted), (
+        f"an id was handed out twice: {ledger.minted}"
+    )
     landed = {id for id in ledger.attempted if await storage.task(id, CTX) is not None}
     assert set(ledger.acked) <= landed, "an acknowledged commit is missing"
     for id, seq in ledger.acked.items():
@@ -131,8 +137,12 @@ async def check(storage: LmdbStorage, ledger: Ledger) -> None:
         assert storage.log.get(seq) is not None
     fresh = [await storage.mint_id() for _ in range(3)]
     ledger.minted.extend(fresh)
-    assert not set(fresh) & landed, f"mint_id handed out ids the store holds: {sorted(set(fresh) & landed)}"
-    assert min(fresh) > max(landed | {1}), f"mint_id {fresh} is not above the stored ids {sorted(landed)[-5:]}"
+    assert not set(fresh) & landed, (
+        f"mint_id handed out ids the store holds: {sorted(set(fresh) & landed)}"
+    )
+    assert min(fresh) > max(landed | {1}), (
+        f"mint_id {fresh} is not above the stored ids {sorted(landed)[-5:]}"
+    )
 
 
 @pytest.mark.slow
@@ -142,7 +152,9 @@ async def check(storage: LmdbStorage, ledger: Ledger) -> None:
     close_turns=st.integers(min_value=-1, max_value=8),
     close_how=st.sampled_from(["cancel", "wait_for"]),
 )
-def test_cancelled_callers_never_cost_an_id_or_a_commit(rounds: list[list[Op]], close_turns: int, close_how: str) -> None:
+def test_cancelled_callers_never_cost_an_id_or_a_commit(
+    rounds: list[list[Op]], close_turns: int, close_how: str
+) -> None:
     directory = tempfile.mkdtemp(prefix="cancel-")
     try:
         asyncio.run(scenario(directory + "/store", rounds, close_turns, close_how))
@@ -174,7 +186,9 @@ def test_a_commit_cancelled_in_its_group_raises_the_id_floor(tmp_path: Any) -> N
                 committed += stored
                 minted = await storage.mint_id()
                 highest = floor + 2 if stored else floor + 1
-                assert minted > highest, f"cancelled after {turns} turns: mint_id handed out {minted}, not above the stored {highest}"
+                assert minted > highest, (
+                    f"cancelled after {turns} turns: mint_id handed out {minted}, not above the stored {highest}"
+                )
             assert committed >= 3, "the cancelled batch was committed anyway in some of the runs"
         finally:
             await storage.close()

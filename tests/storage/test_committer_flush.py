@@ -24,7 +24,9 @@ def _entry(id: int) -> dict[str, Any]:
     return {"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message"}}
 
 
-async def test_a_lone_power_commit_flushes_the_journal_off_the_event_loop_thread(tmp_path: Path) -> None:
+async def test_a_lone_power_commit_flushes_the_journal_off_the_event_loop_thread(
+    tmp_path: Path,
+) -> None:
     """Sequential commits with nothing else about (the case that ran on the caller's thread):
     each is acknowledged after its frame's flush, and no flush ran on the loop's thread."""
 
@@ -43,7 +45,9 @@ async def test_a_lone_power_commit_flushes_the_journal_off_the_event_loop_thread
                 seqs.append(await storage.commit([_entry(100 + n)], CTX))
                 await asyncio.sleep(0)
         assert len(flushers) >= 5, f"5 commits made {len(flushers)} journal flushes"
-        assert threading.get_ident() not in flushers, "a journal flush ran on the event loop's thread"
+        assert threading.get_ident() not in flushers, (
+            "a journal flush ran on the event loop's thread"
+        )
         for n, seq in enumerate(seqs):
             assert (await storage.entry(100 + n, CTX))["commitSeq"] == seq
     finally:
@@ -59,6 +63,8 @@ async def test_a_lone_process_commit_keeps_the_direct_path(tmp_path: Path) -> No
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         for n in range(20):
             await storage.commit([_entry(100 + n)], CTX)
-        assert storage._committer._thread is None, "a lone process-mode committer went to the writer thread"
+        assert storage._committer._thread is None, (
+            "a lone process-mode committer went to the writer thread"
+        )
     finally:
         await storage.close()

@@ -15,14 +15,26 @@ import pytest
 import pi_durable_lmdb
 from pi_durable_lmdb import errors
 
-FAMILIES = (errors.DamageError, errors.OwnershipError, errors.ReplicationError, errors.BadInputError, errors.StoreStateError)
-CLASSES = [value for _, value in inspect.getmembers(errors, inspect.isclass) if value.__module__ == errors.__name__]
+FAMILIES = (
+    errors.DamageError,
+    errors.OwnershipError,
+    errors.ReplicationError,
+    errors.BadInputError,
+    errors.StoreStateError,
+)
+CLASSES = [
+    value
+    for _, value in inspect.getmembers(errors, inspect.isclass)
+    if value.__module__ == errors.__name__
+]
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda cls: cls.__name__)
 def test_every_error_is_in_the_tree_exported_and_documented(cls: type) -> None:
     assert issubclass(cls, errors.DurableLmdbError)
-    assert cls is errors.DurableLmdbError or cls in FAMILIES or issubclass(cls, FAMILIES), f"{cls.__name__} has no family"
+    assert cls is errors.DurableLmdbError or cls in FAMILIES or issubclass(cls, FAMILIES), (
+        f"{cls.__name__} has no family"
+    )
     assert getattr(pi_durable_lmdb, cls.__name__) is cls
     doc = inspect.getdoc(cls) or ""
     assert len(doc.split()) >= 8, f"{cls.__name__} does not say when it is raised and what to do"
@@ -33,7 +45,9 @@ def test_the_families_the_issue_names() -> None:
     ownership = {errors.WriterLockedError, errors.NotWriterError, errors.LeaseLapsedError}
     assert all(issubclass(cls, errors.DamageError) for cls in damage)
     assert all(issubclass(cls, errors.OwnershipError) for cls in ownership)
-    assert issubclass(errors.StoreFormatError, ValueError) and issubclass(errors.BadInputError, ValueError)
+    assert issubclass(errors.StoreFormatError, ValueError) and issubclass(
+        errors.BadInputError, ValueError
+    )
 
 
 def test_old_import_paths_and_bases_keep_working() -> None:
@@ -46,10 +60,18 @@ def test_old_import_paths_and_bases_keep_working() -> None:
     from pi_durable_lmdb.projections.user import ProjectionFailed
 
     assert LogError is errors.DurableLmdbError and WriterLockedError is errors.WriterLockedError
-    assert issubclass(errors.TruncatedStoreError, StoreFormatError) and issubclass(errors.WrongStoreError, StoreFormatError)
-    assert issubclass(NotWriterError, ReplicationError) and issubclass(NotWriterError, PermissionError)
-    assert issubclass(LeaseLapsedError, NotWriterError) and issubclass(OutcomeUnknownError, errors.NatsUnavailableError)
-    assert issubclass(errors.StoreFullError, OSError) and issubclass(errors.StoreClosedError, RuntimeError)
+    assert issubclass(errors.TruncatedStoreError, StoreFormatError) and issubclass(
+        errors.WrongStoreError, StoreFormatError
+    )
+    assert issubclass(NotWriterError, ReplicationError) and issubclass(
+        NotWriterError, PermissionError
+    )
+    assert issubclass(LeaseLapsedError, NotWriterError) and issubclass(
+        OutcomeUnknownError, errors.NatsUnavailableError
+    )
+    assert issubclass(errors.StoreFullError, OSError) and issubclass(
+        errors.StoreClosedError, RuntimeError
+    )
     for cls in (CorruptProjectionError, ProjectionsBehind, ProjectionFailed):
         assert getattr(errors, cls.__name__) is cls
 
@@ -60,7 +82,11 @@ def test_the_contract_errors_stay_pi_durables() -> None:
     from pi_durable_lmdb.projections import delta
     from pi_durable_lmdb.projections import StorageRequestError
 
-    assert pi_durable_lmdb.StorageRequestError is StorageRequestError is pi_durable.errors.StorageRequestError
+    assert (
+        pi_durable_lmdb.StorageRequestError
+        is StorageRequestError
+        is pi_durable.errors.StorageRequestError
+    )
     assert delta.PathError is pi_durable.delta.PathError
     assert delta.UnsafePathError is pi_durable.delta.UnsafePathError
     assert not issubclass(pi_durable_lmdb.StorageRequestError, errors.DurableLmdbError)
@@ -78,6 +104,11 @@ def test_no_module_but_the_tree_defines_a_public_error() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 bases = {ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases}
-                if node.name.endswith("Error") or bases & {"Exception", "BaseException", "ValueError", "RuntimeError"}:
+                if node.name.endswith("Error") or bases & {
+                    "Exception",
+                    "BaseException",
+                    "ValueError",
+                    "RuntimeError",
+                }:
                     found.append(f"{path.relative_to(source)}: {node.name}")
     assert not found, f"errors defined outside pi_durable_lmdb.errors: {found}"

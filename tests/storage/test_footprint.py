@@ -26,7 +26,6 @@ from pi_durable_lmdb.log.environment import MAIN_DB
 from tools.bench.workloads import ROOT, conversation, entry, task
 
 
-
 def write_turns(path: Path, turns: int, start: int = 1) -> None:
     """``turns`` commits of the bench's ``commit_turn`` workload (an entry and the task record)."""
 
@@ -40,7 +39,10 @@ def write_turns(path: Path, turns: int, start: int = 1) -> None:
                 await storage.commit(
                     [
                         {"type": "entry", "value": entry(1000 + n, ROOT, n, 2)},
-                        {"type": "task", "value": task(2, ROOT, n, "running" if n % 3 else "sleeping")},
+                        {
+                            "type": "task",
+                            "value": task(2, ROOT, n, "running" if n % 3 else "sleeping"),
+                        },
                     ],
                     CTX,
                 )
@@ -60,7 +62,9 @@ def raw_pages(path: Path) -> tuple[int, dict[str, int], int]:
             names = [bytes(key) for key, _ in txn.cursor()]
             for name in names:
                 stat = txn.stat(env.open_db(name, txn=txn, create=False))
-                pages[name.decode()] = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+                pages[name.decode()] = (
+                    stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+                )
         main = env.stat()
         pages[MAIN_DB] = main["branch_pages"] + main["leaf_pages"] + main["overflow_pages"]
         return main["psize"], pages, env.info()["last_pgno"]
@@ -88,7 +92,9 @@ def test_the_page_breakdown_accounts_for_every_page_of_the_file(tmp_path: Path, 
     assert stats.dbs["log"].entries == turns + 2
 
 
-def test_stats_json_reports_each_database_and_the_free_share(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stats_json_reports_each_database_and_the_free_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "store"
     write_turns(path, 300)
     code, out, _ = call(capsys, "stats", path, "--json")
@@ -106,7 +112,9 @@ def test_stats_json_reports_each_database_and_the_free_share(tmp_path: Path, cap
     assert foot["freeBytes"] == foot["freePages"] * psize + info["fileBytes"] - (last + 1) * psize
     assert foot["freeShare"] == round(foot["freeBytes"] / info["fileBytes"], 4)
     assert info["logBytes"] == log["bytes"]
-    assert info["projectionBytes"] == sum(db["bytes"] for name, db in foot["databases"].items() if name.startswith("p"))
+    assert info["projectionBytes"] == sum(
+        db["bytes"] for name, db in foot["databases"].items() if name.startswith("p")
+    )
     code, text, _ = call(capsys, "stats", path)
     assert code == 0
     assert "free pages" in text and "log per record" in text
@@ -123,7 +131,10 @@ def test_a_rebuild_shows_as_free_pages(tmp_path: Path, capsys: pytest.CaptureFix
     assert call(capsys, "rebuild", path)[0] == 0
     after = json.loads(call(capsys, "stats", path, "--json")[1])
     assert after["fileBytes"] > before["fileBytes"]
-    assert after["footprint"]["freePages"] * after["footprint"]["pageSize"] >= before["projectionBytes"] // 2
+    assert (
+        after["footprint"]["freePages"] * after["footprint"]["pageSize"]
+        >= before["projectionBytes"] // 2
+    )
     assert after["footprint"]["freeShare"] > before["footprint"]["freeShare"]
 
 
@@ -244,13 +255,19 @@ def digest(file: Path) -> str:
 
 def child(code: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", code, *args], cwd=SRC_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", code, *args],
+        cwd=SRC_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
 @pytest.fixture
-def rebuilt_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, int, str, dict[str, Any]]:
+def rebuilt_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[Path, int, str, dict[str, Any]]:
     """A store of 300 turns whose projections were rebuilt (so a projections' worth of its file is
     free pages): its path, its size before the rebuild, its export and its reads."""
 
@@ -309,7 +326,9 @@ env.close()
 
 @pytest.mark.parametrize("holder", [WRITER, READER], ids=["writer", "reader"])
 def test_compact_refuses_a_store_another_process_has_open(
-    rebuilt_store: tuple[Path, int, str, dict[str, Any]], capsys: pytest.CaptureFixture[str], holder: str
+    rebuilt_store: tuple[Path, int, str, dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    holder: str,
 ) -> None:
     path = rebuilt_store[0]
     before = digest(path / "data.mdb")
@@ -330,7 +349,9 @@ def test_compact_refuses_a_store_another_process_has_open(
     assert digest(path / "data.mdb") != before
 
 
-def test_compact_refuses_a_store_this_process_has_open(rebuilt_store: tuple[Path, int, str, dict[str, Any]]) -> None:
+def test_compact_refuses_a_store_this_process_has_open(
+    rebuilt_store: tuple[Path, int, str, dict[str, Any]],
+) -> None:
     path = rebuilt_store[0]
     env = Environment(path, readonly=True)
     try:
@@ -366,7 +387,9 @@ module.compact(sys.argv[1])
 
 @pytest.mark.parametrize("stage", ["copy", "fsync", "rename", "renamed", "clear"])
 def test_a_compact_killed_at_any_step_leaves_a_good_store(
-    rebuilt_store: tuple[Path, int, str, dict[str, Any]], capsys: pytest.CaptureFixture[str], stage: str
+    rebuilt_store: tuple[Path, int, str, dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    stage: str,
 ) -> None:
     path, _, exported, reads = rebuilt_store
     before = digest(path / "data.mdb")
@@ -389,7 +412,10 @@ def test_a_compact_killed_at_random_moments_leaves_a_good_store(
 ) -> None:
     path, _, exported, _ = rebuilt_store
     for delay in (0.0, 0.02, 0.05, 0.1, 0.2):
-        process = child("import sys; from pi_durable_lmdb.log.compact import compact; compact(sys.argv[1])", str(path))
+        process = child(
+            "import sys; from pi_durable_lmdb.log.compact import compact; compact(sys.argv[1])",
+            str(path),
+        )
         time.sleep(delay)
         process.kill()
         process.communicate(timeout=60)
@@ -421,7 +447,10 @@ from tools.bench.workloads import document_create, document_delta  # noqa: E402
 def test_the_preset_dictionary_never_changes() -> None:
     """Records of formats 2 and 3 decompress with exactly these bytes: a change would make them unreadable."""
 
-    assert hashlib.sha256(PRESET).hexdigest() == "93d63131aebf9e3d4fd1d8bbe7856d2b93db1dec773678a2cec0ad8c2effd08c"
+    assert (
+        hashlib.sha256(PRESET).hexdigest()
+        == "93d63131aebf9e3d4fd1d8bbe7856d2b93db1dec773678a2cec0ad8c2effd08c"
+    )
 
 
 def crc(committed_at: int, data: bytes) -> int:
@@ -430,7 +459,9 @@ def crc(committed_at: int, data: bytes) -> int:
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32), batches=st.integers(1, 30), at=st.integers(-(2**63), 2**63 - 1))
-def test_every_batch_reads_back_exactly_and_raw_records_stay_format_1(seed: int, batches: int, at: int) -> None:
+def test_every_batch_reads_back_exactly_and_raw_records_stay_format_1(
+    seed: int, batches: int, at: int
+) -> None:
     work = Workload(seed)
     for _ in range(batches):
         writes = work.batch()
@@ -452,7 +483,10 @@ def test_every_batch_reads_back_exactly_and_raw_records_stay_format_1(seed: int,
 
 def test_a_turn_record_is_compressed_to_fit_six_to_a_page() -> None:
     payload = codec.encode(
-        [{"type": "entry", "value": entry(1234, ROOT, 57, 2)}, {"type": "task", "value": task(2, ROOT, 57, "running")}]
+        [
+            {"type": "entry", "value": entry(1234, ROOT, 57, 2)},
+            {"type": "task", "value": task(2, ROOT, 57, "running")},
+        ]
     )
     stored = encode_record(payload, 1_760_000_000_000)
     assert msgspec.msgpack.decode(stored)[0] == 3
@@ -464,14 +498,22 @@ def test_a_turn_record_is_compressed_to_fit_six_to_a_page() -> None:
 def deflated_record(payload: bytes, size: int | None = None, at: int = 5) -> bytes:
     compressor = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, PRESET)
     deflated = compressor.compress(payload) + compressor.flush()
-    return msgspec.msgpack.encode([2, at, crc(at, deflated), deflated, len(payload) if size is None else size])
+    return msgspec.msgpack.encode(
+        [2, at, crc(at, deflated), deflated, len(payload) if size is None else size]
+    )
 
 
-def zstd_record(payload: bytes, size: int | None = None, at: int = 5, tail: bytes = b"", cut: int = 0) -> bytes:
+def zstd_record(
+    payload: bytes, size: int | None = None, at: int = 5, tail: bytes = b"", cut: int = 0
+) -> bytes:
     dictionary = zstandard.ZstdCompressionDict(PRESET, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-    frame = zstandard.ZstdCompressor(level=3, dict_data=dictionary, write_content_size=True).compress(payload)
+    frame = zstandard.ZstdCompressor(
+        level=3, dict_data=dictionary, write_content_size=True
+    ).compress(payload)
     frame = frame[: len(frame) - cut] + tail
-    return msgspec.msgpack.encode([3, at, crc(at, frame), frame, len(payload) if size is None else size])
+    return msgspec.msgpack.encode(
+        [3, at, crc(at, frame), frame, len(payload) if size is None else size]
+    )
 
 
 def forged_zstd_record(claim: int) -> bytes:
@@ -484,11 +526,16 @@ def forged_zstd_record(claim: int) -> bytes:
 
 
 def test_a_batch_too_dense_for_a_zstd_frame_is_stored_deflated_and_reads_back() -> None:
-    payload = codec.encode([{"type": "entry", "value": {"id": 5, "conversationId": 1, "text": "a" * 500_000}}])
+    payload = codec.encode(
+        [{"type": "entry", "value": {"id": 5, "conversationId": 1, "text": "a" * 500_000}}]
+    )
     stored = encode_record(payload, 9)
     fields = msgspec.msgpack.decode(stored)
     assert fields[0] == 2 and len(stored) < len(payload) // 200
-    assert codec.encode([write_to_builtins(write) for write in decode_record(4, stored).writes]) == payload
+    assert (
+        codec.encode([write_to_builtins(write) for write in decode_record(4, stored).writes])
+        == payload
+    )
 
 
 def test_records_of_format_2_and_3_made_elsewhere_read() -> None:
@@ -508,10 +555,22 @@ def test_records_of_format_2_and_3_made_elsewhere_read() -> None:
         (zstd_record(b"\x91\xa1x" * 40, size=121), "a zstd frame of 120 bytes, not 121"),
         (zstd_record(b"\x91\xa1x" * 40, size=0), "size 0"),
         (zstd_record(b"\x91\xa1x" * 40, tail=b"\x00"), "unused data"),
-        (zstd_record(b"\x91\xa1x" * 400_000, size=100), "not 100"),  # the frame says otherwise: refused unread
-        (zstd_record(b"\x91\xa1x" * 40, cut=3), "did not decompress full frame"),  # the frame cut short
-        (zstd_record(b"\x91\xa1x" * 40, tail=zstandard.ZstdCompressor().compress(b"more")), "unused data"),
-        (zstd_record(b"x" * 2_000_000), "more than 256 times"),  # a writer stores such a batch as format 2
+        (
+            zstd_record(b"\x91\xa1x" * 400_000, size=100),
+            "not 100",
+        ),  # the frame says otherwise: refused unread
+        (
+            zstd_record(b"\x91\xa1x" * 40, cut=3),
+            "did not decompress full frame",
+        ),  # the frame cut short
+        (
+            zstd_record(b"\x91\xa1x" * 40, tail=zstandard.ZstdCompressor().compress(b"more")),
+            "unused data",
+        ),
+        (
+            zstd_record(b"x" * 2_000_000),
+            "more than 256 times",
+        ),  # a writer stores such a batch as format 2
         (forged_zstd_record(2**40), "claims"),
         (forged_zstd_record(2**63), "claims"),
         (deflated_record(b"\x91\xa1x" * 40, size=2**63), "cannot hold"),
@@ -519,13 +578,18 @@ def test_records_of_format_2_and_3_made_elsewhere_read() -> None:
         (deflated_record(b"\x91\xa1x" * 40, size=119), "deflate"),
         (deflated_record(b"\x91\xa1x" * 40, size=121), "deflate"),
         (deflated_record(b"\x91\xa1x" * 40, size=0), "size 0"),
-        (deflated_record(b"\x91\xa1x" * 400_000, size=100), "deflate"),  # never inflates past the size
+        (
+            deflated_record(b"\x91\xa1x" * 400_000, size=100),
+            "deflate",
+        ),  # never inflates past the size
         (msgspec.msgpack.encode([2, 5, crc(5, b"not deflate"), b"not deflate", 50]), "deflate"),
         (msgspec.msgpack.encode([1, 5, crc(5, b"\x90"), b"\x90", 1]), "format 1 with size"),
         (msgspec.msgpack.encode([4, 5, crc(5, b"\x90"), b"\x90"]), "unsupported record format 4"),
     ],
 )
-def test_a_record_that_lies_about_its_deflated_writes_is_corrupt(stored: bytes, reason: str) -> None:
+def test_a_record_that_lies_about_its_deflated_writes_is_corrupt(
+    stored: bytes, reason: str
+) -> None:
     with pytest.raises(CorruptRecordError, match=reason):
         decode_record(9, stored)
 
@@ -533,7 +597,10 @@ def test_a_record_that_lies_about_its_deflated_writes_is_corrupt(stored: bytes, 
 def test_a_record_of_format_1_made_the_old_way_reads() -> None:
     payload = codec.encode([{"type": "conversation", "value": {"id": 5}}])
     commit = decode_record(3, msgspec.msgpack.encode([1, 77, crc(77, payload), payload]))
-    assert commit.committed_at == 77 and write_to_builtins(commit.writes[0]) == {"type": "conversation", "value": {"id": 5}}
+    assert commit.committed_at == 77 and write_to_builtins(commit.writes[0]) == {
+        "type": "conversation",
+        "value": {"id": 5},
+    }
 
 
 # ── history by reference to the log, packed snapshots ─────────────────────────
@@ -551,14 +618,20 @@ def test_as_of_reads_of_a_task_rewritten_every_commit_come_back_from_the_log(
             for seq in range(2, 63):
                 view = await storage.as_of(seq)
                 n = seq - 2
-                expected = task(2, ROOT, n, "pending" if n == 0 else ("running" if n % 3 else "sleeping"))
+                expected = task(
+                    2, ROOT, n, "pending" if n == 0 else ("running" if n % 3 else "sleeping")
+                )
                 assert await view.task(2, CTX) == expected
             # a task written three times in one commit: the view after it shows the last write
-            writes = [{"type": "task", "value": task(2, ROOT, 100 + k, "running")} for k in range(3)]
+            writes = [
+                {"type": "task", "value": task(2, ROOT, 100 + k, "running")} for k in range(3)
+            ]
             seq = await storage.commit(writes, CTX)
             await storage.commit([{"type": "task", "value": task(2, ROOT, 200, "sleeping")}], CTX)
             assert await (await storage.as_of(seq)).task(2, CTX) == task(2, ROOT, 102, "running")
-            assert await (await storage.as_of(seq - 1)).task(2, CTX) == task(2, ROOT, 60, "running" if 60 % 3 else "sleeping")
+            assert await (await storage.as_of(seq - 1)).task(2, CTX) == task(
+                2, ROOT, 60, "running" if 60 % 3 else "sleeping"
+            )
         finally:
             await storage.close()
 
@@ -587,7 +660,9 @@ def test_a_damaged_log_reference_in_history_is_named_not_served(tmp_path: Path) 
         db = env.db(next(name for name in names if name.endswith(".history")))
         with env.read() as txn:
             key, value = next((k, v) for k, v in txn.cursor(db=db) if v[:1] == b"\x03")
-        env.write(lambda txn: txn.put(key, value[:-1] + bytes([value[-1] ^ 1]), db=db))  # the checksum
+        env.write(
+            lambda txn: txn.put(key, value[:-1] + bytes([value[-1] ^ 1]), db=db)
+        )  # the checksum
     finally:
         env.close()
 
@@ -603,7 +678,9 @@ def test_a_damaged_log_reference_in_history_is_named_not_served(tmp_path: Path) 
     asyncio.run(run())
 
 
-def test_document_reads_at_every_point_use_packed_snapshots_as_memory_storage_answers(tmp_path: Path) -> None:
+def test_document_reads_at_every_point_use_packed_snapshots_as_memory_storage_answers(
+    tmp_path: Path,
+) -> None:
     async def run() -> None:
         storage = await LmdbStorage.open(tmp_path / "store", durability="process")
         memory = MemoryStorage()
@@ -614,7 +691,9 @@ def test_document_reads_at_every_point_use_packed_snapshots_as_memory_storage_an
                 for _ in range(300):
                     await store.commit([document_delta(2)], CTX)
             for seq in [2, 3, 64, 65, 66, 67, 130, 131, 200, 302, "current"]:
-                assert await storage.document(2, seq, CTX) == await memory.document(2, seq, CTX), seq
+                assert await storage.document(2, seq, CTX) == await memory.document(2, seq, CTX), (
+                    seq
+                )
         finally:
             await storage.close()
 
@@ -657,8 +736,20 @@ def test_a_long_document_value_is_chunked_and_reads_as_memory_storage_does(
 
     def change(text: str, base: bool = False) -> dict[str, Any]:
         if base:
-            return {"type": "document.change", "id": 2, "content": {"kind": "base", "version": 1, "value": {"title": "Notes", "text": text}}}
-        return {"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], text]]}}
+            return {
+                "type": "document.change",
+                "id": 2,
+                "content": {
+                    "kind": "base",
+                    "version": 1,
+                    "value": {"title": "Notes", "text": text},
+                },
+            }
+        return {
+            "type": "document.change",
+            "id": 2,
+            "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], text]]},
+        }
 
     batches = [[conversation(ROOT)], [document_create(2)], [change(big, base=True)]]
     batches += [[change(f"more {n} ")] for n in range(80)]
@@ -675,9 +766,13 @@ def test_a_long_document_value_is_chunked_and_reads_as_memory_storage_does(
                     rows = values_rows_of(storage)
                     chunked = len(rows) > 1
                     assert chunked == (number != 84), number
-                    assert await storage.document(2, "current", CTX) == await memory.document(2, "current", CTX)
+                    assert await storage.document(2, "current", CTX) == await memory.document(
+                        2, "current", CTX
+                    )
             for seq in (3, 30, 67, 68, 83, 84, 85, 86):
-                assert await storage.document(2, seq, CTX) == await memory.document(2, seq, CTX), seq
+                assert await storage.document(2, seq, CTX) == await memory.document(2, seq, CTX), (
+                    seq
+                )
             await storage.commit([{"type": "document.retire", "id": 2}], CTX)
             assert values_rows_of(storage) == {}
         finally:
@@ -692,7 +787,9 @@ def test_a_long_document_value_is_chunked_and_reads_as_memory_storage_does(
     assert call(capsys, "verify", path)[0] == 0
 
 
-def test_a_delta_to_a_long_text_rewrites_only_the_chunks_it_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_delta_to_a_long_text_rewrites_only_the_chunks_it_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "store"
 
     async def run() -> None:
@@ -700,7 +797,20 @@ def test_a_delta_to_a_long_text_rewrites_only_the_chunks_it_changes(tmp_path: Pa
         try:
             await storage.commit([conversation(ROOT)], CTX)
             await storage.commit([document_create(2)], CTX)
-            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "y" * 300_000]]}}], CTX)
+            await storage.commit(
+                [
+                    {
+                        "type": "document.change",
+                        "id": 2,
+                        "content": {
+                            "kind": "delta",
+                            "version": 1,
+                            "ops": [["a", ["text"], "y" * 300_000]],
+                        },
+                    }
+                ],
+                CTX,
+            )
         finally:
             await storage.close()
 
@@ -729,7 +839,9 @@ def write_doc_deltas(path: Path, count: int) -> None:
     asyncio.run(run())
 
 
-def test_a_long_value_kept_whole_by_an_earlier_version_reads_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_long_value_kept_whole_by_an_earlier_version_reads_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Stores written before chunking hold a long value as one row: rewrite one so, then read it."""
 
     path = tmp_path / "store"
@@ -740,7 +852,20 @@ def test_a_long_value_kept_whole_by_an_earlier_version_reads_and_verifies(tmp_pa
         try:
             await storage.commit([conversation(ROOT)], CTX)
             await storage.commit([document_create(2)], CTX)
-            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "z" * 200_000]]}}], CTX)
+            await storage.commit(
+                [
+                    {
+                        "type": "document.change",
+                        "id": 2,
+                        "content": {
+                            "kind": "delta",
+                            "version": 1,
+                            "ops": [["a", ["text"], "z" * 200_000]],
+                        },
+                    }
+                ],
+                CTX,
+            )
             model = storage._model
             db = model.db[tbl.DOCUMENT_VALUES]
             with model.env.read() as txn:
@@ -782,7 +907,20 @@ def test_a_damaged_or_missing_chunk_is_named_not_served(tmp_path: Path) -> None:
         try:
             await storage.commit([conversation(ROOT)], CTX)
             await storage.commit([document_create(2)], CTX)
-            await storage.commit([{"type": "document.change", "id": 2, "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "q" * 200_000]]}}], CTX)
+            await storage.commit(
+                [
+                    {
+                        "type": "document.change",
+                        "id": 2,
+                        "content": {
+                            "kind": "delta",
+                            "version": 1,
+                            "ops": [["a", ["text"], "q" * 200_000]],
+                        },
+                    }
+                ],
+                CTX,
+            )
         finally:
             await storage.close()
 
@@ -798,7 +936,9 @@ def test_a_damaged_or_missing_chunk_is_named_not_served(tmp_path: Path) -> None:
             db = env.db(next(n for n in names if n.endswith(".documents.values")))
             if damage == "flip":
                 value = rows[chunk_key]
-                env.write(lambda txn: txn.put(chunk_key, value[:-1] + bytes([value[-1] ^ 1]), db=db))
+                env.write(
+                    lambda txn: txn.put(chunk_key, value[:-1] + bytes([value[-1] ^ 1]), db=db)
+                )
             else:
                 env.write(lambda txn: txn.delete(chunk_key, db=db))
         finally:

@@ -30,7 +30,11 @@ def _surrogate_object_holding_text(body: bytes) -> bytes:
     return b"\xc7" + bytes([len(text)]) + bytes([codec.EXT_OBJECT]) + text
 
 
-@pytest.mark.parametrize("forge", [_never_msgpack, _surrogate_object_holding_text], ids=["not-msgpack", "surrogate-object-of-text"])
+@pytest.mark.parametrize(
+    "forge",
+    [_never_msgpack, _surrogate_object_holding_text],
+    ids=["not-msgpack", "surrogate-object-of-text"],
+)
 async def test_a_forged_projected_value_with_a_valid_checksum_is_corrupt_projection(
     tmp_path: Path, forge: Callable[[bytes], bytes]
 ) -> None:
@@ -46,7 +50,9 @@ async def test_a_forged_projected_value_with_a_valid_checksum_is_corrupt_project
     assert edit_on_disk(path, key, raw, lambda _: t.seal(body)) >= 1
     storage = await LmdbStorage.open(path, readonly=True)
     try:
-        with pytest.raises(CorruptProjectionError, match="'tasks' holds a damaged value at key 0000000000000003"):
+        with pytest.raises(
+            CorruptProjectionError, match="'tasks' holds a damaged value at key 0000000000000003"
+        ):
             await storage.task(3, CTX)
         with pytest.raises(CorruptProjectionError, match="'tasks'"):
             await storage.scan_tasks({}, 10, None, CTX)
@@ -54,7 +60,11 @@ async def test_a_forged_projected_value_with_a_valid_checksum_is_corrupt_project
         await storage.close()
 
 
-@pytest.mark.parametrize("forge", [_never_msgpack, _surrogate_object_holding_text], ids=["not-msgpack", "surrogate-object-of-text"])
+@pytest.mark.parametrize(
+    "forge",
+    [_never_msgpack, _surrogate_object_holding_text],
+    ids=["not-msgpack", "surrogate-object-of-text"],
+)
 async def test_a_commit_over_a_forged_projected_value_is_refused_as_corrupt_projection(
     tmp_path: Path, forge: Callable[[bytes], bytes]
 ) -> None:
@@ -70,7 +80,9 @@ async def test_a_commit_over_a_forged_projected_value_is_refused_as_corrupt_proj
     storage = await LmdbStorage.open(path, durability="process")
     try:
         head = storage.log.head()
-        with pytest.raises(CorruptProjectionError, match="'tasks' holds a damaged value at key 0000000000000003"):
+        with pytest.raises(
+            CorruptProjectionError, match="'tasks' holds a damaged value at key 0000000000000003"
+        ):
             await storage.commit([task(3, "waiting")], CTX)
         assert storage.log.head() == head
     finally:

@@ -33,7 +33,10 @@ from ..support.workload import Workload, snapshot
 
 
 def _entry(id: int, conversation: int = 1, **extra: Any) -> dict[str, Any]:
-    return {"type": "entry", "value": {"id": id, "conversationId": conversation, "kind": "message", **extra}}
+    return {
+        "type": "entry",
+        "value": {"id": id, "conversationId": conversation, "kind": "message", **extra},
+    }
 
 
 def _in_threads(count: int, body: Callable[[int], Coroutine[Any, Any, None]]) -> None:
@@ -63,7 +66,11 @@ def _log_entries(storage: LmdbStorage) -> dict[int, list[int]]:
 
     out: dict[int, list[int]] = {}
     for commit in storage.log.read():
-        out[commit.seq] = [write_to_builtins(w)["value"]["id"] for w in commit.writes if write_to_builtins(w)["type"] == "entry"]
+        out[commit.seq] = [
+            write_to_builtins(w)["value"]["id"]
+            for w in commit.writes
+            if write_to_builtins(w)["type"] == "entry"
+        ]
     return out
 
 
@@ -93,7 +100,9 @@ def _fork_memory(memory: MemoryStorage) -> MemoryStorage:
 
 
 @pytest.mark.parametrize("durability", ["process", "power"])
-def test_two_threads_with_their_own_loops_lose_no_acknowledged_commit(tmp_path: Path, durability: str) -> None:
+def test_two_threads_with_their_own_loops_lose_no_acknowledged_commit(
+    tmp_path: Path, durability: str
+) -> None:
     """Two threads, each with its own event loop, 300 one-entry commits each on one store:
     every acknowledged commit is in the log under its sequence, and the store verifies."""
 
@@ -147,7 +156,9 @@ def test_threads_and_loops_mixing_commits_mint_id_and_reads(tmp_path: Path) -> N
             for id in ids:  # read-your-writes, right after the acknowledgement
                 read = await storage.entry(id, CTX)
                 assert read is not None and read["commitSeq"] == seq, (id, seq, read)
-            page = await storage.scan_entries({"conversationId": 1, "minEntryId": ids[0], "maxEntryId": ids[-1]}, 10, None, CTX)
+            page = await storage.scan_entries(
+                {"conversationId": 1, "minEntryId": ids[0], "maxEntryId": ids[-1]}, 10, None, CTX
+            )
             assert [entry["id"] for entry in page["items"]] == sorted(ids, reverse=True)
             with lock:
                 assert seq not in acked
@@ -179,7 +190,9 @@ def test_threads_and_loops_mixing_commits_mint_id_and_reads(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("durability", ["process", "power"])
-async def test_concurrent_commits_with_rejections_match_memory_storage(tmp_path: Path, durability: str) -> None:
+async def test_concurrent_commits_with_rejections_match_memory_storage(
+    tmp_path: Path, durability: str
+) -> None:
     """24 agents commit 240 random batches at once, a fifth of them repeating an earlier batch (so
     rejections mix in, some against a batch of the same group). Every rejection is one
     ``MemoryStorage`` also gives, at a point between the commit's start and its failure; the
@@ -232,10 +245,16 @@ async def test_concurrent_commits_with_rejections_match_memory_storage(tmp_path:
             except Exception as expected:
                 if type(expected) is type(error) and str(expected) == str(error):
                     explained.add(index)
-    unexplained = [(writes, str(error)) for index, (_, _, writes, error) in enumerate(rejected) if index not in explained]
+    unexplained = [
+        (writes, str(error))
+        for index, (_, _, writes, error) in enumerate(rejected)
+        if index not in explained
+    ]
     assert not unexplained, f"seed {seed}: rejections MemoryStorage never gives: {unexplained[:3]}"
     head = storage.log.head()
-    assert canonical(await snapshot(storage, work, head)) == canonical(await snapshot(memory, work, head)), f"seed {seed}"
+    assert canonical(await snapshot(storage, work, head)) == canonical(
+        await snapshot(memory, work, head)
+    ), f"seed {seed}"
     await storage.close()
     assert verify(tmp_path / "store") is None
 
@@ -256,7 +275,9 @@ async def test_concurrent_commits_share_write_transactions(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("durability", ["process", "power"])
-async def test_a_group_stores_each_record_as_it_is_stored_alone(tmp_path: Path, durability: str) -> None:
+async def test_a_group_stores_each_record_as_it_is_stored_alone(
+    tmp_path: Path, durability: str
+) -> None:
     """Every record a group stores is byte for byte what ``encode_record`` makes of that batch
     alone, whichever form it takes (too short to compress: raw; compressed, small or long)."""
 
@@ -276,8 +297,12 @@ async def test_a_group_stores_each_record_as_it_is_stored_alone(tmp_path: Path, 
     ]
     at = [1_760_000_000_000 + n for n in range(len(batches))]
     before = storage._env.env.info()["last_txnid"]
-    seqs = await asyncio.gather(*(storage.commit(batch, CTX, committed_at=when) for batch, when in zip(batches, at)))
-    assert storage._env.env.info()["last_txnid"] - before < len(batches)  # groups, not one transaction each
+    seqs = await asyncio.gather(
+        *(storage.commit(batch, CTX, committed_at=when) for batch, when in zip(batches, at))
+    )
+    assert storage._env.env.info()["last_txnid"] - before < len(
+        batches
+    )  # groups, not one transaction each
     formats = set()
     with storage._env.read() as txn:
         for seq, batch, when in zip(seqs, batches, at):
@@ -322,7 +347,9 @@ async def test_concurrent_power_commits_sync_off_the_loop(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("durability", ["process", "power"])
-async def test_close_during_load_keeps_every_acknowledged_commit(tmp_path: Path, durability: str) -> None:
+async def test_close_during_load_keeps_every_acknowledged_commit(
+    tmp_path: Path, durability: str
+) -> None:
     """32 agents (and a second thread) commit while the store is closed under them: every commit
     is either acknowledged and in the log after reopening, or refused as closed; the log holds
     nothing else, and close() returned only after the commits in flight resolved."""
@@ -371,7 +398,9 @@ async def test_close_during_load_keeps_every_acknowledged_commit(tmp_path: Path,
     assert verify(path) is None
 
 
-async def test_a_direct_commit_waits_for_a_yielding_holder_which_lets_go_when_told(tmp_path: Path) -> None:
+async def test_a_direct_commit_waits_for_a_yielding_holder_which_lets_go_when_told(
+    tmp_path: Path,
+) -> None:
     """A user projection's chunk holds the lock through ``yielding()`` and ends when
     ``contended()``: a direct commit waits for it (no writer thread); an ``exclusive()`` holder
     (a rebuild) sends the commit to the writer thread instead, and it waits there."""
@@ -396,7 +425,9 @@ async def test_a_direct_commit_waits_for_a_yielding_holder_which_lets_go_when_to
         held.wait(5)
         await storage.commit([_entry(2)], CTX)
         worker.join(5)
-        assert told.is_set() and committer._thread is None, "the commit waited directly, and the holder was told"
+        assert told.is_set() and committer._thread is None, (
+            "the commit waited directly, and the holder was told"
+        )
 
         def rebuild_like() -> None:
             with committer.exclusive():
@@ -409,6 +440,8 @@ async def test_a_direct_commit_waits_for_a_yielding_holder_which_lets_go_when_to
         held.wait(5)
         await storage.commit([_entry(3)], CTX)
         worker.join(5)
-        assert committer._thread is not None, "behind an exclusive() holder the commit went to the writer thread"
+        assert committer._thread is not None, (
+            "behind an exclusive() holder the commit went to the writer thread"
+        )
     finally:
         await storage.close()

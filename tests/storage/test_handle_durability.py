@@ -50,7 +50,10 @@ class Opener:
         if kind.startswith("replica-"):
             assert self.node is not None and self.store is not None
             return await LmdbStorage.open_replica(
-                self.path, nats=self.node.url, stream=self.stream, store=self.store,
+                self.path,
+                nats=self.node.url,
+                stream=self.stream,
+                store=self.store,
                 durability=durability_of(kind),  # type: ignore[arg-type]
             )
         return await LmdbStorage.open(self.path, durability=kind)  # type: ignore[arg-type]
@@ -67,15 +70,25 @@ def assert_durability_given(storage: LmdbStorage, kind: str) -> None:
     env = storage._env
     flags = env.env.flags()
     asked = durability_of(kind)
-    journaled = kind == "power"  # a local power writer: its journal syncs, LMDB does not (log.journal)
-    assert flags["sync"] is (asked == "power" and not journaled), f"{kind} handle got an environment with sync={flags['sync']}"
-    assert os.path.exists(os.path.join(env.path, POWER_FILE)) is journaled, f"{kind} handle: power.unsynced"
-    assert (os.path.isdir(os.path.join(env.path, "journal")) or not journaled), f"{kind} handle: no journal"
+    journaled = (
+        kind == "power"
+    )  # a local power writer: its journal syncs, LMDB does not (log.journal)
+    assert flags["sync"] is (asked == "power" and not journaled), (
+        f"{kind} handle got an environment with sync={flags['sync']}"
+    )
+    assert os.path.exists(os.path.join(env.path, POWER_FILE)) is journaled, (
+        f"{kind} handle: power.unsynced"
+    )
+    assert os.path.isdir(os.path.join(env.path, "journal")) or not journaled, (
+        f"{kind} handle: no journal"
+    )
     marker = os.path.exists(os.path.join(env.path, UNSYNCED_FILE))
     assert marker is (asked == "process"), f"{kind} handle: process.unsynced present={marker}"
 
 
-async def run_scenario(opener: Opener, first: str, second: str, close_first: bool, reader_last: bool) -> None:
+async def run_scenario(
+    opener: Opener, first: str, second: str, close_first: bool, reader_last: bool
+) -> None:
     handles: list[LmdbStorage] = []
     try:
         one = await opener.open(first)
@@ -120,8 +133,13 @@ def kinds_matrix(kinds: tuple[str, ...]) -> Iterator[Any]:
         for second in kinds:
             for close_first in (True, False):
                 for reader_last in (True, False):
-                    yield pytest.param(first, second, close_first, reader_last,
-                                       id=f"{first}-then-{second}-{'closed' if close_first else 'open'}-{'reader-last' if reader_last else 'reader-first'}")
+                    yield pytest.param(
+                        first,
+                        second,
+                        close_first,
+                        reader_last,
+                        id=f"{first}-then-{second}-{'closed' if close_first else 'open'}-{'reader-last' if reader_last else 'reader-first'}",
+                    )
 
 
 @pytest.mark.parametrize("first,second,close_first,reader_last", list(kinds_matrix(LOCAL)))
@@ -155,7 +173,9 @@ async def test_each_replica_handle_gets_the_durability_it_asked_for(
     tmp_path: Path, node: NatsNode, first: str, second: str, close_first: bool, reader_last: bool
 ) -> None:
     stream = "HANDLES"
-    writer = await LmdbStorage.open(tmp_path / "writer", durability="replicated", nats=node.url, stream=stream)
+    writer = await LmdbStorage.open(
+        tmp_path / "writer", durability="replicated", nats=node.url, stream=stream
+    )
     try:
         seq = await writer.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         store = writer.store_id

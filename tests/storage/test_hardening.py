@@ -65,13 +65,23 @@ BAD_COMMITTED_AT = [
 ]
 
 
-@pytest.mark.parametrize("value", BAD_COMMITTED_AT, ids=lambda value: f"{type(value).__name__}-{str(value)[:20] if not isinstance(value, int) or value.bit_length() < 100 else 'huge'}")
-async def test_a_commit_time_the_header_cannot_hold_is_refused_before_writing(tmp_path: Path, value: Any) -> None:
+@pytest.mark.parametrize(
+    "value",
+    BAD_COMMITTED_AT,
+    ids=lambda value: (
+        f"{type(value).__name__}-{str(value)[:20] if not isinstance(value, int) or value.bit_length() < 100 else 'huge'}"
+    ),
+)
+async def test_a_commit_time_the_header_cannot_hold_is_refused_before_writing(
+    tmp_path: Path, value: Any
+) -> None:
     storage = await LmdbStorage.open(tmp_path / "s", durability="process")
     try:
         await storage.commit(ENTRY, CTX)
         with pytest.raises((TypeError, ValueError), match="committed_at"):
-            await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX, committed_at=value)
+            await storage.commit(
+                [{"type": "conversation", "value": {"id": 2}}], CTX, committed_at=value
+            )
         assert storage.log.head() == 1
         assert await storage.conversation(2, CTX) is None
         seq = await storage.commit([{"type": "conversation", "value": {"id": 3}}], CTX)
@@ -81,7 +91,13 @@ async def test_a_commit_time_the_header_cannot_hold_is_refused_before_writing(tm
     assert verify(str(tmp_path / "s")) is None
 
 
-@pytest.mark.parametrize("value", BAD_COMMITTED_AT, ids=lambda value: f"{type(value).__name__}-{str(value)[:20] if not isinstance(value, int) or value.bit_length() < 100 else 'huge'}")
+@pytest.mark.parametrize(
+    "value",
+    BAD_COMMITTED_AT,
+    ids=lambda value: (
+        f"{type(value).__name__}-{str(value)[:20] if not isinstance(value, int) or value.bit_length() < 100 else 'huge'}"
+    ),
+)
 def test_the_log_layer_refuses_such_a_header_too(value: Any) -> None:
     with pytest.raises((TypeError, ValueError), match="committed_at"):
         encode_record(b"\x90", value)
@@ -178,23 +194,39 @@ def _scans(work: Workload) -> list[tuple[str, dict[str, Any]]]:
         ("scan_entries", {"conversationId": conversations[-1], "order": "ascending"}),
         ("scan_entries", {"conversationId": conversations[0], "minEntryId": 10**9}),
         ("scan_documents", {"scope": {"kind": "session"}, "at": "current"}),
-        ("scan_documents", {"scope": {"kind": "conversation", "conversationId": conversations[0]}, "at": "current"}),
+        (
+            "scan_documents",
+            {
+                "scope": {"kind": "conversation", "conversationId": conversations[0]},
+                "at": "current",
+            },
+        ),
         ("scan_documents", {"scope": {"kind": "session"}, "at": 5, "kind": "no such kind"}),
     ]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(limit=LIMITS, which=st.integers(0, 16), cursor=st.sampled_from([None, {"after": 3}]))
-def test_every_scan_with_any_limit_matches_memory_storage(pair: _Pair, limit: Any, which: int, cursor: Any) -> None:
+def test_every_scan_with_any_limit_matches_memory_storage(
+    pair: _Pair, limit: Any, which: int, cursor: Any
+) -> None:
     method, query = _scans(pair.work)[which]
     if cursor is not None and method != "scan_documents":
-        cursor = {**cursor, "order": query.get("order", "descending" if method == "scan_entries" else "ascending")}
+        cursor = {
+            **cursor,
+            "order": query.get("order", "descending" if method == "scan_entries" else "ascending"),
+        }
     expected, got = pair.both(method, query, limit, cursor, CTX)
     assert got == expected, (method, query, limit)
 
 
 @pytest.mark.parametrize("limit", [-1, -5, 0, sys.maxsize, 2**64], ids=repr)
-@pytest.mark.parametrize("method", ["scan_tasks", "scan_conversations", "scan_submissions", "scan_documents", "scan_entries"])
+@pytest.mark.parametrize(
+    "method",
+    ["scan_tasks", "scan_conversations", "scan_submissions", "scan_documents", "scan_entries"],
+)
 def test_named_scan_limits_match_memory_storage(pair: _Pair, method: str, limit: int) -> None:
     query = next(query for name, query in _scans(pair.work) if name == method)
     expected, got = pair.both(method, query, limit, None, CTX)
@@ -214,19 +246,31 @@ def _create(id: int, key: Any, scope: dict[str, Any] | None = None) -> list[dict
     record: dict[str, Any] = {"id": id, "kind": "notes", "scope": scope or {"kind": "session"}}
     if key is not None:
         record["key"] = key
-    return [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"n": id}}}]
+    return [
+        {
+            "type": "document.create",
+            "record": record,
+            "content": {"kind": "base", "version": 1, "value": {"n": id}},
+        }
+    ]
 
 
 async def _address_story(store: Any) -> list[Any]:
     """Creates, retires and lookups over colliding addresses; every outcome, errors included."""
 
-    out: list[Any] = [await _outcome(store.commit([{"type": "conversation", "value": {"id": 1}}], CTX))]
+    out: list[Any] = [
+        await _outcome(store.commit([{"type": "conversation", "value": {"id": 1}}], CTX))
+    ]
     for index, key in enumerate(KEYS):
         out.append(await _outcome(store.commit(_create(10 + index, key), CTX)))
     out.append(await _outcome(store.commit([{"type": "document.retire", "id": 10}], CTX)))
     out.append(await _outcome(store.commit(_create(30, "\ud83d\ude00"), CTX)))
     out.append(await _outcome(store.commit(_create(31, "x", {"kind": "task", "taskId": 5}), CTX)))
-    out.append(await _outcome(store.commit(_create(32, "x", {"kind": "conversation", "conversationId": 1}), CTX)))
+    out.append(
+        await _outcome(
+            store.commit(_create(32, "x", {"kind": "conversation", "conversationId": 1}), CTX)
+        )
+    )
     for key in KEYS:
         address: dict[str, Any] = {"kind": "notes", "scope": {"kind": "session"}}
         if key is not None:
@@ -241,8 +285,14 @@ async def _address_story(store: Any) -> list[Any]:
         {"kind": "task", "taskId": "5"},
         {"kind": "other", "taskId": 5},
     ):
-        out.append(await _outcome(store.scan_documents({"scope": scope, "at": "current"}, 10, None, CTX)))
-        out.append(await _outcome(store.find_document({"kind": "notes", "scope": scope, "key": "x"}, "current", CTX)))
+        out.append(
+            await _outcome(store.scan_documents({"scope": scope, "at": "current"}, 10, None, CTX))
+        )
+        out.append(
+            await _outcome(
+                store.find_document({"kind": "notes", "scope": scope, "key": "x"}, "current", CTX)
+            )
+        )
     return out
 
 
@@ -260,12 +310,30 @@ async def test_document_addresses_are_the_reference_s_text_of_them(tmp_path: Pat
         session = {"kind": "notes", "scope": {"kind": "session"}}
         for seq, view in enumerate(views):  # a view sees the address as the live store did then
             found = await view.find_document({**session, "key": "\ud83d\ude00"}, "current", CTX)
-            assert (None if found is None else found["id"]) == (None if seq < 2 or seq == 9 else 10 if seq < 9 else 30)
+            assert (None if found is None else found["id"]) == (
+                None if seq < 2 or seq == 9 else 10 if seq < 9 else 30
+            )
             found = await view.find_document({**session, "key": "😀"}, "current", CTX)
-            assert (None if found is None else found["id"]) == (None if seq < 2 or seq == 9 else 10 if seq < 9 else 30)
+            assert (None if found is None else found["id"]) == (
+                None if seq < 2 or seq == 9 else 10 if seq < 9 else 30
+            )
         await storage.rebuild()
-        again = [await _outcome(storage.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": key}, "current", CTX)) for key in KEYS]
-        want = [await _outcome(memory.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": key}, "current", CTX)) for key in KEYS]
+        again = [
+            await _outcome(
+                storage.find_document(
+                    {"kind": "notes", "scope": {"kind": "session"}, "key": key}, "current", CTX
+                )
+            )
+            for key in KEYS
+        ]
+        want = [
+            await _outcome(
+                memory.find_document(
+                    {"kind": "notes", "scope": {"kind": "session"}, "key": key}, "current", CTX
+                )
+            )
+            for key in KEYS
+        ]
         assert again == want
     finally:
         await storage.close()
@@ -286,9 +354,17 @@ STORAGE_CALLS: list[tuple[str, Any]] = [
     ("submission", lambda s: s.submission(4, CTX)),
     ("scan_submissions", lambda s: s.scan_submissions({}, 5, None, CTX)),
     ("submission_by_request", lambda s: s.submission_by_request(1, "r", CTX)),
-    ("find_document", lambda s: s.find_document({"kind": "notes", "scope": {"kind": "session"}, "key": "😀"}, "current", CTX)),
+    (
+        "find_document",
+        lambda s: s.find_document(
+            {"kind": "notes", "scope": {"kind": "session"}, "key": "😀"}, "current", CTX
+        ),
+    ),
     ("document", lambda s: s.document(5, "current", CTX)),
-    ("scan_documents", lambda s: s.scan_documents({"scope": {"kind": "session"}, "at": "current"}, 5, None, CTX)),
+    (
+        "scan_documents",
+        lambda s: s.scan_documents({"scope": {"kind": "session"}, "at": "current"}, 5, None, CTX),
+    ),
 ]
 """Every read of the contract, each over a record ``_FILL`` writes."""
 
@@ -298,11 +374,20 @@ _FILL = [
     {
         "type": "task",
         "value": {
-            "id": 3, "conversationId": 1, "kind": "k", "version": 1, "input": None,
-            "state": {"status": "pending"}, "background": False, "abortRequested": False,
+            "id": 3,
+            "conversationId": 1,
+            "kind": "k",
+            "version": 1,
+            "input": None,
+            "state": {"status": "pending"},
+            "background": False,
+            "abortRequested": False,
         },
     },
-    {"type": "submission", "value": {"id": 4, "conversationId": 1, "status": "queued", "requestId": "r"}},
+    {
+        "type": "submission",
+        "value": {"id": 4, "conversationId": 1, "status": "queued", "requestId": "r"},
+    },
     *_create(5, "😀"),
 ]
 
@@ -313,7 +398,9 @@ async def _filled_store(path: Path, commits: int = 1, projections: Any = ()) -> 
     reference.prepare_commit(_FILL)  # the fill is a batch the reference takes
     await storage.commit(_FILL, CTX)
     for index in range(commits - 1):
-        await storage.commit([{"type": "entry", "value": {"id": 100 + index, "conversationId": 1, "kind": "m"}}], CTX)
+        await storage.commit(
+            [{"type": "entry", "value": {"id": 100 + index, "conversationId": 1, "kind": "m"}}], CTX
+        )
     return storage
 
 
@@ -325,7 +412,9 @@ async def test_every_public_method_after_close_refuses_by_name(tmp_path: Path) -
         assert (await _outcome(call(storage)))[0] == "ok", name
         assert (await _outcome(call(view)))[0] == "ok", name
     await storage.close()
-    calls: list[tuple[str, Any]] = [(name, lambda c=call: c(storage)) for name, call in STORAGE_CALLS]
+    calls: list[tuple[str, Any]] = [
+        (name, lambda c=call: c(storage)) for name, call in STORAGE_CALLS
+    ]
     calls += [(f"view {name}", lambda c=call: c(view)) for name, call in STORAGE_CALLS]
     calls += [
         ("commit", lambda: storage.commit(ENTRY, CTX)),
@@ -349,7 +438,10 @@ async def test_every_public_method_after_close_refuses_by_name(tmp_path: Path) -
             if asyncio.iscoroutine(result) or hasattr(result, "__await__"):
                 await result
         error = caught.value
-        assert isinstance(error, RuntimeError) and not isinstance(error, lmdb.Error), (name, repr(error))
+        assert isinstance(error, RuntimeError) and not isinstance(error, lmdb.Error), (
+            name,
+            repr(error),
+        )
         assert "closed" in str(error), (name, str(error))
     assert (await _outcome(storage.close()))[0] == "ok"  # closing twice is fine
 
@@ -388,14 +480,21 @@ class _Slow:
         tables.put("main", commit.seq.to_bytes(8, "big"), b"")
 
 
-async def test_close_ends_a_pending_projection_wait_and_the_worker_stays_stopped(tmp_path: Path) -> None:
+async def test_close_ends_a_pending_projection_wait_and_the_worker_stays_stopped(
+    tmp_path: Path,
+) -> None:
     loop = asyncio.get_running_loop()
     unretrieved: list[Any] = []
     loop.set_exception_handler(lambda loop, context: unretrieved.append(context))
     storage = await _filled_store(tmp_path / "s", commits=1, projections=[_Slow()])
     for index in range(50):
-        await storage.commit([{"type": "entry", "value": {"id": 10_000 + index, "conversationId": 1, "kind": "m"}}], CTX)
-    waiter = asyncio.ensure_future(storage.projections.wait(storage.log.head() + 1))  # a commit never made
+        await storage.commit(
+            [{"type": "entry", "value": {"id": 10_000 + index, "conversationId": 1, "kind": "m"}}],
+            CTX,
+        )
+    waiter = asyncio.ensure_future(
+        storage.projections.wait(storage.log.head() + 1)
+    )  # a commit never made
     await asyncio.sleep(0.05)
     assert not waiter.done()
     await storage.close()
@@ -434,7 +533,11 @@ async def test_a_read_only_store_follows_a_rebuild_run_by_another_process(tmp_pa
         assert all(answer[0] == "ok" for answer in before)
         for _ in range(2):  # twice: the second swap drops the generation the first one made
             process = await asyncio.create_subprocess_exec(
-                CLI, "rebuild", str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+                CLI,
+                "rebuild",
+                str(path),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
             during = []
             while process.returncode is None:  # reads while it runs see whole generations
@@ -467,7 +570,9 @@ async def test_an_as_of_view_taken_before_a_rebuild_reads_after_it(tmp_path: Pat
         await storage.close()
 
 
-async def test_a_read_only_handle_in_the_writer_s_process_follows_its_rebuild(tmp_path: Path) -> None:
+async def test_a_read_only_handle_in_the_writer_s_process_follows_its_rebuild(
+    tmp_path: Path,
+) -> None:
     storage = await _filled_store(tmp_path / "s", commits=30)
     reader = await LmdbStorage.open(tmp_path / "s", readonly=True)
     try:
@@ -486,7 +591,9 @@ async def test_a_read_only_handle_in_the_writer_s_process_follows_its_rebuild(tm
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cut", ["one page", "half", "into the meta pages", "one byte"])
-async def test_a_truncated_data_file_is_named_at_open_and_never_read(tmp_path: Path, cut: str) -> None:
+async def test_a_truncated_data_file_is_named_at_open_and_never_read(
+    tmp_path: Path, cut: str
+) -> None:
     path = tmp_path / "s"
     storage = await _filled_store(path, commits=300)
     await storage.close()
@@ -503,13 +610,19 @@ async def test_a_truncated_data_file_is_named_at_open_and_never_read(tmp_path: P
         handle.truncate(keep)
     for readonly in (True, False):  # first in a child: on a regression, SIGBUS kills it, not pytest
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-c",
+            sys.executable,
+            "-c",
             "import asyncio, sys\nfrom pi_durable_lmdb import LmdbStorage\n"
             f"asyncio.run(LmdbStorage.open({str(path)!r}, readonly={readonly}))",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         _, err = await child.communicate()
-        assert child.returncode == 1 and b"TruncatedStoreError" in err, (readonly, child.returncode, err[-300:])
+        assert child.returncode == 1 and b"TruncatedStoreError" in err, (
+            readonly,
+            child.returncode,
+            err[-300:],
+        )
         with pytest.raises(TruncatedStoreError, match="truncated") as caught:
             await LmdbStorage.open(path, readonly=readonly)
         assert str(data) in str(caught.value)
@@ -536,7 +649,8 @@ def test_writer_locked_names_the_process_holding_the_lock_now(tmp_path: Path) ->
         handle.write(f"{4_000_000:<20}".encode())
     holder = subprocess.Popen(
         [
-            sys.executable, "-c",
+            sys.executable,
+            "-c",
             "import fcntl, os, sys, time\n"
             f"fd = os.open({str(path / 'writer.lock')!r}, os.O_RDWR)\n"
             "fcntl.flock(fd, fcntl.LOCK_EX)\n"
@@ -565,7 +679,11 @@ async def test_verify_and_stats_while_another_process_rebuilds(tmp_path: Path) -
     expected = stats(path).counts
     for _ in range(2):
         process = await asyncio.create_subprocess_exec(
-            CLI, "rebuild", str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            CLI,
+            "rebuild",
+            str(path),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         runs = 0
         while process.returncode is None or runs < 2:
@@ -584,7 +702,9 @@ async def test_verify_and_stats_while_another_process_rebuilds(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("seq", [-1, 0, 2, 2**63, 2**64, 2**64 + 1, -(2**70)], ids=repr)
-async def test_log_reads_with_any_integer_find_no_record_rather_than_fail(tmp_path: Path, seq: int) -> None:
+async def test_log_reads_with_any_integer_find_no_record_rather_than_fail(
+    tmp_path: Path, seq: int
+) -> None:
     storage = await _filled_store(tmp_path / "s")
     try:
         log = storage.log
@@ -599,11 +719,17 @@ async def test_log_reads_with_any_integer_find_no_record_rather_than_fail(tmp_pa
 
 
 @pytest.mark.parametrize("value", [True, 1.0, "1", None, b"\x01", [1]], ids=repr)
-async def test_log_reads_refuse_a_sequence_that_is_not_an_int_by_name(tmp_path: Path, value: Any) -> None:
+async def test_log_reads_refuse_a_sequence_that_is_not_an_int_by_name(
+    tmp_path: Path, value: Any
+) -> None:
     storage = await _filled_store(tmp_path / "s")
     try:
         log = storage.log
-        calls = [lambda: log.take(value, None, 5), lambda: list(log.read(value)), lambda: log.take(1, None, value)]
+        calls = [
+            lambda: log.take(value, None, 5),
+            lambda: list(log.read(value)),
+            lambda: log.take(1, None, value),
+        ]
         if value is not None:  # None is "no upper bound" for ``last``
             calls += [lambda: log.get(value), lambda: list(log.read(1, value))]
         for call in calls:
@@ -619,7 +745,12 @@ async def test_log_reads_refuse_a_sequence_that_is_not_an_int_by_name(tmp_path: 
 
 
 def _definition(**fields: Any) -> Any:
-    base = {"name": "p", "version": 1, "databases": ("main",), "fold": lambda self, tables, commit: None}
+    base = {
+        "name": "p",
+        "version": 1,
+        "databases": ("main",),
+        "fold": lambda self, tables, commit: None,
+    }
     base.update(fields)
     return type("Defined", (), base)()
 
@@ -642,10 +773,16 @@ BAD_DEFINITIONS = {
 
 
 @pytest.mark.parametrize("fields", BAD_DEFINITIONS.values(), ids=BAD_DEFINITIONS.keys())
-async def test_a_projection_definition_the_store_could_not_read_back_is_refused(tmp_path: Path, fields: dict[str, Any]) -> None:
+async def test_a_projection_definition_the_store_could_not_read_back_is_refused(
+    tmp_path: Path, fields: dict[str, Any]
+) -> None:
     with pytest.raises((TypeError, ValueError), match="Projection"):
-        await LmdbStorage.open(tmp_path / "s", durability="process", projections=[_definition(**fields)])
-    storage = await LmdbStorage.open(tmp_path / "s", durability="process")  # nothing unreadable was left
+        await LmdbStorage.open(
+            tmp_path / "s", durability="process", projections=[_definition(**fields)]
+        )
+    storage = await LmdbStorage.open(
+        tmp_path / "s", durability="process"
+    )  # nothing unreadable was left
     await storage.close()
 
 
@@ -653,11 +790,16 @@ async def test_projections_whose_databases_would_share_a_name_are_refused(tmp_pa
     with pytest.raises(ValueError, match="collide"):
         await LmdbStorage.open(
             tmp_path / "s",
-            projections=[_definition(name="a.b", databases=("c",)), _definition(name="a", databases=("b.c",))],
+            projections=[
+                _definition(name="a.b", databases=("c",)),
+                _definition(name="a", databases=("b.c",)),
+            ],
         )
 
 
-async def test_a_fold_error_whose_message_holds_a_lone_surrogate_is_recorded(tmp_path: Path) -> None:
+async def test_a_fold_error_whose_message_holds_a_lone_surrogate_is_recorded(
+    tmp_path: Path,
+) -> None:
     from pi_durable_lmdb.projections.user import ProjectionFailed
 
     def fold(self: Any, tables: Any, commit: Any) -> None:
@@ -677,7 +819,9 @@ async def test_a_fold_error_whose_message_holds_a_lone_surrogate_is_recorded(tmp
     handler = Utf8Handler()
     logging.getLogger("pi_durable_lmdb").addHandler(handler)
     try:
-        storage = await _filled_store(tmp_path / "s", projections=[_definition(name="bad", fold=fold)])
+        storage = await _filled_store(
+            tmp_path / "s", projections=[_definition(name="bad", fold=fold)]
+        )
         try:
             with pytest.raises(ProjectionFailed, match="ValueError"):
                 await asyncio.wait_for(storage.projections.wait(1), 10)
@@ -685,14 +829,18 @@ async def test_a_fold_error_whose_message_holds_a_lone_surrogate_is_recorded(tmp
             await storage.close()
     finally:
         logging.getLogger("pi_durable_lmdb").removeHandler(handler)
-    assert any(b"stopped at record 1" in line and b"bad \\ud800 value" in line and b"Traceback" in line for line in handler.lines), handler.lines
-    storage = await LmdbStorage.open(tmp_path / "s", projections=[_definition(name="bad", fold=fold)])
+    assert any(
+        b"stopped at record 1" in line and b"bad \\ud800 value" in line and b"Traceback" in line
+        for line in handler.lines
+    ), handler.lines
+    storage = await LmdbStorage.open(
+        tmp_path / "s", projections=[_definition(name="bad", fold=fold)]
+    )
     try:
         status = storage.projections.status()["bad"]
         assert status.failed_seq == 1 and "ValueError: bad" in (status.error or "")
     finally:
         await storage.close()
-
 
 
 def _store_with_a_free_tail(path: Path) -> None:
@@ -736,9 +884,16 @@ def test_a_file_whose_missing_last_pages_are_all_free_opens(tmp_path: Path) -> N
         handle.truncate(size - 10 * 4096)  # ten of the dropped database's pages
     check_not_truncated(str(path))
     reader = subprocess.run(  # LMDB reads every page it can reach (in a child: SIGBUS would kill it)
-        [sys.executable, "-c", "import lmdb, sys\nenv = lmdb.open(sys.argv[1], readonly=True, max_dbs=4, lock=False)\n"
-         "db = env.open_db(b'keep')\nwith env.begin(db=db) as txn:\n    print(sum(1 for _ in txn.cursor()))", str(path)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import lmdb, sys\nenv = lmdb.open(sys.argv[1], readonly=True, max_dbs=4, lock=False)\n"
+            "db = env.open_db(b'keep')\nwith env.begin(db=db) as txn:\n    print(sum(1 for _ in txn.cursor()))",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert reader.returncode == 0 and reader.stdout.strip() == "23", reader
     with open(data, "r+b") as handle:

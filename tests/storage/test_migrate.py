@@ -20,17 +20,49 @@ async def test_import_from_a_jsonl_store(tmp_path: Path) -> None:
     await source.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     await source.commit(
         [
-            {"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "message", "data": {"x": "\ud800"}}},
-            {"type": "entry", "value": {"id": 3, "conversationId": 1, "kind": "message", "head": 3}},
+            {
+                "type": "entry",
+                "value": {"id": 2, "conversationId": 1, "kind": "message", "data": {"x": "\ud800"}},
+            },
+            {
+                "type": "entry",
+                "value": {"id": 3, "conversationId": 1, "kind": "message", "head": 3},
+            },
         ],
         CTX,
     )
-    task = {"id": 4, "conversationId": 1, "kind": "k", "version": 1, "input": None,
-            "background": False, "abortRequested": False, "state": {"status": "pending"}}
+    task = {
+        "id": 4,
+        "conversationId": 1,
+        "kind": "k",
+        "version": 1,
+        "input": None,
+        "background": False,
+        "abortRequested": False,
+        "state": {"status": "pending"},
+    }
     await source.commit([{"type": "task", "value": task}], CTX)
     notes = {"id": 5, "kind": "notes", "scope": {"kind": "session"}}
-    await source.commit([{"type": "document.create", "record": notes, "content": {"kind": "base", "version": 1, "value": {"a": 1}}}], CTX)
-    await source.commit([{"type": "document.change", "id": 5, "content": {"kind": "delta", "version": 1, "ops": [["s", ["a"], 2]]}}], CTX)
+    await source.commit(
+        [
+            {
+                "type": "document.create",
+                "record": notes,
+                "content": {"kind": "base", "version": 1, "value": {"a": 1}},
+            }
+        ],
+        CTX,
+    )
+    await source.commit(
+        [
+            {
+                "type": "document.change",
+                "id": 5,
+                "content": {"kind": "delta", "version": 1, "ops": [["s", ["a"], 2]]},
+            }
+        ],
+        CTX,
+    )
     await source.close(CTX)
 
     async with open_read_only(source_dir) as reopened:
@@ -45,9 +77,9 @@ async def test_import_from_a_jsonl_store(tmp_path: Path) -> None:
         assert await storage.task(4, CTX) == task
         document = await storage.document(5, "current", CTX)
         assert (document["value"], document["version"]) == ({"a": 2}, 1)
-        assert (await storage.entry(2, CTX))["commitSeq"] == (await storage.entry(3, CTX))["commitSeq"], (
-            "entries keep their original commit grouping"
-        )
+        assert (await storage.entry(2, CTX))["commitSeq"] == (await storage.entry(3, CTX))[
+            "commitSeq"
+        ], "entries keep their original commit grouping"
     finally:
         await storage.close()
     assert verify(tmp_path / "store") is None

@@ -14,13 +14,22 @@ from pi_durable_lmdb.projections.readmodel import MAX_SAFE_INTEGER
 from pi_durable_lmdb.storage import LmdbStorage
 
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "unknown durability": ({"durability": "disk"}, "durability must be 'power', 'process' or 'replicated', not 'disk'"),
+    "unknown durability": (
+        {"durability": "disk"},
+        "durability must be 'power', 'process' or 'replicated', not 'disk'",
+    ),
     "durability before the rest": (
         {"durability": "fast", "nats": "nats://127.0.0.1:1", "replicas": 9},
         "durability must be 'power', 'process' or 'replicated', not 'fast'",
     ),
-    "nats without stream": ({"nats": "nats://127.0.0.1:1"}, "nats= and stream= go together: the NATS servers and the stream that carries the log"),
-    "stream without nats": ({"stream": "s"}, "nats= and stream= go together: the NATS servers and the stream that carries the log"),
+    "nats without stream": (
+        {"nats": "nats://127.0.0.1:1"},
+        "nats= and stream= go together: the NATS servers and the stream that carries the log",
+    ),
+    "stream without nats": (
+        {"stream": "s"},
+        "nats= and stream= go together: the NATS servers and the stream that carries the log",
+    ),
     "pairing before replicated": (
         {"durability": "replicated", "stream": "s"},
         "nats= and stream= go together: the NATS servers and the stream that carries the log",
@@ -41,15 +50,29 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"take_over": "force", "durability": "process"},
         "take_over= is for durability='replicated' writers (the lease guards the stream)",
     ),
-    "no replicas": ({"replicas": 0}, "replicas must be an int from 1 to 5 (JetStream's limit), not 0"),
-    "too many replicas": ({"replicas": 6}, "replicas must be an int from 1 to 5 (JetStream's limit), not 6"),
-    "replicas not an int": ({"replicas": 3.0}, "replicas must be an int from 1 to 5 (JetStream's limit), not 3.0"),
-    "replicas a bool": ({"replicas": True}, "replicas must be an int from 1 to 5 (JetStream's limit), not True"),
+    "no replicas": (
+        {"replicas": 0},
+        "replicas must be an int from 1 to 5 (JetStream's limit), not 0",
+    ),
+    "too many replicas": (
+        {"replicas": 6},
+        "replicas must be an int from 1 to 5 (JetStream's limit), not 6",
+    ),
+    "replicas not an int": (
+        {"replicas": 3.0},
+        "replicas must be an int from 1 to 5 (JetStream's limit), not 3.0",
+    ),
+    "replicas a bool": (
+        {"replicas": True},
+        "replicas must be an int from 1 to 5 (JetStream's limit), not True",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
-async def test_contradictory_open_options_are_refused_before_anything_is_made(tmp_path: Path, name: str) -> None:
+async def test_contradictory_open_options_are_refused_before_anything_is_made(
+    tmp_path: Path, name: str
+) -> None:
     options, message = REFUSED[name]
     path = tmp_path / "store"
     with pytest.raises(ValueError) as refused:
@@ -91,4 +114,6 @@ async def test_minted_ids_stay_above_every_reserved_block_across_reopen(tmp_path
         again = await storage.mint_id()
     finally:
         await storage.close()
-    assert again > max(first) and again == 2 + 4096  # the block reserved before is never handed out again
+    assert (
+        again > max(first) and again == 2 + 4096
+    )  # the block reserved before is never handed out again

@@ -47,28 +47,60 @@ async def test_entry_pages_match_memory_storage_at_the_edges(tmp_path: Path) -> 
     writes: list[list[dict[str, Any]]] = [[{"type": "conversation", "value": {"id": 1}}]]
     next_id, parent = 2, 1
     for level in range(4):  # a fork chain 1 <- c2 <- c3 ..., forked at the parent's newest entry
-        entries = [{"type": "entry", "value": {"id": next_id + n, "conversationId": parent, "kind": "m"}} for n in range(3)]
+        entries = [
+            {"type": "entry", "value": {"id": next_id + n, "conversationId": parent, "kind": "m"}}
+            for n in range(3)
+        ]
         writes.append(entries)
         fork_at, next_id = next_id + 2, next_id + 3
         child = next_id
-        writes.append([{"type": "conversation", "value": {"id": child, "parent": {"conversationId": parent, "at": fork_at - level % 2}}}])
+        writes.append(
+            [
+                {
+                    "type": "conversation",
+                    "value": {
+                        "id": child,
+                        "parent": {"conversationId": parent, "at": fork_at - level % 2},
+                    },
+                }
+            ]
+        )
         next_id, parent = next_id + 1, child
-    writes.append([{"type": "entry", "value": {"id": next_id, "conversationId": parent, "kind": "m"}}])
-    orphan = {"id": 500, "parent": {"conversationId": 777, "at": 3}}  # an ancestor that does not exist
+    writes.append(
+        [{"type": "entry", "value": {"id": next_id, "conversationId": parent, "kind": "m"}}]
+    )
+    orphan = {
+        "id": 500,
+        "parent": {"conversationId": 777, "at": 3},
+    }  # an ancestor that does not exist
     writes.append([{"type": "conversation", "value": orphan}])
-    writes.append([{"type": "entry", "value": {"id": id, "conversationId": 500, "kind": "m"}} for id in (501, 502)])
+    writes.append(
+        [
+            {"type": "entry", "value": {"id": id, "conversationId": 500, "kind": "m"}}
+            for id in (501, 502)
+        ]
+    )
     for batch in writes:
         await reference.commit(batch, CTX)
         await ours.commit(batch, CTX)
     leaf = parent
     for conversation in (1, leaf, 500, 999):
         for order in (None, "ascending", "descending"):
-            for bounds in ({}, {"minEntryId": 4}, {"maxEntryId": 9}, {"minEntryId": 30, "maxEntryId": 3}):
+            for bounds in (
+                {},
+                {"minEntryId": 4},
+                {"maxEntryId": 9},
+                {"minEntryId": 30, "maxEntryId": 3},
+            ):
                 query = {"conversationId": conversation, **bounds}
                 if order is not None:
                     query["order"] = order
                 for limit in (-1, 0, 1, 2, 100):
-                    assert await _walk(ours, query, limit) == await _walk(reference, query, limit), (query, limit)
+                    assert await _walk(ours, query, limit) == await _walk(
+                        reference, query, limit
+                    ), (query, limit)
         for id in [*range(0, next_id + 2), 501, 502]:
-            assert await _call(ours, "entry", conversation, id, CTX) == await _call(reference, "entry", conversation, id, CTX)
+            assert await _call(ours, "entry", conversation, id, CTX) == await _call(
+                reference, "entry", conversation, id, CTX
+            )
     await ours.close()

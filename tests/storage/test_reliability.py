@@ -36,7 +36,17 @@ from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.audit import verify
 
 from tools.harness import crash_harness
-from ..support.reliability_helpers import ROOT, HARNESS, CLI, CHILD_ENV, child, child_line, cli, kill, seeded
+from ..support.reliability_helpers import (
+    ROOT,
+    HARNESS,
+    CLI,
+    CHILD_ENV,
+    child,
+    child_line,
+    cli,
+    kill,
+    seeded,
+)
 
 
 # ── 1. killed processes ───────────────────────────────────────────────────────
@@ -50,9 +60,26 @@ def test_killed_writers_lose_no_acknowledged_commit(tmp_path: Path) -> None:
 
     seed = int(os.environ.get("CRASH_SEED", time.time_ns() % 2**32))
     done = subprocess.run(
-        [sys.executable, HARNESS, "--rounds", "30", "--durability", "mixed", "--max-delay", "0.3",
-         "--store", str(tmp_path / "store"), "--seed", str(seed), "--json"],
-        capture_output=True, text=True, timeout=170, cwd=ROOT, env=CHILD_ENV,
+        [
+            sys.executable,
+            HARNESS,
+            "--rounds",
+            "30",
+            "--durability",
+            "mixed",
+            "--max-delay",
+            "0.3",
+            "--store",
+            str(tmp_path / "store"),
+            "--seed",
+            str(seed),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
+        env=CHILD_ENV,
     )
     assert done.stdout.strip(), f"seed {seed}: the harness printed nothing\n{done.stderr}"
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -73,14 +100,35 @@ def test_the_crash_checker_catches_lost_altered_and_stray_commits(tmp_path: Path
     harness = crash_harness
     store = tmp_path / "store"
     done = subprocess.run(
-        [sys.executable, str(harness.CHILD), "write", str(store), "--count", "30", "--seed", "5", "--durability", "process"],
-        capture_output=True, text=True, timeout=60, env=CHILD_ENV, cwd=ROOT,
+        [
+            sys.executable,
+            str(harness.CHILD),
+            "write",
+            str(store),
+            "--count",
+            "30",
+            "--seed",
+            "5",
+            "--durability",
+            "process",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=CHILD_ENV,
+        cwd=ROOT,
     )
     assert done.returncode == 0 and done.stdout.endswith("closed\n"), done.stdout[-2000:]
     parsed = harness.parse(done.stdout.splitlines())
     acked = {str(seq): batch for seq, batch in parsed["acked"].items()}
     assert len(acked) == 30
-    honest = {"digests": {}, "acked": acked, "pending": [], "checked_head": 0, "minted_max": max(parsed["minted"])}
+    honest = {
+        "digests": {},
+        "acked": acked,
+        "pending": [],
+        "checked_head": 0,
+        "minted_max": max(parsed["minted"]),
+    }
     altered = dict(acked)
     batch = json.loads(acked["7"])
     batch[0]["tampered"] = True
@@ -101,8 +149,21 @@ def test_the_crash_checker_catches_lost_altered_and_stray_commits(tmp_path: Path
         (tmp_path / "ledger.json").write_text(json.dumps(ledger))
         result_path = tmp_path / "result.json"
         done = subprocess.run(
-            [sys.executable, str(harness.CHILD), "check", str(copy), "--ledger", str(tmp_path / "ledger.json"), "--result", str(result_path)],
-            capture_output=True, text=True, timeout=60, env=CHILD_ENV, cwd=ROOT,
+            [
+                sys.executable,
+                str(harness.CHILD),
+                "check",
+                str(copy),
+                "--ledger",
+                str(tmp_path / "ledger.json"),
+                "--result",
+                str(result_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=CHILD_ENV,
+            cwd=ROOT,
         )
         assert done.returncode == 0, done.stdout + done.stderr
         problems = json.loads(result_path.read_text())["problems"]
@@ -129,7 +190,11 @@ async def test_a_second_writer_process_is_refused_naming_the_path(tmp_path: Path
         assert answer["path"] == str(path) and str(path) in answer["message"]
         assert f"by process {holder.pid}" in answer["message"]
         done = cli("rebuild", path)
-        assert done.returncode == 2 and "already open for writing" in done.stderr and str(path) in done.stderr
+        assert (
+            done.returncode == 2
+            and "already open for writing" in done.stderr
+            and str(path) in done.stderr
+        )
     finally:
         kill(holder)
     second = child("try-open", str(path))  # the killed writer's lock went with it
@@ -147,7 +212,12 @@ def test_readers_in_other_processes_see_whole_commits_only(tmp_path: Path) -> No
     readers: list[subprocess.Popen[str]] = []
     try:
         assert child_line(writer) == "ready"
-        tail = subprocess.Popen([CLI, "tail", str(path), "--from", "2", "--json", "--follow"], stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+        tail = subprocess.Popen(
+            [CLI, "tail", str(path), "--from", "2", "--json", "--follow"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=CHILD_ENV,
+        )
         readers = [child("reader", str(path), "--seconds", "3") for _ in range(3)]
         stats: list[dict[str, Any]] = []
         deadline = time.monotonic() + 3
@@ -173,8 +243,10 @@ def test_readers_in_other_processes_see_whole_commits_only(tmp_path: Path) -> No
     assert [line["seq"] for line in lines] == list(range(2, 2 + len(lines)))
     assert all(len(line["writes"]) == 3 for line in lines)
     assert all(line["writes"][0]["value"]["batch"] == line["seq"] - 2 for line in lines)
-    print(f"readers: {sum(r['reads'] for r in reports)} reads, {len(stats)} stats, {len(lines)} tailed commits; "
-          f"read-only opens refused: {[r['open_errors'] for r in reports]}")
+    print(
+        f"readers: {sum(r['reads'] for r in reports)} reads, {len(stats)} stats, {len(lines)} tailed commits; "
+        f"read-only opens refused: {[r['open_errors'] for r in reports]}"
+    )
 
 
 @pytest.mark.slow
@@ -183,7 +255,9 @@ def test_read_only_opens_never_fail_while_a_writer_commits(tmp_path: Path) -> No
     writer = child("triples", str(path))
     try:
         assert child_line(writer) == "ready"
-        loops = [child("open-loop", str(path), "--seconds", "3", "--stop-at-error") for _ in range(2)]
+        loops = [
+            child("open-loop", str(path), "--seconds", "3", "--stop-at-error") for _ in range(2)
+        ]
         reports = [json.loads(child_line(loop, timeout=60)) for loop in loops]
     finally:
         kill(writer)
@@ -209,11 +283,15 @@ def test_verify_while_a_writer_commits_finds_no_difference(tmp_path: Path) -> No
                 try:
                     differences.append(verify(path))
                     break
-                except ProjectionsBehind:  # the read-only open race (xfail test above), not verify's
+                except (
+                    ProjectionsBehind
+                ):  # the read-only open race (xfail test above), not verify's
                     continue
     finally:
         kill(writer)
-    assert len(differences) == 4 and all(d is None for d in differences), [str(d) for d in differences]
+    assert len(differences) == 4 and all(d is None for d in differences), [
+        str(d) for d in differences
+    ]
 
 
 def _reader_pids(env: Any) -> set[int]:
@@ -294,8 +372,10 @@ def test_stale_reader_slots_of_killed_readers_are_cleared(tmp_path: Path) -> Non
         cleared, cleared_commits = _growth_per_commit(path)
     finally:
         kill(writer)
-    print(f"file growth per commit: {healthy:.0f} B healthy, {pinned:.0f} B with a stale slot "
-          f"({pinned_commits} commits), {cleared:.0f} B once cleared ({cleared_commits} commits)")
+    print(
+        f"file growth per commit: {healthy:.0f} B healthy, {pinned:.0f} B with a stale slot "
+        f"({pinned_commits} commits), {cleared:.0f} B once cleared ({cleared_commits} commits)"
+    )
     assert pinned_commits >= 100 and cleared_commits >= 200
     assert pinned > 4 * max(cleared, healthy, 256), (healthy, windows, cleared)
 
@@ -305,7 +385,9 @@ def test_stale_reader_slots_of_killed_readers_are_cleared(tmp_path: Path) -> Non
 
 def test_the_map_grows_from_64_kib_under_load_without_losing_a_commit(tmp_path: Path) -> None:
     path = tmp_path / "store"
-    writer = child("triples", str(path), "--map-size", str(64 * 1024), "--pad", "3000", "--count", "600")
+    writer = child(
+        "triples", str(path), "--map-size", str(64 * 1024), "--pad", "3000", "--count", "600"
+    )
     acked: dict[int, int] = {}
     try:
         assert child_line(writer) == "ready"
@@ -336,7 +418,11 @@ def test_the_map_grows_from_64_kib_under_load_without_losing_a_commit(tmp_path: 
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a 16 MiB tmpfs here (mount said: {done.stderr.strip()})")
     try:
@@ -345,18 +431,26 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-async def test_no_room_for_the_power_journal_is_a_full_disk_and_leaves_no_half_segment(tmp_path: Path) -> None:
+async def test_no_room_for_the_power_journal_is_a_full_disk_and_leaves_no_half_segment(
+    tmp_path: Path,
+) -> None:
     """A ``power`` writer makes its journal's first segment (zero-filled, at least 64 KiB) as it
     opens: on a disk without room for one, the open fails with ``StoreFullError`` naming the
     journal, and no half made segment is left to fill the disk further."""
 
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a 512 KiB tmpfs here (mount said: {done.stderr.strip()})")
     try:
-        storage = await LmdbStorage.open(mount / "store", durability="process")  # the store, then a full disk
+        storage = await LmdbStorage.open(
+            mount / "store", durability="process"
+        )  # the store, then a full disk
         await storage.close()
         stat = os.statvfs(mount)
         (mount / "filler").write_bytes(b"\0" * max(0, stat.f_bavail * stat.f_frsize - (48 << 10)))
@@ -364,27 +458,41 @@ async def test_no_room_for_the_power_journal_is_a_full_disk_and_leaves_no_half_s
             await LmdbStorage.open(mount / "store", durability="power")
         segments = list((mount / "store").rglob("*.seg"))
         assert all(path.stat().st_size == 0 for path in segments) or not segments, segments
-        storage = await LmdbStorage.open(mount / "store", durability="process")  # the store itself is sound
+        storage = await LmdbStorage.open(
+            mount / "store", durability="process"
+        )  # the store itself is sound
         await storage.close()
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.mark.parametrize("durability", ["power", "process"])
-async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(small_disk: Path, durability: str) -> None:
+async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(
+    small_disk: Path, durability: str
+) -> None:
     path = small_disk / "store"
     storage = await LmdbStorage.open(path, durability=durability)
     acked: dict[int, int] = {}
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
-        filler = small_disk / "filler"  # leaves about 1 MiB: a power writer's journal segments are made already
+        filler = (
+            small_disk / "filler"
+        )  # leaves about 1 MiB: a power writer's journal segments are made already
         stat = os.statvfs(small_disk)
         filler.write_bytes(b"\0" * max(0, stat.f_bavail * stat.f_frsize - (1 << 20)))
         failure: BaseException | None = None
         for _ in range(500):
             id = await storage.mint_id()
             try:
-                seq = await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "text": "x" * 8000}}], CTX)
+                seq = await storage.commit(
+                    [
+                        {
+                            "type": "entry",
+                            "value": {"id": id, "conversationId": 1, "text": "x" * 8000},
+                        }
+                    ],
+                    CTX,
+                )
             except Exception as error:  # the disk is full
                 failure = error
                 break
@@ -412,7 +520,15 @@ async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(small_dis
                     assert error.errno == errno.ENOSPC
             id = await storage.mint_id()
             try:
-                seq = await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "text": "y" * 8000}}], CTX)
+                seq = await storage.commit(
+                    [
+                        {
+                            "type": "entry",
+                            "value": {"id": id, "conversationId": 1, "text": "y" * 8000},
+                        }
+                    ],
+                    CTX,
+                )
             except StoreFullError:
                 refused += 1
                 assert storage.log.head() == head, "a refused commit moved the head"
@@ -428,7 +544,10 @@ async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(small_dis
         filler.unlink()  # space is freed: the same storage works again
         for _ in range(20):
             id = await storage.mint_id()
-            seq = await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "text": "z" * 8000}}], CTX)
+            seq = await storage.commit(
+                [{"type": "entry", "value": {"id": id, "conversationId": 1, "text": "z" * 8000}}],
+                CTX,
+            )
             acked[seq] = id
     finally:
         await storage.close()

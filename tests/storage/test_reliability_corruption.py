@@ -63,11 +63,18 @@ async def test_a_damaged_log_record_is_named_and_never_served(tmp_path: Path) ->
         raw = bytes(txn.get(seq_key(target), db=storage.log.db))
     await storage.close()
     middle = len(raw) - 8
-    edit_on_disk(path, seq_key(target), raw, lambda v: v[:middle] + bytes([v[middle] ^ 0x04]) + v[middle + 1 :])
+    edit_on_disk(
+        path,
+        seq_key(target),
+        raw,
+        lambda v: v[:middle] + bytes([v[middle] ^ 0x04]) + v[middle + 1 :],
+    )
 
     storage = await LmdbStorage.open(path, readonly=True)
     try:
-        with pytest.raises(CorruptRecordError, match="Log record 2 is corrupt: checksum mismatch") as caught:
+        with pytest.raises(
+            CorruptRecordError, match="Log record 2 is corrupt: checksum mismatch"
+        ) as caught:
             storage.log.get(target)
         assert caught.value.seq == target
         assert storage.log.get(1) is not None and storage.log.get(3) is not None
@@ -88,7 +95,12 @@ async def test_a_damaged_log_record_is_named_and_never_served(tmp_path: Path) ->
     # the store still takes commits: the damage is old history, the head is intact
     storage = await LmdbStorage.open(path)
     try:
-        assert await storage.commit([{"type": "entry", "value": {"id": 100, "conversationId": 1}}], CTX) == len(SEED) + 1
+        assert (
+            await storage.commit(
+                [{"type": "entry", "value": {"id": 100, "conversationId": 1}}], CTX
+            )
+            == len(SEED) + 1
+        )
     finally:
         await storage.close()
 
@@ -102,7 +114,9 @@ def _plausible(value: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("damage", [_undecodable, _plausible], ids=["undecodable", "plausible"])
-async def test_a_damaged_projection_is_found_by_verify_and_repaired_by_rebuild(tmp_path: Path, damage: Any) -> None:
+async def test_a_damaged_projection_is_found_by_verify_and_repaired_by_rebuild(
+    tmp_path: Path, damage: Any
+) -> None:
     path = tmp_path / "store"
     storage = await seeded(path)
     key = t.u64(3)
@@ -116,7 +130,10 @@ async def test_a_damaged_projection_is_found_by_verify_and_repaired_by_rebuild(t
     assert difference.database == t.TASKS and difference.key == key, str(difference)
     assert str(difference) == "task 3 holds a value the log does not produce (table tasks)"
     done = cli("verify", path)
-    assert done.returncode == 1 and "task 3 holds a value the log does not produce (table tasks)" in done.stderr
+    assert (
+        done.returncode == 1
+        and "task 3 holds a value the log does not produce (table tasks)" in done.stderr
+    )
 
     done = cli("rebuild", path)
     assert done.returncode == 0, done.stderr
@@ -155,7 +172,9 @@ async def test_a_plausibly_damaged_projection_value_is_not_served(tmp_path: Path
     edit_on_disk(path, t.u64(3), raw, _plausible)
     storage = await LmdbStorage.open(path, readonly=True)
     try:
-        with pytest.raises(CorruptProjectionError, match="'tasks' holds a damaged value at key 0000000000000003"):
+        with pytest.raises(
+            CorruptProjectionError, match="'tasks' holds a damaged value at key 0000000000000003"
+        ):
             await storage.task(3, CTX)
         with pytest.raises(CorruptProjectionError):
             await storage.scan_tasks({}, 10, None, CTX)
@@ -194,13 +213,22 @@ asyncio.run(LmdbStorage.open(sys.argv[1], progress=progress))
 """
 
 
-async def test_a_rebuild_swap_that_fills_the_map_completes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_rebuild_swap_that_fills_the_map_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "store"
     storage = await seeded(path)
     for id in range(100, 400):
-        await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "text": "x" * 1000}}], CTX)
+        await storage.commit(
+            [{"type": "entry", "value": {"id": id, "conversationId": 1, "text": "x" * 1000}}], CTX
+        )
     await storage.close()
-    builder = subprocess.Popen([sys.executable, "-c", KILL_WHEN_BUILT, str(path)], stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    builder = subprocess.Popen(
+        [sys.executable, "-c", KILL_WHEN_BUILT, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=CHILD_ENV,
+    )
     try:
         assert builder.stdout is not None and builder.stdout.readline().strip() == "built"
     finally:

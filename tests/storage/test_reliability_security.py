@@ -36,7 +36,13 @@ from ..support.reliability_helpers import ROOT, SRC, CHILD, CHILD_ENV, cli, seed
 @pytest.mark.parametrize("umask", ["000", "022"])
 def test_store_files_are_private_whatever_the_umask(tmp_path: Path, umask: str) -> None:
     path = tmp_path / "new" / "store"
-    done = subprocess.run([sys.executable, CHILD, "umask-open", str(path), "--umask", umask], capture_output=True, text=True, env=CHILD_ENV, timeout=60)
+    done = subprocess.run(
+        [sys.executable, CHILD, "umask-open", str(path), "--umask", umask],
+        capture_output=True,
+        text=True,
+        env=CHILD_ENV,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["verify"] is None
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
@@ -48,7 +54,22 @@ def test_store_files_are_private_whatever_the_umask(tmp_path: Path, umask: str) 
 
 
 def test_nothing_read_from_disk_is_unpickled_or_evaluated() -> None:
-    banned_names = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "eval", "exec", "compile", "__import__", "import_module", "literal_eval", "yaml"}
+    banned_names = {
+        "pickle",
+        "cPickle",
+        "_pickle",
+        "marshal",
+        "shelve",
+        "dill",
+        "cloudpickle",
+        "eval",
+        "exec",
+        "compile",
+        "__import__",
+        "import_module",
+        "literal_eval",
+        "yaml",
+    }
     found = []
     files = sorted(SRC.rglob("*.py"))
     assert len(files) > 10
@@ -57,7 +78,9 @@ def test_nothing_read_from_disk_is_unpickled_or_evaluated() -> None:
             previous = None
             for token in tokenize.tokenize(source.readline):
                 # ``re.compile`` is a regular expression, not the builtin ``compile``
-                regex = token.string == "compile" and previous is not None and previous.string == "."
+                regex = (
+                    token.string == "compile" and previous is not None and previous.string == "."
+                )
                 if token.type == tokenize.NAME and token.string in banned_names and not regex:
                     found.append(f"{file.relative_to(ROOT)}:{token.start[0]}: {token.string}")
                 previous = token
@@ -75,11 +98,17 @@ HOSTILE_RECORDS: dict[str, bytes] = {
     # valid header and checksum (CRC-32 is no defence against a writer of the file)
     "100,000-deep arrays": encode_record(_hostile_payload(b"\x91" * 100_000 + b"\xc0"), 1),
     "100,000-deep maps": encode_record(_hostile_payload(b"\x81\xa1k" * 100_000 + b"\xc0"), 1),
-    "array declaring 2**32-1 items": encode_record(_hostile_payload(b"\xdd\xff\xff\xff\xff\xc0"), 1),
+    "array declaring 2**32-1 items": encode_record(
+        _hostile_payload(b"\xdd\xff\xff\xff\xff\xc0"), 1
+    ),
     "map declaring 2**32-1 pairs": encode_record(_hostile_payload(b"\xdf\xff\xff\xff\xff\xc0"), 1),
     "string declaring 4 GiB": encode_record(_hostile_payload(b"\xdb\xff\xff\xff\xffabc"), 1),
-    "integer of a million digits": encode_record(_hostile_payload(msgspec.msgpack.encode(msgspec.msgpack.Ext(2, b"9" * 1_000_000))), 1),
-    "unknown extension": encode_record(_hostile_payload(msgspec.msgpack.encode(msgspec.msgpack.Ext(99, b"x"))), 1),
+    "integer of a million digits": encode_record(
+        _hostile_payload(msgspec.msgpack.encode(msgspec.msgpack.Ext(2, b"9" * 1_000_000))), 1
+    ),
+    "unknown extension": encode_record(
+        _hostile_payload(msgspec.msgpack.encode(msgspec.msgpack.Ext(99, b"x"))), 1
+    ),
     "record header declaring a 4 GiB payload": b"\x94\x01\x01\x00\xc6\xff\xff\xff\xffab",
     "record header declaring 2**32-1 fields": b"\xdd\xff\xff\xff\xff\x01",
 }
@@ -92,7 +121,9 @@ def _nested_ext_objects(depth: int) -> bytes:
     return inner
 
 
-HOSTILE_RECORDS["20,000 nested extension objects"] = encode_record(_hostile_payload(_nested_ext_objects(20_000)), 1)
+HOSTILE_RECORDS["20,000 nested extension objects"] = encode_record(
+    _hostile_payload(_nested_ext_objects(20_000)), 1
+)
 
 
 def _plant(path: Path, records: list[bytes]) -> list[int]:
@@ -112,12 +143,20 @@ def _plant(path: Path, records: list[bytes]) -> list[int]:
     return seqs
 
 
-async def test_hostile_log_records_are_reported_corrupt_in_bounded_time_and_memory(tmp_path: Path) -> None:
+async def test_hostile_log_records_are_reported_corrupt_in_bounded_time_and_memory(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     await (await seeded(path)).close()
     names = list(HOSTILE_RECORDS)
     seqs = _plant(path, [HOSTILE_RECORDS[name] for name in names])
-    done = subprocess.run([sys.executable, CHILD, "decode", str(path), "--seqs", *map(str, seqs)], capture_output=True, text=True, env=CHILD_ENV, timeout=120)
+    done = subprocess.run(
+        [sys.executable, CHILD, "decode", str(path), "--seqs", *map(str, seqs)],
+        capture_output=True,
+        text=True,
+        env=CHILD_ENV,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     outcomes, memory = lines[:-1], lines[-1]
@@ -131,13 +170,22 @@ async def test_hostile_log_records_are_reported_corrupt_in_bounded_time_and_memo
 
 
 @pytest.mark.parametrize("depth", [1_010, 1_500, 5_000])
-async def test_a_record_nested_beyond_max_depth_is_reported_corrupt(tmp_path: Path, depth: int) -> None:
+async def test_a_record_nested_beyond_max_depth_is_reported_corrupt(
+    tmp_path: Path, depth: int
+) -> None:
     """Deeper than a commit accepts (1,000 levels) but shallow enough to decode on a deeper
     stack: still damage, never served (it once was, and export then died of RecursionError)."""
 
     path = tmp_path / "store"
     await (await seeded(path)).close()
-    inner = b"\x82" + msgspec.msgpack.encode("id") + b"\x07" + msgspec.msgpack.encode("deep") + b"\x91" * depth + b"\xc0"
+    inner = (
+        b"\x82"
+        + msgspec.msgpack.encode("id")
+        + b"\x07"
+        + msgspec.msgpack.encode("deep")
+        + b"\x91" * depth
+        + b"\xc0"
+    )
     [seq] = _plant(path, [encode_record(_hostile_payload(inner), 1)])
     env = Environment(path, readonly=True)
     try:
@@ -148,7 +196,10 @@ async def test_a_record_nested_beyond_max_depth_is_reported_corrupt(tmp_path: Pa
         env.close()
     for command in (["tail", path, "--from", "1", "--json"], ["export", path]):
         done = cli(*command)
-        assert done.returncode == 1 and f"Log record {seq} is corrupt" in done.stderr, (command, done.stderr)
+        assert done.returncode == 1 and f"Log record {seq} is corrupt" in done.stderr, (
+            command,
+            done.stderr,
+        )
 
 
 SYMLINK_CASES = [
@@ -192,7 +243,9 @@ async def _symlink_attempt(tmp_path: Path, name: str, how: str) -> tuple[Path, b
         try:
             storage = await LmdbStorage.open(store)
             try:
-                await storage.commit([{"type": "conversation", "value": {"id": 1000, "secret": "do not leak"}}], CTX)
+                await storage.commit(
+                    [{"type": "conversation", "value": {"id": 1000, "secret": "do not leak"}}], CTX
+                )
             finally:
                 await storage.close()
         except Exception as error:
@@ -206,7 +259,18 @@ async def _symlink_attempt(tmp_path: Path, name: str, how: str) -> tuple[Path, b
             said = f"{type(error).__name__}: {error}"
     elif how == "durable-log import":
         export = tmp_path / "export.jsonl"
-        export.write_text(json.dumps({"seq": 1, "committedAt": 1, "writes": [{"type": "conversation", "value": {"id": 1, "secret": "do not leak"}}]}) + "\n")
+        export.write_text(
+            json.dumps(
+                {
+                    "seq": 1,
+                    "committedAt": 1,
+                    "writes": [
+                        {"type": "conversation", "value": {"id": 1, "secret": "do not leak"}}
+                    ],
+                }
+            )
+            + "\n"
+        )
         done = cli("import", export, store)
         said = done.stderr
     else:
@@ -221,7 +285,12 @@ async def _symlink_attempt(tmp_path: Path, name: str, how: str) -> tuple[Path, b
     [
         pytest.param(
             *case,
-            marks=[pytest.mark.xfail(strict=True, reason=f"BUG: LMDB follows a {case[0]} symlink planted in the store directory and writes through it (log/environment.py _acquire)")]
+            marks=[
+                pytest.mark.xfail(
+                    strict=True,
+                    reason=f"BUG: LMDB follows a {case[0]} symlink planted in the store directory and writes through it (log/environment.py _acquire)",
+                )
+            ]
             if case in WRITES_THROUGH
             else [],
         )
@@ -229,7 +298,9 @@ async def _symlink_attempt(tmp_path: Path, name: str, how: str) -> tuple[Path, b
     ],
     ids=[f"{name}-{how.replace(' ', '-')}" for name, how in SYMLINK_CASES],
 )
-async def test_nothing_is_written_through_a_symlink_out_of_the_store(tmp_path: Path, name: str, how: str) -> None:
+async def test_nothing_is_written_through_a_symlink_out_of_the_store(
+    tmp_path: Path, name: str, how: str
+) -> None:
     outside, content, said = await _symlink_attempt(tmp_path, name, how)
     assert outside.read_bytes() == content, f"{how} wrote through {name} ({said or 'no error'})"
     assert "Traceback" not in said, f"{how}: the CLI crashed instead of refusing:\n{said}"
@@ -238,7 +309,9 @@ async def test_nothing_is_written_through_a_symlink_out_of_the_store(tmp_path: P
 
 
 @pytest.mark.parametrize("order", ["ascending", "descending"])
-async def test_an_index_row_whose_record_is_gone_is_named_not_a_type_error(tmp_path: Path, order: str) -> None:
+async def test_an_index_row_whose_record_is_gone_is_named_not_a_type_error(
+    tmp_path: Path, order: str
+) -> None:
     """A scan through an index that points at a missing record reports the damage by table and key
     (it used to fail with "'NoneType' object is not subscriptable")."""
 
@@ -250,7 +323,10 @@ async def test_an_index_row_whose_record_is_gone_is_named_not_a_type_error(tmp_p
         assert page["items"], "the seed has a running task"
         gone = page["items"][0]["id"]
         storage._env.write(lambda txn: txn.delete(t.u64(gone), db=storage._model.db[t.TASKS]))
-        with pytest.raises(CorruptProjectionError, match=f"'tasks' holds a damaged value at key {t.u64(gone).hex()}"):
+        with pytest.raises(
+            CorruptProjectionError,
+            match=f"'tasks' holds a damaged value at key {t.u64(gone).hex()}",
+        ):
             await storage.scan_tasks(query, 10, None, CTX)
     finally:
         await storage.close()

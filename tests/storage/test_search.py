@@ -26,29 +26,70 @@ CONVERSATION, NOTES = 1, 2
 
 
 def _entry(id: int, role: str, text: str) -> dict[str, Any]:
-    return {"type": "entry", "value": {"id": id, "conversationId": CONVERSATION, "kind": "message", "model": [{"role": role, "content": text}]}}
+    return {
+        "type": "entry",
+        "value": {
+            "id": id,
+            "conversationId": CONVERSATION,
+            "kind": "message",
+            "model": [{"role": role, "content": text}],
+        },
+    }
 
 
 def _task(id: int, kind: str, status: str, outcome: str | None = None) -> dict[str, Any]:
     state: dict[str, Any] = {"status": status}
     if outcome is not None:
         state["outcome"] = {"status": outcome, "result": None}
-    return {"type": "task", "value": {"id": id, "conversationId": CONVERSATION, "kind": kind, "version": 1, "input": {},
-                                      "background": False, "abortRequested": False, "state": state}}
+    return {
+        "type": "task",
+        "value": {
+            "id": id,
+            "conversationId": CONVERSATION,
+            "kind": kind,
+            "version": 1,
+            "input": {},
+            "background": False,
+            "abortRequested": False,
+            "state": state,
+        },
+    }
 
 
 def _delta(text: str) -> dict[str, Any]:
-    return {"type": "document.change", "id": NOTES, "content": {"kind": "delta", "version": 1, "ops": [["s", ["text"], text]]}}
+    return {
+        "type": "document.change",
+        "id": NOTES,
+        "content": {"kind": "delta", "version": 1, "ops": [["s", ["text"], text]]},
+    }
 
 
 BATCHES: list[list[dict[str, Any]]] = [
-    [{"type": "conversation", "value": {"id": CONVERSATION}},
-     {"type": "document.create", "record": {"id": NOTES, "kind": "notes", "scope": {"kind": "conversation", "conversationId": CONVERSATION}},
-      "content": {"kind": "base", "version": 1, "value": {"text": "an empty page"}}}],
-    [_entry(10, "user", "Why did the Deploy fail on Tuesday?"), _task(11, "triage", "pending")],  # seq 2
-    [_entry(12, "assistant", "The deploy failed because the disk was full."), _task(11, "triage", "running")],  # seq 3
+    [
+        {"type": "conversation", "value": {"id": CONVERSATION}},
+        {
+            "type": "document.create",
+            "record": {
+                "id": NOTES,
+                "kind": "notes",
+                "scope": {"kind": "conversation", "conversationId": CONVERSATION},
+            },
+            "content": {"kind": "base", "version": 1, "value": {"text": "an empty page"}},
+        },
+    ],
+    [
+        _entry(10, "user", "Why did the Deploy fail on Tuesday?"),
+        _task(11, "triage", "pending"),
+    ],  # seq 2
+    [
+        _entry(12, "assistant", "The deploy failed because the disk was full."),
+        _task(11, "triage", "running"),
+    ],  # seq 3
     [_delta("the disk was full on tuesday")],  # seq 4
-    [_entry(13, "tool", "df: disk 100% full"), _task(11, "triage", "terminal", "completed")],  # seq 5
+    [
+        _entry(13, "tool", "df: disk 100% full"),
+        _task(11, "triage", "terminal", "completed"),
+    ],  # seq 5
     [_delta("fixed: the disk has room now")],  # seq 6
 ]
 
@@ -62,7 +103,9 @@ async def _build(path: Path, batches: list[list[dict[str, Any]]] = BATCHES) -> N
         await storage.close()
 
 
-async def _search(path: Path, text: str, as_of: int | None = None, before: int | None = None, limit: int = 50) -> SearchResults:
+async def _search(
+    path: Path, text: str, as_of: int | None = None, before: int | None = None, limit: int = 50
+) -> SearchResults:
     index = SearchIndex(path, create=True)
     storage = await LmdbStorage.open(path, readonly=True)
     try:
@@ -75,14 +118,26 @@ async def _search(path: Path, text: str, as_of: int | None = None, before: int |
 
 
 def test_words_are_letters_and_digits_lower_cased() -> None:
-    assert words("Why did the Deploy fail? df: 100% — Ünïcode_ok") == ["why", "did", "the", "deploy", "fail", "df", "100", "ünïcode_ok"]
+    assert words("Why did the Deploy fail? df: 100% — Ünïcode_ok") == [
+        "why",
+        "did",
+        "the",
+        "deploy",
+        "fail",
+        "df",
+        "100",
+        "ünïcode_ok",
+    ]
 
 
 def test_entries_are_found_by_every_word_newest_first_with_time_and_role(tmp_path: Path) -> None:
     path = tmp_path / "store"
     asyncio.run(_build(path))
     found = asyncio.run(_search(path, "DEPLOY"))
-    assert [(hit.id, hit.seq, hit.roles) for hit in found.entries] == [(12, 3, ["assistant"]), (10, 2, ["user"])]
+    assert [(hit.id, hit.seq, hit.roles) for hit in found.entries] == [
+        (12, 3, ["assistant"]),
+        (10, 2, ["user"]),
+    ]
     assert all(hit.committedAt > 0 and hit.conversationId == CONVERSATION for hit in found.entries)
     assert [hit.id for hit in asyncio.run(_search(path, "deploy disk")).entries] == [12]
     assert [hit.id for hit in asyncio.run(_search(path, "disk full")).entries] == [13, 12]
@@ -98,7 +153,9 @@ def test_as_of_finds_only_what_the_store_held_then(tmp_path: Path) -> None:
     tasks = asyncio.run(_search(path, "triage running", as_of=3)).tasks
     assert [(task.id, task.status) for task in tasks] == [(11, "running")]
     assert asyncio.run(_search(path, "triage running")).tasks == []  # it has finished since
-    assert [(task.id, task.status) for task in asyncio.run(_search(path, "triage completed")).tasks] == [(11, "terminal")]
+    assert [
+        (task.id, task.status) for task in asyncio.run(_search(path, "triage completed")).tasks
+    ] == [(11, "terminal")]
 
 
 def test_documents_are_found_in_the_version_in_force_or_an_earlier_one(tmp_path: Path) -> None:
@@ -133,11 +190,16 @@ def test_the_index_follows_the_log_and_is_rebuilt_for_another_store(tmp_path: Pa
     asyncio.run(_build(path, BATCHES[:3]))
     assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [12]
     asyncio.run(_build(path, BATCHES[3:]))
-    assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [13, 12]  # folded forward
+    assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [
+        13,
+        12,
+    ]  # folded forward
     other = tmp_path / "other"
     asyncio.run(_build(other, BATCHES[:2]))
     shutil.rmtree(other / search_index.INDEX_DIR, ignore_errors=True)
-    shutil.copytree(path / search_index.INDEX_DIR, other / search_index.INDEX_DIR)  # another store's index
+    shutil.copytree(
+        path / search_index.INDEX_DIR, other / search_index.INDEX_DIR
+    )  # another store's index
     assert asyncio.run(_search(other, "disk")).entries == []
     assert [hit.id for hit in asyncio.run(_search(other, "deploy")).entries] == [10]
 
@@ -146,19 +208,28 @@ def _postings(path: Path) -> list[tuple[bytes, bytes]]:
     index = SearchIndex(path)
     try:
         with index.env.begin() as txn:
-            return list(txn.cursor(index.postings).iternext()) + [(b"task", key + value) for key, value in txn.cursor(index.tasks).iternext()]
+            return list(txn.cursor(index.postings).iternext()) + [
+                (b"task", key + value) for key, value in txn.cursor(index.tasks).iternext()
+            ]
     finally:
         index.close()
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.integers(1, 5), st.randoms(use_true_random=False))
-def test_folded_in_chunks_or_at_once_repacked_or_not_the_postings_are_the_same(tmp_path: Path, chunk: int, rng: random.Random) -> None:
+def test_folded_in_chunks_or_at_once_repacked_or_not_the_postings_are_the_same(
+    tmp_path: Path, chunk: int, rng: random.Random
+) -> None:
     vocabulary = ["alpha", "beta", "gamma", "delta", "Ünï", "42"]
     batches = BATCHES[:1]
     for n in range(12):
         text = " ".join(rng.choice(vocabulary) for _ in range(4))
-        batch = [_entry(200 + n, rng.choice(["user", "assistant"]), text), _task(300 + n % 3, rng.choice(vocabulary), rng.choice(["pending", "running"]))]
+        batch = [
+            _entry(200 + n, rng.choice(["user", "assistant"]), text),
+            _task(300 + n % 3, rng.choice(vocabulary), rng.choice(["pending", "running"])),
+        ]
         if n % 3 == 0:
             batch.append(_delta(text))
         batches.append(batch)
@@ -191,14 +262,26 @@ def test_the_command_line_builds_the_index_once_and_prints_results(tmp_path: Pat
     asyncio.run(_build(path))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), *args], capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     first = run("deploy", "--json")
-    assert first.returncode == 0 and "building the word index" in first.stderr and "bytes" in first.stderr
+    assert (
+        first.returncode == 0
+        and "building the word index" in first.stderr
+        and "bytes" in first.stderr
+    )
     assert [hit["id"] for hit in json.loads(first.stdout)["entries"]] == [12, 10]
     again = run("disk", "--as-of", "3")
     assert again.returncode == 0 and again.stderr == ""
-    assert "entry 12  conversation 1  seq 3" in again.stdout and "assistant: The deploy failed" in again.stdout
+    assert (
+        "entry 12  conversation 1  seq 3" in again.stdout
+        and "assistant: The deploy failed" in again.stdout
+    )
     assert "entry 13" not in again.stdout
     assert run("").returncode == 2 and "TEXT is empty" in run("").stderr
     late = run("disk", "--as-of", "99")
@@ -216,8 +299,17 @@ def test_a_damaged_index_header_is_named_and_deleting_the_index_mends_it(tmp_pat
     with env.begin(write=True) as txn:
         txn.put(b"header", b"\xc1 not msgpack", db=env.open_db(b"meta", txn=txn))
     env.close()
-    done = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "disk"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "unreadable header; delete it" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "disk"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        done.returncode == 2
+        and "unreadable header; delete it" in done.stderr
+        and "Traceback" not in done.stderr
+    )
     shutil.rmtree(path / search_index.INDEX_DIR)
     assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [13, 12]
 
@@ -225,8 +317,18 @@ def test_a_damaged_index_header_is_named_and_deleting_the_index_mends_it(tmp_pat
 def test_json_results_keep_lone_surrogates_as_escapes(tmp_path: Path) -> None:
     path = tmp_path / "store"
     asyncio.run(_build(path, BATCHES[:1] + [[_entry(50, "user", "lone\udc00 surrogate here")]]))
-    done = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "surrogate", "--json"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "surrogate", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["entries"][0]["text"] == "lone\udc00 surrogate here"
-    plain = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "surrogate"], capture_output=True, text=True, timeout=60)
+    plain = subprocess.run(
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(path), "surrogate"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert plain.returncode == 0 and "lone\\udc00 surrogate" in plain.stdout

@@ -47,6 +47,7 @@ def fixed_clock() -> int:
 
     return NOW
 
+
 Note = define_entry("test.note")
 Marker = define_entry("test.marker")
 Step = define_entry("test.step")
@@ -61,42 +62,78 @@ def _every_second(value: Any, ops: Any, info: Any) -> bool:
 
 
 Settings = define_doc(
-    kind="test.settings", version=1, scope="session",
-    initial=lambda: {"theme": "plain", "count": 0}, checkpoint_when=_never,
+    kind="test.settings",
+    version=1,
+    scope="session",
+    initial=lambda: {"theme": "plain", "count": 0},
+    checkpoint_when=_never,
 )
 SettingsV2 = define_doc(
-    kind="test.settings", version=2, scope="session",
+    kind="test.settings",
+    version=2,
+    scope="session",
     initial=lambda: {"theme": "plain", "count": 0, "migrated": True},
     migrate=lambda value, version: {**value, "migrated": True},
     checkpoint_when=_never,
 )
 Notes = define_doc(
-    kind="test.notes", version=1, scope="conversation", history="rewindable", fork="asOf",
-    initial=lambda: {"lines": []}, checkpoint_when=_every_second,
+    kind="test.notes",
+    version=1,
+    scope="conversation",
+    history="rewindable",
+    fork="asOf",
+    initial=lambda: {"lines": []},
+    checkpoint_when=_every_second,
 )
 Plan = define_doc(
-    kind="test.plan", version=1, scope="conversation", history="rewindable", fork="current",
-    initial=lambda: {"steps": []}, checkpoint_when=_never,
+    kind="test.plan",
+    version=1,
+    scope="conversation",
+    history="rewindable",
+    fork="current",
+    initial=lambda: {"steps": []},
+    checkpoint_when=_never,
 )
 Draft = define_doc(
-    kind="test.draft", version=1, scope="conversation", history="rewindable", fork="initial",
-    initial=lambda: {"text": ""}, checkpoint_when=_never,
+    kind="test.draft",
+    version=1,
+    scope="conversation",
+    history="rewindable",
+    fork="initial",
+    initial=lambda: {"text": ""},
+    checkpoint_when=_never,
 )
 Status = define_doc(
-    kind="test.status", version=1, scope="conversation", history="latest", fork="current",
-    initial=lambda: {"state": "idle", "n": 0}, checkpoint_when=_never,
+    kind="test.status",
+    version=1,
+    scope="conversation",
+    history="latest",
+    fork="current",
+    initial=lambda: {"state": "idle", "n": 0},
+    checkpoint_when=_never,
 )
 Scratch = define_doc(
-    kind="test.scratch", version=1, scope="conversation", history="latest", fork="initial",
-    initial=lambda: {"items": []}, checkpoint_when=_never,
+    kind="test.scratch",
+    version=1,
+    scope="conversation",
+    history="latest",
+    fork="initial",
+    initial=lambda: {"items": []},
+    checkpoint_when=_never,
 )
 Progress = define_doc(
-    kind="test.progress", version=1, scope="task",
-    initial=lambda: {"steps": []}, checkpoint_when=_never,
+    kind="test.progress",
+    version=1,
+    scope="task",
+    initial=lambda: {"steps": []},
+    checkpoint_when=_never,
 )
 Cache = define_doc_family(
-    kind="test.cache", version=1, scope="session",
-    initial=lambda seed: {"seed": seed, "hits": 0}, checkpoint_when=_never,
+    kind="test.cache",
+    version=1,
+    scope="session",
+    initial=lambda seed: {"seed": seed, "hits": 0},
+    checkpoint_when=_never,
 )
 
 CONVERSATION_DOCS = [Notes, Plan, Draft, Status, Scratch]
@@ -108,8 +145,11 @@ def _inert_phase(task: Any, runtime: Any, context: Any) -> None:
 
 
 Job = define_task(
-    name="test.job", version=1, initial=lambda input: {"phase": "start", "input": input},
-    phases={"start": _inert_phase}, abort=lambda *args: None,
+    name="test.job",
+    version=1,
+    initial=lambda input: {"phase": "start", "input": input},
+    phases={"start": _inert_phase},
+    abort=lambda *args: None,
 )
 
 
@@ -136,11 +176,23 @@ async def build_state(session: Any) -> dict[str, Any]:
         conversation = root["id"]
         hello = await tx.append_entry(
             conversation,
-            {"kind": "pi.user", "model": [{"role": "user", "content": "héllo 😀 \ud800", "timestamp": 1}]},
+            {
+                "kind": "pi.user",
+                "model": [{"role": "user", "content": "héllo 😀 \ud800", "timestamp": 1}],
+            },
         )
-        task = await tx.create_task(Job, {"input": "ünïcode"}, {"ownership": {"kind": "conversation"}, "conversationId": conversation})
+        task = await tx.create_task(
+            Job,
+            {"input": "ünïcode"},
+            {"ownership": {"kind": "conversation"}, "conversationId": conversation},
+        )
         submission = await tx.create_submission(
-            {"conversationId": conversation, "requestId": "req-é", "type": "input", "status": "queued"}
+            {
+                "conversationId": conversation,
+                "requestId": "req-é",
+                "type": "input",
+                "status": "queued",
+            }
         )
         (await tx.doc(Notes, conversation))["lines"].append("one")
         (await tx.doc(Plan, conversation))["steps"].append({"do": "plan"})
@@ -163,7 +215,9 @@ async def build_state(session: Any) -> dict[str, Any]:
 
     async def second(tx: Any) -> dict[str, Any]:
         task = await tx.task(ids["task"])  # reads come before the first table write
-        tx.set_task({**task, "state": {"status": "running", "checkpoint": {"phase": "work", "n": 1}}})
+        tx.set_task(
+            {**task, "state": {"status": "running", "checkpoint": {"phase": "work", "n": 1}}}
+        )
         tx.place_submission(ids["submission"], ids["hello"])
         (await tx.doc(Progress, ids["task"]))["steps"].append("work")
         notes = await tx.doc(Notes, ids["root"])
@@ -171,14 +225,17 @@ async def build_state(session: Any) -> dict[str, Any]:
         notes["lines"].append("three")
         (await tx.doc(Status, ids["root"]))["n"] = 2
         reply = await tx.append_entry(
-            ids["root"], {"kind": "pi.user", "model": [{"role": "user", "content": "second", "timestamp": 2}]}
+            ids["root"],
+            {"kind": "pi.user", "model": [{"role": "user", "content": "second", "timestamp": 2}]},
         )
         return {"reply": reply["id"]}
 
     ids.update(await session.commit(second, CTX))
 
     async def third(tx: Any) -> dict[str, Any]:
-        marker = await tx.append_entry(Marker, ids["root"], {"data": {"summary": "∑"}, "head": "self"})
+        marker = await tx.append_entry(
+            Marker, ids["root"], {"data": {"summary": "∑"}, "head": "self"}
+        )
         notes = await tx.doc(Notes, ids["root"])
         notes["lines"][0] = "ONE"
         (await tx.doc(Plan, ids["root"]))["steps"].append({"do": "more"})
@@ -188,7 +245,9 @@ async def build_state(session: Any) -> dict[str, Any]:
     ids.update(await session.commit(third, CTX))
 
     async def fork(tx: Any) -> dict[str, Any]:
-        child = await tx.fork_conversation(ids["root"], ids["reply"], {"ownership": {"kind": "ownerless"}})
+        child = await tx.fork_conversation(
+            ids["root"], ids["reply"], {"ownership": {"kind": "ownerless"}}
+        )
         (await tx.doc(Notes, child["id"]))["lines"].append("fork")
         (await tx.doc(Draft, child["id"]))["text"] = "fork draft"
         (await tx.doc(Scratch, child["id"]))["items"].append("fork")
@@ -199,9 +258,13 @@ async def build_state(session: Any) -> dict[str, Any]:
 
     async def owned(tx: Any) -> dict[str, Any]:
         child_task = await tx.create_task(
-            Job, {"child": True}, {"ownership": {"kind": "conversation"}, "conversationId": ids["fork"]}
+            Job,
+            {"child": True},
+            {"ownership": {"kind": "conversation"}, "conversationId": ids["fork"]},
         )
-        workspace = await tx.create_conversation({"ownership": {"kind": "task", "taskId": ids["task"]}})
+        workspace = await tx.create_conversation(
+            {"ownership": {"kind": "task", "taskId": ids["task"]}}
+        )
         await tx.append_entry(Note, workspace["id"], {"data": {"owned": True}})
         (await tx.doc(Progress, ids["task"]))["steps"].append("spawned")
         return {"child_task": child_task, "workspace": workspace["id"]}
@@ -211,8 +274,21 @@ async def build_state(session: Any) -> dict[str, Any]:
     async def settle(tx: Any) -> None:
         task = await tx.task(ids["task"])
         child = await tx.task(ids["child_task"])
-        tx.set_task({**child, "state": {"status": "sleeping", "checkpoint": {"phase": "nap"}, "until": 61_000}})
-        tx.set_task({**task, "state": {"status": "terminal", "outcome": {"status": "completed", "result": {"ok": True}}}})
+        tx.set_task(
+            {
+                **child,
+                "state": {"status": "sleeping", "checkpoint": {"phase": "nap"}, "until": 61_000},
+            }
+        )
+        tx.set_task(
+            {
+                **task,
+                "state": {
+                    "status": "terminal",
+                    "outcome": {"status": "completed", "result": {"ok": True}},
+                },
+            }
+        )
         tx.settle_submission(ids["submission"], {"status": "done", "answer": ids["reply"]})
         await tx.retire_doc(Scratch, ids["root"])
         await tx.retire_doc(Cache, CACHE_KEYS[0])
@@ -240,41 +316,62 @@ async def dump_state(session: Any, ids: dict[str, Any]) -> dict[str, Any]:
     state: dict[str, Any] = {}
     conversations = await scan_all(storage.scan_conversations, {})
     state["conversations"] = conversations
-    state["owned conversations"] = await scan_all(storage.scan_conversations, {"ownerTaskId": ids["task"]})
+    state["owned conversations"] = await scan_all(
+        storage.scan_conversations, {"ownerTaskId": ids["task"]}
+    )
     state["tasks"] = await scan_all(storage.scan_tasks, {"order": "descending"})
     state["sleeping tasks"] = await scan_all(storage.scan_tasks, {"status": "sleeping"})
     state["submissions"] = await scan_all(storage.scan_submissions, {})
     state["by request"] = await storage.submission_by_request(ids["root"], "req-é", CTX)
     for conversation in [record["id"] for record in conversations]:
-        entries = await scan_all(storage.scan_entries, {"conversationId": conversation, "order": "ascending"})
+        entries = await scan_all(
+            storage.scan_entries, {"conversationId": conversation, "order": "ascending"}
+        )
         state[f"entries {conversation}"] = entries
-        state[f"head {conversation}"] = await storage.find_latest_head_marker(conversation, None, CTX)
+        state[f"head {conversation}"] = await storage.find_latest_head_marker(
+            conversation, None, CTX
+        )
         state[f"context {conversation}"] = await session.context(conversation, CTX)
         for token in CONVERSATION_DOCS:
-            state[f"{token.definition.kind} {conversation}"] = await session.snapshot(token, conversation, CTX)
+            state[f"{token.definition.kind} {conversation}"] = await session.snapshot(
+                token, conversation, CTX
+            )
         for entry in entries:
-            state[f"entry {conversation} {entry['id']}"] = await storage.entry(conversation, entry["id"], CTX)
+            state[f"entry {conversation} {entry['id']}"] = await storage.entry(
+                conversation, entry["id"], CTX
+            )
             for token in (Notes, Plan, Draft):
-                state[f"{token.definition.kind} {conversation} as of {entry['id']}"] = await session.snapshot_as_of(
-                    token, conversation, entry["id"], CTX
-                )
+                state[
+                    f"{token.definition.kind} {conversation} as of {entry['id']}"
+                ] = await session.snapshot_as_of(token, conversation, entry["id"], CTX)
         state[f"documents {conversation}"] = await scan_all(
-            storage.scan_documents, {"scope": {"kind": "conversation", "conversationId": conversation}, "at": "current"}
+            storage.scan_documents,
+            {"scope": {"kind": "conversation", "conversationId": conversation}, "at": "current"},
         )
     state["settings"] = await session.snapshot(Settings, CTX)
     for key in CACHE_KEYS:
         state[f"cache {key!r}"] = await session.snapshot(Cache, key, CTX)
-    state["session documents"] = await scan_all(storage.scan_documents, {"scope": {"kind": "session"}, "at": "current"})
+    state["session documents"] = await scan_all(
+        storage.scan_documents, {"scope": {"kind": "session"}, "at": "current"}
+    )
     state["progress"] = await scan_all(
         storage.scan_documents, {"scope": {"kind": "task", "taskId": ids["task"]}, "at": "current"}
     )
     # Every stored incarnation, current and at every commit that produced an entry.
-    seqs = sorted({lookup["commitSeq"] for key, lookup in state.items() if key.startswith("entry ") and lookup})
+    seqs = sorted(
+        {
+            lookup["commitSeq"]
+            for key, lookup in state.items()
+            if key.startswith("entry ") and lookup
+        }
+    )
     for document in state["session documents"] + state[f"documents {ids['root']}"]:
         state[f"document {document['id']}"] = await storage.document(document["id"], "current", CTX)
         if document.get("history") == "rewindable":
             for seq in seqs:
-                state[f"document {document['id']} at {seq}"] = await storage.document(document["id"], seq, CTX)
+                state[f"document {document['id']} at {seq}"] = await storage.document(
+                    document["id"], seq, CTX
+                )
     return state
 
 
@@ -316,7 +413,11 @@ async def test_session_state_matches_memory_and_survives_reopen(
     if backend != "sqlite":  # the sqlite stand-in persists its ID counter only with stored IDs
         known.append(minted_before)
     assert min(new.values()) > max(known)
-    assert await reopened.snapshot(SettingsV2, CTX) == {"theme": "dark", "count": 4, "migrated": True}
+    assert await reopened.snapshot(SettingsV2, CTX) == {
+        "theme": "dark",
+        "count": 4,
+        "migrated": True,
+    }
     notes = await reopened.snapshot(Notes, ids["fork"], CTX)
     assert notes == {"lines": ["one", "two", "three", "fork", "after", "reopened"]}
     lookup = await reopened.storage.entry(new["entry"], CTX)
@@ -343,9 +444,15 @@ async def _step(task: Any, runtime: Any, context: Any) -> None:
     async def change(tx: Any, current: Any) -> Any:
         (await tx.doc(Progress, current["id"]))["steps"].append(phase)
         (await tx.doc(Notes, runtime.conversation_id))["lines"].append(f"{current['id']}:{phase}")
-        await tx.append_entry(Step, runtime.conversation_id, {"data": {"task": current["id"], "phase": phase}})
+        await tx.append_entry(
+            Step, runtime.conversation_id, {"data": {"task": current["id"], "phase": phase}}
+        )
         if phase == "start":
-            return {"status": "sleeping", "checkpoint": {"phase": "wake"}, "until": runtime.now() + 60_000}
+            return {
+                "status": "sleeping",
+                "checkpoint": {"phase": "wake"},
+                "until": runtime.now() + 60_000,
+            }
         if phase == "wake":
             return {"status": "running", "checkpoint": {"phase": "finish"}}
         return {"status": "terminal", "outcome": {"status": "completed", "result": {"phases": 3}}}
@@ -354,8 +461,11 @@ async def _step(task: Any, runtime: Any, context: Any) -> None:
 
 
 Sleeper = define_task(
-    name="test.sleeper", version=1, initial=lambda input: {"phase": "start"},
-    phases={"start": _step, "wake": _step, "finish": _step}, abort=lambda *args: None,
+    name="test.sleeper",
+    version=1,
+    initial=lambda input: {"phase": "start"},
+    phases={"start": _step, "wake": _step, "finish": _step},
+    abort=lambda *args: None,
 )
 
 
@@ -370,7 +480,9 @@ async def test_harness_task_sleeps_across_reopen(tmp_path: Any, open_storage: An
     root = await harness.root(CTX)
 
     async def start(tx: Any) -> Any:
-        return await tx.create_task(Sleeper, {}, {"ownership": {"kind": "conversation"}, "conversationId": root.id})
+        return await tx.create_task(
+            Sleeper, {}, {"ownership": {"kind": "conversation"}, "conversationId": root.id}
+        )
 
     task_id = await harness.commit(start, CTX)
     harness.resume()
@@ -381,29 +493,47 @@ async def test_harness_task_sleeps_across_reopen(tmp_path: Any, open_storage: An
         await asyncio.sleep(0.01)
     else:
         raise AssertionError(f"the task never went to sleep: {task!r}")
-    before = await scan_all(harness.storage.scan_entries, {"conversationId": root.id, "order": "ascending"})
+    before = await scan_all(
+        harness.storage.scan_entries, {"conversationId": root.id, "order": "ascending"}
+    )
     await harness.close(CTX)
 
     clock[0] += 120_000
     reopened = await Harness.open(await open_storage(path), options, CTX)
     stored = await reopened.get_task(task_id, CTX)
     assert stored is not None and stored["state"] == task["state"]
-    assert await scan_all(reopened.storage.scan_entries, {"conversationId": root.id, "order": "ascending"}) == before
+    assert (
+        await scan_all(
+            reopened.storage.scan_entries, {"conversationId": root.id, "order": "ascending"}
+        )
+        == before
+    )
     reopened.resume()
     settled = await asyncio.wait_for(reopened.wait_for_task(task_id, CTX), 30)
-    assert settled["state"] == {"status": "terminal", "outcome": {"status": "completed", "result": {"phases": 3}}}
+    assert settled["state"] == {
+        "status": "terminal",
+        "outcome": {"status": "completed", "result": {"phases": 3}},
+    }
     assert await reopened.snapshot(Notes, root.id, CTX) == {
         "lines": [f"{task_id}:start", f"{task_id}:wake", f"{task_id}:finish"]
     }
-    steps = await scan_all(reopened.storage.scan_entries, {"conversationId": root.id, "order": "ascending"})
-    assert [entry["data"]["phase"] for entry in steps if entry["kind"] == Step.kind] == ["start", "wake", "finish"]
+    steps = await scan_all(
+        reopened.storage.scan_entries, {"conversationId": root.id, "order": "ascending"}
+    )
+    assert [entry["data"]["phase"] for entry in steps if entry["kind"] == Step.kind] == [
+        "start",
+        "wake",
+        "finish",
+    ]
     await reopened.close(CTX)
 
 
 # ── StorageRequestError fails only the read ─────────────────────────────────
 
 
-async def test_storage_request_error_fails_only_the_read(tmp_path: Any, open_storage: Any, backend: str) -> None:
+async def test_storage_request_error_fails_only_the_read(
+    tmp_path: Any, open_storage: Any, backend: str
+) -> None:
     storage = await open_storage(str(tmp_path / "store"))
     session = create_session(storage)
 
@@ -430,11 +560,19 @@ async def test_storage_request_error_fails_only_the_read(tmp_path: Any, open_sto
         assert session.failure is None, f"the Session failed: {session.failure!r}"
 
     guarded = session.storage
-    await expect_request_error(guarded.scan_entries({"conversationId": unknown}, 10, None, CTX), "Unknown conversation")
+    await expect_request_error(
+        guarded.scan_entries({"conversationId": unknown}, 10, None, CTX), "Unknown conversation"
+    )
     await expect_request_error(guarded.entry(unknown, 1, CTX), "Unknown conversation")
-    await expect_request_error(guarded.find_latest_head_marker(unknown, None, CTX), "Unknown conversation")
-    await expect_request_error(guarded.scan_tasks({}, 10, {"after": "nope"}, CTX), "Invalid storage cursor")
-    await expect_request_error(guarded.scan_conversations({"order": "sideways"}, 10, None, CTX), "Invalid scan order")
+    await expect_request_error(
+        guarded.find_latest_head_marker(unknown, None, CTX), "Unknown conversation"
+    )
+    await expect_request_error(
+        guarded.scan_tasks({}, 10, {"after": "nope"}, CTX), "Invalid storage cursor"
+    )
+    await expect_request_error(
+        guarded.scan_conversations({"order": "sideways"}, 10, None, CTX), "Invalid scan order"
+    )
     await expect_request_error(session.context(unknown, CTX), "Unknown conversation")
 
     # Inside a transaction the rejected read fails that commit, not the Session.
@@ -449,11 +587,14 @@ async def test_storage_request_error_fails_only_the_read(tmp_path: Any, open_sto
 
     await session.commit(status, CTX)
     record = await guarded.find_document(
-        {"kind": Status.definition.kind, "scope": {"kind": "conversation", "conversationId": root}}, "current", CTX
+        {"kind": Status.definition.kind, "scope": {"kind": "conversation", "conversationId": root}},
+        "current",
+        CTX,
     )
     assert record is not None
     await expect_request_error(
-        guarded.document(record["id"], record["createdAt"], CTX), "does not retain historical content"
+        guarded.document(record["id"], record["createdAt"], CTX),
+        "does not retain historical content",
     )
 
     async def more(tx: Any) -> Any:

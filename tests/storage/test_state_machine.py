@@ -196,7 +196,11 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         for _ in range(200):
             outcome = await StorageMachine._call(store, method, (query, limit, cursor), True)
             pages.append(outcome)
-            if outcome[0] != "ok" or not isinstance(outcome[1], dict) or outcome[1].get("next") is None:
+            if (
+                outcome[0] != "ok"
+                or not isinstance(outcome[1], dict)
+                or outcome[1].get("next") is None
+            ):
                 return pages
             cursor = json.loads(json.dumps(outcome[1]["next"]))
             if not keep_order:
@@ -207,9 +211,13 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         for number, (left, right) in enumerate(zip(ref, ours)):
             self.compare(f"{method}{label} page {number}", left, right)
         if len(ref) != len(ours):
-            raise AssertionError(f"{method}{label}: {len(ref)} pages in the reference, {len(ours)} in ours")
+            raise AssertionError(
+                f"{method}{label}: {len(ref)} pages in the reference, {len(ours)} in ours"
+            )
 
-    def walk(self, label: str, method: str, query: dict[str, Any], limit: int, keep_order: bool = True) -> None:
+    def walk(
+        self, label: str, method: str, query: dict[str, Any], limit: int, keep_order: bool = True
+    ) -> None:
         """Walk a scan to its end on both stores, comparing every page."""
 
         ref = self.run(lambda: self._walk(self.ref, method, query, limit, keep_order))
@@ -326,13 +334,17 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
     def commit_document_history(self, data: Any) -> None:
         """Up to four commits, each a delta (or a rebasing base) of one document: long histories."""
 
-        live = sorted(d for d, doc in self.documents.items() if not doc["retired"]) or sorted(self.documents)
+        live = sorted(d for d, doc in self.documents.items() if not doc["retired"]) or sorted(
+            self.documents
+        )
         rewindable = [d for d in live if self.documents[d]["record"].get("history") == "rewindable"]
         id = data.draw(st.sampled_from(rewindable + live), label="document")
         for index in range(4):
             if index > 0 and not data.draw(st.booleans(), label="another revision"):
                 break
-            change = data.draw(_drawn(lambda draw: self.draw_document_change(draw, _Batch(), id)), label="change")
+            change = data.draw(
+                _drawn(lambda draw: self.draw_document_change(draw, _Batch(), id)), label="change"
+            )
             if not self.commit("document history", [change]):
                 break
 
@@ -343,8 +355,12 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
     @rule(data=st.data())
     def commit_invalid_batch(self, data: Any) -> None:
         batch = _Batch()
-        before = self.draw_writes(data, batch, self.TABLE_KINDS + ["document.create"], 0, 2, "valid writes before")
-        invalid = data.draw(_drawn(lambda draw: self.draw_invalid(draw, batch)), label="invalid writes")
+        before = self.draw_writes(
+            data, batch, self.TABLE_KINDS + ["document.create"], 0, 2, "valid writes before"
+        )
+        invalid = data.draw(
+            _drawn(lambda draw: self.draw_invalid(draw, batch)), label="invalid writes"
+        )
         after = self.draw_writes(data, batch, self.TABLE_KINDS, 0, 1, "valid writes after")
         self.commit("invalid batch", before + invalid + after)
 
@@ -361,7 +377,9 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             if ours[0] == "error":
                 raise AssertionError(f"mint_id after reopen {_describe(ours)}") from ours[1]
             value = ours[1]
-            assert isinstance(value, int) and not isinstance(value, bool), f"mint_id returned {value!r}"
+            assert isinstance(value, int) and not isinstance(value, bool), (
+                f"mint_id returned {value!r}"
+            )
             floor = max([*self.record_types, 1])
             if self.STRICT_MINT:
                 floor = max(floor, self.ours_minted_max)
@@ -396,7 +414,9 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
     def check_tables(self) -> list[tuple[str, str, tuple[Any, ...]]]:
         """Reads that together show every record: the check after each rejected commit."""
 
-        calls: list[tuple[str, str, tuple[Any, ...]]] = [(" (all)", "scan_conversations", ({}, 10_000, None))]
+        calls: list[tuple[str, str, tuple[Any, ...]]] = [
+            (" (all)", "scan_conversations", ({}, 10_000, None))
+        ]
         for order in ("ascending", "descending"):
             calls.append((f" (all, {order})", "scan_tasks", ({"order": order}, 10_000, None)))
             calls.append((f" (all, {order})", "scan_submissions", ({"order": order}, 10_000, None)))
@@ -408,19 +428,45 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         for status in SUBMISSION_STATUSES:
             calls.append((f" ({status})", "scan_submissions", ({"status": status}, 10_000, None)))
         for task in sorted({*self.tasks, 1, 2}):
-            calls.append((f" (owner task {task})", "scan_conversations", ({"ownerTaskId": task}, 10_000, None)))
+            calls.append(
+                (
+                    f" (owner task {task})",
+                    "scan_conversations",
+                    ({"ownerTaskId": task}, 10_000, None),
+                )
+            )
         conversations = sorted(set(self.conversations) | {2})
         for conversation in conversations:
-            calls.append((f" (owner {conversation})", "scan_conversations", ({"ownerConversationId": conversation}, 10_000, None)))
+            calls.append(
+                (
+                    f" (owner {conversation})",
+                    "scan_conversations",
+                    ({"ownerConversationId": conversation}, 10_000, None),
+                )
+            )
             for request in REQUEST_IDS:
-                calls.append((f"({conversation}, {request!r})", "submission_by_request", (conversation, request)))
+                calls.append(
+                    (
+                        f"({conversation}, {request!r})",
+                        "submission_by_request",
+                        (conversation, request),
+                    )
+                )
             for order in ("ascending", "descending"):
                 query = {"conversationId": conversation, "order": order}
                 calls.append((f" ({conversation}, {order})", "scan_entries", (query, 10_000, None)))
-        scopes = {json.dumps(doc["record"]["scope"], sort_keys=True) for doc in self.documents.values()}
+        scopes = {
+            json.dumps(doc["record"]["scope"], sort_keys=True) for doc in self.documents.values()
+        }
         scopes.add(json.dumps({"kind": "session"}))
         for scope in sorted(scopes):
-            calls.append((f" ({scope})", "scan_documents", ({"scope": json.loads(scope), "at": "current"}, 10_000, None)))
+            calls.append(
+                (
+                    f" ({scope})",
+                    "scan_documents",
+                    ({"scope": json.loads(scope), "at": "current"}, 10_000, None),
+                )
+            )
             for kind in DOC_KINDS:
                 query = {"scope": json.loads(scope), "at": "current", "kind": kind}
                 calls.append((f" ({scope}, {kind!r})", "scan_documents", (query, 10_000, None)))
@@ -439,7 +485,9 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         conversations = sorted(set(self.conversations) | {2})
         for conversation in conversations:
             calls.append((f"({conversation})", "conversation", (conversation,)))
-            calls.append((f"({conversation}, None)", "find_latest_head_marker", (conversation, None)))
+            calls.append(
+                (f"({conversation}, None)", "find_latest_head_marker", (conversation, None))
+            )
         for id in self.known_ids():
             calls.append((f"({id})", "entry", (id,)))
             calls.append((f"({id})", "task", (id,)))
@@ -451,7 +499,13 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
                 query = {"conversationId": conversation, "order": order}
                 calls.append((f" {query!r} limit 2", "walk:scan_entries", (query, 2)))
         for order in ("ascending", "descending"):
-            calls.append((f" {{'order': {order!r}}} limit 2", "walk:scan_conversations", ({"order": order}, 2)))
+            calls.append(
+                (
+                    f" {{'order': {order!r}}} limit 2",
+                    "walk:scan_conversations",
+                    ({"order": order}, 2),
+                )
+            )
         for id, document in sorted(self.documents.items()):
             record = document["record"]
             address = {k: v for k, v in record.items() if k in ("kind", "scope", "key")}
@@ -470,16 +524,26 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         query: dict[str, Any] = {}
         owners = sorted(set(ID_POOL[:4]) | set(self.conversations))
         tasks = sorted(set(ID_POOL[:8]) | set(self.tasks))
-        shape = data.draw(st.sampled_from(["all", "owner conversation", "owner task", "both"]), label="query")
+        shape = data.draw(
+            st.sampled_from(["all", "owner conversation", "owner task", "both"]), label="query"
+        )
         if shape in ("owner conversation", "both"):
-            query["ownerConversationId"] = data.draw(st.sampled_from(owners), label="owner conversation")
+            query["ownerConversationId"] = data.draw(
+                st.sampled_from(owners), label="owner conversation"
+            )
         if shape in ("owner task", "both"):
             query["ownerTaskId"] = data.draw(st.sampled_from(tasks), label="owner task")
         order = data.draw(st.sampled_from(ORDERS), label="order")
         if order is not None:
             query["order"] = order
         limit = data.draw(st.integers(1, 2), label="limit")
-        self.walk(f" {query!r} limit {limit}", "scan_conversations", query, limit, data.draw(st.booleans(), label="keep order"))
+        self.walk(
+            f" {query!r} limit {limit}",
+            "scan_conversations",
+            query,
+            limit,
+            data.draw(st.booleans(), label="keep order"),
+        )
 
     @rule(data=st.data())
     def read_entries(self, data: Any) -> None:
@@ -493,13 +557,22 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         cutoff = data.draw(st.sampled_from([None, *ids]), label="at or before")
         self.same(f"({conversation}, {cutoff})", "find_latest_head_marker", conversation, cutoff)
         query: dict[str, Any] = {"conversationId": conversation}
-        for bound in data.draw(st.lists(st.sampled_from(["minEntryId", "maxEntryId"]), unique=True, max_size=2), label="bounds"):
+        for bound in data.draw(
+            st.lists(st.sampled_from(["minEntryId", "maxEntryId"]), unique=True, max_size=2),
+            label="bounds",
+        ):
             query[bound] = data.draw(st.sampled_from(ids), label=bound)
         order = data.draw(st.sampled_from(ORDERS), label="order")
         if order is not None:
             query["order"] = order
         limit = data.draw(st.integers(1, 2), label="limit")
-        self.walk(f" {query!r} limit {limit}", "scan_entries", query, limit, data.draw(st.booleans(), label="keep order"))
+        self.walk(
+            f" {query!r} limit {limit}",
+            "scan_entries",
+            query,
+            limit,
+            data.draw(st.booleans(), label="keep order"),
+        )
 
     @rule(data=st.data())
     def read_tasks(self, data: Any) -> None:
@@ -507,11 +580,19 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         self.same(f"({id})", "task", id)
         query: dict[str, Any] = {}
         for field in data.draw(
-            st.lists(st.sampled_from(["conversationId", "kind", "status", "abortRequested", "background"]), unique=True, max_size=2),
+            st.lists(
+                st.sampled_from(
+                    ["conversationId", "kind", "status", "abortRequested", "background"]
+                ),
+                unique=True,
+                max_size=2,
+            ),
             label="filters",
         ):
             if field == "conversationId":
-                query[field] = data.draw(st.sampled_from(sorted(set(self.conversations) | {1, 2})), label=field)
+                query[field] = data.draw(
+                    st.sampled_from(sorted(set(self.conversations) | {1, 2})), label=field
+                )
             elif field == "kind":
                 query[field] = data.draw(st.sampled_from(TASK_KINDS), label=field)
             elif field == "status":
@@ -522,13 +603,21 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         if order is not None:
             query["order"] = order
         limit = data.draw(st.integers(1, 2), label="limit")
-        self.walk(f" {query!r} limit {limit}", "scan_tasks", query, limit, data.draw(st.booleans(), label="keep order"))
+        self.walk(
+            f" {query!r} limit {limit}",
+            "scan_tasks",
+            query,
+            limit,
+            data.draw(st.booleans(), label="keep order"),
+        )
 
     @rule(data=st.data())
     def read_submissions(self, data: Any) -> None:
         id = data.draw(st.sampled_from(self.known_ids()), label="id")
         self.same(f"({id})", "submission", id)
-        conversation = data.draw(st.sampled_from(sorted(set(self.conversations) | {1, 2})), label="conversation")
+        conversation = data.draw(
+            st.sampled_from(sorted(set(self.conversations) | {1, 2})), label="conversation"
+        )
         request = data.draw(st.sampled_from(REQUEST_IDS), label="request")
         self.same(f"({conversation}, {request!r})", "submission_by_request", conversation, request)
         query: dict[str, Any] = {}
@@ -540,7 +629,13 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         if order is not None:
             query["order"] = order
         limit = data.draw(st.integers(1, 2), label="limit")
-        self.walk(f" {query!r} limit {limit}", "scan_submissions", query, limit, data.draw(st.booleans(), label="keep order"))
+        self.walk(
+            f" {query!r} limit {limit}",
+            "scan_submissions",
+            query,
+            limit,
+            data.draw(st.booleans(), label="keep order"),
+        )
 
     @rule(data=st.data())
     def read_documents(self, data: Any) -> None:
@@ -549,7 +644,9 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         at = self.draw_seq_point(data)
         self.same(f"({id}, {at})", "document", id, at)
         if self.documents and data.draw(st.booleans(), label="known address"):
-            record = self.documents[data.draw(st.sampled_from(sorted(self.documents)), label="address of")]["record"]
+            record = self.documents[
+                data.draw(st.sampled_from(sorted(self.documents)), label="address of")
+            ]["record"]
             address = {k: v for k, v in record.items() if k in ("kind", "scope", "key")}
         else:
             address = {
@@ -570,7 +667,15 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
     @rule(data=st.data())
     def read_with_invalid_cursor_or_order(self, data: Any) -> None:
         method = data.draw(
-            st.sampled_from(["scan_conversations", "scan_entries", "scan_tasks", "scan_submissions", "scan_documents"]),
+            st.sampled_from(
+                [
+                    "scan_conversations",
+                    "scan_entries",
+                    "scan_tasks",
+                    "scan_submissions",
+                    "scan_documents",
+                ]
+            ),
             label="scan",
         )
         if method == "scan_entries":
@@ -579,7 +684,9 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             query = {"scope": {"kind": "session"}, "at": "current"}
         else:
             query = {}
-        order = data.draw(st.sampled_from([None, "ascending", "descending", "sideways", ""]), label="order")
+        order = data.draw(
+            st.sampled_from([None, "ascending", "descending", "sideways", ""]), label="order"
+        )
         if order is not None:
             query["order"] = order
         cursor = data.draw(st.sampled_from([None, *BAD_CURSORS]), label="cursor")
@@ -591,7 +698,11 @@ SETTINGS = settings(
     stateful_step_count=STEPS,
     deadline=None,
     report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
 )
 
 

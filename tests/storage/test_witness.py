@@ -46,7 +46,11 @@ async def make_store(path: Path, ids: list[int]) -> None:
     try:
         for n, conversation in enumerate(ids):
             if n >= storage.log.head():
-                await storage.commit([{"type": "conversation", "value": {"id": conversation}}], CTX, committed_at=T0 + n)
+                await storage.commit(
+                    [{"type": "conversation", "value": {"id": conversation}}],
+                    CTX,
+                    committed_at=T0 + n,
+                )
     finally:
         await storage.close()
 
@@ -80,23 +84,33 @@ async def test_a_bucket_put_names_the_revision_it_replaces(nats: NatsNode, kind:
         await asyncio.to_thread(link.close)
 
 
-async def test_publishing_follows_the_log_and_refuses_a_fork(nats: NatsNode, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_publishing_follows_the_log_and_refuses_a_fork(
+    nats: NatsNode, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     signer = tlog.generate_signer(ORIGIN)
     writer, fork = tmp_path / "writer", tmp_path / "fork"
     await make_store(writer, [1, 2, 3, 4, 5])
-    await make_store(fork, [1, 2, 3, 40, 50, 60])  # the same first three records, then another history
+    await make_store(
+        fork, [1, 2, 3, 40, 50, 60]
+    )  # the same first three records, then another history
     link = await connected(nats.url, "WITNESS")
     try:
         storage = await LmdbStorage.open(writer, durability="process")
         try:
             first = await publish(storage.log, signer, link)
-            assert (first.bucket, first.key, first.tree_size, first.previous_size, first.published) == (
-                "WITNESS-checkpoints", ORIGIN, 5, None, True
-            )
+            assert (
+                first.bucket,
+                first.key,
+                first.tree_size,
+                first.previous_size,
+                first.published,
+            ) == ("WITNESS-checkpoints", ORIGIN, 5, None, True)
             assert tlog.verify_checkpoint(first.note, signer.verifier()).root == storage.log.root()
             again = await publish(storage.log, signer, link)
             assert (again.revision, again.published) == (first.revision, False)
-            await storage.commit([{"type": "conversation", "value": {"id": 6}}], CTX, committed_at=T0 + 5)
+            await storage.commit(
+                [{"type": "conversation", "value": {"id": 6}}], CTX, committed_at=T0 + 5
+            )
             later = await publish(storage.log, signer, link)
             assert (later.tree_size, later.previous_size, later.published) == (6, 5, True)
             assert later.revision > first.revision
@@ -108,19 +122,30 @@ async def test_publishing_follows_the_log_and_refuses_a_fork(nats: NatsNode, tmp
         caplog.set_level(logging.ERROR, logger="pi_durable_lmdb.audit.witness")
         storage = await LmdbStorage.open(fork, durability="process")
         try:
-            with pytest.raises(CheckpointRefusedError, match="does not extend the last checkpoint in WITNESS-checkpoints") as refused:
+            with pytest.raises(
+                CheckpointRefusedError,
+                match="does not extend the last checkpoint in WITNESS-checkpoints",
+            ) as refused:
                 await publish(storage.log, signer, link)
             assert "forked" in str(refused.value)
             with pytest.raises(CheckpointRefusedError, match="covers 6 records, this one 3"):
-                await publish(storage.log, signer, link, size=3)  # a prefix, yet smaller than witnessed
+                await publish(
+                    storage.log, signer, link, size=3
+                )  # a prefix, yet smaller than witnessed
             other = tlog.generate_signer(ORIGIN)  # the same name, another key
-            with pytest.raises(CheckpointRefusedError, match=f"is not a checkpoint of {ORIGIN} signed by {ORIGIN}"):
+            with pytest.raises(
+                CheckpointRefusedError, match=f"is not a checkpoint of {ORIGIN} signed by {ORIGIN}"
+            ):
                 await publish(storage.log, other, link)
         finally:
             await storage.close()
         assert await link.arun(link.kv_get(BUCKET, ORIGIN)) == stored  # every refusal wrote nothing
-        errors = [record.getMessage() for record in caplog.records if record.levelno == logging.ERROR]
-        assert len(errors) == 3 and all(message.startswith("refused to publish a checkpoint: ") for message in errors)
+        errors = [
+            record.getMessage() for record in caplog.records if record.levelno == logging.ERROR
+        ]
+        assert len(errors) == 3 and all(
+            message.startswith("refused to publish a checkpoint: ") for message in errors
+        )
     finally:
         await asyncio.to_thread(link.close)
 
@@ -178,7 +203,10 @@ async def test_a_publisher_that_lost_the_race_checks_the_winners_checkpoint(tmp_
 
 def durable_log(*args: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pi_durable_lmdb.cli", *map(str, args)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "pi_durable_lmdb.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -199,9 +227,13 @@ async def test_checkpoint_publish_on_the_command_line(nats: NatsNode, tmp_path: 
     assert "Refused to publish the checkpoint: the store's log does not extend" in refused.stderr
     assert "Traceback" not in refused.stderr
 
-    usage = await asyncio.to_thread(durable_log, "checkpoint", tmp_path / "writer", "--key", key, "--publish")
+    usage = await asyncio.to_thread(
+        durable_log, "checkpoint", tmp_path / "writer", "--key", key, "--publish"
+    )
     assert usage.returncode == 2 and "--publish goes with --nats URL and --stream S" in usage.stderr
 
     signer = tlog.parse_signer(key.read_text().strip())
-    same = await asyncio.to_thread(publish_checkpoint, tmp_path / "writer", signer, nats.url, "CLIWITNESS")
+    same = await asyncio.to_thread(
+        publish_checkpoint, tmp_path / "writer", signer, nats.url, "CLIWITNESS"
+    )
     assert (same.tree_size, same.published) == (3, False)

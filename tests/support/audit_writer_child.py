@@ -65,7 +65,12 @@ def batch(n: int) -> list[dict[str, Any]]:
             },
             {
                 "type": "document.create",
-                "record": {"id": 21, "kind": "settings", "key": "main", "scope": {"kind": "session"}},
+                "record": {
+                    "id": 21,
+                    "kind": "settings",
+                    "key": "main",
+                    "scope": {"kind": "session"},
+                },
                 "content": {"kind": "base", "version": 1, "value": {"turn": 0}},
             },
         ]
@@ -89,18 +94,31 @@ def batch(n: int) -> list[dict[str, Any]]:
             {
                 "type": "document.change",
                 "id": 20,
-                "content": {"kind": "delta", "version": 1, "ops": [["s", ["turn"], n], ["a", ["log"], f"{n};"]]},
+                "content": {
+                    "kind": "delta",
+                    "version": 1,
+                    "ops": [["s", ["turn"], n], ["a", ["log"], f"{n};"]],
+                },
             }
         )
     if n % 9 == 0:
         writes.append(
-            {"type": "document.change", "id": 21, "content": {"kind": "base", "version": 1, "value": {"turn": n}}}
+            {
+                "type": "document.change",
+                "id": 21,
+                "content": {"kind": "base", "version": 1, "value": {"turn": n}},
+            }
         )
     if n % 11 == 0:
         writes.append(
             {
                 "type": "submission",
-                "value": {"id": 5000 + n, "conversationId": conversation, "type": "input", "status": "queued"},
+                "value": {
+                    "id": 5000 + n,
+                    "conversationId": conversation,
+                    "type": "input",
+                    "status": "queued",
+                },
             }
         )
     return writes

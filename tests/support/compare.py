@@ -22,7 +22,13 @@ def canonical(value: Any, *, tuples_as_arrays: bool = False) -> Any:
     if isinstance(value, str):
         return ("str", value)
     if isinstance(value, dict):
-        return ("object", sorted((key, canonical(item, tuples_as_arrays=tuples_as_arrays)) for key, item in value.items()))
+        return (
+            "object",
+            sorted(
+                (key, canonical(item, tuples_as_arrays=tuples_as_arrays))
+                for key, item in value.items()
+            ),
+        )
     if isinstance(value, arrays):
         return ("array", [canonical(item, tuples_as_arrays=tuples_as_arrays) for item in value])
     return ("other", type(value).__name__, repr(value))

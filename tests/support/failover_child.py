@@ -73,8 +73,13 @@ def say(*parts: Any) -> None:
 
 Step = define_entry("failover.step")
 Trail = define_doc(
-    kind="failover.trail", version=1, scope="conversation", history="rewindable", fork="current",
-    initial=lambda: {"lines": []}, checkpoint_when=lambda value, ops, info: False,
+    kind="failover.trail",
+    version=1,
+    scope="conversation",
+    history="rewindable",
+    fork="current",
+    initial=lambda: {"lines": []},
+    checkpoint_when=lambda value, ops, info: False,
 )
 
 
@@ -86,9 +91,15 @@ async def _phase(task: Any, runtime: Any, context: Any) -> None:
 
     async def change(tx: Any, current: Any) -> Any:
         (await tx.doc(Trail, runtime.conversation_id))["lines"].append(f"{current['id']}:{phase}")
-        await tx.append_entry(Step, runtime.conversation_id, {"data": {"task": current["id"], "phase": phase}})
+        await tx.append_entry(
+            Step, runtime.conversation_id, {"data": {"task": current["id"], "phase": phase}}
+        )
         if phase == "start" and current["kind"] == "failover.sleeper":
-            return {"status": "sleeping", "checkpoint": {"phase": "wake"}, "until": runtime.now() + 60_000}
+            return {
+                "status": "sleeping",
+                "checkpoint": {"phase": "wake"},
+                "until": runtime.now() + 60_000,
+            }
         if phase == "start":
             return {"status": "running", "checkpoint": {"phase": "work"}}
         if phase in ("wake", "work"):
@@ -99,12 +110,18 @@ async def _phase(task: Any, runtime: Any, context: Any) -> None:
 
 
 Sleeper = define_task(
-    name="failover.sleeper", version=1, initial=lambda input: {"phase": "start"},
-    phases={"start": _phase, "wake": _phase, "finish": _phase}, abort=lambda *args: None,
+    name="failover.sleeper",
+    version=1,
+    initial=lambda input: {"phase": "start"},
+    phases={"start": _phase, "wake": _phase, "finish": _phase},
+    abort=lambda *args: None,
 )
 Worker = define_task(
-    name="failover.worker", version=1, initial=lambda input: {"phase": "start"},
-    phases={"start": _phase, "work": _phase, "finish": _phase}, abort=lambda *args: None,
+    name="failover.worker",
+    version=1,
+    initial=lambda input: {"phase": "start"},
+    phases={"start": _phase, "work": _phase, "finish": _phase},
+    abort=lambda *args: None,
 )
 
 
@@ -126,8 +143,14 @@ async def open_writer(args: argparse.Namespace) -> Any:
     take_over: Any = {"no": False, "yes": True, "force": "force"}[args.take_over]
     say("opening")
     storage = await LmdbStorage.open(
-        args.dir, durability="replicated", nats=args.nats, stream=args.stream, replicas=args.replicas,
-        store=args.store, take_over=take_over, lease_ttl=args.ttl,
+        args.dir,
+        durability="replicated",
+        nats=args.nats,
+        stream=args.stream,
+        replicas=args.replicas,
+        store=args.store,
+        take_over=take_over,
+        lease_ttl=args.ttl,
     )
     say("opened", storage.replication.epoch, storage.log.head())
     return storage
@@ -189,17 +212,54 @@ async def agent(number: int, storage: Any, args: argparse.Namespace, state: dict
             continue
         text = TEXTS[(turn + number) % len(TEXTS)]
         writes: list[dict[str, Any]] = [
-            {"type": "conversation", "value": {"id": conversation, "createdAt": turn, "metadata": {"by": args.name, "agent": number}}},
-            {"type": "entry", "value": {"id": entry, "conversationId": conversation, "kind": "turn", "data": {"text": text, "n": turn}}},
+            {
+                "type": "conversation",
+                "value": {
+                    "id": conversation,
+                    "createdAt": turn,
+                    "metadata": {"by": args.name, "agent": number},
+                },
+            },
+            {
+                "type": "entry",
+                "value": {
+                    "id": entry,
+                    "conversationId": conversation,
+                    "kind": "turn",
+                    "data": {"text": text, "n": turn},
+                },
+            },
         ]
         if again is not None:
-            writes.append({"type": "entry", "value": {"id": again, "conversationId": previous, "kind": "again", "head": again}})
+            writes.append(
+                {
+                    "type": "entry",
+                    "value": {
+                        "id": again,
+                        "conversationId": previous,
+                        "kind": "again",
+                        "head": again,
+                    },
+                }
+            )
         if task is not None:
-            writes.append({"type": "task", "value": {
-                "id": task, "conversationId": conversation, "kind": "job", "version": 1, "input": {"turn": turn},
-                "state": {"status": ["pending", "running", "sleeping", "terminal"][turn % 4]},
-                "background": turn % 2 == 0, "abortRequested": False,
-            }})
+            writes.append(
+                {
+                    "type": "task",
+                    "value": {
+                        "id": task,
+                        "conversationId": conversation,
+                        "kind": "job",
+                        "version": 1,
+                        "input": {"turn": turn},
+                        "state": {
+                            "status": ["pending", "running", "sleeping", "terminal"][turn % 4]
+                        },
+                        "background": turn % 2 == 0,
+                        "abortRequested": False,
+                    },
+                }
+            )
         say("intent", conversation, json.dumps(writes, ensure_ascii=True, sort_keys=True))
         try:
             seq = await storage.commit(writes, CTX)
@@ -224,7 +284,12 @@ async def after_deposed(number: int, storage: Any, count: int) -> None:
 
     for attempt in range(count):
         conversation = SYNTHETIC_IDS + number * 1000 + attempt
-        writes = [{"type": "conversation", "value": {"id": conversation, "createdAt": 0, "metadata": {"late": True}}}]
+        writes = [
+            {
+                "type": "conversation",
+                "value": {"id": conversation, "createdAt": 0, "metadata": {"late": True}},
+            }
+        ]
         say("intent", conversation, json.dumps(writes, ensure_ascii=True, sort_keys=True))
         try:
             seq = await storage.commit(writes, CTX)
@@ -251,10 +316,17 @@ async def writer(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.1)
             continue
         state = {"deposed": False}
-        await asyncio.gather(*(agent(number, storage, args, state) for number in range(args.agents)))
+        await asyncio.gather(
+            *(agent(number, storage, args, state) for number in range(args.agents))
+        )
         say("deposed")
         if not args.loop:
-            await asyncio.gather(*(after_deposed(number, storage, args.after_deposed) for number in range(args.agents)))
+            await asyncio.gather(
+                *(
+                    after_deposed(number, storage, args.after_deposed)
+                    for number in range(args.agents)
+                )
+            )
             await storage.close()
             say("done")
             return
@@ -272,7 +344,10 @@ async def mint(args: argparse.Namespace) -> None:
         value = await storage.mint_id()
         chunk.append(value)
         if number % 700 == 0:
-            await storage.commit([{"type": "conversation", "value": {"id": value, "createdAt": 1, "metadata": {}}}], CTX)
+            await storage.commit(
+                [{"type": "conversation", "value": {"id": value, "createdAt": 1, "metadata": {}}}],
+                CTX,
+            )
         if len(chunk) == 500:
             say("minted", *chunk)
             chunk = []
@@ -295,8 +370,12 @@ async def session(args: argparse.Namespace) -> None:
     root = await harness.root(CTX)
 
     async def start(tx: Any) -> Any:
-        sleeper = await tx.create_task(Sleeper, {}, {"ownership": {"kind": "conversation"}, "conversationId": root.id})
-        worker = await tx.create_task(Worker, {}, {"ownership": {"kind": "conversation"}, "conversationId": root.id})
+        sleeper = await tx.create_task(
+            Sleeper, {}, {"ownership": {"kind": "conversation"}, "conversationId": root.id}
+        )
+        worker = await tx.create_task(
+            Worker, {}, {"ownership": {"kind": "conversation"}, "conversationId": root.id}
+        )
         return sleeper, worker
 
     sleeper, worker = await harness.commit(start, CTX)
@@ -306,8 +385,11 @@ async def session(args: argparse.Namespace) -> None:
         a = await harness.get_task(sleeper, CTX)
         b = await harness.get_task(worker, CTX)
         if (
-            a is not None and a["state"]["status"] == "sleeping"
-            and b is not None and b["state"]["status"] == "running" and b["state"]["checkpoint"]["phase"] == "work"
+            a is not None
+            and a["state"]["status"] == "sleeping"
+            and b is not None
+            and b["state"]["status"] == "running"
+            and b["state"]["checkpoint"]["phase"] == "work"
         ):
             break
         await asyncio.sleep(0.01)

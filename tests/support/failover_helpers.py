@@ -38,7 +38,9 @@ TTL = 2
 class Child:
     """A child process whose stdout lines are collected (with their arrival time) by a thread."""
 
-    def __init__(self, args: list[str], log_dir: Path, name: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log_dir: Path, name: str, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.args = args
         self.stderr_path = log_dir / f"{name}.{time.monotonic_ns()}.stderr"
@@ -47,8 +49,12 @@ class Child:
         self.stopped = False
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen(
-                [PYTHON, "-m", CHILD, *args], stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, cwd=ROOT,
+                [PYTHON, "-m", CHILD, *args],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=ROOT,
             )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -76,13 +82,17 @@ class Child:
                 self._reader.join(2)
                 if predicate():
                     return
-                raise AssertionError(f"{self.name} exited ({self.proc.returncode}) before {what}:\n{self.tail()}")
+                raise AssertionError(
+                    f"{self.name} exited ({self.proc.returncode}) before {what}:\n{self.tail()}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name}: no {what} after {timeout} s:\n{self.tail()}")
             await asyncio.sleep(0.02)
 
     async def wait_line(self, first: str, timeout: float, count: int = 1) -> list[str]:
-        await self.wait_for(lambda: self.count(first) >= count, timeout, f"{count} {first!r} line(s)")
+        await self.wait_for(
+            lambda: self.count(first) >= count, timeout, f"{count} {first!r} line(s)"
+        )
         return self.words(first)[count - 1]
 
     def signal(self, sig: signal.Signals) -> None:
@@ -124,7 +134,14 @@ def children(tmp_path: Path) -> Any:
     log_dir.mkdir()
 
     class Spawner:
-        def __call__(self, role: str, directory: Path, *args: str, name: str = "child", env: dict[str, str] | None = None) -> Child:
+        def __call__(
+            self,
+            role: str,
+            directory: Path,
+            *args: str,
+            name: str = "child",
+            env: dict[str, str] | None = None,
+        ) -> Child:
             child = Child([role, str(directory), *args], log_dir, name, env)
             started.append(child)
             return child
@@ -145,17 +162,27 @@ def acked(child: Child) -> dict[int, int]:
 
 
 def failed(child: Child, kind: str | None = None) -> dict[int, str]:
-    return {int(words[1]): words[2] for words in child.words("fail") if kind is None or words[2] == kind}
+    return {
+        int(words[1]): words[2] for words in child.words("fail") if kind is None or words[2] == kind
+    }
 
 
 def intents(child: Child) -> dict[int, list[dict[str, Any]]]:
     return {int(words[1]): json.loads(words[2]) for words in child.words("intent")}
 
 
-async def open_writer(cluster: NatsCluster, path: Path, store: str, take_over: Any = True) -> LmdbStorage:
+async def open_writer(
+    cluster: NatsCluster, path: Path, store: str, take_over: Any = True
+) -> LmdbStorage:
     return await LmdbStorage.open(
-        path, durability="replicated", nats=cluster.urls, stream=STREAM, replicas=3, store=store,
-        take_over=take_over, lease_ttl=TTL,
+        path,
+        durability="replicated",
+        nats=cluster.urls,
+        stream=STREAM,
+        replicas=3,
+        store=store,
+        take_over=take_over,
+        lease_ttl=TTL,
     )
 
 
@@ -170,7 +197,9 @@ def conversation(id: int, **metadata: Any) -> dict[str, Any]:
 # ── the stream, read raw ────────────────────────────────────────────────────
 
 
-async def read_subject(cluster: NatsCluster, store: str, timeout: float = 20.0) -> list[dict[str, Any]]:
+async def read_subject(
+    cluster: NatsCluster, store: str, timeout: float = 20.0
+) -> list[dict[str, Any]]:
     """Every message of the store's subject in stream order, straight from JetStream (nats-py,
     not the engine's link): stream sequence, kind, epoch, log sequence, and for a record its
     conversation id (the first write's) and writes."""
@@ -195,7 +224,9 @@ async def read_subject(cluster: NatsCluster, store: str, timeout: float = 20.0) 
                 await asyncio.sleep(0.2)
         messages: list[dict[str, Any]] = []
         sub = await js.subscribe(
-            subject, stream=STREAM, ordered_consumer=True,
+            subject,
+            stream=STREAM,
+            ordered_consumer=True,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, filter_subject=subject),
         )
         try:
@@ -223,7 +254,9 @@ async def read_subject(cluster: NatsCluster, store: str, timeout: float = 20.0) 
         await nc.close()
 
 
-def check_linear(messages: list[dict[str, Any]], store: str, *, growing_fences: bool = True) -> list[dict[str, Any]]:
+def check_linear(
+    messages: list[dict[str, Any]], store: str, *, growing_fences: bool = True
+) -> list[dict[str, Any]]:
     """The subject is one history: records 1..N each once and in order; a fence before any
     record; every record of the epoch of the last fence before it and of no lower epoch than any
     fence before it (no record of a fenced-out writer after its fence); with ``growing_fences``,
@@ -274,12 +307,16 @@ def stale_fences(messages: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
 
 
 def export(path: Path) -> str:
-    done = subprocess.run([DURABLE_LOG, "export", str(path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [DURABLE_LOG, "export", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
-async def converge(cluster: NatsCluster, path: Path, store: str, head: int, timeout: float = 20.0) -> str:
+async def converge(
+    cluster: NatsCluster, path: Path, store: str, head: int, timeout: float = 20.0
+) -> str:
     """Open ``path`` as a replica, wait until it holds ``head``, close it; its export."""
 
     replica = await open_replica(cluster, path, store)

@@ -40,17 +40,46 @@ SEED_ENTRIES = 30
 def seed_writes() -> list[dict[str, Any]]:
     writes: list[dict[str, Any]] = [{"type": "conversation", "value": {"id": 1}}]
     for n in range(SEED_ENTRIES):
-        writes.append({"type": "entry", "value": {"id": 100 + n, "conversationId": 1, "kind": "message", "text": f"seed {n}"}})
+        writes.append(
+            {
+                "type": "entry",
+                "value": {
+                    "id": 100 + n,
+                    "conversationId": 1,
+                    "kind": "message",
+                    "text": f"seed {n}",
+                },
+            }
+        )
     for n in range(SEED_TASKS):
-        writes.append({"type": "task", "value": {
-            "id": 1000 + n, "conversationId": 1, "kind": "job", "version": 1, "input": {"n": n},
-            "state": {"status": "pending"}, "background": False, "abortRequested": False,
-        }})
+        writes.append(
+            {
+                "type": "task",
+                "value": {
+                    "id": 1000 + n,
+                    "conversationId": 1,
+                    "kind": "job",
+                    "version": 1,
+                    "input": {"n": n},
+                    "state": {"status": "pending"},
+                    "background": False,
+                    "abortRequested": False,
+                },
+            }
+        )
     return writes
 
 
 def big_entry(id: int, size: int) -> dict[str, Any]:
-    return {"type": "entry", "value": {"id": id, "conversationId": 2, "kind": "message", "text": f"{id:08d}" * (size // 8)}}
+    return {
+        "type": "entry",
+        "value": {
+            "id": id,
+            "conversationId": 2,
+            "kind": "message",
+            "text": f"{id:08d}" * (size // 8),
+        },
+    }
 
 
 class Readers:
@@ -62,7 +91,9 @@ class Readers:
         self.errors: list[str] = []
         self.reads = 0
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.run, args=(n,), daemon=True) for n in range(count)]
+        self.threads = [
+            threading.Thread(target=self.run, args=(n,), daemon=True) for n in range(count)
+        ]
 
     def start(self) -> None:
         for thread in self.threads:
@@ -90,9 +121,13 @@ class Readers:
             task = await storage.task(1000 + reads % SEED_TASKS, CTX)
             assert task is not None and task["input"]["n"] == reads % SEED_TASKS, task
             entry = await storage.entry(100 + reads % SEED_ENTRIES, CTX)
-            assert entry is not None and entry["entry"]["text"] == f"seed {reads % SEED_ENTRIES}", entry
+            assert entry is not None and entry["entry"]["text"] == f"seed {reads % SEED_ENTRIES}", (
+                entry
+            )
             page = await storage.scan_entries({"conversationId": 1}, 10, None, CTX)
-            assert [item["id"] for item in page["items"]] == list(range(100 + SEED_ENTRIES - 1, 100 + SEED_ENTRIES - 11, -1)), page
+            assert [item["id"] for item in page["items"]] == list(
+                range(100 + SEED_ENTRIES - 1, 100 + SEED_ENTRIES - 11, -1)
+            ), page
             tasks = await storage.scan_tasks({"status": "pending"}, SEED_TASKS + 1, None, CTX)
             assert len(tasks["items"]) == SEED_TASKS, tasks
             now = storage.log.head()
@@ -120,7 +155,9 @@ async def commit_many(storage: LmdbStorage, commits: int, size: int, agents: int
 
 
 def writer(args: argparse.Namespace) -> dict[str, Any]:
-    storage = asyncio.run(LmdbStorage.open(args.path, durability=args.durability, map_size=args.map_size))
+    storage = asyncio.run(
+        LmdbStorage.open(args.path, durability=args.durability, map_size=args.map_size)
+    )
     env = storage._env
     asyncio.run(storage.commit(seed_writes(), CTX))
     asyncio.run(storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX))
@@ -139,7 +176,11 @@ def writer(args: argparse.Namespace) -> dict[str, Any]:
         if commit is None or [w.value["id"] for w in commit.writes] != [id]:  # type: ignore[union-attr]
             lost.append(seq)
         read = asyncio.run(storage.entry(id, CTX))
-        if read is None or read["commitSeq"] != seq or read["entry"]["text"] != big_entry(id, args.size)["value"]["text"]:
+        if (
+            read is None
+            or read["commitSeq"] != seq
+            or read["entry"]["text"] != big_entry(id, args.size)["value"]["text"]
+        ):
             lost.append(seq)
     asyncio.run(storage.close())
     return {
@@ -163,7 +204,13 @@ def reader(args: argparse.Namespace) -> dict[str, Any]:
     head = storage.log.head()
     end_size = storage._env.env.info()["map_size"]
     asyncio.run(storage.close())
-    return {"reads": readers.reads, "errors": readers.errors, "head": head, "start_size": start_size, "end_size": end_size}
+    return {
+        "reads": readers.reads,
+        "errors": readers.errors,
+        "head": head,
+        "start_size": start_size,
+        "end_size": end_size,
+    }
 
 
 def main() -> int:

@@ -47,9 +47,13 @@ def same(a: Any, b: Any, where: str = "$") -> None:
     stack = [(a, b, where)]
     while stack:
         a, b, at = stack.pop()
-        assert type(a) is type(b), f"{at}: {type(a).__name__} != {type(b).__name__} ({a!r:.80} vs {b!r:.80})"
+        assert type(a) is type(b), (
+            f"{at}: {type(a).__name__} != {type(b).__name__} ({a!r:.80} vs {b!r:.80})"
+        )
         if isinstance(a, float):
-            assert a == b and math.copysign(1.0, a) == math.copysign(1.0, b), f"{at}: {a!r} != {b!r}"
+            assert a == b and math.copysign(1.0, a) == math.copysign(1.0, b), (
+                f"{at}: {a!r} != {b!r}"
+            )
         elif isinstance(a, str):
             assert len(a) == len(b) and a == b, f"{at}: {a!r} != {b!r}"
         elif isinstance(a, dict):
@@ -106,11 +110,15 @@ def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
         if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
             proc.kill()
             proc.wait(5)
-            pytest.fail(f"child sent no line in {timeout}s; stderr: {proc.stderr.read() if proc.stderr else ''}")
+            pytest.fail(
+                f"child sent no line in {timeout}s; stderr: {proc.stderr.read() if proc.stderr else ''}"
+            )
         chunk = os.read(fd, 65536)
         if not chunk:
             proc.wait(5)
-            pytest.fail(f"child exited ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
+            pytest.fail(
+                f"child exited ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}"
+            )
         buffer += chunk
     line, _, rest = bytes(buffer).partition(b"\n")
     buffer[:] = rest

@@ -28,7 +28,13 @@ import zlib
 
 import lmdb
 
-from pi_durable_lmdb.log import Environment, WriteLog, WriterLockedError, encode_batch, write_to_builtins
+from pi_durable_lmdb.log import (
+    Environment,
+    WriteLog,
+    WriterLockedError,
+    encode_batch,
+    write_to_builtins,
+)
 
 
 def batch(n: int, size: int = 0) -> list[dict]:
@@ -39,7 +45,12 @@ def batch(n: int, size: int = 0) -> list[dict]:
     return [
         {
             "type": "entry",
-            "value": {"n": n, "role": "assistant", "text": filler, "odd": "\ud800" if n % 7 == 0 else "x"},
+            "value": {
+                "n": n,
+                "role": "assistant",
+                "text": filler,
+                "odd": "\ud800" if n % 7 == 0 else "x",
+            },
         },
         {"type": "task", "value": {"n": n, "state": "running", "big": 2**70 + n}},
     ]
@@ -92,7 +103,11 @@ def main() -> int:
         try:
             env = Environment(args.path)
         except WriterLockedError as error:
-            _say(json.dumps({"error": type(error).__name__, "message": str(error), "path": error.path}))
+            _say(
+                json.dumps(
+                    {"error": type(error).__name__, "message": str(error), "path": error.path}
+                )
+            )
             return 0
         env.close()
         _say(json.dumps({"error": None, "message": "", "path": args.path}))

@@ -42,8 +42,9 @@ scalars = st.one_of(
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.sampled_from(KEYS), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=3)
+    ),
     max_leaves=5,
 )
 json_objects = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=3)
@@ -98,11 +99,15 @@ def _describe(outcome: tuple[str, Any]) -> str:
 def _message_shape(error: BaseException) -> str:
     """An error's message with its numbers elided, to count kinds of rejections."""
 
-    words = [("N" if word.strip("'\",.:").lstrip("-").isdigit() else word) for word in str(error).split()]
+    words = [
+        ("N" if word.strip("'\",.:").lstrip("-").isdigit() else word) for word in str(error).split()
+    ]
     return f"{type(error).__name__}: {' '.join(words)[:70]}"
 
 
-def _tree_paths(value: Any, prefix: tuple[Any, ...] = (), depth: int = 0) -> Iterator[tuple[list[Any], Any]]:
+def _tree_paths(
+    value: Any, prefix: tuple[Any, ...] = (), depth: int = 0
+) -> Iterator[tuple[list[Any], Any]]:
     yield list(prefix), value
     if depth >= 3:
         return
@@ -184,7 +189,9 @@ class MachineDraws:
         choice = data.draw(st.sampled_from(["fresh"] * 7 + ["any"]), label=f"{label} choice")
         if choice == "fresh":
             top = max([*self.record_types, *batch.ids, *self.minted, *ID_POOL])
-            candidates = [i for i in self.id_pool() if i not in self.record_types and i not in batch.ids]
+            candidates = [
+                i for i in self.id_pool() if i not in self.record_types and i not in batch.ids
+            ]
             candidates += [top + 1, top + 2]
             value = data.draw(st.sampled_from(candidates), label=label)
         else:
@@ -192,7 +199,9 @@ class MachineDraws:
         batch.ids.add(value)
         return value
 
-    def draw_conversation(self, data: Any, batch: _Batch | None = None, any_id: bool = False) -> int:
+    def draw_conversation(
+        self, data: Any, batch: _Batch | None = None, any_id: bool = False
+    ) -> int:
         options = list(self.conversations)
         if batch is not None:
             options += [c for c in batch.conversations if c not in options]
@@ -202,9 +211,7 @@ class MachineDraws:
 
     def draw_seq_point(self, data: Any) -> Any:
         last = self.seqs[-1] if self.seqs else 1
-        return data.draw(
-            st.sampled_from(["current", *range(1, last + 1), 0, last + 1]), label="at"
-        )
+        return data.draw(st.sampled_from(["current", *range(1, last + 1), 0, last + 1]), label="at")
 
     def ref_value(self, id: int) -> Any:
         try:
@@ -221,12 +228,16 @@ class MachineDraws:
         if self.conversations and data.draw(st.booleans(), label="fork"):
             value["parent"] = {
                 "conversationId": data.draw(st.sampled_from(self.conversations), label="parent"),
-                "at": data.draw(st.sampled_from(sorted(set(ID_POOL) | set(self.entries[-4:]))), label="at"),
+                "at": data.draw(
+                    st.sampled_from(sorted(set(ID_POOL) | set(self.entries[-4:]))), label="at"
+                ),
             }
         if data.draw(st.booleans(), label="owned"):
             value["owner"] = {
                 "conversationId": self.draw_conversation(data, batch, any_id=True),
-                "taskId": data.draw(st.sampled_from(sorted(set(ID_POOL[:8]) | set(self.tasks))), label="owner task"),
+                "taskId": data.draw(
+                    st.sampled_from(sorted(set(ID_POOL[:8]) | set(self.tasks))), label="owner task"
+                ),
             }
         batch.conversations.append(id)
         return {"type": "conversation", "value": value}
@@ -240,23 +251,44 @@ class MachineDraws:
             "kind": data.draw(st.sampled_from(ENTRY_KINDS), label="entry kind"),
         }
         for field in data.draw(
-            st.lists(st.sampled_from(["data", "model", "head", "edits", "byTaskId"]), unique=True, max_size=3),
+            st.lists(
+                st.sampled_from(["data", "model", "head", "edits", "byTaskId"]),
+                unique=True,
+                max_size=3,
+            ),
             label="entry fields",
         ):
             if field == "data":
                 value["data"] = data.draw(json_values, label="data")
             elif field == "model":
-                value["model"] = [{"role": data.draw(st.sampled_from(["user", "assistant"])), "content": data.draw(texts)}]
+                value["model"] = [
+                    {
+                        "role": data.draw(st.sampled_from(["user", "assistant"])),
+                        "content": data.draw(texts),
+                    }
+                ]
             elif field == "head":
-                value["head"] = data.draw(st.sampled_from([id, *ID_POOL[:8], *self.entries[-3:]]), label="head")
+                value["head"] = data.draw(
+                    st.sampled_from([id, *ID_POOL[:8], *self.entries[-3:]]), label="head"
+                )
             elif field == "edits":
-                target = data.draw(st.sampled_from([*ID_POOL[:6], *self.entries[-3:]]), label="edit target")
+                target = data.draw(
+                    st.sampled_from([*ID_POOL[:6], *self.entries[-3:]]), label="edit target"
+                )
                 if data.draw(st.booleans(), label="replace edit"):
-                    value["edits"] = [{"target": target, "action": "replace", "messages": [{"role": "user", "content": data.draw(texts)}]}]
+                    value["edits"] = [
+                        {
+                            "target": target,
+                            "action": "replace",
+                            "messages": [{"role": "user", "content": data.draw(texts)}],
+                        }
+                    ]
                 else:
                     value["edits"] = [{"target": target, "action": "omit"}]
             else:
-                value["byTaskId"] = data.draw(st.sampled_from(sorted(set(ID_POOL[:6]) | set(self.tasks))), label="by task")
+                value["byTaskId"] = data.draw(
+                    st.sampled_from(sorted(set(ID_POOL[:6]) | set(self.tasks))), label="by task"
+                )
         return {"type": "entry", "value": value}
 
     def draw_task_state(self, data: Any) -> dict[str, Any]:
@@ -277,7 +309,8 @@ class MachineDraws:
                 "until": data.draw(st.sampled_from([61_000, 0, 2**40]), label="until"),
             }
         outcome_kind = data.draw(
-            st.sampled_from(["completed", "failed", "aborted", "orphaned", "faulted"]), label="outcome"
+            st.sampled_from(["completed", "failed", "aborted", "orphaned", "faulted"]),
+            label="outcome",
         )
         outcome: dict[str, Any] = {"status": outcome_kind}
         if outcome_kind == "completed":
@@ -316,19 +349,36 @@ class MachineDraws:
                 "input": data.draw(json_values, label="input"),
             }
         value["state"] = self.draw_task_state(data)
-        value["state"].update(data.draw(st.dictionaries(st.sampled_from(KEYS), scalars, max_size=1), label="state extras"))
+        value["state"].update(
+            data.draw(
+                st.dictionaries(st.sampled_from(KEYS), scalars, max_size=1), label="state extras"
+            )
+        )
         value["background"] = data.draw(st.booleans(), label="background")
         value["abortRequested"] = data.draw(st.booleans(), label="abortRequested")
         for field in data.draw(
             st.lists(
-                st.sampled_from(["owner", "abortReason", "abandonOnRestart", "startedAt", "endedAt", "restarts", "memos", "\udc01"]),
+                st.sampled_from(
+                    [
+                        "owner",
+                        "abortReason",
+                        "abandonOnRestart",
+                        "startedAt",
+                        "endedAt",
+                        "restarts",
+                        "memos",
+                        "\udc01",
+                    ]
+                ),
                 unique=True,
                 max_size=3,
             ),
             label="task fields",
         ):
             if field == "owner":
-                value["owner"] = data.draw(st.sampled_from(sorted(set(ID_POOL[:6]) | set(self.tasks))), label="owner")
+                value["owner"] = data.draw(
+                    st.sampled_from(sorted(set(ID_POOL[:6]) | set(self.tasks))), label="owner"
+                )
             elif field == "abortReason":
                 value["abortReason"] = "restart"
             elif field == "\udc01":  # an odd key: the codec escapes the whole task object
@@ -337,31 +387,47 @@ class MachineDraws:
                 value["abandonOnRestart"] = True
             elif field == "memos":
                 if value["state"]["status"] not in ("completing", "terminal"):
-                    value["memos"] = data.draw(st.dictionaries(st.sampled_from(KEYS), json_values, max_size=2), label="memos")
+                    value["memos"] = data.draw(
+                        st.dictionaries(st.sampled_from(KEYS), json_values, max_size=2),
+                        label="memos",
+                    )
             else:
                 value[field] = data.draw(st.sampled_from([0, 1_700_000_000_000, 3]), label=field)
         return {"type": "task", "value": value}
 
-    def draw_submission_write(self, data: Any, batch: _Batch, id: int | None = None) -> dict[str, Any]:
+    def draw_submission_write(
+        self, data: Any, batch: _Batch, id: int | None = None
+    ) -> dict[str, Any]:
         existing = [s for s in self.submissions if s not in batch.ids]
         value: dict[str, Any]
         if id is None and existing and data.draw(st.booleans(), label="replace submission"):
             id = data.draw(st.sampled_from(existing), label="submission id")
             batch.ids.add(id)
             previous = self.submissions[id]
-            value = {"id": id, "conversationId": previous["conversationId"], "type": previous["type"]}
+            value = {
+                "id": id,
+                "conversationId": previous["conversationId"],
+                "type": previous["type"],
+            }
             request = data.draw(st.sampled_from(["keep", "change", "drop"]), label="request id")
             if request == "keep" and "requestId" in previous:
                 value["requestId"] = previous["requestId"]
             elif request == "change":
                 value["requestId"] = data.draw(st.sampled_from(REQUEST_IDS), label="requestId")
-            if data.draw(st.sampled_from(["same", "other"]), label="submission conversation") == "other":
+            if (
+                data.draw(st.sampled_from(["same", "other"]), label="submission conversation")
+                == "other"
+            ):
                 value["conversationId"] = self.draw_conversation(data, batch)
         else:
             if id is None:
                 id = self.draw_id(data, batch, "submission id")
             # Mostly the root conversation and a request ID, so request IDs collide.
-            conversations = [*self.conversations[:1], *self.conversations[:3], *batch.conversations[:1]]
+            conversations = [
+                *self.conversations[:1],
+                *self.conversations[:3],
+                *batch.conversations[:1],
+            ]
             value = {
                 "id": id,
                 "conversationId": data.draw(st.sampled_from(conversations), label="conversation"),
@@ -369,7 +435,9 @@ class MachineDraws:
             }
             if data.draw(st.sampled_from([True, True, False]), label="has request id"):
                 value["requestId"] = data.draw(st.sampled_from(REQUEST_IDS), label="requestId")
-        statuses = SUBMISSION_STATUSES if value["type"] == "input" else ["queued", "done", "unanswered"]
+        statuses = (
+            SUBMISSION_STATUSES if value["type"] == "input" else ["queued", "done", "unanswered"]
+        )
         status = data.draw(st.sampled_from(statuses), label="submission status")
         value["status"] = status
         entry_ids = sorted(set(ID_POOL[:8]) | set(self.entries[-3:]))
@@ -388,21 +456,30 @@ class MachineDraws:
         return {"type": "submission", "value": value}
 
     def draw_scope(self, data: Any, batch: _Batch) -> dict[str, Any]:
-        kind = data.draw(st.sampled_from(["conversation", "session", "conversation", "task"]), label="scope")
+        kind = data.draw(
+            st.sampled_from(["conversation", "session", "conversation", "task"]), label="scope"
+        )
         if kind == "session":
             return {"kind": "session"}
         if kind == "conversation":
             options = [*self.conversations[:3], *(batch.conversations[:1] if batch else []), 2]
-            return {"kind": "conversation", "conversationId": data.draw(st.sampled_from(options), label="conversation scope")}
+            return {
+                "kind": "conversation",
+                "conversationId": data.draw(st.sampled_from(options), label="conversation scope"),
+            }
         options = [*sorted(self.tasks)[:2], 2]
         return {"kind": "task", "taskId": data.draw(st.sampled_from(options), label="task scope")}
 
     def draw_semantics(self, data: Any) -> dict[str, str]:
         history = data.draw(st.sampled_from(["rewindable", "latest"]), label="history")
-        forks = ["asOf", "current", "initial"] if history == "rewindable" else ["current", "initial"]
+        forks = (
+            ["asOf", "current", "initial"] if history == "rewindable" else ["current", "initial"]
+        )
         return {"history": history, "fork": data.draw(st.sampled_from(forks), label="fork")}
 
-    def draw_document_create(self, data: Any, batch: _Batch, address: dict[str, Any] | None = None) -> dict[str, Any]:
+    def draw_document_create(
+        self, data: Any, batch: _Batch, address: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         id = self.draw_id(data, batch, "document id")
         if address is None:
             record: dict[str, Any] = {
@@ -428,15 +505,24 @@ class MachineDraws:
             },
         }
 
-    def draw_document_copy(self, data: Any, batch: _Batch, source: int | None = None) -> dict[str, Any]:
+    def draw_document_copy(
+        self, data: Any, batch: _Batch, source: int | None = None
+    ) -> dict[str, Any]:
         if source is None:
             source = data.draw(st.sampled_from(sorted(self.documents)), label="copy source")
-        source_record = self.documents[source]["record"] if source in self.documents else {"kind": "notes", "scope": {"kind": "session"}}
+        source_record = (
+            self.documents[source]["record"]
+            if source in self.documents
+            else {"kind": "notes", "scope": {"kind": "session"}}
+        )
         id = self.draw_id(data, batch, "copy id")
         record: dict[str, Any] = {
             "id": id,
             "kind": source_record["kind"],
-            "scope": {"kind": "conversation", "conversationId": self.draw_conversation(data, batch, any_id=True)},
+            "scope": {
+                "kind": "conversation",
+                "conversationId": self.draw_conversation(data, batch, any_id=True),
+            },
         }
         if "key" in source_record:
             record["key"] = source_record["key"]
@@ -445,7 +531,9 @@ class MachineDraws:
             record["fork"] = source_record["fork"]
         else:
             record.update(self.draw_semantics(data))
-        mismatch = data.draw(st.sampled_from(["none", "none", "kind", "key", "fork"]), label="copy mismatch")
+        mismatch = data.draw(
+            st.sampled_from(["none", "none", "kind", "key", "fork"]), label="copy mismatch"
+        )
         if mismatch == "kind":
             record["kind"] = record["kind"] + "-other"
         elif mismatch == "key":
@@ -458,7 +546,9 @@ class MachineDraws:
             "record": record,
             "source": {
                 "id": source,
-                "at": "current" if data.draw(st.booleans(), label="copy current") else self.draw_seq_point(data),
+                "at": "current"
+                if data.draw(st.booleans(), label="copy current")
+                else self.draw_seq_point(data),
             },
         }
 
@@ -472,7 +562,9 @@ class MachineDraws:
             if containers:
                 path, node = data.draw(st.sampled_from(containers), label="s parent")
                 if isinstance(node, dict):
-                    key: Any = data.draw(st.sampled_from(sorted(set(node) | {"a", "é"})), label="s key")
+                    key: Any = data.draw(
+                        st.sampled_from(sorted(set(node) | {"a", "é"})), label="s key"
+                    )
                 else:
                     key = data.draw(st.integers(0, len(node)), label="s index")
                 return ["s", [*path, key], data.draw(json_values, label="s value")]
@@ -502,17 +594,27 @@ class MachineDraws:
             lists = [(p, n) for p, n in nodes if isinstance(n, list)]
             if lists:
                 path, node = data.draw(st.sampled_from(lists), label="m path")
-                return ["m", path, data.draw(st.permutations(list(range(len(node)))), label="m permutation")]
+                return [
+                    "m",
+                    path,
+                    data.draw(st.permutations(list(range(len(node)))), label="m permutation"),
+                ]
         return data.draw(st.sampled_from(BAD_OPS), label="bad op")
 
-    def draw_document_change(self, data: Any, batch: _Batch, id: int | None = None) -> dict[str, Any]:
+    def draw_document_change(
+        self, data: Any, batch: _Batch, id: int | None = None
+    ) -> dict[str, Any]:
         if id is None:
             id = data.draw(st.sampled_from(sorted(self.documents)), label="changed document")
         batch.documents.add(id)
         version = self.documents[id]["version"] if id in self.documents else 1
         version = data.draw(st.sampled_from([version, version + 1, 1]), label="change version")
         if data.draw(st.sampled_from(["delta", "base"]), label="content kind") == "base":
-            content: dict[str, Any] = {"kind": "base", "version": version, "value": data.draw(json_objects, label="value")}
+            content: dict[str, Any] = {
+                "kind": "base",
+                "version": version,
+                "value": data.draw(json_objects, label="value"),
+            }
         else:
             current = self.ref_value(id)
             ops = data.draw(
@@ -528,18 +630,30 @@ class MachineDraws:
         return {"type": "document.retire", "id": id}
 
     def draw_writes(
-        self, data: Any, batch: _Batch, kinds: list[str], min_size: int, max_size: int, label: str = "writes"
+        self,
+        data: Any,
+        batch: _Batch,
+        kinds: list[str],
+        min_size: int,
+        max_size: int,
+        label: str = "writes",
     ) -> list[dict[str, Any]]:
         """A list of writes; each is one Hypothesis draw, so shrinking deletes whole writes."""
 
         return data.draw(
-            st.lists(_drawn(lambda draw: self.draw_write(draw, batch, kinds)), min_size=min_size, max_size=max_size),
+            st.lists(
+                _drawn(lambda draw: self.draw_write(draw, batch, kinds)),
+                min_size=min_size,
+                max_size=max_size,
+            ),
             label=label,
         )
 
     def draw_write(self, data: Any, batch: _Batch, kinds: list[str]) -> dict[str, Any]:
         if not self.documents:
-            kinds = [k for k in kinds if k not in ("document.copy", "document.change", "document.retire")]
+            kinds = [
+                k for k in kinds if k not in ("document.copy", "document.change", "document.retire")
+            ]
         kind = data.draw(st.sampled_from(kinds), label="write kind")
         if kind == "conversation":
             return self.draw_conversation_write(data, batch)
@@ -581,7 +695,9 @@ class MachineDraws:
         )
         if kind == "duplicate id":
             first = self.draw_entry_write(data, batch)
-            maker = data.draw(st.sampled_from(["entry", "conversation", "document"]), label="duplicate kind")
+            maker = data.draw(
+                st.sampled_from(["entry", "conversation", "document"]), label="duplicate kind"
+            )
             id = first["value"]["id"]
             if maker == "entry":
                 second = self.draw_entry_write(data, batch, id)
@@ -597,7 +713,9 @@ class MachineDraws:
         if kind == "id of another type":
             owned = [i for i, t in self.record_types.items()]
             id = data.draw(st.sampled_from(sorted(owned)), label="taken id")
-            maker = data.draw(st.sampled_from(["task", "submission", "entry", "document"]), label="claiming kind")
+            maker = data.draw(
+                st.sampled_from(["task", "submission", "entry", "document"]), label="claiming kind"
+            )
             if maker == "task":
                 return [self.draw_task_write(data, batch, id)]
             if maker == "submission":
@@ -610,28 +728,46 @@ class MachineDraws:
         if kind == "root again":
             return [{"type": "conversation", "value": {"id": 1}}]
         if kind == "unknown document":
-            unknown = [i for i in self.known_ids() if self.record_types.get(i) != "document" and i not in batch.documents]
+            unknown = [
+                i
+                for i in self.known_ids()
+                if self.record_types.get(i) != "document" and i not in batch.documents
+            ]
             id = data.draw(st.sampled_from(unknown), label="unknown document")
             if data.draw(st.booleans(), label="retire it"):
                 return [{"type": "document.retire", "id": id}]
             return _change_of(id, data)
         if kind == "delta without base":
             write = self.draw_document_create(data, batch)
-            write["content"] = {"kind": "delta", "version": write["content"]["version"], "ops": [["s", ["a"], 1]]}
+            write["content"] = {
+                "kind": "delta",
+                "version": write["content"]["version"],
+                "ops": [["s", ["a"], 1]],
+            }
             return [write]
         if kind == "two content commands":
             if self.documents and data.draw(st.booleans(), label="existing"):
                 id = data.draw(st.sampled_from(sorted(self.documents)), label="document")
-                return [self.draw_document_change(data, batch, id), self.draw_document_change(data, batch, id)]
+                return [
+                    self.draw_document_change(data, batch, id),
+                    self.draw_document_change(data, batch, id),
+                ]
             create = self.draw_document_create(data, batch)
             return [create, _change_of(create["record"]["id"], data)[0]]
         if kind == "retired twice":
             if self.documents and data.draw(st.booleans(), label="existing"):
                 id = data.draw(st.sampled_from(sorted(self.documents)), label="document")
-                return [{"type": "document.retire", "id": id}, {"type": "document.retire", "id": id}]
+                return [
+                    {"type": "document.retire", "id": id},
+                    {"type": "document.retire", "id": id},
+                ]
             create = self.draw_document_create(data, batch)
             id = create["record"]["id"]
-            return [create, {"type": "document.retire", "id": id}, {"type": "document.retire", "id": id}]
+            return [
+                create,
+                {"type": "document.retire", "id": id},
+                {"type": "document.retire", "id": id},
+            ]
         if kind == "second current incarnation":
             live = [doc["record"] for doc in self.documents.values() if not doc["retired"]]
             if live:
@@ -652,7 +788,12 @@ class MachineDraws:
             create = self.draw_document_create(data, batch)
             create["record"]["scope"] = {"kind": "conversation", "conversationId": 1}
             create["record"].update({"history": "rewindable", "fork": "asOf"})
-            self.documents[create["record"]["id"]] = {"record": create["record"], "retired": False, "version": 1, "points": []}
+            self.documents[create["record"]["id"]] = {
+                "record": create["record"],
+                "retired": False,
+                "version": 1,
+                "points": [],
+            }
             try:
                 copy_write = self.draw_document_copy(data, batch, create["record"]["id"])
             finally:
@@ -675,8 +816,16 @@ class MachineDraws:
         if kind == "version change without base":
             if self.documents:
                 id = data.draw(st.sampled_from(sorted(self.documents)), label="document")
-                version = (self.documents[id]["version"] or 1) + data.draw(st.sampled_from([1, -1, 5]), label="version step")
-                return [{"type": "document.change", "id": id, "content": {"kind": "delta", "version": version, "ops": []}}]
+                version = (self.documents[id]["version"] or 1) + data.draw(
+                    st.sampled_from([1, -1, 5]), label="version step"
+                )
+                return [
+                    {
+                        "type": "document.change",
+                        "id": id,
+                        "content": {"kind": "delta", "version": version, "ops": []},
+                    }
+                ]
             return [self.draw_document_create(data, batch)]
         # non-JSON value somewhere in an otherwise valid write
         poison = data.draw(

@@ -509,9 +509,7 @@ async def _probe_jetstream(servers: list[str], replicas: int, deadline: float) -
     while time.monotonic() < deadline:
         nc = None
         try:
-            nc = await nats.connect(
-                servers=servers, connect_timeout=1, allow_reconnect=False
-            )
+            nc = await nats.connect(servers=servers, connect_timeout=1, allow_reconnect=False)
             js = nc.jetstream(timeout=2)
             await js.account_info()
             probe = f"_probe_{uuid.uuid4().hex[:8]}"

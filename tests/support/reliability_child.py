@@ -38,7 +38,6 @@ from typing import Any
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 
-
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -48,8 +47,28 @@ def triple(n: int, ids: list[int], pad: int = 0) -> list[dict[str, Any]]:
     entry_a, entry_b, task = ids
     text = "t" * pad
     return [
-        {"type": "entry", "value": {"id": entry_a, "conversationId": 1, "kind": "message", "batch": n, "part": 0, "text": text}},
-        {"type": "entry", "value": {"id": entry_b, "conversationId": 1, "kind": "message", "batch": n, "part": 1, "text": text}},
+        {
+            "type": "entry",
+            "value": {
+                "id": entry_a,
+                "conversationId": 1,
+                "kind": "message",
+                "batch": n,
+                "part": 0,
+                "text": text,
+            },
+        },
+        {
+            "type": "entry",
+            "value": {
+                "id": entry_b,
+                "conversationId": 1,
+                "kind": "message",
+                "batch": n,
+                "part": 1,
+                "text": text,
+            },
+        },
         {
             "type": "task",
             "value": {
@@ -103,7 +122,15 @@ async def try_open(args: argparse.Namespace) -> int:
     try:
         storage = await LmdbStorage.open(args.path)
     except Exception as error:
-        _say(json.dumps({"error": type(error).__name__, "message": str(error), "path": getattr(error, "path", None)}))
+        _say(
+            json.dumps(
+                {
+                    "error": type(error).__name__,
+                    "message": str(error),
+                    "path": getattr(error, "path", None),
+                }
+            )
+        )
         return 0
     await storage.close()
     _say(json.dumps({"error": None, "message": "", "path": args.path}))
@@ -115,7 +142,13 @@ async def reader(args: argparse.Namespace) -> int:
 
     from pi_durable_lmdb.storage import LmdbStorage
 
-    report: dict[str, Any] = {"opens": 0, "open_errors": {}, "reads": 0, "torn": [], "max_batches": 0}
+    report: dict[str, Any] = {
+        "opens": 0,
+        "open_errors": {},
+        "reads": 0,
+        "torn": [],
+        "max_batches": 0,
+    }
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
         try:
@@ -127,7 +160,9 @@ async def reader(args: argparse.Namespace) -> int:
         report["opens"] += 1
         try:
             for _ in range(5):
-                page = await storage.scan_entries({"conversationId": 1, "order": "ascending"}, 10**9, None, CTX)
+                page = await storage.scan_entries(
+                    {"conversationId": 1, "order": "ascending"}, 10**9, None, CTX
+                )
                 parts: dict[int, set[int]] = {}
                 for entry in page["items"]:
                     parts.setdefault(entry["batch"], set()).add(entry["part"])
@@ -165,9 +200,18 @@ async def decode(args: argparse.Namespace) -> int:
         started = time.monotonic()
         try:
             commit = log.get(seq)
-            outcome = {"seq": seq, "outcome": "served", "writes": 0 if commit is None else len(commit.writes)}
+            outcome = {
+                "seq": seq,
+                "outcome": "served",
+                "writes": 0 if commit is None else len(commit.writes),
+            }
         except CorruptRecordError as error:
-            outcome = {"seq": seq, "outcome": "corrupt", "named": error.seq, "message": str(error)[:300]}
+            outcome = {
+                "seq": seq,
+                "outcome": "corrupt",
+                "named": error.seq,
+                "message": str(error)[:300],
+            }
         except BaseException as error:  # noqa: BLE001 - the test wants to see anything else
             outcome = {"seq": seq, "outcome": type(error).__name__, "message": str(error)[:300]}
         outcome["seconds"] = round(time.monotonic() - started, 4)

@@ -34,7 +34,12 @@ class Child(subprocess.Popen):  # type: ignore[type-arg]
     line is never stuck in a buffer while the test waits for it."""
 
     def __init__(self, *args: str, **popen: Any) -> None:
-        options: dict[str, Any] = {"stdout": subprocess.PIPE, "text": True, "env": CHILD_ENV, "cwd": ROOT}
+        options: dict[str, Any] = {
+            "stdout": subprocess.PIPE,
+            "text": True,
+            "env": CHILD_ENV,
+            "cwd": ROOT,
+        }
         options.update(popen)
         super().__init__([sys.executable, CHILD, *args], **options)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -67,7 +72,9 @@ def child_line(proc: Child, timeout: float = 30.0) -> str:
 
 
 def cli(*args: Any, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=CHILD_ENV)
+    return subprocess.run(
+        [CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=CHILD_ENV
+    )
 
 
 def kill(proc: subprocess.Popen[Any]) -> None:
@@ -94,7 +101,12 @@ def task(id: int, status: str = "running", conversation: int = 1) -> dict[str, A
 
 SEED = [
     [{"type": "conversation", "value": {"id": 1}}],
-    [{"type": "entry", "value": {"id": 2, "conversationId": 1, "kind": "message", "text": "hello"}}],
+    [
+        {
+            "type": "entry",
+            "value": {"id": 2, "conversationId": 1, "kind": "message", "text": "hello"},
+        }
+    ],
     [task(3)],
     [
         {
@@ -106,11 +118,22 @@ SEED = [
     [
         {
             "type": "document.create",
-            "record": {"id": 5, "kind": "plan", "scope": {"kind": "conversation", "conversationId": 1}, "history": "rewindable", "fork": "current"},
+            "record": {
+                "id": 5,
+                "kind": "plan",
+                "scope": {"kind": "conversation", "conversationId": 1},
+                "history": "rewindable",
+                "fork": "current",
+            },
             "content": {"kind": "base", "version": 1, "value": {"steps": ["a", "b"]}},
         }
     ],
-    [{"type": "submission", "value": {"id": 6, "conversationId": 1, "status": "queued", "requestId": "r1"}}],
+    [
+        {
+            "type": "submission",
+            "value": {"id": 6, "conversationId": 1, "status": "queued", "requestId": "r1"},
+        }
+    ],
 ]
 
 
@@ -135,7 +158,9 @@ def fingerprint(storage: LmdbStorage) -> tuple[int, str, int]:
         for name, db in handles:
             digest.update(b"\x00db\x00" + name)
             for key, value in txn.cursor(db=db):
-                digest.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
+                digest.update(
+                    len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value
+                )
                 pairs += 1
     return storage.log.head(), digest.hexdigest(), pairs
 

@@ -105,14 +105,26 @@ async def write(args: argparse.Namespace) -> int:
                     entry = await fresh()
                     writes = [
                         {"type": "conversation", "value": {"id": conversation}},
-                        {"type": "entry", "value": {"id": entry, "conversationId": conversation, "kind": "message"}},
+                        {
+                            "type": "entry",
+                            "value": {
+                                "id": entry,
+                                "conversationId": conversation,
+                                "kind": "message",
+                            },
+                        },
                     ]
                 else:
                     entry = await fresh()
                     writes = [
                         {
                             "type": "entry",
-                            "value": {"id": entry, "conversationId": conversation, "kind": "message", "data": {"turn": turn, "agent": k}},
+                            "value": {
+                                "id": entry,
+                                "conversationId": conversation,
+                                "kind": "message",
+                                "data": {"turn": turn, "agent": k},
+                            },
                         }
                     ]
                 seq = await storage.commit(writes, CTX)
@@ -125,7 +137,9 @@ async def write(args: argparse.Namespace) -> int:
                 turn = 0
                 await asyncio.sleep(0.02)
                 continue
-            say(f"ack#{k} {seq} {' '.join(str(w['value']['id']) for w in writes if w['type'] == 'entry')}")
+            say(
+                f"ack#{k} {seq} {' '.join(str(w['value']['id']) for w in writes if w['type'] == 'entry')}"
+            )
             turn += 1
             counted()
             if args.pause:
@@ -170,7 +184,9 @@ async def follow(args: argparse.Namespace) -> int:
     from pi_durable_lmdb.storage import LmdbStorage
 
     say("opening")
-    replica = await LmdbStorage.open_replica(args.store, nats=args.nats, stream=args.stream, store=args.replica_of)
+    replica = await LmdbStorage.open_replica(
+        args.store, nats=args.nats, stream=args.stream, store=args.replica_of
+    )
     say(f"opened {replica.store_id} {replica.log.head()}")
     say("ready")
     try:
@@ -187,16 +203,28 @@ def main() -> int:
     parser.add_argument("store")
     parser.add_argument("--nats", required=True)
     parser.add_argument("--stream", required=True)
-    parser.add_argument("--durability", default="replicated", choices=["power", "process", "replicated"])
+    parser.add_argument(
+        "--durability", default="replicated", choices=["power", "process", "replicated"]
+    )
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--agents", type=int, default=4)
-    parser.add_argument("--count", type=int, help="stop after this many acknowledged commits (all agents), then close")
-    parser.add_argument("--workload", type=int, help="agent 0 commits tests.support.workload.Workload(SEED) batches")
-    parser.add_argument("--pause", type=float, default=0.0, help="seconds each turn agent sleeps after a commit")
+    parser.add_argument(
+        "--count",
+        type=int,
+        help="stop after this many acknowledged commits (all agents), then close",
+    )
+    parser.add_argument(
+        "--workload", type=int, help="agent 0 commits tests.support.workload.Workload(SEED) batches"
+    )
+    parser.add_argument(
+        "--pause", type=float, default=0.0, help="seconds each turn agent sleeps after a commit"
+    )
     parser.add_argument("--lease-ttl", type=int, default=5)
     parser.add_argument("--open-timeout", type=float, default=30.0)
     parser.add_argument("--replica-of", help="be a replica of this store id instead of a writer")
-    parser.add_argument("--until", type=int, default=0, help="(--replica-of) the record to wait for, then close")
+    parser.add_argument(
+        "--until", type=int, default=0, help="(--replica-of) the record to wait for, then close"
+    )
     args = parser.parse_args()
     try:
         return asyncio.run(follow(args) if args.replica_of else write(args))

@@ -78,7 +78,9 @@ class Child:
                 if done(self.lines):
                     return list(self.lines)
                 if self._eof:
-                    raise AssertionError(f"the writer exited ({self.proc.wait(5)}) before {what}:\n{self.tail()}")
+                    raise AssertionError(
+                        f"the writer exited ({self.proc.wait(5)}) before {what}:\n{self.tail()}"
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AssertionError(f"no {what} after {timeout} s:\n{self.tail()}")
@@ -98,7 +100,9 @@ class Child:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"the writer did not finish in {timeout} s:\n{self.tail()}") from None
+            raise AssertionError(
+                f"the writer did not finish in {timeout} s:\n{self.tail()}"
+            ) from None
         finally:
             self.kill()
 
@@ -106,7 +110,11 @@ class Child:
         with self._cond:
             lines = self.lines[-15:]
         self._stderr.flush()
-        return "\n".join(lines) + "\n-- stderr --\n" + self.stderr_path.read_text(errors="replace")[-3000:]
+        return (
+            "\n".join(lines)
+            + "\n-- stderr --\n"
+            + self.stderr_path.read_text(errors="replace")[-3000:]
+        )
 
 
 def _count(prefix: str) -> Callable[[list[str]], int]:
@@ -130,7 +138,9 @@ class Ledger:
             word, _, rest = line.partition(" ")
             if word == "opened":
                 store = rest.split()[0]
-                assert self.store in (None, store), f"the store's id changed from {self.store} to {store}"
+                assert self.store in (None, store), (
+                    f"the store's id changed from {self.store} to {store}"
+                )
                 self.store = store
             elif word.startswith("ack#"):
                 parts = rest.split()
@@ -179,10 +189,17 @@ class Message:
 async def _connect(servers: str) -> Any:
     import nats
 
-    return await nats.connect(servers=servers.split(","), connect_timeout=2, max_reconnect_attempts=10, reconnect_time_wait=0.2)
+    return await nats.connect(
+        servers=servers.split(","),
+        connect_timeout=2,
+        max_reconnect_attempts=10,
+        reconnect_time_wait=0.2,
+    )
 
 
-async def read_subject(servers: str, stream: str, subject: str, timeout: float = 30.0) -> list[Message]:
+async def read_subject(
+    servers: str, stream: str, subject: str, timeout: float = 30.0
+) -> list[Message]:
     """Every message of ``subject``, in stream order, through an ordered consumer of our own."""
 
     import nats.js.errors
@@ -196,18 +213,26 @@ async def read_subject(servers: str, stream: str, subject: str, timeout: float =
         count = (info.state.subjects or {}).get(subject, 0)
         out: list[Message] = []
         if count:
-            sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+            sub = await js.subscribe(
+                subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            )
             try:
                 while len(out) < count:
                     msg = await sub.next_msg(timeout=max(0.1, deadline - time.monotonic()))
-                    out.append(Message(msg.metadata.sequence.stream, dict(msg.headers or {}), bytes(msg.data)))
+                    out.append(
+                        Message(
+                            msg.metadata.sequence.stream, dict(msg.headers or {}), bytes(msg.data)
+                        )
+                    )
             finally:
                 await sub.unsubscribe()
         try:
             last = await js.get_last_msg(stream, subject)
         except nats.js.errors.NotFoundError:
             last = None
-        assert (last.seq if last else None) == (out[-1].stream_seq if out else None), "the subject moved while read"
+        assert (last.seq if last else None) == (out[-1].stream_seq if out else None), (
+            "the subject moved while read"
+        )
         return out
     finally:
         await nc.close()
@@ -269,9 +294,15 @@ def check_subject(messages: list[Message], store: str, local: dict[int, bytes]) 
     never going back. Returns the record messages."""
 
     for message in messages:
-        assert message.headers.get("Pd-Format") == "1", f"message {message.stream_seq}: {message.headers}"
-        assert message.headers.get("Pd-Store") == store, f"message {message.stream_seq}: {message.headers}"
-        assert message.kind in ("record", "fence", "ids"), f"message {message.stream_seq}: {message.headers}"
+        assert message.headers.get("Pd-Format") == "1", (
+            f"message {message.stream_seq}: {message.headers}"
+        )
+        assert message.headers.get("Pd-Store") == store, (
+            f"message {message.stream_seq}: {message.headers}"
+        )
+        assert message.kind in ("record", "fence", "ids"), (
+            f"message {message.stream_seq}: {message.headers}"
+        )
     epochs = [message.epoch for message in messages]
     assert epochs == sorted(epochs), f"writer epochs go back along the subject: {epochs[:50]}"
     records = [message for message in messages if message.kind == "record"]
@@ -280,12 +311,14 @@ def check_subject(messages: list[Message], store: str, local: dict[int, bytes]) 
         index = next(i for i, seq in enumerate(seqs) if seq != i + 1)
         raise AssertionError(
             f"the subject's records are not 1..{len(seqs)} once each, in order: at stream sequence "
-            f"{records[index].stream_seq} comes record {seqs[index]}, not {index + 1} (around: {seqs[max(0, index - 3):index + 4]})"
+            f"{records[index].stream_seq} comes record {seqs[index]}, not {index + 1} (around: {seqs[max(0, index - 3) : index + 4]})"
         )
     for message in records:
         assert message.headers.get("Nats-Msg-Id") == f"{store}:{message.seq}", message.headers
         if message.seq in local:
-            assert message.data == local[message.seq], f"record {message.seq} in the stream differs from the local log's"
+            assert message.data == local[message.seq], (
+                f"record {message.seq} in the stream differs from the local log's"
+            )
     return records
 
 
@@ -299,7 +332,10 @@ def subject(stream: str, store: str) -> str:
 
 
 def _entry(id: int, conversation: int = 1, **extra: Any) -> dict[str, Any]:
-    return {"type": "entry", "value": {"id": id, "conversationId": conversation, "kind": "message", **extra}}
+    return {
+        "type": "entry",
+        "value": {"id": id, "conversationId": conversation, "kind": "message", **extra},
+    }
 
 
 async def open_writer(path: Path, **options: Any) -> LmdbStorage:

@@ -79,10 +79,26 @@ def build_store(path: Path) -> dict[str, Any]:
         try:
 
             async def write(tx: Any) -> dict[str, Any]:
-                forked = await tx.append_entry(made.fork, {"kind": "message", "model": [{"role": "user", "content": "a question on the fork"}]})
-                hostile = await tx.append_entry(made.root, {"kind": "message", "model": [{"role": "user", "content": HOSTILE + " " + INVISIBLE}]})
+                forked = await tx.append_entry(
+                    made.fork,
+                    {
+                        "kind": "message",
+                        "model": [{"role": "user", "content": "a question on the fork"}],
+                    },
+                )
+                hostile = await tx.append_entry(
+                    made.root,
+                    {
+                        "kind": "message",
+                        "model": [{"role": "user", "content": HOSTILE + " " + INVISIBLE}],
+                    },
+                )
                 huge = await tx.append_entry(made.root, {"kind": "note", "data": {"text": HUGE}})
-                return {"forked_entry": forked["id"], "hostile_entry": hostile["id"], "huge_entry": huge["id"]}
+                return {
+                    "forked_entry": forked["id"],
+                    "hostile_entry": hostile["id"],
+                    "huge_entry": huge["id"],
+                }
 
             written = dict(await session.commit(write, CTX))
             await storage.projections.wait(storage.log.head(), "task_outcomes")
@@ -132,7 +148,9 @@ def commit_entry(path: Path, conversation: int, kind: str, text: str) -> int:
         try:
 
             async def write(tx: Any) -> None:
-                await tx.append_entry(conversation, {"kind": kind, "model": [{"role": "user", "content": text}]})
+                await tx.append_entry(
+                    conversation, {"kind": kind, "model": [{"role": "user", "content": text}]}
+                )
 
             await session.commit(write, CTX)
             return storage.log.head()
@@ -155,15 +173,21 @@ def serve(path: Path, *extra: str) -> Iterator[Served]:
 
     process = subprocess.Popen(
         [sys.executable, "-m", "pi_durable_lmdb.cli", "serve", str(path), "--port", "0", *extra],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
     )
     assert process.stderr is not None
     try:
         line = process.stderr.readline()
         found = re.search(r"at (http://127\.0\.0\.1:\d+)/", line)
-        assert found, f"serve did not start: {line}{process.stderr.read() if process.poll() is not None else ''}"
+        assert found, (
+            f"serve did not start: {line}{process.stderr.read() if process.poll() is not None else ''}"
+        )
         served = Served(process, found.group(1))
-        threading.Thread(target=lambda: served.stderr.extend(process.stderr or []), daemon=True).start()
+        threading.Thread(
+            target=lambda: served.stderr.extend(process.stderr or []), daemon=True
+        ).start()
         yield served
     finally:
         process.terminate()
@@ -174,7 +198,9 @@ def serve(path: Path, *extra: str) -> Iterator[Served]:
             process.wait()
 
 
-def get(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, str, dict[str, str]]:
+def get(
+    url: str, headers: dict[str, str] | None = None, method: str = "GET"
+) -> tuple[int, str, dict[str, str]]:
     request = urllib.request.Request(url, headers=headers or {}, method=method)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -184,7 +210,11 @@ def get(url: str, headers: dict[str, str] | None = None, method: str = "GET") ->
 
 
 def chromium() -> str | None:
-    for candidate in (os.environ.get("PI_DURABLE_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser"):
+    for candidate in (
+        os.environ.get("PI_DURABLE_CHROMIUM"),
+        "/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None

@@ -38,7 +38,20 @@ class Workload:
         writes: list[dict[str, Any]] = []
         for _ in range(rng.randint(1, 4)):
             kind = rng.choice(
-                ["entry", "entry", "entry", "fork", "task", "task", "submission", "doc", "change", "change", "retire", "copy"]
+                [
+                    "entry",
+                    "entry",
+                    "entry",
+                    "fork",
+                    "task",
+                    "task",
+                    "submission",
+                    "doc",
+                    "change",
+                    "change",
+                    "retire",
+                    "copy",
+                ]
             )
             writes.append(getattr(self, "_" + kind)())
         return writes
@@ -47,7 +60,11 @@ class Workload:
         conversation = self.rng.choice(self.conversations)
         id = self._id()
         self.entries.setdefault(conversation, []).append(id)
-        value: dict[str, Any] = {"id": id, "conversationId": conversation, "kind": self.rng.choice(TEXTS)}
+        value: dict[str, Any] = {
+            "id": id,
+            "conversationId": conversation,
+            "kind": self.rng.choice(TEXTS),
+        }
         if self.rng.random() < 0.3:
             value["head"] = id
         if self.rng.random() < 0.5:
@@ -71,7 +88,9 @@ class Workload:
         else:
             id = self._id()
             self.tasks.append(id)
-        status = self.rng.choice(["pending", "running", "waiting", "sleeping", "completing", "terminal"])
+        status = self.rng.choice(
+            ["pending", "running", "waiting", "sleeping", "completing", "terminal"]
+        )
         return {
             "type": "task",
             "value": {
@@ -112,22 +131,36 @@ class Workload:
     def _doc(self) -> dict[str, Any]:
         id = self._id()
         scope = self._scope()
-        record: dict[str, Any] = {"id": id, "kind": self.rng.choice(["notes", "plan"]), "scope": scope}
+        record: dict[str, Any] = {
+            "id": id,
+            "kind": self.rng.choice(["notes", "plan"]),
+            "scope": scope,
+        }
         if self.rng.random() < 0.5:
             record["key"] = self.rng.choice(["k", "\ud83d"])
         if scope["kind"] == "conversation":
             record["history"] = self.rng.choice(["latest", "rewindable", "rewindable"])
-            record["fork"] = self.rng.choice(["current", "initial"] + (["asOf"] if record["history"] == "rewindable" else []))
+            record["fork"] = self.rng.choice(
+                ["current", "initial"] + (["asOf"] if record["history"] == "rewindable" else [])
+            )
         self.documents.append(record)
         value = {"text": self.rng.choice(TEXTS), "items": [1, 2, 3]}
-        return {"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": value}}
+        return {
+            "type": "document.create",
+            "record": record,
+            "content": {"kind": "base", "version": 1, "value": value},
+        }
 
     def _change(self) -> dict[str, Any]:
         if not self.documents:
             return self._doc()
         id = self.rng.choice(self.documents)["id"]
         if self.rng.random() < 0.2:
-            content = {"kind": "base", "version": self.rng.choice([1, 2]), "value": {"text": "reset", "items": []}}
+            content = {
+                "kind": "base",
+                "version": self.rng.choice([1, 2]),
+                "value": {"text": "reset", "items": []},
+            }
         else:
             op = self.rng.choice(
                 [
@@ -152,9 +185,16 @@ class Workload:
         source = self.rng.choice(self.documents)
         record = {key: value for key, value in source.items() if key != "id"}
         record["id"] = self._id()
-        record["scope"] = {"kind": "conversation", "conversationId": self.rng.choice(self.conversations)}
+        record["scope"] = {
+            "kind": "conversation",
+            "conversationId": self.rng.choice(self.conversations),
+        }
         self.documents.append(record)
-        return {"type": "document.copy", "record": record, "source": {"id": source["id"], "at": "current"}}
+        return {
+            "type": "document.copy",
+            "record": record,
+            "source": {"id": source["id"], "at": "current"},
+        }
 
 
 async def _call(store: Any, method: str, *args: Any) -> Any:
@@ -193,9 +233,13 @@ async def snapshot(store: Any, work: Workload, seq: int) -> dict[str, Any]:
             out[f"entries {conversation} {order}"] = await _pages(
                 store, "scan_entries", {"conversationId": conversation, "order": order}, 3
             )
-        out[f"head {conversation}"] = await _call(store, "find_latest_head_marker", conversation, None, CTX)
+        out[f"head {conversation}"] = await _call(
+            store, "find_latest_head_marker", conversation, None, CTX
+        )
         for entry in work.entries.get(conversation, [])[:3]:
-            out[f"entry {conversation}/{entry}"] = await _call(store, "entry", conversation, entry, CTX)
+            out[f"entry {conversation}/{entry}"] = await _call(
+                store, "entry", conversation, entry, CTX
+            )
         for request in ("r1", "r2", "\ud800"):
             out[f"request {conversation} {request!r}"] = await _call(
                 store, "submission_by_request", conversation, request, CTX
@@ -204,18 +248,28 @@ async def snapshot(store: Any, work: Workload, seq: int) -> dict[str, Any]:
             store, "scan_conversations", {"ownerConversationId": conversation}, 2
         )
     for order in ("ascending", "descending"):
-        out[f"conversations {order}"] = await _pages(store, "scan_conversations", {"order": order}, 2)
+        out[f"conversations {order}"] = await _pages(
+            store, "scan_conversations", {"order": order}, 2
+        )
         out[f"tasks {order}"] = await _pages(store, "scan_tasks", {"order": order}, 2)
         out[f"submissions {order}"] = await _pages(store, "scan_submissions", {"order": order}, 2)
     for status in ("pending", "running", "terminal", "sleeping"):
-        out[f"tasks {status}"] = await _pages(store, "scan_tasks", {"status": status, "background": True}, 2)
+        out[f"tasks {status}"] = await _pages(
+            store, "scan_tasks", {"status": status, "background": True}, 2
+        )
     for status in ("queued", "done"):
-        out[f"submissions {status}"] = await _pages(store, "scan_submissions", {"status": status}, 2)
-    scopes = [{"kind": "session"}] + [{"kind": "conversation", "conversationId": c} for c in work.conversations]
+        out[f"submissions {status}"] = await _pages(
+            store, "scan_submissions", {"status": status}, 2
+        )
+    scopes = [{"kind": "session"}] + [
+        {"kind": "conversation", "conversationId": c} for c in work.conversations
+    ]
     scopes += [{"kind": "task", "taskId": task} for task in work.tasks]
     for scope in scopes:
         for at in ["current"] + list(range(1, seq + 1, max(1, seq // 4))):
-            out[f"documents {scope} at {at}"] = await _pages(store, "scan_documents", {"scope": scope, "at": at}, 2)
+            out[f"documents {scope} at {at}"] = await _pages(
+                store, "scan_documents", {"scope": scope, "at": at}, 2
+            )
     for record in work.documents:
         address = {"kind": record["kind"], "scope": record["scope"]}
         if "key" in record:

@@ -109,7 +109,9 @@ def pack(value: Any) -> bytes:
 
 def leaf_hash_of_line(line: str) -> bytes:
     record = read_line(line)
-    data = b"\x01" + struct.pack(">Qq", record["seq"], record["committedAt"]) + pack(record["writes"])
+    data = (
+        b"\x01" + struct.pack(">Qq", record["seq"], record["committedAt"]) + pack(record["writes"])
+    )
     return hashlib.sha256(b"\x00" + data).digest()
 
 
@@ -128,13 +130,39 @@ def root(hashes: list[bytes]) -> bytes:
 
 
 ODD_VALUES: list[Any] = [
-    2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**40, -(10**40), 128, -33, -129, 65536, 0.5, 1.0, -0.0, 1e300,
-    "x" * 31, "y" * 32, "z" * 300, "\ud800", "a\udfffb", {"k\ud800": 1, "plain": [1, 2]}, list(range(16)),
-    {f"key{i}": i for i in range(20)}, "日本語", "\ud83d\ude00", None, True, False,
+    2**64 - 1,
+    2**64,
+    -(2**63),
+    -(2**63) - 1,
+    10**40,
+    -(10**40),
+    128,
+    -33,
+    -129,
+    65536,
+    0.5,
+    1.0,
+    -0.0,
+    1e300,
+    "x" * 31,
+    "y" * 32,
+    "z" * 300,
+    "\ud800",
+    "a\udfffb",
+    {"k\ud800": 1, "plain": [1, 2]},
+    list(range(16)),
+    {f"key{i}": i for i in range(20)},
+    "日本語",
+    "\ud83d\ude00",
+    None,
+    True,
+    False,
 ]
 
 
-async def test_an_implementation_of_the_page_computes_the_stores_leaves_and_root(tmp_path: Path) -> None:
+async def test_an_implementation_of_the_page_computes_the_stores_leaves_and_root(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     storage = await LmdbStorage.open(path, durability="process")
     reference, work, done = MemoryStorage(), Workload(11), 0
@@ -149,8 +177,14 @@ async def test_an_implementation_of_the_page_computes_the_stores_leaves_and_root
             await storage.commit(writes, CTX)
             done += 1
         for index, value in enumerate(ODD_VALUES):
-            conversation = {"id": 10_000 + index, "meta": {"value": value}, "list": [value, {"nested": value}]}
-            await storage.commit([{"type": "conversation", "value": conversation}], CTX, committed_at=-5 + index)
+            conversation = {
+                "id": 10_000 + index,
+                "meta": {"value": value},
+                "list": [value, {"nested": value}],
+            }
+            await storage.commit(
+                [{"type": "conversation", "value": conversation}], CTX, committed_at=-5 + index
+            )
         head = storage.log.head()
         leaves = [bytes.fromhex(storage.log.prove(seq).leaf_hash) for seq in range(1, head + 1)]
         stored_root = storage.log.root()

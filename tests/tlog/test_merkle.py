@@ -14,7 +14,16 @@ from pi_durable_lmdb import tlog
 from pi_durable_lmdb.errors import ProofError
 
 # RFC 6962 test leaves and the roots of their first 1..8 (certificate-transparency's merkle tests).
-CT_LEAVES = [b"", b"\x00", b"\x10", b"\x20\x21", b"\x30\x31", b"\x40\x41\x42\x43", bytes(range(0x50, 0x58)), bytes(range(0x60, 0x70))]
+CT_LEAVES = [
+    b"",
+    b"\x00",
+    b"\x10",
+    b"\x20\x21",
+    b"\x30\x31",
+    b"\x40\x41\x42\x43",
+    bytes(range(0x50, 0x58)),
+    bytes(range(0x60, 0x70)),
+]
 CT_ROOTS = [
     "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
     "fac54203e7cc696cf0dfcb42c92a1d9dbaf70ad9e621f4bd8d98662f00e3c125",
@@ -169,7 +178,11 @@ def test_every_inclusion_proof_verifies_and_any_alteration_fails(data: st.DataOb
         claim = (leaf, m, n, bad, root)
     elif change == "index":
         index = data.draw(st.integers(0, n))
-        if index == m or (index < n and tlog.inclusion_proof(index, n, STORED.read) == proof and DATA[index] == DATA[m]):
+        if index == m or (
+            index < n
+            and tlog.inclusion_proof(index, n, STORED.read) == proof
+            and DATA[index] == DATA[m]
+        ):
             return
         claim = (leaf, index, n, proof, root)
     elif change == "size":  # a claim about the tree of another size, with that tree's root
@@ -227,10 +240,14 @@ def test_a_forked_history_has_no_consistency_proof() -> None:
     for m in (31, 32, 40):
         proof = tlog.consistency_proof(m, 70, other.read)
         with pytest.raises(ProofError):
-            tlog.verify_consistency(m, 70, tlog.tree_hash(m, STORED.read), tlog.tree_hash(70, other.read), proof)
+            tlog.verify_consistency(
+                m, 70, tlog.tree_hash(m, STORED.read), tlog.tree_hash(70, other.read), proof
+            )
     # up to the rewritten record the two histories agree
     proof = tlog.consistency_proof(30, 70, other.read)
-    tlog.verify_consistency(30, 70, tlog.tree_hash(30, STORED.read), tlog.tree_hash(70, other.read), proof)
+    tlog.verify_consistency(
+        30, 70, tlog.tree_hash(30, STORED.read), tlog.tree_hash(70, other.read), proof
+    )
 
 
 @pytest.mark.parametrize(
@@ -255,6 +272,10 @@ def test_proofs_refuse_ranges_outside_the_tree() -> None:
     assert tlog.consistency_proof(0, 5, STORED.read) == []
     assert tlog.consistency_proof(5, 5, STORED.read) == []
     with pytest.raises(ProofError):
-        tlog.verify_consistency(5, 5, tlog.tree_hash(5, STORED.read), tlog.tree_hash(5, STORED.read), [tlog.EMPTY_ROOT])
+        tlog.verify_consistency(
+            5, 5, tlog.tree_hash(5, STORED.read), tlog.tree_hash(5, STORED.read), [tlog.EMPTY_ROOT]
+        )
     with pytest.raises(ProofError):
-        tlog.verify_consistency(0, 5, tlog.tree_hash(4, STORED.read), tlog.tree_hash(5, STORED.read), [])
+        tlog.verify_consistency(
+            0, 5, tlog.tree_hash(4, STORED.read), tlog.tree_hash(5, STORED.read), []
+        )

@@ -24,7 +24,10 @@ def test_go_sumdb_note_vectors() -> None:
     assert signer.verifier().text() == GO_VKEY
     assert tlog.parse_verifier(GO_VKEY).key_id == 0xC74F20A3
     assert tlog.sign_note(GO_TEXT, signer) == GO_TEXT + "\n" + GO_SIG
-    assert tlog.open_note(GO_TEXT + "\n" + GO_SIG, [tlog.parse_verifier(GO_VKEY)]) == (GO_TEXT, ["PeterNeumann"])
+    assert tlog.open_note(GO_TEXT + "\n" + GO_SIG, [tlog.parse_verifier(GO_VKEY)]) == (
+        GO_TEXT,
+        ["PeterNeumann"],
+    )
 
 
 def test_key_id_is_the_specified_hash() -> None:
@@ -38,11 +41,23 @@ def test_checkpoint_round_trip_and_verification() -> None:
     root = hashlib.sha256(b"root").digest()
     note = tlog.sign_checkpoint(tlog.Checkpoint("audit.example.com/orders", 20852163, root), signer)
     lines = note.split("\n")
-    assert lines[:4] == ["audit.example.com/orders", "20852163", base64.b64encode(root).decode(), ""]
+    assert lines[:4] == [
+        "audit.example.com/orders",
+        "20852163",
+        base64.b64encode(root).decode(),
+        "",
+    ]
     assert lines[4].startswith("\u2014 audit.example.com/orders ")
     checkpoint = tlog.verify_checkpoint(note, signer.verifier().text())
-    assert (checkpoint.origin, checkpoint.size, checkpoint.root) == ("audit.example.com/orders", 20852163, root)
-    assert tlog.verify_checkpoint(note.encode(), signer.verifier(), origin="audit.example.com/orders") == checkpoint
+    assert (checkpoint.origin, checkpoint.size, checkpoint.root) == (
+        "audit.example.com/orders",
+        20852163,
+        root,
+    )
+    assert (
+        tlog.verify_checkpoint(note.encode(), signer.verifier(), origin="audit.example.com/orders")
+        == checkpoint
+    )
     with pytest.raises(ProofError, match="origin"):
         tlog.verify_checkpoint(note, signer.verifier(), origin="elsewhere")
 
@@ -60,14 +75,18 @@ def test_any_change_to_a_signed_checkpoint_fails() -> None:
     with pytest.raises(ProofError):
         tlog.verify_checkpoint(_tampered(note, "\n10\n", "\n11\n"), vkey)
     with pytest.raises(ProofError):
-        tlog.verify_checkpoint(note, tlog.generate_signer("log").verifier())  # another key of the same name
+        tlog.verify_checkpoint(
+            note, tlog.generate_signer("log").verifier()
+        )  # another key of the same name
     with pytest.raises(ProofError):  # a signature line of a known key that does not verify
         body, sig = note.rsplit(" ", 1)
         raw = bytearray(base64.b64decode(sig))
         raw[-1] ^= 1
         tlog.verify_checkpoint(body + " " + base64.b64encode(bytes(raw)).decode() + "\n", vkey)
     other = tlog.generate_signer("witness.example")
-    cosigned = note + tlog.sign_note(tlog.Checkpoint("log", 10, root).text(), other).split("\n\n", 1)[1]
+    cosigned = (
+        note + tlog.sign_note(tlog.Checkpoint("log", 10, root).text(), other).split("\n\n", 1)[1]
+    )
     assert tlog.verify_checkpoint(cosigned, vkey).size == 10  # an unknown signer's line is ignored
     assert tlog.open_note(cosigned, [vkey, other.verifier()])[1] == ["log", "witness.example"]
 
@@ -91,8 +110,14 @@ def test_malformed_notes_are_note_errors(note: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["log\n10\n", "log\n010\n" + base64.b64encode(bytes(32)).decode() + "\n", "log\n-1\nAAAA\n", "log\n1\nAAAA\n",
-     "log\n1\n" + base64.b64encode(bytes(32)).decode() + "\n\n", "\n1\n" + base64.b64encode(bytes(32)).decode() + "\n"],
+    [
+        "log\n10\n",
+        "log\n010\n" + base64.b64encode(bytes(32)).decode() + "\n",
+        "log\n-1\nAAAA\n",
+        "log\n1\nAAAA\n",
+        "log\n1\n" + base64.b64encode(bytes(32)).decode() + "\n\n",
+        "\n1\n" + base64.b64encode(bytes(32)).decode() + "\n",
+    ],
 )
 def test_malformed_checkpoints_are_note_errors(text: str) -> None:
     with pytest.raises(NoteError):

@@ -11,7 +11,9 @@ from pi_durable_lmdb.cli.demo import run_workload
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
 
-async def test_every_document_and_each_ones_versions_are_those_the_log_wrote(tmp_path: Path) -> None:
+async def test_every_document_and_each_ones_versions_are_those_the_log_wrote(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "store"
     await run_workload(str(path))
     storage = await LmdbStorage.open(path, readonly=True)
@@ -27,19 +29,25 @@ async def test_every_document_and_each_ones_versions_are_those_the_log_wrote(tmp
         documents = []
         after = None
         while True:
-            page = await storage.scan_all_documents(1, after)  # one per page: the cursor is exercised
+            page = await storage.scan_all_documents(
+                1, after
+            )  # one per page: the cursor is exercised
             documents += page["items"]
             if "next" not in page:
                 break
             after = page["next"]["after"]
         assert sorted(record["id"] for record in documents) == sorted(written)
         for record in documents:
-            scoped = await storage.scan_documents({"scope": record["scope"], "at": "current"}, 100, None, CTX)
+            scoped = await storage.scan_documents(
+                {"scope": record["scope"], "at": "current"}, 100, None, CTX
+            )
             assert record in scoped["items"]
             versions = await storage.document_revisions(record["id"])
             assert [row.seq for row in versions] == written[record["id"]]
             assert versions[0].kind == "base"
-            if record.get("history") == "rewindable":  # a current-only one keeps no past values to read
+            if (
+                record.get("history") == "rewindable"
+            ):  # a current-only one keeps no past values to read
                 last = await storage.document(record["id"], versions[-1].seq, CTX)
                 assert last == await storage.document(record["id"], "current", CTX)
         view = await storage.as_of(2)

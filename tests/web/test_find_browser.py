@@ -23,16 +23,25 @@ from tests.web.test_serve_browser import Page, browser, page, server, store  # n
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "pi_durable_lmdb.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-def test_without_an_index_the_search_page_says_how_to_build_one(page: Page, store: dict[str, Any]) -> None:
+def test_without_an_index_the_search_page_says_how_to_build_one(
+    page: Page, store: dict[str, Any]
+) -> None:
     page.open("/search?q=killed")
     assert "durable-log search" in page.page.locator("#no-index").inner_text()
     assert page.errors == []
 
 
-def test_find_an_entry_by_a_word_follow_it_and_go_back_in_time(page: Page, store: dict[str, Any]) -> None:
+def test_find_an_entry_by_a_word_follow_it_and_go_back_in_time(
+    page: Page, store: dict[str, Any]
+) -> None:
     built = _cli("search", str(store["path"]), "killed", "--json")
     assert built.returncode == 0, built.stderr
     expected = json.loads(built.stdout)["entries"]
@@ -47,13 +56,18 @@ def test_find_an_entry_by_a_word_follow_it_and_go_back_in_time(page: Page, store
     assert hits.nth(1).locator(".role").inner_text().lower() == "user"
     asked = expected[1]  # the user's question
     hits.nth(1).locator("a.hit").click()
-    page.page.wait_for_url(re.compile(rf"/conversations/{asked['conversationId']}#entry-{asked['id']}$"))
+    page.page.wait_for_url(
+        re.compile(rf"/conversations/{asked['conversationId']}#entry-{asked['id']}$")
+    )
     entry = page.page.locator(f"#entry-{asked['id']}")
     assert entry.is_visible() and entry.locator(".role-user").count() == 1
     assert "Z" in entry.locator(".etime").inner_text()
     written_at = int((entry.locator(".etime").get_attribute("href") or "").rsplit("/", 1)[-1])
     assert written_at == asked["seq"]
-    assert page.page.evaluate("getComputedStyle(document.querySelector(':target')).backgroundColor") != "rgba(0, 0, 0, 0)"
+    assert (
+        page.page.evaluate("getComputedStyle(document.querySelector(':target')).backgroundColor")
+        != "rgba(0, 0, 0, 0)"
+    )
 
     page.page.locator("#as-of-input").fill(str(written_at - 1))  # just before it was written
     page.page.locator("#history button").click()
@@ -66,7 +80,12 @@ def test_find_an_entry_by_a_word_follow_it_and_go_back_in_time(page: Page, store
     page.page.locator("#find-q").fill("killed")  # a search from here is a search as of here
     page.page.locator("#find-q").press("Enter")
     page.page.wait_for_url(re.compile(rf"/search\?as_of={written_at}&q=killed$"))
-    assert [int(id) for id in page.page.locator("#entry-hits li").evaluate_all("items => items.map(li => li.dataset.entry)")] == [asked["id"]]
+    assert [
+        int(id)
+        for id in page.page.locator("#entry-hits li").evaluate_all(
+            "items => items.map(li => li.dataset.entry)"
+        )
+    ] == [asked["id"]]
     page.page.locator("#history-back").click()
     page.page.wait_for_url(re.compile(rf"as_of={written_at - 1}"))
     assert page.page.locator("#entry-hits li[data-entry]").count() == 0
@@ -81,7 +100,7 @@ def test_documents_and_tasks_are_found_and_linked(page: Page, store: dict[str, A
     assert re.fullmatch(r"/conversations/\d+#task-\d+", href)
     task.click()
     page.page.wait_for_url(re.compile(re.escape(href) + "$"))
-    assert page.page.locator(href[href.index("#"):]).is_visible()
+    assert page.page.locator(href[href.index("#") :]).is_visible()
     page.open("/search?q=writer+killed")
     document = page.page.locator("#document-hits li[data-document] a.hit").first
     document.click()
@@ -92,7 +111,9 @@ def test_documents_and_tasks_are_found_and_linked(page: Page, store: dict[str, A
     assert page.errors == []
 
 
-def test_every_id_in_the_log_is_a_link_and_a_record_is_a_page(page: Page, store: dict[str, Any], server: Any) -> None:
+def test_every_id_in_the_log_is_a_link_and_a_record_is_a_page(
+    page: Page, store: dict[str, Any], server: Any
+) -> None:
     page.open("/log")
     link = page.page.locator("#batches .links a", has_text=re.compile(r"^entry \d+$")).first
     entry_id = (link.inner_text()).split()[1]
@@ -102,22 +123,36 @@ def test_every_id_in_the_log_is_a_link_and_a_record_is_a_page(page: Page, store:
     page.open("/log/3")
     assert page.page.locator("h1").inner_text() == "Log record 3"
     texts = page.page.locator("#writes a").all_inner_texts()
-    assert any(text.startswith("entry ") for text in texts) and any(text.startswith("task ") for text in texts)
+    assert any(text.startswith("entry ") for text in texts) and any(
+        text.startswith("task ") for text in texts
+    )
     page.page.locator("#record-after").click()
     page.page.wait_for_url(re.compile(r"/log/4$"))
     as_json = json.loads(get(f"{server.url}/log/3", {"Accept": "application/json"})[1])
-    assert as_json["seq"] == 3 and json.loads(get(f"{server.url}/log/3?format=json", {"Accept": "text/html"})[1]) == as_json
-    status, body, headers = get(f"{server.url}/log/3", {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
-    assert status == 200 and headers["Content-Type"].startswith("text/html") and 'id="writes"' in body
+    assert (
+        as_json["seq"] == 3
+        and json.loads(get(f"{server.url}/log/3?format=json", {"Accept": "text/html"})[1])
+        == as_json
+    )
+    status, body, headers = get(
+        f"{server.url}/log/3", {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+    )
+    assert (
+        status == 200 and headers["Content-Type"].startswith("text/html") and 'id="writes"' in body
+    )
     assert page.errors == []
 
 
-def test_the_overview_draws_commits_over_time_and_the_logs_growth(page: Page, store: dict[str, Any]) -> None:
+def test_the_overview_draws_commits_over_time_and_the_logs_growth(
+    page: Page, store: dict[str, Any]
+) -> None:
     page.open("/")
     bars = page.page.locator("#commits-chart rect.bar")
     assert bars.count() == 48
-    counts = [int(re.match(r"([\d,]+) commits", title).group(1).replace(",", "")) for title in  # type: ignore[union-attr]
-              page.page.locator("#commits-chart rect.bar title").all_text_contents()]
+    counts = [
+        int(re.match(r"([\d,]+) commits", title).group(1).replace(",", ""))
+        for title in page.page.locator("#commits-chart rect.bar title").all_text_contents()  # type: ignore[union-attr]
+    ]
     head = int(page.page.locator("#head-seq").inner_text())
     assert sum(counts) == head  # a small log is counted exactly
     points = (page.page.locator("#growth-chart polyline").get_attribute("points") or "").split()
@@ -127,7 +162,9 @@ def test_the_overview_draws_commits_over_time_and_the_logs_growth(page: Page, st
     assert page.errors == []
 
 
-def test_the_live_log_keeps_a_bounded_number_of_rows_and_shows_the_head(page: Page, store: dict[str, Any]) -> None:
+def test_the_live_log_keeps_a_bounded_number_of_rows_and_shows_the_head(
+    page: Page, store: dict[str, Any]
+) -> None:
     page.open("/log")
     assert page.page.locator("#live").get_attribute("data-keep") == "200"
     page.page.evaluate("document.getElementById('live').setAttribute('data-keep', '4')")
@@ -151,7 +188,9 @@ def _commit_entries(path: Path, count: int) -> int:
             for n in range(count):
 
                 async def write(tx: Any, n: int = n) -> None:
-                    await tx.append_entry(1, {"kind": "message", "model": [{"role": "user", "content": f"live {n}"}]})
+                    await tx.append_entry(
+                        1, {"kind": "message", "model": [{"role": "user", "content": f"live {n}"}]}
+                    )
 
                 await session.commit(write, CTX)
             found.append(storage.log.head())
@@ -169,13 +208,24 @@ def test_hostile_strings_found_or_linked_stay_text(page: Page, store: dict[str, 
     _cli("search", str(store["path"]), "pwned")
     page.open("/search?q=pwned+onerror")
     hit = page.page.locator(f"#entry-hits li[data-entry='{store['hostile_entry']}'] .says")
-    assert "<script>window.pwned=1</script>" in hit.inner_text() and hit.locator("mark").count() >= 2
+    assert (
+        "<script>window.pwned=1</script>" in hit.inner_text() and hit.locator("mark").count() >= 2
+    )
     assert "\\u202e" in hit.inner_text()  # an invisible character shown as its escape
-    seq = int((page.page.locator(f"#entry-hits li[data-entry='{store['hostile_entry']}'] .when a").get_attribute("href") or "").rsplit("/", 1)[-1])
+    seq = int(
+        (
+            page.page.locator(
+                f"#entry-hits li[data-entry='{store['hostile_entry']}'] .when a"
+            ).get_attribute("href")
+            or ""
+        ).rsplit("/", 1)[-1]
+    )
     page.open(f"/log/{seq}")
     assert "window.pwned" in page.page.locator("#writes").inner_text()
     page.open(f"/conversations/{store['root']}#entry-{store['hostile_entry']}")
     assert page.page.evaluate("typeof window.pwned") == "undefined"
     assert page.errors == []
-    status, body, _ = get(page.base + "/search?q=lone+pwned&format=json")  # a lone surrogate in the text
+    status, body, _ = get(
+        page.base + "/search?q=lone+pwned&format=json"
+    )  # a lone surrogate in the text
     assert status == 200 and "\udc00" in json.loads(body)["entries"][0]["text"]

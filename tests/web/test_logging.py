@@ -22,8 +22,10 @@ async def test_a_failing_user_projection_is_logged_with_its_traceback(
             await storage.projections.wait(storage.log.head())
     finally:
         await storage.close()
-    records = [r for r in caplog.records if r.name == "pi_durable_lmdb" and "exploding" in r.getMessage()]
+    records = [
+        r for r in caplog.records if r.name == "pi_durable_lmdb" and "exploding" in r.getMessage()
+    ]
     assert len(records) == 1
     assert records[0].levelno == logging.ERROR
     assert records[0].exc_info is not None
-    assert "raise RuntimeError(\"boom\")" in caplog.text, "the traceback names the failing line"
+    assert 'raise RuntimeError("boom")' in caplog.text, "the traceback names the failing line"

@@ -65,14 +65,18 @@ def test_handle_counts_commits_groups_flushes_and_failures(tmp_path: Path, durab
             register(storage, registry)
             await asyncio.gather(*(storage.commit(batch(k), CTX) for k in range(20)))
             with pytest.raises(Exception):
-                await storage.commit([{"type": "entry", "value": {"id": 1}}], CTX)  # refused by the checks
+                await storage.commit(
+                    [{"type": "entry", "value": {"id": 1}}], CTX
+                )  # refused by the checks
             got = samples(registry)
             assert got[("pi_durable_lmdb_commits_total", ())] == 20
             assert got[("pi_durable_lmdb_commit_failures_total", ())] == 1
             assert got[("pi_durable_lmdb_commit_seconds_count", ())] == 20
             assert got[("pi_durable_lmdb_commit_seconds_bucket", (("le", "+Inf"),))] == 20
             assert got[("pi_durable_lmdb_commit_seconds_sum", ())] > 0
-            assert got[("pi_durable_lmdb_group_batches_sum", ())] == 20  # every batch in exactly one transaction
+            assert (
+                got[("pi_durable_lmdb_group_batches_sum", ())] == 20
+            )  # every batch in exactly one transaction
             transactions = got[("pi_durable_lmdb_group_batches_count", ())]
             assert 1 <= transactions <= 20
             assert got[("pi_durable_lmdb_flush_seconds_count", ())] >= transactions
@@ -88,8 +92,20 @@ def test_handle_reports_shipping_and_the_lease(tmp_path: Path) -> None:
 
     async def run() -> None:
         server = MemoryStream("M")
-        shipping = await LmdbStorage.open(str(tmp_path / "s"), durability="process", nats=MemoryLink(server), stream="M", store="s")
-        writer = await LmdbStorage.open(str(tmp_path / "w"), durability="replicated", nats=MemoryLink(server), stream="M", store="w")
+        shipping = await LmdbStorage.open(
+            str(tmp_path / "s"),
+            durability="process",
+            nats=MemoryLink(server),
+            stream="M",
+            store="s",
+        )
+        writer = await LmdbStorage.open(
+            str(tmp_path / "w"),
+            durability="replicated",
+            nats=MemoryLink(server),
+            stream="M",
+            store="w",
+        )
         try:
             ship_registry, write_registry = CollectorRegistry(), CollectorRegistry()
             register(shipping, ship_registry)
@@ -130,11 +146,15 @@ def test_metrics_export_the_log_trees_size(tmp_path: Path) -> None:
                 await storage.commit(batch(n), CTX)
             found = samples(registry)
             assert found[("pi_durable_lmdb_log_tree_size", ())] == storage.log.head() == 18
-            assert found[("pi_durable_lmdb_log_tree_stored_leaves", ())] == 0  # a running writer stores tiles 512 records at a time
+            assert (
+                found[("pi_durable_lmdb_log_tree_stored_leaves", ())] == 0
+            )  # a running writer stores tiles 512 records at a time
         finally:
             await storage.close()
         found = samples(registry)
         assert found[("pi_durable_lmdb_log_tree_size", ())] == 18
-        assert found[("pi_durable_lmdb_log_tree_stored_leaves", ())] == 16  # a close stores every whole tile of 16
+        assert (
+            found[("pi_durable_lmdb_log_tree_stored_leaves", ())] == 16
+        )  # a close stores every whole tile of 16
 
     asyncio.run(run())

@@ -19,7 +19,8 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 from pi_durable_lmdb.web import views
-from pi_durable_lmdb.web.app import STORE, make_app
+from pi_durable_lmdb.web.app import make_app
+from pi_durable_lmdb.web.respond import STORE
 from tests.support.audit_writer_child import batch
 from tests.support.served import get, serve
 
@@ -76,7 +77,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("url, name", BAD, ids=[url[:60] for url, _ in BAD])
-async def test_a_bad_parameter_is_a_400_naming_it_and_the_store_stays_open(store: Path, url: str, name: str) -> None:
+async def test_a_bad_parameter_is_a_400_naming_it_and_the_store_stays_open(
+    store: Path, url: str, name: str
+) -> None:
     server, client, app = await _started(store)
     try:
         async with client.get("/conversations") as warm:
@@ -112,7 +115,9 @@ async def test_one_requests_failure_never_closes_the_handle_another_is_reading(s
         await request.app[STORE].storage()
         raise OSError("the disk went away")
 
-    server, client, app = await _started(store, slow=slow_reader, fail=failing)  # beside the view's own routes
+    server, client, app = await _started(
+        store, slow=slow_reader, fail=failing
+    )  # beside the view's own routes
     try:
         slow = asyncio.ensure_future(client.get("/test/slow"))
         await asyncio.wait_for(reading.wait(), 10)
@@ -120,7 +125,9 @@ async def test_one_requests_failure_never_closes_the_handle_another_is_reading(s
         assert held is not None
         async with client.get("/test/fail") as response:
             assert response.status == 503 and "the disk went away" in await response.text()
-        assert app[STORE]._storage is None and not held.log.env.closed, "retired, not closed under the reader"
+        assert app[STORE]._storage is None and not held.log.env.closed, (
+            "retired, not closed under the reader"
+        )
         failed.set()
         async with await asyncio.wait_for(slow, 10) as answer:
             assert answer.status == 200 and await answer.text() == "conversation 1"
@@ -141,12 +148,15 @@ def test_bad_and_good_requests_at_once_against_a_served_store(store: Path) -> No
     answers: list[tuple[str, int]] = []
 
     with serve(store) as served:
+
         def hammer(paths: list[str]) -> None:
             for _ in range(8):
                 for path in paths:
                     answers.append((path, get(served.url + path)[0]))
 
-        threads = [threading.Thread(target=hammer, args=(paths,)) for paths in (bad, good, good, bad, good)]
+        threads = [
+            threading.Thread(target=hammer, args=(paths,)) for paths in (bad, good, good, bad, good)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -167,7 +177,15 @@ def long_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
             await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             for start in range(2, ENTRIES + 2, 500):
                 entries = [
-                    {"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message", "data": {"n": f"entry-{id}"}}}
+                    {
+                        "type": "entry",
+                        "value": {
+                            "id": id,
+                            "conversationId": 1,
+                            "kind": "message",
+                            "data": {"n": f"entry-{id}"},
+                        },
+                    }
                     for id in range(start, min(start + 500, ENTRIES + 2))
                 ]
                 await storage.commit(entries, CTX)
@@ -184,12 +202,18 @@ def _shown(html: str) -> list[int]:
 
 
 def _links(html: str) -> dict[str, str]:
-    return {rel: href.replace("&amp;", "&") for href, rel in re.findall(r'<a href="([^"]+)" rel="(\w+)">', html)}
+    return {
+        rel: href.replace("&amp;", "&")
+        for href, rel in re.findall(r'<a href="([^"]+)" rel="(\w+)">', html)
+    }
 
 
-async def test_a_conversation_page_pages_through_every_entry_and_reaches_the_newest(long_store: Path) -> None:
+async def test_a_conversation_page_pages_through_every_entry_and_reaches_the_newest(
+    long_store: Path,
+) -> None:
     server, client, _ = await _started(long_store)
     try:
+
         async def page(url: str) -> tuple[list[int], dict[str, str]]:
             async with client.get(url) as response:
                 html = await response.text()
@@ -197,7 +221,9 @@ async def test_a_conversation_page_pages_through_every_entry_and_reaches_the_new
             return _shown(html), _links(html)
 
         first, links = await page("/conversations/1")
-        assert first == list(range(2, 2 + views.ENTRY_CAP)), "the first page: the oldest entries, oldest first"
+        assert first == list(range(2, 2 + views.ENTRY_CAP)), (
+            "the first page: the oldest entries, oldest first"
+        )
         assert set(links) == {"next", "last"}
         seen = list(first)
         while "next" in links:
@@ -207,13 +233,20 @@ async def test_a_conversation_page_pages_through_every_entry_and_reaches_the_new
         assert set(links) == {"first", "prev"}
 
         newest, links = await page((await page("/conversations/1"))[1]["last"])
-        assert newest == list(range(ENTRIES + 2 - views.ENTRY_CAP, ENTRIES + 2)), "the newest entries, on the last page"
+        assert newest == list(range(ENTRIES + 2 - views.ENTRY_CAP, ENTRIES + 2)), (
+            "the newest entries, on the last page"
+        )
         assert set(links) == {"first", "prev"}
         back, links = await page(links["prev"])
-        assert back == list(range(2, ENTRIES + 2 - views.ENTRY_CAP)) and set(links) == {"next", "last"}
+        assert back == list(range(2, ENTRIES + 2 - views.ENTRY_CAP)) and set(links) == {
+            "next",
+            "last",
+        }
 
         as_of, _ = await page("/conversations/1?as_of=3")  # a page as of an earlier point pages too
-        assert as_of == list(range(2, 1002)), "as of sequence 3: the entries of its first two batches"
+        assert as_of == list(range(2, 1002)), (
+            "as of sequence 3: the entries of its first two batches"
+        )
     finally:
         await client.close()
         await server.close()
@@ -238,8 +271,18 @@ def test_a_long_backlog_replay_lets_other_requests_be_served_meanwhile(tmp_path:
         try:
             await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
             for id in range(3, BACKLOG + 1):
-                await storage.commit([{"type": "entry", "value": {"id": id, "conversationId": 1, "kind": "message"}}], CTX)
-            await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX)  # sequence BACKLOG
+                await storage.commit(
+                    [
+                        {
+                            "type": "entry",
+                            "value": {"id": id, "conversationId": 1, "kind": "message"},
+                        }
+                    ],
+                    CTX,
+                )
+            await storage.commit(
+                [{"type": "conversation", "value": {"id": 2}}], CTX
+            )  # sequence BACKLOG
         finally:
             await storage.close()
 
@@ -248,8 +291,11 @@ def test_a_long_backlog_replay_lets_other_requests_be_served_meanwhile(tmp_path:
     opened = threading.Event()
 
     with serve(path) as served:
+
         def read_backlog() -> None:
-            with urllib.request.urlopen(served.url + "/log/events?after=0&conversation=2", timeout=60) as stream:
+            with urllib.request.urlopen(
+                served.url + "/log/events?after=0&conversation=2", timeout=60
+            ) as stream:
                 opened.set()  # the headers: the replay starts now
                 for raw in stream:
                     if raw.startswith(b"id: "):
@@ -267,4 +313,6 @@ def test_a_long_backlog_replay_lets_other_requests_be_served_meanwhile(tmp_path:
         reader.join(60)
     assert [seq for _, seq in arrived] == [BACKLOG], "the one batch of conversation 2"
     done = arrived[0][0]
-    assert sum(moment < done for moment in answered) >= 2, "other requests were answered while the backlog was replayed"
+    assert sum(moment < done for moment in answered) >= 2, (
+        "other requests were answered while the backlog was replayed"
+    )

@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.served import HOSTILE_KIND, HUGE, build_store, chromium, commit_entry, get, serve, value_at
+from tests.support.served import (
+    HOSTILE_KIND,
+    HUGE,
+    build_store,
+    chromium,
+    commit_entry,
+    get,
+    serve,
+    value_at,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "screenshots"
@@ -30,7 +39,11 @@ def _browser_or_skip() -> tuple[Any, str]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         sync_playwright = None
-    missing = "Chromium (apt-get install chromium)" if executable is None else "the playwright package (the [test] extra)"
+    missing = (
+        "Chromium (apt-get install chromium)"
+        if executable is None
+        else "the playwright package (the [test] extra)"
+    )
     if executable is None or sync_playwright is None:
         if IN_CI:
             pytest.fail(f"the browser tests need {missing}, and CI must run them")
@@ -54,7 +67,9 @@ def server(store: dict[str, Any]) -> Iterator[Any]:
 def browser() -> Iterator[Any]:
     sync_playwright, executable = _browser_or_skip()
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, headless=True, args=["--no-sandbox"])
+        launched = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox"]
+        )
         try:
             yield launched
         finally:
@@ -69,7 +84,9 @@ class Page:
         self.context = browser.new_context(viewport={"width": 1200, "height": 900})
         self.page = self.context.new_page()
         self.errors: list[str] = []
-        self.page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
+        self.page.on(
+            "console", lambda message: message.type == "error" and self.errors.append(message.text)
+        )
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         self.page.on("requestfailed", self._failed)
 
@@ -119,25 +136,38 @@ def test_every_page_loads_without_console_errors(page: Page, store: dict[str, An
         if shot:
             page.shot(shot)
     assert page.errors == []
-    assert page.page.locator("#live").is_visible()  # the live log's script ran and its stream opened
+    assert page.page.locator(
+        "#live"
+    ).is_visible()  # the live log's script ran and its stream opened
     assert "down" not in (page.page.locator("#live").get_attribute("class") or "")
 
 
-def test_the_overview_shows_each_projection_as_stats_does(page: Page, store: dict[str, Any]) -> None:
+def test_the_overview_shows_each_projection_as_stats_does(
+    page: Page, store: dict[str, Any]
+) -> None:
     page.open("/")
     info = json.loads(_cli("stats", str(store["path"]), "--json"))
-    rows = {row[0]: row for row in page.page.locator("#projections tr").evaluate_all(
-        "rows => rows.slice(1).map(row => Array.from(row.cells, cell => cell.innerText))")}
+    rows = {
+        row[0]: row
+        for row in page.page.locator("#projections tr").evaluate_all(
+            "rows => rows.slice(1).map(row => Array.from(row.cells, cell => cell.innerText))"
+        )
+    }
     head = info["headSeq"]
     assert page.page.locator("#head-seq").inner_text() == str(head)
-    assert rows["core"][1:3] == [str(info["projections"]["core"]["foldedSeq"]), str(head - info["projections"]["core"]["foldedSeq"])]
+    assert rows["core"][1:3] == [
+        str(info["projections"]["core"]["foldedSeq"]),
+        str(head - info["projections"]["core"]["foldedSeq"]),
+    ]
     for name, user in info["projections"]["user"].items():
         assert rows[name][1:3] == [str(user["foldedSeq"]), str(head - user["foldedSeq"])]
     assert rows["exploding"][3] == "stopped at 7: RuntimeError: <script>window.pwned=4</script>"
     assert set(rows) == {"core", "exploding", "task_outcomes"}
     assert page.page.evaluate("typeof window.pwned") == "undefined"
     health = json.loads(get(page.base + "/healthz")[1])
-    assert health["status"] == "ok" and health["warnings"] == ["projection exploding stopped at sequence 7: RuntimeError: <script>window.pwned=4</script>"]
+    assert health["status"] == "ok" and health["warnings"] == [
+        "projection exploding stopped at sequence 7: RuntimeError: <script>window.pwned=4</script>"
+    ]
     assert page.errors == []
 
 
@@ -153,39 +183,65 @@ def test_the_overview_shows_the_last_verify(page: Page, store: dict[str, Any]) -
     assert page.errors == []
 
 
-def test_the_entry_tree_shows_the_fork_under_the_entry_it_was_made_after(page: Page, store: dict[str, Any]) -> None:
+def test_the_entry_tree_shows_the_fork_under_the_entry_it_was_made_after(
+    page: Page, store: dict[str, Any]
+) -> None:
     page.open(f"/conversations/{store['root']}")
     point = page.page.locator(f"#tree li#entry-{store['fork_point']}")
     fork = point.locator(f":scope > .fork[data-fork='{store['fork']}']")
     assert fork.count() == 1
-    assert fork.locator(f"li#entry-{store['forked_entry']}").count() == 1  # the fork's own entry, nested
+    assert (
+        fork.locator(f"li#entry-{store['forked_entry']}").count() == 1
+    )  # the fork's own entry, nested
     assert "a question on the fork" in fork.inner_text()
     assert page.page.locator("#tree > ol > li.entry").count() > 10  # the root's line, drawn in full
     page.page.locator(f".fork[data-fork='{store['fork']}'] > a").click()
     page.page.wait_for_url(re.compile(rf"/conversations/{store['fork']}$"))
     inherited = page.page.locator("li.entry.inherited")
-    assert inherited.count() >= 1 and f"conversation {store['root']}" in inherited.first.inner_text()
+    assert (
+        inherited.count() >= 1 and f"conversation {store['root']}" in inherited.first.inner_text()
+    )
     assert page.errors == []
 
 
-def test_the_history_control_changes_the_documents_shown_value(page: Page, store: dict[str, Any]) -> None:
+def test_the_history_control_changes_the_documents_shown_value(
+    page: Page, store: dict[str, Any]
+) -> None:
     notes, path = store["notes"], store["path"]
 
     def shown() -> Any:
         return json.loads(page.page.locator("#value").inner_text())
 
     page.open(f"/documents/{notes}")
-    assert shown() == value_at(path, notes, store["head"]) and shown()["summary"] == "6 questions answered"
-    seqs = [int(seq) for seq in page.page.locator("#versions a").evaluate_all("links => links.map(a => a.dataset.seq)")]
+    assert (
+        shown() == value_at(path, notes, store["head"])
+        and shown()["summary"] == "6 questions answered"
+    )
+    seqs = [
+        int(seq)
+        for seq in page.page.locator("#versions a").evaluate_all(
+            "links => links.map(a => a.dataset.seq)"
+        )
+    ]
     assert len(seqs) == 6 and seqs == sorted(seqs, reverse=True)
     page.page.locator(f"#versions a[data-seq='{seqs[-2]}']").click()  # the second version
     page.page.wait_for_url(re.compile(rf"as_of={seqs[-2]}$"))
-    assert shown() == value_at(path, notes, seqs[-2]) and shown()["summary"] == "2 questions answered"
-    assert page.page.locator("#diff .dadd").all_inner_texts() == [f'+ /answers/1: {json.dumps(shown()["answers"][1])}', '+ /summary: "2 questions answered"']
-    assert page.page.locator("#diff .ddel").all_inner_texts() == ['- /summary: "1 question answered"']  # no line for a comma
+    assert (
+        shown() == value_at(path, notes, seqs[-2]) and shown()["summary"] == "2 questions answered"
+    )
+    assert page.page.locator("#diff .dadd").all_inner_texts() == [
+        f"+ /answers/1: {json.dumps(shown()['answers'][1])}",
+        '+ /summary: "2 questions answered"',
+    ]
+    assert page.page.locator("#diff .ddel").all_inner_texts() == [
+        '- /summary: "1 question answered"'
+    ]  # no line for a comma
     page.page.locator("#history-back").click()  # one sequence back: the first version is in force
     page.page.wait_for_url(re.compile(rf"as_of={seqs[-2] - 1}$"))
-    assert shown() == value_at(path, notes, seqs[-2] - 1) and shown()["summary"] == "1 question answered"
+    assert (
+        shown() == value_at(path, notes, seqs[-2] - 1)
+        and shown()["summary"] == "1 question answered"
+    )
     page.page.locator("#as-of-input").fill("")
     page.page.locator("#history button").click()  # back to now
     page.page.wait_for_url(re.compile(rf"/documents/{notes}\?as_of=$"))
@@ -193,15 +249,25 @@ def test_the_history_control_changes_the_documents_shown_value(page: Page, store
     assert page.errors == []
 
 
-def test_a_commit_made_after_the_log_opened_appears_without_a_reload(page: Page, store: dict[str, Any]) -> None:
+def test_a_commit_made_after_the_log_opened_appears_without_a_reload(
+    page: Page, store: dict[str, Any]
+) -> None:
     page.open("/log")
-    page.page.wait_for_function("document.getElementById('live') && !document.getElementById('live').classList.contains('down')")
+    page.page.wait_for_function(
+        "document.getElementById('live') && !document.getElementById('live').classList.contains('down')"
+    )
     time.sleep(0.6)  # the stream is open: the commit below is after the page's head
-    seq = commit_entry(store["path"], store["root"], HOSTILE_KIND, "committed while the log was open")
+    seq = commit_entry(
+        store["path"], store["root"], HOSTILE_KIND, "committed while the log was open"
+    )
     row = page.page.locator(f"#batches tr[data-seq='{seq}']")
     row.wait_for(timeout=5000)
-    assert "<img src=x onerror=window.pwned=3>\\ud800" in row.inner_text()  # the agent's kind, drawn as text
-    assert page.page.locator("#batches tr").first.get_attribute("data-seq") == str(seq)  # newest first
+    assert (
+        "<img src=x onerror=window.pwned=3>\\ud800" in row.inner_text()
+    )  # the agent's kind, drawn as text
+    assert page.page.locator("#batches tr").first.get_attribute("data-seq") == str(
+        seq
+    )  # newest first
     assert page.page.evaluate("typeof window.pwned") == "undefined"
     page.open(f"/conversations/{store['root']}")  # the view's store handle sees the new commit too
     assert page.page.locator("li.entry .kind", has_text="onerror=window.pwned=3").count() == 1
@@ -214,14 +280,21 @@ def test_hostile_strings_are_shown_as_text_and_never_run(page: Page, store: dict
     assert "<script>window.pwned=1</script>" in entry.locator(".says").inner_text()
     assert page.page.locator("main img, main script").count() == 0
     marks = entry.locator(".says .ctl").all_inner_texts()
-    assert {"\\x07", "\\u202e", "\\u200b", "\\udc00"} <= set(marks)  # invisible characters made visible
+    assert {"\\x07", "\\u202e", "\\u200b", "\\udc00"} <= set(
+        marks
+    )  # invisible characters made visible
     huge = page.page.locator(f"li#entry-{store['huge_entry']}")
     huge.locator("summary").click()
     assert "more characters not shown" in huge.inner_text() and "THE-END" not in huge.inner_text()
     huge.locator("a", has_text="see all").click()
     page.page.wait_for_url(re.compile(rf"/records/entry/{store['huge_entry']}$"))
     assert json.loads(page.page.locator("body").inner_text())["entry"]["data"]["text"] == HUGE
-    for path in ("/log", f"/log?conversation={store['root']}", "/documents", f"/records/entry/{store['hostile_entry']}"):
+    for path in (
+        "/log",
+        f"/log?conversation={store['root']}",
+        "/documents",
+        f"/records/entry/{store['hostile_entry']}",
+    ):
         page.open(path)
         assert page.page.evaluate("typeof window.pwned") == "undefined", path
     assert page.errors == []
@@ -239,16 +312,25 @@ def test_every_request_must_carry_the_token(store: dict[str, Any]) -> None:
         assert get(served.url + "/metrics", {"Cookie": "durable_log_token=s3cret"})[0] == 200
 
 
-def test_a_token_in_the_address_becomes_a_cookie_and_leaves_the_address(store: dict[str, Any]) -> None:
+def test_a_token_in_the_address_becomes_a_cookie_and_leaves_the_address(
+    store: dict[str, Any],
+) -> None:
     with serve(store["path"], "--token", "s3cret") as served:
         status, headers = _unfollowed(served.url + "/log?kind=entry&token=s3cret&kind=task")
         assert status == 303 and headers["Location"] == "/log?kind=entry&kind=task"
-        assert "durable_log_token=s3cret" in headers["Set-Cookie"] and "HttpOnly" in headers["Set-Cookie"]
-        assert get(served.url + headers["Location"], {"Cookie": "durable_log_token=s3cret"})[0] == 200
+        assert (
+            "durable_log_token=s3cret" in headers["Set-Cookie"]
+            and "HttpOnly" in headers["Set-Cookie"]
+        )
+        assert (
+            get(served.url + headers["Location"], {"Cookie": "durable_log_token=s3cret"})[0] == 200
+        )
         assert _unfollowed(served.url + "/log?token=wrong")[0] == 401
 
 
-def test_healthz_answers_a_probe_without_the_token_and_says_only_whether_the_store_reads(store: dict[str, Any], tmp_path: Path) -> None:
+def test_healthz_answers_a_probe_without_the_token_and_says_only_whether_the_store_reads(
+    store: dict[str, Any], tmp_path: Path
+) -> None:
     import shutil
 
     copy = tmp_path / "copy"
@@ -281,13 +363,27 @@ def _unfollowed(url: str) -> tuple[int, dict[str, str]]:
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "::", "example.com"])
-def test_a_non_loopback_address_without_a_token_is_refused(store: dict[str, Any], host: str) -> None:
+def test_a_non_loopback_address_without_a_token_is_refused(
+    store: dict[str, Any], host: str
+) -> None:
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "pi_durable_lmdb.cli", "serve", str(store["path"]), "--host", host, "--port", "0"],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "pi_durable_lmdb.cli",
+            "serve",
+            str(store["path"]),
+            "--host",
+            host,
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert done.returncode == 2, done.stderr
     assert "not a loopback address" in done.stderr and "--token" in done.stderr
@@ -305,10 +401,16 @@ def test_health_metrics_and_nothing_that_writes(server: Any, store: dict[str, An
         assert get(server.url + "/log", method=method)[0] == 405
     assert get(server.url + "/", {"Host": "attacker.example"})[0] == 403  # DNS rebinding
     status, body, headers = get(server.url + "/log/1")
-    assert status == 200 and json.loads(body)["seq"] == 1 and "script-src 'self'" in headers["Content-Security-Policy"]
+    assert (
+        status == 200
+        and json.loads(body)["seq"] == 1
+        and "script-src 'self'" in headers["Content-Security-Policy"]
+    )
 
 
-def test_healthz_says_503_and_why_when_the_store_is_gone(store: dict[str, Any], tmp_path: Path) -> None:
+def test_healthz_says_503_and_why_when_the_store_is_gone(
+    store: dict[str, Any], tmp_path: Path
+) -> None:
     import shutil
 
     copy = tmp_path / "copy"
@@ -326,7 +428,12 @@ def _cli(*args: str) -> str:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "pi_durable_lmdb.cli", *args], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_durable_lmdb.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -336,13 +443,18 @@ def _cli(*args: str) -> str:
     [
         ("", []),
         ("conversation=22", ["--conversation", "22"]),
-        ("kind=document.change&kind=conversation", ["--type", "document.change", "--type", "conversation"]),
+        (
+            "kind=document.change&kind=conversation",
+            ["--type", "document.change", "--type", "conversation"],
+        ),
         ("conversation=1&kind=task", ["--conversation", "1", "--type", "task"]),
         ("until=2000-01-01", ["--until", "2000-01-01"]),
         ("since=2000-01-01&kind=entry", ["--since", "2000-01-01", "--type", "entry"]),
     ],
 )
-def test_the_log_page_keeps_what_tail_keeps(server: Any, store: dict[str, Any], query: str, tail_args: list[str]) -> None:
+def test_the_log_page_keeps_what_tail_keeps(
+    server: Any, store: dict[str, Any], query: str, tail_args: list[str]
+) -> None:
     status, body, _ = get(f"{server.url}/log?{query}")
     assert status == 200
     shown = [int(seq) for seq in re.findall(r'<tr data-seq="(\d+)"', body)]
@@ -350,19 +462,32 @@ def test_the_log_page_keeps_what_tail_keeps(server: Any, store: dict[str, Any], 
     assert shown == [json.loads(line)["seq"] for line in reversed(lines)]  # newest first
 
 
-def test_records_are_the_json_show_prints_now_and_as_of_a_sequence_or_a_time(server: Any, store: dict[str, Any]) -> None:
+def test_records_are_the_json_show_prints_now_and_as_of_a_sequence_or_a_time(
+    server: Any, store: dict[str, Any]
+) -> None:
     path, notes = str(store["path"]), store["notes"]
-    for kind, id, as_of in [("document", notes, None), ("document", notes, 5), ("entry", store["hostile_entry"], None), ("conversation", store["fork"], None)]:
+    for kind, id, as_of in [
+        ("document", notes, None),
+        ("document", notes, 5),
+        ("entry", store["hostile_entry"], None),
+        ("conversation", store["fork"], None),
+    ]:
         suffix = "" if as_of is None else f"?as_of={as_of}"
         status, body, _ = get(f"{server.url}/records/{kind}/{id}{suffix}")
         assert status == 200, body
-        printed = _cli("show", path, kind, str(id), *([] if as_of is None else ["--as-of", str(as_of)]))
+        printed = _cli(
+            "show", path, kind, str(id), *([] if as_of is None else ["--as-of", str(as_of)])
+        )
         assert json.loads(body) == json.loads(printed)
     at_five = json.loads(get(f"{server.url}/log/5")[1])["committedAt"]
-    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at_five / 1000)) + f".{at_five % 1000:03d}Z"
+    when = (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at_five / 1000)) + f".{at_five % 1000:03d}Z"
+    )
     by_time = get(f"{server.url}/documents/{notes}?as_of={when}")[1]
     by_seq = get(f"{server.url}/documents/{notes}?as_of=5")[1]
-    assert re.search(r'<pre id="value">(.*?)</pre>', by_time, re.S).group(1) == re.search(r'<pre id="value">(.*?)</pre>', by_seq, re.S).group(1)  # type: ignore[union-attr]
+    assert re.search(r'<pre id="value">(.*?)</pre>', by_time, re.S).group(1) == re.search(
+        r'<pre id="value">(.*?)</pre>', by_seq, re.S
+    ).group(1)  # type: ignore[union-attr]
     assert get(f"{server.url}/documents/{notes}?as_of=999999")[0] == 400
     assert get(f"{server.url}/documents/{notes}?as_of=yesterday-ish")[0] == 400
     assert get(f"{server.url}/records/entry/999999")[0] == 404

@@ -42,7 +42,9 @@ def _metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
-def test_a_store_behind_its_stream_is_stale_and_its_lag_is_measured(nats: NatsNode, tmp_path: Path) -> None:
+def test_a_store_behind_its_stream_is_stale_and_its_lag_is_measured(
+    nats: NatsNode, tmp_path: Path
+) -> None:
     writer, behind = tmp_path / "writer", tmp_path / "behind"
     asyncio.run(_commit(writer, nats.url, range(0, 3)))
     shutil.copytree(writer, behind)  # a copy that stops at sequence 3 (the writer is closed)
@@ -53,7 +55,9 @@ def test_a_store_behind_its_stream_is_stale_and_its_lag_is_measured(nats: NatsNo
         assert status == 200, body
         assert json.loads(body)["stream"] == {"headSeq": 8, "lagRecords": 0}
         metrics = get(served.url + "/metrics")[1]
-        assert _metric(metrics, "stream_up") == 1 and _metric(metrics, "replication_lag_records") == 0
+        assert (
+            _metric(metrics, "stream_up") == 1 and _metric(metrics, "replication_lag_records") == 0
+        )
         assert _metric(metrics, "stream_head_seq") == 8
 
     with serve(behind, "--nats", nats.url, "--stream", STREAM, "--max-lag", "2") as served:
@@ -73,5 +77,7 @@ def test_healthz_says_503_when_the_stream_cannot_be_read(nats: NatsNode, tmp_pat
     asyncio.run(_commit(store, nats.url, range(0, 1)))
     with serve(store, "--nats", nats.url, "--stream", "NOSUCH") as served:
         status, body, _ = get(served.url + "/healthz")
-        assert status == 503 and "stream 'NOSUCH' cannot be read" in json.loads(body)["reason"], body
+        assert status == 503 and "stream 'NOSUCH' cannot be read" in json.loads(body)["reason"], (
+            body
+        )
         assert _metric(get(served.url + "/metrics")[1], "stream_up") == 0

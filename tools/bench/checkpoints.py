@@ -41,13 +41,28 @@ from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.journal import JournalOptions
 
 NEVER = 10**9
-FIXED: dict[str, Any] = {"pinned_share": 1.0, "pinned_pages": 1 << 30, "checkpoint_bytes": 1 << 40, "checkpoint_seconds": 1e9}
+FIXED: dict[str, Any] = {
+    "pinned_share": 1.0,
+    "pinned_pages": 1 << 30,
+    "checkpoint_bytes": 1 << 40,
+    "checkpoint_seconds": 1e9,
+}
 """No bound but the commit count (the bound still starts at one commit and doubles)."""
 INTERVALS: dict[str, dict[str, Any]] = {
     "every 16 commits at most, adapting to the free pages (default)": {},
     "every 32 commits (fixed)": {**FIXED, "checkpoint_commits": 32, "segment_min": 1 << 20},
-    "every 128 commits": {**FIXED, "checkpoint_commits": 128, "segment_size": 8 << 20, "segment_min": 8 << 20},
-    "none until the close": {**FIXED, "checkpoint_commits": NEVER, "segment_size": 32 << 20, "segment_min": 32 << 20},
+    "every 128 commits": {
+        **FIXED,
+        "checkpoint_commits": 128,
+        "segment_size": 8 << 20,
+        "segment_min": 8 << 20,
+    },
+    "none until the close": {
+        **FIXED,
+        "checkpoint_commits": NEVER,
+        "segment_size": 32 << 20,
+        "segment_min": 32 << 20,
+    },
     "`process` mode (no pin, no flush; reference)": {"process": True},
 }
 
@@ -61,7 +76,9 @@ async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[fl
         if options.get("process"):
             storage = await LmdbStorage.open(path, durability="process")
         else:
-            storage = await LmdbStorage.open(path, durability="power", journal=JournalOptions(**options))
+            storage = await LmdbStorage.open(
+                path, durability="power", journal=JournalOptions(**options)
+            )
         ids = Ids()
         task_id = ids()
         await storage.commit([conversation(ROOT)], CTX)
@@ -98,26 +115,38 @@ async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[fl
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--commits", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--dir", default=None, help="where the stores go (default: the system temp dir)")
+    parser.add_argument(
+        "--dir", default=None, help="where the stores go (default: the system temp dir)"
+    )
     args = parser.parse_args()
     results: dict[str, list[tuple[float, ...]]] = {name: [] for name in INTERVALS}
     for round in range(args.rounds):
         names = list(INTERVALS)
-        names = names[round % len(names):] + names[: round % len(names)]  # rotated: drift hits all alike
+        names = (
+            names[round % len(names) :] + names[: round % len(names)]
+        )  # rotated: drift hits all alike
         for name in names:
-            results[name].append(await one(INTERVALS[name], args.commits, args.dir or tempfile.gettempdir()))
+            results[name].append(
+                await one(INTERVALS[name], args.commits, args.dir or tempfile.gettempdir())
+            )
             print(f"round {round} {name}: done", file=sys.stderr, flush=True)
-    print(f"`commit_turn`, `power`, {args.commits} commits per store, medians of {args.rounds} rounds\n")
+    print(
+        f"`commit_turn`, `power`, {args.commits} commits per store, medians of {args.rounds} rounds\n"
+    )
     print(
         "| checkpoint | commit median | commit p99 | per commit, close included | device KiB per commit "
         "| data.mdb pages per commit | CPU per commit: user + system |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, rows in results.items():
-        median, p99, whole, written, pages, user, system = (statistics.median(row[i] for row in rows) for i in range(7))
+        median, p99, whole, written, pages, user, system = (
+            statistics.median(row[i] for row in rows) for i in range(7)
+        )
         print(
             f"| {name} | {median * 1e6:.0f} µs | {p99 * 1e6:.0f} µs | {whole * 1e6:.0f} µs | {written / 1024:.1f} "
             f"| {pages:.2f} | {user * 1e6:.0f} + {system * 1e6:.0f} µs |"

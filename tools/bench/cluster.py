@@ -109,7 +109,9 @@ class Cluster:
                     f"cluster {{ name: bench, listen: 127.0.0.1:{self.cluster_ports[index]}, routes: [{routes}] }}\n"
                 )
             log = open(os.path.join(directory, "server.log"), "w")
-            self.processes.append(spawn([NATS_SERVER, "-c", config], stdout=log, stderr=subprocess.STDOUT))
+            self.processes.append(
+                spawn([NATS_SERVER, "-c", config], stdout=log, stderr=subprocess.STDOUT)
+            )
             log.close()
 
     async def ready(self, timeout: float = 60.0) -> None:
@@ -124,14 +126,27 @@ class Cluster:
         while time.monotonic() < deadline:
             for process in self.processes:
                 if process.poll() is not None:
-                    raise RuntimeError(f"nats-server exited with {process.returncode} (logs in {self.base})")
+                    raise RuntimeError(
+                        f"nats-server exited with {process.returncode} (logs in {self.base})"
+                    )
             try:
-                nc = await nats.connect(servers=self.urls, connect_timeout=1, allow_reconnect=False,
-                                        max_reconnect_attempts=0, error_cb=_quiet)
+                nc = await nats.connect(
+                    servers=self.urls,
+                    connect_timeout=1,
+                    allow_reconnect=False,
+                    max_reconnect_attempts=0,
+                    error_cb=_quiet,
+                )
                 try:
                     js = nc.jetstream(timeout=2)
-                    await js.add_stream(StreamConfig(name=RAW_STREAM, subjects=["rawpub.>"], num_replicas=3,
-                                                     storage=StorageType.FILE))
+                    await js.add_stream(
+                        StreamConfig(
+                            name=RAW_STREAM,
+                            subjects=["rawpub.>"],
+                            num_replicas=3,
+                            storage=StorageType.FILE,
+                        )
+                    )
                     await js.publish("rawpub.ready", b"x")
                     return
                 finally:
@@ -168,6 +183,8 @@ class Cluster:
 
 def nats_version() -> str:
     try:
-        return subprocess.run([NATS_SERVER, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            [NATS_SERVER, "--version"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "nats-server"

@@ -175,7 +175,14 @@ class _RecordingTxn:
         method = getattr(self._txn, name)
 
         def call(*args: Any, db: Any = None, **kwargs: Any) -> Any:
-            self._ops.append((name, self._names(db), tuple(bytes(a) if isinstance(a, memoryview) else a for a in args), kwargs))
+            self._ops.append(
+                (
+                    name,
+                    self._names(db),
+                    tuple(bytes(a) if isinstance(a, memoryview) else a for a in args),
+                    kwargs,
+                )
+            )
             return method(*args, db=db, **kwargs)
 
         return call
@@ -197,13 +204,25 @@ def _recording(commits: list[list[tuple[Any, ...]]], names: _Names) -> Iterator[
         environment.Environment.write = original  # type: ignore[method-assign]
 
 
-def replay_floor(commits: list[list[tuple[Any, ...]]], databases: int, path: str, merged: bool = False) -> float:
+def replay_floor(
+    commits: list[list[tuple[Any, ...]]], databases: int, path: str, merged: bool = False
+) -> float:
     """Seconds per commit for raw py-lmdb doing exactly the recorded operations. ``merged``: every
     database but the log (the one appended to) is one database, each key prefixed with a byte
     naming its former database: what fewer sub-databases per turn would save."""
 
-    log = next((index for ops in commits for op, index, _, kwargs in ops if op == "put" and kwargs.get("append")), None)
-    env = lmdb.open(path, map_size=1 << 30, max_dbs=max(databases, 1) + 3, sync=False, metasync=True)
+    log = next(
+        (
+            index
+            for ops in commits
+            for op, index, _, kwargs in ops
+            if op == "put" and kwargs.get("append")
+        ),
+        None,
+    )
+    env = lmdb.open(
+        path, map_size=1 << 30, max_dbs=max(databases, 1) + 3, sync=False, metasync=True
+    )
     try:
         dbs = {index: env.open_db(f"d{index}".encode()) for index in range(databases)}
         dbs[-1] = None
@@ -272,8 +291,12 @@ def _us(seconds: float) -> str:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", default="commit_turn", choices=("commit_turn", "commit_doc_delta"))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workload", default="commit_turn", choices=("commit_turn", "commit_doc_delta")
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", default=None, help="parent of the temporary stores")
     args = parser.parse_args()
@@ -322,7 +345,9 @@ async def main() -> None:
     print(f"| rest: asyncio, the benchmark's loop, wrappers | {_us(rest)} | |")
     print(f"| **wrapped total** | **{_us(median(wrapped))}** | |")
     print(f"| **plain total (no wrappers)** | **{_us(median(plain))}** | |")
-    print(f"| plain total, CPU of the committing thread | {_us(median(plain_cpu))} (best {_us(min(plain_cpu))}) | |")
+    print(
+        f"| plain total, CPU of the committing thread | {_us(median(plain_cpu))} (best {_us(min(plain_cpu))}) | |"
+    )
     print(
         f"| py-lmdb floor: the same {ops_per_commit:.1f} operations in {databases} databases, "
         f"one no-sync write txn per commit | {_us(median(floor))} | |"

@@ -60,7 +60,10 @@ async def run_agents(storage: Any, agents: int, turns: int) -> tuple[float, list
     for _ in range(agents):
         conversation_id, task_id = ids(), ids()
         await storage.commit(
-            [conversation(conversation_id), {"type": "task", "value": task(task_id, conversation_id, 0, "pending")}],
+            [
+                conversation(conversation_id),
+                {"type": "task", "value": task(task_id, conversation_id, 0, "pending")},
+            ],
             CTX,
         )
         owned.append((conversation_id, task_id))
@@ -137,7 +140,12 @@ def percentile(values: list[float], q: float) -> float:
 async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -> dict[str, float]:
     if backend == "none":
         elapsed, rest = await run_agents(NoStore(), agents, turns)
-        return {"rate": rest[0], "cpu": rest[1], "p99": percentile(rest[2:], 0.99), "max": max(rest[2:], default=0.0)}
+        return {
+            "rate": rest[0],
+            "cpu": rest[1],
+            "p99": percentile(rest[2:], 0.99),
+            "max": max(rest[2:], default=0.0),
+        }
     path = tempfile.mkdtemp(dir=base)
     store = Store("lmdb" if backend == RAW else backend, mode, path)
     threshold = zstd.MIN_SIZE
@@ -153,12 +161,19 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
         if backend in ("lmdb", RAW):  # the two rows stored what their labels say
             formats = log_formats(path)
             if (backend == RAW) != (formats == {1}):
-                raise SystemExit(f"bench_concurrent: the {_label(backend, mode)} store's log holds record formats {sorted(formats)}")
+                raise SystemExit(
+                    f"bench_concurrent: the {_label(backend, mode)} store's log holds record formats {sorted(formats)}"
+                )
     finally:
         zstd.MIN_SIZE = threshold
         shutil.rmtree(path, ignore_errors=True)
     rate, cpu, stalls = rest[0], rest[1], rest[2:]
-    return {"rate": rate, "cpu": cpu, "p99": percentile(stalls, 0.99), "max": max(stalls, default=0.0)}
+    return {
+        "rate": rate,
+        "cpu": cpu,
+        "p99": percentile(stalls, 0.99),
+        "max": max(stalls, default=0.0),
+    }
 
 
 async def main_async(args: argparse.Namespace) -> str:
@@ -207,7 +222,9 @@ async def main_async(args: argparse.Namespace) -> str:
         for agents in args.agents:
             bound = [
                 run["rate"] / full["rate"]
-                for run, full in zip(results[("lmdb", "process", agents)], results[("sqlite", "power", agents)])
+                for run, full in zip(
+                    results[("lmdb", "process", agents)], results[("sqlite", "power", agents)]
+                )
             ]
             lines.append(
                 f"Ceiling of the power class, {agents} agents: lmdb (process), which flushes nothing, does "
@@ -218,17 +235,31 @@ async def main_async(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--agents", type=int, action="append", help="agents per run (repeatable; default 1, 8, 64)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--agents", type=int, action="append", help="agents per run (repeatable; default 1, 8, 64)"
+    )
     parser.add_argument("--modes", default="power,process", help="durability classes")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--turns", type=int, default=4000, help="commits per run in the process class")
-    parser.add_argument("--power-turns", type=int, default=1500, help="commits per run in the power class")
-    parser.add_argument("--raw-records", action="store_true", help="also the store with its log records not compressed")
+    parser.add_argument(
+        "--turns", type=int, default=4000, help="commits per run in the process class"
+    )
+    parser.add_argument(
+        "--power-turns", type=int, default=1500, help="commits per run in the power class"
+    )
+    parser.add_argument(
+        "--raw-records",
+        action="store_true",
+        help="also the store with its log records not compressed",
+    )
     args = parser.parse_args(argv)
     args.agents = args.agents or [1, 8, 64]
     args.modes = [mode for mode in args.modes.split(",") if mode]
-    print(f"$ python -m tools.bench.concurrent {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(
+        f"$ python -m tools.bench.concurrent {' '.join(argv if argv is not None else sys.argv[1:])}"
+    )
     print(asyncio.run(main_async(args)))
     return 0
 

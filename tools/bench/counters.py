@@ -49,7 +49,9 @@ async def one(path: str, counting: bool, scale: float, round: int) -> float:
         if not counting:
             storage.counters.__class__ = NoCounters
             NoCounters.__init__(storage.counters)
-        handle = SimpleNamespace(storage=storage, mode="process")  # what bench.py's runner hands a workload
+        handle = SimpleNamespace(
+            storage=storage, mode="process"
+        )  # what bench.py's runner hands a workload
         state = await populate_turns(handle, scale)
         timings = await measure_turns(handle, state, round)
         seconds, operations, _ = next(iter(timings.values()))
@@ -75,7 +77,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--scale", type=float, default=2.0)
-    parser.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md")
+    parser.add_argument(
+        "--write", action="store_true", help="put the table into docs/benchmarks.md"
+    )
     args = parser.parse_args()
     ratios, with_, without = [], [], []
     with tempfile.TemporaryDirectory() as root:
@@ -83,27 +87,36 @@ def main() -> None:
             order = [True, False] if round % 2 == 0 else [False, True]
             got = {}
             for counting in order:
-                got[counting] = asyncio.run(one(f"{root}/{round}-{counting}", counting, args.scale, round))
+                got[counting] = asyncio.run(
+                    one(f"{root}/{round}-{counting}", counting, args.scale, round)
+                )
             with_.append(got[True])
             without.append(got[False])
             ratios.append(got[False] / got[True])
-            print(f"round {round + 1}/{args.rounds}: counting {got[True] * 1e6:.1f} µs, not counting {got[False] * 1e6:.1f} µs", flush=True)
+            print(
+                f"round {round + 1}/{args.rounds}: counting {got[True] * 1e6:.1f} µs, not counting {got[False] * 1e6:.1f} µs",
+                flush=True,
+            )
     alone = counting_alone()
     commit = statistics.median(with_)
-    table = "\n".join([
-        "| figure | value |",
-        "|---|---|",
-        f"| `commit_turn` per commit, counting (median of {args.rounds} rounds) | {commit * 1e6:.1f} µs |",
-        f"| `commit_turn` per commit, counters that do nothing | {statistics.median(without) * 1e6:.1f} µs |",
-        f"| paired ratio not counting / counting (median; 1.00 = no difference) | {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}) |",
-        f"| the counting of one commit alone | {alone * 1e6:.2f} µs ({alone / commit:.1%} of a commit) |",
-    ])
+    table = "\n".join(
+        [
+            "| figure | value |",
+            "|---|---|",
+            f"| `commit_turn` per commit, counting (median of {args.rounds} rounds) | {commit * 1e6:.1f} µs |",
+            f"| `commit_turn` per commit, counters that do nothing | {statistics.median(without) * 1e6:.1f} µs |",
+            f"| paired ratio not counting / counting (median; 1.00 = no difference) | {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}) |",
+            f"| the counting of one commit alone | {alone * 1e6:.2f} µs ({alone / commit:.1%} of a commit) |",
+        ]
+    )
     print(table)
     if args.write:
         text = DOCS.read_text()
         block = f"{BEGIN}\n{table}\n{END}"
         if BEGIN in text:
-            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+            text = re.sub(
+                re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S
+            )
         else:
             text += (
                 "\n## What counting commits costs (`python -m tools.bench.counters --write`)\n\n"

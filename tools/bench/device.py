@@ -32,7 +32,9 @@ def device_counters(path: str) -> tuple[int, int]:
             fields = line.split()
             if int(fields[0]) == major and int(fields[1]) == minor:
                 return int(fields[9]) * 512, int(fields[7])
-    raise SystemExit(f"no /proc/diskstats line for device {major}:{minor} (the file system of {path})")
+    raise SystemExit(
+        f"no /proc/diskstats line for device {major}:{minor} (the file system of {path})"
+    )
 
 
 async def one(backend: str, commits: int, directory: str) -> str:
@@ -62,7 +64,9 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dir", default=tempfile.gettempdir())
     args = parser.parse_args()
-    print("| backend (power / FULL) | commits | per commit | device bytes per commit (with the close) | write requests per commit |")
+    print(
+        "| backend (power / FULL) | commits | per commit | device bytes per commit (with the close) | write requests per commit |"
+    )
     print("|---|---:|---:|---:|---:|")
     for _ in range(args.rounds):
         for backend in ("lmdb", "sqlite"):

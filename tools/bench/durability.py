@@ -37,7 +37,14 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from tools.bench.report import Store
 from tools.bench.workloads import ROOT, conversation, entry, task
 
-VARIANTS = ("power", "process", "process+nometasync", "process+sync100", "sqlite-normal", "sqlite-full")
+VARIANTS = (
+    "power",
+    "process",
+    "process+nometasync",
+    "process+sync100",
+    "sqlite-normal",
+    "sqlite-full",
+)
 _real_open = lmdb.open
 
 
@@ -123,14 +130,18 @@ async def main() -> None:
             print(f"round {round + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print(f"{args.commits} turn commits per variant per round, {args.rounds} rounds, median per commit; "
-          "ratio = SQLite NORMAL's time / the variant's, paired per round")
+    print(
+        f"{args.commits} turn commits per variant per round, {args.rounds} rounds, median per commit; "
+        "ratio = SQLite NORMAL's time / the variant's, paired per round"
+    )
     print()
     print("| variant | per commit | vs SQLite NORMAL |")
     print("|---|---|---|")
     for variant in VARIANTS:
         ratios = [normal / mine for normal, mine in zip(per["sqlite-normal"], per[variant])]
-        print(f"| {variant} | {statistics.median(per[variant]) * 1e6:,.0f} µs | {statistics.median(ratios):.2f}x |")
+        print(
+            f"| {variant} | {statistics.median(per[variant]) * 1e6:,.0f} µs | {statistics.median(ratios):.2f}x |"
+        )
     print()
     print("| open + close of a store | time |")
     print("|---|---|")

@@ -45,7 +45,9 @@ def overwrite_flush_seconds(directory: str | None = None, count: int = 200) -> f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dir", default=None)
     parser.add_argument("--count", type=int, default=300)
     args = parser.parse_args()
@@ -66,7 +68,9 @@ def main() -> None:
             lmdb_like.append(time.perf_counter() - started)
         os.close(meta)
         os.close(fd)
-        fd = os.open(os.path.join(directory, "append"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(
+            os.path.join(directory, "append"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
         append = []
         for _ in range(args.count):
             started = time.perf_counter()

@@ -31,7 +31,15 @@ from typing import Any
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from tools.bench.report import Store
-from tools.bench.workloads import ROOT, Ids, conversation, document_create, document_delta, entry, task
+from tools.bench.workloads import (
+    ROOT,
+    Ids,
+    conversation,
+    document_create,
+    document_delta,
+    entry,
+    task,
+)
 
 Batches = Callable[[int], list[list[dict[str, Any]]]]
 """The workload's batches for commits [start, start + count): ``(start, count)``."""
@@ -54,7 +62,9 @@ def turn_batches() -> tuple[list[list[dict[str, Any]]], Callable[[int], list[dic
     return setup, commit
 
 
-def short_turn_batches() -> tuple[list[list[dict[str, Any]]], Callable[[int], list[dict[str, Any]]]]:
+def short_turn_batches() -> tuple[
+    list[list[dict[str, Any]]], Callable[[int], list[dict[str, Any]]]
+]:
     """``short_turn``: as ``commit_turn``, but the entry's model message is one short line (a
     tool-call turn), so the task record and the indexes, not the text, are most of each commit."""
 
@@ -66,7 +76,10 @@ def short_turn_batches() -> tuple[list[list[dict[str, Any]]], Callable[[int], li
         value = entry(ids(), ROOT, n, task_id)
         value["model"][0]["content"] = [{"type": "text", "text": f"Running the tests again ({n})."}]
         status = "running" if n % 3 else "sleeping"
-        return [{"type": "entry", "value": value}, {"type": "task", "value": task(task_id, ROOT, n, status)}]
+        return [
+            {"type": "entry", "value": value},
+            {"type": "task", "value": task(task_id, ROOT, n, status)},
+        ]
 
     return setup, commit
 
@@ -78,7 +91,11 @@ def doc_batches() -> tuple[list[list[dict[str, Any]]], Callable[[int], list[dict
     return [[conversation(ROOT)], [document_create(doc)]], lambda n: [document_delta(doc)]
 
 
-WORKLOADS = {"commit_turn": turn_batches, "short_turn": short_turn_batches, "commit_doc_delta": doc_batches}
+WORKLOADS = {
+    "commit_turn": turn_batches,
+    "short_turn": short_turn_batches,
+    "commit_doc_delta": doc_batches,
+}
 
 
 async def fill(backend: str, path: str, workload: str, commits: int) -> tuple[int, float]:
@@ -109,7 +126,11 @@ def footprint(path: str) -> dict[str, Any]:
     info = stats(path)
     import msgspec
 
-    return {"fileBytes": info.file_bytes, "records": info.records, **msgspec.to_builtins(info.footprint)}
+    return {
+        "fileBytes": info.file_bytes,
+        "records": info.records,
+        **msgspec.to_builtins(info.footprint),
+    }
 
 
 async def measure(workload: str, commits: int, base: str) -> dict[str, Any]:
@@ -117,7 +138,11 @@ async def measure(workload: str, commits: int, base: str) -> dict[str, Any]:
     for backend in ("lmdb", "sqlite"):
         path = os.path.join(base, f"{workload}-{commits}-{backend}")
         size, elapsed = await fill(backend, path, workload, commits)
-        out[backend] = {"bytes": size, "bytesPerCommit": round(size / commits, 1), "seconds": round(elapsed, 2)}
+        out[backend] = {
+            "bytes": size,
+            "bytesPerCommit": round(size / commits, 1),
+            "seconds": round(elapsed, 2),
+        }
         if backend == "lmdb":
             out["footprint"] = footprint(path)
         shutil.rmtree(path, ignore_errors=True)
@@ -161,8 +186,15 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commits", type=int, action="append", help="commits per workload (repeatable; default 9000)")
-    parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), help="only this workload (repeatable)")
+    parser.add_argument(
+        "--commits",
+        type=int,
+        action="append",
+        help="commits per workload (repeatable; default 9000)",
+    )
+    parser.add_argument(
+        "--only", action="append", choices=sorted(WORKLOADS), help="only this workload (repeatable)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = parser.parse_args()
@@ -176,7 +208,8 @@ def main() -> None:
                 print(
                     f"{workload:<18} {commits:>8,} commits: this store {_mb(result['lmdb']['bytes'])}, "
                     f"SQLite {_mb(result['sqlite']['bytes'])}, ratio {result['ratio']:.2f}x",
-                    file=sys.stderr, flush=True,
+                    file=sys.stderr,
+                    flush=True,
                 )
     finally:
         shutil.rmtree(base, ignore_errors=True)

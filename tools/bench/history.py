@@ -32,20 +32,56 @@ async def build(path: Path, commits: int) -> float:
     storage = await LmdbStorage.open(path, durability="process")
     started = time.perf_counter()
     await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
-    notes = {"id": 3, "kind": "notes", "scope": {"kind": "conversation", "conversationId": 1},
-             "history": "rewindable", "fork": "asOf"}
-    await storage.commit([{"type": "document.create", "record": notes,
-                           "content": {"kind": "base", "version": 1, "value": {"text": ""}}}], CTX)
-    task = {"id": 2, "conversationId": 1, "kind": "agent", "version": 1, "input": None,
-            "background": False, "abortRequested": False}
+    notes = {
+        "id": 3,
+        "kind": "notes",
+        "scope": {"kind": "conversation", "conversationId": 1},
+        "history": "rewindable",
+        "fork": "asOf",
+    }
+    await storage.commit(
+        [
+            {
+                "type": "document.create",
+                "record": notes,
+                "content": {"kind": "base", "version": 1, "value": {"text": ""}},
+            }
+        ],
+        CTX,
+    )
+    task = {
+        "id": 2,
+        "conversationId": 1,
+        "kind": "agent",
+        "version": 1,
+        "input": None,
+        "background": False,
+        "abortRequested": False,
+    }
     for turn in range(commits - 2):
         writes = [
-            {"type": "entry", "value": {"id": 10 + turn, "conversationId": 1, "kind": "message", "model": [MESSAGE]}},
-            {"type": "task", "value": {**task, "state": {"status": "running", "checkpoint": {"turn": turn}}}},
+            {
+                "type": "entry",
+                "value": {
+                    "id": 10 + turn,
+                    "conversationId": 1,
+                    "kind": "message",
+                    "model": [MESSAGE],
+                },
+            },
+            {
+                "type": "task",
+                "value": {**task, "state": {"status": "running", "checkpoint": {"turn": turn}}},
+            },
         ]
         if turn % 10 == 0:
-            writes.append({"type": "document.change", "id": 3,
-                           "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "x"]]}})
+            writes.append(
+                {
+                    "type": "document.change",
+                    "id": 3,
+                    "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], "x"]]},
+                }
+            )
         await storage.commit(writes, CTX)
     elapsed = time.perf_counter() - started
     await storage.close()
@@ -54,7 +90,9 @@ async def build(path: Path, commits: int) -> float:
 
 async def measure(path: Path, commits: int, views: int) -> None:
     build_s = await build(path, commits)
-    print(f"built {commits} commits in {build_s:.1f} s ({commits / build_s:,.0f} commits/s, process mode)")
+    print(
+        f"built {commits} commits in {build_s:.1f} s ({commits / build_s:,.0f} commits/s, process mode)"
+    )
 
     reopen = []
     for _ in range(5):
@@ -96,7 +134,9 @@ async def measure(path: Path, commits: int, views: int) -> None:
             timings[name].append(time.perf_counter() - started)
     print(f"as_of at {views} random seqs (median / max):")
     for name, values in timings.items():
-        print(f"  {name:<11} {statistics.median(values) * 1e3:8.3f} ms / {max(values) * 1e3:8.3f} ms")
+        print(
+            f"  {name:<11} {statistics.median(values) * 1e3:8.3f} ms / {max(values) * 1e3:8.3f} ms"
+        )
     await storage.close()
 
     started = time.perf_counter()
@@ -104,7 +144,11 @@ async def measure(path: Path, commits: int, views: int) -> None:
     verify_s = time.perf_counter() - started
     print(f"verify: {verify_s:.1f} s, {commits / verify_s:,.0f} records/s")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    status = dict(
+        line.split(":", 1)
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if ":" in line
+    )
     anonymous = int(status.get("RssAnon", "0 kB").split()[0]) / 1024
     size = (path / "data.mdb").stat().st_size
     print(

@@ -35,8 +35,13 @@ def _never(value: Any, ops: Any, info: Any) -> bool:
 
 
 Transcript = define_doc(
-    kind="bench.transcript", version=1, scope="conversation", history="rewindable", fork="asOf",
-    initial=lambda: {"text": ""}, checkpoint_when=_never,
+    kind="bench.transcript",
+    version=1,
+    scope="conversation",
+    history="rewindable",
+    fork="asOf",
+    initial=lambda: {"text": ""},
+    checkpoint_when=_never,
 )
 """The growing conversation document: a running log of the turns, one line more per turn (the
 Session sends each change as an append delta), never checkpointed. A text, not a list of
@@ -84,7 +89,9 @@ async def measure_host(store: Any, state: HostState, round: int) -> Timings:
 async def transcript_length(storage: Any) -> int:
     """How many turns the stored document holds (the digest every backend must agree on)."""
 
-    page = await storage.scan_documents({"scope": {"kind": "conversation", "conversationId": ROOT}, "at": "current"}, 10, None, CTX)
+    page = await storage.scan_documents(
+        {"scope": {"kind": "conversation", "conversationId": ROOT}, "at": "current"}, 10, None, CTX
+    )
     (record,) = page["items"]
     current = await storage.document(record["id"], "current", CTX)
     return int(current["value"]["text"].count("\n"))
@@ -111,11 +118,17 @@ LONG_WORKLOADS: frozenset[str] = frozenset(f"host_{turns}" for turns in LONG_SIZ
 # ── the report's table ───────────────────────────────────────────────────────
 
 STORES = (("power", "lmdb"), ("power", "sqlite"), ("process", "lmdb"), ("process", "sqlite"))
-LABELS = {("power", "lmdb"): "lmdb (power)", ("power", "sqlite"): "SQLite FULL",
-          ("process", "lmdb"): "lmdb (process)", ("process", "sqlite"): "SQLite NORMAL"}
+LABELS = {
+    ("power", "lmdb"): "lmdb (power)",
+    ("power", "sqlite"): "SQLite FULL",
+    ("process", "lmdb"): "lmdb (process)",
+    ("process", "sqlite"): "SQLite NORMAL",
+}
 
 
-def _paired(results: Any, row: str, slower: tuple[str, str], faster: tuple[str, str]) -> list[float]:
+def _paired(
+    results: Any, row: str, slower: tuple[str, str], faster: tuple[str, str]
+) -> list[float]:
     """Per round, ``slower``'s time over ``faster``'s (the same round: the stores share it)."""
 
     a = results.series.get((row, *slower))
@@ -139,11 +152,14 @@ def host_table(results: Any) -> list[str]:
     if not names:
         return []
     lines = [
-        "", "### A Session host (`tools/bench/host.py`): both durability classes in the same rounds", "",
+        "",
+        "### A Session host (`tools/bench/host.py`): both durability classes in the same rounds",
+        "",
         "Each turn through a pi-durable `Session`: an entry (model message + usage) and one more line in a conversation "
         "document never checkpointed. Time per turn: median over rounds; ratios: per round, then the median [min–max] "
         "(FULL / power > 1: power is faster). Bytes: every file of the store after its close, this store's journal "
-        "included (SQLite checkpoints its WAL at its close), median over rounds.", "",
+        "included (SQLite checkpoints its WAL at its close), median over rounds.",
+        "",
         "| workload | turns | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | FULL / power (>= 1) "
         "| NORMAL / process | power / process (<= 1.2) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -153,7 +169,9 @@ def host_table(results: Any) -> list[str]:
         turns = 0
         for mode, backend in STORES:
             series = results.series.get((name, mode, backend))
-            cells.append(f"{statistics.median(series.times.values()) * 1e3:.2f} ms" if series else "—")
+            cells.append(
+                f"{statistics.median(series.times.values()) * 1e3:.2f} ms" if series else "—"
+            )
             turns = series.ops if series else turns
         lines.append(
             f"| {name} | {turns:,} | {' | '.join(cells)} | {_ratio(_paired(results, name, ('power', 'sqlite'), ('power', 'lmdb')))} "
@@ -161,17 +179,23 @@ def host_table(results: Any) -> list[str]:
             f"| {_ratio(_paired(results, name, ('power', 'lmdb'), ('process', 'lmdb')))} |"
         )
     lines += [
-        "", "| workload | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | power / FULL bytes (<= 2) "
+        "",
+        "| workload | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | power / FULL bytes (<= 2) "
         "| power / process bytes (<= 1.5) | process / NORMAL bytes |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
-        sizes = {key: statistics.median(size for size, _ in results.sizes[(name, *key)])
-                 for key in STORES if (name, *key) in results.sizes}
+        sizes = {
+            key: statistics.median(size for size, _ in results.sizes[(name, *key)])
+            for key in STORES
+            if (name, *key) in results.sizes
+        }
         cells = [f"{sizes[key] / 1024:,.0f} KiB" if key in sizes else "—" for key in STORES]
 
         def over(a: tuple[str, str], b: tuple[str, str]) -> str:
-            return f"**{sizes[a] / sizes[b]:.2f}x**" if a in sizes and b in sizes and sizes[b] else "—"
+            return (
+                f"**{sizes[a] / sizes[b]:.2f}x**" if a in sizes and b in sizes and sizes[b] else "—"
+            )
 
         lines.append(
             f"| {name} | {' | '.join(cells)} | {over(('power', 'lmdb'), ('power', 'sqlite'))} "

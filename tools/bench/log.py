@@ -54,7 +54,13 @@ def turn_batch(n: int) -> list[dict[str, Any]]:
         },
         {
             "type": "task",
-            "value": {"id": 7, "conversation": 42, "state": "running", "turn": n, "updated_at": now},
+            "value": {
+                "id": 7,
+                "conversation": 42,
+                "state": "running",
+                "turn": n,
+                "updated_at": now,
+            },
         },
     ]
 
@@ -93,7 +99,11 @@ def bench_raw(root: str, count: int, sync: bool, value: bytes) -> float:
 
 
 def bench_writelog(
-    root: str, count: int, durability: str, batches: list[list[dict[str, Any]]], pre_encoded: bool = False
+    root: str,
+    count: int,
+    durability: str,
+    batches: list[list[dict[str, Any]]],
+    pre_encoded: bool = False,
 ) -> float:
     name = f"log-{durability}{'-pre' if pre_encoded else ''}"
     env = Environment(os.path.join(root, name), durability=durability)  # type: ignore[arg-type]
@@ -114,9 +124,13 @@ def bench_writelog(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--count", type=int, default=20000, help="commits per case (default 20000)")
-    parser.add_argument("--dir", default=None, help="where to make the temporary stores (default: system temp)")
+    parser.add_argument(
+        "--dir", default=None, help="where to make the temporary stores (default: system temp)"
+    )
     parser.add_argument(
         "--sync-count",
         type=int,
@@ -124,7 +138,9 @@ def main() -> int:
         help="commits for the two synced cases (sync on, durability=power); default --count. "
         "Each synced commit waits for the disk, so a smaller number keeps the run short.",
     )
-    parser.add_argument("--repeat", type=int, default=3, help="rounds; each case reports its best (default 3)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="rounds; each case reports its best (default 3)"
+    )
     args = parser.parse_args()
     count = args.count
     sync_count = min(args.sync_count or count, count)
@@ -134,7 +150,9 @@ def main() -> int:
     record = encode_record(sample_payload, 1_760_000_000_000)
 
     RAW_ON, RAW_OFF = "raw LMDB put+commit, sync on", "raw LMDB put+commit, sync off"
-    cases: list[tuple[str, int, Callable[[str], float], str | None]] = [  # name, count, run, baseline
+    cases: list[
+        tuple[str, int, Callable[[str], float], str | None]
+    ] = [  # name, count, run, baseline
         (RAW_ON, sync_count, lambda root: bench_raw(root, sync_count, True, record), None),
         (RAW_OFF, count, lambda root: bench_raw(root, count, False, record), None),
         (
@@ -155,10 +173,17 @@ def main() -> int:
             lambda root: bench_writelog(root, count, "process", batches, pre_encoded=True),
             RAW_OFF,
         ),
-        ("encode_batch alone (no LMDB)", count, lambda root: timed(count, lambda i: encode_batch(batches[i])), None),
+        (
+            "encode_batch alone (no LMDB)",
+            count,
+            lambda root: timed(count, lambda i: encode_batch(batches[i])),
+            None,
+        ),
     ]
     best: dict[str, float] = {}
-    for _ in range(args.repeat):  # rounds interleave the cases, so a busy moment hits them all alike
+    for _ in range(
+        args.repeat
+    ):  # rounds interleave the cases, so a busy moment hits them all alike
         for name, _n, run, _baseline in cases:
             root = tempfile.mkdtemp(prefix="bench-log-", dir=args.dir)
             try:

@@ -82,7 +82,13 @@ async def measure(agents: int, turns: int, mode: str, profile: str | None) -> No
         if phase == "start":
             started[:] = [time.perf_counter()]
         elif started:
-            collections.append((threading.current_thread().name.split()[0], info["generation"], time.perf_counter() - started[0]))
+            collections.append(
+                (
+                    threading.current_thread().name.split()[0],
+                    info["generation"],
+                    time.perf_counter() - started[0],
+                )
+            )
 
     base = tempfile.mkdtemp(prefix="profile-concurrent-")
     store = Store("lmdb", mode, base)
@@ -109,19 +115,27 @@ async def measure(agents: int, turns: int, mode: str, profile: str | None) -> No
     per = 1e6 / commits
     groups = counters.group_batches
     flushes = counters.flush_seconds
-    print(f"{agents} agents, {mode}, {commits} commits: {rest[0]:,.0f} commits/s, stall p99 {percentile(rest[2:], 0.99) * 1e3:.2f} ms")
+    print(
+        f"{agents} agents, {mode}, {commits} commits: {rest[0]:,.0f} commits/s, stall p99 {percentile(rest[2:], 0.99) * 1e3:.2f} ms"
+    )
     print(
         f"CPU µs per commit: {total * per:.1f} = loop thread {loop_cpu * per:.1f} + writer thread {writer.cpu * per:.1f}"
         f" + other {(total - loop_cpu - writer.cpu) * per:.1f}"
     )
-    print(f"context switches per commit: loop thread {loop_switches / commits:.2f}, writer thread {writer.switches / commits:.2f}")
+    print(
+        f"context switches per commit: loop thread {loop_switches / commits:.2f}, writer thread {writer.switches / commits:.2f}"
+    )
     print(
         f"groups: {groups.count}, {groups.sum / max(1, groups.count):.1f} batches each on average; "
         f"flush (journal + LMDB commit) {flushes.sum / max(1, flushes.count) * 1e6:.0f} µs each on average"
     )
     for thread in sorted({name for name, _, _ in collections}):
         for generation in (0, 1, 2):
-            spent = [seconds for name, gen, seconds in collections if name == thread and gen == generation]
+            spent = [
+                seconds
+                for name, gen, seconds in collections
+                if name == thread and gen == generation
+            ]
             if spent:
                 print(
                     f"gc generation {generation} on {thread}: {len(spent)} collections, {sum(spent) / len(spent) * 1e6:.0f} µs each, "
@@ -132,15 +146,21 @@ async def measure(agents: int, turns: int, mode: str, profile: str | None) -> No
         os.makedirs(profile, exist_ok=True)
         loop_profile.dump_stats(os.path.join(profile, "loop.prof"))
         writer.profile.dump_stats(os.path.join(profile, "writer.prof"))
-        print(f"cProfile of each thread in {profile}/loop.prof and {profile}/writer.prof (python -m pstats)")
+        print(
+            f"cProfile of each thread in {profile}/loop.prof and {profile}/writer.prof (python -m pstats)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--agents", type=int, default=64)
     parser.add_argument("--turns", type=int, default=6000, help="commits in all")
     parser.add_argument("--mode", default="power", choices=("power", "process"))
-    parser.add_argument("--profile", metavar="DIR", help="also write a cProfile of each thread to DIR")
+    parser.add_argument(
+        "--profile", metavar="DIR", help="also write a cProfile of each thread to DIR"
+    )
     args = parser.parse_args(argv)
     asyncio.run(measure(args.agents, args.turns, args.mode, args.profile))
     return 0

@@ -40,7 +40,15 @@ from pi_durable_lmdb.projections.user import Projection, Tables
 from pi_durable_lmdb.storage import LmdbStorage
 
 MESSAGE = {"role": "assistant", "content": "word " * 40}
-TASK = {"id": 2, "conversationId": 1, "kind": "agent", "version": 1, "input": None, "background": False, "abortRequested": False}
+TASK = {
+    "id": 2,
+    "conversationId": 1,
+    "kind": "agent",
+    "version": 1,
+    "input": None,
+    "background": False,
+    "abortRequested": False,
+}
 
 
 class TurnIndex(Projection):
@@ -71,10 +79,24 @@ async def fill(path: Path, commits: int) -> float:
     started = time.perf_counter()
     await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     for turn in range(commits - 1):
-        await storage.commit([
-            {"type": "entry", "value": {"id": 10 + turn, "conversationId": 1, "kind": "message", "model": [MESSAGE]}},
-            {"type": "task", "value": {**TASK, "state": {"status": "running", "checkpoint": {"turn": turn}}}},
-        ], CTX)
+        await storage.commit(
+            [
+                {
+                    "type": "entry",
+                    "value": {
+                        "id": 10 + turn,
+                        "conversationId": 1,
+                        "kind": "message",
+                        "model": [MESSAGE],
+                    },
+                },
+                {
+                    "type": "task",
+                    "value": {**TASK, "state": {"status": "running", "checkpoint": {"turn": turn}}},
+                },
+            ],
+            CTX,
+        )
     await storage.projections.wait(storage.log.head())
     elapsed = time.perf_counter() - started
     await storage.close()
@@ -94,9 +116,20 @@ class Load:
         while not self.stop.is_set():
             began = time.perf_counter()
             self.next_id += 1
-            await self.storage.commit([
-                {"type": "entry", "value": {"id": self.next_id, "conversationId": 1, "kind": "message", "model": [MESSAGE]}},
-            ], CTX)
+            await self.storage.commit(
+                [
+                    {
+                        "type": "entry",
+                        "value": {
+                            "id": self.next_id,
+                            "conversationId": 1,
+                            "kind": "message",
+                            "model": [MESSAGE],
+                        },
+                    },
+                ],
+                CTX,
+            )
             self.commits.append(time.perf_counter() - began)
             await asyncio.sleep(max(0.0, self.interval - (time.perf_counter() - began)))
 
@@ -138,7 +171,15 @@ def _timed_fold_in(self: Any, *args: Any) -> Any:
 userfold.Folder._fold_in = _timed_fold_in  # type: ignore[method-assign]
 
 
-async def phase(path: Path, durability: str, refold: bool, seconds: float, interval: float, next_id: int, after: bool) -> dict[str, Any]:
+async def phase(
+    path: Path,
+    durability: str,
+    refold: bool,
+    seconds: float,
+    interval: float,
+    next_id: int,
+    after: bool,
+) -> dict[str, Any]:
     projection = TurnIndexV2() if refold or after else TurnIndex()
     storage = await LmdbStorage.open(path, durability=durability, projections=[projection])  # type: ignore[arg-type]
     try:
@@ -178,7 +219,9 @@ async def phase(path: Path, durability: str, refold: bool, seconds: float, inter
         await storage.close()
 
 
-async def main(commits: int, durabilities: list[str], seconds: float, interval: float, directory: str | None) -> None:
+async def main(
+    commits: int, durabilities: list[str], seconds: float, interval: float, directory: str | None
+) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-projections-", dir=directory) as tmp:
         base = Path(tmp) / "base"
         fill_s = await fill(base, commits)
@@ -193,26 +236,49 @@ async def main(commits: int, durabilities: list[str], seconds: float, interval: 
                 next_id = row["next_id"] + 1
                 rows.append(row)
             shutil.rmtree(path)
-        print(f"{'durability':<10} {'phase':<7} {'commits':>7} {'commit p50':>10} {'p99':>7} {'max':>7}"
-              f" {'stall p50':>9} {'p99':>7} {'max':>7} {'chunk p99':>9} {'max':>7} {'seconds':>7} {'records/s':>9}")
+        print(
+            f"{'durability':<10} {'phase':<7} {'commits':>7} {'commit p50':>10} {'p99':>7} {'max':>7}"
+            f" {'stall p50':>9} {'p99':>7} {'max':>7} {'chunk p99':>9} {'max':>7} {'seconds':>7} {'records/s':>9}"
+        )
         for row in rows:
-            print(f"{row['durability']:<10} {row['phase']:<7} {row['commits']:>7} {row['commit_p50']:>8.2f}ms {row['commit_p99']:>5.2f}ms"
-                  f" {row['commit_max']:>5.1f}ms {row['stall_p50']:>7.2f}ms {row['stall_p99']:>5.2f}ms {row['stall_max']:>5.1f}ms"
-                  f" {row['chunk_p99']:>7.2f}ms {row['chunk_max']:>5.1f}ms"
-                  f" {row['seconds']:>7.1f} {row['rate']:>9,.0f}")
+            print(
+                f"{row['durability']:<10} {row['phase']:<7} {row['commits']:>7} {row['commit_p50']:>8.2f}ms {row['commit_p99']:>5.2f}ms"
+                f" {row['commit_max']:>5.1f}ms {row['stall_p50']:>7.2f}ms {row['stall_p99']:>5.2f}ms {row['stall_max']:>5.1f}ms"
+                f" {row['chunk_p99']:>7.2f}ms {row['chunk_max']:>5.1f}ms"
+                f" {row['seconds']:>7.1f} {row['rate']:>9,.0f}"
+            )
         for durability in durabilities:
             before, refold, after = [row for row in rows if row["durability"] == durability]
             idle = max(before["commit_p99"], after["commit_p99"])
-            print(f"{durability}: refold stall p99 {refold['stall_p99']:.2f} ms (goal <= 5; idle {before['stall_p99']:.2f}"
-                  f" / {after['stall_p99']:.2f}); commit p99 {refold['commit_p99'] / idle:.2f}x the idle phases' (goal <= 2x)")
+            print(
+                f"{durability}: refold stall p99 {refold['stall_p99']:.2f} ms (goal <= 5; idle {before['stall_p99']:.2f}"
+                f" / {after['stall_p99']:.2f}); commit p99 {refold['commit_p99'] / idle:.2f}x the idle phases' (goal <= 2x)"
+            )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--commits", type=int, default=100_000)
-    parser.add_argument("--durability", action="append", choices=["power", "process"], help="default: power and process")
+    parser.add_argument(
+        "--durability",
+        action="append",
+        choices=["power", "process"],
+        help="default: power and process",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the idle phase")
     parser.add_argument("--interval", type=float, default=5.0, help="ms between paced commits")
-    parser.add_argument("--dir", default=None, help="where the stores go (default: the system's temporary directory)")
+    parser.add_argument(
+        "--dir",
+        default=None,
+        help="where the stores go (default: the system's temporary directory)",
+    )
     options = parser.parse_args()
-    asyncio.run(main(options.commits, options.durability or ["power", "process"], options.seconds, options.interval / 1000, options.dir))
+    asyncio.run(
+        main(
+            options.commits,
+            options.durability or ["power", "process"],
+            options.seconds,
+            options.interval / 1000,
+            options.dir,
+        )
+    )

@@ -41,7 +41,12 @@ def entry(id: int, conversation: int, n: int, task: int | None = None) -> dict[s
                 "api": "messages",
                 "provider": "example",
                 "model": "example-model-1",
-                "usage": {"input": 1834 + n % 97, "output": 117, "cacheRead": 1024, "cacheWrite": 0},
+                "usage": {
+                    "input": 1834 + n % 97,
+                    "output": 117,
+                    "cacheRead": 1024,
+                    "cacheWrite": 0,
+                },
                 "stopReason": "stop",
                 "timestamp": 1_760_000_000_000 + n,
             }

@@ -52,8 +52,21 @@ from typing import Any
 from tools.bench.cluster import NATS_SERVER, Cluster, kill_started, progress
 from tools.bench.concurrent import percentile
 from tools.bench.replication_breakdown import breakdown
-from tools.bench.replication_commits import BACKENDS, COMMITTERS, LABEL, measure_commits, measure_lag, raw_publish
-from tools.bench.replication_recovery import RECOVERY, child_writer, fill, measure_failover, snapshot_restore
+from tools.bench.replication_commits import (
+    BACKENDS,
+    COMMITTERS,
+    LABEL,
+    measure_commits,
+    measure_lag,
+    raw_publish,
+)
+from tools.bench.replication_recovery import (
+    RECOVERY,
+    child_writer,
+    fill,
+    measure_failover,
+    snapshot_restore,
+)
 from tools.bench.replication_report import render
 from tools.bench.report import rotated, source_version
 
@@ -75,11 +88,21 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
         await cluster.ready()
         progress(f"cluster up at {', '.join(cluster.urls)}")
         urls = cluster.urls
-        results: dict[str, Any] = {"commits": {}, "raw": [], "lag": [], "failover": [], "urls": urls,
-                                   "source": source_version(), **{key: [] for key in RECOVERY}}
+        results: dict[str, Any] = {
+            "commits": {},
+            "raw": [],
+            "lag": [],
+            "failover": [],
+            "urls": urls,
+            "source": source_version(),
+            **{key: [] for key in RECOVERY},
+        }
         parts = args.parts
         store = ""
-        if parts & {"commits", "recovery"}:  # the store recovered, and the record size of the raw publishes
+        if parts & {
+            "commits",
+            "recovery",
+        }:  # the store recovered, and the record size of the raw publishes
             progress(f"filling a store with {args.records:,} records (64 committers)")
             store, rate, size = await fill(urls, base, args.records)
             results["fill_rate"], results["record_size"] = rate, size
@@ -91,8 +114,10 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
                 for backend in rotated(BACKENDS, round):
                     figures = await measure_commits(backend, committers, args.commits, base, urls)
                     results["commits"].setdefault((backend, committers), []).append(figures)
-                    progress(f"round {round} {LABEL[backend]:>16} committers={committers:<3} {figures['rate']:>8,.0f}/s "
-                         f"p50 {figures['p50'] * 1e3:6.2f} ms p99 {figures['p99'] * 1e3:6.2f} ms")
+                    progress(
+                        f"round {round} {LABEL[backend]:>16} committers={committers:<3} {figures['rate']:>8,.0f}/s "
+                        f"p50 {figures['p50'] * 1e3:6.2f} ms p99 {figures['p99'] * 1e3:6.2f} ms"
+                    )
             if "commits" in parts:
                 raw = await raw_publish(urls, args.raw, size)
                 results["raw"].extend(raw)
@@ -112,17 +137,29 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
                 cpu, servers = time.process_time() - cpu, cluster.cpu() - servers
                 results[key].append(seconds)
                 results.setdefault(f"{key}_cpu", []).append((cpu, servers))
-                progress(f"round {round} {key}: {args.records / seconds:,.0f} records/s; CPU per record "
-                     f"{cpu / args.records * 1e6:.1f} µs here, {servers / args.records * 1e6:.1f} µs in the servers")
-            for _ in range(_spread(args.failovers, args.rounds, round) if "failover" in parts else 0):
-                figures = await measure_failover(urls, base, args.lease_ttl, len(results["failover"]))
+                progress(
+                    f"round {round} {key}: {args.records / seconds:,.0f} records/s; CPU per record "
+                    f"{cpu / args.records * 1e6:.1f} µs here, {servers / args.records * 1e6:.1f} µs in the servers"
+                )
+            for _ in range(
+                _spread(args.failovers, args.rounds, round) if "failover" in parts else 0
+            ):
+                figures = await measure_failover(
+                    urls, base, args.lease_ttl, len(results["failover"])
+                )
                 results["failover"].append(figures)
-                progress(f"round {round} failover {figures['total']:.2f} s (open {figures['open']:.2f} s, "
-                     f"commit {figures['commit'] * 1e3:.1f} ms, {figures['taken_in']} records taken in)")
+                progress(
+                    f"round {round} failover {figures['total']:.2f} s (open {figures['open']:.2f} s, "
+                    f"commit {figures['commit'] * 1e3:.1f} ms, {figures['taken_in']} records taken in)"
+                )
         results["elapsed"] = time.perf_counter() - started
         if "snapshot" in parts:
-            progress(f"a store of {args.snapshot_records:,} records with a snapshot {args.snapshot_tail:,} records before its end")
-            results["snapshot"] = await snapshot_restore(urls, base, args.snapshot_records, args.snapshot_tail, args.rounds)
+            progress(
+                f"a store of {args.snapshot_records:,} records with a snapshot {args.snapshot_tail:,} records before its end"
+            )
+            results["snapshot"] = await snapshot_restore(
+                urls, base, args.snapshot_records, args.snapshot_tail, args.rounds
+            )
         if args.breakdown:
             results["breakdown"] = await breakdown(urls, base, store, args)
         results["source_end"] = source_version()
@@ -141,24 +178,68 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds, 300 commits, 3 failovers")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick 2)")
-    parser.add_argument("--commits", type=int, default=None, help="commits per latency run (default 1500; --quick 300)")
-    parser.add_argument("--failovers", type=int, default=None, help="failover runs in all (default 20; --quick 3)")
-    parser.add_argument("--records", type=int, default=None, help="records for catch-up/restore (default 20000; --quick 5000)")
-    parser.add_argument("--lag-seconds", type=float, default=None, help="paced-writer seconds in all (default 20; --quick 4)")
-    parser.add_argument("--lag-rate", type=float, default=1000.0, help="paced writer commits/s (default 1000)")
-    parser.add_argument("--lease-ttl", type=int, default=2, help="lease TTL in the failover runs (default 2)")
-    parser.add_argument("--raw", type=int, default=None, help="raw publishes per round (default 500; --quick 200)")
-    parser.add_argument("--breakdown", action="store_true", help="also instrumented runs: where the time goes")
-    parser.add_argument("--snapshot-records", type=int, default=None,
-                        help="records of the store restored from a snapshot (default 100000; --quick 20000)")
-    parser.add_argument("--snapshot-tail", type=int, default=1000,
-                        help="records committed after its snapshot was taken (default 1000)")
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
-    parser.add_argument("--dir", help="parent of the temporary directory (default: the system temp dir)")
-    parser.add_argument("--child-writer", nargs=3, metavar=("PATH", "URLS", "TTL"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 2 rounds, 300 commits, 3 failovers"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick 2)"
+    )
+    parser.add_argument(
+        "--commits",
+        type=int,
+        default=None,
+        help="commits per latency run (default 1500; --quick 300)",
+    )
+    parser.add_argument(
+        "--failovers", type=int, default=None, help="failover runs in all (default 20; --quick 3)"
+    )
+    parser.add_argument(
+        "--records",
+        type=int,
+        default=None,
+        help="records for catch-up/restore (default 20000; --quick 5000)",
+    )
+    parser.add_argument(
+        "--lag-seconds",
+        type=float,
+        default=None,
+        help="paced-writer seconds in all (default 20; --quick 4)",
+    )
+    parser.add_argument(
+        "--lag-rate", type=float, default=1000.0, help="paced writer commits/s (default 1000)"
+    )
+    parser.add_argument(
+        "--lease-ttl", type=int, default=2, help="lease TTL in the failover runs (default 2)"
+    )
+    parser.add_argument(
+        "--raw", type=int, default=None, help="raw publishes per round (default 500; --quick 200)"
+    )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also instrumented runs: where the time goes"
+    )
+    parser.add_argument(
+        "--snapshot-records",
+        type=int,
+        default=None,
+        help="records of the store restored from a snapshot (default 100000; --quick 20000)",
+    )
+    parser.add_argument(
+        "--snapshot-tail",
+        type=int,
+        default=1000,
+        help="records committed after its snapshot was taken (default 1000)",
+    )
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)",
+    )
+    parser.add_argument(
+        "--dir", help="parent of the temporary directory (default: the system temp dir)"
+    )
+    parser.add_argument(
+        "--child-writer", nargs=3, metavar=("PATH", "URLS", "TTL"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     args.parts = {part.strip() for part in args.parts.split(",") if part.strip()}
     if not args.parts or not args.parts <= set(PARTS):
@@ -168,9 +249,15 @@ def main(argv: list[str] | None = None) -> int:
         child_writer(path, urls, int(ttl))
         return 0
     quick = args.quick
-    for name, full, short in (("rounds", 5, 2), ("commits", 1500, 300), ("failovers", 20, 3), ("records", 20_000, 5_000),
-                              ("lag_seconds", 20.0, 4.0), ("raw", 500, 200),
-                              ("snapshot_records", 100_000, 20_000)):
+    for name, full, short in (
+        ("rounds", 5, 2),
+        ("commits", 1500, 300),
+        ("failovers", 20, 3),
+        ("records", 20_000, 5_000),
+        ("lag_seconds", 20.0, 4.0),
+        ("raw", 500, 200),
+        ("snapshot_records", 100_000, 20_000),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, short if quick else full)
     if not os.path.exists(NATS_SERVER):
@@ -182,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         kill_started()
         shutil.rmtree(base, ignore_errors=True)
-    command = "python -m tools.bench.replication" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:] if argv is None else argv))
+    command = "python -m tools.bench.replication" + (
+        ""
+        if argv is None and len(sys.argv) == 1
+        else " " + " ".join(sys.argv[1:] if argv is None else argv)
+    )
     print(render(results, args, command))
     return 0
 

@@ -13,13 +13,21 @@ import time
 from typing import Any
 
 from tools.bench.concurrent import percentile
-from tools.bench.replication_commits import COMMITTERS, STREAM, ReplicatedStore, measure_lag, run_committers
+from tools.bench.replication_commits import (
+    COMMITTERS,
+    STREAM,
+    ReplicatedStore,
+    measure_lag,
+    run_committers,
+)
 
 
 # ── where the time goes (--breakdown) ────────────────────────────────────────
 
 
-async def breakdown(urls: list[str], base: str, store: str, args: argparse.Namespace) -> dict[str, Any]:
+async def breakdown(
+    urls: list[str], base: str, store: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """Instrumented runs, after the measured rounds: the replicated commit's group split into
     the publish (``StreamWriter._send``, on the writer thread, waiting for the stream) and the
     rest of the group (checks, fold, LMDB commit and syncs); replica lag by the replica's
@@ -60,9 +68,12 @@ async def breakdown(urls: list[str], base: str, store: str, args: argparse.Names
             shutil.rmtree(path, ignore_errors=True)
         sends, runs = sends[committers:], runs[committers:]  # not the set-up commits
         out["groups"][committers] = {
-            "commit_p50": figures["p50"], "rate": figures["rate"], "groups": len(runs),
+            "commit_p50": figures["p50"],
+            "rate": figures["rate"],
+            "groups": len(runs),
             "size": statistics.median(size for _, size in sends),
-            "group": percentile(runs, 0.5), "publish": percentile([t for t, _ in sends], 0.5),
+            "group": percentile(runs, 0.5),
+            "publish": percentile([t for t, _ in sends], 0.5),
             "local": percentile([r - t for r, (t, _) in zip(runs, sends)], 0.5),
         }
     for _ in range(3 if "lag" in args.parts else 0):
@@ -74,7 +85,9 @@ async def breakdown(urls: list[str], base: str, store: str, args: argparse.Names
     return out
 
 
-async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argparse.Namespace) -> dict[str, Any]:
+async def breakdown_catch_up(
+    urls: list[str], base: str, store: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """Catch-up split into its stages, each alone, wall-clock and this process's CPU per record:
     nats-py's ordered consumer alone, ``parse_message`` (after nats-py's ``msg.metadata``), the
     fold (``Follower._apply``, chunks of 1,024); and, where the tree has them, batched pull
@@ -95,7 +108,10 @@ async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argpa
         clocks[:] = [time.perf_counter(), time.process_time()]
 
     def stop(name: str, count: int) -> None:
-        out[name] = ((time.perf_counter() - clocks[0]) / count, (time.process_time() - clocks[1]) / count)
+        out[name] = (
+            (time.perf_counter() - clocks[0]) / count,
+            (time.process_time() - clocks[1]) / count,
+        )
 
     subject = subject_of(STREAM, store)
     nc = await nats.connect(servers=urls)
@@ -107,14 +123,27 @@ async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argpa
 
         async def take(msg: Any) -> None:
             messages.append(msg)
-            if msg.headers and msg.headers.get("Pd-Kind") == "record" and msg.headers.get("Pd-Seq") == last:
+            if (
+                msg.headers
+                and msg.headers.get("Pd-Kind") == "record"
+                and msg.headers.get("Pd-Seq") == last
+            ):
                 done.set()
 
         start()
         sub = await js.subscribe(
-            subject, stream=STREAM, cb=take, ordered_consumer=True, idle_heartbeat=0.5,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=1, filter_subject=subject),
-            pending_msgs_limit=65536, pending_bytes_limit=256 * 1024 * 1024,
+            subject,
+            stream=STREAM,
+            cb=take,
+            ordered_consumer=True,
+            idle_heartbeat=0.5,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=1,
+                filter_subject=subject,
+            ),
+            pending_msgs_limit=65536,
+            pending_bytes_limit=256 * 1024 * 1024,
         )
         await asyncio.wait_for(done.wait(), 300)
         stop("consume", len(messages))
@@ -122,10 +151,15 @@ async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argpa
     finally:
         await nc.close()
     start()
-    parsed = [parse_message(STREAM, m.metadata.sequence.stream, m.headers, m.data, store) for m in messages]
+    parsed = [
+        parse_message(STREAM, m.metadata.sequence.stream, m.headers, m.data, store)
+        for m in messages
+    ]
     stop("parse", len(parsed))
     del messages
-    await _fold_stage(out, start, stop, base, store, parsed, 1024, ("power", "process"), args.records)
+    await _fold_stage(
+        out, start, stop, base, store, parsed, 1024, ("power", "process"), args.records
+    )
     from pi_durable_lmdb.audit.tail import open_stream
 
     link = await open_stream(urls, STREAM)
@@ -133,7 +167,9 @@ async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argpa
         if hasattr(link, "fetch"):
             raws: list[Any] = []
             start()
-            while batch := await link.arun(link.fetch(subject, raws[-1].stream_seq if raws else 0, batch=4096)):
+            while batch := await link.arun(
+                link.fetch(subject, raws[-1].stream_seq if raws else 0, batch=4096)
+            ):
                 raws.extend(batch)
             stop("fetch", len(raws))
             start()
@@ -143,7 +179,11 @@ async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argpa
             path = tempfile.mkdtemp(dir=base, prefix="breakdown-take-")
             storage = await LmdbStorage.open(path, durability="process", store=store)
             try:
-                follower = Follower(argparse.Namespace(stream=STREAM, loop=asyncio.get_running_loop()), storage, store)  # type: ignore[arg-type]
+                follower = Follower(
+                    argparse.Namespace(stream=STREAM, loop=asyncio.get_running_loop()),
+                    storage,
+                    store,
+                )  # type: ignore[arg-type]
                 start()
                 for index in range(0, len(raws), 4096):  # each checked just before it is folded
                     await follower._take_raw(raws[index : index + 4096], None)
@@ -157,8 +197,16 @@ async def breakdown_catch_up(urls: list[str], base: str, store: str, args: argpa
 
 
 async def _fold_stage(
-    out: dict[str, Any], start: Any, stop: Any, base: str, store: str, parsed: list[Any], chunk: int,
-    modes: tuple[str, ...], records: int, suffix: str = "",
+    out: dict[str, Any],
+    start: Any,
+    stop: Any,
+    base: str,
+    store: str,
+    parsed: list[Any],
+    chunk: int,
+    modes: tuple[str, ...],
+    records: int,
+    suffix: str = "",
 ) -> None:
     """The fold alone (``Follower._apply``) of ``parsed`` in chunks of ``chunk``, per mode."""
 

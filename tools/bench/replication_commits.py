@@ -22,7 +22,11 @@ from tools.bench.workloads import Ids, conversation, entry, task
 STREAM = "BENCH"
 REPLICATED = "replicated"
 BACKENDS = (REPLICATED, "lmdb", "sqlite")
-LABEL = {REPLICATED: "replicated (R3)", "lmdb": LABELS[("lmdb", "power")], "sqlite": LABELS[("sqlite", "power")]}
+LABEL = {
+    REPLICATED: "replicated (R3)",
+    "lmdb": LABELS[("lmdb", "power")],
+    "sqlite": LABELS[("sqlite", "power")],
+}
 COMMITTERS = (1, 64)
 
 
@@ -60,7 +64,10 @@ async def own(storage: Any, ids: Ids, count: int) -> list[tuple[int, int]]:
     for _ in range(count):
         conversation_id, task_id = ids(), ids()
         await storage.commit(
-            [conversation(conversation_id), {"type": "task", "value": task(task_id, conversation_id, 0, "pending")}],
+            [
+                conversation(conversation_id),
+                {"type": "task", "value": task(task_id, conversation_id, 0, "pending")},
+            ],
             CTX,
         )
         owned.append((conversation_id, task_id))
@@ -93,7 +100,9 @@ async def run_committers(storage: Any, committers: int, commits: int) -> dict[st
     }
 
 
-async def measure_commits(backend: str, committers: int, commits: int, base: str, urls: list[str]) -> dict[str, float]:
+async def measure_commits(
+    backend: str, committers: int, commits: int, base: str, urls: list[str]
+) -> dict[str, float]:
     path = tempfile.mkdtemp(dir=base, prefix=f"{backend}-")
     store = ReplicatedStore(path, urls) if backend == REPLICATED else Store(backend, "power", path)
     await store.open()
@@ -128,19 +137,30 @@ async def raw_publish(urls: list[str], count: int, size: int) -> list[float]:
 
 
 async def measure_lag(
-    urls: list[str], base: str, seconds: float, rate: float, replica_durability: str = "power", instrument: bool = False
+    urls: list[str],
+    base: str,
+    seconds: float,
+    rate: float,
+    replica_durability: str = "power",
+    instrument: bool = False,
 ) -> dict[str, Any]:
     from pi_durable_lmdb.storage import LmdbStorage
 
     writer_dir = tempfile.mkdtemp(dir=base, prefix="lag-writer-")
     replica_dir = tempfile.mkdtemp(dir=base, prefix="lag-replica-")
-    writer = await LmdbStorage.open(writer_dir, durability="replicated", nats=urls, stream=STREAM, replicas=3)
+    writer = await LmdbStorage.open(
+        writer_dir, durability="replicated", nats=urls, stream=STREAM, replicas=3
+    )
     replica = None
     try:
         ids = Ids()
         owned = await own(writer, ids, 64)
         replica = await LmdbStorage.open_replica(
-            replica_dir, nats=urls, stream=STREAM, store=writer.store_id, durability=replica_durability
+            replica_dir,
+            nats=urls,
+            stream=STREAM,
+            store=writer.store_id,
+            durability=replica_durability,
         )
         await replica.wait(writer.log.head(), 30)
         applies: list[tuple[float, int]] = []
@@ -211,9 +231,15 @@ async def measure_lag(
         ticking = False
         await tick
         return {
-            "gc": pauses, "stalls": stalls, "applies": applies,
-            "commits": total, "offered": total / issued if issued else rate, "achieved": total / elapsed,
-            "commit_latency": commit_latency, "lags": lags, "errors": errors,
+            "gc": pauses,
+            "stalls": stalls,
+            "applies": applies,
+            "commits": total,
+            "offered": total / issued if issued else rate,
+            "achieved": total / elapsed,
+            "commit_latency": commit_latency,
+            "lags": lags,
+            "errors": errors,
         }
     finally:
         if replica is not None:

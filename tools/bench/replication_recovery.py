@@ -32,7 +32,9 @@ async def fill(urls: list[str], base: str, records: int) -> tuple[str, float, in
     from pi_durable_lmdb.storage import LmdbStorage
 
     path = tempfile.mkdtemp(dir=base, prefix="fill-")
-    writer = await LmdbStorage.open(path, durability="replicated", nats=urls, stream=STREAM, replicas=3)
+    writer = await LmdbStorage.open(
+        path, durability="replicated", nats=urls, stream=STREAM, replicas=3
+    )
     try:
         ids = Ids()
         owned = await own(writer, ids, 64)
@@ -60,7 +62,9 @@ async def fill(urls: list[str], base: str, records: int) -> tuple[str, float, in
         shutil.rmtree(path, ignore_errors=True)
 
 
-async def snapshot_restore(urls: list[str], base: str, records: int, tail: int, runs: int) -> dict[str, Any]:
+async def snapshot_restore(
+    urls: list[str], base: str, records: int, tail: int, runs: int
+) -> dict[str, Any]:
     """A store of ``records`` records whose snapshot was taken ``tail`` records before its end
     (``durable-log snapshot``'s ``take_snapshot``), then ``restore()`` into fresh directories:
     the newest snapshot that verifies plus the log after it."""
@@ -73,7 +77,9 @@ async def snapshot_restore(urls: list[str], base: str, records: int, tail: int, 
     path = tempfile.mkdtemp(dir=base, prefix="snapshot-fill-")
     out: dict[str, Any] = {"records": records, "tail": tail, "restores": []}
     try:
-        writer = await LmdbStorage.open(path, durability="replicated", nats=urls, stream=STREAM, replicas=3)
+        writer = await LmdbStorage.open(
+            path, durability="replicated", nats=urls, stream=STREAM, replicas=3
+        )
         try:
             ids = Ids()
             owned = await own(writer, ids, 64)
@@ -87,9 +93,16 @@ async def snapshot_restore(urls: list[str], base: str, records: int, tail: int, 
                 report = await take_snapshot(path, link)
             finally:
                 await asyncio.to_thread(link.close)
-            out["snapshot"] = {"seconds": report.seconds, "size": report.size, "stored": report.stored, "seq": report.seq}
-            progress(f"  snapshot at record {report.seq:,}: {report.size / 1e6:,.0f} MB as {report.stored / 1e6:,.0f} MB "
-                 f"in {report.seconds:.1f} s")
+            out["snapshot"] = {
+                "seconds": report.seconds,
+                "size": report.size,
+                "stored": report.stored,
+                "seq": report.seq,
+            }
+            progress(
+                f"  snapshot at record {report.seq:,}: {report.size / 1e6:,.0f} MB as {report.stored / 1e6:,.0f} MB "
+                f"in {report.seconds:.1f} s"
+            )
             await _turns(writer, ids, owned, records - writer.log.head())
         finally:
             await writer.close()
@@ -176,11 +189,15 @@ async def measure_writer_take_in(urls: list[str], base: str, store: str, records
 
     path = tempfile.mkdtemp(dir=base, prefix="take-in-")
     started = time.perf_counter()
-    writer = await LmdbStorage.open(path, durability="replicated", nats=urls, stream=STREAM, store=store)
+    writer = await LmdbStorage.open(
+        path, durability="replicated", nats=urls, stream=STREAM, store=store
+    )
     try:
         elapsed = time.perf_counter() - started
         if writer.log.head() != records:
-            raise RuntimeError(f"the restored store holds {writer.log.head()} records, not {records}")
+            raise RuntimeError(
+                f"the restored store holds {writer.log.head()} records, not {records}"
+            )
         return elapsed
     finally:
         await writer.close()
@@ -197,12 +214,22 @@ def child_writer(path: str, urls: str, ttl: int) -> None:
 
     async def run() -> None:
         storage = await LmdbStorage.open(
-            path, durability="replicated", nats=urls.split(","), stream=STREAM, replicas=3, lease_ttl=ttl
+            path,
+            durability="replicated",
+            nats=urls.split(","),
+            stream=STREAM,
+            replicas=3,
+            lease_ttl=ttl,
         )
         ids = Ids()
         [(conversation_id, task_id)] = await own(storage, ids, 1)
         await storage.commit(turn(ids, conversation_id, task_id, 1), CTX)
-        print(json.dumps({"store": storage.store_id, "conversation": conversation_id, "task": task_id}), flush=True)
+        print(
+            json.dumps(
+                {"store": storage.store_id, "conversation": conversation_id, "task": task_id}
+            ),
+            flush=True,
+        )
         n = 1
         while True:
             n += 1
@@ -218,23 +245,35 @@ async def measure_failover(urls: list[str], base: str, ttl: int, run: int) -> di
     new_dir = tempfile.mkdtemp(dir=base, prefix="failover-new-")
     errors = open(os.path.join(base, "failover-child.log"), "a")
     child = spawn(
-        module_command("tools.bench.replication", "--child-writer", old_dir, ",".join(urls), str(ttl)),
-        stdout=subprocess.PIPE, stderr=errors, text=True, env=module_env(),
+        module_command(
+            "tools.bench.replication", "--child-writer", old_dir, ",".join(urls), str(ttl)
+        ),
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+        env=module_env(),
     )
     errors.close()
     new = None
     try:
         line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)  # type: ignore[union-attr]
         if not line:
-            raise RuntimeError(f"the child writer exited with {child.wait()} (see {base}/failover-child.log)")
+            raise RuntimeError(
+                f"the child writer exited with {child.wait()} (see {base}/failover-child.log)"
+            )
         info = json.loads(line)
         await asyncio.sleep(random.uniform(0.3, 1.0))  # kill at any phase of its lease renewals
         killed = time.perf_counter()
         child.send_signal(signal.SIGKILL)
         await asyncio.to_thread(child.wait)
         new = await LmdbStorage.open(
-            new_dir, durability="replicated", nats=urls, stream=STREAM, store=info["store"],
-            take_over=True, lease_ttl=ttl,
+            new_dir,
+            durability="replicated",
+            nats=urls,
+            stream=STREAM,
+            store=info["store"],
+            take_over=True,
+            lease_ttl=ttl,
         )
         opened = time.perf_counter()
         head = new.log.head()
@@ -242,7 +281,12 @@ async def measure_failover(urls: list[str], base: str, ttl: int, run: int) -> di
         ids.next = 10_000_000 + 1000 * run
         await new.commit(turn(ids, info["conversation"], info["task"], 1_000_000), CTX)
         done = time.perf_counter()
-        return {"total": done - killed, "open": opened - killed, "commit": done - opened, "taken_in": head}
+        return {
+            "total": done - killed,
+            "open": opened - killed,
+            "commit": done - opened,
+            "taken_in": head,
+        }
     finally:
         if child.poll() is None:
             child.kill()
@@ -256,10 +300,18 @@ async def measure_failover(urls: list[str], base: str, ttl: int, run: int) -> di
 
 
 RECOVERY: dict[str, tuple[Any, str, bool]] = {
-    "catch_up": (measure_catch_up, "catch-up: `open_replica` (fresh directory) until its log holds them all", True),
+    "catch_up": (
+        measure_catch_up,
+        "catch-up: `open_replica` (fresh directory) until its log holds them all",
+        True,
+    ),
     "restore": (measure_restore, "restore: `audit.restore.restore()` into a new directory", True),
-    "writer_take_in": (measure_writer_take_in, "a replicated writer `open`ed in a fresh directory on the store id "
-                       "(takes the stream in before it returns)", False),
+    "writer_take_in": (
+        measure_writer_take_in,
+        "a replicated writer `open`ed in a fresh directory on the store id "
+        "(takes the stream in before it returns)",
+        False,
+    ),
 }
 if _restore_function() is None:
     del RECOVERY["restore"]

@@ -30,7 +30,11 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
     lines = [
         f"Command: `{command}`  ",
         f"Engine: git {results['source']}"
-        + ("" if results["source_end"] == results["source"] else f" at the start, {results['source_end']} at the end")
+        + (
+            ""
+            if results["source_end"] == results["source"]
+            else f" at the start, {results['source_end']} at the end"
+        )
         + "  ",
         f"Machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), Python "
         f"{platform.python_version()}, {platform.system()} {platform.release()}; 3 nats-server "
@@ -59,7 +63,9 @@ def render(results: dict[str, Any], args: argparse.Namespace, command: str) -> s
         "| target | goal | measured | met |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {name} | {goal} | {measured} | {_met(ok)} |" for name, goal, measured, ok in targets]
+    lines += [
+        f"| {name} | {goal} | {measured} | {_met(ok)} |" for name, goal, measured, ok in targets
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -85,25 +91,45 @@ def render_commits(results: dict[str, Any], targets: list[tuple[str, str, str, b
             )
 
     def paired(backend: str, other: str, committers: int, key: str) -> list[float]:
-        return [mine[key] / theirs[key] for mine, theirs in zip(commits[(backend, committers)], commits[(other, committers)])]
+        return [
+            mine[key] / theirs[key]
+            for mine, theirs in zip(commits[(backend, committers)], commits[(other, committers)])
+        ]
 
     for committers in COMMITTERS:
         ratios = paired(REPLICATED, "lmdb", committers, "p50")
         median = statistics.median(ratios)
-        targets.append((f"replicated p50 vs local power p50, {committers} committer{'s' if committers > 1 else ''}",
-                        "<= 2x", f"{median:.2f}x [{min(ratios):.2f}–{max(ratios):.2f}]", median <= 2.0))
+        targets.append(
+            (
+                f"replicated p50 vs local power p50, {committers} committer{'s' if committers > 1 else ''}",
+                "<= 2x",
+                f"{median:.2f}x [{min(ratios):.2f}–{max(ratios):.2f}]",
+                median <= 2.0,
+            )
+        )
     ratios = paired(REPLICATED, "sqlite", 64, "rate")
     median = statistics.median(ratios)
-    targets.append(("replicated commits/s vs SQLite FULL, 64 committers", ">= 2x",
-                    f"{median:.2f}x [{min(ratios):.2f}–{max(ratios):.2f}]", median >= 2.0))
+    targets.append(
+        (
+            "replicated commits/s vs SQLite FULL, 64 committers",
+            ">= 2x",
+            f"{median:.2f}x [{min(ratios):.2f}–{max(ratios):.2f}]",
+            median >= 2.0,
+        )
+    )
     ratios = paired(REPLICATED, "sqlite", 1, "rate")
-    lines += ["", f"(Paired per round, median [min–max]. For reference, 1 committer: replicated commits/s vs "
-                  f"SQLite FULL {statistics.median(ratios):.2f}x; replicated vs local power "
-                  f"{statistics.median(paired(REPLICATED, 'lmdb', 1, 'rate')):.2f}x.)"]
+    lines += [
+        "",
+        f"(Paired per round, median [min–max]. For reference, 1 committer: replicated commits/s vs "
+        f"SQLite FULL {statistics.median(ratios):.2f}x; replicated vs local power "
+        f"{statistics.median(paired(REPLICATED, 'lmdb', 1, 'rate')):.2f}x.)",
+    ]
     return lines
 
 
-def render_lag(results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]) -> list[str]:
+def render_lag(
+    results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]
+) -> list[str]:
     lag_all = [value for lag in results["lag"] for value in lag["lags"]]
     commit_all = [value for lag in results["lag"] for value in lag["commit_latency"]]
     errors = [error for lag in results["lag"] for error in lag["errors"]]
@@ -133,13 +159,21 @@ def render_lag(results: dict[str, Any], args: argparse.Namespace, targets: list[
     if errors:
         lines += ["", f"{len(errors)} waits failed, first: {errors[0]}"]
     lag_p99 = percentile(lag_all, 0.99)
-    targets.append((f"replica lag p99 at {args.lag_rate:,.0f} commits/s (all rounds pooled)", "<= 50 ms",
-                    f"{_ms(lag_p99)} (per round: median {_ms(statistics.median(per_round_p99))}, "
-                    f"worst {_ms(max(per_round_p99))})", lag_p99 <= 0.050 and not errors))
+    targets.append(
+        (
+            f"replica lag p99 at {args.lag_rate:,.0f} commits/s (all rounds pooled)",
+            "<= 50 ms",
+            f"{_ms(lag_p99)} (per round: median {_ms(statistics.median(per_round_p99))}, "
+            f"worst {_ms(max(per_round_p99))})",
+            lag_p99 <= 0.050 and not errors,
+        )
+    )
     return lines
 
 
-def render_recovery(results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]) -> list[str]:
+def render_recovery(
+    results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]
+) -> list[str]:
     n = args.records
     lines = [
         "",
@@ -157,13 +191,21 @@ def render_recovery(results: dict[str, Any], args: argparse.Namespace, targets: 
             continue
         rates = [n / seconds for seconds in results[key]]
         cpu = results.get(f"{key}_cpu", [(0.0, 0.0)])
-        lines.append(f"| {what} | {len(rates)} | {statistics.median(results[key]):.2f} | "
-                     f"{statistics.median(rates):,.0f} | {min(rates):,.0f}–{max(rates):,.0f} "
-                     f"| {statistics.median(c for c, _ in cpu) / n * 1e6:.1f} µs / "
-                     f"{statistics.median(s for _, s in cpu) / n * 1e6:.1f} µs |")
+        lines.append(
+            f"| {what} | {len(rates)} | {statistics.median(results[key]):.2f} | "
+            f"{statistics.median(rates):,.0f} | {min(rates):,.0f}–{max(rates):,.0f} "
+            f"| {statistics.median(c for c, _ in cpu) / n * 1e6:.1f} µs / "
+            f"{statistics.median(s for _, s in cpu) / n * 1e6:.1f} µs |"
+        )
         if target:
-            targets.append((f"{key.replace('_', '-')} rate", ">= 50,000 records/s", f"{statistics.median(rates):,.0f}/s",
-                            statistics.median(rates) >= 50_000))
+            targets.append(
+                (
+                    f"{key.replace('_', '-')} rate",
+                    ">= 50,000 records/s",
+                    f"{statistics.median(rates):,.0f}/s",
+                    statistics.median(rates) >= 50_000,
+                )
+            )
     lines.append("")
     return lines
 
@@ -186,7 +228,9 @@ def render_snapshot(results: dict[str, Any]) -> list[str]:
     ]
 
 
-def render_failover(results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]) -> list[str]:
+def render_failover(
+    results: dict[str, Any], args: argparse.Namespace, targets: list[tuple[str, str, str, bool]]
+) -> list[str]:
     runs = results["failover"]
     totals = [run["total"] for run in runs]
     lines = [
@@ -201,8 +245,14 @@ def render_failover(results: dict[str, Any], args: argparse.Namespace, targets: 
         f"| {statistics.median(run['taken_in'] for run in runs):,.0f} |",
     ]
     limit = args.lease_ttl + 1
-    targets.append((f"failover (kill -> first commit), max of {len(runs)}", f"<= {limit} s (TTL + 1 s)",
-                    f"p50 {statistics.median(totals):.2f} s, max {max(totals):.2f} s", max(totals) <= limit))
+    targets.append(
+        (
+            f"failover (kill -> first commit), max of {len(runs)}",
+            f"<= {limit} s (TTL + 1 s)",
+            f"p50 {statistics.median(totals):.2f} s, max {max(totals):.2f} s",
+            max(totals) <= limit,
+        )
+    )
     return lines
 
 
@@ -244,6 +294,7 @@ def render_breakdown(results: dict[str, Any], args: argparse.Namespace) -> list[
             )
         lines.append("")
     if "consume" in parts:
+
         def stage(key: str) -> str:
             wall, cpu = parts[key]
             return f"{wall * 1e6:.1f} µs ({cpu * 1e6:.1f} µs CPU)"
@@ -253,12 +304,15 @@ def render_breakdown(results: dict[str, Any], args: argparse.Namespace) -> list[
             f"nats-py ordered consumer alone (callback, headers parsed) {stage('consume')}; nats-py's `msg.metadata` + "
             f"`parse_message` (headers, CRC, decompress, decode) {stage('parse')}; the fold (`Follower._apply`, chunks "
             f"of 1,024, one transaction each) {stage('apply_power')} (`power` replica), {stage('apply_process')} (`process`)."
-            + (f" Batched pull requests alone (`link.fetch`, 4,096 a batch) {stage('fetch')}; `parse_message` of what "
-               f"they return, each decoded record dropped at once {stage('parse_raw')}; checked and folded as a catch-up "
-               f"does (`Follower._take_raw`: each message checked just before it is folded, 4,096 a transaction) "
-               f"{stage('take_raw')} (`process`). The stages with a decoded batch held whole (the first two) pay for "
-               "the garbage collector walking it."
-               if "fetch" in parts else "")
+            + (
+                f" Batched pull requests alone (`link.fetch`, 4,096 a batch) {stage('fetch')}; `parse_message` of what "
+                f"they return, each decoded record dropped at once {stage('parse_raw')}; checked and folded as a catch-up "
+                f"does (`Follower._take_raw`: each message checked just before it is folded, 4,096 a transaction) "
+                f"{stage('take_raw')} (`process`). The stages with a decoded batch held whole (the first two) pay for "
+                "the garbage collector walking it."
+                if "fetch" in parts
+                else ""
+            )
             + " 50,000 records/s is 20 µs a record.",
             "",
         ]

@@ -55,7 +55,10 @@ WORKLOADS: dict[str, Workload] = {**COMMON_WORKLOADS, **HOST_WORKLOADS}
 """Every workload of the run: ``workloads``'s, then the Session host's (``host``),
 which runs both durability classes in the same rounds."""
 
-MODE_BACKENDS = {"process": ("lmdb", "sqlite", "memory", "jsonl"), "power": ("lmdb", "sqlite", "jsonl", "floor")}
+MODE_BACKENDS = {
+    "process": ("lmdb", "sqlite", "memory", "jsonl"),
+    "power": ("lmdb", "sqlite", "jsonl", "floor"),
+}
 
 
 # ── stores ───────────────────────────────────────────────────────────────────
@@ -116,7 +119,9 @@ class Store:
         elif self.backend == "floor":
             from pi_durable_lmdb.storage import LmdbStorage
 
-            self.storage = OneFlush(await LmdbStorage.open(self.path, durability="process", **LMDB_OPTIONS), self.path)
+            self.storage = OneFlush(
+                await LmdbStorage.open(self.path, durability="process", **LMDB_OPTIONS), self.path
+            )
         elif self.backend == "sqlite":
             from pi_durable.storage.sqlite.posix import open_posix_sqlite_storage
 
@@ -174,24 +179,39 @@ def source_version() -> str:
 
     root = str(ROOT)
     try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "src"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--", "src"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" + uncommitted changes in src/" if dirty else "")
 
 
 async def run_fresh(
-    workload: Workload, pairs: tuple[tuple[str, str], ...], rounds: int, scale: float, base: str, results: Results,
+    workload: Workload,
+    pairs: tuple[tuple[str, str], ...],
+    rounds: int,
+    scale: float,
+    base: str,
+    results: Results,
 ) -> None:
     """A fresh store per (mode, backend) pair and round, the pairs rotated every round (so two
     durability classes can share rounds: ``host``)."""
 
     for round in range(rounds):
         for mode, backend in rotated(pairs, round):
-            store = Store(backend, mode, os.path.join(base, f"{workload.name}-{mode}-{backend}-{round}"))
+            store = Store(
+                backend, mode, os.path.join(base, f"{workload.name}-{mode}-{backend}-{round}")
+            )
             await store.open()
             state = await workload.populate(store, scale)
             gc.collect()
@@ -202,16 +222,25 @@ async def run_fresh(
                 (store.disk_bytes(), workload.commits(state))
             )
             shutil.rmtree(store.path, ignore_errors=True)
-        _log(f"  {workload.name} [{', '.join(sorted({mode for mode, _ in pairs}))}] round {round + 1}/{rounds}")
+        _log(
+            f"  {workload.name} [{', '.join(sorted({mode for mode, _ in pairs}))}] round {round + 1}/{rounds}"
+        )
 
 
 async def run_workload(
-    workload: Workload, mode: str, backends: tuple[str, ...], rounds: int, scale: float,
-    base: str, results: Results,
+    workload: Workload,
+    mode: str,
+    backends: tuple[str, ...],
+    rounds: int,
+    scale: float,
+    base: str,
+    results: Results,
 ) -> None:
     key = f"{workload.name}-{mode}"
     if workload.fresh:
-        await run_fresh(workload, tuple((mode, backend) for backend in backends), rounds, scale, base, results)
+        await run_fresh(
+            workload, tuple((mode, backend) for backend in backends), rounds, scale, base, results
+        )
         return
     stores: dict[str, tuple[Store, Any]] = {}
     for backend in backends:
@@ -219,7 +248,9 @@ async def run_workload(
         await store.open()
         started = time.perf_counter()
         stores[backend] = (store, await workload.populate(store, scale))
-        _log(f"  {workload.name} [{mode}] populated {backend} in {time.perf_counter() - started:.1f} s")
+        _log(
+            f"  {workload.name} [{mode}] populated {backend} in {time.perf_counter() - started:.1f} s"
+        )
     for backend in backends:  # warm-up pass, not recorded
         store, state = stores[backend]
         await workload.measure(store, state, -1)
@@ -263,7 +294,12 @@ async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Resu
     for name in names:
         workload = WORKLOADS[name]
         if name in HOST_WORKLOADS:
-            pairs = tuple((mode, backend) for mode in workload.modes if mode in args.modes for backend in workload.backends)
+            pairs = tuple(
+                (mode, backend)
+                for mode in workload.modes
+                if mode in args.modes
+                for backend in workload.backends
+            )
             _log(f"{name}: {', '.join(LABELS[(backend, mode)] for mode, backend in pairs)}")
             rounds = min(args.rounds, args.host_rounds, workload.rounds or args.rounds)
             await run_fresh(workload, pairs, rounds, args.scale, base, results)
@@ -271,7 +307,9 @@ async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Resu
         for mode in workload.modes:
             if mode not in args.modes:
                 continue
-            backends = tuple(b for b in MODE_BACKENDS[mode] if b in workload.backends and b in args.backends)
+            backends = tuple(
+                b for b in MODE_BACKENDS[mode] if b in workload.backends and b in args.backends
+            )
             if "sqlite" not in backends:
                 backends = ("sqlite", *backends)
             _log(f"{name} [{mode}]: {', '.join(backends)}")
@@ -324,10 +362,22 @@ def measure_rss(args: argparse.Namespace, names: list[str], base: str, results: 
         directory = tempfile.mkdtemp(prefix="rss-", dir=base)
         try:
             out = subprocess.run(
-                module_command("tools.bench.report", "--child-rss", workload, mode, backend,
-                               "--scale", str(args.scale), "--dir", directory,
-                               *(["--no-read-checksums"] if args.no_read_checksums else [])),
-                check=True, capture_output=True, text=True, env=module_env(),
+                module_command(
+                    "tools.bench.report",
+                    "--child-rss",
+                    workload,
+                    mode,
+                    backend,
+                    "--scale",
+                    str(args.scale),
+                    "--dir",
+                    directory,
+                    *(["--no-read-checksums"] if args.no_read_checksums else []),
+                ),
+                check=True,
+                capture_output=True,
+                text=True,
+                env=module_env(),
             ).stdout
             return int(json.loads(out.strip().splitlines()[-1])["maxrss_kib"])
         finally:
@@ -380,25 +430,61 @@ async def profile_lmdb(args: argparse.Namespace, names: list[str], base: str) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=None, help="size multiplier (default 1; --quick 0.2)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7; --quick 3)")
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--scale", type=float, default=None, help="size multiplier (default 1; --quick 0.2)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds (default 7; --quick 3)"
+    )
     parser.add_argument("--quick", action="store_true", help="~30 s smoke run")
-    parser.add_argument("--host-rounds", type=int, default=3, help="rounds of the Session host workloads at most (default 3)")
-    parser.add_argument("--long", action="store_true",
-                        help=f"also the long workloads, one round each ({', '.join(sorted(LONG_WORKLOADS))}: ~15 minutes)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help=f"workloads to run (repeat or comma-separate): {', '.join(WORKLOADS)}")
-    parser.add_argument("--modes", default="process,power", help="durability classes (default both)")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="backends (sqlite always runs)")
-    parser.add_argument("--markdown", metavar="FILE", help="also write the tables to FILE (its marked block when it has one)")
+    parser.add_argument(
+        "--host-rounds",
+        type=int,
+        default=3,
+        help="rounds of the Session host workloads at most (default 3)",
+    )
+    parser.add_argument(
+        "--long",
+        action="store_true",
+        help=f"also the long workloads, one round each ({', '.join(sorted(LONG_WORKLOADS))}: ~15 minutes)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"workloads to run (repeat or comma-separate): {', '.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--modes", default="process,power", help="durability classes (default both)"
+    )
+    parser.add_argument(
+        "--backends", default=",".join(BACKENDS), help="backends (sqlite always runs)"
+    )
+    parser.add_argument(
+        "--markdown",
+        metavar="FILE",
+        help="also write the tables to FILE (its marked block when it has one)",
+    )
     parser.add_argument("--rss", action="store_true", help="peak RSS per workload in subprocesses")
-    parser.add_argument("--profile", action="store_true", help="cProfile the LMDB path instead of benchmarking")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the LMDB path instead of benchmarking"
+    )
     parser.add_argument("--profile-top", type=int, default=25, help="rows per profile (default 25)")
-    parser.add_argument("--dir", help="parent of the temporary stores (default: the system temp dir)")
-    parser.add_argument("--no-read-checksums", action="store_true",
-                        help="open LMDB stores with verify_checksums=False (what the read checksums cost)")
-    parser.add_argument("--child-rss", nargs=3, metavar=("WORKLOAD", "MODE", "BACKEND"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--dir", help="parent of the temporary stores (default: the system temp dir)"
+    )
+    parser.add_argument(
+        "--no-read-checksums",
+        action="store_true",
+        help="open LMDB stores with verify_checksums=False (what the read checksums cost)",
+    )
+    parser.add_argument(
+        "--child-rss", nargs=3, metavar=("WORKLOAD", "MODE", "BACKEND"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.scale is None:
         args.scale = 0.2 if args.quick else 1.0
@@ -418,7 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
-        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+        parser.error(
+            f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}"
+        )
     for mode in args.modes:
         if mode not in MODE_BACKENDS:
             parser.error(f"unknown durability class {mode!r}")
@@ -435,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
             measure_rss(args, names, base, results)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    command = "python -m tools.bench" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:] if argv is None else argv))
+    command = "python -m tools.bench" + (
+        ""
+        if argv is None and len(sys.argv) == 1
+        else " " + " ".join(sys.argv[1:] if argv is None else argv)
+    )
     table = render(results, args, command)
     print(table)
     if args.markdown:

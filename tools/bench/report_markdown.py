@@ -65,7 +65,9 @@ class Results:
     flushes: list[float] = field(default_factory=list)
     """One flush on the disk of the stores (``flush``), at the start and the end of the run."""
 
-    def add(self, mode: str, backend: str, round: int, timings: dict[str, tuple[float, int, Any]]) -> None:
+    def add(
+        self, mode: str, backend: str, round: int, timings: dict[str, tuple[float, int, Any]]
+    ) -> None:
         for row, (seconds, ops, digest) in timings.items():
             series = self.series.setdefault((row, mode, backend), Series())
             series.times[round] = seconds / ops
@@ -92,17 +94,23 @@ def _fmt_ratio(value: float) -> str:
     return f"{value:.2f}x"
 
 
-def paired_ratios(results: Results, row: str, mode: str, backend: str, against: str = "sqlite") -> list[float]:
+def paired_ratios(
+    results: Results, row: str, mode: str, backend: str, against: str = "sqlite"
+) -> list[float]:
     mine = results.series.get((row, mode, backend))
     theirs = results.series.get((row, mode, against))
     if mine is None or theirs is None:
         return []
-    return [theirs.times[r] / mine.times[r] for r in sorted(mine.times) if r in theirs.times and mine.times[r] > 0]
+    return [
+        theirs.times[r] / mine.times[r]
+        for r in sorted(mine.times)
+        if r in theirs.times and mine.times[r] > 0
+    ]
 
 
 def _row_order(results: Results) -> list[tuple[str, str]]:
     seen: list[tuple[str, str]] = []
-    for (row, mode, _backend) in results.series:
+    for row, mode, _backend in results.series:
         if (row, mode) not in seen:
             seen.append((row, mode))
     return seen
@@ -123,10 +131,13 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}; "
         f"{args.rounds} rounds, scale {args.scale}, run took {results.elapsed:.0f} s  ",
         *(
-            [f"One device flush on the stores' disk (4 KiB overwritten in a preallocated file + fdatasync, "
-             f"median of 200, `tools/bench/flush.py`): {' at the start, '.join(fmt_time(t) for t in results.flushes)} "
-             f"at the end of the run: the floor of a power commit"]
-            if results.flushes else []
+            [
+                f"One device flush on the stores' disk (4 KiB overwritten in a preallocated file + fdatasync, "
+                f"median of 200, `tools/bench/flush.py`): {' at the start, '.join(fmt_time(t) for t in results.flushes)} "
+                f"at the end of the run: the floor of a power commit"
+            ]
+            if results.flushes
+            else []
         ),
         "",
         "Median time per operation over rounds; spread = min–max over rounds; ratio = SQLite time / "
@@ -143,22 +154,31 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
                 continue
             values = list(series.times.values())
             ratios = paired_ratios(results, row, mode, backend)
-            ratio = "—" if backend == "sqlite" or not ratios else (
-                f"**{_fmt_ratio(statistics.median(ratios))}** "
-                f"[{_fmt_ratio(min(ratios))}–{_fmt_ratio(max(ratios))}]"
+            ratio = (
+                "—"
+                if backend == "sqlite" or not ratios
+                else (
+                    f"**{_fmt_ratio(statistics.median(ratios))}** "
+                    f"[{_fmt_ratio(min(ratios))}–{_fmt_ratio(max(ratios))}]"
+                )
             )
             lines.append(
                 f"| {row} | {mode} | {LABELS[(backend, mode)]} | {fmt_time(statistics.median(values))} "
                 f"| {fmt_time(min(values))}–{fmt_time(max(values))} | {ratio} | {series.ops:,} |"
             )
-    lines += ["", "### Targets (LMDB vs SQLite, same run, same durability class)", "",
-              "The ceiling column, for commits: the same ratio for the backend that bounds any design of this engine "
-              "here (`process`: pi-durable's MemoryStorage, no I/O at all; `power`: this engine's "
-              "`process` commit path plus one device flush, `OneFlush` in `tools/bench/report.py`). A target "
-              "above its ceiling cannot be met by this engine's commit design (its work, then its flush) "
-              "on this machine.", "",
-              "| workload | class | target | measured (median [min–max]) | ceiling here | met |",
-              "|---|---|---|---:|---:|---|"]
+    lines += [
+        "",
+        "### Targets (LMDB vs SQLite, same run, same durability class)",
+        "",
+        "The ceiling column, for commits: the same ratio for the backend that bounds any design of this engine "
+        "here (`process`: pi-durable's MemoryStorage, no I/O at all; `power`: this engine's "
+        "`process` commit path plus one device flush, `OneFlush` in `tools/bench/report.py`). A target "
+        "above its ceiling cannot be met by this engine's commit design (its work, then its flush) "
+        "on this machine.",
+        "",
+        "| workload | class | target | measured (median [min–max]) | ceiling here | met |",
+        "|---|---|---|---:|---:|---|",
+    ]
     for row, mode, target, vs_memory in TARGETS:
         ratios = paired_ratios(results, row, mode, "lmdb")
         if not ratios:
@@ -166,9 +186,15 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
         median = statistics.median(ratios)
         met = median >= target
         text = f"{_fmt_ratio(median)} [{_fmt_ratio(min(ratios))}–{_fmt_ratio(max(ratios))}]"
-        bound = paired_ratios(results, row, mode, CEILINGS[mode]) if row.split(".")[0] in COMMIT_ROWS else []
+        bound = (
+            paired_ratios(results, row, mode, CEILINGS[mode])
+            if row.split(".")[0] in COMMIT_ROWS
+            else []
+        )
         ceiling = (
-            f"{_fmt_ratio(statistics.median(bound))} ({LABELS[(CEILINGS[mode], mode)]})" if bound else "—"
+            f"{_fmt_ratio(statistics.median(bound))} ({LABELS[(CEILINGS[mode], mode)]})"
+            if bound
+            else "—"
         )
         goal = f">= {target:g}x"
         if vs_memory:
@@ -178,32 +204,52 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
                 met = met and faster > 1
                 text += f"; vs memory {_fmt_ratio(faster)}"
                 goal += ", faster than memory"
-        lines.append(f"| {row} | {mode} | {goal} | {text} | {ceiling} | {'met' if met else '**not met**'} |")
+        lines.append(
+            f"| {row} | {mode} | {goal} | {text} | {ceiling} | {'met' if met else '**not met**'} |"
+        )
     if results.sizes:
-        lines += ["", "### Store size on disk (after close)", "",
-                  "| workload | class | backend | bytes on disk | commits | bytes / commit |",
-                  "|---|---|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "### Store size on disk (after close)",
+            "",
+            "| workload | class | backend | bytes on disk | commits | bytes / commit |",
+            "|---|---|---|---:|---:|---:|",
+        ]
         for (name, mode, backend), sizes in results.sizes.items():
             if backend in ("memory", "floor"):
                 continue
             size, commits = sizes[-1]
             count, per = (f"{commits:,}", _bytes(size / commits)) if commits else ("—", "—")
-            lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {_bytes(size)} | {count} | {per} |")
+            lines.append(
+                f"| {name} | {mode} | {LABELS[(backend, mode)]} | {_bytes(size)} | {count} | {per} |"
+            )
     lines += host_table(results)
     if results.rss:
-        baselines = {backend: kib for (name, _mode, backend), kib in results.rss.items() if name == "none"}
-        lines += ["", "### Peak RSS (VmHWM of one subprocess each: populate + one pass; baseline: the same "
-                      "backend opening and closing an empty store; LMDB's count includes the mapped pages "
-                      "of its file)", "",
-                  "| workload | class | backend | peak RSS | above baseline |", "|---|---|---|---:|---:|"]
+        baselines = {
+            backend: kib for (name, _mode, backend), kib in results.rss.items() if name == "none"
+        }
+        lines += [
+            "",
+            "### Peak RSS (VmHWM of one subprocess each: populate + one pass; baseline: the same "
+            "backend opening and closing an empty store; LMDB's count includes the mapped pages "
+            "of its file)",
+            "",
+            "| workload | class | backend | peak RSS | above baseline |",
+            "|---|---|---|---:|---:|",
+        ]
         for (name, mode, backend), kib in results.rss.items():
             if name == "none":
                 continue
             above = kib - baselines.get(backend, kib)
-            lines.append(f"| {name} | {mode} | {LABELS[(backend, mode)]} | {kib / 1024:.1f} MiB "
-                         f"| {above / 1024:+.1f} MiB |")
+            lines.append(
+                f"| {name} | {mode} | {LABELS[(backend, mode)]} | {kib / 1024:.1f} MiB "
+                f"| {above / 1024:+.1f} MiB |"
+            )
         lines.append("")
-        lines.append("Baselines: " + ", ".join(f"{backend} {kib / 1024:.1f} MiB" for backend, kib in baselines.items()))
+        lines.append(
+            "Baselines: "
+            + ", ".join(f"{backend} {kib / 1024:.1f} MiB" for backend, kib in baselines.items())
+        )
     if results.mismatches:
         lines += ["", "### Answers that differ from SQLite", ""]
         lines += [f"- {mismatch}" for mismatch in results.mismatches]
@@ -248,7 +294,9 @@ def write_markdown(path: str, table: str) -> None:
             text = handle.read()
             marked = MARKDOWN_BEGIN in text or _legacy(MARKDOWN_BEGIN) in text
         if marked:
-            write_marked(path, f"{MARKDOWN_BEGIN}\n{table}{MARKDOWN_END}", MARKDOWN_BEGIN, MARKDOWN_END)
+            write_marked(
+                path, f"{MARKDOWN_BEGIN}\n{table}{MARKDOWN_END}", MARKDOWN_BEGIN, MARKDOWN_END
+            )
             return
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(table)

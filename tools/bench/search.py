@@ -64,11 +64,17 @@ async def build(path: str, entries: int, conversations: int, seed: int = 7) -> f
             next_id += 2
             notes[conversation] = document
             first.append({"type": "conversation", "value": {"id": conversation}})
-            first.append({
-                "type": "document.create",
-                "record": {"id": document, "kind": "notes", "scope": {"kind": "conversation", "conversationId": conversation}},
-                "content": {"kind": "base", "version": 1, "value": {"text": ""}},
-            })
+            first.append(
+                {
+                    "type": "document.create",
+                    "record": {
+                        "id": document,
+                        "kind": "notes",
+                        "scope": {"kind": "conversation", "conversationId": conversation},
+                    },
+                    "content": {"kind": "base", "version": 1, "value": {"text": ""}},
+                }
+            )
         await storage.commit(first, CTX)
         made = 0
         turn = 0
@@ -78,21 +84,71 @@ async def build(path: str, entries: int, conversations: int, seed: int = 7) -> f
             next_id += 3
             question = sentence()
             batch: list[dict[str, Any]] = [
-                {"type": "entry", "value": {"id": user, "conversationId": conversation, "kind": "message", "model": [{"role": "user", "content": question}]}},
-                {"type": "task", "value": {"id": task, "conversationId": conversation, "kind": rng.choice(["answer", "summarize", "search"]), "version": 1,
-                                           "input": {}, "background": False, "abortRequested": False, "state": {"status": "pending"}}},
+                {
+                    "type": "entry",
+                    "value": {
+                        "id": user,
+                        "conversationId": conversation,
+                        "kind": "message",
+                        "model": [{"role": "user", "content": question}],
+                    },
+                },
+                {
+                    "type": "task",
+                    "value": {
+                        "id": task,
+                        "conversationId": conversation,
+                        "kind": rng.choice(["answer", "summarize", "search"]),
+                        "version": 1,
+                        "input": {},
+                        "background": False,
+                        "abortRequested": False,
+                        "state": {"status": "pending"},
+                    },
+                },
             ]
             await storage.commit(batch, CTX)
             batch = [
-                {"type": "entry", "value": {"id": assistant, "conversationId": conversation, "kind": "message",
-                                            "model": [{"role": "assistant", "content": [{"type": "text", "text": sentence()}]}]}},
-                {"type": "task", "value": {"id": task, "conversationId": conversation, "kind": "answer", "version": 1, "input": {},
-                                           "background": False, "abortRequested": False,
-                                           "state": {"status": "terminal", "outcome": {"status": "completed", "result": "ok"}}}},
+                {
+                    "type": "entry",
+                    "value": {
+                        "id": assistant,
+                        "conversationId": conversation,
+                        "kind": "message",
+                        "model": [
+                            {"role": "assistant", "content": [{"type": "text", "text": sentence()}]}
+                        ],
+                    },
+                },
+                {
+                    "type": "task",
+                    "value": {
+                        "id": task,
+                        "conversationId": conversation,
+                        "kind": "answer",
+                        "version": 1,
+                        "input": {},
+                        "background": False,
+                        "abortRequested": False,
+                        "state": {
+                            "status": "terminal",
+                            "outcome": {"status": "completed", "result": "ok"},
+                        },
+                    },
+                },
             ]
             if turn % 5 == 0:
-                batch.append({"type": "document.change", "id": notes[conversation],
-                              "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], " " + sentence(12)]]}})
+                batch.append(
+                    {
+                        "type": "document.change",
+                        "id": notes[conversation],
+                        "content": {
+                            "kind": "delta",
+                            "version": 1,
+                            "ops": [["a", ["text"], " " + sentence(12)]],
+                        },
+                    }
+                )
             await storage.commit(batch, CTX)
             made += 2
             turn += 1
@@ -113,7 +169,10 @@ def queries(rng: random.Random) -> dict[str, list[str]]:
         "mid word": [f"w{rng.randrange(50, 500)}" for _ in range(20)],
         "rare word": [rare() for _ in range(20)],
         "two words": [f"w{rng.randrange(0, 50)} w{rng.randrange(50, 2000)}" for _ in range(20)],
-        "three words": [f"w{rng.randrange(0, 20)} w{rng.randrange(20, 200)} w{rng.randrange(200, 3000)}" for _ in range(20)],
+        "three words": [
+            f"w{rng.randrange(0, 20)} w{rng.randrange(20, 200)} w{rng.randrange(200, 3000)}"
+            for _ in range(20)
+        ],
         "no such word": ["nowhere"],
         "task kind + state": ["summarize pending", "answer completed"],
     }
@@ -157,11 +216,15 @@ def ms(value: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=40)
-    parser.add_argument("--dir", default=None, help="build the store here (default: a temporary directory)")
+    parser.add_argument(
+        "--dir", default=None, help="build the store here (default: a temporary directory)"
+    )
     args = parser.parse_args()
     parent = tempfile.mkdtemp(prefix="bench-search-", dir=args.dir)
     path = os.path.join(parent, "store")
@@ -175,10 +238,14 @@ def main() -> int:
         indexed = time.perf_counter() - started
         index_bytes = index.size()
         index.close()
-        print(f"# search on {args.entries:,} entries ({folded:,} log records), Python {platform.python_version()}, {platform.machine()}")
+        print(
+            f"# search on {args.entries:,} entries ({folded:,} log records), Python {platform.python_version()}, {platform.machine()}"
+        )
         print(f"store built in {built:.1f} s; data.mdb {store_bytes / 2**20:.1f} MiB")
-        print(f"index built in {indexed:.1f} s; search.index {index_bytes / 2**20:.1f} MiB "
-              f"({index_bytes / store_bytes:.0%} of the store, {index_bytes / args.entries:.0f} bytes per entry)")
+        print(
+            f"index built in {indexed:.1f} s; search.index {index_bytes / 2**20:.1f} MiB "
+            f"({index_bytes / store_bytes:.0%} of the store, {index_bytes / args.entries:.0f} bytes per entry)"
+        )
         print()
         print(f"load average before the queries: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         print()
@@ -192,12 +259,16 @@ def main() -> int:
             spent = sorted(cpu[label])
             every += found
             every_cpu += spent
-            print(f"| {label} | {len(found)} | {ms(statistics.median(found))} | {ms(p95(found))} | {ms(found[-1])} | "
-                  f"{ms(statistics.median(spent))} | {ms(p95(spent))} |")
+            print(
+                f"| {label} | {len(found)} | {ms(statistics.median(found))} | {ms(p95(found))} | {ms(found[-1])} | "
+                f"{ms(statistics.median(spent))} | {ms(p95(spent))} |"
+            )
         every.sort()
         every_cpu.sort()
-        print(f"| all queries | {len(every)} | {ms(statistics.median(every))} | {ms(p95(every))} | {ms(every[-1])} | "
-              f"{ms(statistics.median(every_cpu))} | {ms(p95(every_cpu))} |")
+        print(
+            f"| all queries | {len(every)} | {ms(statistics.median(every))} | {ms(p95(every))} | {ms(every[-1])} | "
+            f"{ms(statistics.median(every_cpu))} | {ms(p95(every_cpu))} |"
+        )
         print(f"load average after: {os.getloadavg()[0]:.1f}")
         return 0
     finally:

@@ -106,7 +106,9 @@ def run_to_devnull(args: list[str]) -> float:
         done = subprocess.run(args, stdout=devnull, stderr=subprocess.PIPE, env=ENV)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
-        raise RuntimeError(f"{args} failed ({done.returncode}): {done.stderr.decode(errors='replace')}")
+        raise RuntimeError(
+            f"{args} failed ({done.returncode}): {done.stderr.decode(errors='replace')}"
+        )
     return elapsed
 
 
@@ -193,7 +195,9 @@ async def follow_latency(path: str, count: int, interval: float) -> dict[str, An
         tail.send_signal(signal.SIGTERM)
         rc = tail.wait(10)
     if rc != 0:
-        raise RuntimeError(f"tail exited {rc}: {tail.stderr.read().decode(errors='replace') if tail.stderr else ''}")
+        raise RuntimeError(
+            f"tail exited {rc}: {tail.stderr.read().decode(errors='replace') if tail.stderr else ''}"
+        )
 
     after_commit, after_stamp = [], []
     for arrived, line in reader.items[1:]:
@@ -210,12 +214,24 @@ def summary(values: list[float]) -> tuple[float, float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=50_000, help="turn commits in the store (default 50000)")
-    parser.add_argument("--follow-count", type=int, default=200, help="commits for the latency run (default 200)")
-    parser.add_argument("--interval", type=float, default=0.02, help="seconds between those commits (default 0.02)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per throughput case; best is reported")
-    parser.add_argument("--dir", default=None, help="where to make the temporary store (default: system temp)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--count", type=int, default=50_000, help="turn commits in the store (default 50000)"
+    )
+    parser.add_argument(
+        "--follow-count", type=int, default=200, help="commits for the latency run (default 200)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=0.02, help="seconds between those commits (default 0.02)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per throughput case; best is reported"
+    )
+    parser.add_argument(
+        "--dir", default=None, help="where to make the temporary store (default: system temp)"
+    )
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="bench-tail-", dir=args.dir)
@@ -226,10 +242,16 @@ def main() -> int:
         count = args.count
 
         cases = [
-            ("start-up only (tail printing nothing)", ["tail", path, "--json", "--from", str(count + 1)]),
+            (
+                "start-up only (tail printing nothing)",
+                ["tail", path, "--json", "--from", str(count + 1)],
+            ),
             ("tail --json --from 1", ["tail", path, "--json", "--from", "1"]),
             ("tail --from 1 (readable)", ["tail", path, "--from", "1"]),
-            ("tail --json --from 1 --type task", ["tail", path, "--json", "--from", "1", "--type", "task"]),
+            (
+                "tail --json --from 1 --type task",
+                ["tail", path, "--json", "--from", "1", "--type", "task"],
+            ),
             ("export", ["export", path]),
         ]
         best: dict[str, float] = {}
@@ -269,11 +291,16 @@ def main() -> int:
     print(f"{'in-process: decode + to_json':<42} {'':>7} {json_rate:>11,.0f}")
     print()
     n = len(latency["after_commit"])
-    print(f"(b) follow latency: {n} commits spaced {args.interval * 1000:.0f} ms, tail --follow --json in another process")
+    print(
+        f"(b) follow latency: {n} commits spaced {args.interval * 1000:.0f} ms, tail --follow --json in another process"
+    )
     header = f"{'measured from':<40} {'median ms':>10} {'p95 ms':>8} {'max ms':>8}"
     print(header)
     print("-" * len(header))
-    for label, key in (("commit() returned -> line read", "after_commit"), ("stamp before commit -> line read", "after_stamp")):
+    for label, key in (
+        ("commit() returned -> line read", "after_commit"),
+        ("stamp before commit -> line read", "after_stamp"),
+    ):
         median, p95, worst = summary(latency[key])
         print(f"{label:<40} {median:>10.2f} {p95:>8.2f} {worst:>8.2f}")
     print()

@@ -44,7 +44,10 @@ async def _pair(base: str, count: int) -> dict[bool, tuple[float, float]]:
     """Two fresh stores, with and without the tree, committing turns alternately (one commit on
     each in turn, the first alternating too), so load from elsewhere falls on both alike."""
 
-    stores = {on: await LmdbStorage.open(os.path.join(base, str(on)), durability="process") for on in (True, False)}
+    stores = {
+        on: await LmdbStorage.open(os.path.join(base, str(on)), durability="process")
+        for on in (True, False)
+    }
     stores[False].log.tree.append_writes = _no_leaf  # type: ignore[method-assign]
     try:
         batches: dict[bool, list[list[dict[str, Any]]]] = {}
@@ -52,12 +55,14 @@ async def _pair(base: str, count: int) -> dict[bool, tuple[float, float]]:
             ids = Ids()
             task_id = ids()
             await storage.commit([conversation(ROOT)], CTX)
-            await storage.commit([{"type": "task", "value": task(task_id, ROOT, 0, "pending")}], CTX)
+            await storage.commit(
+                [{"type": "task", "value": task(task_id, ROOT, 0, "pending")}], CTX
+            )
             batches[on] = turn_batches(ids, task_id, count)
         wall = {True: 0.0, False: 0.0}
         cpu = {True: 0.0, False: 0.0}
         for n in range(count):
-            for on in ((True, False) if n % 2 else (False, True)):
+            for on in (True, False) if n % 2 else (False, True):
                 started, cpu_started = time.perf_counter(), time.process_time()
                 await stores[on].commit(batches[on][n], CTX)
                 wall[on] += time.perf_counter() - started
@@ -82,12 +87,20 @@ def commit(rounds: int, count: int, parent: str | None) -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     off, on_ = statistics.median(times[False]), statistics.median(times[True])
-    print(f"commit_turn, process mode, {rounds} rounds x {count} commits on each of two stores, alternating commit by commit")
-    print(f"  without the tree: {off * 1e6:7.1f} us/commit (rounds: {', '.join(f'{t * 1e6:.1f}' for t in times[False])})")
-    print(f"  with the tree:    {on_ * 1e6:7.1f} us/commit (rounds: {', '.join(f'{t * 1e6:.1f}' for t in times[True])})")
+    print(
+        f"commit_turn, process mode, {rounds} rounds x {count} commits on each of two stores, alternating commit by commit"
+    )
+    print(
+        f"  without the tree: {off * 1e6:7.1f} us/commit (rounds: {', '.join(f'{t * 1e6:.1f}' for t in times[False])})"
+    )
+    print(
+        f"  with the tree:    {on_ * 1e6:7.1f} us/commit (rounds: {', '.join(f'{t * 1e6:.1f}' for t in times[True])})"
+    )
     print(f"  overhead: {(on_ / off - 1) * 100:+.1f}% (median of each)")
     cpu_off, cpu_on = statistics.median(cpus[False]), statistics.median(cpus[True])
-    print(f"  CPU time of this process: {cpu_off * 1e6:.1f} -> {cpu_on * 1e6:.1f} us/commit, {(cpu_on / cpu_off - 1) * 100:+.1f}%")
+    print(
+        f"  CPU time of this process: {cpu_off * 1e6:.1f} -> {cpu_on * 1e6:.1f} us/commit, {(cpu_on / cpu_off - 1) * 100:+.1f}%"
+    )
 
 
 def build(records: int, synthetic: int, parent: str | None) -> None:
@@ -98,7 +111,9 @@ def build(records: int, synthetic: int, parent: str | None) -> None:
         for leaf in leaves:
             builder.add(leaf)
         elapsed = time.perf_counter() - started
-        print(f"synthetic: {synthetic:,} leaf hashes through TreeBuilder in {elapsed:.2f} s: {synthetic / elapsed:,.0f} leaves/s")
+        print(
+            f"synthetic: {synthetic:,} leaf hashes through TreeBuilder in {elapsed:.2f} s: {synthetic / elapsed:,.0f} leaves/s"
+        )
     if not records:
         return
     base = tempfile.mkdtemp(prefix="bench-tlog-", dir=parent)
@@ -118,14 +133,18 @@ def build(records: int, synthetic: int, parent: str | None) -> None:
 
             env.write(append)
             written += n
-        print(f"log: {records:,} records appended (with the tree) in {time.perf_counter() - started:.1f} s; "
-              f"data.mdb {os.path.getsize(os.path.join(base, 'store', 'data.mdb')) / 1e6:,.0f} MB")
+        print(
+            f"log: {records:,} records appended (with the tree) in {time.perf_counter() - started:.1f} s; "
+            f"data.mdb {os.path.getsize(os.path.join(base, 'store', 'data.mdb')) / 1e6:,.0f} MB"
+        )
         root = log.root()
         started = time.perf_counter()
         log.tree.rebuild(log)
         elapsed = time.perf_counter() - started
         assert log.root() == root
-        print(f"build: the tree of {records:,} records rebuilt from the log in {elapsed:.1f} s: {records / elapsed:,.0f} records/s")
+        print(
+            f"build: the tree of {records:,} records rebuilt from the log in {elapsed:.1f} s: {records / elapsed:,.0f} records/s"
+        )
         env.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)

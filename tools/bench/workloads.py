@@ -18,7 +18,15 @@ from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from tools.bench.records import ROOT, Ids, conversation, document_create, document_delta, entry, task
+from tools.bench.records import (
+    ROOT,
+    Ids,
+    conversation,
+    document_create,
+    document_delta,
+    entry,
+    task,
+)
 
 Timings = dict[str, tuple[float, int, Any]]
 
@@ -409,7 +417,11 @@ async def measure_session(store: Any, state: SessionState, round: int) -> Timing
     state.commits += state.count
     return {
         "session_turn": (elapsed, state.count, state.count),
-        "session_turn.in_store": (state.timed.inside, state.count, state.count),  # the rest is the Session's
+        "session_turn.in_store": (
+            state.timed.inside,
+            state.count,
+            state.count,
+        ),  # the rest is the Session's
     }
 
 

@@ -85,10 +85,29 @@ class Summary:
 class Round:
     """One writer process, its output file, and when to kill it."""
 
-    def __init__(self, store: Path, work: Path, number: int, kind: str, durability: str, rng: random.Random, max_delay: float, head: int) -> None:
+    def __init__(
+        self,
+        store: Path,
+        work: Path,
+        number: int,
+        kind: str,
+        durability: str,
+        rng: random.Random,
+        max_delay: float,
+        head: int,
+    ) -> None:
         self.number, self.kind, self.durability = number, kind, durability
         self.out_path = work / f"round-{number:05d}.out"
-        args = [sys.executable, str(CHILD), "write", str(store), "--seed", str(rng.randrange(2**32)), "--durability", durability]
+        args = [
+            sys.executable,
+            str(CHILD),
+            "write",
+            str(store),
+            "--seed",
+            str(rng.randrange(2**32)),
+            "--durability",
+            durability,
+        ]
         if kind == "rebuild":
             args += ["--bump-schema", "--fold-chunk", str(FOLD_CHUNK)]
         if kind == "tiny-map":
@@ -100,7 +119,9 @@ class Round:
         self.head = head
         self.out = open(self.out_path, "wb")
         env = dict(os.environ)
-        self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        self.proc = subprocess.Popen(
+            args, stdout=self.out, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+        )
 
     def lines(self) -> list[str]:
         data = self.out_path.read_bytes()
@@ -129,8 +150,10 @@ class Round:
             chunks = max(1, math.ceil(self.head / FOLD_CHUNK))
             target = rng.randint(1, max(1, chunks - 1))  # the last chunk is followed by the swap
             hit = self._wait_for(
-                lambda lines: sum(line.startswith("progress ") for line in lines) >= target
-                or any(line.startswith("opened") for line in lines),
+                lambda lines: (
+                    sum(line.startswith("progress ") for line in lines) >= target
+                    or any(line.startswith("opened") for line in lines)
+                ),
                 60,
             )
             time.sleep(rng.uniform(0, 0.002))
@@ -207,7 +230,9 @@ def run(args: argparse.Namespace) -> Summary:
             kind = KINDS[number % len(KINDS)] if number else "normal"
             durability = args.durability
             if durability == "mixed":  # group rounds fall on odd numbers: alternate them apart
-                durability = ("process", "power")[(number // len(KINDS) if kind == "group" else number) % 2]
+                durability = ("process", "power")[
+                    (number // len(KINDS) if kind == "group" else number) % 2
+                ]
             round_ = Round(store, work, number, kind, durability, rng, args.max_delay, checked_head)
             moment = round_.run_and_kill()
             summary.rounds += 1
@@ -216,14 +241,18 @@ def run(args: argparse.Namespace) -> Summary:
             events = parsed["events"]
             if events["error"] is not None:
                 summary.writer_errors += 1
-                summary.problems.append(f"round {number} ({kind}): the writer failed:\n{events['error']}")
+                summary.problems.append(
+                    f"round {number} ({kind}): the writer failed:\n{events['error']}"
+                )
             summary.kills_during_open += not events["opened"]
             summary.rebuild_rounds += kind == "rebuild"
             summary.tiny_map_rounds += kind == "tiny-map"
             summary.group_rounds += kind == "group"
             summary.group_acknowledged += len(parsed["acked"]) if kind == "group" else 0
             summary.growths += events["grows"]
-            summary.kills_after_growth += kind == "tiny-map" and moment == "right after a map growth"
+            summary.kills_after_growth += (
+                kind == "tiny-map" and moment == "right after a map growth"
+            )
             minted_max = max([minted_max, *parsed["minted"]])
             summary.minted += len(parsed["minted"])
 
@@ -238,7 +267,16 @@ def run(args: argparse.Namespace) -> Summary:
             result_path = work / f"result-{number:05d}.json"
             ledger_path.write_text(json.dumps(ledger))
             check = subprocess.run(
-                [sys.executable, str(CHILD), "check", str(store), "--ledger", str(ledger_path), "--result", str(result_path)],
+                [
+                    sys.executable,
+                    str(CHILD),
+                    "check",
+                    str(store),
+                    "--ledger",
+                    str(ledger_path),
+                    "--result",
+                    str(result_path),
+                ],
                 capture_output=True,
                 text=True,
                 cwd=ROOT,
@@ -246,14 +284,20 @@ def run(args: argparse.Namespace) -> Summary:
                 timeout=300,
             )
             if check.returncode != 0 or not result_path.exists():
-                summary.problems.append(f"round {number} ({kind}, {moment}): the checker failed:\n{check.stdout}{check.stderr}")
+                summary.problems.append(
+                    f"round {number} ({kind}, {moment}): the checker failed:\n{check.stdout}{check.stderr}"
+                )
                 break
             result = json.loads(result_path.read_text())
             for problem in result["problems"]:
-                summary.problems.append(f"round {number} ({kind}, {durability}, killed {moment}): {problem}")
+                summary.problems.append(
+                    f"round {number} ({kind}, {durability}, killed {moment}): {problem}"
+                )
             before = result.get("verify_before")
             if before is not None and not before.startswith("skipped"):
-                summary.problems.append(f"round {number} ({kind}, killed {moment}): verify before reopening: {before}")
+                summary.problems.append(
+                    f"round {number} ({kind}, killed {moment}): verify before reopening: {before}"
+                )
             summary.kills_mid_rebuild += kind == "rebuild" and result.get("building") is not None
             summary.acknowledged += len(parsed["acked"])
             summary.adopted += len(result.get("adopted", {}))
@@ -288,10 +332,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--store", help="a new or empty directory (default: a temporary one)")
     parser.add_argument("--durability", choices=("power", "process", "mixed"), default="power")
-    parser.add_argument("--seed", type=int, default=None, help="seed the kill moments and the batches")
-    parser.add_argument("--max-delay", type=float, default=0.5, help="longest run of a writer before its kill, in seconds")
-    parser.add_argument("--keep-going", action="store_true", help="run every round even after a problem")
-    parser.add_argument("--keep-work", action="store_true", help="keep writer outputs, ledgers and results")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seed the kill moments and the batches"
+    )
+    parser.add_argument(
+        "--max-delay",
+        type=float,
+        default=0.5,
+        help="longest run of a writer before its kill, in seconds",
+    )
+    parser.add_argument(
+        "--keep-going", action="store_true", help="run every round even after a problem"
+    )
+    parser.add_argument(
+        "--keep-work", action="store_true", help="keep writer outputs, ledgers and results"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--verbose", "-v", action="store_true", help="one line per round on stderr")
     args = parser.parse_args(argv)

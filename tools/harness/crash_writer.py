@@ -125,7 +125,18 @@ class Writer:
         touched: set[int] = set()  # documents already commanded in this batch
         for _ in range(rng.randint(1, 4)):
             kind = rng.choice(
-                ["entry", "entry", "entry", "task", "task", "create", "change", "change", "retire", "fork"]
+                [
+                    "entry",
+                    "entry",
+                    "entry",
+                    "task",
+                    "task",
+                    "create",
+                    "change",
+                    "change",
+                    "retire",
+                    "fork",
+                ]
             )
             write = await getattr(self, "_" + kind)(touched, writes)
             if write:
@@ -182,13 +193,22 @@ class Writer:
         record = {
             "id": id,
             "kind": rng.choice(["notes", "plan"]),
-            "scope": {"kind": "conversation", "conversationId": rng.choice(self.world.conversations)},
+            "scope": {
+                "kind": "conversation",
+                "conversationId": rng.choice(self.world.conversations),
+            },
             "key": f"k{id}",
             "history": rng.choice(["rewindable", "latest"]),
             "fork": "current",
         }
         value = {"text": rng.choice(TEXTS), "items": [1, 2, 3]}
-        return [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": value}}]
+        return [
+            {
+                "type": "document.create",
+                "record": record,
+                "content": {"kind": "base", "version": 1, "value": value},
+            }
+        ]
 
     def _live(self, touched: set[int]) -> list[int]:
         return [id for id in self.world.documents if id not in touched]
@@ -202,9 +222,17 @@ class Writer:
         touched.add(id)
         version = self.world.documents[id]["version"]
         if rng.random() < 0.25:
-            content = {"kind": "base", "version": version + rng.choice([0, 1]), "value": {"text": "reset", "items": []}}
+            content = {
+                "kind": "base",
+                "version": version + rng.choice([0, 1]),
+                "value": {"text": "reset", "items": []},
+            }
         else:
-            ops = [rng.choice([["a", ["text"], rng.choice(TEXTS[1:])], ["s", ["n"], rng.randint(0, 9)]])]
+            ops = [
+                rng.choice(
+                    [["a", ["text"], rng.choice(TEXTS[1:])], ["s", ["n"], rng.randint(0, 9)]]
+                )
+            ]
             content = {"kind": "delta", "version": version, "ops": ops}
         return [{"type": "document.change", "id": id, "content": content}]
 
@@ -224,7 +252,13 @@ class Writer:
         entries = world.entries.get(parent) or [1]
         fork = await self.mint()
         out: list[dict[str, Any]] = [
-            {"type": "conversation", "value": {"id": fork, "parent": {"conversationId": parent, "at": rng.choice(entries)}}}
+            {
+                "type": "conversation",
+                "value": {
+                    "id": fork,
+                    "parent": {"conversationId": parent, "at": rng.choice(entries)},
+                },
+            }
         ]
         sources = [
             id
@@ -237,7 +271,13 @@ class Writer:
             record["id"] = await self.mint()
             record["scope"] = {"kind": "conversation", "conversationId": fork}
             touched.add(record["id"])
-            out.append({"type": "document.copy", "record": record, "source": {"id": source, "at": "current"}})
+            out.append(
+                {
+                    "type": "document.copy",
+                    "record": record,
+                    "source": {"id": source, "at": "current"},
+                }
+            )
         return out
 
 
@@ -258,9 +298,16 @@ def world_from_log(storage: Any) -> World:
         known = [
             write
             for write in writes
-            if write["type"] not in ("document.change", "document.retire") or write["id"] in world.documents
+            if write["type"] not in ("document.change", "document.retire")
+            or write["id"] in world.documents
         ]
-        world.apply([w for w in known if w["type"] != "document.copy" or w["source"]["id"] in world.documents])
+        world.apply(
+            [
+                w
+                for w in known
+                if w["type"] != "document.copy" or w["source"]["id"] in world.documents
+            ]
+        )
     return world
 
 
@@ -366,7 +413,9 @@ async def check(args: argparse.Namespace) -> int:
 
     # 2. Open for writing (rebuilding or catching up as needed) and compare the log.
     rebuilt: list[int] = []
-    storage = await LmdbStorage.open(args.store, progress=lambda folded, head: rebuilt.append(folded))
+    storage = await LmdbStorage.open(
+        args.store, progress=lambda folded, head: rebuilt.append(folded)
+    )
     try:
         result["rebuild_progress_calls"] = len(rebuilt)
         head = storage.log.head()
@@ -380,8 +429,12 @@ async def check(args: argparse.Namespace) -> int:
             for seq, raw in rows:
                 seen[seq] = digest(raw)
             next_seq = rows[-1][0] + 1
-        if len(seen) != head or sorted(seen) != list(range(1, head + 1)):  # a damaged head may be ~2**63
-            gaps = list(itertools.islice((seq for seq in range(1, head + 1) if seq not in seen), 10))
+        if len(seen) != head or sorted(seen) != list(
+            range(1, head + 1)
+        ):  # a damaged head may be ~2**63
+            gaps = list(
+                itertools.islice((seq for seq in range(1, head + 1) if seq not in seen), 10)
+            )
             problems.append(f"log sequences are not 1..{head}: missing {gaps}")
         for seq, expected in digests.items():
             if seq not in seen:
@@ -390,7 +443,9 @@ async def check(args: argparse.Namespace) -> int:
                 problems.append(f"CHANGED: the stored record {seq} differs from an earlier check")
         for seq in acked:
             if seq not in seen:
-                problems.append(f"LOST: acknowledged sequence {seq} is not in the log (head {head})")
+                problems.append(
+                    f"LOST: acknowledged sequence {seq} is not in the log (head {head})"
+                )
         adopted: dict[int, str] = {}
         matched: dict[int, str] = {}
         for seq in range(checked_head + 1, head + 1):
@@ -400,14 +455,18 @@ async def check(args: argparse.Namespace) -> int:
             found = canonical([write_to_builtins(write) for write in commit.writes])
             if seq in acked:
                 if found != acked[seq]:
-                    problems.append(f"PARTIAL/WRONG: sequence {seq} holds {found[:200]}, the writer committed {acked[seq][:200]}")
+                    problems.append(
+                        f"PARTIAL/WRONG: sequence {seq} holds {found[:200]}, the writer committed {acked[seq][:200]}"
+                    )
                 else:
                     matched[seq] = found
             elif found in pending:
                 pending.remove(found)  # committed, killed before it could say so: whole, kept
                 adopted[seq] = matched[seq] = found
             else:
-                problems.append(f"UNEXPECTED: sequence {seq} holds a batch nobody committed: {found[:200]}")
+                problems.append(
+                    f"UNEXPECTED: sequence {seq} holds a batch nobody committed: {found[:200]}"
+                )
         result["adopted"] = {str(seq): value for seq, value in adopted.items()}
         # Reads through the Storage API agree: each new entry is served with its commit sequence.
         entries_checked = 0
@@ -417,8 +476,14 @@ async def check(args: argparse.Namespace) -> int:
                     continue
                 got = await storage.entry(write["value"]["id"])
                 entries_checked += 1
-                if got is None or got["commitSeq"] != seq or canonical(got["entry"]) != canonical(write["value"]):
-                    problems.append(f"READ: entry {write['value']['id']} of sequence {seq} reads back as {str(got)[:200]}")
+                if (
+                    got is None
+                    or got["commitSeq"] != seq
+                    or canonical(got["entry"]) != canonical(write["value"])
+                ):
+                    problems.append(
+                        f"READ: entry {write['value']['id']} of sequence {seq} reads back as {str(got)[:200]}"
+                    )
         result["entries_checked"] = entries_checked
 
         # 3. Ids: a fresh mint is above every stored id and every id handed out before.
@@ -427,13 +492,18 @@ async def check(args: argparse.Namespace) -> int:
         minted = await storage.mint_id()
         result["minted"] = minted
         if minted <= max(minted_max, stored_max):
-            problems.append(f"MINT: mint_id() returned {minted}, not above minted {minted_max} / stored {stored_max}")
+            problems.append(
+                f"MINT: mint_id() returned {minted}, not above minted {minted_max} / stored {stored_max}"
+            )
 
         # 4. New commits get larger sequences.
         last_minted = await storage.mint_id()
         batch = [
             {"type": "conversation", "value": {"id": minted}},
-            {"type": "entry", "value": {"id": last_minted, "conversationId": minted, "kind": "check"}},
+            {
+                "type": "entry",
+                "value": {"id": last_minted, "conversationId": minted, "kind": "check"},
+            },
         ]
         seq = await storage.commit(batch, CTX)
         if seq != head + 1:
@@ -463,12 +533,29 @@ def main() -> int:
     parser.add_argument("store")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--durability", default="power", choices=["power", "process"])
-    parser.add_argument("--bump-schema", action="store_true", help="add 1 to projections.tables.SCHEMA_VERSION before opening")
-    parser.add_argument("--fold-chunk", type=int, help="records per rebuild transaction (projections.rebuild.FOLD_CHUNK)")
+    parser.add_argument(
+        "--bump-schema",
+        action="store_true",
+        help="add 1 to projections.tables.SCHEMA_VERSION before opening",
+    )
+    parser.add_argument(
+        "--fold-chunk",
+        type=int,
+        help="records per rebuild transaction (projections.rebuild.FOLD_CHUNK)",
+    )
     parser.add_argument("--map-size", type=int, default=1 << 30)
     parser.add_argument("--pad", type=int, default=0, help="bytes of padding text in each entry")
-    parser.add_argument("--count", type=int, help="commit this many batches (per agent), then close (default: until killed)")
-    parser.add_argument("--agents", type=int, default=0, help="commit from this many concurrent agents (group commits)")
+    parser.add_argument(
+        "--count",
+        type=int,
+        help="commit this many batches (per agent), then close (default: until killed)",
+    )
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=0,
+        help="commit from this many concurrent agents (group commits)",
+    )
     parser.add_argument("--ledger")
     parser.add_argument("--result")
     args = parser.parse_args()

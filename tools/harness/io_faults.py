@@ -42,14 +42,32 @@ def spread(count: int, calls: int) -> list[int]:
     return sorted({1 + round(index * (count - 1) / (calls - 1)) for index in range(calls)})
 
 
-def explore(kinds: list[str], errors: list[str], calls: int, *, commits: int = 41, seed: int = 1,
-            plant: tuple[str, ...] = (), background: bool = False, burst: int = 1, say=print,
-            deadline: float | None = None) -> list[Outcome]:
+def explore(
+    kinds: list[str],
+    errors: list[str],
+    calls: int,
+    *,
+    commits: int = 41,
+    seed: int = 1,
+    plant: tuple[str, ...] = (),
+    background: bool = False,
+    burst: int = 1,
+    say=print,
+    deadline: float | None = None,
+) -> list[Outcome]:
     """Every case; each outcome printed as it is known (``say``)."""
 
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="io-faults-") as work:
-        baseline = run_case(f"{work}/baseline", KINDS[0], 0, errno.EIO, commits=commits, seed=seed, background=background)
+        baseline = run_case(
+            f"{work}/baseline",
+            KINDS[0],
+            0,
+            errno.EIO,
+            commits=commits,
+            seed=seed,
+            background=background,
+        )
         if baseline.problems:
             say(f"io_faults: the run without faults fails: {baseline.problems}")
             return [baseline]
@@ -62,48 +80,107 @@ def explore(kinds: list[str], errors: list[str], calls: int, *, commits: int = 4
                         return outcomes
                     number += 1
                     store = f"{work}/case-{number}"
-                    outcome = run_case(store, kind, nth, ERRORS[name], commits=commits, seed=seed, plant=plant,
-                                       background=background, burst=burst)
+                    outcome = run_case(
+                        store,
+                        kind,
+                        nth,
+                        ERRORS[name],
+                        commits=commits,
+                        seed=seed,
+                        plant=plant,
+                        background=background,
+                        burst=burst,
+                    )
                     shutil.rmtree(store, ignore_errors=True)
                     outcomes.append(outcome)
-                    verdict = "ok" if not outcome.problems else "FAIL: " + "; ".join(outcome.problems)
-                    if not outcome.fired:  # fewer calls than without faults (checkpoints on a thread vary)
+                    verdict = (
+                        "ok" if not outcome.problems else "FAIL: " + "; ".join(outcome.problems)
+                    )
+                    if (
+                        not outcome.fired
+                    ):  # fewer calls than without faults (checkpoints on a thread vary)
                         verdict += " (the fault never fired)"
-                    say(f"{kind} call {nth} {name}: {outcome.acked} acknowledged, {outcome.refused} refused, "
-                        f"{outcome.replayed} replayed, {verdict}")
+                    say(
+                        f"{kind} call {nth} {name}: {outcome.acked} acknowledged, {outcome.refused} refused, "
+                        f"{outcome.replayed} replayed, {verdict}"
+                    )
     return outcomes
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds of call to fail (default: all)")
-    parser.add_argument("--errors", default="ENOSPC,EIO", help="comma-separated: ENOSPC, EIO (default both)")
-    parser.add_argument("--calls", type=int, default=3, help="calls of each kind to fail, one per case (default 3)")
-    parser.add_argument("--commits", type=int, default=41, help="commits each writer makes (default 41)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="comma-separated kinds of call to fail (default: all)",
+    )
+    parser.add_argument(
+        "--errors", default="ENOSPC,EIO", help="comma-separated: ENOSPC, EIO (default both)"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=3, help="calls of each kind to fail, one per case (default 3)"
+    )
+    parser.add_argument(
+        "--commits", type=int, default=41, help="commits each writer makes (default 41)"
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--burst", type=int, default=1, help="consecutive calls of the kind that fail in each case (default 1)")
-    parser.add_argument("--background", action="store_true", help="checkpoints on their own thread (the default of LmdbStorage.open)")
-    parser.add_argument("--plant", default="", choices=["", "segment-gap"],
-                        help="a planted bug in the journal (log.journal._faults): the run must then fail")
-    parser.add_argument("--minutes", type=float, help="stop after this long (the last line still counts)")
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=1,
+        help="consecutive calls of the kind that fail in each case (default 1)",
+    )
+    parser.add_argument(
+        "--background",
+        action="store_true",
+        help="checkpoints on their own thread (the default of LmdbStorage.open)",
+    )
+    parser.add_argument(
+        "--plant",
+        default="",
+        choices=["", "segment-gap"],
+        help="a planted bug in the journal (log.journal._faults): the run must then fail",
+    )
+    parser.add_argument(
+        "--minutes", type=float, help="stop after this long (the last line still counts)"
+    )
     args = parser.parse_args()
     kinds = [kind for kind in args.kinds.split(",") if kind]
     errors = [name for name in args.errors.split(",") if name]
-    unknown = [kind for kind in kinds if kind not in KINDS] + [name for name in errors if name not in ERRORS]
+    unknown = [kind for kind in kinds if kind not in KINDS] + [
+        name for name in errors if name not in ERRORS
+    ]
     if unknown:
         parser.error(f"unknown kinds or errors: {', '.join(unknown)}")
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
     began = time.monotonic()
-    outcomes = explore(kinds, errors, args.calls, commits=args.commits, seed=args.seed,
-                       plant=(args.plant,) if args.plant else (), background=args.background, burst=args.burst,
-                       say=lambda line: print(line, flush=True), deadline=deadline)
+    outcomes = explore(
+        kinds,
+        errors,
+        args.calls,
+        commits=args.commits,
+        seed=args.seed,
+        plant=(args.plant,) if args.plant else (),
+        background=args.background,
+        burst=args.burst,
+        say=lambda line: print(line, flush=True),
+        deadline=deadline,
+    )
     failures = [outcome for outcome in outcomes if outcome.problems]
     idle = sum(1 for outcome in outcomes if not outcome.fired)
     if idle:
-        print(f"{idle} cases never met their fault (fewer calls of the kind than the run without faults made)", flush=True)
-    print(f"{sum(o.refused for o in outcomes)} calls refused, {sum(o.acked for o in outcomes)} commits acknowledged, "
-          f"{sum(o.replayed for o in outcomes)} journal records replayed, "
-          f"{time.monotonic() - began:.0f} s", flush=True)
+        print(
+            f"{idle} cases never met their fault (fewer calls of the kind than the run without faults made)",
+            flush=True,
+        )
+    print(
+        f"{sum(o.refused for o in outcomes)} calls refused, {sum(o.acked for o in outcomes)} commits acknowledged, "
+        f"{sum(o.replayed for o in outcomes)} journal records replayed, "
+        f"{time.monotonic() - began:.0f} s",
+        flush=True,
+    )
     print(f"io_faults: {len(outcomes)} cases, {len(failures)} failures", flush=True)
     return 1 if failures else 0
 

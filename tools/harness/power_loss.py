@@ -26,22 +26,47 @@ from tools.harness.powerloss.record import build_recorder
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["power", "process"], default="power", help="the durability mode recorded (default power)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["power", "process"],
+        default="power",
+        help="the durability mode recorded (default power)",
+    )
     parser.add_argument("--states", type=int, default=500, help="distinct crash states to check")
-    parser.add_argument("--seed", type=int, default=1, help="first recording's seed (later ones count up)")
-    parser.add_argument("--batches", type=int, default=30, help="batches each recorded writer commits")
-    parser.add_argument("--workload", choices=["single", "group", "import", "restore", "backup", "backup-plain"], default="single",
-                        help="single: one committer; group: concurrent callers (group commit), some cancelled; "
-                        "import, restore (a real nats-server), backup (--compact), backup-plain: the durable-log "
-                        "command building NEWPATH (the mode is then the source's, not the command's)")
-    parser.add_argument("--drop", default="", help="planted faults: the recorder leaves these syncs out "
-                        "(KIND:PATH-SUFFIX,...; KIND fsync, fdatasync, dirsync or dsync); a sound workload must then fail")
-    parser.add_argument("--fault", default="", choices=["", "skip-journal-flush", "skip-pin", "recycle-early"],
-                        help="a planted fault in the power writer's journal (log.journal._faults); the explorer must then fail")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="first recording's seed (later ones count up)"
+    )
+    parser.add_argument(
+        "--batches", type=int, default=30, help="batches each recorded writer commits"
+    )
+    parser.add_argument(
+        "--workload",
+        choices=["single", "group", "import", "restore", "backup", "backup-plain"],
+        default="single",
+        help="single: one committer; group: concurrent callers (group commit), some cancelled; "
+        "import, restore (a real nats-server), backup (--compact), backup-plain: the durable-log "
+        "command building NEWPATH (the mode is then the source's, not the command's)",
+    )
+    parser.add_argument(
+        "--drop",
+        default="",
+        help="planted faults: the recorder leaves these syncs out "
+        "(KIND:PATH-SUFFIX,...; KIND fsync, fdatasync, dirsync or dsync); a sound workload must then fail",
+    )
+    parser.add_argument(
+        "--fault",
+        default="",
+        choices=["", "skip-journal-flush", "skip-pin", "recycle-early"],
+        help="a planted fault in the power writer's journal (log.journal._faults); the explorer must then fail",
+    )
     parser.add_argument("--state", help="check one state again: RECORDING_SEED:POINT:VARIANT:SEED")
     parser.add_argument("--keep", help="copy every failing state's files into this directory")
-    parser.add_argument("--minutes", type=float, help="stop after this long (the last line still counts)")
+    parser.add_argument(
+        "--minutes", type=float, help="stop after this long (the last line still counts)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="powerloss-cc-") as build:
         recorder = build_recorder(build)

@@ -47,7 +47,11 @@ class StreamApplier:
         """The highest record id among the records applied (callers raise their mint floor)."""
 
     def apply(
-        self, txn: lmdb.Transaction[bytes], projector: Admitter, messages: Iterable[StreamMessage], position: StreamPosition
+        self,
+        txn: lmdb.Transaction[bytes],
+        projector: Admitter,
+        messages: Iterable[StreamMessage],
+        position: StreamPosition,
     ) -> StreamPosition:
         """Append and fold the records of ``messages`` (in stream order; an iterator may check
         each as it is taken, and must be a fresh one for each run of a transaction) inside ``txn``; returns the new position, also written in ``txn``. The first message that is not the next record
@@ -62,29 +66,37 @@ class StreamApplier:
             if message.kind == "record":
                 if message.epoch < position.epoch:
                     raise ForeignMessageError(
-                        self.stream, message.stream_seq,
+                        self.stream,
+                        message.stream_seq,
                         f"record {message.seq} is of writer epoch {message.epoch}, after epoch {position.epoch} fenced it",
                     )
                 if message.seq <= head:
                     if log.record(txn, message.seq) != message.data:
                         raise ForeignMessageError(
-                            self.stream, message.stream_seq,
+                            self.stream,
+                            message.stream_seq,
                             f"record {message.seq} differs from this store's own record {message.seq} (the histories forked)",
                         )
                 elif message.seq != head + 1:
                     raise ForeignMessageError(
-                        self.stream, message.stream_seq, f"record {message.seq} does not follow this store's head {head}"
+                        self.stream,
+                        message.stream_seq,
+                        f"record {message.seq} does not follow this store's head {head}",
                     )
                 else:
                     if message.root is not None:
                         self._check_root(txn, message, head)
                     commit = message.commit or decode_record(message.seq, message.data)
                     outcome = projector.admit(
-                        txn, commit.writes, lambda: log.append_record(txn, message.seq, message.data)
+                        txn,
+                        commit.writes,
+                        lambda: log.append_record(txn, message.seq, message.data),
                     )
                     if isinstance(outcome, Exception):
                         raise ForeignMessageError(
-                            self.stream, message.stream_seq, f"record {message.seq} is not a valid commit here: {outcome}"
+                            self.stream,
+                            message.stream_seq,
+                            f"record {message.seq} is not a valid commit here: {outcome}",
                         )
                     self.max_id = max(self.max_id, outcome[1])
                     head = message.seq
@@ -92,13 +104,15 @@ class StreamApplier:
                 control = message.control
                 if message.kind == "ids":
                     position.ids_reserved = max(position.ids_reserved, control.upto)  # type: ignore[union-attr]
-            position = StreamPosition(  # records up to message.seq are the stream's (controls name it too)
-                POSITION_FORMAT,
-                self.stream,
-                message.stream_seq,
-                message.seq,
-                max(position.epoch, message.epoch),
-                position.ids_reserved,
+            position = (
+                StreamPosition(  # records up to message.seq are the stream's (controls name it too)
+                    POSITION_FORMAT,
+                    self.stream,
+                    message.stream_seq,
+                    message.seq,
+                    max(position.epoch, message.epoch),
+                    position.ids_reserved,
+                )
             )
         put_position(txn, self.meta, position)
         return position
@@ -114,7 +128,8 @@ class StreamApplier:
             return
         if root != message.root:
             raise ForeignMessageError(
-                self.stream, message.stream_seq,
+                self.stream,
+                message.stream_seq,
                 f"record {message.seq} would give this store's log tree the root {root.hex()}, not its writer's "
                 f"{(message.root or b'').hex()} (the histories forked)",
             )

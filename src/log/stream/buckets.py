@@ -35,12 +35,16 @@ async def _bucket(js: Any, stream: str, bucket: str, cache: dict[str, Any]) -> A
                 replicas = (await js.stream_info(stream)).config.num_replicas or 1
             except nats.js.errors.NotFoundError:
                 replicas = 1
-            kv = await js.create_key_value(KeyValueConfig(bucket=name, history=HISTORY, replicas=replicas))
+            kv = await js.create_key_value(
+                KeyValueConfig(bucket=name, history=HISTORY, replicas=replicas)
+            )
         cache[name] = kv
     return kv
 
 
-async def get(js: Any, stream: str, bucket: str, key: str, cache: dict[str, Any]) -> tuple[bytes | None, int]:
+async def get(
+    js: Any, stream: str, bucket: str, key: str, cache: dict[str, Any]
+) -> tuple[bytes | None, int]:
     """``(value, revision)`` of ``key``; ``(None, 0)`` when it was never set (``None`` and the
     delete marker's revision when it was deleted)."""
 
@@ -58,7 +62,9 @@ async def get(js: Any, stream: str, bucket: str, key: str, cache: dict[str, Any]
     return bytes(entry.value or b""), int(entry.revision)
 
 
-async def put(js: Any, stream: str, bucket: str, key: str, value: bytes, revision: int, cache: dict[str, Any]) -> int | None:
+async def put(
+    js: Any, stream: str, bucket: str, key: str, value: bytes, revision: int, cache: dict[str, Any]
+) -> int | None:
     """Set ``key`` to ``value`` only if its revision is ``revision`` (0: never set): the new
     revision, or ``None`` when the key moved."""
 
@@ -68,7 +74,11 @@ async def put(js: Any, stream: str, bucket: str, key: str, value: bytes, revisio
     name = f"{stream}-{bucket}"
     try:
         await _bucket(js, stream, bucket, cache)
-        ack = await js.publish(f"$KV.{name}.{key}", value, headers={"Nats-Expected-Last-Subject-Sequence": str(revision)})
+        ack = await js.publish(
+            f"$KV.{name}.{key}",
+            value,
+            headers={"Nats-Expected-Last-Subject-Sequence": str(revision)},
+        )
     except nats.js.errors.APIError as error:
         if error.err_code in WRONG_LAST_SEQUENCE:
             return None
@@ -81,6 +91,12 @@ async def put(js: Any, stream: str, bucket: str, key: str, value: bytes, revisio
 def _failed(bucket: str, key: str, error: BaseException) -> ReplicationError:
     import nats.js.errors
 
-    if isinstance(error, nats.js.errors.APIError) and not isinstance(error, nats.js.errors.ServiceUnavailableError):
-        return ReplicationError(f"NATS refused the key {key} of bucket {bucket}: {error.description or error}")
-    return NatsUnavailableError(f"NATS did not answer for the key {key} of bucket {bucket} ({type(error).__name__}: {error})")
+    if isinstance(error, nats.js.errors.APIError) and not isinstance(
+        error, nats.js.errors.ServiceUnavailableError
+    ):
+        return ReplicationError(
+            f"NATS refused the key {key} of bucket {bucket}: {error.description or error}"
+        )
+    return NatsUnavailableError(
+        f"NATS did not answer for the key {key} of bucket {bucket} ({type(error).__name__}: {error})"
+    )

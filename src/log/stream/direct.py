@@ -42,26 +42,47 @@ async def direct_batch(
             if not ended.done():
                 ended.set_result(headers)
             return
-        seq, pending = (headers.get(H_STREAM_SEQ, ""), headers.get(H_PENDING, "")) if headers else ("", "")
-        got.append(RawMessage(int(seq) if seq.isdigit() else 0, headers, msg.data, int(pending) if pending.isdigit() else 0))
+        seq, pending = (
+            (headers.get(H_STREAM_SEQ, ""), headers.get(H_PENDING, "")) if headers else ("", "")
+        )
+        got.append(
+            RawMessage(
+                int(seq) if seq.isdigit() else 0,
+                headers,
+                msg.data,
+                int(pending) if pending.isdigit() else 0,
+            )
+        )
 
-    request = json.dumps({"seq": after + 1, "next_by_subj": subject, "batch": batch, "max_bytes": max_bytes})
+    request = json.dumps(
+        {"seq": after + 1, "next_by_subj": subject, "batch": batch, "max_bytes": max_bytes}
+    )
     try:
         inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox, cb=take, pending_msgs_limit=2 * batch + 16, pending_bytes_limit=4 * max_bytes)
+        sub = await nc.subscribe(
+            inbox, cb=take, pending_msgs_limit=2 * batch + 16, pending_bytes_limit=4 * max_bytes
+        )
         try:
             await nc.publish(f"$JS.API.DIRECT.GET.{stream}", request.encode(), reply=inbox)
             status = await asyncio.wait_for(ended, timeout)
         finally:
             await sub.unsubscribe()
     except (nats.errors.Error, asyncio.TimeoutError) as error:
-        raise NatsUnavailableError(f"NATS did not answer for a batch of {subject} after {after} ({type(error).__name__})") from None
+        raise NatsUnavailableError(
+            f"NATS did not answer for a batch of {subject} after {after} ({type(error).__name__})"
+        ) from None
     code = status.get("Status")
     if code not in ("204", "404"):  # end of batch; no message at or after that sequence
         description = status.get("Description", "")
         if code == "503":
-            raise NatsUnavailableError(f"NATS could not answer for a batch of {subject}: {description} (503)")
-        raise ReplicationError(f"NATS refused a batch of {subject} after {after}: {code} {description}")
+            raise NatsUnavailableError(
+                f"NATS could not answer for a batch of {subject}: {description} (503)"
+            )
+        raise ReplicationError(
+            f"NATS refused a batch of {subject} after {after}: {code} {description}"
+        )
     if any(message.stream_seq <= after for message in got):
-        raise ReplicationError(f"NATS answered a batch of {subject} after {after} with a message without its sequence")
+        raise ReplicationError(
+            f"NATS answered a batch of {subject} after {after} with a message without its sequence"
+        )
     return got

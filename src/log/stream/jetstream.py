@@ -70,7 +70,9 @@ DEFAULT_TIMEOUT: Final = 5.0
 """Seconds a request to the stream may take before it counts as unanswered."""
 
 
-MOVED_CODES: Final = frozenset({WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT, DUPLICATE_IN_BATCH})
+MOVED_CODES: Final = frozenset(
+    {WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT, DUPLICATE_IN_BATCH}
+)
 """Refusals that mean the subject moved under this writer (another appended or fenced it)."""
 UNAVAILABLE_CODES: Final = frozenset({10008, 10023, 10028, 10047})
 """Cluster not available, insufficient resources, memory or storage exhausted: try again later."""
@@ -91,12 +93,20 @@ def refusal_error(subject: str, expected: int, refusal: dict[str, Any]) -> Repli
         match = re.search(r"(\d+)\s*$", str(description)) if code == WRONG_LAST_SEQUENCE else None
         return StreamMovedError(subject, expected, int(match.group(1)) if match else None)
     if code in MISSING_CODES:
-        return StreamMissingError(f"The stream refused an append to {subject}: {description} (JetStream error {code})")
+        return StreamMissingError(
+            f"The stream refused an append to {subject}: {description} (JetStream error {code})"
+        )
     if code in UNAVAILABLE_CODES or refusal.get("code") == 503:
-        return NatsUnavailableError(f"The stream could not take an append to {subject}: {description} (JetStream error {code})")
+        return NatsUnavailableError(
+            f"The stream could not take an append to {subject}: {description} (JetStream error {code})"
+        )
     if code == TOO_BIG:
-        return ReplicationError(f"The stream refused an append to {subject} as too big: {description} (JetStream error {code})")
-    return ReplicationError(f"The stream refused an append to {subject}: {description} (JetStream error {code})")
+        return ReplicationError(
+            f"The stream refused an append to {subject} as too big: {description} (JetStream error {code})"
+        )
+    return ReplicationError(
+        f"The stream refused an append to {subject}: {description} (JetStream error {code})"
+    )
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[str]:
@@ -104,8 +114,12 @@ def parse_servers(servers: str | Sequence[str]) -> list[str]:
 
     items = servers.split(",") if isinstance(servers, str) else list(servers)
     urls = [item.strip() for item in items if isinstance(item, str) and item.strip()]
-    if not urls or len(urls) != len([item for item in items if not isinstance(item, str) or item.strip()]):
-        raise ValueError(f"NATS servers are given as a URL or a comma-separated list of URLs, not {servers!r:.120}")
+    if not urls or len(urls) != len(
+        [item for item in items if not isinstance(item, str) or item.strip()]
+    ):
+        raise ValueError(
+            f"NATS servers are given as a URL or a comma-separated list of URLs, not {servers!r:.120}"
+        )
     return [url if "://" in url else f"nats://{url}" for url in urls]
 
 
@@ -130,7 +144,9 @@ def cause_of(error: BaseException, timeout: float, connecting: bool = False) -> 
 class JetStreamLink(LinkLoop):
     """One NATS connection, on a thread and event loop of its own, to one stream."""
 
-    def __init__(self, servers: str | Sequence[str], stream: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, servers: str | Sequence[str], stream: str, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
         try:
             import nats  # noqa: F401
         except ImportError:  # pragma: no cover - the extra is not installed
@@ -187,7 +203,9 @@ class JetStreamLink(LinkLoop):
             info = await self._js.stream_info(self.stream)
         except nats.js.errors.NotFoundError:
             if not create:
-                raise StreamMissingError(f"NATS has no stream {self.stream!r} (at {', '.join(self.servers)})") from None
+                raise StreamMissingError(
+                    f"NATS has no stream {self.stream!r} (at {', '.join(self.servers)})"
+                ) from None
             config = StreamConfig(
                 name=self.stream,
                 subjects=stream_subjects(self.stream),
@@ -202,10 +220,16 @@ class JetStreamLink(LinkLoop):
             except nats.js.errors.ServiceUnavailableError as error:
                 raise _unanswered(f"stream {self.stream!r}", error) from None
             except nats.js.errors.Error as error:
-                raise ReplicationError(f"NATS refused to create stream {self.stream!r} with {replicas} replicas: {error}") from None
+                raise ReplicationError(
+                    f"NATS refused to create stream {self.stream!r} with {replicas} replicas: {error}"
+                ) from None
             except (nats.errors.Error, asyncio.TimeoutError) as error:
                 raise _unanswered(f"stream {self.stream!r}", error) from None
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            asyncio.TimeoutError,
+        ) as error:
             raise NatsUnavailableError(
                 f"NATS at {', '.join(self.servers)} did not answer for stream {self.stream!r} ({cause_of(error, self.timeout)})"
             ) from None
@@ -227,8 +251,14 @@ class JetStreamLink(LinkLoop):
             raw = await self._js.get_last_msg(self.stream, subject)
         except nats.js.errors.NotFoundError:
             return None
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
-            raise NatsUnavailableError(f"NATS did not answer for the last message of {subject} ({cause_of(error, self.timeout)})") from None
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            asyncio.TimeoutError,
+        ) as error:
+            raise NatsUnavailableError(
+                f"NATS did not answer for the last message of {subject} ({cause_of(error, self.timeout)})"
+            ) from None
         except nats.errors.Error as error:  # a 503 (no quorum, no meta leader), a lost connection
             raise _unanswered(f"the last message of {subject}", error) from None
         return parse_message(self.stream, raw.seq, raw.headers, raw.data, store)
@@ -248,10 +278,14 @@ class JetStreamLink(LinkLoop):
             return await self._publish_atomic(subject, messages, expected)
         last = expected
         for headers, body in messages:
-            last = await self._request(subject, {**headers, H_EXPECTED: str(last)}, body, expected=last)
+            last = await self._request(
+                subject, {**headers, H_EXPECTED: str(last)}, body, expected=last
+            )
         return last
 
-    async def _publish_atomic(self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int) -> int:
+    async def _publish_atomic(
+        self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int
+    ) -> int:
         batch = secrets.token_hex(8)
         count = len(messages)
         for index, (headers, body) in enumerate(messages[:-1], 1):
@@ -260,10 +294,17 @@ class JetStreamLink(LinkLoop):
                 batch_headers[H_EXPECTED] = str(expected)
             await self._nc.publish(subject, body, headers=batch_headers)
         headers, body = messages[-1]
-        final = {**headers, "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(count), "Nats-Batch-Commit": "1"}
+        final = {
+            **headers,
+            "Nats-Batch-Id": batch,
+            "Nats-Batch-Sequence": str(count),
+            "Nats-Batch-Commit": "1",
+        }
         return await self._request(subject, final, body, expected=expected)
 
-    async def _request(self, subject: str, headers: dict[str, str], body: bytes, *, expected: int) -> int:
+    async def _request(
+        self, subject: str, headers: dict[str, str], body: bytes, *, expected: int
+    ) -> int:
         import nats.errors
 
         try:
@@ -272,7 +313,11 @@ class JetStreamLink(LinkLoop):
             raise NatsUnavailableError(
                 f"No stream answers for {subject} (stream {self.stream!r} missing, or without a leader)"
             ) from None
-        except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.ConnectionClosedError) as error:
+        except (
+            nats.errors.TimeoutError,
+            asyncio.TimeoutError,
+            nats.errors.ConnectionClosedError,
+        ) as error:
             self.last_error = f"publish to {subject}: no answer in {self.timeout} s"
             raise OutcomeUnknownError(
                 f"The stream did not acknowledge an append to {subject} within {self.timeout} s "
@@ -281,7 +326,9 @@ class JetStreamLink(LinkLoop):
         try:
             ack = json.loads(reply.data)
         except ValueError:
-            raise ReplicationError(f"The stream answered an append to {subject} with {reply.data[:200]!r}") from None
+            raise ReplicationError(
+                f"The stream answered an append to {subject} with {reply.data[:200]!r}"
+            ) from None
         refusal = ack.get("error")
         if refusal:
             raise refusal_error(subject, expected, refusal)
@@ -353,7 +400,10 @@ class JetStreamLink(LinkLoop):
                         continue
                     after = stream_seq
                     # pending counts what the server still holds back, plus what already waits here
-                    yield parse_message(self.stream, stream_seq, msg.headers, msg.data, store), pending + len(arrived)
+                    yield (
+                        parse_message(self.stream, stream_seq, msg.headers, msg.data, store),
+                        pending + len(arrived),
+                    )
                     if not follow and pending == 0 and not arrived:
                         return
         finally:
@@ -376,14 +426,21 @@ class JetStreamLink(LinkLoop):
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, filter_subject=subject,
-            ack_policy=AckPolicy.NONE, inactive_threshold=max(30.0, 3 * self.timeout), mem_storage=True, num_replicas=1,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=after + 1,
+            filter_subject=subject,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=max(30.0, 3 * self.timeout),
+            mem_storage=True,
+            num_replicas=1,
         )
         got: list[RawMessage] = []
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def take(msg: Any) -> None:  # a callback: cheaper per message than next_msg()
-            if not msg.data and msg.headers and msg.headers.get("Status"):  # 404: no more, 408: expired
+            if (
+                not msg.data and msg.headers and msg.headers.get("Status")
+            ):  # 404: no more, 408: expired
                 if not ended.done():
                     ended.set_result(None)
                 return
@@ -396,10 +453,19 @@ class JetStreamLink(LinkLoop):
             info = await self._js.add_consumer(self.stream, config)
             try:
                 inbox = self._nc.new_inbox()
-                sub = await self._nc.subscribe(inbox, cb=take, pending_msgs_limit=2 * batch + 16, pending_bytes_limit=4 * FETCH_BYTES)
+                sub = await self._nc.subscribe(
+                    inbox,
+                    cb=take,
+                    pending_msgs_limit=2 * batch + 16,
+                    pending_bytes_limit=4 * FETCH_BYTES,
+                )
                 try:
-                    request = json.dumps({"batch": batch, "no_wait": True, "max_bytes": FETCH_BYTES}).encode()
-                    await self._nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{info.name}", request, reply=inbox)
+                    request = json.dumps(
+                        {"batch": batch, "no_wait": True, "max_bytes": FETCH_BYTES}
+                    ).encode()
+                    await self._nc.publish(
+                        f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{info.name}", request, reply=inbox
+                    )
                     await asyncio.wait_for(ended, self.timeout)
                 finally:
                     await sub.unsubscribe()
@@ -451,7 +517,11 @@ class JetStreamLink(LinkLoop):
             except nats.js.errors.BucketNotFoundError:
                 info = await self._js.stream_info(self.stream)
                 self._kv = await self._js.create_key_value(
-                    KeyValueConfig(bucket=f"{self.stream}-leases", history=1, replicas=info.config.num_replicas or 1)
+                    KeyValueConfig(
+                        bucket=f"{self.stream}-leases",
+                        history=1,
+                        replicas=info.config.num_replicas or 1,
+                    )
                 )
         return self._kv
 
@@ -461,11 +531,15 @@ class JetStreamLink(LinkLoop):
         try:
             kv = await self._bucket()
             entry = await kv.get(key)
-        except nats.js.errors.KeyNotFoundError as error:  # KeyDeletedError too: its marker's revision
+        except (
+            nats.js.errors.KeyNotFoundError
+        ) as error:  # KeyDeletedError too: its marker's revision
             found = getattr(error, "entry", None)
             return None, 0 if found is None or not found.revision else int(found.revision)
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as error:
-            raise NatsUnavailableError(f"NATS did not answer for the lease {key} ({type(error).__name__}: {error})") from None
+            raise NatsUnavailableError(
+                f"NATS did not answer for the lease {key} ({type(error).__name__}: {error})"
+            ) from None
         return entry.value, int(entry.revision)
 
     async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None:
@@ -474,14 +548,19 @@ class JetStreamLink(LinkLoop):
         await self._bucket()
         try:
             ack = await self._js.publish(
-                f"$KV.{self.stream}-leases.{key}", value, headers={H_EXPECTED: str(revision)}, msg_ttl=float(ttl)
+                f"$KV.{self.stream}-leases.{key}",
+                value,
+                headers={H_EXPECTED: str(revision)},
+                msg_ttl=float(ttl),
             )
         except nats.js.errors.APIError as error:
             if error.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT):
                 return None
             raise ReplicationError(f"NATS refused the lease {key}: {error}") from None
         except (nats.errors.Error, asyncio.TimeoutError) as error:
-            raise NatsUnavailableError(f"NATS did not answer for the lease {key} ({type(error).__name__})") from None
+            raise NatsUnavailableError(
+                f"NATS did not answer for the lease {key} ({type(error).__name__})"
+            ) from None
         return int(ack.seq)
 
     async def lease_delete(self, key: str, revision: int) -> None:
@@ -525,7 +604,9 @@ def link_for(nats: str | Sequence[str] | StreamLink, stream: str) -> StreamLink:
     if isinstance(nats, (str, Sequence)):
         return JetStreamLink(nats, stream)
     if nats.stream != stream:
-        raise ValueError(f"The link given as nats= carries stream {nats.stream!r}, not stream={stream!r}")
+        raise ValueError(
+            f"The link given as nats= carries stream {nats.stream!r}, not stream={stream!r}"
+        )
     return nats
 
 
@@ -537,7 +618,9 @@ def _unanswered(what: str, error: BaseException) -> ReplicationError:
     import nats.js.errors
 
     if isinstance(error, nats.js.errors.ServiceUnavailableError):
-        return NatsUnavailableError(f"NATS could not answer for {what}: {error.description or 'service unavailable'} (503)")
+        return NatsUnavailableError(
+            f"NATS could not answer for {what}: {error.description or 'service unavailable'} (503)"
+        )
     if isinstance(error, nats.js.errors.APIError):
         return ReplicationError(f"NATS refused {what}: {error.description or error}")
     return NatsUnavailableError(f"NATS did not answer for {what} ({type(error).__name__}: {error})")
@@ -565,4 +648,3 @@ def _covers(pattern: str, subject: str) -> bool:
         if index >= len(tokens) or (part != "*" and part != tokens[index]):
             return False
     return len(parts) == len(tokens)
-

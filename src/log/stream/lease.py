@@ -103,7 +103,9 @@ def _same_instance(a: str, b: str) -> bool:
 class WriterLease:
     """One store's lease, held (or sought) by this process. Coroutines run on the link's loop."""
 
-    def __init__(self, link: StreamLink, store: str, path: str, ttl: int = DEFAULT_LEASE_TTL) -> None:
+    def __init__(
+        self, link: StreamLink, store: str, path: str, ttl: int = DEFAULT_LEASE_TTL
+    ) -> None:
         if type(ttl) is not int or not 1 <= ttl <= 3600:
             raise ValueError(f"lease_ttl must be whole seconds from 1 to 3600, not {ttl!r}")
         self.link, self.store, self.ttl = link, store, ttl
@@ -129,7 +131,9 @@ class WriterLease:
         try:
             return _decoder.decode(value), revision
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            raise ReplicationError(f"The lease of store {self.store} in bucket {self.bucket} is unreadable ({error})") from None
+            raise ReplicationError(
+                f"The lease of store {self.store} in bucket {self.bucket} is unreadable ({error})"
+            ) from None
 
     async def acquire(self, least_epoch: Any, take_over: bool, force: bool = False) -> int:
         """Take the lease with an epoch above ``least_epoch`` and every earlier lease's; returns it.
@@ -144,7 +148,11 @@ class WriterLease:
             lease, revision = await self._answered(self.current)
             mine = lease is not None and (
                 lease.holder == self.holder
-                or (_same_instance(lease.holder, self.holder) and not force and not await self._renewed(revision, lease.ttl))
+                or (
+                    _same_instance(lease.holder, self.holder)
+                    and not force
+                    and not await self._renewed(revision, lease.ttl)
+                )
             )
             if lease is not None:
                 highest = max(highest, lease.epoch)
@@ -154,20 +162,34 @@ class WriterLease:
                 epoch = max(floor, highest) + 1
                 sent = self.link.clock()
                 try:
-                    self.revision = await self._answered(self._put, Lease(LEASE_FORMAT, epoch, self.holder, self.ttl), revision)
+                    self.revision = await self._answered(
+                        self._put, Lease(LEASE_FORMAT, epoch, self.holder, self.ttl), revision
+                    )
                 except _Conflict:
                     conflicts += 1
                     if conflicts > 50:
-                        raise ReplicationError(f"The lease of store {self.store} kept changing under this writer") from None
+                        raise ReplicationError(
+                            f"The lease of store {self.store} kept changing under this writer"
+                        ) from None
                     continue  # someone else moved first: look again
-                self.epoch, self.valid_until, self.lost = epoch, sent + self.ttl * (1 - MARGIN), None
-                logger.info("took the lease of store %s: epoch %d, holder %s", self.store, epoch, self.holder)
+                self.epoch, self.valid_until, self.lost = (
+                    epoch,
+                    sent + self.ttl * (1 - MARGIN),
+                    None,
+                )
+                logger.info(
+                    "took the lease of store %s: epoch %d, holder %s",
+                    self.store,
+                    epoch,
+                    self.holder,
+                )
                 return epoch
             if not take_over:
                 raise NotWriterError(
                     f"Store {self.store} is written by {lease.holder} (lease epoch {lease.epoch}, "
                     f"time to live {lease.ttl} s); open with take_over=True to take over once it expires",
-                    self.store, lease.epoch,
+                    self.store,
+                    lease.epoch,
                 )
             if deadline is None:
                 deadline = self.link.clock() + lease.ttl * 2 + 2
@@ -175,7 +197,8 @@ class WriterLease:
                 raise NotWriterError(
                     f"Store {self.store} is still written by {lease.holder} (epoch {lease.epoch}), which keeps "
                     "renewing its lease; stop it, or take over with force",
-                    self.store, lease.epoch,
+                    self.store,
+                    lease.epoch,
                 )
             await asyncio.sleep(0.05)
 
@@ -207,7 +230,9 @@ class WriterLease:
                 await asyncio.sleep(0.1)
 
     async def _put(self, lease: Lease, revision: int) -> int:
-        revision_now = await self.link.lease_put(self.store, _encoder.encode(lease), revision, float(lease.ttl))
+        revision_now = await self.link.lease_put(
+            self.store, _encoder.encode(lease), revision, float(lease.ttl)
+        )
         if revision_now is None:
             raise _Conflict()
         return revision_now
@@ -229,7 +254,9 @@ class WriterLease:
             sent = self.link.clock()
             try:
                 if sent < self.valid_until:
-                    self.revision = await self._put(Lease(LEASE_FORMAT, self.epoch, self.holder, self.ttl), self.revision)
+                    self.revision = await self._put(
+                        Lease(LEASE_FORMAT, self.epoch, self.holder, self.ttl), self.revision
+                    )
                     self.valid_until = sent + self.ttl * (1 - MARGIN)
                     continue
                 await self._regain()
@@ -238,7 +265,9 @@ class WriterLease:
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # unreachable, or anything else: keep trying while not lost
-                self.link.last_error = f"lease of store {self.store}: {type(error).__name__}: {error}"
+                self.link.last_error = (
+                    f"lease of store {self.store}: {type(error).__name__}: {error}"
+                )
 
     async def _regain(self) -> None:
         """The lease lapsed or its revision is gone: take it again unless another holds it."""
@@ -276,7 +305,12 @@ class WriterLease:
         except ReplicationError as error:
             self.link.last_error = str(error)
             return
-        logger.warning("lease of store %s lapsed and was taken again: epoch %d (was %d)", self.store, epoch, previous)
+        logger.warning(
+            "lease of store %s lapsed and was taken again: epoch %d (was %d)",
+            self.store,
+            epoch,
+            previous,
+        )
 
     async def _current_or_none(self) -> tuple[Lease | None, int]:
         try:
@@ -292,7 +326,9 @@ class WriterLease:
 
         if self.lost is not None:
             return
-        logger.warning("no longer the writer of store %s (epoch %d): %s", self.store, self.epoch, error)
+        logger.warning(
+            "no longer the writer of store %s (epoch %d): %s", self.store, self.epoch, error
+        )
         self.lost = error
         self.valid_until = 0.0
         if self.on_lost is not None:
@@ -337,7 +373,6 @@ class WriterLease:
             expires_in=max(0.0, self.valid_until - self.link.clock()) if self.lost is None else 0.0,
             lost=None if self.lost is None else str(self.lost),
         )
-
 
 
 class _Conflict(Exception):

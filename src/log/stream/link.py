@@ -75,7 +75,9 @@ class StreamLink(Protocol):
 
     async def last(self, subject: str, store: str | None) -> StreamMessage | None: ...
 
-    async def publish(self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int) -> int: ...
+    async def publish(
+        self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int
+    ) -> int: ...
 
     def read(
         self, subject: str, after: int, *, store: str | None, follow: bool, idle: float = 0.5

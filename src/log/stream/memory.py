@@ -23,9 +23,23 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import BinaryIO
 from dataclasses import dataclass, field
 
-from ...errors import NatsUnavailableError, OutcomeUnknownError, ReplicationError, StreamMissingError, StreamMovedError
+from ...errors import (
+    NatsUnavailableError,
+    OutcomeUnknownError,
+    ReplicationError,
+    StreamMissingError,
+    StreamMovedError,
+)
 from .link import LinkLoop
-from .message import H_MSG_ID, RawMessage, StreamMessage, check_size, check_stream_name, parse_message, too_big
+from .message import (
+    H_MSG_ID,
+    RawMessage,
+    StreamMessage,
+    check_size,
+    check_stream_name,
+    parse_message,
+    too_big,
+)
 
 
 class ManualClock:
@@ -124,18 +138,24 @@ class MemoryLink(LinkLoop):
         last = found[-1]
         return parse_message(self.stream, last.stream_seq, last.headers, last.data, store)
 
-    async def publish(self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int) -> int:
+    async def publish(
+        self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int
+    ) -> int:
         if not messages:
             return expected
         server = self.server
         server.answer()
         if server.drop_requests:
             server.drop_requests -= 1
-            raise OutcomeUnknownError(f"The in-memory stream lost an append to {subject} (no answer)")
+            raise OutcomeUnknownError(
+                f"The in-memory stream lost an append to {subject} (no answer)"
+            )
         for _, body in messages:
             reason = too_big(len(body), server.max_payload)
             if reason is not None:
-                raise ReplicationError(f"The stream refused an append to {subject} as too big: {reason}")
+                raise ReplicationError(
+                    f"The stream refused an append to {subject} as too big: {reason}"
+                )
         with server.lock:
             mine = [m for m in server.messages if m.subject == subject]
             ids = {m.headers.get(H_MSG_ID) for m in mine}
@@ -146,11 +166,15 @@ class MemoryLink(LinkLoop):
                 raise StreamMovedError(subject, expected, last)
             for headers, body in messages:
                 server.last_seq += 1
-                server.messages.append(_Message(server.last_seq, subject, dict(headers), bytes(body)))
+                server.messages.append(
+                    _Message(server.last_seq, subject, dict(headers), bytes(body))
+                )
             stored = server.last_seq
         if server.lose_answers:
             server.lose_answers -= 1
-            raise OutcomeUnknownError(f"The in-memory stream stored an append to {subject}; its answer was lost")
+            raise OutcomeUnknownError(
+                f"The in-memory stream stored an append to {subject}; its answer was lost"
+            )
         return stored
 
     async def read(
@@ -161,7 +185,12 @@ class MemoryLink(LinkLoop):
             found = [] if self.server.down else self.server.subject_messages(subject, after)
             for index, message in enumerate(found):
                 after = message.stream_seq
-                yield parse_message(self.stream, message.stream_seq, message.headers, message.data, store), len(found) - index - 1
+                yield (
+                    parse_message(
+                        self.stream, message.stream_seq, message.headers, message.data, store
+                    ),
+                    len(found) - index - 1,
+                )
             if not follow and not self.server.down:
                 return
             await asyncio.sleep(0.005)
@@ -170,7 +199,9 @@ class MemoryLink(LinkLoop):
         self.server.answer()
         found = self.server.subject_messages(subject, after)
         return [
-            RawMessage(message.stream_seq, dict(message.headers), message.data, len(found) - index - 1)
+            RawMessage(
+                message.stream_seq, dict(message.headers), message.data, len(found) - index - 1
+            )
             for index, message in enumerate(found[:batch])
         ]
 
@@ -209,7 +240,9 @@ class MemoryLink(LinkLoop):
     async def trim(self, subject: str, keep_from: int) -> None:
         self.server.answer()
         with self.server.lock:
-            self.server.messages = [m for m in self.server.messages if m.subject != subject or m.stream_seq >= keep_from]
+            self.server.messages = [
+                m for m in self.server.messages if m.subject != subject or m.stream_seq >= keep_from
+            ]
 
     async def lease_get(self, key: str) -> tuple[bytes | None, int]:
         self.server.answer()

@@ -17,7 +17,13 @@ from typing import Final, Literal, NamedTuple
 
 import msgspec
 
-from ...errors import CorruptRecordError, DamageError, ForeignMessageError, ProjectionsBehind, ReplicationError
+from ...errors import (
+    CorruptRecordError,
+    DamageError,
+    ForeignMessageError,
+    ProjectionsBehind,
+    ReplicationError,
+)
 from ..records import Commit, decode_record
 
 MESSAGE_FORMAT: Final = 1
@@ -109,7 +115,9 @@ def stream_subjects(stream: str) -> list[str]:
 
 def check_stream_name(stream: object) -> str:
     if not isinstance(stream, str) or not _STREAM_NAME.fullmatch(stream):
-        raise ValueError(f"A stream name is letters, digits, '-' or '_' (NATS stream names), not {stream!r:.80}")
+        raise ValueError(
+            f"A stream name is letters, digits, '-' or '_' (NATS stream names), not {stream!r:.80}"
+        )
     return stream
 
 
@@ -154,7 +162,11 @@ def control_headers(store: str, kind: Kind, epoch: int, head: int) -> dict[str, 
 
 
 def parse_message(
-    stream: str, stream_seq: int, headers: dict[str, str] | None, data: bytes | None, store: str | None
+    stream: str,
+    stream_seq: int,
+    headers: dict[str, str] | None,
+    data: bytes | None,
+    store: str | None,
 ) -> StreamMessage:
     """Check one message of a store's subject (its headers, and a record's checksum); anything
     else raises ``ForeignMessageError`` naming its stream sequence."""
@@ -166,7 +178,9 @@ def parse_message(
         return ForeignMessageError(stream, stream_seq, reason)
 
     if headers.get(H_FORMAT) != str(MESSAGE_FORMAT):
-        raise refuse(f"it has no {H_FORMAT}: {MESSAGE_FORMAT} header (not written by pi-durable-lmdb)")
+        raise refuse(
+            f"it has no {H_FORMAT}: {MESSAGE_FORMAT} header (not written by pi-durable-lmdb)"
+        )
     found = headers.get(H_STORE)
     if found is None or (store is not None and found != store):
         raise refuse(f"it belongs to store {found!r}, not {store!r}")
@@ -188,10 +202,14 @@ def parse_message(
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise refuse(f"an undecodable {kind} message ({error})") from None
         if not isinstance(control, Fence if kind == "fence" else IdReservation):
-            raise refuse(f"its body is a {type(control).__name__}, not what a {kind!r} message carries")
+            raise refuse(
+                f"its body is a {type(control).__name__}, not what a {kind!r} message carries"
+            )
         return StreamMessage(stream_seq, found, kind, epoch, seq, body)  # type: ignore[arg-type]
     if headers.get(H_MSG_ID) != f"{found}:{seq}":
-        raise refuse(f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}")
+        raise refuse(
+            f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}"
+        )
     root = headers.get(H_ROOT)
     if root is not None and not (isinstance(root, str) and _ROOT_HEX.fullmatch(root)):
         raise refuse(f"its {H_ROOT} {root!r:.80} is not a tree root (64 lowercase hex digits)")
@@ -199,7 +217,16 @@ def parse_message(
         commit = decode_record(seq, body)
     except CorruptRecordError as error:
         raise refuse(f"record {seq}: {error.reason}") from None
-    return StreamMessage(stream_seq, found, "record", epoch, seq, body, commit, None if root is None else bytes.fromhex(root))
+    return StreamMessage(
+        stream_seq,
+        found,
+        "record",
+        epoch,
+        seq,
+        body,
+        commit,
+        None if root is None else bytes.fromhex(root),
+    )
 
 
 RECORD_HEADROOM: Final = 1024

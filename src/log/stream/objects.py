@@ -48,12 +48,16 @@ async def bucket(js: Any, stream: str, create: bool) -> Any | None:
                 return None
             info = await js.stream_info(stream)
             config = ObjectStoreConfig(
-                bucket=name, replicas=info.config.num_replicas or 1, storage=StorageType.FILE,
+                bucket=name,
+                replicas=info.config.num_replicas or 1,
+                storage=StorageType.FILE,
                 description=f"snapshots of the stores on stream {stream}",
             )
             return await js.create_object_store(name, config=config)
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
-        raise NatsUnavailableError(f"NATS did not answer for the bucket {name} ({type(error).__name__})") from None
+        raise NatsUnavailableError(
+            f"NATS did not answer for the bucket {name} ({type(error).__name__})"
+        ) from None
     except nats.errors.Error as error:
         raise ReplicationError(f"NATS refused the bucket {name}: {error}") from None
 
@@ -67,9 +71,15 @@ async def put(js: Any, stream: str, name: str, source: BinaryIO) -> None:
     store = await bucket(js, stream, create=True)
     assert store is not None
     try:
-        await store.put(name, source, meta=ObjectMeta(name=name, options=ObjectMetaOptions(max_chunk_size=CHUNK)))
+        await store.put(
+            name,
+            source,
+            meta=ObjectMeta(name=name, options=ObjectMetaOptions(max_chunk_size=CHUNK)),
+        )
     except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
-        raise NatsUnavailableError(f"NATS did not take the snapshot {name} ({type(error).__name__})") from None
+        raise NatsUnavailableError(
+            f"NATS did not take the snapshot {name} ({type(error).__name__})"
+        ) from None
     except nats.errors.Error as error:
         raise ReplicationError(f"NATS refused the snapshot {name}: {error}") from None
 
@@ -88,7 +98,9 @@ async def names(js: Any, stream: str) -> list[str]:
     except nats.js.errors.NotFoundError:
         return []
     except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
-        raise NatsUnavailableError(f"NATS did not list the snapshots of {stream} ({type(error).__name__})") from None
+        raise NatsUnavailableError(
+            f"NATS did not list the snapshots of {stream} ({type(error).__name__})"
+        ) from None
     return sorted(entry.name for entry in entries if not entry.deleted)
 
 
@@ -108,7 +120,9 @@ async def get(js: Any, nc: Any, stream: str, name: str, sink: BinaryIO, timeout:
     except nats.js.errors.NotFoundError:
         raise ReplicationError(f"The snapshot {name} is not in {bucket_name(stream)}") from None
     except (nats.errors.Error, asyncio.TimeoutError) as error:
-        raise NatsUnavailableError(f"NATS did not describe the snapshot {name} ({type(error).__name__})") from None
+        raise NatsUnavailableError(
+            f"NATS did not describe the snapshot {name} ({type(error).__name__})"
+        ) from None
     chunks, size = int(info.chunks or 0), int(info.size or 0)
     digest = str(info.digest or "")
     if not info.nuid or not digest.upper().startswith(DIGEST_PREFIX.upper()):
@@ -125,7 +139,9 @@ async def get(js: Any, nc: Any, stream: str, name: str, sink: BinaryIO, timeout:
         return count
 
     fetching: asyncio.Future[list[RawMessage]] | None = asyncio.ensure_future(
-        direct_batch(nc, objects, subject, after, CHUNKS_PER_BATCH, CHUNKS_PER_BATCH * CHUNK, timeout)
+        direct_batch(
+            nc, objects, subject, after, CHUNKS_PER_BATCH, CHUNKS_PER_BATCH * CHUNK, timeout
+        )
     )
     try:
         while fetching is not None:
@@ -136,13 +152,21 @@ async def get(js: Any, nc: Any, stream: str, name: str, sink: BinaryIO, timeout:
             got += len(batch)
             if got < chunks:
                 fetching = asyncio.ensure_future(
-                    direct_batch(nc, objects, subject, batch[-1].stream_seq, CHUNKS_PER_BATCH, CHUNKS_PER_BATCH * CHUNK, timeout)
+                    direct_batch(
+                        nc,
+                        objects,
+                        subject,
+                        batch[-1].stream_seq,
+                        CHUNKS_PER_BATCH,
+                        CHUNKS_PER_BATCH * CHUNK,
+                        timeout,
+                    )
                 )
             written += await asyncio.to_thread(write, batch)
     finally:
         if fetching is not None:
             fetching.cancel()
-    encoded = digest[len(DIGEST_PREFIX):].rstrip("=")
+    encoded = digest[len(DIGEST_PREFIX) :].rstrip("=")
     expected = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
     if got != chunks or written != size or hashed.digest() != expected:
         raise ReplicationError(
@@ -163,7 +187,9 @@ async def delete(js: Any, stream: str, name: str) -> None:
     except nats.js.errors.NotFoundError:
         pass
     except (nats.errors.Error, asyncio.TimeoutError) as error:
-        raise NatsUnavailableError(f"NATS did not delete the snapshot {name} ({type(error).__name__})") from None
+        raise NatsUnavailableError(
+            f"NATS did not delete the snapshot {name} ({type(error).__name__})"
+        ) from None
 
 
 async def purge(js: Any, stream: str, subject: str, keep_from: int) -> None:
@@ -174,6 +200,8 @@ async def purge(js: Any, stream: str, subject: str, keep_from: int) -> None:
     try:
         await js.purge_stream(stream, seq=keep_from, subject=subject)
     except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
-        raise NatsUnavailableError(f"NATS did not trim {subject} ({type(error).__name__})") from None
+        raise NatsUnavailableError(
+            f"NATS did not trim {subject} ({type(error).__name__})"
+        ) from None
     except nats.errors.Error as error:
         raise ReplicationError(f"NATS refused to trim {subject}: {error}") from None

@@ -37,7 +37,9 @@ _position_encoder: Final = msgspec.msgpack.Encoder()
 _position_decoder: Final = msgspec.msgpack.Decoder(StreamPosition)
 
 
-def read_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database, stream: str) -> StreamPosition:
+def read_position(
+    txn: lmdb.Transaction[bytes], meta: lmdb._Database, stream: str
+) -> StreamPosition:
     """The position against ``stream``; a store never replicated (or to another stream) is at 0."""
 
     raw = txn.get(POSITION_KEY, db=meta)
@@ -46,15 +48,21 @@ def read_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database, stream: st
     try:
         position = _position_decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        raise ReplicationError(f"The store's replication position is unreadable ({error})") from None
+        raise ReplicationError(
+            f"The store's replication position is unreadable ({error})"
+        ) from None
     if position.format != POSITION_FORMAT:
-        raise ReplicationError(f"The store's replication position has format {position.format}, not {POSITION_FORMAT}")
+        raise ReplicationError(
+            f"The store's replication position has format {position.format}, not {POSITION_FORMAT}"
+        )
     if position.stream != stream:
         return StreamPosition(POSITION_FORMAT, stream, 0, 0, position.epoch, position.ids_reserved)
     return position
 
 
-def put_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database, position: StreamPosition) -> None:
+def put_position(
+    txn: lmdb.Transaction[bytes], meta: lmdb._Database, position: StreamPosition
+) -> None:
     txn.put(POSITION_KEY, _position_encoder.encode(position), db=meta)
 
 
@@ -63,5 +71,3 @@ def stored_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database) -> Strea
 
     raw = txn.get(POSITION_KEY, db=meta)
     return None if raw is None else _position_decoder.decode(raw)
-
-

@@ -80,14 +80,27 @@ class Shipper:
                     for index, (seq, data) in enumerate(rows):
                         reason = self.link.too_big(len(data))
                         if reason is not None:  # it can never be published: waiting would not help
-                            stuck, rows = _CannotShip(f"record {seq} of store {self.store}: {reason}"), rows[:index]
+                            stuck, rows = (
+                                _CannotShip(f"record {seq} of store {self.store}: {reason}"),
+                                rows[:index],
+                            )
                             break
                     if rows:
                         messages = [
-                            (record_headers(self.store, seq, self.epoch, carried_root(seq, functools.partial(self.log.root, seq))), bytes(data))
+                            (
+                                record_headers(
+                                    self.store,
+                                    seq,
+                                    self.epoch,
+                                    carried_root(seq, functools.partial(self.log.root, seq)),
+                                ),
+                                bytes(data),
+                            )
                             for seq, data in rows
                         ]
-                        self.expected = await self.link.publish(self.subject, messages, self.expected)
+                        self.expected = await self.link.publish(
+                            self.subject, messages, self.expected
+                        )
                         self.shipped_seq = rows[-1][0]
                     if stuck is not None:
                         raise stuck
@@ -99,13 +112,21 @@ class Shipper:
                 self._stop(error)
                 return
             except ReplicationError as error:
-                logger.warning("Shipping store %s to stream %s failed, retrying in %.2f s: %s", self.store, self.link.stream, pause, error)
+                logger.warning(
+                    "Shipping store %s to stream %s failed, retrying in %.2f s: %s",
+                    self.store,
+                    self.link.stream,
+                    pause,
+                    error,
+                )
                 self.errors += 1
                 self.last_error = str(error)
             except Exception as error:  # the store closed under us, or a bug: say it, retry
                 if self._stopping:
                     return
-                logger.warning("Shipping store %s failed, retrying in %.2f s", self.store, pause, exc_info=True)
+                logger.warning(
+                    "Shipping store %s failed, retrying in %.2f s", self.store, pause, exc_info=True
+                )
                 self.errors += 1
                 self.last_error = f"{type(error).__name__}: {error}"
             await asyncio.sleep(pause)
@@ -116,14 +137,22 @@ class Shipper:
 
         self.fatal = error if isinstance(error, ReplicationError) else ReplicationError(str(error))
         self.last_error = reason = f"shipping stopped: {error}"
-        logger.error("Shipping of store %s to stream %s stopped: %s", self.store, self.link.stream, error)
+        logger.error(
+            "Shipping of store %s to stream %s stopped: %s", self.store, self.link.stream, error
+        )
         path = os.path.join(self.log.env.path, STOPPED_FILE)
         try:
-            record = {"reason": reason, "at": int(time.time() * 1000), "shippedSeq": self.shipped_seq}
+            record = {
+                "reason": reason,
+                "at": int(time.time() * 1000),
+                "shippedSeq": self.shipped_seq,
+            }
             replace_file(path, json.dumps(record).encode(), durable=False)
             self._marked = True
         except OSError:
-            logger.exception("Could not record that shipping stopped beside the store at %s", self.log.env.path)
+            logger.exception(
+                "Could not record that shipping stopped beside the store at %s", self.log.env.path
+            )
 
     def _clear_stopped(self) -> None:
         try:
@@ -139,7 +168,8 @@ class Shipper:
             return
         if last.seq > self.log.head():
             raise ForeignMessageError(
-                self.link.stream, last.stream_seq,
+                self.link.stream,
+                last.stream_seq,
                 f"the stream holds store {self.store} up to record {last.seq}, beyond this store's head "
                 f"{self.log.head()} (another writer, or a store restored from an older copy): shipping stopped",
             )
@@ -147,7 +177,8 @@ class Shipper:
             rows = self.log.raw_chunk(last.seq, last.seq, 1)
             if not rows or bytes(rows[0][1]) != last.data:
                 raise ForeignMessageError(
-                    self.link.stream, last.stream_seq,
+                    self.link.stream,
+                    last.stream_seq,
                     f"record {last.seq} differs from this store's own record {last.seq} (the histories forked): shipping stopped",
                 )
         self.shipped_seq, self.expected = last.seq, last.stream_seq

@@ -63,7 +63,9 @@ class StreamWriter:
     """The replicated-durability side of a writer: settles, then publishes each group's records
     before its transaction commits (see the module docstring). Runs on the writer thread."""
 
-    def __init__(self, link: StreamLink, env: Environment, log: WriteLog, store: str, meta: lmdb._Database) -> None:
+    def __init__(
+        self, link: StreamLink, env: Environment, log: WriteLog, store: str, meta: lmdb._Database
+    ) -> None:
         self.link, self.env, self.log, self.store, self.meta = link, env, log, store, meta
         self.subject = subject_of(link.stream, store)
         self.applier = StreamApplier(link.stream, store, log, meta)
@@ -132,7 +134,8 @@ class StreamWriter:
         else:
             if last.kind == "record" and self.log.record(txn, last.seq) != last.data:
                 raise ForeignMessageError(
-                    self.link.stream, last.stream_seq,
+                    self.link.stream,
+                    last.stream_seq,
                     f"record {last.seq} differs from this store's own record {last.seq} (the histories forked)",
                 )
             self.expected = last.stream_seq
@@ -164,27 +167,48 @@ class StreamWriter:
             last = self.link.run(self.link.last(self.subject, self.store))
             head = 0 if last is None else last.seq
             if last is not None and last.epoch >= self.epoch:
-                if last.kind == "fence" and last.epoch == self.epoch and getattr(last.control, "holder", None) == self.lease.holder:
+                if (
+                    last.kind == "fence"
+                    and last.epoch == self.epoch
+                    and getattr(last.control, "holder", None) == self.lease.holder
+                ):
                     self.fence_pending = False  # our own fence, whose answer was lost
                     return
-                raise self._fenced_out(last.epoch, "found its message on the subject before fencing")
+                raise self._fenced_out(
+                    last.epoch, "found its message on the subject before fencing"
+                )
             self.lease.check()
-            fence = (control_headers(self.store, "fence", self.epoch, head), encode_control(Fence(self.epoch, self.lease.holder)))
+            fence = (
+                control_headers(self.store, "fence", self.epoch, head),
+                encode_control(Fence(self.epoch, self.lease.holder)),
+            )
             try:
-                self.link.run(self.link.publish(self.subject, [fence], 0 if last is None else last.stream_seq))
+                self.link.run(
+                    self.link.publish(self.subject, [fence], 0 if last is None else last.stream_seq)
+                )
             except StreamMovedError:
                 continue  # the old writer appended meanwhile: fence after that
             self.fence_pending = False
             return
-        raise ReplicationError(f"Store {self.store}'s subject kept moving: this writer could not fence it")
+        raise ReplicationError(
+            f"Store {self.store}'s subject kept moving: this writer could not fence it"
+        )
 
     def _take_in(
-        self, txn: lmdb.Transaction[bytes], projector: Admitter, position: StreamPosition, until: int
+        self,
+        txn: lmdb.Transaction[bytes],
+        projector: Admitter,
+        position: StreamPosition,
+        until: int,
     ) -> StreamPosition:
         while position.stream_seq < until:
-            raws = self.link.run(self.link.fetch(self.subject, position.stream_seq, batch=FETCH_CHUNK))
+            raws = self.link.run(
+                self.link.fetch(self.subject, position.stream_seq, batch=FETCH_CHUNK)
+            )
             messages: Iterable[StreamMessage] = (
-                self._checked(raws, until) if raws else self.link.run(self._consume(position.stream_seq, until))
+                self._checked(raws, until)
+                if raws
+                else self.link.run(self._consume(position.stream_seq, until))
             )
             before = position.stream_seq
             position = self.applier.apply(txn, projector, messages, position)
@@ -207,13 +231,17 @@ class StreamWriter:
         """The next messages after ``after`` from a consumer (what a batch did not answer)."""
 
         messages: list[StreamMessage] = []
-        async for message, pending in self.link.read(self.subject, after, store=self.store, follow=False):
+        async for message, pending in self.link.read(
+            self.subject, after, store=self.store, follow=False
+        ):
             messages.append(message)
             if message.stream_seq >= until or pending == 0 or len(messages) >= FETCH_CHUNK:
                 break
         return messages
 
-    def _ship(self, txn: lmdb.Transaction[bytes], first: int, last: int, position: StreamPosition) -> StreamPosition:
+    def _ship(
+        self, txn: lmdb.Transaction[bytes], first: int, last: int, position: StreamPosition
+    ) -> StreamPosition:
         """Publish records ``first..last`` this store holds and the stream lacks."""
 
         seq = first
@@ -245,7 +273,10 @@ class StreamWriter:
         if self.failure is not None:
             raise self.failure
         head = self.log.head(txn)
-        message = (control_headers(self.store, "ids", self.epoch, head), encode_control(IdReservation(self.epoch, upto)))
+        message = (
+            control_headers(self.store, "ids", self.epoch, head),
+            encode_control(IdReservation(self.epoch, upto)),
+        )
         self._send(txn, [message], head, upto)
 
     def _publish(self, txn: lmdb.Transaction[bytes], seqs: list[int]) -> StreamPosition:
@@ -253,17 +284,33 @@ class StreamWriter:
         for seq in seqs:
             data = self.log.record(txn, seq)
             assert data is not None
-            messages.append((record_headers(self.store, seq, self.epoch, carried_root(seq, lambda: self.log.tree_root(txn, seq))), data))
+            messages.append(
+                (
+                    record_headers(
+                        self.store,
+                        seq,
+                        self.epoch,
+                        carried_root(seq, lambda: self.log.tree_root(txn, seq)),
+                    ),
+                    data,
+                )
+            )
         position = self._send(txn, messages, seqs[-1])
         self.in_doubt_seqs = list(seqs)
         return position
 
     def _send(
-        self, txn: lmdb.Transaction[bytes], messages: list[tuple[dict[str, str], bytes]], head: int, ids: int = 0
+        self,
+        txn: lmdb.Transaction[bytes],
+        messages: list[tuple[dict[str, str], bytes]],
+        head: int,
+        ids: int = 0,
     ) -> StreamPosition:
         if self.lease is not None:
             self.lease.check()
-            if self.lease.epoch != self.epoch:  # it lapsed and was taken again since this group settled
+            if (
+                self.lease.epoch != self.epoch
+            ):  # it lapsed and was taken again since this group settled
                 self.settled = False
                 raise LeaseLapsedError(
                     f"The lease of store {self.store} lapsed and was taken again (epoch {self.lease.epoch}, was "
@@ -277,7 +324,9 @@ class StreamWriter:
         except StreamMovedError as error:
             self.settled = False
             self.last_error = str(error)
-            epoch = self._last_epoch()  # a foreign message there raises ForeignMessageError: damage, not ownership
+            epoch = (
+                self._last_epoch()
+            )  # a foreign message there raises ForeignMessageError: damage, not ownership
             if epoch is not None and epoch == self.epoch:  # an earlier append of ours landed late
                 raise ReplicationError(
                     f"Store {self.store} was not committed to: {error}. Nothing of this commit was stored; "
@@ -306,7 +355,12 @@ class StreamWriter:
         self.acked_seq = head
         position = read_position(txn, self.meta, self.link.stream)
         position = StreamPosition(
-            POSITION_FORMAT, self.link.stream, last, head, max(position.epoch, self.epoch), max(position.ids_reserved, ids)
+            POSITION_FORMAT,
+            self.link.stream,
+            last,
+            head,
+            max(position.epoch, self.epoch),
+            max(position.ids_reserved, ids),
         )
         put_position(txn, self.meta, position)
         self.position = position
@@ -328,7 +382,9 @@ class StreamWriter:
             return None
         return None if last is None else last.epoch
 
-    def _landed(self, messages: list[tuple[dict[str, str], bytes]], error: OutcomeUnknownError) -> int:
+    def _landed(
+        self, messages: list[tuple[dict[str, str], bytes]], error: OutcomeUnknownError
+    ) -> int:
         """After an unanswered publish: the stream sequence of the last of ``messages`` if the
         subject holds them all right after ``self.expected`` (the publish went through, whatever
         another writer appended after them: the commit is stored, and the next group learns who
@@ -337,7 +393,9 @@ class StreamWriter:
 
         async def first_after() -> list[StreamMessage]:
             found: list[StreamMessage] = []
-            async for message, _ in self.link.read(self.subject, self.expected, store=self.store, follow=False):
+            async for message, _ in self.link.read(
+                self.subject, self.expected, store=self.store, follow=False
+            ):
                 found.append(message)
                 if len(found) == len(messages):
                     break
@@ -350,7 +408,10 @@ class StreamWriter:
         count = 0
         for (headers, body), message in zip(messages, found):
             if (message.kind, message.seq, message.epoch, message.data) != (
-                headers[H_KIND], int(headers[H_SEQ]), int(headers[H_EPOCH]), body
+                headers[H_KIND],
+                int(headers[H_SEQ]),
+                int(headers[H_EPOCH]),
+                body,
             ):
                 break
             count += 1

@@ -36,13 +36,42 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
 
 
-def run_case(store: str, kind: str, nth: int, error: int, *, commits: int = 41, seed: int = 1, map_size: int = 256 * 1024,
-             plant: tuple[str, ...] = (), background: bool = False, burst: int = 1, timeout: float = 120.0) -> Outcome:
+def run_case(
+    store: str,
+    kind: str,
+    nth: int,
+    error: int,
+    *,
+    commits: int = 41,
+    seed: int = 1,
+    map_size: int = 256 * 1024,
+    plant: tuple[str, ...] = (),
+    background: bool = False,
+    burst: int = 1,
+    timeout: float = 120.0,
+) -> Outcome:
     outcome = Outcome(kind, nth, error)
-    command = [*module_command(CHILD), store, kind, str(nth), str(error), "--commits", str(commits), "--seed", str(seed),
-               "--map-size", str(map_size)]
-    command += [f"--plant={fault}" for fault in plant] + (["--background"] if background else []) + ["--burst", str(burst)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=module_env())
+    command = [
+        *module_command(CHILD),
+        store,
+        kind,
+        str(nth),
+        str(error),
+        "--commits",
+        str(commits),
+        "--seed",
+        str(seed),
+        "--map-size",
+        str(map_size),
+    ]
+    command += (
+        [f"--plant={fault}" for fault in plant]
+        + (["--background"] if background else [])
+        + ["--burst", str(burst)]
+    )
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=module_env()
+    )
     acked: list[tuple[int, int]] = []
     for line in done.stdout.splitlines():
         word, _, rest = line.partition(" ")
@@ -58,7 +87,9 @@ def run_case(store: str, kind: str, nth: int, error: int, *, commits: int = 41, 
         elif word == "fired":
             outcome.fired = rest == "1"
     if done.returncode != 0 or not outcome.counts:
-        outcome.problems.append(f"the writer died (exit {done.returncode}): {done.stderr.strip()[-600:]}")
+        outcome.problems.append(
+            f"the writer died (exit {done.returncode}): {done.stderr.strip()[-600:]}"
+        )
     outcome.acked = len(acked)
     if not os.path.exists(os.path.join(store, "data.mdb")):
         if acked:
@@ -121,7 +152,9 @@ async def recovered(store: str, acked: list[tuple[int, int]], outcome: Outcome) 
         head = storage.log.head()
         last = max((seq for seq, _ in acked), default=0)
         if head < last:
-            problems.append(f"TRUNCATED: recovery ended at sequence {head}, commits were acknowledged up to {last}")
+            problems.append(
+                f"TRUNCATED: recovery ended at sequence {head}, commits were acknowledged up to {last}"
+            )
         for seq, conversation in acked:
             if await storage.conversation(conversation, CTX) is None:
                 problems.append(f"LOST: acknowledged commit {seq} (conversation {conversation})")

@@ -54,9 +54,17 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
     for fault in args.plant:
         journal._faults.add(fault)
-    return {"journal": journal.JournalOptions(segment_size=2 * journal.HEADER_SIZE, checkpoint_commits=12,
-                                              checkpoint_bytes=1 << 20, checkpoint_seconds=600.0, background=args.background,
-                                              checkpoint_half_segment=False, pinned_pages=1 << 20)}  # a checkpoint every 12 commits
+    return {
+        "journal": journal.JournalOptions(
+            segment_size=2 * journal.HEADER_SIZE,
+            checkpoint_commits=12,
+            checkpoint_bytes=1 << 20,
+            checkpoint_seconds=600.0,
+            background=args.background,
+            checkpoint_half_segment=False,
+            pinned_pages=1 << 20,
+        )
+    }  # a checkpoint every 12 commits
 
 
 async def run(args: argparse.Namespace, injector: Injector) -> None:
@@ -64,7 +72,9 @@ async def run(args: argparse.Namespace, injector: Injector) -> None:
 
     lmdb_storage.ID_BLOCK = 24  # type: ignore[misc]  # reservations (each a checkpoint) now and then
     rng = random.Random(args.seed)
-    storage = await attempt("open", lambda: LmdbStorage.open(args.store, map_size=args.map_size, **options(args)))
+    storage = await attempt(
+        "open", lambda: LmdbStorage.open(args.store, map_size=args.map_size, **options(args))
+    )
     if storage is None:
         return
     after = 0
@@ -77,8 +87,16 @@ async def run(args: argparse.Namespace, injector: Injector) -> None:
         if conversation is None:
             return
         size = rng.choice([40, 300, 1500, 3000, 5000])  # the big ones need a segment of their own
-        writes = [{"type": "conversation", "value": {"id": conversation, "n": n,
-                                                     "pad": "".join(rng.choices(string.ascii_letters, k=size))}}]
+        writes = [
+            {
+                "type": "conversation",
+                "value": {
+                    "id": conversation,
+                    "n": n,
+                    "pad": "".join(rng.choices(string.ascii_letters, k=size)),
+                },
+            }
+        ]
         seq = await attempt(f"commit {n}", lambda: storage.commit(writes, CTX))
         if seq is None:
             return
@@ -93,9 +111,18 @@ def main() -> None:
     parser.add_argument("errno", type=int)
     parser.add_argument("--commits", type=int, default=41)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--map-size", type=int, default=256 * 1024, help="LMDB's map: small, so that it fills and grows")
-    parser.add_argument("--burst", type=int, default=1, help="consecutive calls of the kind that fail")
-    parser.add_argument("--after", type=int, default=3, help="commits after the fault fired, then the kill")
+    parser.add_argument(
+        "--map-size",
+        type=int,
+        default=256 * 1024,
+        help="LMDB's map: small, so that it fills and grows",
+    )
+    parser.add_argument(
+        "--burst", type=int, default=1, help="consecutive calls of the kind that fail"
+    )
+    parser.add_argument(
+        "--after", type=int, default=3, help="commits after the fault fired, then the kill"
+    )
     parser.add_argument("--plant", action="append", default=[])
     parser.add_argument("--background", action="store_true")
     args = parser.parse_args()

@@ -25,7 +25,18 @@ import stat
 from collections.abc import Callable
 from typing import Any, Final
 
-KINDS: Final = ("create", "zero-fill", "header", "rename", "segsync", "dirsync", "frame", "unmake", "flush", "checkpoint")
+KINDS: Final = (
+    "create",
+    "zero-fill",
+    "header",
+    "rename",
+    "segsync",
+    "dirsync",
+    "frame",
+    "unmake",
+    "flush",
+    "checkpoint",
+)
 
 _SEGMENT_MAGIC: Final = b"PIDLJSEG"
 _FRAME_MAGIC: Final = (0x504A4652).to_bytes(4, "big")
@@ -38,8 +49,14 @@ class Injector:
     ``observe``, if given, is called with each call's kind before it goes on (on the calling
     thread: a test can tell which thread flushes)."""
 
-    def __init__(self, kind: str, nth: int, error: int, burst: int = 1,
-                 observe: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        nth: int,
+        error: int,
+        burst: int = 1,
+        observe: Callable[[str], None] | None = None,
+    ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         self.kind, self.nth, self.error, self.burst = kind, nth, error, burst
@@ -55,13 +72,26 @@ class Injector:
             self._observe(kind)
         if kind == self.kind and self.nth and self.nth <= self.counts[kind] < self.nth + self.burst:
             self.failed = True
-            raise OSError(self.error, f"{os.strerror(self.error)} (injected: {kind} call {self.nth})", what)
+            raise OSError(
+                self.error, f"{os.strerror(self.error)} (injected: {kind} call {self.nth})", what
+            )
 
     def install(self) -> None:
         real_open, real_pwrite = os.open, os.pwrite
-        real_fsync, real_fdatasync, real_rename, real_close = os.fsync, os.fdatasync, os.rename, os.close
-        self._saved = {"open": real_open, "pwrite": real_pwrite, "fsync": real_fsync, "fdatasync": real_fdatasync,
-                       "rename": real_rename, "close": real_close}
+        real_fsync, real_fdatasync, real_rename, real_close = (
+            os.fsync,
+            os.fdatasync,
+            os.rename,
+            os.close,
+        )
+        self._saved = {
+            "open": real_open,
+            "pwrite": real_pwrite,
+            "fsync": real_fsync,
+            "fdatasync": real_fdatasync,
+            "rename": real_rename,
+            "close": real_close,
+        }
         files = self._files
 
         def role_of(fd: int) -> str | None:
@@ -70,8 +100,15 @@ class Injector:
                     name = os.readlink(f"/proc/self/fd/{fd}")
                 except OSError:
                     name = ""
-                files[fd] = ("segment" if name.endswith(".seg") else "checkpoint" if os.path.basename(name).startswith("checkpoint.")
-                             else "directory" if _is_directory(fd) else "other")
+                files[fd] = (
+                    "segment"
+                    if name.endswith(".seg")
+                    else "checkpoint"
+                    if os.path.basename(name).startswith("checkpoint.")
+                    else "directory"
+                    if _is_directory(fd)
+                    else "other"
+                )
             return files[fd]
 
         def open_(path: Any, flags: int, mode: int = 0o777, *args: Any, **kwargs: Any) -> int:
@@ -131,7 +168,14 @@ class Injector:
             files.pop(fd, None)
             return real_close(fd)
 
-        os.open, os.pwrite, os.fsync, os.fdatasync, os.rename, os.close = open_, pwrite, fsync, fdatasync, rename, close  # type: ignore[assignment]
+        os.open, os.pwrite, os.fsync, os.fdatasync, os.rename, os.close = (
+            open_,
+            pwrite,
+            fsync,
+            fdatasync,
+            rename,
+            close,
+        )  # type: ignore[assignment]
 
     def uninstall(self) -> None:
         for name, function in self._saved.items():

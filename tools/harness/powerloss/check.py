@@ -37,7 +37,13 @@ from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from tools.harness.powerloss.workload import EntryCounts, canonical, counts_of, engine_tools, read_counts
+from tools.harness.powerloss.workload import (
+    EntryCounts,
+    canonical,
+    counts_of,
+    engine_tools,
+    read_counts,
+)
 
 
 def _error(error: BaseException) -> str:
@@ -51,6 +57,7 @@ async def check_command_state(job: dict[str, Any]) -> dict[str, Any]:
     sequence. Never a partial store, whether or not it would open."""
 
     from pi_durable_lmdb.storage import LmdbStorage
+
     verify = engine_tools()[0]
 
     from tools.harness.powerloss.writer import export_digest
@@ -74,9 +81,13 @@ async def check_command_state(job: dict[str, Any]) -> dict[str, Any]:
     try:
         digest = export_digest(target)
         if digest != expect["digest"]:
-            problems.append(f"PARTIAL: NEWPATH holds a log other than the source's (export digest {digest}); files {held}")
+            problems.append(
+                f"PARTIAL: NEWPATH holds a log other than the source's (export digest {digest}); files {held}"
+            )
     except BaseException as error:  # noqa: BLE001 - every failure is a finding
-        problems.append(f"PARTIAL: NEWPATH exists ({held}) but its log does not read: {_error(error)}")
+        problems.append(
+            f"PARTIAL: NEWPATH exists ({held}) but its log does not read: {_error(error)}"
+        )
     if not problems:
         try:
             difference = verify(target)
@@ -85,11 +96,15 @@ async def check_command_state(job: dict[str, Any]) -> dict[str, Any]:
             storage = await LmdbStorage.open(target)
             try:
                 if expect["store"] != "-" and storage.store_id != expect["store"]:
-                    problems.append(f"STORE ID: NEWPATH is store {storage.store_id}, the source {expect['store']}")
+                    problems.append(
+                        f"STORE ID: NEWPATH is store {storage.store_id}, the source {expect['store']}"
+                    )
                 minted = await storage.mint_id()
                 seq = await storage.commit([{"type": "conversation", "value": {"id": minted}}], CTX)
                 if seq != expect["head"] + 1:
-                    problems.append(f"SEQUENCE: a new commit got {seq}, the source's head is {expect['head']}")
+                    problems.append(
+                        f"SEQUENCE: a new commit got {seq}, the source's head is {expect['head']}"
+                    )
             finally:
                 await storage.close()
         except BaseException as error:  # noqa: BLE001
@@ -103,6 +118,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
         return await check_command_state(job)
     from pi_durable_lmdb.log import write_to_builtins
     from pi_durable_lmdb.storage import LmdbStorage
+
     verify = engine_tools()[0]
 
     from pi_durable_lmdb import StoreDamagedError
@@ -112,7 +128,9 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
     path = job["dir"]
     acked: dict[int, str] = {int(seq): batch for seq, batch in job["acked"].items()}
     required: list[int] = job["required"]
-    maybe: dict[str, int] = {}  # batches in flight or cancelled at the cut: each may be there once, whole
+    maybe: dict[
+        str, int
+    ] = {}  # batches in flight or cancelled at the cut: each may be there once, whole
     for batch in job["maybe"]:
         maybe[batch] = maybe.get(batch, 0) + 1
     minted_max: int = job["minted_max"]
@@ -131,7 +149,9 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
         try:
             reader = await LmdbStorage.open(path, readonly=True)
             await reader.close()
-            problems.append("READ-ONLY OPEN/READ did not refuse a store whose journal is not replayed")
+            problems.append(
+                "READ-ONLY OPEN/READ did not refuse a store whose journal is not replayed"
+            )
         except JournalReplayPending:
             pass
         except BaseException as error:  # noqa: BLE001
@@ -169,28 +189,44 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
                 if problem is not None:
                     problems.append(problem)
                 for seq in seqs:
-                    found = canonical([write_to_builtins(write) for write in reader.log.get(seq).writes])  # type: ignore[union-attr]
+                    found = canonical(
+                        [write_to_builtins(write) for write in reader.log.get(seq).writes]
+                    )  # type: ignore[union-attr]
                     if seq in acked:
                         if found != acked[seq]:
-                            problems.append(f"CHANGED: sequence {seq} holds {found[:150]}, acknowledged {acked[seq][:150]}")
+                            problems.append(
+                                f"CHANGED: sequence {seq} holds {found[:150]}, acknowledged {acked[seq][:150]}"
+                            )
                             continue
                         for write in json.loads(found):
                             if write["type"] == "entry":
                                 got = await reader.entry(write["value"]["id"])
-                                if got is None or got["commitSeq"] != seq or canonical(got["entry"]) != canonical(write["value"]):
-                                    problems.append(f"READ: entry {write['value']['id']} of sequence {seq} reads back as {str(got)[:150]}")
+                                if (
+                                    got is None
+                                    or got["commitSeq"] != seq
+                                    or canonical(got["entry"]) != canonical(write["value"])
+                                ):
+                                    problems.append(
+                                        f"READ: entry {write['value']['id']} of sequence {seq} reads back as {str(got)[:150]}"
+                                    )
                     elif maybe.get(found, 0) > 0:
                         maybe[found] -= 1
-                        result.setdefault("adopted", []).append(seq)  # committed whole, not acknowledged
+                        result.setdefault("adopted", []).append(
+                            seq
+                        )  # committed whole, not acknowledged
                     else:
-                        problems.append(f"UNEXPECTED: sequence {seq} holds a batch not committed as sequence {seq}: {found[:150]}")
+                        problems.append(
+                            f"UNEXPECTED: sequence {seq} holds a batch not committed as sequence {seq}: {found[:150]}"
+                        )
             finally:
                 await reader.close()
         except BaseException as error:  # noqa: BLE001
             problems.append(f"READ-ONLY OPEN/READ raised {_error(error)}")
     missing = [seq for seq in required if seq > head]
     if missing:
-        problems.append(f"LOST: acknowledged sequences {missing[:10]} (of {len(missing)}) missing; head {head}")
+        problems.append(
+            f"LOST: acknowledged sequences {missing[:10]} (of {len(missing)}) missing; head {head}"
+        )
     result["head"] = head
 
     # 3. the writer
@@ -209,7 +245,9 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             stored_max = storage._model.max_record_id(txn)
         minted = await storage.mint_id()
         if minted <= max(minted_max, stored_max):
-            problems.append(f"MINT: mint_id() returned {minted}; ids up to {minted_max} were handed out before the cut, stored up to {stored_max}")
+            problems.append(
+                f"MINT: mint_id() returned {minted}; ids up to {minted_max} were handed out before the cut, stored up to {stored_max}"
+            )
         entry_id = await storage.mint_id()
         batch = [
             {"type": "conversation", "value": {"id": minted}},
@@ -224,7 +262,9 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             held = read_counts(tables)
         expected = counts_of(storage.log.read())
         if held != expected:
-            problems.append(f"USER PROJECTION: holds {sorted(held.items())[:6]}, the log counts {sorted(expected.items())[:6]}")
+            problems.append(
+                f"USER PROJECTION: holds {sorted(held.items())[:6]}, the log counts {sorted(expected.items())[:6]}"
+            )
     except BaseException as error:  # noqa: BLE001
         problems.append(f"WRITER raised {_error(error)}")
     finally:
@@ -272,7 +312,10 @@ finding is a ``MemoryError``. LMDB's map is a shared file mapping and does not c
 
 async def main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard), hard))
+    resource.setrlimit(
+        resource.RLIMIT_DATA,
+        (MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard), hard),
+    )
     faulthandler.register(signal.SIGUSR1)  # where a slow state is: kill -USR1 (to stderr)
     jobs_path, results_path = sys.argv[1], sys.argv[2]
     with open(jobs_path, encoding="utf-8") as file:
@@ -284,7 +327,11 @@ async def main() -> None:
             try:
                 result = await check_state(job)
             except BaseException:  # noqa: BLE001
-                result = {"id": job["id"], "outcome": "failed", "problems": ["CHECKER: " + traceback.format_exc()[-800:]]}
+                result = {
+                    "id": job["id"],
+                    "outcome": "failed",
+                    "problems": ["CHECKER: " + traceback.format_exc()[-800:]],
+                }
             out.write(json.dumps(result) + "\n")
             out.flush()
 

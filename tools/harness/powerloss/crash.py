@@ -31,11 +31,22 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final
 
-CREATE, WRITE, FSYNC, FDATASYNC, MSYNC, SFR, TRUNCATE, RENAME, UNLINK, SYNC, MARK, MKDIR = range(1, 13)
+CREATE, WRITE, FSYNC, FDATASYNC, MSYNC, SFR, TRUNCATE, RENAME, UNLINK, SYNC, MARK, MKDIR = range(
+    1, 13
+)
 NAMES: Final = {
-    CREATE: "create", WRITE: "write", FSYNC: "fsync", FDATASYNC: "fdatasync", MSYNC: "msync",
-    SFR: "sync_file_range", TRUNCATE: "truncate", RENAME: "rename", UNLINK: "unlink", SYNC: "sync",
-    MARK: "mark", MKDIR: "mkdir",
+    CREATE: "create",
+    WRITE: "write",
+    FSYNC: "fsync",
+    FDATASYNC: "fdatasync",
+    MSYNC: "msync",
+    SFR: "sync_file_range",
+    TRUNCATE: "truncate",
+    RENAME: "rename",
+    UNLINK: "unlink",
+    SYNC: "sync",
+    MARK: "mark",
+    MKDIR: "mkdir",
 }
 SECTOR: Final = 4096
 VARIANTS: Final = ("none", "prefix", "subset", "torn")
@@ -124,7 +135,9 @@ class _Op:
     event: Event
     inode: int  # the file written or truncated; for directory changes the file or directory named
     durable: bool = False
-    entry: _Key | None = None  # directory changes: the name made (create, mkdir, rename) or removed (unlink)
+    entry: _Key | None = (
+        None  # directory changes: the name made (create, mkdir, rename) or removed (unlink)
+    )
     source: _Key | None = None  # a rename's old name
 
 
@@ -234,7 +247,9 @@ class CrashState:
     def digest(self) -> str:
         h = hashlib.blake2b(digest_size=16)
         for name in sorted(self.files):
-            h.update(name.encode() + b"\0" + hashlib.blake2b(self.files[name], digest_size=16).digest())
+            h.update(
+                name.encode() + b"\0" + hashlib.blake2b(self.files[name], digest_size=16).digest()
+            )
         for name in self.directories:
             h.update(b"dir\0" + name.encode() + b"\0")
         return h.hexdigest()
@@ -250,7 +265,11 @@ class CrashState:
 
 
 def crash_state(
-    events: list[Event], point: int, variant: str, seed: int, initial: dict[str, bytes] | None = None
+    events: list[Event],
+    point: int,
+    variant: str,
+    seed: int,
+    initial: dict[str, bytes] | None = None,
 ) -> CrashState:
     """The files on disk after a power cut at ``point``, keeping pending changes as ``variant`` says."""
 
@@ -261,7 +280,9 @@ def crash_state(
     pending_data = [op for ops in sim.inode_ops.values() for op in ops if not op.durable]
     pending = sorted(pending_dir + pending_data, key=lambda op: op.event.index)
     keep: set[int] = set()  # event indexes kept whole
-    pieces: dict[int, list[tuple[int, int]]] = {}  # event index -> kept (start, end) within its data
+    pieces: dict[
+        int, list[tuple[int, int]]
+    ] = {}  # event index -> kept (start, end) within its data
     if variant == "none":
         dir_keep = 0
     elif variant == "prefix":
@@ -374,7 +395,17 @@ def crash_points(events: list[Event], rng: random.Random, randoms: int) -> list[
 
     points: set[int] = {len(events)}
     for event in events:
-        if event.kind in (FSYNC, FDATASYNC, SYNC, MSYNC, CREATE, MKDIR, RENAME, UNLINK, TRUNCATE) or (event.kind == WRITE and event.synced):
+        if event.kind in (
+            FSYNC,
+            FDATASYNC,
+            SYNC,
+            MSYNC,
+            CREATE,
+            MKDIR,
+            RENAME,
+            UNLINK,
+            TRUNCATE,
+        ) or (event.kind == WRITE and event.synced):
             points.add(event.index)
             points.add(event.index + 1)
         elif event.kind == MARK:

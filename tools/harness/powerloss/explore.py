@@ -36,7 +36,19 @@ from typing import Any
 
 from tools import module_command, module_env
 
-from .crash import FDATASYNC, FSYNC, MSYNC, SYNC, VARIANTS, WRITE, CrashState, Event, crash_points, crash_state, marks
+from .crash import (
+    FDATASYNC,
+    FSYNC,
+    MSYNC,
+    SYNC,
+    VARIANTS,
+    WRITE,
+    CrashState,
+    Event,
+    crash_points,
+    crash_state,
+    marks,
+)
 from .record import Recording, record
 
 CHECKER = "tools.harness.powerloss.check"
@@ -87,7 +99,9 @@ class Summary:
     seconds: float = 0.0
 
 
-def expectations(events: list[Event], point: int, mode: str, workload: str = "single") -> dict[str, Any]:
+def expectations(
+    events: list[Event], point: int, mode: str, workload: str = "single"
+) -> dict[str, Any]:
     """What the recording says a state cut at ``point`` must hold."""
 
     acked: dict[int, str] = {}
@@ -122,7 +136,8 @@ def expectations(events: list[Event], point: int, mode: str, workload: str = "si
             (
                 event.index
                 for event in events[:point]
-                if (event.kind in (FSYNC, FDATASYNC) and event.path == "data.mdb") or event.kind in (SYNC, MSYNC)
+                if (event.kind in (FSYNC, FDATASYNC) and event.path == "data.mdb")
+                or event.kind in (SYNC, MSYNC)
                 or (event.kind == WRITE and event.synced and event.path == "data.mdb")
             ),
             default=-1,
@@ -155,7 +170,9 @@ def materialize(state: CrashState, directory: str) -> None:
                 file.write(EARLIER_BOOT + rest if newline else EARLIER_BOOT[:-1])
 
 
-def judge(mode: str, state: CrashState, expected: dict[str, Any], result: dict[str, Any]) -> list[str]:
+def judge(
+    mode: str, state: CrashState, expected: dict[str, Any], result: dict[str, Any]
+) -> list[str]:
     """The problems of one checked state under what ``mode`` promises."""
 
     problems = list(result.get("problems", []))
@@ -166,7 +183,9 @@ def judge(mode: str, state: CrashState, expected: dict[str, Any], result: dict[s
     if not expected["created"]:
         # cut inside the store's first open (nothing acknowledged yet): readers and verify may
         # refuse the half-made store or call it incomplete; the writer must open it and finish it
-        problems = [p for p in problems if not p.startswith(("VERIFY (as left)", "READ-ONLY OPEN/READ"))]
+        problems = [
+            p for p in problems if not p.startswith(("VERIFY (as left)", "READ-ONLY OPEN/READ"))
+        ]
     outcome = result.get("outcome")
     if outcome == "refused":
         if mode == "power":
@@ -180,10 +199,14 @@ def judge(mode: str, state: CrashState, expected: dict[str, Any], result: dict[s
                 for p in problems
                 if p.startswith("READ-ONLY OPEN/READ") and "StoreDamagedError" not in p
             ]
-            if result.get("data_file") and not any("StoreDamagedError" in p for p in result.get("problems", [])):
+            if result.get("data_file") and not any(
+                "StoreDamagedError" in p for p in result.get("problems", [])
+            ):
                 problems.append("READ-ONLY OPEN did not refuse the store the writer open refused")
     elif mode == "process" and UNSYNCED_FILE in state.files:
-        problems.append(f"NOT REFUSED: {UNSYNCED_FILE} from an earlier boot is there, the store opened ({outcome})")
+        problems.append(
+            f"NOT REFUSED: {UNSYNCED_FILE} from an earlier boot is there, the store opened ({outcome})"
+        )
     elif outcome is None:
         problems.append("CHECKER DIED on this state (a crash inside LMDB, or a timeout)")
     return problems
@@ -216,7 +239,16 @@ def explore(
             if deadline is not None and time.monotonic() > deadline:
                 say(f"power_loss: stopping at the time limit after {summary.states} states")
                 break
-            recording = record(recorder, mode, recording_seed, batches, os.path.join(workdir, "rec"), workload=workload, drop=drop, fault=fault)
+            recording = record(
+                recorder,
+                mode,
+                recording_seed,
+                batches,
+                os.path.join(workdir, "rec"),
+                workload=workload,
+                drop=drop,
+                fault=fault,
+            )
             summary.recordings += 1
             summary.events += len(recording.events)
             rng = random.Random(f"{mode}:{recording_seed}")
@@ -236,7 +268,9 @@ def explore(
             for candidate in candidates:
                 if summary.states + len(pending) >= states:
                     break
-                state = crash_state(recording.events, candidate.point, candidate.variant, candidate.seed)
+                state = crash_state(
+                    recording.events, candidate.point, candidate.variant, candidate.seed
+                )
                 expected = expectations(recording.events, candidate.point, mode, workload)
                 digest = state.digest() + json.dumps([expected["required"], expected["done"]])
                 if digest in seen and only is None:
@@ -275,7 +309,11 @@ def _check_batch(
     for number, (state_id, state) in enumerate(batch):
         directory = os.path.join(states_dir, str(number))
         materialize(state, directory)
-        job = {"id": str(state_id), "dir": directory, **expectations(recording.events, state_id.point, mode, recording.workload)}
+        job = {
+            "id": str(state_id),
+            "dir": directory,
+            **expectations(recording.events, state_id.point, mode, recording.workload),
+        }
         jobs.append(job)
         by_id[str(state_id)] = (state_id, state, directory)
     results: dict[str, dict[str, Any]] = {}
@@ -288,7 +326,11 @@ def _check_batch(
         if os.path.exists(results_path):
             os.unlink(results_path)
         completed = subprocess.run(
-            module_command(CHECKER, jobs_path, results_path), capture_output=True, text=True, timeout=600, env=module_env()
+            module_command(CHECKER, jobs_path, results_path),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=module_env(),
         )
         started: list[str] = []
         with open(results_path, encoding="utf-8") as file:
@@ -302,14 +344,24 @@ def _check_batch(
             break
         # the checker died on the last state it started: record that, go on with the rest
         dead = started[-1]
-        results[dead] = {"id": dead, "outcome": None, "problems": [], "stderr": completed.stderr[-500:]}
+        results[dead] = {
+            "id": dead,
+            "outcome": None,
+            "problems": [],
+            "stderr": completed.stderr[-500:],
+        }
         ids = [job["id"] for job in remaining]
         remaining = remaining[ids.index(dead) + 1 :]
     for state_id, state, directory in by_id.values():
         result = results.get(str(state_id), {"outcome": None, "problems": []})
         summary.states += 1
         summary.by_variant[state_id.variant] = summary.by_variant.get(state_id.variant, 0) + 1
-        problems = judge(mode, state, expectations(recording.events, state_id.point, mode, recording.workload), result)
+        problems = judge(
+            mode,
+            state,
+            expectations(recording.events, state_id.point, mode, recording.workload),
+            result,
+        )
         if problems:
             outcome = "failed"
         elif result.get("outcome") in ("absent", "complete"):
@@ -317,7 +369,9 @@ def _check_batch(
         elif result.get("outcome") == "refused":
             outcome = "refused"
         elif result.get("problems"):
-            outcome = "not made yet"  # cut in the first open: readers refused, the writer finished it
+            outcome = (
+                "not made yet"  # cut in the first open: readers refused, the writer finished it
+            )
         else:
             outcome = "ok"
         summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
@@ -334,7 +388,9 @@ def _check_batch(
                 say(f"    {problem}")
             extra = f" --workload {recording.workload}" if recording.workload != "single" else ""
             extra += f" --fault {fault}" if fault else ""
-            say(f"    reproduce: python -m tools.harness.power_loss --mode {mode} --state {state_id} --batches {recording.batches}{extra}")
+            say(
+                f"    reproduce: python -m tools.harness.power_loss --mode {mode} --state {state_id} --batches {recording.batches}{extra}"
+            )
             if keep:
                 target = os.path.join(keep, f"{mode}-{str(state_id).replace(':', '-')}")
                 shutil.rmtree(target, ignore_errors=True)

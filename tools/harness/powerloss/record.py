@@ -32,7 +32,19 @@ def build_recorder(directory: str) -> str:
         raise RuntimeError("no C compiler (cc or gcc) to build the write recorder")
     output = os.path.join(directory, "recorder.so")
     subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-Wno-format-truncation", "-o", output, str(SOURCE), "-ldl", "-lpthread"],
+        [
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Wno-format-truncation",
+            "-o",
+            output,
+            str(SOURCE),
+            "-ldl",
+            "-lpthread",
+        ],
         check=True,
         capture_output=True,
     )
@@ -75,17 +87,41 @@ def record(
             if os.path.exists(path):
                 os.unlink(path)
         open(marks, "wb").close()
-        env = module_env(dict(os.environ, LD_PRELOAD=recorder, PL_RECORD=recording, PL_STORE=store, PL_MARKER=marks, PL_EXCLUDE="lock.mdb", PL_DROP=drop))
+        env = module_env(
+            dict(
+                os.environ,
+                LD_PRELOAD=recorder,
+                PL_RECORD=recording,
+                PL_STORE=store,
+                PL_MARKER=marks,
+                PL_EXCLUDE="lock.mdb",
+                PL_DROP=drop,
+            )
+        )
         completed = subprocess.run(
-            module_command(WRITER, store, marks, "--durability", durability, "--seed", str(seed), "--batches", str(batches),
-                           "--workload", workload, *(["--fault", fault] if fault else [])),
+            module_command(
+                WRITER,
+                store,
+                marks,
+                "--durability",
+                durability,
+                "--seed",
+                str(seed),
+                "--batches",
+                str(batches),
+                "--workload",
+                workload,
+                *(["--fault", fault] if fault else []),
+            ),
             env=env,
             capture_output=True,
             text=True,
             timeout=300,
         )
         if completed.returncode != 0:
-            raise RuntimeError(f"the recorded writer failed ({completed.returncode}):\n{completed.stderr[-3000:]}")
+            raise RuntimeError(
+                f"the recorded writer failed ({completed.returncode}):\n{completed.stderr[-3000:]}"
+            )
         with open(recording, "rb") as file:
             events = parse(file.read(), store)
         return Recording(durability, seed, batches, events, workload)

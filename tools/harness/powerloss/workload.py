@@ -32,7 +32,9 @@ class EntryCounts(Projection):
             if type(write) is EntryWrite:
                 key = _COUNT.pack(write.value["conversationId"])
                 raw = tables.get("counts", key)
-                tables.put("counts", key, _COUNT.pack((0 if raw is None else _COUNT.unpack(raw)[0]) + 1))
+                tables.put(
+                    "counts", key, _COUNT.pack((0 if raw is None else _COUNT.unpack(raw)[0]) + 1)
+                )
 
 
 def counts_of(commits: Any) -> dict[int, int]:
@@ -42,7 +44,9 @@ def counts_of(commits: Any) -> dict[int, int]:
     for commit in commits:
         for write in commit.writes:
             if type(write) is EntryWrite:
-                counts[write.value["conversationId"]] = counts.get(write.value["conversationId"], 0) + 1
+                counts[write.value["conversationId"]] = (
+                    counts.get(write.value["conversationId"], 0) + 1
+                )
     return counts
 
 
@@ -62,7 +66,13 @@ def engine_tools() -> tuple[Any, Any, Any]:
                 return found
         raise ImportError(f"{name} is in none of {', '.join(modules)}")
 
-    audits = ("pi_durable_lmdb.audit", "pi_durable_lmdb.cli.inspect", "pi_durable_lmdb.cli.move", "pi_durable_lmdb.cli.common", "pi_durable_lmdb")
+    audits = (
+        "pi_durable_lmdb.audit",
+        "pi_durable_lmdb.cli.inspect",
+        "pi_durable_lmdb.cli.move",
+        "pi_durable_lmdb.cli.common",
+        "pi_durable_lmdb",
+    )
     return (
         find("verify", audits),
         find("export_lines", audits),

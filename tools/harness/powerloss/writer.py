@@ -54,7 +54,15 @@ class Marks:
 class Workload:
     KINDS = ["entry", "entry", "entry", "task", "create", "change", "retire", "fork"]
 
-    def __init__(self, storage: Any, marks: Marks, rng: random.Random, kinds: list[str] | None = None, *, noise: bool = False) -> None:
+    def __init__(
+        self,
+        storage: Any,
+        marks: Marks,
+        rng: random.Random,
+        kinds: list[str] | None = None,
+        *,
+        noise: bool = False,
+    ) -> None:
         self.storage = storage
         self.marks = marks
         self.rng = rng
@@ -83,7 +91,9 @@ class Workload:
             if kind == "conversation":
                 self.conversations.append(write["value"]["id"])
             elif kind == "entry":
-                self.entries.setdefault(write["value"]["conversationId"], []).append(write["value"]["id"])
+                self.entries.setdefault(write["value"]["conversationId"], []).append(
+                    write["value"]["id"]
+                )
             elif kind == "task":
                 self.tasks[write["value"]["id"]] = write["value"]["conversationId"]
             elif kind in ("document.create", "document.copy"):
@@ -92,7 +102,10 @@ class Workload:
                     if kind == "document.create"
                     else self.documents[write["source"]["id"]]["version"]
                 )
-                self.documents[write["record"]["id"]] = {"record": write["record"], "version": version}
+                self.documents[write["record"]["id"]] = {
+                    "record": write["record"],
+                    "version": version,
+                }
             elif kind == "document.change":
                 self.documents[write["id"]]["version"] = write["content"]["version"]
             elif kind == "document.retire":
@@ -123,7 +136,11 @@ class Workload:
             "id": await self.mint(),
             "conversationId": rng.choice(self.conversations),
             "kind": rng.choice(["message", "tool"]),
-            "data": {"text": rng.choice(TEXTS), "n": rng.choice([0, -7, 2**70 + 1, 1.5]), "pad": self.pad(rng.randint(0, 1500))},
+            "data": {
+                "text": rng.choice(TEXTS),
+                "n": rng.choice([0, -7, 2**70 + 1, 1.5]),
+                "pad": self.pad(rng.randint(0, 1500)),
+            },
         }
         return [{"type": "entry", "value": value}]
 
@@ -136,16 +153,47 @@ class Workload:
             conversation = self.tasks[id]
         else:
             id, conversation = await self.mint(), rng.choice(self.conversations)
-        state = {"status": rng.choice(["pending", "running", "terminal"]), "step": rng.randint(0, 99)}
-        return [{"type": "task", "value": {"id": id, "conversationId": conversation, "kind": "agent", "version": 1,
-                 "input": {"prompt": rng.choice(TEXTS)}, "state": state, "background": False, "abortRequested": False}}]
+        state = {
+            "status": rng.choice(["pending", "running", "terminal"]),
+            "step": rng.randint(0, 99),
+        }
+        return [
+            {
+                "type": "task",
+                "value": {
+                    "id": id,
+                    "conversationId": conversation,
+                    "kind": "agent",
+                    "version": 1,
+                    "input": {"prompt": rng.choice(TEXTS)},
+                    "state": state,
+                    "background": False,
+                    "abortRequested": False,
+                },
+            }
+        ]
 
     async def _create(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
         id = await self.mint()
         touched.add(id)
-        record = {"id": id, "kind": "notes", "scope": {"kind": "conversation", "conversationId": self.rng.choice(self.conversations)},
-                  "key": f"k{id}", "history": self.rng.choice(["rewindable", "latest"]), "fork": "current"}
-        return [{"type": "document.create", "record": record, "content": {"kind": "base", "version": 1, "value": {"text": "v", "items": [1]}}}]
+        record = {
+            "id": id,
+            "kind": "notes",
+            "scope": {
+                "kind": "conversation",
+                "conversationId": self.rng.choice(self.conversations),
+            },
+            "key": f"k{id}",
+            "history": self.rng.choice(["rewindable", "latest"]),
+            "fork": "current",
+        }
+        return [
+            {
+                "type": "document.create",
+                "record": record,
+                "content": {"kind": "base", "version": 1, "value": {"text": "v", "items": [1]}},
+            }
+        ]
 
     async def _change(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
         live = [id for id in self.documents if id not in touched]
@@ -154,7 +202,11 @@ class Workload:
         id = self.rng.choice(live)
         touched.add(id)
         version = self.documents[id]["version"]
-        content = {"kind": "delta", "version": version, "ops": [["a", ["text"], self.rng.choice(TEXTS[1:])]]}
+        content = {
+            "kind": "delta",
+            "version": version,
+            "ops": [["a", ["text"], self.rng.choice(TEXTS[1:])]],
+        }
         return [{"type": "document.change", "id": id, "content": content}]
 
     async def _retire(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
@@ -168,17 +220,37 @@ class Workload:
     async def _fork(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
         parent = self.rng.choice(self.conversations)
         fork = await self.mint()
-        out: list[dict[str, Any]] = [{"type": "conversation", "value": {
-            "id": fork, "parent": {"conversationId": parent, "at": self.rng.choice(self.entries.get(parent) or [1])}}}]
-        sources = [id for id in self.documents if id not in touched
-                   and self.documents[id]["record"]["scope"]["conversationId"] == parent]
+        out: list[dict[str, Any]] = [
+            {
+                "type": "conversation",
+                "value": {
+                    "id": fork,
+                    "parent": {
+                        "conversationId": parent,
+                        "at": self.rng.choice(self.entries.get(parent) or [1]),
+                    },
+                },
+            }
+        ]
+        sources = [
+            id
+            for id in self.documents
+            if id not in touched
+            and self.documents[id]["record"]["scope"]["conversationId"] == parent
+        ]
         for source in sources[:1]:
             touched.add(source)
             record = dict(self.documents[source]["record"])
             record["id"] = await self.mint()
             record["scope"] = {"kind": "conversation", "conversationId": fork}
             touched.add(record["id"])
-            out.append({"type": "document.copy", "record": record, "source": {"id": source, "at": "current"}})
+            out.append(
+                {
+                    "type": "document.copy",
+                    "record": record,
+                    "source": {"id": source, "at": "current"},
+                }
+            )
         return out
 
 
@@ -199,8 +271,15 @@ def journal_options(args: argparse.Namespace) -> dict[str, Any]:
     for fault in args.fault:
         journal._faults.add(fault)
     journal.SEGMENT_SHARE = 24  # so the journal's segments grow late in a recording (see above)
-    return {"journal": journal.JournalOptions(segment_min=2 * journal.HEADER_SIZE, segment_size=4 * journal.HEADER_SIZE,
-                                              checkpoint_commits=4, checkpoint_bytes=16384, pinned_pages=8)}
+    return {
+        "journal": journal.JournalOptions(
+            segment_min=2 * journal.HEADER_SIZE,
+            segment_size=4 * journal.HEADER_SIZE,
+            checkpoint_commits=4,
+            checkpoint_bytes=16384,
+            pinned_pages=8,
+        )
+    }
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -213,8 +292,13 @@ async def run(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
 
     async def open_store() -> Any:
-        return await LmdbStorage.open(args.store, durability=args.durability, map_size=64 * 1024, projections=[EntryCounts()],
-                                      **journal_options(args))
+        return await LmdbStorage.open(
+            args.store,
+            durability=args.durability,
+            map_size=64 * 1024,
+            projections=[EntryCounts()],
+            **journal_options(args),
+        )
 
     marks.say("phase open")
     storage = await open_store()
@@ -245,16 +329,30 @@ GROUP_KINDS = ["entry", "entry", "entry", "newtask", "fork"]
 class GroupCaller(Workload):
     """One concurrent caller's batches; conversations referenced only once acknowledged."""
 
-    def __init__(self, storage: Any, marks: Marks, rng: random.Random, tag: str, *, noise: bool = False) -> None:
+    def __init__(
+        self, storage: Any, marks: Marks, rng: random.Random, tag: str, *, noise: bool = False
+    ) -> None:
         super().__init__(storage, marks, rng, GROUP_KINDS, noise=noise)
         self.tag = tag
         self.number = 0
 
     async def _newtask(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
         state = {"status": "pending", "step": self.rng.randint(0, 99)}
-        return [{"type": "task", "value": {"id": await self.mint(), "conversationId": self.rng.choice(self.conversations),
-                 "kind": "agent", "version": 1, "input": {"prompt": self.rng.choice(TEXTS)}, "state": state,
-                 "background": False, "abortRequested": False}}]
+        return [
+            {
+                "type": "task",
+                "value": {
+                    "id": await self.mint(),
+                    "conversationId": self.rng.choice(self.conversations),
+                    "kind": "agent",
+                    "version": 1,
+                    "input": {"prompt": self.rng.choice(TEXTS)},
+                    "state": state,
+                    "background": False,
+                    "abortRequested": False,
+                },
+            }
+        ]
 
     async def step(self) -> None:
         """Commit one batch: plainly, under a short ``wait_for``, or in a task cancelled after a
@@ -269,7 +367,9 @@ class GroupCaller(Workload):
             if how < 0.7:
                 seq = await self.storage.commit(writes, CTX)
             elif how < 0.85:
-                seq = await asyncio.wait_for(self.storage.commit(writes, CTX), self.rng.choice([0, 0.0002, 0.001, 0.003]))
+                seq = await asyncio.wait_for(
+                    self.storage.commit(writes, CTX), self.rng.choice([0, 0.0002, 0.001, 0.003])
+                )
             else:
                 task = asyncio.ensure_future(self.storage.commit(writes, CTX))
                 for _ in range(self.rng.randint(0, 3)):
@@ -283,8 +383,15 @@ class GroupCaller(Workload):
         self.apply(writes)
 
 
-async def _callers(storage: Any, marks: Marks, seed: str, loop_tag: str, count: int, steps: int, noise: bool) -> None:
-    callers = [GroupCaller(storage, marks, random.Random(f"{seed}:{loop_tag}:{n}"), f"{loop_tag}{n}", noise=noise) for n in range(count)]
+async def _callers(
+    storage: Any, marks: Marks, seed: str, loop_tag: str, count: int, steps: int, noise: bool
+) -> None:
+    callers = [
+        GroupCaller(
+            storage, marks, random.Random(f"{seed}:{loop_tag}:{n}"), f"{loop_tag}{n}", noise=noise
+        )
+        for n in range(count)
+    ]
 
     async def run(caller: GroupCaller) -> None:
         for _ in range(steps):
@@ -308,8 +415,13 @@ async def run_group(args: argparse.Namespace) -> None:
     marks = Marks(args.marks)
 
     async def open_store() -> Any:
-        return await LmdbStorage.open(args.store, durability=args.durability, map_size=64 * 1024, projections=[EntryCounts()],
-                                      **journal_options(args))
+        return await LmdbStorage.open(
+            args.store,
+            durability=args.durability,
+            map_size=64 * 1024,
+            projections=[EntryCounts()],
+            **journal_options(args),
+        )
 
     marks.say("phase open")
     storage = await open_store()
@@ -326,7 +438,11 @@ async def run_group(args: argparse.Namespace) -> None:
 
         def other_thread(storage: Any = storage, number: int = number) -> None:
             try:
-                asyncio.run(_callers(storage, marks, f"{args.seed}:{number}", f"r{number}b", 3, steps, noise))
+                asyncio.run(
+                    _callers(
+                        storage, marks, f"{args.seed}:{number}", f"r{number}b", 3, steps, noise
+                    )
+                )
             except BaseException as error:  # noqa: BLE001 - reported by the main thread
                 failure.append(error)
 
@@ -367,6 +483,7 @@ def run_command(args: argparse.Namespace) -> None:
     import shutil
 
     from pi_durable_lmdb.storage import LmdbStorage
+
     _, export_lines, durable_log = engine_tools()
 
     root = os.path.abspath(args.store)
@@ -405,7 +522,16 @@ def run_command(args: argparse.Namespace) -> None:
             argv = ["import", export, target]
         elif args.workload == "restore":
             assert server is not None
-            argv = ["restore", "--nats", server.url, "--stream", "POWERLOSS", "--store", store_id, target]
+            argv = [
+                "restore",
+                "--nats",
+                server.url,
+                "--stream",
+                "POWERLOSS",
+                "--store",
+                store_id,
+                target,
+            ]
         else:
             argv = ["backup", source, target] + (["--compact"] if args.workload == "backup" else [])
         head = len(list(export_lines(source)))
@@ -429,10 +555,17 @@ def main() -> None:
     parser.add_argument("--durability", choices=["power", "process"], default="power")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batches", type=int, default=30)
-    parser.add_argument("--reopen-every", type=int, default=8, help="close and reopen the store every N batches")
+    parser.add_argument(
+        "--reopen-every", type=int, default=8, help="close and reopen the store every N batches"
+    )
     parser.add_argument("--workload", choices=["single", "group", *COMMANDS], default="single")
-    parser.add_argument("--fault", action="append", default=[], choices=["skip-journal-flush", "skip-pin", "recycle-early"],
-                        help="a planted fault of the power journal (the explorer must then fail)")
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        choices=["skip-journal-flush", "skip-pin", "recycle-early"],
+        help="a planted fault of the power journal (the explorer must then fail)",
+    )
     args = parser.parse_args()
     if args.workload in COMMANDS:
         run_command(args)

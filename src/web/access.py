@@ -1,0 +1,78 @@
+"""Who may read the view: the token (when set) on every request, or else only a loopback Host;
+the security headers on every answer; ``?token=`` moved into a cookie by a redirect."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPTIONS: Final = web.AppKey("options", dict)
+TOKEN_COOKIE: Final = "durable_log_token"
+CSP: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+PROBE: Final = "/healthz"
+"""Answers without the token (a load balancer's probe cannot send one), saying only whether the
+store is readable; with the token, what is wrong too."""
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The token (when set) on every request; without one, only a loopback Host (a page of
+    another site cannot reach the view through DNS rebinding); security headers on every answer."""
+
+    token = request.app[OPTIONS]["token"]
+    set_cookie = False
+    request["authorized"] = True
+    if token is not None:
+        given = _token_of(request)
+        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+            if request.path != PROBE:
+                return web.Response(
+                    status=401,
+                    text="durable-log serve: this view needs its token (header Authorization: Bearer T, or ?token=T)\n",
+                )
+            request["authorized"] = False
+        set_cookie = request.query.get("token") is not None
+    elif request.host.rsplit(":", 1)[0] not in LOOPBACK_HOSTS:
+        return web.Response(
+            status=403,
+            text="durable-log serve: without --token, only loopback host names are served\n",
+        )
+    if set_cookie and request.method == "GET" and request["authorized"]:
+        response: web.StreamResponse = _without_token(request)  # out of the address bar and history
+    else:
+        response = await handler(request)
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["X-Frame-Options"] = "DENY"
+    if set_cookie and token is not None and not response.prepared:
+        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
+    return response
+
+
+def _without_token(request: web.Request) -> web.Response:
+    """A redirect to the same address without ``token=`` (the cookie, set with it, carries it)."""
+
+    kept = [(key, value) for key, value in request.query.items() if key != "token"]
+    location = str(request.rel_url.with_query(kept))
+    return web.Response(status=303, headers={"Location": location, "Cache-Control": "no-store"})
+
+
+def _token_of(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer "):
+        return header[len("Bearer ") :].strip()
+    return (
+        request.headers.get("X-Durable-Log-Token")
+        or request.query.get("token")
+        or request.cookies.get(TOKEN_COOKIE)
+    )

@@ -1,0 +1,81 @@
+"""How the view's pages answer: the application's keys, the error pages (a bad query is a 400
+naming it, an unreadable store a 503), HTML from the templates, JSON, and query parameters."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+import jinja2
+from aiohttp import web
+
+from ..audit.jsonlines import to_json
+from ..errors import BadQueryError
+from . import views
+from .access import Handler
+from .query import parameter
+from .search import Finder
+from .text import utf8_safe
+
+STORE: Final = web.AppKey("store", views.Store)
+TEMPLATES: Final = web.AppKey("templates", jinja2.Environment)
+FINDER: Final = web.AppKey("finder", Finder)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A bad query parameter is a 400 page naming it; a store that cannot be read is a 503 page
+    naming why, and is opened afresh by the next request (the handle other requests are reading
+    through is closed only once they end)."""
+
+    try:
+        async with request.app[STORE].request():
+            return await handler(request)
+    except web.HTTPException:
+        raise
+    except BadQueryError as error:
+        return render(
+            request, "error.html", {"title": "Bad request", "message": str(error)}, status=400
+        )
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as error:
+        await request.app[STORE].forget()
+        message = f"{type(error).__name__}: {error}"
+        return render(
+            request, "error.html", {"title": "Store unavailable", "message": message}, status=503
+        )
+
+
+def render(
+    request: web.Request, name: str, context: dict[str, Any], status: int = 200
+) -> web.Response:
+    template = request.app[TEMPLATES].get_template(name)
+    query = {key: value for key, value in request.query.items() if key != "token"}
+    html = template.render(request_path=request.path, query=query, **context)
+    return web.Response(text=utf8_safe(html), content_type="text/html", status=status)
+
+
+def as_json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        text=utf8_safe(to_json(value)), content_type="application/json", status=status
+    )
+
+
+def query_int(request: web.Request, name: str) -> int | None:
+    found: int | None = parameter(request.query, name)
+    return found
+
+
+def path_number(request: web.Request, name: str) -> int:
+    found: int = parameter(request.match_info, name)
+    return found
+
+
+async def as_of_point(request: web.Request) -> tuple[int | None, int]:
+    """The page's point (None: now) and the log's head, for the history control."""
+
+    store = request.app[STORE]
+    as_of = await store.point(parameter(request.query, "as_of"))
+    head = (await store.storage()).log.head()
+    return as_of, head
