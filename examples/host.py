@@ -5,7 +5,6 @@ import sys
 
 from pi_durable import create_session, define_doc
 from pi_durable.context import BACKGROUND_CONTEXT as ctx
-
 from pi_durable_lmdb import open_lmdb_storage
 
 notes = define_doc(  # a document per conversation: the answers given in it

@@ -17,7 +17,6 @@ import sys
 from typing import Any
 
 import msgspec
-
 from pi_durable_lmdb import open_lmdb_storage
 from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.log.records import TaskWrite

@@ -364,9 +364,6 @@ class ProjectionNotReady(StoreStateError):
 
 
 __all__ = [
-    "NumberError",
-    "NotPiDurableError",
-    "StoreInUseError",
     "BadInputError",
     "BadQueryError",
     "CorruptProjectionError",
@@ -381,8 +378,10 @@ __all__ = [
     "LogError",
     "MapBusyError",
     "NatsUnavailableError",
+    "NotPiDurableError",
     "NotWriterError",
     "NoteError",
+    "NumberError",
     "OutcomeUnknownError",
     "OwnershipError",
     "ProjectionFailed",
@@ -396,6 +395,7 @@ __all__ = [
     "StoreDamagedError",
     "StoreFormatError",
     "StoreFullError",
+    "StoreInUseError",
     "StoreStateError",
     "StreamMissingError",
     "StreamMovedError",

@@ -22,9 +22,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .audit.stats import Stats, stats
 from .log.counters import Histogram
 from .log.stream.status import ReplicaStatus, ReplicationStatus, ShipperStatus, WriterStatus
-from .audit.stats import Stats, stats
 
 PREFIX = "pi_durable_lmdb"
 

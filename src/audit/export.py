@@ -10,7 +10,6 @@ from typing import Final
 
 from ..log import CorruptRecordError, Environment, WriteLog
 from ..log.records import decode_record_builtins
-
 from .jsonlines import to_json
 
 

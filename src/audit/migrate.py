@@ -22,15 +22,14 @@ from typing import Any, Final
 
 from pi_durable.context import BACKGROUND_CONTEXT
 
-from ..log.records import check_committed_at
 from ..errors import WriterLockedError
+from ..log.records import check_committed_at
 from ..log.storedir import sync_directory, take_writer_lock
-
-from .pisource import SQLITE_HEADER
-from .words import plural
+from ..storage.lmdb_storage import LmdbStorage
 from .export import ROOT_TRAILER
 from .jsonlines import from_json
-from ..storage.lmdb_storage import LmdbStorage
+from .pisource import SQLITE_HEADER
+from .words import plural
 
 _BATCH = 256
 """Records per commit when a source has no commit grouping of its own."""

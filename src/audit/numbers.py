@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Final, TypeVar
 
 import msgspec
@@ -91,7 +91,7 @@ def seconds(text: str, rule: Seconds) -> float:
 
 # ── times and points of the log ───────────────────────────────────────────────
 
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def parse_time(text: str) -> int:
@@ -107,7 +107,7 @@ def parse_time(text: str) -> int:
     except ValueError:
         raise NumberError(f"{_shown(stripped)} is not a timestamp; {how}") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return (moment - _EPOCH) // timedelta(milliseconds=1)
 
 

@@ -24,11 +24,10 @@ from ..errors import StreamMissingError
 from ..log.environment import check_store_id
 from ..log.stream.jetstream import parse_servers
 from ..log.stream.message import check_stream_name, subject_of
-
-from .tail import open_stream
-from .migrate import refuse_existing, new_store
 from ..storage.replica import Follower
 from ..storage.snapshot import seed, snapshots_of
+from .migrate import new_store, refuse_existing
+from .tail import open_stream
 
 Progress = Callable[[int, int], None]
 """Called with (records taken in so far, records known to come)."""

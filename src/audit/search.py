@@ -33,7 +33,6 @@ from ..projections.search_index import (
     strings_of,
     task_words,
 )
-
 from ..storage.reads import StorageReads
 
 LIMIT: Final = 50
@@ -182,7 +181,7 @@ async def search(
         ][:limit]
     results.capped = capped_documents or capped_tasks
     times: dict[int, int] = {}
-    for seq, id, value in found:
+    for seq, id, _value in found:
         lookup = await storage.entry(id, CTX)  # written at seq <= the point, never changed since
         if lookup is None:
             continue

@@ -7,9 +7,8 @@ from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT
 
-from .export import seq_at
 from ..storage.lmdb_storage import LmdbStorage
-
+from .export import seq_at
 
 SHOW_KINDS = ("conversation", "entry", "task", "submission", "document")
 

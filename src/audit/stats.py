@@ -15,18 +15,16 @@ from msgspec import UNSET, UnsetType
 from ..errors import JournalReplayPending, ProjectionsBehind
 from ..log import Environment, WriteLog
 from ..log.environment import MAIN_DB, PageStats
-from ..log.writelog import LOG_DB
 from ..log.records import FORMAT_VERSION
 from ..log.stream.position import stored_position
 from ..log.stream.shipper import stopped_reason
+from ..log.writelog import LOG_DB
 from ..projections import tables as t
-from ..projections.rebuild import begin_following, folded_seq, open_core, projection_state
 from ..projections import userstate
+from ..projections.rebuild import begin_following, folded_seq, open_core, projection_state
 from ..projections.userstate import ProjectionStatus
-
 from .tail import open_stream
 from .words import format_bytes, plural
-
 
 # ── results ───────────────────────────────────────────────────────────────────
 # What ``stats`` reports, as ``durable-log stats --json``, ``/healthz`` and ``/metrics`` read it:
@@ -158,7 +156,7 @@ class Stats(msgspec.Struct, frozen=True, rename="camel"):
     projections: Projections
     replication: Replication | UnsetType = UNSET
     shipping: Shipping | UnsetType = UNSET
-    lease: LeaseHolder | None | UnsetType = UNSET
+    lease: LeaseHolder | UnsetType | None = UNSET
 
 
 async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) -> LeaseHolder | None:

@@ -10,14 +10,12 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..log import Commit, Environment, WriteLog, write_to_builtins
 from ..log.records import WRITE_TYPES, decode_record, decode_record_builtins
 from ..projections import ReadModel
 from ..projections.rebuild import open_core, read_header
-
 from .jsonlines import to_json
 from .words import plural
 

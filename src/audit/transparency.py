@@ -16,7 +16,6 @@ from ..log import Environment, WriteLog
 from ..log.tree import ConsistencyProof, InclusionProof
 from ..tlog import merkle
 from ..tlog.note import Checkpoint, Signer, Verifier, parse_verifier, verify_checkpoint
-
 from .words import plural
 
 

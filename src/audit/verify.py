@@ -14,18 +14,16 @@ from typing import Final
 import lmdb
 import msgspec
 
-from ..log import Commit, Environment, WriteLog, key_seq, seq_key
 from ..errors import CorruptProjectionError
+from ..log import Commit, Environment, WriteLog, key_seq, seq_key
 from ..log.records import decode_record
 from ..log.storedir import replace_file
 from ..log.tree import TILE, TREE_DB
 from ..projections import Projector, ReadModel
-from ..projections.history import log_rows
 from ..projections import tables as t
+from ..projections.history import log_rows
 from ..projections.rebuild import Progress, begin_following, mark_lockstep, open_core
-
 from .words import plural
-
 
 # ── verify ────────────────────────────────────────────────────────────────────
 

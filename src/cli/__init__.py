@@ -16,10 +16,9 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from ..audit.access import require_access
 from ..log.records import FORMAT_VERSION
 from ..projections.tables import SCHEMA_VERSION
-from ..audit.access import require_access
-
 from . import demo, find, inspect, move, operate, projections, serve, snapshot, transparency
 from .common import (
     DAMAGE,

@@ -13,20 +13,10 @@ from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
 import lmdb
-
-from ..errors import (
-    CorruptProjectionError,
-    CorruptRecordError,
-    ForeignMessageError,
-    LogError,
-    ProjectionFailed,
-    ProjectionsBehind,
-    TruncatedStoreError,
-)
 from pi_durable.errors import StorageRequestError
-from ..audit.jsonlines import to_json
 
 from ..audit import numbers
+from ..audit.jsonlines import to_json
 from ..audit.numbers import (
     CONVERSATION,
     COUNT,
@@ -36,6 +26,15 @@ from ..audit.numbers import (
     argument,
     parse_time,
     typed,
+)
+from ..errors import (
+    CorruptProjectionError,
+    CorruptRecordError,
+    ForeignMessageError,
+    LogError,
+    ProjectionFailed,
+    ProjectionsBehind,
+    TruncatedStoreError,
 )
 
 # ── exit codes ────────────────────────────────────────────────────────────────

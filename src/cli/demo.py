@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 import msgspec
-from ..storage.lmdb_storage import LmdbStorage
+
 from ..audit.stats import format_stats, refuse_foreign_files, stats
 from ..audit.tail import Tail, summarize
-
+from ..storage.lmdb_storage import LmdbStorage
 from .common import add_command
 
 QUESTIONS = [

@@ -14,10 +14,9 @@ import time
 import msgspec
 
 from ..audit.export import seq_at
-from ..storage.lmdb_storage import LmdbStorage
 from ..audit.search import SearchResults, catch_up, index_exists, search
 from ..audit.stats import require_store
-
+from ..storage.lmdb_storage import LmdbStorage
 from .common import (
     EXIT_OK,
     READ_ONLY,

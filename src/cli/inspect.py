@@ -13,18 +13,17 @@ from typing import Any, Final
 import lmdb
 import msgspec
 
-from ..errors import LogError
-from ..log.environment import check_store_id
-from ..log.records import WRITE_TYPES
 from ..audit.export import seq_range
 from ..audit.jsonlines import to_json
+from ..audit.numbers import DIFFERENCES, argument
 from ..audit.show import SHOW_KINDS, show
 from ..audit.stats import format_stats, lease_of, require_store, stats
 from ..audit.tail import StreamTail, Tail, TailFilter, commit_to_builtins, open_stream, summarize
 from ..audit.verify import check, record_outcome
-
+from ..errors import LogError
+from ..log.environment import check_store_id
+from ..log.records import WRITE_TYPES
 from . import transparency
-from ..audit.numbers import DIFFERENCES, argument
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,

@@ -10,11 +10,10 @@ import asyncio
 import os
 import sys
 
-from ..log.environment import check_store_id
-from ..storage.backup import backup
 from ..audit.export import export_lines
 from ..audit.words import format_bytes, plural
-
+from ..log.environment import check_store_id
+from ..storage.backup import backup
 from .common import (
     EXIT_OK,
     READ_ONLY,

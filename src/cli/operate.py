@@ -8,21 +8,20 @@ import argparse
 import asyncio
 import sys
 
-from ..log.environment import check_store_id
+from ..audit.numbers import LEASE_TTL, argument
 from ..audit.stats import refuse_foreign_files, require_store, stored_projections
 from ..audit.words import format_bytes, plural
-
-from ..audit.numbers import LEASE_TTL, argument
+from ..log.environment import check_store_id
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,
     Progress,
     add_command,
+    interval,
     nats_options,
     progress_on,
     progress_option,
     run_until_signalled,
-    interval,
     store_argument,
     usage,
 )

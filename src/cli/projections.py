@@ -11,10 +11,9 @@ import time
 
 import msgspec
 
-from ..projections.userstate import ProjectionStatus
 from ..audit.stats import projection_statuses, require_store
 from ..audit.words import plural
-
+from ..projections.userstate import ProjectionStatus
 from .common import EXIT_OK, READ_ONLY, Progress, add_command, print_json, readable, usage
 
 _ACTIONS = ("retry", "drop")
@@ -143,7 +142,7 @@ def _follow(path: str) -> int:
             for name, status in projection_statuses(path).items()
             if status.building is not None
         }
-        for key, (bar, first) in list(bars.items()):
+        for key, (bar, _first) in list(bars.items()):
             if (
                 key[0] not in building or building[key[0]].version != key[1]
             ):  # swapped in (or given up)

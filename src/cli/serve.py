@@ -11,9 +11,9 @@ import signal
 import sys
 from typing import Final
 
-from .common import READ_ONLY, SERVE_MODULES, add_command, serve_missing, store_argument, usage
 from ..audit.numbers import MAX_LAG, PORT, argument
 from ..audit.stats import require_store
+from .common import READ_ONLY, SERVE_MODULES, add_command, serve_missing, store_argument, usage
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8470

@@ -9,7 +9,6 @@ import time
 
 from ..audit.stats import require_store
 from ..audit.words import format_bytes
-
 from .common import EXIT_OK, add_command, count, interval, run_until_signalled, usage
 
 
@@ -71,8 +70,8 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 
 async def _publish(args: argparse.Namespace, once: bool) -> int:
-    from ..storage.snapshot import take_snapshot
     from ..audit.tail import open_stream
+    from ..storage.snapshot import take_snapshot
 
     link = await open_stream(args.nats, args.stream)
     try:

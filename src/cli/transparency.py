@@ -13,13 +13,12 @@ import re
 import sys
 from collections.abc import Callable
 
-from ..errors import CheckpointRefusedError, NoteError
-from ..log import WriteLog
 from ..audit.jsonlines import to_json
 from ..audit.transparency import checkpoint, prove, prove_consistency, verify_trusted
 from ..audit.witness import publish_checkpoint
+from ..errors import CheckpointRefusedError, NoteError
+from ..log import WriteLog
 from ..tlog.note import Signer, Verifier, generate_signer, parse_signer, parse_verifier
-
 from .common import (
     EXIT_DAMAGE,
     EXIT_OK,

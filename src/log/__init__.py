@@ -4,8 +4,6 @@
 holds the persisted shapes and ``codec`` the lossless strict-JSON encoding they use.
 """
 
-from .durability import Durability, Mode, Role, mode_for
-from .environment import Environment
 from ..errors import (  # the log layer's errors, defined in the one error tree; importable here too
     CorruptRecordError,
     DurabilityConflictError,
@@ -22,6 +20,8 @@ from ..errors import (  # the log layer's errors, defined in the one error tree;
     WriterLockedError,
     WrongStoreError,
 )
+from .durability import Durability, Mode, Role, mode_for
+from .environment import Environment
 from .records import (
     FORMAT_VERSION,
     Commit,

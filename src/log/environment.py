@@ -20,42 +20,54 @@ from typing import Final, TypeVar
 import lmdb
 import msgspec
 
-from . import shared
-from .counters import EngineCounters
 from ..errors import (
     ForkedEnvironmentError,
     JournalReplayPending,
+    MapBusyError,
     StoreClosedError,
     StoreFormatError,
-    MapBusyError,
     StoreFullError,
     WrongStoreError,
 )
-from .durability import Durability as Durability, Mode, Role, mode_for
+from . import shared
+from .counters import EngineCounters
+from .durability import Durability as Durability
+from .durability import Mode, Role, mode_for
 from .journal import JournalOptions
 from .journaled import CommitJournal
-from .pages import MAIN_DB as MAIN_DB, DbPages as DbPages, PageStats as PageStats, tally
-from .storeid import (
-    STORE_ID_PATTERN as STORE_ID_PATTERN,
-    StoreHeader as StoreHeader,
-    check_store_id as check_store_id,
-    new_store_id as new_store_id,
-)
-from .storeid import decode_header, encode_header
-from .shared import REMAP_DRAIN as REMAP_DRAIN, SharedEnv
+from .pages import MAIN_DB as MAIN_DB
+from .pages import DbPages as DbPages
+from .pages import PageStats as PageStats
+from .pages import tally
+from .shared import REMAP_DRAIN as REMAP_DRAIN
+from .shared import SharedEnv
 from .storedir import MAX_DBS as MAX_DBS
 from .storedir import UNSYNCED_FILE as UNSYNCED_FILE
-from .storedir import boot_id, read_power_marker
 from .storedir import (
+    boot_id,
     clear_unsynced,
     create_data_file,
     make_private_dir,
     mark_unsynced,
+    read_power_marker,
     refuse_after_crash,
     refuse_links,
     remove_leftover_copy,
     sync_directory,
     take_writer_lock,
+)
+from .storeid import (
+    STORE_ID_PATTERN as STORE_ID_PATTERN,
+)
+from .storeid import (
+    StoreHeader as StoreHeader,
+)
+from .storeid import (
+    check_store_id as check_store_id,
+)
+from .storeid import decode_header, encode_header
+from .storeid import (
+    new_store_id as new_store_id,
 )
 
 T = TypeVar("T")

@@ -64,7 +64,8 @@ from typing import Final
 import xxhash
 
 from ..errors import JournalDamagedError, StoreFormatError, StoreFullError
-from .checkpoints import CheckpointRecord as CheckpointRecord, Checkpoints as Checkpoints
+from .checkpoints import CheckpointRecord as CheckpointRecord
+from .checkpoints import Checkpoints as Checkpoints
 from .storedir import sync_directory
 
 JOURNAL_DIR: Final = "journal"
@@ -168,7 +169,7 @@ class JournalOptions:
 
 
 class _Segment:
-    __slots__ = ("path", "number", "salt", "size")
+    __slots__ = ("number", "path", "salt", "size")
 
     def __init__(self, path: str, number: int, salt: int, size: int) -> None:
         self.path, self.number, self.salt, self.size = path, number, salt, size

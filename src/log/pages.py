@@ -8,7 +8,6 @@ from typing import Final
 import lmdb
 import msgspec
 
-
 MAIN_DB: Final = "(main)"
 """The name ``page_stats`` gives LMDB's main database (the one naming all the others)."""
 META_PAGES: Final = 2

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, NamedTuple, TypeAlias, Union
+from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 import msgspec
 
-from . import codec, zstd
 from ..errors import CorruptRecordError
-from .deflate import deflate, inflate
 from ..tlog.leaf import record_leaf_hash
+from . import codec, zstd
+from .deflate import deflate, inflate
 
 FORMAT_VERSION: Final = 3
 """The newest version of the log record layout; every record carries its own:
@@ -67,12 +67,12 @@ class DeltaContent(msgspec.Struct, tag="delta", tag_field="kind", forbid_unknown
     ops: Any
 
 
-Content: TypeAlias = Union[BaseContent, DeltaContent]
+Content: TypeAlias = BaseContent | DeltaContent
 
 
 class CopySource(msgspec.Struct, forbid_unknown_fields=True):
     id: int
-    at: Union[int, Literal["current"]]
+    at: int | Literal["current"]
 
 
 class DocumentCreateWrite(
@@ -102,16 +102,16 @@ class DocumentRetireWrite(
     id: int
 
 
-Write: TypeAlias = Union[
-    ConversationWrite,
-    EntryWrite,
-    TaskWrite,
-    SubmissionWrite,
-    DocumentCreateWrite,
-    DocumentCopyWrite,
-    DocumentChangeWrite,
-    DocumentRetireWrite,
-]
+Write: TypeAlias = (
+    ConversationWrite
+    | EntryWrite
+    | TaskWrite
+    | SubmissionWrite
+    | DocumentCreateWrite
+    | DocumentCopyWrite
+    | DocumentChangeWrite
+    | DocumentRetireWrite
+)
 
 WRITE_TYPES: Final = (
     "conversation",

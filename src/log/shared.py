@@ -31,7 +31,7 @@ class Gate:
     and changes the map. A thread adds to ``held`` and then checks ``growing``; ``_remap``
     sets ``growing`` and then checks ``held``: one of them always sees the other."""
 
-    __slots__ = ("held", "growing", "lock", "changed")
+    __slots__ = ("changed", "growing", "held", "lock")
 
     def __init__(self) -> None:
         self.held: list[None] = []

@@ -33,8 +33,8 @@ import msgspec
 
 from ..errors import CorruptRecordError, DamageError, ProjectionsBehind, ProofError
 from ..tlog import merkle
-from .environment import Environment
 from ..tlog.leaf import record_leaf_hash
+from .environment import Environment
 from .records import record_leaf
 
 

@@ -16,12 +16,12 @@ from typing import Final, TypeVar
 
 import lmdb
 
-from .environment import Environment
 from ..errors import CorruptRecordError, LogError
-from .records import Commit, decode_record, encode_record, record_leaf
-from .tree import ConsistencyProof, InclusionProof, TreeStore
 from ..tlog import merkle
 from ..tlog.note import Checkpoint, Signer, parse_signer, sign_checkpoint
+from .environment import Environment
+from .records import Commit, decode_record, encode_record, record_leaf
+from .tree import ConsistencyProof, InclusionProof, TreeStore
 
 T = TypeVar("T")
 
@@ -354,7 +354,7 @@ class WriteLog:
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         finally:
             with self._waiters_lock:

@@ -3,8 +3,9 @@
 Everything here can be dropped and rebuilt from the log (``tables`` lists the databases).
 """
 
-from . import tables
 from pi_durable.errors import StorageRequestError
+
+from . import tables
 from .projector import Plan, Projector
 from .readmodel import ReadModel
 

@@ -291,9 +291,9 @@ def _join_appends(root: Json, path: Path, suffixes: list[str]) -> Json:
 
 
 __all__ = [
+    "RESERVED_SEGMENTS",
     "Op",
     "PathError",
-    "RESERVED_SEGMENTS",
     "UnsafePathError",
     "apply_batches",
     "apply_ops",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-
 import lmdb
 
 from ..log import Environment, codec

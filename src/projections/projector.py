@@ -17,6 +17,7 @@ from typing import Any, Final
 import lmdb
 import msgspec
 
+from ..errors import CorruptProjectionError
 from ..log import Commit, Write, codec
 from ..log.records import (
     BaseContent,
@@ -31,11 +32,8 @@ from ..log.records import (
     SubmissionWrite,
     TaskWrite,
 )
-
 from . import tables as t
 from .delta import apply_ops
-from .rows import Rows
-from ..errors import CorruptProjectionError
 from .readmodel import (
     MAX_SAFE_INTEGER,
     ReadModel,
@@ -44,6 +42,7 @@ from .readmodel import (
     is_current_only,
     scope_key,
 )
+from .rows import Rows
 
 
 @dataclass(slots=True)

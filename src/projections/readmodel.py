@@ -15,10 +15,9 @@ import lmdb
 import msgspec
 from pi_durable.errors import StorageRequestError
 
-from ..log import Environment, codec
-
-from . import tables as t
 from ..errors import CorruptProjectionError
+from ..log import Environment, codec
+from . import tables as t
 from .delta import apply_batches
 
 MAX_SAFE_INTEGER: Final = 9_007_199_254_740_991

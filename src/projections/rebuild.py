@@ -16,7 +16,6 @@ import lmdb
 
 from ..errors import ProjectionsBehind
 from ..log import Environment, WriteLog
-
 from . import tables as t
 from .projector import Projector
 from .readmodel import ReadModel

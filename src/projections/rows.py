@@ -13,7 +13,7 @@ class Rows:
     """Writes of one commit to the tables, keeping in ``HISTORY`` what each key held before, so a
     view can read any table as of an earlier sequence."""
 
-    __slots__ = ("txn", "db", "seq", "_history")
+    __slots__ = ("_history", "db", "seq", "txn")
 
     def __init__(
         self, txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database], seq: int

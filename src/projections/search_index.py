@@ -31,6 +31,7 @@ from typing import Any, Final
 import lmdb
 import msgspec
 
+from ..errors import SearchIndexError
 from ..log import Commit
 from ..log.records import (
     BaseContent,
@@ -42,8 +43,6 @@ from ..log.records import (
     EntryWrite,
     TaskWrite,
 )
-
-from ..errors import SearchIndexError
 from .delta import apply_ops
 
 INDEX_DIR: Final = "search.index"

@@ -17,10 +17,9 @@ import lmdb
 import msgspec
 import xxhash
 
+from ..errors import CorruptProjectionError
 from ..log import codec
 from ..log.deflate import deflate, inflate
-
-from ..errors import CorruptProjectionError
 
 SCHEMA_VERSION: Final = 7
 """Bump when any table below changes shape: the projections are then rebuilt from the log.

@@ -19,7 +19,6 @@ from typing import Final, Generic, TypeVar
 import msgspec
 
 from ..errors import CorruptProjectionError
-
 from .usertables import Tables
 
 K = TypeVar("K")

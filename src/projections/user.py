@@ -18,14 +18,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
 
 import lmdb
 import msgspec
 
 from ..errors import ProjectionFailed, ProjectionNotReady
 from ..log import Commit, Environment, StoreClosedError, WriteLog
-
 from . import userstate as us
 from .readmodel import ReadModel
 from .rebuild import REGISTRY_DB

@@ -32,7 +32,6 @@ import lmdb
 import msgspec
 
 from ..log import Commit, Environment, WriteLog
-
 from . import userstate as us
 from .usertables import CoreSource, StagedTables, Tables
 

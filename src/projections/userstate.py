@@ -20,7 +20,6 @@ import msgspec
 
 from ..errors import CorruptProjectionError, StoreFormatError
 from ..log import Environment
-
 from .rebuild import REGISTRY_DB
 
 SERVED_PREFIX: Final = b"user:"

@@ -55,8 +55,8 @@ import lmdb
 
 from ..errors import ReplicationError
 from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
-from ..projections import Projector
 from ..log.stream.writer import StreamWriter
+from ..projections import Projector
 
 MAX_GROUP: Final = 64
 """Batches per write transaction at most: bounds how long one group holds the writer (and the
@@ -76,7 +76,7 @@ loop's other tasks get a turn."""
 class _Job:
     """One caller's batch (or plain write) waiting for its group."""
 
-    __slots__ = ("loop", "future", "payload", "batch", "committed_at", "work", "result", "error")
+    __slots__ = ("batch", "committed_at", "error", "future", "loop", "payload", "result", "work")
 
     def __init__(
         self,
@@ -96,7 +96,7 @@ class _Job:
 class _DirectRun:
     """One loop's run of direct commits (``Committer._uncontended``)."""
 
-    __slots__ = ("started", "contended_until")
+    __slots__ = ("contended_until", "started")
 
     def __init__(self) -> None:
         self.started = 0.0

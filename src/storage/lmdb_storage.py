@@ -36,15 +36,16 @@ from ..log import (
     encode_batch,
 )
 from ..log.counters import EngineCounters
-from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.durability import Mode, Role, mode_for
+from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.journal import JournalOptions
 from ..log.journaled import CommitJournal
 from ..log.records import decode_record
 from ..log.storedir import UNSYNCED_FILE
+from ..log.stream.applier import StreamApplier
 from ..log.stream.jetstream import link_for
-from ..log.stream.link import StreamLink
 from ..log.stream.lease import DEFAULT_LEASE_TTL
+from ..log.stream.link import StreamLink
 from ..log.stream.position import StreamPosition, read_position
 from ..log.stream.shipper import Shipper
 from ..projections import Projector, ReadModel
@@ -52,15 +53,13 @@ from ..projections import tables as t
 from ..projections.history import AsOfTxn
 from ..projections.rebuild import CORE_KEY, REGISTRY_DB, begin_following, open_core, rebuild
 from ..projections.user import Projection, UserProjections
-
 from .committer import Committer
 from .ids import IdMinter
 from .options import OpenOptions
+from .reads import StorageReads
 from .replica import Follower
 from .roles import Following, Replication, ReplicationRole, Shipping, Standalone, Writing
 from .snapshot import seed_new
-from ..log.stream.applier import StreamApplier
-from .reads import StorageReads
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

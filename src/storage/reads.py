@@ -42,7 +42,6 @@ from pi_durable.types import (
 from ..projections import ReadModel, StorageRequestError
 from ..projections import tables as t
 from ..projections.readmodel import address_key, as_key_id, is_alive_at, scope_key
-
 from .scan import cursor_after, is_safe_int, page_of, reference_page, scan_start, take_page
 
 T = TypeVar("T")

@@ -23,8 +23,8 @@ from ..log.stream.applier import StreamApplier
 from ..log.stream.link import StreamLink
 from ..log.stream.message import RawMessage, StreamMessage, parse_message, subject_of
 from ..log.stream.position import StreamPosition
-from ..projections import Projector
 from ..log.stream.status import ReplicaStatus
+from ..projections import Projector
 
 APPLY_CHUNK: Final = 1024
 """Messages taken in per LMDB transaction at most while following."""
@@ -212,8 +212,9 @@ class Follower:
                 self._write, lambda: checked(raws[-1].stream_seq + 1)
             )
         except ForeignMessageError as error:
-            if raws[0].stream_seq < error.stream_seq:
-                await asyncio.to_thread(self._write, lambda: checked(error.stream_seq))
+            foreign = error.stream_seq
+            if raws[0].stream_seq < foreign:
+                await asyncio.to_thread(self._write, lambda: checked(foreign))
                 self._applied()
             self._stop(error)
             raise

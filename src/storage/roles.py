@@ -17,8 +17,8 @@ import lmdb
 
 from ..errors import NotWriterError
 from ..log import Environment, WriteLog
-from ..log.stream.link import StreamLink
 from ..log.stream.lease import WriterLease
+from ..log.stream.link import StreamLink
 from ..log.stream.position import read_position
 from ..log.stream.shipper import Shipper
 from ..log.stream.writer import StreamWriter

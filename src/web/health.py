@@ -47,7 +47,7 @@ class Health(msgspec.Struct, frozen=True, rename="camel"):
 
     status: str
     head_seq: int | UnsetType = UNSET
-    store_id: str | None | UnsetType = UNSET
+    store_id: str | UnsetType | None = UNSET
     warnings: list[str] | UnsetType = UNSET
     stream: StreamLag | UnsetType = UNSET
     reason: str | UnsetType = UNSET

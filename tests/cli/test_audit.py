@@ -7,6 +7,7 @@ is the installed console script run as a subprocess.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import queue
@@ -23,7 +24,6 @@ from typing import Any
 import lmdb
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.log.records import FORMAT_VERSION
 from pi_durable_lmdb.storage import LmdbStorage
 
@@ -877,7 +877,9 @@ async def test_import_from_a_pi_durable_sqlite_store(tmp_path: Path) -> None:
                 )
             )
         pairs.sort()
-        assert all(a[1] < b[1] if a[0] < b[0] else a[1] == b[1] for a, b in zip(pairs, pairs[1:]))
+        assert all(
+            a[1] < b[1] if a[0] < b[0] else a[1] == b[1] for a, b in itertools.pairwise(pairs)
+        )
     finally:
         await target.close()
         await source.close(CTX)

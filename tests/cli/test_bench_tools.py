@@ -92,11 +92,7 @@ def test_bench_rewrites_the_blocks_marked_when_it_was_a_script(tmp_path: Path) -
 
 def test_bench_device_reports_both_backends() -> None:
     out = _run("-m", "tools.bench.device", "--commits", "20", "--rounds", "1")
-    rows = [
-        line
-        for line in out.splitlines()
-        if line.startswith("| lmdb |") or line.startswith("| sqlite |")
-    ]
+    rows = [line for line in out.splitlines() if line.startswith(("| lmdb |", "| sqlite |"))]
     assert len(rows) == 2 and all("KiB" in row for row in rows), out
 
 
@@ -126,9 +122,7 @@ def test_bench_checkpoints_reports_each_interval_and_the_process_reference(tmp_p
         "-m", "tools.bench.checkpoints", "--commits", "40", "--rounds", "1", "--dir", str(tmp_path)
     )
     rows = [
-        line
-        for line in out.splitlines()
-        if line.startswith("| every") or line.startswith("| none") or line.startswith("| `process`")
+        line for line in out.splitlines() if line.startswith(("| every", "| none", "| `process`"))
     ]
     assert len(rows) == 5, out
     for row in rows:

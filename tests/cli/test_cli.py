@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
-from pi_durable_lmdb.log.records import WRITE_TYPES
-from examples.task_outcomes import TaskOutcomes
 from pi_durable_lmdb import cli as cli_module
-from tests.support.cli_call import call
 from pi_durable_lmdb.audit.jsonlines import from_json, to_json
+from pi_durable_lmdb.log.records import WRITE_TYPES
+
+from examples.task_outcomes import TaskOutcomes
+from tests.support.cli_call import call
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 T0 = 1_767_225_600_000
@@ -112,9 +112,7 @@ def at(seq: int) -> str:
 
     import datetime
 
-    moment = datetime.datetime.fromtimestamp(
-        (T0 + (seq - 1) * MINUTE) / 1000, datetime.timezone.utc
-    )
+    moment = datetime.datetime.fromtimestamp((T0 + (seq - 1) * MINUTE) / 1000, datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
@@ -100,11 +99,10 @@ def test_free_pages_say_what_they_count_with_the_json_keys_name(store: Path) -> 
 
 def test_a_nats_silence_is_named_by_its_cause() -> None:
     import nats.errors
-
     from pi_durable_lmdb.log.stream.jetstream import cause_of
 
     assert "JetStream is not enabled" in cause_of(nats.errors.NoRespondersError(), 5.0)
     timed_out = cause_of(nats.errors.TimeoutError(), 5.0)
     assert "no reply within 5 s" in timed_out and "quorum" in timed_out
-    assert "nothing listening" in cause_of(asyncio.TimeoutError(), 5.0, connecting=True)
+    assert "nothing listening" in cause_of(TimeoutError(), 5.0, connecting=True)
     assert cause_of(OSError("Connection refused"), 5.0) == "OSError: Connection refused"

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage, NotWriterError, StoreDamagedError
 
 from ..support.natsserver import NatsNode, running_node
@@ -259,7 +258,7 @@ def test_restore_to_a_sequence_with_progress(
 def test_restore_refusals_are_named_and_leave_nothing(
     nats: NatsNode, writer: tuple[Path, str], tmp_path: Path
 ) -> None:
-    path, store = writer
+    _path, store = writer
     target = tmp_path / "new"
     stderr = refused(
         "restore",
@@ -513,7 +512,7 @@ def test_replica_keeps_level_until_sigterm(nats: NatsNode, tmp_path: Path) -> No
         _until(lambda: _export_or_none(replica_path) == ok("export", source), 20)
         time.sleep(0.5)  # a status line or two at the new head
         replica.send_signal(signal.SIGTERM)
-        stdout, stderr = replica.communicate(timeout=20)
+        _stdout, stderr = replica.communicate(timeout=20)
         assert replica.returncode == 0, stderr
     finally:
         _end(replica)
@@ -658,10 +657,8 @@ def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(
             await replica.wait(3, timeout=10)
             await replica.close()
             lease = json.loads(
-                (
-                    await asyncio.to_thread(
-                        ok, "stats", source, "--json", "--nats", nats.url, "--stream", STREAM
-                    )
+                await asyncio.to_thread(
+                    ok, "stats", source, "--json", "--nats", nats.url, "--stream", STREAM
                 )
             )["lease"]
             assert lease["epoch"] >= epoch and str(source) in lease["holder"]
@@ -680,7 +677,7 @@ def test_promote_waits_for_a_live_writer_or_fences_it_out_with_force(
                 and promoted_epoch > epoch
             )
             # deposed: its next append finds the subject moved, or its lease renewal found the fence first
-            with pytest.raises(NotWriterError, match="another writer|was taken over"):
+            with pytest.raises(NotWriterError, match=r"another writer|was taken over"):
                 await writer.commit(BATCHES[4], CTX)
             # The promoted copy writes at once (the lease was released), continuing the history.
             successor = await LmdbStorage.open(

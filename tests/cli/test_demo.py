@@ -8,10 +8,9 @@ from pathlib import Path
 
 from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
-from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.cli.demo import QUESTIONS, _definitions, run_workload
 from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.cli.demo import QUESTIONS, _definitions, run_workload
+from pi_durable_lmdb.storage import LmdbStorage
 
 
 async def test_the_demo_workload_reads_back_after_reopen(tmp_path: Path) -> None:
@@ -25,7 +24,7 @@ async def test_the_demo_workload_reads_back_after_reopen(tmp_path: Path) -> None
     assert second.head > first.head
     assert verify(path) is None
 
-    notes, settings, _ = _definitions()
+    _notes, settings, _ = _definitions()
     storage = await LmdbStorage.open(path, readonly=True)
     session = create_session(storage)
     try:

@@ -254,9 +254,9 @@ def test_replication_status_keeps_its_keys(tmp_path: Path) -> None:
 
     import msgspec
     from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
     from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
     from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
     from tests.support.audit_writer_child import batch
 
     async def run() -> list[Shape]:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pi_durable_lmdb import cli as cli_module
 from pi_durable_lmdb.audit import numbers
 from pi_durable_lmdb.audit.numbers import INTERVAL, SEQUENCE, Whole, point, seconds, whole
 from pi_durable_lmdb.errors import NumberError
+
 from tests.support.cli_call import call
 
 HUGE = "9" * 5000

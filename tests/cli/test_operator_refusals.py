@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage import MemoryStorage
-
 from pi_durable_lmdb import LmdbStorage
-from pi_durable_lmdb.log import LogError
 from pi_durable_lmdb import cli as cli_module
+from pi_durable_lmdb.log import LogError
+
 from tests.support.cli_call import call
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
@@ -473,7 +473,7 @@ def test_an_unexpected_error_prints_its_traceback_and_exits_3(
     error: BaseException,
 ) -> None:
     monkeypatch.setattr(cli_module, "_parser", _failing_parser(error))
-    code, out, err = call(capsys, command, *_valid_args(command, tmp_path))
+    code, _out, err = call(capsys, command, *_valid_args(command, tmp_path))
     assert code == cli_module.EXIT_BUG == 3, (code, err)
     assert "unexpected error" in err and "Traceback (most recent call last)" in err
     assert (

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import lmdb
 import pytest
-
 from pi_durable_lmdb import cli as cli_module
+
 from tests.support.cli_call import call
 
 NATS = ["--nats", "nats://127.0.0.1:1", "--stream", "S"]

@@ -11,10 +11,10 @@ from pathlib import Path
 import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage, tlog
 from pi_durable_lmdb.log import Environment, WriteLog, seq_key
 from pi_durable_lmdb.log.records import decode_record_builtins, encode_batch, encode_record
+
 from tests.support.cli_call import call
 
 NAME = "audit.example.com/orders"
@@ -186,9 +186,9 @@ def test_a_record_rewritten_in_place_fails_against_the_earlier_checkpoint(
         assert (
             call(capsys, "rebuild", path)[0] == 0
         )  # projections and tree folded from the rewritten log
-        code, out, err = call(capsys, "verify", path)
+        code, _out, err = call(capsys, "verify", path)
         assert code == 0, err  # checksums and projections cannot tell
-    code, out, err = call(capsys, "verify", path, "--trusted", trusted, "--vkey", vkey)
+    code, _out, err = call(capsys, "verify", path, "--trusted", trusted, "--vkey", vkey)
     assert code == 1
     if rebuilt:
         assert "FAILED: consistency" in err and "ok: the stored tree matches" in err

@@ -8,9 +8,9 @@ import threading
 from pathlib import Path
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
-from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 from pi_durable_lmdb.cli.watch import watch
+from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
 from tests.support.audit_writer_child import batch
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.errors import CorruptRecordError
 from pi_durable_lmdb.log import WriteLog

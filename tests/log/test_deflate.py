@@ -10,7 +10,6 @@ import zlib
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pi_durable_lmdb.log.deflate import BIG, MIN_SAVING, MIN_SIZE, PRESET, deflate, inflate
 
 _ALPHABET = 'abcdefghij klmnop"{}:,'

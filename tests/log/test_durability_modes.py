@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from pi_durable_lmdb.log import Environment, Mode, Role, WriteLog, encode_batch, mode_for
 from pi_durable_lmdb.log.journal import JOURNAL_DIR
 from pi_durable_lmdb.log.storedir import POWER_FILE, UNSYNCED_FILE

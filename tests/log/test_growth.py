@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import MapBusyError
+from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import environment
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import verify
 
 from ..support import growth_child
 

@@ -3,16 +3,13 @@ stops without closing. The power cut itself is explored by tests/test_power_loss
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import JournalReplayPending, LmdbStorage, StoreFormatError
 from pi_durable_lmdb.log.journal import (
     HEADER_SIZE,
@@ -224,7 +221,7 @@ async def test_after_a_reboot_readers_refuse_until_a_power_writer_replays(
     )
     conversations = [int(line) for line in done.stdout.split()]
     marker = path / POWER_FILE
-    boot, _, rest = marker.read_bytes().partition(b"\n")
+    _boot, _, rest = marker.read_bytes().partition(b"\n")
     marker.write_bytes(
         b"00000000-0000-0000-0000-000000000000\n" + rest
     )  # as after a power cut and a reboot
@@ -232,7 +229,7 @@ async def test_after_a_reboot_readers_refuse_until_a_power_writer_replays(
         path / "data.mdb", "r+b"
     ) as file:  # and LMDB's meta pages lost with it: only the checkpoint's remain
         file.write(bytes(8192))
-    for attempt in range(2):
+    for _attempt in range(2):
         with pytest.raises(JournalReplayPending, match="durability='power'"):
             await LmdbStorage.open(path, readonly=True)
     storage = await LmdbStorage.open(path)

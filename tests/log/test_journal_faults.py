@@ -12,11 +12,9 @@ import random
 import shutil
 import string
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import JournalDamagedError, LmdbStorage, StoreDamagedError, StoreFullError
 from pi_durable_lmdb.log.journal import (
     HEADER_SIZE,
@@ -25,6 +23,7 @@ from pi_durable_lmdb.log.journal import (
     encode_frame,
     read_frames,
 )
+
 from tools.harness.iofaults.check import reboot as give_another_boot
 from tools.harness.iofaults.check import run_case
 from tools.harness.iofaults.inject import Injector

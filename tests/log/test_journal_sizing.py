@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.journal import HEADER_SIZE, Journal, JournalOptions, segment_sizing
 

@@ -18,11 +18,9 @@ from pathlib import Path
 
 import lmdb
 import pytest
-
 from pi_durable_lmdb.log import Environment, encode_batch, write_to_builtins
 
-from ..support.log_helpers import child, same, open_log, commit, run_child, finish
-
+from ..support.log_helpers import child, commit, finish, open_log, run_child, same
 
 # ── 3. sequences, ranges, committed_at ──────────────────────────────────────
 

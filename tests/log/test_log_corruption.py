@@ -10,12 +10,10 @@ from typing import Any
 
 import msgspec
 import pytest
-
 from pi_durable_lmdb.log import CorruptRecordError, seq_key
 from pi_durable_lmdb.log.records import encode_record
 
-from ..support.log_helpers import open_log, commit
-
+from ..support.log_helpers import commit, open_log
 
 # ── 8. corruption ───────────────────────────────────────────────────────────
 

@@ -16,11 +16,9 @@ from typing import Any
 
 import lmdb
 import pytest
-
 from pi_durable_lmdb.log import Environment, WriteLog, WriterLockedError, write_to_builtins
 
-from ..support.log_helpers import child, same, open_log, commit, run_child, read_line, drain, finish
-
+from ..support.log_helpers import child, commit, drain, finish, open_log, read_line, run_child, same
 
 # ── 5. SIGKILL at a random moment ───────────────────────────────────────────
 
@@ -244,7 +242,7 @@ def test_reader_in_this_process_adopts_a_map_grown_by_another(tmp_path: Path) ->
             "append", str(path), "--count", "60", "--start", "1", "--size", "60000",
             "--durability", "process", "--map-size", str(small),
         )  # fmt: skip
-        out, err = finish(proc)
+        _out, err = finish(proc)
         assert proc.returncode == 0, err
         with pytest.raises(lmdb.MapResizedError):  # the situation really arose
             env.env.begin().abort()
@@ -264,7 +262,7 @@ def test_reader_opened_before_the_first_commit_sees_later_commits(tmp_path: Path
     try:
         assert log.head() == 0
         proc = run_child("append", str(path), "--count", "3", "--durability", "process")
-        out, err = finish(proc)
+        _out, err = finish(proc)
         assert proc.returncode == 0, err
         assert WriteLog(env).head() == 3  # a fresh WriteLog on the same environment sees them
         assert log.head() == 3

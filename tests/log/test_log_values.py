@@ -14,15 +14,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from pi_durable_lmdb.log import decode_batch, encode_batch, write_to_builtins
-from pi_durable_lmdb.log import codec
-from pi_durable_lmdb.log.records import decode_record_builtins, encode_record
 from pi_durable_lmdb.audit.jsonlines import to_json
 from pi_durable_lmdb.audit.migrate import parse_batch
+from pi_durable_lmdb.log import codec, decode_batch, encode_batch, write_to_builtins
+from pi_durable_lmdb.log.records import decode_record_builtins, encode_record
 
-from ..support.log_helpers import same, open_log, commit, nest_lists, nest_dicts
-
+from ..support.log_helpers import commit, nest_dicts, nest_lists, open_log, same
 
 # ── strategies ──────────────────────────────────────────────────────────────
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
+from tools.harness.powerloss.check import sequences_problem
 from tools.harness.powerloss.crash import (
     CREATE,
     FDATASYNC,
@@ -32,7 +33,6 @@ from tools.harness.powerloss.crash import (
     marks,
     parse,
 )
-from tools.harness.powerloss.check import sequences_problem
 from tools.harness.powerloss.explore import UNSYNCED_FILE, explore
 from tools.harness.powerloss.record import build_recorder, find_compiler, record
 
@@ -326,7 +326,6 @@ def test_a_failed_open_leaves_nothing_open_behind_it(tmp_path: Path) -> None:
     open in the same process was refused with WriterLockedError (found by the crash checker)."""
 
     import lmdb
-
     from pi_durable_lmdb import LmdbStorage, StoreFormatError
 
     store = tmp_path / "store"

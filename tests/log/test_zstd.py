@@ -11,7 +11,6 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pi_durable_lmdb.log.deflate import MIN_SAVING, MIN_SIZE, PRESET
 from pi_durable_lmdb.log.zstd import MAX_EXPANSION, compress, decompress, dense
 

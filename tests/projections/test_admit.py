@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
-
 from pi_durable_lmdb.log import encode_batch
 from pi_durable_lmdb.storage import LmdbStorage
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable import delta as reference
-from pi_durable.json import FrozenDict, FrozenList, copy_json as reference_copy_json
-
+from pi_durable.json import FrozenDict, FrozenList
+from pi_durable.json import copy_json as reference_copy_json
 from pi_durable_lmdb.projections.delta import (
     PathError,
     UnsafePathError,
@@ -74,7 +74,7 @@ def paths_for(draw: st.DrawFn, root: Any) -> list[Any]:
     choice = draw(st.integers(0, 6))
     if choice == 0:
         return draw(st.lists(segments, max_size=4))
-    if choice == 1 or not existing and draw(st.booleans()):
+    if choice == 1 or (not existing and draw(st.booleans())):
         return existing + [draw(segments)]
     if choice == 2 and existing:
         spot = draw(st.integers(0, len(existing) - 1))

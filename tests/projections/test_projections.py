@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
-
+from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import Commit, CorruptRecordError, seq_key
 from pi_durable_lmdb.log.records import EntryWrite
 from pi_durable_lmdb.projections import rebuild as rebuild_module
 from pi_durable_lmdb.projections import tables
 from pi_durable_lmdb.projections.rebuild import read_header
-from examples.task_outcomes import TaskOutcomes, outcome_counts
 from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Tables
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import verify
+
+from examples.task_outcomes import TaskOutcomes, outcome_counts
 
 from ..log.test_log_corruption import CORRUPTIONS
 from ..support.log_helpers import open_log

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage import LmdbStorage
 
 _SUB: dict[str, Any] = {"id": 9, "requestId": "r", "type": "input", "status": "queued"}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
-from examples.task_outcomes import TaskOutcomes, TaskOutcomesV2, outcome_counts
 from pi_durable_lmdb import ProjectionNotReady
 from pi_durable_lmdb.storage import LmdbStorage
+
+from examples.task_outcomes import TaskOutcomes, TaskOutcomesV2, outcome_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 

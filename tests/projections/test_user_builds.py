@@ -19,20 +19,19 @@ from typing import Any
 import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import (
     CorruptProjectionError,
     ProjectionFailed,
     ProjectionNotReady,
     StoreStateError,
 )
+from pi_durable_lmdb.audit.stats import stats
 from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.log.records import EntryWrite, TaskWrite
 from pi_durable_lmdb.projections.typedrows import TEXT, U64, TypedTable
 from pi_durable_lmdb.projections.user import Projection, Tables
 from pi_durable_lmdb.projections.userstate import db_names
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit.stats import stats
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "pi_durable_lmdb.cli"]
@@ -144,7 +143,7 @@ async def test_a_refold_to_a_new_version_serves_every_read_one_whole_version(
             "the old version stays at its position"
         )
         for _ in range(200):  # the old slot is dropped once no read holds it
-            if not storage.projections.status()["counter"].state == "building" and not any(
+            if storage.projections.status()["counter"].state != "building" and not any(
                 storage._env.has_db(name) for name in db_names("counter", 0, ["main", "seqs"])
             ):
                 break
@@ -413,7 +412,6 @@ async def test_a_projection_stored_before_builds_existed_is_served_then_rebuilt_
     """A status of format 1 (no slot, no database names) and its rows in ``u.<name>.<db>``."""
 
     import msgspec
-
     from pi_durable_lmdb.log import Environment
     from pi_durable_lmdb.projections.rebuild import REGISTRY_DB
 
@@ -576,10 +574,9 @@ async def test_typed_rows_read_and_write_values_and_refuse_a_damaged_one(tmp_pat
 
 async def test_the_metrics_export_the_lag_of_a_version_being_built(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
+    from pi_durable_lmdb.metrics import register_path
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
-
-    from pi_durable_lmdb.metrics import register_path
 
     path = tmp_path / "store"
     await _store(path, 20, [Steady()])

@@ -11,7 +11,6 @@ import lmdb
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pi_durable_lmdb import ProjectionFailed
 from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.projections.user import Projection, Tables

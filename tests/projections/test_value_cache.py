@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import lmdb
-
 from pi_durable_lmdb.projections import tables as t
 
 

@@ -46,25 +46,24 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage, NotWriterError
 
 from ..support.failover_helpers import (
     STREAM,
     TTL,
-    writer_args,
     acked,
+    check_linear,
+    children,  # noqa: F401  (fixtures)
+    converge,
+    conversation,
+    export,
     failed,
     intents,
-    open_writer,
     open_replica,
-    conversation,
+    open_writer,
     read_subject,
-    check_linear,
-    export,
-    converge,
+    writer_args,
 )
-from ..support.failover_helpers import children  # noqa: F401  (fixtures)
 from ..support.natsserver import NatsCluster, nats_cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.cluster  # every test here runs a 3-node nats-server cluster
@@ -167,14 +166,14 @@ async def paused_writer_round(
         assert took < TTL + 3, f"take-over took {took:.2f} s"
         assert new.replication.epoch > old_epoch
         mine = {}
-        for n in range(10):
+        for _n in range(10):
             cid = await new.mint_id()
             mine[cid] = await new.commit([conversation(cid, by="b")], CTX)
         await asyncio.sleep(max(0.0, 4.0 - (time.monotonic() - stopped_at)))
         old.signal(signal.SIGCONT)
         await old.wait_line("done", 30)
         assert old.proc.wait(10) == 0, old.tail()
-        for n in range(5):
+        for _n in range(5):
             cid = await new.mint_id()
             mine[cid] = await new.commit([conversation(cid, by="b")], CTX)
         head = new.log.head()

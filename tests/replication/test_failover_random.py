@@ -28,22 +28,21 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 
 from ..support.compare import canonical
 from ..support.failover_helpers import (
     Child,
-    writer_args,
     acked,
+    check_linear,
+    children,  # noqa: F401  (fixtures)
+    converge,
     failed,
     intents,
     read_subject,
-    check_linear,
     stale_fences,
-    converge,
+    writer_args,
 )
-from ..support.failover_helpers import children  # noqa: F401  (fixtures)
 from ..support.natsserver import NatsCluster, nats_cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.cluster  # every test here runs a 3-node nats-server cluster

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import ForeignMessageError, LmdbStorage, NotWriterError
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)

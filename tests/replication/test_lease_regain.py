@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.errors import LeaseLapsedError
 

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
-from pi_durable_lmdb.log.stream.jetstream import JetStreamLink, subject_of
 from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.log.stream.jetstream import JetStreamLink, subject_of
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 

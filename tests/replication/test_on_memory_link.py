@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.errors import NotWriterError, ReplicationError
 from pi_durable_lmdb.log import decode_record

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage, ReplicationError
 
 from ..support.natsserver import NatsNode

@@ -8,7 +8,6 @@ what 10071 means: the subject moved, so the writer is deposed and its racing com
 from __future__ import annotations
 
 import pytest
-
 from pi_durable_lmdb.errors import (
     NatsUnavailableError,
     ReplicationError,

@@ -12,11 +12,10 @@ import asyncio
 from pathlib import Path
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb.audit import export_lines, verify
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
 from pi_durable_lmdb.log.stream.message import RawMessage
-from pi_durable_lmdb.audit import export_lines, verify
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
@@ -25,7 +24,7 @@ RECORDS = 400
 
 async def test_a_replica_held_up_takes_what_arrived_meanwhile_in_one_chunk(
     nats_server: NatsNode, tmp_path: Path
-) -> None:  # noqa: F811
+) -> None:
     writer = await LmdbStorage.open(
         tmp_path / "w", durability="replicated", nats=nats_server.url, stream="CHUNKS"
     )

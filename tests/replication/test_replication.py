@@ -36,32 +36,30 @@ from typing import Any
 import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import (
     NatsUnavailableError,
     ReplicationError,
     StreamMissingError,
     WrongStoreError,
 )
-from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.audit import export_lines, verify
+from pi_durable_lmdb.storage import LmdbStorage
 
 from ..support.natsserver import NatsNode, free_port, nats_server  # noqa: F401 - fixtures
 from ..support.replication_helpers import (
-    _bounded,
     Child,
     Ledger,
+    _bounded,
     _connect,
-    read_subject,
+    _entry,
+    check_subject,
+    entry_ids,
     last_on_subject,
     local_head,
     local_records,
-    check_subject,
-    entry_ids,
+    read_subject,
     subject,
-    _entry,
 )
-
 
 # ── exactly once, across writer kills and server restarts ─────────────────────
 

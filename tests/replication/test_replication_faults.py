@@ -34,31 +34,29 @@ from typing import Any
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
-
 from pi_durable_lmdb import LeaseLapsedError, NatsUnavailableError, NotWriterError, ReplicationError
+from pi_durable_lmdb.audit import export_lines, verify
 from pi_durable_lmdb.log import write_to_builtins
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import export_lines, verify
 
 from ..support.compare import canonical
 from ..support.natsserver import NatsCluster, NatsNode, nats_cluster, nats_server  # noqa: F401 - fixtures
 from ..support.replication_helpers import (
     TURN_IDS,
-    _bounded,
     Child,
-    _count,
     Ledger,
+    _bounded,
     _connect,
-    read_subject,
-    local_records,
+    _count,
+    _entry,
     check_subject,
     entry_ids,
-    subject,
-    _entry,
+    local_records,
     open_writer,
+    read_subject,
+    subject,
 )
 from ..support.workload import Workload, snapshot
-
 
 # ── machine loss ─────────────────────────────────────────────────────────────
 

@@ -27,27 +27,25 @@ from typing import Any
 import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import ForeignMessageError, NotWriterError, ReplicationError
-from pi_durable_lmdb.log import encode_batch
-from pi_durable_lmdb.log.stream.jetstream import Fence, encode_control
-from pi_durable_lmdb.log.records import LogRecord, encode_record
-from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.audit import check, export_lines, verify
+from pi_durable_lmdb.log import encode_batch
+from pi_durable_lmdb.log.records import LogRecord, encode_record
+from pi_durable_lmdb.log.stream.jetstream import Fence, encode_control
+from pi_durable_lmdb.storage import LmdbStorage
 
 from ..support.compare import canonical
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
 from ..support.replication_helpers import (
-    _bounded,
     Child,
-    publish_raw,
-    local_records,
-    subject,
-    _entry,
+    _bounded,
     _cli,
+    _entry,
+    local_records,
+    publish_raw,
+    subject,
 )
 from ..support.workload import Workload, snapshot
-
 
 # ── replicas ─────────────────────────────────────────────────────────────────
 

@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
+from pi_durable_lmdb.audit import export_lines, verify
+from pi_durable_lmdb.audit.restore import restore
+from pi_durable_lmdb.audit.tail import open_stream
 from pi_durable_lmdb.errors import SnapshotUnsoundError
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import export_lines, verify
-from pi_durable_lmdb.audit.restore import restore
 from pi_durable_lmdb.storage.snapshot import (
     SnapshotName,
     read_snapshot,
@@ -39,7 +39,6 @@ from pi_durable_lmdb.storage.snapshot import (
     snapshots_of,
     take_snapshot,
 )
-from pi_durable_lmdb.audit.tail import open_stream
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
 from ..support.replication_helpers import DURABLE_LOG, ROOT, _bounded, _entry, read_subject, subject
@@ -283,9 +282,13 @@ def test_a_new_replica_starts_from_a_snapshot_on_the_memory_engine(tmp_path: Pat
                 report = await take_snapshot(tmp_path / "writer", link, keep=1, trim=True)
             finally:
                 await asyncio.to_thread(link.close)
-            assert [
-                m.stream_seq for m in server.subject_messages(f"{server.name}.{report.store}.log")
-            ][0] == report.stream_seq
+            assert (
+                next(
+                    m.stream_seq
+                    for m in server.subject_messages(f"{server.name}.{report.store}.log")
+                )
+                == report.stream_seq
+            )
             await _commit(writer, 200, 10)
             head = writer.log.head()
         finally:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage, tlog
 from pi_durable_lmdb.log import encode_batch
 from pi_durable_lmdb.log.records import encode_record, record_leaf

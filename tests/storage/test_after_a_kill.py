@@ -16,7 +16,6 @@ another boot again, and a power writer must find every acknowledged commit.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import sys
@@ -26,11 +25,11 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage, StoreDamagedError
 from pi_durable_lmdb.cli import main
 from pi_durable_lmdb.log.storedir import POWER_FILE, UNSYNCED_FILE
 from pi_durable_lmdb.log.storeid import new_store_id
+
 from tools.harness.iofaults.check import reboot
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -24,7 +24,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit import verify
 
@@ -87,7 +86,7 @@ async def cancel_after(turns: int, how: str, coro: Any) -> None:
     if how == "wait_for" and turns >= 0:
         try:
             await asyncio.wait_for(coro, timeout=turns * 0.0005)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         return
     task = asyncio.ensure_future(coro)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage import LmdbStorage
+
 from tools.harness.iofaults.inject import Injector
 
 

@@ -56,7 +56,7 @@ class PytestAssertions:
     async def rejects(self, operation: Awaitable[object], message_includes: str) -> None:
         try:
             value = await operation
-        except Exception as error:  # noqa: BLE001 - any rejection, checked by message
+        except Exception as error:
             assert message_includes in str(error), (
                 f"rejected with {type(error).__name__}: {error!s}; "
                 f"expected the message to include {message_includes!r}"

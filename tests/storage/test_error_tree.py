@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pi_durable.delta
 import pi_durable.errors
-import pytest
-
 import pi_durable_lmdb
+import pytest
 from pi_durable_lmdb import errors
 
 FAMILIES = (
@@ -79,8 +78,7 @@ def test_old_import_paths_and_bases_keep_working() -> None:
 def test_the_contract_errors_stay_pi_durables() -> None:
     """The same classes, not look-alikes: a host catches one class whichever backend it runs."""
 
-    from pi_durable_lmdb.projections import delta
-    from pi_durable_lmdb.projections import StorageRequestError
+    from pi_durable_lmdb.projections import StorageRequestError, delta
 
     assert (
         pi_durable_lmdb.StorageRequestError

@@ -17,12 +17,11 @@ from typing import Any
 import lmdb
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
-from tests.support.cli_call import call
 from pi_durable_lmdb.log import Environment
 from pi_durable_lmdb.log.environment import MAIN_DB
 
+from tests.support.cli_call import call
 from tools.bench.workloads import ROOT, conversation, entry, task
 
 
@@ -166,11 +165,11 @@ def reads_of(path: Path) -> dict[str, Any]:
 
 
 from pi_durable.storage import MemoryStorage  # noqa: E402
+from pi_durable_lmdb.projections import tables  # noqa: E402
 
 from tests.fixtures import old_store  # noqa: E402
-from tools.bench.concurrent import log_formats  # noqa: E402
 from tests.support.workload import snapshot  # noqa: E402
-from pi_durable_lmdb.projections import tables  # noqa: E402
+from tools.bench.concurrent import log_formats  # noqa: E402
 
 
 def snapshots_of(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -207,7 +206,7 @@ def test_a_store_of_an_old_format_opens_reads_verifies_exports_and_rebuilds(
     ours, reference = snapshots_of(path)  # opened for writing: the projections are rebuilt
     assert call(capsys, "verify", path)[0] == 0
     assert len(reference) > 3000 and ours == reference
-    code, out, err = call(capsys, "rebuild", path)
+    code, _out, err = call(capsys, "rebuild", path)
     assert code == 0, err
     assert call(capsys, "verify", path)[0] == 0
     assert export_text(path, capsys) == exported
@@ -430,16 +429,17 @@ def test_a_compact_killed_at_random_moments_leaves_a_good_store(
 # ── log records: formats 1, 2 and 3 ──────────────────────────────────────────
 
 
-import msgspec  # noqa: E402
 import zlib  # noqa: E402
+
+import msgspec  # noqa: E402
 import zstandard  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
 from pi_durable_lmdb.errors import CorruptProjectionError, CorruptRecordError  # noqa: E402
 from pi_durable_lmdb.log import codec  # noqa: E402
 from pi_durable_lmdb.log.deflate import PRESET  # noqa: E402
 from pi_durable_lmdb.log.records import decode_record, encode_record, write_to_builtins  # noqa: E402
+
 from tests.support.workload import Workload  # noqa: E402
 from tools.bench.workloads import document_create, document_delta  # noqa: E402
 

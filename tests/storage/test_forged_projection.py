@@ -4,12 +4,11 @@ the table and key, from point reads and scans, never a decoder's own exception."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import msgspec
 import pytest
-
 from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.log import codec
 from pi_durable_lmdb.projections import tables as t

@@ -22,11 +22,10 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.json import FrozenDict, FrozenList
 from pi_durable.storage.memory import MemoryStorage
-
+from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import encode_batch, write_to_builtins
 from pi_durable_lmdb.log.records import encode_record
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import verify
 
 from ..support.compare import canonical
 from ..support.workload import Workload, snapshot
@@ -48,7 +47,7 @@ def _in_threads(count: int, body: Callable[[int], Coroutine[Any, Any, None]]) ->
     def run(n: int) -> None:
         try:
             asyncio.run(body(n))
-        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import DurabilityConflictError, LmdbStorage, WriterLockedError
 from pi_durable_lmdb.log.environment import UNSYNCED_FILE
 from pi_durable_lmdb.log.storedir import POWER_FILE

@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,12 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
-
-from pi_durable_lmdb.log import Environment, TruncatedStoreError, WriterLockedError
-from pi_durable_lmdb.log.storedir import check_not_truncated
-from pi_durable_lmdb.log.records import decode_record, encode_record
-from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.log import Environment, TruncatedStoreError, WriterLockedError
+from pi_durable_lmdb.log.records import decode_record, encode_record
+from pi_durable_lmdb.log.storedir import check_not_truncated
+from pi_durable_lmdb.storage import LmdbStorage
 
 from ..support.workload import Workload
 
@@ -544,9 +543,9 @@ async def test_a_read_only_store_follows_a_rebuild_run_by_another_process(tmp_pa
                 during.append(await _answers(reader))
                 try:
                     await asyncio.wait_for(process.wait(), 0.01)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
-            out, err = await process.communicate()
+            _out, err = await process.communicate()
             assert process.returncode == 0, err.decode()
             for answers in during:
                 assert answers == before, [(a, b) for a, b in zip(answers, before) if a != b]
@@ -692,7 +691,7 @@ async def test_verify_and_stats_while_another_process_rebuilds(tmp_path: Path) -
             runs += 1
             try:
                 await asyncio.wait_for(process.wait(), 0.001)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         _, err = await process.communicate()
         assert process.returncode == 0, err.decode()

@@ -7,11 +7,10 @@ from pathlib import Path
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.env.posix import PosixExecutionEnv
 from pi_durable.storage.jsonl import JsonlStorage
-
-from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.audit.migrate import import_pi_durable
 from pi_durable_lmdb.audit.pisource import open_read_only
+from pi_durable_lmdb.storage import LmdbStorage
 
 
 async def test_import_from_a_jsonl_store(tmp_path: Path) -> None:

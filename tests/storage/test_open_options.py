@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.projections.readmodel import MAX_SAFE_INTEGER
 from pi_durable_lmdb.storage import LmdbStorage
 
@@ -96,7 +95,7 @@ async def test_minting_stops_at_the_end_of_the_safe_id_space(tmp_path: Path) -> 
     try:
         value = {"id": MAX_SAFE_INTEGER, "conversationId": 1, "kind": "message"}
         await storage.commit([{"type": "entry", "value": value}], CTX)  # type: ignore[list-item]
-        with pytest.raises(ValueError, match="^ID space is exhausted$"):
+        with pytest.raises(ValueError, match=r"^ID space is exhausted$"):
             await storage.mint_id()
     finally:
         await storage.close()

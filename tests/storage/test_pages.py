@@ -8,7 +8,6 @@ from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
-
 from pi_durable_lmdb.storage import LmdbStorage
 
 from ..support.compare import canonical
@@ -99,7 +98,7 @@ async def test_entry_pages_match_memory_storage_at_the_edges(tmp_path: Path) -> 
                     assert await _walk(ours, query, limit) == await _walk(
                         reference, query, limit
                     ), (query, limit)
-        for id in [*range(0, next_id + 2), 501, 502]:
+        for id in [*range(next_id + 2), 501, 502]:
             assert await _call(ours, "entry", conversation, id, CTX) == await _call(
                 reference, "entry", conversation, id, CTX
             )

@@ -30,24 +30,23 @@ from typing import Any
 import lmdb
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
+from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import Environment, StoreFullError, WriteLog
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import verify
 
 from tools.harness import crash_harness
+
 from ..support.reliability_helpers import (
-    ROOT,
-    HARNESS,
-    CLI,
     CHILD_ENV,
+    CLI,
+    HARNESS,
+    ROOT,
     child,
     child_line,
     cli,
     kill,
     seeded,
 )
-
 
 # ── 1. killed processes ───────────────────────────────────────────────────────
 
@@ -279,7 +278,7 @@ def test_verify_while_a_writer_commits_finds_no_difference(tmp_path: Path) -> No
         for _ in range(300):  # let the log grow a little
             child_line(writer)
         for _ in range(4):
-            for attempt in range(5):
+            for _attempt in range(5):
                 try:
                     differences.append(verify(path))
                     break

@@ -15,15 +15,13 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
+from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.log import CorruptRecordError, seq_key
 from pi_durable_lmdb.projections import tables as t
-from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import verify
 
-from ..support.reliability_helpers import CHILD_ENV, cli, kill, SEED, seeded
-
+from ..support.reliability_helpers import CHILD_ENV, SEED, cli, kill, seeded
 
 # ── 3. corruption ─────────────────────────────────────────────────────────────
 

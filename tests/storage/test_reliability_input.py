@@ -18,14 +18,12 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
+from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import codec
 from pi_durable_lmdb.projections import StorageRequestError
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import verify
 
-from ..support.reliability_helpers import CHILD_ENV, task, seeded, fingerprint, nest, _cyclic
-
+from ..support.reliability_helpers import CHILD_ENV, _cyclic, fingerprint, nest, seeded, task
 
 # ── 2. bad input ──────────────────────────────────────────────────────────────
 
@@ -175,7 +173,12 @@ BAD_COMMITS: dict[str, tuple[Any, type[BaseException], list[str]]] = {
     ),
     "cycle through a dict": ([{"type": "entry", "value": _cyclic()}], TypeError, ["cycles"]),
     "cycle through a list": (
-        [{"type": "entry", "value": {**ENTRY, "data": (lambda l: (l.append(l), l)[1])([])}}],
+        [
+            {
+                "type": "entry",
+                "value": {**ENTRY, "data": (lambda items: (items.append(items), items)[1])([])},
+            }
+        ],
         TypeError,
         ["cycles"],
     ),

@@ -20,15 +20,13 @@ from typing import Any
 import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
+from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.log import CorruptRecordError, Environment, WriteLog, seq_key
 from pi_durable_lmdb.log.records import encode_record
 from pi_durable_lmdb.projections import tables as t
-from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.storage import LmdbStorage
 
-from ..support.reliability_helpers import ROOT, SRC, CHILD, CHILD_ENV, cli, seeded
-
+from ..support.reliability_helpers import CHILD, CHILD_ENV, ROOT, SRC, cli, seeded
 
 # ── 6. security ───────────────────────────────────────────────────────────────
 

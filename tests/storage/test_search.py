@@ -16,11 +16,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
+from pi_durable_lmdb.audit.search import SearchResults, catch_up, search
 from pi_durable_lmdb.projections import search_index
 from pi_durable_lmdb.projections.search_index import SearchIndex, words
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit.search import SearchResults, catch_up, search
 
 CONVERSATION, NOTES = 1, 2
 

@@ -130,7 +130,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             call_args = (*call_args, CTX)
         try:
             return ("ok", await getattr(store, method)(*call_args))
-        except Exception as error:  # noqa: BLE001 - compared by the caller
+        except Exception as error:
             return ("error", error)
 
     def outcome(self, store: Any, method: str, args: tuple[Any, ...], ctx: bool) -> tuple[str, Any]:
@@ -276,7 +276,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             if document["version"] is None:  # a copy: its version is its source's
                 try:
                     stored = self.run(lambda id=id: self.ref.document(id, "current", CTX))
-                except Exception:  # noqa: BLE001
+                except Exception:
                     stored = None
                 document["version"] = 1 if stored is None else stored["version"]
 

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage, tlog
+from pi_durable_lmdb.audit.export import export_lines
+from pi_durable_lmdb.audit.migrate import import_export
 from pi_durable_lmdb.log import Environment, WriteLog, encode_batch
 from pi_durable_lmdb.log.compact import compact
 from pi_durable_lmdb.log.records import encode_record, record_leaf
 from pi_durable_lmdb.log.tree import TILE, WRITE_TILES
-from pi_durable_lmdb.audit.export import export_lines
-from pi_durable_lmdb.audit.migrate import import_export
+
 from tests.fixtures import old_store
 from tests.support.workload import Workload
 
@@ -308,7 +308,6 @@ def test_a_legacy_big_integer_record_has_the_leaf_of_its_writes_encoded_today() 
     same leaf."""
 
     import msgspec
-
     from pi_durable_lmdb.log.records import RawRecord, _checksum, encode_batch, encode_record
     from pi_durable_lmdb.tlog import record_leaf_hash
 

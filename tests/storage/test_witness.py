@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import CheckpointRefusedError, LmdbStorage, tlog
+from pi_durable_lmdb.audit.witness import BUCKET, publish, publish_checkpoint
 from pi_durable_lmdb.log.stream.jetstream import JetStreamLink
 from pi_durable_lmdb.log.stream.link import StreamLink
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
-from pi_durable_lmdb.audit.witness import BUCKET, publish, publish_checkpoint
 
 from ..support.natsserver import NatsNode, running_node
 

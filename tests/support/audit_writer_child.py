@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 
 CONVERSATIONS = (1, 2, 3)
 TASKS = {10: 1, 11: 2}  # task id -> conversation id

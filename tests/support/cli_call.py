@@ -4,7 +4,6 @@ of the command line and of the stores it inspects."""
 from __future__ import annotations
 
 import pytest
-
 from pi_durable_lmdb import cli as cli_module
 
 

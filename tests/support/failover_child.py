@@ -425,7 +425,7 @@ def main() -> None:
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()
-        raise SystemExit(2)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from typing import Any
 
 import msgspec
 import pytest
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.records import decode_record_builtins
 

@@ -30,7 +30,6 @@ import traceback
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage import LmdbStorage
 
 SEED_TASKS = 20
@@ -109,7 +108,7 @@ class Readers:
     def run(self, n: int) -> None:
         try:
             asyncio.run(self.read(n))
-        except BaseException:  # noqa: BLE001 - reported to the parent
+        except BaseException:
             with self.lock:
                 self.errors.append(traceback.format_exc())
 

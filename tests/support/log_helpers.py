@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from pi_durable_lmdb.log import Environment, WriteLog, encode_batch
 
 ROOT = Path(__file__).resolve().parents[2]

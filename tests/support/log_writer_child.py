@@ -27,7 +27,6 @@ import time
 import zlib
 
 import lmdb
-
 from pi_durable_lmdb.log import (
     Environment,
     WriteLog,

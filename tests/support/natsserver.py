@@ -256,7 +256,7 @@ class NatsNode:
 
     # -- lifecycle
 
-    def start(self, wait: bool = True, timeout: float = 10.0) -> "NatsNode":
+    def start(self, wait: bool = True, timeout: float = 10.0) -> NatsNode:
         """Start the process from the config on disk (appending to the log); wait until JS is up."""
         if self.running:
             raise NatsServerError(f"{self.name} is already running")
@@ -368,7 +368,7 @@ class NatsNode:
             time.sleep(0.005)
         raise NatsServerError(f"{self.name} did not {'stop' if stopped else 'continue'}")
 
-    def __enter__(self) -> "NatsNode":
+    def __enter__(self) -> NatsNode:
         if not self.running:
             self.start()
         return self
@@ -431,7 +431,7 @@ class NatsCluster:
                 return i
         raise KeyError(server_name)
 
-    def start(self, timeout: float = 30.0) -> "NatsCluster":
+    def start(self, timeout: float = 30.0) -> NatsCluster:
         """Start every node at once, then wait_ready(); records ``startup_seconds``."""
         t0 = time.monotonic()
         try:
@@ -488,7 +488,7 @@ class NatsCluster:
         if self._owned_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "NatsCluster":
+    def __enter__(self) -> NatsCluster:
         if not all(n.running for n in self.nodes):
             self.start()
         return self
@@ -523,7 +523,7 @@ async def _probe_jetstream(servers: list[str], replicas: int, deadline: float) -
             )
             await js.delete_stream(probe)
             return
-        except Exception as e:  # noqa: BLE001 - any failure means "not ready yet"
+        except Exception as e:
             last = e
             await asyncio.sleep(0.05)
         finally:

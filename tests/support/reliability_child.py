@@ -212,7 +212,7 @@ async def decode(args: argparse.Namespace) -> int:
                 "named": error.seq,
                 "message": str(error)[:300],
             }
-        except BaseException as error:  # noqa: BLE001 - the test wants to see anything else
+        except BaseException as error:
             outcome = {"seq": seq, "outcome": type(error).__name__, "message": str(error)[:300]}
         outcome["seconds"] = round(time.monotonic() - started, 4)
         _say(json.dumps(outcome))
@@ -254,8 +254,8 @@ async def open_loop(args: argparse.Namespace) -> int:
 
 
 async def umask_open(args: argparse.Namespace) -> int:
-    from pi_durable_lmdb.storage import LmdbStorage
     from pi_durable_lmdb.audit import verify
+    from pi_durable_lmdb.storage import LmdbStorage
 
     os.umask(int(args.umask, 8))
     storage = await LmdbStorage.open(args.path)

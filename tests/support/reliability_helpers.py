@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage import LmdbStorage
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,6 @@ from pi_durable_lmdb import NatsUnavailableError, ReplicationError
 from pi_durable_lmdb.log import Environment, WriteLog, decode_record, write_to_builtins
 from pi_durable_lmdb.storage import LmdbStorage
 
-
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = "tests.support.replication_child"

@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 import msgspec
 from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import Projection
 from pi_durable_lmdb.cli.demo import run_workload
-from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.errors import ProjectionFailed
-from examples.task_outcomes import TaskOutcomes
+from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.projections.user import Tables
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
+from examples.task_outcomes import TaskOutcomes
 
 T = TypeVar("T")
 

@@ -10,7 +10,6 @@ from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.session.transaction import Transaction
 from pi_durable.types import EntryId, EntryLookup, Seq, Storage
-
 from pi_durable_lmdb import LmdbStorage, open_lmdb_storage
 
 

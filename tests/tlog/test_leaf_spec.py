@@ -13,9 +13,9 @@ from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit.export import export_lines
+
 from tests.support.workload import Workload
 
 # ── the page's encoding ───────────────────────────────────────────────────────

@@ -9,7 +9,6 @@ import hashlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pi_durable_lmdb import tlog
 from pi_durable_lmdb.errors import ProofError
 

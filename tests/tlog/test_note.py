@@ -7,7 +7,6 @@ import base64
 import hashlib
 
 import pytest
-
 from pi_durable_lmdb import tlog
 from pi_durable_lmdb.errors import NoteError, ProofError
 

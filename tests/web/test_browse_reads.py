@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.cli.demo import run_workload
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 

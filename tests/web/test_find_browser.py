@@ -16,8 +16,8 @@ from typing import Any
 
 from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
 from tests.support.served import get
 from tests.web.test_serve_browser import Page, browser, page, server, store  # noqa: F401 (the same fixtures)
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.web import links
 from pi_durable_lmdb.web.jsondiff import changes
 from pi_durable_lmdb.web.lists import VERSIONS, version_window
+
 from tests.support.served import get, serve
 
 LONG = 3

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
 from tests.projections.test_projections import Exploding
 
 

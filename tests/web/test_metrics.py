@@ -6,13 +6,12 @@ from pathlib import Path
 import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client")
+from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
+from pi_durable_lmdb.metrics import register, register_path  # noqa: E402
+from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from pi_durable.context import BACKGROUND_CONTEXT as CTX  # noqa: E402
-
-from pi_durable_lmdb.metrics import register, register_path  # noqa: E402
-from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage  # noqa: E402
 from tests.support.audit_writer_child import batch  # noqa: E402
 
 

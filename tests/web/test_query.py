@@ -16,11 +16,11 @@ import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 from pi_durable_lmdb.web import views
 from pi_durable_lmdb.web.app import make_app
 from pi_durable_lmdb.web.respond import STORE
+
 from tests.support.audit_writer_child import batch
 from tests.support.served import get, serve
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
 from tests.support.audit_writer_child import batch
 from tests.support.natsserver import NatsNode, running_node
 from tests.support.served import get, serve
@@ -46,7 +46,7 @@ def test_a_store_behind_its_stream_is_stale_and_its_lag_is_measured(
     nats: NatsNode, tmp_path: Path
 ) -> None:
     writer, behind = tmp_path / "writer", tmp_path / "behind"
-    asyncio.run(_commit(writer, nats.url, range(0, 3)))
+    asyncio.run(_commit(writer, nats.url, range(3)))
     shutil.copytree(writer, behind)  # a copy that stops at sequence 3 (the writer is closed)
     asyncio.run(_commit(writer, nats.url, range(3, 8)))
 
@@ -74,7 +74,7 @@ def test_a_store_behind_its_stream_is_stale_and_its_lag_is_measured(
 
 def test_healthz_says_503_when_the_stream_cannot_be_read(nats: NatsNode, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    asyncio.run(_commit(store, nats.url, range(0, 1)))
+    asyncio.run(_commit(store, nats.url, range(1)))
     with serve(store, "--nats", nats.url, "--stream", "NOSUCH") as served:
         status, body, _ = get(served.url + "/healthz")
         assert status == 503 and "stream 'NOSUCH' cannot be read" in json.loads(body)["reason"], (

@@ -8,7 +8,6 @@ import re
 
 from hypothesis import given
 from hypothesis import strategies as st
-
 from pi_durable_lmdb.web.text import plain, visible
 
 ANY_TEXT = st.text(

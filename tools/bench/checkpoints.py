@@ -33,12 +33,11 @@ import time
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb.log.journal import JournalOptions
 
 from tools.bench.device import device_counters
 from tools.bench.workloads import ROOT, Ids, conversation, task, turn_batches
-
-from pi_durable_lmdb import LmdbStorage
-from pi_durable_lmdb.log.journal import JournalOptions
 
 NEVER = 10**9
 FIXED: dict[str, Any] = {

@@ -33,13 +33,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import lmdb
-
-from tools.bench.report import Store
-from tools.bench.workloads import WORKLOADS
-
 from pi_durable_lmdb.log import codec, environment, writelog, zstd
 from pi_durable_lmdb.projections import projector, rows, tables
 from pi_durable_lmdb.storage import committer, lmdb_storage
+
+from tools.bench.report import Store
+from tools.bench.workloads import WORKLOADS
 
 # ── self-time wrappers ───────────────────────────────────────────────────────
 

@@ -36,13 +36,11 @@ from typing import Any
 
 import lmdb
 import msgspec
-
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb.log import zstd
 
 from tools.bench.report import LABELS, Store
 from tools.bench.workloads import Ids, conversation, entry, task
-
-from pi_durable_lmdb.log import zstd
 
 RAW = "lmdb-raw"
 """The ``--raw-records`` backend: ``lmdb`` with no log record compressed."""
@@ -139,7 +137,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -> dict[str, float]:
     if backend == "none":
-        elapsed, rest = await run_agents(NoStore(), agents, turns)
+        _elapsed, rest = await run_agents(NoStore(), agents, turns)
         return {
             "rate": rest[0],
             "cpu": rest[1],
@@ -155,7 +153,7 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
         await store.open()
         try:
             gc.collect()
-            elapsed, rest = await run_agents(store.storage, agents, turns)
+            _elapsed, rest = await run_agents(store.storage, agents, turns)
         finally:
             await store.close()
         if backend in ("lmdb", RAW):  # the two rows stored what their labels say

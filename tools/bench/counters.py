@@ -19,10 +19,10 @@ import statistics
 import tempfile
 import time
 from types import SimpleNamespace
-from typing import Any
 
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.counters import EngineCounters
+
 from tools import ROOT
 from tools.bench.workloads import measure_turns, populate_turns
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from tools.bench.report import Store
-from tools.bench.workloads import populate_turns, measure_turns
+from tools.bench.workloads import measure_turns, populate_turns
 
 
 def device_counters(path: str) -> tuple[int, int]:

@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
-from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.audit import Tail, verify
+from pi_durable_lmdb.storage import LmdbStorage
 
 MESSAGE = {"role": "assistant", "content": "word " * 100}
 

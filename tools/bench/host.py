@@ -13,8 +13,8 @@ this store's journal stays on disk and is counted).
 
 from __future__ import annotations
 
-import time
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import lmdb
 import msgspec
-
 from pi_durable_lmdb.log import Environment, WriteLog, encode_batch
 from pi_durable_lmdb.log.records import encode_record
+
 from tools.bench.sample import MESSAGE
 
 

@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tools.bench.report import Store
-from tools.bench.concurrent import percentile, run_agents
-
 from pi_durable_lmdb.storage import committer
+
+from tools.bench.concurrent import percentile, run_agents
+from tools.bench.report import Store
 
 
 def _switches() -> int:
@@ -100,7 +100,7 @@ async def measure(agents: int, turns: int, mode: str, profile: str | None) -> No
         switches, cpu, process = _switches(), time.thread_time(), time.process_time()
         if loop_profile is not None:
             loop_profile.enable()
-        elapsed, rest = await run_agents(store.storage, agents, turns)
+        _elapsed, rest = await run_agents(store.storage, agents, turns)
         if loop_profile is not None:
             loop_profile.disable()
         loop_cpu, loop_switches = time.thread_time() - cpu, _switches() - switches

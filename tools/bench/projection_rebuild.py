@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.log.records import EntryWrite, TaskWrite
 from pi_durable_lmdb.projections import userfold

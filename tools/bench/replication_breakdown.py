@@ -21,7 +21,6 @@ from tools.bench.replication_commits import (
     run_committers,
 )
 
-
 # ── where the time goes (--breakdown) ────────────────────────────────────────
 
 
@@ -32,8 +31,6 @@ async def breakdown(
     the publish (``StreamWriter._send``, on the writer thread, waiting for the stream) and the
     rest of the group (checks, fold, LMDB commit and syncs); replica lag by the replica's
     durability; and catch-up split into its stages (``breakdown_catch_up``)."""
-
-    from pi_durable_lmdb.storage import LmdbStorage
 
     out: dict[str, Any] = {"groups": {}, "lag": {"power": [], "process": []}}
     for committers in COMMITTERS if "commits" in args.parts else ():
@@ -96,7 +93,6 @@ async def breakdown_catch_up(
 
     import nats
     from nats.js.api import ConsumerConfig, DeliverPolicy
-
     from pi_durable_lmdb.log.stream.jetstream import parse_message, subject_of
     from pi_durable_lmdb.storage import LmdbStorage
     from pi_durable_lmdb.storage.replica import Follower
@@ -156,7 +152,7 @@ async def breakdown_catch_up(
         for m in messages
     ]
     stop("parse", len(parsed))
-    del messages
+    messages.clear()  # the raw messages' memory is not counted in the fold stage
     await _fold_stage(
         out, start, stop, base, store, parsed, 1024, ("power", "process"), args.records
     )

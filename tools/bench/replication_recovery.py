@@ -21,7 +21,6 @@ from tools.bench.cluster import progress, spawn
 from tools.bench.replication_commits import STREAM, own, turn
 from tools.bench.workloads import Ids
 
-
 # ── part 3: catch-up and restore ─────────────────────────────────────────────
 
 
@@ -69,10 +68,10 @@ async def snapshot_restore(
     (``durable-log snapshot``'s ``take_snapshot``), then ``restore()`` into fresh directories:
     the newest snapshot that verifies plus the log after it."""
 
-    from pi_durable_lmdb.storage import LmdbStorage
     from pi_durable_lmdb.audit.restore import restore
-    from pi_durable_lmdb.storage.snapshot import take_snapshot
     from pi_durable_lmdb.audit.tail import open_stream
+    from pi_durable_lmdb.storage import LmdbStorage
+    from pi_durable_lmdb.storage.snapshot import take_snapshot
 
     path = tempfile.mkdtemp(dir=base, prefix="snapshot-fill-")
     out: dict[str, Any] = {"records": records, "tail": tail, "restores": []}
@@ -107,7 +106,7 @@ async def snapshot_restore(
         finally:
             await writer.close()
         shutil.rmtree(path, ignore_errors=True)
-        for run in range(runs):
+        for _run in range(runs):
             target = os.path.join(tempfile.mkdtemp(dir=base, prefix="snapshot-restore-"), "store")
             started = time.perf_counter()
             head = await restore(urls, STREAM, store, target)

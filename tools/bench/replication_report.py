@@ -14,7 +14,6 @@ from tools.bench.replication_commits import BACKENDS, COMMITTERS, LABEL, REPLICA
 from tools.bench.replication_recovery import RECOVERY
 from tools.bench.report_markdown import fmt_time
 
-
 # ── reporting ────────────────────────────────────────────────────────────────
 
 

@@ -27,6 +27,7 @@ Usage::
 """
 
 from __future__ import annotations
+
 import argparse
 import asyncio
 import cProfile
@@ -49,7 +50,8 @@ from tools import ROOT, module_command, module_env
 from tools.bench.flush import overwrite_flush_seconds
 from tools.bench.host import HOST_WORKLOADS, LONG_WORKLOADS
 from tools.bench.report_markdown import BACKENDS, LABELS, Results, Series, render, write_markdown
-from tools.bench.workloads import WORKLOADS as COMMON_WORKLOADS, Workload
+from tools.bench.workloads import WORKLOADS as COMMON_WORKLOADS
+from tools.bench.workloads import Workload
 
 WORKLOADS: dict[str, Workload] = {**COMMON_WORKLOADS, **HOST_WORKLOADS}
 """Every workload of the run: ``workloads``'s, then the Session host's (``host``),

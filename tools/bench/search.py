@@ -30,10 +30,9 @@ import time
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
+from pi_durable_lmdb.audit.search import catch_up, search
 from pi_durable_lmdb.projections.search_index import SearchIndex
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit.search import catch_up, search
 
 VOCABULARY = 20000
 """Distinct words; word ``k`` is drawn with weight 1/k (Zipf), ``w0`` the commonest."""

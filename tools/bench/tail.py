@@ -36,10 +36,10 @@ from typing import Any
 import lmdb
 import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
+from pi_durable_lmdb.audit import commit_to_builtins, to_json
 from pi_durable_lmdb.log import Environment, WriteLog
 from pi_durable_lmdb.storage import LmdbStorage
-from pi_durable_lmdb.audit import commit_to_builtins, to_json
+
 from tools.bench.sample import MESSAGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +209,7 @@ async def follow_latency(path: str, count: int, interval: float) -> dict[str, An
 
 def summary(values: list[float]) -> tuple[float, float, float]:
     ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return statistics.median(ordered), p95, ordered[-1]
 
 

@@ -27,13 +27,13 @@ import tempfile
 import time
 from typing import Any
 
-from tools.bench.log import turn_batch
-from tools.bench.workloads import ROOT, Ids, conversation, task, turn_batches
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log import Environment, WriteLog, encode_batch
 from pi_durable_lmdb.tlog import TreeBuilder
+
+from tools.bench.log import turn_batch
+from tools.bench.workloads import ROOT, Ids, conversation, task, turn_batches
 
 
 def _no_leaf(txn: Any, seq: int, committed_at: int, payload: bytes) -> None:

@@ -46,7 +46,6 @@ from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-
 TEXTS = ["", "a", "héllo", "\ud800", "\ud83d\ude00", "日本", "x" * 60]
 STATUSES = ["pending", "running", "waiting", "sleeping", "completing", "terminal"]
 
@@ -378,10 +377,10 @@ async def check(args: argparse.Namespace) -> int:
     any process was handed by ``mint_id`` (``minted_max``).
     """
 
+    from pi_durable_lmdb.audit import verify
     from pi_durable_lmdb.log import Environment, write_to_builtins
     from pi_durable_lmdb.projections.rebuild import ProjectionsBehind, read_header
     from pi_durable_lmdb.storage import LmdbStorage
-    from pi_durable_lmdb.audit import verify
 
     with open(args.ledger, encoding="utf-8") as file:
         ledger = json.load(file)

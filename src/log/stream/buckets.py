@@ -9,7 +9,6 @@ no stream of the store's), keeping the last ``HISTORY`` values of each key.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Final
 
 from ...errors import NatsUnavailableError, ReplicationError
@@ -57,7 +56,7 @@ async def get(
     except nats.js.errors.KeyNotFoundError as error:  # KeyDeletedError too: its marker's revision
         found = getattr(error, "entry", None)
         return None, 0 if found is None or not found.revision else int(found.revision)
-    except (nats.errors.Error, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.Error) as error:
         raise _failed(f"{stream}-{bucket}", key, error) from None
     return bytes(entry.value or b""), int(entry.revision)
 
@@ -83,7 +82,7 @@ async def put(
         if error.err_code in WRONG_LAST_SEQUENCE:
             return None
         raise _failed(name, key, error) from None
-    except (nats.errors.Error, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.Error) as error:
         raise _failed(name, key, error) from None
     return int(ack.seq)
 

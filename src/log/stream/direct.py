@@ -67,7 +67,7 @@ async def direct_batch(
             status = await asyncio.wait_for(ended, timeout)
         finally:
             await sub.unsubscribe()
-    except (nats.errors.Error, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.Error) as error:
         raise NatsUnavailableError(
             f"NATS did not answer for a batch of {subject} after {after} ({type(error).__name__})"
         ) from None

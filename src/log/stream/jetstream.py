@@ -187,7 +187,7 @@ class JetStreamLink(LinkLoop):
                 ),
                 self.timeout + 1,
             )
-        except (asyncio.TimeoutError, OSError, Exception) as error:
+        except (TimeoutError, OSError, Exception) as error:
             raise NatsUnavailableError(
                 f"No NATS server answered at {', '.join(self.servers)} ({cause_of(error, self.timeout, connecting=True)})"
             ) from None
@@ -223,13 +223,9 @@ class JetStreamLink(LinkLoop):
                 raise ReplicationError(
                     f"NATS refused to create stream {self.stream!r} with {replicas} replicas: {error}"
                 ) from None
-            except (nats.errors.Error, asyncio.TimeoutError) as error:
+            except (TimeoutError, nats.errors.Error) as error:
                 raise _unanswered(f"stream {self.stream!r}", error) from None
-        except (
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            asyncio.TimeoutError,
-        ) as error:
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
             raise NatsUnavailableError(
                 f"NATS at {', '.join(self.servers)} did not answer for stream {self.stream!r} ({cause_of(error, self.timeout)})"
             ) from None
@@ -251,11 +247,7 @@ class JetStreamLink(LinkLoop):
             raw = await self._js.get_last_msg(self.stream, subject)
         except nats.js.errors.NotFoundError:
             return None
-        except (
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            asyncio.TimeoutError,
-        ) as error:
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
             raise NatsUnavailableError(
                 f"NATS did not answer for the last message of {subject} ({cause_of(error, self.timeout)})"
             ) from None
@@ -313,11 +305,7 @@ class JetStreamLink(LinkLoop):
             raise NatsUnavailableError(
                 f"No stream answers for {subject} (stream {self.stream!r} missing, or without a leader)"
             ) from None
-        except (
-            nats.errors.TimeoutError,
-            asyncio.TimeoutError,
-            nats.errors.ConnectionClosedError,
-        ) as error:
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as error:
             self.last_error = f"publish to {subject}: no answer in {self.timeout} s"
             raise OutcomeUnknownError(
                 f"The stream did not acknowledge an append to {subject} within {self.timeout} s "
@@ -379,7 +367,7 @@ class JetStreamLink(LinkLoop):
                 pending_msgs_limit=65536,
                 pending_bytes_limit=256 * 1024 * 1024,
             )
-        except (nats.errors.Error, asyncio.TimeoutError) as error:  # no consumer: a 503, no answer
+        except (TimeoutError, nats.errors.Error) as error:  # no consumer: a 503, no answer
             raise _unanswered(f"a consumer of {subject}", error) from None
         try:
             while True:
@@ -387,7 +375,7 @@ class JetStreamLink(LinkLoop):
                     ready.clear()
                     try:
                         await asyncio.wait_for(ready.wait(), idle)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         if not follow:
                             latest = await self.last(subject, None)
                             if latest is None or latest.stream_seq <= after:
@@ -472,9 +460,9 @@ class JetStreamLink(LinkLoop):
             finally:
                 try:
                     await self._js.delete_consumer(self.stream, info.name)
-                except (nats.errors.Error, asyncio.TimeoutError):
+                except (TimeoutError, nats.errors.Error):
                     pass  # it goes by itself once inactive
-        except (nats.errors.Error, asyncio.TimeoutError) as error:
+        except (TimeoutError, nats.errors.Error) as error:
             raise _unanswered(f"a batch of {subject} after {after}", error) from None
         return got
 
@@ -536,7 +524,7 @@ class JetStreamLink(LinkLoop):
         ) as error:  # KeyDeletedError too: its marker's revision
             found = getattr(error, "entry", None)
             return None, 0 if found is None or not found.revision else int(found.revision)
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as error:
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as error:
             raise NatsUnavailableError(
                 f"NATS did not answer for the lease {key} ({type(error).__name__}: {error})"
             ) from None
@@ -557,7 +545,7 @@ class JetStreamLink(LinkLoop):
             if error.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT):
                 return None
             raise ReplicationError(f"NATS refused the lease {key}: {error}") from None
-        except (nats.errors.Error, asyncio.TimeoutError) as error:
+        except (TimeoutError, nats.errors.Error) as error:
             raise NatsUnavailableError(
                 f"NATS did not answer for the lease {key} ({type(error).__name__})"
             ) from None
@@ -569,7 +557,7 @@ class JetStreamLink(LinkLoop):
         try:
             kv = await self._bucket()
             await kv.delete(key, last=revision)
-        except (nats.js.errors.Error, nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.js.errors.Error, nats.errors.Error):
             pass  # it expires by itself
 
     # ── other key-value buckets: ``<stream>-<bucket>`` (``buckets.py``) ────

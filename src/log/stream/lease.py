@@ -28,17 +28,15 @@ import logging
 import os
 import secrets
 import socket
-import time
 from typing import Any, Final
 
 import msgspec
 
-from ...errors import NatsUnavailableError, NotWriterError, ReplicationError
-from ...errors import LeaseLapsedError
+from ...errors import LeaseLapsedError, NatsUnavailableError, NotWriterError, ReplicationError
+from ..storedir import replace_file
 from .link import StreamLink
 from .message import subject_of
 from .status import LeaseStatus
-from ..storedir import replace_file
 
 logger = logging.getLogger(__name__)
 

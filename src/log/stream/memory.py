@@ -20,8 +20,8 @@ import hashlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import BinaryIO
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from ...errors import (
     NatsUnavailableError,

@@ -54,7 +54,7 @@ async def bucket(js: Any, stream: str, create: bool) -> Any | None:
                 description=f"snapshots of the stores on stream {stream}",
             )
             return await js.create_object_store(name, config=config)
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
         raise NatsUnavailableError(
             f"NATS did not answer for the bucket {name} ({type(error).__name__})"
         ) from None
@@ -76,7 +76,7 @@ async def put(js: Any, stream: str, name: str, source: BinaryIO) -> None:
             source,
             meta=ObjectMeta(name=name, options=ObjectMetaOptions(max_chunk_size=CHUNK)),
         )
-    except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.TimeoutError) as error:
         raise NatsUnavailableError(
             f"NATS did not take the snapshot {name} ({type(error).__name__})"
         ) from None
@@ -97,7 +97,7 @@ async def names(js: Any, stream: str) -> list[str]:
         entries = await store.list(ignore_deletes=True)
     except nats.js.errors.NotFoundError:
         return []
-    except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.TimeoutError) as error:
         raise NatsUnavailableError(
             f"NATS did not list the snapshots of {stream} ({type(error).__name__})"
         ) from None
@@ -119,7 +119,7 @@ async def get(js: Any, nc: Any, stream: str, name: str, sink: BinaryIO, timeout:
         info = await store.get_info(name)
     except nats.js.errors.NotFoundError:
         raise ReplicationError(f"The snapshot {name} is not in {bucket_name(stream)}") from None
-    except (nats.errors.Error, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.Error) as error:
         raise NatsUnavailableError(
             f"NATS did not describe the snapshot {name} ({type(error).__name__})"
         ) from None
@@ -186,7 +186,7 @@ async def delete(js: Any, stream: str, name: str) -> None:
         await store.delete(name)
     except nats.js.errors.NotFoundError:
         pass
-    except (nats.errors.Error, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.Error) as error:
         raise NatsUnavailableError(
             f"NATS did not delete the snapshot {name} ({type(error).__name__})"
         ) from None
@@ -199,7 +199,7 @@ async def purge(js: Any, stream: str, subject: str, keep_from: int) -> None:
 
     try:
         await js.purge_stream(stream, seq=keep_from, subject=subject)
-    except (nats.errors.TimeoutError, asyncio.TimeoutError) as error:
+    except (TimeoutError, nats.errors.TimeoutError) as error:
         raise NatsUnavailableError(
             f"NATS did not trim {subject} ({type(error).__name__})"
         ) from None

@@ -20,11 +20,11 @@ import time
 from typing import Final
 
 from ...errors import ForeignMessageError, ReplicationError
+from ..storedir import replace_file
+from ..writelog import WriteLog
 from .link import StreamLink
 from .message import carried_root, record_headers, subject_of
 from .status import ShipperStatus
-from ..storedir import replace_file
-from ..writelog import WriteLog
 
 SHIP_BATCH: Final = 256
 """Records per atomic batch."""

@@ -20,7 +20,7 @@ written locally before), and refuses to go on if the two histories differ.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 import lmdb
@@ -34,6 +34,9 @@ from ...errors import (
     StreamMovedError,
 )
 from .. import Environment, WriteLog
+from .applier import FETCH_CHUNK, Admitter, StreamApplier
+from .lease import WriterLease
+from .link import StreamLink
 from .message import (
     H_EPOCH,
     H_KIND,
@@ -49,9 +52,6 @@ from .message import (
     record_headers,
     subject_of,
 )
-from .lease import WriterLease
-from .link import StreamLink
-from .applier import FETCH_CHUNK, Admitter, StreamApplier
 from .position import POSITION_FORMAT, StreamPosition, put_position, read_position
 from .status import WriterStatus
 

@@ -132,7 +132,6 @@ class _Replayed(logging.Handler):
 
 async def recovered(store: str, acked: list[tuple[int, int]], outcome: Outcome) -> list[str]:
     from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
     from pi_durable_lmdb.storage import LmdbStorage
 
     logger = logging.getLogger("pi_durable_lmdb.storage.lmdb_storage")
@@ -141,7 +140,7 @@ async def recovered(store: str, acked: list[tuple[int, int]], outcome: Outcome) 
     propagate, logger.propagate = logger.propagate, False
     try:
         storage = await LmdbStorage.open(store)
-    except Exception as error:  # noqa: BLE001 - a refused recovery is the finding
+    except Exception as error:
         return [f"RECOVERY REFUSED: {type(error).__name__}: {error}"]
     finally:
         logger.removeHandler(replayed)

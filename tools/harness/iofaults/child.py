@@ -43,7 +43,7 @@ async def attempt(what: str, call: Callable[[], Awaitable[T]]) -> T | None:
     for number in range(ATTEMPTS):
         try:
             return await call()
-        except Exception as error:  # noqa: BLE001 - every refusal is reported, and tried again
+        except Exception as error:
             text = f"{type(error).__name__}: {error}".replace("\n", " ")
             say(f"{'fail' if number < ATTEMPTS - 1 else 'wedged'} {what} {text}")
     return None

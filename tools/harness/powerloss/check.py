@@ -84,7 +84,7 @@ async def check_command_state(job: dict[str, Any]) -> dict[str, Any]:
             problems.append(
                 f"PARTIAL: NEWPATH holds a log other than the source's (export digest {digest}); files {held}"
             )
-    except BaseException as error:  # noqa: BLE001 - every failure is a finding
+    except BaseException as error:
         problems.append(
             f"PARTIAL: NEWPATH exists ({held}) but its log does not read: {_error(error)}"
         )
@@ -107,7 +107,7 @@ async def check_command_state(job: dict[str, Any]) -> dict[str, Any]:
                     )
             finally:
                 await storage.close()
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:
             problems.append(f"OPEN/COMMIT raised {_error(error)}")
     result["outcome"] = "failed" if problems else "complete"
     return result
@@ -154,12 +154,12 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             )
         except JournalReplayPending:
             pass
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:
             problems.append(f"READ-ONLY OPEN/READ raised {_error(error)}, not JournalReplayPending")
         try:
             replaying = await LmdbStorage.open(path, projections=[EntryCounts()])
             await replaying.close()
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:
             if isinstance(error, damaged_error):
                 result["outcome"] = "refused"
                 result["refusal"] = str(error)
@@ -174,7 +174,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             difference = verify(path)
             if difference is not None:
                 problems.append(f"VERIFY (as left): {difference}")
-        except BaseException as error:  # noqa: BLE001 - every failure is a finding
+        except BaseException as error:
             problems.append(f"VERIFY (as left) raised {_error(error)}")
 
     # 2. read-only: the log against the acknowledgements
@@ -220,7 +220,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
                         )
             finally:
                 await reader.close()
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:
             problems.append(f"READ-ONLY OPEN/READ raised {_error(error)}")
     missing = [seq for seq in required if seq > head]
     if missing:
@@ -232,7 +232,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
     # 3. the writer
     try:
         storage = await LmdbStorage.open(path, projections=[EntryCounts()])
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:
         if isinstance(error, damaged_error):
             result["outcome"] = "refused"
             result["refusal"] = str(error)
@@ -265,12 +265,12 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             problems.append(
                 f"USER PROJECTION: holds {sorted(held.items())[:6]}, the log counts {sorted(expected.items())[:6]}"
             )
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:
         problems.append(f"WRITER raised {_error(error)}")
     finally:
         try:
             await storage.close()
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:
             problems.append(f"CLOSE raised {_error(error)}")
 
     # 4. verify after the writer
@@ -278,7 +278,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
         difference = verify(path)
         if difference is not None:
             problems.append(f"VERIFY (after the writer): {difference}")
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:
         problems.append(f"VERIFY (after the writer) raised {_error(error)}")
     result["outcome"] = "failed" if problems else "ok"
     return result
@@ -326,7 +326,7 @@ async def main() -> None:
             out.flush()
             try:
                 result = await check_state(job)
-            except BaseException:  # noqa: BLE001
+            except BaseException:
                 result = {
                     "id": job["id"],
                     "outcome": "failed",

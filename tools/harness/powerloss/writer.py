@@ -376,7 +376,7 @@ class GroupCaller(Workload):
                     await asyncio.sleep(0)
                 task.cancel()
                 seq = await task
-        except (asyncio.CancelledError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.CancelledError):
             self.marks.say(f"cancel@{tag}")
             return
         self.marks.say(f"ack@{tag} {seq}")
@@ -443,7 +443,7 @@ async def run_group(args: argparse.Namespace) -> None:
                         storage, marks, f"{args.seed}:{number}", f"r{number}b", 3, steps, noise
                     )
                 )
-            except BaseException as error:  # noqa: BLE001 - reported by the main thread
+            except BaseException as error:
                 failure.append(error)
 
         thread = threading.Thread(target=other_thread)
