@@ -41,6 +41,7 @@ from pi_durable_lmdb.storage import LmdbStorage
 
 from ..support.compare import canonical
 from ..support.natsserver import NatsCluster, NatsNode, nats_cluster, nats_server  # noqa: F401 - fixtures
+from ..support.polling import until_async
 from ..support.replication_helpers import (
     TURN_IDS,
     Child,
@@ -302,12 +303,12 @@ def test_cluster_faults_one_node_down_two_down_and_back(
             return sum(1 for a in attempts if a.seq is not None and a.started > moment)
 
         async def until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-            deadline = time.monotonic() + timeout
-            while not condition():
-                assert time.monotonic() < deadline, (
-                    f"{what}: not within {timeout} s; last attempts: {attempts[-4:]}"
-                )
-                await asyncio.sleep(0.02)
+            await until_async(
+                condition,
+                timeout=timeout,
+                what=what,
+                detail=lambda: f"last attempts: {attempts[-4:]}",
+            )
             return time.monotonic()
 
         replica: LmdbStorage | None = None

@@ -40,6 +40,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from .polling import until
+
 __all__ = [
     "NatsCluster",
     "NatsNode",
@@ -357,16 +359,20 @@ class NatsNode:
         if not stat.exists():  # not Linux: best effort
             time.sleep(0.1)
             return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def reached() -> bool:
             try:
                 state = stat.read_text().rpartition(")")[2].split()[0]
             except (OSError, IndexError):
-                return
-            if (state in ("T", "t")) == stopped:
-                return
-            time.sleep(0.005)
-        raise NatsServerError(f"{self.name} did not {'stop' if stopped else 'continue'}")
+                return True  # the process is gone: nothing left to wait for
+            return (state in ("T", "t")) == stopped
+
+        until(
+            reached,
+            timeout=timeout,
+            what=f"{self.name} {'stopped' if stopped else 'running again'}",
+            interval=0.005,
+        )
 
     def __enter__(self) -> NatsNode:
         if not self.running:
