@@ -64,7 +64,7 @@ def test_handle_counts_commits_groups_flushes_and_failures(tmp_path: Path, durab
             registry = CollectorRegistry()
             register(storage, registry)
             await asyncio.gather(*(storage.commit(batch(k), CTX) for k in range(20)))
-            with pytest.raises(Exception):
+            with pytest.raises(ValueError, match="conversationId"):
                 await storage.commit(
                     [{"type": "entry", "value": {"id": 1}}], CTX
                 )  # refused by the checks
