@@ -67,8 +67,15 @@ from pi_durable.storage.memory import MemoryStorage
 
 from ..support.compare import canonical
 from ..support.machine_draws import (
-    BAD_CURSORS,
     CTX,
+    MachineDraws,
+    _Batch,
+    _describe,
+    _drawn,
+    _message_shape,
+)
+from ..support.machine_values import (
+    BAD_CURSORS,
     DOC_KEYS,
     DOC_KINDS,
     ID_POOL,
@@ -78,11 +85,6 @@ from ..support.machine_draws import (
     SUBMISSION_STATUSES,
     TASK_KINDS,
     TASK_STATUSES,
-    MachineDraws,
-    _Batch,
-    _describe,
-    _drawn,
-    _message_shape,
 )
 
 EXAMPLES = int(os.environ.get("PI_DURABLE_LMDB_MACHINE_EXAMPLES", "200"))
