@@ -25,6 +25,8 @@ from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log.records import decode_record, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 
+from tests.support.compare import REFUSALS
+
 from ..support.compare import outcome
 from ..support.workload import Workload
 
@@ -123,7 +125,7 @@ class _Pair:
             writes = self.work.batch()
             try:
                 self.reference.prepare_commit(writes)
-            except Exception:
+            except REFUSALS:
                 continue
             self.loop.run_until_complete(self.reference.commit(writes, CTX))
             self.loop.run_until_complete(self.storage.commit(writes, CTX))

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.errors import StorageRequestError
 
+from .compare import REFUSALS
 from .machine_values import (
     BAD_OPS,
     DOC_KEYS,
@@ -163,7 +164,7 @@ class MachineDraws:
     def ref_value(self, id: int) -> Any:
         try:
             stored = self.run(lambda: self.ref.document(id, "current", CTX))
-        except Exception:
+        except REFUSALS:
             return {}
         return {} if stored is None else stored["value"]
 

@@ -114,7 +114,7 @@ def _kill_everything() -> None:
             try:
                 proc.kill()
                 proc.wait(timeout=5)
-            except Exception:
+            except (OSError, subprocess.TimeoutExpired):
                 pass
 
 
@@ -509,6 +509,7 @@ class NatsCluster:
 async def _probe_jetstream(servers: list[str], replicas: int, deadline: float) -> None:
     """Create and delete a probe stream until it works or the deadline passes."""
     import nats
+    import nats.errors
     from nats.js.api import StorageType, StreamConfig
 
     last: BaseException | None = None
@@ -529,14 +530,14 @@ async def _probe_jetstream(servers: list[str], replicas: int, deadline: float) -
             )
             await js.delete_stream(probe)
             return
-        except Exception as e:
+        except (nats.errors.Error, OSError) as e:  # not ready yet: no leader, no peers, no answer
             last = e
             await asyncio.sleep(0.05)
         finally:
             if nc is not None:
                 try:
                     await nc.close()
-                except Exception:
+                except (nats.errors.Error, OSError):
                     pass
     raise NatsServerError(f"JetStream not ready (R{replicas} probe): {last!r}")
 
