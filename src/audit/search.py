@@ -319,3 +319,20 @@ def _around(value: Any, wanted: set[str], limit: int = 300) -> str:
 def _cut(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+__all__ = [
+    "CANDIDATES",
+    "DOCUMENT_LIMIT",
+    "LIMIT",
+    "DocumentHit",
+    "EntryHit",
+    "Progress",
+    "SearchResults",
+    "TaskHit",
+    "catch_up",
+    "index_exists",
+    "roles_of",
+    "said",
+    "search",
+]
