@@ -354,7 +354,7 @@ class NatsNode:
             self.proc.send_signal(signal.SIGCONT)
             self._wait_state(stopped=False)
 
-    def _wait_state(self, stopped: bool, timeout: float = 2.0) -> None:
+    def _wait_state(self, stopped: bool, timeout: float = 10.0) -> None:
         stat = Path(f"/proc/{self.proc.pid if self.proc else 0}/stat")
         if not stat.exists():  # not Linux: best effort
             time.sleep(0.1)
