@@ -208,6 +208,7 @@ async def read_subject(
     conversation id (the first write's) and writes."""
 
     import nats
+    import nats.errors
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
     subject = f"{STREAM}.{store}.log"
@@ -221,7 +222,7 @@ async def read_subject(
                 break
             except nats.js.errors.NotFoundError:
                 return []
-            except Exception:
+            except (nats.errors.Error, OSError):  # no leader yet, or no answer
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
