@@ -27,6 +27,7 @@ from .log.counters import Histogram
 from .log.stream.status import ReplicaStatus, ReplicationStatus, ShipperStatus, WriterStatus
 
 PREFIX = "pi_durable_lmdb"
+"""The prefix of every metric's name."""
 
 
 class StoreCollector(Collector):
@@ -105,6 +106,8 @@ def _families(info: Stats) -> Iterator[GaugeMetricFamily]:
 def register_path(
     path: str | os.PathLike[str], registry: CollectorRegistry | None = None
 ) -> StoreCollector:
+    """Adds a `StoreCollector` of the store at `path` to `registry` (the global one by default):
+    for a process that serves metrics of a store without holding it open."""
     collector = StoreCollector(path)
     (REGISTRY if registry is None else registry).register(collector)
     return collector
@@ -192,3 +195,12 @@ def register(storage: Any, registry: CollectorRegistry | None = None) -> StoreCo
     collector = register_path(storage.path, registry)
     (REGISTRY if registry is None else registry).register(HandleCollector(storage))
     return collector
+
+
+__all__ = [
+    "PREFIX",
+    "HandleCollector",
+    "StoreCollector",
+    "register",
+    "register_path",
+]

@@ -53,3 +53,10 @@ def require_access(path: str | os.PathLike[str]) -> None:
     problem = access_problem(path)
     if problem is not None:
         raise PermissionError(f"Permission denied: {problem}")
+
+
+__all__ = [
+    "NEEDS",
+    "access_problem",
+    "require_access",
+]

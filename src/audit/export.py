@@ -91,3 +91,11 @@ def export_lines(
                 yield to_json({ROOT_TRAILER: high, "rootHash": log.root(high).hex()})
     finally:
         env.close()
+
+
+__all__ = [
+    "ROOT_TRAILER",
+    "export_lines",
+    "seq_at",
+    "seq_range",
+]

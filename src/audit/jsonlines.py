@@ -125,3 +125,9 @@ def _parse_int(text: str) -> int:
     low = text[split:]
     high: int = _parse_int(text[:split]) * 10 ** len(low)
     return high + _parse_int(low)
+
+
+__all__ = [
+    "from_json",
+    "to_json",
+]

@@ -425,3 +425,18 @@ async def _copy_pi_durable(
             await commit([{"type": "document.create", "record": create, "content": content}])
             report.count("document")
     return report
+
+
+__all__ = [
+    "PARTIAL_VERBS",
+    "ImportReport",
+    "Progress",
+    "decode_line",
+    "import_export",
+    "import_pi_durable",
+    "new_store",
+    "parse_batch",
+    "parse_root",
+    "refuse_existing",
+    "remove_stale_partials",
+]

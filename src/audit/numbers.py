@@ -173,3 +173,27 @@ def typed(parser: Callable[[str], T]) -> Callable[[str], T]:
 
     parse.__name__ = parser.__name__
     return parse
+
+
+__all__ = [
+    "AS_OF",
+    "CONVERSATION",
+    "COUNT",
+    "DIFFERENCES",
+    "INT64_MAX",
+    "INTERVAL",
+    "LEASE_TTL",
+    "LONGEST",
+    "MAX_LAG",
+    "PORT",
+    "RECORD_ID",
+    "SEQUENCE",
+    "Seconds",
+    "Whole",
+    "argument",
+    "parse_time",
+    "point",
+    "seconds",
+    "typed",
+    "whole",
+]

@@ -136,3 +136,12 @@ async def open_read_only(path: str, scratch: str | None = None) -> AsyncIterator
             yield source
         finally:
             await source.close(BACKGROUND_CONTEXT)
+
+
+__all__ = [
+    "JSONL_MAIN",
+    "SQLITE_HEADER",
+    "check_source",
+    "check_sqlite_source",
+    "open_read_only",
+]

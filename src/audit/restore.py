@@ -81,3 +81,9 @@ async def restore(
         return head
     finally:
         await asyncio.to_thread(link.close)
+
+
+__all__ = [
+    "Progress",
+    "restore",
+]

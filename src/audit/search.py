@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.errors import StorageRequestError
 from pi_durable.types import DocumentId, TaskId
 
 from ..errors import SearchIndexError
@@ -124,7 +125,9 @@ def catch_up(
             try:
                 with env.read() as txn:
                     found = model[0].materialize(txn, id, seq)
-            except Exception:  # a current-only document keeps no past values: nothing to index
+            except (
+                StorageRequestError
+            ):  # a current-only document keeps no past values: nothing to index
                 return None
             return None if found is None else found["value"]
 
@@ -262,7 +265,7 @@ async def _document_hit(
         return DocumentHit(id, kind, seq, True, _around(current.get("value"), wanted))
     try:
         earlier = await storage.document(DocumentId(id), seq, CTX)
-    except Exception:  # a current-only document keeps no past values
+    except StorageRequestError:  # a current-only document keeps no past values
         return None
     if earlier is None or not holds(earlier.get("value"), wanted):
         return None
@@ -316,3 +319,20 @@ def _around(value: Any, wanted: set[str], limit: int = 300) -> str:
 def _cut(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+__all__ = [
+    "CANDIDATES",
+    "DOCUMENT_LIMIT",
+    "LIMIT",
+    "DocumentHit",
+    "EntryHit",
+    "Progress",
+    "SearchResults",
+    "TaskHit",
+    "catch_up",
+    "index_exists",
+    "roles_of",
+    "said",
+    "search",
+]

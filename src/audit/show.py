@@ -46,3 +46,9 @@ async def _read_one(source: Any, kind: str, id: int) -> Any | None:
     if kind == "document":
         return await source.document(id, "current", BACKGROUND_CONTEXT)
     raise ValueError(f"Unknown kind {kind!r}; one of {', '.join(SHOW_KINDS)}")
+
+
+__all__ = [
+    "SHOW_KINDS",
+    "show",
+]

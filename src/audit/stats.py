@@ -464,3 +464,28 @@ def projection_statuses(path: str | os.PathLike[str]) -> dict[str, ProjectionSta
         }
     finally:
         env.close()
+
+
+__all__ = [
+    "CoreProjection",
+    "Counts",
+    "DatabasePages",
+    "Footprint",
+    "LeaseHolder",
+    "Projections",
+    "Replication",
+    "Shipping",
+    "Stats",
+    "Tree",
+    "UserBuild",
+    "UserProjection",
+    "footprint",
+    "format_footprint",
+    "format_stats",
+    "lease_of",
+    "projection_statuses",
+    "refuse_foreign_files",
+    "require_store",
+    "stats",
+    "stored_projections",
+]

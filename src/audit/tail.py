@@ -366,3 +366,16 @@ def _describe(write: Any) -> str:
         detail = plural(len(ops), "op") if isinstance(ops, list) else "new base"
         return f"document {write.id} changed ({detail}, definition version {content.version})"
     return f"document {write.id} retired"
+
+
+__all__ = [
+    "DocumentLookup",
+    "StreamTail",
+    "Tail",
+    "TailFilter",
+    "commit_to_builtins",
+    "conversation_of",
+    "open_stream",
+    "stream_subject",
+    "summarize",
+]

@@ -152,3 +152,12 @@ def _check_extends(
         steps.append(
             f"the store's log extends it: consistency proof from {trusted.size} to {head} verified"
         )
+
+
+__all__ = [
+    "TrustReport",
+    "checkpoint",
+    "prove",
+    "prove_consistency",
+    "verify_trusted",
+]

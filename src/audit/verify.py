@@ -339,3 +339,16 @@ def _seq_of(table: str, key: bytes) -> int | None:
     if table == t.DOCUMENT_REVISIONS and len(key) == 16:
         return t.read_u64(key, 8)
     return None
+
+
+__all__ = [
+    "LAST_VERIFY_FILE",
+    "Difference",
+    "VerifyOutcome",
+    "VerifyReport",
+    "check",
+    "describe_key",
+    "last_outcome",
+    "record_outcome",
+    "verify",
+]

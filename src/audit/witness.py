@@ -175,3 +175,13 @@ def publish_checkpoint(
             await asyncio.to_thread(link.close)
 
     return asyncio.run(run())
+
+
+__all__ = [
+    "ATTEMPTS",
+    "BUCKET",
+    "PublishedCheckpoint",
+    "publish",
+    "publish_checkpoint",
+    "witness_key",
+]

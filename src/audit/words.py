@@ -15,3 +15,9 @@ def format_bytes(size: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024  # type: ignore[assignment]
     return str(size)
+
+
+__all__ = [
+    "format_bytes",
+    "plural",
+]

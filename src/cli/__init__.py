@@ -1,6 +1,6 @@
 """durable-log: look at, check, copy, move and demonstrate a pi-durable-lmdb store.
 
-The command line sits on top: nothing else in the package imports it (``tests/cli/test_layout.py``
+The command line sits on top: nothing else in the package imports it (``tests/test_layout.py``
 checks the layers). One module per family of commands, each registering its own
 sub-parsers: ``inspect`` (stats, show, tail, verify), ``move`` (export, import, backup, restore),
 ``operate`` (rebuild, replica, promote), ``transparency`` (keygen, checkpoint, prove), ``find`` (search), ``snapshot``,

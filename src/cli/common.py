@@ -290,3 +290,36 @@ def run_until_signalled(work: Coroutine[Any, Any, _T], stopped: _T | int = EXIT_
             return stopped
 
     return asyncio.run(runner())
+
+
+__all__ = [
+    "DAMAGE",
+    "EPILOG",
+    "EXIT_BUG",
+    "EXIT_DAMAGE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "KNOWN_REFUSALS",
+    "READ_ONLY",
+    "SERVE_MODULES",
+    "Formatter",
+    "Progress",
+    "add_command",
+    "conversation_id",
+    "count",
+    "install_hint",
+    "interval",
+    "nats_options",
+    "point",
+    "print_json",
+    "progress_on",
+    "progress_option",
+    "readable",
+    "record_id",
+    "run_until_signalled",
+    "sequence",
+    "serve_missing",
+    "store_argument",
+    "time_argument",
+    "usage",
+]

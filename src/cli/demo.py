@@ -250,3 +250,12 @@ def _items(value: Any, key: str) -> int:
     """How many items the list at ``value[key]`` holds (0 for no value)."""
 
     return len(value[key]) if value else 0
+
+
+__all__ = [
+    "QUESTIONS",
+    "DemoRun",
+    "main",
+    "register",
+    "run_workload",
+]

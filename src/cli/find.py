@@ -141,3 +141,9 @@ def format_results(results: SearchResults) -> str:
             "(some word is very common: documents and tasks were looked for among its newest postings only)"
         )
     return "\n".join(lines)
+
+
+__all__ = [
+    "format_results",
+    "register",
+]

@@ -463,3 +463,12 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{args.path}: {report.summary()}", file=sys.stderr)
     return EXIT_DAMAGE
+
+
+__all__ = [
+    "DEFAULT_LAST",
+    "STORE_BIRTH_GRACE",
+    "STORE_WAIT_POLL",
+    "past_head",
+    "register",
+]

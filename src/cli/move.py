@@ -269,3 +269,8 @@ def _restore(args: argparse.Namespace) -> int:
         f"{args.path}: restored store {args.store} from stream {args.stream}: {plural(head, 'log record')}, up to sequence {head}"
     )
     return EXIT_OK
+
+
+__all__ = [
+    "register",
+]

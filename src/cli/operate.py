@@ -281,3 +281,8 @@ def _promote(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return asyncio.run(run())
+
+
+__all__ = [
+    "register",
+]

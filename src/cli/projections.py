@@ -203,3 +203,12 @@ def _act(action: str, path: str, name: str) -> int:
 
     print(readable(asyncio.run(run())))
     return EXIT_OK
+
+
+__all__ = [
+    "ListedBuild",
+    "ListedProjection",
+    "as_json",
+    "describe",
+    "register",
+]

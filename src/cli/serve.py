@@ -132,3 +132,13 @@ def _bound_port(addresses: list[object], asked: int) -> int:
         if isinstance(address, tuple) and len(address) >= 2:
             return int(address[1])
     return asked
+
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "TOKEN_ENV",
+    "add_parser",
+    "is_loopback",
+    "run",
+]

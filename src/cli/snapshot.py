@@ -95,3 +95,8 @@ async def _publish(args: argparse.Namespace, once: bool) -> int:
             await asyncio.sleep(max(0.0, args.every - (time.monotonic() - started)))
     finally:
         await asyncio.to_thread(link.close)
+
+
+__all__ = [
+    "register",
+]

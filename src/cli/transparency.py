@@ -324,3 +324,17 @@ async def print_checkpoints(
             sys.stdout.flush()
             next_size += every
         await asyncio.sleep(CHECKPOINT_POLL)
+
+
+__all__ = [
+    "CHECKPOINT_POLL",
+    "MAX_KEY_FILE",
+    "VKEY_VARIABLE",
+    "checkpoint_options",
+    "checkpoint_signer",
+    "key_file_name",
+    "print_checkpoints",
+    "register",
+    "trusted_options",
+    "verify_against",
+]

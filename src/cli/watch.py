@@ -47,3 +47,10 @@ def watch(
         print(f"{stamp}  {rate_line(before, after, now - then)}", file=out, flush=True)
         before, then, done = after, now, done + 1
     return 0
+
+
+__all__ = [
+    "fold_lag",
+    "rate_line",
+    "watch",
+]

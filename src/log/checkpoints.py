@@ -121,3 +121,10 @@ class Checkpoints:
             os.close(fd)
         self.slots[index] = record
         return record
+
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointRecord",
+    "Checkpoints",
+]

@@ -423,3 +423,20 @@ def _has_cycle(value: object, ancestors: set[int]) -> bool:
             )
             stack.extend((child, False) for child in children)
     return False
+
+
+__all__ = [
+    "EXT_BIG_INT",
+    "EXT_INT",
+    "EXT_OBJECT",
+    "EXT_STR",
+    "MAX_DEPTH",
+    "check_json",
+    "decode",
+    "decode_bounded",
+    "decode_deep",
+    "decode_with",
+    "decoder",
+    "deep",
+    "encode",
+]

@@ -171,3 +171,9 @@ def _fsync(file: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+__all__ = [
+    "CompactReport",
+    "compact",
+]

@@ -75,3 +75,11 @@ class EngineCounters:
         """Batches per write transaction (the writer thread)."""
         self.flush_seconds = Histogram(SECONDS)
         """LMDB's commit of a write transaction, its sync included (the writer thread)."""
+
+
+__all__ = [
+    "SECONDS",
+    "SIZES",
+    "EngineCounters",
+    "Histogram",
+]

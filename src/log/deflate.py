@@ -246,3 +246,18 @@ def inflate(data: bytes | memoryview, size: int) -> bytes:
     ):
         raise ValueError(f"does not deflate to {size} bytes")
     return out
+
+
+__all__ = [
+    "BIG",
+    "BIG_LEVEL",
+    "LEVEL",
+    "MEM_LEVEL",
+    "MIN_SAVING",
+    "MIN_SIZE",
+    "PRESET",
+    "PRESET_KEYS",
+    "PRESET_SHAPES",
+    "deflate",
+    "inflate",
+]

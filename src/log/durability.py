@@ -119,3 +119,12 @@ def mode_for(durability: Durability, role: Role) -> Mode:
     if durability == "power":
         return Mode.JOURNALED if role is Role.WRITER else Mode.SYNCED
     return Mode.PROCESS if durability == "process" else Mode.REPLICATED
+
+
+__all__ = [
+    "DURABILITIES",
+    "Durability",
+    "Mode",
+    "Role",
+    "mode_for",
+]

@@ -592,3 +592,11 @@ class Environment:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+__all__ = [
+    "DEFAULT_MAP_SIZE",
+    "REMAP_PATIENCE",
+    "STORE_FORMAT",
+    "Environment",
+]

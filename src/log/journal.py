@@ -618,3 +618,17 @@ def _full(error: OSError, directory: str, size: int) -> OSError:
             "written, free some space and commit (or open) again",
         )
     return error
+
+
+__all__ = [
+    "HEADER_SIZE",
+    "JOURNAL_DIR",
+    "SEGMENT_FORMAT",
+    "SEGMENT_SHARE",
+    "Journal",
+    "JournalOptions",
+    "encode_frame",
+    "planted",
+    "read_frames",
+    "segment_sizing",
+]

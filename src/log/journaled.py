@@ -471,3 +471,9 @@ class CommitJournal:
                     self._journal.close()
         finally:
             self._drop_pin()
+
+
+__all__ = [
+    "CommitJournal",
+    "pages",
+]

@@ -76,3 +76,12 @@ def tally(dbs: dict[str, DbPages], last_pgno: int, file_bytes: int) -> PageStats
     used = last_pgno + 1
     free = max(0, used - META_PAGES - sum(db.pages for db in dbs.values()))
     return PageStats(dbs[MAIN_DB].page_size, file_bytes, used, free, dbs)
+
+
+__all__ = [
+    "MAIN_DB",
+    "META_PAGES",
+    "DbPages",
+    "PageStats",
+    "tally",
+]

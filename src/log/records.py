@@ -33,44 +33,62 @@ would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs
 else as format 1, which every version reads; all three are read. The checksum covers the stored
 bytes, so damage is caught before anything is decompressed."""
 RAW_FORMAT: Final = 1
+"""A record whose writes are stored as they were encoded."""
 DEFLATED_FORMAT: Final = 2
+"""A record whose writes are deflated against a preset dictionary (``log.deflate``)."""
 ZSTD_FORMAT: Final = 3
+"""A record whose writes are one zstd frame (``log.zstd``)."""
 
 
 class ConversationWrite(
     msgspec.Struct, tag="conversation", tag_field="type", forbid_unknown_fields=True
 ):
+    """A conversation record, stored whole (``{"type": "conversation", "value": ...}``)."""
+
     value: Any
 
 
 class EntryWrite(msgspec.Struct, tag="entry", tag_field="type", forbid_unknown_fields=True):
+    """An entry of a conversation, stored whole."""
+
     value: Any
 
 
 class TaskWrite(msgspec.Struct, tag="task", tag_field="type", forbid_unknown_fields=True):
+    """A task record, stored whole: each write is the task as it now stands."""
+
     value: Any
 
 
 class SubmissionWrite(
     msgspec.Struct, tag="submission", tag_field="type", forbid_unknown_fields=True
 ):
+    """A submission record, stored whole."""
+
     value: Any
 
 
 class BaseContent(msgspec.Struct, tag="base", tag_field="kind", forbid_unknown_fields=True):
+    """A document's whole value at ``version``."""
+
     version: int
     value: Any
 
 
 class DeltaContent(msgspec.Struct, tag="delta", tag_field="kind", forbid_unknown_fields=True):
+    """The ops that turn a document's previous value into its value at ``version``."""
+
     version: int
     ops: Any
 
 
 Content: TypeAlias = BaseContent | DeltaContent
+"""A document's content in a write: a whole value or a delta."""
 
 
 class CopySource(msgspec.Struct, forbid_unknown_fields=True):
+    """The document a copy is made from, and the point (a sequence, or ``"current"``) it is read at."""
+
     id: int
     at: int | Literal["current"]
 
@@ -78,6 +96,8 @@ class CopySource(msgspec.Struct, forbid_unknown_fields=True):
 class DocumentCreateWrite(
     msgspec.Struct, tag="document.create", tag_field="type", forbid_unknown_fields=True
 ):
+    """A new document: its record (kind, scope, key, history) and its first content."""
+
     record: Any
     content: Content
 
@@ -85,6 +105,8 @@ class DocumentCreateWrite(
 class DocumentCopyWrite(
     msgspec.Struct, tag="document.copy", tag_field="type", forbid_unknown_fields=True
 ):
+    """A new document whose first value is another's, read at the source's point."""
+
     record: Any
     source: CopySource
 
@@ -92,6 +114,8 @@ class DocumentCopyWrite(
 class DocumentChangeWrite(
     msgspec.Struct, tag="document.change", tag_field="type", forbid_unknown_fields=True
 ):
+    """A new version of document ``id``: a whole value or a delta."""
+
     id: int
     content: Content
 
@@ -99,6 +123,8 @@ class DocumentChangeWrite(
 class DocumentRetireWrite(
     msgspec.Struct, tag="document.retire", tag_field="type", forbid_unknown_fields=True
 ):
+    """Document ``id`` retired: no longer current, its past still readable where it keeps one."""
+
     id: int
 
 
@@ -112,6 +138,7 @@ Write: TypeAlias = (
     | DocumentChangeWrite
     | DocumentRetireWrite
 )
+"""One write of a batch, tagged by its ``type`` as the contract's writes are."""
 
 WRITE_TYPES: Final = (
     "conversation",
@@ -123,6 +150,7 @@ WRITE_TYPES: Final = (
     "document.change",
     "document.retire",
 )
+"""Every write ``type`` the log stores."""
 
 
 class LogRecord(msgspec.Struct, array_like=True):
@@ -337,3 +365,39 @@ def write_to_builtins(write: Write) -> dict[str, Any]:
     """The contract dict of a write, exactly as it was committed."""
 
     return codec.deep(msgspec.to_builtins, write)
+
+
+__all__ = [
+    "COMMITTED_AT_MAX",
+    "COMMITTED_AT_MIN",
+    "DEFLATED_FORMAT",
+    "FORMAT_VERSION",
+    "RAW_FORMAT",
+    "WRITE_TYPES",
+    "ZSTD_FORMAT",
+    "BaseContent",
+    "Commit",
+    "Content",
+    "ConversationWrite",
+    "CopySource",
+    "DeltaContent",
+    "DocumentChangeWrite",
+    "DocumentCopyWrite",
+    "DocumentCreateWrite",
+    "DocumentRetireWrite",
+    "EncodedBatch",
+    "EntryWrite",
+    "LogRecord",
+    "RawRecord",
+    "SubmissionWrite",
+    "TaskWrite",
+    "Write",
+    "check_committed_at",
+    "decode_batch",
+    "decode_record",
+    "decode_record_builtins",
+    "encode_batch",
+    "encode_record",
+    "record_leaf",
+    "write_to_builtins",
+]

@@ -134,3 +134,15 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+__all__ = [
+    "REMAP_DRAIN",
+    "Gate",
+    "SharedEnv",
+    "acquire",
+    "forks",
+    "open_envs",
+    "refuse_shared_conflict",
+    "release",
+]

@@ -442,3 +442,31 @@ def check_not_truncated(path: str) -> None:
             f"{page_size} bytes each) ends at {needed}; {needed - size} bytes are missing. "
             "Restore the store from a copy (opening it would read past the end of the file)"
         )
+
+
+__all__ = [
+    "BOOT_ID",
+    "COMPACTING",
+    "MAX_DBS",
+    "POWER_FILE",
+    "STAGING",
+    "UNSYNCED_FILE",
+    "WRITER_LOCK",
+    "boot_id",
+    "check_not_truncated",
+    "clear_markers",
+    "clear_unsynced",
+    "create_data_file",
+    "lock_holders",
+    "make_private_dir",
+    "mark_power",
+    "mark_unsynced",
+    "read_power_marker",
+    "refuse_after_crash",
+    "refuse_links",
+    "remove_leftover_copy",
+    "replace_file",
+    "settle_power_marker",
+    "sync_directory",
+    "take_writer_lock",
+]

@@ -50,3 +50,13 @@ def decode_header(raw: bytes) -> StoreHeader:
     """A stored header, validated (``msgspec.ValidationError`` or ``DecodeError`` otherwise)."""
 
     return _header_decoder.decode(raw)
+
+
+__all__ = [
+    "STORE_ID_PATTERN",
+    "StoreHeader",
+    "check_store_id",
+    "decode_header",
+    "encode_header",
+    "new_store_id",
+]

@@ -425,3 +425,18 @@ def _raw(log: Records, first: int, last: int) -> Iterator[tuple[int, bytes]]:
             return
         yield from rows
         seq = rows[-1][0] + 1
+
+
+__all__ = [
+    "CHUNK",
+    "LOG_DB",
+    "MAX_BEHIND",
+    "TILE",
+    "TREE_DB",
+    "WRITE_TILES",
+    "ConsistencyProof",
+    "InclusionProof",
+    "Progress",
+    "Records",
+    "TreeStore",
+]

@@ -26,6 +26,7 @@ from .tree import ConsistencyProof, InclusionProof, TreeStore
 T = TypeVar("T")
 
 LOG_DB: Final = "log"
+"""The LMDB database holding the records, keyed by sequence."""
 READ_CHUNK: Final = 256
 """Records read per read transaction: transactions stay short however long the range is."""
 
@@ -33,10 +34,12 @@ _SEQ = struct.Struct(">Q")
 
 
 def seq_key(seq: int) -> bytes:
+    """The log key of sequence ``seq``: 8 bytes big-endian, so keys sort as sequences do."""
     return _SEQ.pack(seq)
 
 
 MAX_SEQ: Final = 2**64 - 1
+"""The highest sequence a log key can hold."""
 
 
 def _position(value: object, name: str) -> int:
@@ -50,6 +53,7 @@ def _position(value: object, name: str) -> int:
 
 
 def key_seq(key: bytes) -> int:
+    """The sequence a log key holds (``seq_key`` read back)."""
     return _SEQ.unpack(key)[0]  # type: ignore[no-any-return]
 
 
@@ -364,3 +368,13 @@ class WriteLog:
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+__all__ = [
+    "LOG_DB",
+    "MAX_SEQ",
+    "READ_CHUNK",
+    "WriteLog",
+    "key_seq",
+    "seq_key",
+]

@@ -104,3 +104,12 @@ def decompress(data: bytes | memoryview, size: int) -> bytes:
     if len(out) != size:
         raise ValueError(f"a zstd frame that holds {len(out)} bytes, not {size}")
     return out
+
+
+__all__ = [
+    "LEVEL",
+    "MAX_EXPANSION",
+    "compress",
+    "decompress",
+    "dense",
+]

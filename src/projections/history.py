@@ -289,3 +289,9 @@ def _larger(a: bytes | None, b: bytes | None) -> bytes | None:
     if b is None:
         return a
     return max(a, b)
+
+
+__all__ = [
+    "AsOfTxn",
+    "log_rows",
+]

@@ -605,3 +605,10 @@ def _check_shape(write: Write) -> None:
             raise ValueError(f"Document {record['id']} needs a 'kind' and a 'scope.kind'")
     elif kind is DocumentChangeWrite or kind is DocumentRetireWrite:
         _check_id(write.id, "A document command's 'id'")  # type: ignore[union-attr]
+
+
+__all__ = [
+    "DocumentAction",
+    "Plan",
+    "Projector",
+]

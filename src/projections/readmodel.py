@@ -497,3 +497,18 @@ class ReadModel:
                 raise ValueError(f"Document {id} crosses a stored version boundary without a base")
         value = apply_batches(value, [revision.body for revision in deltas])
         return version, value, earlier + len(deltas)
+
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "ReadModel",
+    "address_key",
+    "as_key_id",
+    "ids_in_range",
+    "is_alive_at",
+    "is_current_only",
+    "key_range",
+    "rows_in_range",
+    "scope_key",
+    "seek",
+]

@@ -228,3 +228,21 @@ def abandon(env: Environment, header: t.CoreHeader, target: int) -> None:
         _put_header(txn, env, t.CoreHeader(header.generation, header.schema_version))
 
     env.write(drop)
+
+
+__all__ = [
+    "CORE_KEY",
+    "FOLD_CHUNK",
+    "REGISTRY_DB",
+    "Progress",
+    "abandon",
+    "begin_following",
+    "catch_up",
+    "folded_seq",
+    "follow_swap",
+    "mark_lockstep",
+    "open_core",
+    "projection_state",
+    "read_header",
+    "rebuild",
+]

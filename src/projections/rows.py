@@ -91,3 +91,8 @@ class Rows:
         if claimed is None:
             raise CorruptProjectionError(t.RECORD_IDS, key)
         return t.read_u64(t.unseal(claimed, t.RECORD_IDS, key), 1)
+
+
+__all__ = [
+    "Rows",
+]

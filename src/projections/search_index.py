@@ -513,3 +513,31 @@ def all_words(query: str) -> list[str]:
     """A query's distinct words, in the order given."""
 
     return list(dict.fromkeys(words(query)))
+
+
+__all__ = [
+    "CHUNK",
+    "DOCUMENT",
+    "ENTRY",
+    "FORMAT",
+    "INDEX_DIR",
+    "KIND_NAMES",
+    "MAP_SIZE",
+    "MAX_WORD",
+    "TASK",
+    "Activity",
+    "DocumentAt",
+    "IndexHeader",
+    "SearchIndex",
+    "all_words",
+    "entry_words",
+    "holds",
+    "posting_key",
+    "split_suffix",
+    "strings_of",
+    "suffix_from",
+    "task_words",
+    "word_prefix",
+    "words",
+    "words_of",
+]

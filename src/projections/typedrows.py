@@ -83,3 +83,11 @@ class TypedTable(Generic[K, V]):
 
         for key, raw in tables.items(self.db):
             yield self.key.decode(key), self._decode(key, raw)
+
+
+__all__ = [
+    "TEXT",
+    "U64",
+    "KeyCodec",
+    "TypedTable",
+]

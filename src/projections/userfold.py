@@ -399,3 +399,17 @@ class Folder:
         assert registry is not None
         self._owner.env.write(lambda txn: us.put(txn, registry, key, failed))
         return failed
+
+
+__all__ = [
+    "FOLD_PAUSE",
+    "FOLD_SLICE",
+    "READ_AHEAD",
+    "YIELD_ROUNDS",
+    "Folded",
+    "Folder",
+    "Owner",
+    "Source",
+    "Writes",
+    "describe",
+]

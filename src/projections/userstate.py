@@ -255,3 +255,24 @@ def drop_stored(
         txn.delete(key, db=registry)
     env.drop_dbs(txn, names)
     return names
+
+
+__all__ = [
+    "BUILD_PREFIX",
+    "SERVED_PREFIX",
+    "USER_FORMAT",
+    "BuildStatus",
+    "ProjectionStatus",
+    "StoredProjection",
+    "build_key",
+    "db_names",
+    "decode",
+    "drop_stored",
+    "encode",
+    "get",
+    "legacy_databases",
+    "put",
+    "report",
+    "served_key",
+    "stored",
+]

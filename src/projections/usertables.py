@@ -183,3 +183,11 @@ class StagedTables(Tables):
                     txn.delete(key, db=handle)
                 else:
                     txn.put(key, value, db=handle)
+
+
+__all__ = [
+    "CoreSource",
+    "CoreView",
+    "StagedTables",
+    "Tables",
+]

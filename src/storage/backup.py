@@ -48,3 +48,8 @@ def _fsync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+__all__ = [
+    "backup",
+]

@@ -524,3 +524,13 @@ class Committer:
         thread = self._thread
         if thread is not None:
             thread.join()
+
+
+__all__ = [
+    "CONTENDED",
+    "DIRECT_RUN",
+    "MAX_GROUP",
+    "RESOLVE_CHUNK",
+    "YIELD_WAIT",
+    "Committer",
+]

@@ -91,3 +91,11 @@ class IdMinter:
         with self._lock:
             self._next_id = max(self._next_id, reserved)
             self._reserved = max(self._reserved, reserved)
+
+
+__all__ = [
+    "ID_BLOCK",
+    "RESERVED_KEY",
+    "IdMinter",
+    "PublishIds",
+]

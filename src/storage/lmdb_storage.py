@@ -580,3 +580,10 @@ class StorageView(StorageReads):
 
     async def close(self, context: Context | None = None) -> None:
         """Nothing to release: views hold nothing open between reads."""
+
+
+__all__ = [
+    "REPLAY_CHUNK",
+    "LmdbStorage",
+    "StorageView",
+]

@@ -63,3 +63,8 @@ class OpenOptions:
         return (
             None if self.nats is None or self.stream is None else link_for(self.nats, self.stream)
         )
+
+
+__all__ = [
+    "OpenOptions",
+]

@@ -362,3 +362,11 @@ def positive_id(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise TypeError(f"{value!r} is not a positive ID")
     return value
+
+
+__all__ = [
+    "TASK_FILTERS",
+    "DocumentRevision",
+    "StorageReads",
+    "positive_id",
+]

@@ -298,3 +298,12 @@ class Follower:
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
+
+
+__all__ = [
+    "APPLY_CHUNK",
+    "BULK_BATCH",
+    "RETRY",
+    "Follower",
+    "ReplicaHost",
+]

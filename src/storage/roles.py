@@ -248,3 +248,13 @@ async def _release(link: StreamLink, lease: WriterLease) -> None:
         await link.arun(lease.release())
     except Exception:
         pass  # it expires by itself
+
+
+__all__ = [
+    "Following",
+    "Replication",
+    "ReplicationRole",
+    "Shipping",
+    "Standalone",
+    "Writing",
+]

@@ -105,3 +105,16 @@ def page_of(items: list[Any], more: bool, order: Order) -> dict[str, Any]:
     if not more:
         return {"items": items}
     return {"items": items, "next": {"after": items[-1]["id"], "order": order}}
+
+
+__all__ = [
+    "ORDERS",
+    "Order",
+    "ScanStart",
+    "cursor_after",
+    "is_safe_int",
+    "page_of",
+    "reference_page",
+    "scan_start",
+    "take_page",
+]

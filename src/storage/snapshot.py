@@ -364,3 +364,23 @@ def _unsound_object(error: ReplicationError) -> bool:
     from ..errors import NatsUnavailableError
 
     return not isinstance(error, NatsUnavailableError)
+
+
+__all__ = [
+    "BLOCK",
+    "LEVEL",
+    "MAGIC",
+    "MAX_HEADER",
+    "SNAPSHOT_FORMAT",
+    "WORK_PREFIX",
+    "SnapshotHeader",
+    "SnapshotName",
+    "SnapshotReport",
+    "read_snapshot",
+    "seed",
+    "seed_new",
+    "snapshot_name",
+    "snapshots_of",
+    "take_snapshot",
+    "write_snapshot",
+]

@@ -19,6 +19,7 @@ import struct
 from typing import Final
 
 LEAF_FORMAT: Final = 1
+"""The version of the leaf layout, hashed into every leaf after its ``0x00`` prefix."""
 _HEADER: Final = struct.Struct(">BQq")
 _LEAF_PREFIX: Final = hashlib.sha256(bytes((0, LEAF_FORMAT)))
 """The leaf hash's prefix (``0x00``) and the leaf format, hashed once: each leaf hash starts from
@@ -46,3 +47,11 @@ def record_leaf_hash(seq: int, committed_at: int, writes: bytes | memoryview) ->
     digest.update(_seq_time(seq, committed_at))
     digest.update(writes)
     return digest.digest()
+
+
+__all__ = [
+    "LEAF_FORMAT",
+    "leaf_data",
+    "leaf_header",
+    "record_leaf_hash",
+]

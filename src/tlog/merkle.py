@@ -19,6 +19,7 @@ from typing import Final
 from ..errors import ProofError
 
 HASH_SIZE: Final = 32
+"""Bytes in a leaf, node or root hash (SHA-256)."""
 EMPTY_ROOT: Final = hashlib.sha256(b"").digest()
 """The root of the empty tree: the hash of the empty string (RFC 9162 section 2.1.1)."""
 
@@ -401,3 +402,25 @@ def verify_consistency(
         raise ProofError(f"the consistency proof does not lead to the old root (size {old_size})")
     if sr != new_root:
         raise ProofError(f"the consistency proof does not lead to the new root (size {new_size})")
+
+
+__all__ = [
+    "BLOCK",
+    "EMPTY_ROOT",
+    "HASH_SIZE",
+    "HashReader",
+    "TreeBuilder",
+    "consistency_proof",
+    "frontier",
+    "hashes_to_store",
+    "inclusion_proof",
+    "leaf_hash",
+    "node_hash",
+    "root_from_inclusion",
+    "root_of",
+    "split_point",
+    "subtree_hash",
+    "tree_hash",
+    "verify_consistency",
+    "verify_inclusion",
+]

@@ -339,3 +339,25 @@ def note_key_names(note: str) -> list[str]:
         for line in note[at + 2 :].splitlines()
         if line.startswith(_DASH)
     ]
+
+
+__all__ = [
+    "ED25519",
+    "MAX_NOTE",
+    "MAX_SIGNATURES",
+    "MISSING",
+    "Checkpoint",
+    "Signer",
+    "Verifier",
+    "check_key_name",
+    "generate_signer",
+    "key_id",
+    "note_key_names",
+    "open_note",
+    "parse_checkpoint",
+    "parse_signer",
+    "parse_verifier",
+    "sign_checkpoint",
+    "sign_note",
+    "verify_checkpoint",
+]

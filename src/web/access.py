@@ -76,3 +76,14 @@ def _token_of(request: web.Request) -> str | None:
         or request.query.get("token")
         or request.cookies.get(TOKEN_COOKIE)
     )
+
+
+__all__ = [
+    "CSP",
+    "LOOPBACK_HOSTS",
+    "OPTIONS",
+    "PROBE",
+    "TOKEN_COOKIE",
+    "Handler",
+    "guard",
+]

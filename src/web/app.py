@@ -593,3 +593,6 @@ async def search_page(request: web.Request) -> web.Response:
             "path": store.path,
         },
     )
+
+
+__all__ = ["make_app"]  # the handlers are its routes, reached through the app it makes

@@ -126,3 +126,18 @@ def draw(log: Any) -> Chart:
     return Chart(
         False, exact, bars, line, _label(start), _label(end), most, seqs[-1], first_seq + 1
     )
+
+
+__all__ = [
+    "BARS",
+    "BOTTOM",
+    "HEIGHT",
+    "LEFT",
+    "SAMPLES",
+    "TOP",
+    "WIDTH",
+    "Bar",
+    "Chart",
+    "draw",
+    "samples",
+]

@@ -140,3 +140,13 @@ class _StreamCollector:
         return await stream_head(self.nats, self.stream, store), await lease_of(
             self.nats, self.stream, store
         )
+
+
+__all__ = [
+    "DEFAULT_MAX_LAG",
+    "Health",
+    "StreamLag",
+    "health",
+    "metrics_text",
+    "stream_head",
+]

@@ -94,3 +94,10 @@ def _walk(before: Any, after: Any, path: list[str], lines: list[tuple[str, str]]
     if type(before) is not type(after) or before != after:
         lines.append(("-", f"- {_pointer(path)}: {_shown(before)}"))
         lines.append(("+", f"+ {_pointer(path)}: {_shown(after)}"))
+
+
+__all__ = [
+    "MAX_LINES",
+    "VALUE_CHARS",
+    "changes",
+]

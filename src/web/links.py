@@ -109,3 +109,17 @@ def _write_link(seq: int, write: Any) -> list[Link]:
     if tag == "document.retire":  # its page at the sequence before shows what was retired
         return [Link(f"document {int(write.id)}", document(write.id, max(0, seq - 1)))]
     return []
+
+
+__all__ = [
+    "Link",
+    "at",
+    "conversation",
+    "document",
+    "entry",
+    "of_writes",
+    "owner",
+    "scope",
+    "sequence",
+    "task",
+]

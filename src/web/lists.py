@@ -140,3 +140,19 @@ def version_window(
     newer = min(count, top + VERSIONS) if top < count else None
     older = low if low > 0 else None
     return shown, newer, older
+
+
+__all__ = [
+    "FACET_CAP",
+    "PAGE",
+    "SCAN_CAP",
+    "VERSIONS",
+    "FilteredPage",
+    "ListPage",
+    "documents",
+    "scope_filter",
+    "status_of",
+    "task_facets",
+    "tasks",
+    "version_window",
+]

@@ -62,3 +62,12 @@ def parameter(query: Mapping[str, str], name: str) -> Any:
     raise KeyError(
         f"no rule for the query parameter {name!r}"
     )  # a bug of the view, never a request's
+
+
+__all__ = [
+    "KINDS",
+    "NUMBERS",
+    "POINTS",
+    "TIMES",
+    "parameter",
+]

@@ -79,3 +79,16 @@ async def as_of_point(request: web.Request) -> tuple[int | None, int]:
     as_of = await store.point(parameter(request.query, "as_of"))
     head = (await store.storage()).log.head()
     return as_of, head
+
+
+__all__ = [
+    "FINDER",
+    "STORE",
+    "TEMPLATES",
+    "as_json",
+    "as_of_point",
+    "errors",
+    "path_number",
+    "query_int",
+    "render",
+]

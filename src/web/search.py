@@ -79,3 +79,10 @@ async def active(
         for activity in found
     ]
     return rows, total
+
+
+__all__ = [
+    "Finder",
+    "active",
+    "marked",
+]

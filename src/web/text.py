@@ -91,3 +91,15 @@ def utf8_safe(text: str) -> str:
     """Text that encodes as UTF-8 (lone surrogates as ``\\udXXX``): for JSON and SSE bodies."""
 
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+__all__ = [
+    "KEPT",
+    "SHOWN_CHARS",
+    "brief",
+    "is_cut",
+    "plain",
+    "pretty",
+    "utf8_safe",
+    "visible",
+]

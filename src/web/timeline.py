@@ -54,3 +54,9 @@ def roles(entry: Any) -> list[str]:
             if role is not None
         )
     )
+
+
+__all__ = [
+    "entry_times",
+    "roles",
+]

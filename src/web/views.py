@@ -467,3 +467,25 @@ async def document(
 
 def ids(values: Iterable[Any]) -> list[int]:
     return [value["id"] for value in values]
+
+
+__all__ = [
+    "BRANCH_CAP",
+    "ENTRY_CAP",
+    "FORK_DEPTH",
+    "PAGE",
+    "SCAN_CAP",
+    "Branch",
+    "ConversationView",
+    "DocumentView",
+    "Node",
+    "Paging",
+    "Store",
+    "Version",
+    "conversation",
+    "conversations",
+    "document",
+    "documents",
+    "entry_text",
+    "ids",
+]

@@ -27,6 +27,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage, NotWriterError, StoreDamagedError
 
 from ..support.natsserver import NatsNode, running_node
+from ..support.polling import until
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 STREAM = "CLI"
@@ -507,9 +508,19 @@ def test_replica_keeps_level_until_sigterm(nats: NatsNode, tmp_path: Path) -> No
         text=True,
     )
     try:
-        _until(lambda: _export_or_none(replica_path) == ok("export", source), 20)
+        until(
+            lambda: _export_or_none(replica_path) == ok("export", source),
+            timeout=20,
+            what="replica equal to its source",
+            interval=0.1,
+        )
         asyncio.run(write_store(source, nats.url, BATCHES[3:], start=3))
-        _until(lambda: _export_or_none(replica_path) == ok("export", source), 20)
+        until(
+            lambda: _export_or_none(replica_path) == ok("export", source),
+            timeout=20,
+            what="replica equal to its source",
+            interval=0.1,
+        )
         time.sleep(0.5)  # a status line or two at the new head
         replica.send_signal(signal.SIGTERM)
         _stdout, stderr = replica.communicate(timeout=20)
@@ -616,14 +627,6 @@ def _readline(lines: Any, timeout: float) -> str:
 def _export_or_none(path: Path) -> str | None:
     done = run("export", path)
     return done.stdout if done.returncode == 0 else None
-
-
-def _until(condition: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached in {timeout} s")
-        time.sleep(0.1)
 
 
 def _end(process: subprocess.Popen[str]) -> None:

@@ -16,7 +16,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from pi_durable_lmdb import cli as cli_module
 from pi_durable_lmdb.log import LogError
 
 from tests.support.cli_call import call
+from tests.support.polling import until
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -312,13 +312,6 @@ def _stderr_reader(process: subprocess.Popen[str]) -> list[str]:
     return lines
 
 
-def _wait_for(condition: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("json_lines", [False, True], ids=["text", "json"])
 def test_tail_follow_waits_for_the_store_then_prints_its_commits(
     tmp_path: Path, json_lines: bool
@@ -332,10 +325,11 @@ def test_tail_follow_waits_for_the_store_then_prints_its_commits(
     )
     try:
         errors = _stderr_reader(follower)
-        _wait_for(lambda: any("waiting" in line for line in errors))
-        time.sleep(0.5)  # it keeps waiting: not an exit
-        assert follower.poll() is None
-        assert not path.exists(), "tail creates nothing"
+        until(
+            lambda: any("waiting" in line for line in errors), timeout=20, what="waiting on stderr"
+        )
+        assert follower.poll() is None  # it keeps waiting: the commits below reach its output
+        assert not path.exists(), "tail creates nothing"  # once it has exited: the next test
 
         async def write() -> None:
             storage = await LmdbStorage.open(path, durability="process")
@@ -371,7 +365,9 @@ def test_tail_follow_stopped_while_waiting_exits_0_and_tail_without_follow_refus
     )
     try:
         errors = _stderr_reader(follower)
-        _wait_for(lambda: any("waiting" in line for line in errors))
+        until(
+            lambda: any("waiting" in line for line in errors), timeout=20, what="waiting on stderr"
+        )
         follower.send_signal(signal.SIGINT)
         assert follower.wait(20) == 0
     finally:

@@ -295,7 +295,7 @@ def test_import_checks_the_root_an_export_ends_with(
 def test_tail_follow_prints_a_signed_checkpoint_every_n_records(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from tests.cli.test_audit import DURABLE_LOG, Proc, write_store
+    from tests.audit.test_audit import DURABLE_LOG, Proc, write_store
 
     path = tmp_path / "store"
     assert write_store(path, 0, 7) == 7

@@ -4,6 +4,7 @@ resolves, so a renamed module or a moved page fails here, not on a reader's scre
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -20,7 +21,24 @@ def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
     )
     assert built.returncode == 0, built.stdout + built.stderr
     reference = (tmp_path / "site" / "reference" / "index.html").read_text()
-    for name in ("pi_durable_lmdb.LmdbStorage.commit", "pi_durable_lmdb.Projection", "pi_durable_lmdb.errors.CorruptRecordError"):
+    for name in ("pi_durable_lmdb.LmdbStorage.commit", "pi_durable_lmdb.errors.CorruptRecordError"):
         assert f'id="{name}"' in reference, name
+    # What a host meets: storage.log, storage.projections and a projection's tables, the commits
+    # and writes it folds, the transparency log's signer, the metrics; each module by its __all__.
+    modules = {
+        "log.writelog": ["WriteLog", "seq_key"],
+        "log.records": ["Commit", "Write", "ConversationWrite", "EntryWrite", "TaskWrite",
+                        "SubmissionWrite", "DocumentCreateWrite", "DocumentCopyWrite",
+                        "DocumentChangeWrite", "DocumentRetireWrite", "BaseContent", "DeltaContent"],
+        "projections.user": ["Projection", "UserProjections", "Tables", "CoreView"],
+        "projections.typedrows": ["TypedTable", "KeyCodec"],
+        "tlog": ["generate_signer", "verify_inclusion", "verify_checkpoint"],
+        "metrics": ["register", "register_path"],
+    }
+    for module, names in modules.items():
+        offered = importlib.import_module(f"pi_durable_lmdb.{module}").__all__
+        for name in names:
+            assert name in offered, (module, name)
+            assert f'id="pi_durable_lmdb.{module}.{name}"' in reference, (module, name)
     for page in ("architecture", "reliability", "distributed", "benchmarks"):
         assert (tmp_path / "site" / page / "index.html").is_file(), page

@@ -102,7 +102,7 @@ def test_threads_compressing_at_once_each_get_their_own_value() -> None:
             for value, out in zip(values, got):
                 assert out is not None and decompress(out, len(value)) == value
             results[index] = got
-        except BaseException as error:  # reported below: a thread's failure must fail the test
+        except BaseException as error:  # noqa: BLE001 - a thread's failure fails the test below
             errors.append(error)
 
     threads = [threading.Thread(target=work, args=(index,)) for index in range(4)]

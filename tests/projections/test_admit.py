@@ -22,6 +22,8 @@ from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb.log import encode_batch
 from pi_durable_lmdb.storage import LmdbStorage
 
+from tests.support.compare import REFUSALS
+
 from ..support.workload import Workload, snapshot
 
 
@@ -49,11 +51,11 @@ async def _run(path: Path, seed: int, batches: int) -> None:
             try:
                 reference.prepare_commit(writes)
                 refused = False
-            except Exception:
+            except REFUSALS:
                 refused = True
             try:
                 encoded = encode_batch(writes)
-            except Exception:
+            except REFUSALS:
                 assert refused
                 continue
             appended: list[int] = []

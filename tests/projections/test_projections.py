@@ -25,6 +25,7 @@ from pi_durable_lmdb.projections.user import Projection, ProjectionFailed, Table
 from pi_durable_lmdb.storage import LmdbStorage
 
 from examples.task_outcomes import TaskOutcomes, outcome_counts
+from tests.support.compare import REFUSALS
 
 from ..log.test_log_corruption import CORRUPTIONS
 from ..support.log_helpers import open_log
@@ -42,7 +43,7 @@ async def _filled(path: Path, commits: int, seed: int = 5) -> tuple[Workload, Me
         writes = work.batch()
         try:
             reference.prepare_commit(writes)
-        except Exception:
+        except REFUSALS:
             continue
         await reference.commit(writes, CTX)
         await storage.commit(writes, CTX)

@@ -30,6 +30,8 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 
+from tests.support.compare import REFUSALS
+
 from ..support.compare import canonical
 from ..support.failover_helpers import (
     Child,
@@ -59,7 +61,7 @@ async def snapshot_reads(store: Any, ids: list[int], conversations: list[int]) -
     async def call(method: str, *args: Any) -> Any:
         try:
             return ("ok", await getattr(store, method)(*args))
-        except Exception as error:
+        except REFUSALS as error:
             return ("error", type(error).__name__, str(error))
 
     async def pages(method: str, query: dict[str, Any], limit: int) -> list[Any]:

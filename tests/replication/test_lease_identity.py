@@ -30,11 +30,12 @@ OPEN = textwrap.dedent(
     import asyncio, sys
     from pi_durable.context import BACKGROUND_CONTEXT as CTX
     from pi_durable_lmdb import LmdbStorage
+    from pi_durable_lmdb.errors import DurableLmdbError
     async def main():
         path, url, store, mode = sys.argv[1:5]
         try:
             storage = await LmdbStorage.open(path, durability="replicated", nats=url, stream="CLONE", store=store, lease_ttl=2)
-        except Exception as error:
+        except DurableLmdbError as error:
             print("refused", type(error).__name__, error, flush=True)
             return
         print("opened", storage.replication.epoch, flush=True)

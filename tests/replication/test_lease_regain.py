@@ -11,7 +11,6 @@ the new epoch and fences first."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +22,7 @@ from pi_durable_lmdb.errors import LeaseLapsedError
 
 from ..support.failover_helpers import STREAM, check_linear, read_subject
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
+from ..support.polling import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -52,10 +52,12 @@ async def test_lease_regained_inside_a_group(
         if armed[0]:
             armed[0] = False
             lease.valid_until = 0.0
-            deadline = time.monotonic() + 10
-            while lease.epoch == first_epoch and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert lease.epoch > first_epoch, "the lease was not taken again"
+            until(
+                lambda: lease.epoch > first_epoch,
+                timeout=10,
+                what="lease taken again",
+                interval=0.02,
+            )
         original(payload)
 
     try:

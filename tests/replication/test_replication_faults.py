@@ -39,8 +39,11 @@ from pi_durable_lmdb.audit import export_lines, verify
 from pi_durable_lmdb.log import write_to_builtins
 from pi_durable_lmdb.storage import LmdbStorage
 
+from tests.support.compare import REFUSALS
+
 from ..support.compare import canonical
 from ..support.natsserver import NatsCluster, NatsNode, nats_cluster, nats_server  # noqa: F401 - fixtures
+from ..support.polling import until_async
 from ..support.replication_helpers import (
     TURN_IDS,
     Child,
@@ -290,7 +293,7 @@ def test_cluster_faults_one_node_down_two_down_and_back(
                         ids = (await storage.mint_id(),)
                         writes = [_entry(ids[0], conversation, data={"turn": turn})]
                     seq = await storage.commit(writes, CTX)
-                except Exception as error:  # judged below: only a ReplicationError is right
+                except REFUSALS as error:  # judged below: only a ReplicationError is right
                     attempts.append(Attempt(k, started, time.monotonic(), None, error, ids))
                     conversation = None  # it may or may not exist: a failed turn is not retried
                     await asyncio.sleep(0.05)
@@ -302,12 +305,12 @@ def test_cluster_faults_one_node_down_two_down_and_back(
             return sum(1 for a in attempts if a.seq is not None and a.started > moment)
 
         async def until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-            deadline = time.monotonic() + timeout
-            while not condition():
-                assert time.monotonic() < deadline, (
-                    f"{what}: not within {timeout} s; last attempts: {attempts[-4:]}"
-                )
-                await asyncio.sleep(0.02)
+            await until_async(
+                condition,
+                timeout=timeout,
+                what=what,
+                detail=lambda: f"last attempts: {attempts[-4:]}",
+            )
             return time.monotonic()
 
         replica: LmdbStorage | None = None
@@ -455,7 +458,7 @@ def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_error
                 began = time.monotonic()
                 try:
                     result = await call()
-                except Exception as error:
+                except REFUSALS as error:
                     outcomes.append((name, time.monotonic() - began, error))
                 else:
                     if isinstance(result, LmdbStorage):
@@ -490,7 +493,7 @@ def test_a_cluster_without_quorum_fails_opens_and_commits_with_replication_error
                 try:
                     seq = await storage.commit([_entry(next(next_id))], CTX)
                     break
-                except Exception as error:
+                except REFUSALS as error:
                     outcomes.append(("commit, nodes coming back", time.monotonic() - tried, error))
                     assert time.monotonic() - back < 45, (
                         "commits did not resume once the nodes were back"

@@ -27,6 +27,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage, StoreDamagedError
 from pi_durable_lmdb.cli import main
+from pi_durable_lmdb.errors import DurableLmdbError
 from pi_durable_lmdb.log.storedir import POWER_FILE, UNSYNCED_FILE
 from pi_durable_lmdb.log.storeid import new_store_id
 
@@ -189,7 +190,7 @@ def run_command(
 
     try:
         asyncio.run(open_other())
-    except Exception as error:  # the refusal is checked by the caller
+    except DurableLmdbError as error:  # the refusal is checked by the caller
         return 2, f"{type(error).__name__}: {error}"
     return 0, ""
 

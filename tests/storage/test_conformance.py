@@ -13,6 +13,8 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.testing import create_storage_conformance
 
+from tests.support.compare import REFUSALS
+
 from ..support.compare import canonical as _canonical
 
 EXPECTED_CASES = 25
@@ -56,7 +58,7 @@ class PytestAssertions:
     async def rejects(self, operation: Awaitable[object], message_includes: str) -> None:
         try:
             value = await operation
-        except Exception as error:
+        except REFUSALS as error:
             assert message_includes in str(error), (
                 f"rejected with {type(error).__name__}: {error!s}; "
                 f"expected the message to include {message_includes!r}"

@@ -27,6 +27,8 @@ from pi_durable_lmdb.log import encode_batch, write_to_builtins
 from pi_durable_lmdb.log.records import encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 
+from tests.support.compare import REFUSALS
+
 from ..support.compare import canonical
 from ..support.workload import Workload, snapshot
 
@@ -47,7 +49,7 @@ def _in_threads(count: int, body: Callable[[int], Coroutine[Any, Any, None]]) ->
     def run(n: int) -> None:
         try:
             asyncio.run(body(n))
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - re-raised once the threads are joined
             errors.append(error)
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
@@ -219,7 +221,7 @@ async def test_concurrent_commits_with_rejections_match_memory_storage(
             before = storage.log.head()
             try:
                 seq = await storage.commit(writes, CTX)
-            except Exception as error:
+            except REFUSALS as error:
                 rejected.append((before, storage.log.head(), writes, error))
             else:
                 assert seq not in accepted
@@ -241,7 +243,7 @@ async def test_concurrent_commits_with_rejections_match_memory_storage(
             probe = _fork_memory(memory)
             try:
                 await probe.commit(copy.deepcopy(writes), CTX)
-            except Exception as expected:
+            except REFUSALS as expected:
                 if type(expected) is type(error) and str(expected) == str(error):
                     explained.add(index)
     unexplained = [

@@ -10,13 +10,15 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb.storage import LmdbStorage
 
+from tests.support.compare import REFUSALS
+
 from ..support.compare import canonical
 
 
 async def _call(store: Any, method: str, *args: Any) -> Any:
     try:
         return ("ok", canonical(await getattr(store, method)(*args)))
-    except Exception as error:
+    except REFUSALS as error:
         return ("error", type(error).__name__, str(error))
 
 

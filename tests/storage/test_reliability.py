@@ -492,7 +492,7 @@ async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(
                     ],
                     CTX,
                 )
-            except Exception as error:  # the disk is full
+            except StoreFullError as error:  # the disk is full
                 failure = error
                 break
             acked[seq] = id

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-from pi_durable_lmdb.errors import CorruptProjectionError
+from pi_durable_lmdb.errors import CorruptProjectionError, DurableLmdbError
 from pi_durable_lmdb.log import CorruptRecordError, Environment, WriteLog, seq_key
 from pi_durable_lmdb.log.records import encode_record
 from pi_durable_lmdb.projections import tables as t
@@ -246,14 +246,14 @@ async def _symlink_attempt(tmp_path: Path, name: str, how: str) -> tuple[Path, b
                 )
             finally:
                 await storage.close()
-        except Exception as error:
+        except DurableLmdbError as error:
             said = f"{type(error).__name__}: {error}"
     elif how == "open read-only":
         try:
             storage = await LmdbStorage.open(store, readonly=True)
             await storage.conversation(1, CTX)
             await storage.close()
-        except Exception as error:
+        except DurableLmdbError as error:
             said = f"{type(error).__name__}: {error}"
     elif how == "durable-log import":
         export = tmp_path / "export.jsonl"

@@ -65,10 +65,19 @@ from hypothesis.stateful import (
 from pi_durable.errors import StorageRequestError
 from pi_durable.storage.memory import MemoryStorage
 
+from tests.support.compare import REFUSALS
+
 from ..support.compare import canonical
 from ..support.machine_draws import (
-    BAD_CURSORS,
     CTX,
+    MachineDraws,
+    _Batch,
+    _describe,
+    _drawn,
+    _message_shape,
+)
+from ..support.machine_values import (
+    BAD_CURSORS,
     DOC_KEYS,
     DOC_KINDS,
     ID_POOL,
@@ -78,11 +87,6 @@ from ..support.machine_draws import (
     SUBMISSION_STATUSES,
     TASK_KINDS,
     TASK_STATUSES,
-    MachineDraws,
-    _Batch,
-    _describe,
-    _drawn,
-    _message_shape,
 )
 
 EXAMPLES = int(os.environ.get("PI_DURABLE_LMDB_MACHINE_EXAMPLES", "200"))
@@ -130,7 +134,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             call_args = (*call_args, CTX)
         try:
             return ("ok", await getattr(store, method)(*call_args))
-        except Exception as error:
+        except REFUSALS as error:
             return ("error", error)
 
     def outcome(self, store: Any, method: str, args: tuple[Any, ...], ctx: bool) -> tuple[str, Any]:
@@ -276,7 +280,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             if document["version"] is None:  # a copy: its version is its source's
                 try:
                     stored = self.run(lambda id=id: self.ref.document(id, "current", CTX))
-                except Exception:
+                except REFUSALS:
                     stored = None
                 document["version"] = 1 if stored is None else stored["version"]
 

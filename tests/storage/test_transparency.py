@@ -21,6 +21,7 @@ from pi_durable_lmdb.log.records import encode_record, record_leaf
 from pi_durable_lmdb.log.tree import TILE, WRITE_TILES
 
 from tests.fixtures import old_store
+from tests.support.compare import REFUSALS
 from tests.support.workload import Workload
 
 
@@ -72,7 +73,7 @@ async def test_groups_with_rejections_and_a_reopen_mid_tile_keep_the_logs_tree(
         for writes in queue:
             try:
                 await storage.commit(writes, CTX)
-            except Exception:
+            except REFUSALS:
                 pass
 
     await asyncio.gather(*(agent() for _ in range(12)))

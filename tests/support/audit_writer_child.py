@@ -1,4 +1,4 @@
-"""Subprocess helper for tests/cli/test_audit.py: a real writer process committing through LmdbStorage.
+"""Subprocess helper for tests/audit/test_audit.py: a real writer process committing through LmdbStorage.
 
 Usage: python tests/support/audit_writer_child.py PATH --start S --count N [--delay SECONDS]
 

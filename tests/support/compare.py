@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Final
+
+from pi_durable.delta import PathError, UnsafePathError
+from pi_durable.errors import StorageRequestError
+from pi_durable_lmdb.errors import DurableLmdbError
 
 
 def canonical(value: Any, *, tuples_as_arrays: bool = False) -> Any:
@@ -32,3 +37,28 @@ def canonical(value: Any, *, tuples_as_arrays: bool = False) -> Any:
     if isinstance(value, arrays):
         return ("array", [canonical(item, tuples_as_arrays=tuples_as_arrays) for item in value])
     return ("other", type(value).__name__, repr(value))
+
+
+REFUSALS: Final = (
+    DurableLmdbError,
+    StorageRequestError,
+    PathError,
+    UnsafePathError,
+    ValueError,
+    TypeError,
+    LookupError,
+    RuntimeError,
+)
+"""What this store and pi-durable's ``MemoryStorage`` raise for a request they refuse: the named
+errors of both and the builtins the contract uses. A test comparing the two catches these; any
+other exception (an ``AttributeError``, an ``AssertionError``) is a bug it must not hide."""
+
+
+async def outcome(call: Awaitable[Any]) -> tuple[Any, ...]:
+    """``("ok", result)``, or ``("error", class name, message)`` for a refusal: the two stores'
+    answers compared as one value."""
+
+    try:
+        return ("ok", await call)
+    except REFUSALS as error:
+        return ("error", type(error).__name__, str(error))

@@ -21,6 +21,7 @@ from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.records import decode_record_builtins
 
 from .natsserver import NatsCluster
+from .polling import until_async
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -75,18 +76,21 @@ class Child:
         return len(self.words(first))
 
     async def wait_for(self, predicate: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if self.proc.poll() is not None and not predicate():
-                self._reader.join(2)
-                if predicate():
-                    return
-                raise AssertionError(
-                    f"{self.name} exited ({self.proc.returncode}) before {what}:\n{self.tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: no {what} after {timeout} s:\n{self.tail()}")
-            await asyncio.sleep(0.02)
+        def reached() -> bool:
+            if predicate():
+                return True
+            if self.proc.poll() is None:
+                return False
+            self._reader.join(2)  # the lines it printed before exiting
+            if predicate():
+                return True
+            raise AssertionError(
+                f"{self.name} exited ({self.proc.returncode}) before {what}:\n{self.tail()}"
+            )
+
+        await until_async(
+            reached, timeout=timeout, what=f"{what} from {self.name}", detail=self.tail
+        )
 
     async def wait_line(self, first: str, timeout: float, count: int = 1) -> list[str]:
         await self.wait_for(
@@ -204,6 +208,7 @@ async def read_subject(
     conversation id (the first write's) and writes."""
 
     import nats
+    import nats.errors
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
     subject = f"{STREAM}.{store}.log"
@@ -217,7 +222,7 @@ async def read_subject(
                 break
             except nats.js.errors.NotFoundError:
                 return []
-            except Exception:
+            except (nats.errors.Error, OSError):  # no leader yet, or no answer
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)

@@ -13,76 +13,25 @@ from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT
 from pi_durable.errors import StorageRequestError
 
-CTX = BACKGROUND_CONTEXT
-MAX_SAFE = 9_007_199_254_740_991
-
-# ── Value pools ─────────────────────────────────────────────────────────────
-
-ID_POOL = list(range(1, 17))
-TEXTS = ["", "a", "zz", "é", "日本語", "😀x", "\ud800", "x\udfffy", "__proto__"]
-KEYS = ["a", "b", "é", "\ud800", "__proto__", "n"]
-INTS = [0, 1, -1, 42, 2**53 + 1, -(2**63), 2**63 - 1]
-FLOATS = [0.5, -0.0, 1.0, 1e300, -2.5e-8]
-ENTRY_KINDS = ["message", "marker", "ü", "\ud800"]
-TASK_KINDS = ["test.task", "other", "ké", "\udc00"]
-DOC_KINDS = ["notes", "cache", "\ud801k"]
-DOC_KEYS = [None, "k1", "ключ", "\ud800"]
-REQUEST_IDS = ["r1", "ré", "\ud800", "\ud801"]
-TASK_STATUSES = ["pending", "running", "waiting", "sleeping", "completing", "terminal"]
-SUBMISSION_STATUSES = ["queued", "placed", "done", "unanswered"]
-ORDERS = [None, "ascending", "descending"]
-
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.sampled_from(INTS),
-    st.sampled_from(FLOATS),
-    st.sampled_from(TEXTS),
-)
-json_values = st.recursive(
+from .compare import REFUSALS
+from .machine_values import (
+    BAD_OPS,
+    DOC_KEYS,
+    DOC_KINDS,
+    ENTRY_KINDS,
+    ID_POOL,
+    KEYS,
+    REQUEST_IDS,
+    SUBMISSION_STATUSES,
+    TASK_KINDS,
+    TASK_STATUSES,
+    json_objects,
+    json_values,
     scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=3)
-    ),
-    max_leaves=5,
+    texts,
 )
-json_objects = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=3)
-texts = st.sampled_from(TEXTS)
 
-BAD_OPS: list[Any] = [
-    ["s", [], 1],
-    ["q", ["a"]],
-    ["s", ["__proto__"], 1],
-    ["d", ["missing", "deeper"]],
-    ["m", [], [0, 0]],
-    ["t", ["a"], -1],
-    ["p", ["a"], -1, 0, []],
-    "not-an-op",
-    [],
-    ["r"],
-    ["s", ["a", -1], 1],
-    ["a", ["a"], 5],
-    ["a", ["a"], "x"],
-    ["s", ["missing", "x"], 1],
-    ["p", ["missing"], 0, 0, []],
-    ["m", ["a"], [0]],
-]
-
-BAD_CURSORS: list[Any] = [
-    {},
-    {"after": "3"},
-    {"after": 1.5},
-    {"after": True},
-    {"after": None},
-    {"after": MAX_SAFE + 1},
-    {"after": 3, "order": "sideways"},
-    {"after": 0},
-    {"after": -2},
-    {"after": 3, "order": "ascending"},
-    {"after": 3, "order": "descending"},
-    {"after": 3, "order": None},
-]
-
+CTX = BACKGROUND_CONTEXT
 
 # ── Comparison ──────────────────────────────────────────────────────────────
 
@@ -215,7 +164,7 @@ class MachineDraws:
     def ref_value(self, id: int) -> Any:
         try:
             stored = self.run(lambda: self.ref.document(id, "current", CTX))
-        except Exception:
+        except REFUSALS:
             return {}
         return {} if stored is None else stored["value"]
 

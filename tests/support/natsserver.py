@@ -40,6 +40,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from .polling import until
+
 __all__ = [
     "NatsCluster",
     "NatsNode",
@@ -112,7 +114,7 @@ def _kill_everything() -> None:
             try:
                 proc.kill()
                 proc.wait(timeout=5)
-            except Exception:
+            except (OSError, subprocess.TimeoutExpired):
                 pass
 
 
@@ -352,21 +354,25 @@ class NatsNode:
             self.proc.send_signal(signal.SIGCONT)
             self._wait_state(stopped=False)
 
-    def _wait_state(self, stopped: bool, timeout: float = 2.0) -> None:
+    def _wait_state(self, stopped: bool, timeout: float = 10.0) -> None:
         stat = Path(f"/proc/{self.proc.pid if self.proc else 0}/stat")
         if not stat.exists():  # not Linux: best effort
             time.sleep(0.1)
             return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def reached() -> bool:
             try:
                 state = stat.read_text().rpartition(")")[2].split()[0]
             except (OSError, IndexError):
-                return
-            if (state in ("T", "t")) == stopped:
-                return
-            time.sleep(0.005)
-        raise NatsServerError(f"{self.name} did not {'stop' if stopped else 'continue'}")
+                return True  # the process is gone: nothing left to wait for
+            return (state in ("T", "t")) == stopped
+
+        until(
+            reached,
+            timeout=timeout,
+            what=f"{self.name} {'stopped' if stopped else 'running again'}",
+            interval=0.005,
+        )
 
     def __enter__(self) -> NatsNode:
         if not self.running:
@@ -503,6 +509,7 @@ class NatsCluster:
 async def _probe_jetstream(servers: list[str], replicas: int, deadline: float) -> None:
     """Create and delete a probe stream until it works or the deadline passes."""
     import nats
+    import nats.errors
     from nats.js.api import StorageType, StreamConfig
 
     last: BaseException | None = None
@@ -523,14 +530,14 @@ async def _probe_jetstream(servers: list[str], replicas: int, deadline: float) -
             )
             await js.delete_stream(probe)
             return
-        except Exception as e:
+        except (nats.errors.Error, OSError) as e:  # not ready yet: no leader, no peers, no answer
             last = e
             await asyncio.sleep(0.05)
         finally:
             if nc is not None:
                 try:
                     await nc.close()
-                except Exception:
+                except (nats.errors.Error, OSError):
                     pass
     raise NatsServerError(f"JetStream not ready (R{replicas} probe): {last!r}")
 

@@ -56,7 +56,7 @@ def _run(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
     def target() -> None:
         try:
             found.append(asyncio.run(work()))
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - re-raised on the test's thread
             failed.append(error)
 
     thread = threading.Thread(target=target)

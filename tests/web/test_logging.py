@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb.errors import ProjectionFailed
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
 from tests.projections.test_projections import Exploding
@@ -18,7 +19,7 @@ async def test_a_failing_user_projection_is_logged_with_its_traceback(
     try:
         for id in range(1, 10):
             await storage.commit([{"type": "conversation", "value": {"id": id}}], CTX)
-        with pytest.raises(Exception):
+        with pytest.raises(ProjectionFailed, match="exploding"):
             await storage.projections.wait(storage.log.head())
     finally:
         await storage.close()

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tests.support.audit_writer_child import batch  # noqa: E402
+from tests.support.polling import until_async  # noqa: E402
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -63,7 +64,7 @@ def test_handle_counts_commits_groups_flushes_and_failures(tmp_path: Path, durab
             registry = CollectorRegistry()
             register(storage, registry)
             await asyncio.gather(*(storage.commit(batch(k), CTX) for k in range(20)))
-            with pytest.raises(Exception):
+            with pytest.raises(ValueError, match="conversationId"):
                 await storage.commit(
                     [{"type": "entry", "value": {"id": 1}}], CTX
                 )  # refused by the checks
@@ -111,10 +112,11 @@ def test_handle_reports_shipping_and_the_lease(tmp_path: Path) -> None:
             register(writer, write_registry)
             server.down = True
             await shipping.commit(batch(0), CTX)
-            deadline = asyncio.get_running_loop().time() + 5
-            while samples(ship_registry)[("pi_durable_lmdb_shipping_errors_total", ())] < 1:
-                assert asyncio.get_running_loop().time() < deadline, "no shipping error counted"
-                await asyncio.sleep(0.02)
+            await until_async(
+                lambda: samples(ship_registry)[("pi_durable_lmdb_shipping_errors_total", ())] >= 1,
+                timeout=30,
+                what="shipping error counted",
+            )
             assert samples(ship_registry)[("pi_durable_lmdb_replication_lag_records", ())] == 1
             server.down = False
             assert await shipping._link.arun(shipping.replication.drain(10))  # type: ignore[union-attr]

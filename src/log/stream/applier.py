@@ -133,3 +133,10 @@ class StreamApplier:
                 f"record {message.seq} would give this store's log tree the root {root.hex()}, not its writer's "
                 f"{(message.root or b'').hex()} (the histories forked)",
             )
+
+
+__all__ = [
+    "FETCH_CHUNK",
+    "Admitter",
+    "StreamApplier",
+]

@@ -99,3 +99,11 @@ def _failed(bucket: str, key: str, error: BaseException) -> ReplicationError:
     return NatsUnavailableError(
         f"NATS did not answer for the key {key} of bucket {bucket} ({type(error).__name__}: {error})"
     )
+
+
+__all__ = [
+    "HISTORY",
+    "WRONG_LAST_SEQUENCE",
+    "get",
+    "put",
+]

@@ -86,3 +86,10 @@ async def direct_batch(
             f"NATS answered a batch of {subject} after {after} with a message without its sequence"
         )
     return got
+
+
+__all__ = [
+    "H_PENDING",
+    "H_STREAM_SEQ",
+    "direct_batch",
+]

@@ -636,3 +636,22 @@ def _covers(pattern: str, subject: str) -> bool:
         if index >= len(tokens) or (part != "*" and part != tokens[index]):
             return False
     return len(parts) == len(tokens)
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DUPLICATE_IN_BATCH",
+    "FETCH_BYTES",
+    "H_EXPECTED",
+    "MISSING_CODES",
+    "MOVED_CODES",
+    "TOO_BIG",
+    "UNAVAILABLE_CODES",
+    "WRONG_LAST_SEQUENCE",
+    "WRONG_LAST_SEQUENCE_CONSTANT",
+    "JetStreamLink",
+    "cause_of",
+    "link_for",
+    "parse_servers",
+    "refusal_error",
+]

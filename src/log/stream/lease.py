@@ -375,3 +375,15 @@ class WriterLease:
 
 class _Conflict(Exception):
     """The key's revision was not the one expected."""
+
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "INSTANCE_FILE",
+    "LEASE_FORMAT",
+    "MARGIN",
+    "Lease",
+    "WriterLease",
+    "holder_name",
+    "instance_id",
+]

@@ -168,3 +168,9 @@ class LinkLoop:
         self._thread.join(5)
         if not self._loop.is_running():
             self._loop.close()
+
+
+__all__ = [
+    "LinkLoop",
+    "StreamLink",
+]

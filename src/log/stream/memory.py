@@ -287,3 +287,10 @@ class MemoryLink(LinkLoop):
             if entry is not None and entry.revision == revision:
                 self.server.revision += 1
                 self.server.keys[key] = _Key(None, self.server.revision, float("inf"))
+
+
+__all__ = [
+    "ManualClock",
+    "MemoryLink",
+    "MemoryStream",
+]

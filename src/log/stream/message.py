@@ -252,3 +252,34 @@ def check_size(size: int, limit: int) -> None:
     reason = too_big(size, limit)
     if reason is not None:
         raise ReplicationError(f"A batch was refused: {reason}; nothing was committed")
+
+
+__all__ = [
+    "H_EPOCH",
+    "H_FORMAT",
+    "H_KIND",
+    "H_MSG_ID",
+    "H_ROOT",
+    "H_SEQ",
+    "H_STORE",
+    "KINDS",
+    "MESSAGE_FORMAT",
+    "RECORD_HEADROOM",
+    "ROOT_EVERY",
+    "Control",
+    "Fence",
+    "IdReservation",
+    "Kind",
+    "RawMessage",
+    "StreamMessage",
+    "carried_root",
+    "check_size",
+    "check_stream_name",
+    "control_headers",
+    "encode_control",
+    "parse_message",
+    "record_headers",
+    "stream_subjects",
+    "subject_of",
+    "too_big",
+]

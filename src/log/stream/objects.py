@@ -205,3 +205,17 @@ async def purge(js: Any, stream: str, subject: str, keep_from: int) -> None:
         ) from None
     except nats.errors.Error as error:
         raise ReplicationError(f"NATS refused to trim {subject}: {error}") from None
+
+
+__all__ = [
+    "CHUNK",
+    "CHUNKS_PER_BATCH",
+    "DIGEST_PREFIX",
+    "bucket",
+    "bucket_name",
+    "delete",
+    "get",
+    "names",
+    "purge",
+    "put",
+]

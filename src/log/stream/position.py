@@ -71,3 +71,13 @@ def stored_position(txn: lmdb.Transaction[bytes], meta: lmdb._Database) -> Strea
 
     raw = txn.get(POSITION_KEY, db=meta)
     return None if raw is None else _position_decoder.decode(raw)
+
+
+__all__ = [
+    "POSITION_FORMAT",
+    "POSITION_KEY",
+    "StreamPosition",
+    "put_position",
+    "read_position",
+    "stored_position",
+]

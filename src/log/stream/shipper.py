@@ -222,3 +222,12 @@ class Shipper:
 
 class _CannotShip(Exception):
     """A record the stream can never take (over the server's ``max_payload``)."""
+
+
+__all__ = [
+    "RETRY",
+    "SHIP_BATCH",
+    "STOPPED_FILE",
+    "Shipper",
+    "stopped_reason",
+]

@@ -75,3 +75,12 @@ class ReplicaStatus(_Status, frozen=True, kw_only=True):
 
 ReplicationStatus = ShipperStatus | WriterStatus | ReplicaStatus
 """What ``storage.replication.status()`` returns, by the handle's mode."""
+
+
+__all__ = [
+    "LeaseStatus",
+    "ReplicaStatus",
+    "ReplicationStatus",
+    "ShipperStatus",
+    "WriterStatus",
+]

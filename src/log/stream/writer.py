@@ -442,3 +442,9 @@ class StreamWriter:
             lease=None if self.lease is None else self.lease.status(),
             failed=None if self.failure is None else str(self.failure),
         )
+
+
+__all__ = [
+    "SHIP_CHUNK",
+    "StreamWriter",
+]

@@ -16,7 +16,7 @@ from typing import Final
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "pi_durable_lmdb"
 
 LAYERS: Final = (

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
@@ -331,3 +332,44 @@ def test_json_results_keep_lone_surrogates_as_escapes(tmp_path: Path) -> None:
         timeout=60,
     )
     assert plain.returncode == 0 and "lone\\udc00 surrogate" in plain.stdout
+
+
+SESSION_NOTES = 50
+
+
+def _session_change(text: str) -> list[dict[str, Any]]:
+    ops = [["s", ["text"], text]]
+    content = {"kind": "delta", "version": 1, "ops": ops}
+    return [{"type": "document.change", "id": SESSION_NOTES, "content": content}]
+
+
+SESSION_CREATED = {
+    "type": "document.create",
+    "record": {"id": SESSION_NOTES, "kind": "notes", "scope": {"kind": "session"}},
+    "content": {"kind": "base", "version": 1, "value": {"text": "alpha"}},
+}
+
+
+def test_a_current_only_document_s_past_is_not_searched(tmp_path: Path) -> None:
+    """A session's document keeps no past values: reading one is refused with the contract's
+    ``StorageRequestError``, which the index (folding a change it holds no value for) and the
+    search (checking the earlier version a word was in) take as "nothing there"."""
+
+    path = tmp_path / "store"
+    asyncio.run(_build(path, [[SESSION_CREATED], _session_change("alpha bravo")]))
+    assert [doc.id for doc in asyncio.run(_search(path, "alpha")).documents] == [SESSION_NOTES]
+    asyncio.run(_build(path, [_session_change("charlie")]))  # folded by a fresh index object
+    assert asyncio.run(_search(path, "alpha")).documents == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an index reopened holds no value of a current-only document, and cannot read its "
+    "value at the change's sequence: the change's words are not indexed",
+)
+def test_a_current_only_document_changed_after_the_index_reopens_is_found(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_build(path, [[SESSION_CREATED], _session_change("alpha bravo")]))
+    assert [doc.id for doc in asyncio.run(_search(path, "alpha")).documents] == [SESSION_NOTES]
+    asyncio.run(_build(path, [_session_change("charlie")]))
+    assert [doc.id for doc in asyncio.run(_search(path, "charlie")).documents] == [SESSION_NOTES]
