@@ -86,7 +86,7 @@ def point_bound(at: Any) -> int:
     and a point past the key space (``2**70``, infinity) as its end."""
 
     try:
-        return min(math.floor(at), t.MAX_ID)
+        return min(int(math.floor(at)), t.MAX_ID)
     except OverflowError:  # infinity; minus infinity is alive in no record
         return t.MAX_ID
 
