@@ -34,6 +34,7 @@ from ..projections.search_index import (
     task_words,
 )
 from ..storage.reads import StorageReads
+from .unreadable import Unreadable, read_document
 
 LIMIT: Final = 50
 """Entries a query returns per page (tasks: up to this many too)."""
@@ -60,6 +61,8 @@ class DocumentHit(msgspec.Struct):
     current: bool
     """True: the version in force at the point asked holds them; False: only an earlier one did."""
     text: str
+    unreadable: Unreadable | None = None
+    """Set when the version in force cannot be read (a stored change fails to apply): why."""
 
 
 class TaskHit(msgspec.Struct):
@@ -253,20 +256,34 @@ async def _document_hit(
     """The document if its version in force at the point holds every word, else the version
     written at ``seq`` (when every word had been added) if that one does."""
 
-    current = await reader.document(DocumentId(id), "current", CTX)
+    current = await read_document(reader, DocumentId(id), "current")
     if current is None:
         return None  # not created yet at the point, or retired
+    if isinstance(current, Unreadable):
+        record = (await reader.scan_all_documents(1, id - 1))["items"][0]
+        kind = str(record.get("kind", ""))
+        earlier = await _earlier(storage, id, seq)
+        if earlier is not None and holds(earlier.get("value"), wanted):
+            return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted), current)
+        return DocumentHit(id, kind, seq, False, "", current)
     record = current.get("record", {})
     kind = str(record.get("kind", ""))
     if holds(current.get("value"), wanted):
         return DocumentHit(id, kind, seq, True, _around(current.get("value"), wanted))
-    try:
-        earlier = await storage.document(DocumentId(id), seq, CTX)
-    except Exception:  # a current-only document keeps no past values
-        return None
+    earlier = await _earlier(storage, id, seq)
     if earlier is None or not holds(earlier.get("value"), wanted):
         return None
     return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted))
+
+
+async def _earlier(storage: Any, id: int, seq: int) -> Any:
+    """The document's version written at ``seq``, or None if it keeps no past values or that
+    one cannot be read either."""
+
+    try:
+        return await storage.document(DocumentId(id), seq, CTX)
+    except Exception:  # a current-only document keeps no past values; an unreadable one
+        return None
 
 
 def roles_of(entry: Any) -> list[str]:

@@ -131,7 +131,14 @@ def format_results(results: SearchResults) -> str:
             if doc.current
             else f"in an earlier version, written at seq {doc.seq}"
         )
-        lines.append(f"  document {doc.id}  {doc.kind}  {which}: {doc.text}")
+        if doc.unreadable is not None:
+            which = f"unreadable now: {doc.unreadable.describe()}" + (
+                f"; in the version written at seq {doc.seq}" if doc.text else ""
+            )
+        lines.append(
+            f"  document {doc.id}  {doc.kind}  {which}"
+            + (f": {doc.text}" * bool(doc.text or doc.unreadable is None))
+        )
     lines.append(f"tasks ({len(results.tasks)}):")
     for task in results.tasks:
         where = "" if task.conversationId is None else f"  conversation {task.conversationId}"

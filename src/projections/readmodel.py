@@ -86,7 +86,8 @@ def point_bound(at: Any) -> int:
     and a point past the key space (``2**70``, infinity) as its end."""
 
     try:
-        return min(int(math.floor(at)), t.MAX_ID)
+        whole: int = math.floor(at)
+        return min(whole, t.MAX_ID)
     except OverflowError:  # infinity; minus infinity is alive in no record
         return t.MAX_ID
 
