@@ -78,13 +78,12 @@ async def read_document(reader: Any, id: int, at: Any) -> Any:
 
 async def explain(reader: Any, id: int, error: BaseException, upto: Any = None) -> Unreadable:
     """The ``Unreadable`` for ``error``, raised reading document ``id`` at ``upto`` (None: the
-    newest revision ``reader`` sees)."""
+    newest revision ``reader`` sees); the change it fails at when ``reader`` lists revisions (this
+    store does; pi-durable's backends do not)."""
 
-    revisions = [
-        (row.seq, row)
-        for row in await reader.document_revisions(id)
-        if upto is None or row.seq <= upto
-    ]
+    listed = getattr(reader, "document_revisions", None)  # another backend: only the error
+    rows = [] if listed is None else await listed(id)
+    revisions = [(row.seq, row) for row in rows if upto is None or row.seq <= upto]
     found = failing_change(id, revisions, error)
     assert found is not None  # given an error, failing_change always names one
     return found
