@@ -16,78 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import cli as cli_module
-from pi_durable_lmdb.cli.demo import run_workload
-from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.web.app import make_app
 
 from tests.support.cli_call import call
 from tests.support.served import get, serve
-
-BAD_OPS = [["a", ["nope"], "x"]]
-WORD = "quagga"
-
-
-async def _build(path: Path) -> dict[str, Any]:
-    made = await run_workload(str(path))
-    storage = await LmdbStorage.open(path)
-    try:
-        history, session = await storage.mint_id(), await storage.mint_id()
-        conversation = {"kind": "conversation", "conversationId": made.root}
-        await storage.commit(
-            [
-                {
-                    "type": "document.create",
-                    "record": {"id": history, "kind": "plan", "scope": conversation},
-                    "content": {"kind": "base", "version": 1, "value": {"text": WORD + " plan"}},
-                },
-                {
-                    "type": "document.create",
-                    "record": {"id": session, "kind": "state", "scope": {"kind": "session"}},
-                    "content": {"kind": "base", "version": 1, "value": {"text": WORD + " state"}},
-                },
-            ],
-            CTX,
-        )
-        good = await storage.commit(
-            [{"type": "document.change", "id": history, "content": _delta([["s", ["n"], 1]])}],
-            CTX,
-        )
-        bad = await storage.commit(
-            [
-                {"type": "document.change", "id": history, "content": _delta(BAD_OPS)},
-                {"type": "document.change", "id": session, "content": _delta(BAD_OPS)},
-            ],
-            CTX,
-        )
-        after = await storage.commit(  # a change after the failing one: still unreadable
-            [{"type": "document.change", "id": history, "content": _delta([["s", ["m"], 2]])}],
-            CTX,
-        )
-        for id in (history, session):
-            with pytest.raises(Exception, match="unresolvable path"):
-                await storage.document(id, "current", CTX)
-        return {
-            "root": made.root,
-            "history": history,
-            "session": session,
-            "good": good,
-            "bad": bad,
-            "after": after,
-        }
-    finally:
-        await storage.close()
-
-
-def _delta(ops: list[Any]) -> dict[str, Any]:
-    return {"kind": "delta", "version": 1, "ops": ops}
+from tests.support.unreadable import WORD, build_unreadable
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     path = tmp_path_factory.mktemp("unreadable") / "store"
-    return path, asyncio.run(_build(path))
+    return path, asyncio.run(build_unreadable(path))
 
 
 @pytest.fixture
