@@ -25,7 +25,6 @@ from ..projections.search_index import (
     CHUNK,
     DOCUMENT,
     ENTRY,
-    FORMAT,
     TASK,
     SearchIndex,
     all_words,
@@ -109,12 +108,12 @@ def catch_up(
             header = index.header()
             if (
                 header is not None
-                and header.format == FORMAT
+                and header.foreign() is None  # this format, words split by this Unicode
                 and header.store_id == env.store_id
                 and header.folded_seq <= head
             ):
                 break
-            index.reset(env.store_id, header)  # of another store or format, or ahead of this log
+            index.reset(env.store_id, header)  # of another store, format, Unicode, or ahead
         else:
             raise SearchIndexError(
                 f"The search index at {index.path} keeps being reset by other processes; try again"
@@ -138,7 +137,12 @@ def catch_up(
                 break
             if not index.fold(commits, folded, env.store_id, document_at):
                 header = index.header()  # another process folded these: go on from its checkpoint
-                folded = head if header is None else header.folded_seq
+                if header is None or header.foreign() is not None:
+                    raise SearchIndexError(  # a process of another Python reset it meanwhile
+                        f"The search index at {index.path} was reset meanwhile by another "
+                        "program or Python; try again"
+                    )
+                folded = header.folded_seq
                 continue
             folded = commits[-1].seq
             done += len(commits)
@@ -170,6 +174,7 @@ async def search(
         return results
     start = at if before is None else min(at, before)
     with index.env.begin() as txn:
+        index.check(txn)  # words split as this Python splits them, or a refusal saying why
         found: list[tuple[int, int, bytes]] = []
         for seq, id, value in index.join(txn, terms, ENTRY, start):
             if len(found) >= limit and seq != found[-1][0]:
