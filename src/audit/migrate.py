@@ -29,7 +29,7 @@ from ..storage.lmdb_storage import LmdbStorage
 from .export import ROOT_TRAILER
 from .jsonlines import from_json
 from .pisource import SQLITE_HEADER
-from .unreadable import UNREADABLE_ERRORS, Unreadable, read_document
+from .unreadable import Unreadable, read_document
 from .words import plural
 
 _BATCH = 256
@@ -452,9 +452,8 @@ async def _orphan_scopes(source: Any, served: _Served) -> tuple[list[dict[str, A
     for id in range(1, await source.mint_id()):  # mint_id: the copy's counter; nothing written
         if id in served.ids:
             continue
-        try:
-            stored = await source.document(id, "current", None)
-        except UNREADABLE_ERRORS:
+        stored = await read_document(source, id, "current")
+        if isinstance(stored, Unreadable):
             unreadable.append(id)
             continue
         if stored is not None and _scope_key(stored["record"]["scope"]) not in known:

@@ -17,8 +17,10 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from ..projections.delta import PathError, UnsafePathError, apply_batches
 
-UNREADABLE_ERRORS: Final = (PathError, UnsafePathError)
-"""What reading a document raises when one of its stored changes cannot be applied."""
+UNREADABLE_ERRORS: Final = (PathError, UnsafePathError, KeyError, IndexError, TypeError, ValueError)
+"""What applying a stored change can raise, as the reference's applier raises it (a path that
+resolves to nothing, a missing key, a permutation of another length...), so what reading such a
+document raises. A read raising one of them is unreadable only if a change is found to fail."""
 
 
 class Unreadable(msgspec.Struct, frozen=True):
@@ -44,12 +46,9 @@ class _Revision(Protocol):
     def body(self) -> Any: ...
 
 
-def failing_change(
-    id: int, revisions: Iterable[tuple[int, _Revision]], error: BaseException | None = None
-) -> Unreadable | None:
+def failing_change(id: int, revisions: Iterable[tuple[int, _Revision]]) -> Unreadable | None:
     """The change of ``revisions`` (``(seq, revision)``, oldest first) after their last base
-    that cannot be applied to the value before it, or None if every one applies. ``error`` (what a read raised)
-    names the document when no revision is found to fail."""
+    that cannot be applied to the value before it, or None if every one applies."""
 
     value: Any = None
     failed: Unreadable | None = None
@@ -61,9 +60,7 @@ def failing_change(
                 value = apply_batches(value, [revision.body])
             except UNREADABLE_ERRORS as raised:
                 failed = Unreadable(id, _name(raised), seq, revision.version)
-    if failed is not None:
-        return failed
-    return None if error is None else Unreadable(id, _name(error))
+    return failed
 
 
 async def read_document(reader: Any, id: int, at: Any) -> Any:
@@ -78,14 +75,17 @@ async def read_document(reader: Any, id: int, at: Any) -> Any:
 
 async def explain(reader: Any, id: int, error: BaseException, upto: Any = None) -> Unreadable:
     """The ``Unreadable`` for ``error``, raised reading document ``id`` at ``upto`` (None: the
-    newest revision ``reader`` sees); the change it fails at when ``reader`` lists revisions (this
-    store does; pi-durable's backends do not)."""
+    newest revision ``reader`` sees), with the change it fails at; ``error`` itself, raised again,
+    when no change fails (a refusal of the request, not of the document). A backend that lists
+    no revisions (pi-durable's own, read by an import with ids it served) gets only the error."""
 
-    listed = getattr(reader, "document_revisions", None)  # another backend: only the error
-    rows = [] if listed is None else await listed(id)
-    revisions = [(row.seq, row) for row in rows if upto is None or row.seq <= upto]
-    found = failing_change(id, revisions, error)
-    assert found is not None  # given an error, failing_change always names one
+    listed = getattr(reader, "document_revisions", None)
+    if listed is None:
+        return Unreadable(id, _name(error))
+    revisions = [(row.seq, row) for row in await listed(id) if upto is None or row.seq <= upto]
+    found = failing_change(id, revisions)
+    if found is None:
+        raise error
     return found
 
 

@@ -17,7 +17,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.types import ConversationId, DocumentId, Seq
 
 from ..audit.export import seq_at
-from ..audit.unreadable import UNREADABLE_ERRORS, Unreadable, explain, read_document
+from ..audit.unreadable import Unreadable, read_document
 from ..errors import BadQueryError
 from ..projections import StorageRequestError
 from ..storage.lmdb_storage import LmdbStorage
@@ -445,15 +445,16 @@ async def document(
     shown, before, error, unreadable = None, None, None, None
     if picked is not None:
         try:
-            shown = await storage.document(id, picked.seq, CTX)
+            found = await read_document(storage, id, picked.seq)
         except StorageRequestError as refused:  # a current-only document keeps no past values
             error = str(refused)
-        except UNREADABLE_ERRORS as failed:  # one of its changes fails to apply
-            unreadable = await explain(storage, id, failed, picked.seq)
+        else:
+            unreadable, shown = (found, None) if isinstance(found, Unreadable) else (None, found)
         index = versions.index(picked)
         if shown is not None and index > 0:
-            with contextlib.suppress(*UNREADABLE_ERRORS):  # the version before is one that fails
-                before = await storage.document(id, versions[index - 1].seq, CTX)
+            before = await read_document(storage, id, versions[index - 1].seq)
+            if isinstance(before, Unreadable):  # the version before is one that fails
+                before = None
     if shown is None and unreadable is None and as_of is None:
         found = await read_document(reader, id, "current")
         unreadable, shown = (found, None) if isinstance(found, Unreadable) else (None, found)

@@ -54,6 +54,7 @@ COMMANDS: dict[str, tuple[list[str], int]] = {
     "show a conversation": (["show", "STORE", "conversation", "ROOT"], 0),
     "show the document": (["show", "STORE", "document", "HISTORY"], 0),
     "show the current-only document": (["show", "STORE", "document", "SESSION"], 0),
+    "show every other failure": (["show", "STORE", "document", "SESSION"], 0),
     "show the document before its failing change": (
         ["show", "STORE", "document", "HISTORY", "--as-of", "GOOD"],
         0,
@@ -134,13 +135,21 @@ def test_every_command_answers_as_usual(
             "version": 1,
         }
         _says_unreadable(err, made, id)
+    if name == "show every other failure":
+        for id, error in made["others"].items():
+            code, out, err = call(capsys, "show", path, "document", id)
+            assert code == 0 and json.loads(out)["unreadable"]["seq"] == made["bad"], err
+            assert json.loads(out)["unreadable"]["error"].startswith(error), out
     if name == "show the document before its failing change":
         assert json.loads(out)["value"] == {"text": WORD + " plan", "n": 1}
     if name in ("verify", "search"):
         _says_unreadable(out, made, made["history"])
         _says_unreadable(out, made, made["session"])
     if name == "verify":
-        assert "2 live documents cannot be read" in out, out
+        assert f"{2 + len(made['others'])} live documents cannot be read" in out, out
+        for id, error in made["others"].items():
+            assert f"document {id} cannot be read: replaying it fails at its change of log " in out
+            assert f"sequence {made['bad']} ({error}" in out, out
     if name == "search --json":
         found = {hit["id"]: hit for hit in json.loads(out)["documents"]}
         assert found[made["history"]]["unreadable"]["seq"] == made["bad"]
@@ -201,6 +210,11 @@ def test_every_page_of_the_web_view_answers(
                 assert status < 500, (name, status, body[-2000:])
                 missing = [text for text in wanted if text not in body]
                 assert not missing, (name, missing, body[-3000:])
+        for id, error in made["others"].items():  # each other way a change fails
+            for address in (f"/documents/{id}", f"/records/document/{id}"):
+                status, body, _ = get(served.url + address)
+                assert status == 200 and error.split(":")[0] in body, (address, body[-2000:])
+            assert f"document {id} cannot be read" in get(served.url + f"/documents/{id}")[1]
         events: list[bytes] = []
 
         def first_event() -> None:

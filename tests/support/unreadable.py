@@ -13,6 +13,17 @@ from pi_durable_lmdb.storage import LmdbStorage
 
 BAD_OPS = [["a", ["nope"], "x"]]
 WORD = "quagga"
+OTHER_FAILURES: dict[str, tuple[list[Any], str]] = {
+    "a missing key": (["s", ["a", "b"], 1], "KeyError: 'a'"),
+    "a permutation of another length": (
+        ["m", ["list"], [0, 0]],
+        "TypeError: m permutation is not a bijection",
+    ),
+    "an unsafe segment": (["s", ["__proto__"], 1], "UnsafePathError: unsafe path segment"),
+    "a path into text": (["s", ["text", "x"], 1], "PathError: unresolvable path"),
+}
+"""The other ways a committed change fails to apply, as the reference's applier fails: one
+session document each (``others``: its id -> the error its read raises)."""
 
 
 async def build_unreadable(path: Path) -> dict[str, Any]:
@@ -23,6 +34,7 @@ async def build_unreadable(path: Path) -> dict[str, Any]:
     storage = await LmdbStorage.open(path)
     try:
         history, session = await storage.mint_id(), await storage.mint_id()
+        others = {await storage.mint_id(): error for _, error in OTHER_FAILURES.values()}
         conversation = {"kind": "conversation", "conversationId": made.root}
         await storage.commit(
             [
@@ -36,6 +48,18 @@ async def build_unreadable(path: Path) -> dict[str, Any]:
                     "record": {"id": session, "kind": "state", "scope": {"kind": "session"}},
                     "content": {"kind": "base", "version": 1, "value": {"text": WORD + " state"}},
                 },
+                *(
+                    {
+                        "type": "document.create",
+                        "record": {"id": id, "kind": f"other{id}", "scope": {"kind": "session"}},
+                        "content": {
+                            "kind": "base",
+                            "version": 1,
+                            "value": {"text": "x", "list": [1, 2]},
+                        },
+                    }
+                    for id in others
+                ),
             ],
             CTX,
         )
@@ -47,6 +71,10 @@ async def build_unreadable(path: Path) -> dict[str, Any]:
             [
                 {"type": "document.change", "id": history, "content": _delta(BAD_OPS)},
                 {"type": "document.change", "id": session, "content": _delta(BAD_OPS)},
+                *(
+                    {"type": "document.change", "id": id, "content": _delta([op])}
+                    for id, (op, _) in zip(others, OTHER_FAILURES.values(), strict=True)
+                ),
             ],
             CTX,
         )
@@ -57,6 +85,10 @@ async def build_unreadable(path: Path) -> dict[str, Any]:
         for id in (history, session):
             with pytest.raises(Exception, match="unresolvable path"):
                 await storage.document(id, "current", CTX)
+        for id, error in others.items():
+            with pytest.raises(Exception) as raised:
+                await storage.document(id, "current", CTX)
+            assert f"{type(raised.value).__name__}: {raised.value}".startswith(error)
         return {
             "root": made.root,
             "history": history,
@@ -64,6 +96,7 @@ async def build_unreadable(path: Path) -> dict[str, Any]:
             "good": good,
             "bad": bad,
             "after": after,
+            "others": others,
         }
     finally:
         await storage.close()
