@@ -29,6 +29,7 @@ from ..storage.lmdb_storage import LmdbStorage
 from .export import ROOT_TRAILER
 from .jsonlines import from_json
 from .pisource import SQLITE_HEADER
+from .unreadable import Unreadable, read_document
 from .words import plural
 
 _BATCH = 256
@@ -45,6 +46,8 @@ class ImportReport:
     renumbered: list[tuple[int, int, int]] = field(default_factory=list)
     """Runs ``(export_first, new_first, length)`` of batches whose sequence changed, in order."""
     lacking: list[str] = field(default_factory=list)
+    read: dict[str, int] | None = None
+    """Records read from a pi-durable source, per kind (None: an export, read batch by batch)."""
     root: str | None = None
     """What became of the export's root (its trailer line), if it had one."""
 
@@ -69,6 +72,10 @@ class ImportReport:
             or "nothing"
         )
         lines = [f"imported {plural(self.commits, 'commit')} ({counts})"]
+        if self.read is not None:
+            lines.append(
+                f"read {_counts(self.read)} from the source; the new store serves as many of each"
+            )
         if self.renumbered:
             moved = sum(length for _, _, length in self.renumbered)
             lines.append(
@@ -361,16 +368,109 @@ async def _pages(scan: Any, query: dict[str, Any], limit: int = 500) -> AsyncIte
 async def import_pi_durable(
     source: Any, target: str | os.PathLike[str], progress: Progress | None = None
 ) -> ImportReport:
-    """Copy what a pi-durable ``Storage`` exposes: conversations, entries grouped by their original
-    commits, tasks and submissions in their final state, and live documents' current values."""
+    """Copy what a pi-durable ``Storage`` serves: conversations, entries grouped by their original
+    commits, tasks and submissions in their final state, and live documents' current values (of
+    any scope, its owner recorded or not). What the new store holds is read back and counted
+    against what was read: a difference is an error, and nothing is imported."""
 
     async with new_store(target) as storage:
-        return await _copy_pi_durable(source, storage, progress)
+        report, scopes = await _copy_pi_durable(source, storage, progress)
+        read, written = report.read or {}, (await _served(storage, scopes)).counts
+        if written != read:
+            raise ValueError(
+                f"The new store serves {_counts(written)}, the source served {_counts(read)}. "
+                "Nothing was imported"
+            )
+        return report
+
+
+@dataclass
+class _Served:
+    """What a ``Storage`` serves, read through its own API: counts per kind, the ids of its
+    records (documents aside), and the documents' scopes found from its conversations and tasks."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    conversations: list[Any] = field(default_factory=list)
+    entries: dict[int, list[Any]] = field(default_factory=dict)
+    """Each commit's entries, by its sequence."""
+    tasks: list[Any] = field(default_factory=list)
+    submissions: list[Any] = field(default_factory=list)
+    ids: set[int] = field(default_factory=set)
+    scopes: list[dict[str, Any]] = field(default_factory=list)
+
+    def count(self, kind: str, n: int = 1) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + n
+
+
+async def _served(storage: Any, scopes: list[dict[str, Any]] | None = None) -> _Served:
+    """Every record ``storage`` serves, but documents; with ``scopes``, its live documents of
+    those scopes too (counted)."""
+
+    found = _Served()
+    found.conversations = [record async for record in _pages(storage.scan_conversations, {})]
+    found.count("conversation", len(found.conversations))
+    for conversation in found.conversations:
+        async for entry in _pages(
+            storage.scan_entries, {"conversationId": conversation["id"], "order": "ascending"}
+        ):
+            if entry["conversationId"] != conversation["id"]:
+                continue  # an ancestor's entry, served through the fork
+            lookup = await storage.entry(entry["id"], None)
+            found.entries.setdefault(lookup["commitSeq"], []).append(entry)
+            found.ids.add(entry["id"])
+            found.count("entry")
+    found.tasks = [record async for record in _pages(storage.scan_tasks, {})]
+    found.submissions = [record async for record in _pages(storage.scan_submissions, {})]
+    found.count("task", len(found.tasks))
+    found.count("submission", len(found.submissions))
+    for records in (found.conversations, found.tasks, found.submissions):
+        found.ids.update(record["id"] for record in records)
+    found.scopes = [{"kind": "session"}]
+    found.scopes += [
+        {"kind": "conversation", "conversationId": c["id"]} for c in found.conversations
+    ]
+    found.scopes += [{"kind": "task", "taskId": task["id"]} for task in found.tasks]
+    for scope in scopes or []:
+        async for _ in _pages(storage.scan_documents, {"scope": scope, "at": "current"}):
+            found.count("document")
+    return found
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(plural(n, kind, _PLURALS.get(kind)) for kind, n in counts.items()) or "nothing"
+
+
+async def _orphan_scopes(source: Any, served: _Served) -> tuple[list[dict[str, Any]], list[int]]:
+    """The scopes of live documents owned by a conversation or task the source holds no record
+    of (the contract allows them; no scan finds them from a record), and the ids of documents
+    whose value cannot be read, so their scope is not known. Every id below the source's next
+    one that is no other record is asked for as a document."""
+
+    known = {_scope_key(scope) for scope in served.scopes}
+    scopes: list[dict[str, Any]] = []
+    unreadable: list[int] = []
+    for id in range(1, await source.mint_id()):  # mint_id: the copy's counter; nothing written
+        if id in served.ids:
+            continue
+        stored = await read_document(source, id, "current")
+        if isinstance(stored, Unreadable):
+            unreadable.append(id)
+            continue
+        if stored is not None and _scope_key(stored["record"]["scope"]) not in known:
+            known.add(_scope_key(stored["record"]["scope"]))
+            scopes.append(stored["record"]["scope"])
+    return scopes, unreadable
+
+
+def _scope_key(scope: dict[str, Any]) -> tuple[Any, ...]:
+    return (scope["kind"], scope.get("conversationId"), scope.get("taskId"))
 
 
 async def _copy_pi_durable(
     source: Any, storage: LmdbStorage, progress: Progress | None
-) -> ImportReport:
+) -> tuple[ImportReport, list[dict[str, Any]]]:
+    """The copy, and the scopes of documents it read (the new store is counted over them)."""
+
     report = ImportReport(
         lacking=[
             "the order of commits other than entries' (tasks and submissions keep only their final state)",
@@ -385,46 +485,46 @@ async def _copy_pi_durable(
         if progress is not None:
             progress(report.commits)
 
-    conversations = [record async for record in _pages(source.scan_conversations, {})]
-    for start in range(0, len(conversations), _BATCH):
-        chunk = conversations[start : start + _BATCH]
+    served = await _served(source)
+    report.read = dict(served.counts)
+    for start in range(0, len(served.conversations), _BATCH):
+        chunk = served.conversations[start : start + _BATCH]
         await commit([{"type": "conversation", "value": record} for record in chunk])
         report.count("conversation", len(chunk))
-
-    by_commit: dict[int, list[Any]] = {}
-    for conversation in conversations:
-        async for entry in _pages(
-            source.scan_entries, {"conversationId": conversation["id"], "order": "ascending"}
-        ):
-            if entry["conversationId"] != conversation["id"]:
-                continue
-            lookup = await source.entry(entry["id"], None)
-            by_commit.setdefault(lookup["commitSeq"], []).append(entry)
-    for seq in sorted(by_commit):
-        await commit([{"type": "entry", "value": entry} for entry in by_commit[seq]])
-        report.count("entry", len(by_commit[seq]))
-
-    tasks = [record async for record in _pages(source.scan_tasks, {})]
-    submissions = [record async for record in _pages(source.scan_submissions, {})]
-    for kind, records in (("task", tasks), ("submission", submissions)):
+    for seq in sorted(served.entries):
+        await commit([{"type": "entry", "value": entry} for entry in served.entries[seq]])
+        report.count("entry", len(served.entries[seq]))
+    for kind, records in (("task", served.tasks), ("submission", served.submissions)):
         for start in range(0, len(records), _BATCH):
             chunk = records[start : start + _BATCH]
             await commit([{"type": kind, "value": record} for record in chunk])
             report.count(kind, len(chunk))
 
-    scopes = [{"kind": "session"}]
-    scopes += [{"kind": "conversation", "conversationId": c["id"]} for c in conversations]
-    scopes += [{"kind": "task", "taskId": task["id"]} for task in tasks]
+    orphans, unscoped = await _orphan_scopes(source, served)
+    scopes = served.scopes + orphans
+    left_out: dict[int, str] = {}
     for scope in scopes:
         async for record in _pages(source.scan_documents, {"scope": scope, "at": "current"}):
-            stored = await source.document(record["id"], "current", None)
+            stored = await read_document(source, record["id"], "current")
+            if isinstance(stored, Unreadable):
+                left_out[record["id"]] = f"{stored.error} (scope {scope})"
+                continue
             if stored is None:
                 continue
+            report.read["document"] = report.read.get("document", 0) + 1
             create = {k: v for k, v in record.items() if k not in ("createdAt", "retiredAt")}
             content = {"kind": "base", "version": stored["version"], "value": stored["value"]}
             await commit([{"type": "document.create", "record": create, "content": content}])
             report.count("document")
-    return report
+    for id in unscoped:
+        left_out.setdefault(id, "its value and its scope cannot be read")
+    if left_out:
+        report.lacking.append(
+            f"{plural(len(left_out), 'live document')} the source itself cannot read "
+            "(a committed change fails to apply): "
+            + "; ".join(f"document {id}: {why}" for id, why in sorted(left_out.items()))
+        )
+    return report, scopes
 
 
 __all__ = [

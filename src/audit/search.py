@@ -26,7 +26,6 @@ from ..projections.search_index import (
     CHUNK,
     DOCUMENT,
     ENTRY,
-    FORMAT,
     TASK,
     SearchIndex,
     all_words,
@@ -35,6 +34,7 @@ from ..projections.search_index import (
     task_words,
 )
 from ..storage.reads import StorageReads
+from .unreadable import UNREADABLE_ERRORS, Unreadable, read_document
 
 LIMIT: Final = 50
 """Entries a query returns per page (tasks: up to this many too)."""
@@ -61,6 +61,8 @@ class DocumentHit(msgspec.Struct):
     current: bool
     """True: the version in force at the point asked holds them; False: only an earlier one did."""
     text: str
+    unreadable: Unreadable | None = None
+    """Set when the version in force cannot be read (a stored change fails to apply): why."""
 
 
 class TaskHit(msgspec.Struct):
@@ -107,12 +109,12 @@ def catch_up(
             header = index.header()
             if (
                 header is not None
-                and header.format == FORMAT
+                and header.foreign() is None  # this format, words split by this Unicode
                 and header.store_id == env.store_id
                 and header.folded_seq <= head
             ):
                 break
-            index.reset(env.store_id, header)  # of another store or format, or ahead of this log
+            index.reset(env.store_id, header)  # of another store, format, Unicode, or ahead
         else:
             raise SearchIndexError(
                 f"The search index at {index.path} keeps being reset by other processes; try again"
@@ -138,7 +140,12 @@ def catch_up(
                 break
             if not index.fold(commits, folded, env.store_id, document_at):
                 header = index.header()  # another process folded these: go on from its checkpoint
-                folded = head if header is None else header.folded_seq
+                if header is None or header.foreign() is not None:
+                    raise SearchIndexError(  # a process of another Python reset it meanwhile
+                        f"The search index at {index.path} was reset meanwhile by another "
+                        "program or Python; try again"
+                    )
+                folded = header.folded_seq
                 continue
             folded = commits[-1].seq
             done += len(commits)
@@ -170,6 +177,7 @@ async def search(
         return results
     start = at if before is None else min(at, before)
     with index.env.begin() as txn:
+        index.check(txn)  # words split as this Python splits them, or a refusal saying why
         found: list[tuple[int, int, bytes]] = []
         for seq, id, value in index.join(txn, terms, ENTRY, start):
             if len(found) >= limit and seq != found[-1][0]:
@@ -256,20 +264,34 @@ async def _document_hit(
     """The document if its version in force at the point holds every word, else the version
     written at ``seq`` (when every word had been added) if that one does."""
 
-    current = await reader.document(DocumentId(id), "current", CTX)
+    current = await read_document(reader, DocumentId(id), "current")
     if current is None:
         return None  # not created yet at the point, or retired
+    if isinstance(current, Unreadable):
+        record = (await reader.scan_all_documents(1, id - 1))["items"][0]
+        kind = str(record.get("kind", ""))
+        earlier = await _earlier(storage, id, seq)
+        if earlier is not None and holds(earlier.get("value"), wanted):
+            return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted), current)
+        return DocumentHit(id, kind, seq, False, "", current)
     record = current.get("record", {})
     kind = str(record.get("kind", ""))
     if holds(current.get("value"), wanted):
         return DocumentHit(id, kind, seq, True, _around(current.get("value"), wanted))
-    try:
-        earlier = await storage.document(DocumentId(id), seq, CTX)
-    except StorageRequestError:  # a current-only document keeps no past values
-        return None
+    earlier = await _earlier(storage, id, seq)
     if earlier is None or not holds(earlier.get("value"), wanted):
         return None
     return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted))
+
+
+async def _earlier(storage: Any, id: int, seq: int) -> Any:
+    """The document's version written at ``seq``, or None if it keeps no past values or that
+    one cannot be read either."""
+
+    try:
+        return await storage.document(DocumentId(id), seq, CTX)
+    except (StorageRequestError, *UNREADABLE_ERRORS):  # current-only, or unreadable there
+        return None
 
 
 def roles_of(entry: Any) -> list[str]:

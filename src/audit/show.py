@@ -5,12 +5,21 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT
 
 from ..storage.lmdb_storage import LmdbStorage
 from .export import seq_at
+from .unreadable import Unreadable, read_document
 
 SHOW_KINDS = ("conversation", "entry", "task", "submission", "document")
+
+
+class UnreadableDocument(msgspec.Struct, frozen=True):
+    """What ``show`` gives for a document whose value cannot be read: its record, and why."""
+
+    record: Any
+    unreadable: Unreadable
 
 
 async def show(
@@ -44,7 +53,11 @@ async def _read_one(source: Any, kind: str, id: int) -> Any | None:
     if kind == "submission":
         return await source.submission(id, BACKGROUND_CONTEXT)
     if kind == "document":
-        return await source.document(id, "current", BACKGROUND_CONTEXT)
+        found = await read_document(source, id, "current")
+        if isinstance(found, Unreadable):
+            page = await source.scan_all_documents(1, id - 1)
+            return UnreadableDocument(page["items"][0], found)
+        return found
     raise ValueError(f"Unknown kind {kind!r}; one of {', '.join(SHOW_KINDS)}")
 
 

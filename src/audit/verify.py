@@ -23,6 +23,7 @@ from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.history import log_rows
 from ..projections.rebuild import Progress, begin_following, mark_lockstep, open_core
+from .unreadable import Unreadable, failing_change
 from .words import plural
 
 # ── verify ────────────────────────────────────────────────────────────────────
@@ -55,6 +56,10 @@ class VerifyReport:
     """Differences found beyond the ones kept."""
     head: int = 0
     """The last log sequence checked."""
+    unreadable: list[Unreadable] = field(default_factory=list)
+    """Live documents whose value cannot be read (a committed change fails to apply): not damage,
+    the store holds what was committed, but no reader gets their value until a new base."""
+    more_unreadable: int = 0
 
     @property
     def sound(self) -> bool:
@@ -66,12 +71,19 @@ class VerifyReport:
             f"{plural(self.keys, 'projection key')} in {plural(self.tables, 'table')}, in {self.seconds:.1f} s"
         )
         if self.sound:
-            return f"verified {checked}: the projections match the log"
-        found = plural(len(self.differences) + self.more, "difference")
-        lines = [f"checked {checked}: {found}"]
-        lines += [f"  {difference}" for difference in self.differences]
-        if self.more:
-            lines.append(f"  ... and {self.more} more")
+            lines = [f"verified {checked}: the projections match the log"]
+        else:
+            found = plural(len(self.differences) + self.more, "difference")
+            lines = [f"checked {checked}: {found}"]
+            lines += [f"  {difference}" for difference in self.differences]
+            if self.more:
+                lines.append(f"  ... and {self.more} more")
+        if self.unreadable:
+            count = plural(len(self.unreadable) + self.more_unreadable, "live document")
+            lines.append(f"{count} cannot be read: a committed change fails to apply")
+            lines += [f"  {document.describe()}" for document in self.unreadable]
+            if self.more_unreadable:
+                lines.append(f"  ... and {self.more_unreadable} more")
         return "\n".join(lines)
 
 
@@ -178,6 +190,8 @@ def check(
                     records=records + len(rest), tables=len(t.TABLES) + 1, head=head
                 )
                 _compare(txn, live, projector.model, result, limit)
+                if result.sound:  # rows that differ from the log may name what is not there
+                    _find_unreadable(txn, live, result, limit)
             _compare_tree(log, head, result, limit)
         finally:
             scratch.close()
@@ -234,6 +248,23 @@ def last_outcome(path: str | os.PathLike[str]) -> VerifyOutcome | None:
             return msgspec.json.decode(handle.read(1 << 20), type=VerifyOutcome)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+def _find_unreadable(
+    txn: lmdb.Transaction[bytes], model: ReadModel, report: VerifyReport, limit: int
+) -> None:
+    """The live documents whose current value is marked as failing to apply, each with the
+    change it fails at."""
+
+    for record in model.scan_table(txn, t.DOCUMENTS, None, b"", None, False):
+        current = None if "retiredAt" in record else model.current_value(txn, record["id"])
+        if current is None or not current.broken:
+            continue
+        if len(report.unreadable) >= limit:
+            report.more_unreadable += 1
+            continue
+        found = failing_change(record["id"], model.revisions(txn, record["id"]))
+        report.unreadable.append(found or Unreadable(record["id"], "its value is marked broken"))
 
 
 def _silent(done: int, total: int) -> None:

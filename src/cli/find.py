@@ -131,7 +131,11 @@ def format_results(results: SearchResults) -> str:
             if doc.current
             else f"in an earlier version, written at seq {doc.seq}"
         )
-        lines.append(f"  document {doc.id}  {doc.kind}  {which}: {doc.text}")
+        said = f": {doc.text}"
+        if doc.unreadable is not None:  # the version in force cannot be read: why, and if an
+            which = f"unreadable now: {doc.unreadable.describe()}"  # earlier one holds the words
+            said = f"; in the version written at seq {doc.seq}: {doc.text}" if doc.text else ""
+        lines.append(f"  document {doc.id}  {doc.kind}  {which}{said}")
     lines.append(f"tasks ({len(results.tasks)}):")
     for task in results.tasks:
         where = "" if task.conversationId is None else f"  conversation {task.conversationId}"

@@ -16,7 +16,7 @@ import msgspec
 from ..audit.export import seq_range
 from ..audit.jsonlines import to_json
 from ..audit.numbers import DIFFERENCES, argument
-from ..audit.show import SHOW_KINDS, show
+from ..audit.show import SHOW_KINDS, UnreadableDocument, show
 from ..audit.stats import format_stats, lease_of, require_store, stats
 from ..audit.tail import StreamTail, Tail, TailFilter, commit_to_builtins, open_stream, summarize
 from ..audit.verify import check, record_outcome
@@ -159,6 +159,8 @@ def _show(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    if isinstance(found, UnreadableDocument):  # its record and why, not a traceback
+        print(f"durable-log: {found.unreadable.describe()}", file=sys.stderr)
     if args.pretty:
         import json
 

@@ -7,6 +7,7 @@ are freshly decoded objects: nothing returned aliases stored state.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterator
 from typing import Any, Final
@@ -77,6 +78,18 @@ def is_alive_at(record: Any, at: Any) -> bool:
     if at == "current":
         return "retiredAt" not in record
     return record["createdAt"] <= at and ("retiredAt" not in record or at < record["retiredAt"])
+
+
+def point_bound(at: Any) -> int:
+    """The newest sequence a document point alive in some record reaches: the reference compares
+    a point with sequences by ``<=``, so ``3.5`` and ``3.0`` read as ``3``, ``True`` as ``1``,
+    and a point past the key space (``2**70``, infinity) as its end."""
+
+    try:
+        whole: int = math.floor(at)
+        return min(whole, t.MAX_ID)
+    except OverflowError:  # infinity; minus infinity is alive in no record
+        return t.MAX_ID
 
 
 def rows_in_range(
@@ -448,7 +461,7 @@ class ReadModel:
                 }
             upper = getattr(txn, "horizon", t.MAX_ID)  # a view sees nothing past its sequence
         else:
-            upper = at
+            upper = point_bound(at)
         version, value, deltas = self.replay(txn, id, upper)
         return {"record": record, "version": version, "value": value, "deltasSinceBase": deltas}
 

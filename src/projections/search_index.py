@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import struct
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
@@ -47,8 +48,12 @@ from .delta import apply_ops
 
 INDEX_DIR: Final = "search.index"
 """The index's directory inside the store directory."""
-FORMAT: Final = 4
+FORMAT: Final = 5
 """Bump when postings change shape: an index of another format is dropped and folded again."""
+UNICODE: Final = unicodedata.unidata_version
+"""The Unicode database words are split and lower-cased by (``re``'s ``\\w``, ``str.lower``): the
+interpreter's own (14.0 on Python 3.11, 15.0 on 3.12, 15.1 on 3.13), so another Python may split
+the same text into other words. The header records it; an index of another is folded again."""
 MAP_SIZE: Final = 1 << 36
 """Address space reserved for the index (the file grows only as postings are written)."""
 CHUNK: Final = 16384
@@ -81,11 +86,25 @@ _SKIPPED_KEYS: Final = frozenset({"role", "type"})
 
 
 class IndexHeader(msgspec.Struct):
-    """The index's checkpoint: which store it indexes and the last log sequence folded."""
+    """The index's checkpoint: which store it indexes and the last log sequence folded, by which
+    format and Unicode database (``UNICODE``) its words were split."""
 
     format: int
     store_id: str | None
     folded_seq: int
+    unicode: str | None = None
+
+    def foreign(self) -> str | None:
+        """Why words this interpreter splits may not be the ones the index holds (None: they are)."""
+
+        if self.format != FORMAT:
+            return f"it is of format {self.format}, this program reads format {FORMAT}"
+        if self.unicode != UNICODE:
+            return (
+                f"its words were split by Unicode {self.unicode}, this Python splits them by "
+                f"Unicode {UNICODE}"
+            )
+        return None
 
 
 _header_decoder: Final = msgspec.msgpack.Decoder(IndexHeader)
@@ -245,6 +264,19 @@ class SearchIndex:
             ) from None
         return header
 
+    def check(self, txn: lmdb.Transaction[bytes]) -> None:
+        """Refuse (``SearchIndexError``) to answer from an index whose words this interpreter
+        would split otherwise: one built by another Python, or of another format. A catch-up
+        (which needs write access) folds such an index again."""
+
+        header = self.header(txn)
+        why = None if header is None else header.foreign()
+        if why is not None:
+            raise SearchIndexError(
+                f"The search index at {self.path} cannot answer this program: {why}. "
+                "`durable-log search PATH WORDS` folds it again (or delete it)"
+            )
+
     def reset(self, store_id: str | None, seen: IndexHeader | None) -> None:
         """Drop every posting, so the next fold starts from the log's first record; only while
         the header is still ``seen`` (another process may have reset and folded already)."""
@@ -254,7 +286,11 @@ class SearchIndex:
                 return
             for db in (self.postings, self.tasks, self.activity, self.recent):
                 txn.drop(db, delete=False)
-            txn.put(_HEADER_KEY, _encoder.encode(IndexHeader(FORMAT, store_id, 0)), db=self.meta)
+            txn.put(
+                _HEADER_KEY,
+                _encoder.encode(IndexHeader(FORMAT, store_id, 0, UNICODE)),
+                db=self.meta,
+            )
 
     def compact(self) -> None:
         """Rewrite the index with full pages (after a first build: postings land all over the
@@ -308,13 +344,13 @@ class SearchIndex:
         folder = _Folder(document_at)
         with self.env.begin(write=True) as txn:
             header = self.header(txn)
-            if header is None or header.folded_seq != folded:
+            if header is None or header.folded_seq != folded or header.foreign() is not None:
                 return False
             for commit in commits:
                 folder.fold(txn, self, commit)
             txn.put(
                 _HEADER_KEY,
-                _encoder.encode(IndexHeader(FORMAT, store_id, commits[-1].seq)),
+                _encoder.encode(IndexHeader(FORMAT, store_id, commits[-1].seq, UNICODE)),
                 db=self.meta,
             )
         return True

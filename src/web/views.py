@@ -17,6 +17,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.types import ConversationId, DocumentId, Seq
 
 from ..audit.export import seq_at
+from ..audit.unreadable import Unreadable, read_document
 from ..errors import BadQueryError
 from ..projections import StorageRequestError
 from ..storage.lmdb_storage import LmdbStorage
@@ -417,6 +418,8 @@ class DocumentView(msgspec.Struct, frozen=True):
     diff: Any
     error: str | None
     at: int
+    unreadable: Unreadable | None = None
+    """Set when the value at the point cannot be read (a stored change fails to apply): why."""
 
 
 async def document(
@@ -439,17 +442,22 @@ async def document(
         for index, row in enumerate(stored, 1)
     ]
     picked = versions[-1] if versions else None  # the version in force at the point
-    shown, before, error = None, None, None
+    shown, before, error, unreadable = None, None, None, None
     if picked is not None:
         try:
-            shown = await storage.document(id, picked.seq, CTX)
-            index = versions.index(picked)
-            if index > 0:
-                before = await storage.document(id, versions[index - 1].seq, CTX)
+            found = await read_document(storage, id, picked.seq)
         except StorageRequestError as refused:  # a current-only document keeps no past values
             error = str(refused)
-    if shown is None and as_of is None:
-        shown = await reader.document(id, "current", CTX)
+        else:
+            unreadable, shown = (found, None) if isinstance(found, Unreadable) else (None, found)
+        index = versions.index(picked)
+        if shown is not None and index > 0:
+            before = await read_document(storage, id, versions[index - 1].seq)
+            if isinstance(before, Unreadable):  # the version before is one that fails
+                before = None
+    if shown is None and unreadable is None and as_of is None:
+        found = await read_document(reader, id, "current")
+        unreadable, shown = (found, None) if isinstance(found, Unreadable) else (None, found)
     diff = jsondiff.changes(
         None if before is None else before["value"], None if shown is None else shown["value"]
     )
@@ -462,6 +470,7 @@ async def document(
         diff=diff,
         error=error,
         at=at,
+        unreadable=unreadable,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -373,3 +374,108 @@ def test_a_current_only_document_changed_after_the_index_reopens_is_found(tmp_pa
     assert [doc.id for doc in asyncio.run(_search(path, "alpha")).documents] == [SESSION_NOTES]
     asyncio.run(_build(path, [_session_change("charlie")]))
     assert [doc.id for doc in asyncio.run(_search(path, "charlie")).documents] == [SESSION_NOTES]
+
+
+# ── the Unicode database words are split by ───────────────────────────────────
+
+
+def _write_header(path: Path, **fields: Any) -> None:
+    """Rewrite the index's header as another program would have written it."""
+
+    import lmdb
+    import msgspec
+
+    env = lmdb.open(str(path / search_index.INDEX_DIR), max_dbs=8, subdir=True)
+    try:
+        meta = env.open_db(b"meta")
+        with env.begin(write=True) as txn:
+            header = msgspec.msgpack.decode(txn.get(b"header", db=meta))
+            header.update(fields)
+            txn.put(b"header", msgspec.msgpack.encode(header), db=meta)
+            txn.drop(env.open_db(b"postings", txn=txn), delete=False)  # its words: none of ours
+    finally:
+        env.close()
+
+
+OTHER_UNICODE = "14.0.0" if search_index.UNICODE != "14.0.0" else "15.1.0"
+
+
+def test_an_index_whose_words_another_python_split_is_folded_again(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_build(path))
+    assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [13, 12]
+    _write_header(path, unicode=OTHER_UNICODE)
+    assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [13, 12]
+    index = SearchIndex(path)
+    try:
+        header = index.header()
+        assert header is not None and header.unicode == search_index.UNICODE
+    finally:
+        index.close()
+    _write_header(path, unicode=None)  # an index written before the header named its Unicode
+    assert [hit.id for hit in asyncio.run(_search(path, "disk")).entries] == [13, 12]
+
+
+def test_an_index_of_another_python_not_folded_again_is_refused_not_read(tmp_path: Path) -> None:
+    """A process that answers without catching up (it cannot write the index) says why."""
+
+    from pi_durable_lmdb.errors import SearchIndexError
+
+    path = tmp_path / "store"
+    asyncio.run(_build(path))
+    asyncio.run(_search(path, "disk"))
+    _write_header(path, unicode=OTHER_UNICODE)
+
+    async def answer() -> SearchResults:
+        index = SearchIndex(path)
+        storage = await LmdbStorage.open(path, readonly=True)
+        try:
+            return await search(index, storage, storage, "disk", None)
+        finally:
+            await storage.close()
+            index.close()
+
+    with pytest.raises(SearchIndexError) as refused:
+        asyncio.run(answer())
+    said = str(refused.value)
+    assert f"split by Unicode {OTHER_UNICODE}" in said and search_index.UNICODE in said, said
+    assert "durable-log search" in said
+
+
+# characters of Unicode 14.0, 15.0 and 15.1 (a Cyrillic modifier letter, a CJK Extension I
+# ideograph...), between letters, so a split differs by which of them an interpreter knows
+PROBE = "a\u0870b x\U0001e030y \U0002ebf0z \u31efw Straße ΣΑΣ"
+
+
+@pytest.mark.parametrize("version", ["3.11.7", "3.12.1", "3.13.0"])
+def test_interpreters_split_words_alike_exactly_when_their_unicode_is_the_same(
+    version: str,
+) -> None:
+    """What the header records is what decides the split: run another installed Python on the
+    index's own pattern; its words differ from ours only if its Unicode database does."""
+
+    python = Path("/root/.pyenv/versions") / version / "bin" / "python3"
+    if not python.exists():
+        pytest.skip(f"Python {version} is not installed")
+    pattern = r"\w+"  # the index's split, as ``words`` makes it here:
+    assert words(PROBE) == [w[: search_index.MAX_WORD] for w in re.findall(pattern, PROBE.lower())]
+    program = (
+        "import json, re, sys, unicodedata\n"
+        "pattern, text, cut = json.loads(sys.stdin.read())\n"
+        "print(json.dumps([unicodedata.unidata_version,"
+        " [w[:cut] for w in re.findall(pattern, text.lower())]]))\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", program],
+        input=json.dumps([pattern, PROBE, search_index.MAX_WORD]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    their_unicode, their_words = json.loads(done.stdout)
+    ours = words(PROBE)
+    if their_unicode == search_index.UNICODE:
+        assert their_words == ours
+    else:
+        assert their_words != ours, "a probe character of a newer Unicode version was missed"

@@ -7,9 +7,11 @@ look at; the README's screenshots are taken on a demo store by ``tools/screensho
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from tests.support.served import (
     serve,
     value_at,
 )
+from tests.support.unreadable import WORD, build_unreadable
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "screenshots"
@@ -491,3 +494,36 @@ def test_records_are_the_json_show_prints_now_and_as_of_a_sequence_or_a_time(
     assert get(f"{server.url}/documents/{notes}?as_of=999999")[0] == 400
     assert get(f"{server.url}/documents/{notes}?as_of=yesterday-ish")[0] == 400
     assert get(f"{server.url}/records/entry/999999")[0] == 404
+
+
+def test_a_document_that_cannot_be_read_is_shown_so(browser: Any, tmp_path: Path) -> None:
+    """A document whose committed change cannot apply: its page names the error and the change
+    (its ops shown), links the version before (whose value shows), and search lists it."""
+
+    path = tmp_path / "store"
+    built: list[dict[str, Any]] = []  # on a thread: Playwright's sync API keeps a loop on this one
+    thread = threading.Thread(target=lambda: built.append(asyncio.run(build_unreadable(path))))
+    thread.start()
+    thread.join(120)
+    made = built[0]
+    assert _cli("search", str(path), WORD)  # the word index the search page reads
+    with serve(path) as served:
+        opened = Page(browser, served.url)
+        try:
+            opened.open(f"/documents/{made['history']}")
+            said = opened.page.locator("#unreadable")
+            assert said.is_visible()
+            text = said.inner_text()
+            assert f"document {made['history']} cannot be read" in text, text
+            assert f"log sequence {made['bad']}" in text and "PathError" in text, text
+            assert "nope" in opened.page.locator("#failing-ops").inner_text()
+            opened.page.locator(f"#versions a[data-seq='{made['good']}']").click()
+            opened.page.wait_for_url(re.compile(rf"as_of={made['good']}"))
+            assert WORD + " plan" in opened.page.locator("#value").inner_text()
+            assert opened.page.locator("#unreadable").count() == 0
+            opened.open(f"/search?q={WORD}")
+            listed = opened.page.locator(f"li[data-document='{made['session']}'] .unreadable")
+            assert f"log sequence {made['bad']}" in listed.inner_text()
+            assert opened.errors == []
+        finally:
+            opened.close()

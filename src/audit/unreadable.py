@@ -1,0 +1,93 @@
+"""Documents whose stored changes cannot be applied: what the tools show instead of their value.
+
+The contract accepts a change whose path resolves to nothing (``["a", ["nope"], "x"]``); from
+then on reading the document raises ``PathError``, as pi-durable's ``MemoryStorage`` does, until a
+new base replaces the value. One agent's bad change must not take a command or a page down: the
+tools read documents through ``read_document``, which names the error and the revision (the log
+sequence of the change) replay fails at, and everything else answers as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final, Protocol
+
+import msgspec
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+
+from ..projections.delta import PathError, UnsafePathError, apply_batches
+
+UNREADABLE_ERRORS: Final = (PathError, UnsafePathError, KeyError, IndexError, TypeError, ValueError)
+"""What applying a stored change can raise, as the reference's applier raises it (a path that
+resolves to nothing, a missing key, a permutation of another length...), so what reading such a
+document raises. A read raising one of them is unreadable only if a change is found to fail."""
+
+
+class Unreadable(msgspec.Struct, frozen=True):
+    """A document that cannot be read at a point: its id, the error reading it raises, and the
+    change replay fails at (its log sequence and the document definition's version), when found."""
+
+    id: int
+    error: str
+    seq: int | None = None
+    version: int | None = None
+
+    def describe(self) -> str:
+        where = "" if self.seq is None else f" at its change of log sequence {self.seq}"
+        return f"document {self.id} cannot be read: replaying it fails{where} ({self.error})"
+
+
+class _Revision(Protocol):
+    @property
+    def version(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def body(self) -> Any: ...
+
+
+def failing_change(id: int, revisions: Iterable[tuple[int, _Revision]]) -> Unreadable | None:
+    """The change of ``revisions`` (``(seq, revision)``, oldest first) after their last base
+    that cannot be applied to the value before it, or None if every one applies."""
+
+    value: Any = None
+    failed: Unreadable | None = None
+    for seq, revision in revisions:
+        if revision.kind == "base":  # a new value: whatever failed before it no longer matters
+            value, failed = revision.body, None
+        elif failed is None:
+            try:
+                value = apply_batches(value, [revision.body])
+            except UNREADABLE_ERRORS as raised:
+                failed = Unreadable(id, _name(raised), seq, revision.version)
+    return failed
+
+
+async def read_document(reader: Any, id: int, at: Any) -> Any:
+    """``reader.document(id, at)`` (``reader``: a store or a view of it), or an ``Unreadable``
+    naming why it cannot be read there."""
+
+    try:
+        return await reader.document(id, at, CTX)
+    except UNREADABLE_ERRORS as error:
+        return await explain(reader, id, error, None if at == "current" else at)
+
+
+async def explain(reader: Any, id: int, error: BaseException, upto: Any = None) -> Unreadable:
+    """The ``Unreadable`` for ``error``, raised reading document ``id`` at ``upto`` (None: the
+    newest revision ``reader`` sees), with the change it fails at; ``error`` itself, raised again,
+    when no change fails (a refusal of the request, not of the document). A backend that lists
+    no revisions (pi-durable's own, read by an import with ids it served) gets only the error."""
+
+    listed = getattr(reader, "document_revisions", None)
+    if listed is None:
+        return Unreadable(id, _name(error))
+    revisions = [(row.seq, row) for row in await listed(id) if upto is None or row.seq <= upto]
+    found = failing_change(id, revisions)
+    if found is None:
+        raise error
+    return found
+
+
+def _name(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
