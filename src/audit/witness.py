@@ -91,13 +91,13 @@ async def publish(
     key = witness_key(new.origin)
     bucket = f"{link.stream}-{BUCKET}"
     for _ in range(ATTEMPTS):
-        value, revision = await link.arun(link.kv_get(BUCKET, key))
+        value, revision = await link.arun(link.keys.kv_get(BUCKET, key))
         previous = None if value is None else _check_previous(log, signer, new, value, bucket, key)
         if previous is not None and previous.size == new.size:  # the same tree (its root checked)
             return PublishedCheckpoint(
                 bucket, key, revision, new.size, new.root.hex(), previous.size, False, note
             )
-        put = await link.arun(link.kv_put(BUCKET, key, note.encode(), revision))
+        put = await link.arun(link.keys.kv_put(BUCKET, key, note.encode(), revision))
         if put is not None:
             previous_size = None if previous is None else previous.size
             return PublishedCheckpoint(

@@ -239,7 +239,7 @@ class LmdbStorage(StorageReads, Storage):
         link = link_for(nats, stream)
         try:  # the stream first: a replica that cannot follow anything creates nothing
             link.run(link.connect())
-            link.run(link.ensure_stream(create=False))
+            link.run(link.messages.ensure_stream(create=False))
             seed_new(link, store, path)
         except BaseException:
             link.close()
@@ -305,7 +305,7 @@ class LmdbStorage(StorageReads, Storage):
 
         self._link = link
         await link.arun(link.connect())
-        await link.arun(link.ensure_stream(replicas, create=True))
+        await link.arun(link.messages.ensure_stream(replicas, create=True))
         store = self._env.store_id
         assert store is not None
         if replicated:

@@ -88,7 +88,7 @@ async def breakdown_catch_up(
     """Catch-up split into its stages, each alone, wall-clock and this process's CPU per record:
     nats-py's ordered consumer alone, ``parse_message`` (after nats-py's ``msg.metadata``), the
     fold (``Follower._apply``, chunks of 1,024); and, where the tree has them, batched pull
-    requests alone (``link.fetch``, 4,096 a batch), ``parse_message`` of what they return, and the
+    requests alone (``link.messages.fetch``, 4,096 a batch), ``parse_message`` of what they return, and the
     check and fold as a catch-up does them (``Follower._take_raw``)."""
 
     import nats
@@ -164,7 +164,7 @@ async def breakdown_catch_up(
             raws: list[Any] = []
             start()
             while batch := await link.arun(
-                link.fetch(subject, raws[-1].stream_seq if raws else 0, batch=4096)
+                link.messages.fetch(subject, raws[-1].stream_seq if raws else 0, batch=4096)
             ):
                 raws.extend(batch)
             stop("fetch", len(raws))

@@ -110,18 +110,29 @@ class MemoryStream:
 
 
 class MemoryLink(LinkLoop):
-    """A link to a ``MemoryStream``."""
+    """A link to a ``MemoryStream``: the bundle of its stream (``messages``), key-value
+    (``keys``) and snapshot (``snapshots``) roles."""
 
     def __init__(self, stream: MemoryStream, *, timeout: float = 1.0) -> None:
         self.server = stream
         self.stream = stream.name
         self.timeout = timeout
+        self.messages = MemoryMessages(stream)
+        self.keys = MemoryKeys(stream)
+        self.snapshots = MemorySnapshots(stream)
         super().__init__(f"memory {stream.name}")
-        self.clock = stream.clock
 
     async def connect(self) -> None:
         if self.server.down:
             raise NatsUnavailableError(f"The in-memory stream {self.stream!r} is down")
+
+
+class MemoryMessages:
+    """The stream role of a ``MemoryLink`` (``link.Stream``)."""
+
+    def __init__(self, server: MemoryStream) -> None:
+        self.server = server
+        self.stream = server.name
 
     async def ensure_stream(self, replicas: int = 1, create: bool = True) -> None:
         if self.server.down:
@@ -211,38 +222,20 @@ class MemoryLink(LinkLoop):
     def check_size(self, size: int) -> None:
         check_size(size, self.server.max_payload)
 
-    async def snapshot_put(self, name: str, source: BinaryIO) -> None:
-        self.server.answer()
-        content = source.read()
-        with self.server.lock:
-            self.server.objects[name] = (content, hashlib.sha256(content).digest())
-
-    async def snapshot_names(self) -> list[str]:
-        self.server.answer()
-        with self.server.lock:
-            return sorted(self.server.objects)
-
-    async def snapshot_get(self, name: str, sink: BinaryIO) -> None:
-        self.server.answer()
-        with self.server.lock:
-            found = self.server.objects.get(name)
-        if found is None:
-            raise ReplicationError(f"The snapshot {name} is not in the in-memory bucket")
-        if hashlib.sha256(found[0]).digest() != found[1]:
-            raise ReplicationError(f"The snapshot {name} does not match its digest")
-        sink.write(found[0])
-
-    async def snapshot_delete(self, name: str) -> None:
-        self.server.answer()
-        with self.server.lock:
-            self.server.objects.pop(name, None)
-
     async def trim(self, subject: str, keep_from: int) -> None:
         self.server.answer()
         with self.server.lock:
             self.server.messages = [
                 m for m in self.server.messages if m.subject != subject or m.stream_seq >= keep_from
             ]
+
+
+class MemoryKeys:
+    """The key-value role of a ``MemoryLink`` (``link.KeyValue``), on the stream's clock."""
+
+    def __init__(self, server: MemoryStream) -> None:
+        self.server = server
+        self.clock = server.clock
 
     async def lease_get(self, key: str) -> tuple[bytes | None, int]:
         self.server.answer()
@@ -287,3 +280,36 @@ class MemoryLink(LinkLoop):
             if entry is not None and entry.revision == revision:
                 self.server.revision += 1
                 self.server.keys[key] = _Key(None, self.server.revision, float("inf"))
+
+
+class MemorySnapshots:
+    """The snapshot role of a ``MemoryLink`` (``link.SnapshotStore``): the stream's bucket."""
+
+    def __init__(self, server: MemoryStream) -> None:
+        self.server = server
+
+    async def put(self, name: str, source: BinaryIO) -> None:
+        self.server.answer()
+        content = source.read()
+        with self.server.lock:
+            self.server.objects[name] = (content, hashlib.sha256(content).digest())
+
+    async def names(self) -> list[str]:
+        self.server.answer()
+        with self.server.lock:
+            return sorted(self.server.objects)
+
+    async def get(self, name: str, sink: BinaryIO) -> None:
+        self.server.answer()
+        with self.server.lock:
+            found = self.server.objects.get(name)
+        if found is None:
+            raise ReplicationError(f"The snapshot {name} is not in the in-memory bucket")
+        if hashlib.sha256(found[0]).digest() != found[1]:
+            raise ReplicationError(f"The snapshot {name} does not match its digest")
+        sink.write(found[0])
+
+    async def delete(self, name: str) -> None:
+        self.server.answer()
+        with self.server.lock:
+            self.server.objects.pop(name, None)
