@@ -120,10 +120,14 @@ class LmdbStorage(StorageReads, Storage):
         projector, log = self._projector, self.log
 
         def replay(txn: lmdb.Transaction[bytes], chunk: list[tuple[int, bytes]]) -> None:
-            for seq, data in chunk:
-                plan = projector.prepare(txn, decode_record(seq, data).writes)
-                log.append_record(txn, seq, data)
-                projector.apply(txn, seq, plan)
+            for seq, data in chunk:  # the one sequence every path takes: check, append, fold
+                outcome = projector.admit(
+                    txn,
+                    decode_record(seq, data).writes,
+                    lambda seq=seq, data=data: log.append_record(txn, seq, data),  # type: ignore[misc]
+                )
+                if isinstance(outcome, Exception):
+                    raise outcome
 
         for at in range(0, len(records), REPLAY_CHUNK):
             chunk = records[at : at + REPLAY_CHUNK]
