@@ -228,6 +228,14 @@ class JetStreamMessages:
         self.atomic = True
         """Whether the stream takes atomic batches (``allow_atomic``); else records go one by one."""
 
+    @property
+    def stream(self) -> str:
+        return self.connection.stream
+
+    @property
+    def timeout(self) -> float:
+        return self.connection.timeout
+
     async def ensure_stream(self, replicas: int = 1, create: bool = True) -> None:
         """Check the stream carries store subjects; make it (``replicas`` copies) when missing."""
 
@@ -235,15 +243,15 @@ class JetStreamMessages:
         from nats.js.api import StorageType, StreamConfig
 
         try:
-            info = await self.connection.js.stream_info(self.connection.stream)
+            info = await self.connection.js.stream_info(self.stream)
         except nats.js.errors.NotFoundError:
             if not create:
                 raise StreamMissingError(
-                    f"NATS has no stream {self.connection.stream!r} (at {', '.join(self.connection.servers)})"
+                    f"NATS has no stream {self.stream!r} (at {', '.join(self.connection.servers)})"
                 ) from None
             config = StreamConfig(
-                name=self.connection.stream,
-                subjects=stream_subjects(self.connection.stream),
+                name=self.stream,
+                subjects=stream_subjects(self.stream),
                 num_replicas=replicas,
                 storage=StorageType.FILE,
                 allow_atomic=True,
@@ -253,23 +261,23 @@ class JetStreamMessages:
             try:
                 info = await self.connection.js.add_stream(config)
             except nats.js.errors.ServiceUnavailableError as error:
-                raise _unanswered(f"stream {self.connection.stream!r}", error) from None
+                raise _unanswered(f"stream {self.stream!r}", error) from None
             except nats.js.errors.Error as error:
                 raise ReplicationError(
-                    f"NATS refused to create stream {self.connection.stream!r} with {replicas} replicas: {error}"
+                    f"NATS refused to create stream {self.stream!r} with {replicas} replicas: {error}"
                 ) from None
             except (TimeoutError, nats.errors.Error) as error:
-                raise _unanswered(f"stream {self.connection.stream!r}", error) from None
+                raise _unanswered(f"stream {self.stream!r}", error) from None
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
             raise NatsUnavailableError(
-                f"NATS at {', '.join(self.connection.servers)} did not answer for stream {self.connection.stream!r} ({cause_of(error, self.connection.timeout)})"
+                f"NATS at {', '.join(self.connection.servers)} did not answer for stream {self.stream!r} ({cause_of(error, self.timeout)})"
             ) from None
         except nats.errors.Error as error:  # a 503 (no quorum, no meta leader), a lost connection
-            raise _unanswered(f"stream {self.connection.stream!r}", error) from None
+            raise _unanswered(f"stream {self.stream!r}", error) from None
         subjects = info.config.subjects or []
-        if not any(_covers(pattern, f"{self.connection.stream}.x.log") for pattern in subjects):
+        if not any(_covers(pattern, f"{self.stream}.x.log") for pattern in subjects):
             raise StreamMissingError(
-                f"Stream {self.connection.stream!r} does not carry the subjects {self.connection.stream}.<store>.log (it takes {subjects})"
+                f"Stream {self.stream!r} does not carry the subjects {self.stream}.<store>.log (it takes {subjects})"
             )
         self.atomic = bool(info.config.allow_atomic)
 
@@ -279,20 +287,20 @@ class JetStreamMessages:
         import nats.js.errors
 
         try:
-            raw = await self.connection.js.get_last_msg(self.connection.stream, subject)
+            raw = await self.connection.js.get_last_msg(self.stream, subject)
         except nats.js.errors.NotFoundError as error:
             if error.err_code in MISSING_CODES:  # no stream, not a subject without messages
                 raise StreamMissingError(
-                    f"NATS has no stream {self.connection.stream!r}: {error.description}"
+                    f"NATS has no stream {self.stream!r}: {error.description}"
                 ) from None
             return None
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
             raise NatsUnavailableError(
-                f"NATS did not answer for the last message of {subject} ({cause_of(error, self.connection.timeout)})"
+                f"NATS did not answer for the last message of {subject} ({cause_of(error, self.timeout)})"
             ) from None
         except nats.errors.Error as error:  # a 503 (no quorum, no meta leader), a lost connection
             raise _unanswered(f"the last message of {subject}", error) from None
-        return parse_message(self.connection.stream, raw.seq, raw.headers, raw.data, store)
+        return parse_message(self.stream, raw.seq, raw.headers, raw.data, store)
 
     async def publish(
         self, subject: str, messages: Sequence[tuple[dict[str, str], bytes]], expected: int
@@ -346,18 +354,16 @@ class JetStreamMessages:
 
         try:
             reply = await self.connection.nc.request(
-                subject, body, timeout=self.connection.timeout, headers=headers
+                subject, body, timeout=self.timeout, headers=headers
             )
         except nats.errors.NoRespondersError:
             raise NatsUnavailableError(
-                f"No stream answers for {subject} (stream {self.connection.stream!r} missing, or without a leader)"
+                f"No stream answers for {subject} (stream {self.stream!r} missing, or without a leader)"
             ) from None
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as error:
-            self.connection.last_error = (
-                f"publish to {subject}: no answer in {self.connection.timeout} s"
-            )
+            self.connection.last_error = f"publish to {subject}: no answer in {self.timeout} s"
             raise OutcomeUnknownError(
-                f"The stream did not acknowledge an append to {subject} within {self.connection.timeout} s "
+                f"The stream did not acknowledge an append to {subject} within {self.timeout} s "
                 f"({type(error).__name__}); it may or may not hold it"
             ) from None
         try:
@@ -408,7 +414,7 @@ class JetStreamMessages:
         try:
             sub = await self.connection.js.subscribe(
                 subject,
-                stream=self.connection.stream,
+                stream=self.stream,
                 cb=take,
                 ordered_consumer=True,
                 config=config,
@@ -439,9 +445,7 @@ class JetStreamMessages:
                     if arrived:  # what follows: what waits here, and what the server held back
                         pending = _delivery(arrived[-1])[1] + len(arrived)  # after the newest
                     yield (
-                        parse_message(
-                            self.connection.stream, stream_seq, msg.headers, msg.data, store
-                        ),
+                        parse_message(self.stream, stream_seq, msg.headers, msg.data, store),
                         pending,
                     )
                     if not follow and pending == 0 and not arrived:
@@ -470,7 +474,7 @@ class JetStreamMessages:
             opt_start_seq=after + 1,
             filter_subject=subject,
             ack_policy=AckPolicy.NONE,
-            inactive_threshold=max(30.0, 3 * self.connection.timeout),
+            inactive_threshold=max(30.0, 3 * self.timeout),
             mem_storage=True,
             num_replicas=1,
         )
@@ -490,7 +494,7 @@ class JetStreamMessages:
                 ended.set_result(None)
 
         try:
-            info = await self.connection.js.add_consumer(self.connection.stream, config)
+            info = await self.connection.js.add_consumer(self.stream, config)
             try:
                 inbox = self.connection.nc.new_inbox()
                 sub = await self.connection.nc.subscribe(
@@ -504,16 +508,16 @@ class JetStreamMessages:
                         {"batch": batch, "no_wait": True, "max_bytes": FETCH_BYTES}
                     ).encode()
                     await self.connection.nc.publish(
-                        f"$JS.API.CONSUMER.MSG.NEXT.{self.connection.stream}.{info.name}",
+                        f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{info.name}",
                         request,
                         reply=inbox,
                     )
-                    await asyncio.wait_for(ended, self.connection.timeout)
+                    await asyncio.wait_for(ended, self.timeout)
                 finally:
                     await sub.unsubscribe()
             finally:
                 try:
-                    await self.connection.js.delete_consumer(self.connection.stream, info.name)
+                    await self.connection.js.delete_consumer(self.stream, info.name)
                 except (TimeoutError, nats.errors.Error):
                     pass  # it goes by itself once inactive
         except (TimeoutError, nats.errors.Error) as error:
@@ -539,9 +543,7 @@ class JetStreamMessages:
         import nats.errors
 
         try:
-            await self.connection.js.purge_stream(
-                self.connection.stream, seq=keep_from, subject=subject
-            )
+            await self.connection.js.purge_stream(self.stream, seq=keep_from, subject=subject)
         except (TimeoutError, nats.errors.TimeoutError) as error:
             raise NatsUnavailableError(
                 f"NATS did not trim {subject} ({type(error).__name__})"
