@@ -404,11 +404,13 @@ class JetStreamMessages:
             opt_start_seq=after + 1,
             filter_subject=subject,
         )
-        arrived: collections.deque[Any] = collections.deque()
+        arrived: collections.deque[tuple[Any, int, int]] = collections.deque()
+        """Messages received, not yet given out: each with its stream sequence and how many more
+        the server held back when it sent it."""
         ready = asyncio.Event()
 
         async def take(msg: Any) -> None:  # a callback: far cheaper per message than next_msg()
-            arrived.append(msg)
+            arrived.append((msg, *_delivery(msg)))
             ready.set()
 
         try:
@@ -437,13 +439,12 @@ class JetStreamMessages:
                                 return
                         continue
                 while arrived:
-                    msg = arrived.popleft()
-                    stream_seq, pending = _delivery(msg)
+                    msg, stream_seq, pending = arrived.popleft()
                     if stream_seq <= after:
                         continue
                     after = stream_seq
                     if arrived:  # what follows: what waits here, and what the server held back
-                        pending = _delivery(arrived[-1])[1] + len(arrived)  # after the newest
+                        pending = arrived[-1][2] + len(arrived)  # after the newest
                     yield (
                         parse_message(self.stream, stream_seq, msg.headers, msg.data, store),
                         pending,
