@@ -48,6 +48,10 @@ async def test_a_lease_is_dropped_its_ttl_after_the_put(engine: Engine) -> None:
 
 
 async def test_a_lease_needs_the_stream(bare: Engine) -> None:
+    """The lease is only ever of a store on the stream: without it, the stream is named missing."""
+
+    with pytest.raises(StreamMissingError):
+        await bare(bare.link.keys.lease_get("store1"))
     with pytest.raises(StreamMissingError):
         await bare(bare.link.keys.lease_put("store1", b"one", 0, 60))
 
