@@ -51,7 +51,9 @@ What a ``SnapshotStore`` promises: ``put(name, source)`` stores ``source`` (from
 to its end) whole or not at all (a put cut short leaves nothing listed), replacing one of that
 name; ``names()`` lists the complete ones, sorted; ``get(name, sink)`` writes one out,
 ``ReplicationError`` when it is missing or does not match the digest it was stored with;
-``delete(name)`` drops one (nothing when there is none).
+``delete(name)`` drops one (nothing when there is none). The store is made beside the stream by
+the first put, which needs the stream (``StreamMissingError``); before it, there is nothing to
+list, get or delete.
 
 A link owns a thread with its event loop (``LinkLoop``, the runner): every role's coroutines run
 on it. The writer thread, which must not run an event loop, calls ``run``; a caller's loop calls

@@ -1,4 +1,5 @@
-"""An in-memory stream engine that keeps ``StreamLink``'s promises: for tests that need no server.
+"""An in-memory stream engine that keeps the promises of ``link.py``'s roles: for tests that need
+no server.
 
 ``MemoryStream`` is the server (one stream, its subjects and its lease key-value), shared by
 every ``MemoryLink`` to it as a NATS server is by its clients; each link has its own thread and
@@ -283,7 +284,8 @@ class MemoryKeys:
 
 
 class MemorySnapshots:
-    """The snapshot role of a ``MemoryLink`` (``link.SnapshotStore``): the stream's bucket."""
+    """The snapshot role of a ``MemoryLink`` (``link.SnapshotStore``): the stream's bucket,
+    which only a put needs the stream for (as JetStream's is made with the stream's replicas)."""
 
     def __init__(self, server: MemoryStream) -> None:
         self.server = server
@@ -295,12 +297,12 @@ class MemorySnapshots:
             self.server.objects[name] = (content, hashlib.sha256(content).digest())
 
     async def names(self) -> list[str]:
-        self.server.answer()
+        self.server.answer(stream=False)
         with self.server.lock:
             return sorted(self.server.objects)
 
     async def get(self, name: str, sink: BinaryIO) -> None:
-        self.server.answer()
+        self.server.answer(stream=False)
         with self.server.lock:
             found = self.server.objects.get(name)
         if found is None:
@@ -310,6 +312,6 @@ class MemorySnapshots:
         sink.write(found[0])
 
     async def delete(self, name: str) -> None:
-        self.server.answer()
+        self.server.answer(stream=False)
         with self.server.lock:
             self.server.objects.pop(name, None)

@@ -13,7 +13,7 @@ import base64
 import hashlib
 from typing import Any, BinaryIO, Final
 
-from ...errors import NatsUnavailableError, ReplicationError
+from ...errors import NatsUnavailableError, ReplicationError, StreamMissingError
 from .connection import NatsConnection
 from .direct import direct_batch
 from .message import RawMessage
@@ -65,7 +65,12 @@ async def bucket(js: Any, stream: str, create: bool) -> Any | None:
         except nats.js.errors.BucketNotFoundError:
             if not create:
                 return None
-            info = await js.stream_info(stream)
+            try:
+                info = await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                raise StreamMissingError(
+                    f"NATS has no stream {stream!r} to keep snapshots beside"
+                ) from None
             config = ObjectStoreConfig(
                 bucket=name,
                 replicas=info.config.num_replicas or 1,

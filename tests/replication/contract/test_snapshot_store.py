@@ -6,7 +6,7 @@ import io
 import os
 
 import pytest
-from pi_durable_lmdb.errors import ReplicationError
+from pi_durable_lmdb.errors import ReplicationError, StreamMissingError
 
 from .conftest import Engine
 
@@ -57,3 +57,17 @@ async def test_a_missing_snapshot_is_refused_and_a_delete_forgets_one(engine: En
     assert await engine(snapshots.names()) == ["s1.b"]
     with pytest.raises(ReplicationError):
         await get(engine, "s1.a")
+
+
+async def test_without_the_stream_there_are_no_snapshots_and_none_goes_in(bare: Engine) -> None:
+    """The bucket is made beside the stream, with its replicas: a put needs the stream; with no
+    bucket there is nothing to list, get or delete."""
+
+    snapshots = bare.link.snapshots
+    assert await bare(snapshots.names()) == []
+    with pytest.raises(ReplicationError):
+        await get(bare, "s1.a")
+    await bare(snapshots.delete("s1.a"))
+    with pytest.raises(StreamMissingError):
+        await bare(snapshots.put("s1.a", io.BytesIO(b"a")))
+    assert await bare(snapshots.names()) == []
