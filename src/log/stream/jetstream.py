@@ -542,6 +542,7 @@ class JetStreamMessages:
         """Remove the subject's messages below stream sequence ``keep_from``."""
 
         import nats.errors
+        import nats.js.errors
 
         try:
             await self.connection.js.purge_stream(self.stream, seq=keep_from, subject=subject)
@@ -550,6 +551,8 @@ class JetStreamMessages:
                 f"NATS did not trim {subject} ({type(error).__name__})"
             ) from None
         except nats.errors.Error as error:
+            if isinstance(error, nats.js.errors.NotFoundError) and error.err_code in MISSING_CODES:
+                raise StreamMissingError(f"NATS has no stream {self.stream!r} to trim") from None
             raise ReplicationError(f"NATS refused to trim {subject}: {error}") from None
 
 
@@ -572,6 +575,8 @@ def _unanswered(what: str, error: BaseException) -> ReplicationError:
 
     import nats.js.errors
 
+    if isinstance(error, nats.js.errors.NotFoundError) and error.err_code in MISSING_CODES:
+        return StreamMissingError(f"NATS has no stream for {what}: {error.description}")
     if isinstance(error, nats.js.errors.ServiceUnavailableError):
         return NatsUnavailableError(
             f"NATS could not answer for {what}: {error.description or 'service unavailable'} (503)"

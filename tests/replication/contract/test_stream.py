@@ -17,6 +17,19 @@ async def test_a_missing_stream_is_named_missing_until_it_is_made(bare: Engine) 
         await bare(stream.ensure_stream(create=False))
     with pytest.raises(StreamMissingError):
         await bare(stream.last(bare.subject(), None))
+    with pytest.raises(StreamMissingError):
+        await bare(stream.fetch(bare.subject(), 0, batch=10))
+    for follow in (False, True):
+
+        async def first(follow: bool = follow) -> object:
+            return await anext(stream.read(bare.subject(), 0, store=None, follow=follow))
+
+        with pytest.raises(StreamMissingError):
+            await bare(first())
+    with pytest.raises(StreamMissingError):
+        await bare(stream.trim(bare.subject(), 5))
+    with pytest.raises(ReplicationError):  # JetStream hears no answer: it cannot say why
+        await bare(stream.publish(bare.subject(), [message()], 0))
     await bare(stream.ensure_stream(create=True))
     await bare(stream.ensure_stream(create=False))  # made once, found after
     assert await bare(stream.last(bare.subject(), None)) is None
