@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from ...errors import NatsUnavailableError, ReplicationError, StreamMissingError
 from .connection import NatsConnection
+from .link import check_key
 
 HISTORY: Final = 64
 """Values a key keeps (NATS's most): an auditor can read the last 64 checkpoints put."""
@@ -64,6 +65,7 @@ class JetStreamKeys:
         return self._lease_bucket
 
     async def lease_get(self, key: str) -> tuple[bytes | None, int]:
+        check_key(key)
         import nats.errors
         import nats.js.errors
 
@@ -82,6 +84,7 @@ class JetStreamKeys:
         return entry.value, int(entry.revision)
 
     async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None:
+        check_key(key)
         import nats.errors
         import nats.js.errors
 
@@ -114,9 +117,11 @@ class JetStreamKeys:
             pass  # it expires by itself
 
     async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]:
+        check_key(key)
         return await get(self.connection.js, self.connection.stream, bucket, key, self._buckets)
 
     async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
+        check_key(key)
         return await put(
             self.connection.js, self.connection.stream, bucket, key, value, revision, self._buckets
         )

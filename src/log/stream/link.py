@@ -32,10 +32,14 @@ What a ``Stream`` promises:
   means the server that answered holds nothing more.
 - ``trim(subject, keep_from)`` removes the subject's messages below stream sequence ``keep_from``
   (only ever asked for by an explicit retention policy); sequences are never reused.
-- Without the stream (``ensure_stream`` not yet run with ``create``): ``StreamMissingError``.
+- Without the stream (``ensure_stream`` not yet run with ``create``): ``StreamMissingError``, but
+  for a publish, which JetStream cannot tell from one that nothing answers (``ReplicationError``
+  either way).
 
 What a ``KeyValue`` promises:
 
+- Keys are letters, digits, ``-/_=`` and inner dots (``check_key``); another is refused with
+  ``BadInputError`` before the engine is asked.
 - The lease key-value: ``lease_get(key)`` is ``(value, revision)`` (``None``, and the revision a
   delete left or 0, when there is none); ``lease_put(key, value, revision, ttl)`` sets it only if
   its revision is ``revision`` and returns the new one, or ``None`` when it is not (someone moved
@@ -63,13 +67,28 @@ on it. The writer thread, which must not run an event loop, calls ``run``; a cal
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import Any, BinaryIO, Final, Protocol, TypeVar
 
+from ...errors import BadInputError
 from .message import RawMessage, StreamMessage
 
 T = TypeVar("T")
+KV_KEY: Final = re.compile(r"[-/_=a-zA-Z0-9]+(\.[-/_=a-zA-Z0-9]+)*")
+"""A key of a key-value bucket: letters, digits, ``-/_=`` and inner dots (NATS's rule)."""
+
+
+def check_key(key: str) -> str:
+    """``key`` when a ``KeyValue`` can hold it; ``BadInputError`` naming it otherwise (JetStream
+    would take it for a subject of its own, or refuse it without saying why)."""
+
+    if not isinstance(key, str) or not KV_KEY.fullmatch(key):
+        raise BadInputError(
+            f"A key-value key is letters, digits, '-', '/', '_', '=' and inner '.', not {key!r:.80}"
+        )
+    return key
 
 
 class Stream(Protocol):

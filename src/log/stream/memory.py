@@ -31,7 +31,7 @@ from ...errors import (
     StreamMissingError,
     StreamMovedError,
 )
-from .link import LinkLoop
+from .link import LinkLoop, check_key
 from .message import (
     H_MSG_ID,
     RawMessage,
@@ -239,6 +239,7 @@ class MemoryKeys:
         self.clock = server.clock
 
     async def lease_get(self, key: str) -> tuple[bytes | None, int]:
+        check_key(key)
         self.server.answer()
         with self.server.lock:
             entry = self.server.keys.get(key)
@@ -247,6 +248,7 @@ class MemoryKeys:
             return entry.value, entry.revision
 
     async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None:
+        check_key(key)
         self.server.answer()
         with self.server.lock:
             entry = self.server.keys.get(key)
@@ -258,12 +260,14 @@ class MemoryKeys:
             return self.server.revision
 
     async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]:
+        check_key(key)
         self.server.answer(stream=False)
         with self.server.lock:
             entry = self.server.buckets.get(bucket, {}).get(key)
             return (None, 0) if entry is None else (entry.value, entry.revision)
 
     async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
+        check_key(key)
         self.server.answer(stream=False)
         with self.server.lock:
             keys = self.server.buckets.setdefault(bucket, {})

@@ -71,3 +71,21 @@ async def test_a_bucket_put_names_the_revision_it_replaces(bare: Engine) -> None
     assert await bare(keys.kv_get(BUCKET, "a/b")) == (b"two", second)
     assert await bare(keys.kv_get(BUCKET, "other")) == (None, 0)
     assert await bare(keys.kv_get("elsewhere", "a/b")) == (None, 0)  # buckets do not mix
+
+
+@pytest.mark.parametrize("key", ["a b", "a*b", "", ".a", "a..b", "a:b", "ü"])
+async def test_a_key_the_engine_cannot_hold_is_refused_as_bad_input(
+    engine: Engine, key: str
+) -> None:
+    """Keys are key-value keys (letters, digits, ``-/_=`` and inner dots): another one is the
+    caller's mistake, not an engine that did not answer."""
+
+    keys = engine.link.keys
+    for call in (
+        lambda: keys.kv_get(BUCKET, key),
+        lambda: keys.kv_put(BUCKET, key, b"v", 0),
+        lambda: keys.lease_get(key),
+        lambda: keys.lease_put(key, b"v", 0, 60),
+    ):
+        with pytest.raises(ValueError, match="key"):
+            await engine(call())
