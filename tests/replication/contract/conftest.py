@@ -64,6 +64,27 @@ class Engine:
             await asyncio.sleep(0.1)
         raise AssertionError(f"the server kept the lease {key} a minute past its {ttl} s")
 
+    async def lose_chunks(self, name: str) -> None:
+        """Damage snapshot ``name`` where it is stored: the in-memory bucket's copy loses its
+        head; JetStream's object keeps only its last chunk (the others purged from the bucket's
+        own stream), its description unchanged."""
+
+        if self.memory is not None:
+            content, digest = self.memory.objects[name]
+            self.memory.objects[name] = (content[len(content) // 2 :], digest)
+            return
+        link = self.link
+        assert isinstance(link, JetStreamLink)
+
+        async def purge() -> None:
+            bucket = f"{link.stream}-snapshots"
+            info = await (await link.js.object_store(bucket)).get_info(name)
+            await link.js.purge_stream(
+                f"OBJ_{bucket}", subject=f"$O.{bucket}.C.{info.nuid}", keep=1
+            )
+
+        await self(purge())
+
 
 def message(store: str = "s1", upto: int = 1) -> tuple[dict[str, str], bytes]:
     """A valid message of ``store``'s subject (an id reservation), with a message id of its own."""

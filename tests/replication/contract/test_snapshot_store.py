@@ -71,3 +71,11 @@ async def test_without_the_stream_there_are_no_snapshots_and_none_goes_in(bare: 
     with pytest.raises(StreamMissingError):
         await bare(snapshots.put("s1.a", io.BytesIO(b"a")))
     assert await bare(snapshots.names()) == []
+
+
+async def test_a_snapshot_that_lost_part_of_itself_is_refused(engine: Engine) -> None:
+    big = os.urandom(1_300_000)
+    await engine(engine.link.snapshots.put("s1.a", io.BytesIO(big)))
+    await engine.lose_chunks("s1.a")
+    with pytest.raises(ReplicationError, match="does not match"):
+        await get(engine, "s1.a")

@@ -156,3 +156,14 @@ async def test_a_trim_drops_what_is_below_and_never_reuses_a_sequence(engine: En
     ] == [other]
     after = await engine(stream.publish(subject, [message(upto=5)], last))
     assert after > other
+
+
+async def test_a_subject_trimmed_to_nothing_is_empty_again(engine: Engine) -> None:
+    stream, subject = engine.link.messages, engine.subject()
+    last = await engine(stream.publish(subject, [message(upto=n) for n in (1, 2)], 0))
+    await engine(stream.trim(subject, last + 1))
+    assert await engine(stream.last(subject, "s1")) is None
+    assert await engine(stream.fetch(subject, 0, batch=10)) == []
+    with pytest.raises(StreamMovedError):
+        await engine(stream.publish(subject, [message(upto=3)], last))
+    assert await engine(stream.publish(subject, [message(upto=3)], 0)) > last
