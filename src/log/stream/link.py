@@ -44,7 +44,8 @@ What a ``KeyValue`` promises:
   delete left or 0, when there is none); ``lease_put(key, value, revision, ttl)`` sets it only if
   its revision is ``revision`` and returns the new one, or ``None`` when it is not (someone moved
   first); the value is dropped ``ttl`` seconds after the put, by the engine's clock (``clock``),
-  not the holder's. ``lease_delete(key, revision)`` drops it if it is still at ``revision``.
+  not the holder's. ``lease_delete(key, revision)`` drops it if it is still at ``revision``. A
+  lease is only ever of a store on the stream: without the stream, ``StreamMissingError``.
 - Other buckets, ``<stream>-<bucket>`` (signed checkpoints: ``audit.witness``), made on first
   use, needing no stream: ``kv_get(bucket, key)`` is ``(value, revision)`` as for the lease;
   ``kv_put(bucket, key, value, revision)`` sets it only if its revision is ``revision`` (0: the
