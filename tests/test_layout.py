@@ -413,3 +413,78 @@ def test_the_parts_of_lmdb_storage_never_import_it(part: str) -> None:
 
     imported = _imports(SRC / "storage" / f"{part}.py", SRC, _modules(SRC))
     assert imported and "storage.lmdb_storage" not in imported
+
+
+OPERATOR_ROOMS: Final = frozenset({"audit", "cli", "web", "metrics"})
+"""The rooms over the engine: they use its public surface only (docs/architecture.md)."""
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Where ``path`` takes an underscore name of another module (``from m import _x``) or an
+    underscore attribute of an object other than its own (``thing._x``, not ``self._x``,
+    ``cls._x`` or a dunder)."""
+
+    tree = ast.parse(path.read_text(), str(path))
+    other_packages = {  # ``argparse._SubParsersAction``: another package's business
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if _inside(alias.name) is None
+    }
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found += [
+                f"line {node.lineno}: from {'.' * node.level}{node.module or ''} import {alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (
+                isinstance(node.value, ast.Name)
+                and node.value.id in {"self", "cls", *other_packages}
+            )
+            and not (  # an override calling the base class's own
+                isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name)
+                and node.value.func.id == "super"
+            )
+        ):
+            found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """Underscore names stay in their module: a module that needs one, needs a public name."""
+
+    found = {
+        module: uses
+        for module, path in _modules(SRC).items()
+        if (uses := [use for use in _private_uses(path) if " import " in use])
+    }
+    assert found == {}
+
+
+def test_the_operator_rooms_use_only_the_engines_public_surface() -> None:
+    """``audit``, ``cli``, ``web`` and ``metrics`` reach no underscore name of the engine: not by
+    import, not as an attribute of the engine's objects."""
+
+    found = {
+        module: uses
+        for module, path in _modules(SRC).items()
+        if _room(module) in OPERATOR_ROOMS and (uses := _private_uses(path))
+    }
+    assert found == {}
+
+
+def test_the_private_scan_sees_both_ways_in(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import argparse\nfrom .log.environment import _remap\nx = env._gate\ny = self._own\n"
+        "z = argparse._SubParsersAction\nw = super()._fill_text\n"
+    )
+    assert _private_uses(probe) == ["line 2: from .log.environment import _remap", "line 3: ._gate"]

@@ -61,9 +61,9 @@ async def restore(
     link = await open_stream(nats, stream)
     try:
         subject = subject_of(stream, store)
-        last = await link.arun(link.last(subject, store))
+        last = await link.arun(link.messages.last(subject, store))
         if last is None and not (
-            snapshots and snapshots_of(await link.arun(link.snapshot_names()), store)
+            snapshots and snapshots_of(await link.arun(link.snapshots.names()), store)
         ):
             raise StreamMissingError(
                 f"Stream {stream!r} holds no messages of store {store} (subject {subject}); "

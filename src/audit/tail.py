@@ -222,7 +222,7 @@ async def open_stream(nats: str | Sequence[str], stream: str) -> JetStreamLink:
     link = JetStreamLink(nats, stream)
     try:
         await link.arun(link.connect())
-        await link.arun(link.ensure_stream(create=False))
+        await link.arun(link.messages.ensure_stream(create=False))
     except BaseException:
         await asyncio.to_thread(link.close)
         raise
@@ -273,7 +273,7 @@ class StreamTail:
         ``follow``; only records from log sequence ``first`` and committed between ``since``
         and ``until`` (Unix ms, inclusive). Without a store, each line carries its store id."""
 
-        async for message, _pending in self.link.read(
+        async for message, _pending in self.link.messages.read(
             self.subject, self.position, store=self.store, follow=follow
         ):
             self.position = message.stream_seq

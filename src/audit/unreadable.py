@@ -91,3 +91,12 @@ async def explain(reader: Any, id: int, error: BaseException, upto: Any = None) 
 
 def _name(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+__all__ = [
+    "UNREADABLE_ERRORS",
+    "Unreadable",
+    "explain",
+    "failing_change",
+    "read_document",
+]

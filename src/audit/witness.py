@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 from collections.abc import Sequence
 from typing import Final
 
@@ -32,7 +31,7 @@ from ..errors import (
     ReplicationError,
 )
 from ..log import Environment, WriteLog
-from ..log.stream.link import StreamLink
+from ..log.stream.link import KV_KEY, StreamLink
 from ..tlog import merkle
 from ..tlog.note import Checkpoint, Signer, verify_checkpoint
 
@@ -40,7 +39,6 @@ BUCKET: Final = "checkpoints"
 """The bucket's name after the stream's: ``<stream>-checkpoints``."""
 ATTEMPTS: Final = 5
 """Puts tried while other publishers keep moving the key first."""
-_KEY: Final = re.compile(r"[-/_=a-zA-Z0-9]+(\.[-/_=a-zA-Z0-9]+)*")
 _logger = logging.getLogger(__name__)
 
 
@@ -64,7 +62,7 @@ def witness_key(origin: str) -> str:
     """The bucket key of a log's checkpoints: its origin, which must be a NATS key-value key
     (letters, digits, ``-/_=`` and inner dots)."""
 
-    if not _KEY.fullmatch(origin):
+    if not KV_KEY.fullmatch(origin):
         raise BadInputError(
             f"A checkpoint's origin names its key in the witness bucket, so it is letters, digits, '-', '/', "
             f"'_', '=' and inner '.', not {origin!r:.80} (pass an origin such as audit.example.com/orders)"
@@ -91,13 +89,13 @@ async def publish(
     key = witness_key(new.origin)
     bucket = f"{link.stream}-{BUCKET}"
     for _ in range(ATTEMPTS):
-        value, revision = await link.arun(link.kv_get(BUCKET, key))
+        value, revision = await link.arun(link.keys.kv_get(BUCKET, key))
         previous = None if value is None else _check_previous(log, signer, new, value, bucket, key)
         if previous is not None and previous.size == new.size:  # the same tree (its root checked)
             return PublishedCheckpoint(
                 bucket, key, revision, new.size, new.root.hex(), previous.size, False, note
             )
-        put = await link.arun(link.kv_put(BUCKET, key, note.encode(), revision))
+        put = await link.arun(link.keys.kv_put(BUCKET, key, note.encode(), revision))
         if put is not None:
             previous_size = None if previous is None else previous.size
             return PublishedCheckpoint(

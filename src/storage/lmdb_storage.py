@@ -120,10 +120,14 @@ class LmdbStorage(StorageReads, Storage):
         projector, log = self._projector, self.log
 
         def replay(txn: lmdb.Transaction[bytes], chunk: list[tuple[int, bytes]]) -> None:
-            for seq, data in chunk:
-                plan = projector.prepare(txn, decode_record(seq, data).writes)
-                log.append_record(txn, seq, data)
-                projector.apply(txn, seq, plan)
+            for seq, data in chunk:  # the one sequence every path takes: check, append, fold
+                outcome = projector.admit(
+                    txn,
+                    decode_record(seq, data).writes,
+                    lambda seq=seq, data=data: log.append_record(txn, seq, data),  # type: ignore[misc]
+                )
+                if isinstance(outcome, Exception):
+                    raise outcome
 
         for at in range(0, len(records), REPLAY_CHUNK):
             chunk = records[at : at + REPLAY_CHUNK]
@@ -239,7 +243,7 @@ class LmdbStorage(StorageReads, Storage):
         link = link_for(nats, stream)
         try:  # the stream first: a replica that cannot follow anything creates nothing
             link.run(link.connect())
-            link.run(link.ensure_stream(create=False))
+            link.run(link.messages.ensure_stream(create=False))
             seed_new(link, store, path)
         except BaseException:
             link.close()
@@ -305,7 +309,7 @@ class LmdbStorage(StorageReads, Storage):
 
         self._link = link
         await link.arun(link.connect())
-        await link.arun(link.ensure_stream(replicas, create=True))
+        await link.arun(link.messages.ensure_stream(replicas, create=True))
         store = self._env.store_id
         assert store is not None
         if replicated:

@@ -121,7 +121,7 @@ class Follower:
         position = self._position()
         chunk: list[StreamMessage] = []
         try:
-            async for message, pending in self.link.read(
+            async for message, pending in self.link.messages.read(
                 self.subject, position.stream_seq, store=self.store, follow=follow
             ):
                 self.pending = pending
@@ -155,7 +155,7 @@ class Follower:
 
         after = self._position().stream_seq
         try:
-            last = await self.link.last(self.subject, None)
+            last = await self.link.messages.last(self.subject, None)
         except ForeignMessageError as error:  # the last message is unsound: refused when reached
             end = error.stream_seq
         else:
@@ -163,7 +163,7 @@ class Follower:
         if end <= after:
             return False
         fetching: asyncio.Future[list[RawMessage]] | None = asyncio.ensure_future(
-            self.link.fetch(self.subject, after, batch=BULK_BATCH)
+            self.link.messages.fetch(self.subject, after, batch=BULK_BATCH)
         )
         try:
             while fetching is not None:
@@ -174,7 +174,7 @@ class Follower:
                 after = raws[-1].stream_seq
                 if after < end:
                     fetching = asyncio.ensure_future(
-                        self.link.fetch(self.subject, after, batch=BULK_BATCH)
+                        self.link.messages.fetch(self.subject, after, batch=BULK_BATCH)
                     )
                 reached = await self._take_raw(raws, to_seq)
                 head, self.pending = self.storage.log.head(), raws[-1].pending

@@ -129,7 +129,7 @@ class Shipping(_RoleDefaults):
     def check_payload(self, payload: bytes) -> None:
         """Acknowledged means shippable, in every mode."""
 
-        self.shipper.link.check_size(len(payload))
+        self.shipper.link.messages.check_size(len(payload))
 
     def stop(self) -> None:
         self.shipper.stop()
@@ -165,7 +165,7 @@ class Writing(_RoleDefaults):
             seen = read_position(txn, meta, link.stream).epoch
 
         async def floor() -> int:  # on the link's loop, each time the lease is about to be taken
-            last = await link.last(writer.subject, store)
+            last = await link.messages.last(writer.subject, store)
             return max(seen, 0 if last is None else last.epoch)
 
         epoch = await link.arun(lease.acquire(floor, bool(take_over), take_over == "force"))

@@ -284,7 +284,7 @@ async def take_snapshot(
             header = await asyncio.to_thread(write_snapshot, path, link.stream, sink, work)
         name = snapshot_name(header.store, header.stream_seq, header.seq)
         with open(packed, "rb") as source:
-            await link.arun(link.snapshot_put(name, source))
+            await link.arun(link.snapshots.put(name, source))
         stored = os.path.getsize(packed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -310,13 +310,13 @@ def _remove_stale_work(parent: str) -> None:
 async def _retain(
     link: StreamLink, store: str, keep: int, trim: bool, report: SnapshotReport
 ) -> None:
-    found = snapshots_of(await link.arun(link.snapshot_names()), store)
+    found = snapshots_of(await link.arun(link.snapshots.names()), store)
     kept, dropped = found[-keep:], found[:-keep]
     for old in dropped:
-        await link.arun(link.snapshot_delete(old.name))
+        await link.arun(link.snapshots.delete(old.name))
         report.deleted.append(old.name)
     if trim and kept:
-        await link.arun(link.trim(subject_of(link.stream, store), kept[0].stream_seq))
+        await link.arun(link.messages.trim(subject_of(link.stream, store), kept[0].stream_seq))
         report.trimmed_below = kept[0].stream_seq
 
 
@@ -327,14 +327,14 @@ def seed(
     verifies (holding records up to ``to_seq`` at most); ``None`` when there is none. Run from a
     thread other than the link's. Snapshots that do not verify are skipped, with a warning."""
 
-    candidates = snapshots_of(link.run(link.snapshot_names()), store)
+    candidates = snapshots_of(link.run(link.snapshots.names()), store)
     if to_seq is not None:
         candidates = [found for found in candidates if found.seq <= to_seq]
     for found in reversed(candidates):
         packed = os.path.join(directory, ".snapshot")
         try:
             with open(packed, "w+b") as spool:
-                link.run(link.snapshot_get(found.name, spool))
+                link.run(link.snapshots.get(found.name, spool))
                 spool.seek(0)
                 os.unlink(packed)  # the open file stays readable; nothing is left if this fails
                 return read_snapshot(spool, directory, store, link.stream, found)

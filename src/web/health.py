@@ -28,7 +28,7 @@ async def stream_head(nats: str, stream: str, store: str | None) -> int | None:
         return None
     link = await open_stream(nats, stream)
     try:
-        message = await link.arun(link.last(subject_of(stream, store), store))
+        message = await link.arun(link.messages.last(subject_of(stream, store), store))
         return None if message is None else message.seq
     finally:
         await asyncio.to_thread(link.close)

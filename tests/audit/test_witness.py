@@ -1,8 +1,8 @@
 """Signed checkpoints witnessed on NATS JetStream (``audit.witness``), against a real nats-server:
-the bucket's compare-and-set put (JetStream's link and the in-memory one alike), a checkpoint
-published only if the store's tree extends the last one in the bucket, and the refusals that make
-a forked or rewritten history show up as a refused write and a logged error, through the Python API
-and ``durable-log checkpoint --publish``.
+a checkpoint published only if the store's tree extends the last one in the bucket, and the
+refusals that make a forked or rewritten history show up as a refused write and a logged error,
+through the Python API and ``durable-log checkpoint --publish``. (The bucket's compare-and-set
+itself is the key-value contract's: ``tests/replication/contract/test_keys.py``.)
 
 One nats-server (``tests/support/natsserver.py``) serves the whole module on 127.0.0.1; each test
 uses a stream name of its own, so buckets never mix.
@@ -22,8 +22,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import CheckpointRefusedError, LmdbStorage, tlog
 from pi_durable_lmdb.audit.witness import BUCKET, publish, publish_checkpoint
 from pi_durable_lmdb.log.stream.jetstream import JetStreamLink
-from pi_durable_lmdb.log.stream.link import StreamLink
-from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
+from pi_durable_lmdb.log.stream.memory import MemoryKeys, MemoryLink, MemoryStream
 
 from ..support.natsserver import NatsNode, running_node
 
@@ -60,29 +59,6 @@ async def connected(url: str, stream: str) -> JetStreamLink:
     return link
 
 
-@pytest.mark.parametrize("kind", ["jetstream", "memory"])
-async def test_a_bucket_put_names_the_revision_it_replaces(nats: NatsNode, kind: str) -> None:
-    stream = f"CAS{kind.upper()}"
-    if kind == "jetstream":
-        link: StreamLink = await connected(nats.url, stream)
-    else:
-        server = MemoryStream(stream)
-        link = MemoryLink(server)
-    try:
-        assert await link.arun(link.kv_get(BUCKET, "a/b")) == (None, 0)
-        first = await link.arun(link.kv_put(BUCKET, "a/b", b"one", 0))
-        assert first is not None and first > 0
-        assert await link.arun(link.kv_put(BUCKET, "a/b", b"two", 0)) is None  # someone put first
-        assert await link.arun(link.kv_get(BUCKET, "a/b")) == (b"one", first)
-        second = await link.arun(link.kv_put(BUCKET, "a/b", b"two", first))
-        assert second is not None and second > first
-        assert await link.arun(link.kv_put(BUCKET, "a/b", b"three", first)) is None
-        assert await link.arun(link.kv_get(BUCKET, "a/b")) == (b"two", second)
-        assert await link.arun(link.kv_get(BUCKET, "other")) == (None, 0)
-    finally:
-        await asyncio.to_thread(link.close)
-
-
 async def test_publishing_follows_the_log_and_refuses_a_fork(
     nats: NatsNode, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -116,7 +92,7 @@ async def test_publishing_follows_the_log_and_refuses_a_fork(
         finally:
             await storage.close()
 
-        stored = await link.arun(link.kv_get(BUCKET, ORIGIN))
+        stored = await link.arun(link.keys.kv_get(BUCKET, ORIGIN))
         assert stored == (later.note.encode(), later.revision)
         caplog.set_level(logging.ERROR, logger="pi_durable_lmdb.audit.witness")
         storage = await LmdbStorage.open(fork, durability="process")
@@ -138,7 +114,9 @@ async def test_publishing_follows_the_log_and_refuses_a_fork(
                 await publish(storage.log, other, link)
         finally:
             await storage.close()
-        assert await link.arun(link.kv_get(BUCKET, ORIGIN)) == stored  # every refusal wrote nothing
+        assert (
+            await link.arun(link.keys.kv_get(BUCKET, ORIGIN)) == stored
+        )  # every refusal wrote nothing
         errors = [
             record.getMessage() for record in caplog.records if record.levelno == logging.ERROR
         ]
@@ -159,8 +137,8 @@ async def test_a_publisher_that_lost_the_race_checks_the_winners_checkpoint(tmp_
     await make_store(tmp_path / "fork", [1, 2, 9, 10])
     server = MemoryStream("RACE")
 
-    class Raced(MemoryLink):
-        """A link whose first put finds the key moved: ``then`` publishes before it."""
+    class Raced(MemoryKeys):
+        """A key-value whose first put finds the key moved: ``then`` publishes before it."""
 
         def __init__(self, then: Path) -> None:
             super().__init__(server)
@@ -186,7 +164,8 @@ async def test_a_publisher_that_lost_the_race_checks_the_winners_checkpoint(tmp_
 
     for racer, expected in (("a", "published"), ("fork", "refused")):
         server.buckets.clear()
-        link = Raced(tmp_path / racer)
+        link = MemoryLink(server)
+        link.keys = Raced(tmp_path / racer)
         storage = await LmdbStorage.open(tmp_path / "b", durability="process")
         try:
             if expected == "published":

@@ -36,7 +36,7 @@ async def stream_records(url: str, stream: str, store: str) -> list[bytes]:
 
         async def collect() -> list[bytes]:
             found = []
-            async for message, _ in link.read(
+            async for message, _ in link.messages.read(
                 subject_of(stream, store), 0, store=store, follow=False
             ):
                 if message.kind == "record":

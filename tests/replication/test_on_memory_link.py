@@ -282,10 +282,10 @@ async def test_lease_expiry_and_take_over_by_the_servers_clock(tmp_path: Path) -
             b.acquire(first, take_over=False)
         )  # the floor: the subject's epochs
         assert second > first
-        value, revision = await b_link.arun(b_link.lease_get(STORE))
+        value, revision = await b_link.arun(b_link.keys.lease_get(STORE))
         assert value is not None and msgspec.json.decode(value)["epoch"] == second
         await b_link.arun(b.release())
-        assert await b_link.arun(b_link.lease_get(STORE)) == (None, revision + 1)
+        assert await b_link.arun(b_link.keys.lease_get(STORE)) == (None, revision + 1)
         third = await a_link.arun(a.acquire(second, take_over=False))
         assert third > second
     finally:
@@ -312,7 +312,10 @@ async def test_a_restarted_writer_takes_its_own_lease_when_it_expires_while_bein
         dead = Lease(
             LEASE_FORMAT, 4, f"{host}:{int(pid) + 1}:{instance}:{where}", 3
         )  # the killed one
-        assert await link.arun(link.lease_put(STORE, msgspec.json.encode(dead), 0, 3.0)) is not None
+        assert (
+            await link.arun(link.keys.lease_put(STORE, msgspec.json.encode(dead), 0, 3.0))
+            is not None
+        )
         clock.advance(2.5)  # the lease expires 0.5 s into the restarted writer's watch
 
         async def ticking() -> None:
@@ -328,7 +331,7 @@ async def test_a_restarted_writer_takes_its_own_lease_when_it_expires_while_bein
                 ticker.cancel()
 
         assert await link.arun(acquire()) == 5
-        value, _ = await link.arun(link.lease_get(STORE))
+        value, _ = await link.arun(link.keys.lease_get(STORE))
         assert value is not None and msgspec.json.decode(value)["holder"] == restarted.holder
     finally:
         link.close()

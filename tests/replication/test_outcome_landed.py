@@ -46,7 +46,7 @@ async def test_records_that_landed_before_another_writer_are_acknowledged(
         lease_ttl=30,
     )
     writer: Any = a.replication
-    real_publish = writer.link.publish
+    real_publish = writer.link.messages.publish
     published, taken_over = threading.Event(), threading.Event()
 
     async def answer_lost(subject: str, messages: Any, expected: int) -> int:
@@ -61,7 +61,7 @@ async def test_records_that_landed_before_another_writer_are_acknowledged(
     b: LmdbStorage | None = None
     try:
         assert await a.commit(conversation(1), CTX) == 1
-        writer.link.publish = answer_lost
+        writer.link.messages.publish = answer_lost
         pending = asyncio.ensure_future(a.commit(conversation(2), CTX))
         assert await asyncio.to_thread(published.wait, 20)
         b = await LmdbStorage.open(
@@ -106,8 +106,8 @@ async def test_records_of_which_only_some_landed_are_named(
         lease_ttl=30,
     )
     writer: Any = a.replication
-    real_publish = writer.link.publish
-    writer.link.atomic = False
+    real_publish = writer.link.messages.publish
+    writer.link.messages.atomic = False
     injected: list[int] = []
 
     async def first_only(subject: str, messages: Any, expected: int) -> int:
@@ -120,7 +120,7 @@ async def test_records_of_which_only_some_landed_are_named(
 
     try:
         assert await a.commit(conversation(1), CTX) == 1
-        writer.link.publish = first_only
+        writer.link.messages.publish = first_only
         outcomes = await asyncio.gather(
             *(a.commit(conversation(100 + n), CTX) for n in range(8)), return_exceptions=True
         )

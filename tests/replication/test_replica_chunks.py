@@ -14,7 +14,7 @@ from pathlib import Path
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit import export_lines, verify
-from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
+from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryMessages, MemoryStream
 from pi_durable_lmdb.log.stream.message import RawMessage
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
@@ -50,8 +50,8 @@ async def test_a_replica_held_up_takes_what_arrived_meanwhile_in_one_chunk(
         await writer.close()
 
 
-class ShortBatches(MemoryLink):
-    """A link whose batched reads come from a server that lags the leader: each batch holds at
+class ShortBatches(MemoryMessages):
+    """A stream whose batched reads come from a server that lags the leader: each batch holds at
     most ``most`` messages, and after ``answers`` batches it holds nothing more."""
 
     def __init__(self, stream: MemoryStream, most: int, answers: int) -> None:
@@ -85,13 +85,14 @@ def test_a_catch_up_reads_on_from_where_a_lagging_server_stopped(tmp_path: Path)
             head, store = writer.log.head(), writer.store_id or ""
         finally:
             await writer.close()
-        link = ShortBatches(server, most=37, answers=3)
+        link = MemoryLink(server)
+        short = link.messages = ShortBatches(server, most=37, answers=3)
         replica = await LmdbStorage.open_replica(
             tmp_path / "r", nats=link, stream="SHORT", store=store
         )
         try:
             await replica.wait(head, timeout=20)
-            assert link.asked >= 4, "the batched reads were used, then the consumer"
+            assert short.asked >= 4, "the batched reads were used, then the consumer"
         finally:
             await replica.close()
         assert list(export_lines(tmp_path / "r")) == list(export_lines(tmp_path / "w"))

@@ -82,7 +82,7 @@ def test_restore_from_a_snapshot_after_the_log_before_it_was_trimmed(
                 await _commit(writer, 300, 40)
                 second = await take_snapshot(tmp_path / "writer", link, keep=1, trim=True)
                 assert second.deleted == [first.name] and second.trimmed_below == second.stream_seq
-                names = await link.arun(link.snapshot_names())
+                names = await link.arun(link.snapshots.names())
                 assert names == [second.name]
             finally:
                 await asyncio.to_thread(link.close)
@@ -139,25 +139,25 @@ def test_snapshots_that_do_not_verify_are_never_started_from(
                 good = await take_snapshot(tmp_path / "writer", link)
                 await _commit(writer, 300, 20)
                 packed = io.BytesIO()
-                await link.arun(link.snapshot_get(good.name, packed))
+                await link.arun(link.snapshots.get(good.name, packed))
                 head = writer.log.head()
                 later = writer.stream_position(stream).stream_seq
                 # newer than the good one, each unsound in its own way
                 for offset, how in enumerate(("cut short", "flipped byte"), 1):
                     name = snapshot_name(store, later + offset, head)
                     await link.arun(
-                        link.snapshot_put(name, io.BytesIO(_corrupt(packed.getvalue(), how)))
+                        link.snapshots.put(name, io.BytesIO(_corrupt(packed.getvalue(), how)))
                     )
                 foreign = await take_snapshot(tmp_path / "other", link)
                 moved = io.BytesIO()
-                await link.arun(link.snapshot_get(foreign.name, moved))
+                await link.arun(link.snapshots.get(foreign.name, moved))
                 moved.seek(0)
-                await link.arun(link.snapshot_put(snapshot_name(store, later + 3, head), moved))
-                found = snapshots_of(await link.arun(link.snapshot_names()), store)
+                await link.arun(link.snapshots.put(snapshot_name(store, later + 3, head), moved))
+                found = snapshots_of(await link.arun(link.snapshots.names()), store)
                 assert len(found) == 4 and found[0].name == good.name
                 for bad in found[1:]:
                     spool = io.BytesIO()
-                    await link.arun(link.snapshot_get(bad.name, spool))
+                    await link.arun(link.snapshots.get(bad.name, spool))
                     spool.seek(0)
                     directory = tmp_path / f"check-{bad.stream_seq}"
                     directory.mkdir()
@@ -233,9 +233,9 @@ def test_a_snapshot_publisher_killed_at_random_moments(
         async def check(round: int = round) -> None:
             link = await open_stream(nats_server.url, stream)
             try:
-                for found in snapshots_of(await link.arun(link.snapshot_names()), store):
+                for found in snapshots_of(await link.arun(link.snapshots.names()), store):
                     spool = io.BytesIO()
-                    await link.arun(link.snapshot_get(found.name, spool))
+                    await link.arun(link.snapshots.get(found.name, spool))
                     spool.seek(0)
                     directory = tmp_path / f"verify-{round}-{found.stream_seq}"
                     directory.mkdir()
@@ -316,7 +316,7 @@ def test_retention_is_by_policy_only(tmp_path: Path) -> None:
             for round in range(3):
                 await _commit(writer, 100 + 10 * round, 10)
                 names.append((await take_snapshot(tmp_path / "writer", link)).name)
-            assert await link.arun(link.snapshot_names()) == sorted(names), (
+            assert await link.arun(link.snapshots.names()) == sorted(names), (
                 "without keep nothing is deleted"
             )
             assert (

@@ -71,7 +71,9 @@ async def test_a_replica_checks_the_writers_root_and_refuses_a_record_that_forks
 
         async def send(seq: int, conversation: int, root: bytes) -> None:
             message = (record_headers("s1", seq, epoch, root), data_of(conversation))
-            await link.arun(link.publish(subject, [message], server.messages[-1].stream_seq))
+            await link.arun(
+                link.messages.publish(subject, [message], server.messages[-1].stream_seq)
+            )
 
         right = tlog.root_of([*leaves(replica), record_leaf(head + 1, data_of(9001))])
         await send(head + 1, 9001, right)  # a record whose root matches: taken

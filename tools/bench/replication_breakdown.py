@@ -88,7 +88,7 @@ async def breakdown_catch_up(
     """Catch-up split into its stages, each alone, wall-clock and this process's CPU per record:
     nats-py's ordered consumer alone, ``parse_message`` (after nats-py's ``msg.metadata``), the
     fold (``Follower._apply``, chunks of 1,024); and, where the tree has them, batched pull
-    requests alone (``link.fetch``, 4,096 a batch), ``parse_message`` of what they return, and the
+    requests alone (``link.messages.fetch``, 4,096 a batch), ``parse_message`` of what they return, and the
     check and fold as a catch-up does them (``Follower._take_raw``)."""
 
     import nats
@@ -160,33 +160,32 @@ async def breakdown_catch_up(
 
     link = await open_stream(urls, STREAM)
     try:
-        if hasattr(link, "fetch"):
-            raws: list[Any] = []
+        raws: list[Any] = []
+        start()
+        while batch := await link.arun(
+            link.messages.fetch(subject, raws[-1].stream_seq if raws else 0, batch=4096)
+        ):
+            raws.extend(batch)
+        stop("fetch", len(raws))
+        start()
+        for raw in raws:  # each decoded record dropped at once, as a catch-up does
+            parse_message(STREAM, raw.stream_seq, raw.headers, raw.data, store)
+        stop("parse_raw", len(raws))
+        path = tempfile.mkdtemp(dir=base, prefix="breakdown-take-")
+        storage = await LmdbStorage.open(path, durability="process", store=store)
+        try:
+            follower = Follower(
+                argparse.Namespace(stream=STREAM, loop=asyncio.get_running_loop()),
+                storage,
+                store,
+            )  # type: ignore[arg-type]
             start()
-            while batch := await link.arun(
-                link.fetch(subject, raws[-1].stream_seq if raws else 0, batch=4096)
-            ):
-                raws.extend(batch)
-            stop("fetch", len(raws))
-            start()
-            for raw in raws:  # each decoded record dropped at once, as a catch-up does
-                parse_message(STREAM, raw.stream_seq, raw.headers, raw.data, store)
-            stop("parse_raw", len(raws))
-            path = tempfile.mkdtemp(dir=base, prefix="breakdown-take-")
-            storage = await LmdbStorage.open(path, durability="process", store=store)
-            try:
-                follower = Follower(
-                    argparse.Namespace(stream=STREAM, loop=asyncio.get_running_loop()),
-                    storage,
-                    store,
-                )  # type: ignore[arg-type]
-                start()
-                for index in range(0, len(raws), 4096):  # each checked just before it is folded
-                    await follower._take_raw(raws[index : index + 4096], None)
-                stop("take_raw", args.records)
-            finally:
-                await storage.close()
-                shutil.rmtree(path, ignore_errors=True)
+            for index in range(0, len(raws), 4096):  # each checked just before it is folded
+                await follower._take_raw(raws[index : index + 4096], None)
+            stop("take_raw", args.records)
+        finally:
+            await storage.close()
+            shutil.rmtree(path, ignore_errors=True)
     finally:
         await asyncio.to_thread(link.close)
     return out

@@ -304,7 +304,7 @@ def render_breakdown(results: dict[str, Any], args: argparse.Namespace) -> list[
             f"`parse_message` (headers, CRC, decompress, decode) {stage('parse')}; the fold (`Follower._apply`, chunks "
             f"of 1,024, one transaction each) {stage('apply_power')} (`power` replica), {stage('apply_process')} (`process`)."
             + (
-                f" Batched pull requests alone (`link.fetch`, 4,096 a batch) {stage('fetch')}; `parse_message` of what "
+                f" Batched pull requests alone (`link.messages.fetch`, 4,096 a batch) {stage('fetch')}; `parse_message` of what "
                 f"they return, each decoded record dropped at once {stage('parse_raw')}; checked and folded as a catch-up "
                 f"does (`Follower._take_raw`: each message checked just before it is folded, 4,096 a transaction) "
                 f"{stage('take_raw')} (`process`). The stages with a decoded batch held whole (the first two) pay for "

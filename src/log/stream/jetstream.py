@@ -19,7 +19,7 @@ import json
 import re
 import secrets
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
 from ...errors import (
     NatsUnavailableError,
@@ -28,7 +28,7 @@ from ...errors import (
     StreamMissingError,
     StreamMovedError,
 )
-from . import buckets, objects
+from .buckets import JetStreamKeys
 from .link import LinkLoop, StreamLink
 from .message import (  # noqa: F401 - the message layout, importable from here as before
     H_EPOCH,
@@ -55,6 +55,7 @@ from .message import (  # noqa: F401 - the message layout, importable from here 
     subject_of,
     too_big,
 )
+from .objects import JetStreamSnapshots
 
 H_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE: Final = 10071
@@ -142,7 +143,8 @@ def cause_of(error: BaseException, timeout: float, connecting: bool = False) -> 
 
 
 class JetStreamLink(LinkLoop):
-    """One NATS connection, on a thread and event loop of its own, to one stream."""
+    """One NATS connection, on a thread and event loop of its own, to one stream: the bundle of
+    the stream (``messages``), its key-value (``keys``) and snapshot (``snapshots``) roles."""
 
     def __init__(
         self, servers: str | Sequence[str], stream: str, *, timeout: float = DEFAULT_TIMEOUT
@@ -158,15 +160,24 @@ class JetStreamLink(LinkLoop):
         self.servers = parse_servers(servers)
         self.stream = check_stream_name(stream)
         self.timeout = timeout
-        self.atomic = True
-        """Whether the stream takes atomic batches (``allow_atomic``); else records go one by one."""
         self._nc: Any = None
         self._js: Any = None
-        self._kv: Any = None
-        self._buckets: dict[str, Any] = {}
+        self.messages = JetStreamMessages(self)
+        self.keys = JetStreamKeys(self)
+        self.snapshots = JetStreamSnapshots(self)
         super().__init__(f"nats {stream}")
 
-    # ── connection and stream (coroutines of the link's loop) ───────────────
+    @property
+    def nc(self) -> Any:
+        """nats-py's client (``None`` until ``connect``)."""
+
+        return self._nc
+
+    @property
+    def js(self) -> Any:
+        """nats-py's JetStream context (``None`` until ``connect``)."""
+
+        return self._js
 
     async def connect(self) -> None:
         import nats
@@ -193,6 +204,38 @@ class JetStreamLink(LinkLoop):
             ) from None
         self._js = self._nc.jetstream(timeout=self.timeout)
 
+    async def disconnect(self) -> None:
+        """Close the connection and end every task left on the link's loop (consumers' own)."""
+
+        await super().disconnect()
+        if self._nc is not None:
+            try:
+                await asyncio.wait_for(self._nc.drain(), 2.0)
+            except Exception:
+                try:
+                    await self._nc.close()
+                except Exception:
+                    pass
+            self._nc = None
+        await super().disconnect()
+
+
+class JetStreamMessages:
+    """The stream role of a ``JetStreamLink`` (``link.Stream``): coroutines of the link's loop."""
+
+    def __init__(self, connection: JetStreamLink) -> None:
+        self.connection = connection
+        self.atomic = True
+        """Whether the stream takes atomic batches (``allow_atomic``); else records go one by one."""
+
+    @property
+    def stream(self) -> str:
+        return self.connection.stream
+
+    @property
+    def timeout(self) -> float:
+        return self.connection.timeout
+
     async def ensure_stream(self, replicas: int = 1, create: bool = True) -> None:
         """Check the stream carries store subjects; make it (``replicas`` copies) when missing."""
 
@@ -200,11 +243,11 @@ class JetStreamLink(LinkLoop):
         from nats.js.api import StorageType, StreamConfig
 
         try:
-            info = await self._js.stream_info(self.stream)
+            info = await self.connection.js.stream_info(self.stream)
         except nats.js.errors.NotFoundError:
             if not create:
                 raise StreamMissingError(
-                    f"NATS has no stream {self.stream!r} (at {', '.join(self.servers)})"
+                    f"NATS has no stream {self.stream!r} (at {', '.join(self.connection.servers)})"
                 ) from None
             config = StreamConfig(
                 name=self.stream,
@@ -216,7 +259,7 @@ class JetStreamLink(LinkLoop):
                 duplicate_window=120.0,
             )
             try:
-                info = await self._js.add_stream(config)
+                info = await self.connection.js.add_stream(config)
             except nats.js.errors.ServiceUnavailableError as error:
                 raise _unanswered(f"stream {self.stream!r}", error) from None
             except nats.js.errors.Error as error:
@@ -227,7 +270,7 @@ class JetStreamLink(LinkLoop):
                 raise _unanswered(f"stream {self.stream!r}", error) from None
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
             raise NatsUnavailableError(
-                f"NATS at {', '.join(self.servers)} did not answer for stream {self.stream!r} ({cause_of(error, self.timeout)})"
+                f"NATS at {', '.join(self.connection.servers)} did not answer for stream {self.stream!r} ({cause_of(error, self.timeout)})"
             ) from None
         except nats.errors.Error as error:  # a 503 (no quorum, no meta leader), a lost connection
             raise _unanswered(f"stream {self.stream!r}", error) from None
@@ -244,8 +287,12 @@ class JetStreamLink(LinkLoop):
         import nats.js.errors
 
         try:
-            raw = await self._js.get_last_msg(self.stream, subject)
-        except nats.js.errors.NotFoundError:
+            raw = await self.connection.js.get_last_msg(self.stream, subject)
+        except nats.js.errors.NotFoundError as error:
+            if error.err_code in MISSING_CODES:  # no stream, not a subject without messages
+                raise StreamMissingError(
+                    f"NATS has no stream {self.stream!r}: {error.description}"
+                ) from None
             return None
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as error:
             raise NatsUnavailableError(
@@ -266,6 +313,12 @@ class JetStreamLink(LinkLoop):
 
         if not messages:
             return expected
+        for _, body in messages:  # the rule ``check_size`` applies, before anything is sent
+            reason = self.too_big(len(body))
+            if reason is not None:
+                raise ReplicationError(
+                    f"The stream refused an append to {subject} as too big: {reason}"
+                )
         if self.atomic and len(messages) > 1:
             return await self._publish_atomic(subject, messages, expected)
         last = expected
@@ -284,7 +337,7 @@ class JetStreamLink(LinkLoop):
             batch_headers = {**headers, "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(index)}
             if index == 1:
                 batch_headers[H_EXPECTED] = str(expected)
-            await self._nc.publish(subject, body, headers=batch_headers)
+            await self.connection.nc.publish(subject, body, headers=batch_headers)
         headers, body = messages[-1]
         final = {
             **headers,
@@ -300,13 +353,15 @@ class JetStreamLink(LinkLoop):
         import nats.errors
 
         try:
-            reply = await self._nc.request(subject, body, timeout=self.timeout, headers=headers)
+            reply = await self.connection.nc.request(
+                subject, body, timeout=self.timeout, headers=headers
+            )
         except nats.errors.NoRespondersError:
             raise NatsUnavailableError(
                 f"No stream answers for {subject} (stream {self.stream!r} missing, or without a leader)"
             ) from None
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as error:
-            self.last_error = f"publish to {subject}: no answer in {self.timeout} s"
+            self.connection.last_error = f"publish to {subject}: no answer in {self.timeout} s"
             raise OutcomeUnknownError(
                 f"The stream did not acknowledge an append to {subject} within {self.timeout} s "
                 f"({type(error).__name__}); it may or may not hold it"
@@ -349,15 +404,17 @@ class JetStreamLink(LinkLoop):
             opt_start_seq=after + 1,
             filter_subject=subject,
         )
-        arrived: collections.deque[Any] = collections.deque()
+        arrived: collections.deque[tuple[Any, int, int]] = collections.deque()
+        """Messages received, not yet given out: each with its stream sequence and how many more
+        the server held back when it sent it."""
         ready = asyncio.Event()
 
         async def take(msg: Any) -> None:  # a callback: far cheaper per message than next_msg()
-            arrived.append(msg)
+            arrived.append((msg, *_delivery(msg)))
             ready.set()
 
         try:
-            sub = await self._js.subscribe(
+            sub = await self.connection.js.subscribe(
                 subject,
                 stream=self.stream,
                 cb=take,
@@ -382,15 +439,15 @@ class JetStreamLink(LinkLoop):
                                 return
                         continue
                 while arrived:
-                    msg = arrived.popleft()
-                    stream_seq, pending = _delivery(msg)
+                    msg, stream_seq, pending = arrived.popleft()
                     if stream_seq <= after:
                         continue
                     after = stream_seq
-                    # pending counts what the server still holds back, plus what already waits here
+                    if arrived:  # what follows: what waits here, and what the server held back
+                        pending = arrived[-1][2] + len(arrived)  # after the newest
                     yield (
                         parse_message(self.stream, stream_seq, msg.headers, msg.data, store),
-                        pending + len(arrived),
+                        pending,
                     )
                     if not follow and pending == 0 and not arrived:
                         return
@@ -438,10 +495,10 @@ class JetStreamLink(LinkLoop):
                 ended.set_result(None)
 
         try:
-            info = await self._js.add_consumer(self.stream, config)
+            info = await self.connection.js.add_consumer(self.stream, config)
             try:
-                inbox = self._nc.new_inbox()
-                sub = await self._nc.subscribe(
+                inbox = self.connection.nc.new_inbox()
+                sub = await self.connection.nc.subscribe(
                     inbox,
                     cb=take,
                     pending_msgs_limit=2 * batch + 16,
@@ -451,15 +508,17 @@ class JetStreamLink(LinkLoop):
                     request = json.dumps(
                         {"batch": batch, "no_wait": True, "max_bytes": FETCH_BYTES}
                     ).encode()
-                    await self._nc.publish(
-                        f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{info.name}", request, reply=inbox
+                    await self.connection.nc.publish(
+                        f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{info.name}",
+                        request,
+                        reply=inbox,
                     )
                     await asyncio.wait_for(ended, self.timeout)
                 finally:
                     await sub.unsubscribe()
             finally:
                 try:
-                    await self._js.delete_consumer(self.stream, info.name)
+                    await self.connection.js.delete_consumer(self.stream, info.name)
                 except (TimeoutError, nats.errors.Error):
                     pass  # it goes by itself once inactive
         except (TimeoutError, nats.errors.Error) as error:
@@ -470,7 +529,8 @@ class JetStreamLink(LinkLoop):
     def max_payload(self) -> int:
         """The largest message the connected server takes (0: not connected)."""
 
-        return int(getattr(self._nc, "max_payload", 0) or 0) if self._nc is not None else 0
+        nc = self.connection.nc
+        return int(getattr(nc, "max_payload", 0) or 0) if nc is not None else 0
 
     def too_big(self, size: int) -> str | None:
         return too_big(size, self.max_payload)
@@ -478,112 +538,22 @@ class JetStreamLink(LinkLoop):
     def check_size(self, size: int) -> None:
         check_size(size, self.max_payload)
 
-    async def disconnect(self) -> None:
-        """Close the connection and end every task left on the link's loop (consumers' own)."""
-
-        await super().disconnect()
-        if self._nc is not None:
-            try:
-                await asyncio.wait_for(self._nc.drain(), 2.0)
-            except Exception:
-                try:
-                    await self._nc.close()
-                except Exception:
-                    pass
-            self._nc = None
-        await super().disconnect()
-
-    # ── the lease's key-value: the bucket ``<stream>-leases`` ───────────────
-
-    async def _bucket(self) -> Any:
-        if self._kv is None:
-            import nats.js.errors
-            from nats.js.api import KeyValueConfig
-
-            try:
-                self._kv = await self._js.key_value(f"{self.stream}-leases")
-            except nats.js.errors.BucketNotFoundError:
-                info = await self._js.stream_info(self.stream)
-                self._kv = await self._js.create_key_value(
-                    KeyValueConfig(
-                        bucket=f"{self.stream}-leases",
-                        history=1,
-                        replicas=info.config.num_replicas or 1,
-                    )
-                )
-        return self._kv
-
-    async def lease_get(self, key: str) -> tuple[bytes | None, int]:
-        import nats.js.errors
-
-        try:
-            kv = await self._bucket()
-            entry = await kv.get(key)
-        except (
-            nats.js.errors.KeyNotFoundError
-        ) as error:  # KeyDeletedError too: its marker's revision
-            found = getattr(error, "entry", None)
-            return None, 0 if found is None or not found.revision else int(found.revision)
-        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as error:
-            raise NatsUnavailableError(
-                f"NATS did not answer for the lease {key} ({type(error).__name__}: {error})"
-            ) from None
-        return entry.value, int(entry.revision)
-
-    async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None:
-        import nats.js.errors
-
-        await self._bucket()
-        try:
-            ack = await self._js.publish(
-                f"$KV.{self.stream}-leases.{key}",
-                value,
-                headers={H_EXPECTED: str(revision)},
-                msg_ttl=float(ttl),
-            )
-        except nats.js.errors.APIError as error:
-            if error.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT):
-                return None
-            raise ReplicationError(f"NATS refused the lease {key}: {error}") from None
-        except (TimeoutError, nats.errors.Error) as error:
-            raise NatsUnavailableError(
-                f"NATS did not answer for the lease {key} ({type(error).__name__})"
-            ) from None
-        return int(ack.seq)
-
-    async def lease_delete(self, key: str, revision: int) -> None:
-        import nats.js.errors
-
-        try:
-            kv = await self._bucket()
-            await kv.delete(key, last=revision)
-        except (TimeoutError, nats.js.errors.Error, nats.errors.Error):
-            pass  # it expires by itself
-
-    # ── other key-value buckets: ``<stream>-<bucket>`` (``buckets.py``) ────
-
-    async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]:
-        return await buckets.get(self._js, self.stream, bucket, key, self._buckets)
-
-    async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
-        return await buckets.put(self._js, self.stream, bucket, key, value, revision, self._buckets)
-
-    # ── snapshots: the object store ``<stream>-snapshots`` (``objects.py``) ───
-
-    async def snapshot_put(self, name: str, source: BinaryIO) -> None:
-        await objects.put(self._js, self.stream, name, source)
-
-    async def snapshot_names(self) -> list[str]:
-        return await objects.names(self._js, self.stream)
-
-    async def snapshot_get(self, name: str, sink: BinaryIO) -> None:
-        await objects.get(self._js, self._nc, self.stream, name, sink, self.timeout)
-
-    async def snapshot_delete(self, name: str) -> None:
-        await objects.delete(self._js, self.stream, name)
-
     async def trim(self, subject: str, keep_from: int) -> None:
-        await objects.purge(self._js, self.stream, subject, keep_from)
+        """Remove the subject's messages below stream sequence ``keep_from``."""
+
+        import nats.errors
+        import nats.js.errors
+
+        try:
+            await self.connection.js.purge_stream(self.stream, seq=keep_from, subject=subject)
+        except (TimeoutError, nats.errors.TimeoutError) as error:
+            raise NatsUnavailableError(
+                f"NATS did not trim {subject} ({type(error).__name__})"
+            ) from None
+        except nats.errors.Error as error:
+            if isinstance(error, nats.js.errors.NotFoundError) and error.err_code in MISSING_CODES:
+                raise StreamMissingError(f"NATS has no stream {self.stream!r} to trim") from None
+            raise ReplicationError(f"NATS refused to trim {subject}: {error}") from None
 
 
 def link_for(nats: str | Sequence[str] | StreamLink, stream: str) -> StreamLink:
@@ -605,6 +575,8 @@ def _unanswered(what: str, error: BaseException) -> ReplicationError:
 
     import nats.js.errors
 
+    if isinstance(error, nats.js.errors.NotFoundError) and error.err_code in MISSING_CODES:
+        return StreamMissingError(f"NATS has no stream for {what}: {error.description}")
     if isinstance(error, nats.js.errors.ServiceUnavailableError):
         return NatsUnavailableError(
             f"NATS could not answer for {what}: {error.description or 'service unavailable'} (503)"

@@ -112,7 +112,7 @@ class WriterLease:
         self.epoch = 0
         self.revision = 0
         self.valid_until = 0.0
-        """``self.link.clock()`` after which this process no longer counts on its lease."""
+        """``self.link.keys.clock()`` after which this process no longer counts on its lease."""
         self.lost: NotWriterError | None = None
         self.on_lost: Any = None
         """Called (on the link's loop) with the ``NotWriterError`` once the lease is lost."""
@@ -123,7 +123,7 @@ class WriterLease:
     async def current(self) -> tuple[Lease | None, int]:
         """The lease as the bucket holds it now, and the key's revision (0: no lease)."""
 
-        value, revision = await self.link.lease_get(self.store)
+        value, revision = await self.link.keys.lease_get(self.store)
         if value is None:
             return None, revision
         try:
@@ -158,7 +158,7 @@ class WriterLease:
                 # the floor as it is now: writers may have come and gone while this one waited
                 floor: int = await least_epoch() if callable(least_epoch) else least_epoch
                 epoch = max(floor, highest) + 1
-                sent = self.link.clock()
+                sent = self.link.keys.clock()
                 try:
                     self.revision = await self._answered(
                         self._put, Lease(LEASE_FORMAT, epoch, self.holder, self.ttl), revision
@@ -190,8 +190,8 @@ class WriterLease:
                     lease.epoch,
                 )
             if deadline is None:
-                deadline = self.link.clock() + lease.ttl * 2 + 2
-            elif self.link.clock() > deadline:
+                deadline = self.link.keys.clock() + lease.ttl * 2 + 2
+            elif self.link.keys.clock() > deadline:
                 raise NotWriterError(
                     f"Store {self.store} is still written by {lease.holder} (epoch {lease.epoch}), which keeps "
                     "renewing its lease; stop it, or take over with force",
@@ -205,8 +205,8 @@ class WriterLease:
         of its holder (``ttl / 3``) and some slack: a live holder always is, a dead one never. A
         lease that expires meanwhile was not renewed: it is gone, not rewritten."""
 
-        deadline = self.link.clock() + ttl / 3 + 0.5
-        while self.link.clock() < deadline:
+        deadline = self.link.keys.clock() + ttl / 3 + 0.5
+        while self.link.keys.clock() < deadline:
             await asyncio.sleep(0.1)
             lease, now = await self._answered(self.current)
             if now != revision:
@@ -218,17 +218,17 @@ class WriterLease:
         timeout: a bucket just made (or a stream electing a leader) has no responder yet. A
         retried CAS is safe: if the first went through, the second conflicts and is looked at."""
 
-        deadline = self.link.clock() + self.link.timeout
+        deadline = self.link.keys.clock() + self.link.timeout
         while True:
             try:
                 return await request(*args)
             except NatsUnavailableError:
-                if self.link.clock() >= deadline:
+                if self.link.keys.clock() >= deadline:
                     raise
                 await asyncio.sleep(0.1)
 
     async def _put(self, lease: Lease, revision: int) -> int:
-        revision_now = await self.link.lease_put(
+        revision_now = await self.link.keys.lease_put(
             self.store, _encoder.encode(lease), revision, float(lease.ttl)
         )
         if revision_now is None:
@@ -248,8 +248,8 @@ class WriterLease:
         process paused) is taken again, with a new epoch, if nobody else took it meanwhile."""
 
         while self.lost is None:
-            await asyncio.sleep(self.ttl / 3 if self.link.clock() < self.valid_until else 0.1)
-            sent = self.link.clock()
+            await asyncio.sleep(self.ttl / 3 if self.link.keys.clock() < self.valid_until else 0.1)
+            sent = self.link.keys.clock()
             try:
                 if sent < self.valid_until:
                     self.revision = await self._put(
@@ -283,7 +283,9 @@ class WriterLease:
             )
             return
         try:  # a writer that fenced the subject meanwhile (and let its lease go) deposed this one
-            last = await self.link.last(subject_of(self.link.stream, self.store), self.store)
+            last = await self.link.messages.last(
+                subject_of(self.link.stream, self.store), self.store
+            )
         except ReplicationError as error:
             self.link.last_error = str(error)
             return
@@ -337,7 +339,7 @@ class WriterLease:
 
         if self.lost is not None:
             raise self.lost
-        if self.link.clock() > self.valid_until:
+        if self.link.keys.clock() > self.valid_until:
             raise LeaseLapsedError(
                 f"The lease of store {self.store} (epoch {self.epoch}) lapsed before it was renewed "
                 "(NATS unreachable, or this process paused): nothing was committed; this writer "
@@ -358,7 +360,7 @@ class WriterLease:
         if self.lost is not None or not self.revision:
             return
         try:
-            await self.link.lease_delete(self.store, self.revision)
+            await self.link.keys.lease_delete(self.store, self.revision)
         except ReplicationError:
             pass  # it expires by itself
         self.lost = NotWriterError(f"Store {self.store}'s writer closed", self.store, self.epoch)
@@ -368,7 +370,9 @@ class WriterLease:
             holder=self.holder,
             epoch=self.epoch,
             ttl=self.ttl,
-            expires_in=max(0.0, self.valid_until - self.link.clock()) if self.lost is None else 0.0,
+            expires_in=max(0.0, self.valid_until - self.link.keys.clock())
+            if self.lost is None
+            else 0.0,
             lost=None if self.lost is None else str(self.lost),
         )
 

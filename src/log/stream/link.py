@@ -1,17 +1,28 @@
-"""The boundary between the log's replication and a stream engine: one small typed interface.
+"""The boundary between the log's replication and a stream engine: three small typed roles.
 
 Everything that ships and guards the log (the stream writer, the shipper, the follower, the
-lease) talks to the stream through ``StreamLink`` only. ``JetStreamLink`` (``jetstream.py``) is
-NATS JetStream; ``MemoryLink`` (``memory.py``) keeps the same promises in memory, for tests that
-need no server and must be fast and deterministic. Another engine implements this Protocol.
+lease, snapshots, the witness) talks to the engine through a ``StreamLink``: a bundle of three
+roles on one connection, each a Protocol of its own, so another target for one role is one new
+module (as Litestream has one replica client per target):
 
-What every link promises:
+- ``link.messages`` (``Stream``): the stream's subjects, append-only sequences of messages.
+- ``link.keys`` (``KeyValue``): the writer lease's key-value and other buckets beside it.
+- ``link.snapshots`` (``SnapshotStore``): a bucket of named, whole objects.
+
+``JetStreamLink`` (``jetstream.py``, with ``buckets.py`` and ``objects.py`` for its key-value
+and snapshot roles) is NATS JetStream; ``MemoryLink`` (``memory.py``) keeps the same promises in
+memory, for tests that need no server and must be fast and deterministic. One contract suite per
+role (``tests/replication/contract/``) runs the same tests on both.
+
+What a ``Stream`` promises:
 
 - A store's subject is an append-only sequence of messages (``StreamMessage``); each has a stream
   sequence that only grows (shared by every subject of the stream).
 - ``publish(subject, messages, expected)`` appends all of ``messages`` or none, and only if the
   subject's last message is at stream sequence ``expected`` (0: the subject is empty); else
-  ``StreamMovedError``. With no answer: ``OutcomeUnknownError`` (they may or may not be there).
+  ``StreamMovedError`` (also for a message id the subject already holds). A message over the
+  largest the engine takes: ``ReplicationError`` naming it too big, nothing stored. With no
+  answer: ``OutcomeUnknownError`` (they may or may not be there).
 - ``last(subject, store)`` is the subject's last message as the stream's leader has it.
 - ``read(subject, after, ...)`` yields the subject's messages after a stream sequence, in order,
   each with how many more are known to follow.
@@ -19,57 +30,70 @@ What every link promises:
   sequence, at most ``batch`` of them, in order and unchecked (``RawMessage``): a catch-up's bulk
   read, checked and folded off the link's loop while the next batch is fetched. An empty list
   means the server that answered holds nothing more.
-- Snapshots: a bucket of named objects beside the stream. ``snapshot_put(name, source)`` stores
-  one whole or not at all (a put cut short leaves nothing listed); ``snapshot_names()`` lists the
-  complete ones; ``snapshot_get(name, sink)`` writes one out, ``ReplicationError`` when it is
-  missing or does not match the digest it was stored with; ``snapshot_delete(name)``.
-  ``trim(subject, keep_from)`` removes the subject's messages below stream sequence ``keep_from``
-  (only ever asked for by an explicit retention policy).
+- ``trim(subject, keep_from)`` removes the subject's messages below stream sequence ``keep_from``
+  (only ever asked for by an explicit retention policy); sequences are never reused.
+- Without the stream (``ensure_stream`` not yet run with ``create``): ``StreamMissingError``, but
+  for a publish, which JetStream cannot tell from one that nothing answers (``ReplicationError``
+  either way).
+
+What a ``KeyValue`` promises:
+
+- Keys are letters, digits, ``-/_=`` and inner dots (``check_key``); another is refused with
+  ``BadInputError`` before the engine is asked.
 - The lease key-value: ``lease_get(key)`` is ``(value, revision)`` (``None``, and the revision a
   delete left or 0, when there is none); ``lease_put(key, value, revision, ttl)`` sets it only if
   its revision is ``revision`` and returns the new one, or ``None`` when it is not (someone moved
-  first); the value is dropped ``ttl`` seconds after the put, by the engine's clock, not the
-  holder's. ``lease_delete(key, revision)`` drops it if it is still at ``revision``.
-- Other key-value buckets beside the stream, ``<stream>-<bucket>`` (signed checkpoints:
-  ``audit.witness``), made on first use: ``kv_get(bucket, key)`` is ``(value, revision)`` as for
-  the lease; ``kv_put(bucket, key, value, revision)`` sets it only if its revision is
-  ``revision`` (0: the key has never been set) and returns the new one, or ``None`` when it is
-  not (someone else put first). Values never expire.
+  first); the value is dropped ``ttl`` seconds after the put, by the engine's clock (``clock``),
+  not the holder's. ``lease_delete(key, revision)`` drops it if it is still at ``revision``. A
+  lease is only ever of a store on the stream: without the stream, ``StreamMissingError``.
+- Other buckets, ``<stream>-<bucket>`` (signed checkpoints: ``audit.witness``), made on first
+  use, needing no stream: ``kv_get(bucket, key)`` is ``(value, revision)`` as for the lease;
+  ``kv_put(bucket, key, value, revision)`` sets it only if its revision is ``revision`` (0: the
+  key has never been set) and returns the new one, or ``None`` when it is not (someone else put
+  first). Values never expire.
 
-A link owns a thread with its event loop (``LinkLoop``): the writer thread, which must not run an
-event loop, calls ``run``; a caller's loop calls ``arun``.
+What a ``SnapshotStore`` promises: ``put(name, source)`` stores ``source`` (from where it stands
+to its end) whole or not at all (a put cut short leaves nothing listed), replacing one of that
+name; ``names()`` lists the complete ones, sorted; ``get(name, sink)`` writes one out,
+``ReplicationError`` when it is missing or does not match the digest it was stored with;
+``delete(name)`` drops one (nothing when there is none). The store is made beside the stream by
+the first put, which needs the stream (``StreamMissingError``); before it, there is nothing to
+list, get or delete.
+
+A link owns a thread with its event loop (``LinkLoop``, the runner): every role's coroutines run
+on it. The writer thread, which must not run an event loop, calls ``run``; a caller's loop calls
+``arun``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import Any, BinaryIO, Final, Protocol, TypeVar
 
+from ...errors import BadInputError
 from .message import RawMessage, StreamMessage
 
 T = TypeVar("T")
+KV_KEY: Final = re.compile(r"[-/_=a-zA-Z0-9]+(\.[-/_=a-zA-Z0-9]+)*")
+"""A key of a key-value bucket: letters, digits, ``-/_=`` and inner dots (NATS's rule)."""
 
 
-class StreamLink(Protocol):
-    """What replication needs from a stream engine (see the module docstring for the promises)."""
+def check_key(key: str) -> str:
+    """``key`` when a ``KeyValue`` can hold it; ``BadInputError`` naming it otherwise (JetStream
+    would take it for a subject of its own, or refuse it without saying why)."""
 
-    stream: str
-    timeout: float
-    last_error: str | None
-    clock: Callable[[], float]
-    """Monotonic seconds: what the lease's validity is counted in."""
+    if not isinstance(key, str) or not KV_KEY.fullmatch(key):
+        raise BadInputError(
+            f"A key-value key is letters, digits, '-', '/', '_', '=' and inner '.', not {key!r:.80}"
+        )
+    return key
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
-
-    async def arun(self, coro: Coroutine[Any, Any, T]) -> T: ...
-
-    async def connect(self) -> None: ...
+class Stream(Protocol):
+    """A stream's subjects (see the module docstring for the promises)."""
 
     async def ensure_stream(self, replicas: int = 1, create: bool = True) -> None: ...
 
@@ -89,17 +113,16 @@ class StreamLink(Protocol):
 
     def check_size(self, size: int) -> None: ...
 
-    async def lease_get(self, key: str) -> tuple[bytes | None, int]: ...
-
-    async def snapshot_put(self, name: str, source: BinaryIO) -> None: ...
-
-    async def snapshot_names(self) -> list[str]: ...
-
-    async def snapshot_get(self, name: str, sink: BinaryIO) -> None: ...
-
-    async def snapshot_delete(self, name: str) -> None: ...
-
     async def trim(self, subject: str, keep_from: int) -> None: ...
+
+
+class KeyValue(Protocol):
+    """The lease's key-value and the other buckets beside a stream (see the module docstring)."""
+
+    clock: Callable[[], float]
+    """Monotonic seconds: what the lease's validity is counted in."""
+
+    async def lease_get(self, key: str) -> tuple[bytes | None, int]: ...
 
     async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None: ...
 
@@ -108,6 +131,46 @@ class StreamLink(Protocol):
     async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]: ...
 
     async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None: ...
+
+
+class SnapshotStore(Protocol):
+    """Named, whole objects: where snapshots of stores go (see the module docstring)."""
+
+    async def put(self, name: str, source: BinaryIO) -> None: ...
+
+    async def names(self) -> list[str]: ...
+
+    async def get(self, name: str, sink: BinaryIO) -> None: ...
+
+    async def delete(self, name: str) -> None: ...
+
+
+class StreamLink(Protocol):
+    """What replication needs from a stream engine: its three roles on one connection, and the
+    runner whose loop they run on."""
+
+    stream: str
+    """The stream's name."""
+    timeout: float
+    last_error: str | None
+
+    @property
+    def messages(self) -> Stream: ...
+
+    @property
+    def keys(self) -> KeyValue: ...
+
+    @property
+    def snapshots(self) -> SnapshotStore: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
+
+    async def arun(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+    async def connect(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -121,7 +184,6 @@ class LinkLoop:
         self._thread.start()
         self._closed = False
         self.last_error: str | None = None
-        self.clock: Callable[[], float] = time.monotonic
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -1,4 +1,5 @@
-"""An in-memory stream engine that keeps ``StreamLink``'s promises: for tests that need no server.
+"""An in-memory stream engine that keeps the promises of ``link.py``'s roles: for tests that need
+no server.
 
 ``MemoryStream`` is the server (one stream, its subjects and its lease key-value), shared by
 every ``MemoryLink`` to it as a NATS server is by its clients; each link has its own thread and
@@ -30,7 +31,7 @@ from ...errors import (
     StreamMissingError,
     StreamMovedError,
 )
-from .link import LinkLoop
+from .link import LinkLoop, check_key
 from .message import (
     H_MSG_ID,
     RawMessage,
@@ -110,18 +111,29 @@ class MemoryStream:
 
 
 class MemoryLink(LinkLoop):
-    """A link to a ``MemoryStream``."""
+    """A link to a ``MemoryStream``: the bundle of its stream (``messages``), key-value
+    (``keys``) and snapshot (``snapshots``) roles."""
 
     def __init__(self, stream: MemoryStream, *, timeout: float = 1.0) -> None:
         self.server = stream
         self.stream = stream.name
         self.timeout = timeout
+        self.messages = MemoryMessages(stream)
+        self.keys = MemoryKeys(stream)
+        self.snapshots = MemorySnapshots(stream)
         super().__init__(f"memory {stream.name}")
-        self.clock = stream.clock
 
     async def connect(self) -> None:
         if self.server.down:
             raise NatsUnavailableError(f"The in-memory stream {self.stream!r} is down")
+
+
+class MemoryMessages:
+    """The stream role of a ``MemoryLink`` (``link.Stream``)."""
+
+    def __init__(self, server: MemoryStream) -> None:
+        self.server = server
+        self.stream = server.name
 
     async def ensure_stream(self, replicas: int = 1, create: bool = True) -> None:
         if self.server.down:
@@ -211,32 +223,6 @@ class MemoryLink(LinkLoop):
     def check_size(self, size: int) -> None:
         check_size(size, self.server.max_payload)
 
-    async def snapshot_put(self, name: str, source: BinaryIO) -> None:
-        self.server.answer()
-        content = source.read()
-        with self.server.lock:
-            self.server.objects[name] = (content, hashlib.sha256(content).digest())
-
-    async def snapshot_names(self) -> list[str]:
-        self.server.answer()
-        with self.server.lock:
-            return sorted(self.server.objects)
-
-    async def snapshot_get(self, name: str, sink: BinaryIO) -> None:
-        self.server.answer()
-        with self.server.lock:
-            found = self.server.objects.get(name)
-        if found is None:
-            raise ReplicationError(f"The snapshot {name} is not in the in-memory bucket")
-        if hashlib.sha256(found[0]).digest() != found[1]:
-            raise ReplicationError(f"The snapshot {name} does not match its digest")
-        sink.write(found[0])
-
-    async def snapshot_delete(self, name: str) -> None:
-        self.server.answer()
-        with self.server.lock:
-            self.server.objects.pop(name, None)
-
     async def trim(self, subject: str, keep_from: int) -> None:
         self.server.answer()
         with self.server.lock:
@@ -244,7 +230,16 @@ class MemoryLink(LinkLoop):
                 m for m in self.server.messages if m.subject != subject or m.stream_seq >= keep_from
             ]
 
+
+class MemoryKeys:
+    """The key-value role of a ``MemoryLink`` (``link.KeyValue``), on the stream's clock."""
+
+    def __init__(self, server: MemoryStream) -> None:
+        self.server = server
+        self.clock = server.clock
+
     async def lease_get(self, key: str) -> tuple[bytes | None, int]:
+        check_key(key)
         self.server.answer()
         with self.server.lock:
             entry = self.server.keys.get(key)
@@ -253,6 +248,7 @@ class MemoryLink(LinkLoop):
             return entry.value, entry.revision
 
     async def lease_put(self, key: str, value: bytes, revision: int, ttl: float) -> int | None:
+        check_key(key)
         self.server.answer()
         with self.server.lock:
             entry = self.server.keys.get(key)
@@ -264,12 +260,14 @@ class MemoryLink(LinkLoop):
             return self.server.revision
 
     async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]:
+        check_key(key)
         self.server.answer(stream=False)
         with self.server.lock:
             entry = self.server.buckets.get(bucket, {}).get(key)
             return (None, 0) if entry is None else (entry.value, entry.revision)
 
     async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
+        check_key(key)
         self.server.answer(stream=False)
         with self.server.lock:
             keys = self.server.buckets.setdefault(bucket, {})
@@ -289,8 +287,45 @@ class MemoryLink(LinkLoop):
                 self.server.keys[key] = _Key(None, self.server.revision, float("inf"))
 
 
+class MemorySnapshots:
+    """The snapshot role of a ``MemoryLink`` (``link.SnapshotStore``): the stream's bucket,
+    which only a put needs the stream for (as JetStream's is made with the stream's replicas)."""
+
+    def __init__(self, server: MemoryStream) -> None:
+        self.server = server
+
+    async def put(self, name: str, source: BinaryIO) -> None:
+        self.server.answer()
+        content = source.read()
+        with self.server.lock:
+            self.server.objects[name] = (content, hashlib.sha256(content).digest())
+
+    async def names(self) -> list[str]:
+        self.server.answer(stream=False)
+        with self.server.lock:
+            return sorted(self.server.objects)
+
+    async def get(self, name: str, sink: BinaryIO) -> None:
+        self.server.answer(stream=False)
+        with self.server.lock:
+            found = self.server.objects.get(name)
+        if found is None:
+            raise ReplicationError(f"The snapshot {name} is not in the in-memory bucket")
+        if hashlib.sha256(found[0]).digest() != found[1]:
+            raise ReplicationError(f"The snapshot {name} does not match its digest")
+        sink.write(found[0])
+
+    async def delete(self, name: str) -> None:
+        self.server.answer(stream=False)
+        with self.server.lock:
+            self.server.objects.pop(name, None)
+
+
 __all__ = [
     "ManualClock",
+    "MemoryKeys",
     "MemoryLink",
+    "MemoryMessages",
+    "MemorySnapshots",
     "MemoryStream",
 ]

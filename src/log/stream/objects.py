@@ -1,11 +1,9 @@
-"""A stream's snapshot bucket on NATS JetStream: an object store named ``<stream>-snapshots``.
+"""JetStream's snapshot role (``link.SnapshotStore``): an object store named ``<stream>-snapshots``.
 
 JetStream's object store cuts an object into chunks on a stream of its own and publishes its
 description (size, chunk count, SHA-256 digest) last: an object whose upload was cut short has no
 description, so it is never listed, and a reader checks the digest of what it got against it.
 The bucket is made, with as many replicas as the stream, the first time a snapshot goes in.
-These are ``JetStreamLink``'s snapshot calls, kept here because they are about objects, not the
-log's messages.
 """
 
 from __future__ import annotations
@@ -15,7 +13,8 @@ import base64
 import hashlib
 from typing import Any, BinaryIO, Final
 
-from ...errors import NatsUnavailableError, ReplicationError
+from ...errors import NatsUnavailableError, ReplicationError, StreamMissingError
+from .connection import NatsConnection
 from .direct import direct_batch
 from .message import RawMessage
 
@@ -25,6 +24,26 @@ CHUNKS_PER_BATCH: Final = 32
 """Chunks per batched direct get while reading an object back."""
 DIGEST_PREFIX: Final = "SHA-256="
 """How the object store writes an object's digest (URL-safe base64 after it)."""
+
+
+class JetStreamSnapshots:
+    """The snapshot role of a ``JetStreamLink``: coroutines of the link's loop."""
+
+    def __init__(self, connection: NatsConnection) -> None:
+        self.connection = connection
+
+    async def put(self, name: str, source: BinaryIO) -> None:
+        await put(self.connection.js, self.connection.stream, name, source)
+
+    async def names(self) -> list[str]:
+        return await names(self.connection.js, self.connection.stream)
+
+    async def get(self, name: str, sink: BinaryIO) -> None:
+        connection = self.connection
+        await get(connection.js, connection.nc, connection.stream, name, sink, connection.timeout)
+
+    async def delete(self, name: str) -> None:
+        await delete(self.connection.js, self.connection.stream, name)
 
 
 def bucket_name(stream: str) -> str:
@@ -46,7 +65,12 @@ async def bucket(js: Any, stream: str, create: bool) -> Any | None:
         except nats.js.errors.BucketNotFoundError:
             if not create:
                 return None
-            info = await js.stream_info(stream)
+            try:
+                info = await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                raise StreamMissingError(
+                    f"NATS has no stream {stream!r} to keep snapshots beside"
+                ) from None
             config = ObjectStoreConfig(
                 bucket=name,
                 replicas=info.config.num_replicas or 1,
@@ -192,30 +216,15 @@ async def delete(js: Any, stream: str, name: str) -> None:
         ) from None
 
 
-async def purge(js: Any, stream: str, subject: str, keep_from: int) -> None:
-    """Remove the subject's messages below stream sequence ``keep_from``."""
-
-    import nats.errors
-
-    try:
-        await js.purge_stream(stream, seq=keep_from, subject=subject)
-    except (TimeoutError, nats.errors.TimeoutError) as error:
-        raise NatsUnavailableError(
-            f"NATS did not trim {subject} ({type(error).__name__})"
-        ) from None
-    except nats.errors.Error as error:
-        raise ReplicationError(f"NATS refused to trim {subject}: {error}") from None
-
-
 __all__ = [
     "CHUNK",
     "CHUNKS_PER_BATCH",
     "DIGEST_PREFIX",
+    "JetStreamSnapshots",
     "bucket",
     "bucket_name",
     "delete",
     "get",
     "names",
-    "purge",
     "put",
 ]

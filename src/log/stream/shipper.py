@@ -78,7 +78,7 @@ class Shipper:
                         continue
                     stuck = None
                     for index, (seq, data) in enumerate(rows):
-                        reason = self.link.too_big(len(data))
+                        reason = self.link.messages.too_big(len(data))
                         if reason is not None:  # it can never be published: waiting would not help
                             stuck, rows = (
                                 _CannotShip(f"record {seq} of store {self.store}: {reason}"),
@@ -98,7 +98,7 @@ class Shipper:
                             )
                             for seq, data in rows
                         ]
-                        self.expected = await self.link.publish(
+                        self.expected = await self.link.messages.publish(
                             self.subject, messages, self.expected
                         )
                         self.shipped_seq = rows[-1][0]
@@ -162,7 +162,7 @@ class Shipper:
         self._marked = False
 
     async def _settle(self) -> None:
-        last = await self.link.last(self.subject, self.store)
+        last = await self.link.messages.last(self.subject, self.store)
         if last is None:
             self.shipped_seq, self.expected = 0, 0
             return

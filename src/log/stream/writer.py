@@ -115,7 +115,7 @@ class StreamWriter:
         if self.fence_pending:
             self._fence(txn)
         position = read_position(txn, self.meta, self.link.stream)
-        last = self.link.run(self.link.last(self.subject, self.store))
+        last = self.link.run(self.link.messages.last(self.subject, self.store))
         head = self.log.head(txn)
         if last is None:
             if position.stream_seq:
@@ -164,7 +164,7 @@ class StreamWriter:
 
         assert self.lease is not None
         for _ in range(20):
-            last = self.link.run(self.link.last(self.subject, self.store))
+            last = self.link.run(self.link.messages.last(self.subject, self.store))
             head = 0 if last is None else last.seq
             if last is not None and last.epoch >= self.epoch:
                 if (
@@ -184,7 +184,9 @@ class StreamWriter:
             )
             try:
                 self.link.run(
-                    self.link.publish(self.subject, [fence], 0 if last is None else last.stream_seq)
+                    self.link.messages.publish(
+                        self.subject, [fence], 0 if last is None else last.stream_seq
+                    )
                 )
             except StreamMovedError:
                 continue  # the old writer appended meanwhile: fence after that
@@ -203,7 +205,7 @@ class StreamWriter:
     ) -> StreamPosition:
         while position.stream_seq < until:
             raws = self.link.run(
-                self.link.fetch(self.subject, position.stream_seq, batch=FETCH_CHUNK)
+                self.link.messages.fetch(self.subject, position.stream_seq, batch=FETCH_CHUNK)
             )
             messages: Iterable[StreamMessage] = (
                 self._checked(raws, until)
@@ -231,7 +233,7 @@ class StreamWriter:
         """The next messages after ``after`` from a consumer (what a batch did not answer)."""
 
         messages: list[StreamMessage] = []
-        async for message, pending in self.link.read(
+        async for message, pending in self.link.messages.read(
             self.subject, after, store=self.store, follow=False
         ):
             messages.append(message)
@@ -264,7 +266,7 @@ class StreamWriter:
     def check_size(self, payload: bytes) -> None:
         """Refuse, before it is appended, a batch whose record the server could not take."""
 
-        self.link.check_size(len(payload))
+        self.link.messages.check_size(len(payload))
 
     def publish_ids(self, txn: lmdb.Transaction[bytes], upto: int) -> None:
         """Put an id block reservation on the subject (in ``txn``, which also keeps it locally):
@@ -320,7 +322,7 @@ class StreamWriter:
                     self.epoch,
                 )
         try:
-            last = self.link.run(self.link.publish(self.subject, messages, self.expected))
+            last = self.link.run(self.link.messages.publish(self.subject, messages, self.expected))
         except StreamMovedError as error:
             self.settled = False
             self.last_error = str(error)
@@ -374,7 +376,7 @@ class StreamWriter:
 
     def _last_epoch(self) -> int | None:
         try:
-            last = self.link.run(self.link.last(self.subject, self.store))
+            last = self.link.run(self.link.messages.last(self.subject, self.store))
         except ForeignMessageError as error:
             self.last_error = str(error)
             raise
@@ -393,7 +395,7 @@ class StreamWriter:
 
         async def first_after() -> list[StreamMessage]:
             found: list[StreamMessage] = []
-            async for message, _ in self.link.read(
+            async for message, _ in self.link.messages.read(
                 self.subject, self.expected, store=self.store, follow=False
             ):
                 found.append(message)
@@ -417,7 +419,7 @@ class StreamWriter:
             count += 1
         if count == len(messages):
             try:
-                last = self.link.run(self.link.last(self.subject, self.store))
+                last = self.link.run(self.link.messages.last(self.subject, self.store))
             except ReplicationError:
                 last = None
             self.settled = last is not None and last.stream_seq == found[-1].stream_seq
