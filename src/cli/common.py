@@ -216,6 +216,7 @@ record_id = argument(RECORD_ID)
 interval = argument(INTERVAL)
 time_argument = typed(parse_time)
 point = typed(numbers.point)
+restore_point = typed(numbers.end_point)
 
 
 # ── output ────────────────────────────────────────────────────────────────────
