@@ -3,7 +3,8 @@
 The command line sits on top: nothing else in the package imports it (``tests/cli/test_layout.py``
 checks the layers). One module per family of commands, each registering its own
 sub-parsers: ``inspect`` (stats, show, tail, verify), ``move`` (export, import, backup, restore),
-``operate`` (rebuild, replica, promote), ``transparency`` (keygen, checkpoint, prove), ``find`` (search), ``snapshot``,
+``operate`` (rebuild, replica, promote), ``transparency`` (keygen, checkpoint, prove, verify-proof),
+``find`` (search), ``lists`` (list), ``snapshot``,
 ``projections`` (list, retry, drop), ``demo``, ``serve`` (starts the web view of
 ``pi_durable_lmdb.web``, which needs the ``[web]`` extra). The functions the commands run are in
 ``pi_durable_lmdb.audit``; exit codes and shared helpers in ``common``.
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from ..audit.access import require_access
 from ..log.records import FORMAT_VERSION
 from ..projections.tables import SCHEMA_VERSION
-from . import demo, find, inspect, move, operate, projections, serve, snapshot, transparency
+from . import demo, find, inspect, lists, move, operate, projections, serve, snapshot, transparency
 from .common import (
     DAMAGE,
     EPILOG,
@@ -89,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.register(commands)
     inspect.register(commands)
     find.register(commands)
+    lists.register(commands)
     move.register(commands)
     operate.register(commands)
     transparency.register(commands)
