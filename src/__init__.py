@@ -10,9 +10,9 @@ The public names are re-exported here.
 from __future__ import annotations
 
 import os
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from .audit.tail import Tail, TailFilter
 from .errors import (
     BadInputError,
     BadQueryError,
@@ -55,11 +55,38 @@ from .errors import (
     WriterLockedError,
     WrongStoreError,
 )
-from .projections import StorageRequestError
-from .projections.user import Projection
-from .storage import Durability, LmdbStorage
+
+if TYPE_CHECKING:
+    from .audit.tail import Tail, TailFilter
+    from .projections import StorageRequestError
+    from .projections.user import Projection
+    from .storage import Durability, LmdbStorage
 
 __version__ = "0.2.0"
+
+_LAZY = {
+    "Durability": "storage",
+    "LmdbStorage": "storage",
+    "Projection": "projections.user",
+    "StorageRequestError": "projections",
+    "Tail": "audit.tail",
+    "TailFilter": "audit.tail",
+}
+"""The names whose modules load the engine (LMDB, msgspec, pi-durable): imported when first
+used, so that importing the package (as ``durable-log --version`` does) costs next to nothing."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 async def open_lmdb_storage(path: str | os.PathLike[str], **options: Any) -> LmdbStorage:
@@ -67,6 +94,8 @@ async def open_lmdb_storage(path: str | os.PathLike[str], **options: Any) -> Lmd
 
     Shaped like pi-durable's ``open_posix_sqlite_storage``, so a host swaps one line.
     """
+
+    from .storage import LmdbStorage
 
     return await LmdbStorage.open(path, **options)
 

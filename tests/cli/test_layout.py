@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "pi_durable_lmdb"
 
 LAYERS: Final = (
-    ("errors", "tlog"),
+    ("errors", "formats", "tlog"),
     ("log",),
     ("projections",),
     ("storage",),
