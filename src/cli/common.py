@@ -174,6 +174,16 @@ point = typed(numbers.point)
 restore_point = typed(numbers.end_point)
 
 
+def seq_or_time(parsed: tuple[str, int] | None) -> tuple[int | None, int | None]:
+    """A parsed point (``point``, ``restore_point``) as ``(sequence, None)`` or ``(None, Unix
+    ms)``; ``(None, None)`` when none was given."""
+
+    if parsed is None:
+        return None, None
+    kind, at = parsed
+    return (at, None) if kind == "seq" else (None, at)
+
+
 # ── output ────────────────────────────────────────────────────────────────────
 
 

@@ -10,7 +10,16 @@ import sys
 from typing import Any, Final
 
 from ..audit.listing import LIST_KINDS, MISSING, columns, value_at
-from .common import EXIT_OK, READ_ONLY, add_command, count, point, readable, store_argument
+from .common import (
+    EXIT_OK,
+    READ_ONLY,
+    add_command,
+    count,
+    point,
+    readable,
+    seq_or_time,
+    store_argument,
+)
 
 FORMATS: Final = ("table", "json", "csv")
 CELL: Final = 40
@@ -57,10 +66,7 @@ def _list(args: argparse.Namespace) -> int:
     from ..audit.listing import list_records, parse_where
 
     where = [parse_where(args.kind, text) for text in args.where]
-    as_of, as_of_time = (None, None)
-    if args.as_of is not None:
-        kind, at = args.as_of
-        as_of, as_of_time = (at, None) if kind == "seq" else (None, at)
+    as_of, as_of_time = seq_or_time(args.as_of)
     shown = columns(args.kind, where, every_field=args.format == "csv")
     paths = [tuple(name.split(".")) for name in shown]
     rows: list[list[Any]] = []

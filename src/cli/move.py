@@ -23,6 +23,7 @@ from .common import (
     progress_on,
     progress_option,
     restore_point,
+    seq_or_time,
     sequence,
     store_argument,
     time_argument,
@@ -264,8 +265,7 @@ def _restore(args: argparse.Namespace) -> int:
         report.total = total
         report(done)
 
-    kind, at = args.to_point or ("seq", None)
-    to_seq, to_time = (at, None) if kind == "seq" else (None, at)
+    to_seq, to_time = seq_or_time(args.to_point)
     head = asyncio.run(
         restore.restore(
             args.nats, args.stream, args.store, args.path, to_seq, progress, to_time=to_time

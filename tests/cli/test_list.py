@@ -251,6 +251,10 @@ def test_the_formats(capsys: pytest.CaptureFixture[str], store: tuple[Path, int]
     assert set(kinds) == {"m", "n"}
     code, out, _ = call(capsys, "list", path, "tasks", "--where", "input.n=104")
     assert out.splitlines()[0].split()[-1] == "input.n" and len(out.splitlines()) == 3
+    code, out, _ = call(capsys, "list", path, "tasks", "--as-of", "2000-01-01", "--format", "json")
+    assert code == 0 and out == "", "as of a time before the first commit: no tasks yet"
+    code, out, _ = call(capsys, "list", path, "tasks", "--as-of", "9999-01-01", "--format", "json")
+    assert [json.loads(line) for line in out.splitlines()] == _list(path, "tasks", [])
     code, out, _ = call(capsys, "list", path, "tasks", "--where", "state.status=nosuch")
     assert code == 0 and len(out.splitlines()) == 2, "no records: the header alone"
 

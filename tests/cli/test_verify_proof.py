@@ -49,7 +49,11 @@ def audited(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> dict[str, Pat
 
 
 def _check(
-    capsys: pytest.CaptureFixture[str], files: dict[str, Path], proof: str | Path, *more: object
+    capsys: pytest.CaptureFixture[str],
+    files: dict[str, Path],
+    proof: str | Path,
+    *more: object,
+    vkey: Path | None = None,
 ) -> tuple[int, str, str]:
     return call(
         capsys,
@@ -58,7 +62,7 @@ def _check(
         "--checkpoint",
         files["cp"],
         "--vkey",
-        files["vkey"],
+        vkey or files["vkey"],
         *more,
     )
 
@@ -126,15 +130,7 @@ def test_a_checkpoint_of_another_key_does_not_hold(
     other.mkdir()
     _, other_vkey = _keys(capsys, other)
     (other / "orders.pub").write_text(other_vkey)
-    code, _, err = call(
-        capsys,
-        "verify-proof",
-        audited["in40"],
-        "--checkpoint",
-        audited["cp"],
-        "--vkey",
-        other / "orders.pub",
-    )
+    code, _, err = _check(capsys, audited, "in40", vkey=other / "orders.pub")
     assert code == 1 and "signature: " in err, err
 
 
@@ -163,15 +159,7 @@ def test_bad_input_is_exit_2_with_a_message_and_writes_nothing(
     for args, says in cases:
         code, out, err = _check(capsys, audited, *args)
         assert code == 2 and out == "" and says in err, (args, code, err)
-    code, _, err = call(
-        capsys,
-        "verify-proof",
-        audited["in40"],
-        "--checkpoint",
-        audited["cp"],
-        "--vkey",
-        tmp_path / "bad.pub",
-    )
+    code, _, err = _check(capsys, audited, "in40", vkey=tmp_path / "bad.pub")
     assert code == 2 and "verifier key" in err, err
     code, _, err = call(capsys, "verify-proof", audited["in40"], "--vkey", audited["vkey"])
     assert code == 2 and "--checkpoint" in err, err
