@@ -10,7 +10,6 @@ The public names are re-exported here.
 from __future__ import annotations
 
 import os
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -64,23 +63,22 @@ if TYPE_CHECKING:
 
 __version__ = "0.2.0"
 
-_LAZY = {
-    "Durability": "storage",
-    "LmdbStorage": "storage",
-    "Projection": "projections.user",
-    "StorageRequestError": "projections",
-    "Tail": "audit.tail",
-    "TailFilter": "audit.tail",
-}
-"""The names whose modules load the engine (LMDB, msgspec, pi-durable): imported when first
-used, so that importing the package (as ``durable-log --version`` does) costs next to nothing."""
-
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    """The names whose modules load the engine (LMDB, msgspec, pi-durable), imported when first
+    used: importing the package (as ``durable-log --version`` does) then costs next to nothing."""
+
+    if name in ("Durability", "LmdbStorage"):
+        from . import storage as module
+    elif name == "Projection":
+        from .projections import user as module  # type: ignore[no-redef]
+    elif name == "StorageRequestError":
+        from . import projections as module  # type: ignore[no-redef]
+    elif name in ("Tail", "TailFilter"):
+        from .audit import tail as module  # type: ignore[no-redef]
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{module}"), name)
+    value = getattr(module, name)
     globals()[name] = value
     return value
 

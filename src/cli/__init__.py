@@ -15,12 +15,11 @@ imported.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import traceback
 from collections.abc import Sequence
 
-from .commands import COMMANDS, command_in
+from .commands import COMMANDS, command_in, family
 from .status import EPILOG, EXIT_BUG, EXIT_DAMAGE, EXIT_OK, EXIT_USAGE, Formatter
 
 __all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
@@ -102,8 +101,8 @@ def register_family(
 ) -> None:
     """Import the module of a family of commands and register its sub-parsers."""
 
-    family = importlib.import_module(f"{__name__}.{module}")
-    (getattr(family, "register", None) or family.add_parser)(commands)
+    found = family(module)
+    (getattr(found, "register", None) or found.add_parser)(commands)
 
 
 class _Version(argparse.Action):

@@ -9,6 +9,7 @@ module registers exactly its commands here, with the same help.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Final
 
 COMMANDS: Final = {
@@ -74,3 +75,50 @@ def command_in(argv: list[str]) -> str | None:
         if not word.startswith("-"):
             return word if word in COMMANDS else None
     return None
+
+
+def family(module: str) -> ModuleType:
+    """The module of ``COMMANDS`` named ``module``, imported now (each by a plain import
+    statement: no module is imported by a name computed at run time)."""
+
+    if module == "demo":
+        from . import demo
+
+        return demo
+    if module == "inspect":
+        from . import inspect
+
+        return inspect
+    if module == "find":
+        from . import find
+
+        return find
+    if module == "lists":
+        from . import lists
+
+        return lists
+    if module == "move":
+        from . import move
+
+        return move
+    if module == "operate":
+        from . import operate
+
+        return operate
+    if module == "transparency":
+        from . import transparency
+
+        return transparency
+    if module == "snapshot":
+        from . import snapshot
+
+        return snapshot
+    if module == "projections":
+        from . import projections
+
+        return projections
+    if module == "serve":
+        from . import serve
+
+        return serve
+    raise KeyError(f"no family of commands {module!r}")

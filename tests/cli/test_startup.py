@@ -8,13 +8,12 @@ registers."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import subprocess
 import sys
 
 import pytest
-from pi_durable_lmdb.cli.commands import COMMANDS, command_in
+from pi_durable_lmdb.cli.commands import COMMANDS, command_in, family
 
 HEAVY = ("lmdb", "msgspec", "aiohttp", "jinja2", "pi_durable", "zstandard", "cryptography")
 
@@ -69,10 +68,10 @@ def test_a_command_loads_its_own_family_only() -> None:
 
 def test_the_table_names_what_each_module_registers() -> None:
     for module in dict.fromkeys(module for module, _help in COMMANDS.values()):
-        family = importlib.import_module(f"pi_durable_lmdb.cli.{module}")
+        found = family(module)
         parser = argparse.ArgumentParser()
         commands = parser.add_subparsers()
-        (getattr(family, "register", None) or family.add_parser)(commands)
+        (getattr(found, "register", None) or found.add_parser)(commands)
         registered = {action.dest: action.help for action in commands._choices_actions}
         expected = {name: help for name, (owner, help) in COMMANDS.items() if owner == module}
         assert registered == expected, module
