@@ -9,7 +9,8 @@ one is refused naming the fields there are; VALUE compared as JSON when it parse
 The records come from the projections through an index when a filter fits one (tasks and
 submissions by status, entries by conversation, conversations by owner), else from a scan of
 the kind's table; either way every filter is applied to every record, so both give the same
-records in the same order (ids ascending; entries conversation by conversation)."""
+records in the same order (ids ascending; entries conversation by conversation; documents every
+incarnation, retired ones too)."""
 
 from __future__ import annotations
 
