@@ -10,9 +10,8 @@ The public names are re-exported here.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .audit.tail import Tail, TailFilter
 from .errors import (
     BadInputError,
     BadQueryError,
@@ -55,11 +54,37 @@ from .errors import (
     WriterLockedError,
     WrongStoreError,
 )
-from .projections import StorageRequestError
-from .projections.user import Projection
-from .storage import Durability, LmdbStorage
+
+if TYPE_CHECKING:
+    from .audit.tail import Tail, TailFilter
+    from .projections import StorageRequestError
+    from .projections.user import Projection
+    from .storage import Durability, LmdbStorage
 
 __version__ = "0.2.0"
+
+
+def __getattr__(name: str) -> Any:
+    """The names whose modules load the engine (LMDB, msgspec, pi-durable), imported when first
+    used: importing the package (as ``durable-log --version`` does) then costs next to nothing."""
+
+    if name in ("Durability", "LmdbStorage"):
+        from . import storage as module
+    elif name == "Projection":
+        from .projections import user as module  # type: ignore[no-redef]
+    elif name == "StorageRequestError":
+        from . import projections as module  # type: ignore[no-redef]
+    elif name in ("Tail", "TailFilter"):
+        from .audit import tail as module  # type: ignore[no-redef]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 async def open_lmdb_storage(path: str | os.PathLike[str], **options: Any) -> LmdbStorage:
@@ -67,6 +92,8 @@ async def open_lmdb_storage(path: str | os.PathLike[str], **options: Any) -> Lmd
 
     Shaped like pi-durable's ``open_posix_sqlite_storage``, so a host swaps one line.
     """
+
+    from .storage import LmdbStorage
 
     return await LmdbStorage.open(path, **options)
 

@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "pi_durable_lmdb"
 
 LAYERS: Final = (
-    ("errors", "tlog"),
+    ("errors", "formats", "tlog"),
     ("log",),
     ("projections",),
     ("storage",),
@@ -293,14 +293,15 @@ def test_the_transparency_log_functions_import_nothing_of_the_store() -> None:
 def test_each_family_registers_its_own_commands() -> None:
     import argparse
 
-    from pi_durable_lmdb.cli import demo, inspect, move, operate, serve, transparency
+    from pi_durable_lmdb.cli import demo, inspect, lists, move, operate, serve, transparency
 
     families = {
         demo: {"demo"},
         inspect: {"stats", "show", "tail", "verify"},
         move: {"export", "import", "backup", "restore"},
         operate: {"rebuild", "compact", "replica", "promote"},
-        transparency: {"keygen", "checkpoint", "prove"},
+        transparency: {"keygen", "checkpoint", "prove", "verify-proof"},
+        lists: {"list"},
     }
     for family, names in families.items():
         parser = argparse.ArgumentParser()

@@ -1,7 +1,8 @@
 """The operator functions the command line and the web view run on a store, above the
 ``Storage`` contract (``storage``) and below both (``cli``, ``web``): ``tail``, ``stats``,
-``verify``, ``export``, ``show``, import (``migrate``, ``pisource``), ``restore``, ``search``,
-``transparency`` and ``witness`` (checkpoints, proofs), ``access``, and the shared parsing and
+``verify``, ``export``, ``show``, ``listing`` (records of a kind filtered by fields), import
+(``migrate``, ``pisource``), ``restore``, ``search``, ``transparency`` and ``witness``
+(checkpoints, proofs), ``proofs`` (a proof checked offline), ``access``, and the shared parsing and
 wording of their input and output (``numbers``, ``jsonlines``, ``words``).
 
 The most used are named here: ``from pi_durable_lmdb.audit import Tail, TailFilter, verify``.

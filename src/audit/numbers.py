@@ -111,6 +111,13 @@ def parse_time(text: str) -> int:
     return (moment - _EPOCH) // timedelta(milliseconds=1)
 
 
+def format_time(ms: int) -> str:
+    """Unix milliseconds ``ms`` as the ISO 8601 UTC time ``parse_time`` reads back."""
+
+    moment = _EPOCH + timedelta(milliseconds=ms)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
 AS_OF: Final = Whole("a log sequence", 0)
 
 
@@ -128,6 +135,15 @@ def point(text: str) -> tuple[str, int]:
             f"{_shown(stripped)} is neither a log sequence (ASCII digits 0-9) nor a time "
             "(ISO 8601, e.g. 2026-12-02T18:30:00Z)"
         ) from None
+
+
+def end_point(text: str) -> tuple[str, int]:
+    """A point a range ends at (``restore --to``): as ``point``, its log sequence 1 or more."""
+
+    kind, at = point(text)
+    if kind == "seq" and at < 1:
+        raise NumberError(f"{_shown(text.strip())} is not a log sequence: {SEQUENCE.rule()}")
+    return kind, at
 
 
 # ── the command line's rules ──────────────────────────────────────────────────

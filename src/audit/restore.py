@@ -27,6 +27,7 @@ from ..log.stream.message import check_stream_name, subject_of
 from ..storage.replica import Follower
 from ..storage.snapshot import seed, snapshots_of
 from .migrate import new_store, refuse_existing
+from .numbers import format_time
 from .tail import open_stream
 
 Progress = Callable[[int, int], None]
@@ -41,12 +42,15 @@ async def restore(
     to_seq: int | None = None,
     progress: Progress | None = None,
     snapshots: bool = True,
+    to_time: int | None = None,
 ) -> int:
     """Build in the new directory ``path`` store ``store`` from ``stream`` on the NATS servers
-    ``nats``: every record the stream holds, or up to record ``to_seq``; from the newest snapshot
-    that verifies unless ``snapshots`` is false. Returns the new store's head sequence.
+    ``nats``: every record the stream holds, up to record ``to_seq``, or up to the last record
+    committed at or before Unix ms ``to_time``; from the newest snapshot that verifies (and ends
+    by that point) unless ``snapshots`` is false. Returns the new store's head sequence.
 
-    ``ValueError``: ``path`` is not empty, or the stream holds no record ``to_seq``;
+    ``ValueError``: ``path`` is not empty, the stream holds no record ``to_seq`` or none
+    committed by ``to_time``, or both are given;
     ``NatsUnavailableError``: no server answered; ``StreamMissingError``: no such stream, or it
     holds nothing of ``store``; ``ForeignMessageError``: a message of the subject is not a sound
     record of the store (nothing is left behind)."""
@@ -56,6 +60,8 @@ async def restore(
     check_store_id(store)
     if to_seq is not None and (type(to_seq) is not int or to_seq < 1):
         raise ValueError(f"to_seq is a log sequence, 1 or more, not {to_seq!r}")
+    if to_time is not None and (type(to_time) is not int or to_seq is not None):
+        raise ValueError(f"to_time is Unix milliseconds, without to_seq, not {to_time!r}")
     target = os.path.abspath(os.fspath(path))
     refuse_existing(target, "restore")  # before any connection: a refusal costs nothing
     link = await open_stream(nats, stream)
@@ -69,10 +75,20 @@ async def restore(
                 f"Stream {stream!r} holds no messages of store {store} (subject {subject}); "
                 f"`durable-log tail --nats ... --stream {stream}` lists the stores it carries"
             )
-        seeded = (lambda directory: seed(link, store, directory, to_seq)) if snapshots else None
+        seeded = (
+            (lambda directory: seed(link, store, directory, to_seq, to_time)) if snapshots else None
+        )
         async with new_store(target, verb="restore", store=store, seed=seeded) as storage:
             follower = Follower(link, storage, store)
-            head = await link.arun(follower.catch_up(to_seq=to_seq, progress=progress))
+            head = await link.arun(
+                follower.catch_up(to_seq=to_seq, progress=progress, to_time=to_time)
+            )
+            if to_time is not None and head == 0:
+                raise ValueError(
+                    f"Stream {stream!r} holds no record of store {store} committed at or before "
+                    f"{format_time(to_time)} (or its log before a later snapshot was trimmed); "
+                    "nothing was restored"
+                )
             if to_seq is not None and head < to_seq:
                 raise ValueError(
                     f"Stream {stream!r} holds the records of store {store} up to {head}, not {to_seq} (or its "

@@ -3,10 +3,13 @@
 The command line sits on top: nothing else in the package imports it (``tests/test_layout.py``
 checks the layers). One module per family of commands, each registering its own
 sub-parsers: ``inspect`` (stats, show, tail, verify), ``move`` (export, import, backup, restore),
-``operate`` (rebuild, replica, promote), ``transparency`` (keygen, checkpoint, prove), ``find`` (search), ``snapshot``,
+``operate`` (rebuild, replica, promote), ``transparency`` (keygen, checkpoint, prove, verify-proof),
+``find`` (search), ``lists`` (list), ``snapshot``,
 ``projections`` (list, retry, drop), ``demo``, ``serve`` (starts the web view of
 ``pi_durable_lmdb.web``, which needs the ``[web]`` extra). The functions the commands run are in
-``pi_durable_lmdb.audit``; exit codes and shared helpers in ``common``.
+``pi_durable_lmdb.audit``; exit codes in ``status``, shared helpers in ``common``; which module
+registers which command in ``commands``, so that only the module of the command that runs is
+imported.
 """
 
 from __future__ import annotations
@@ -16,27 +19,18 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from ..audit.access import require_access
-from ..log.records import FORMAT_VERSION
-from ..projections.tables import SCHEMA_VERSION
-from . import demo, find, inspect, move, operate, projections, serve, snapshot, transparency
-from .common import (
-    DAMAGE,
-    EPILOG,
-    EXIT_BUG,
-    EXIT_DAMAGE,
-    EXIT_OK,
-    EXIT_USAGE,
-    KNOWN_REFUSALS,
-    Formatter,
-)
+from .commands import COMMANDS, command_in, family
+from .status import EPILOG, EXIT_BUG, EXIT_DAMAGE, EXIT_OK, EXIT_USAGE, Formatter
 
 __all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = _parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    from ..audit.access import require_access  # the engine loads once a command runs
+    from .common import DAMAGE, KNOWN_REFUSALS
+
     try:
         if getattr(args, "reads_store", False) and args.path is not None:
             require_access(args.path)
@@ -72,7 +66,11 @@ def _debug(args: argparse.Namespace) -> None:
         traceback.print_exc(file=sys.stderr)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``durable-log``: with the real sub-parser of the command ``argv`` names (its
+    module imported) and a bare one, its help alone, of each other (``commands.COMMANDS``);
+    without ``argv``, every command's real sub-parser."""
+
     parser = argparse.ArgumentParser(
         prog="durable-log",
         description=__doc__.split("\n", 1)[0],
@@ -86,16 +84,25 @@ def _parser() -> argparse.ArgumentParser:
         help="print the traceback of any error, not only of an unexpected one",
     )
     commands = parser.add_subparsers(required=True, metavar="COMMAND", title="commands")
-    demo.register(commands)
-    inspect.register(commands)
-    find.register(commands)
-    move.register(commands)
-    operate.register(commands)
-    transparency.register(commands)
-    snapshot.register(commands)
-    projections.register(commands)
-    serve.add_parser(commands)
+    wanted = None if argv is None else command_in(list(argv))
+    family = None if wanted is None else COMMANDS[wanted][0]
+    for name, (module, help) in COMMANDS.items():
+        if name in commands.choices:
+            continue
+        if argv is None or module == family:
+            register_family(commands, module)
+        else:
+            commands.add_parser(name, help=help)
     return parser
+
+
+def register_family(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], module: str
+) -> None:
+    """Import the module of a family of commands and register its sub-parsers."""
+
+    found = family(module)
+    (getattr(found, "register", None) or found.add_parser)(commands)
 
 
 class _Version(argparse.Action):
@@ -120,6 +127,8 @@ class _Version(argparse.Action):
 
 def _version() -> str:
     from importlib import metadata
+
+    from ..formats import FORMAT_VERSION, SCHEMA_VERSION
 
     try:
         version = metadata.version("pi-durable-lmdb")

@@ -1,5 +1,5 @@
-"""What every family of ``durable-log`` commands shares: exit codes and the refusals that map to
-them, argument types (sequences, counts, ISO 8601 times), the shared options, progress on stderr,
+"""What every family of ``durable-log`` commands shares: the refusals that map to the exit codes
+(``status`` defines those), argument types (sequences, counts, ISO 8601 times), the shared options, progress on stderr,
 JSON output, and running until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
@@ -36,20 +36,14 @@ from ..errors import (
     ProjectionsBehind,
     TruncatedStoreError,
 )
+from .status import EPILOG as EPILOG
+from .status import EXIT_BUG as EXIT_BUG
+from .status import EXIT_DAMAGE as EXIT_DAMAGE
+from .status import EXIT_OK as EXIT_OK
+from .status import EXIT_USAGE as EXIT_USAGE
+from .status import Formatter as Formatter
 
-# ── exit codes ────────────────────────────────────────────────────────────────
-
-EXIT_OK: Final = 0
-EXIT_DAMAGE: Final = 1
-"""The store is damaged: a log record or projection row fails its checksum, data.mdb is truncated,
-or verify found a projection that differs from the log; or a stream carries a message that is
-not a sound record of its store (tail --nats, restore, replica)."""
-EXIT_USAGE: Final = 2
-"""The command could not run: bad arguments, no store at the path, the writer lock held, nothing
-found by show, an import source that is not an export, no NATS server answering, no such stream,
-nothing of the store on it."""
-EXIT_BUG: Final = 3
-"""An unexpected error: a bug in durable-log or the engine. Its traceback is printed to stderr."""
+# ── refusals and their exit codes ─────────────────────────────────────────────
 
 DAMAGE: Final = (
     CorruptRecordError,
@@ -71,36 +65,6 @@ KNOWN_REFUSALS: Final = (
     lmdb.Error,
 )
 """What the command could not do for a reason it names (exit 2). Anything else is a bug (exit 3)."""
-
-EPILOG: Final = """\
-exit status:
-  0  success
-  1  damage found: a log record or projection row fails its checksum, data.mdb
-     is truncated, or verify found projections that differ from the log; a
-     stream message that is not a sound record of its store (tail --nats,
-     restore, replica)
-  2  the command could not run: bad arguments or ranges, no store at PATH, a
-     store locked by another writer, nothing found by show, a malformed import,
-     no NATS server answering, no such stream, nothing of the store on it
-  3  an unexpected error (a bug): its traceback is printed; please report it.
-     --debug (before the command) prints the traceback of any error
-
-times (--since, --until, --as-of) are ISO 8601, e.g. 2026-12-02T18:30:00Z or
-2026-12-02; without a zone they are UTC, as every time durable-log prints is.
-Progress goes to stderr when it is a terminal, or with --progress. --nats
-takes a NATS URL or a comma-separated list of them (nats://host:4222,host2:4222).
-
-examples:
-  durable-log tail STORE --follow --json --type entry    # live, while a host writes
-  durable-log tail STORE --conversation 1 --limit 5      # its last 5 batches
-  durable-log show STORE task 9 --as-of 120
-  durable-log export STORE --since 2026-12-01 > log.jsonl
-  durable-log import log.jsonl NEW_STORE
-  durable-log backup STORE STORE-copy --compact
-  durable-log tail --nats nats://127.0.0.1:4222 --stream LOGS --follow
-  durable-log restore --nats nats://127.0.0.1:4222 --stream LOGS --store ID NEW
-  durable-log replica REPLICA --nats nats://127.0.0.1:4222 --stream LOGS --store ID
-"""
 
 READ_ONLY: Final = "read-only: never blocks the writer and never creates a store"
 
@@ -142,15 +106,6 @@ def usage(message: str) -> ValueError:
 
 
 # ── sub-parsers and shared options ─────────────────────────────────────────────
-
-
-class Formatter(argparse.HelpFormatter):
-    """Descriptions wrapped to the terminal; the epilog (a table and examples) kept as written."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        if "\n" in text:
-            return "".join(indent + line for line in text.splitlines(keepends=True))
-        return super()._fill_text(text, width, indent)
 
 
 def add_command(
@@ -216,6 +171,17 @@ record_id = argument(RECORD_ID)
 interval = argument(INTERVAL)
 time_argument = typed(parse_time)
 point = typed(numbers.point)
+restore_point = typed(numbers.end_point)
+
+
+def seq_or_time(parsed: tuple[str, int] | None) -> tuple[int | None, int | None]:
+    """A parsed point (``point``, ``restore_point``) as ``(sequence, None)`` or ``(None, Unix
+    ms)``; ``(None, None)`` when none was given."""
+
+    if parsed is None:
+        return None, None
+    kind, at = parsed
+    return (at, None) if kind == "seq" else (None, at)
 
 
 # ── output ────────────────────────────────────────────────────────────────────

@@ -42,6 +42,7 @@ from .common import (
     readable,
     record_id,
     run_until_signalled,
+    seq_or_time,
     sequence,
     store_argument,
     time_argument,
@@ -142,10 +143,7 @@ def _register_show(commands: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _show(args: argparse.Namespace) -> int:
-    as_of = as_of_time = None
-    if args.as_of is not None:
-        kind, value = args.as_of
-        as_of, as_of_time = (value, None) if kind == "seq" else (None, value)
+    as_of, as_of_time = seq_or_time(args.as_of)
     try:
         found, seq = asyncio.run(show(args.path, args.kind, args.id, as_of, as_of_time))
     except (

@@ -22,6 +22,8 @@ from .common import (
     nats_options,
     progress_on,
     progress_option,
+    restore_point,
+    seq_or_time,
     sequence,
     store_argument,
     time_argument,
@@ -231,7 +233,8 @@ def _register_restore(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "restore",
         "build a store from its NATS stream alone, to the end or to a point in time",
         "Build a new store from the records of store ID that the NATS stream S holds (disaster "
-        "recovery), all of them or up to log sequence --to. The new store has the store's id and "
+        "recovery), all of them or up to --to: a log sequence, or a time (ISO 8601, the last record "
+        "committed at or before it). The new store has the store's id and "
         "stream position, so it can go on as a replica or, its writer lost, as the writer. It is "
         "built in a temporary directory beside NEWPATH, synced once and renamed to NEWPATH at the "
         "end: a failed restore leaves nothing behind.",
@@ -242,10 +245,11 @@ def _register_restore(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     sub.add_argument(
         "--to",
-        dest="to_seq",
-        type=sequence,
-        metavar="SEQ",
-        help="stop at this log sequence (default: the stream's last record)",
+        dest="to_point",
+        type=restore_point,
+        metavar="SEQ|TIME",
+        help="stop at this log sequence, or at the last record committed at or before this "
+        "ISO 8601 time (default: the stream's last record)",
     )
     progress_option(sub)
     sub.set_defaults(run=_restore)
@@ -261,8 +265,11 @@ def _restore(args: argparse.Namespace) -> int:
         report.total = total
         report(done)
 
+    to_seq, to_time = seq_or_time(args.to_point)
     head = asyncio.run(
-        restore.restore(args.nats, args.stream, args.store, args.path, args.to_seq, progress)
+        restore.restore(
+            args.nats, args.stream, args.store, args.path, to_seq, progress, to_time=to_time
+        )
     )
     report.finish(head)
     print(

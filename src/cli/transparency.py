@@ -40,6 +40,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     _register_keygen(commands)
     _register_checkpoint(commands)
     _register_prove(commands)
+    _register_verify_proof(commands)
 
 
 # ── keygen ────────────────────────────────────────────────────────────────────
@@ -234,6 +235,86 @@ def _prove(args: argparse.Namespace) -> int:
         for value in consistency.consistency:
             print(f"  {value}")
     return EXIT_OK
+
+
+# ── verify-proof ──────────────────────────────────────────────────────────────
+
+
+def _register_verify_proof(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "verify-proof",
+        "check a proof against a signed checkpoint, offline",
+        "Check PROOF_JSON, an inclusion or consistency proof as prove --json prints it ('-': "
+        "stdin), against a signed checkpoint and its signer's verifier key, with no store: an "
+        "inclusion proof must lead to the checkpoint's root in the tree of its size; a consistency "
+        "proof must start or end at the checkpoint. With --record, the record line (as export "
+        "prints it) must hash to the proof's leaf. Exit 0 when it holds, 1 naming what does not.",
+    )
+    sub.add_argument("proof", metavar="PROOF_JSON", help="the proof's file, or - for stdin")
+    sub.add_argument(
+        "--checkpoint", required=True, metavar="FILE", help="the signed checkpoint kept"
+    )
+    sub.add_argument(
+        "--vkey",
+        required=True,
+        metavar="FILE",
+        help="the verifier key keygen printed, or a file holding it",
+    )
+    sub.add_argument(
+        "--record",
+        metavar="LINE_FILE",
+        help="a file holding the proved record's line of an export (an inclusion proof)",
+    )
+    sub.set_defaults(run=_verify_proof)
+
+
+def _verify_proof(args: argparse.Namespace) -> int:
+    from ..audit.proofs import check_proof, read_proof
+
+    verifier = parse_verifier(_read_key_text(args.vkey, "verifier key"))
+    try:
+        proof = read_proof(_read_input(args.proof, MAX_NOTE))
+    except ValueError as error:
+        raise usage(f"{args.proof}: {error}") from None
+    note = _read_input(args.checkpoint, MAX_NOTE)
+    record = None if args.record is None else _record_line(args.record)
+    report = check_proof(proof, note, verifier, record)
+    if report.holds:
+        print(f"{args.proof}: {report.summary()}")
+        return EXIT_OK
+    print(f"{args.proof}: {report.summary()}", file=sys.stderr)
+    return EXIT_DAMAGE
+
+
+MAX_NOTE = 1 << 20
+"""Bytes a proof or checkpoint file may hold (a proof of a tree of 2**63 leaves is 5 KiB)."""
+
+
+def _read_input(name: str, limit: int) -> bytes:
+    """The bytes of file ``name`` (``-``: stdin), refused when longer than ``limit``."""
+
+    if name == "-":
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        with open(name, "rb") as handle:
+            data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise usage(f"{name} is longer than {limit:,} bytes: not a proof or checkpoint")
+    return data
+
+
+def _record_line(name: str) -> bytes:
+    """The one record line of file ``name``."""
+
+    with open(name, "rb") as handle:
+        lines = [line for line in handle if line.strip()]
+    if len(lines) != 1:
+        raise usage(
+            f"{name} holds {len(lines)} lines, not the one line of the proved record "
+            "(durable-log export PATH --from SEQ --to SEQ prints it)"
+        )
+    return lines[0]
 
 
 # ── verify --trusted ──────────────────────────────────────────────────────────

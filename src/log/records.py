@@ -15,23 +15,11 @@ from typing import Any, Final, Literal, NamedTuple, TypeAlias
 import msgspec
 
 from ..errors import CorruptRecordError
+from ..formats import FORMAT_VERSION as FORMAT_VERSION
 from ..tlog.leaf import record_leaf_hash
 from . import codec, zstd
 from .deflate import deflate, inflate
 
-FORMAT_VERSION: Final = 3
-"""The newest version of the log record layout; every record carries its own:
-
-1. ``[1, committed_at, checksum, payload]``: the encoded writes as they are.
-2. ``[2, committed_at, checksum, deflated, size]``: the encoded writes deflated (``log.deflate``,
-   its preset dictionary), ``size`` bytes once inflated.
-3. ``[3, committed_at, checksum, frame, size]``: the encoded writes as one zstd frame with the same
-   preset dictionary (``log.zstd``: half deflate's CPU on the commit path).
-
-A writer stores a batch as format 3 when compressing saves bytes, as format 2 when its frame
-would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs of one value),
-else as format 1, which every version reads; all three are read. The checksum covers the stored
-bytes, so damage is caught before anything is decompressed."""
 RAW_FORMAT: Final = 1
 """A record whose writes are stored as they were encoded."""
 DEFLATED_FORMAT: Final = 2

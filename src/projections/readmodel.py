@@ -273,6 +273,26 @@ class ReadModel:
                 raise CorruptProjectionError(table, key) from None
             yield decoded
 
+    def own_entries(
+        self, txn: lmdb.Transaction[bytes], conversation_id: Any, after: int | None, limit: int
+    ) -> tuple[list[Any], bool]:
+        """Up to ``limit`` (>= 0) entries that conversation ``conversation_id`` holds itself (not
+        through its fork ancestry), oldest first after id ``after``, and whether one more exists:
+        each entry of the store once, for a listing of them all."""
+
+        key = as_key_id(conversation_id)
+        if key is None:
+            return [], False
+        table = t.ENTRIES_BY_CONVERSATION
+        low = 0 if after is None else after + 1
+        records: list[Any] = []
+        for row_key, raw in rows_in_range(txn, self.db[table], t.u64(key), low, t.MAX_ID, False):
+            if len(records) == limit:
+                return records, True
+            value = self.unseal(raw, table, row_key)
+            records.append(t.decode_row(t.entry_decoder, value, table, row_key).record)
+        return records, False
+
     def entry_page(
         self,
         txn: lmdb.Transaction[bytes],

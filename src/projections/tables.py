@@ -18,13 +18,9 @@ import msgspec
 import xxhash
 
 from ..errors import CorruptProjectionError
+from ..formats import SCHEMA_VERSION as SCHEMA_VERSION
 from ..log import codec
 from ..log.deflate import deflate, inflate
-
-SCHEMA_VERSION: Final = 7
-"""Bump when any table below changes shape: the projections are then rebuilt from the log.
-Version 6 keys document addresses and scopes by the reference's text of them; version 7 spaces
-a document's snapshots by the bytes of its deltas as well (``SNAPSHOT_SHARE``)."""
 
 
 def db_name(generation: int, table: str) -> str:

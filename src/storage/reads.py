@@ -333,6 +333,17 @@ class StorageReads:
                 "Page[DocumentRecord, Cursor]", take_page(records, limit, "ascending", None)
             )
 
+    async def scan_own_entries(
+        self, conversation_id: ConversationId, limit: int, after: int | None = None
+    ) -> Page[EntryRecord, Cursor]:
+        """The entries one conversation holds itself (not those it sees through its forks), by
+        id, ``limit`` after id ``after``: every entry of the store once, conversation by
+        conversation."""
+
+        with self._read() as txn:
+            records, more = self._model.own_entries(txn, conversation_id, after, limit)
+            return cast("Page[EntryRecord, Cursor]", page_of(records, more, "ascending"))
+
     async def document_revisions(self, id: DocumentId) -> list[DocumentRevision]:
         """The stored versions of one incarnation, oldest first."""
 

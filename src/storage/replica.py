@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 import lmdb
 
@@ -64,6 +64,26 @@ class ReplicaHost(Protocol):
         """After ``take_in`` committed: its ids are never minted, readers see its records."""
 
 
+class _End(NamedTuple):
+    """Where a catch-up stops: after record ``to_seq``, or before the first record committed
+    after Unix ms ``to_time`` (a restore to a point in time); neither: the stream's end."""
+
+    to_seq: int | None
+    to_time: int | None
+
+    def beyond(self, message: StreamMessage) -> bool:
+        """Whether ``message`` is a record past this end."""
+
+        if message.kind != "record":
+            return False
+        if self.to_seq is not None and message.seq > self.to_seq:
+            return True
+        commit = message.commit
+        return (
+            self.to_time is not None and commit is not None and commit.committed_at > self.to_time
+        )
+
+
 class Follower:
     """Takes a store's messages from the stream into a local store (a task on the link's loop)."""
 
@@ -107,16 +127,18 @@ class Follower:
         follow: bool = False,
         to_seq: int | None = None,
         progress: Callable[[int, int], None] | None = None,
+        to_time: int | None = None,
     ) -> int:
         """Take in the subject's messages beyond this store's position (on the link's loop):
-        until the stream's end (``follow=False``), record ``to_seq``, or forever; returns the
-        log head reached."""
+        until the stream's end (``follow=False``), record ``to_seq``, the last record committed
+        at or before Unix ms ``to_time``, or forever; returns the log head reached."""
 
         position = self._position()
         self.stream_seq = position.stream_seq
         if to_seq is not None and position.seq >= to_seq:
             return int(position.seq)
-        if await self._bulk(to_seq, progress):
+        stop = _End(to_seq, to_time)
+        if await self._bulk(stop, progress):
             return self.storage.log.head()
         position = self._position()
         chunk: list[StreamMessage] = []
@@ -125,7 +147,7 @@ class Follower:
                 self.subject, position.stream_seq, store=self.store, follow=follow
             ):
                 self.pending = pending
-                if to_seq is not None and message.kind == "record" and message.seq > to_seq:
+                if stop.beyond(message):
                     break
                 chunk.append(message)
                 if (
@@ -147,10 +169,10 @@ class Follower:
         await self._apply(chunk)
         return self.storage.log.head()
 
-    async def _bulk(self, to_seq: int | None, progress: Callable[[int, int], None] | None) -> bool:
+    async def _bulk(self, stop: _End, progress: Callable[[int, int], None] | None) -> bool:
         """Take in what the stream holds now beyond this store's position, in batches: the next
         batch is fetched on the link's loop while a worker thread checks and folds this one in
-        one transaction. Returns whether record ``to_seq`` was reached; the caller reads on
+        one transaction. Returns whether ``stop`` was reached; the caller reads on
         from the position reached (whatever a batch answered short left, and what comes later)."""
 
         after = self._position().stream_seq
@@ -176,7 +198,7 @@ class Follower:
                     fetching = asyncio.ensure_future(
                         self.link.messages.fetch(self.subject, after, batch=BULK_BATCH)
                     )
-                reached = await self._take_raw(raws, to_seq)
+                reached = await self._take_raw(raws, stop)
                 head, self.pending = self.storage.log.head(), raws[-1].pending
                 if progress is not None:
                     progress(head, head + self.pending)
@@ -188,10 +210,10 @@ class Follower:
             if fetching is not None:
                 fetching.cancel()
 
-    async def _take_raw(self, raws: list[RawMessage], to_seq: int | None) -> bool:
+    async def _take_raw(self, raws: list[RawMessage], end: _End) -> bool:
         """Check and fold ``raws`` in one transaction on a worker thread, each message checked
         just before it is folded (so no batch of decoded records is ever held: far less for the
-        garbage collector to walk); stops before a record beyond ``to_seq`` and returns whether it
+        garbage collector to walk); stops before a record beyond ``end`` and returns whether it
         was reached. A refused message: what came before it is taken in, then it stops the
         follower and raises."""
 
@@ -202,7 +224,7 @@ class Follower:
                 if raw.stream_seq >= upto:
                     return
                 message = parse_message(stream, raw.stream_seq, raw.headers, raw.data, store)
-                if to_seq is not None and message.kind == "record" and message.seq > to_seq:
+                if end.beyond(message):
                     beyond[0] = True
                     return
                 yield message
@@ -220,7 +242,7 @@ class Follower:
             raise
         self.stream_seq = position.stream_seq
         self._applied()
-        return beyond[0] or (to_seq is not None and position.seq >= to_seq)
+        return beyond[0] or (end.to_seq is not None and position.seq >= end.to_seq)
 
     async def _apply(self, chunk: list[StreamMessage]) -> None:
         if not chunk:

@@ -321,11 +321,17 @@ async def _retain(
 
 
 def seed(
-    link: StreamLink, store: str, directory: str, to_seq: int | None = None
+    link: StreamLink,
+    store: str,
+    directory: str,
+    to_seq: int | None = None,
+    to_time: int | None = None,
 ) -> SnapshotHeader | None:
     """Leave in the empty ``directory`` the copy of the newest snapshot of ``store`` that
-    verifies (holding records up to ``to_seq`` at most); ``None`` when there is none. Run from a
-    thread other than the link's. Snapshots that do not verify are skipped, with a warning."""
+    verifies (holding records up to ``to_seq`` at most, and none committed after Unix ms
+    ``to_time``); ``None`` when there is none. Run from a thread other than the link's.
+    Snapshots that do not verify are skipped, with a warning. A snapshot's name gives its head
+    sequence but not its commit time: for ``to_time`` each is fetched and its head read."""
 
     candidates = snapshots_of(link.run(link.snapshots.names()), store)
     if to_seq is not None:
@@ -337,7 +343,10 @@ def seed(
                 link.run(link.snapshots.get(found.name, spool))
                 spool.seek(0)
                 os.unlink(packed)  # the open file stays readable; nothing is left if this fails
-                return read_snapshot(spool, directory, store, link.stream, found)
+                header = read_snapshot(spool, directory, store, link.stream, found)
+            if to_time is None or _committed_by(directory, header.seq, to_time):
+                return header
+            os.unlink(os.path.join(directory, "data.mdb"))  # too late: try an older one
         except (SnapshotUnsoundError, ReplicationError) as error:
             if isinstance(error, ReplicationError) and not _unsound_object(error):
                 raise
@@ -346,6 +355,19 @@ def seed(
             if os.path.exists(packed):
                 os.unlink(packed)
     return None
+
+
+def _committed_by(directory: str, seq: int, to_time: int) -> bool:
+    """Whether record ``seq`` of the store copied into ``directory`` was committed by ``to_time``."""
+
+    env = Environment(directory, readonly=True)
+    try:
+        commit = WriteLog(env).get(seq) if seq else None
+    finally:
+        env.close()
+    if os.path.exists(os.path.join(directory, "lock.mdb")):  # the read-only open's: made afresh
+        os.unlink(os.path.join(directory, "lock.mdb"))
+    return commit is None or commit.committed_at <= to_time
 
 
 def seed_new(link: StreamLink, store: str, path: str | os.PathLike[str]) -> SnapshotHeader | None:

@@ -206,6 +206,8 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
         "search",
         "snapshot",
         "projections",
+        "list",
+        "verify-proof",
     }
     for name, sub in commands.choices.items():
         for action in sub._actions:

@@ -256,6 +256,25 @@ def test_restore_to_a_sequence_with_progress(
 
 
 @pytest.mark.slow
+def test_restore_to_a_time(nats: NatsNode, writer: tuple[Path, str], tmp_path: Path) -> None:
+    """``--to TIME`` ends at the last record committed at or before it (commit n at minute n-1)."""
+
+    path, store = writer
+    base = ("restore", "--nats", nats.url, "--stream", STREAM, "--store", store)
+    out = ok(*base, tmp_path / "at3", "--to", "2026-01-01T00:02:30Z")
+    assert "3 log records, up to sequence 3" in out
+    assert ok("export", tmp_path / "at3") == ok("export", path, "--to", 3)
+    ok(*base, tmp_path / "exact", "--to", "2026-01-01T00:03:00+00:00")  # at a commit's time: kept
+    assert ok("export", tmp_path / "exact") == ok("export", path, "--to", 4)
+    stderr = refused(*base, tmp_path / "before", "--to", "2025-12-31")
+    assert "committed at or before 2025-12-31T00:00:00.000Z" in stderr
+    for bad, says in (("0", "is not a log sequence"), ("yesterday", "nor a time (ISO 8601")):
+        stderr = refused(*base, tmp_path / "bad", "--to", bad)
+        assert "argument --to" in stderr and says in stderr, stderr
+    assert sorted(os.listdir(tmp_path)) == ["at3", "exact"], "a refusal leaves nothing"
+
+
+@pytest.mark.slow
 def test_restore_refusals_are_named_and_leave_nothing(
     nats: NatsNode, writer: tuple[Path, str], tmp_path: Path
 ) -> None:

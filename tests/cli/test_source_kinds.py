@@ -44,6 +44,8 @@ COMMANDS: dict[str, list[str]] = {
     "prove": ["prove", "SRC", "1"],
     "projections": ["projections", "SRC"],
     "snapshot": ["snapshot", "SRC", *NATS],
+    "list": ["list", "SRC", "tasks"],
+    "verify-proof": ["verify-proof", "SRC", "--checkpoint", "SRC", "--vkey", "SRC"],
 }
 NOT_A_SOURCE = {
     "keygen": "reads no store; writes a new key file, never over an existing one",
@@ -77,6 +79,7 @@ DOES_ITS_JOB = {
             "checkpoint",
             "prove",
             "projections",
+            "list",
         )
     },
 }

@@ -112,6 +112,46 @@ def test_restore_from_a_snapshot_after_the_log_before_it_was_trimmed(
     _bounded(90, body())
 
 
+def test_restore_to_a_time_starts_from_no_snapshot_that_ends_after_it(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
+    """A snapshot's name gives its head but not its commit time: one whose head was committed
+    after the point is passed over for an older one (or for the log)."""
+
+    stream, t0 = "timed", 1_767_225_600_000
+
+    async def body() -> None:
+        writer = await LmdbStorage.open(
+            tmp_path / "writer", durability="replicated", nats=nats_server.url, stream=stream
+        )
+        try:
+            for n in range(1, 41):  # record n committed at t0 + n seconds
+                writes = (
+                    [_entry(100 + n)] if n > 1 else [{"type": "conversation", "value": {"id": 1}}]
+                )
+                await writer.commit(writes, CTX, committed_at=t0 + n * 1000)
+                if n in (20, 40):
+                    link = await open_stream(nats_server.url, stream)
+                    try:
+                        assert (await take_snapshot(tmp_path / "writer", link)).seq == n
+                    finally:
+                        await asyncio.to_thread(link.close)
+            store = writer.store_id
+            assert store is not None
+        finally:
+            await writer.close()
+        for n in (30, 10, 20):
+            target = tmp_path / f"at-{n}"
+            assert await restore(nats_server.url, stream, store, target, to_time=t0 + n * 1000) == n
+            assert list(export_lines(target)) == list(export_lines(tmp_path / "writer", last=n))
+            assert verify(target) is None
+        with pytest.raises(ValueError, match=r"no record of store .* committed at or before"):
+            await restore(nats_server.url, stream, store, tmp_path / "none", to_time=t0 - 10**9)
+        assert not (tmp_path / "none").exists()
+
+    _bounded(90, body())
+
+
 def _corrupt(packed: bytes, how: str) -> bytes:
     if how == "cut short":
         return packed[: len(packed) * 2 // 3]

@@ -1,0 +1,35 @@
+"""The versions of the formats the engine persists that its readers check: the log record layout
+(``log.records``) and the projections' schema (``projections.tables``), which re-export them.
+
+Kept apart from the code that reads and writes them, with nothing imported, so that
+``durable-log --version`` names them without loading the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+FORMAT_VERSION: Final = 3
+"""The newest version of the log record layout; every record carries its own:
+
+1. ``[1, committed_at, checksum, payload]``: the encoded writes as they are.
+2. ``[2, committed_at, checksum, deflated, size]``: the encoded writes deflated (``log.deflate``,
+   its preset dictionary), ``size`` bytes once inflated.
+3. ``[3, committed_at, checksum, frame, size]``: the encoded writes as one zstd frame with the same
+   preset dictionary (``log.zstd``: half deflate's CPU on the commit path).
+
+A writer stores a batch as format 3 when compressing saves bytes, as format 2 when its frame
+would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs of one value),
+else as format 1, which every version reads; all three are read. The checksum covers the stored
+bytes, so damage is caught before anything is decompressed."""
+
+SCHEMA_VERSION: Final = 7
+"""Bump when any table of ``projections.tables`` changes shape: the projections are then rebuilt
+from the log. Version 6 keys document addresses and scopes by the reference's text of them;
+version 7 spaces a document's snapshots by the bytes of its deltas as well (``SNAPSHOT_SHARE``)."""
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "SCHEMA_VERSION",
+]
