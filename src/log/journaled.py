@@ -45,6 +45,7 @@ from .storedir import (
     mark_power,
     read_power_marker,
 )
+from .threads import Worker
 
 _log = logging.getLogger("pi_durable_lmdb")
 
@@ -88,10 +89,16 @@ class CommitJournal:
         """Journaled commits between checkpoints now (``_adapt``)."""
         self._last_page = 0
         """``data.mdb``'s last page number at the last checkpoint."""
-        self._worker: threading.Thread | None = None
         self._wake = threading.Condition()
         self._wanted = False
         self._stopping = False
+        self._worker = Worker(
+            f"lmdb-checkpoint {path}",
+            self._wake,
+            self._take_wanted,
+            self._checkpoint_now,
+            lambda: self._stopping,
+        )
         try:
             self._restore()
         except BaseException:
@@ -200,31 +207,29 @@ class CommitJournal:
             return
         with self._wake:
             self._wanted = True
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._checkpointer, name=f"lmdb-checkpoint {self.path}", daemon=True
-                )
-                self._worker.start()
-            self._wake.notify()
+            self._worker.wake()
 
     # ── checkpoints ─────────────────────────────────────────────────────────
 
-    def _checkpointer(self) -> None:
-        while True:
-            with self._wake:
-                while not self._wanted and not self._stopping:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-                self._wanted = False
-            try:
-                self.checkpoint()
-            except (
-                Exception
-            ):  # commits stay durable in the journal, which grows; the next trigger retries
-                _log.exception(
-                    "checkpoint of the store at %s failed; commits go on in the journal", self.path
-                )
+    def _take_wanted(self) -> bool | None:
+        """The checkpoint thread's work, under ``_wake``: a checkpoint was asked for."""
+
+        if not self._wanted:
+            return None
+        self._wanted = False
+        return True
+
+    def _checkpoint_now(self, _: bool) -> None:
+        """On the checkpoint thread: a checkpoint that fails is logged, not raised."""
+
+        try:
+            self.checkpoint()
+        except (
+            Exception
+        ):  # commits stay durable in the journal, which grows; the next trigger retries
+            _log.exception(
+                "checkpoint of the store at %s failed; commits go on in the journal", self.path
+            )
 
     def checkpoint(self) -> None:
         """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
@@ -459,8 +464,7 @@ class CommitJournal:
             with self._wake:
                 self._stopping = True
                 self._wake.notify_all()
-            if self._worker is not None:
-                self._worker.join()
+            self._worker.join()
             with self._checkpointing:
                 self._drop_pin()
                 if self._replay_from is None:

@@ -56,6 +56,7 @@ import lmdb
 from ..errors import ReplicationError
 from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
 from ..log.stream.writer import StreamWriter
+from ..log.threads import Worker
 from ..projections import Projector
 
 MAX_GROUP: Final = 64
@@ -139,7 +140,9 @@ class Committer:
         """Commits begun, any path, any thread (a hint of contention: not locked)."""
         self._unresolved = 0
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._writer = Worker(
+            f"lmdb-writer {env.path}", self._state, self._take_group, self._run_group, self._done
+        )
         self._wanting = False
         """The writer thread waits for ``_lock`` (``contended``)."""
         self._yielding = False
@@ -289,38 +292,47 @@ class Committer:
                 return
         with self._state:
             self._queue.extend(jobs)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._writer, name=f"lmdb-writer {self._env.path}", daemon=True
-                )
-                self._thread.start()
-            self._state.notify()
+            self._writer.wake()
 
     # ── the writer thread ───────────────────────────────────────────────────
 
-    def _writer(self) -> None:
-        while True:
-            with self._state:
-                while not self._queue and not (self._closed and self._unresolved == 0):
-                    self._state.wait()
-                if not self._queue:
-                    return  # closed, and every accepted commit resolved
-                jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-            self._wanting = True
-            with self._lock:
-                self._wanting = False
-                self._run(jobs)
-            loop = jobs[0].loop
-            by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {loop: jobs}
-            if any(job.loop is not loop for job in jobs):  # callers of several loops (threads)
-                by_loop = {}
-                for job in jobs:
-                    by_loop.setdefault(job.loop, []).append(job)
-            for loop, resolved in by_loop.items():
-                try:
-                    loop.call_soon_threadsafe(self._resolve, resolved)
-                except RuntimeError:  # that loop is closed: nobody awaits these any more
-                    self._settle(len(resolved))
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The writer thread, once started."""
+
+        return self._writer.thread
+
+    def _done(self) -> bool:
+        """Under ``_state``: the writer thread ends (closed, and every accepted commit resolved)."""
+
+        return not self._queue and self._closed and self._unresolved == 0
+
+    def _take_group(self) -> list[_Job] | None:
+        """Under ``_state``: the next group, ``MAX_GROUP`` batches at most."""
+
+        if not self._queue:
+            return None
+        jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+        return jobs
+
+    def _run_group(self, jobs: list[_Job]) -> None:
+        """On the writer thread: one group, then its callers resumed on their loops."""
+
+        self._wanting = True
+        with self._lock:
+            self._wanting = False
+            self._run(jobs)
+        loop = jobs[0].loop
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {loop: jobs}
+        if any(job.loop is not loop for job in jobs):  # callers of several loops (threads)
+            by_loop = {}
+            for job in jobs:
+                by_loop.setdefault(job.loop, []).append(job)
+        for loop, resolved in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._resolve, resolved)
+            except RuntimeError:  # that loop is closed: nobody awaits these any more
+                self._settle(len(resolved))
 
     # ── running a group ─────────────────────────────────────────────────────
 
@@ -521,6 +533,4 @@ class Committer:
             await asyncio.sleep(0.001)
         with self._lock:  # a direct commit on another thread finishes before the store closes
             self._runs.clear()
-        thread = self._thread
-        if thread is not None:
-            thread.join()
+        self._writer.join()
