@@ -11,21 +11,25 @@ acknowledged commit is durable in the mode's sense and visible to every later re
 
 Where a commit runs:
 
-- **directly**, on the caller's thread, in ``process`` mode when nothing else is being
-  committed (no other task of the loop, no other thread): one sequential committer keeps its
-  speed, since the thread hand-off would cost more than the commit. A run of direct commits
-  yields to the loop every 2 ms; if another commit showed up meanwhile, the loop's commits go to
-  groups for a while (``CONTENDED``).
-- **in a group on the writer thread** otherwise, and always in ``power`` mode: each ``power``
-  transaction waits for a device flush (the journal's frame, or LMDB's own syncs) before it
-  commits, and that wait, milliseconds on most disks, must not stall the caller's event loop
-  even when the commit has the store to itself. The flush cannot move to another thread on its
-  own: py-lmdb binds a write transaction to the thread that began it, and the flush sits between
-  the transaction's work and its commit. So the whole transaction runs on the writer thread,
-  where commits that arrive during one flush share the next (group commit). Each group's
-  transaction begins and ends there; the thread is started on the first group and stopped by
-  ``close()``.
+- **directly**, on the caller's thread, when nothing else is being committed (no other task of
+  the loop, no other thread): in ``process`` mode always, and in ``power`` mode while the last
+  ``FAST_RUN`` journal flushes each took at most ``FAST_FLUSH``. One sequential committer keeps
+  its speed, since the two thread hand-offs would cost more than the commit (or, in ``power``,
+  than its fast flush). A run of direct commits yields to the loop every 2 ms; if another commit
+  showed up meanwhile, the loop's commits go to groups for a while (``CONTENDED``).
+- **in a group on the writer thread** otherwise: concurrent commits, and every ``power`` commit
+  while the device's flushes are slow. Each ``power`` transaction waits for the journal frame's
+  flush before it commits, and a slow wait must not stall the caller's event loop. The flush
+  cannot move to another thread on its own: py-lmdb binds a write transaction to the thread that
+  began it, and the flush sits between the transaction's work and its commit. So the whole
+  transaction runs on the writer thread, where commits that arrive during one flush share the
+  next (group commit). Each group's transaction begins and ends there; the thread is started on
+  the first group and stopped by ``close()``. Groups go on timing their flushes, so a device that
+  is fast again brings lone commits back to their callers' threads.
 
+A direct commit awaits nothing between taking ``_lock`` and its transaction's commit, so a
+cancelled caller never leaves part of one, and its journal frame is flushed before LMDB commits
+as on the writer thread (``Environment.write``).
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
 A user projection's fold chunk takes it through ``yielding()`` only to put the rows it folded
@@ -69,6 +73,12 @@ CONTENDED: Final = 0.05
 YIELD_WAIT: Final = 0.002
 """Seconds a direct commit waits for a ``yielding()`` holder of the lock before it goes to the
 writer thread instead (the holder normally lets go within a few puts)."""
+FAST_FLUSH: Final = 0.001
+"""Seconds from a ``power`` commit's journal flush to LMDB's commit at most, for the flush to
+count as fast: a commit on the caller's thread holds its event loop that long."""
+FAST_RUN: Final = 8
+"""Fast flushes in a row before ``power`` commits run on the caller's thread (again, after a
+slow one): one slow flush sends them back to the writer thread."""
 RESOLVE_CHUNK: Final = 8
 """Callers resumed per turn of their loop: a big group's callers must not all run before the
 loop's other tasks get a turn."""
@@ -126,8 +136,15 @@ class Committer:
         """Swapped by a rebuild, under ``exclusive()``."""
         self.stream = stream
         self._direct = stream is None and env.mode.unsynced
-        """Commits may run on the caller's thread: not when each waits for a device flush
-        (``power``) or for the network (a stream), which must not stall the caller's loop."""
+        """Commits may run on the caller's thread (``process``): not when each waits for the
+        network (a stream), which must not stall the caller's loop."""
+        self._journaled = stream is None and env.mode.journaled
+        """``power`` commits may run on the caller's thread while the device's flushes are fast
+        (``_fast_flushes``)."""
+        self._fast_flushes = 0
+        """Journal flushes in a row that took at most ``FAST_FLUSH`` (``_flushed``)."""
+        if self._journaled:
+            env.on_flush = self._flushed
         self._lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._state = threading.Condition(self._state_lock)
@@ -157,7 +174,7 @@ class Committer:
         commit); a deposed writer keeps it, so whatever it still had queued fails."""
 
         self.stream = stream
-        self._direct = False
+        self._direct = self._journaled = False
 
     # ── callers ─────────────────────────────────────────────────────────────
 
@@ -167,7 +184,9 @@ class Committer:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
         loop = asyncio.get_running_loop()
-        if self._direct and loop not in self._gathering:
+        if (
+            self._direct or (self._journaled and self._fast_flushes >= FAST_RUN)
+        ) and loop not in self._gathering:
             direct_commits = self._direct_commits
             direct_commits.append(None)  # atomic (the GIL), like its pop
             try:
@@ -193,6 +212,13 @@ class Committer:
             finally:
                 direct_commits.pop()
         return await self._submit(payload, batch, committed_at, None, loop)  # type: ignore[no-any-return]
+
+    def _flushed(self, seconds: float) -> None:
+        """After a transaction's journal frame was flushed and LMDB committed (any thread, under
+        ``_lock``): ``seconds`` it took, so whether ``power`` commits may run on the caller's
+        thread, where the next flush holds the caller's loop."""
+
+        self._fast_flushes = self._fast_flushes + 1 if seconds <= FAST_FLUSH else 0
 
     def _take_direct(self) -> bool:
         """``_lock`` for a direct commit: at once, or, while a holder that yields to commits
