@@ -338,6 +338,8 @@ class Environment:
                     if self.on_flush is not None:
                         self.on_flush(seconds)
                     journal.committed()  # a checkpoint when one is due
+                elif journal is not None:
+                    journal.wrote()  # its freed pages count toward the next checkpoint too
                 return result
             if framed and journal is not None:
                 try:

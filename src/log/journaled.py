@@ -209,6 +209,17 @@ class CommitJournal:
             self._wanted = True
             self._worker.wake()
 
+    def wrote(self) -> None:
+        """A write transaction without a frame committed (a user projection's chunk, a
+        rebuild's, a status row), after ``end``: it counts toward the next checkpoint as a
+        commit does. The pages it freed are reused only once a checkpoint moves the pin; a long
+        run of such transactions (a projection's build) with no checkpoint left every page it
+        freed unused, and the file grew by several times what the build wrote. Not during a
+        replay: its checkpoint is the one ``finish_replay`` makes."""
+
+        if self._replay_from is None:
+            self.committed()
+
     # ── checkpoints ─────────────────────────────────────────────────────────
 
     def _take_wanted(self) -> bool | None:
