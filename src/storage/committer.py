@@ -16,7 +16,8 @@ Where a commit runs:
   ``FAST_RUN`` journal flushes each took at most ``FAST_FLUSH``. One sequential committer keeps
   its speed, since the two thread hand-offs would cost more than the commit (or, in ``power``,
   than its fast flush). A run of direct commits yields to the loop every 2 ms; if another commit
-  showed up meanwhile, the loop's commits go to groups for a while (``CONTENDED``).
+  showed up meanwhile, the loop's commits go to groups for a while (``CONTENDED``); a ``power``
+  one yields before each commit, so the loop is held for one commit and its flush at most.
 - **in a group on the writer thread** otherwise: concurrent commits, and every ``power`` commit
   while the device's flushes are slow. Each ``power`` transaction waits for the journal frame's
   flush before it commits, and a slow wait must not stall the caller's event loop. The flush
@@ -67,7 +68,8 @@ MAX_GROUP: Final = 64
 """Batches per write transaction at most: bounds how long one group holds the writer (and the
 GIL) before its callers hear back."""
 DIRECT_RUN: Final = 0.002
-"""Seconds a loop may spend in back-to-back direct commits before one of them yields."""
+"""Seconds a loop may spend in back-to-back direct ``process`` commits before one of them yields
+(a direct ``power`` commit yields before each: its flush already holds the loop)."""
 CONTENDED: Final = 0.05
 """Seconds a loop gathers its commits into groups after seeing others commit beside it."""
 YIELD_WAIT: Final = 0.002
@@ -194,7 +196,7 @@ class Committer:
                 now = time.perf_counter()
                 if run is not None and now < run.contended_until:
                     direct = False  # what _uncontended would answer, without a coroutine per commit
-                elif run is None or now - run.started >= DIRECT_RUN:
+                elif run is None or not self._direct or now - run.started >= DIRECT_RUN:
                     direct = await self._uncontended(loop, now)
                 else:
                     direct = True
