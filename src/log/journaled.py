@@ -48,7 +48,7 @@ from .storedir import (
     mark_power,
     read_power_marker,
 )
-from .threads import Worker
+from .threads import Requests
 
 _log = logging.getLogger("pi_durable_lmdb")
 
@@ -95,14 +95,9 @@ class CommitJournal:
         self._last_free = 0
         """Its free pages then (``_adapt``)."""
         self._wake = threading.Condition()
-        self._wanted = False
         self._stopping = False
-        self._worker = Worker(
-            f"lmdb-checkpoint {path}",
-            self._wake,
-            self._take_wanted,
-            self._checkpoint_now,
-            lambda: self._stopping,
+        self._worker = Requests(
+            f"lmdb-checkpoint {path}", self._wake, self._checkpoint_now, lambda: self._stopping
         )
         try:
             self._restore()
@@ -211,8 +206,7 @@ class CommitJournal:
                 )
             return
         with self._wake:
-            self._wanted = True
-            self._worker.wake()
+            self._worker.want()
 
     def wrote(self) -> None:
         """A write transaction without a frame committed (a user projection's chunk, a
@@ -227,15 +221,7 @@ class CommitJournal:
 
     # ── checkpoints ─────────────────────────────────────────────────────────
 
-    def _take_wanted(self) -> bool | None:
-        """The checkpoint thread's work, under ``_wake``: a checkpoint was asked for."""
-
-        if not self._wanted:
-            return None
-        self._wanted = False
-        return True
-
-    def _checkpoint_now(self, _: bool) -> None:
+    def _checkpoint_now(self) -> None:
         """On the checkpoint thread: a checkpoint that fails is logged, not raised."""
 
         try:

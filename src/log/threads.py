@@ -1,8 +1,8 @@
 """The two ways the store's threads meet: a worker thread fed work under a condition, and event
 loops' waiters woken from another thread.
 
-``Worker`` is the loop of the writer thread (group commit), the checkpoint thread and the fold
-thread of user projections: a daemon thread started on the first ``wake``, taking its work under
+``Worker`` is the loop of the writer thread (group commit), and, as ``Requests``, of the
+checkpoint thread and the fold thread of user projections: a daemon thread started on the first ``wake``, taking its work under
 the condition the producers signal, running it outside that lock, and ending once told it is done.
 ``Waiters`` are the futures of tasks on any event loops waiting for something another thread does
 (a commit a follower waits for, a fold a projection reader waits for): ``wake`` resolves each on
@@ -66,6 +66,34 @@ class Worker(Generic[T]):
                         break
                     condition.wait()
             self._run(work)
+
+
+class Requests(Worker[bool]):
+    """A ``Worker`` whose work is one flag: ``want`` asks for a run of ``run``; requests made
+    while it runs come to one more run after it (a checkpoint, a round of folds)."""
+
+    def __init__(
+        self,
+        name: str,
+        condition: threading.Condition,
+        run: Callable[[], None],
+        done: Callable[[], bool],
+    ) -> None:
+        super().__init__(name, condition, self._take_wanted, lambda _: run(), done)
+        self.wanted = False
+        """A run was asked for and has not begun (read without the lock as a hint only)."""
+
+    def want(self) -> None:
+        """With ``condition`` held: ask for a run (starting the thread the first time)."""
+
+        self.wanted = True
+        self.wake()
+
+    def _take_wanted(self) -> bool | None:
+        if not self.wanted:
+            return None
+        self.wanted = False
+        return True
 
 
 class Waiters:

@@ -32,7 +32,7 @@ import lmdb
 import msgspec
 
 from ..log import Commit, Environment, WriteLog
-from ..log.threads import Worker
+from ..log.threads import Requests
 from . import userstate as us
 from .usertables import CoreSource, StagedTables, Tables
 
@@ -131,15 +131,10 @@ class Folder:
         self._owner = owner
         self._writes = writes
         self._wake = threading.Condition()
-        self._wanted = False
         self._stopping = False
         self._pending: dict[str, list[Commit]] = {}
-        self._worker = Worker(
-            f"lmdb-projections {owner.path}",
-            self._wake,
-            self._take_wanted,
-            self._round,
-            lambda: self._stopping,
+        self._worker = Requests(
+            f"lmdb-projections {owner.path}", self._wake, self._round, lambda: self._stopping
         )
         self.error: Exception | None = None
         """What stopped the last run outside any fold (a log record it could not read): ``wait``
@@ -150,10 +145,9 @@ class Folder:
 
         if self._stopping:
             return
-        if not self._wanted or self._worker.thread is None:
+        if not self._worker.wanted or self._worker.thread is None:
             with self._wake:
-                self._wanted = True
-                self._worker.wake()
+                self._worker.want()
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -169,15 +163,7 @@ class Folder:
             self._wake.notify()
         return self.thread
 
-    def _take_wanted(self) -> bool | None:
-        """The fold thread's work, under ``_wake``: a ``kick`` asked for a round."""
-
-        if not self._wanted:
-            return None
-        self._wanted = False
-        return True
-
-    def _round(self, _: bool) -> None:
+    def _round(self) -> None:
         """On the fold thread: step until no work remains, resting between steps."""
 
         self.error = None
