@@ -121,6 +121,12 @@ class CommitJournal:
             self._start_life()
 
     @property
+    def background(self) -> bool:
+        """Checkpoints run on a thread of their own, not on the committing thread."""
+
+        return self._journal.options.background
+
+    @property
     def bound(self) -> int:
         """Journaled commits between checkpoints now (``_adapt``)."""
 

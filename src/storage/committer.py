@@ -31,6 +31,7 @@ Where a commit runs:
 A direct commit awaits nothing between taking ``_lock`` and its transaction's commit, so a
 cancelled caller never leaves part of one, and its journal frame is flushed before LMDB commits
 as on the writer thread (``Environment.write``).
+
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
 A user projection's fold chunk takes it through ``yielding()`` only to put the rows it folded
@@ -140,9 +141,10 @@ class Committer:
         self._direct = stream is None and env.mode.unsynced
         """Commits may run on the caller's thread (``process``): not when each waits for the
         network (a stream), which must not stall the caller's loop."""
-        self._journaled = stream is None and env.mode.journaled
+        self._journaled = stream is None and env.journal is not None and env.journal.background
         """``power`` commits may run on the caller's thread while the device's flushes are fast
-        (``_fast_flushes``)."""
+        (``_fast_flushes``); not when checkpoints run on the committing thread (their two
+        flushes would hold the caller's loop)."""
         self._fast_flushes = 0
         """Journal flushes in a row that took at most ``FAST_FLUSH`` (``_flushed``)."""
         if self._journaled:

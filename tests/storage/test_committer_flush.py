@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb.log.journal import JournalOptions
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.committer import FAST_FLUSH, FAST_RUN
 
@@ -116,6 +117,29 @@ async def test_power_commits_run_on_the_callers_thread_only_while_flushes_are_fa
         )
         for id, seq in acked.items():
             assert (await storage.entry(id, CTX))["commitSeq"] == seq
+    finally:
+        await storage.close()
+
+
+async def test_power_commits_stay_off_the_loop_when_checkpoints_run_on_the_committing_thread(
+    tmp_path: Path,
+) -> None:
+    """With ``background=False`` a commit may take a checkpoint (two more flushes) itself: even
+    with fast flushes, lone commits stay on the writer thread."""
+
+    storage = await LmdbStorage.open(
+        tmp_path / "store", durability="power", journal=JournalOptions(background=False)
+    )
+    storage._env.clock = ManualClock(0.0)
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        flushers: list[int] = []
+        with _flushes_on(flushers):
+            for n in range(2 * FAST_RUN):
+                await storage.commit([_entry(100 + n)], CTX)
+        assert flushers and threading.get_ident() not in flushers, (
+            "a commit that may checkpoint inline flushed on the event loop's thread"
+        )
     finally:
         await storage.close()
 
