@@ -110,6 +110,12 @@ class Environment:
         self.readonly = not mode.writes
         self.counters = EngineCounters()
         """What this handle committed, for a host's metrics (``log.counters``)."""
+        self.clock: Callable[[], float] = time.perf_counter
+        """What commits' flushes are timed with (a test's manual clock replaces it)."""
+        self.on_flush: Callable[[float], None] | None = None
+        """Called on the committing thread with the seconds from a journal frame's flush to
+        LMDB's commit, after each transaction that wrote a frame (the committer's view of how
+        fast the device is now)."""
         self._pid = os.getpid()
         self._forks = shared.forks
         self._lock_fd: int | None = None
@@ -298,15 +304,14 @@ class Environment:
                 txn = self.env.begin(write=True)
                 try:
                     result = work(txn)
-                    began = time.perf_counter()
+                    began = self.clock()
                     if journal is not None:
                         framed = (
                             journal.flush()
                         )  # what work staged, one flushed frame: before the commit
                     txn.commit()
-                    self.counters.flush_seconds.observe(
-                        time.perf_counter() - began
-                    )  # with a journal, its flush
+                    seconds = self.clock() - began
+                    self.counters.flush_seconds.observe(seconds)  # with a journal, its flush
                     done = True
                 except lmdb.MapFullError:
                     full = txn  # aborted by the growth, once it keeps other transactions out
@@ -330,7 +335,11 @@ class Environment:
                     self._held.pop()
             if done:
                 if framed and journal is not None:
+                    if self.on_flush is not None:
+                        self.on_flush(seconds)
                     journal.committed()  # a checkpoint when one is due
+                elif journal is not None:
+                    journal.wrote()  # its freed pages count toward the next checkpoint too
                 return result
             if framed and journal is not None:
                 try:

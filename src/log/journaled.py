@@ -8,13 +8,16 @@ When to checkpoint (``committed``, ``_adapt``): the pin keeps every page freed a
 checkpoint from reuse, so each commit until the next one writes new pages, and the file's high
 water mark rises by pages per commit times commits per checkpoint (the file never shrinks). A
 fixed commit bound made a small store many times its ``process`` size, so the bound adapts to
-what the file shows at each checkpoint, its free pages (counted as ``stats`` counts them): while
-they are within ``pinned_share`` of the file (or ``pinned_pages``), the bound grows (doubles
-after an interval that did not grow the file, else one more commit); when they are above it and
-the interval grew the file, it halves. It starts at one commit. Why this and not an estimate of
-the pages a commit writes: what a commit takes from the free pages cannot be told from outside
-LMDB (py-lmdb shows no free list), and an estimate from file growth counts growth that comes
-from contiguous runs for long values as if the free pages had run out. Why not a trigger on file
+what the file shows at each checkpoint, its free pages (counted as ``stats`` counts them): when
+the interval grew the file and they are above ``pinned_share`` of it (and ``pinned_pages``), the
+bound halves; else it grows (doubles after an interval that did not grow the file, else one more
+commit). The file "grew" only when its free pages grew with it: free pages the commits are
+reusing (a file that grew in one step, a dropped database) are no waste, and a store whose
+records grow it (the log only grows) must not shorten its intervals for that. It starts at one
+commit. Why this and not an estimate of the pages a commit writes: what a commit takes from the
+free pages cannot be told from outside LMDB (py-lmdb shows no free list), and an estimate from
+file growth counts growth that comes from contiguous runs for long values as if the free pages
+had run out. Why not a trigger on file
 growth alone: each growth-ended interval leaves its pages free for the next, so intervals
 lengthen up to the commit bound and the file grows as far as it did without one. A bound by
 journal bytes (half the segment in use) keeps two segments taking turns.
@@ -45,6 +48,7 @@ from .storedir import (
     mark_power,
     read_power_marker,
 )
+from .threads import Requests
 
 _log = logging.getLogger("pi_durable_lmdb")
 
@@ -88,10 +92,13 @@ class CommitJournal:
         """Journaled commits between checkpoints now (``_adapt``)."""
         self._last_page = 0
         """``data.mdb``'s last page number at the last checkpoint."""
-        self._worker: threading.Thread | None = None
+        self._last_free = 0
+        """Its free pages then (``_adapt``)."""
         self._wake = threading.Condition()
-        self._wanted = False
         self._stopping = False
+        self._worker = Requests(
+            f"lmdb-checkpoint {path}", self._wake, self._checkpoint_now, lambda: self._stopping
+        )
         try:
             self._restore()
         except BaseException:
@@ -112,6 +119,12 @@ class CommitJournal:
             self._pin = self._begin_pin()
         else:
             self._start_life()
+
+    @property
+    def background(self) -> bool:
+        """Checkpoints run on a thread of their own, not on the committing thread."""
+
+        return self._journal.options.background
 
     @property
     def bound(self) -> int:
@@ -199,32 +212,32 @@ class CommitJournal:
                 )
             return
         with self._wake:
-            self._wanted = True
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._checkpointer, name=f"lmdb-checkpoint {self.path}", daemon=True
-                )
-                self._worker.start()
-            self._wake.notify()
+            self._worker.want()
+
+    def wrote(self) -> None:
+        """A write transaction without a frame committed (a user projection's chunk, a
+        rebuild's, a status row), after ``end``: it counts toward the next checkpoint as a
+        commit does. The pages it freed are reused only once a checkpoint moves the pin; a long
+        run of such transactions (a projection's build) with no checkpoint left every page it
+        freed unused, and the file grew by several times what the build wrote. Not during a
+        replay: its checkpoint is the one ``finish_replay`` makes."""
+
+        if self._replay_from is None:
+            self.committed()
 
     # ── checkpoints ─────────────────────────────────────────────────────────
 
-    def _checkpointer(self) -> None:
-        while True:
-            with self._wake:
-                while not self._wanted and not self._stopping:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-                self._wanted = False
-            try:
-                self.checkpoint()
-            except (
-                Exception
-            ):  # commits stay durable in the journal, which grows; the next trigger retries
-                _log.exception(
-                    "checkpoint of the store at %s failed; commits go on in the journal", self.path
-                )
+    def _checkpoint_now(self) -> None:
+        """On the checkpoint thread: a checkpoint that fails is logged, not raised."""
+
+        try:
+            self.checkpoint()
+        except (
+            Exception
+        ):  # commits stay durable in the journal, which grows; the next trigger retries
+            _log.exception(
+                "checkpoint of the store at %s failed; commits go on in the journal", self.path
+            )
 
     def checkpoint(self) -> None:
         """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
@@ -281,11 +294,12 @@ class CommitJournal:
         options = self._journal.options
         used = 2 + sum(pages(pin.stat(db)) for db in list(self._dbs.values())) + pages(pin.stat())
         free = max(0, last + 1 - used)
-        grew = self._last_page > 0 and last > self._last_page
-        self._last_page = last
-        if free > max(options.pinned_pages, options.pinned_share * (last + 1)):
-            if grew:
-                self._bound = max(1, self._bound // 2)
+        # Grown by more than its data: new records alone (the log only grows) are not pages the
+        # pin kept from reuse, and counting them halved the bound of every growing store.
+        grew = self._last_page > 0 and last > self._last_page and free > self._last_free
+        self._last_page, self._last_free = last, free
+        if grew and free > max(options.pinned_pages, options.pinned_share * (last + 1)):
+            self._bound = max(1, self._bound // 2)
         elif commits >= self._bound:
             self._bound = min(
                 options.checkpoint_commits, self._bound + (1 if grew else self._bound)
@@ -459,8 +473,7 @@ class CommitJournal:
             with self._wake:
                 self._stopping = True
                 self._wake.notify_all()
-            if self._worker is not None:
-                self._worker.join()
+            self._worker.join()
             with self._checkpointing:
                 self._drop_pin()
                 if self._replay_from is None:

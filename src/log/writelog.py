@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Final, TypeVar
@@ -21,6 +20,7 @@ from ..tlog import merkle
 from ..tlog.note import Checkpoint, Signer, parse_signer, sign_checkpoint
 from .environment import Environment
 from .records import Commit, decode_record, encode_record, record_leaf
+from .threads import Waiters
 from .tree import ConsistencyProof, InclusionProof, TreeStore
 
 T = TypeVar("T")
@@ -65,8 +65,7 @@ class WriteLog:
         self._db = env.db(LOG_DB) if not env.readonly or env.has_db(LOG_DB) else None
         self.tree = TreeStore(env)
         """The log's Merkle tree (``log.tree``): every append adds its leaf in the same transaction."""
-        self._waiters: set[asyncio.Future[None]] = set()
-        self._waiters_lock = threading.Lock()
+        self._waiters = Waiters()
 
     @property
     def db(self) -> lmdb._Database | None:
@@ -144,18 +143,7 @@ class WriteLog:
         """Wake this process's followers, from any thread: after a commit, or a close that
         ends them."""
 
-        if not self._waiters:
-            return  # nobody follows (a follower registering meanwhile still polls)
-        with self._waiters_lock:
-            waiters, self._waiters = self._waiters, set()
-        for waiter in waiters:
-            loop = waiter.get_loop()
-            if loop.is_closed():
-                continue
-            try:
-                loop.call_soon_threadsafe(_wake, waiter)
-            except RuntimeError:  # the loop closed meanwhile: nobody is following there
-                pass
+        self._waiters.wake()
 
     # ── reading ─────────────────────────────────────────────────────────────
 
@@ -352,22 +340,14 @@ class WriteLog:
         """Wait up to ``timeout`` seconds for a commit of this process (or a close); returns
         whether one woke it. Another process's commits are seen by polling after a timeout."""
 
-        waiter = asyncio.get_running_loop().create_future()
-        with self._waiters_lock:
-            self._waiters.add(waiter)
+        waiter = self._waiters.add()
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
             return True
         except TimeoutError:
             return False
         finally:
-            with self._waiters_lock:
-                self._waiters.discard(waiter)
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+            self._waiters.discard(waiter)
 
 
 __all__ = [

@@ -25,6 +25,7 @@ import msgspec
 
 from ..errors import ProjectionFailed, ProjectionNotReady
 from ..log import Commit, Environment, StoreClosedError, WriteLog
+from ..log.threads import Waiters
 from . import userstate as us
 from .readmodel import ReadModel
 from .rebuild import REGISTRY_DB
@@ -181,8 +182,7 @@ class UserProjections:
         self._builds: dict[str, us.StoredProjection | None] = {}
         self._reading = threading.Lock()
         self._readers: Counter[tuple[str, int]] = Counter()
-        self._waiters: list[asyncio.Future[None]] = []
-        self._waiters_lock = threading.Lock()
+        self._waiters = Waiters()
         self._closed = False
         own = _OwnLock()
         self._writes: Source = writes or (lambda: own)
@@ -271,12 +271,9 @@ class UserProjections:
                 raise KeyError(
                     f"No projection {item!r} is registered; registered: {sorted(self.projections)}"
                 )
-        loop = asyncio.get_running_loop()
         while True:
             self._check_open()
-            waiter = loop.create_future()
-            with self._waiters_lock:
-                self._waiters.append(waiter)
+            waiter = self._waiters.add()
             if self._folder is None:
                 self._load()
             elif self._folder.error is not None:
@@ -395,16 +392,7 @@ class UserProjections:
     def notify(self) -> None:
         """Wake every ``wait``, from any thread: the statuses changed."""
 
-        with self._waiters_lock:
-            waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            loop = waiter.get_loop()
-            if loop.is_closed():
-                continue
-            try:
-                loop.call_soon_threadsafe(_wake, waiter)
-            except RuntimeError:  # its loop closed meanwhile
-                pass
+        self._waiters.wake()
 
     def target(self, name: str) -> tuple[bytes, us.StoredProjection | None]:
         """What the fold thread folds into for projection ``name``: the build, if any, else the
@@ -639,8 +627,3 @@ def _keys(
             if not key.startswith(prefix):
                 return
             yield key, value
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)

@@ -32,6 +32,7 @@ import lmdb
 import msgspec
 
 from ..log import Commit, Environment, WriteLog
+from ..log.threads import Requests
 from . import userstate as us
 from .usertables import CoreSource, StagedTables, Tables
 
@@ -130,10 +131,11 @@ class Folder:
         self._owner = owner
         self._writes = writes
         self._wake = threading.Condition()
-        self._wanted = False
         self._stopping = False
         self._pending: dict[str, list[Commit]] = {}
-        self.thread: threading.Thread | None = None
+        self._worker = Requests(
+            f"lmdb-projections {owner.path}", self._wake, self._round, lambda: self._stopping
+        )
         self.error: Exception | None = None
         """What stopped the last run outside any fold (a log record it could not read): ``wait``
         raises it; the next ``kick`` tries again."""
@@ -143,17 +145,15 @@ class Folder:
 
         if self._stopping:
             return
-        if self.thread is None:
+        if not self._worker.wanted or self._worker.thread is None:
             with self._wake:
-                if self.thread is None:
-                    self.thread = threading.Thread(
-                        target=self._main, name=f"lmdb-projections {self._owner.path}", daemon=True
-                    )
-                    self.thread.start()
-        if not self._wanted:
-            with self._wake:
-                self._wanted = True
-                self._wake.notify()
+                self._worker.want()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The fold thread, once started."""
+
+        return self._worker.thread
 
     def stop(self) -> threading.Thread | None:
         """Ask the thread to end after its chunk; returns it, to join."""
@@ -163,27 +163,22 @@ class Folder:
             self._wake.notify()
         return self.thread
 
-    def _main(self) -> None:
-        while True:
-            with self._wake:
-                while not self._wanted and not self._stopping:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-                self._wanted = False
-            self.error = None
-            try:
+    def _round(self) -> None:
+        """On the fold thread: step until no work remains, resting between steps."""
+
+        self.error = None
+        try:
+            began = time.perf_counter()
+            while not self._stopping and self.step():
+                self._owner.notify()
+                # At least as long as the round took: on a busy machine a round that was
+                # preempted holding the interpreter is followed by as long a rest.
+                time.sleep(max(FOLD_PAUSE, time.perf_counter() - began))
                 began = time.perf_counter()
-                while not self._stopping and self.step():
-                    self._owner.notify()
-                    # At least as long as the round took: on a busy machine a round that was
-                    # preempted holding the interpreter is followed by as long a rest.
-                    time.sleep(max(FOLD_PAUSE, time.perf_counter() - began))
-                    began = time.perf_counter()
-            except Exception as error:  # a corrupt log record: waiters are told, not left waiting
-                _log.error("user projections stopped: %s", error, exc_info=error)
-                self.error = error
-            self._owner.notify()
+        except Exception as error:  # a corrupt log record: waiters are told, not left waiting
+            _log.error("user projections stopped: %s", error, exc_info=error)
+            self.error = error
+        self._owner.notify()
 
     # ── one round: a chunk for each projection that is behind ───────────────
 

@@ -11,20 +11,26 @@ acknowledged commit is durable in the mode's sense and visible to every later re
 
 Where a commit runs:
 
-- **directly**, on the caller's thread, in ``process`` mode when nothing else is being
-  committed (no other task of the loop, no other thread): one sequential committer keeps its
-  speed, since the thread hand-off would cost more than the commit. A run of direct commits
-  yields to the loop every 2 ms; if another commit showed up meanwhile, the loop's commits go to
-  groups for a while (``CONTENDED``).
-- **in a group on the writer thread** otherwise, and always in ``power`` mode: each ``power``
-  transaction waits for a device flush (the journal's frame, or LMDB's own syncs) before it
-  commits, and that wait, milliseconds on most disks, must not stall the caller's event loop
-  even when the commit has the store to itself. The flush cannot move to another thread on its
-  own: py-lmdb binds a write transaction to the thread that began it, and the flush sits between
-  the transaction's work and its commit. So the whole transaction runs on the writer thread,
-  where commits that arrive during one flush share the next (group commit). Each group's
-  transaction begins and ends there; the thread is started on the first group and stopped by
-  ``close()``.
+- **directly**, on the caller's thread, when nothing else is being committed (no other task of
+  the loop, no other thread): in ``process`` mode always, and in ``power`` mode while the last
+  ``FAST_RUN`` journal flushes each took at most ``FAST_FLUSH``. One sequential committer keeps
+  its speed, since the two thread hand-offs would cost more than the commit (or, in ``power``,
+  than its fast flush). A run of direct commits yields to the loop every 2 ms; if another commit
+  showed up meanwhile, the loop's commits go to groups for a while (``CONTENDED``); a ``power``
+  one yields before each commit, so the loop is held for one commit and its flush at most.
+- **in a group on the writer thread** otherwise: concurrent commits, and every ``power`` commit
+  while the device's flushes are slow. Each ``power`` transaction waits for the journal frame's
+  flush before it commits, and a slow wait must not stall the caller's event loop. The flush
+  cannot move to another thread on its own: py-lmdb binds a write transaction to the thread that
+  began it, and the flush sits between the transaction's work and its commit. So the whole
+  transaction runs on the writer thread, where commits that arrive during one flush share the
+  next (group commit). Each group's transaction begins and ends there; the thread is started on
+  the first group and stopped by ``close()``. Groups go on timing their flushes, so a device that
+  is fast again brings lone commits back to their callers' threads.
+
+A direct commit awaits nothing between taking ``_lock`` and its transaction's commit, so a
+cancelled caller never leaves part of one, and its journal frame is flushed before LMDB commits
+as on the writer thread (``Environment.write``).
 
 Either way ``_lock`` is held while a write transaction runs, so commits never interleave, and
 anything else that must not overlap a group (a projection rebuild swapping tables) takes it too.
@@ -56,18 +62,26 @@ import lmdb
 from ..errors import ReplicationError
 from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
 from ..log.stream.writer import StreamWriter
+from ..log.threads import Worker
 from ..projections import Projector
 
 MAX_GROUP: Final = 64
 """Batches per write transaction at most: bounds how long one group holds the writer (and the
 GIL) before its callers hear back."""
 DIRECT_RUN: Final = 0.002
-"""Seconds a loop may spend in back-to-back direct commits before one of them yields."""
+"""Seconds a loop may spend in back-to-back direct ``process`` commits before one of them yields
+(a direct ``power`` commit yields before each: its flush already holds the loop)."""
 CONTENDED: Final = 0.05
 """Seconds a loop gathers its commits into groups after seeing others commit beside it."""
 YIELD_WAIT: Final = 0.002
 """Seconds a direct commit waits for a ``yielding()`` holder of the lock before it goes to the
 writer thread instead (the holder normally lets go within a few puts)."""
+FAST_FLUSH: Final = 0.001
+"""Seconds from a ``power`` commit's journal flush to LMDB's commit at most, for the flush to
+count as fast: a commit on the caller's thread holds its event loop that long."""
+FAST_RUN: Final = 8
+"""Fast flushes in a row before ``power`` commits run on the caller's thread (again, after a
+slow one): one slow flush sends them back to the writer thread."""
 RESOLVE_CHUNK: Final = 8
 """Callers resumed per turn of their loop: a big group's callers must not all run before the
 loop's other tasks get a turn."""
@@ -125,8 +139,16 @@ class Committer:
         """Swapped by a rebuild, under ``exclusive()``."""
         self.stream = stream
         self._direct = stream is None and env.mode.unsynced
-        """Commits may run on the caller's thread: not when each waits for a device flush
-        (``power``) or for the network (a stream), which must not stall the caller's loop."""
+        """Commits may run on the caller's thread (``process``): not when each waits for the
+        network (a stream), which must not stall the caller's loop."""
+        self._journaled = stream is None and env.journal is not None and env.journal.background
+        """``power`` commits may run on the caller's thread while the device's flushes are fast
+        (``_fast_flushes``); not when checkpoints run on the committing thread (their two
+        flushes would hold the caller's loop)."""
+        self._fast_flushes = 0
+        """Journal flushes in a row that took at most ``FAST_FLUSH`` (``_flushed``)."""
+        if self._journaled:
+            env.on_flush = self._flushed
         self._lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._state = threading.Condition(self._state_lock)
@@ -139,7 +161,9 @@ class Committer:
         """Commits begun, any path, any thread (a hint of contention: not locked)."""
         self._unresolved = 0
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._writer = Worker(
+            f"lmdb-writer {env.path}", self._state, self._take_group, self._run_group, self._done
+        )
         self._wanting = False
         """The writer thread waits for ``_lock`` (``contended``)."""
         self._yielding = False
@@ -154,7 +178,7 @@ class Committer:
         commit); a deposed writer keeps it, so whatever it still had queued fails."""
 
         self.stream = stream
-        self._direct = False
+        self._direct = self._journaled = False
 
     # ── callers ─────────────────────────────────────────────────────────────
 
@@ -164,7 +188,9 @@ class Committer:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
         loop = asyncio.get_running_loop()
-        if self._direct and loop not in self._gathering:
+        if (
+            self._direct or (self._journaled and self._fast_flushes >= FAST_RUN)
+        ) and loop not in self._gathering:
             direct_commits = self._direct_commits
             direct_commits.append(None)  # atomic (the GIL), like its pop
             try:
@@ -172,7 +198,7 @@ class Committer:
                 now = time.perf_counter()
                 if run is not None and now < run.contended_until:
                     direct = False  # what _uncontended would answer, without a coroutine per commit
-                elif run is None or now - run.started >= DIRECT_RUN:
+                elif run is None or not self._direct or now - run.started >= DIRECT_RUN:
                     direct = await self._uncontended(loop, now)
                 else:
                     direct = True
@@ -190,6 +216,13 @@ class Committer:
             finally:
                 direct_commits.pop()
         return await self._submit(payload, batch, committed_at, None, loop)  # type: ignore[no-any-return]
+
+    def _flushed(self, seconds: float) -> None:
+        """After a transaction's journal frame was flushed and LMDB committed (any thread, under
+        ``_lock``): ``seconds`` it took, so whether ``power`` commits may run on the caller's
+        thread, where the next flush holds the caller's loop."""
+
+        self._fast_flushes = self._fast_flushes + 1 if seconds <= FAST_FLUSH else 0
 
     def _take_direct(self) -> bool:
         """``_lock`` for a direct commit: at once, or, while a holder that yields to commits
@@ -289,38 +322,47 @@ class Committer:
                 return
         with self._state:
             self._queue.extend(jobs)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._writer, name=f"lmdb-writer {self._env.path}", daemon=True
-                )
-                self._thread.start()
-            self._state.notify()
+            self._writer.wake()
 
     # ── the writer thread ───────────────────────────────────────────────────
 
-    def _writer(self) -> None:
-        while True:
-            with self._state:
-                while not self._queue and not (self._closed and self._unresolved == 0):
-                    self._state.wait()
-                if not self._queue:
-                    return  # closed, and every accepted commit resolved
-                jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-            self._wanting = True
-            with self._lock:
-                self._wanting = False
-                self._run(jobs)
-            loop = jobs[0].loop
-            by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {loop: jobs}
-            if any(job.loop is not loop for job in jobs):  # callers of several loops (threads)
-                by_loop = {}
-                for job in jobs:
-                    by_loop.setdefault(job.loop, []).append(job)
-            for loop, resolved in by_loop.items():
-                try:
-                    loop.call_soon_threadsafe(self._resolve, resolved)
-                except RuntimeError:  # that loop is closed: nobody awaits these any more
-                    self._settle(len(resolved))
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The writer thread, once started."""
+
+        return self._writer.thread
+
+    def _done(self) -> bool:
+        """Under ``_state``: the writer thread ends (closed, and every accepted commit resolved)."""
+
+        return not self._queue and self._closed and self._unresolved == 0
+
+    def _take_group(self) -> list[_Job] | None:
+        """Under ``_state``: the next group, ``MAX_GROUP`` batches at most."""
+
+        if not self._queue:
+            return None
+        jobs, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+        return jobs
+
+    def _run_group(self, jobs: list[_Job]) -> None:
+        """On the writer thread: one group, then its callers resumed on their loops."""
+
+        self._wanting = True
+        with self._lock:
+            self._wanting = False
+            self._run(jobs)
+        loop = jobs[0].loop
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {loop: jobs}
+        if any(job.loop is not loop for job in jobs):  # callers of several loops (threads)
+            by_loop = {}
+            for job in jobs:
+                by_loop.setdefault(job.loop, []).append(job)
+        for loop, resolved in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._resolve, resolved)
+            except RuntimeError:  # that loop is closed: nobody awaits these any more
+                self._settle(len(resolved))
 
     # ── running a group ─────────────────────────────────────────────────────
 
@@ -521,14 +563,14 @@ class Committer:
             await asyncio.sleep(0.001)
         with self._lock:  # a direct commit on another thread finishes before the store closes
             self._runs.clear()
-        thread = self._thread
-        if thread is not None:
-            thread.join()
+        self._writer.join()
 
 
 __all__ = [
     "CONTENDED",
     "DIRECT_RUN",
+    "FAST_FLUSH",
+    "FAST_RUN",
     "MAX_GROUP",
     "RESOLVE_CHUNK",
     "YIELD_WAIT",

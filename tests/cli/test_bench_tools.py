@@ -161,7 +161,8 @@ def test_bench_runs_the_session_host_in_both_classes_and_reports_time_and_bytes(
     tmp_path: Path,
 ) -> None:
     """The Session host (``tools/bench/host.py``): power, process, SQLite FULL and NORMAL in the
-    same rounds, every store answering the same document length, and the host's two tables."""
+    same rounds, every store answering the same document length, and the host's two tables
+    (with the stores' own part of each turn, ``.in_store``)."""
 
     out = _run(
         "-m",
@@ -185,6 +186,8 @@ def test_bench_runs_the_session_host_in_both_classes_and_reports_time_and_bytes(
     assert "### A Session host" in out and "Answers that differ" not in out, out
     times = next(line for line in out.splitlines() if line.startswith("| host_1000 | 20 |"))
     assert times.count(" ms |") == 4 and times.count("x** [") == 3, times
+    own = next(line for line in out.splitlines() if line.startswith("| host_1000.in_store | 20 |"))
+    assert own.count(" ms |") == 4 and own.count("x** [") == 3, own  # the stores' own part
     sizes = [
         line
         for line in out.splitlines()

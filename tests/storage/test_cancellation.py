@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.log import Durability
 
 
 def task_write(id: int, status: str = "running") -> dict[str, Any]:
@@ -101,10 +102,15 @@ async def cancel_after(turns: int, how: str, coro: Any) -> None:
 
 
 async def scenario(
-    directory: str, rounds: list[list[Op]], close_turns: int, close_how: str
+    directory: str,
+    rounds: list[list[Op]],
+    close_turns: int,
+    close_how: str,
+    durability: Durability = "process",
 ) -> None:
     ledger = Ledger()
-    storage = await LmdbStorage.open(directory, durability="process")
+    storage = await LmdbStorage.open(directory, durability=durability)
+    storage._env.clock = lambda: 0.0  # power: every flush fast, lone commits on the caller's thread
     await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
     for round in rounds:
         ledger.next_explicit = max([ledger.next_explicit, *ledger.minted]) + 1
@@ -116,7 +122,7 @@ async def scenario(
     await cancel_after(close_turns, close_how, storage.close())
     await storage.close()
     assert storage._env.closed, "a cancelled close() left the environment open"
-    reopened = await LmdbStorage.open(directory, durability="process")
+    reopened = await LmdbStorage.open(directory, durability=durability)
     try:
         assert verify(directory) is None
         await check(reopened, ledger)
@@ -157,6 +163,25 @@ def test_cancelled_callers_never_cost_an_id_or_a_commit(
     directory = tempfile.mkdtemp(prefix="cancel-")
     try:
         asyncio.run(scenario(directory + "/store", rounds, close_turns, close_how))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None)
+@given(
+    rounds=st.lists(ops, min_size=1, max_size=3),
+    close_turns=st.integers(min_value=-1, max_value=8),
+    close_how=st.sampled_from(["cancel", "wait_for"]),
+)
+def test_cancelled_power_callers_never_cost_an_id_or_a_commit(
+    rounds: list[list[Op]], close_turns: int, close_how: str
+) -> None:
+    """The same in ``power`` mode with fast flushes: lone commits on the caller's thread."""
+
+    directory = tempfile.mkdtemp(prefix="cancel-")
+    try:
+        asyncio.run(scenario(directory + "/store", rounds, close_turns, close_how, "power"))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -21,7 +21,7 @@ from typing import Any
 from pi_durable import create_session, define_doc
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from tools.bench.workloads import ROOT, Timings, Workload, conversation, entry
+from tools.bench.workloads import ROOT, TimedStorage, Timings, Workload, conversation, entry
 
 HOST_SIZES = (1_000, 10_000)
 """Turns per store at ``--scale 1``."""
@@ -57,6 +57,8 @@ def summary(n: int) -> str:
 class HostState:
     name: str
     session: Any
+    timed: TimedStorage
+    """The storage the Session sees, through a stopwatch: the store's own part of each turn."""
     count: int
     commits: int = 0
 
@@ -64,7 +66,8 @@ class HostState:
 def populate_host(name: str, turns: int) -> Any:
     async def populate(store: Any, scale: float) -> HostState:
         await store.storage.commit([conversation(ROOT)], CTX)
-        return HostState(name, create_session(store.storage), max(10, int(turns * scale)), 1)
+        timed = TimedStorage(store.storage)
+        return HostState(name, create_session(timed), timed, max(10, int(turns * scale)), 1)
 
     return populate
 
@@ -78,12 +81,17 @@ async def measure_host(store: Any, state: HostState, round: int) -> Timings:
         transcript = await tx.doc(Transcript, ROOT)
         transcript["text"] += summary(n)
 
+    state.timed.inside = 0.0
     started = time.perf_counter()
     for n in range(1, state.count + 1):
         await session.commit(lambda tx, n=n: turn(tx, n), CTX)
     elapsed = time.perf_counter() - started
     state.commits += state.count
-    return {state.name: (elapsed, state.count, await transcript_length(store.storage))}
+    return {
+        state.name: (elapsed, state.count, await transcript_length(store.storage)),
+        # The store's own methods: the Session's part (the same code on every backend) left out.
+        f"{state.name}.in_store": (state.timed.inside, state.count, state.count),
+    }
 
 
 async def transcript_length(storage: Any) -> int:
@@ -151,20 +159,27 @@ def host_table(results: Any) -> list[str]:
     names = [name for name in HOST_WORKLOADS if any(key[0] == name for key in results.series)]
     if not names:
         return []
+    rows = [
+        row
+        for name in names
+        for row in (name, f"{name}.in_store")
+        if any(key[0] == row for key in results.series)
+    ]
     lines = [
         "",
         "### A Session host (`tools/bench/host.py`): both durability classes in the same rounds",
         "",
         "Each turn through a pi-durable `Session`: an entry (model message + usage) and one more line in a conversation "
         "document never checkpointed. Time per turn: median over rounds; ratios: per round, then the median [min–max] "
-        "(FULL / power > 1: power is faster). Bytes: every file of the store after its close, this store's journal "
+        "(FULL / power > 1: power is faster). `.in_store`: the time inside the store's own async methods "
+        "(a stopwatch around them), the Session's part left out: what each engine itself costs a turn. Bytes: every file of the store after its close, this store's journal "
         "included (SQLite checkpoints its WAL at its close), median over rounds.",
         "",
         "| workload | turns | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | FULL / power (>= 1) "
         "| NORMAL / process | power / process (<= 1.2) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in names:
+    for name in rows:
         cells = []
         turns = 0
         for mode, backend in STORES:

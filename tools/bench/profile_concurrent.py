@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pi_durable_lmdb.storage import committer
+from pi_durable_lmdb.log import threads
 
 from tools.bench.concurrent import percentile, run_agents
 from tools.bench.report import Store
@@ -48,7 +48,8 @@ def _switches() -> int:
 
 
 class _Writer:
-    """Wraps ``Committer._writer``: the writer thread's CPU, switches and (optionally) profile."""
+    """Wraps the writer thread's loop (``log.threads.Worker._main`` of the committer's worker):
+    its CPU, switches and (optionally) profile."""
 
     def __init__(self, profile: bool) -> None:
         self.cpu = 0.0
@@ -56,12 +57,15 @@ class _Writer:
         self.profile = cProfile.Profile() if profile else None
 
     def wrap(self, run: Callable[[Any], None]) -> Callable[[Any], None]:
-        def writer(committer_self: Any) -> None:
+        def writer(worker: Any) -> None:
+            if not worker.name.startswith("lmdb-writer"):
+                run(worker)  # the checkpoint or fold thread
+                return
             switches, cpu = _switches(), time.thread_time()
             if self.profile is not None:
                 self.profile.enable()
             try:
-                run(committer_self)
+                run(worker)
             finally:
                 if self.profile is not None:
                     self.profile.disable()
@@ -73,8 +77,8 @@ class _Writer:
 
 async def measure(agents: int, turns: int, mode: str, profile: str | None) -> None:
     writer = _Writer(profile is not None)
-    original = committer.Committer._writer
-    committer.Committer._writer = writer.wrap(original)  # type: ignore[method-assign]
+    original = threads.Worker._main
+    threads.Worker._main = writer.wrap(original)  # type: ignore[method-assign]
     collections: list[tuple[str, int, float]] = []
     started: list[float] = []
 
@@ -109,7 +113,7 @@ async def measure(agents: int, turns: int, mode: str, profile: str | None) -> No
         gc.callbacks.remove(on_gc)
         total = time.process_time() - process
     finally:
-        committer.Committer._writer = original  # type: ignore[method-assign]
+        threads.Worker._main = original  # type: ignore[method-assign]
         shutil.rmtree(base, ignore_errors=True)
     commits = max(1, turns // agents) * agents
     per = 1e6 / commits
