@@ -11,7 +11,7 @@ from aiohttp import web
 
 from ..audit.jsonlines import to_json
 from ..errors import BadQueryError
-from . import views
+from . import data, views
 from .access import Handler
 from .query import parameter
 from .search import Finder
@@ -34,7 +34,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException:
         raise
     except BadQueryError as error:
-        return render(
+        return data.refusal(request, 400, str(error)) or render(
             request, "error.html", {"title": "Bad request", "message": str(error)}, status=400
         )
     except (asyncio.CancelledError, ConnectionResetError):
@@ -42,7 +42,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as error:
         await request.app[STORE].forget()
         message = f"{type(error).__name__}: {error}"
-        return render(
+        return data.refusal(request, 503, message) or render(
             request, "error.html", {"title": "Store unavailable", "message": message}, status=503
         )
 
