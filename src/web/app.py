@@ -160,10 +160,19 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def overview(request: web.Request) -> web.Response:
+    """The store now (``/index.json``: as ``durable-log stats --json``), or at ``?as_of=``: what
+    it held then and the log up to there (the projections and the last verify are of now)."""
+
     store = request.app[STORE]
+    as_of, _ = await as_of_point(request)
+    point = None
+    if as_of is not None:
+        point = await views.counts_at(await store.storage(), await store.reader(as_of), as_of)
+        if data.asked(request):
+            return data.record(point)
     info = stats(store.path)
     if data.asked(request):
-        return data.record(info)  # as ``durable-log stats --json`` prints it
+        return data.record(info)
     head = info.head_seq
     projections: list[tuple[str, int | None, int | None, str | None, UserBuild | None]] = [
         ("core", info.projections.core.folded_seq, None, None, None)
@@ -177,12 +186,15 @@ async def overview(request: web.Request) -> web.Response:
         for name, folded, failed, error, build in projections
     ]
     verified = last_outcome(store.path)
-    drawn = chart.draw((await store.storage()).log)
+    drawn = chart.draw((await store.storage()).log, as_of)
     return render(
         request,
         "overview.html",
         {
             "title": "Overview",
+            "as_of": as_of,
+            "head": head,
+            "point": point,
             "info": info,
             "chart": drawn,
             "text": format_stats(info),

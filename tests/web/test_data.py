@@ -152,6 +152,18 @@ def test_every_list_and_record_answers_as_data_and_as_of_a_point(served: Any) ->
     assert 'href="/tasks.json?status=pending"' in body and 'id="as-csv"' in body
 
 
+def test_the_overview_honours_as_of(served: Any) -> None:
+    point = _json(served, "/index.json?as_of=3")
+    assert point["asOf"] == 3 and point["head"] == 1 + TASKS and point["committedAt"] > 0
+    assert (point["conversations"], point["tasks"], point["documents"]) == (1, 2, 1)
+    assert point["capped"] == []
+    status, body, _ = get(served.url + "/?as_of=3")
+    assert status == 200 and 'id="point"' in body and 'id="as-of">3<' in body
+    assert re.search(r'id="count-tasks">2<', body) and 'id="history-back"' in body
+    now = get(served.url + "/")[1]
+    assert 'id="point"' not in now and f'id="head-seq">{1 + TASKS}<' in now
+
+
 BAD = [
     ("/tasks.json?status=done", "status="),
     ("/tasks.json?after=-1", "after: "),
@@ -161,6 +173,7 @@ BAD = [
     ("/log.json?before=%C2%B2", "before: "),
     ("/conversations/1.json?before=x", "before: "),
     ("/documents/2.json?as_of=99999", "as_of: "),
+    ("/index.json?as_of=tomorrow", "as_of: "),
 ]
 
 
@@ -173,7 +186,8 @@ def test_bad_input_to_a_data_page_is_a_400_naming_it_and_writes_nothing(
     assert status == 400 and headers["Content-Type"].startswith("application/json"), body
     assert named in json.loads(body)["error"]
     csv_path = path.replace(".json", ".csv", 1)
-    if csv_path.split("?")[0].count("/") == 1:  # a list: its CSV refuses the same way, as text
+    if csv_path.split("?")[0] in ("/tasks.csv", "/conversations.csv", "/documents.csv", "/log.csv"):
+        # a list: its CSV refuses the same way, as text
         status, body, headers = get(served.url + csv_path)
         assert status == 400 and headers["Content-Type"].startswith("text/plain")
         assert named in body
