@@ -35,6 +35,7 @@ from ..errors import (
     ProjectionFailed,
     ProjectionsBehind,
     TruncatedStoreError,
+    install_hint,
 )
 
 # ── exit codes ────────────────────────────────────────────────────────────────
@@ -103,24 +104,6 @@ examples:
 """
 
 READ_ONLY: Final = "read-only: never blocks the writer and never creates a store"
-
-
-def install_hint(extra: str) -> str:
-    """How to install this package with ``extra``: from a checkout or from its wheel (it is not
-    on a package index)."""
-
-    from importlib import (
-        metadata,
-    )  # only when a refusal needs it: it is slow to import at every start
-
-    try:
-        version = metadata.version("pi-durable-lmdb")
-    except metadata.PackageNotFoundError:
-        version = "VERSION"
-    return (
-        f"from a checkout, pip install '/path/to/pi-durable-lmdb[{extra}]'; "
-        f"from a wheel, pip install 'pi_durable_lmdb-{version}-py3-none-any.whl[{extra}]'"
-    )
 
 
 SERVE_MODULES: Final = ("aiohttp", "jinja2", "prometheus_client")
