@@ -22,5 +22,8 @@ def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
     reference = (tmp_path / "site" / "reference" / "index.html").read_text()
     for name in ("pi_durable_lmdb.LmdbStorage.commit", "pi_durable_lmdb.Projection", "pi_durable_lmdb.errors.CorruptRecordError"):
         assert f'id="{name}"' in reference, name
-    for page in ("architecture", "reliability", "distributed", "benchmarks"):
+    for page in ("architecture", "reliability", "distributed", "benchmarks", "getting-started", "troubleshooting"):
         assert (tmp_path / "site" / page / "index.html").is_file(), page
+    changelog = (tmp_path / "site" / "changelog" / "index.html").read_text()
+    first = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("## "))
+    assert first[3:].strip("[]") in changelog, "the changelog page includes CHANGELOG.md"
