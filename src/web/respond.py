@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import jinja2
 from aiohttp import web
@@ -51,8 +52,13 @@ def render(
     request: web.Request, name: str, context: dict[str, Any], status: int = 200
 ) -> web.Response:
     template = request.app[TEMPLATES].get_template(name)
-    query = {key: value for key, value in request.query.items() if key != "token"}
-    html = template.render(request_path=request.path, query=query, **context)
+    pairs = [(key, value) for key, value in request.query.items() if key != "token"]
+    html = template.render(
+        request_path=request.path,
+        query=dict(pairs),
+        query_string=urlencode(pairs),  # every value of a repeated parameter (?kind=a&kind=b)
+        **context,
+    )
     return web.Response(text=utf8_safe(html), content_type="text/html", status=status)
 
 

@@ -150,6 +150,9 @@ def test_every_list_and_record_answers_as_data_and_as_of_a_point(served: Any) ->
     assert _json(served, "/index.json")["headSeq"] == 1 + TASKS
     body = get(served.url + "/tasks?status=pending")[1]  # the HTML page links to its data
     assert 'href="/tasks.json?status=pending"' in body and 'id="as-csv"' in body
+    body = get(served.url + "/log?kind=entry&kind=task&token=")[1]  # every kind, never a token
+    assert 'href="/log.csv?kind=entry&amp;kind=task"' in body
+    assert 'href="/index.json?as_of=2"' in get(served.url + "/?as_of=2")[1]
 
 
 def test_the_overview_honours_as_of(served: Any) -> None:
