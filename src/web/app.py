@@ -334,10 +334,10 @@ async def task_list(request: web.Request) -> web.Response:
     reader = await request.app[STORE].reader(as_of)
     status = lists.status_of(request.query.get("status"))
     kind = request.query.get("kind", "").strip() or None
-    facets = await lists.task_facets(reader, kind)
     page = await lists.tasks(reader, status, kind, query_int(request, "after"))
     if data.asked(request):
         return data.by_cursor(request, page, as_of, head)
+    facets = await lists.task_facets(reader, kind)
     return render(
         request,
         "tasks.html",

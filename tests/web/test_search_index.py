@@ -73,6 +73,7 @@ def test_serve_indexes_a_store_never_searched_and_answers_as_the_cli(tmp_path: P
         assert found == _cli_search(path, "writer killed") and found["entries"]
         html = get(served.url + "/search?q=writer+killed")[1]
         assert 'id="building"' not in html and 'id="entry-hits"' in html
+        assert 'href="/search.json?q=writer+killed"' in html
 
         assert store_files(path) == before, "building the index wrote only the index"
         seq = commit_entry(path, 1, "message", "a zebra crossing")  # the store's writer, elsewhere
