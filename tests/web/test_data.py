@@ -163,6 +163,8 @@ def test_the_overview_honours_as_of(served: Any) -> None:
     status, body, _ = get(served.url + "/?as_of=3")
     assert status == 200 and 'id="point"' in body and 'id="as-of">3<' in body
     assert re.search(r'id="count-tasks">2<', body) and 'id="history-back"' in body
+    status, body, _ = get(served.url + "/?as_of=tomorrow")
+    assert status == 400 and "as_of: " in body
     now = get(served.url + "/")[1]
     assert 'id="point"' not in now and f'id="head-seq">{1 + TASKS}<' in now
 
