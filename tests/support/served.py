@@ -224,7 +224,9 @@ def store_files(path: Path) -> dict[str, str]:
     return {
         str(file.relative_to(path)): hashlib.sha256(file.read_bytes()).hexdigest()
         for file in sorted(path.rglob("*"))
-        if file.is_file() and "search.index" not in file.parts and file.name != "lock.mdb"
+        if file.is_file()
+        and not any(part.startswith("search.index") for part in file.parts)  # and its staging
+        and file.name != "lock.mdb"
     }
 
 

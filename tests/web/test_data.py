@@ -18,7 +18,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.web import data, views
 
-from tests.support.served import get, serve, store_files
+from tests.support.served import get, index_state, serve, store_files
 
 TASKS = 250
 """More than a page (``lists.PAGE``) of tasks: the JSON's ``next`` link is followed."""
@@ -77,6 +77,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     asyncio.run(_build(path))
     with serve(path) as running:
         running.path = path
+        index_state(running.url, lambda state: state["ready"])  # the view's one write, done
         yield running
 
 
