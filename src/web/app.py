@@ -62,7 +62,7 @@ def make_app(
     app[STORE] = views.Store(path)
     app[TEMPLATES] = _templates()
     app[OPTIONS] = {"token": token, "nats": nats, "stream": stream}
-    app[FINDER] = Finder(app[STORE].path)
+    app[FINDER] = Finder(app[STORE].path, app[STORE].head)
     app.router.add_get("/", overview)
     app.router.add_get("/index.json", overview)
     app.router.add_get("/healthz", healthz)
@@ -81,16 +81,9 @@ def make_app(
     app.router.add_get("/audit", audit_page)
     app.router.add_get("/records/{kind}/{id:[0-9]+}", record_json)
     app.router.add_static("/static", os.path.join(HERE, "static"), append_version=True)
-    app.on_startup.append(_start)
+    app.on_startup.append(app[FINDER].start)  # the word index: built if missing, kept level
     app.on_cleanup.append(_close)
     return app
-
-
-async def _start(app: web.Application) -> None:
-    async def head() -> int:
-        return (await app[STORE].storage()).log.head()
-
-    app[FINDER].start(head)  # the word index: built if missing, then kept level with the log
 
 
 async def _close(app: web.Application) -> None:

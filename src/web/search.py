@@ -41,8 +41,10 @@ class IndexState(msgspec.Struct, frozen=True):
 
 
 class Finder:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, head: Callable[[], Awaitable[int]]) -> None:
         self.path = path
+        self._head = head
+        """Reads the log's head."""
         self.state = IndexState(False, 0, 0, None)
         self._index: SearchIndex | None = None
         self._folding = asyncio.Lock()
@@ -55,11 +57,11 @@ class Finder:
     def ready(self) -> bool:
         return self.state.ready
 
-    def start(self, head: Callable[[], Awaitable[int]]) -> None:
-        """Build the index if there is none and keep it level with the log (``head`` reads the
-        log's head), until ``stop``."""
+    async def start(self, _app: object = None) -> None:
+        """Build the index if there is none and keep it level with the log, until ``stop`` (an
+        application's startup hook)."""
 
-        self._keeper = asyncio.create_task(self._keep(head))
+        self._keeper = asyncio.create_task(self._keep())
 
     async def stop(self) -> None:
         """Stop keeping the index: a catch-up in a thread stops after the chunk it is folding
@@ -83,10 +85,10 @@ class Finder:
         self._work = asyncio.ensure_future(asyncio.to_thread(work, *args))
         return await asyncio.shield(self._work)
 
-    async def _keep(self, head: Callable[[], Awaitable[int]]) -> None:
+    async def _keep(self) -> None:
         while True:
             try:
-                seen = await head()
+                seen = await self._head()
                 self.state = msgspec.structs.replace(self.state, head=seen)
                 if not self.state.ready or seen > self.state.folded or self._stale():
                     await self.level()

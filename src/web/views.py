@@ -111,6 +111,11 @@ class Store:
             del self._users[id(storage)]
         await _close_quietly(storage)
 
+    async def head(self) -> int:
+        """The log's head (one short read)."""
+
+        return (await self.storage()).log.head()
+
     async def point(self, found: tuple[str, int] | None) -> int | None:
         """The log sequence of ``?as_of=`` as ``query.parameter`` read it (a sequence, or a time
         as the CLI's ``--as-of``); None: now."""
