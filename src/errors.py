@@ -363,6 +363,17 @@ class ProjectionNotReady(StoreStateError):
         self.name, self.version, self.served = name, version, served
 
 
+def install_hint(extra: str) -> str:
+    """How a refusal that needs an optional extra says to install it, in one form everywhere:
+    from a checkout, or from the wheel (the package is on no index; ``VERSION`` stands for the
+    wheel's version)."""
+
+    return (
+        f"from a checkout, pip install '/path/to/pi-durable-lmdb[{extra}]'; "
+        f"from a wheel, pip install 'pi_durable_lmdb-VERSION-py3-none-any.whl[{extra}]'"
+    )
+
+
 __all__ = [
     "BadInputError",
     "BadQueryError",

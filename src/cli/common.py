@@ -35,6 +35,7 @@ from ..errors import (
     ProjectionFailed,
     ProjectionsBehind,
     TruncatedStoreError,
+    install_hint,
 )
 from .status import EPILOG as EPILOG
 from .status import EXIT_BUG as EXIT_BUG
@@ -67,24 +68,6 @@ KNOWN_REFUSALS: Final = (
 """What the command could not do for a reason it names (exit 2). Anything else is a bug (exit 3)."""
 
 READ_ONLY: Final = "read-only: never blocks the writer and never creates a store"
-
-
-def install_hint(extra: str) -> str:
-    """How to install this package with ``extra``: from a checkout or from its wheel (it is not
-    on a package index)."""
-
-    from importlib import (
-        metadata,
-    )  # only when a refusal needs it: it is slow to import at every start
-
-    try:
-        version = metadata.version("pi-durable-lmdb")
-    except metadata.PackageNotFoundError:
-        version = "VERSION"
-    return (
-        f"from a checkout, pip install '/path/to/pi-durable-lmdb[{extra}]'; "
-        f"from a wheel, pip install 'pi_durable_lmdb-{version}-py3-none-any.whl[{extra}]'"
-    )
 
 
 SERVE_MODULES: Final = ("aiohttp", "jinja2", "prometheus_client")

@@ -25,9 +25,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         subparsers,
         "serve",
         "serve a read-only web view of a store (overview, conversations, documents, the live log)",
-        f"Serve a read-only web view of a store over HTTP: overview, search (once durable-log search "
-        f"has built the store's word index), conversations drawn as trees, tasks, documents with their "
-        f"versions, the log (live), any page as of an earlier point, /healthz and /metrics; {READ_ONLY}. "
+        f"Serve a read-only web view of a store over HTTP: overview, search (the view builds and keeps "
+        f"the store's word index, PATH/search.index, its only write), conversations drawn as trees, tasks, "
+        f"documents with their versions, the log (live), any page as of an earlier point and as data "
+        f"(.json, .csv), /healthz and /metrics; {READ_ONLY}. "
         f"It binds to loopback; another address needs --token, which every request must then carry "
         f"(Authorization: Bearer T, or ?token=T once); put it behind a TLS reverse proxy to serve "
         f"it to others (README, Web view).",

@@ -231,11 +231,14 @@ class SearchIndex:
     def _open(self) -> None:
         self.env = lmdb.open(self.path, map_size=MAP_SIZE, max_dbs=8, subdir=True)
         self.file = os.stat(os.path.join(self.path, "data.mdb")).st_ino
-        self.postings = self.env.open_db(_POSTINGS)
-        self.tasks = self.env.open_db(_TASKS)
-        self.meta = self.env.open_db(_META)
-        self.activity = self.env.open_db(_ACTIVITY)
-        self.recent = self.env.open_db(_RECENT)
+        # in a transaction of its own: while another process holds the index's writer lock,
+        # waiting in ``begin`` lets other threads run (``open_db`` alone waits holding the GIL)
+        with self.env.begin(write=True) as txn:
+            self.postings = self.env.open_db(_POSTINGS, txn=txn)
+            self.tasks = self.env.open_db(_TASKS, txn=txn)
+            self.meta = self.env.open_db(_META, txn=txn)
+            self.activity = self.env.open_db(_ACTIVITY, txn=txn)
+            self.recent = self.env.open_db(_RECENT, txn=txn)
 
     def close(self) -> None:
         self.env.close()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from ..errors import NoteError, ProofError
+from ..errors import NoteError, ProofError, install_hint
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -37,8 +37,8 @@ MAX_NOTE: Final = 1 << 20
 """Bytes of a note read at most: a checkpoint is a few hundred."""
 _DASH: Final = "\u2014 "
 MISSING: Final = (
-    "Signing and verifying checkpoints needs the cryptography package (the [audit] extra): from a checkout, "
-    "pip install '/path/to/pi-durable-lmdb[audit]'; from a wheel, pip install 'pi_durable_lmdb-<version>-py3-none-any.whl[audit]'"
+    "Signing and verifying checkpoints needs the cryptography package (the [audit] extra): "
+    + install_hint("audit")
 )
 
 

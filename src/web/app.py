@@ -9,7 +9,6 @@ import json
 import os
 import time
 from typing import Any, Final
-from urllib.parse import urlencode
 
 import jinja2
 import msgspec
@@ -26,7 +25,7 @@ from ..audit.verify import last_outcome
 from ..errors import NoteError
 from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
-from . import chart, links, lists, search, timeline, views
+from . import chart, data, find, links, lists, search, timeline, views
 from .access import CSP, OPTIONS, guard
 from .query import parameter
 from .respond import (
@@ -63,29 +62,32 @@ def make_app(
     app[STORE] = views.Store(path)
     app[TEMPLATES] = _templates()
     app[OPTIONS] = {"token": token, "nats": nats, "stream": stream}
-    app[FINDER] = Finder(app[STORE].path)
+    app[FINDER] = Finder(app[STORE].path, app[STORE].head)
     app.router.add_get("/", overview)
+    app.router.add_get("/index.json", overview)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/favicon.ico", _no_icon)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/conversations", conversation_list)
-    app.router.add_get("/conversations/{id:[0-9]+}", conversation_page)
-    app.router.add_get("/documents", document_list)
-    app.router.add_get("/tasks", task_list)
-    app.router.add_get("/documents/{id:[0-9]+}", document_page)
-    app.router.add_get("/search", search_page)
-    app.router.add_get("/log", log_page)
+    for list_path, handler in LISTS.items():  # each list page, and as .json and .csv
+        for suffix in ("", ".json", ".csv"):
+            app.router.add_get(list_path + suffix, handler)
+    for record_path, handler in RECORDS.items():  # each record page, and as .json
+        for suffix in ("", ".json"):
+            app.router.add_get(record_path + suffix, handler)
+    app.router.add_get("/search", find.search_page)
+    app.router.add_get("/search.json", find.search_page)
+    app.router.add_get("/search/index.json", find.index_state)
     app.router.add_get("/log/events", log_events)
-    app.router.add_get("/log/{seq:[0-9]+}", log_record)
     app.router.add_get("/audit", audit_page)
     app.router.add_get("/records/{kind}/{id:[0-9]+}", record_json)
     app.router.add_static("/static", os.path.join(HERE, "static"), append_version=True)
+    app.on_startup.append(app[FINDER].start)  # the word index: built if missing, kept level
     app.on_cleanup.append(_close)
     return app
 
 
 async def _close(app: web.Application) -> None:
-    app[FINDER].close()
+    await app[FINDER].stop()
     await app[STORE].close()
 
 
@@ -151,8 +153,19 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def overview(request: web.Request) -> web.Response:
+    """The store now (``/index.json``: as ``durable-log stats --json``), or at ``?as_of=``: what
+    it held then and the log up to there (the projections and the last verify are of now)."""
+
     store = request.app[STORE]
+    as_of, _ = await as_of_point(request)
+    point = None
+    if as_of is not None:
+        point = await views.counts_at(await store.storage(), await store.reader(as_of), as_of)
+        if data.asked(request):
+            return data.record(point)
     info = stats(store.path)
+    if data.asked(request):
+        return data.record(info)
     head = info.head_seq
     projections: list[tuple[str, int | None, int | None, str | None, UserBuild | None]] = [
         ("core", info.projections.core.folded_seq, None, None, None)
@@ -166,12 +179,15 @@ async def overview(request: web.Request) -> web.Response:
         for name, folded, failed, error, build in projections
     ]
     verified = last_outcome(store.path)
-    drawn = chart.draw((await store.storage()).log)
+    drawn = chart.draw((await store.storage()).log, as_of)
     return render(
         request,
         "overview.html",
         {
             "title": "Overview",
+            "as_of": as_of,
+            "head": head,
+            "point": point,
             "info": info,
             "chart": drawn,
             "text": format_stats(info),
@@ -224,9 +240,11 @@ async def conversation_list(request: web.Request) -> web.Response:
     as_of, head = await as_of_point(request)
     reader = await request.app[STORE].reader(as_of)
     finder = request.app[FINDER]
-    if as_of is None and "after" not in request.query and finder.exists():  # by newest activity
+    if as_of is None and "after" not in request.query and finder.ready:  # by newest activity
         skip = query_int(request, "skip") or 0
         rows, total = await search.active(finder, reader, skip, views.PAGE)
+        if data.asked(request):
+            return data.active(request, rows, skip, views.PAGE, total, head)
         return render(
             request,
             "active.html",
@@ -241,6 +259,8 @@ async def conversation_list(request: web.Request) -> web.Response:
             },
         )
     page = await views.conversations(reader, query_int(request, "after"))
+    if data.asked(request):
+        return data.by_cursor(request, page, as_of, head)
     return render(
         request,
         "conversations.html",
@@ -257,17 +277,19 @@ async def conversation_page(request: web.Request) -> web.Response:
     )
     if found is None:
         return _missing(request, f"conversation {id}", as_of)
+    if data.asked(request):
+        return data.record(found)
     times = await timeline.entry_times(
         (await request.app[STORE].storage()).log, reader, found.nodes
     )
     paging = found.paging
     pages = {}
     if paging.older is not None:
-        pages["first"] = _link(request, after=None, before=None)
-        pages["prev"] = _link(request, after=None, before=paging.older)
+        pages["first"] = data.link(request, after=None, before=None)
+        pages["prev"] = data.link(request, after=None, before=paging.older)
     if paging.newer is not None:
-        pages["next"] = _link(request, after=paging.newer, before=None)
-        pages["last"] = _link(request, after=None, before=paging.newest)
+        pages["next"] = data.link(request, after=paging.newer, before=None)
+        pages["last"] = data.link(request, after=None, before=paging.newest)
     context = {
         "title": f"Conversation {id}",
         "c": found,
@@ -277,16 +299,6 @@ async def conversation_page(request: web.Request) -> web.Response:
         "times": times,
     }
     return render(request, "conversation.html", context)
-
-
-def _link(request: web.Request, **changes: int | None) -> str:
-    """This page's address with some query parameters changed (None: left out), the token never."""
-
-    query = {
-        key: value for key, value in request.query.items() if key != "token" and key not in changes
-    }
-    query.update({key: str(value) for key, value in changes.items() if value is not None})
-    return request.path + ("?" + urlencode(query) if query else "")
 
 
 async def document_list(request: web.Request) -> web.Response:
@@ -299,6 +311,8 @@ async def document_list(request: web.Request) -> web.Response:
         page = await views.documents(reader, query_int(request, "after"))
     else:
         page = await lists.documents(reader, kind, scope, query_int(request, "after"))
+    if data.asked(request):
+        return data.by_cursor(request, page, as_of, head)
     return render(
         request,
         "documents.html",
@@ -313,8 +327,10 @@ async def task_list(request: web.Request) -> web.Response:
     reader = await request.app[STORE].reader(as_of)
     status = lists.status_of(request.query.get("status"))
     kind = request.query.get("kind", "").strip() or None
-    facets = await lists.task_facets(reader, kind)
     page = await lists.tasks(reader, status, kind, query_int(request, "after"))
+    if data.asked(request):
+        return data.by_cursor(request, page, as_of, head)
+    facets = await lists.task_facets(reader, kind)
     return render(
         request,
         "tasks.html",
@@ -337,6 +353,8 @@ async def document_page(request: web.Request) -> web.Response:
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
     if found is None:
         return _missing(request, f"document {id}", as_of)
+    if data.asked(request):
+        return data.record(found)
     shown, newer, older = lists.version_window(
         found.versions, found.picked, query_int(request, "versions")
     )
@@ -350,8 +368,9 @@ async def document_page(request: web.Request) -> web.Response:
 
 def _missing(request: web.Request, what: str, as_of: int | None) -> web.Response:
     when = "" if as_of is None else f" as of log sequence {as_of}"
-    return render(
-        request, "error.html", {"title": "Not found", "message": f"No {what}{when}."}, status=404
+    message = f"No {what}{when}."
+    return data.refusal(request, 404, message) or render(
+        request, "error.html", {"title": "Not found", "message": message}, status=404
     )
 
 
@@ -405,6 +424,9 @@ async def log_page(request: web.Request) -> web.Response:
         tail.close()
     live = before is None and until is None
     older = batches[-1].seq - 1 if len(batches) == views.PAGE and batches[-1].seq > first else None
+    if data.asked(request):
+        next = None if older is None else data.link(request, before=older)
+        return data.rows(request, batches, as_of=None, head=head, next=next)
     return render(
         request,
         "log.html",
@@ -521,6 +543,8 @@ async def log_record(request: web.Request) -> web.Response:
 def _wants_html(request: web.Request) -> bool:
     """``?format=json`` or an ``Accept`` naming JSON before HTML: JSON; a browser's: HTML."""
 
+    if data.asked(request):
+        return False
     chosen = request.query.get("format", "").strip().lower()
     if chosen in ("json", "html"):
         return chosen == "html"
@@ -550,49 +574,19 @@ async def record_json(request: web.Request) -> web.Response:
     return as_json(found)
 
 
-# ── search ────────────────────────────────────────────────────────────────────
-
-
-async def search_page(request: web.Request) -> web.Response:
-    """``/search?q=``: entries, documents and tasks holding every word, now or ``?as_of=``; each
-    result a link to where it lives. ``?format=json`` (or ``Accept: application/json``): the
-    results as ``durable-log search --json`` prints them."""
-
-    text = request.query.get("q", "").strip()
-    as_of, head = await as_of_point(request)
-    before = query_int(request, "before")
-    store, finder = request.app[STORE], request.app[FINDER]
-    results = None
-    if text and finder.exists():
-        results = await finder.find(
-            await store.storage(), await store.reader(as_of), text, as_of, before
-        )
-    if request.query.get("format") == "json" or (
-        "application/json" in request.headers.get("Accept", "") and not _wants_html(request)
-    ):
-        if results is None:
-            return as_json(
-                {
-                    "error": "give ?q=WORDS"
-                    if not text
-                    else "this store has no word index: durable-log search PATH WORDS builds it"
-                },
-                status=400 if not text else 404,
-            )
-        return as_json(msgspec.to_builtins(results))
-    return render(
-        request,
-        "search.html",
-        {
-            "title": "Search",
-            "q": text,
-            "results": results,
-            "indexed": finder.exists(),
-            "as_of": as_of,
-            "head": head,
-            "path": store.path,
-        },
-    )
+LISTS: Final = {
+    "/conversations": conversation_list,
+    "/documents": document_list,
+    "/tasks": task_list,
+    "/log": log_page,
+}
+"""The list pages: each answers at its path, and as data at its path plus ``.json``/``.csv``."""
+RECORDS: Final = {
+    "/conversations/{id:[0-9]+}": conversation_page,
+    "/documents/{id:[0-9]+}": document_page,
+    "/log/{seq:[0-9]+}": log_record,
+}
+"""The record pages: each answers at its path, and as JSON at its path plus ``.json``."""
 
 
 __all__ = ["make_app"]  # the handlers are its routes, reached through the app it makes

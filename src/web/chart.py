@@ -54,10 +54,13 @@ def _label(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
 
-def samples(log: Any) -> tuple[list[tuple[int, int]], bool]:
-    """``[(seq, committed at ms)]`` oldest first, and whether every record is in it."""
+def samples(log: Any, until: int | None = None) -> tuple[list[tuple[int, int]], bool]:
+    """``[(seq, committed at ms)]`` oldest first (up to sequence ``until``, None: the head),
+    and whether every record is in it."""
 
     first, head = log.first(), log.head()
+    if until is not None:
+        head = min(head, until)
     if not first or head < first:
         return [], True
     if head - first + 1 <= SAMPLES:
@@ -71,8 +74,10 @@ def samples(log: Any) -> tuple[list[tuple[int, int]], bool]:
     return found, False
 
 
-def draw(log: Any) -> Chart:
-    points, exact = samples(log)
+def draw(log: Any, until: int | None = None) -> Chart:
+    """The log's pictures, up to sequence ``until`` (None: the head)."""
+
+    points, exact = samples(log, until)
     if not points:
         return Chart(empty=True)
     first_seq = points[0][0] - 1

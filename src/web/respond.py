@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import jinja2
 from aiohttp import web
 
 from ..audit.jsonlines import to_json
 from ..errors import BadQueryError
-from . import views
+from . import data, views
 from .access import Handler
 from .query import parameter
 from .search import Finder
@@ -34,7 +35,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException:
         raise
     except BadQueryError as error:
-        return render(
+        return data.refusal(request, 400, str(error)) or render(
             request, "error.html", {"title": "Bad request", "message": str(error)}, status=400
         )
     except (asyncio.CancelledError, ConnectionResetError):
@@ -42,7 +43,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as error:
         await request.app[STORE].forget()
         message = f"{type(error).__name__}: {error}"
-        return render(
+        return data.refusal(request, 503, message) or render(
             request, "error.html", {"title": "Store unavailable", "message": message}, status=503
         )
 
@@ -51,8 +52,13 @@ def render(
     request: web.Request, name: str, context: dict[str, Any], status: int = 200
 ) -> web.Response:
     template = request.app[TEMPLATES].get_template(name)
-    query = {key: value for key, value in request.query.items() if key != "token"}
-    html = template.render(request_path=request.path, query=query, **context)
+    pairs = [(key, value) for key, value in request.query.items() if key != "token"]
+    html = template.render(
+        request_path=request.path,
+        query=dict(pairs),
+        query_string=urlencode(pairs),  # every value of a repeated parameter (?kind=a&kind=b)
+        **context,
+    )
     return web.Response(text=utf8_safe(html), content_type="text/html", status=status)
 
 

@@ -112,6 +112,11 @@ class Store:
             del self._users[id(storage)]
         await _close_quietly(storage)
 
+    async def head(self) -> int:
+        """The log's head (one short read)."""
+
+        return (await self.storage()).log.head()
+
     async def point(self, found: tuple[str, int] | None) -> int | None:
         """The log sequence of ``?as_of=`` as ``query.parameter`` read it (a sequence, or a time
         as the CLI's ``--as-of``); None: now."""
@@ -137,6 +142,58 @@ async def _close_quietly(storage: LmdbStorage) -> None:
         await storage.close()
     except Exception:  # closing a damaged store may fail too; the next open says why
         pass
+
+
+# ── the overview at a point ───────────────────────────────────────────────────
+
+COUNT_CAP: Final = 10_000
+"""Records of each kind the overview counts at a past point (more: shown as "10,000+")."""
+
+
+class PointCounts(msgspec.Struct, frozen=True):
+    """What the store held right after log sequence ``asOf``: when that commit was made, and
+    the records of each kind (counted up to ``COUNT_CAP``; ``capped`` names the kinds with
+    more)."""
+
+    asOf: int
+    head: int
+    committedAt: int | None
+    conversations: int
+    tasks: int
+    documents: int
+    capped: list[str]
+
+
+async def counts_at(storage: LmdbStorage, reader: StorageReads, as_of: int) -> PointCounts:
+    """The overview's cards at a past point: counted through the store's ``as_of`` reads, a
+    page at a time (each page one short read)."""
+
+    async def count(scan: Any) -> tuple[int, bool]:
+        found, cursor = 0, None
+        while found < COUNT_CAP:
+            page = await scan(cursor)
+            found += len(page["items"])
+            if "next" not in page:
+                return found, False
+            cursor = page["next"]
+        return COUNT_CAP, True
+
+    conversations = await count(lambda cursor: reader.scan_conversations({}, 500, cursor, CTX))
+    tasks = await count(lambda cursor: reader.scan_tasks({}, 500, cursor, CTX))
+    documents = await count(
+        lambda cursor: reader.scan_all_documents(500, None if cursor is None else cursor["after"])
+    )
+    commit = storage.log.get(as_of) if as_of >= 1 else None
+    found = {"conversations": conversations, "tasks": tasks, "documents": documents}
+    return PointCounts(
+        asOf=as_of,
+        head=storage.log.head(),
+        committedAt=None if commit is None else commit.committed_at,
+        conversations=conversations[0],
+        tasks=tasks[0],
+        documents=documents[0],
+        capped=[name for name, (_, capped) in found.items() if capped],
+    )
 
 
 # ── conversations ─────────────────────────────────────────────────────────────

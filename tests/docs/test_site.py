@@ -40,5 +40,8 @@ def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
         for name in names:
             assert name in offered, (module, name)
             assert f'id="pi_durable_lmdb.{module}.{name}"' in reference, (module, name)
-    for page in ("architecture", "reliability", "distributed", "benchmarks"):
+    for page in ("architecture", "reliability", "distributed", "benchmarks", "getting-started", "troubleshooting"):
         assert (tmp_path / "site" / page / "index.html").is_file(), page
+    changelog = (tmp_path / "site" / "changelog" / "index.html").read_text()
+    first = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("## "))
+    assert first[3:].strip("[]") in changelog, "the changelog page includes CHANGELOG.md"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Coroutine, Iterator
@@ -168,11 +171,16 @@ class Served:
 
 
 @contextmanager
-def serve(path: Path, *extra: str) -> Iterator[Served]:
-    """``durable-log serve PATH --port 0`` as a process; its URL read from what it prints."""
+def serve(path: Path, *extra: str, run_as: tuple[str, ...] = ()) -> Iterator[Served]:
+    """``durable-log serve PATH --port 0`` as a process (``run_as``: the command it runs under,
+    such as ``setpriv`` to run it as another user); its URL read from what it prints."""
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "pi_durable_lmdb.cli", "serve", str(path), "--port", "0", *extra],
+        [
+            *run_as,
+            sys.executable,
+            *("-m", "pi_durable_lmdb.cli", "serve", str(path), "--port", "0", *extra),
+        ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -207,6 +215,34 @@ def get(
             return response.status, response.read().decode(), dict(response.headers)
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode(), dict(error.headers)
+
+
+def store_files(path: Path) -> dict[str, str]:
+    """The store's own files (its word index and lock file aside) by their content's hash: what
+    a read-only view must never change."""
+
+    return {
+        str(file.relative_to(path)): hashlib.sha256(file.read_bytes()).hexdigest()
+        for file in sorted(path.rglob("*"))
+        if file.is_file()
+        and not any(part.startswith("search.index") for part in file.parts)  # and its staging
+        and file.name != "lock.mdb"
+    }
+
+
+def index_state(url: str, until: Callable[[dict[str, Any]], bool], bound: float = 60.0) -> Any:
+    """``/search/index.json`` once ``until`` holds of it (asked every tenth of a second; the bound
+    only keeps a broken server from hanging the test, nothing is timed)."""
+
+    deadline = time.monotonic() + bound
+    while True:
+        status, body, _ = get(url + "/search/index.json")
+        assert status == 200, body
+        state = json.loads(body)
+        if until(state):
+            return state
+        assert time.monotonic() < deadline, f"the word index never got there: {state}"
+        time.sleep(0.1)
 
 
 def chromium() -> str | None:

@@ -1,7 +1,8 @@
 """The auditor's day in a real browser (Debian's headless Chromium through Playwright, ``serve`` as
 a real process on a real store): find an entry by a word, follow it to its conversation, go back
 in time from there; follow the ids of the log; read the overview's pictures; watch the live log
-stay bounded while its head moves."""
+stay bounded while its head moves. ``serve`` builds the word index itself (its progress page is
+tested in ``test_search_index``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
-from tests.support.served import get
+from tests.support.served import get, index_state
 from tests.web.test_serve_browser import Page, browser, page, server, store  # noqa: F401 (the same fixtures)
 
 
@@ -31,17 +32,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_without_an_index_the_search_page_says_how_to_build_one(
-    page: Page, store: dict[str, Any]
-) -> None:
-    page.open("/search?q=killed")
-    assert "durable-log search" in page.page.locator("#no-index").inner_text()
-    assert page.errors == []
-
-
 def test_find_an_entry_by_a_word_follow_it_and_go_back_in_time(
     page: Page, store: dict[str, Any]
 ) -> None:
+    index_state(page.base, lambda state: state["ready"])  # serve built it: the CLI only reads it
     built = _cli("search", str(store["path"]), "killed", "--json")
     assert built.returncode == 0, built.stderr
     expected = json.loads(built.stdout)["entries"]
@@ -93,7 +87,7 @@ def test_find_an_entry_by_a_word_follow_it_and_go_back_in_time(
 
 
 def test_documents_and_tasks_are_found_and_linked(page: Page, store: dict[str, Any]) -> None:
-    _cli("search", str(store["path"]), "answer")
+    index_state(page.base, lambda state: state["ready"])
     page.open("/search?q=answer+completed")
     task = page.page.locator("#task-hits li[data-task] a.hit").first
     href = task.get_attribute("href") or ""
@@ -205,7 +199,7 @@ def _commit_entries(path: Path, count: int) -> int:
 
 
 def test_hostile_strings_found_or_linked_stay_text(page: Page, store: dict[str, Any]) -> None:
-    _cli("search", str(store["path"]), "pwned")
+    index_state(page.base, lambda state: state["ready"])
     page.open("/search?q=pwned+onerror")
     hit = page.page.locator(f"#entry-hits li[data-entry='{store['hostile_entry']}'] .says")
     assert (

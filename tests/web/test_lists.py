@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from pi_durable_lmdb.web import links
 from pi_durable_lmdb.web.jsondiff import changes
 from pi_durable_lmdb.web.lists import VERSIONS, version_window
 
-from tests.support.served import get, serve
+from tests.support.served import get, index_state, serve
 
 LONG = 3
 """The document with many versions."""
@@ -149,15 +147,7 @@ def _rows(body: str, attribute: str) -> list[int]:
 
 
 def test_conversations_by_newest_activity_with_counts_once_indexed(served: Any) -> None:
-    before = get(served.url + "/conversations")[1]
-    assert "data-conversation" not in before  # no index yet: by id, as before
-    done = subprocess.run(
-        [sys.executable, "-m", "pi_durable_lmdb.cli", "search", str(served.path), "hi"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    index_state(served.url, lambda state: state["ready"])  # serve builds the index itself
     body = get(served.url + "/conversations")[1]
     assert _rows(body, "data-conversation") == [2, 1]
     counts = re.findall(r'<td class="n">(\d+)</td>', body)

@@ -27,6 +27,7 @@ from ...errors import (
     ReplicationError,
     StreamMissingError,
     StreamMovedError,
+    install_hint,
 )
 from .buckets import JetStreamKeys
 from .link import LinkLoop, StreamLink
@@ -153,9 +154,7 @@ class JetStreamLink(LinkLoop):
             import nats  # noqa: F401
         except ImportError:  # pragma: no cover - the extra is not installed
             raise ImportError(
-                "Replication through NATS needs nats-py, the [nats] extra: from a checkout, "
-                "pip install '/path/to/pi-durable-lmdb[nats]'; from a wheel, "
-                "pip install 'pi_durable_lmdb-VERSION-py3-none-any.whl[nats]'"
+                f"Replication through NATS needs nats-py, the [nats] extra: {install_hint('nats')}"
             ) from None
         self.servers = parse_servers(servers)
         self.stream = check_stream_name(stream)
