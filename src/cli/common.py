@@ -78,7 +78,7 @@ exit status:
   1  damage found: a log record or projection row fails its checksum, data.mdb
      is truncated, or verify found projections that differ from the log; a
      stream message that is not a sound record of its store (tail --nats,
-     restore, replica)
+     restore, replica); a failed user projection (projections)
   2  the command could not run: bad arguments or ranges, no store at PATH, a
      store locked by another writer, nothing found by show, a malformed import,
      no NATS server answering, no such stream, nothing of the store on it
