@@ -25,18 +25,30 @@ from .common import (
     EPILOG,
     EXIT_BUG,
     EXIT_DAMAGE,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     KNOWN_REFUSALS,
     Formatter,
+    interruptible,
+    say_interrupted,
 )
 
-__all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    with interruptible():
+        try:
+            return _run(args)
+        except KeyboardInterrupt:  # each command has cleaned up on the way out
+            say_interrupted()
+            return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "reads_store", False) and args.path is not None:
             require_access(args.path)

@@ -9,7 +9,8 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 import lmdb
@@ -50,6 +51,9 @@ found by show, an import source that is not an export, no NATS server answering,
 nothing of the store on it."""
 EXIT_BUG: Final = 3
 """An unexpected error: a bug in durable-log or the engine. Its traceback is printed to stderr."""
+EXIT_INTERRUPTED: Final = 130
+"""Stopped by Ctrl-C (SIGINT) after cleaning up: 128 + SIGINT, as a shell reports a command the
+signal ended."""
 
 DAMAGE: Final = (
     CorruptRecordError,
@@ -237,6 +241,17 @@ def progress_on(args: argparse.Namespace) -> bool:
     return bool(args.progress) or sys.stderr.isatty()
 
 
+_open_line = [False]  # a progress line is on stderr without its newline yet
+
+
+def end_progress_line() -> None:
+    """End a progress line left open (before a message of another kind)."""
+
+    if _open_line[0]:
+        _open_line[0] = False
+        print(file=sys.stderr, flush=True)
+
+
 class Progress:
     """Progress of a long command on stderr, at most a few times a second: done/total, rate and
     an ETA, or just done and rate when the total is unknown. Silent unless ``enabled``."""
@@ -260,7 +275,9 @@ class Progress:
         else:
             eta = (total - done) / rate if rate > 0 else 0.0
             text = f"{done:,}/{total:,} {self.unit}, {rate:,.0f} {self.unit}/s, ETA {eta:.0f} s"
-        print(f"\r{self.label}: {text} ", end="\n" if finished else "", file=sys.stderr, flush=True)
+        _open_line[0] = not finished  # before: Ctrl-C may land as soon as it is written
+        sys.stderr.write(f"\r{self.label}: {text} " + ("\n" if finished else ""))  # one write:
+        sys.stderr.flush()  # Ctrl-C never lands between a line and its end
 
     def finish(self, done: int) -> None:
         """End the progress line (when the total was not known up front)."""
@@ -272,6 +289,43 @@ class Progress:
 
 
 # ── running ───────────────────────────────────────────────────────────────────
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` where the command is, inside ``asyncio.run``
+    too (whose own handler only cancels its task at the next ``await``, so that a synchronous
+    fold ran to its end): each ``finally`` and ``except BaseException`` on the way cleans up."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = None
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored from the start: ``cmd &``
+        try:
+            previous = signal.signal(signal.SIGINT, interrupt)
+        except ValueError:  # not the main thread: no signal is delivered to it anyway
+            pass
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def note(text: str) -> None:
+    """A line on stderr in one write: Ctrl-C never lands between the line and its end."""
+
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def say_interrupted() -> None:
+    """The one line a command stopped by Ctrl-C prints (on a line of its own after progress)."""
+
+    end_progress_line()
+    print("durable-log: interrupted", file=sys.stderr, flush=True)
+
 
 _T = TypeVar("_T")
 
