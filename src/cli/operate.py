@@ -192,9 +192,10 @@ async def _keep_replica(args: argparse.Namespace) -> int:
 
     def status() -> str:
         now = follower.status()
-        text = (
-            f"applied sequence {now.applied_seq} (stream message {now.stream_seq}), "
+        text = f"applied sequence {now.applied_seq} (stream message {now.stream_seq}), " + (
             f"lag {plural(now.lag_records, 'record')}, {now.lag_ms / 1000:.1f} s"
+            if follower.heard
+            else "lag not known yet (the stream has not said how far it reaches)"
         )
         return text + (f"; last error: {now.last_error}" if now.last_error else "")
 
