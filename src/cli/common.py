@@ -88,6 +88,8 @@ exit status:
      no NATS server answering, no such stream, nothing of the store on it
   3  an unexpected error (a bug): its traceback is printed; please report it.
      --debug (before the command) prints the traceback of any error
+  130  stopped by Ctrl-C (SIGINT), after cleaning up: nothing half written
+     is left and the store is as it was
 
 times (--since, --until, --as-of) are ISO 8601, e.g. 2026-12-02T18:30:00Z or
 2026-12-02; without a zone they are UTC, as every time durable-log prints is.
