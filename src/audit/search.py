@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -93,6 +94,17 @@ def index_exists(path: str | os.PathLike[str]) -> bool:
     from ..projections.search_index import INDEX_DIR
 
     return os.path.isfile(os.path.join(os.fspath(path), INDEX_DIR, "data.mdb"))
+
+
+def remove_index(path: str | os.PathLike[str]) -> None:
+    """Delete the store's word index, with what a compaction of it left beside it (the next
+    search builds it again)."""
+
+    from ..projections.search_index import INDEX_DIR
+
+    where = os.path.join(os.path.abspath(path), INDEX_DIR)
+    for leftover in (where, where + ".compacting", where + ".retired"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def catch_up(

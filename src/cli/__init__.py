@@ -20,15 +20,34 @@ import traceback
 from collections.abc import Sequence
 
 from .commands import COMMANDS, command_in, family
-from .status import EPILOG, EXIT_BUG, EXIT_DAMAGE, EXIT_OK, EXIT_USAGE, Formatter
+from .status import (
+    EPILOG,
+    EXIT_BUG,
+    EXIT_DAMAGE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Formatter,
+)
 
-__all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_OK", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    from ..audit.access import require_access  # the engine loads once a command runs
+    from .common import interruptible, say_interrupted  # the engine loads once a command runs
+
+    with interruptible():
+        try:
+            return _run(args)
+        except KeyboardInterrupt:  # each command has cleaned up on the way out
+            say_interrupted()
+            return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..audit.access import require_access
     from .common import DAMAGE, KNOWN_REFUSALS
 
     try:

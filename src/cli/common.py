@@ -9,7 +9,8 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 import lmdb
@@ -40,6 +41,7 @@ from ..errors import (
 from .status import EPILOG as EPILOG
 from .status import EXIT_BUG as EXIT_BUG
 from .status import EXIT_DAMAGE as EXIT_DAMAGE
+from .status import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from .status import EXIT_OK as EXIT_OK
 from .status import EXIT_USAGE as EXIT_USAGE
 from .status import Formatter as Formatter
@@ -186,6 +188,17 @@ def progress_on(args: argparse.Namespace) -> bool:
     return bool(args.progress) or sys.stderr.isatty()
 
 
+_open_line = [False]  # a progress line is on stderr without its newline yet
+
+
+def end_progress_line() -> None:
+    """End a progress line left open (before a message of another kind)."""
+
+    if _open_line[0]:
+        _open_line[0] = False
+        print(file=sys.stderr, flush=True)
+
+
 class Progress:
     """Progress of a long command on stderr, at most a few times a second: done/total, rate and
     an ETA, or just done and rate when the total is unknown. Silent unless ``enabled``."""
@@ -209,7 +222,9 @@ class Progress:
         else:
             eta = (total - done) / rate if rate > 0 else 0.0
             text = f"{done:,}/{total:,} {self.unit}, {rate:,.0f} {self.unit}/s, ETA {eta:.0f} s"
-        print(f"\r{self.label}: {text} ", end="\n" if finished else "", file=sys.stderr, flush=True)
+        _open_line[0] = not finished  # before: Ctrl-C may land as soon as it is written
+        sys.stderr.write(f"\r{self.label}: {text} " + ("\n" if finished else ""))  # one write:
+        sys.stderr.flush()  # Ctrl-C never lands between a line and its end
 
     def finish(self, done: int) -> None:
         """End the progress line (when the total was not known up front)."""
@@ -221,6 +236,43 @@ class Progress:
 
 
 # ── running ───────────────────────────────────────────────────────────────────
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` where the command is, inside ``asyncio.run``
+    too (whose own handler only cancels its task at the next ``await``, so that a synchronous
+    fold ran to its end): each ``finally`` and ``except BaseException`` on the way cleans up."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = None
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored from the start: ``cmd &``
+        try:
+            previous = signal.signal(signal.SIGINT, interrupt)
+        except ValueError:  # not the main thread: no signal is delivered to it anyway
+            pass
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def note(text: str) -> None:
+    """A line on stderr in one write: Ctrl-C never lands between the line and its end."""
+
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def say_interrupted() -> None:
+    """The one line a command stopped by Ctrl-C prints (on a line of its own after progress)."""
+
+    end_progress_line()
+    print("durable-log: interrupted", file=sys.stderr, flush=True)
+
 
 _T = TypeVar("_T")
 
@@ -246,6 +298,7 @@ __all__ = [
     "EPILOG",
     "EXIT_BUG",
     "EXIT_DAMAGE",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
     "KNOWN_REFUSALS",
@@ -257,6 +310,7 @@ __all__ = [
     "conversation_id",
     "count",
     "install_hint",
+    "interruptible",
     "interval",
     "nats_options",
     "point",
@@ -266,6 +320,7 @@ __all__ = [
     "readable",
     "record_id",
     "run_until_signalled",
+    "say_interrupted",
     "sequence",
     "serve_missing",
     "store_argument",

@@ -10,17 +10,22 @@ import asyncio
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..audit.export import seq_at
-from ..audit.search import SearchResults, catch_up, index_exists, search
+from ..audit.search import SearchResults, catch_up, index_exists, remove_index, search
 from ..audit.stats import require_store
 from ..storage.lmdb_storage import LmdbStorage
+
+if TYPE_CHECKING:
+    from ..projections.search_index import SearchIndex
 from .common import (
     EXIT_OK,
     READ_ONLY,
     add_command,
+    note,
     point,
     print_json,
     readable,
@@ -41,7 +46,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         f"in PATH/search.index (delete it to reclaim its bytes: the next search builds it again).",
     )
     store_argument(sub)
-    sub.add_argument("text", metavar="TEXT", help="the words to find (all of them)")
+    sub.add_argument(
+        "text",
+        nargs="+",
+        metavar="TEXT",
+        help="the words to find (all of them), as one argument or several",
+    )
     sub.add_argument(
         "--as-of",
         type=point,
@@ -60,6 +70,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _search(args: argparse.Namespace) -> int:
     require_store(args.path)
+    args.text = " ".join(args.text)  # the words as typed, quoted or not
     if not args.text.strip():
         raise usage("TEXT is empty: give the words to find")
     results = asyncio.run(_run(args))
@@ -71,19 +82,15 @@ def _search(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> SearchResults:
-    from ..projections.search_index import SearchIndex
-
     fresh = not index_exists(args.path)
     if fresh:
-        print(
-            f"durable-log: building the word index of {os.path.abspath(args.path)} (once; later searches fold only new records)",
-            file=sys.stderr,
+        note(
+            f"durable-log: building the word index of {os.path.abspath(args.path)} (once; later "
+            "searches fold only new records)"
         )
-    index = SearchIndex(args.path, create=True)
+    index = _built_index(args.path, fresh)
     try:
-        await asyncio.to_thread(catch_up, args.path, index)
         if fresh:
-            await asyncio.to_thread(index.compact)
             print(
                 f"durable-log: the index takes {index.size():,} bytes in {index.path}",
                 file=sys.stderr,
@@ -103,6 +110,28 @@ async def _run(args: argparse.Namespace) -> SearchResults:
             await storage.close()
     finally:
         index.close()
+
+
+def _built_index(path: str, fresh: bool) -> SearchIndex:
+    """The store's word index, level with its log. Folded on this thread, not a worker's: Ctrl-C
+    stops the fold where it is (a worker would fold on while the index closes under it); a
+    first build it stops is removed, so the next search builds it whole."""
+
+    from ..projections.search_index import SearchIndex
+
+    index: SearchIndex | None = None
+    try:
+        index = SearchIndex(path, create=True)
+        catch_up(path, index)
+        if fresh:
+            index.compact()
+        return index
+    except BaseException:
+        if index is not None:
+            index.close()
+        if fresh:
+            remove_index(path)
+        raise
 
 
 def _when(ms: int) -> str:

@@ -19,6 +19,7 @@ from .common import (
     add_command,
     interval,
     nats_options,
+    note,
     progress_on,
     progress_option,
     run_until_signalled,
@@ -105,14 +106,23 @@ def _register_compact(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "Never creates a store.",
     )
     store_argument(sub)
+    progress_option(sub)
     sub.set_defaults(run=_compact)
 
 
 def _compact(args: argparse.Namespace) -> int:
+    import os
+
     from ..errors import JournalReplayPending
     from ..log.compact import compact
 
     require_store(args.path)
+    if progress_on(args):
+        size = format_bytes(os.path.getsize(os.path.join(args.path, "data.mdb")))
+        note(
+            f"compact: copying {args.path} ({size}) without its free pages, then checking and "
+            "swapping in the copy"
+        )
     try:
         report = compact(args.path)
     except JournalReplayPending:
@@ -182,9 +192,10 @@ async def _keep_replica(args: argparse.Namespace) -> int:
 
     def status() -> str:
         now = follower.status()
-        text = (
-            f"applied sequence {now.applied_seq} (stream message {now.stream_seq}), "
+        text = f"applied sequence {now.applied_seq} (stream message {now.stream_seq}), " + (
             f"lag {plural(now.lag_records, 'record')}, {now.lag_ms / 1000:.1f} s"
+            if follower.heard
+            else "lag not known yet (the stream has not said how far it reaches)"
         )
         return text + (f"; last error: {now.last_error}" if now.last_error else "")
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 
 import msgspec
 
 from ..audit.stats import projection_statuses, require_store
 from ..audit.words import plural
-from ..projections.userstate import ProjectionStatus
-from .common import EXIT_OK, READ_ONLY, Progress, add_command, print_json, readable, usage
+from ..log.storedir import writer_holders
+from ..projections.userstate import BuildStatus, ProjectionStatus
+from .common import EXIT_DAMAGE, EXIT_OK, READ_ONLY, add_command, print_json, readable, usage
 
 _ACTIONS = ("retry", "drop")
 
@@ -26,11 +28,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "list user projections; retry a failed one; drop a retired one",
         "projections PATH [--json] [--follow]: each user projection's served version, the version "
         f"being built, folded sequence, lag, state and failure ({READ_ONLY}); --follow shows each "
-        "build's progress (rate, ETA) until none is left. projections retry PATH NAME: clear NAME's "
+        "build's progress (rate, ETA) until none is left and what became of it, waiting for the "
+        "build of a writer still starting up. projections retry PATH NAME: clear NAME's "
         "failure, so the program that defines it resumes its fold from the record it stopped at on "
         "its next open. projections drop PATH NAME: delete NAME's databases (their pages become "
         "free) and status; its program, if it still defines it, folds it again from the start. "
-        "retry and drop take the writer lock and never create a store.",
+        "retry and drop take the writer lock and never create a store. The listing exits 1 when "
+        "a projection (or its build) is failed.",
     )
     sub.add_argument(
         "words", nargs="+", metavar="ARGS", help="PATH, or retry PATH NAME, or drop PATH NAME"
@@ -66,7 +70,8 @@ def _projections(args: argparse.Namespace) -> int:
     else:
         for name, status in statuses.items():
             print(readable(describe(name, status)))
-    return EXIT_OK
+    failed = any(status.state == "failed" for status in statuses.values())
+    return EXIT_DAMAGE if failed else EXIT_OK  # a monitor's check: 1 as verify's for a problem
 
 
 class ListedBuild(msgspec.Struct, frozen=True, rename="camel"):
@@ -133,42 +138,84 @@ def describe(name: str, status: ProjectionStatus) -> str:
 
 
 def _follow(path: str) -> int:
-    """A progress line per build (rate and ETA), until no projection is being built."""
+    """Each build's progress as the build itself counts it (from its start: folded of head, its
+    rate and ETA) until none is left, then what became of it: served, given up for another
+    version, dropped, or stopped at a record (exit 1). A build no writer is folding is said to
+    be paused; while nothing is built yet but a writer has the store open (one starting up), it
+    waits for that writer's build."""
 
-    bars: dict[tuple[str, int], tuple[Progress, int]] = {}
+    watched: dict[str, int] = {}  # name -> the version seen being built
+    shown: dict[str, str] = {}
+    waiting_said = False
+    live = sys.stderr.isatty()
     while True:
-        building = {
-            name: status.building
-            for name, status in projection_statuses(path).items()
-            if status.building is not None
-        }
-        for key, (bar, _first) in list(bars.items()):
-            if (
-                key[0] not in building or building[key[0]].version != key[1]
-            ):  # swapped in (or given up)
-                bar.finish(bar.total or 0)
-                print(f"{key[0]}: version {key[1]} is served")
-                del bars[key]
-        if not building and not bars:
-            print(f"{path}: no projection is being built")
-            return EXIT_OK
+        statuses = projection_statuses(path)
+        writers = writer_holders(path)
+        for name, version in list(watched.items()):
+            status = statuses.get(name)
+            build = None if status is None else status.building
+            if build is not None and build.version == version:
+                continue
+            del watched[name]
+            if live:
+                print(file=sys.stderr)
+            print(readable(_ended(name, version, status)), flush=True)
+        building = {n: s.building for n, s in statuses.items() if s.building is not None}
         for name, build in building.items():
-            assert build is not None
-            key = (name, build.version)
-            if key not in bars:
-                bars[key] = (
-                    Progress(f"{name} version {build.version}", None, True),
-                    build.folded_seq,
-                )
-            bar, first = bars[key]
             if build.error is not None:
                 print(
-                    f"\n{name}: the build of version {build.version} stopped at sequence {build.failed_seq}: {build.error}"
+                    readable(
+                        f"{name}: the build of version {build.version} stopped at sequence "
+                        f"{build.failed_seq}: {build.error} (projections retry {path} {name})"
+                    ),
+                    flush=True,
                 )
+                return EXIT_DAMAGE
+            watched[name] = build.version
+            line = f"{name} version {build.version}: {_progress(build, bool(writers))}"
+            if shown.get(name) != line:
+                shown[name] = line
+                print(("\r" if live else "") + line, end=" " if live else "\n", file=sys.stderr)
+                sys.stderr.flush()
+        if not building:
+            if shown:  # every build followed has ended (its writer may go on serving)
                 return EXIT_OK
-            bar.total = max(1, build.head - first)
-            bar(build.folded_seq - first)
+            if not writers:
+                print(f"{path}: no projection is being built, and no writer has the store open")
+                return EXIT_OK
+            if not waiting_said:  # a writer starting up registers its builds as it opens
+                waiting_said = True
+                print(
+                    f"durable-log: {path}: no projection is being built yet; waiting while a writer "
+                    f"(process {', '.join(map(str, writers))}) has the store open (Ctrl-C stops)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         time.sleep(0.5)
+
+
+def _progress(build: BuildStatus, folding: bool) -> str:
+    done = f"sequence {build.folded_seq:,} of {build.head:,}"
+    if not folding:
+        return f"{done}, paused: no writer has the store open (one defining version {build.version} resumes it)"
+    if build.eta is None:
+        return f"{done}, ETA unknown (no record folded yet)"
+    return f"{done}, {build.rate:,.0f} records/s, ETA {build.eta:,.0f} s"
+
+
+def _ended(name: str, version: int, status: ProjectionStatus | None) -> str:
+    """What became of a build no longer listed."""
+
+    if status is None:
+        return f"{name}: dropped, and the build of version {version} with it"
+    if status.version == version and status.building is None:
+        return f"{name}: version {version} is served"
+    text = (
+        f"{name}: the build of version {version} was given up; version {status.version} is served"
+    )
+    if status.building is not None:
+        text += f", version {status.building.version} is being built"
+    return text
 
 
 def _act(action: str, path: str, name: str) -> int:

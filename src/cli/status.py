@@ -18,6 +18,9 @@ found by show, an import source that is not an export, no NATS server answering,
 nothing of the store on it."""
 EXIT_BUG: Final = 3
 """An unexpected error: a bug in durable-log or the engine. Its traceback is printed to stderr."""
+EXIT_INTERRUPTED: Final = 130
+"""Stopped by Ctrl-C (SIGINT) after cleaning up: 128 + SIGINT, as a shell reports a command the
+signal ended."""
 
 EPILOG: Final = """\
 exit status:
@@ -25,12 +28,14 @@ exit status:
   1  damage found: a log record or projection row fails its checksum, data.mdb
      is truncated, or verify found projections that differ from the log; a
      stream message that is not a sound record of its store (tail --nats,
-     restore, replica)
+     restore, replica); a failed user projection (projections)
   2  the command could not run: bad arguments or ranges, no store at PATH, a
      store locked by another writer, nothing found by show, a malformed import,
      no NATS server answering, no such stream, nothing of the store on it
   3  an unexpected error (a bug): its traceback is printed; please report it.
      --debug (before the command) prints the traceback of any error
+  130  stopped by Ctrl-C (SIGINT), after cleaning up: nothing half written
+     is left and the store is as it was
 
 times (--since, --until, --as-of) are ISO 8601, e.g. 2026-12-02T18:30:00Z or
 2026-12-02; without a zone they are UTC, as every time durable-log prints is.

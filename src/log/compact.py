@@ -79,16 +79,20 @@ def compact(path: str | os.PathLike[str]) -> CompactReport:
             remove_leftover_copy(path)
             staging = os.path.join(path, COMPACTING)
             os.mkdir(staging, 0o700)
-            before = os.path.getsize(data)
-            records, head = _copy(path, staging)
-            copied = os.path.join(staging, "data.mdb")
-            _check_copy(staging, records, head)
-            os.chmod(copied, os.stat(data).st_mode & 0o777)
-            _fsync(copied)
-            sync_directory(staging)
-            os.rename(copied, data)
-            sync_directory(path)
-            clear_unsynced(path)  # the file in place now is whole on disk
+            try:
+                before = os.path.getsize(data)
+                records, head = _copy(path, staging)
+                copied = os.path.join(staging, "data.mdb")
+                _check_copy(staging, records, head)
+                os.chmod(copied, os.stat(data).st_mode & 0o777)
+                _fsync(copied)
+                sync_directory(staging)
+                os.rename(copied, data)
+                sync_directory(path)
+                clear_unsynced(path)  # the file in place now is whole on disk
+            except BaseException:  # Ctrl-C, a failed check: the store as it was, no copy beside
+                remove_leftover_copy(path)
+                raise
             remove_leftover_copy(path)
             return CompactReport(before, os.path.getsize(data), records, head)
         finally:

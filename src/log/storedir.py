@@ -261,6 +261,24 @@ def take_writer_lock(path: str) -> int:
     return fd
 
 
+def writer_holders(path: str | os.PathLike[str]) -> list[int]:
+    """The processes holding the store's writer lock now (read-only: never takes the lock, which
+    would refuse a writer starting at that moment); none when no writer has the store open."""
+
+    try:
+        fd = os.open(
+            os.path.join(path, WRITER_LOCK),
+            os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+        )
+    except OSError:
+        return []
+    try:
+        listed = _listed_holders(fd)
+        return listed if listed is not None else _named_holder(fd)
+    finally:
+        os.close(fd)
+
+
 def lock_holders(fd: int) -> list[int]:
     """The processes holding ``flock`` on the file ``fd`` opens, as the kernel lists them.
 
@@ -269,26 +287,33 @@ def lock_holders(fd: int) -> list[int]:
     it cannot be read, the pid in the file is named only if that process is alive.
     """
 
+    holders = _listed_holders(fd)
+    if holders:
+        return holders
+    return _named_holder(fd)
+
+
+def _listed_holders(fd: int) -> list[int] | None:
+    """The holders the kernel's lock table lists (``None`` where it cannot be read)."""
+
     stat = os.fstat(fd)
     inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
     try:
         with open("/proc/locks") as table:
             lines = table.read().splitlines()
     except OSError:
-        lines = None
-    if lines is not None:
-        holders = []
-        for line in lines:
-            fields = line.split()
-            if (
-                len(fields) > 5
-                and fields[1] == "FLOCK"
-                and fields[5] == inode
-                and fields[4].isdigit()
-            ):
-                holders.append(int(fields[4]))  # waiters are listed as "->", so they never match
-        if holders:
-            return sorted(set(holders))
+        return None
+    holders = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+            holders.append(int(fields[4]))  # waiters are listed as "->", so they never match
+    return sorted(set(holders))
+
+
+def _named_holder(fd: int) -> list[int]:
+    """The pid written in the lock file, if that process is alive."""
+
     text = os.pread(fd, 32, 0).decode(errors="replace").strip()
     if not text.isdigit():
         return []

@@ -195,14 +195,17 @@ def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -
     )
     try:
         catch_up(env, log, building, progress)
-    except Exception:
-        _log.error(
-            "rebuilding the projections of %s failed; the store keeps its generation %d",
-            env.path,
-            header.generation,
-            exc_info=True,
-        )
-        abandon(env, header, target)  # e.g. a damaged record: keep the store writable as it was
+    except BaseException as error:
+        if isinstance(error, Exception):
+            _log.error(
+                "rebuilding the projections of %s failed; the store keeps its generation %d",
+                env.path,
+                header.generation,
+                exc_info=True,
+            )
+        # A damaged record, or Ctrl-C (only a kill leaves the build to resume on the next open):
+        # keep the store writable as it was.
+        abandon(env, header, target)
         raise
     old = [t.db_name(header.generation, name) for name in t.TABLES]
     env.forget_dbs(old)

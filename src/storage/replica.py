@@ -95,6 +95,9 @@ class Follower:
         self.last_error: str | None = None
         self.stream_seq = 0
         self.pending = 0
+        self.heard = False
+        """Whether the stream has told how far it reaches (until then ``pending`` is not known:
+        a replica just started is not level, however few records it has)."""
         self.transactions = 0
         """LMDB transactions that took messages in (a replica behind takes big chunks)."""
         self._task: Any = None
@@ -182,6 +185,7 @@ class Follower:
             end = error.stream_seq
         else:
             end = 0 if last is None else last.stream_seq
+        self.pending, self.heard = max(0, end - after), True  # messages: refined as they come
         if end <= after:
             return False
         fetching: asyncio.Future[list[RawMessage]] | None = asyncio.ensure_future(

@@ -4,10 +4,12 @@ the security headers on every answer; ``?token=`` moved into a cookie by a redir
 from __future__ import annotations
 
 import hmac
+import string
 from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
+from yarl import URL
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPTIONS: Final = web.AppKey("options", dict)
@@ -59,23 +61,46 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     return response
 
 
+_PATH_SAFE: Final = frozenset(string.ascii_letters + string.digits + "/%-._~!$&'()*+,;=:@")
+_LEADING: Final = "/\\" + "".join(map(chr, range(0x21)))
+"""What a browser skips or reads as a slash at the start of a path: a redirect to ``//host`` or
+``/\\host`` (tabs and newlines between them dropped) would leave the view's origin."""
+
+
 def _without_token(request: web.Request) -> web.Response:
-    """A redirect to the same address without ``token=`` (the cookie, set with it, carries it)."""
+    """A redirect to the same address without ``token=`` (the cookie, set with it, carries it),
+    always a path of this origin: one ``/``, then never a second one or a backslash."""
 
     kept = [(key, value) for key, value in request.query.items() if key != "token"]
-    location = str(request.rel_url.with_query(kept))
+    location = same_origin(request.raw_path.split("?", 1)[0])
+    if kept:
+        location += "?" + str(URL.build(query=kept).raw_query_string)
     return web.Response(status=303, headers={"Location": location, "Cache-Control": "no-store"})
 
 
+def same_origin(raw_path: str) -> str:
+    """``raw_path`` as a path a browser resolves on this origin: its leading slashes, backslashes
+    and control characters dropped, any character outside a path's own percent-escaped."""
+
+    rest = raw_path.lstrip(_LEADING)
+    return "/" + "".join(c if c in _PATH_SAFE else _escaped(c) for c in rest)
+
+
+def _escaped(character: str) -> str:
+    return "".join(f"%{byte:02X}" for byte in character.encode("utf-8", "surrogatepass"))
+
+
 def _token_of(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[len("Bearer ") :].strip()
-    return (
-        request.headers.get("X-Durable-Log-Token")
-        or request.query.get("token")
-        or request.cookies.get(TOKEN_COOKIE)
-    )
+    """The token the request carries, the first of: the header, ``?token=`` (even empty: a wrong
+    token, not an absent one), the cookie."""
+
+    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return bearer.strip()
+    for given in (request.headers.get("X-Durable-Log-Token"), request.query.get("token")):
+        if given is not None:
+            return given
+    return request.cookies.get(TOKEN_COOKIE)
 
 
 __all__ = [
@@ -86,4 +111,5 @@ __all__ = [
     "TOKEN_COOKIE",
     "Handler",
     "guard",
+    "same_origin",
 ]

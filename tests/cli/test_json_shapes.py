@@ -175,7 +175,7 @@ def test_stats_json_shows_a_stopped_shipper_last(
 
 def test_projections_json_keeps_its_keys(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = call(capsys, "projections", store, "--json")
-    assert code == 0, err
+    assert code == 1, err  # exploding is failed
     found = shape(json.loads(out))
     assert [name for name, _ in found] == ["exploding", "task_outcomes"]
     assert dict(found)["task_outcomes"] == [

@@ -73,6 +73,8 @@ COMMANDS: dict[str, tuple[list[str], int]] = {
     "checkpoint": (["checkpoint", "STORE", "--key", "KEY"], 0),
     "prove": (["prove", "STORE", "BAD"], 0),
     "projections": (["projections", "STORE"], 0),
+    "list documents": (["list", "STORE", "documents"], 0),
+    "list documents --format json": (["list", "STORE", "documents", "--format", "json"], 0),
     "promote": (["promote", "STORE", *NATS], 2),  # no NATS server answers: a refusal
     "snapshot": (["snapshot", "STORE", *NATS], 2),
 }
@@ -81,6 +83,7 @@ ELSEWHERE = {
     "serve": "test_every_page_of_the_web_view_answers",
     "restore": "reads a NATS stream only; its PATH is the store it builds",
     "replica": "reads a NATS stream only; its PATH is the replica it keeps",
+    "verify-proof": "reads no store: a proof, a checkpoint and a key",
 }
 
 
@@ -188,6 +191,17 @@ def _pages(made: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
         "/audit": ("/audit", []),
         "/records/{kind}/{id}": (f"/records/document/{history}", ['"unreadable"']),
         "/records/{kind}/{id} (current-only)": (f"/records/document/{session}", ['"unreadable"']),
+        "/index.json": ("/index.json", []),
+        "/search.json": (f"/search.json?q={WORD}", ['"unreadable"']),
+        "/search/index.json": ("/search/index.json", []),
+        "/documents/{id}.json": (f"/documents/{history}.json", ["nope"]),
+        "/conversations/{id}.json": (f"/conversations/{made['root']}.json", []),
+        "/log/{seq}.json": (f"/log/{bad}.json", []),
+        **{
+            f"/{kind}.{suffix}": (f"/{kind}.{suffix}", [])
+            for kind in ("conversations", "documents", "tasks", "log")
+            for suffix in ("json", "csv")
+        },
     }
 
 

@@ -273,7 +273,7 @@ async def test_retry_resumes_a_fixed_fold_from_the_record_it_stopped_at(tmp_path
     listed = subprocess.run(
         [*CLI, "projections", str(path), "--json"], capture_output=True, text=True, cwd=ROOT
     )
-    assert listed.returncode == 0, listed.stderr
+    assert listed.returncode == 1, listed.stderr  # a failed build: a problem found
     info = json.loads(listed.stdout)["flaky"]
     assert info["state"] == "failed" and info["building"]["failedSeq"] == 7 and info["version"] == 1
     assert list(info) == ["version", "foldedSeq", "lag", "state", "failedSeq", "error", "building"]

@@ -33,8 +33,9 @@ OPEN = textwrap.dedent(
     from pi_durable_lmdb.errors import DurableLmdbError
     async def main():
         path, url, store, mode = sys.argv[1:5]
+        ttl = int(sys.argv[5]) if len(sys.argv) > 5 else 2
         try:
-            storage = await LmdbStorage.open(path, durability="replicated", nats=url, stream="CLONE", store=store, lease_ttl=2)
+            storage = await LmdbStorage.open(path, durability="replicated", nats=url, stream="CLONE", store=store, lease_ttl=ttl)
         except DurableLmdbError as error:
             print("refused", type(error).__name__, error, flush=True)
             return
@@ -109,11 +110,12 @@ async def test_a_clone_of_a_live_writer_is_refused_and_the_writer_goes_on(
         await writer.close()
 
 
-def kill_a_holder(path: Path, url: str, store: str) -> None:
-    """A writer process that takes the lease, commits, and is SIGKILLed holding it."""
+def kill_a_holder(path: Path, url: str, store: str, ttl: int = 2) -> None:
+    """A writer process that takes the lease (for ``ttl`` seconds), commits, and is SIGKILLed
+    holding it."""
 
     child = subprocess.Popen(
-        [sys.executable, "-c", OPEN, str(path), url, store, "hold"],
+        [sys.executable, "-c", OPEN, str(path), url, store, "hold", str(ttl)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -162,7 +164,9 @@ async def test_another_instance_waits_for_a_dead_holders_lease_to_expire(
     store = first.store_id
     assert store is not None
     await first.close()
-    kill_a_holder(path, nats_server.url, store)
+    # a lease that outlives anything a loaded machine can delay: the copy's open below must
+    # meet it live (a 2 s lease could lapse while the copy's interpreter starts, and it opened)
+    kill_a_holder(path, nats_server.url, store, ttl=600)
     (path / INSTANCE_FILE).unlink()
     done = subprocess.run(
         [sys.executable, "-c", OPEN, str(path), nats_server.url, store, "open"],

@@ -1,0 +1,139 @@
+"""Every ``durable-log`` command the demo's own output, the README and the docs suggest for the
+demo store works as printed: read from the text (a new suggestion is tested with no change
+here) and run by a shell, each on a fresh copy of a store the demo made in that directory.
+Commands that run until Ctrl-C (``--follow``, ``serve``) must start, answer and stop with 0."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BIN = os.path.dirname(sys.executable)  # where the venv's durable-log script is
+BOUND = 120  # seconds: far beyond what any of them takes, even on a loaded machine
+COMMAND = re.compile(r"(?:\.venv/bin/)?(durable-log [^`\n]*\bdemo-store\b[^`\n]*)")
+
+
+def _demo(directory: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_durable_lmdb.cli", "demo"],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _commands(text: str) -> list[str]:
+    found = []
+    for line in text.splitlines():
+        for match in COMMAND.finditer(line):
+            command = re.sub(r"\s+#.*$", "", match.group(1)).strip()
+            if command not in found:
+                found.append(command)
+    return found
+
+
+def _suggested() -> list[tuple[str, str]]:
+    """``(where, command)`` for each suggestion of the texts, and of the demo's output (read by
+    running it once, at collection)."""
+
+    import tempfile
+
+    found = [(path.name, command) for path in TEXTS for command in _commands(path.read_text())]
+    with tempfile.TemporaryDirectory() as scratch:
+        said = _demo(Path(scratch))
+    suggested = said.split("Try next", 1)[1]
+    found += [("demo output", command) for command in _commands(suggested)]
+    return found
+
+
+SUGGESTED = _suggested()
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("demo")
+    _demo(directory)
+    return directory
+
+
+def test_the_texts_suggest_the_commands_a_new_user_types_first() -> None:
+    commands = [command for _, command in SUGGESTED]
+    assert any(c.startswith("durable-log search demo-store ") for c in commands), commands
+    assert any(c.startswith("durable-log show demo-store ") for c in commands), commands
+    assert len({where for where, _ in SUGGESTED}) >= 3  # the README, a doc, the demo
+
+
+@pytest.mark.parametrize("where, command", SUGGESTED, ids=[f"{w}: {c}" for w, c in SUGGESTED])
+def test_a_suggested_command_works_as_printed(
+    made: Path, tmp_path: Path, where: str, command: str
+) -> None:
+    here = tmp_path / "here"
+    shutil.copytree(made, here)
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
+    if "--follow" in command.split() or command.split()[1] == "serve":
+        _runs_until_stopped(command, here, env)
+        return
+    done = subprocess.run(
+        ["bash", "-c", "set -o pipefail; " + command],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+    )
+    assert done.returncode == 0, f"{where}: {command}\n{done.stdout}\n{done.stderr}"
+    assert "Traceback" not in done.stderr
+
+
+def _runs_until_stopped(command: str, here: Path, env: dict[str, str]) -> None:
+    serving = command.split()[1] == "serve"
+    if serving:
+        command += " --port 0"  # as printed, on a port of its own (tests run side by side)
+    process = subprocess.Popen(
+        ["bash", "-c", "exec " + command],
+        cwd=here,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stream = process.stderr if serving else process.stdout
+        assert stream is not None
+        first = stream.readline()  # serve says where it serves; tail --follow prints the log
+        assert first, process.communicate(timeout=BOUND)
+        assert "serving" in first if serving else first.strip()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(BOUND) == 0
+    finally:
+        process.kill()
+        process.communicate()
+
+
+def test_search_takes_the_words_as_typed_quoted_or_not(made: Path) -> None:
+    def search(*words: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pi_durable_lmdb.cli", "search", "demo-store", *words, "--json"],
+            cwd=made,
+            capture_output=True,
+            text=True,
+            timeout=BOUND,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    several = search("writer", "killed")
+    assert several == search("writer killed") and '"words":["writer","killed"]' in several
+    assert '"entries":[]' not in several  # the demo's question and its answer
