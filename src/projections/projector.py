@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 import lmdb
 import msgspec
@@ -128,7 +128,7 @@ class Projector:
             raise
         except Exception as error:
             return error
-        if values and not all(map(_is_plain_delta, plan.actions.values())):
+        if values and not all(map(_plain_delta, plan.actions.values())):
             self._write_values(txn, values)
         seq = append()
         self.apply(txn, seq, plan, values)
@@ -201,13 +201,15 @@ class Projector:
         claimed: dict[int, str] = {}
         max_id = 0
         for write in plan.writes:
-            kind = type(write)
-            if kind is DocumentCreateWrite:
-                table, id = "document", write.record["id"]  # type: ignore[union-attr]
-            elif kind in _TABLE_OF:
-                table, id = _TABLE_OF[kind], write.value["id"]  # type: ignore[union-attr]
-            else:
-                continue
+            match write:
+                case DocumentCreateWrite():
+                    table, id = "document", write.record["id"]
+                case ConversationWrite() | EntryWrite() | TaskWrite() | SubmissionWrite():
+                    table, id = _TABLE_OF[type(write)], write.value["id"]
+                case DocumentCopyWrite() | DocumentChangeWrite() | DocumentRetireWrite():
+                    continue  # a copy is resolved to a create; the others name an existing id
+                case _:
+                    assert_never(write)
             existing = self.model.record_type(txn, id)
             earlier = claimed.get(id)
             if table in ("conversation", "entry", "document"):
@@ -248,10 +250,11 @@ class Projector:
     def _check_document_actions(self, txn: lmdb.Transaction[bytes], plan: Plan) -> None:
         live_counts: dict[bytes, int] = {}
         for id, action in plan.actions.items():
-            if _is_plain_delta(action):
+            delta = _plain_delta(action)
+            if delta is not None:
                 found = self.model.current_encoded(txn, id)
                 if found is not None:  # a live document: it exists, is not retired, has a base
-                    if found[0].version != action.content.version:  # type: ignore[union-attr]
+                    if found[0].version != delta.version:
                         raise ValueError(f"Document {id} version transition requires a base")
                     plan.current[id] = found
                     continue  # its address keeps the one incarnation it has
@@ -295,18 +298,25 @@ class Projector:
 
         rows = Rows(txn, self.db, seq)
         for write in plan.writes:
-            kind = type(write)
-            if kind is EntryWrite:
-                self._put_entry(rows, write.value)  # type: ignore[union-attr]
-            elif kind is TaskWrite:
-                self._put_task(rows, write.value)  # type: ignore[union-attr]
-            elif kind is SubmissionWrite:
-                self._put_submission(rows, write.value)  # type: ignore[union-attr]
-            elif kind is ConversationWrite:
-                self._put_conversation(rows, write.value)  # type: ignore[union-attr]
+            match write:
+                case EntryWrite():
+                    self._put_entry(rows, write.value)
+                case TaskWrite():
+                    self._put_task(rows, write.value)
+                case SubmissionWrite():
+                    self._put_submission(rows, write.value)
+                case ConversationWrite():
+                    self._put_conversation(rows, write.value)
+                case DocumentCreateWrite() | DocumentChangeWrite() | DocumentRetireWrite():
+                    pass  # grouped into ``plan.actions``, applied below
+                case DocumentCopyWrite():
+                    raise AssertionError("prepare resolves every copy to a create")
+                case _:
+                    assert_never(write)
         for id, action in plan.actions.items():
-            if _is_plain_delta(action):
-                self._put_delta(rows, id, action.content, plan.current.get(id), values)  # type: ignore[arg-type]
+            delta = _plain_delta(action)
+            if delta is not None:
+                self._put_delta(rows, id, delta, plan.current.get(id), values)
             else:
                 self._apply_document(rows, id, action)
 
@@ -536,10 +546,14 @@ def _task_status(raw: bytes, key: bytes) -> str:
     return status
 
 
-def _is_plain_delta(action: DocumentAction) -> bool:
-    """A delta to an existing document, nothing else: the commonest document command."""
+def _plain_delta(action: DocumentAction) -> DeltaContent | None:
+    """The delta of an action that is a delta to an existing document and nothing else (the
+    commonest document command); else None."""
 
-    return action.create is None and not action.retire and isinstance(action.content, DeltaContent)
+    content = action.content
+    if action.create is None and not action.retire and isinstance(content, DeltaContent):
+        return content
+    return None
 
 
 # ── shape checks: what the folds rely on, named precisely ─────────────────────
@@ -560,48 +574,54 @@ def _object(value: object, what: str, *parts: object) -> dict[str, Any]:
 
 
 def _check_shape(write: Write) -> None:
-    kind = type(write)
-    if kind is EntryWrite:
-        value = _object(write.value, "An entry write's value")  # type: ignore[union-attr]
-        _check_id(value.get("id"), "An entry's 'id'")
-        _check_id(value.get("conversationId"), "Entry {}'s 'conversationId'", value["id"])
-    elif kind is TaskWrite:
-        value = _object(write.value, "A task write's value")  # type: ignore[union-attr]
-        _check_id(value.get("id"), "A task's 'id'")
-        state = _object(value.get("state"), "Task {}'s 'state'", value["id"])
-        if state.get("status") not in t.TASK_STATUS_KEYS:
-            raise ValueError(f"Task {value['id']} has an unknown status {state.get('status')!r}")
-    elif kind is SubmissionWrite:
-        value = _object(write.value, "A submission write's value")  # type: ignore[union-attr]
-        _check_id(value.get("id"), "A submission's 'id'")
-        if value.get("status") not in t.SUBMISSION_STATUS_KEYS:
-            raise ValueError(
-                f"Submission {value['id']} has an unknown status {value.get('status')!r}"
-            )
-        if value.get("requestId") is not None:
-            _check_id(value.get("conversationId"), "Submission {}'s 'conversationId'", value["id"])
-    elif kind is ConversationWrite:
-        value = _object(write.value, "A conversation write's value")  # type: ignore[union-attr]
-        _check_id(value.get("id"), "A conversation's 'id'")
-        for name, fields in (
-            ("parent", ("conversationId", "at")),
-            ("owner", ("conversationId", "taskId")),
-        ):
-            if name in value:
-                part = _object(value[name], "Conversation {}'s '{}'", value["id"], name)
-                for field_name in fields:
-                    _check_id(
-                        part.get(field_name),
-                        "Conversation {}'s '{}.{}'",
-                        value["id"],
-                        name,
-                        field_name,
-                    )
-    elif kind is DocumentCreateWrite or kind is DocumentCopyWrite:
-        record = _object(write.record, "A document write's record")  # type: ignore[union-attr]
-        _check_id(record.get("id"), "A document's 'id'")
-        scope = _object(record.get("scope"), "Document {}'s 'scope'", record["id"])
-        if "kind" not in record or "kind" not in scope:
-            raise ValueError(f"Document {record['id']} needs a 'kind' and a 'scope.kind'")
-    elif kind is DocumentChangeWrite or kind is DocumentRetireWrite:
-        _check_id(write.id, "A document command's 'id'")  # type: ignore[union-attr]
+    match write:
+        case EntryWrite():
+            value = _object(write.value, "An entry write's value")
+            _check_id(value.get("id"), "An entry's 'id'")
+            _check_id(value.get("conversationId"), "Entry {}'s 'conversationId'", value["id"])
+        case TaskWrite():
+            value = _object(write.value, "A task write's value")
+            _check_id(value.get("id"), "A task's 'id'")
+            state = _object(value.get("state"), "Task {}'s 'state'", value["id"])
+            if state.get("status") not in t.TASK_STATUS_KEYS:
+                raise ValueError(
+                    f"Task {value['id']} has an unknown status {state.get('status')!r}"
+                )
+        case SubmissionWrite():
+            value = _object(write.value, "A submission write's value")
+            _check_id(value.get("id"), "A submission's 'id'")
+            if value.get("status") not in t.SUBMISSION_STATUS_KEYS:
+                raise ValueError(
+                    f"Submission {value['id']} has an unknown status {value.get('status')!r}"
+                )
+            if value.get("requestId") is not None:
+                _check_id(
+                    value.get("conversationId"), "Submission {}'s 'conversationId'", value["id"]
+                )
+        case ConversationWrite():
+            value = _object(write.value, "A conversation write's value")
+            _check_id(value.get("id"), "A conversation's 'id'")
+            for name, fields in (
+                ("parent", ("conversationId", "at")),
+                ("owner", ("conversationId", "taskId")),
+            ):
+                if name in value:
+                    part = _object(value[name], "Conversation {}'s '{}'", value["id"], name)
+                    for field_name in fields:
+                        _check_id(
+                            part.get(field_name),
+                            "Conversation {}'s '{}.{}'",
+                            value["id"],
+                            name,
+                            field_name,
+                        )
+        case DocumentCreateWrite() | DocumentCopyWrite():
+            record = _object(write.record, "A document write's record")
+            _check_id(record.get("id"), "A document's 'id'")
+            scope = _object(record.get("scope"), "Document {}'s 'scope'", record["id"])
+            if "kind" not in record or "kind" not in scope:
+                raise ValueError(f"Document {record['id']} needs a 'kind' and a 'scope.kind'")
+        case DocumentChangeWrite() | DocumentRetireWrite():
+            _check_id(write.id, "A document command's 'id'")
+        case _:
+            assert_never(write)
