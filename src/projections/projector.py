@@ -33,12 +33,10 @@ from ..log.records import (
     TaskWrite,
 )
 from . import tables as t
-from .delta import apply_ops
 from .readmodel import (
     MAX_SAFE_INTEGER,
     ReadModel,
     address_key,
-    ids_in_range,
     is_current_only,
     scope_key,
 )
@@ -97,12 +95,12 @@ class Projector:
         values: dict[int, t.CurrentValue] | None = None if check else {}
         for commit in commits:
             if values and any(type(write) is DocumentCopyWrite for write in commit.writes):
-                self._write_values(txn, values)
+                self.model.documents.write_values(txn, values)
             outcome = self.admit(txn, commit.writes, lambda: commit.seq, check, values)
             if isinstance(outcome, Exception):
                 raise outcome
         if values:
-            self._write_values(txn, values)
+            self.model.documents.write_values(txn, values)
         if commits:
             state = t.ProjectionState(t.SCHEMA_VERSION, commits[-1].seq)
             txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
@@ -129,7 +127,7 @@ class Projector:
         except Exception as error:
             return error
         if values and not all(map(_plain_delta, plan.actions.values())):
-            self._write_values(txn, values)
+            self.model.documents.write_values(txn, values)
         seq = append()
         self.apply(txn, seq, plan, values)
         return seq, plan.max_id
@@ -316,7 +314,7 @@ class Projector:
         for id, action in plan.actions.items():
             delta = _plain_delta(action)
             if delta is not None:
-                self._put_delta(rows, id, delta, plan.current.get(id), values)
+                self.model.documents.put_delta(rows, id, delta, plan.current.get(id), values)
             else:
                 self._apply_document(rows, id, action)
 
@@ -410,116 +408,18 @@ class Projector:
         if action.create is not None or action.retire:
             rows.put(t.DOCUMENTS, key, codec.encode(record))
         current_only = is_current_only(record)
-        if action.content is not None:
-            self._put_revision(rows, id, action.content, current_only)
+        documents = self.model.documents
+        match action.content:
+            case BaseContent() as content:
+                documents.put_base(rows, id, content, current_only)
+            case DeltaContent() as content:
+                documents.put_delta(rows, id, content, None)
+            case None:
+                pass
+            case _:
+                assert_never(action.content)
         if action.retire:
-            t.delete_value(rows.txn, self.db[t.DOCUMENT_VALUES], id)  # not versioned: no history
-            if current_only:
-                self._drop_revisions(rows, id)
-
-    def _put_revision(self, rows: Rows, id: int, content: Content, current_only: bool) -> None:
-        if isinstance(content, DeltaContent):
-            self._put_delta(rows, id, content, None)
-            return
-        if current_only:
-            self._drop_revisions(rows, id)
-        revision = t.Revision("base", content.version, content.value)
-        self._put_current(rows, id, revision, t.CurrentValue(content.version, 0, content.value))
-
-    def _put_delta(
-        self,
-        rows: Rows,
-        id: int,
-        content: DeltaContent,
-        checked: tuple[t.CurrentValue, bytes] | None,
-        values: dict[int, t.CurrentValue] | None = None,
-    ) -> None:
-        """Append a delta and fold it into the materialized value (the checks may have read it,
-        ``checked``: the value and the bytes stored for it)."""
-
-        previous, stored = checked if checked is not None else (None, None)
-        if previous is None and values is not None:
-            previous = values.get(id)
-        if previous is None:
-            found = self.model.current_encoded(rows.txn, id)
-            assert found is not None, f"document {id} has no current value"
-            previous, stored = found
-        current = t.CurrentValue(
-            previous.version,
-            previous.deltas_since_base + 1,
-            previous.value,
-            previous.broken,
-            previous.tail,
-            previous.tail_bytes,
-            previous.size,
-        )
-        if not current.broken:
-            try:
-                current.value = apply_ops(current.value, content.ops)
-            except Exception:
-                current.broken = True
-        if values is not None:
-            values[id] = current
-        revision = t.Revision("delta", content.version, content.ops)
-        self._put_current(rows, id, revision, current, write_value=values is None, stored=stored)
-
-    def _put_current(
-        self,
-        rows: Rows,
-        id: int,
-        revision: t.Revision,
-        current: t.CurrentValue,
-        write_value: bool = True,
-        stored: bytes | None = None,
-    ) -> None:
-        """Store a revision and the value it leaves (``stored``: the value's bytes before it, if
-        read in this transaction), and a snapshot when one is due (``SNAPSHOT_SHARE``)."""
-
-        encoded_revision = t.encode_row(revision)
-        rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), encoded_revision)
-        snapshot = False
-        if revision.kind == "base":
-            current.tail, current.tail_bytes, current.size = 0, 0, len(encoded_revision)
-        else:
-            current.tail += 1
-            current.tail_bytes += len(encoded_revision)
-            snapshot = (
-                not current.broken
-                and current.tail >= t.SNAPSHOT_EVERY
-                and current.tail_bytes * t.SNAPSHOT_SHARE >= current.size
-            )
-            if snapshot:
-                current.size += current.tail_bytes
-                current.tail = current.tail_bytes = 0
-        if not write_value and not snapshot:
-            return
-        encoded = t.encode_row(current)
-        if write_value:
-            t.put_value(
-                rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded, stored, self.model.values
-            )  # not versioned: no history
-        if snapshot:
-            rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(encoded))
-
-    def _write_values(
-        self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]
-    ) -> None:
-        """Store the values ``fold`` kept back (the table has no history to keep)."""
-
-        for id, current in values.items():
-            t.put_value(
-                txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current), cache=self.model.values
-            )
-        values.clear()
-
-    def _drop_revisions(self, rows: Rows, id: int) -> None:
-        for table in (t.DOCUMENT_REVISIONS, t.DOCUMENT_SNAPSHOTS):
-            stale = [
-                t.u64_pair(id, seq)
-                for seq, _ in ids_in_range(rows.txn, self.db[table], t.u64(id), 0, t.MAX_ID, False)
-            ]
-            for key in stale:
-                rows.delete(table, key)
+            documents.retire(rows, id, current_only)
 
 
 class _TaskState(msgspec.Struct):

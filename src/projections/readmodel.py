@@ -18,7 +18,7 @@ from pi_durable.errors import StorageRequestError
 from ..errors import CorruptProjectionError
 from ..log import Environment, codec
 from . import tables as t
-from .delta import apply_batches
+from .documents import Documents
 
 MAX_SAFE_INTEGER: Final = 9_007_199_254_740_991
 _FAR_BELOW: Final = -(2**63)
@@ -157,10 +157,10 @@ class ReadModel:
         self.env = env
         self.generation = generation
         self.unseal = t.unseal if verify_checksums else _unchecked
-        self.values = t.ValueCache()
-        """Long documents' current values, for commits and reads that would read every chunk."""
         self.checked = verify_checksums
         self.db = {name: env.db(t.db_name(generation, name)) for name in t.TABLES}
+        self.documents = Documents(self.db, self.unseal)
+        """Document values: head rows, the value cache, replay (shared with the projector)."""
 
     # ── records by id ───────────────────────────────────────────────────────
 
@@ -385,15 +385,9 @@ class ReadModel:
     def current_encoded(
         self, txn: lmdb.Transaction[bytes], id: int
     ) -> tuple[t.CurrentValue, bytes] | None:
-        """A live document's current value and the bytes it is stored as (a commit that changes
-        it compares its new encoding with them, ``tables.put_value``)."""
+        """A live document's row and the bytes it is stored as (``Documents``)."""
 
-        raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal, self.values)
-        return (
-            None
-            if raw is None
-            else (t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id)), raw)
-        )
+        return self.documents.current_encoded(txn, id)
 
     def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:
         for seq, raw in ids_in_range(
@@ -443,7 +437,7 @@ class ReadModel:
                 return {
                     "record": record,
                     "version": current.version,
-                    "value": current.value,
+                    "value": self.documents.current(txn, id, current),
                     "deltasSinceBase": current.deltas_since_base,
                 }
             upper = getattr(txn, "horizon", t.MAX_ID)  # a view sees nothing past its sequence
@@ -453,47 +447,6 @@ class ReadModel:
         return {"record": record, "version": version, "value": value, "deltasSinceBase": deltas}
 
     def replay(self, txn: lmdb.Transaction[bytes], id: int, upper: int) -> tuple[int, Any, int]:
-        """The value at ``upper``: the newest base at or before it with the deltas after it
-        applied, starting from a kept snapshot when one is newer than that base."""
+        """The value at ``upper`` (``Documents.replay``)."""
 
-        snapshot: t.CurrentValue | None = None
-        snapshot_seq = 0
-        for snapshot_seq, raw in ids_in_range(
-            txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True
-        ):
-            key = t.u64_pair(id, snapshot_seq)
-            packed = self.unseal(raw, t.DOCUMENT_SNAPSHOTS, key)
-            snapshot = t.decode_row(
-                t.current_decoder,
-                t.unpack_row(packed, t.DOCUMENT_SNAPSHOTS, key),
-                t.DOCUMENT_SNAPSHOTS,
-                key,
-            )
-            break
-        deltas: list[t.Revision] = []
-        base: t.Revision | None = None
-        revisions = self.db[t.DOCUMENT_REVISIONS]
-        for seq, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
-            key = t.u64_pair(id, seq)
-            revision = t.decode_row(
-                t.revision_decoder,
-                self.unseal(raw, t.DOCUMENT_REVISIONS, key),
-                t.DOCUMENT_REVISIONS,
-                key,
-            )
-            if revision.kind == "base":
-                base = revision
-                break
-            deltas.append(revision)
-        if base is not None or snapshot is None:
-            if base is None:
-                raise ValueError(f"Document {id} is missing a required base")
-            version, value, earlier = base.version, base.body, 0
-        else:
-            version, value, earlier = snapshot.version, snapshot.value, snapshot.deltas_since_base
-        deltas.reverse()
-        for revision in deltas:
-            if revision.version != version:
-                raise ValueError(f"Document {id} crosses a stored version boundary without a base")
-        value = apply_batches(value, [revision.body for revision in deltas])
-        return version, value, earlier + len(deltas)
+        return self.documents.replay(txn, id, upper)
