@@ -24,9 +24,11 @@ from the log alone, so a rebuild writes the same bytes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import lmdb
@@ -151,6 +153,14 @@ class Documents:
         self.db = db
         self.unseal = unseal
         self.cache = DocumentCache()
+        self._packing: queue.SimpleQueue[tuple[bytes, t.CurrentValue]] = queue.SimpleQueue()
+        self._ready: dict[bytes, bytes] = {}
+        """Snapshots packed off the commit's path, by key, until a transaction puts them."""
+        self._scheduled: set[bytes] = set()
+        self._queued = 0
+        self._idle = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._inline = False
 
     # ── the head row ────────────────────────────────────────────────────────
 
@@ -237,6 +247,10 @@ class Documents:
 
         if current_only:
             self.drop_revisions(rows, id)
+        else:
+            found = self.current_encoded(rows.txn, id)
+            if found is not None:
+                self.recover(rows.txn, id, found[0])
         encoded = t.encode_row(t.Revision("base", content.version, content.value))
         seq = rows.seq
         rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, seq), encoded)
@@ -317,7 +331,13 @@ class Documents:
         ):
             current.size += current.tail_bytes
             current.tail = current.tail_bytes = 0
-            self._put_snapshot(rows, id, current)
+            current.snapshot = seq
+            if current.held and not self._inline:
+                self._defer(t.u64_pair(id, seq), self._snapshot_row(rows.txn, id, current))
+            else:  # a short value, or a fold (a rebuild): here, as a live commit's lands
+                self._put_snapshot(rows, id, current)
+        elif previous.snapshot and not self._inline:
+            self.recover(rows.txn, id, previous)
         if values is not None:
             values[id] = current
             return
@@ -328,23 +348,104 @@ class Documents:
     def _put_snapshot(self, rows: Rows, id: int, current: t.CurrentValue) -> None:
         """Keep the value ``current`` stands for, deflated, under this commit's sequence."""
 
+        row = self._snapshot_row(rows.txn, id, current)
+        rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), _pack(row))
+
+    def _snapshot_row(
+        self, txn: lmdb.Transaction[bytes], id: int, current: t.CurrentValue
+    ) -> t.CurrentValue:
+        """The snapshot row of the value ``current`` stands for (the caller's own copy of it):
+        what a replay starts from, and nothing a later commit could not re-derive."""
+
         value = current.value
         if current.held:
             value = self.cache.read(id, current.chain)
             if value is None:
-                value = self.replay(rows.txn, id, current.seq)[1]
-        snapshot = t.CurrentValue(
-            current.version,
-            current.deltas_since_base,
-            value,
-            False,
-            0,
-            0,
-            current.size,
-            current.seq,
-            current.chain,
-        )
-        rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(t.encode_row(snapshot)))
+                value = self.replay(txn, id, current.seq)[1]
+        return t.CurrentValue(current.version, current.deltas_since_base, value, size=current.size)
+
+    # ── snapshots off the commit's path ─────────────────────────────────────
+    #
+    # A long document's snapshot is encoded and deflated (~86 ms at 4 MB) on a thread of its
+    # own, from a copy of the value taken in the commit, and put by the next transaction that
+    # folds (``land``, the projector's first step) or at close. The head row names the snapshot
+    # the policy placed (``CurrentValue.snapshot``): one lost with the process before it was put
+    # is packed again at the document's next commit, rebase or retirement (``recover``); until
+    # then reads replay from the one before, and ``verify`` counts a snapshot the head names and
+    # the store lacks as pending, not as a difference. Its bytes are those a fold writes in the
+    # commit itself, so a rebuild is identical once it is put.
+
+    @contextlib.contextmanager
+    def inline(self) -> Iterator[None]:
+        """Within: snapshots are written in the commit that places them (a fold: a rebuild, a
+        catch-up, ``verify``'s fresh fold), so its tables are complete when it ends."""
+
+        self._inline = True
+        try:
+            yield
+        finally:
+            self._inline = False
+
+    def _defer(self, key: bytes, row: t.CurrentValue) -> None:
+        with self._idle:
+            self._scheduled.add(key)
+            self._queued += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._pack_loop, name="lmdb-snapshots", daemon=True
+                )
+                self._thread.start()
+        self._packing.put((key, row))
+
+    def _pack_loop(self) -> None:
+        while True:
+            key, row = self._packing.get()
+            try:
+                packed = _pack(row)
+            except Exception:  # cannot happen to a value a commit encoded; recover() retries
+                packed = None
+            with self._idle:
+                self._queued -= 1
+                if packed is None:
+                    self._scheduled.discard(key)
+                else:
+                    self._ready[key] = packed
+                self._idle.notify_all()
+
+    def recover(self, txn: lmdb.Transaction[bytes], id: int, head: t.CurrentValue) -> None:
+        """Pack again the snapshot ``head`` names if the store lacks it and none is on its way
+        (it was lost with the process that placed it)."""
+
+        key = t.u64_pair(id, head.snapshot)
+        if (
+            not head.snapshot
+            or key in self._scheduled
+            or txn.get(key, db=self.db[t.DOCUMENT_SNAPSHOTS]) is not None
+        ):
+            return
+        version, value, deltas = self.replay(txn, id, head.snapshot)
+        self._defer(key, t.CurrentValue(version, deltas, value, size=head.size))
+
+    def land(self, txn: lmdb.Transaction[bytes]) -> None:
+        """Put the snapshots packed since the last call. One whose revision is gone (its
+        current-only document was rebased or retired) is dropped."""
+
+        if not self._ready:
+            return
+        with self._idle:
+            ready, self._ready = self._ready, {}
+            self._scheduled.difference_update(ready)
+        snapshots, revisions = self.db[t.DOCUMENT_SNAPSHOTS], self.db[t.DOCUMENT_REVISIONS]
+        for key, packed in ready.items():
+            if txn.get(key, db=revisions) is not None and txn.get(key, db=snapshots) is None:
+                txn.put(key, t.seal(packed), db=snapshots)
+
+    def drain(self) -> bool:
+        """Wait until every deferred snapshot is packed; whether any is left to ``land``."""
+
+        with self._idle:
+            self._idle.wait_for(lambda: self._queued == 0)
+            return bool(self._ready)
 
     def write_values(self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]) -> None:
         """Store the rows an unchecked fold kept back (the table has no history to keep)."""
@@ -357,6 +458,9 @@ class Documents:
     def retire(self, rows: Rows, id: int, current_only: bool) -> None:
         """A retired document has no current value; a current-only one keeps no revisions."""
 
+        found = self.current_encoded(rows.txn, id)
+        if found is not None and not current_only:
+            self.recover(rows.txn, id, found[0])
         t.delete_value(rows.txn, self.db[t.DOCUMENT_VALUES], id)  # not versioned: no history
         self.cache.discard(id)
         if current_only:
@@ -370,6 +474,10 @@ class Documents:
             ]
             for key in stale:
                 rows.delete(table, key)
+
+
+def _pack(row: t.CurrentValue) -> bytes:
+    return t.pack_row(t.encode_row(row))
 
 
 def _ids_before(

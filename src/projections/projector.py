@@ -93,6 +93,19 @@ class Projector:
         # write it once: a long document would otherwise be unsealed, decoded, encoded and sealed
         # again on every delta. Anything else that reads values runs after they are written.
         values: dict[int, t.CurrentValue] | None = None if check else {}
+        with self.model.documents.inline():  # a fold writes its snapshots as it goes
+            self._fold(txn, commits, check, values)
+        if commits:
+            state = t.ProjectionState(t.SCHEMA_VERSION, commits[-1].seq)
+            txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
+
+    def _fold(
+        self,
+        txn: lmdb.Transaction[bytes],
+        commits: Sequence[Commit],
+        check: bool,
+        values: dict[int, t.CurrentValue] | None,
+    ) -> None:
         for commit in commits:
             if values and any(type(write) is DocumentCopyWrite for write in commit.writes):
                 self.model.documents.write_values(txn, values)
@@ -101,9 +114,6 @@ class Projector:
                 raise outcome
         if values:
             self.model.documents.write_values(txn, values)
-        if commits:
-            state = t.ProjectionState(t.SCHEMA_VERSION, commits[-1].seq)
-            txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
 
     def admit(
         self,
@@ -120,6 +130,7 @@ class Projector:
         they raised, with nothing written, and each caller says what a refusal means there. An
         LMDB error, or anything raised after the checks, propagates: the transaction is spoiled."""
 
+        self.model.documents.land(txn)  # snapshots packed since the last commit
         try:
             plan = self.prepare(txn, writes, check)
         except lmdb.Error:

@@ -456,6 +456,9 @@ class CurrentValue(msgspec.Struct, array_like=True):
     """A head: ``value`` is not stored (None); it is the newest snapshot or base at or before
     ``seq`` with the deltas after it (``documents``), once ``size + tail_bytes`` passes
     ``CHUNK``."""
+    snapshot: int = 0
+    """The sequence of the newest snapshot the policy placed (0: none since the base): a live
+    commit leaves writing it to ``documents.Documents.land``, after the commit."""
 
 
 class CoreHeader(msgspec.Struct):
