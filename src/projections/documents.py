@@ -36,9 +36,8 @@ import lmdb
 from ..log.records import BaseContent, DeltaContent
 from . import tables as t
 from .delta import Folding, Json, apply_batches, apply_ops, copy_json
+from .ranges import ids_in_range
 from .rows import Rows
-
-_U64_FROM: Final = t.read_u64
 
 
 def link(chain: str, seq: int, encoded_revision: bytes) -> str:
@@ -482,9 +481,7 @@ def _pack(row: t.CurrentValue) -> bytes:
 
 def _ids_before(
     txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, low: int, high: int
-) -> Any:
+) -> Iterator[tuple[int, bytes]]:
     """``(seq, value)`` of keys ``u64(id) + u64(seq)``, ``low <= seq <= high``, newest first."""
-
-    from .readmodel import ids_in_range  # the scan helpers live with the read model
 
     return ids_in_range(txn, db, t.u64(id), low, high, True)

@@ -19,6 +19,10 @@ from ..errors import CorruptProjectionError
 from ..log import Environment, codec
 from . import tables as t
 from .documents import Documents
+from .ranges import ids_in_range as ids_in_range  # the projector's scans import them from here
+from .ranges import key_range as key_range
+from .ranges import rows_in_range as rows_in_range
+from .ranges import seek as seek
 
 MAX_SAFE_INTEGER: Final = 9_007_199_254_740_991
 _FAR_BELOW: Final = -(2**63)
@@ -26,7 +30,6 @@ _FAR_ABOVE: Final = 2**63 - 1
 
 
 _pack = t.u64
-_U64_FROM = struct.Struct(">Q").unpack_from
 _U64_PAIR_FROM = struct.Struct(">QQ").unpack
 _decode_entry = t.entry_decoder.decode
 
@@ -77,73 +80,6 @@ def is_alive_at(record: Any, at: Any) -> bool:
     if at == "current":
         return "retiredAt" not in record
     return record["createdAt"] <= at and ("retiredAt" not in record or at < record["retiredAt"])
-
-
-def rows_in_range(
-    txn: lmdb.Transaction[bytes],
-    db: lmdb._Database,
-    prefix: bytes,
-    low: int,
-    high: int,
-    descending: bool,
-) -> Iterator[tuple[bytes, bytes]]:
-    """``(key, value)`` for keys ``prefix + u64(id)`` with ``low <= id <= high``, in key order.
-
-    Keys of one table share a shape and their prefixes are prefix-free, so the range is just
-    ``prefix + u64(low) <= key <= prefix + u64(high)``: a byte comparison per row.
-    """
-
-    bounds = key_range(prefix, low, high)
-    if bounds is None:
-        return
-    first, last = bounds
-    cursor = txn.cursor(db=db)
-    found = seek(cursor, first, last, descending)
-    step = cursor.prev if descending else cursor.next
-    key_of, value_of = cursor.key, cursor.value
-    while found:
-        key = key_of()
-        if key < first or key > last:
-            return
-        yield key, value_of()
-        found = step()
-
-
-def key_range(prefix: bytes, low: int, high: int) -> tuple[bytes, bytes] | None:
-    """The first and last key of ``prefix + u64(id)`` for ``low <= id <= high``; None if empty."""
-
-    low = max(low, 0)
-    high = min(high, t.MAX_ID)
-    if low > high:
-        return None
-    return prefix + t.u64(low), prefix + t.u64(high)
-
-
-def seek(cursor: lmdb.Cursor[bytes], first: bytes, last: bytes, descending: bool) -> bool:
-    """Put ``cursor`` on the range's first row in scan order (if any row is there, the caller
-    checks the bounds)."""
-
-    if not descending:
-        return cursor.set_range(first)
-    if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
-        return cursor.seek_at_or_before(last)  # type: ignore[no-any-return]
-    if cursor.set_range(last):
-        return cursor.key() == last or cursor.prev()
-    return cursor.last()
-
-
-def ids_in_range(
-    txn: lmdb.Transaction[bytes],
-    db: lmdb._Database,
-    prefix: bytes,
-    low: int,
-    high: int,
-    descending: bool,
-) -> Iterator[tuple[int, bytes]]:
-    """``(id, value)``: ``rows_in_range`` with the trailing id of each key."""
-
-    for key, value in rows_in_range(txn, db, prefix, low, high, descending):
-        yield _U64_FROM(key, len(key) - 8)[0], value
 
 
 def _unchecked(raw: bytes, table: str, key: bytes) -> bytes:
