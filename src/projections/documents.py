@@ -84,7 +84,8 @@ class DocumentCache:
         self._lock = threading.Lock()
 
     def read(self, id: int, chain: str) -> Json | None:
-        """A copy of the value under ``chain``, or None (``None`` values are never held)."""
+        """A copy of the value under ``chain``, or None (a value of JSON null is then replayed
+        at each read: a document holding only null is short anyway)."""
 
         with self._lock:
             entry = self._items.get(id)
@@ -107,6 +108,7 @@ class DocumentCache:
                 self._drop(id)
                 return None
             entry.chain = after
+            self._items[id] = self._items.pop(id)
             self._bytes += size - entry.size
             entry.size = size
             self._trim(id)
@@ -147,6 +149,9 @@ Unseal = Callable[[bytes, str, bytes], bytes]
 class Documents:
     """Reads of document values over one generation's tables, and the cache they share with the
     writer (``Projector`` writes through the same object)."""
+
+    IDLE: Final = 2.0
+    """Seconds the snapshot packing thread waits for work before it ends."""
 
     def __init__(self, db: dict[str, lmdb._Database], unseal: Unseal) -> None:
         self.db = db
@@ -397,8 +402,17 @@ class Documents:
         self._packing.put((key, row))
 
     def _pack_loop(self) -> None:
+        """Pack what ``_defer`` queues; the thread ends once idle for ``IDLE`` seconds."""
+
         while True:
-            key, row = self._packing.get()
+            try:
+                key, row = self._packing.get(timeout=self.IDLE)
+            except queue.Empty:
+                with self._idle:
+                    if self._queued == 0:
+                        self._thread = None
+                        return
+                continue
             try:
                 packed = _pack(row)
             except Exception:  # cannot happen to a value a commit encoded; recover() retries
