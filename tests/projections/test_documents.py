@@ -418,3 +418,50 @@ def test_a_long_documents_snapshot_is_put_after_its_commit_and_packed_again_if_l
     asyncio.run(grow(1, False))  # the document's next commit packs it again
     assert rows_of(path, tbl.DOCUMENT_SNAPSHOTS)[key] == kept
     assert call(capsys, "verify", path)[0] == 0
+
+
+def test_a_long_document_reads_the_same_after_rebuild_backup_compact_and_export_import(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "store"
+    turns = [
+        [change(2, [["a", ["text"], f"<{n}>" + "w" * 700], ["s", ["n"], n]])] for n in range(90)
+    ]
+    batches = [[conversation(ROOT)], [document_create(2)], [base(2, "v" * 9000)], *turns]
+
+    async def build() -> list[Any]:
+        storage = await LmdbStorage.open(path, durability="process")
+        memory = MemoryStorage()
+        try:
+            for writes in batches:
+                for store in (storage, memory):
+                    await store.commit(writes, CTX)
+            return [await memory.document(2, at, CTX) for at in ("current", *range(3, 94))]
+        finally:
+            await storage.close()
+
+    async def reads(at_path: Path, rebuild: bool = False) -> list[Any]:
+        storage = await LmdbStorage.open(at_path, durability="process")
+        try:
+            if rebuild:
+                await storage.rebuild()
+            return [await storage.document(2, at, CTX) for at in ("current", *range(3, 94))]
+        finally:
+            await storage.close()
+
+    expected = asyncio.run(build())
+    assert len(rows_of(path, tbl.DOCUMENT_SNAPSHOTS)) >= 1
+    assert asyncio.run(reads(path, rebuild=True)) == expected
+    assert call(capsys, "verify", path)[0] == 0
+    copy = tmp_path / "copy"
+    assert call(capsys, "backup", path, copy)[0] == 0
+    assert call(capsys, "compact", copy)[0] == 0
+    assert asyncio.run(reads(copy)) == expected
+    dump = tmp_path / "dump.jsonl"
+    code, out, err = call(capsys, "export", path)
+    assert code == 0, err
+    dump.write_text(out)
+    imported = tmp_path / "imported"
+    assert call(capsys, "import", dump, imported)[0] == 0
+    assert asyncio.run(reads(imported)) == expected
+    assert call(capsys, "verify", imported)[0] == 0
