@@ -312,7 +312,8 @@ def _compare(
             while a is not None or b is not None:
                 report.keys += 1
                 if a is None or (b is not None and a[0] > b[0]):
-                    found(name, b[0], "is missing from the live projection")  # type: ignore[index]
+                    if not _pending_snapshot(live_txn, live, name, b[0]):  # type: ignore[index]
+                        found(name, b[0], "is missing from the live projection")  # type: ignore[index]
                     b = next(theirs, None)
                 elif b is None or a[0] < b[0]:
                     found(name, a[0], "is in the live projection but not in the log")
@@ -323,6 +324,19 @@ def _compare(
                     ):
                         found(name, a[0], "holds a value the log does not produce")
                     a, b = next(ours, None), next(theirs, None)
+
+
+def _pending_snapshot(
+    live_txn: lmdb.Transaction[bytes], live: ReadModel, name: str, key: bytes
+) -> bool:
+    """A document snapshot the live head row names but the store lacks is on its way, not a
+    difference: the writer packs long documents' snapshots after their commit and puts them in
+    a later transaction, or packs them again after a crash (``projections.documents``)."""
+
+    if name != t.DOCUMENT_SNAPSHOTS or len(key) != 16:
+        return False
+    head = live.documents.current_encoded(live_txn, t.read_u64(key))
+    return head is not None and head[0].snapshot == t.read_u64(key, 8)
 
 
 def _compare_values(

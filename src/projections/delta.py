@@ -216,6 +216,13 @@ def _edit_text(edit: Callable[[str, Any], str]) -> Callable[[Json, Op], Json]:
     return apply_edit
 
 
+def _append(text: str, suffix: str) -> str:
+    """Every text append of a fold goes through here: it copies ``len(text + suffix)``
+    characters, the unit replay costs are counted in (tests count them)."""
+
+    return text + suffix
+
+
 def _splice(root: Json, op: Op) -> Json:
     _, path, index, remove, items = op
     _array_at(root, path)[index : index + remove] = copy_json(items)
@@ -235,7 +242,7 @@ _APPLIERS: dict[str, Callable[[Json, Op], Json]] = {
     "r": _replace,
     "s": _set,
     "d": _delete,
-    "a": _edit_text(lambda text, suffix: text + suffix),
+    "a": _edit_text(lambda text, suffix: _append(text, suffix)),
     "t": _edit_text(lambda text, count: text[count:]),
     "p": _splice,
     "m": _permute,
@@ -256,34 +263,70 @@ def apply_ops(root: Json, ops: Iterable[Op]) -> Json:
 
 
 def apply_batches(root: Json, batches: Iterable[Iterable[Op]]) -> Json:
-    """Apply ordered batches to a copy, leaving the caller's tree untouched.
+    """Apply ordered batches to a copy, leaving the caller's tree untouched (``Folding``: text
+    appends are joined once, so a replay costs the bytes it reads, whatever the mix of ops)."""
 
-    A run of text appends to one path (a transcript that grows every turn) is joined and applied
-    once: appended one at a time, each copies the whole text, so replaying a long run cost the
-    text's length times the run's. The first append of a run is applied as it comes (it raises
-    what the reference raises when the path holds no text); the ones after it to the same path
-    cannot fail, since nothing else ran in between, so the result and any error are the
-    reference's."""
-
-    root = copy_json(root)
-    run_path: Path | None = None
-    run: list[str] = []
+    folding = Folding(copy_json(root))
     for ops in batches:
+        folding.apply(ops)
+    return folding.joined()
+
+
+class Folding:
+    """A document value being folded, its text appends kept pending until the value is read.
+
+    Why: an append copies the whole text it extends, so a transcript that grows every turn
+    replayed one append at a time cost its length times its turns, and a run of appends broken
+    by any other op (``[["a", ["text"], line], ["s", ["turns"], n]]``, each turn) could not be
+    joined. Here each path's appends wait in a list; an op whose path is a prefix of a pending
+    one, or lies under it, joins that path's appends first (nothing else can see them). The
+    first append to a path is applied as it comes (it raises what the reference raises when the
+    path holds no text); the ones after it cannot fail while nothing touched that path, so the
+    value and any error are the reference's. A batch that raises leaves the folding spoiled:
+    the caller drops it (a document's ``broken`` state)."""
+
+    __slots__ = ("pending", "root")
+
+    def __init__(self, root: Json) -> None:
+        self.root = root
+        """Owned: the caller hands over a tree nobody else holds."""
+        self.pending: dict[tuple[str | int, ...], list[str]] = {}
+
+    def apply(self, ops: Iterable[Op]) -> None:
+        """Apply one batch in place (ops validated one by one, as ``apply_ops``)."""
+
+        pending = self.pending
         for op in ops:
             validate_op(op)
-            appends = op[0] == "a" and type(op[2]) is str
-            if run_path is not None:
-                if appends and op[1] == run_path:
-                    run.append(op[2])
-                    continue
-                root = _join_appends(root, run_path, run)
-                run_path = None
-            root = _APPLIERS[op[0]](root, op)
-            if appends:
-                run_path, run = op[1], []
-    if run_path is not None:
-        root = _join_appends(root, run_path, run)
-    return root
+            verb = op[0]
+            path = () if verb == "r" else tuple(op[1])
+            if verb == "a" and path in pending:
+                pending[path].append(op[2])
+                continue
+            if pending:
+                self._join_under(path)
+            self.root = _APPLIERS[verb](self.root, op)
+            if verb == "a":
+                pending[path] = []
+
+    def _join_under(self, path: tuple[str | int, ...]) -> None:
+        """Join the pending appends an op at ``path`` could see or change."""
+
+        size = len(path)
+        for key in [key for key in self.pending if key[:size] == path or path[: len(key)] == key]:
+            suffixes = self.pending.pop(key)
+            if suffixes:
+                self.root = _join_appends(self.root, list(key), suffixes)
+
+    def joined(self) -> Json:
+        """The value with every pending append joined (the folding's own tree: the caller
+        copies it before handing it out)."""
+
+        for key, suffixes in self.pending.items():
+            if suffixes:
+                self.root = _join_appends(self.root, list(key), suffixes)
+        self.pending.clear()
+        return self.root
 
 
 def _join_appends(root: Json, path: Path, suffixes: list[str]) -> Json:
@@ -292,6 +335,7 @@ def _join_appends(root: Json, path: Path, suffixes: list[str]) -> Json:
 
 __all__ = [
     "RESERVED_SEGMENTS",
+    "Folding",
     "Op",
     "PathError",
     "UnsafePathError",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 import lmdb
 import msgspec
@@ -33,12 +33,10 @@ from ..log.records import (
     TaskWrite,
 )
 from . import tables as t
-from .delta import apply_ops
 from .readmodel import (
     MAX_SAFE_INTEGER,
     ReadModel,
     address_key,
-    ids_in_range,
     is_current_only,
     scope_key,
 )
@@ -95,17 +93,27 @@ class Projector:
         # write it once: a long document would otherwise be unsealed, decoded, encoded and sealed
         # again on every delta. Anything else that reads values runs after they are written.
         values: dict[int, t.CurrentValue] | None = None if check else {}
+        with self.model.documents.inline():  # a fold writes its snapshots as it goes
+            self._fold(txn, commits, check, values)
+        if commits:
+            state = t.ProjectionState(t.SCHEMA_VERSION, commits[-1].seq)
+            txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
+
+    def _fold(
+        self,
+        txn: lmdb.Transaction[bytes],
+        commits: Sequence[Commit],
+        check: bool,
+        values: dict[int, t.CurrentValue] | None,
+    ) -> None:
         for commit in commits:
             if values and any(type(write) is DocumentCopyWrite for write in commit.writes):
-                self._write_values(txn, values)
+                self.model.documents.write_values(txn, values)
             outcome = self.admit(txn, commit.writes, lambda: commit.seq, check, values)
             if isinstance(outcome, Exception):
                 raise outcome
         if values:
-            self._write_values(txn, values)
-        if commits:
-            state = t.ProjectionState(t.SCHEMA_VERSION, commits[-1].seq)
-            txn.put(t.STATE_KEY, t.encode_state(state), db=self.db[t.STATE])
+            self.model.documents.write_values(txn, values)
 
     def admit(
         self,
@@ -122,14 +130,15 @@ class Projector:
         they raised, with nothing written, and each caller says what a refusal means there. An
         LMDB error, or anything raised after the checks, propagates: the transaction is spoiled."""
 
+        self.model.documents.land(txn)  # snapshots packed since the last commit
         try:
             plan = self.prepare(txn, writes, check)
         except lmdb.Error:
             raise
         except Exception as error:
             return error
-        if values and not all(map(_is_plain_delta, plan.actions.values())):
-            self._write_values(txn, values)
+        if values and not all(map(_plain_delta, plan.actions.values())):
+            self.model.documents.write_values(txn, values)
         seq = append()
         self.apply(txn, seq, plan, values)
         return seq, plan.max_id
@@ -201,13 +210,15 @@ class Projector:
         claimed: dict[int, str] = {}
         max_id = 0
         for write in plan.writes:
-            kind = type(write)
-            if kind is DocumentCreateWrite:
-                table, id = "document", write.record["id"]  # type: ignore[union-attr]
-            elif kind in _TABLE_OF:
-                table, id = _TABLE_OF[kind], write.value["id"]  # type: ignore[union-attr]
-            else:
-                continue
+            match write:
+                case DocumentCreateWrite():
+                    table, id = "document", write.record["id"]
+                case ConversationWrite() | EntryWrite() | TaskWrite() | SubmissionWrite():
+                    table, id = _TABLE_OF[type(write)], write.value["id"]
+                case DocumentCopyWrite() | DocumentChangeWrite() | DocumentRetireWrite():
+                    continue  # a copy is resolved to a create; the others name an existing id
+                case _:
+                    assert_never(write)
             existing = self.model.record_type(txn, id)
             earlier = claimed.get(id)
             if table in ("conversation", "entry", "document"):
@@ -248,10 +259,11 @@ class Projector:
     def _check_document_actions(self, txn: lmdb.Transaction[bytes], plan: Plan) -> None:
         live_counts: dict[bytes, int] = {}
         for id, action in plan.actions.items():
-            if _is_plain_delta(action):
+            delta = _plain_delta(action)
+            if delta is not None:
                 found = self.model.current_encoded(txn, id)
                 if found is not None:  # a live document: it exists, is not retired, has a base
-                    if found[0].version != action.content.version:  # type: ignore[union-attr]
+                    if found[0].version != delta.version:
                         raise ValueError(f"Document {id} version transition requires a base")
                     plan.current[id] = found
                     continue  # its address keeps the one incarnation it has
@@ -295,18 +307,25 @@ class Projector:
 
         rows = Rows(txn, self.db, seq)
         for write in plan.writes:
-            kind = type(write)
-            if kind is EntryWrite:
-                self._put_entry(rows, write.value)  # type: ignore[union-attr]
-            elif kind is TaskWrite:
-                self._put_task(rows, write.value)  # type: ignore[union-attr]
-            elif kind is SubmissionWrite:
-                self._put_submission(rows, write.value)  # type: ignore[union-attr]
-            elif kind is ConversationWrite:
-                self._put_conversation(rows, write.value)  # type: ignore[union-attr]
+            match write:
+                case EntryWrite():
+                    self._put_entry(rows, write.value)
+                case TaskWrite():
+                    self._put_task(rows, write.value)
+                case SubmissionWrite():
+                    self._put_submission(rows, write.value)
+                case ConversationWrite():
+                    self._put_conversation(rows, write.value)
+                case DocumentCreateWrite() | DocumentChangeWrite() | DocumentRetireWrite():
+                    pass  # grouped into ``plan.actions``, applied below
+                case DocumentCopyWrite():
+                    raise AssertionError("prepare resolves every copy to a create")
+                case _:
+                    assert_never(write)
         for id, action in plan.actions.items():
-            if _is_plain_delta(action):
-                self._put_delta(rows, id, action.content, plan.current.get(id), values)  # type: ignore[arg-type]
+            delta = _plain_delta(action)
+            if delta is not None:
+                self.model.documents.put_delta(rows, id, delta, plan.current.get(id), values)
             else:
                 self._apply_document(rows, id, action)
 
@@ -400,116 +419,18 @@ class Projector:
         if action.create is not None or action.retire:
             rows.put(t.DOCUMENTS, key, codec.encode(record))
         current_only = is_current_only(record)
-        if action.content is not None:
-            self._put_revision(rows, id, action.content, current_only)
+        documents = self.model.documents
+        match action.content:
+            case BaseContent() as content:
+                documents.put_base(rows, id, content, current_only)
+            case DeltaContent() as content:
+                documents.put_delta(rows, id, content, None)
+            case None:
+                pass
+            case _:
+                assert_never(action.content)
         if action.retire:
-            t.delete_value(rows.txn, self.db[t.DOCUMENT_VALUES], id)  # not versioned: no history
-            if current_only:
-                self._drop_revisions(rows, id)
-
-    def _put_revision(self, rows: Rows, id: int, content: Content, current_only: bool) -> None:
-        if isinstance(content, DeltaContent):
-            self._put_delta(rows, id, content, None)
-            return
-        if current_only:
-            self._drop_revisions(rows, id)
-        revision = t.Revision("base", content.version, content.value)
-        self._put_current(rows, id, revision, t.CurrentValue(content.version, 0, content.value))
-
-    def _put_delta(
-        self,
-        rows: Rows,
-        id: int,
-        content: DeltaContent,
-        checked: tuple[t.CurrentValue, bytes] | None,
-        values: dict[int, t.CurrentValue] | None = None,
-    ) -> None:
-        """Append a delta and fold it into the materialized value (the checks may have read it,
-        ``checked``: the value and the bytes stored for it)."""
-
-        previous, stored = checked if checked is not None else (None, None)
-        if previous is None and values is not None:
-            previous = values.get(id)
-        if previous is None:
-            found = self.model.current_encoded(rows.txn, id)
-            assert found is not None, f"document {id} has no current value"
-            previous, stored = found
-        current = t.CurrentValue(
-            previous.version,
-            previous.deltas_since_base + 1,
-            previous.value,
-            previous.broken,
-            previous.tail,
-            previous.tail_bytes,
-            previous.size,
-        )
-        if not current.broken:
-            try:
-                current.value = apply_ops(current.value, content.ops)
-            except Exception:
-                current.broken = True
-        if values is not None:
-            values[id] = current
-        revision = t.Revision("delta", content.version, content.ops)
-        self._put_current(rows, id, revision, current, write_value=values is None, stored=stored)
-
-    def _put_current(
-        self,
-        rows: Rows,
-        id: int,
-        revision: t.Revision,
-        current: t.CurrentValue,
-        write_value: bool = True,
-        stored: bytes | None = None,
-    ) -> None:
-        """Store a revision and the value it leaves (``stored``: the value's bytes before it, if
-        read in this transaction), and a snapshot when one is due (``SNAPSHOT_SHARE``)."""
-
-        encoded_revision = t.encode_row(revision)
-        rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, rows.seq), encoded_revision)
-        snapshot = False
-        if revision.kind == "base":
-            current.tail, current.tail_bytes, current.size = 0, 0, len(encoded_revision)
-        else:
-            current.tail += 1
-            current.tail_bytes += len(encoded_revision)
-            snapshot = (
-                not current.broken
-                and current.tail >= t.SNAPSHOT_EVERY
-                and current.tail_bytes * t.SNAPSHOT_SHARE >= current.size
-            )
-            if snapshot:
-                current.size += current.tail_bytes
-                current.tail = current.tail_bytes = 0
-        if not write_value and not snapshot:
-            return
-        encoded = t.encode_row(current)
-        if write_value:
-            t.put_value(
-                rows.txn, self.db[t.DOCUMENT_VALUES], id, encoded, stored, self.model.values
-            )  # not versioned: no history
-        if snapshot:
-            rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), t.pack_row(encoded))
-
-    def _write_values(
-        self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]
-    ) -> None:
-        """Store the values ``fold`` kept back (the table has no history to keep)."""
-
-        for id, current in values.items():
-            t.put_value(
-                txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current), cache=self.model.values
-            )
-        values.clear()
-
-    def _drop_revisions(self, rows: Rows, id: int) -> None:
-        for table in (t.DOCUMENT_REVISIONS, t.DOCUMENT_SNAPSHOTS):
-            stale = [
-                t.u64_pair(id, seq)
-                for seq, _ in ids_in_range(rows.txn, self.db[table], t.u64(id), 0, t.MAX_ID, False)
-            ]
-            for key in stale:
-                rows.delete(table, key)
+            documents.retire(rows, id, current_only)
 
 
 class _TaskState(msgspec.Struct):
@@ -536,10 +457,14 @@ def _task_status(raw: bytes, key: bytes) -> str:
     return status
 
 
-def _is_plain_delta(action: DocumentAction) -> bool:
-    """A delta to an existing document, nothing else: the commonest document command."""
+def _plain_delta(action: DocumentAction) -> DeltaContent | None:
+    """The delta of an action that is a delta to an existing document and nothing else (the
+    commonest document command); else None."""
 
-    return action.create is None and not action.retire and isinstance(action.content, DeltaContent)
+    content = action.content
+    if action.create is None and not action.retire and isinstance(content, DeltaContent):
+        return content
+    return None
 
 
 # ── shape checks: what the folds rely on, named precisely ─────────────────────
@@ -560,51 +485,57 @@ def _object(value: object, what: str, *parts: object) -> dict[str, Any]:
 
 
 def _check_shape(write: Write) -> None:
-    kind = type(write)
-    if kind is EntryWrite:
-        value = _object(write.value, "An entry write's value")  # type: ignore[union-attr]
-        _check_id(value.get("id"), "An entry's 'id'")
-        _check_id(value.get("conversationId"), "Entry {}'s 'conversationId'", value["id"])
-    elif kind is TaskWrite:
-        value = _object(write.value, "A task write's value")  # type: ignore[union-attr]
-        _check_id(value.get("id"), "A task's 'id'")
-        state = _object(value.get("state"), "Task {}'s 'state'", value["id"])
-        if state.get("status") not in t.TASK_STATUS_KEYS:
-            raise ValueError(f"Task {value['id']} has an unknown status {state.get('status')!r}")
-    elif kind is SubmissionWrite:
-        value = _object(write.value, "A submission write's value")  # type: ignore[union-attr]
-        _check_id(value.get("id"), "A submission's 'id'")
-        if value.get("status") not in t.SUBMISSION_STATUS_KEYS:
-            raise ValueError(
-                f"Submission {value['id']} has an unknown status {value.get('status')!r}"
-            )
-        if value.get("requestId") is not None:
-            _check_id(value.get("conversationId"), "Submission {}'s 'conversationId'", value["id"])
-    elif kind is ConversationWrite:
-        value = _object(write.value, "A conversation write's value")  # type: ignore[union-attr]
-        _check_id(value.get("id"), "A conversation's 'id'")
-        for name, fields in (
-            ("parent", ("conversationId", "at")),
-            ("owner", ("conversationId", "taskId")),
-        ):
-            if name in value:
-                part = _object(value[name], "Conversation {}'s '{}'", value["id"], name)
-                for field_name in fields:
-                    _check_id(
-                        part.get(field_name),
-                        "Conversation {}'s '{}.{}'",
-                        value["id"],
-                        name,
-                        field_name,
-                    )
-    elif kind is DocumentCreateWrite or kind is DocumentCopyWrite:
-        record = _object(write.record, "A document write's record")  # type: ignore[union-attr]
-        _check_id(record.get("id"), "A document's 'id'")
-        scope = _object(record.get("scope"), "Document {}'s 'scope'", record["id"])
-        if "kind" not in record or "kind" not in scope:
-            raise ValueError(f"Document {record['id']} needs a 'kind' and a 'scope.kind'")
-    elif kind is DocumentChangeWrite or kind is DocumentRetireWrite:
-        _check_id(write.id, "A document command's 'id'")  # type: ignore[union-attr]
+    match write:
+        case EntryWrite():
+            value = _object(write.value, "An entry write's value")
+            _check_id(value.get("id"), "An entry's 'id'")
+            _check_id(value.get("conversationId"), "Entry {}'s 'conversationId'", value["id"])
+        case TaskWrite():
+            value = _object(write.value, "A task write's value")
+            _check_id(value.get("id"), "A task's 'id'")
+            state = _object(value.get("state"), "Task {}'s 'state'", value["id"])
+            if state.get("status") not in t.TASK_STATUS_KEYS:
+                raise ValueError(
+                    f"Task {value['id']} has an unknown status {state.get('status')!r}"
+                )
+        case SubmissionWrite():
+            value = _object(write.value, "A submission write's value")
+            _check_id(value.get("id"), "A submission's 'id'")
+            if value.get("status") not in t.SUBMISSION_STATUS_KEYS:
+                raise ValueError(
+                    f"Submission {value['id']} has an unknown status {value.get('status')!r}"
+                )
+            if value.get("requestId") is not None:
+                _check_id(
+                    value.get("conversationId"), "Submission {}'s 'conversationId'", value["id"]
+                )
+        case ConversationWrite():
+            value = _object(write.value, "A conversation write's value")
+            _check_id(value.get("id"), "A conversation's 'id'")
+            for name, fields in (
+                ("parent", ("conversationId", "at")),
+                ("owner", ("conversationId", "taskId")),
+            ):
+                if name in value:
+                    part = _object(value[name], "Conversation {}'s '{}'", value["id"], name)
+                    for field_name in fields:
+                        _check_id(
+                            part.get(field_name),
+                            "Conversation {}'s '{}.{}'",
+                            value["id"],
+                            name,
+                            field_name,
+                        )
+        case DocumentCreateWrite() | DocumentCopyWrite():
+            record = _object(write.record, "A document write's record")
+            _check_id(record.get("id"), "A document's 'id'")
+            scope = _object(record.get("scope"), "Document {}'s 'scope'", record["id"])
+            if "kind" not in record or "kind" not in scope:
+                raise ValueError(f"Document {record['id']} needs a 'kind' and a 'scope.kind'")
+        case DocumentChangeWrite() | DocumentRetireWrite():
+            _check_id(write.id, "A document command's 'id'")
+        case _:
+            assert_never(write)
 
 
 __all__ = [

@@ -19,7 +19,11 @@ from pi_durable.errors import StorageRequestError
 from ..errors import CorruptProjectionError
 from ..log import Environment, codec
 from . import tables as t
-from .delta import apply_batches
+from .documents import Documents
+from .ranges import ids_in_range as ids_in_range  # the projector's scans import them from here
+from .ranges import key_range as key_range
+from .ranges import rows_in_range as rows_in_range
+from .ranges import seek as seek
 
 MAX_SAFE_INTEGER: Final = 9_007_199_254_740_991
 _FAR_BELOW: Final = -(2**63)
@@ -27,7 +31,6 @@ _FAR_ABOVE: Final = 2**63 - 1
 
 
 _pack = t.u64
-_U64_FROM = struct.Struct(">Q").unpack_from
 _U64_PAIR_FROM = struct.Struct(">QQ").unpack
 _decode_entry = t.entry_decoder.decode
 
@@ -92,73 +95,6 @@ def point_bound(at: Any) -> int:
         return t.MAX_ID
 
 
-def rows_in_range(
-    txn: lmdb.Transaction[bytes],
-    db: lmdb._Database,
-    prefix: bytes,
-    low: int,
-    high: int,
-    descending: bool,
-) -> Iterator[tuple[bytes, bytes]]:
-    """``(key, value)`` for keys ``prefix + u64(id)`` with ``low <= id <= high``, in key order.
-
-    Keys of one table share a shape and their prefixes are prefix-free, so the range is just
-    ``prefix + u64(low) <= key <= prefix + u64(high)``: a byte comparison per row.
-    """
-
-    bounds = key_range(prefix, low, high)
-    if bounds is None:
-        return
-    first, last = bounds
-    cursor = txn.cursor(db=db)
-    found = seek(cursor, first, last, descending)
-    step = cursor.prev if descending else cursor.next
-    key_of, value_of = cursor.key, cursor.value
-    while found:
-        key = key_of()
-        if key < first or key > last:
-            return
-        yield key, value_of()
-        found = step()
-
-
-def key_range(prefix: bytes, low: int, high: int) -> tuple[bytes, bytes] | None:
-    """The first and last key of ``prefix + u64(id)`` for ``low <= id <= high``; None if empty."""
-
-    low = max(low, 0)
-    high = min(high, t.MAX_ID)
-    if low > high:
-        return None
-    return prefix + t.u64(low), prefix + t.u64(high)
-
-
-def seek(cursor: lmdb.Cursor[bytes], first: bytes, last: bytes, descending: bool) -> bool:
-    """Put ``cursor`` on the range's first row in scan order (if any row is there, the caller
-    checks the bounds)."""
-
-    if not descending:
-        return cursor.set_range(first)
-    if hasattr(cursor, "seek_at_or_before"):  # a view's cursor walks down by itself
-        return cursor.seek_at_or_before(last)  # type: ignore[no-any-return]
-    if cursor.set_range(last):
-        return cursor.key() == last or cursor.prev()
-    return cursor.last()
-
-
-def ids_in_range(
-    txn: lmdb.Transaction[bytes],
-    db: lmdb._Database,
-    prefix: bytes,
-    low: int,
-    high: int,
-    descending: bool,
-) -> Iterator[tuple[int, bytes]]:
-    """``(id, value)``: ``rows_in_range`` with the trailing id of each key."""
-
-    for key, value in rows_in_range(txn, db, prefix, low, high, descending):
-        yield _U64_FROM(key, len(key) - 8)[0], value
-
-
 def _unchecked(raw: bytes, table: str, key: bytes) -> bytes:
     return raw[t.SUM_SIZE :]
 
@@ -170,10 +106,10 @@ class ReadModel:
         self.env = env
         self.generation = generation
         self.unseal = t.unseal if verify_checksums else _unchecked
-        self.values = t.ValueCache()
-        """Long documents' current values, for commits and reads that would read every chunk."""
         self.checked = verify_checksums
         self.db = {name: env.db(t.db_name(generation, name)) for name in t.TABLES}
+        self.documents = Documents(self.db, self.unseal)
+        """Document values: head rows, the value cache, replay (shared with the projector)."""
 
     # ── records by id ───────────────────────────────────────────────────────
 
@@ -418,15 +354,9 @@ class ReadModel:
     def current_encoded(
         self, txn: lmdb.Transaction[bytes], id: int
     ) -> tuple[t.CurrentValue, bytes] | None:
-        """A live document's current value and the bytes it is stored as (a commit that changes
-        it compares its new encoding with them, ``tables.put_value``)."""
+        """A live document's row and the bytes it is stored as (``Documents``)."""
 
-        raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal, self.values)
-        return (
-            None
-            if raw is None
-            else (t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id)), raw)
-        )
+        return self.documents.current_encoded(txn, id)
 
     def last_revision_version(self, txn: lmdb.Transaction[bytes], id: int) -> int | None:
         for seq, raw in ids_in_range(
@@ -476,7 +406,7 @@ class ReadModel:
                 return {
                     "record": record,
                     "version": current.version,
-                    "value": current.value,
+                    "value": self.documents.current(txn, id, current),
                     "deltasSinceBase": current.deltas_since_base,
                 }
             upper = getattr(txn, "horizon", t.MAX_ID)  # a view sees nothing past its sequence
@@ -486,50 +416,9 @@ class ReadModel:
         return {"record": record, "version": version, "value": value, "deltasSinceBase": deltas}
 
     def replay(self, txn: lmdb.Transaction[bytes], id: int, upper: int) -> tuple[int, Any, int]:
-        """The value at ``upper``: the newest base at or before it with the deltas after it
-        applied, starting from a kept snapshot when one is newer than that base."""
+        """The value at ``upper`` (``Documents.replay``)."""
 
-        snapshot: t.CurrentValue | None = None
-        snapshot_seq = 0
-        for snapshot_seq, raw in ids_in_range(
-            txn, self.db[t.DOCUMENT_SNAPSHOTS], t.u64(id), 0, upper, True
-        ):
-            key = t.u64_pair(id, snapshot_seq)
-            packed = self.unseal(raw, t.DOCUMENT_SNAPSHOTS, key)
-            snapshot = t.decode_row(
-                t.current_decoder,
-                t.unpack_row(packed, t.DOCUMENT_SNAPSHOTS, key),
-                t.DOCUMENT_SNAPSHOTS,
-                key,
-            )
-            break
-        deltas: list[t.Revision] = []
-        base: t.Revision | None = None
-        revisions = self.db[t.DOCUMENT_REVISIONS]
-        for seq, raw in ids_in_range(txn, revisions, t.u64(id), snapshot_seq + 1, upper, True):
-            key = t.u64_pair(id, seq)
-            revision = t.decode_row(
-                t.revision_decoder,
-                self.unseal(raw, t.DOCUMENT_REVISIONS, key),
-                t.DOCUMENT_REVISIONS,
-                key,
-            )
-            if revision.kind == "base":
-                base = revision
-                break
-            deltas.append(revision)
-        if base is not None or snapshot is None:
-            if base is None:
-                raise ValueError(f"Document {id} is missing a required base")
-            version, value, earlier = base.version, base.body, 0
-        else:
-            version, value, earlier = snapshot.version, snapshot.value, snapshot.deltas_since_base
-        deltas.reverse()
-        for revision in deltas:
-            if revision.version != version:
-                raise ValueError(f"Document {id} crosses a stored version boundary without a base")
-        value = apply_batches(value, [revision.body for revision in deltas])
-        return version, value, earlier + len(deltas)
+        return self.documents.replay(txn, id, upper)
 
 
 __all__ = [

@@ -27,7 +27,7 @@ import shutil
 import struct
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 import lmdb
 import msgspec
@@ -42,6 +42,7 @@ from ..log.records import (
     DocumentCreateWrite,
     DocumentRetireWrite,
     EntryWrite,
+    SubmissionWrite,
     TaskWrite,
 )
 from .delta import apply_ops
@@ -469,26 +470,26 @@ class _Folder:
         db = index.postings
         touched: dict[int, int] = {}
         for write in commit.writes:
-            kind = type(write)
-            if kind is ConversationWrite:
-                touched.setdefault(int(write.value["id"]), 0)  # type: ignore[union-attr]
-            elif kind is EntryWrite:
-                entry = write.value  # type: ignore[union-attr]
-                conversation = int(entry["conversationId"])
-                touched[conversation] = touched.get(conversation, 0) + 1
-                for word in entry_words(entry):
-                    put(posting_key(word, ENTRY, seq, int(entry["id"])), b"", db=db)
-            elif kind is TaskWrite:
-                self._task(txn, index, seq, write.value)  # type: ignore[union-attr]
-            elif (
-                kind is DocumentCreateWrite
-                or kind is DocumentCopyWrite
-                or kind is DocumentChangeWrite
-            ):
-                self._document(txn, index, seq, write)
-            elif kind is DocumentRetireWrite:
-                self.values.pop(write.id, None)  # type: ignore[union-attr]
-                self.words.pop(write.id, None)  # type: ignore[union-attr]
+            match write:
+                case ConversationWrite():
+                    touched.setdefault(int(write.value["id"]), 0)
+                case EntryWrite():
+                    entry = write.value
+                    conversation = int(entry["conversationId"])
+                    touched[conversation] = touched.get(conversation, 0) + 1
+                    for word in entry_words(entry):
+                        put(posting_key(word, ENTRY, seq, int(entry["id"])), b"", db=db)
+                case TaskWrite():
+                    self._task(txn, index, seq, write.value)
+                case DocumentCreateWrite() | DocumentCopyWrite() | DocumentChangeWrite():
+                    self._document(txn, index, seq, write)
+                case DocumentRetireWrite():
+                    self.values.pop(write.id, None)
+                    self.words.pop(write.id, None)
+                case SubmissionWrite():
+                    pass  # submissions are not searched
+                case _:
+                    assert_never(write)
         for conversation, added in touched.items():
             key = _U64.pack(conversation)
             raw = txn.get(key, db=index.activity)

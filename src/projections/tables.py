@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -181,48 +180,12 @@ page a commit writes is a new page until the next checkpoint (and goes to the de
 a long run needs free pages that are contiguous, which a file whose free pages are many short
 runs does not have, so it grows instead. A read of a long value gets more rows in exchange."""
 CHUNKED: Final = b"\xc1"
-"""Leads a ``DOCUMENT_VALUES`` head row: 4-byte chunk count + 8-byte total size + the XXH3-64 of
-the whole value (``ValueCache``); chunk ``i`` is at the value's key + 4-byte ``i``. (A value's own
-row never starts with it: msgpack never does.)"""
+"""Leads a chunked ``DOCUMENT_VALUES`` row: 4-byte chunk count + 8-byte total size + the XXH3-64
+of the whole value; chunk ``i`` is at the value's key + 4-byte ``i``. (A value's own row never
+starts with it: msgpack never does.) Since schema 8 a long document's row is a head without its
+value (``documents``), so only a short value that its revisions undercount is chunked."""
 _U32 = struct.Struct(">I")
 _HEAD = struct.Struct(">IQQ")
-
-
-class ValueCache:
-    """The encoded current values of the few long documents last read or written, by id, each
-    with the checksum of its bytes that the value's head row holds.
-
-    Why: a commit to a document checks and folds its current value, and a long one is many
-    chunks; reading them back at every commit cost a lookup each, and each lookup lets go of the
-    interpreter, so on the writer thread, beside a busy event loop, each waited to get it back:
-    a long transcript's commits in ``power`` mode took several times those of ``process`` mode.
-    An entry is used only while the head row in the reader's own transaction names the same
-    checksum, so an entry of a transaction that did not commit, or of another writer, is never
-    served (two values of one document with one 64-bit checksum aside)."""
-
-    ENTRIES: Final = 16
-    BYTES: Final = 64 << 20
-    """At most this many values and bytes: the least recently stored go first."""
-
-    def __init__(self) -> None:
-        self._items: dict[int, tuple[int, bytes]] = {}
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, id: int, digest: int) -> bytes | None:
-        hit = self._items.get(id)
-        return hit[1] if hit is not None and hit[0] == digest else None
-
-    def put(self, id: int, digest: int, value: bytes) -> None:
-        with self._lock:
-            old = self._items.pop(id, None)
-            self._bytes += len(value) - (0 if old is None else len(old[1]))
-            self._items[id] = (digest, value)
-            while len(self._items) > self.ENTRIES or (
-                self._bytes > self.BYTES and len(self._items) > 1
-            ):
-                _, dropped = self._items.pop(next(iter(self._items)))
-                self._bytes -= len(dropped)
 
 
 def put_value(
@@ -231,7 +194,6 @@ def put_value(
     id: int,
     encoded: bytes,
     stored: bytes | None = None,
-    cache: ValueCache | None = None,
 ) -> None:
     """Store document ``id``'s current value (encoded): one sealed row, or chunked when long,
     writing only the chunks that changed. ``stored``: the encoded value the table holds now, if
@@ -256,8 +218,6 @@ def put_value(
     if chunks:
         digest = checksum(encoded)
         head = CHUNKED + _HEAD.pack(len(chunks), len(encoded), digest)
-        if cache is not None:
-            cache.put(id, digest, encoded)
     else:
         head = encoded
     txn.put(key, seal(head), db=db)
@@ -275,10 +235,8 @@ def get_value(
     db: lmdb._Database,
     id: int,
     unseal_with: Callable[[bytes, str, bytes], bytes],
-    cache: ValueCache | None = None,
 ) -> bytes | None:
-    """Document ``id``'s encoded current value, its chunks joined and each checked (or, for the
-    value ``cache`` holds under the checksum the head row names, the cached bytes)."""
+    """Document ``id``'s encoded current value row, its chunks joined and each checked."""
 
     key = u64(id)
     raw = txn.get(key, db=db)
@@ -289,11 +247,7 @@ def get_value(
         return head
     if len(head) != 1 + _HEAD.size:
         raise CorruptProjectionError(DOCUMENT_VALUES, key)
-    count, total, digest = _HEAD.unpack_from(head, 1)
-    if cache is not None:
-        cached = cache.get(id, digest)
-        if cached is not None and len(cached) == total:
-            return cached
+    count, total, _ = _HEAD.unpack_from(head, 1)
     parts = []
     for index in range(count):
         chunk_key = key + _U32.pack(index)
@@ -304,8 +258,6 @@ def get_value(
     value = b"".join(parts)
     if len(value) != total:
         raise CorruptProjectionError(DOCUMENT_VALUES, key)
-    if cache is not None:
-        cache.put(id, digest, value)
     return value
 
 
@@ -491,6 +443,17 @@ class CurrentValue(msgspec.Struct, array_like=True):
     """The value's bytes at the last snapshot or base, as the revisions count them (the base's
     stored bytes, plus each snapshot's ``tail_bytes``): what ``SNAPSHOT_SHARE`` compares with,
     known without encoding the value at every delta."""
+    seq: int = 0
+    """The sequence of the last revision."""
+    chain: str = ""
+    """The revisions since the base, linked (``documents.link``): names the value."""
+    held: bool = False
+    """A head: ``value`` is not stored (None); it is the newest snapshot or base at or before
+    ``seq`` with the deltas after it (``documents``), once ``size + tail_bytes`` passes
+    ``CHUNK``."""
+    snapshot: int = 0
+    """The sequence of the newest snapshot the policy placed (0: none since the base): a live
+    commit leaves writing it to ``documents.Documents.land``, after the commit."""
 
 
 class CoreHeader(msgspec.Struct):
@@ -590,7 +553,6 @@ __all__ = [
     "LogRows",
     "ProjectionState",
     "Revision",
-    "ValueCache",
     "any_decoder",
     "checksum",
     "checksum_of",

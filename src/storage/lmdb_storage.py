@@ -504,6 +504,9 @@ class LmdbStorage(StorageReads, Storage):
         await self.projections.close()
         if self._link is not None:
             self._link.close()
+        documents = self._model.documents
+        if not self._env.readonly and documents.drain():  # snapshots packed after the last commit
+            self._env.write(documents.land)
         if (
             not self._env.readonly
         ):  # the whole tiles commits left to a later write (tree.WRITE_TILES)

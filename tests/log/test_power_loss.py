@@ -500,6 +500,16 @@ def test_group_commit_survives_every_crash_state(recorder: str, mode: str) -> No
     assert [f"{failure.state}: {failure.problems[:3]}" for failure in summary.failures] == []
 
 
+@pytest.mark.parametrize("mode", ["power", "process"])
+def test_long_documents_read_back_in_every_crash_state(recorder: str, mode: str) -> None:
+    """Documents grown past a chunk (head rows, the writer's cache, snapshots, a map that grows
+    under them): every crash state reads back what was acknowledged."""
+
+    summary = explore(mode, WORKLOAD_STATES, 5, recorder, batches=36, workload="documents")
+    assert summary.states == WORKLOAD_STATES
+    assert [f"{failure.state}: {failure.problems[:3]}" for failure in summary.failures] == []
+
+
 PLANTED_FAULTS = [
     ("group", "fdatasync:store/data.mdb", 36),  # the checkpoints' data sync
     ("group", "fdatasync:*journal/0", 36),  # the group's journal frame flush

@@ -352,6 +352,30 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             if not self.commit("document history", [change]):
                 break
 
+    @precondition(lambda self: bool(self.documents))
+    @rule(data=st.data())
+    def commit_long_document(self, data: Any) -> None:
+        """A run of commits that grow one document past a chunk (a transcript: a text append
+        and a counter per turn, now and then another op), long enough for snapshots; a value
+        kept as a head row, read back from memory, a replay, or a past point."""
+
+        live = sorted(d for d, doc in self.documents.items() if not doc["retired"]) or sorted(
+            self.documents
+        )
+        id = data.draw(st.sampled_from(live), label="long document")
+        turns = data.draw(st.sampled_from([3, 20, 70]), label="turns")
+        size = data.draw(st.sampled_from([900, 4000, 12_000]), label="turn bytes")
+        version = self.documents[id]["version"] or 1
+        start = _long_change(id, [["s", ["long"], "L" * size]], version)
+        if not self.commit("long start", [start]):
+            return
+        for turn in range(turns):
+            ops: list[Any] = [["a", ["long"], f"<{turn}>" + "y" * size], ["s", ["turns"], turn]]
+            if turn % 9 == 4:
+                ops.append(data.draw(_drawn(lambda draw: self.draw_op(draw, {})), label="op"))
+            if not self.commit("long turn", [_long_change(id, ops, version)]):
+                return
+
     @rule()
     def commit_nothing(self) -> None:
         self.commit("empty batch", [])
@@ -718,3 +742,11 @@ def test_backend_matches_memory_storage(open_storage: Any, backend: str) -> None
         STRICT_MINT = backend != "sqlite"
 
     run_state_machine_as_test(Machine, settings=SETTINGS)
+
+
+def _long_change(id: int, ops: list[Any], version: int) -> dict[str, Any]:
+    return {
+        "type": "document.change",
+        "id": id,
+        "content": {"kind": "delta", "version": 1, "ops": ops},
+    }

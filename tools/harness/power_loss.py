@@ -44,7 +44,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=["single", "group", "import", "restore", "backup", "backup-plain"],
+        choices=["single", "group", "documents", "import", "restore", "backup", "backup-plain"],
         default="single",
         help="single: one committer; group: concurrent callers (group commit), some cancelled; "
         "import, restore (a real nats-server), backup (--compact), backup-plain: the durable-log "

@@ -24,6 +24,10 @@ threads) so that group commit puts several callers' batches in one transaction a
 cancels some callers while they wait (``task.cancel()``, ``asyncio.wait_for`` timing out). Its
 marks carry the caller's tag: ``intent@TAG JSON``, ``ack@TAG SEQ``, ``cancel@TAG`` (a cancelled
 caller's batch may or may not be in the log, whole; never in part).
+
+``--workload documents`` is the single caller's workload with documents grown like transcripts
+(a few kilobytes and a counter per change): long values kept as head rows, snapshots,
+and the map growing under them.
 """
 
 from __future__ import annotations
@@ -62,8 +66,12 @@ class Workload:
         kinds: list[str] | None = None,
         *,
         noise: bool = False,
+        long: bool = False,
     ) -> None:
         self.storage = storage
+        self.long = long
+        """Documents' changes append a few kilobytes and set a counter (a transcript):
+        values pass a chunk within a few changes and are kept as head rows."""
         self.marks = marks
         self.rng = rng
         self.kinds = kinds or self.KINDS
@@ -202,11 +210,13 @@ class Workload:
         id = self.rng.choice(live)
         touched.add(id)
         version = self.documents[id]["version"]
-        content = {
-            "kind": "delta",
-            "version": version,
-            "ops": [["a", ["text"], self.rng.choice(TEXTS[1:])]],
-        }
+        ops: list[Any] = [["a", ["text"], self.rng.choice(TEXTS[1:])]]
+        if self.long:
+            ops = [
+                ["a", ["text"], self.pad(self.rng.randint(1500, 4000))],
+                ["s", ["n"], len(writes)],
+            ]
+        content = {"kind": "delta", "version": version, "ops": ops}
         return [{"type": "document.change", "id": id, "content": content}]
 
     async def _retire(self, touched: set[int], writes: list[Any]) -> list[dict[str, Any]]:
@@ -303,7 +313,9 @@ async def run(args: argparse.Namespace) -> None:
     marks.say("phase open")
     storage = await open_store()
     marks.say("phase opened")
-    work = Workload(storage, marks, rng, noise=args.durability == "power")
+    long = args.workload == "documents"
+    kinds = ["entry", "task", "create", "retire", "fork", *["change"] * 8] if long else None
+    work = Workload(storage, marks, rng, kinds, noise=args.durability == "power", long=long)
     for number in range(args.batches):
         if number == args.batches // 3:
             marks.say("phase rebuild")
@@ -558,7 +570,9 @@ def main() -> None:
     parser.add_argument(
         "--reopen-every", type=int, default=8, help="close and reopen the store every N batches"
     )
-    parser.add_argument("--workload", choices=["single", "group", *COMMANDS], default="single")
+    parser.add_argument(
+        "--workload", choices=["single", "group", "documents", *COMMANDS], default="single"
+    )
     parser.add_argument(
         "--fault",
         action="append",

@@ -1,0 +1,510 @@
+"""Versioned documents: revisions, bases and snapshots, the head row, the value cache, replay.
+
+A document's content commands are its revisions (``DOCUMENT_REVISIONS``: a base value or a batch
+of delta ops, keyed by the commit). ``DOCUMENT_VALUES`` holds one row per live document, a
+``CurrentValue``: a short value is kept whole in it (a read is one row); once the value's bytes
+pass ``tables.CHUNK`` the row is a *head* (``held``): the counters, the last revision's sequence
+and ``chain``, no value. A commit to a long document then writes its delta row and the head row,
+never the value, and the value is found (in this order):
+
+- in the process's ``DocumentCache``, under the head's ``chain``: the writer advances its entry
+  by each delta it commits, so the writer's reads and checks cost the delta, not the value;
+- else from the newest snapshot (``DOCUMENT_SNAPSHOTS``) or base at or before the head's
+  sequence and the deltas after it (``replay``), which the snapshot policy bounds
+  (``tables.SNAPSHOT_SHARE``): a reader in another process, or an evicted entry.
+
+``chain`` links each revision to the ones before it: BLAKE2b-128 of the previous chain, the
+revision's sequence and its stored bytes (a base starts a chain). It names the value the head
+stands for, so a cached entry is served only when it was folded from exactly the revisions the
+reader's own transaction holds: an entry left by a transaction that did not commit (a group run
+again after the map grew reuses its sequences) never matches, and unlike a checksum of the
+value, no crafted value can match another's (XXH3-64 is not collision resistant). It is derived
+from the log alone, so a rebuild writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+import lmdb
+
+from ..log.records import BaseContent, DeltaContent
+from . import tables as t
+from .delta import Folding, Json, apply_batches, apply_ops, copy_json
+from .ranges import ids_in_range
+from .rows import Rows
+
+
+def link(chain: str, seq: int, encoded_revision: bytes) -> str:
+    """The chain after revision ``encoded_revision`` of commit ``seq`` (``""`` for a base), in
+    hex (rows are encoded with the log's codec, which keeps text, not bytes)."""
+
+    digest = hashlib.blake2b(chain.encode(), digest_size=16)
+    digest.update(t.u64(seq))
+    digest.update(encoded_revision)
+    return digest.hexdigest()
+
+
+def is_long(size: int) -> bool:
+    """Whether a value of ``size`` bytes (as the revisions count them) is kept as a head row."""
+
+    return size > t.CHUNK
+
+
+class _Entry:
+    __slots__ = ("chain", "folding", "size")
+
+    def __init__(self, chain: str, folding: Folding, size: int) -> None:
+        self.chain = chain
+        self.folding = folding
+        self.size = size
+
+
+class DocumentCache:
+    """Long documents' values in memory, by id, each under the chain of the revisions it was
+    folded from (``link``), at most ``BYTES`` of values (as their revisions count them) and
+    ``ENTRIES`` entries, the least recently used going first.
+
+    Entries are advanced in place by the writer and copied out for readers under one lock, so a
+    reader never sees a value mid-delta; values handed out are copies (``copy_json``: the text
+    of a transcript is shared, being immutable, so a copy costs its containers, not its bytes).
+    """
+
+    ENTRIES: Final = 64
+    BYTES: Final = 64 << 20
+
+    def __init__(self) -> None:
+        self._items: dict[int, _Entry] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def read(self, id: int, chain: str) -> Json | None:
+        """A copy of the value under ``chain``, or None (a value of JSON null is then replayed
+        at each read: a document holding only null is short anyway)."""
+
+        with self._lock:
+            entry = self._items.get(id)
+            if entry is None or entry.chain != chain:
+                return None
+            self._items[id] = self._items.pop(id)  # the most recently used goes last
+            return copy_json(entry.folding.joined())
+
+    def advance(self, id: int, chain: str, after: str, ops: Any, size: int) -> bool | None:
+        """Apply a delta to the entry under ``chain`` and file it under ``after``: True; False
+        when no such entry is held; None when the delta failed (the entry is dropped)."""
+
+        with self._lock:
+            entry = self._items.get(id)
+            if entry is None or entry.chain != chain:
+                return False
+            try:
+                entry.folding.apply(ops)
+            except Exception:
+                self._drop(id)
+                return None
+            entry.chain = after
+            self._items[id] = self._items.pop(id)
+            self._bytes += size - entry.size
+            entry.size = size
+            self._trim(id)
+            return True
+
+    def put(self, id: int, chain: str, folding: Folding, size: int) -> None:
+        """Hold ``folding`` (owned by the cache from now on) under ``chain``."""
+
+        with self._lock:
+            self._drop(id)
+            self._items[id] = _Entry(chain, folding, size)
+            self._bytes += size
+            self._trim(id)
+
+    def discard(self, id: int) -> None:
+        with self._lock:
+            self._drop(id)
+
+    def _drop(self, id: int) -> None:
+        entry = self._items.pop(id, None)
+        if entry is not None:
+            self._bytes -= entry.size
+
+    def _trim(self, keep: int) -> None:
+        while len(self._items) > 1 and (
+            len(self._items) > self.ENTRIES or self._bytes > self.BYTES
+        ):
+            oldest = next(iter(self._items))
+            if oldest == keep:
+                self._items[keep] = self._items.pop(keep)
+                oldest = next(iter(self._items))
+            self._drop(oldest)
+
+
+Unseal = Callable[[bytes, str, bytes], bytes]
+
+
+class Documents:
+    """Reads of document values over one generation's tables, and the cache they share with the
+    writer (``Projector`` writes through the same object)."""
+
+    IDLE: Final = 2.0
+    """Seconds the snapshot packing thread waits for work before it ends."""
+
+    def __init__(self, db: dict[str, lmdb._Database], unseal: Unseal) -> None:
+        self.db = db
+        self.unseal = unseal
+        self.cache = DocumentCache()
+        self._packing: queue.SimpleQueue[tuple[bytes, t.CurrentValue]] = queue.SimpleQueue()
+        self._ready: dict[bytes, bytes] = {}
+        """Snapshots packed off the commit's path, by key, until a transaction puts them."""
+        self._scheduled: set[bytes] = set()
+        self._queued = 0
+        self._idle = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._inline = False
+
+    # ── the head row ────────────────────────────────────────────────────────
+
+    def current_encoded(
+        self, txn: lmdb.Transaction[bytes], id: int
+    ) -> tuple[t.CurrentValue, bytes] | None:
+        """A live document's row and the bytes it is stored as (a head, for a long one)."""
+
+        raw = t.get_value(txn, self.db[t.DOCUMENT_VALUES], id, self.unseal)
+        return (
+            None
+            if raw is None
+            else (t.decode_row(t.current_decoder, raw, t.DOCUMENT_VALUES, t.u64(id)), raw)
+        )
+
+    def current(self, txn: lmdb.Transaction[bytes], id: int, row: t.CurrentValue) -> Json:
+        """The value a live, unbroken row stands for, the caller's own copy."""
+
+        if not row.held:
+            return row.value  # freshly decoded from the row
+        value = self.cache.read(id, row.chain)
+        if value is None:
+            folding = self.folding(txn, id, row)
+            value = copy_json(folding.joined())
+            self.cache.put(id, row.chain, folding, row.size + row.tail_bytes)
+        return value
+
+    def folding(self, txn: lmdb.Transaction[bytes], id: int, row: t.CurrentValue) -> Folding:
+        """A fresh folding of a held row's value, replayed from the store (nothing cached)."""
+
+        return Folding(self.replay(txn, id, row.seq)[1])
+
+    # ── replay ──────────────────────────────────────────────────────────────
+
+    def replay(self, txn: lmdb.Transaction[bytes], id: int, upper: int) -> tuple[int, Any, int]:
+        """The value at ``upper``: the newest base at or before it with the deltas after it
+        applied, starting from a kept snapshot when one is newer than that base. Linear in the
+        bytes read (``delta.Folding``), whatever the ops."""
+
+        snapshot: t.CurrentValue | None = None
+        snapshot_seq = 0
+        for snapshot_seq, raw in _ids_before(txn, self.db[t.DOCUMENT_SNAPSHOTS], id, 0, upper):
+            key = t.u64_pair(id, snapshot_seq)
+            packed = self.unseal(raw, t.DOCUMENT_SNAPSHOTS, key)
+            snapshot = t.decode_row(
+                t.current_decoder,
+                t.unpack_row(packed, t.DOCUMENT_SNAPSHOTS, key),
+                t.DOCUMENT_SNAPSHOTS,
+                key,
+            )
+            break
+        deltas: list[t.Revision] = []
+        base: t.Revision | None = None
+        revisions = self.db[t.DOCUMENT_REVISIONS]
+        for seq, raw in _ids_before(txn, revisions, id, snapshot_seq + 1, upper):
+            key = t.u64_pair(id, seq)
+            revision = t.decode_row(
+                t.revision_decoder,
+                self.unseal(raw, t.DOCUMENT_REVISIONS, key),
+                t.DOCUMENT_REVISIONS,
+                key,
+            )
+            if revision.kind == "base":
+                base = revision
+                break
+            deltas.append(revision)
+        if base is not None or snapshot is None:
+            if base is None:
+                raise ValueError(f"Document {id} is missing a required base")
+            version, value, earlier = base.version, base.body, 0
+        else:
+            version, value, earlier = snapshot.version, snapshot.value, snapshot.deltas_since_base
+        deltas.reverse()
+        for revision in deltas:
+            if revision.version != version:
+                raise ValueError(f"Document {id} crosses a stored version boundary without a base")
+        value = apply_batches(value, [revision.body for revision in deltas])
+        return version, value, earlier + len(deltas)
+
+    # ── writing (the projector's document commands) ─────────────────────────
+
+    def put_base(self, rows: Rows, id: int, content: BaseContent, current_only: bool) -> None:
+        """Store a base revision and the row it leaves (a head when the value is long)."""
+
+        if current_only:
+            self.drop_revisions(rows, id)
+        else:
+            found = self.current_encoded(rows.txn, id)
+            if found is not None:
+                self.recover(rows.txn, id, found[0])
+        encoded = t.encode_row(t.Revision("base", content.version, content.value))
+        seq = rows.seq
+        rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, seq), encoded)
+        held = is_long(len(encoded))
+        current = t.CurrentValue(
+            content.version, 0, None if held else content.value, False, 0, 0, len(encoded)
+        )
+        current.seq, current.chain, current.held = seq, link("", seq, encoded), held
+        self.cache.discard(id)  # a read replays from this base: one revision
+        t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current))
+
+    def put_delta(
+        self,
+        rows: Rows,
+        id: int,
+        content: DeltaContent,
+        checked: tuple[t.CurrentValue, bytes] | None,
+        values: dict[int, t.CurrentValue] | None = None,
+    ) -> None:
+        """Store a delta revision and the row it leaves: for a long document the head row alone,
+        the delta applied to the value in the cache (or, evicted, to one replayed); a snapshot
+        when the policy says one is due (``tables.SNAPSHOT_SHARE``). ``checked``: the row the
+        checks read and its bytes; ``values``: where an unchecked fold keeps rows back
+        (``Projector.fold``)."""
+
+        previous, stored = checked if checked is not None else (None, None)
+        if previous is None and values is not None:
+            previous = values.get(id)
+        if previous is None:
+            found = self.current_encoded(rows.txn, id)
+            assert found is not None, f"document {id} has no current value"
+            previous, stored = found
+        seq = rows.seq
+        encoded = t.encode_row(t.Revision("delta", content.version, content.ops))
+        rows.put(t.DOCUMENT_REVISIONS, t.u64_pair(id, seq), encoded)
+        tail_bytes = previous.tail_bytes + len(encoded)
+        current = t.CurrentValue(
+            previous.version,
+            previous.deltas_since_base + 1,
+            None,
+            previous.broken,
+            previous.tail + 1,
+            tail_bytes,
+            previous.size,
+            seq,
+            link(previous.chain, seq, encoded),
+            previous.held or is_long(previous.size + tail_bytes),
+        )
+        size = current.size + tail_bytes
+        if previous.held:
+            if not current.broken:
+                advanced = self.cache.advance(id, previous.chain, current.chain, content.ops, size)
+                if advanced is False:  # not held here: replayed once, then held
+                    folding = self.folding(rows.txn, id, previous)
+                    try:
+                        folding.apply(content.ops)
+                    except Exception:
+                        current.broken = True
+                    else:
+                        self.cache.put(id, current.chain, folding, size)
+                elif advanced is None:
+                    current.broken = True
+        else:
+            current.value = previous.value  # freshly decoded, or the fold's own: applied in place
+            if not current.broken:
+                try:
+                    current.value = apply_ops(current.value, content.ops)
+                except Exception:
+                    current.broken = True
+            if current.held:  # it grew long: from now on a head row
+                if not current.broken:
+                    self.cache.put(id, current.chain, Folding(current.value), size)
+                current.value = None
+        if (
+            not current.broken
+            and current.tail >= t.SNAPSHOT_EVERY
+            and current.tail_bytes * t.SNAPSHOT_SHARE >= current.size
+        ):
+            current.size += current.tail_bytes
+            current.tail = current.tail_bytes = 0
+            current.snapshot = seq
+            if current.held and not self._inline:
+                self._defer(t.u64_pair(id, seq), self._snapshot_row(rows.txn, id, current))
+            else:  # a short value, or a fold (a rebuild): here, as a live commit's lands
+                self._put_snapshot(rows, id, current)
+        elif previous.snapshot and not self._inline:
+            self.recover(rows.txn, id, previous)
+        if values is not None:
+            values[id] = current
+            return
+        t.put_value(
+            rows.txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current), stored
+        )  # not versioned: no history
+
+    def _put_snapshot(self, rows: Rows, id: int, current: t.CurrentValue) -> None:
+        """Keep the value ``current`` stands for, deflated, under this commit's sequence."""
+
+        row = self._snapshot_row(rows.txn, id, current)
+        rows.put(t.DOCUMENT_SNAPSHOTS, t.u64_pair(id, rows.seq), _pack(row))
+
+    def _snapshot_row(
+        self, txn: lmdb.Transaction[bytes], id: int, current: t.CurrentValue
+    ) -> t.CurrentValue:
+        """The snapshot row of the value ``current`` stands for (the caller's own copy of it):
+        what a replay starts from, and nothing a later commit could not re-derive."""
+
+        value = current.value
+        if current.held:
+            value = self.cache.read(id, current.chain)
+            if value is None:
+                value = self.replay(txn, id, current.seq)[1]
+        return t.CurrentValue(current.version, current.deltas_since_base, value, size=current.size)
+
+    # ── snapshots off the commit's path ─────────────────────────────────────
+    #
+    # A long document's snapshot is encoded and deflated (~86 ms at 4 MB) on a thread of its
+    # own, from a copy of the value taken in the commit, and put by the next transaction that
+    # folds (``land``, the projector's first step) or at close. The head row names the snapshot
+    # the policy placed (``CurrentValue.snapshot``): one lost with the process before it was put
+    # is packed again at the document's next commit, rebase or retirement (``recover``); until
+    # then reads replay from the one before, and ``verify`` counts a snapshot the head names and
+    # the store lacks as pending, not as a difference. Its bytes are those a fold writes in the
+    # commit itself, so a rebuild is identical once it is put.
+
+    @contextlib.contextmanager
+    def inline(self) -> Iterator[None]:
+        """Within: snapshots are written in the commit that places them (a fold: a rebuild, a
+        catch-up, ``verify``'s fresh fold), so its tables are complete when it ends."""
+
+        self._inline = True
+        try:
+            yield
+        finally:
+            self._inline = False
+
+    def _defer(self, key: bytes, row: t.CurrentValue) -> None:
+        with self._idle:
+            self._scheduled.add(key)
+            self._queued += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._pack_loop, name="lmdb-snapshots", daemon=True
+                )
+                self._thread.start()
+        self._packing.put((key, row))
+
+    def _pack_loop(self) -> None:
+        """Pack what ``_defer`` queues; the thread ends once idle for ``IDLE`` seconds."""
+
+        while True:
+            try:
+                key, row = self._packing.get(timeout=self.IDLE)
+            except queue.Empty:
+                with self._idle:
+                    if self._queued == 0:
+                        self._thread = None
+                        return
+                continue
+            try:
+                packed = _pack(row)
+            except Exception:  # cannot happen to a value a commit encoded; recover() retries
+                packed = None
+            with self._idle:
+                self._queued -= 1
+                if packed is None:
+                    self._scheduled.discard(key)
+                else:
+                    self._ready[key] = packed
+                self._idle.notify_all()
+
+    def recover(self, txn: lmdb.Transaction[bytes], id: int, head: t.CurrentValue) -> None:
+        """Pack again the snapshot ``head`` names if the store lacks it and none is on its way
+        (it was lost with the process that placed it)."""
+
+        key = t.u64_pair(id, head.snapshot)
+        if (
+            not head.snapshot
+            or key in self._scheduled
+            or txn.get(key, db=self.db[t.DOCUMENT_SNAPSHOTS]) is not None
+        ):
+            return
+        version, value, deltas = self.replay(txn, id, head.snapshot)
+        self._defer(key, t.CurrentValue(version, deltas, value, size=head.size))
+
+    def land(self, txn: lmdb.Transaction[bytes]) -> None:
+        """Put the snapshots packed since the last call. One whose revision is gone (its
+        current-only document was rebased or retired) is dropped."""
+
+        if not self._ready:
+            return
+        with self._idle:
+            ready, self._ready = self._ready, {}
+            self._scheduled.difference_update(ready)
+        snapshots, revisions = self.db[t.DOCUMENT_SNAPSHOTS], self.db[t.DOCUMENT_REVISIONS]
+        for key, packed in ready.items():
+            if txn.get(key, db=revisions) is not None and txn.get(key, db=snapshots) is None:
+                txn.put(key, t.seal(packed), db=snapshots)
+
+    def drain(self) -> bool:
+        """Wait until every deferred snapshot is packed; whether any is left to ``land``."""
+
+        with self._idle:
+            self._idle.wait_for(lambda: self._queued == 0)
+            return bool(self._ready)
+
+    def write_values(self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]) -> None:
+        """Store the rows an unchecked fold kept back (the table has no history to keep)."""
+
+        db = self.db[t.DOCUMENT_VALUES]
+        for id, current in values.items():
+            t.put_value(txn, db, id, t.encode_row(current))
+        values.clear()
+
+    def retire(self, rows: Rows, id: int, current_only: bool) -> None:
+        """A retired document has no current value; a current-only one keeps no revisions."""
+
+        found = self.current_encoded(rows.txn, id)
+        if found is not None and not current_only:
+            self.recover(rows.txn, id, found[0])
+        t.delete_value(rows.txn, self.db[t.DOCUMENT_VALUES], id)  # not versioned: no history
+        self.cache.discard(id)
+        if current_only:
+            self.drop_revisions(rows, id)
+
+    def drop_revisions(self, rows: Rows, id: int) -> None:
+        for table in (t.DOCUMENT_REVISIONS, t.DOCUMENT_SNAPSHOTS):
+            stale = [
+                t.u64_pair(id, seq)
+                for seq, _ in _ids_before(rows.txn, self.db[table], id, 0, t.MAX_ID)
+            ]
+            for key in stale:
+                rows.delete(table, key)
+
+
+def _pack(row: t.CurrentValue) -> bytes:
+    return t.pack_row(t.encode_row(row))
+
+
+def _ids_before(
+    txn: lmdb.Transaction[bytes], db: lmdb._Database, id: int, low: int, high: int
+) -> Iterator[tuple[int, bytes]]:
+    """``(seq, value)`` of keys ``u64(id) + u64(seq)``, ``low <= seq <= high``, newest first."""
+
+    return ids_in_range(txn, db, t.u64(id), low, high, True)
+
+
+__all__ = [
+    "DocumentCache",
+    "Documents",
+    "Unseal",
+    "is_long",
+    "link",
+]
