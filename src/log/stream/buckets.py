@@ -21,13 +21,13 @@ from typing import Any, Final
 from ...errors import NatsUnavailableError, ReplicationError, StreamMissingError
 from .connection import NatsConnection
 from .link import check_key
+from .message import H_EXPECTED
 
 HISTORY: Final = 64
 """Values a key keeps (NATS's most): an auditor can read the last 64 checkpoints put."""
 WRONG_LAST_SEQUENCE: Final = frozenset({10071, 10164})
 """A conditional put whose key is no longer at the revision it named (``jetstream.MOVED_CODES``'
 first two)."""
-H_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
 
 
 class JetStreamKeys:
