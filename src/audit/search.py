@@ -34,7 +34,7 @@ from ..projections.search_index import (
     task_words,
 )
 from ..storage.reads import StorageReads
-from .unreadable import UNREADABLE_ERRORS, Unreadable, read_document
+from .unreadable import UNREADABLE_ERRORS, Unreadable, document_record, read_document
 
 LIMIT: Final = 50
 """Entries a query returns per page (tasks: up to this many too)."""
@@ -268,8 +268,7 @@ async def _document_hit(
     if current is None:
         return None  # not created yet at the point, or retired
     if isinstance(current, Unreadable):
-        record = (await reader.scan_all_documents(1, id - 1))["items"][0]
-        kind = str(record.get("kind", ""))
+        kind = str((await document_record(reader, id) or {}).get("kind", ""))
         earlier = await _earlier(storage, id, seq)
         if earlier is not None and holds(earlier.get("value"), wanted):
             return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted), current)
