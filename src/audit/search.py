@@ -35,7 +35,7 @@ from ..projections.search_index import (
     task_words,
 )
 from ..storage.reads import StorageReads
-from .unreadable import UNREADABLE_ERRORS, Unreadable, read_document
+from .unreadable import UNREADABLE_ERRORS, Unreadable, document_record, read_document
 
 LIMIT: Final = 50
 """Entries a query returns per page (tasks: up to this many too)."""
@@ -279,21 +279,17 @@ async def _document_hit(
     current = await read_document(reader, DocumentId(id), "current")
     if current is None:
         return None  # not created yet at the point, or retired
-    if isinstance(current, Unreadable):
-        record = (await reader.scan_all_documents(1, id - 1))["items"][0]
-        kind = str(record.get("kind", ""))
-        earlier = await _earlier(storage, id, seq)
-        if earlier is not None and holds(earlier.get("value"), wanted):
-            return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted), current)
-        return DocumentHit(id, kind, seq, False, "", current)
-    record = current.get("record", {})
-    kind = str(record.get("kind", ""))
-    if holds(current.get("value"), wanted):
-        return DocumentHit(id, kind, seq, True, _around(current.get("value"), wanted))
+    unreadable = current if isinstance(current, Unreadable) else None
+    if unreadable is None:
+        kind = str(current.get("record", {}).get("kind", ""))
+        if holds(current.get("value"), wanted):
+            return DocumentHit(id, kind, seq, True, _around(current.get("value"), wanted))
+    else:  # listed all the same, saying why its value cannot be shown
+        kind = str((await document_record(reader, id) or {}).get("kind", ""))
     earlier = await _earlier(storage, id, seq)
-    if earlier is None or not holds(earlier.get("value"), wanted):
-        return None
-    return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted))
+    if earlier is not None and holds(earlier.get("value"), wanted):
+        return DocumentHit(id, kind, seq, False, _around(earlier.get("value"), wanted), unreadable)
+    return None if unreadable is None else DocumentHit(id, kind, seq, False, "", unreadable)
 
 
 async def _earlier(storage: Any, id: int, seq: int) -> Any:

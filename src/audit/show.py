@@ -10,7 +10,7 @@ from pi_durable.context import BACKGROUND_CONTEXT
 
 from ..storage.lmdb_storage import LmdbStorage
 from .export import seq_at
-from .unreadable import Unreadable, read_document
+from .unreadable import Unreadable, document_record, read_document
 
 SHOW_KINDS = ("conversation", "entry", "task", "submission", "document")
 
@@ -55,8 +55,7 @@ async def _read_one(source: Any, kind: str, id: int) -> Any | None:
     if kind == "document":
         found = await read_document(source, id, "current")
         if isinstance(found, Unreadable):
-            page = await source.scan_all_documents(1, id - 1)
-            return UnreadableDocument(page["items"][0], found)
+            return UnreadableDocument(await document_record(source, id), found)
         return found
     raise ValueError(f"Unknown kind {kind!r}; one of {', '.join(SHOW_KINDS)}")
 

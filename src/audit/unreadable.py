@@ -89,6 +89,14 @@ async def explain(reader: Any, id: int, error: BaseException, upto: Any = None) 
     return found
 
 
+async def document_record(reader: Any, id: int) -> Any | None:
+    """Document ``id``'s record (retired or not) as ``reader`` lists it, or None: what is shown of
+    a document whose value cannot be read."""
+
+    page = await reader.scan_all_documents(1, id - 1)
+    return next((record for record in page["items"] if record["id"] == id), None)
+
+
 def _name(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
@@ -96,6 +104,7 @@ def _name(error: BaseException) -> str:
 __all__ = [
     "UNREADABLE_ERRORS",
     "Unreadable",
+    "document_record",
     "explain",
     "failing_change",
     "read_document",

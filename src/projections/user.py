@@ -273,18 +273,21 @@ class UserProjections:
                 )
         while True:
             self._check_open()
-            waiter = self._waiters.add()
-            if self._folder is None:
-                self._load()
-            elif self._folder.error is not None:
-                raise self._folder.error
-            if self._level(names, seq):
-                return
-            self.kick()
-            if self._folder is None:  # read-only: the writer is another process
-                await asyncio.sleep(0.05)
-            else:
-                await waiter
+            waiter = self._waiters.add()  # before the check: a fold that ends after it wakes it
+            try:
+                if self._folder is None:
+                    self._load()
+                elif self._folder.error is not None:
+                    raise self._folder.error
+                if self._level(names, seq):
+                    return
+                self.kick()
+                if self._folder is None:  # read-only: the writer is another process
+                    await asyncio.sleep(0.05)
+                else:
+                    await waiter
+            finally:
+                self._waiters.discard(waiter)
 
     def _level(self, names: list[str], seq: int) -> bool:
         level = True

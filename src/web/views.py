@@ -17,7 +17,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.types import ConversationId, DocumentId, Seq
 
 from ..audit.export import seq_at
-from ..audit.unreadable import Unreadable, read_document
+from ..audit.unreadable import Unreadable, document_record, read_document
 from ..errors import BadQueryError
 from ..projections import StorageRequestError
 from ..storage.lmdb_storage import LmdbStorage
@@ -489,8 +489,7 @@ async def document(
     id = DocumentId(number)
     head = storage.log.head()
     at = head if as_of is None else as_of
-    page = await reader.scan_all_documents(1, id - 1)
-    record = next((item for item in page["items"] if item["id"] == id), None)
+    record = await document_record(reader, id)
     if record is None:
         return None
     stored = [row for row in await storage.document_revisions(id) if row.seq <= at]

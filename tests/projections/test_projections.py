@@ -244,6 +244,29 @@ async def test_a_user_projection_catches_up_on_history_and_after_a_version_chang
         await storage.close()
 
 
+async def test_a_wait_that_returned_or_was_cancelled_leaves_no_waiter(tmp_path: Path) -> None:
+    """Each turn of ``wait`` registers a waiter for the fold thread to wake: it is dropped when
+    the wait returns or is cancelled, so waits that find the projection level (or a read-only
+    store's polling, a turn every 50 ms) do not pile them up until the next fold."""
+
+    storage = await LmdbStorage.open(tmp_path / "store", projections=[EntryCounter()])
+    try:
+        seq = await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        await storage.projections.wait(seq)
+        for _ in range(100):
+            await storage.projections.wait(seq)
+        waiting = asyncio.ensure_future(storage.projections.wait(seq + 1))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        left = storage.projections._waiters._futures
+        assert not left, f"{len(left)} waiters left registered"
+    finally:
+        await storage.close()
+
+
 class Exploding(Projection):
     name = "exploding"
     version = 1

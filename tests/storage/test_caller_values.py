@@ -10,7 +10,6 @@ family it stands for:
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log.records import decode_record, encode_record
 from pi_durable_lmdb.storage import LmdbStorage
 
-from tests.support.compare import REFUSALS
-
-from ..support.compare import outcome
+from ..support.pair import Pair
 from ..support.workload import Workload
 
 ENTRY = [{"type": "conversation", "value": {"id": 1}}]
@@ -112,40 +108,9 @@ def test_a_record_payload_must_be_bytes(payload: Any) -> None:
 # ── 2. scan limits against MemoryStorage ────────────────────────────────────
 
 
-class _Pair:
-    """The same batches in this engine and in the reference, on one event loop."""
-
-    def __init__(self, path: Path) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.reference = MemoryStorage()
-        self.storage = self.loop.run_until_complete(LmdbStorage.open(path, durability="process"))
-        self.work = Workload(12)
-        done = 0
-        while done < 60:
-            writes = self.work.batch()
-            try:
-                self.reference.prepare_commit(writes)
-            except REFUSALS:
-                continue
-            self.loop.run_until_complete(self.reference.commit(writes, CTX))
-            self.loop.run_until_complete(self.storage.commit(writes, CTX))
-            done += 1
-
-    def both(self, method: str, *args: Any) -> tuple[Any, Any]:
-        run = self.loop.run_until_complete
-        return (
-            run(outcome(getattr(self.reference, method)(*args))),
-            run(outcome(getattr(self.storage, method)(*args))),
-        )
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.storage.close())
-        self.loop.close()
-
-
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Pair]:
-    made = _Pair(tmp_path_factory.mktemp("hardening") / "store")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    made = Pair(tmp_path_factory.mktemp("hardening") / "store", 12, 60)
     yield made
     made.close()
 
@@ -196,7 +161,7 @@ def _scans(work: Workload) -> list[tuple[str, dict[str, Any]]]:
 )
 @given(limit=LIMITS, which=st.integers(0, 16), cursor=st.sampled_from([None, {"after": 3}]))
 def test_every_scan_with_any_limit_matches_memory_storage(
-    pair: _Pair, limit: Any, which: int, cursor: Any
+    pair: Pair, limit: Any, which: int, cursor: Any
 ) -> None:
     method, query = _scans(pair.work)[which]
     if cursor is not None and method != "scan_documents":
@@ -213,7 +178,7 @@ def test_every_scan_with_any_limit_matches_memory_storage(
     "method",
     ["scan_tasks", "scan_conversations", "scan_submissions", "scan_documents", "scan_entries"],
 )
-def test_named_scan_limits_match_memory_storage(pair: _Pair, method: str, limit: int) -> None:
+def test_named_scan_limits_match_memory_storage(pair: Pair, method: str, limit: int) -> None:
     query = next(query for name, query in _scans(pair.work) if name == method)
     expected, got = pair.both(method, query, limit, None, CTX)
     assert got == expected

@@ -9,58 +9,22 @@ it reads as the newest or the oldest; a point that cannot be compared raises its
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-from pi_durable.storage.memory import MemoryStorage
-from pi_durable_lmdb.storage import LmdbStorage
 
-from ..support.compare import REFUSALS, outcome
-from ..support.workload import Workload
-
-
-class _Pair:
-    """The same batches in this engine and in the reference, on one event loop."""
-
-    def __init__(self, path: Path) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.reference = MemoryStorage()
-        self.storage = self.loop.run_until_complete(LmdbStorage.open(path, durability="process"))
-        self.work = Workload(31)
-        done = 0
-        while done < 80:
-            writes = self.work.batch()
-            try:
-                self.reference.prepare_commit(writes)
-            except REFUSALS:
-                continue
-            self.loop.run_until_complete(self.reference.commit(writes, CTX))
-            self.loop.run_until_complete(self.storage.commit(writes, CTX))
-            done += 1
-        self.head = done
-
-    def both(self, method: str, *args: Any) -> tuple[Any, Any]:
-        run = self.loop.run_until_complete
-        return (
-            run(outcome(getattr(self.reference, method)(*args))),
-            run(outcome(getattr(self.storage, method)(*args))),
-        )
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.storage.close())
-        self.loop.close()
+from ..support.compare import outcome
+from ..support.pair import Pair
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Pair]:
-    made = _Pair(tmp_path_factory.mktemp("points") / "store")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    made = Pair(tmp_path_factory.mktemp("points") / "store", 31, 80)
     yield made
     made.close()
 
@@ -77,7 +41,7 @@ POINTS = st.one_of(
 )
 
 
-def _reads(pair: _Pair, at: Any) -> list[tuple[str, tuple[Any, ...]]]:
+def _reads(pair: Pair, at: Any) -> list[tuple[str, tuple[Any, ...]]]:
     reads: list[tuple[str, tuple[Any, ...]]] = []
     for record in pair.work.documents:
         reads.append(("document", (record["id"], at, CTX)))
@@ -90,7 +54,7 @@ def _reads(pair: _Pair, at: Any) -> list[tuple[str, tuple[Any, ...]]]:
     return reads
 
 
-def test_the_workload_holds_documents_with_history(pair: _Pair) -> None:
+def test_the_workload_holds_documents_with_history(pair: Pair) -> None:
     assert len(pair.work.documents) >= 5
     scopes = {record["scope"]["kind"] for record in pair.work.documents}
     assert "conversation" in scopes
@@ -101,7 +65,7 @@ def test_the_workload_holds_documents_with_history(pair: _Pair) -> None:
 )
 @given(at=POINTS)
 def test_every_document_read_answers_a_point_of_any_type_as_the_reference(
-    pair: _Pair, at: Any
+    pair: Pair, at: Any
 ) -> None:
     for method, args in _reads(pair, at):
         expected, got = pair.both(method, *args)
@@ -123,7 +87,7 @@ def _as_sequence(at: Any) -> Any:
 )
 @given(at=POINTS, seq=st.integers(1, 80))
 def test_a_view_as_of_an_earlier_commit_reads_a_point_as_its_whole_number(
-    pair: _Pair, at: Any, seq: int
+    pair: Pair, at: Any, seq: int
 ) -> None:
     """On a view, ``3.5`` reads as ``3`` and infinity as the view's end; NaN finds no
     incarnation alive, and a point that is not a number is refused as the reference refuses it."""

@@ -21,13 +21,13 @@ from typing import Any, Final
 from ...errors import NatsUnavailableError, ReplicationError, StreamMissingError
 from .connection import NatsConnection
 from .link import check_key
+from .message import H_EXPECTED
 
 HISTORY: Final = 64
 """Values a key keeps (NATS's most): an auditor can read the last 64 checkpoints put."""
 WRONG_LAST_SEQUENCE: Final = frozenset({10071, 10164})
 """A conditional put whose key is no longer at the revision it named (``jetstream.MOVED_CODES``'
 first two)."""
-H_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
 
 
 class JetStreamKeys:
@@ -117,81 +117,72 @@ class JetStreamKeys:
             pass  # it expires by itself
 
     async def kv_get(self, bucket: str, key: str) -> tuple[bytes | None, int]:
+        """``(value, revision)`` of ``key``; ``(None, 0)`` when it was never set (``None`` and the
+        delete marker's revision when it was deleted)."""
+
         check_key(key)
-        return await get(self.connection.js, self.connection.stream, bucket, key, self._buckets)
+        import nats.errors
+        import nats.js.errors
+
+        try:
+            kv = await self._bucket(bucket)
+            entry = await kv.get(key)
+        except (
+            nats.js.errors.KeyNotFoundError
+        ) as error:  # KeyDeletedError too: its marker's revision
+            found = getattr(error, "entry", None)
+            return None, 0 if found is None or not found.revision else int(found.revision)
+        except (TimeoutError, nats.errors.Error) as error:
+            raise _failed(f"{self.connection.stream}-{bucket}", key, error) from None
+        return bytes(entry.value or b""), int(entry.revision)
 
     async def kv_put(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
+        """Set ``key`` to ``value`` only if its revision is ``revision`` (0: never set): the new
+        revision, or ``None`` when the key moved."""
+
         check_key(key)
-        return await put(
-            self.connection.js, self.connection.stream, bucket, key, value, revision, self._buckets
-        )
+        import nats.errors
+        import nats.js.errors
 
-
-async def _bucket(js: Any, stream: str, bucket: str, cache: dict[str, Any]) -> Any:
-    import nats.js.errors
-    from nats.js.api import KeyValueConfig
-
-    name = f"{stream}-{bucket}"
-    kv = cache.get(name)
-    if kv is None:
+        name = f"{self.connection.stream}-{bucket}"
         try:
-            kv = await js.key_value(name)
-        except nats.js.errors.BucketNotFoundError:
-            try:
-                replicas = (await js.stream_info(stream)).config.num_replicas or 1
-            except nats.js.errors.NotFoundError:
-                replicas = 1
-            kv = await js.create_key_value(
-                KeyValueConfig(bucket=name, history=HISTORY, replicas=replicas)
+            await self._bucket(bucket)
+            ack = await self.connection.js.publish(
+                f"$KV.{name}.{key}",
+                value,
+                headers={H_EXPECTED: str(revision)},
             )
-        cache[name] = kv
-    return kv
+        except nats.js.errors.APIError as error:
+            if error.err_code in WRONG_LAST_SEQUENCE:
+                return None
+            raise _failed(name, key, error) from None
+        except (TimeoutError, nats.errors.Error) as error:
+            raise _failed(name, key, error) from None
+        return int(ack.seq)
 
+    async def _bucket(self, bucket: str) -> Any:
+        """The bucket ``<stream>-<bucket>``, made on first use (the stream's replicas when it
+        exists, ``HISTORY`` values a key)."""
 
-async def get(
-    js: Any, stream: str, bucket: str, key: str, cache: dict[str, Any]
-) -> tuple[bytes | None, int]:
-    """``(value, revision)`` of ``key``; ``(None, 0)`` when it was never set (``None`` and the
-    delete marker's revision when it was deleted)."""
+        import nats.js.errors
+        from nats.js.api import KeyValueConfig
 
-    import nats.errors
-    import nats.js.errors
-
-    try:
-        kv = await _bucket(js, stream, bucket, cache)
-        entry = await kv.get(key)
-    except nats.js.errors.KeyNotFoundError as error:  # KeyDeletedError too: its marker's revision
-        found = getattr(error, "entry", None)
-        return None, 0 if found is None or not found.revision else int(found.revision)
-    except (TimeoutError, nats.errors.Error) as error:
-        raise _failed(f"{stream}-{bucket}", key, error) from None
-    return bytes(entry.value or b""), int(entry.revision)
-
-
-async def put(
-    js: Any, stream: str, bucket: str, key: str, value: bytes, revision: int, cache: dict[str, Any]
-) -> int | None:
-    """Set ``key`` to ``value`` only if its revision is ``revision`` (0: never set): the new
-    revision, or ``None`` when the key moved."""
-
-    import nats.errors
-    import nats.js.errors
-
-    name = f"{stream}-{bucket}"
-    try:
-        await _bucket(js, stream, bucket, cache)
-        ack = await js.publish(
-            f"$KV.{name}.{key}",
-            value,
-            headers={H_EXPECTED: str(revision)},
-        )
-    except nats.js.errors.APIError as error:
-        if error.err_code in WRONG_LAST_SEQUENCE:
-            return None
-        raise _failed(name, key, error) from None
-    except (TimeoutError, nats.errors.Error) as error:
-        raise _failed(name, key, error) from None
-    return int(ack.seq)
+        js, stream = self.connection.js, self.connection.stream
+        name = f"{stream}-{bucket}"
+        kv = self._buckets.get(name)
+        if kv is None:
+            try:
+                kv = await js.key_value(name)
+            except nats.js.errors.BucketNotFoundError:
+                try:
+                    replicas = (await js.stream_info(stream)).config.num_replicas or 1
+                except nats.js.errors.NotFoundError:
+                    replicas = 1
+                kv = await js.create_key_value(
+                    KeyValueConfig(bucket=name, history=HISTORY, replicas=replicas)
+                )
+            self._buckets[name] = kv
+        return kv
 
 
 def _failed(bucket: str, key: str, error: BaseException) -> ReplicationError:
@@ -211,6 +202,5 @@ def _failed(bucket: str, key: str, error: BaseException) -> ReplicationError:
 __all__ = [
     "HISTORY",
     "WRONG_LAST_SEQUENCE",
-    "get",
-    "put",
+    "JetStreamKeys",
 ]

@@ -33,6 +33,7 @@ from .buckets import JetStreamKeys
 from .link import LinkLoop, StreamLink
 from .message import (  # noqa: F401 - the message layout, importable from here as before
     H_EPOCH,
+    H_EXPECTED,
     H_FORMAT,
     H_KIND,
     H_MSG_ID,
@@ -58,7 +59,6 @@ from .message import (  # noqa: F401 - the message layout, importable from here 
 )
 from .objects import JetStreamSnapshots
 
-H_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE: Final = 10071
 """``wrong last sequence: N``: the subject's last message is at N, not where this writer expected."""
 WRONG_LAST_SEQUENCE_CONSTANT: Final = 10164

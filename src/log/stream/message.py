@@ -35,6 +35,9 @@ H_SEQ: Final = "Pd-Seq"
 H_KIND: Final = "Pd-Kind"
 H_EPOCH: Final = "Pd-Epoch"
 H_MSG_ID: Final = "Nats-Msg-Id"
+H_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
+"""NATS's condition on a publish: the subject's last stream sequence must be this one (for a
+key-value put, the key's revision)."""
 H_ROOT: Final = "Pd-Tree-Root"
 """On some records (optional): the writer's log tree root of the first ``seq`` records, lowercase
 hex; a follower refuses the record when its own tree with it has another root."""
@@ -256,6 +259,7 @@ def check_size(size: int, limit: int) -> None:
 
 __all__ = [
     "H_EPOCH",
+    "H_EXPECTED",
     "H_FORMAT",
     "H_KIND",
     "H_MSG_ID",
