@@ -60,7 +60,7 @@ from ..support.long_documents import (
 from ..support.machine_draws import _Batch, _drawn
 from .test_state_machine import SETTINGS, StorageMachine
 
-EXAMPLES = int(os.environ.get("PI_DURABLE_LMDB_LONG_EXAMPLES", "10"))
+EXAMPLES = int(os.environ.get("PI_DURABLE_LMDB_LONG_EXAMPLES", "8"))
 STEPS = int(os.environ.get("PI_DURABLE_LMDB_LONG_STEPS", "40"))
 
 TURNS = 100
