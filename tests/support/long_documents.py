@@ -196,7 +196,7 @@ class LongDocumentWork:
         live = self.live()
         if kind == "create" or len(live) < 2:
             return "create", [self.create()]
-        id = rng.choice(live)
+        id = live[0] if rng.random() < 0.5 else rng.choice(live)  # one long history
         value, version = await current_value(self.ref, id)
         if kind == "append":
             return "append", [self.delta(id, version, append_ops(rng, value))]
@@ -210,8 +210,8 @@ class LongDocumentWork:
             return "base", [{"type": "document.change", "id": id, "content": content}]
         if kind == "copy":
             return "copy", self.copy(id)
-        if kind == "retire" and len(live) > 2:
-            return "retire", [{"type": "document.retire", "id": id}]
+        if kind == "retire" and len(live) > 2:  # never the one with the long history
+            return "retire", [{"type": "document.retire", "id": rng.choice(live[1:])}]
         if kind == "entry":
             entry = {"id": self.fresh(), "conversationId": rng.choice(self.conversations)}
             return "entry", [{"type": "entry", "value": {**entry, "kind": "message"}}]
