@@ -103,14 +103,17 @@ def long_ops(rng: random.Random, value: Any, kind: str) -> list[Any]:
         order = list(range(len(log)))
         rng.shuffle(order)
         return [["m", ["log"], order]]
+    meta = value.get("meta")
     if kind == "set":
         if isinstance(log, list) and log and rng.random() < 0.5:
             return [["s", ["log", rng.randrange(len(log))], long_text(rng, rng.choice(SIZES))]]
+        if not isinstance(meta, dict):
+            return [["s", ["meta"], {"a": long_text(rng, rng.choice(SIZES))}]]
         return [["s", ["meta", rng.choice("abc")], long_text(rng, rng.choice(SIZES))]]
     if kind == "delete":
         if isinstance(log, list) and log and rng.random() < 0.5:
             return [["d", ["log", rng.randrange(len(log))]]]
-        return [["d", ["meta", rng.choice("abc")]]]
+        return [["d", ["meta", rng.choice("abc")] if isinstance(meta, dict) else ["text"]]]
     if kind == "append to log" and isinstance(log, list) and log:
         at = rng.randrange(len(log))
         if isinstance(log[at], str):
