@@ -123,10 +123,13 @@ def long_ops(rng: random.Random, value: Any, kind: str) -> list[Any]:
         replaced = long_value(rng, rng.choice(SIZES[:7]))
         replaced["text"] = kept + replaced["text"]
         return [["r", replaced]]
-    if kind == "several":
+    if kind == "several":  # each op drawn on the value the ones before it left
         ops = append_ops(rng, value)
+        value = apply_immutable(value, ops)
         for other in rng.sample(["trim", "splice", "set", "delete"], 2):
-            ops += long_ops(rng, value, other)
+            more = long_ops(rng, value, other)
+            value = apply_immutable(value, more)
+            ops += more
         return ops
     return append_ops(rng, value)
 
