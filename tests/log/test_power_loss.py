@@ -510,10 +510,24 @@ def test_long_documents_read_back_in_every_crash_state(recorder: str, mode: str)
     assert [f"{failure.state}: {failure.problems[:3]}" for failure in summary.failures] == []
 
 
+@pytest.mark.parametrize("mode", ["power", "process"])
+def test_long_documents_read_back_equal_in_every_crash_state(recorder: str, mode: str) -> None:
+    """Documents many chunks long, changed by agent turns and every other op, rebased, copied
+    from past points, across a rebuild, reopens and journal replays: in every crash state each
+    document reads, at ``current`` and at every sequence of the log, as pi-durable's
+    ``MemoryStorage`` reads it after the same batches (``powerloss.longdocs``)."""
+
+    summary = explore(mode, WORKLOAD_STATES, 11, recorder, batches=40, workload="longdocs")
+    assert summary.states == WORKLOAD_STATES
+    assert [f"{failure.state}: {failure.problems[:3]}" for failure in summary.failures] == []
+    assert summary.outcomes.get("ok", 0) > 0
+
+
 PLANTED_FAULTS = [
     ("group", "fdatasync:store/data.mdb", 36),  # the checkpoints' data sync
     ("group", "fdatasync:*journal/0", 36),  # the group's journal frame flush
     ("single", "fdatasync:*journal/checkpoint", 30),  # the checkpoint record's flush
+    ("longdocs", "fdatasync:*journal/0", 40),  # a long turn's journal frame flush
     ("import", "fdatasync:data.mdb", 12),  # the new store's sync before the rename
     ("import", "dirsync:/store", 12),  # the parent's sync after the rename
     ("restore", "fdatasync:data.mdb", 12),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT
@@ -36,12 +36,20 @@ CTX = BACKGROUND_CONTEXT
 # ── Comparison ──────────────────────────────────────────────────────────────
 
 
+DESCRIBED: Final = 2000
+"""Characters of a result a failure shows: a long document's value is cut in the middle."""
+
+
 def _describe(outcome: tuple[str, Any]) -> str:
     kind, value = outcome
     if kind == "error":
         family = "StorageRequestError" if isinstance(value, StorageRequestError) else "other"
         return f"raised {type(value).__name__} ({family}): {value!s}"
-    return f"returned {value!r}"
+    text = repr(value)
+    if len(text) > DESCRIBED:
+        cut = len(text) - DESCRIBED
+        text = f"{text[: DESCRIBED // 2]} ...{cut} characters... {text[-DESCRIBED // 2 :]}"
+    return f"returned {text}"
 
 
 def _message_shape(error: BaseException) -> str:

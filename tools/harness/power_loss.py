@@ -44,9 +44,20 @@ def main() -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=["single", "group", "documents", "import", "restore", "backup", "backup-plain"],
+        choices=[
+            "single",
+            "group",
+            "documents",
+            "longdocs",
+            "import",
+            "restore",
+            "backup",
+            "backup-plain",
+        ],
         default="single",
         help="single: one committer; group: concurrent callers (group commit), some cancelled; "
+        "documents: one committer on documents past a chunk (head rows, snapshots); "
+        "longdocs: one committer on documents many chunks long (every read checked); "
         "import, restore (a real nats-server), backup (--compact), backup-plain: the durable-log "
         "command building NEWPATH (the mode is then the source's, not the command's)",
     )

@@ -19,6 +19,10 @@ Per state, in this order:
    the next sequence; the user projection catches up and equals a fresh count over the log;
 4. ``verify`` again after the writer closed.
 
+In the ``longdocs`` workload, steps 2 and 3 also read every document at ``current`` and at every
+sequence of the log, which must equal what pi-durable's ``MemoryStorage`` answers after the same
+batches (``longdocs.documents_problems``).
+
 The outcome is ``ok``, ``refused`` (the writer open raised ``StoreDamagedError``: the store says
 it may be damaged; whether that is allowed is the explorer's call) or ``failed`` with problems.
 """
@@ -37,6 +41,7 @@ from typing import Any
 
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
+from tools.harness.powerloss.longdocs import documents_problems
 from tools.harness.powerloss.workload import (
     EntryCounts,
     canonical,
@@ -218,6 +223,8 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
                         problems.append(
                             f"UNEXPECTED: sequence {seq} holds a batch not committed as sequence {seq}: {found[:150]}"
                         )
+                if job["workload"] == "longdocs" and not problems:
+                    problems += await documents_problems(reader, _batches(reader, seqs))
             finally:
                 await reader.close()
         except BaseException as error:
@@ -265,6 +272,9 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             problems.append(
                 f"USER PROJECTION: holds {sorted(held.items())[:6]}, the log counts {sorted(expected.items())[:6]}"
             )
+        if job["workload"] == "longdocs" and not problems:
+            seqs = list(range(1, storage.log.head() + 1))
+            problems += await documents_problems(storage, _batches(storage, seqs))
     except BaseException as error:
         problems.append(f"WRITER raised {_error(error)}")
     finally:
@@ -291,6 +301,14 @@ def sequences_problem(seqs: list[int], head: int) -> str | None:
     if len(seqs) == head and all(seq == n for n, seq in enumerate(seqs, 1)):
         return None
     return f"LOG: sequences are not 1..{head}: {seqs[:5]}...{seqs[-5:]}"
+
+
+def _batches(storage: Any, seqs: list[int]) -> list[list[dict[str, Any]]]:
+    """The writes of the log's sequences ``seqs`` (1, 2, 3, ...) as the callers committed them."""
+
+    from pi_durable_lmdb.log import write_to_builtins
+
+    return [[write_to_builtins(write) for write in storage.log.get(seq).writes] for seq in seqs]
 
 
 def _all_rows(storage: Any) -> list[tuple[int, bytes]]:

@@ -19,6 +19,9 @@ recorder logs in order with the store's writes:
 ``phase TEXT``   open, opened (the store exists: its first open returned), rebuild, reopen,
                  close, closed
 
+``--workload longdocs`` commits ``longdocs.LongDocs`` batches instead (documents many chunks
+long: agent turns, every other op, bases, copies from past points) the same way.
+
 ``--workload group`` commits from several callers at once (tasks on two event loops, in two
 threads) so that group commit puts several callers' batches in one transaction and one sync, and
 cancels some callers while they wait (``task.cancel()``, ``asyncio.wait_for`` timing out). Its
@@ -315,7 +318,12 @@ async def run(args: argparse.Namespace) -> None:
     marks.say("phase opened")
     long = args.workload == "documents"
     kinds = ["entry", "task", "create", "retire", "fork", *["change"] * 8] if long else None
-    work = Workload(storage, marks, rng, kinds, noise=args.durability == "power", long=long)
+    if args.workload == "longdocs":
+        from tools.harness.powerloss.longdocs import LongDocs
+
+        work: Workload = LongDocs(storage, marks, rng, noise=args.durability == "power")
+    else:
+        work = Workload(storage, marks, rng, kinds, noise=args.durability == "power", long=long)
     for number in range(args.batches):
         if number == args.batches // 3:
             marks.say("phase rebuild")
@@ -571,7 +579,9 @@ def main() -> None:
         "--reopen-every", type=int, default=8, help="close and reopen the store every N batches"
     )
     parser.add_argument(
-        "--workload", choices=["single", "group", "documents", *COMMANDS], default="single"
+        "--workload",
+        choices=["single", "group", "documents", "longdocs", *COMMANDS],
+        default="single",
     )
     parser.add_argument(
         "--fault",
