@@ -30,6 +30,7 @@ from pi_durable_lmdb.storage import LmdbStorage
 from tests.support.compare import REFUSALS
 
 from ..support.compare import canonical
+from ..support.polling import until_async
 from ..support.workload import Workload, snapshot
 
 
@@ -298,9 +299,19 @@ async def test_a_group_stores_each_record_as_it_is_stored_alone(
     ]
     at = [1_760_000_000_000 + n for n in range(len(batches))]
     before = storage._env.env.info()["last_txnid"]
-    seqs = await asyncio.gather(
-        *(storage.commit(batch, CTX, committed_at=when) for batch, when in zip(batches, at))
-    )
+    committer = storage._committer
+    committer._lock.acquire()  # the store is busy: no commit may run on its caller's thread
+    try:
+        commits = [
+            asyncio.ensure_future(storage.commit(batch, CTX, committed_at=when))
+            for batch, when in zip(batches, at)
+        ]
+        await until_async(
+            lambda: committer._unresolved == len(batches), timeout=60, what="every commit queued"
+        )
+    finally:
+        committer._lock.release()
+    seqs = await asyncio.gather(*commits)
     assert storage._env.env.info()["last_txnid"] - before < len(
         batches
     )  # groups, not one transaction each
