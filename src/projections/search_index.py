@@ -14,7 +14,9 @@ backwards and stops when it has a page. Entries are written once: their postings
 A document posts the words a version added (not those it kept), a task the words of its kind when
 first written and of its state when that changes: both are candidates that a query checks against
 the record as it stands at the point asked (a task through the words the index keeps for it at
-each change). Beside the postings, each conversation's newest activity and entry count, so a list
+each change). A current-only document keeps no past values in the store, so the index keeps the
+last value it folded of each (the next delta applies to it, and its words tell which are new).
+Beside the postings, each conversation's newest activity and entry count, so a list
 can show conversations by when they last moved.
 """
 
@@ -33,7 +35,7 @@ import lmdb
 import msgspec
 
 from ..errors import SearchIndexError
-from ..log import Commit
+from ..log import Commit, codec
 from ..log.records import (
     BaseContent,
     ConversationWrite,
@@ -46,10 +48,11 @@ from ..log.records import (
     TaskWrite,
 )
 from .delta import apply_ops
+from .readmodel import is_current_only
 
 INDEX_DIR: Final = "search.index"
 """The index's directory inside the store directory."""
-FORMAT: Final = 5
+FORMAT: Final = 6
 """Bump when postings change shape: an index of another format is dropped and folded again."""
 UNICODE: Final = unicodedata.unidata_version
 """The Unicode database words are split and lower-cased by (``re``'s ``\\w``, ``str.lower``): the
@@ -71,6 +74,9 @@ _POSTINGS: Final = b"postings"
 _TASKS: Final = b"tasks"
 """``(task id, seq)`` -> the words of the task's kind, NUL, the words of the state commit ``seq``
 gave it (a row per change of state words): a task's words at any point are one seek away."""
+_VALUES: Final = b"values"
+"""Current-only document id -> the last value the index folded of it (codec-encoded): the store
+keeps no earlier value to read back, so a later delta is applied to this one."""
 _META: Final = b"meta"
 _ACTIVITY: Final = b"activity"
 """Conversation id -> its last commit's sequence and time, and how many entries of its own it has."""
@@ -240,6 +246,7 @@ class SearchIndex:
             self.meta = self.env.open_db(_META, txn=txn)
             self.activity = self.env.open_db(_ACTIVITY, txn=txn)
             self.recent = self.env.open_db(_RECENT, txn=txn)
+            self.values = self.env.open_db(_VALUES, txn=txn)
 
     def close(self) -> None:
         self.env.close()
@@ -288,7 +295,7 @@ class SearchIndex:
         with self.env.begin(write=True) as txn:
             if self.header(txn) != seen:
                 return
-            for db in (self.postings, self.tasks, self.activity, self.recent):
+            for db in (self.postings, self.tasks, self.activity, self.recent, self.values):
                 txn.drop(db, delete=False)
             txn.put(
                 _HEADER_KEY,
@@ -312,6 +319,7 @@ class SearchIndex:
                 (_META, self.meta),
                 (_ACTIVITY, self.activity),
                 (_RECENT, self.recent),
+                (_VALUES, self.values),
             )
             for name, source in tables:
                 target = fresh.open_db(name)
@@ -352,6 +360,7 @@ class SearchIndex:
                 return False
             for commit in commits:
                 folder.fold(txn, self, commit)
+            folder.keep(txn, self)
             txn.put(
                 _HEADER_KEY,
                 _encoder.encode(IndexHeader(FORMAT, store_id, commits[-1].seq, UNICODE)),
@@ -463,6 +472,37 @@ class _Folder:
         self.document_at = document_at
         self.values: dict[int, Any] = {}
         self.words: dict[int, set[str]] = {}
+        self.current_only: set[int] = set()
+        """Current-only documents seen in this catch-up: their values are kept in the index."""
+        self.retired: set[int] = set()
+
+    def known(self, txn: lmdb.Transaction[bytes], index: SearchIndex, id: int) -> Any:
+        """Document ``id``'s last folded value: this catch-up's, else the one the index keeps
+        (current-only documents); ``_UNKNOWN`` when neither holds it."""
+
+        if id in self.values:
+            return self.values[id]
+        raw = txn.get(_U64.pack(id), db=index.values)
+        if raw is None:
+            return _UNKNOWN
+        try:
+            value = codec.decode_bounded(raw)
+        except (msgspec.DecodeError, ValueError):
+            raise SearchIndexError(
+                f"The search index at {index.path} holds an unreadable value of document {id}; "
+                "delete it to build it again"
+            ) from None
+        self.values[id], self.words[id] = value, words_of(value)
+        self.current_only.add(id)
+        return value
+
+    def keep(self, txn: lmdb.Transaction[bytes], index: SearchIndex) -> None:
+        """Write the current-only documents' last values (dropping the retired ones)."""
+
+        for id in self.retired:
+            txn.delete(_U64.pack(id), db=index.values)
+        for id in self.current_only:
+            txn.put(_U64.pack(id), codec.encode(self.values[id]), db=index.values)
 
     def fold(self, txn: lmdb.Transaction[bytes], index: SearchIndex, commit: Commit) -> None:
         seq = commit.seq
@@ -486,6 +526,8 @@ class _Folder:
                 case DocumentRetireWrite():
                     self.values.pop(write.id, None)
                     self.words.pop(write.id, None)
+                    self.current_only.discard(write.id)
+                    self.retired.add(write.id)
                 case SubmissionWrite():
                     pass  # submissions are not searched
                 case _:
@@ -521,13 +563,14 @@ class _Folder:
         if isinstance(write, DocumentChangeWrite):
             id = write.id
             content = write.content
+            before = self.known(txn, index, id)
             if isinstance(content, BaseContent):
                 value = content.value
-            elif id in self.values:
+            elif before is not _UNKNOWN:
                 try:
-                    value = apply_ops(self.values[id], content.ops)
+                    value = apply_ops(before, content.ops)
                 except Exception:  # a delta the store also refused to apply: its value stands
-                    value = self.values[id]
+                    value = before
             else:
                 value = self.document_at(id, seq)
             previous = self.words.get(id)
@@ -535,6 +578,11 @@ class _Folder:
                 previous = words_of(self.document_at(id, seq - 1))
         else:
             id = write.record["id"]
+            self.retired.discard(id)
+            if is_current_only(write.record):
+                self.current_only.add(id)
+            else:
+                self.current_only.discard(id)
             if isinstance(write, DocumentCreateWrite):
                 content = write.content
                 value = (
@@ -542,11 +590,19 @@ class _Folder:
                 )
             else:
                 value = self.document_at(id, seq)
+                if value is None and write.source.at == "current":
+                    # a current-only document is refused at a point: its copy is the source's value
+                    source = self.known(txn, index, write.source.id)
+                    value = None if source is _UNKNOWN else source
             previous = set()
         found = words_of(value)
         self.values[id], self.words[id] = value, found
         for word in found - previous:
             txn.put(posting_key(word, DOCUMENT, seq, id), b"", db=index.postings)
+
+
+_UNKNOWN: Final = object()
+"""What ``_Folder.known`` returns for a document whose last value it cannot tell."""
 
 
 def all_words(query: str) -> list[str]:

@@ -209,9 +209,11 @@ def _postings(path: Path) -> list[tuple[bytes, bytes]]:
     index = SearchIndex(path)
     try:
         with index.env.begin() as txn:
-            return list(txn.cursor(index.postings).iternext()) + [
-                (b"task", key + value) for key, value in txn.cursor(index.tasks).iternext()
-            ]
+            return (
+                list(txn.cursor(index.postings).iternext())
+                + [(b"task", key + value) for key, value in txn.cursor(index.tasks).iternext()]
+                + [(b"value", key + value) for key, value in txn.cursor(index.values).iternext()]
+            )
     finally:
         index.close()
 
@@ -224,7 +226,7 @@ def test_folded_in_chunks_or_at_once_repacked_or_not_the_postings_are_the_same(
     tmp_path: Path, chunk: int, rng: random.Random
 ) -> None:
     vocabulary = ["alpha", "beta", "gamma", "delta", "Ünï", "42"]
-    batches = BATCHES[:1]
+    batches = [BATCHES[0] + [SESSION_CREATED]]  # a current-only document: its value is kept
     for n in range(12):
         text = " ".join(rng.choice(vocabulary) for _ in range(4))
         batch = [
@@ -233,6 +235,8 @@ def test_folded_in_chunks_or_at_once_repacked_or_not_the_postings_are_the_same(
         ]
         if n % 3 == 0:
             batch.append(_delta(text))
+        if n % 2 == 0:
+            batch += _session_change(text)
         batches.append(batch)
     root = tmp_path / f"run{rng.random()}"
     whole, chunked = root / "whole", root / "chunked"
@@ -363,17 +367,55 @@ def test_a_current_only_document_s_past_is_not_searched(tmp_path: Path) -> None:
     assert asyncio.run(_search(path, "alpha")).documents == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an index reopened holds no value of a current-only document, and cannot read its "
-    "value at the change's sequence: the change's words are not indexed",
-)
 def test_a_current_only_document_changed_after_the_index_reopens_is_found(tmp_path: Path) -> None:
     path = tmp_path / "store"
     asyncio.run(_build(path, [[SESSION_CREATED], _session_change("alpha bravo")]))
     assert [doc.id for doc in asyncio.run(_search(path, "alpha")).documents] == [SESSION_NOTES]
-    asyncio.run(_build(path, [_session_change("charlie")]))
+    asyncio.run(_build(path, [_session_change("charlie")]))  # folded by a reopened index
     assert [doc.id for doc in asyncio.run(_search(path, "charlie")).documents] == [SESSION_NOTES]
+    assert asyncio.run(_search(path, "charlie", as_of=2)).documents == []  # not yet said there
+    asyncio.run(
+        _build(
+            path,
+            [_session_change("delta echo"), [{"type": "document.retire", "id": SESSION_NOTES}]],
+        )
+    )
+    assert asyncio.run(_search(path, "echo")).documents == []
+    kept = _postings(path)
+    shutil.rmtree(path / search_index.INDEX_DIR)  # folded again from the log: the same index
+    assert asyncio.run(_search(path, "echo")).documents == []
+    assert _postings(path) == kept
+    assert [value for value in kept if value[0] == b"value"] == []  # a retired one is not kept
+
+
+def test_a_copy_of_a_current_only_document_is_found_by_its_words(tmp_path: Path) -> None:
+    """A copy of a current-only document is refused at its point too: the index folds it from
+    the source's value it keeps."""
+
+    path = tmp_path / "store"
+    source = {
+        "type": "document.create",
+        "record": {
+            "id": 60,
+            "kind": "notes",
+            "scope": {"kind": "conversation", "conversationId": CONVERSATION},
+            "history": "latest",
+        },
+        "content": {"kind": "base", "version": 1, "value": {"text": "foxtrot"}},
+    }
+    asyncio.run(_build(path, [[{"type": "conversation", "value": {"id": CONVERSATION}}, source]]))
+    assert [doc.id for doc in asyncio.run(_search(path, "foxtrot")).documents] == [60]
+    copy = {
+        "type": "document.copy",
+        "record": {
+            **source["record"],
+            "id": 61,
+            "scope": {"kind": "conversation", "conversationId": CONVERSATION + 1},
+        },
+        "source": {"id": 60, "at": "current"},
+    }
+    asyncio.run(_build(path, [[{"type": "conversation", "value": {"id": CONVERSATION + 1}}, copy]]))
+    assert sorted(doc.id for doc in asyncio.run(_search(path, "foxtrot")).documents) == [60, 61]
 
 
 # ── the Unicode database words are split by ───────────────────────────────────

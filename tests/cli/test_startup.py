@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pi_durable_lmdb.cli.commands import COMMANDS, command_in, family
@@ -82,3 +85,81 @@ def test_the_command_is_the_first_word_that_is_not_an_option() -> None:
     assert command_in(["--help"]) is None and command_in([]) is None
     assert command_in(["nosuch", "stats"]) is None
     assert command_in(["verify-proof", "p.json"]) == "verify-proof"
+
+
+# ── Ctrl-C while the command starts ────────────────────────────────────────────
+
+DURABLE_LOG = Path(sys.executable).with_name("durable-log")
+INTERRUPTED = "durable-log: interrupted\n"
+WAITING = "durable-log: no store at"
+EARLY = ("/_typing.", "/zlib.", "/_socket.", "/_asyncio.", "/lmdb/")
+"""Shared objects the start maps in this order, all after the entry point's first line and before
+the command runs (the engine is imported while its arguments are parsed): each a moment to
+interrupt it at, known from ``/proc/PID/maps``, never from a sleep."""
+
+
+def _interrupted_at(argv: list[str], marker: str | None) -> tuple[int, str, str]:
+    """Start ``argv`` (``tail --follow`` of a store that never comes: it runs until stopped),
+    send SIGINT once ``marker`` is mapped (None: right after the spawn), and return its status,
+    stdout and stderr."""
+
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        if marker is not None:
+            maps = Path(f"/proc/{child.pid}/maps")
+            for _ in range(200_000):  # bounded: the start maps it or ends first
+                try:
+                    if marker in maps.read_text() or child.poll() is not None:
+                        break
+                except OSError:  # ended meanwhile
+                    break
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return child.returncode, out.decode(), err.decode()
+
+
+MOMENTS = [("script", None), *(("script", m) for m in EARLY), *(("module", m) for m in EARLY[1:])]
+"""``python -m`` imports the package (``_typing``) before its ``__main__`` runs: from ``zlib`` on."""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc/PID/maps")
+@pytest.mark.parametrize(
+    ("how", "marker"), MOMENTS, ids=[f"{how}-{(m or '/spawned').strip('/.')}" for how, m in MOMENTS]
+)
+def test_ctrl_c_while_starting_is_the_one_line_and_130(
+    tmp_path: Path, how: str, marker: str | None
+) -> None:
+    command = (
+        [str(DURABLE_LOG)] if how == "script" else [sys.executable, "-m", "pi_durable_lmdb.cli"]
+    )
+    code, out, err = _interrupted_at([*command, "tail", str(tmp_path / "none"), "--follow"], marker)
+    assert "Traceback" not in err, err
+    if code == -signal.SIGINT:  # the signal came before Python had started: killed, silent
+        assert (out, err) == ("", "")
+    elif code == 0:  # the start was over: ``tail --follow`` stops cleanly on Ctrl-C
+        assert err.startswith(WAITING) and err.count("\n") == 1, err
+    else:
+        assert (code, out, err) == (130, "", INTERRUPTED)
+
+
+def test_the_entry_point_says_what_the_command_line_says() -> None:
+    from pi_durable_lmdb.cli.status import EXIT_INTERRUPTED
+
+    from pi_durable_lmdb_launcher import EXIT_INTERRUPTED as LAUNCHER
+
+    assert LAUNCHER == EXIT_INTERRUPTED
+
+
+def test_importing_the_package_installs_no_handler() -> None:
+    script = (
+        "import signal, pi_durable_lmdb, pi_durable_lmdb.cli\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "True", done.stderr
