@@ -11,7 +11,9 @@ Usage::
 Kinds (``tools/harness/iofaults/inject.py``): create, zero-fill, header, rename, segsync, dirsync, frame,
 flush, checkpoint. A run without faults first counts each kind's calls; the calls failed are
 spread over that count (the first, the last, and between; with ``--background`` the counts vary
-from run to run, so a case may never meet its fault: it is counted, not failed). Each case checks (``check.py``): no
+from run to run, so a case may never meet its fault: it is counted, not failed); it also finds the
+writer's map size (``MAP_TRIES``) at which a commit meets a full map after its frame was written,
+so that ``unmake`` is called. Each case checks (``check.py``): no
 acknowledged commit lost after recovery, recovery never refuses nor stops early, and the writer
 is not wedged (every refused call succeeds when tried again, the fault spent). The last line is
 always ``io_faults: N cases, M failures``; exit status 0 when M is 0, 1 otherwise.
@@ -30,6 +32,13 @@ from tools.harness.iofaults.check import Outcome, run_case
 from tools.harness.iofaults.inject import KINDS
 
 ERRORS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO}
+MAP_SIZE = 256 * 1024
+"""The writer's first LMDB map: small, so that it fills (and grows) a few times in a run."""
+MAP_TRIES = 64
+"""Map sizes, a page apart from ``MAP_SIZE`` down, the run without faults tries until one fills
+the map at a commit after its frame was written (LMDB finds the map full inside the
+transaction's work, before any frame, or at its commit, after it: which one depends on where
+the pages run out, and only the second unmakes a frame)."""
 
 
 def spread(count: int, calls: int) -> list[int]:
@@ -59,19 +68,24 @@ def explore(
 
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="io-faults-") as work:
-        baseline = run_case(
-            f"{work}/baseline",
-            KINDS[0],
-            0,
-            errno.EIO,
-            commits=commits,
-            seed=seed,
-            background=background,
-        )
-        if baseline.problems:
-            say(f"io_faults: the run without faults fails: {baseline.problems}")
-            return [baseline]
-        say(f"io_faults: calls without faults: {baseline.counts}")
+        for attempt in range(MAP_TRIES if "unmake" in kinds else 1):
+            map_size = MAP_SIZE - attempt * 4096
+            baseline = run_case(
+                f"{work}/baseline-{attempt}",
+                KINDS[0],
+                0,
+                errno.EIO,
+                commits=commits,
+                seed=seed,
+                map_size=map_size,
+                background=background,
+            )
+            if baseline.problems:
+                say(f"io_faults: the run without faults fails: {baseline.problems}")
+                return [baseline]
+            if baseline.counts.get("unmake", 0):
+                break
+        say(f"io_faults: calls without faults: {baseline.counts} (map of {map_size} bytes)")
         number = 0
         for kind in kinds:
             for name in errors:
@@ -87,6 +101,7 @@ def explore(
                         ERRORS[name],
                         commits=commits,
                         seed=seed,
+                        map_size=map_size,
                         plant=plant,
                         background=background,
                         burst=burst,
