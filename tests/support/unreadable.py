@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.delta import PathError
+from pi_durable_lmdb.audit.unreadable import UNREADABLE_ERRORS
 from pi_durable_lmdb.cli.demo import run_workload
 from pi_durable_lmdb.storage import LmdbStorage
 
@@ -83,10 +85,10 @@ async def build_unreadable(path: Path) -> dict[str, Any]:
             CTX,
         )
         for id in (history, session):
-            with pytest.raises(Exception, match="unresolvable path"):
+            with pytest.raises(PathError, match="unresolvable path"):
                 await storage.document(id, "current", CTX)
         for id, error in others.items():
-            with pytest.raises(Exception) as raised:
+            with pytest.raises(UNREADABLE_ERRORS) as raised:
                 await storage.document(id, "current", CTX)
             assert f"{type(raised.value).__name__}: {raised.value}".startswith(error)
         return {
