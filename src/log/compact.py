@@ -78,8 +78,8 @@ def compact(path: str | os.PathLike[str]) -> CompactReport:
         try:
             remove_leftover_copy(path)
             staging = os.path.join(path, COMPACTING)
-            os.mkdir(staging, 0o700)
             try:
+                os.mkdir(staging, 0o700)
                 before = os.path.getsize(data)
                 records, head = _copy(path, staging)
                 copied = os.path.join(staging, "data.mdb")
@@ -90,15 +90,30 @@ def compact(path: str | os.PathLike[str]) -> CompactReport:
                 os.rename(copied, data)
                 sync_directory(path)
                 clear_unsynced(path)  # the file in place now is whole on disk
-            except BaseException:  # Ctrl-C, a failed check: the store as it was, no copy beside
-                remove_leftover_copy(path)
-                raise
-            remove_leftover_copy(path)
-            return CompactReport(before, os.path.getsize(data), records, head)
+                report = CompactReport(before, os.path.getsize(data), records, head)
+            finally:  # done, a failed check or Ctrl-C: the store as it was or compacted, no copy
+                _remove_copy(path)
+            return report
         finally:
             os.close(readers_fd)
     finally:
         os.close(lock_fd)
+
+
+def _remove_copy(path: str) -> None:
+    """``remove_leftover_copy``, finished even when a Ctrl-C lands during it (the interrupt is
+    raised again once the copy is gone): an interrupted command leaves nothing beside the store."""
+
+    interrupted: KeyboardInterrupt | None = None
+    while True:
+        try:
+            remove_leftover_copy(path)
+        except KeyboardInterrupt as error:
+            interrupted = error
+            continue
+        break
+    if interrupted is not None:
+        raise interrupted
 
 
 def _lock_out_readers(path: str) -> int:

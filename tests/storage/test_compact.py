@@ -202,3 +202,44 @@ def test_a_compact_killed_at_random_moments_leaves_a_good_store(
     assert call(capsys, "compact", path)[0] == 0
     assert call(capsys, "verify", path)[0] == 0
     assert export_text(path, capsys) == exported
+
+
+@pytest.mark.parametrize("at", ["the copy's clean-up", "the copy"])
+def test_a_ctrl_c_during_compact_leaves_no_copy_beside_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> None:
+    """Ctrl-C lands as a ``KeyboardInterrupt`` wherever the main thread is: here in the removal of
+    the staging copy after the swap, or in the copy itself. Either way the interrupt reaches the
+    caller and nothing is left beside the store, which reads as before."""
+
+    import shutil
+
+    from pi_durable_lmdb.log import compact as compact_module
+    from pi_durable_lmdb.log import storedir
+
+    path = tmp_path / "store"
+    write_turns(path, 40)
+    reads = reads_of(path)
+    removals = 0
+    real_rmtree = shutil.rmtree
+
+    def interrupted_rmtree(target: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal removals
+        removals += 1
+        if removals == 1:  # the first removal of the copy: the signal lands midway
+            real_rmtree(os.path.join(target, "data.mdb"), ignore_errors=True)
+            raise KeyboardInterrupt
+        real_rmtree(target, *args, **kwargs)
+
+    def interrupted_copy(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    if at == "the copy":
+        monkeypatch.setattr(compact_module, "_copy", interrupted_copy)
+    else:
+        monkeypatch.setattr(storedir.shutil, "rmtree", interrupted_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        compact(path)
+    assert not (path / COMPACTING).exists()
+    monkeypatch.undo()
+    assert reads_of(path) == reads
