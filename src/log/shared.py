@@ -69,10 +69,20 @@ class SharedEnv:
 
 open_envs: dict[str, SharedEnv] = {}
 
+_opening = threading.Lock()
+"""Held while a handle takes or gives up an environment, closing included: an open on one thread
+waits for another thread's close of the same store to finish (py-lmdb refuses to open what is
+still open), and the users count is never changed by two threads at once."""
+
 
 def acquire(path: str, mode: Mode, map_size: int) -> SharedEnv:
     """The environment of ``path`` in this process, opened for ``mode`` if it is not open yet."""
 
+    with _opening:
+        return _acquire(path, mode, map_size)
+
+
+def _acquire(path: str, mode: Mode, map_size: int) -> SharedEnv:
     real = os.path.realpath(path)
     shared = open_envs.get(real)
     if shared is None:
@@ -92,7 +102,7 @@ def acquire(path: str, mode: Mode, map_size: int) -> SharedEnv:
         env.reader_check()
         shared = open_envs[real] = SharedEnv(env, mode)
     elif mode.writes:
-        refuse_shared_conflict(path, mode)
+        _refuse_conflict(path, mode)
     shared.users += 1
     return shared
 
@@ -101,6 +111,11 @@ def refuse_shared_conflict(path: str, mode: Mode) -> None:
     """A writer cannot share an environment this process opened read-only, or for a mode that
     syncs otherwise (its sync mode is fixed when it opens)."""
 
+    with _opening:
+        _refuse_conflict(path, mode)
+
+
+def _refuse_conflict(path: str, mode: Mode) -> None:
     shared = open_envs.get(os.path.realpath(path))
     if shared is None:
         return
@@ -115,12 +130,15 @@ def refuse_shared_conflict(path: str, mode: Mode) -> None:
 
 
 def release(shared: SharedEnv) -> None:
-    shared.users -= 1
-    if shared.users == 0:
-        for key, value in list(open_envs.items()):
-            if value is shared:
-                del open_envs[key]
-        shared.env.close()
+    """One handle fewer on ``shared``; the last one closes it before another open may begin."""
+
+    with _opening:
+        shared.users -= 1
+        if shared.users == 0:
+            for key, value in list(open_envs.items()):
+                if value is shared:
+                    del open_envs[key]
+            shared.env.close()
 
 
 forks = 0
@@ -128,9 +146,10 @@ forks = 0
 
 
 def _forget_after_fork() -> None:
-    global forks
+    global _opening, forks
     forks += 1
     open_envs.clear()
+    _opening = threading.Lock()  # another thread of the parent may have held it at the fork
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import lmdb
 
-from ..errors import ProjectionsBehind
+from ..errors import ProjectionsBehind, StoreFormatError
 from ..log import Environment, WriteLog
 from . import tables as t
 from .projector import Projector
@@ -75,8 +75,9 @@ def open_core(
                 f"The projections of {env.path} have schema {found}, this program reads "
                 f"{t.SCHEMA_VERSION}; open the store for writing once to rebuild them"
             )
-        model = ReadModel(env, header.generation, verify_checksums)
-        with env.read() as txn:  # one snapshot, or a commit in between looks like a lag
+        model = _open_generation(env, header, verify_checksums)
+        txn, model, _ = begin_following(env, model)  # a rebuild elsewhere may swap meanwhile
+        with txn:  # one snapshot, or a commit in between looks like a lag
             state = projection_state(txn, model)
             head = log.head(txn)
             folded = (
@@ -119,7 +120,22 @@ def follow_swap(env: Environment, model: ReadModel, raw: bytes | None) -> ReadMo
         )
     if header.generation == model.generation:
         return model
-    return ReadModel(env, header.generation, model.checked)
+    return _open_generation(env, header, model.checked)
+
+
+def _open_generation(env: Environment, header: t.CoreHeader, checked: bool) -> ReadModel:
+    """The read model of ``header``'s generation, or of a newer one: a rebuild in another process
+    may swap and drop a generation between reading its header and opening its tables, and a
+    vanished generation is looked up again in the header that replaced it."""
+
+    while True:
+        try:
+            return ReadModel(env, header.generation, checked)
+        except StoreFormatError:
+            now = read_header(env)
+            if now is None or now.generation == header.generation:
+                raise
+            header = now
 
 
 def begin_following(

@@ -490,6 +490,54 @@ async def test_verify_and_stats_while_another_process_rebuilds(tmp_path: Path) -
         assert process.returncode == 0, err.decode()
 
 
+@pytest.mark.parametrize("moment", ["after the header is read", "after the tables are opened"])
+async def test_a_read_only_open_follows_a_rebuild_that_lands_while_it_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moment: str
+) -> None:
+    """A rebuild in another process swaps generations and drops the old one. Landing between a
+    read-only open's header read and its tables, or between its tables and its level check, the
+    open follows it to the new generation instead of naming a database that is gone."""
+
+    from pi_durable_lmdb.audit import stats
+    from pi_durable_lmdb.projections import rebuild
+
+    path = tmp_path / "s"
+    storage = await _filled_store(path, commits=40)
+    await storage.close()
+    expected = stats(path).counts
+    landed: list[int] = []
+
+    def rebuild_elsewhere() -> None:
+        if not landed:
+            landed.append(1)
+            done = subprocess.run([CLI, "rebuild", str(path)], capture_output=True, timeout=120)
+            assert done.returncode == 0, done.stderr.decode()
+
+    if moment == "after the header is read":
+        real_header = rebuild.read_header
+
+        def header_then_rebuild(env: Environment) -> Any:
+            found = real_header(env)
+            if env.readonly:
+                rebuild_elsewhere()
+            return found
+
+        monkeypatch.setattr(rebuild, "read_header", header_then_rebuild)
+    else:
+        real_model = rebuild.ReadModel
+
+        def model_then_rebuild(env: Environment, *args: Any) -> Any:
+            model = real_model(env, *args)
+            if env.readonly:
+                rebuild_elsewhere()
+            return model
+
+        monkeypatch.setattr(rebuild, "ReadModel", model_then_rebuild)
+    assert verify(path) is None
+    assert landed, "the rebuild landed during the open"
+    assert stats(path).counts == expected
+
+
 # ── 9. the log's own reads with arguments of every kind ─────────────────────
 
 
