@@ -147,6 +147,18 @@ def progress_option(sub: argparse.ArgumentParser) -> None:
     )
 
 
+def as_of_option(sub: argparse.ArgumentParser) -> None:
+    """``--as-of SEQ|TIME``: read the store as it was right after a log sequence, or at a time
+    (``seq_or_time`` splits what it parsed)."""
+
+    sub.add_argument(
+        "--as-of",
+        type=point,
+        metavar="SEQ|TIME",
+        help="as the store was right after this log sequence, or at this time (ISO 8601)",
+    )
+
+
 # ── argument types (every one parsed by ``numbers``) ─────────────────────────────
 
 sequence = argument(SEQUENCE)

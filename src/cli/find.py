@@ -25,10 +25,11 @@ from .common import (
     EXIT_OK,
     READ_ONLY,
     add_command,
+    as_of_option,
     note,
-    point,
     print_json,
     readable,
+    seq_or_time,
     sequence,
     store_argument,
     usage,
@@ -52,12 +53,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="TEXT",
         help="the words to find (all of them), as one argument or several",
     )
-    sub.add_argument(
-        "--as-of",
-        type=point,
-        metavar="SEQ|TIME",
-        help="as the store was right after this log sequence, or at this time",
-    )
+    as_of_option(sub)
     sub.add_argument(
         "--before",
         type=sequence,
@@ -97,10 +93,10 @@ async def _run(args: argparse.Namespace) -> SearchResults:
             )
         storage = await LmdbStorage.open(args.path, readonly=True)
         try:
-            as_of = None
-            if args.as_of is not None:
-                kind, value = args.as_of
-                as_of = value if kind == "seq" else seq_at(storage.log, value)
+            as_of, as_of_time = seq_or_time(args.as_of)
+            if as_of_time is not None:
+                as_of = seq_at(storage.log, as_of_time)
+            if as_of is not None:
                 head = storage.log.head()
                 if as_of > head:
                     raise usage(f"--as-of {as_of}: the log's head is {head}")

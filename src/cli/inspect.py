@@ -31,11 +31,11 @@ from .common import (
     READ_ONLY,
     Progress,
     add_command,
+    as_of_option,
     conversation_id,
     count,
     interval,
     nats_options,
-    point,
     print_json,
     progress_on,
     progress_option,
@@ -128,12 +128,7 @@ def _register_show(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "kind", choices=SHOW_KINDS, metavar="KIND", help=f"one of: {', '.join(SHOW_KINDS)}"
     )
     sub.add_argument("id", type=record_id, metavar="ID", help="the record's id")
-    sub.add_argument(
-        "--as-of",
-        type=point,
-        metavar="SEQ|TIME",
-        help="as the store was right after this log sequence, or at this time",
-    )
+    as_of_option(sub)
     sub.add_argument(
         "--pretty",
         action="store_true",

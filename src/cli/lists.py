@@ -14,8 +14,8 @@ from .common import (
     EXIT_OK,
     READ_ONLY,
     add_command,
+    as_of_option,
     count,
-    point,
     readable,
     seq_or_time,
     store_argument,
@@ -49,12 +49,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="keep the records whose FIELD equals VALUE (repeatable: all must hold)",
     )
     sub.add_argument("--limit", type=count, metavar="N", help="at most N records")
-    sub.add_argument(
-        "--as-of",
-        type=point,
-        metavar="POINT",
-        help="as the store was right after log sequence POINT, or at an ISO 8601 time",
-    )
+    as_of_option(sub)
     sub.add_argument(
         "--format", choices=FORMATS, default="table", help="table (default), json (lines) or csv"
     )
@@ -69,7 +64,7 @@ def _list(args: argparse.Namespace) -> int:
     as_of, as_of_time = seq_or_time(args.as_of)
     shown = columns(args.kind, where, every_field=args.format == "csv")
     paths = [tuple(name.split(".")) for name in shown]
-    rows: list[list[Any]] = []
+    table = Table(shown, to_json)
     out = csv.writer(sys.stdout, lineterminator="\n") if args.format == "csv" else None
     if out is not None:
         out.writerow(shown)
@@ -83,11 +78,11 @@ def _list(args: argparse.Namespace) -> int:
             elif out is not None:
                 out.writerow([_text(value_at(record, path), to_json) for path in paths])
             else:
-                rows.append([value_at(record, path) for path in paths])
+                table.add([value_at(record, path) for path in paths])
 
     asyncio.run(run())
     if args.format == "table":
-        print_table(shown, rows, to_json)
+        table.print()
     return EXIT_OK
 
 
@@ -109,35 +104,57 @@ def _cell(value: Any, to_json: Any) -> str:
     return text if len(text) <= CELL else text[: CELL - 1] + "…"
 
 
+class Table:
+    """Rows aligned in columns as wide as their widest cell; numbers right-aligned, the rest
+    left. A row is kept as its cells (at most ``CELL`` characters each), never as the record's
+    values, so a long listing holds text of bounded size per row."""
+
+    def __init__(self, header: list[str], to_json: Any) -> None:
+        self.header = header
+        self._to_json = to_json
+        self._cells: list[list[str]] = []
+        self._numeric = [True] * len(header)
+
+    def add(self, values: list[Any]) -> None:
+        self._cells.append([_cell(value, self._to_json) for value in values])
+        for at, value in enumerate(values):
+            if not (
+                value is MISSING or (isinstance(value, int | float) and not isinstance(value, bool))
+            ):
+                self._numeric[at] = False
+
+    def print(self) -> None:
+        numeric = [right and bool(self._cells) for right in self._numeric]
+        widths = [
+            max([len(name), *(len(row[at]) for row in self._cells)])
+            for at, name in enumerate(self.header)
+        ]
+
+        def line(texts: list[str]) -> str:
+            return "  ".join(
+                text.rjust(width) if right else text.ljust(width)
+                for text, width, right in zip(texts, widths, numeric, strict=True)
+            ).rstrip()
+
+        print(line(self.header))
+        print(line(["-" * width for width in widths]))
+        for row in self._cells:
+            print(line(row))
+
+
 def print_table(header: list[str], rows: list[list[Any]], to_json: Any) -> None:
-    """Columns as wide as their widest cell; numbers right-aligned, the rest left."""
+    """``rows`` of values as a ``Table``."""
 
-    cells = [[_cell(value, to_json) for value in row] for row in rows]
-    numeric = [
-        bool(rows)
-        and all(
-            value is MISSING or (isinstance(value, int | float) and not isinstance(value, bool))
-            for value in (row[at] for row in rows)
-        )
-        for at in range(len(header))
-    ]
-    widths = [max([len(name), *(len(row[at]) for row in cells)]) for at, name in enumerate(header)]
-
-    def line(texts: list[str]) -> str:
-        return "  ".join(
-            text.rjust(width) if right else text.ljust(width)
-            for text, width, right in zip(texts, widths, numeric, strict=True)
-        ).rstrip()
-
-    print(line(header))
-    print(line(["-" * width for width in widths]))
-    for row in cells:
-        print(line(row))
+    table = Table(header, to_json)
+    for row in rows:
+        table.add(row)
+    table.print()
 
 
 __all__ = [
     "CELL",
     "FORMATS",
+    "Table",
     "print_table",
     "register",
 ]

@@ -300,3 +300,47 @@ def test_bad_input_is_exit_2_with_a_message_and_writes_nothing(
     assert code == 2 and out == "" and not (tmp_path / "none").exists(), err
     assert _digest(path) == before
     assert set(LIST_KINDS) == {"conversations", "entries", "tasks", "submissions", "documents"}
+
+
+def test_a_table_holds_cells_not_values(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A table waits for every row to size its columns; it keeps each row as its cut cells, so
+    listing 3,000 entries of 10 KB holds a page of entries and some hundred bytes a row, not
+    every entry."""
+
+    import tracemalloc
+
+    path = tmp_path / "big"
+
+    async def build() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            for first in range(0, 3000, 100):
+                writes = [
+                    {
+                        "type": "entry",
+                        "value": {
+                            "id": 10 + n,
+                            "conversationId": 1,
+                            "kind": "m",
+                            "data": {"text": f"{n} " + "y" * 10_000},
+                        },
+                    }
+                    for n in range(first, first + 100)
+                ]
+                await storage.commit(writes, CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(build())
+    tracemalloc.start()
+    try:
+        code, out, err = call(capsys, "list", path, "entries")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert code == 0, err
+    assert len(out.splitlines()) == 3002
+    assert peak < 15_000_000, f"peak {peak:,} bytes (the entries themselves take 30 MB)"
