@@ -302,9 +302,7 @@ def test_bad_input_is_exit_2_with_a_message_and_writes_nothing(
     assert set(LIST_KINDS) == {"conversations", "entries", "tasks", "submissions", "documents"}
 
 
-def test_a_table_holds_cells_not_values(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_a_table_holds_cells_not_values(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A table waits for every row to size its columns; it keeps each row as its cut cells, so
     listing 3,000 entries of 10 KB holds a page of entries and some hundred bytes a row, not
     every entry."""

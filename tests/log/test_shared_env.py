@@ -4,6 +4,7 @@ them never race each other into py-lmdb's "already open in this process" refusal
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,22 +61,16 @@ def test_threads_opening_and_closing_handles_on_one_store_all_succeed(tmp_path: 
     writer = Environment(path, durability="process")
     commit(writer, WriteLog(writer), [{"type": "entry", "value": 1}])
     writer.close()
-    failures: list[BaseException] = []
 
-    def churn() -> None:
-        try:
-            for _ in range(200):
-                env = Environment(path, readonly=True)
-                try:
-                    assert WriteLog(env).head() == 1
-                finally:
-                    env.close()
-        except BaseException as error:  # reported to the test's thread
-            failures.append(error)
+    def churn() -> int:
+        for _ in range(200):
+            env = Environment(path, readonly=True)
+            try:
+                assert WriteLog(env).head() == 1
+            finally:
+                env.close()
+        return 200
 
-    threads = [threading.Thread(target=churn) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert failures == []
+    with ThreadPoolExecutor(4) as pool:
+        churning = [pool.submit(churn) for _ in range(4)]
+        assert [done.result(60) for done in churning] == [200] * 4

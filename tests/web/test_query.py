@@ -133,7 +133,10 @@ async def test_one_requests_failure_never_closes_the_handle_another_is_reading(s
             assert answer.status == 200 and await answer.text() == "conversation 1"
         assert held.log.env.closed, "closed once its last reader ended"
         async with client.get("/conversations") as after:
-            assert after.status == 200, ("the next request opens the store afresh", await after.text())
+            assert after.status == 200, (
+                "the next request opens the store afresh",
+                await after.text(),
+            )
     finally:
         await client.close()
         await server.close()
