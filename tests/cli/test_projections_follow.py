@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+import pytest
 from pi_durable_lmdb.log import Commit
 from pi_durable_lmdb.projections.user import Projection, Tables
 from pi_durable_lmdb.storage import LmdbStorage
@@ -97,6 +98,7 @@ def _writer(path: Path) -> tuple[subprocess.Popen[str], Lines]:
     return writer, said
 
 
+@pytest.mark.slow
 async def test_follow_started_with_the_writer_waits_for_its_build_and_sees_it_served(
     tmp_path: Path,
 ) -> None:

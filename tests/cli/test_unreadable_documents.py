@@ -78,6 +78,8 @@ COMMANDS: dict[str, tuple[list[str], int]] = {
     "promote": (["promote", "STORE", *NATS], 2),  # no NATS server answers: a refusal
     "snapshot": (["snapshot", "STORE", *NATS], 2),
 }
+WAIT_FOR_NATS = {"promote", "snapshot"}
+"""Commands that wait out their connection timeout for the server that never answers (slow)."""
 ELSEWHERE = {
     "import --from-pi-durable": "test_a_pi_durable_source_holding_one_imports_the_rest",
     "serve": "test_every_page_of_the_web_view_answers",
@@ -98,7 +100,13 @@ def test_every_command_is_covered() -> None:
     assert names == covered
 
 
-@pytest.mark.parametrize("name", list(COMMANDS))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.slow) if name in WAIT_FOR_NATS else name
+        for name in COMMANDS
+    ],
+)
 def test_every_command_answers_as_usual(
     name: str,
     store: tuple[Path, dict[str, Any]],

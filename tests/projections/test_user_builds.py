@@ -479,6 +479,7 @@ SLOW_BUILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 async def test_a_build_shows_its_progress_to_status_and_the_command_line(tmp_path: Path) -> None:
     path = tmp_path / "store"
     await _store(path, 2000, [Counter()])

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from ..support.natsserver import NatsNode, free_port, nats_server  # noqa: F401  (fixture)
 
 DURABLE_LOG = [sys.executable, "-m", "pi_durable_lmdb.cli"]
@@ -22,6 +24,7 @@ def run(*args: object) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_replica_that_cannot_reach_nats_or_its_stream_creates_nothing(
     tmp_path: Path, nats_server: NatsNode
 ) -> None:

@@ -136,6 +136,7 @@ def test_bad_input_to_the_search_data_is_a_400_naming_it(tmp_path: Path) -> None
         assert store_files(path) == before
 
 
+@pytest.mark.slow
 def test_the_search_page_shows_progress_then_results_in_a_browser(
     browser: Any,
     tmp_path: Path,
