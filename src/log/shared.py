@@ -65,26 +65,36 @@ class SharedEnv:
         self.users = 0
         self.dbs: dict[bytes, lmdb._Database] = {}
         self.gate = Gate()
+        self.closing: threading.Event | None = None
+        """Set (to an event that fires once it is closed) when its last handle gives it up."""
 
 
 open_envs: dict[str, SharedEnv] = {}
 
 _opening = threading.Lock()
-"""Held while a handle takes or gives up an environment, closing included: an open on one thread
-waits for another thread's close of the same store to finish (py-lmdb refuses to open what is
-still open), and the users count is never changed by two threads at once."""
+"""Held while a handle takes or gives up an environment: the users counts and ``open_envs`` are
+never changed by two threads at once. An environment being closed stays in ``open_envs`` until it
+is, and an open of its store on another thread waits for that (py-lmdb refuses to open what is
+still open); the closing itself runs outside the lock, as it may wait for another thread's
+transaction to end."""
 
 
 def acquire(path: str, mode: Mode, map_size: int) -> SharedEnv:
     """The environment of ``path`` in this process, opened for ``mode`` if it is not open yet."""
 
-    with _opening:
-        return _acquire(path, mode, map_size)
-
-
-def _acquire(path: str, mode: Mode, map_size: int) -> SharedEnv:
     real = os.path.realpath(path)
-    shared = open_envs.get(real)
+    while True:
+        with _opening:
+            shared = open_envs.get(real)
+            if shared is None or shared.closing is None:
+                return _acquire(path, real, shared, mode, map_size)
+            closing = shared.closing
+        closing.wait()
+
+
+def _acquire(
+    path: str, real: str, shared: SharedEnv | None, mode: Mode, map_size: int
+) -> SharedEnv:
     if shared is None:
         refuse_links(path)
         check_not_truncated(path)
@@ -117,7 +127,7 @@ def refuse_shared_conflict(path: str, mode: Mode) -> None:
 
 def _refuse_conflict(path: str, mode: Mode) -> None:
     shared = open_envs.get(os.path.realpath(path))
-    if shared is None:
+    if shared is None or shared.closing is not None:  # gone once closed: ``acquire`` waits
         return
     if shared.readonly:
         raise WriterLockedError(path, " read-only by this process; close those readers first")
@@ -134,11 +144,17 @@ def release(shared: SharedEnv) -> None:
 
     with _opening:
         shared.users -= 1
-        if shared.users == 0:
+        if shared.users:
+            return
+        closing = shared.closing = threading.Event()
+    try:
+        shared.env.close()
+    finally:
+        with _opening:
             for key, value in list(open_envs.items()):
                 if value is shared:
                     del open_envs[key]
-            shared.env.close()
+        closing.set()
 
 
 forks = 0
