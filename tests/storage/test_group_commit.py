@@ -411,12 +411,16 @@ async def test_close_during_load_keeps_every_acknowledged_commit(
 
 
 async def test_a_direct_commit_waits_for_a_yielding_holder_which_lets_go_when_told(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A user projection's chunk holds the lock through ``yielding()`` and ends when
     ``contended()``: a direct commit waits for it (no writer thread); an ``exclusive()`` holder
-    (a rebuild) sends the commit to the writer thread instead, and it waits there."""
+    (a rebuild) sends the commit to the writer thread instead, and it waits there. The wait is
+    made longer than any load can stretch the holder's answer (2 ms in the package)."""
 
+    from pi_durable_lmdb.storage import committer as committer_module
+
+    monkeypatch.setattr(committer_module, "YIELD_WAIT", 30.0)
     storage = await LmdbStorage.open(tmp_path / "s", durability="process")
     committer = storage._committer
     try:
@@ -426,7 +430,7 @@ async def test_a_direct_commit_waits_for_a_yielding_holder_which_lets_go_when_to
         def chunk() -> None:
             with committer.yielding():
                 held.set()
-                for _ in range(2000):  # a fold checking after each record, for 2 s at most
+                for _ in range(30_000):  # a fold checking after each record, 30 s at most
                     if committer.contended():
                         told.set()
                         break
