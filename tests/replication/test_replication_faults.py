@@ -520,8 +520,9 @@ def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(
     """The server is down longer than a writer's lease may go unrenewed (``lease_ttl=2``: 1.5 s):
     a commit is then refused at once with ``LeaseLapsedError`` (a ``NotWriterError``) naming the
     lease, committing nothing. Once the server is back, nobody else having taken the lease, the
-    writer takes it again (a new epoch, fenced on the subject) and commits resume in the same
-    handle; nothing acknowledged is lost and the subject holds each record once."""
+    writer holds it again (taken again with a new epoch, fenced on the subject, or renewed by a
+    request sent before it lapsed) and commits resume in the same handle; nothing acknowledged is
+    lost and the subject holds each record once."""
 
     path = tmp_path / "store"
     stream = "lease"
@@ -561,7 +562,11 @@ def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(
                 )
                 await asyncio.sleep(0.1)
             resumed = time.monotonic() - back
-            assert storage.replication.epoch > epoch
+            # Taken again (a new epoch, fenced on the subject); or, when a renewal sent just
+            # before the lease lapsed waited in the client for the server to come back, renewed
+            # at its epoch: its revision was unchanged, so nobody took the lease meanwhile.
+            regained = storage.replication.epoch > epoch
+            assert storage.replication.epoch >= epoch
             for id in range(1000, 1020):
                 acked.append(await storage.commit([_entry(id)], CTX))
             assert acked == sorted(set(acked)) and acked[-1] == storage.log.head()
@@ -574,7 +579,7 @@ def test_a_writer_cut_off_longer_than_its_lease_stops_then_takes_it_again(
         records = check_subject(messages, store, local)
         assert len(records) == len(local)
         fences = [message.epoch for message in messages if message.kind == "fence"]
-        assert fences == sorted(set(fences)) and len(fences) >= 2, fences
-        print(f"commits resumed {resumed:.2f} s after the server was back")
+        assert fences == sorted(set(fences)) and len(fences) >= 1 + regained, fences
+        print(f"commits resumed {resumed:.2f} s after the server was back ({regained=})")
 
     _bounded(60, body())
