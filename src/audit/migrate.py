@@ -221,7 +221,15 @@ def parse_batch(number: int, line: str) -> tuple[int, int, list[Any]]:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """A value as a refusal shows it, in at most 40 characters. An integer past the interpreter's
+    digit limit (4,300) has no ``repr``: it is named by its size."""
+
+    if type(value) is int and value.bit_length() >= 256:
+        return f"an integer of {value.bit_length():,} bits"
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past the digit limit inside it
+        return f"a {type(value).__name__} holding an integer too long to show"
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -543,6 +543,28 @@ def _jsonable(node: Any) -> Any:
     return node
 
 
+HUGE = "9" * 5_000
+"""An integer past the interpreter's digit limit (4,300): it has no ``repr``."""
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f'{{"seq": {SEQ}, "committedAt": 1, "writes": {HUGE}}}',
+        f'{{"seq": {SEQ}, "committedAt": 1, "writes": {{"a": [{HUGE}]}}}}',
+        f'{{"seq": {SEQ}, "committedAt": {HUGE}, "writes": []}}',
+        f'{{"seq": [{HUGE}], "committedAt": 1, "writes": []}}',
+    ],
+    ids=["writes", "writes holding it", "committedAt", "seq holding it"],
+)
+def test_an_export_line_holding_an_integer_past_the_digit_limit_is_refused_naming_the_line(
+    line: str,
+) -> None:
+    with pytest.raises(ValueError, match=r"^Line 4 of the export is not a batch: ") as refused:
+        parse_batch(4, line)
+    assert len(str(refused.value)) < 300
+
+
 @pytest.mark.parametrize("number", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
 @pytest.mark.parametrize("record_format", [1, 2, 3], ids=["raw", "deflate", "zstd"])
 def test_a_record_holding_a_number_json_cannot_is_corrupt(
