@@ -21,8 +21,7 @@ from pi_durable.types import DocumentId, TaskId
 
 from ..errors import SearchIndexError
 from ..log import Environment, WriteLog
-from ..projections import ReadModel
-from ..projections.rebuild import open_core
+from ..projections.rebuild import Following
 from ..projections.search_index import (
     CHUNK,
     DOCUMENT,
@@ -131,14 +130,13 @@ def catch_up(
             raise SearchIndexError(
                 f"The search index at {index.path} keeps being reset by other processes; try again"
             )
-        model: list[ReadModel] = []
+        core = Following(env, log)  # a rebuild elsewhere may swap generations meanwhile
 
         def document_at(id: int, seq: int) -> Any:
-            if not model:
-                model.append(open_core(env, log))
+            txn, model = core.read()
             try:
-                with env.read() as txn:
-                    found = model[0].materialize(txn, id, seq)
+                with txn:
+                    found = model.materialize(txn, id, seq)
             except (
                 StorageRequestError
             ):  # a current-only document keeps no past values: nothing to index

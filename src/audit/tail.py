@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..log import Commit, Environment, WriteLog, write_to_builtins
 from ..log.records import WRITE_TYPES, decode_record, decode_record_builtins
-from ..projections import ReadModel
-from ..projections.rebuild import open_core, read_header
+from ..projections.rebuild import Following
 from .jsonlines import to_json
 from .words import plural
 
@@ -106,7 +105,7 @@ class Tail:
         self.env = Environment(path, readonly=True)
         self.log = WriteLog(self.env)
         self.filter = filter or TailFilter()
-        self._model: ReadModel | None = None
+        self._core = Following(self.env, self.log)
 
     def close(self) -> None:
         """Release the read-only environment (a tail holds no read transaction between reads)."""
@@ -124,11 +123,9 @@ class Tail:
         return self.filter.select(commit.writes, self._document_record)
 
     def _document_record(self, id: int) -> Any:
-        header = read_header(self.env)
-        if self._model is None or header is None or header.generation != self._model.generation:
-            self._model = open_core(self.env, self.log)  # a rebuild elsewhere swapped generations
-        with self.env.read() as txn:
-            return self._model.document_record(txn, id)
+        txn, model = self._core.read()  # a rebuild elsewhere may swap generations
+        with txn:
+            return model.document_record(txn, id)
 
     def last(
         self, count: int, first: int = 1, last: int | None = None

@@ -166,6 +166,24 @@ def begin_following(
     return txn, model, raw
 
 
+class Following:
+    """A read-only reader's core read model, kept on the generation each read's snapshot names:
+    a rebuild by the writer in another process swaps generations and drops the old tables."""
+
+    def __init__(self, env: Environment, log: WriteLog) -> None:
+        self.env, self.log = env, log
+        self.model: ReadModel | None = None
+        self._known: bytes | None = None
+
+    def read(self) -> tuple[lmdb.Transaction[bytes], ReadModel]:
+        """A read transaction (the caller ends it) and the read model its snapshot serves."""
+
+        if self.model is None:
+            self.model = open_core(self.env, self.log)
+        txn, self.model, self._known = begin_following(self.env, self.model, self._known)
+        return txn, self.model
+
+
 def catch_up(
     env: Environment, log: WriteLog, model: ReadModel, progress: Progress | None = None
 ) -> int:
@@ -253,6 +271,7 @@ __all__ = [
     "CORE_KEY",
     "FOLD_CHUNK",
     "REGISTRY_DB",
+    "Following",
     "Progress",
     "abandon",
     "begin_following",

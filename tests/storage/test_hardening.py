@@ -538,6 +538,37 @@ async def test_a_read_only_open_follows_a_rebuild_that_lands_while_it_opens(
     assert stats(path).counts == expected
 
 
+async def test_stats_reads_its_core_projection_from_one_snapshot_while_a_rebuild_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stats`` reads the core projection's counts and state in one read transaction; a rebuild
+    in another process that drops that generation while ``stats`` goes on (here: as it reads the
+    shipping marker) changes nothing in what it reports."""
+
+    import importlib
+
+    stats_module = importlib.import_module("pi_durable_lmdb.audit.stats")  # not the function
+    path = tmp_path / "s"
+    storage = await _filled_store(path, commits=40)
+    await storage.close()
+    before = stats_module.stats(path)
+    real = stats_module.stopped_reason
+    landed: list[int] = []
+
+    def rebuild_meanwhile(at: str) -> Any:
+        if not landed:
+            landed.append(1)
+            done = subprocess.run([CLI, "rebuild", str(path)], capture_output=True, timeout=120)
+            assert done.returncode == 0, done.stderr.decode()
+        return real(at)
+
+    monkeypatch.setattr(stats_module, "stopped_reason", rebuild_meanwhile)
+    during = stats_module.stats(path)
+    assert landed, "the rebuild landed while stats read"
+    assert during.counts == before.counts
+    assert during.projections.core.folded_seq == before.projections.core.folded_seq
+
+
 # ── 9. the log's own reads with arguments of every kind ─────────────────────
 
 
