@@ -21,7 +21,7 @@ from ..log.stream.shipper import stopped_reason
 from ..log.writelog import LOG_DB
 from ..projections import tables as t
 from ..projections import userstate
-from ..projections.rebuild import begin_following, open_core, projection_state
+from ..projections.rebuild import begin_following, folded_through, open_core, projection_state
 from ..projections.userstate import ProjectionStatus
 from .tail import open_stream
 from .words import format_bytes, plural
@@ -237,11 +237,8 @@ def stats(path: str | os.PathLike[str]) -> Stats:
             )
             live_documents = txn.stat(model.db[t.DOCUMENT_CURRENT])["entries"]
             state = projection_state(txn, model)
-            core_folded = None if state is None else state.folded_seq
-            if state is not None and state.lockstep:
-                core_folded = log.head(
-                    txn
-                )  # read in this snapshot: its generation may be dropped after
+            # in this snapshot: a rebuild elsewhere may drop its generation right after
+            core_folded = None if state is None else folded_through(txn, log, state)
             position = _stored_position(txn, env)
         served, builds, _ = userstate.stored(env)
         users = {

@@ -142,19 +142,9 @@ class Table:
             print(line(row))
 
 
-def print_table(header: list[str], rows: list[list[Any]], to_json: Any) -> None:
-    """``rows`` of values as a ``Table``."""
-
-    table = Table(header, to_json)
-    for row in rows:
-        table.add(row)
-    table.print()
-
-
 __all__ = [
     "CELL",
     "FORMATS",
     "Table",
-    "print_table",
     "register",
 ]

@@ -48,12 +48,20 @@ def projection_state(txn: lmdb.Transaction[bytes], model: ReadModel) -> t.Projec
     return None if raw is None else t.state_decoder.decode(raw)
 
 
+def folded_through(
+    txn: lmdb.Transaction[bytes], log: WriteLog, state: t.ProjectionState | None
+) -> int:
+    """The last sequence a model has folded, by its ``state`` read in ``txn``: the log's head in
+    that snapshot when it folds in lockstep with every commit."""
+
+    if state is not None and state.lockstep:
+        return log.head(txn)
+    return 0 if state is None else state.folded_seq
+
+
 def folded_seq(env: Environment, log: WriteLog, model: ReadModel) -> int:
     with env.read() as txn:
-        state = projection_state(txn, model)
-        if state is not None and state.lockstep:
-            return log.head(txn)
-    return 0 if state is None else state.folded_seq
+        return folded_through(txn, log, projection_state(txn, model))
 
 
 def mark_lockstep(txn: lmdb.Transaction[bytes], model: ReadModel) -> None:
@@ -78,13 +86,8 @@ def open_core(
         model = _open_generation(env, header, verify_checksums)
         txn, model, _ = begin_following(env, model)  # a rebuild elsewhere may swap meanwhile
         with txn:  # one snapshot, or a commit in between looks like a lag
-            state = projection_state(txn, model)
             head = log.head(txn)
-            folded = (
-                head
-                if state is not None and state.lockstep
-                else (0 if state is None else state.folded_seq)
-            )
+            folded = folded_through(txn, log, projection_state(txn, model))
         if folded < head:
             raise ProjectionsBehind(
                 f"The projections of {env.path} are behind the log (folded {folded} of {head}); "
@@ -277,6 +280,7 @@ __all__ = [
     "begin_following",
     "catch_up",
     "folded_seq",
+    "folded_through",
     "follow_swap",
     "mark_lockstep",
     "open_core",

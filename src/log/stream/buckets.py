@@ -72,11 +72,8 @@ class JetStreamKeys:
         try:
             kv = await self._leases()
             entry = await kv.get(key)
-        except (
-            nats.js.errors.KeyNotFoundError
-        ) as error:  # KeyDeletedError too: its marker's revision
-            found = getattr(error, "entry", None)
-            return None, 0 if found is None or not found.revision else int(found.revision)
+        except nats.js.errors.KeyNotFoundError as error:
+            return None, _revision_of_missing(error)
         except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as error:
             raise NatsUnavailableError(
                 f"NATS did not answer for the lease {key} ({type(error).__name__}: {error})"
@@ -127,11 +124,8 @@ class JetStreamKeys:
         try:
             kv = await self._bucket(bucket)
             entry = await kv.get(key)
-        except (
-            nats.js.errors.KeyNotFoundError
-        ) as error:  # KeyDeletedError too: its marker's revision
-            found = getattr(error, "entry", None)
-            return None, 0 if found is None or not found.revision else int(found.revision)
+        except nats.js.errors.KeyNotFoundError as error:
+            return None, _revision_of_missing(error)
         except (TimeoutError, nats.errors.Error) as error:
             raise _failed(f"{self.connection.stream}-{bucket}", key, error) from None
         return bytes(entry.value or b""), int(entry.revision)
@@ -183,6 +177,14 @@ class JetStreamKeys:
                 )
             self._buckets[name] = kv
         return kv
+
+
+def _revision_of_missing(error: BaseException) -> int:
+    """The revision of a key nats-py found missing: 0 when it was never set, its delete
+    marker's when it was deleted (``KeyDeletedError``, a ``KeyNotFoundError``, carries it)."""
+
+    found = getattr(error, "entry", None)
+    return 0 if found is None or not found.revision else int(found.revision)
 
 
 def _failed(bucket: str, key: str, error: BaseException) -> ReplicationError:
