@@ -23,12 +23,14 @@ would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs
 else as format 1, which every version reads; all three are read. The checksum covers the stored
 bytes, so damage is caught before anything is decompressed."""
 
-SCHEMA_VERSION: Final = 8
+SCHEMA_VERSION: Final = 9
 """Bump when any table of ``projections.tables`` changes shape: the projections are then rebuilt
 from the log. Version 6 keys document addresses and scopes by the reference's text of them;
 version 7 spaces a document's snapshots by the bytes of its deltas as well (``SNAPSHOT_SHARE``);
 version 8 keeps a long document's row as a head (``CurrentValue.held``, ``documents``), not its
-value."""
+value; version 9 names the chain of the snapshot a head placed (``CurrentValue.snapshot_chain``)
+and keeps snapshots without history rows (a snapshot is a shortcut to a value the revisions
+hold, put after its commit or never)."""
 
 
 __all__ = [

@@ -21,7 +21,7 @@ from ..errors import (  # the log layer's errors, defined in the one error tree;
     WrongStoreError,
 )
 from .durability import Durability, Mode, Role, mode_for
-from .environment import Environment
+from .environment import Environment, WriteTransaction
 from .records import (
     FORMAT_VERSION,
     Commit,
@@ -45,6 +45,7 @@ __all__ = [
     "Role",
     "Write",
     "WriteLog",
+    "WriteTransaction",
     "check_committed_at",
     "decode_batch",
     "decode_record",

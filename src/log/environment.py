@@ -81,6 +81,51 @@ REMAP_PATIENCE: Final = 5.0
 this process stayed open all that time (held across an ``await``, or on the growing thread)."""
 
 
+class WriteTransaction:
+    """The effects of one write transaction that wait for its end (``Environment.write``).
+
+    Work run in a write transaction changes nothing outside LMDB before LMDB's commit returns:
+    what it would change (a cache, a queue, a thread to wake) it hands to ``on_commit``, and
+    ``on_abort`` says what to drop if the transaction does not commit (a map growth runs the
+    work again in a fresh transaction; a failed flush, commit or publish aborts it). Callbacks
+    run on the committing thread, in the order given, once; ``txn`` is LMDB's transaction."""
+
+    __slots__ = ("_aborted", "_committed", "txn")
+
+    def __init__(self, txn: lmdb.Transaction[bytes]) -> None:
+        self.txn = txn
+        self._committed: list[Callable[[], None]] = []
+        self._aborted: list[Callable[[], None]] = []
+
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once this transaction has committed (never if it does not)."""
+
+        self._committed.append(callback)
+
+    def on_abort(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` if this transaction ends without committing."""
+
+        self._aborted.append(callback)
+
+    def _end(self, committed: bool) -> None:
+        """Run the callbacks of how the transaction ended; a failure goes on once all ran."""
+
+        callbacks = self._committed if committed else self._aborted
+        self._committed, self._aborted = [], []
+        _run_all(callbacks, 0)
+
+
+def _run_all(callbacks: list[Callable[[], None]], start: int) -> None:
+    """Call ``callbacks[start:]`` in order; each runs even if one before it raised."""
+
+    for at in range(start, len(callbacks)):
+        try:
+            callbacks[at]()
+        except BaseException:
+            _run_all(callbacks, at + 1)  # the rest, then the failure goes on
+            raise
+
+
 class Environment:
     """An open store directory. Use one per process per directory; never across ``fork()``.
 
@@ -121,6 +166,8 @@ class Environment:
         self._lock_fd: int | None = None
         self.journal: CommitJournal | None = None
         """The journal that makes commits durable (``Mode.JOURNALED``), else None."""
+        self.writing: WriteTransaction | None = None
+        """The write transaction this handle is running, while its work runs (``effects``)."""
         created = False
         if self.readonly:
             if not os.path.isfile(os.path.join(self.path, "data.mdb")):
@@ -279,13 +326,24 @@ class Environment:
             self._held.pop()
             return txn
 
+    def effects(self, txn: lmdb.Transaction[bytes]) -> WriteTransaction:
+        """The effects of ``txn``, the write transaction this handle is running: what its work
+        changes outside LMDB goes through them (``WriteTransaction``)."""
+
+        writing = self.writing
+        if writing is None or writing.txn is not txn:
+            raise RuntimeError(f"no write transaction of the store at {self.path} is running here")
+        return writing
+
     def write(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         """Run ``work`` in one write transaction and commit it, growing the map when it is full.
 
         ``work`` is run again from the start after a growth, so it must change nothing outside
-        the transaction before it returns. With a journal, its hooks run around the transaction:
-        the records ``work`` staged are flushed as one frame before LMDB commits (the only device
-        flush a commit waits for), and the frame is unmade if the commit fails.
+        the transaction itself: what it would change elsewhere it hands to the transaction's
+        ``effects`` (``WriteTransaction.on_commit``), which run only once LMDB's commit returned,
+        and are dropped (``on_abort``) when it does not. With a journal, its hooks run around the
+        transaction: the records ``work`` staged are flushed as one frame before LMDB commits
+        (the only device flush a commit waits for), and the frame is unmade if the commit fails.
         """
 
         self.check_open()
@@ -300,8 +358,10 @@ class Environment:
             result: T
             if journal is not None:
                 journal.begin()  # no checkpoint until this transaction ends
+            writing: WriteTransaction | None = None
             try:
                 txn = self.env.begin(write=True)
+                writing = self.writing = WriteTransaction(txn)
                 try:
                     result = work(txn)
                     began = self.clock()
@@ -329,17 +389,24 @@ class Environment:
                 if framed and done and journal is not None:
                     journal.confirm()  # before end(): the next transaction's frame follows this one
             finally:
+                self.writing = None
                 if journal is not None:
                     journal.end()
                 if full is None:
                     self._held.pop()
+                if writing is not None and not done:
+                    writing._end(False)  # aborted: by a failure, or to be run again after a growth
+            assert writing is not None
             if done:
-                if framed and journal is not None:
-                    if self.on_flush is not None:
-                        self.on_flush(seconds)
-                    journal.committed()  # a checkpoint when one is due
-                elif journal is not None:
-                    journal.wrote()  # its freed pages count toward the next checkpoint too
+                try:
+                    writing._end(True)  # the effects of what committed, whatever follows
+                finally:
+                    if framed and journal is not None:
+                        if self.on_flush is not None:
+                            self.on_flush(seconds)
+                        journal.committed()  # a checkpoint when one is due
+                    elif journal is not None:
+                        journal.wrote()  # its freed pages count toward the next checkpoint too
                 return result
             if framed and journal is not None:
                 try:
@@ -608,4 +675,5 @@ __all__ = [
     "REMAP_PATIENCE",
     "STORE_FORMAT",
     "Environment",
+    "WriteTransaction",
 ]

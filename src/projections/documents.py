@@ -26,18 +26,36 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import lmdb
 
+from ..log import Environment
 from ..log.records import BaseContent, DeltaContent
+from ..log.threads import Worker
 from . import tables as t
 from .delta import Folding, Json, apply_batches, apply_ops, copy_json
 from .ranges import ids_in_range
 from .rows import Rows
+
+SNAPSHOT_EVERY: Final = 64
+"""A document's value is kept (a snapshot) at most every this many deltas, so a read at a past
+point (or in a view) of a small document replays at most this many deltas however long the
+tail is."""
+SNAPSHOT_SHARE: Final = 8
+"""...and only once the deltas since the last snapshot (or base) hold at least 1/8 of the bytes of
+the value then (``CurrentValue.size``). Why: a snapshot is the whole value, so at a fixed count a
+document that grows every turn (a transcript never checkpointed) stored its whole text every 64
+turns: bytes quadratic in its history, where SQLite's backend keeps deltas only. With this share,
+snapshots hold at most nine times the bytes of the deltas they follow (before they are
+deflated), so a document's bytes stay linear in its history, and a past read replays at most an
+eighth of the value in deltas (a run of appends is joined and applied once,
+``delta.apply_batches``), about what decoding the snapshot itself costs."""
+LOOK_CHUNK: Final = 256
+"""Head rows a read transaction of the packer's look for lost snapshots reads at most."""
 
 
 def link(chain: str, seq: int, encoded_revision: bytes) -> str:
@@ -114,6 +132,17 @@ class DocumentCache:
             self._trim(id)
             return True
 
+    def take(self, id: int, chain: str) -> _Entry | None:
+        """Take out the entry under ``chain`` (a write transaction advances it apart, and puts
+        it back once it commits), or None."""
+
+        with self._lock:
+            entry = self._items.get(id)
+            if entry is None or entry.chain != chain:
+                return None
+            self._drop(id)
+            return entry
+
     def put(self, id: int, chain: str, folding: Folding, size: int) -> None:
         """Hold ``folding`` (owned by the cache from now on) under ``chain``."""
 
@@ -146,24 +175,68 @@ class DocumentCache:
 Unseal = Callable[[bytes, str, bytes], bytes]
 
 
+class _Staged:
+    """What one write transaction changes in the cache (entries it advanced or replayed, by id;
+    None for one it dropped) and whether it put the packed snapshots: applied to the cache only
+    once the transaction commits, forgotten if it does not."""
+
+    __slots__ = ("entries", "landed", "txn")
+
+    def __init__(self, txn: lmdb.Transaction[bytes]) -> None:
+        self.txn = txn
+        self.entries: dict[int, _Entry | None] = {}
+        self.landed: list[bytes] | None = None
+        """The keys of the packed snapshots it put (or dropped), once it did."""
+
+
+class _Look:
+    """The packer's work of looking for snapshots lost in a crash (``look_for_lost``)."""
+
+
+class _Packing:
+    """A snapshot to pack: its key, the chain of the revision it was made at, its row."""
+
+    __slots__ = ("chain", "key", "row")
+
+    def __init__(self, key: bytes, chain: str, row: t.CurrentValue) -> None:
+        self.key, self.chain, self.row = key, chain, row
+
+
 class Documents:
     """Reads of document values over one generation's tables, and the cache they share with the
-    writer (``Projector`` writes through the same object)."""
+    writer (``Projector`` writes through the same object).
 
-    IDLE: Final = 2.0
-    """Seconds the snapshot packing thread waits for work before it ends."""
+    In a write transaction nothing here changes outside LMDB until the transaction commits
+    (``Environment.effects``): the cache entries it advances are taken out and kept apart
+    (``_Staged``), and put back under their new chains on commit; the snapshots it places are
+    queued for packing on commit; the packed snapshots it puts leave the queue on commit. A
+    transaction that fails, or is run again after a map growth, leaves nothing behind but
+    entries taken out of the cache (a later read replays them)."""
 
-    def __init__(self, db: dict[str, lmdb._Database], unseal: Unseal) -> None:
+    def __init__(self, env: Environment, db: dict[str, lmdb._Database], unseal: Unseal) -> None:
+        self.env = env
         self.db = db
         self.unseal = unseal
         self.cache = DocumentCache()
-        self._packing: queue.SimpleQueue[tuple[bytes, t.CurrentValue]] = queue.SimpleQueue()
-        self._ready: dict[bytes, bytes] = {}
-        """Snapshots packed off the commit's path, by key, until a transaction puts them."""
+        self._staged: _Staged | None = None
+        """The cache changes of the write transaction running now, if it made any."""
+        lock = threading.Lock()
+        self._wake = threading.Condition(lock)
+        """Wakes the packer (``Worker``) when a snapshot is queued, or at close."""
+        self._packed = threading.Condition(lock)
+        """Wakes ``drain`` when the packer has packed all it was given."""
+        self._packing: deque[_Packing | _Look] = deque()
+        """Snapshots to pack, in order, and looks for those lost in a crash."""
+        self._ready: dict[bytes, tuple[str, bytes]] = {}
+        """Snapshots packed off the commit's path, by key (chain, packed bytes), until a
+        transaction that puts them commits."""
         self._scheduled: set[bytes] = set()
+        """Keys queued or packed and not yet put (``recover`` packs none twice)."""
         self._queued = 0
-        self._idle = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._packer: Worker[_Packing | _Look] = Worker(
+            "lmdb-snapshots", self._wake, self._next_packing, self._pack, self._packer_done
+        )
         self._inline = False
 
     # ── the head row ────────────────────────────────────────────────────────
@@ -185,12 +258,101 @@ class Documents:
 
         if not row.held:
             return row.value  # freshly decoded from the row
-        value = self.cache.read(id, row.chain)
+        value = self._read(txn, id, row.chain)
         if value is None:
             folding = self.folding(txn, id, row)
             value = copy_json(folding.joined())
-            self.cache.put(id, row.chain, folding, row.size + row.tail_bytes)
+            self._hold(txn, id, row.chain, folding, row.size + row.tail_bytes)
         return value
+
+    # ── the cache, through the transaction that reads or changes it ─────────
+
+    def _stage(self, txn: lmdb.Transaction[bytes]) -> _Staged | None:
+        """The cache changes of ``txn`` when it is the write transaction running now (created
+        on first use, with its effects), else None: a read transaction uses the cache itself."""
+
+        writing = self.env.writing
+        if writing is None or writing.txn is not txn:
+            return None
+        staged = self._staged
+        if staged is None or staged.txn is not txn:
+            staged = self._staged = _Staged(txn)
+            writing.on_commit(lambda: self._publish(staged))
+            writing.on_abort(lambda: self._forget(staged))
+        return staged
+
+    def _publish(self, staged: _Staged) -> None:
+        """``staged``'s transaction committed: its entries go into the cache."""
+
+        if self._staged is staged:
+            self._staged = None
+        for id, entry in staged.entries.items():
+            if entry is None:
+                self.cache.discard(id)
+            else:
+                self.cache.put(id, entry.chain, entry.folding, entry.size)
+        if staged.landed:
+            with self._wake:  # put: they leave the queue of what is ready
+                for key in staged.landed:
+                    self._ready.pop(key, None)
+                    self._scheduled.discard(key)
+
+    def _forget(self, staged: _Staged) -> None:
+        if self._staged is staged:
+            self._staged = None
+
+    def _read(self, txn: lmdb.Transaction[bytes], id: int, chain: str) -> Json | None:
+        """A copy of the value under ``chain``, as ``txn`` sees the cache, or None."""
+
+        staged = self._stage(txn)
+        if staged is not None and id in staged.entries:
+            entry = staged.entries[id]
+            if entry is None or entry.chain != chain:
+                return None
+            return copy_json(entry.folding.joined())
+        return self.cache.read(id, chain)
+
+    def _hold(
+        self, txn: lmdb.Transaction[bytes], id: int, chain: str, folding: Folding, size: int
+    ) -> None:
+        staged = self._stage(txn)
+        if staged is None:
+            self.cache.put(id, chain, folding, size)
+        else:
+            staged.entries[id] = _Entry(chain, folding, size)
+
+    def _discard(self, txn: lmdb.Transaction[bytes], id: int) -> None:
+        staged = self._stage(txn)
+        if staged is None:
+            self.cache.discard(id)
+        else:
+            staged.entries[id] = None
+
+    def _advance(
+        self, txn: lmdb.Transaction[bytes], id: int, chain: str, after: str, ops: Any, size: int
+    ) -> bool | None:
+        """``DocumentCache.advance`` within ``txn``: the entry is taken out of the cache and
+        advanced apart until the transaction commits."""
+
+        staged = self._stage(txn)
+        if staged is None:
+            return self.cache.advance(id, chain, after, ops, size)
+        if id in staged.entries:
+            entry = staged.entries[id]
+            if entry is None or entry.chain != chain:
+                return False
+        else:
+            entry = self.cache.take(id, chain)
+            if entry is None:
+                return False
+        try:
+            entry.folding.apply(ops)
+        except Exception:
+            staged.entries[id] = None
+            return None
+        entry.chain, entry.size = after, size
+        staged.entries[id] = entry
+        return True
 
     def folding(self, txn: lmdb.Transaction[bytes], id: int, row: t.CurrentValue) -> Folding:
         """A fresh folding of a held row's value, replayed from the store (nothing cached)."""
@@ -263,7 +425,7 @@ class Documents:
             content.version, 0, None if held else content.value, False, 0, 0, len(encoded)
         )
         current.seq, current.chain, current.held = seq, link("", seq, encoded), held
-        self.cache.discard(id)  # a read replays from this base: one revision
+        self._discard(rows.txn, id)  # a read replays from this base: one revision
         t.put_value(rows.txn, self.db[t.DOCUMENT_VALUES], id, t.encode_row(current))
 
     def put_delta(
@@ -304,17 +466,18 @@ class Documents:
             previous.held or is_long(previous.size + tail_bytes),
         )
         size = current.size + tail_bytes
+        txn = rows.txn
         if previous.held:
             if not current.broken:
-                advanced = self.cache.advance(id, previous.chain, current.chain, content.ops, size)
+                advanced = self._advance(txn, id, previous.chain, current.chain, content.ops, size)
                 if advanced is False:  # not held here: replayed once, then held
-                    folding = self.folding(rows.txn, id, previous)
+                    folding = self.folding(txn, id, previous)
                     try:
                         folding.apply(content.ops)
                     except Exception:
                         current.broken = True
                     else:
-                        self.cache.put(id, current.chain, folding, size)
+                        self._hold(txn, id, current.chain, folding, size)
                 elif advanced is None:
                     current.broken = True
         else:
@@ -326,18 +489,20 @@ class Documents:
                     current.broken = True
             if current.held:  # it grew long: from now on a head row
                 if not current.broken:
-                    self.cache.put(id, current.chain, Folding(current.value), size)
+                    self._hold(txn, id, current.chain, Folding(current.value), size)
                 current.value = None
         if (
             not current.broken
-            and current.tail >= t.SNAPSHOT_EVERY
-            and current.tail_bytes * t.SNAPSHOT_SHARE >= current.size
+            and current.tail >= SNAPSHOT_EVERY
+            and current.tail_bytes * SNAPSHOT_SHARE >= current.size
         ):
             current.size += current.tail_bytes
             current.tail = current.tail_bytes = 0
-            current.snapshot = seq
-            if current.held and not self._inline:
-                self._defer(t.u64_pair(id, seq), self._snapshot_row(rows.txn, id, current))
+            current.snapshot, current.snapshot_chain = seq, current.chain
+            writing = self.env.writing
+            if current.held and not self._inline and writing is not None and writing.txn is txn:
+                key, row = t.u64_pair(id, seq), self._snapshot_row(txn, id, current)
+                writing.on_commit(lambda: self._defer(_Packing(key, current.chain, row)))
             else:  # a short value, or a fold (a rebuild): here, as a live commit's lands
                 self._put_snapshot(rows, id, current)
         elif previous.snapshot and not self._inline:
@@ -363,21 +528,32 @@ class Documents:
 
         value = current.value
         if current.held:
-            value = self.cache.read(id, current.chain)
+            value = self._read(txn, id, current.chain)
             if value is None:
                 value = self.replay(txn, id, current.seq)[1]
-        return t.CurrentValue(current.version, current.deltas_since_base, value, size=current.size)
+        return t.CurrentValue(
+            current.version,
+            current.deltas_since_base,
+            value,
+            size=current.size,
+            seq=current.seq,
+            chain=current.chain,
+        )
 
     # ── snapshots off the commit's path ─────────────────────────────────────
     #
-    # A long document's snapshot is encoded and deflated (~86 ms at 4 MB) on a thread of its
-    # own, from a copy of the value taken in the commit, and put by the next transaction that
-    # folds (``land``, the projector's first step) or at close. The head row names the snapshot
-    # the policy placed (``CurrentValue.snapshot``): one lost with the process before it was put
-    # is packed again at the document's next commit, rebase or retirement (``recover``); until
-    # then reads replay from the one before, and ``verify`` counts a snapshot the head names and
-    # the store lacks as pending, not as a difference. Its bytes are those a fold writes in the
-    # commit itself, so a rebuild is identical once it is put.
+    # A long document's snapshot is encoded and deflated (~86 ms at 4 MB) by the packer (a
+    # ``Worker`` thread) from a copy of the value taken in the commit, queued only once that
+    # commit returned, and put by the next transaction that folds (``land``, the projector's
+    # first step) or at close. The head row names the snapshot the policy placed
+    # (``CurrentValue.snapshot``) and the chain of the revision it was made at
+    # (``snapshot_chain``), which ``land`` compares with the packed snapshot's, so no snapshot is
+    # stored for a revision it was not made from. One lost with the process before it was put is packed again at the document's next commit,
+    # rebase or retirement, or by the look the packer takes after a writer opens
+    # (``look_for_lost``); until then reads replay from the one before. A snapshot is a
+    # shortcut, kept without history: ``verify`` counts one the log's fold places and the store
+    # lacks as pending, never as a difference. Its bytes are those a fold writes in the commit
+    # itself, so a rebuild is identical once it is put.
 
     @contextlib.contextmanager
     def inline(self) -> Iterator[None]:
@@ -390,44 +566,107 @@ class Documents:
         finally:
             self._inline = False
 
-    def _defer(self, key: bytes, row: t.CurrentValue) -> None:
-        with self._idle:
-            self._scheduled.add(key)
+    def _defer(self, packing: _Packing | _Look) -> None:
+        """Queue a snapshot for the packer (after the commit that placed it), or a look for
+        snapshots lost in a crash. Nothing is queued once the packer is closing."""
+
+        with self._wake:
+            if self._closing:
+                return
+            if isinstance(packing, _Packing):
+                if packing.key in self._scheduled:
+                    return
+                self._scheduled.add(packing.key)
             self._queued += 1
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._pack_loop, name="lmdb-snapshots", daemon=True
-                )
-                self._thread.start()
-        self._packing.put((key, row))
+            self._packing.append(packing)
+            self._packer.wake()
 
-    def _pack_loop(self) -> None:
-        """Pack what ``_defer`` queues; the thread ends once idle for ``IDLE`` seconds."""
+    def _next_packing(self) -> _Packing | _Look | None:
+        """Under the lock, for the packer: the next piece of work, or None."""
 
-        while True:
+        return self._packing.popleft() if self._packing else None
+
+    def _packer_done(self) -> bool:
+        return self._closing and not self._packing
+
+    def _pack(self, packing: _Packing | _Look) -> None:
+        """On the packer's thread: deflate one snapshot, or look for lost ones."""
+
+        if isinstance(packing, _Look):
             try:
-                key, row = self._packing.get(timeout=self.IDLE)
-            except queue.Empty:
-                with self._idle:
-                    if self._queued == 0:
-                        self._thread = None
-                        return
-                continue
-            try:
-                packed = _pack(row)
-            except Exception:  # cannot happen to a value a commit encoded; recover() retries
-                packed = None
-            with self._idle:
-                self._queued -= 1
+                self._look()
+            finally:
+                self._packed_one(None, None)
+            return
+        try:
+            packed: bytes | None = _pack(packing.row)
+        except Exception:  # cannot happen to a value a commit encoded; recover() retries
+            packed = None
+        self._packed_one(packing, packed)
+
+    def _packed_one(self, packing: _Packing | None, packed: bytes | None) -> None:
+        with self._wake:
+            self._queued -= 1
+            if packing is not None:
                 if packed is None:
-                    self._scheduled.discard(key)
+                    self._scheduled.discard(packing.key)
                 else:
-                    self._ready[key] = packed
-                self._idle.notify_all()
+                    self._ready[packing.key] = (packing.chain, packed)
+            if self._queued == 0:
+                self._packed.notify_all()
+
+    def look_for_lost(self) -> None:
+        """Have the packer look for snapshots that heads name and the store lacks (lost with a
+        process that stopped before putting them) and pack them again: a writer's open."""
+
+        self._defer(_Look())
+
+    def _look(self) -> None:
+        """The look of ``look_for_lost``, in short read transactions."""
+
+        after = b""
+        while not self._closing:
+            lost: list[tuple[int, t.CurrentValue]] = []
+            with self.env.read() as txn:
+                cursor = txn.cursor(db=self.db[t.DOCUMENT_VALUES])
+                found = cursor.set_range(after) if after else cursor.first()
+                keys: list[bytes] = []
+                while found and len(keys) < LOOK_CHUNK:
+                    key = cursor.key()
+                    if len(key) == 8:
+                        keys.append(key)
+                    found = cursor.next()
+                snapshots = self.db[t.DOCUMENT_SNAPSHOTS]
+                for key in keys:
+                    id = t.read_u64(key)
+                    found_row = self.current_encoded(txn, id)
+                    row = None if found_row is None else found_row[0]
+                    if (
+                        row is not None
+                        and row.held
+                        and row.snapshot
+                        and txn.get(t.u64_pair(id, row.snapshot), db=snapshots) is None
+                    ):
+                        lost.append((id, row))
+                for id, head in lost:
+                    version, value, deltas = self.replay(txn, id, head.snapshot)
+                    packing = t.CurrentValue(
+                        version,
+                        deltas,
+                        value,
+                        size=head.size,
+                        seq=head.snapshot,
+                        chain=head.snapshot_chain,
+                    )
+                    key = t.u64_pair(id, head.snapshot)
+                    self._defer(_Packing(key, head.snapshot_chain, packing))
+            if len(keys) < LOOK_CHUNK:
+                return
+            after = keys[-1] + b"\0"
 
     def recover(self, txn: lmdb.Transaction[bytes], id: int, head: t.CurrentValue) -> None:
         """Pack again the snapshot ``head`` names if the store lacks it and none is on its way
-        (it was lost with the process that placed it)."""
+        (it was lost with the process that placed it), once ``txn`` commits."""
 
         key = t.u64_pair(id, head.snapshot)
         if (
@@ -436,29 +675,65 @@ class Documents:
             or txn.get(key, db=self.db[t.DOCUMENT_SNAPSHOTS]) is not None
         ):
             return
+        writing = self.env.writing
+        if writing is None or writing.txn is not txn:
+            return  # not a live commit of this handle: the next one, or the packer's look, will
         version, value, deltas = self.replay(txn, id, head.snapshot)
-        self._defer(key, t.CurrentValue(version, deltas, value, size=head.size))
+        row = t.CurrentValue(
+            version, deltas, value, size=head.size, seq=head.snapshot, chain=head.snapshot_chain
+        )
+        writing.on_commit(lambda: self._defer(_Packing(key, head.snapshot_chain, row)))
 
     def land(self, txn: lmdb.Transaction[bytes]) -> None:
-        """Put the snapshots packed since the last call. One whose revision is gone (its
-        current-only document was rebased or retired) is dropped."""
+        """Put the snapshots packed so far. One is dropped when its revision is gone (its
+        current-only document was rebased or retired), or when its document's head names its
+        sequence under another chain: it was not made from the revision stored there. One a
+        newer snapshot passed before it was put is put while its revision stands: it was queued
+        only once the commit of that revision returned. They leave the queue once ``txn``
+        commits; if it does not, a later transaction puts them."""
 
         if not self._ready:
             return
-        with self._idle:
-            ready, self._ready = self._ready, {}
-            self._scheduled.difference_update(ready)
+        staged = self._stage(txn)
+        if staged is not None and staged.landed is not None:
+            return  # this transaction put them already (each batch of a group begins here)
+        with self._wake:
+            ready = dict(self._ready)
         snapshots, revisions = self.db[t.DOCUMENT_SNAPSHOTS], self.db[t.DOCUMENT_REVISIONS]
-        for key, packed in ready.items():
-            if txn.get(key, db=revisions) is not None and txn.get(key, db=snapshots) is None:
+        for key, (chain, packed) in ready.items():
+            if txn.get(key, db=revisions) is None or txn.get(key, db=snapshots) is not None:
+                continue  # its revision was retired or rebased away; or it is there already
+            found = self.current_encoded(txn, t.read_u64(key))
+            if found is None or found[0].snapshot != t.read_u64(key, 8):
+                txn.put(key, t.seal(packed), db=snapshots)  # passed by a newer one, still valid
+            elif found[0].snapshot_chain == chain:
                 txn.put(key, t.seal(packed), db=snapshots)
+        if staged is not None:
+            staged.landed = list(ready)
+        else:  # a transaction of no live handle: it holds the only copy, nothing to keep apart
+            with self._wake:
+                for key in ready:
+                    self._ready.pop(key, None)
+                    self._scheduled.discard(key)
 
     def drain(self) -> bool:
-        """Wait until every deferred snapshot is packed; whether any is left to ``land``."""
+        """Wait until every queued snapshot is packed; whether any is left to ``land``."""
 
-        with self._idle:
-            self._idle.wait_for(lambda: self._queued == 0)
+        with self._wake:
+            self._packed.wait_for(lambda: self._queued == 0)
             return bool(self._ready)
+
+    def close(self) -> None:
+        """Stop the packer (what it had not packed is packed again after the next open) and
+        wait for its thread."""
+
+        with self._wake:
+            self._closing = True
+            self._packing.clear()
+            self._queued = 0
+            self._packed.notify_all()
+            self._packer.wake()
+        self._packer.join()
 
     def write_values(self, txn: lmdb.Transaction[bytes], values: dict[int, t.CurrentValue]) -> None:
         """Store the rows an unchecked fold kept back (the table has no history to keep)."""
@@ -475,7 +750,7 @@ class Documents:
         if found is not None and not current_only:
             self.recover(rows.txn, id, found[0])
         t.delete_value(rows.txn, self.db[t.DOCUMENT_VALUES], id)  # not versioned: no history
-        self.cache.discard(id)
+        self._discard(rows.txn, id)
         if current_only:
             self.drop_revisions(rows, id)
 

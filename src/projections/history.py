@@ -86,7 +86,9 @@ class AsOfTxn:
     def value(self, table: str, key: bytes) -> bytes | None:
         if table in t.BORN_KNOWN and self._born(table, key) > self.seq:
             return None
-        code = t.TABLE_CODES[table]
+        code = t.TABLE_CODES.get(table)
+        if code is None:  # no history (a document's snapshots): the live row, once born
+            return self.txn.get(key, db=self._db[table])
         cursor = self._seek
         if cursor.set_range(code + key + t.u64(self.seq + 1)):
             found = cursor.key()
@@ -114,8 +116,8 @@ class AsOfTxn:
 
         known = self._has_history.get(table)
         if known is None:
-            code = t.TABLE_CODES[table]
-            found = self._seek.set_range(code)
+            code = t.TABLE_CODES.get(table)
+            found = code is not None and self._seek.set_range(code)
             known = self._has_history[table] = found and self._seek.key()[:1] == code
         return known
 
@@ -133,7 +135,7 @@ class _AsOfCursor:
     def __init__(self, view: AsOfTxn, table: str) -> None:
         self._view = view
         self._table = table
-        self._code = t.TABLE_CODES[table]
+        self._code = t.TABLE_CODES.get(table, b"")
         self._live = view.txn.cursor(db=view._db[table])
         self._history = view.txn.cursor(db=view._history)
         self._has_history = view.has_history(table)

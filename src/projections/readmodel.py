@@ -108,7 +108,7 @@ class ReadModel:
         self.unseal = t.unseal if verify_checksums else _unchecked
         self.checked = verify_checksums
         self.db = {name: env.db(t.db_name(generation, name)) for name in t.TABLES}
-        self.documents = Documents(self.db, self.unseal)
+        self.documents = Documents(env, self.db, self.unseal)
         """Document values: head rows, the value cache, replay (shared with the projector)."""
 
     # ── records by id ───────────────────────────────────────────────────────

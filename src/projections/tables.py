@@ -78,22 +78,11 @@ TABLES: Final = (
     HISTORY,
 )
 
-SNAPSHOT_EVERY: Final = 64
-"""A document's value is kept (a snapshot) at most every this many deltas, so a read at a past
-point (or in a view) of a small document replays at most this many deltas however long the
-tail is."""
-SNAPSHOT_SHARE: Final = 8
-"""...and only once the deltas since the last snapshot (or base) hold at least 1/8 of the bytes of
-the value then (``CurrentValue.size``). Why: a snapshot is the whole value, so at a fixed count a
-document that grows every turn (a transcript never checkpointed) stored its whole text every 64
-turns: bytes quadratic in its history, where SQLite's backend keeps deltas only. With this share, snapshots hold at most nine times the bytes of the deltas they
-follow (before they are deflated), so a document's bytes stay linear in its history, and a past
-read replays at most an eighth of the value in deltas (a run of appends is joined and applied
-once, ``delta.apply_batches``), about what decoding the snapshot itself costs."""
 
-UNVERSIONED: Final = frozenset({RECORD_IDS, DOCUMENT_VALUES, STATE, HISTORY})
+UNVERSIONED: Final = frozenset({RECORD_IDS, DOCUMENT_VALUES, DOCUMENT_SNAPSHOTS, STATE, HISTORY})
 """Tables without history: no read uses the id registry, and views replay document values from
-their revisions instead."""
+their revisions instead (a snapshot, keyed by its sequence, is read only at or before it: one
+deleted later is a shortcut a view replays without)."""
 BORN_WITH_ID: Final = frozenset(
     {CONVERSATIONS, CONVERSATION_PARENTS, TASKS, SUBMISSIONS, DOCUMENTS}
 )
@@ -441,7 +430,7 @@ class CurrentValue(msgspec.Struct, array_like=True):
     """Their stored bytes."""
     size: int = 0
     """The value's bytes at the last snapshot or base, as the revisions count them (the base's
-    stored bytes, plus each snapshot's ``tail_bytes``): what ``SNAPSHOT_SHARE`` compares with,
+    stored bytes, plus each snapshot's ``tail_bytes``): what ``documents.SNAPSHOT_SHARE`` compares with,
     known without encoding the value at every delta."""
     seq: int = 0
     """The sequence of the last revision."""
@@ -454,6 +443,8 @@ class CurrentValue(msgspec.Struct, array_like=True):
     snapshot: int = 0
     """The sequence of the newest snapshot the policy placed (0: none since the base): a live
     commit leaves writing it to ``documents.Documents.land``, after the commit."""
+    snapshot_chain: str = ""
+    """The chain at that snapshot's revision: ``land`` puts a packed snapshot only under it."""
 
 
 class CoreHeader(msgspec.Struct):
@@ -530,8 +521,6 @@ __all__ = [
     "RECORD_TYPES",
     "RECORD_TYPE_NAMES",
     "SCHEMA_VERSION",
-    "SNAPSHOT_EVERY",
-    "SNAPSHOT_SHARE",
     "STATE",
     "STATE_KEY",
     "SUBMISSIONS",

@@ -89,6 +89,7 @@ class LmdbStorage(StorageReads, Storage):
             self.log.tree.catch_up(
                 self.log, progress
             )  # a store written before the tree, or behind it
+            self._model.documents.look_for_lost()  # snapshots a stopped writer never put
         self.projections = UserProjections(
             env, self.log, projections, lambda: self._committer, lambda: self._model
         )
@@ -468,6 +469,7 @@ class LmdbStorage(StorageReads, Storage):
         with self._committer.exclusive():  # no group folds into the tables being swapped
             rebuild(self._env, self.log, progress)
             self.log.tree.rebuild(self.log, progress)
+            self._model.documents.close()  # its snapshots were for the tables swapped out
             self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
             self._projector = self._committer.projector = Projector(self._model)
 
@@ -507,6 +509,7 @@ class LmdbStorage(StorageReads, Storage):
         documents = self._model.documents
         if not self._env.readonly and documents.drain():  # snapshots packed after the last commit
             self._env.write(documents.land)
+        documents.close()
         if (
             not self._env.readonly
         ):  # the whole tiles commits left to a later write (tree.WRITE_TILES)

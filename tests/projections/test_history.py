@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
+from pi_durable_lmdb.projections.documents import SNAPSHOT_EVERY, SNAPSHOT_SHARE
 from pi_durable_lmdb.storage import LmdbStorage
 
 from tests.support.compare import REFUSALS
@@ -217,10 +218,10 @@ async def test_a_long_growing_document_keeps_snapshots_linear_in_its_deltas_and_
         await reader.close(CTX)
     snapshot_bytes = sum(len(t.unpack_row(value[t.SUM_SIZE :], "", key)) for key, value in kept)
     delta_bytes = sum(len(value) for _, value in deltas[1:])
-    assert 0 < len(kept) < 700 // t.SNAPSHOT_EVERY, [
+    assert 0 < len(kept) < 700 // SNAPSHOT_EVERY, [
         int.from_bytes(key[8:], "big") for key, _ in kept
     ]
-    assert snapshot_bytes <= (t.SNAPSHOT_SHARE + 1) * delta_bytes, (snapshot_bytes, delta_bytes)
+    assert snapshot_bytes <= (SNAPSHOT_SHARE + 1) * delta_bytes, (snapshot_bytes, delta_bytes)
 
 
 async def test_reads_without_checksum_checks_answer_the_same(tmp_path: Path) -> None:
