@@ -206,11 +206,9 @@ class Committer:
                     try:
                         if not self._closed and not self._queue and loop not in self._gathering:
                             self._commits += 1
-                            result = self._env.write(
+                            return self._env.write(
                                 lambda txn: self._commit_one(txn, payload, batch, committed_at)
                             )
-                            self._committed([result])
-                            return result
                     finally:
                         self._lock.release()
             finally:
@@ -273,6 +271,7 @@ class Committer:
         )
         if isinstance(outcome, Exception):
             raise outcome
+        self._env.effects(txn).on_commit(lambda: self._committed([outcome]))
         return outcome
 
     async def write(self, work: Callable[[lmdb.Transaction[bytes]], Any]) -> Any:
@@ -380,11 +379,6 @@ class Committer:
         try:
             self._env.write(lambda txn: self._group(txn, jobs, stream))
             self._durable(jobs)
-            if stream is not None:
-                stream.committed()
-            self._committed(
-                [job.result for job in jobs if job.batch is not None and job.error is None], stream
-            )
             return
         except ReplicationError as error:  # the stream refused or did not answer: all alike
             for job in jobs:
@@ -402,11 +396,6 @@ class Committer:
             try:
                 self._env.write(lambda txn, alone=[job]: self._group(txn, alone, stream))  # type: ignore[misc]
                 self._durable([job])
-                if stream is not None:
-                    stream.committed()
-                self._committed(
-                    [job.result] if job.batch is not None and job.error is None else [], stream
-                )
             except BaseException as error:
                 job.result, job.error = None, error
 
@@ -428,8 +417,8 @@ class Committer:
     def _committed(
         self, results: list[tuple[int, int]], stream: StreamWriter | None = None
     ) -> None:
-        """Right after a transaction holding ``results`` (sequence, highest id) committed, on the
-        committing thread: the effects every batch in the log has, whether or not its caller
+        """Right after a transaction holding ``results`` (sequence, highest id) committed (its
+        ``on_commit``), on the committing thread: the effects every batch in the log has, whether or not its caller
         still waits for it. A group that settled with a ``stream`` may have taken in another
         writer's records: ``on_commit(0)`` lets the store raise its floor past them too."""
 
@@ -487,6 +476,17 @@ class Committer:
         if stream is not None and records:
             # The stream decides the order: the transaction commits only once it holds them.
             stream.publish(txn, [seq for seq, _ in records])
+        self._env.effects(txn).on_commit(lambda: self._group_committed(jobs, stream))
+
+    def _group_committed(self, jobs: list[_Job], stream: StreamWriter | None) -> None:
+        """A group's transaction committed: its publish is settled, and its batches have the
+        effects of ``_committed``."""
+
+        if stream is not None:
+            stream.committed()
+        self._committed(
+            [job.result for job in jobs if job.batch is not None and job.error is None], stream
+        )
 
     def _resolve(self, jobs: list[_Job]) -> None:
         """On the jobs' loop: hand each caller its outcome, ``RESOLVE_CHUNK`` callers per turn

@@ -353,10 +353,13 @@ class LmdbStorage(StorageReads, Storage):
 
     def _after_commit(self, max_id: int) -> None:
         """The committer's ``on_commit``: every id a committed transaction holds (its batches',
-        and another writer's records a replicated group took in) is never minted again."""
+        and another writer's records a replicated group took in) is never minted again, and user
+        projections fold its records (whether or not its caller still waits for it)."""
 
         self._ids.raise_floor(max_id)
         self._role.after_commit(self._ids)
+        if not self._closed:  # a close waiting for this commit stops the projection worker
+            self.projections.kick()
 
     # ── for a follower taking the stream in (``storage.replica.ReplicaHost``) ─
 
@@ -429,9 +432,6 @@ class LmdbStorage(StorageReads, Storage):
         except BaseException:
             counters.commit_failures += 1
             raise
-        finally:  # a cancelled caller's batch may still commit: user projections fold it too
-            if not self._closed:  # a close waiting for this commit stops the projection worker
-                self.projections.kick()
         counters.commit_seconds.observe(time.perf_counter() - began)
         return Seq(seq)
 

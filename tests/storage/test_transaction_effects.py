@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -258,3 +261,118 @@ def test_a_commit_failing_after_its_checks_leaves_no_value_nobody_committed(
 
     asyncio.run(read_fresh(memory))
     assert verify(path) is None
+
+
+def current_only(id: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "document.create",
+            "record": {
+                "id": id,
+                "kind": "draft",
+                "scope": {"kind": "conversation", "conversationId": ROOT},
+                "history": "latest",
+                "fork": "current",
+            },
+            "content": {"kind": "base", "version": 1, "value": {"text": "b" * 40_000}},
+        }
+    ]
+
+
+@pytest.mark.parametrize("then", ["retired in the same batch", "rebased right after"])
+def test_verify_is_clean_when_a_current_only_document_drops_a_snapshot_before_it_is_put(
+    tmp_path: Path, then: str
+) -> None:
+    """A current-only long document whose batch places a snapshot, and which is retired in that
+    batch or rebased right after: the log's fold writes the snapshot and drops it, the writer
+    never puts it (held in the packer meanwhile), and both keep no trace of it."""
+
+    path = tmp_path / "store"
+    release = threading.Event()
+
+    async def write() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            for batch in ([conversation(ROOT)], current_only(2)):
+                await storage.commit(batch, CTX)
+            for n in range(1, PLACES):
+                await storage.commit(change(n, f"delta {n} "), CTX)
+            placing = change(PLACES, "p" * 5_000)
+            if then == "retired in the same batch":
+                await storage.commit([*placing, {"type": "document.retire", "id": 2}], CTX)
+            else:
+                await storage.commit(placing, CTX)
+                await storage.commit(
+                    [
+                        {
+                            "type": "document.change",
+                            "id": 2,
+                            "content": {"kind": "base", "version": 1, "value": {"text": "new"}},
+                        }
+                    ],
+                    CTX,
+                )
+            release.set()
+            await storage.commit(entry(900), CTX)  # lands what was packed, if anything
+        finally:
+            await storage.close()
+
+    with packer_held(release):
+        asyncio.run(write())
+    assert verify(path) is None
+
+
+def test_a_snapshot_lost_with_a_killed_writer_is_packed_again_when_a_writer_opens(
+    tmp_path: Path,
+) -> None:
+    """The writer is killed after the commit that placed a long document's snapshot, before
+    the packer put it: the next writer's open packs it again, so reads start from it."""
+
+    path = tmp_path / "store"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(path)], capture_output=True, text=True
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+
+    async def snapshots_after_reopen() -> tuple[int, int]:
+        before = _snapshot_count(path)
+        storage = await LmdbStorage.open(path, durability="process")
+        await storage.close()  # the close waits for the packer and puts what it packed
+        return before, _snapshot_count(path)
+
+    assert asyncio.run(snapshots_after_reopen()) == (0, 1)
+    assert verify(path) is None
+
+
+def _snapshot_count(path: Path) -> int:
+    env = Environment(path, readonly=True)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(n for n in names if n.endswith(".documents.snapshots")))
+        with env.read() as txn:
+            return sum(1 for _ in txn.cursor(db=db))
+    finally:
+        env.close()
+
+
+_KILLED_WRITER = """
+import asyncio, os, signal, sys, threading
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb.projections import documents
+from tests.storage.test_transaction_effects import PLACES, base, change
+from tools.bench.workloads import ROOT, conversation, document_create
+
+documents._pack = lambda row: threading.Event().wait()  # the packer never finishes
+
+async def main(path):
+    storage = await LmdbStorage.open(path, durability="process")
+    for batch in ([conversation(ROOT)], [document_create(2)], base()):
+        await storage.commit(batch, CTX)
+    for n in range(1, PLACES + 1):
+        await storage.commit(change(n, "p" * 5_000 if n == PLACES else f"delta {n} "), CTX)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main(sys.argv[1]))
+"""
