@@ -10,17 +10,16 @@ sequence of the change) replay fails at, and everything else answers as usual.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
-from ..projections.delta import PathError, UnsafePathError, apply_batches
+from ..projections.documents import APPLY_ERRORS, RevisionLike, failing_revision
 
-UNREADABLE_ERRORS: Final = (PathError, UnsafePathError, KeyError, IndexError, TypeError, ValueError)
-"""What applying a stored change can raise, as the reference's applier raises it (a path that
-resolves to nothing, a missing key, a permutation of another length...), so what reading such a
-document raises. A read raising one of them is unreadable only if a change is found to fail."""
+UNREADABLE_ERRORS: Final = APPLY_ERRORS
+"""What reading a document whose change cannot be applied raises (``documents.APPLY_ERRORS``).
+A read raising one of them is unreadable only if a change is found to fail."""
 
 
 class Unreadable(msgspec.Struct, frozen=True):
@@ -37,30 +36,14 @@ class Unreadable(msgspec.Struct, frozen=True):
         return f"document {self.id} cannot be read: replaying it fails{where} ({self.error})"
 
 
-class _Revision(Protocol):
-    @property
-    def version(self) -> int: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def body(self) -> Any: ...
+def failing_change(id: int, revisions: Iterable[tuple[int, RevisionLike]]) -> Unreadable | None:
+    """The ``Unreadable`` of the change of ``revisions`` (oldest first) that replay fails at
+    (``documents.failing_revision``), or None if every one applies."""
 
-
-def failing_change(id: int, revisions: Iterable[tuple[int, _Revision]]) -> Unreadable | None:
-    """The change of ``revisions`` (``(seq, revision)``, oldest first) after their last base
-    that cannot be applied to the value before it, or None if every one applies."""
-
-    value: Any = None
-    failed: Unreadable | None = None
-    for seq, revision in revisions:
-        if revision.kind == "base":  # a new value: whatever failed before it no longer matters
-            value, failed = revision.body, None
-        elif failed is None:
-            try:
-                value = apply_batches(value, [revision.body])
-            except UNREADABLE_ERRORS as raised:
-                failed = Unreadable(id, _name(raised), seq, revision.version)
-    return failed
+    found = failing_revision(revisions)
+    if found is None:
+        return None
+    return Unreadable(id, _name(found.error), found.seq, found.revision.version)
 
 
 async def read_document(reader: Any, id: int, at: Any) -> Any:

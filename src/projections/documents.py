@@ -28,16 +28,18 @@ import contextlib
 import hashlib
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Final, NamedTuple, Protocol
 
 import lmdb
 
+from ..errors import StoreClosedError
 from ..log import Environment
 from ..log.records import BaseContent, DeltaContent
 from ..log.threads import Worker
 from . import tables as t
-from .delta import Folding, Json, apply_batches, apply_ops, copy_json
+from .delta import Folding, Json, PathError, UnsafePathError, apply_batches, apply_ops, copy_json
+from .history import AsOfTxn
 from .ranges import ids_in_range
 from .rows import Rows
 
@@ -354,6 +356,25 @@ class Documents:
         staged.entries[id] = entry
         return True
 
+    def value(
+        self, txn: lmdb.Transaction[bytes], id: int, upper: int | None
+    ) -> tuple[int, Json, int]:
+        """A live incarnation's ``(version, value, deltas since its base)`` at ``upper`` (None:
+        its current value as ``txn`` sees it): the current row's value, from the cache where it
+        is held, else a replay of its revisions. A view (``history.AsOfTxn``) has no current
+        rows: it replays up to its own sequence."""
+
+        if upper is None:
+            if isinstance(txn, AsOfTxn):
+                upper = txn.horizon
+            else:
+                found = self.current_encoded(txn, id)
+                if found is not None and not found[0].broken:
+                    row = found[0]
+                    return row.version, self.current(txn, id, row), row.deltas_since_base
+                upper = t.MAX_ID  # a broken one replays, raising as the reference does
+        return self.replay(txn, id, upper)
+
     def folding(self, txn: lmdb.Transaction[bytes], id: int, row: t.CurrentValue) -> Folding:
         """A fresh folding of a held row's value, replayed from the store (nothing cached)."""
 
@@ -622,7 +643,15 @@ class Documents:
         self._defer(_Look())
 
     def _look(self) -> None:
-        """The look of ``look_for_lost``, in short read transactions."""
+        """The look of ``look_for_lost``, in short read transactions; one the store's close
+        ends (the next open looks again)."""
+
+        try:
+            self._look_through()
+        except StoreClosedError:
+            pass
+
+    def _look_through(self) -> None:
 
         after = b""
         while not self._closing:
@@ -764,6 +793,49 @@ class Documents:
                 rows.delete(table, key)
 
 
+APPLY_ERRORS: Final = (PathError, UnsafePathError, KeyError, IndexError, TypeError, ValueError)
+"""What applying a stored change can raise, as the reference's applier raises it (a path that
+resolves to nothing, a missing key, a permutation of another length...), so what reading such a
+document raises."""
+
+
+class RevisionLike(Protocol):
+    """A stored content command as a reader lists it (``tables.Revision``, or the contract's
+    ``DocumentRevision``): a base value or a batch of delta ops, of a definition's version."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def body(self) -> Any: ...
+
+
+class Failing(NamedTuple):
+    """The change a replay fails at: its log sequence, its revision, and what it raised."""
+
+    seq: int
+    revision: RevisionLike
+    error: BaseException
+
+
+def failing_revision(revisions: Iterable[tuple[int, RevisionLike]]) -> Failing | None:
+    """The change of ``revisions`` (``(seq, revision)``, oldest first) after their last base
+    that cannot be applied to the value before it, or None if every one applies."""
+
+    value: Any = None
+    failed: Failing | None = None
+    for seq, revision in revisions:
+        if revision.kind == "base":  # a new value: whatever failed before it no longer matters
+            value, failed = revision.body, None
+        elif failed is None:
+            try:
+                value = apply_batches(value, [revision.body])
+            except APPLY_ERRORS as raised:
+                failed = Failing(seq, revision, raised)
+    return failed
+
+
 def _pack(row: t.CurrentValue) -> bytes:
     return t.pack_row(t.encode_row(row))
 
@@ -777,9 +849,16 @@ def _ids_before(
 
 
 __all__ = [
+    "APPLY_ERRORS",
+    "LOOK_CHUNK",
+    "SNAPSHOT_EVERY",
+    "SNAPSHOT_SHARE",
     "DocumentCache",
     "Documents",
+    "Failing",
+    "RevisionLike",
     "Unseal",
+    "failing_revision",
     "is_long",
     "link",
 ]

@@ -400,19 +400,8 @@ class ReadModel:
             raise StorageRequestError(f"Document {id} does not retain historical content")
         if not is_alive_at(record, at):
             return None
-        if at == "current":
-            current = self.current_value(txn, id)
-            if current is not None and not current.broken:
-                return {
-                    "record": record,
-                    "version": current.version,
-                    "value": self.documents.current(txn, id, current),
-                    "deltasSinceBase": current.deltas_since_base,
-                }
-            upper = getattr(txn, "horizon", t.MAX_ID)  # a view sees nothing past its sequence
-        else:
-            upper = point_bound(at)
-        version, value, deltas = self.replay(txn, id, upper)
+        upper = None if at == "current" else point_bound(at)
+        version, value, deltas = self.documents.value(txn, id, upper)
         return {"record": record, "version": version, "value": value, "deltasSinceBase": deltas}
 
     def replay(self, txn: lmdb.Transaction[bytes], id: int, upper: int) -> tuple[int, Any, int]:

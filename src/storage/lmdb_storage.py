@@ -89,7 +89,6 @@ class LmdbStorage(StorageReads, Storage):
             self.log.tree.catch_up(
                 self.log, progress
             )  # a store written before the tree, or behind it
-            self._model.documents.look_for_lost()  # snapshots a stopped writer never put
         self.projections = UserProjections(
             env, self.log, projections, lambda: self._committer, lambda: self._model
         )
@@ -213,6 +212,8 @@ class LmdbStorage(StorageReads, Storage):
                 await storage.close()
                 raise
         storage.projections.kick()
+        if not readonly:
+            storage._model.documents.look_for_lost()  # snapshots a stopped writer never put
         logger.info(
             "opened store %s (%s%s): head %d",
             storage.path,
@@ -263,6 +264,7 @@ class LmdbStorage(StorageReads, Storage):
         storage._role = Following(storage, Follower(link, storage, store))
         storage._role.start()
         storage.projections.kick()
+        storage._model.documents.look_for_lost()  # snapshots a stopped replica never put
         logger.info(
             "opened replica %s of store %s on stream %s: head %d",
             storage.path,
@@ -467,9 +469,9 @@ class LmdbStorage(StorageReads, Storage):
             raise PermissionError(f"The store at {self.path} is open read-only")
         verify_checksums = self._model.unseal is t.unseal
         with self._committer.exclusive():  # no group folds into the tables being swapped
+            self._model.documents.close()  # its snapshots are for the tables swapped out
             rebuild(self._env, self.log, progress)
             self.log.tree.rebuild(self.log, progress)
-            self._model.documents.close()  # its snapshots were for the tables swapped out
             self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
             self._projector = self._committer.projector = Projector(self._model)
 

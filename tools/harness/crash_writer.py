@@ -367,6 +367,21 @@ async def write(args: argparse.Namespace) -> int:
 # ── the checker ───────────────────────────────────────────────────────────────
 
 
+def _has_header(store: str, acked: dict[int, str]) -> bool:
+    """Whether the store has its header; a store without one must have acknowledged nothing."""
+
+    from pi_durable_lmdb.errors import StoreFormatError
+    from pi_durable_lmdb.log import Environment
+
+    try:
+        Environment(store, readonly=True).close()
+    except StoreFormatError:
+        if acked:
+            raise
+        return False
+    return True
+
+
 async def check(args: argparse.Namespace) -> int:
     """Judge the store after a killed round; write a JSON result (``problems`` empty when sound).
 
@@ -392,8 +407,9 @@ async def check(args: argparse.Namespace) -> int:
     problems: list[str] = []
     result: dict[str, Any] = {"problems": problems}
 
-    # 1. The store as the kill left it, before any writer touches it.
-    if os.path.exists(os.path.join(args.store, "data.mdb")):
+    # 1. The store as the kill left it, before any writer touches it (a first open killed
+    # between making data.mdb and writing the header leaves no store yet: nothing was acked).
+    if os.path.exists(os.path.join(args.store, "data.mdb")) and _has_header(args.store, acked):
         env = Environment(args.store, readonly=True)
         try:
             header = read_header(env)
