@@ -31,22 +31,29 @@ Fewer, longer examples than the general machine (``PI_DURABLE_LMDB_LONG_EXAMPLES
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
 import tempfile
 from typing import Any
 
+import lmdb
 import pytest
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.delta import apply_immutable
 from pi_durable_lmdb.audit import export_lines
 from pi_durable_lmdb.audit.migrate import import_export
 from pi_durable_lmdb.log.compact import compact
+from pi_durable_lmdb.projections import Projector
 from pi_durable_lmdb.projections.tables import CHUNK
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.backup import backup
+
+from tools.harness.faults import commit_fails, failing
 
 from ..support.compare import REFUSALS
 from ..support.long_documents import (
@@ -285,6 +292,37 @@ class LongDocumentMachine(StorageMachine):
         else:
             change = LongDocumentWork.delta(id, version, long_ops(rng, value, kind))
         self.commit(f"long {kind}", [change])
+
+    @precondition(lambda self: bool(self.live_long()))
+    @rule(data=st.data())
+    def fail_a_long_turn_after_its_checks(self, data: Any) -> None:
+        """A turn on a long document that fails after its checks (raised in its work, or by
+        LMDB's commit), the snapshot packer let finish or not: the store goes on as if it was
+        never made, and nothing it would have written is served, now or after a reopen."""
+
+        id = data.draw(st.sampled_from(self.live_long()), label="long document")
+        value, version = self.current(id)
+        if value is None:
+            return  # a value that does not read: nothing to append to
+        rng = self.seeded(data)
+        change = LongDocumentWork.delta(id, version, append_ops(rng, value, rng.choice(SIZES)))
+        where = data.draw(st.sampled_from(["work", "commit"]), label="failing at")
+        environment = self.ours._env  # the handle's environment: LMDB's commit fails there
+        with (
+            failing(Projector, "apply", lambda *args: True, OSError(errno.EIO, "injected"))
+            if where == "work"
+            else commit_fails(environment)
+        ):
+            try:
+                self.run(lambda: self.ours.commit([change], CTX))
+            except (OSError, lmdb.Error, *REFUSALS):
+                pass  # a refusal by the checks: before the failure, and as good
+            else:
+                raise AssertionError(f"a commit failing at {where} was acknowledged")
+        event(f"long turn failing at {where}")
+        if data.draw(st.booleans(), label="the packer finishes"):
+            self.ours._model.documents.drain()
+        self.check_state()
 
     @precondition(lambda self: bool(self.long))
     @rule(data=st.data())

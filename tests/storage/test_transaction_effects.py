@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
 from pi_durable_lmdb.projections import Projector, documents
 
 from tools.bench.workloads import ROOT, conversation, document_create
+from tools.harness.faults import commit_fails, failing
 
 MARK = "FAIL-THIS-COMMIT"
 PLACES = 64
@@ -66,59 +67,6 @@ def base() -> list[dict[str, Any]]:
 
 def entry(id: int) -> list[dict[str, Any]]:
     return [{"type": "entry", "value": {"id": id, "conversationId": ROOT, "kind": "m", "data": id}}]
-
-
-@contextmanager
-def failing(
-    target: Any, name: str, fails: Callable[..., bool], error: BaseException
-) -> Iterator[None]:
-    """``target.name`` runs as before, then raises ``error`` when ``fails(*args)`` says so."""
-
-    original = getattr(target, name)
-
-    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        if fails(*args):
-            raise error
-        return result
-
-    setattr(target, name, wrapped)
-    try:
-        yield
-    finally:
-        setattr(target, name, original)
-
-
-class _CommitFails:
-    """LMDB's transaction, whose commit aborts it and raises an I/O error instead."""
-
-    def __init__(self, txn: lmdb.Transaction[bytes]) -> None:
-        self._txn = txn
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._txn, name)
-
-    def commit(self) -> None:
-        self._txn.abort()
-        raise lmdb.Error("mdb_txn_commit: Input/output error")
-
-
-class _Env:
-    """LMDB's environment, whose next write transaction fails at its commit once armed."""
-
-    def __init__(self, env: lmdb.Environment) -> None:
-        self._env = env
-        self.armed = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._env, name)
-
-    def begin(self, **kwargs: Any) -> Any:
-        txn = self._env.begin(**kwargs)
-        if kwargs.get("write") and self.armed:
-            self.armed = False
-            return _CommitFails(txn)
-        return txn
 
 
 def _marked(txn: Any, seq: int, plan: Any, *rest: Any) -> bool:
@@ -213,15 +161,8 @@ def test_a_commit_failing_after_its_checks_leaves_no_value_nobody_committed(
                 with pytest.raises(OSError, match="injected"):
                     await storage.commit(batch, CTX)
         elif point == "commit":
-            env: Environment = storage._env  # the test reaches the handle's LMDB environment
-            proxy = _Env(env.env)
-            env.env = proxy  # type: ignore[assignment]
-            try:
-                proxy.armed = True
-                with pytest.raises(lmdb.Error, match="Input/output"):
-                    await storage.commit(batch, CTX)
-            finally:
-                env.env = proxy._env
+            with commit_fails(storage._env), pytest.raises(lmdb.Error, match="Input/output"):
+                await storage.commit(batch, CTX)
         else:
             assert server is not None
             server.drop_requests = 1  # stored nowhere, answered never
