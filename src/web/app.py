@@ -13,6 +13,7 @@ from typing import Any, Final
 import jinja2
 import msgspec
 from aiohttp import web
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from ..audit.export import seq_range
 from ..audit.jsonlines import to_json
@@ -25,7 +26,7 @@ from ..audit.verify import last_outcome
 from ..errors import NoteError
 from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
-from . import chart, data, find, links, lists, search, timeline, views
+from . import chart, data, find, links, lists, search, steps, timeline, views
 from .access import CSP, OPTIONS, authorized, guard
 from .query import parameter
 from .respond import (
@@ -80,6 +81,9 @@ def make_app(
     app.router.add_get("/log/events", log_events)
     app.router.add_get("/audit", audit_page)
     app.router.add_get("/records/{kind}/{id:[0-9]+}", record_json)
+    for kind in ("tasks", "entries", "submissions"):  # a record without a page of its own
+        for suffix in ("", ".json"):
+            app.router.add_get(f"/{kind}/{{id:[0-9]+}}{suffix}", record_place)
     app.router.add_static("/static", os.path.join(HERE, "static"), append_version=True)
     app.on_startup.append(app[FINDER].start)  # the word index: built if missing, kept level
     app.on_cleanup.append(_close)
@@ -106,6 +110,7 @@ def _templates() -> jinja2.Environment:
         entry_text=views.entry_text,
         write_types=WRITE_TYPES,
         links=links,
+        history_steps=steps.by_sequence,
         roles=timeline.roles,
         said=said,
     )
@@ -297,6 +302,7 @@ async def conversation_page(request: web.Request) -> web.Response:
         "as_of": as_of,
         "head": head,
         "times": times,
+        "steps": await steps.of_conversation(request.app[STORE], id, as_of, head),
     }
     return render(request, "conversation.html", context)
 
@@ -362,7 +368,14 @@ async def document_page(request: web.Request) -> web.Response:
     return render(
         request,
         "document.html",
-        {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head, "window": window},
+        {
+            "title": f"Document {id}",
+            "d": found,
+            "as_of": as_of,
+            "head": head,
+            "window": window,
+            "steps": steps.between(found.changes, as_of, head),
+        },
     )
 
 
@@ -572,6 +585,38 @@ async def record_json(request: web.Request) -> web.Response:
         when = "" if as_of is None else f" as of log sequence {as_of}"
         return as_json({"error": f"no {kind} {id}{when}"}, status=404)
     return as_json(found)
+
+
+async def record_place(request: web.Request) -> web.Response:
+    """``/tasks/N``, ``/entries/N``, ``/submissions/N``: a redirect to the page that shows the
+    record (its conversation's, at its row), or to its JSON (the path plus ``.json``, or a task
+    of no conversation), at the same point."""
+
+    kind = request.path.split("/")[1]
+    id = path_number(request, "id")
+    as_of, _ = await as_of_point(request)
+    reader = await request.app[STORE].reader(as_of)
+    found: Any
+    if kind == "entries":
+        lookup = await reader.entry(id, CTX)  # type: ignore[call-overload]
+        found = None if lookup is None else lookup["entry"]
+    elif kind == "tasks":
+        found = await reader.task(id, CTX)  # type: ignore[arg-type]
+    else:
+        found = await reader.submission(id, CTX)  # type: ignore[arg-type]
+    named = PLACES[kind]
+    if found is None:
+        return _missing(request, f"{named} {id}", as_of)
+    conversation = found.get("conversationId")
+    if data.asked(request) or not isinstance(conversation, int):
+        place = links.at(f"/records/{named}/{id}", as_of)
+    else:
+        place = links.at(f"/conversations/{conversation}", as_of, f"{named}-{id}")
+    return web.Response(status=303, headers={"Location": place})
+
+
+PLACES: Final = {"tasks": "task", "entries": "entry", "submissions": "submission"}
+"""The paths of the records shown on their conversation's page, and each one's kind."""
 
 
 LISTS: Final = {
