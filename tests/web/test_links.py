@@ -21,6 +21,9 @@ from pi_durable_lmdb.web.app import make_app
 
 from tests.support.served import build_store
 
+pytestmark = pytest.mark.filterwarnings("error::aiohttp.web.NotAppKeyWarning")
+"""The app keeps nothing under a plain string key (aiohttp warns of each such key once)."""
+
 MAX_REQUESTS = 4000
 """The crawl's bound: the demo store's pages at all its points take about 1,500."""
 NOT_FOLLOWED = ("/log/events", "/static/")
