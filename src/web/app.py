@@ -13,7 +13,6 @@ from typing import Any, Final
 import jinja2
 import msgspec
 from aiohttp import web
-from pi_durable.context import BACKGROUND_CONTEXT as CTX
 
 from ..audit.export import seq_range
 from ..audit.jsonlines import to_json
@@ -26,7 +25,7 @@ from ..audit.verify import last_outcome
 from ..errors import NoteError
 from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
-from . import chart, data, find, links, lists, search, steps, timeline, views
+from . import chart, data, find, links, lists, places, search, steps, timeline, views
 from .access import CSP, OPTIONS, authorized, guard
 from .query import parameter
 from .respond import (
@@ -36,6 +35,7 @@ from .respond import (
     as_json,
     as_of_point,
     errors,
+    missing,
     path_number,
     query_int,
     render,
@@ -81,9 +81,9 @@ def make_app(
     app.router.add_get("/log/events", log_events)
     app.router.add_get("/audit", audit_page)
     app.router.add_get("/records/{kind}/{id:[0-9]+}", record_json)
-    for kind in ("tasks", "entries", "submissions"):  # a record without a page of its own
+    for kind in places.PLACES:  # a record shown on its conversation's page
         for suffix in ("", ".json"):
-            app.router.add_get(f"/{kind}/{{id:[0-9]+}}{suffix}", record_place)
+            app.router.add_get(f"/{kind}/{{id:[0-9]+}}{suffix}", places.record_place)
     app.router.add_static("/static", os.path.join(HERE, "static"), append_version=True)
     app.on_startup.append(app[FINDER].start)  # the word index: built if missing, kept level
     app.on_cleanup.append(_close)
@@ -281,7 +281,7 @@ async def conversation_page(request: web.Request) -> web.Response:
         reader, id, query_int(request, "after"), query_int(request, "before")
     )
     if found is None:
-        return _missing(request, f"conversation {id}", as_of)
+        return missing(request, f"conversation {id}", as_of)
     if data.asked(request):
         return data.record(found)
     times = await timeline.entry_times(
@@ -358,7 +358,7 @@ async def document_page(request: web.Request) -> web.Response:
     store = request.app[STORE]
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
     if found is None:
-        return _missing(request, f"document {id}", as_of)
+        return missing(request, f"document {id}", as_of)
     if data.asked(request):
         return data.record(found)
     shown, newer, older = lists.version_window(
@@ -376,14 +376,6 @@ async def document_page(request: web.Request) -> web.Response:
             "window": window,
             "steps": steps.between(found.changes, as_of, head),
         },
-    )
-
-
-def _missing(request: web.Request, what: str, as_of: int | None) -> web.Response:
-    when = "" if as_of is None else f" as of log sequence {as_of}"
-    message = f"No {what}{when}."
-    return data.refusal(request, 404, message) or render(
-        request, "error.html", {"title": "Not found", "message": message}, status=404
     )
 
 
@@ -585,38 +577,6 @@ async def record_json(request: web.Request) -> web.Response:
         when = "" if as_of is None else f" as of log sequence {as_of}"
         return as_json({"error": f"no {kind} {id}{when}"}, status=404)
     return as_json(found)
-
-
-async def record_place(request: web.Request) -> web.Response:
-    """``/tasks/N``, ``/entries/N``, ``/submissions/N``: a redirect to the page that shows the
-    record (its conversation's, at its row), or to its JSON (the path plus ``.json``, or a task
-    of no conversation), at the same point."""
-
-    kind = request.path.split("/")[1]
-    id = path_number(request, "id")
-    as_of, _ = await as_of_point(request)
-    reader = await request.app[STORE].reader(as_of)
-    found: Any
-    if kind == "entries":
-        lookup = await reader.entry(id, CTX)  # type: ignore[call-overload]
-        found = None if lookup is None else lookup["entry"]
-    elif kind == "tasks":
-        found = await reader.task(id, CTX)  # type: ignore[arg-type]
-    else:
-        found = await reader.submission(id, CTX)  # type: ignore[arg-type]
-    named = PLACES[kind]
-    if found is None:
-        return _missing(request, f"{named} {id}", as_of)
-    conversation = found.get("conversationId")
-    if data.asked(request) or not isinstance(conversation, int):
-        place = links.at(f"/records/{named}/{id}", as_of)
-    else:
-        place = links.at(f"/conversations/{conversation}", as_of, f"{named}-{id}")
-    return web.Response(status=303, headers={"Location": place})
-
-
-PLACES: Final = {"tasks": "task", "entries": "entry", "submissions": "submission"}
-"""The paths of the records shown on their conversation's page, and each one's kind."""
 
 
 LISTS: Final = {
