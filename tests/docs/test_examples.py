@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(path.stem for path in (ROOT / "examples").glob("*.py") if path.stem != "__init__")
 
 EXPECTED = {
+    "entries_per_conversation": ["the new conversation: 2 entries"],
     "errors": [
         "a second writer: WriterLockedError",
         "an entry in no conversation: ValueError",

@@ -1,6 +1,6 @@
 """Every example a page includes (``<!-- include: PATH -->`` above a code block) is there as the
-file is, and the host's guide includes the examples of what a host does: forking, reading the
-past, the errors it meets. ``tests/docs/test_examples.py`` runs each of them."""
+file is, and every Python block of the host's guide is such an example: a host, forking,
+reading the past, the errors it meets, a user projection. ``tests/docs/test_examples.py`` runs each of them."""
 
 from __future__ import annotations
 
@@ -21,7 +21,16 @@ def test_each_included_example_is_the_file_as_it_is(page: Path) -> None:
         )
 
 
-def test_the_hosts_guide_includes_its_examples() -> None:
-    named = [path for path, _ in includes.included((ROOT / "docs" / "host.md").read_text())]
-    assert named == ["examples/fork.py", "examples/history.py", "examples/errors.py"]
-    assert all((ROOT / path).is_file() for path in named)
+def test_every_python_example_of_the_hosts_guide_is_an_example_file() -> None:
+    """Each Python block of the guide is an included example, so each one runs."""
+
+    guide = (ROOT / "docs" / "host.md").read_text()
+    named = [path for path, _ in includes.included(guide)]
+    assert named == [
+        "examples/host.py",
+        "examples/fork.py",
+        "examples/history.py",
+        "examples/errors.py",
+        "examples/entries_per_conversation.py",
+    ]
+    assert guide.count("```python\n") == len(named)
