@@ -249,3 +249,30 @@ async def test_a_record_not_there_at_its_own_path_is_a_404_naming_it(
 ) -> None:
     async with client.get(address) as response:
         assert response.status == 404 and said in await response.text()
+
+
+async def test_a_submission_leads_to_its_row_on_its_conversations_page(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability="process")
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        submission = {"id": 2, "conversationId": 1, "type": "input", "status": "queued"}
+        await storage.commit([{"type": "submission", "value": submission}], CTX)
+    finally:
+        await storage.close()
+    server = TestServer(make_app(str(path)), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with ClientSession(str(server.make_url(""))) as session:
+            async with session.get("/submissions/2", allow_redirects=False) as response:
+                assert response.status == 303
+                assert response.headers["Location"] == "/conversations/1#submission-2"
+            async with session.get("/submissions/2") as response:
+                assert response.status == 200 and 'id="submission-2"' in await response.text()
+            async with session.get("/submissions/2.json") as response:
+                assert response.status == 200 and (await response.json())["status"] == "queued"
+            async with session.get("/submissions/2?as_of=1") as response:
+                assert response.status == 404
+                assert "No submission 2 as of log sequence 1." in await response.text()
+    finally:
+        await server.close()
