@@ -15,7 +15,7 @@ from pi_durable.types import ConversationId
 from ..log.records import Commit
 from .views import Store
 
-SCAN: Final = 4096
+SCAN: Final = 1024
 """Log records looked at each way for a record's changes: past them, a step goes to the last
 point looked at (where the record is checked to exist), so a record unchanged for a long time
 costs a bounded read."""
