@@ -31,24 +31,20 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     another site cannot reach the view through DNS rebinding); security headers on every answer."""
 
     token = request.app[OPTIONS]["token"]
-    set_cookie = False
-    request["authorized"] = True
-    if token is not None:
-        given = _token_of(request)
-        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
-            if request.path != PROBE:
-                return web.Response(
-                    status=401,
-                    text="durable-log serve: this view needs its token (header Authorization: Bearer T, or ?token=T)\n",
-                )
-            request["authorized"] = False
-        set_cookie = request.query.get("token") is not None
-    elif request.host.rsplit(":", 1)[0] not in LOOPBACK_HOSTS:
+    allowed = authorized(request)
+    if not allowed and request.path != PROBE:
+        return web.Response(
+            status=401,
+            text="durable-log serve: this view needs its token (header Authorization: Bearer T, or ?token=T)\n",
+        )
+    if token is None and request.host.rsplit(":", 1)[0] not in LOOPBACK_HOSTS:
         return web.Response(
             status=403,
             text="durable-log serve: without --token, only loopback host names are served\n",
         )
-    if set_cookie and request.method == "GET" and request["authorized"]:
+    # the cookie only for the right token: a wrong ``?token=`` on the probe never earns it
+    set_cookie = allowed and token is not None and request.query.get("token") is not None
+    if set_cookie and request.method == "GET":
         response: web.StreamResponse = _without_token(request)  # out of the address bar and history
     else:
         response = await handler(request)
@@ -65,6 +61,18 @@ _PATH_SAFE: Final = frozenset(string.ascii_letters + string.digits + "/%-._~!$&'
 _LEADING: Final = "/\\" + "".join(map(chr, range(0x21)))
 """What a browser skips or reads as a slash at the start of a path: a redirect to ``//host`` or
 ``/\\host`` (tabs and newlines between them dropped) would leave the view's origin."""
+
+
+def authorized(request: web.Request) -> bool:
+    """Whether the request may read everything: no token is set, or it carries the token. Asked
+    of the request itself (twice costs a compare), never kept in its storage: what a request
+    proves is read from what it sent."""
+
+    token = request.app[OPTIONS]["token"]
+    if token is None:
+        return True
+    given = _token_of(request)
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
 def _without_token(request: web.Request) -> web.Response:
@@ -110,6 +118,7 @@ __all__ = [
     "PROBE",
     "TOKEN_COOKIE",
     "Handler",
+    "authorized",
     "guard",
     "same_origin",
 ]

@@ -25,8 +25,8 @@ from ..audit.verify import last_outcome
 from ..errors import NoteError
 from ..log import write_to_builtins
 from ..log.records import WRITE_TYPES
-from . import chart, data, find, links, lists, search, timeline, views
-from .access import CSP, OPTIONS, guard
+from . import chart, data, find, links, lists, places, search, steps, timeline, views
+from .access import CSP, OPTIONS, authorized, guard
 from .query import parameter
 from .respond import (
     FINDER,
@@ -35,6 +35,7 @@ from .respond import (
     as_json,
     as_of_point,
     errors,
+    missing,
     path_number,
     query_int,
     render,
@@ -80,6 +81,9 @@ def make_app(
     app.router.add_get("/log/events", log_events)
     app.router.add_get("/audit", audit_page)
     app.router.add_get("/records/{kind}/{id:[0-9]+}", record_json)
+    for kind in places.PLACES:  # a record shown on its conversation's page
+        for suffix in ("", ".json"):
+            app.router.add_get(f"/{kind}/{{id:[0-9]+}}{suffix}", places.record_place)
     app.router.add_static("/static", os.path.join(HERE, "static"), append_version=True)
     app.on_startup.append(app[FINDER].start)  # the word index: built if missing, kept level
     app.on_cleanup.append(_close)
@@ -106,6 +110,7 @@ def _templates() -> jinja2.Environment:
         entry_text=views.entry_text,
         write_types=WRITE_TYPES,
         links=links,
+        history_steps=steps.by_sequence,
         roles=timeline.roles,
         said=said,
     )
@@ -133,7 +138,7 @@ async def healthz(request: web.Request) -> web.Response:
 
     ok, found = await health(request.app[STORE].path, request.app[OPTIONS])
     body = msgspec.to_builtins(found)
-    if not request["authorized"]:
+    if not authorized(request):
         body = {"status": found.status}  # a probe without the token learns only this
     return web.json_response(
         body, status=200 if ok else 503, dumps=lambda value: utf8_safe(json.dumps(value))
@@ -276,7 +281,7 @@ async def conversation_page(request: web.Request) -> web.Response:
         reader, id, query_int(request, "after"), query_int(request, "before")
     )
     if found is None:
-        return _missing(request, f"conversation {id}", as_of)
+        return missing(request, f"conversation {id}", as_of)
     if data.asked(request):
         return data.record(found)
     times = await timeline.entry_times(
@@ -297,6 +302,7 @@ async def conversation_page(request: web.Request) -> web.Response:
         "as_of": as_of,
         "head": head,
         "times": times,
+        "steps": await steps.of_conversation(request.app[STORE], id, as_of, head),
     }
     return render(request, "conversation.html", context)
 
@@ -352,7 +358,7 @@ async def document_page(request: web.Request) -> web.Response:
     store = request.app[STORE]
     found = await views.document(await store.storage(), await store.reader(as_of), id, as_of)
     if found is None:
-        return _missing(request, f"document {id}", as_of)
+        return missing(request, f"document {id}", as_of)
     if data.asked(request):
         return data.record(found)
     shown, newer, older = lists.version_window(
@@ -362,15 +368,14 @@ async def document_page(request: web.Request) -> web.Response:
     return render(
         request,
         "document.html",
-        {"title": f"Document {id}", "d": found, "as_of": as_of, "head": head, "window": window},
-    )
-
-
-def _missing(request: web.Request, what: str, as_of: int | None) -> web.Response:
-    when = "" if as_of is None else f" as of log sequence {as_of}"
-    message = f"No {what}{when}."
-    return data.refusal(request, 404, message) or render(
-        request, "error.html", {"title": "Not found", "message": message}, status=404
+        {
+            "title": f"Document {id}",
+            "d": found,
+            "as_of": as_of,
+            "head": head,
+            "window": window,
+            "steps": steps.between(found.changes, as_of, head),
+        },
     )
 
 

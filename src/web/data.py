@@ -118,10 +118,14 @@ def active(
 
 
 def record(value: Any, status: int = 200) -> web.Response:
-    """One value as JSON (as ``durable-log show`` and ``tail --json`` write it)."""
+    """One value as JSON (as ``durable-log show`` and ``tail --json`` write it). A page's Struct
+    is made builtins first: a string the fast encoder refuses (a lone surrogate an agent wrote)
+    is then written by ``to_json``'s own writer, which knows only builtins."""
 
     return web.Response(
-        text=utf8_safe(to_json(value)), content_type="application/json", status=status
+        text=utf8_safe(to_json(msgspec.to_builtins(value))),
+        content_type="application/json",
+        status=status,
     )
 
 

@@ -62,6 +62,16 @@ def render(
     return web.Response(text=utf8_safe(html), content_type="text/html", status=status)
 
 
+def missing(request: web.Request, what: str, as_of: int | None) -> web.Response:
+    """A 404 naming what is not there (and the point looked at), in the format asked."""
+
+    when = "" if as_of is None else f" as of log sequence {as_of}"
+    message = f"No {what}{when}."
+    return data.refusal(request, 404, message) or render(
+        request, "error.html", {"title": "Not found", "message": message}, status=404
+    )
+
+
 def as_json(value: Any, status: int = 200) -> web.Response:
     return web.Response(
         text=utf8_safe(to_json(value)), content_type="application/json", status=status
@@ -94,6 +104,7 @@ __all__ = [
     "as_json",
     "as_of_point",
     "errors",
+    "missing",
     "path_number",
     "query_int",
     "render",

@@ -477,6 +477,9 @@ class DocumentView(msgspec.Struct, frozen=True):
     at: int
     unreadable: Unreadable | None = None
     """Set when the value at the point cannot be read (a stored change fails to apply): why."""
+    changes: list[int] = []
+    """Every point its stored versions were written at, those after the point too: where the
+    history control steps."""
 
 
 async def document(
@@ -492,7 +495,8 @@ async def document(
     record = await document_record(reader, id)
     if record is None:
         return None
-    stored = [row for row in await storage.document_revisions(id) if row.seq <= at]
+    revisions = await storage.document_revisions(id)
+    stored = [row for row in revisions if row.seq <= at]
     versions = [
         Version(number=index, seq=row.seq, version=row.version, kind=row.kind, body=row.body)
         for index, row in enumerate(stored, 1)
@@ -527,6 +531,7 @@ async def document(
         error=error,
         at=at,
         unreadable=unreadable,
+        changes=[int(row.seq) for row in revisions],
     )
 
 

@@ -213,6 +213,11 @@ def _pages(made: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
             for kind in ("conversations", "documents", "tasks", "log")
             for suffix in ("json", "csv")
         },
+        **{
+            f"/{kind}/{{id}}{suffix}": (f"/{kind}/1{suffix}", [])
+            for kind in ("tasks", "entries", "submissions")
+            for suffix in ("", ".json")
+        },
     }
 
 

@@ -18,6 +18,30 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(path.stem for path in (ROOT / "examples").glob("*.py") if path.stem != "__init__")
 
 EXPECTED = {
+    "entries_per_conversation": ["the new conversation: 2 entries"],
+    "errors": [
+        "a second writer: WriterLockedError",
+        "an entry in no conversation: ValueError",
+        "snapshot_as_of of a latest document: TypeError",
+        "its value at an earlier sequence: StorageRequestError",
+        "a malformed write: ValueError",
+        "a commit through a view: PermissionError",
+        "that Session afterwards: SessionFailed",
+        "a read after close: StoreClosedError",
+    ],
+    "fork": [
+        "the fork sees: ['What is stored?', 'How is it rebuilt?']",
+        "its notes hold 2 answers, the root's 3",
+        "the root's notes at its first question: ['answer to What is stored?']",
+    ],
+    "history": [
+        "as of the first turn: 1 entry",
+        "its notes then: {'answers': [1]}",
+        "a commit of 2 writes: entry, document.change",
+        "a commit of 2 writes: entry, document.change",
+        "the notes' stored versions: ['base', 'delta', 'delta']",
+        "the notes at their second version: {'answers': [1, 2]}",
+    ],
     "host": ["conversation 1: ['Hello to you'], log head 11"],  # the seeded root, one more commit
     "task_outcomes": [
         "       2  fetch  completed",

@@ -1,6 +1,7 @@
 """The documentation site builds with ``mkdocs build --strict``: every page in the nav, every
-link between pages and every API reference entry (mkdocstrings reads the package's docstrings)
-resolves, so a renamed module or a moved page fails here, not on a reader's screen."""
+link between pages and every API reference entry (``docs/reference.md``, generated from the
+package's docstrings by ``python -m tools.apiref``) resolves, so a renamed module or a moved
+page fails here, not on a reader's screen."""
 
 from __future__ import annotations
 

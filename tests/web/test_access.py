@@ -133,3 +133,21 @@ def test_an_empty_or_wrong_token_is_refused_even_beside_a_good_cookie(
 
 def test_the_cookie_alone_is_let_in(served: Served) -> None:
     assert _raw(served, "/log", {"Cookie": f"durable_log_token={TOKEN}"})[0] == 200
+
+
+@pytest.mark.parametrize("target", ["/healthz?token=wrong", "/healthz?token="])
+def test_the_probe_with_a_wrong_token_answers_without_handing_out_the_token(
+    served: Served, target: str
+) -> None:
+    """The probe answers without the token, so a wrong one reaches it: its answer sets no
+    cookie (the cookie holds the token itself) and says only the store's status."""
+
+    status, found = _raw(served, target)
+    assert status in (200, 503) and "set-cookie" not in found
+    assert TOKEN not in str(found)
+
+
+def test_the_right_token_on_the_probe_is_moved_into_the_cookie(served: Served) -> None:
+    status, found = _raw(served, f"/healthz?token={TOKEN}")
+    assert status == 303 and found["location"] == "/healthz"
+    assert found["set-cookie"].startswith(f"durable_log_token={TOKEN};")

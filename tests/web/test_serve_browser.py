@@ -239,11 +239,13 @@ def test_the_history_control_changes_the_documents_shown_value(
     assert page.page.locator("#diff .ddel").all_inner_texts() == [
         '- /summary: "1 question answered"'
     ]  # no line for a comma
-    page.page.locator("#history-back").click()  # one sequence back: the first version is in force
-    page.page.wait_for_url(re.compile(rf"as_of={seqs[-2] - 1}$"))
+    page.page.locator(
+        "#history-back"
+    ).click()  # back a change: the first version, where it was written
+    page.page.wait_for_url(re.compile(rf"as_of={seqs[-1]}$"))
+    assert page.page.locator("#history-back").count() == 0  # none before: it did not exist yet
     assert (
-        shown() == value_at(path, notes, seqs[-2] - 1)
-        and shown()["summary"] == "1 question answered"
+        shown() == value_at(path, notes, seqs[-1]) and shown()["summary"] == "1 question answered"
     )
     page.page.locator("#as-of-input").fill("")
     page.page.locator("#history button").click()  # back to now
