@@ -191,7 +191,10 @@ def _count(n: int | None, one: str, many: str) -> str:
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = add_command(
-        commands, "demo", "run a small agent host on a store, then show what it wrote"
+        commands,
+        "demo",
+        "run a small agent host on a store, then show what it wrote",
+        example="durable-log demo",
     )
     sub.add_argument(
         "path", nargs="?", metavar="PATH", help="the store's directory (default: ./demo-store)"
