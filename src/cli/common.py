@@ -287,6 +287,19 @@ MAX_TIME: Final = 253402300799999
 """9999-12-31T23:59:59.999Z in Unix ms: a larger ``...At`` value is printed as the number."""
 
 
+def print_outcome(label: str, holds: bool, summary: str, result: Any | None) -> int:
+    """The outcome of a check (``verify``, ``verify-proof``): ``result`` as JSON when asked for
+    (not None), else ``label: summary`` on stdout when it holds, on stderr when not; 0 or 1."""
+
+    if result is not None:
+        print_json(result)
+    elif holds:
+        print(f"{label}: {summary}")
+    else:
+        print(f"{label}: {summary}", file=sys.stderr)
+    return EXIT_OK if holds else EXIT_DAMAGE
+
+
 def readable(text: str) -> str:
     """Text for a terminal: lone surrogates shown as ``\\udXXX`` escapes, never an encoding error."""
 
@@ -432,6 +445,7 @@ __all__ = [
     "plural_kind",
     "point",
     "print_json",
+    "print_outcome",
     "progress_on",
     "progress_option",
     "readable",

@@ -25,7 +25,6 @@ from ..log.environment import check_store_id
 from ..log.records import WRITE_TYPES
 from . import transparency
 from .common import (
-    EXIT_DAMAGE,
     EXIT_OK,
     EXIT_USAGE,
     KIND_HELP,
@@ -41,6 +40,7 @@ from .common import (
     kind,
     nats_options,
     print_json,
+    print_outcome,
     progress_on,
     progress_option,
     readable,
@@ -494,28 +494,15 @@ def _verify(args: argparse.Namespace) -> int:
         args.path, progress=Progress("verify", None, progress_on(args)), limit=args.max_differences
     )
     record_outcome(args.path, report)
+    counts = (report.head, report.records, report.keys, report.tables, round(report.seconds, 3))
+    differences = ([str(each) for each in report.differences], report.more)
+    unreadable = ([each.describe() for each in report.unreadable], report.more_unreadable)
+    result = None
     if args.json:
-        print_json(
-            VerifyResult(
-                args.path,
-                report.sound,
-                report.head,
-                report.records,
-                report.keys,
-                report.tables,
-                round(report.seconds, 3),
-                [str(difference) for difference in report.differences],
-                report.more,
-                [document.describe() for document in report.unreadable],
-                report.more_unreadable,
-                report.summary(),
-            )
+        result = VerifyResult(
+            args.path, report.sound, *counts, *differences, *unreadable, report.summary()
         )
-    elif report.sound:
-        print(f"{args.path}: {report.summary()}")
-    else:
-        print(f"{args.path}: {report.summary()}", file=sys.stderr)
-    return EXIT_OK if report.sound else EXIT_DAMAGE
+    return print_outcome(args.path, report.sound, report.summary(), result)
 
 
 class VerifyResult(msgspec.Struct):

@@ -29,6 +29,7 @@ from .common import (
     count,
     json_option,
     print_json,
+    print_outcome,
     sequence,
     store_argument,
     usage,
@@ -325,22 +326,12 @@ def _verify_proof(args: argparse.Namespace) -> int:
     note = _read_input(args.checkpoint, MAX_NOTE)
     record = None if args.record is None else _record_line(args.record)
     report = check_proof(proof, note, verifier, record)
+    result = None
     if args.json:
-        print_json(
-            ProofResult(
-                args.proof,
-                report.holds,
-                report.kind,
-                report.steps,
-                report.problems,
-                report.summary(),
-            )
+        result = ProofResult(
+            args.proof, report.holds, report.kind, report.steps, report.problems, report.summary()
         )
-    elif report.holds:
-        print(f"{args.proof}: {report.summary()}")
-    else:
-        print(f"{args.proof}: {report.summary()}", file=sys.stderr)
-    return EXIT_OK if report.holds else EXIT_DAMAGE
+    return print_outcome(args.proof, report.holds, report.summary(), result)
 
 
 class ProofResult(msgspec.Struct):
@@ -428,24 +419,13 @@ def verify_against(args: argparse.Namespace) -> int:
     with open(args.trusted, "rb") as handle:
         note = handle.read(1 << 20)
     report = verify_trusted(args.path, note, verifier)
+    checks = (report.checkpoint_size, report.head, report.steps, report.problems)
+    result = None
     if getattr(args, "json", False):
-        print_json(
-            TrustedResult(
-                args.path,
-                report.sound,
-                report.checkpoint_size,
-                report.head,
-                report.steps,
-                report.problems,
-                round(report.seconds, 3),
-                report.summary(),
-            )
+        result = TrustedResult(
+            args.path, report.sound, *checks, round(report.seconds, 3), report.summary()
         )
-    elif report.sound:
-        print(f"{args.path}: {report.summary()}")
-    else:
-        print(f"{args.path}: {report.summary()}", file=sys.stderr)
-    return EXIT_OK if report.sound else EXIT_DAMAGE
+    return print_outcome(args.path, report.sound, report.summary(), result)
 
 
 # ── tail --follow --checkpoints ───────────────────────────────────────────────

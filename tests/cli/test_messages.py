@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli_call import call
-from tests.support.demo_store import BOUND, make_demo
+from tests.support.demo_store import BOUND, durable_log, make_demo
 
 NOT_PYTHON = ("[Errno", "()", "Traceback", "durable-log: durable-log", "-9223372036854775807")
 
@@ -63,14 +63,9 @@ def here(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_demo(directory)
     (directory / "plain.txt").write_text("not a store\n")
     (directory / "empty.jsonl").write_bytes(b"")
+    # the verifier key; the word index, whose first build says so on stderr
     for first in (["keygen", "audit.example.com/demo"], ["search", "demo-store", "answer"]):
-        done = subprocess.run(  # the key, and the word index (whose first build says so)
-            [sys.executable, "-m", "pi_durable_lmdb.cli", *first],
-            cwd=directory,
-            capture_output=True,
-            text=True,
-            timeout=BOUND,
-        )
+        done = durable_log(*first, cwd=directory)
         assert done.returncode == 0, done.stderr
     return directory
 

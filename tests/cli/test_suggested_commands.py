@@ -10,16 +10,14 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.demo_store import BOUND, make_demo
+from tests.support.demo_store import BIN, BOUND, durable_log, make_demo, run_as_printed
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BIN = os.path.dirname(sys.executable)  # where the venv's durable-log script is
 COMMAND = re.compile(r"(?:\.venv/bin/)?(durable-log [^`\n]*\bdemo-store\b[^`\n]*)")
 
 
@@ -74,14 +72,7 @@ def test_a_suggested_command_works_as_printed(
     if "--follow" in command.split() or command.split()[1] == "serve":
         _runs_until_stopped(command, here, env)
         return
-    done = subprocess.run(
-        ["bash", "-c", "set -o pipefail; " + command],
-        cwd=here,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-    )
+    done = run_as_printed(command, here)
     assert done.returncode == 0, f"{where}: {command}\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stderr
 
@@ -113,13 +104,7 @@ def _runs_until_stopped(command: str, here: Path, env: dict[str, str]) -> None:
 
 def test_search_takes_the_words_as_typed_quoted_or_not(made: Path) -> None:
     def search(*words: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "pi_durable_lmdb.cli", "search", "demo-store", *words, "--json"],
-            cwd=made,
-            capture_output=True,
-            text=True,
-            timeout=BOUND,
-        )
+        done = durable_log("search", "demo-store", *words, "--json", cwd=made)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -148,16 +133,8 @@ def test_the_audit_quick_start_runs_as_printed(made: Path, tmp_path: Path) -> No
     lines = _quick_start()
     assert len(lines) >= 6 and lines[-1].startswith("durable-log verify-proof "), lines
     shutil.copytree(made / "demo-store", tmp_path / "orders")
-    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
     for line in lines:
-        done = subprocess.run(
-            ["bash", "-c", "set -o pipefail; " + line],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=BOUND,
-        )
+        done = run_as_printed(line, tmp_path)
         assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
         assert "Traceback" not in done.stderr
     assert "holds" in done.stdout, done.stdout  # verify-proof: the proof and the record check

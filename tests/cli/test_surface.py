@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,9 +23,8 @@ from pi_durable_lmdb.cli.commands import COMMANDS, READS
 from pi_durable_lmdb.cli.common import KINDS
 
 from tests.support.cli_call import call
-from tests.support.demo_store import BOUND, make_demo
+from tests.support.demo_store import make_demo, run_as_printed
 
-BIN = os.path.dirname(sys.executable)
 SPELLINGS = [word for pair in KINDS.items() for word in pair]
 NEEDS_A_SERVER = ("--nats", "serve ")
 """Examples that need a NATS server or run until Ctrl-C: shown, not run here
@@ -120,19 +116,11 @@ def examples_ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     here = tmp_path_factory.mktemp("examples")
     make_demo(here)
-    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
     for name in COMMANDS:
         example = _example(name)
         if any(server in example + " " for server in NEEDS_A_SERVER):
             continue
-        done = subprocess.run(
-            ["bash", "-c", "set -o pipefail; " + example],
-            cwd=here,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=BOUND,
-        )
+        done = run_as_printed(example, here)
         assert done.returncode == 0, f"{example}\n{done.stdout}\n{done.stderr}"
         assert "Traceback" not in done.stderr
     return here
