@@ -25,6 +25,7 @@ from pi_durable_lmdb.cli.common import KINDS
 from tests.support.cli_call import call
 from tests.support.demo_store import make_demo, run_as_printed
 
+ROOT = Path(__file__).resolve().parents[2]
 SPELLINGS = [word for pair in KINDS.items() for word in pair]
 NEEDS_A_SERVER = ("--nats", "serve ")
 """Examples that need a NATS server or run until Ctrl-C: shown, not run here
@@ -70,6 +71,18 @@ def test_a_commands_help_is_its_own(name: str, monkeypatch: pytest.MonkeyPatch) 
 def test_a_command_that_reads_takes_json(name: str) -> None:
     (json_option,) = [a for a in SUBPARSERS[name]._actions if "--json" in a.option_strings]
     assert isinstance(json_option, argparse._StoreTrueAction) and json_option.dest == "json"
+
+
+def test_the_commands_with_json_are_the_reading_ones_each_shape_documented() -> None:
+    with_json = {
+        name
+        for name, sub in SUBPARSERS.items()
+        if any("--json" in action.option_strings for action in sub._actions)
+    }
+    assert with_json == READS
+    page = (ROOT / "docs" / "operations.md").read_text()
+    table = page.split("### What --json prints\n", 1)[1].split("\n### ", 1)[0]
+    assert set(re.findall(r"^\| `([a-z-]+)` \|", table, re.M)) == READS
 
 
 def test_every_kind_argument_takes_both_spellings() -> None:
