@@ -129,6 +129,8 @@ def _read_key_text(value: str, what: str) -> str:
             return data.decode("utf-8").strip()
         except UnicodeDecodeError:
             raise NoteError(f"{value} does not hold a {what} (not UTF-8)") from None
+    if "+" not in value:  # a key's text is name+keyid+key: this was meant as a file
+        raise usage(f"{value}: no such file or directory (nor a {what} given as text)")
     return value.strip()
 
 
@@ -318,12 +320,12 @@ def _register_verify_proof(commands: argparse._SubParsersAction[argparse.Argumen
 def _verify_proof(args: argparse.Namespace) -> int:
     from ..audit.proofs import check_proof, read_proof
 
-    verifier = parse_verifier(_read_key_text(args.vkey, "verifier key"))
-    try:
+    try:  # in the order of the command line: the proof first
         proof = read_proof(_read_input(args.proof, MAX_NOTE))
     except ValueError as error:
         raise usage(f"{args.proof}: {error}") from None
     note = _read_input(args.checkpoint, MAX_NOTE)
+    verifier = parse_verifier(_read_key_text(args.vkey, "verifier key"))
     record = None if args.record is None else _record_line(args.record)
     report = check_proof(proof, note, verifier, record)
     result = None

@@ -33,6 +33,21 @@ REFUSED = [
         "HERE/nosuch.json: no such file or directory",
     ),
     (
+        ["verify-proof", "HERE/nosuch.json", "--checkpoint", "HERE/a", "--vkey", "HERE/b"],
+        2,
+        "HERE/nosuch.json: no such file or directory",
+    ),
+    (
+        ["checkpoint", "STORE", "--key", "HERE/nosuch.key"],
+        2,
+        "HERE/nosuch.key: no such file or directory (nor a signing key given as text)",
+    ),
+    (
+        ["verify", "STORE", "--trusted", "FILE", "--vkey", "HERE/nosuch.pub"],
+        2,
+        "HERE/nosuch.pub: no such file or directory (nor a verifier key given as text)",
+    ),
+    (
         ["verify", "STORE", "--trusted", "HERE/nosuch.checkpoint", "--vkey", "PUB"],
         2,
         "HERE/nosuch.checkpoint: no such file or directory",
