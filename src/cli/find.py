@@ -71,6 +71,10 @@ def _search(args: argparse.Namespace) -> int:
     args.text = " ".join(args.text)  # the words as typed, quoted or not
     if not args.text.strip():
         raise usage("TEXT is empty: give the words to find")
+    from ..projections.search_index import all_words
+
+    if not all_words(args.text):
+        raise usage(f"{args.text!r} holds no word to find: words are letters and digits")
     results = asyncio.run(_run(args))
     if args.json:
         print_json(msgspec.to_builtins(results))

@@ -63,6 +63,7 @@ REFUSED = [
     (["stats", "HERE/nosuch"], 2, "No store at"),
     (["search", "STORE", ""], 2, "TEXT is empty: give the words to find"),
     (["search", "STORE", " "], 2, "TEXT is empty: give the words to find"),
+    (["search", "STORE", "!!"], 2, "'!!' holds no word to find: words are letters"),
     (["list", "STORE", "tasks", "--columns", "id,nosuch"], 2, "unknown field 'nosuch' of tasks"),
     (["list", "STORE", "tasks", "--columns", "id,"], 2, "--columns 'id,' names an empty column"),
     (["export", "STORE", "--seq", "3", "--from", "2"], 2, "--seq is the range of one record"),
