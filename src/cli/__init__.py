@@ -31,14 +31,7 @@ from .status import (
     Formatter,
 )
 
-__all__ = [
-    "EXIT_BUG",
-    "EXIT_DAMAGE",
-    "EXIT_INTERRUPTED",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "main",
-]
+__all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

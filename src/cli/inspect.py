@@ -169,8 +169,8 @@ def _show(args: argparse.Namespace) -> int:
 
 def record_text(record: Any) -> str:
     """A record as ``show`` prints it by default: a field a line (``state.status: terminal``),
-    nested records flattened to dotted names, lists and other values as JSON, times (the
-    ``...At`` fields) in ISO 8601."""
+    nested records flattened to dotted names, lists and other values as JSON, times
+    (``common.TIME_FIELDS``) in ISO 8601."""
 
     import json
 
