@@ -244,6 +244,7 @@ def main(path: str | None) -> int:
         f"  durable-log export {path} > log.jsonl && durable-log import log.jsonl copy-store\n"
         f"  durable-log rebuild {path}                # rebuild projections beside the live ones\n"
         f"  durable-log search {path} 'writer killed' # find entries, documents, tasks by their words\n"
+        f"  durable-log list {path} entries           # the messages as a table (tasks, documents, ...)\n"
         f"  durable-log serve {path}                  # the web view (the [web] extra)\n"
     )
     return 0
