@@ -161,7 +161,7 @@ def _cell(name: str, value: Any, limit: int) -> str:
 
 class Table:
     """Rows aligned in columns as wide as their widest cell; numbers right-aligned, the rest
-    left; columns no row fills left out unless ``keep_empty``; an entry's text, the last column,
+    left; columns no row fills left out (unless ``keep_empty``, or there is no row); an entry's text, the last column,
     cut to end within ``width``. A row is kept as its cells (at most ``CELL`` characters each,
     ``width`` for an entry's text), never as the record's values, so a long listing holds text of
     bounded size per row."""
@@ -191,7 +191,7 @@ class Table:
         kept = [
             at
             for at, name in enumerate(self.header)
-            if self.keep_empty or at == 0 or any(row[at] for row in self._cells)
+            if self.keep_empty or not self._cells or any(row[at] for row in self._cells)
         ]
         header = [self.header[at] for at in kept]
         rows = [[row[at] for at in kept] for row in self._cells]
