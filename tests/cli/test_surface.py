@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from pi_durable_lmdb import cli as cli_module
 from pi_durable_lmdb.cli.commands import COMMANDS, READS
-from pi_durable_lmdb.cli.common import KINDS
+from pi_durable_lmdb.cli.common import KINDS, READ_ONLY
 
 from tests.support.cli_call import call
 from tests.support.demo_store import make_demo, run_as_printed
@@ -83,6 +83,21 @@ def test_the_commands_with_json_are_the_reading_ones_each_shape_documented() -> 
     page = (ROOT / "docs" / "operations.md").read_text()
     table = page.split("### What --json prints\n", 1)[1].split("\n### ", 1)[0]
     assert set(re.findall(r"^\| `([a-z-]+)` \|", table, re.M)) == READS
+
+
+NOT_REPORTS = {
+    "export": "writes the export format, JSON Lines, for import",
+    "backup": "writes a copy of the store",
+    "serve": "serves pages and their .json",
+}
+
+
+def test_every_read_only_command_reports_text_and_json() -> None:
+    """A new command that reads a store is held to --json unless it says why it is not a report."""
+
+    read_only = {name for name, sub in SUBPARSERS.items() if READ_ONLY in (sub.description or "")}
+    assert read_only - set(NOT_REPORTS) <= READS, read_only - set(NOT_REPORTS) - READS
+    assert set(NOT_REPORTS) <= read_only
 
 
 def test_every_kind_argument_takes_both_spellings() -> None:
