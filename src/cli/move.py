@@ -199,7 +199,13 @@ def _import(args: argparse.Namespace) -> int:
                 _not_empty(lines, args.source), args.path, report, renumber=args.renumber
             )
 
-    print(asyncio.run(run()))
+    try:
+        print(asyncio.run(run()))
+    except ValueError as error:  # a line of the export refused ("Line 3 of the export ..."):
+        said = str(error)  # named with its file too
+        if args.from_pi_durable or not said.startswith("Line "):
+            raise
+        raise usage(f"{'stdin' if args.source == '-' else args.source}: {said}") from None
     return EXIT_OK
 
 

@@ -27,6 +27,7 @@ REFUSED = [
     ),
     (["import", "EMPTY", "HERE/new"], 2, "EMPTY is empty: an export holds a line per batch"),
     (["import", "HERE", "HERE/new"], 2, "is a directory, not an export"),
+    (["import", "FILE", "HERE/new"], 2, "FILE: Line 1 of the export is not a batch: not JSON"),
     (
         ["verify-proof", "HERE/nosuch.json", "--checkpoint", "FILE", "--vkey", "PUB"],
         2,
