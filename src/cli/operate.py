@@ -45,6 +45,7 @@ def _register_rebuild(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "fold the whole log into fresh projections beside the live ones, then swap",
         "Fold the whole log into fresh core projections beside the live ones, then swap them in "
         "(a killed rebuild resumes). Takes the writer lock; never creates a store.",
+        example="durable-log rebuild demo-store",
     )
     store_argument(sub)
     sub.add_argument(
@@ -104,6 +105,7 @@ def _register_compact(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "closed everywhere: refuses while a writer or another process's reader has it open. A "
         "power writer's journal left by a power cut is replayed first. "
         "Never creates a store.",
+        example="durable-log compact demo-store",
     )
     store_argument(sub)
     progress_option(sub)
@@ -158,6 +160,7 @@ def _register_replica(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "and keep taking each new record until Ctrl-C or SIGTERM (exit 0), printing where it stands "
         "to stderr every --interval seconds. Exit 1 if a message of the stream is refused (not a "
         "sound record of the store): the replica keeps what came before it.",
+        example="durable-log replica replica-store --nats nats://127.0.0.1:4222 --stream LOGS --store ID",
     )
     sub.add_argument("path", metavar="PATH", help="the replica's directory (made when missing)")
     nats_options(sub)
@@ -232,6 +235,7 @@ def _register_promote(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "fence on the store's subject (no earlier writer's append can land after it) and take in "
         "everything the stream holds. Then the lease is released, so the host that opens PATH "
         "next with durability='replicated' writes at once. Exit 2 if another writer keeps its lease.",
+        example="durable-log promote replica-store --nats nats://127.0.0.1:4222 --stream LOGS",
     )
     store_argument(sub)
     sub.add_argument(
