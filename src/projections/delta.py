@@ -278,12 +278,17 @@ class Folding:
     Why: an append copies the whole text it extends, so a transcript that grows every turn
     replayed one append at a time cost its length times its turns, and a run of appends broken
     by any other op (``[["a", ["text"], line], ["s", ["turns"], n]]``, each turn) could not be
-    joined. Here each path's appends wait in a list; an op whose path is a prefix of a pending
-    one, or lies under it, joins that path's appends first (nothing else can see them). The
-    first append to a path is applied as it comes (it raises what the reference raises when the
-    path holds no text); the ones after it cannot fail while nothing touched that path, so the
-    value and any error are the reference's. A batch that raises leaves the folding spoiled:
-    the caller drops it (a document's ``broken`` state)."""
+    joined. Here each path's appends wait in a list; before an op that can see or move a
+    pending text, that path's appends are joined (``_join_under``): an op whose path is a
+    prefix of the pending one (on the text, on a container holding it: ``r``, ``s``, ``d``,
+    ``p``, ``m``), one under it, and a ``d`` of an element of an array holding it, before it
+    (the elements after the deleted one shift down, the pending text with them). Nothing else
+    can: a set, append or trim beside it, a delete after it, ops on other arrays. So a run of
+    appends to one text stays pending through the other ops of each turn and costs its length
+    once. The first append to a path is applied as it comes (it raises what the reference
+    raises when the path holds no text); the ones after it cannot fail while nothing touched
+    that path, so the value and any error are the reference's. A batch that raises leaves the
+    folding spoiled: the caller drops it (a document's ``broken`` state)."""
 
     __slots__ = ("pending", "root")
 
@@ -304,16 +309,24 @@ class Folding:
                 pending[path].append(op[2])
                 continue
             if pending:
-                self._join_under(path)
+                self._join_under(path, verb)
             self.root = _APPLIERS[verb](self.root, op)
             if verb == "a":
                 pending[path] = []
 
-    def _join_under(self, path: tuple[str | int, ...]) -> None:
-        """Join the pending appends an op at ``path`` could see or change."""
+    def _join_under(self, path: tuple[str | int, ...], verb: str) -> None:
+        """Join the pending appends an op ``verb`` at ``path`` could see, change or move."""
 
         size = len(path)
-        for key in [key for key in self.pending if key[:size] == path or path[: len(key)] == key]:
+        parent, last = path[:-1], path[-1] if path else None
+        shifts = verb == "d" and type(last) is int
+        for key in [
+            key
+            for key in self.pending
+            if key[:size] == path
+            or path[: len(key)] == key
+            or (shifts and _after(key, parent, last))
+        ]:
             suffixes = self.pending.pop(key)
             if suffixes:
                 self.root = _join_appends(self.root, list(key), suffixes)
@@ -327,6 +340,17 @@ class Folding:
                 self.root = _join_appends(self.root, list(key), suffixes)
         self.pending.clear()
         return self.root
+
+
+def _after(key: tuple[str | int, ...], parent: tuple[str | int, ...], index: Any) -> bool:
+    """Whether ``key`` runs through an element of the array at ``parent`` after ``index``
+    (deleting ``index`` moves it: an object's integer key moves nothing, but joining is safe)."""
+
+    size = len(parent)
+    if len(key) <= size or key[:size] != parent:
+        return False
+    at = key[size]
+    return type(at) is int and at > index
 
 
 def _join_appends(root: Json, path: Path, suffixes: list[str]) -> Json:
