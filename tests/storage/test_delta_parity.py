@@ -21,12 +21,12 @@ LONG = "l" * (CHUNK + 100)
 """Text that makes a document long: its value is kept as bases and deltas, not in its row."""
 
 
-def create(id: int, value: Any) -> dict[str, Any]:
+def create(id: int, value: Any, kind: str = "notes") -> dict[str, Any]:
     return {
         "type": "document.create",
         "record": {
             "id": id,
-            "kind": "notes",
+            "kind": kind,
             "scope": {"kind": "conversation", "conversationId": 1},
             "history": "rewindable",
             "fork": "asOf",
@@ -126,5 +126,79 @@ def test_appends_to_an_array_element_then_a_delete_before_it_read_as_memory_stor
         await pair.assert_reads_match(2)
         assert (await pair.commit([change(2, [["s", ["n"], 2]])]))[0][0] == "ok"
         await pair.assert_reads_match(2)
+
+    run_pair(tmp_path, body)
+
+
+# ── a delta nesting a document deeper than a commit of its value may ───────
+
+
+def nest(levels: int) -> Any:
+    """An object nested ``levels`` deep: ``{"k": {"k": ... {}}}``."""
+
+    value: Any = {}
+    for _ in range(levels - 1):
+        value = {"k": value}
+    return value
+
+
+def depth(value: Any) -> int:
+    """How many containers deep ``value`` nests (0 for a scalar)."""
+
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            stack.extend(
+                (child, level + 1) for child in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
+
+
+@pytest.mark.parametrize("text", ["c", LONG], ids=["short", "long"])
+def test_a_delta_nesting_a_document_past_what_a_commit_may_hold_is_refused_and_leaves_the_store(
+    tmp_path: Path, text: str
+) -> None:
+    async def body(pair: Pair) -> None:
+        storage = pair.storage
+        for writes in [[CONVERSATION], [create(2, {"text": text, "d": {}})]]:
+            await storage.commit(writes, CTX)
+        await storage.commit([change(2, [["s", ["d"], nest(899)]])], CTX)  # 900 levels
+        inner = ["d"] + ["k"] * 898  # the innermost object, 900 levels down
+        await storage.commit([change(2, [["s", inner + ["a"], []]])], CTX)  # 901
+        too_deep = nest(998)
+        with pytest.raises(TypeError) as plain:  # what a commit of such a value raises
+            await storage.commit([create(3, too_deep, "plan")], CTX)
+        expected = str(plain.value)
+        assert "1000 levels" in expected
+        before = await storage.document(2, "current", CTX)
+        refused = [
+            [["s", inner[:-1] + ["x"], nest(900)]],  # 1799 levels
+            [["s", inner + ["x"], nest(98)]],  # 998 levels
+            [["s", ["n"], 1], ["p", inner + ["a"], 0, 0, [nest(97)]]],  # an array's items
+            [["s", inner + ["x"], [nest(97)]]],
+        ]
+        for ops in refused:
+            with pytest.raises(TypeError) as raised:
+                await storage.commit([change(2, ops)], CTX)
+            assert str(raised.value) == expected, ops
+            assert await storage.document(2, "current", CTX) == before
+        # as deep as a commit may hold: committed, read back, and a commit of it is accepted
+        seq = await storage.commit([change(2, [["s", inner + ["x"], nest(97)]])], CTX)
+        assert seq == 5  # the refused commits took no sequence
+        await storage.commit([change(2, [["p", inner + ["a"], 0, 0, [nest(96)]]])], CTX)
+        after = await storage.document(2, "current", CTX)
+        assert depth(after["value"]) == 997 and after["deltasSinceBase"] == 4
+        assert depth(after["value"]["d"]) == 996
+        await storage.commit([change(2, [["s", ["n"], 1]])], CTX)
+        await storage.commit([create(4, after["value"], "plan")], CTX)
+        await pair.reopen()
+        await pair.storage.rebuild()
+        reopened = await pair.storage.document(2, "current", CTX)
+        assert depth(reopened["value"]) == 997 and reopened["value"]["n"] == 1
+        assert depth((await pair.storage.document(2, 6, CTX))["value"]) == 997
+        await pair.storage.commit([change(2, [["d", ["d"]]])], CTX)
+        await pair.storage.commit([{"type": "document.retire", "id": 2}], CTX)
 
     run_pair(tmp_path, body)
