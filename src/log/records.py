@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, NamedTuple, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 import msgspec
 
@@ -75,10 +75,17 @@ Content: TypeAlias = BaseContent | DeltaContent
 
 
 class CopySource(msgspec.Struct, forbid_unknown_fields=True):
-    """The document a copy is made from, and the point (a sequence, or ``"current"``) it is read at."""
+    """The document a copy is made from, and the point it is read at: ``"current"``, or a
+    number, compared with the log's sequences as the reference compares it (``3.5`` reads as
+    ``3``, ``2**70`` past every sequence, ``True`` as ``1``), kept as it was written."""
 
     id: int
-    at: int | Literal["current"]
+    at: Any
+
+    def __post_init__(self) -> None:
+        at = self.at
+        if at != "current" and not isinstance(at, (int, float)):  # a bool is an int
+            raise ValueError(f"source.at must be a number or 'current', not {at!r}")
 
 
 class DocumentCreateWrite(

@@ -202,3 +202,40 @@ def test_a_delta_nesting_a_document_past_what_a_commit_may_hold_is_refused_and_l
         await pair.storage.commit([{"type": "document.retire", "id": 2}], CTX)
 
     run_pair(tmp_path, body)
+
+
+# ── a copy from a point that is no sequence of the log ──────────────────────
+
+
+def copy_of(id: int, source: int, at: Any, conversation: int = 1) -> dict[str, Any]:
+    written = create(id, None)
+    written.pop("content")
+    written["record"]["scope"]["conversationId"] = conversation
+    return {**written, "type": "document.copy", "source": {"id": source, "at": at}}
+
+
+POINTS = [3, 3.5, 4.0, 4.999, 2**64, 2**70, 1e300, True, -1.5, -(2**70), 0.5, "yesterday", None]
+
+
+@pytest.mark.parametrize("at", POINTS, ids=repr)
+def test_a_copy_from_a_point_between_or_past_sequences_reads_as_memory_storage(
+    tmp_path: Path, at: Any
+) -> None:
+    async def body(pair: Pair) -> None:
+        for writes in [
+            [CONVERSATION],
+            [create(2, {"text": "a"})],
+            [change(2, [["a", ["text"], "b"]])],
+            [change(2, [["a", ["text"], "c"]])],
+            [change(2, [["a", ["text"], "d"]])],
+            [{"type": "conversation", "value": {"id": 9}}],
+        ]:
+            ours, theirs = await pair.commit(writes)
+            assert ours[0] == theirs[0] == "ok"
+        ours, theirs = await pair.commit([copy_of(10, 2, at, conversation=9)])
+        assert ours[:2] == theirs[:2]
+        await pair.assert_reads_match(10)
+        await pair.reopen()
+        await pair.assert_reads_match(10)
+
+    run_pair(tmp_path, body)
