@@ -13,13 +13,19 @@ Behaviours kept on purpose because the reference has them:
 * A missing object key in the middle of a path raises ``KeyError``; ``s`` at index ``len`` of an
   array and ``a``/``t`` there raise ``IndexError``; ``p`` clamps an index past the end.
 * A path prefix that cannot be walked reports that prefix, not the whole path.
-* An integer segment addressing an object sets or deletes an integer key there.
+* An integer segment addressing an object sets or deletes an integer key there, and the value
+  then holds a key JSON cannot: the reference's store raises ``TypeError`` (``NON_STRING_KEYS``)
+  when a read copies such a value out, and reads it again once a later op removed the key. A
+  replay (``apply_batches``) does the same: it sets the key and raises at its end if one is
+  left. A commit's own apply (``apply_ops``, ``Folding.apply``) refuses the set itself with that
+  ``TypeError``, before it changes anything: the store marks the document broken, so its
+  reads replay, and no value it keeps holds such a key (it could not encode or read one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from pi_durable.delta import PathError, UnsafePathError
 
@@ -32,6 +38,9 @@ Path: TypeAlias = list[str | int]
 RESERVED_SEGMENTS = frozenset({"__proto__", "constructor", "prototype"})
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+
+NON_STRING_KEYS: Final = "Value must contain strict JSON string keys"
+"""What pi-durable raises (``TypeError``) copying out a value with a key that is not a string."""
 
 
 def copy_json(value: Json) -> Json:
@@ -188,9 +197,36 @@ def _replace(root: Json, op: Op) -> Json:
 
 
 def _set(root: Json, op: Op) -> Json:
+    return _set_key(root, op, False)[0]
+
+
+def _set_key(root: Json, op: Op, any_key: bool) -> tuple[Json, bool]:
+    """``s``: the root, and whether it set an integer key in an object, which only ``any_key``
+    (a replay's, as the reference applies it) allows."""
+
     parent, key = _member(root, op[1])
+    keyed = isinstance(parent, dict) and type(key) is int
+    if keyed and not any_key:
+        raise TypeError(NON_STRING_KEYS)
     parent[key] = copy_json(op[2])
-    return root
+    return root, keyed
+
+
+def _holds_non_string_key(value: Json) -> bool:
+    """Whether an object in ``value`` has a key that is not a string (found without recursion)."""
+
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            for key, item in node.items():
+                if type(key) is not str:
+                    return True
+                if type(item) is dict or type(item) is list:
+                    stack.append(item)
+        elif type(node) is list:
+            stack.extend(item for item in node if type(item) is dict or type(item) is list)
+    return False
 
 
 def _delete(root: Json, op: Op) -> Json:
@@ -250,10 +286,11 @@ _APPLIERS: dict[str, Callable[[Json, Op], Json]] = {
 
 
 def apply_ops(root: Json, ops: Iterable[Op]) -> Json:
-    """Apply one batch in place and return the root, which ``r`` may have replaced.
+    """Apply one batch of a commit in place and return the root, which ``r`` may have replaced.
 
     Each op is validated just before it runs, so a failing op leaves earlier ones applied, as in
-    the reference. Inserted payloads are copied so the tree never aliases the caller's ops.
+    the reference. Inserted payloads are copied so the tree never aliases the caller's ops. An
+    ``s`` of an integer key in an object raises ``TypeError`` (see the module's notes).
     """
 
     for op in ops:
@@ -263,13 +300,19 @@ def apply_ops(root: Json, ops: Iterable[Op]) -> Json:
 
 
 def apply_batches(root: Json, batches: Iterable[Iterable[Op]]) -> Json:
-    """Apply ordered batches to a copy, leaving the caller's tree untouched (``Folding``: text
-    appends are joined once, so a replay costs the bytes it reads, whatever the mix of ops)."""
+    """Replay ordered batches on a copy, leaving the caller's tree untouched (``Folding``: text
+    appends are joined once, so a replay costs the bytes it reads, whatever the mix of ops).
 
-    folding = Folding(copy_json(root))
+    The value read, as the reference's store reads it: integer keys set in objects are kept
+    while later ops may remove them, and ``TypeError`` is raised if one is left at the end."""
+
+    folding = Folding(copy_json(root), replay=True)
     for ops in batches:
         folding.apply(ops)
-    return folding.joined()
+    value = folding.joined()
+    if folding.keyed and _holds_non_string_key(value):
+        raise TypeError(NON_STRING_KEYS)
+    return value
 
 
 class Folding:
@@ -288,14 +331,21 @@ class Folding:
     once. The first append to a path is applied as it comes (it raises what the reference
     raises when the path holds no text); the ones after it cannot fail while nothing touched
     that path, so the value and any error are the reference's. A batch that raises leaves the
-    folding spoiled: the caller drops it (a document's ``broken`` state)."""
+    folding spoiled: the caller drops it (a document's ``broken`` state).
 
-    __slots__ = ("pending", "root")
+    A commit's folding refuses an ``s`` of an integer key in an object as ``apply_ops`` does; a
+    ``replay`` sets it, noting it in ``keyed`` (``apply_batches`` checks the value it ends
+    with)."""
 
-    def __init__(self, root: Json) -> None:
+    __slots__ = ("keyed", "pending", "replay", "root")
+
+    def __init__(self, root: Json, *, replay: bool = False) -> None:
         self.root = root
         """Owned: the caller hands over a tree nobody else holds."""
         self.pending: dict[tuple[str | int, ...], list[str]] = {}
+        self.replay = replay
+        self.keyed = False
+        """Whether a replay set an integer key in an object (it may have been removed since)."""
 
     def apply(self, ops: Iterable[Op]) -> None:
         """Apply one batch in place (ops validated one by one, as ``apply_ops``)."""
@@ -310,6 +360,10 @@ class Folding:
                 continue
             if pending:
                 self._join_under(path, verb)
+            if verb == "s" and self.replay:
+                self.root, keyed = _set_key(self.root, op, True)
+                self.keyed = self.keyed or keyed
+                continue
             self.root = _APPLIERS[verb](self.root, op)
             if verb == "a":
                 pending[path] = []
@@ -358,6 +412,7 @@ def _join_appends(root: Json, path: Path, suffixes: list[str]) -> Json:
 
 
 __all__ = [
+    "NON_STRING_KEYS",
     "RESERVED_SEGMENTS",
     "Folding",
     "Op",

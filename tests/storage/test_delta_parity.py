@@ -239,3 +239,55 @@ def test_a_copy_from_a_point_between_or_past_sequences_reads_as_memory_storage(
         await pair.assert_reads_match(10)
 
     run_pair(tmp_path, body)
+
+
+# ── an integer key set in an object by a delta ──────────────────────────────
+
+
+@pytest.mark.parametrize("text", ["c", LONG + "\ud800"], ids=["short", "long"])
+def test_an_integer_key_set_by_a_delta_fails_the_reads_memory_storage_fails(
+    tmp_path: Path, text: str
+) -> None:
+    """``MemoryStorage`` sets the key (the applier allows it) and raises ``TypeError`` when a
+    read copies the value out; once a later op removes the key, the document reads again."""
+
+    async def body(pair: Pair) -> None:
+        for writes in [
+            [CONVERSATION],
+            [create(2, {"text": text, "o": {}, "l": ["\ud800"]})],
+            [change(2, [["s", ["o", 5], "five"], ["s", ["o", "5"], "string five"]])],
+            [change(2, [["a", ["text"], "x"], ["a", ["o", 5], "!"]])],
+            [change(2, [["s", ["l", 0], {"k": {7: 1}}]])],  # refused: a commit holds no such key
+            [change(2, [["d", ["o", 5]], ["s", ["o", 6], 1]])],
+            [change(2, [["a", ["text"], "y"]])],
+            [change(2, [["s", ["o"], {"kept": True}]])],
+            [change(2, [["a", ["text"], "z"]])],
+            [change(2, [["s", ["n"], 1], ["s", ["o", 1], 1], ["d", ["o", 1]]])],
+            [change(2, [["s", [3], 1]])],  # on the root object
+            [change(2, [["d", [3]]])],
+        ]:
+            ours, theirs = await pair.commit(writes)
+            assert ours[0] == theirs[0], writes
+            await pair.assert_reads_match(2)
+        current = await pair.storage.document(2, "current", CTX)
+        assert current["value"]["o"] == {"kept": True} and current["value"]["n"] == 1
+        await pair.reopen()
+        await pair.assert_reads_match(2)
+        await pair.commit([change(2, [["s", ["o", 9], 9]])])
+        await pair.assert_reads_match(2)
+        await pair.reopen()
+        await pair.assert_reads_match(2)
+        ours, theirs = await pair.commit(
+            [
+                {
+                    "type": "document.change",
+                    "id": 2,
+                    "content": {"kind": "base", "version": 1, "value": {"b": 1}},
+                }
+            ]
+        )
+        assert ours[0] == theirs[0] == "ok"
+        await pair.commit([change(2, [["a", ["b"], "x"]])])  # fails on both: a number
+        await pair.assert_reads_match(2)
+
+    run_pair(tmp_path, body)
