@@ -229,6 +229,14 @@ def _holds_non_string_key(value: Json) -> bool:
     return False
 
 
+def unreadable_value(error: BaseException) -> bool:
+    """Whether ``error`` is a replay's ``TypeError`` for a value holding a key that is not a
+    string, which the reference raises copying the value out, not resolving it (a copy of such
+    a document fails with it, unwrapped, once the batch's copies are resolved)."""
+
+    return type(error) is TypeError and error.args == (NON_STRING_KEYS,)
+
+
 def _delete(root: Json, op: Op) -> Json:
     parent, key = _member(root, op[1])
     if isinstance(parent, dict):
@@ -421,5 +429,6 @@ __all__ = [
     "apply_batches",
     "apply_ops",
     "copy_json",
+    "unreadable_value",
     "validate_op",
 ]

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pi_durable import delta as reference
-from pi_durable_lmdb.projections import delta as delta_module
 from pi_durable_lmdb.projections.delta import Folding, apply_batches
 
+from tests.projections.test_documents import count_copies
 from tests.support.compare import REFUSALS
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -183,20 +183,6 @@ def test_appends_pending_on_an_array_element_are_joined_before_the_array_shifts(
     for ops in batches:
         folding.apply(ops)
     assert folding.joined() == expected
-
-
-def count_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Characters every text append builds (``delta._append``), counted as they are made."""
-
-    copied = [0]
-    append = delta_module._append
-
-    def counted(text: str, suffix: str) -> str:
-        copied[0] += len(text) + len(suffix)
-        return append(text, suffix)
-
-    monkeypatch.setattr(delta_module, "_append", counted)
-    return copied
 
 
 CHUNK_TEXT = "a chunk of a long transcript. " * 3

@@ -291,3 +291,37 @@ def test_an_integer_key_set_by_a_delta_fails_the_reads_memory_storage_fails(
         await pair.assert_reads_match(2)
 
     run_pair(tmp_path, body)
+
+
+def test_a_copy_of_a_document_holding_an_integer_key_is_refused_as_memory_storage_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """The reference resolves every copy of the batch, then fails copying such a value out
+    (``TypeError``); a copy it rejects while resolving is rejected first (``ValueError``)."""
+
+    async def body(pair: Pair) -> None:
+        for writes in [
+            [CONVERSATION],
+            [create(2, {"o": {}})],
+            [change(2, [["s", ["o", 5], 1]])],
+            [{"type": "conversation", "value": {"id": 9}}],
+            [create(3, {"o": {}}, "plan")],
+        ]:
+            ours, theirs = await pair.commit(writes)
+            assert ours[0] == theirs[0] == "ok"
+        unknown = copy_of(11, 77, "current", 9)
+        unknown["record"]["kind"] = "plan"
+        for writes in [
+            [copy_of(10, 2, "current", 9)],
+            [copy_of(10, 2, 3, 9)],
+            [copy_of(10, 2, 2**70, 9)],
+            [copy_of(10, 2, 3, 9), unknown],
+            [unknown, copy_of(10, 2, 3, 9)],
+        ]:
+            ours, theirs = await pair.commit(writes)
+            assert ours[:2] == theirs[:2], writes
+        ours, theirs = await pair.commit([copy_of(10, 2, 2, 9)])  # before the key was set
+        assert ours == theirs and ours[0] == "ok"
+        await pair.assert_reads_match(10)
+
+    run_pair(tmp_path, body)
