@@ -17,7 +17,7 @@ from pi_durable_lmdb.projections.delta import Folding, apply_batches
 from tests.projections.test_documents import count_copies
 from tests.support.compare import REFUSALS
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 words = st.text(alphabet=st.sampled_from(["a", "b", "é", "😀", "\ud83d", " "]), max_size=5)
 items = st.fixed_dictionaries({"text": words, "n": st.integers(0, 3)})
@@ -131,6 +131,7 @@ def referenced(root: Any, batches: list[list[Any]]) -> tuple[str, str]:
     return outcome(lambda: reference.apply_immutable_batches(root, copy.deepcopy(batches)))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(histories())
 def test_a_replay_of_random_histories_is_the_references(case: tuple[Any, list[list[Any]]]) -> None:
@@ -138,6 +139,7 @@ def test_a_replay_of_random_histories_is_the_references(case: tuple[Any, list[li
     assert outcome(lambda: apply_batches(root, copy.deepcopy(batches))) == referenced(root, batches)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(histories(), st.data())
 def test_a_folding_read_between_batches_is_the_references(
@@ -213,7 +215,8 @@ def noise_on(draw: st.DrawFn) -> list[list[Any]]:
     )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(noise_on(), max_size=3), min_size=60, max_size=100))
 def test_appends_to_one_text_copy_its_length_a_bounded_number_of_times_whatever_comes_between(
     drawn: list[list[list[Any]]],
