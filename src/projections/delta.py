@@ -30,6 +30,7 @@ from typing import Any, Final, TypeAlias
 from pi_durable.delta import PathError, UnsafePathError
 
 from ..log import codec
+from ..log.records import check_delta_depth
 
 Json: TypeAlias = Any
 Op: TypeAlias = list[Any]
@@ -298,9 +299,12 @@ def apply_ops(root: Json, ops: Iterable[Op]) -> Json:
 
     Each op is validated just before it runs, so a failing op leaves earlier ones applied, as in
     the reference. Inserted payloads are copied so the tree never aliases the caller's ops. An
-    ``s`` of an integer key in an object raises ``TypeError`` (see the module's notes).
+    ``s`` of an integer key in an object raises ``TypeError`` (see the module's notes), and so
+    does, before any op runs, a batch nesting the value deeper than a commit may hold one
+    (``records.check_delta_depth``: a commit refuses it; a log written before may hold it).
     """
 
+    check_delta_depth(ops)
     for op in ops:
         validate_op(op)
         root = _APPLIERS[op[0]](root, op)
@@ -358,6 +362,7 @@ class Folding:
     def apply(self, ops: Iterable[Op]) -> None:
         """Apply one batch in place (ops validated one by one, as ``apply_ops``)."""
 
+        check_delta_depth(ops)
         pending = self.pending
         for op in ops:
             validate_op(op)

@@ -12,6 +12,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb.log import records
 from pi_durable_lmdb.projections.tables import CHUNK
 
 from tests.support.compare import outcome
@@ -323,5 +324,41 @@ def test_a_copy_of_a_document_holding_an_integer_key_is_refused_as_memory_storag
         ours, theirs = await pair.commit([copy_of(10, 2, 2, 9)])  # before the key was set
         assert ours == theirs and ours[0] == "ok"
         await pair.assert_reads_match(10)
+
+    run_pair(tmp_path, body)
+
+
+@pytest.mark.parametrize("text", ["c", LONG], ids=["short", "long"])
+def test_a_too_deep_delta_an_earlier_version_committed_leaves_its_document_broken_not_the_store(
+    tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log written before such deltas were refused: the fold marks the document broken (no
+    row holds the value), reads raise the commit's ``TypeError``, a base or a retirement ends
+    it, and a rebuild folds the same."""
+
+    async def body(pair: Pair) -> None:
+        storage = pair.storage
+        for writes in [[CONVERSATION], [create(2, {"text": text, "d": {}})]]:
+            await storage.commit(writes, CTX)
+        await storage.commit([change(2, [["s", ["d"], nest(899)]])], CTX)
+        inner = ["d"] + ["k"] * 898
+        with monkeypatch.context() as patch:  # as an earlier version committed it
+            patch.setattr(records, "check_delta_depth", lambda ops: None)
+            await storage.commit([change(2, [["s", inner + ["x"], nest(900)]])], CTX)
+        for _ in range(2):
+            for at in ("current", 4):
+                with pytest.raises(TypeError, match="nests deeper than 1000 levels"):
+                    await pair.storage.document(2, at, CTX)
+            assert depth((await pair.storage.document(2, 3, CTX))["value"]) == 900
+            await pair.reopen()
+            await pair.storage.rebuild()
+        await pair.storage.commit([change(2, [["s", ["n"], 1]])], CTX)
+        rebased = {"type": "document.change", "id": 2}
+        rebased["content"] = {"kind": "base", "version": 1, "value": {"text": text}}
+        await pair.storage.commit([rebased], CTX)
+        assert (await pair.storage.document(2, "current", CTX))["value"] == {"text": text}
+        await pair.storage.commit([{"type": "document.retire", "id": 2}], CTX)
+        await pair.storage.rebuild()
+        assert (await pair.storage.document(2, 6, CTX))["value"] == {"text": text}
 
     run_pair(tmp_path, body)
