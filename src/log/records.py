@@ -221,9 +221,9 @@ def check_delta_depth(ops: Any) -> None:
     op that would nest its document deeper than a commit may hold a value: a value set at a
     path of ``n`` segments sits ``n`` levels into the document (``s``), items spliced into the
     array there ``n + 1`` (``p``). Otherwise such a document could be neither stored nor read
-    (nor its value committed again). Only what an op puts there counts, so it holds whatever
-    the document is: an op that would fail anyway (its path leads nowhere) is refused all the
-    same. A path of 2 segments or fewer cannot: ``check_json`` bounded the op's value deeper."""
+    (nor its value committed again). It reads the op alone, not the document, so an op that
+    would fail anyway (its path leads nowhere) is refused all the same. A path of 2 segments or
+    fewer cannot nest too deep: ``check_json`` bounded the op's value deeper in the batch."""
 
     if type(ops) is not list:
         return
