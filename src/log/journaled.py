@@ -38,6 +38,7 @@ import time
 import lmdb
 
 from ..errors import StoreFormatError
+from .counters import EngineCounters
 from .journal import Journal, JournalOptions, planted
 from .shared import Gate, SharedEnv
 from .storedir import (
@@ -67,9 +68,13 @@ class CommitJournal:
     Made before LMDB maps the file (a recovery writes the checkpoint's meta pages back first),
     then ``attach``-ed to the environment once it is open."""
 
-    def __init__(self, path: str, options: JournalOptions) -> None:
+    def __init__(
+        self, path: str, options: JournalOptions, counters: EngineCounters | None = None
+    ) -> None:
         self.path = path
-        self._journal = Journal(path, options)
+        self._journal = Journal(path, options, counters)
+        self.counters = self._journal.counters
+        """The environment's counters: checkpoints here, flushes and segments in the journal."""
         self._env: lmdb.Environment | None = None  # these three are the environment's (``attach``)
         self._gate = Gate()
         self._dbs: dict[bytes, lmdb._Database] = {}
@@ -274,10 +279,12 @@ class CommitJournal:
             if pin is not None:
                 pin.abort()
             raise
+        self.counters.checkpoints += 1
         old, self._pin = self._pin, pin
         if old is not None:
             old.abort()
         journal.release(segment)
+        self._prepare()
         if pin is not None:
             try:
                 self._adapt(pin, commits, last)
@@ -285,6 +292,21 @@ class CommitJournal:
                 lmdb.Error
             ):  # a handle a swap dropped meanwhile: the bound stays until the next one
                 pass
+
+    def _prepare(self) -> None:
+        """After a checkpoint released segments: the journal's next segment made ready now, off
+        the commit path (``Journal.prepare``). A failure is logged, not raised: the commit that
+        fills the segment in use makes the next one itself, and reports what goes wrong then."""
+
+        try:
+            self._journal.prepare()
+        except Exception:
+            _log.warning(
+                "the next journal segment of the store at %s could not be made ahead; the commit "
+                "that needs it makes it",
+                self.path,
+                exc_info=True,
+            )
 
     def _adapt(self, pin: lmdb.Transaction[bytes], commits: int, last: int) -> None:
         """The commit bound until the next checkpoint (see the module docstring), from the
@@ -327,6 +349,7 @@ class CommitJournal:
         segment = self._replay_from if self._replay_from is not None else journal.current_number
         self.env.sync(True)
         journal.checkpoints.write(self._epoch, segment, meta)
+        self.counters.checkpoints += 1
         journal.release(segment)
         self._since = (0, journal.written, time.monotonic())
 
@@ -442,6 +465,7 @@ class CommitJournal:
             epoch = secrets.randbits(63) | 1
             segment = journal.begin()  # no marker now: no recovery can read an earlier segment
             journal.checkpoints.write(epoch, segment, meta)
+            self.counters.checkpoints += 1
             mark_power(self.path, epoch)
             self._epoch, self._replay_from = epoch, None
             journal.release(segment)

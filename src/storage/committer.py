@@ -200,9 +200,7 @@ class Committer:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
         loop = asyncio.get_running_loop()
-        if (
-            self._direct or (self._journaled and self._fast)
-        ) and loop not in self._gathering:
+        if (self._direct or (self._journaled and self._fast)) and loop not in self._gathering:
             direct_commits = self._direct_commits
             direct_commits.append(None)  # atomic (the GIL), like its pop
             try:
@@ -222,6 +220,7 @@ class Committer:
                                 lambda txn: self._commit_one(txn, payload, batch, committed_at)
                             )
                             self._committed([result])
+                            self._env.counters.direct_commits += 1
                             return result
                     finally:
                         self._lock.release()
