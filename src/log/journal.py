@@ -686,13 +686,14 @@ class Journal:
                 self._free.append(self.segments.pop(number))
 
     def close(self) -> None:
-        """Close every descriptor (the segment in use, the one made ready); a ready segment
-        goes back to the free list."""
+        """Close every descriptor (the segment in use, the one made ready, the checkpoint
+        slots); a ready segment goes back to the free list."""
 
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         self._drop_ready()
+        self.checkpoints.close()
 
     def trim(self) -> None:
         """After a clean close (``data.mdb`` synced, the marker gone, so no recovery reads a

@@ -97,8 +97,10 @@ class CommitJournal:
         """Journaled commits between checkpoints now (``_adapt``)."""
         self._last_page = 0
         """``data.mdb``'s last page number at the last checkpoint."""
-        self._last_free = 0
-        """Its free pages then (``_adapt``)."""
+        self._last_free: int | None = 0
+        """Its free pages then (``_adapt``); None when they were not counted (the file had not
+        grown, so nothing needed them then), to be counted in the pin of that checkpoint once a
+        later one finds the file grown."""
         self._wake = threading.Condition()
         self._stopping = False
         self._worker = Requests(
@@ -281,17 +283,19 @@ class CommitJournal:
             raise
         self.counters.checkpoints += 1
         old, self._pin = self._pin, pin
-        if old is not None:
-            old.abort()
+        try:
+            if pin is not None:
+                try:
+                    self._adapt(pin, old, commits, last)
+                except (
+                    lmdb.Error
+                ):  # a handle a swap dropped meanwhile: the bound stays until the next one
+                    pass
+        finally:
+            if old is not None:  # the state before: its pages may be reused from now on
+                old.abort()
         journal.release(segment)
         self._prepare()
-        if pin is not None:
-            try:
-                self._adapt(pin, commits, last)
-            except (
-                lmdb.Error
-            ):  # a handle a swap dropped meanwhile: the bound stays until the next one
-                pass
 
     def _prepare(self) -> None:
         """After a checkpoint released segments: the journal's next segment made ready now, off
@@ -308,24 +312,61 @@ class CommitJournal:
                 exc_info=True,
             )
 
-    def _adapt(self, pin: lmdb.Transaction[bytes], commits: int, last: int) -> None:
+    def _adapt(
+        self,
+        pin: lmdb.Transaction[bytes],
+        old: lmdb.Transaction[bytes] | None,
+        commits: int,
+        last: int,
+    ) -> None:
         """The commit bound until the next checkpoint (see the module docstring), from the
-        state ``pin`` holds (``last``: its last page number) and the ``commits`` since the
-        checkpoint before."""
+        state ``pin`` holds (``last``: its last page number), the one ``old`` held (the
+        checkpoint before, still pinned) and the ``commits`` since the checkpoint before.
+
+        Free pages are counted only when the file grew since the checkpoint before (a ``stat``
+        of every database, twice when that checkpoint's count was skipped: then in ``old``):
+        only then do they decide anything, and most checkpoints of a store find the file as
+        it was (its commits reuse the pages the checkpoint before let go)."""
 
         options = self._journal.options
-        used = 2 + sum(pages(pin.stat(db)) for db in list(self._dbs.values())) + pages(pin.stat())
-        free = max(0, last + 1 - used)
-        # Grown by more than its data: new records alone (the log only grows) are not pages the
-        # pin kept from reuse, and counting them halved the bound of every growing store.
-        grew = self._last_page > 0 and last > self._last_page and free > self._last_free
+        grew = False
+        free: int | None = None
+        if self._last_page > 0 and last > self._last_page:
+            if self._last_free is None:
+                self._last_free = (
+                    self._free_pages(old, self._last_page, earlier=True)
+                    if old is not None
+                    else None
+                )
+            free = self._free_pages(pin, last)
+            # Grown by more than its data: new records alone (the log only grows) are not pages
+            # the pin kept from reuse, and counting them halved the bound of every growing store.
+            grew = self._last_free is not None and free > self._last_free
         self._last_page, self._last_free = last, free
-        if grew and free > max(options.pinned_pages, options.pinned_share * (last + 1)):
+        if (
+            grew
+            and free is not None
+            and free > max(options.pinned_pages, options.pinned_share * (last + 1))
+        ):
             self._bound = max(1, self._bound // 2)
         elif commits >= self._bound:
             self._bound = min(
                 options.checkpoint_commits, self._bound + (1 if grew else self._bound)
             )
+
+    def _free_pages(self, txn: lmdb.Transaction[bytes], last: int, earlier: bool = False) -> int:
+        """The pages of the state ``txn`` holds that no database uses (``last``: its last page
+        number), counted as ``stats`` counts them. ``earlier``: a state pinned before some of
+        the databases were made (the checkpoint before's): those held no page in it."""
+
+        used = 2 + pages(txn.stat())
+        for db in list(self._dbs.values()):
+            try:
+                used += pages(txn.stat(db))
+            except lmdb.InvalidParameterError:
+                if not earlier:
+                    raise
+        return max(0, last + 1 - used)
 
     # ── map changes (``Environment._remap``) ────────────────────────────────
 

@@ -139,6 +139,42 @@ def test_checkpoint_records_alternate_and_a_torn_newest_leaves_the_one_before(
     assert older is not None and (older.generation, older.segment) == (4, 14)
 
 
+def test_checkpoint_slots_keep_their_descriptors_and_a_failed_write_opens_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint every few commits writes its slot through a descriptor kept open (no
+    open and close each time); a write that fails drops it, the next opens the file again, and
+    after a close a write opens them again. Every record reads back as the newest."""
+
+    checkpoints = Checkpoints(str(tmp_path))
+    checkpoints.write(1, 10, b"a" * 8192)
+    checkpoints.write(1, 11, b"b" * 8192)
+    kept = list(checkpoints._fds)
+    assert None not in kept, "a slot's descriptor was not kept"
+    checkpoints.write(1, 12, b"c" * 8192)
+    assert checkpoints._fds == kept, "a slot was opened again"
+    real = os.fdatasync
+    failing = {"left": 1}
+
+    def fdatasync(fd: int) -> None:
+        if fd in kept and failing["left"]:
+            failing["left"] -= 1
+            raise OSError(5, "injected")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    with pytest.raises(OSError):
+        checkpoints.write(1, 13, b"d" * 8192)
+    assert checkpoints._fds.count(None) == 1, "the failed slot's descriptor was kept"
+    newest = checkpoints.write(1, 13, b"d" * 8192)
+    assert Checkpoints(str(tmp_path)).newest(1) == newest
+    checkpoints.close()
+    assert checkpoints._fds == [None, None]
+    again = checkpoints.write(1, 14, b"e" * 8192)
+    assert Checkpoints(str(tmp_path)).newest(1) == again
+    checkpoints.close()
+
+
 KILLED_WRITER = """
 import asyncio, os, sys
 from pi_durable.context import BACKGROUND_CONTEXT as CTX

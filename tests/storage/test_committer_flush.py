@@ -127,7 +127,9 @@ async def test_power_commits_run_on_the_callers_thread_once_the_device_showed_fa
     try:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         warm = await lone.commits([FAST] * FAST_FIRST)
-        assert loop_thread not in warm[: FAST_FIRST - 1], "a flush ran on the loop before it was fast"
+        assert loop_thread not in warm[: FAST_FIRST - 1], (
+            "a flush ran on the loop before it was fast"
+        )
         fast = await lone.commits([FAST] * 5)
         assert fast == [loop_thread] * 5, (
             "fast flushes, yet a lone commit went to the writer thread"
