@@ -54,6 +54,24 @@ def test_bench_fills_the_marked_block_of_the_docs(tmp_path: Path) -> None:
     )
     assert "x (floor: lmdb (process) + one flush) |" in target, target
     assert "One device flush on the stores' disk" in text
+    assert "### Power commits: path and flushes" in text, text
+    paths = text.split("### Power commits: path and flushes", 1)[1].split("\n### ", 1)[0]
+    assert "| commit_turn | " in paths and "| session_turn | " in paths, paths
+
+
+def test_bench_reports_each_power_workload_s_commit_paths_and_flushes() -> None:
+    """The paths table: per workload, the share of commits on the caller's thread and on the
+    writer thread, and device flushes and checkpoints per commit, from the engine's counters."""
+
+    from tools.bench.report_markdown import Results, paths_table
+
+    results = Results()
+    # (batches, direct, device flushes, checkpoints, segment switches, made ahead) per pass
+    results.paths["commit_turn"] = [(100, 90, 120, 10, 1, 1), (100, 50, 124, 12, 2, 1)]
+    lines = paths_table(results)
+    row = next(line for line in lines if line.startswith("| commit_turn |"))
+    assert row == "| commit_turn | 200 | 70.0% | 30.0% | 50%–90% | 1.220 | 0.110 | 3 (2) |", row
+    assert paths_table(Results()) == []
 
 
 def test_bench_rewrites_the_blocks_marked_when_it_was_a_script(tmp_path: Path) -> None:
