@@ -224,3 +224,13 @@ def test_bench_footprint_covers_a_short_turn() -> None:
         and result["lmdb"]["bytes"] > 0
         and result["sqlite"]["bytes"] > 0
     ), result
+
+
+def test_host_growth_reports_each_window_and_what_grew() -> None:
+    """``tools.bench.host_growth``: a row per window of turns (the store's CPU per turn, by
+    method, the document's size, the deepest trees) and, profiled, the functions that grew."""
+
+    out = _run("-m", "tools.bench.host_growth", "--turns", "40", "--window", "20", "--profile", "1")
+    rows = [line for line in out.splitlines() if line.startswith(("| 20 |", "| 40 |"))]
+    assert len(rows) == 2 and "commit " in rows[0], out
+    assert "Functions whose own CPU time per turn grew most" in out, out
