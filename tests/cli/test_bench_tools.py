@@ -234,3 +234,26 @@ def test_host_growth_reports_each_window_and_what_grew() -> None:
     rows = [line for line in out.splitlines() if line.startswith(("| 20 |", "| 40 |"))]
     assert len(rows) == 2 and "commit " in rows[0], out
     assert "Functions whose own CPU time per turn grew most" in out, out
+
+
+def test_host_growth_pairs_a_small_store_with_a_big_one() -> None:
+    """``--paired``: two stores side by side in alternated windows, the big one's time over the
+    small one's per round, and (profiled) the functions that cost more on the big one."""
+
+    out = _run(
+        "-m",
+        "tools.bench.host_growth",
+        "--paired",
+        "10",
+        "--turns",
+        "40",
+        "--window",
+        "10",
+        "--rounds",
+        "2",
+        "--profile",
+        "1",
+    )
+    assert "| small | 10 |" in out and "| big | 40 |" in out, out
+    assert "big / small, per round: median" in out, out
+    assert "Functions whose own CPU time per turn is larger on the big store" in out, out

@@ -9,6 +9,13 @@ log, the document revisions). With ``--profile K``, the store's calls in the fir
 and the last K are profiled (cProfile, the store's calls only) and the functions whose time per
 turn grew the most are listed: whether the growth is LMDB's (deeper trees, more pages touched)
 or this engine's code (work proportional to the document or the log).
+
+``--paired SMALL``: the same question asked of two stores side by side instead of one store
+over time, so that a noisy machine's drift cancels: one store filled with SMALL turns and one
+with ``--turns``, then ``--rounds`` windows of turns on each, alternated (small, big, big,
+small, ...), timed by the thread's CPU clock; the big store's time over the small one's is
+taken per round. With ``--profile K`` K more alternated rounds are profiled, and the functions
+whose time per turn is larger on the big store are listed.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ import cProfile
 import os
 import pstats
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from pi_durable import create_session
@@ -104,6 +113,125 @@ def _by_function(profile: cProfile.Profile) -> dict[str, float]:
         f"{os.path.basename(file)}:{line}({function})": value[2]  # tottime
         for (file, line, function), value in raw.items()
     }
+
+
+def _line(n: int, pad: str) -> str:
+    return f"Turn {n}: ran the tests, {1834 + n % 97} tokens.{pad}\n"
+
+
+async def _turn(tx: Any, n: int, pad: str) -> None:
+    """One host turn (``host.py``'s): an entry and one more line in the transcript."""
+
+    value = entry(0, ROOT, n)
+    await tx.append_entry(ROOT, {key: value[key] for key in ("kind", "model", "data")})
+    transcript = await tx.doc(Transcript, ROOT)
+    transcript["text"] += _line(n, pad)
+
+
+@dataclass
+class Host:
+    """One store of a paired run, its stopwatch and Session, and the next turn's number."""
+
+    storage: LmdbStorage
+    timed: MethodTimes
+    session: Any
+    next: int
+    profile: cProfile.Profile
+
+    async def turns(self, count: int, pad: str) -> None:
+        for n in range(self.next, self.next + count):
+            await self.session.commit(lambda tx, n=n: _turn(tx, n, pad), CTX)
+        self.next += count
+
+
+async def paired(args: argparse.Namespace) -> None:
+    base = tempfile.mkdtemp(prefix="host-growth-", dir=args.dir)
+    pad = "x" * max(0, args.line - 40)
+    hosts: list[Host] = []
+    try:
+        for index, turns in enumerate((args.paired, args.turns)):
+            storage = await LmdbStorage.open(
+                os.path.join(base, f"store-{index}"), durability=args.mode
+            )
+            await storage.commit([conversation(ROOT)], CTX)
+            timed = MethodTimes(storage)
+            host = Host(
+                storage, timed, create_session(timed), 1, cProfile.Profile(time.thread_time)
+            )
+            hosts.append(host)
+            await host.turns(turns, pad)
+            print(f"filled a store with {turns:,} turns", file=sys.stderr, flush=True)
+        small, big = hosts
+        times: dict[int, list[float]] = {0: [], 1: []}
+        methods: dict[int, dict[str, list[float]]] = {0: defaultdict(list), 1: defaultdict(list)}
+        for round in range(args.rounds + args.profile):
+            profiling = round >= args.rounds
+            for index in (0, 1) if round % 2 == 0 else (1, 0):
+                host = hosts[index]
+                host.timed.inside.clear()
+                host.timed.profiler = host.profile if profiling else None
+                await host.turns(args.window, pad)
+                host.timed.profiler = None
+                if not profiling:
+                    times[index].append(sum(host.timed.inside.values()) / args.window)
+                    for name, seconds in host.timed.inside.items():
+                        methods[index][name].append(seconds / args.window)
+        print(
+            f"Two stores side by side ({args.mode}), {args.rounds} alternated windows of "
+            f"{args.window:,} turns each; store CPU per turn (thread CPU clock), median [min–max] "
+            "over windows:\n"
+        )
+        print(
+            "| store | turns at the start | document KiB | store CPU µs / turn | by method (median µs / turn) | deepest trees (depth, pages) |"
+        )
+        print("|---|---:|---:|---:|---|---|")
+        for index, host in enumerate(hosts):
+            filled = (args.paired, args.turns)[index]
+            document = sum(len(_line(n, pad)) for n in range(1, host.next))
+            values = times[index]
+            shape = tree_shape(host.storage)
+            deepest = sorted(shape.items(), key=lambda item: (-item[1][0], -item[1][1]))[:4]
+            by = ", ".join(
+                f"{name} {statistics.median(v) * 1e6:.0f}"
+                for name, v in sorted(methods[index].items(), key=lambda item: -sum(item[1]))
+            )
+            print(
+                f"| {'small' if index == 0 else 'big'} | {filled:,} | {document / 1024:,.0f} "
+                f"| {statistics.median(values) * 1e6:.0f} [{min(values) * 1e6:.0f}–{max(values) * 1e6:.0f}] "
+                f"| {by} | {', '.join(f'{name} {d}/{p}' for name, (d, p) in deepest)} |"
+            )
+        ratios = [b / a for a, b in zip(times[0], times[1]) if a > 0]
+        print(
+            f"\nbig / small, per round: median {statistics.median(ratios):.2f}x "
+            f"[{min(ratios):.2f}x–{max(ratios):.2f}x] over {len(ratios)} rounds"
+        )
+        if args.profile:
+            turns = args.profile * args.window
+            first, last = _by_function(small.profile), _by_function(big.profile)
+            grown = sorted(
+                (
+                    (last.get(name, 0.0) - first.get(name, 0.0), name)
+                    for name in set(first) | set(last)
+                ),
+                reverse=True,
+            )
+            print(
+                f"\nFunctions whose own CPU time per turn is larger on the big store ({turns:,} "
+                "profiled turns on each, alternated; µs per turn, profiler overhead included alike):\n"
+            )
+            print("| function | small | big | difference |")
+            print("|---|---:|---:|---:|")
+            for delta, name in grown[: args.top]:
+                print(
+                    f"| {name} | {first.get(name, 0.0) / turns * 1e6:.1f} "
+                    f"| {last.get(name, 0.0) / turns * 1e6:.1f} | {delta / turns * 1e6:+.1f} |"
+                )
+            total = (sum(last.values()) - sum(first.values())) / turns * 1e6
+            print(f"| all functions | | | {total:+.1f} |")
+    finally:
+        for host in hosts:
+            await host.storage.close()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -203,8 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, help="windows profiled at each end")
     parser.add_argument("--top", type=int, default=15, help="functions listed (default 15)")
     parser.add_argument("--dir", help="parent of the temporary store")
+    parser.add_argument(
+        "--paired",
+        type=int,
+        metavar="SMALL",
+        help="compare a store of SMALL turns with one of --turns, in alternated windows",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=10, help="alternated windows of each store (--paired)"
+    )
     args = parser.parse_args(argv)
-    asyncio.run(run(args))
+    asyncio.run(paired(args) if args.paired is not None else run(args))
     return 0
 
 
