@@ -83,6 +83,7 @@ _FRAME = struct.Struct(
     ">IIIIQQQ"
 )  # magic, body length, count, reserved, segment, first seq, checksum
 _LENGTH = struct.Struct(">I")
+_CHECKSUM = struct.Struct(">Q")
 _ZEROS: Final = bytes(1 << 20)
 SEGMENT_SHARE = 64
 """A new segment is about ``data.mdb``'s size over this (``segment_sizing``)."""
@@ -207,10 +208,17 @@ def _read_header(path: str) -> tuple[int, int] | None:
 
 
 def encode_frame(number: int, salt: int, first: int, records: list[bytes]) -> bytes:
-    body = b"".join(_LENGTH.pack(len(data)) + data for data in records)
+    """One frame's bytes: its header (checksum seeded with the segment's salt over header and
+    body) and body. Built with one copy of the records and the checksum streamed over the two
+    parts (it runs on the committing thread, once per commit)."""
+
+    length = _LENGTH.pack
+    body = b"".join([part for data in records for part in (length(len(data)), data)])
     head = _FRAME.pack(_FRAME_MAGIC, len(body), len(records), 0, number, first, 0)[:-8]
-    checksum = xxhash.xxh3_64_intdigest(head + body, seed=salt)
-    return head + struct.pack(">Q", checksum) + body
+    hasher = xxhash.xxh3_64(seed=salt)
+    hasher.update(head)
+    hasher.update(body)
+    return b"".join((head, _CHECKSUM.pack(hasher.intdigest()), body))
 
 
 def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[int, list[bytes]]]:

@@ -62,6 +62,24 @@ def test_frames_read_back_whole_and_a_cut_or_changed_byte_ends_the_chain() -> No
     assert read_frames(data, number, salt + 1) == []
 
 
+@pytest.mark.parametrize("sizes", [[0], [1], [650], [10, 0, 4000, 7], [70000]])
+def test_a_frame_s_bytes_are_the_format_s_header_checksum_and_body(sizes: list[int]) -> None:
+    """``encode_frame`` (built in one copy, its checksum streamed) gives the format's bytes: a
+    header (magic, body length, count, segment, first sequence), the xxh3-64 seeded with the
+    salt over header and body, then each record's u32 length and bytes."""
+
+    import struct
+
+    import xxhash
+
+    records = [bytes([n % 251]) * size for n, size in enumerate(sizes)]
+    body = b"".join(struct.pack(">I", len(data)) + data for data in records)
+    head = struct.pack(">IIIIQQ", 0x504A4652, len(body), len(records), 0, 7, 42)
+    expected = head + struct.pack(">Q", xxhash.xxh3_64_intdigest(head + body, seed=99)) + body
+    assert encode_frame(7, 99, 42, records) == expected
+    assert read_frames(bytes(HEADER_SIZE) + expected, 7, 99) == [(42, records)]
+
+
 def _write(journal: Journal, records: list[tuple[int, bytes]]) -> None:
     journal.write(records)
     journal.confirm()
