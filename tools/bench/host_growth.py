@@ -115,6 +115,34 @@ def _by_function(profile: cProfile.Profile) -> dict[str, float]:
     }
 
 
+def print_growth(
+    first: cProfile.Profile,
+    second: cProfile.Profile,
+    turns: int,
+    title: str,
+    columns: tuple[str, str, str],
+    top: int,
+) -> None:
+    """The ``top`` functions whose own time per turn is larger in ``second`` than in ``first``
+    (each profiled over ``turns`` turns), and the difference over all functions."""
+
+    one, two = _by_function(first), _by_function(second)
+    grown = sorted(
+        ((two.get(name, 0.0) - one.get(name, 0.0), name) for name in set(one) | set(two)),
+        reverse=True,
+    )
+    print(f"\n{title.format(turns=turns)}:\n")
+    print(f"| function | {' | '.join(columns)} |")
+    print("|---|---:|---:|---:|")
+    for delta, name in grown[:top]:
+        print(
+            f"| {name} | {one.get(name, 0.0) / turns * 1e6:.1f} "
+            f"| {two.get(name, 0.0) / turns * 1e6:.1f} | {delta / turns * 1e6:+.1f} |"
+        )
+    total = (sum(two.values()) - sum(one.values())) / turns * 1e6
+    print(f"| all functions | | | {total:+.1f} |")
+
+
 def _line(n: int, pad: str) -> str:
     return f"Turn {n}: ran the tests, {1834 + n % 97} tokens.{pad}\n"
 
@@ -206,28 +234,16 @@ async def paired(args: argparse.Namespace) -> None:
             f"[{min(ratios):.2f}x–{max(ratios):.2f}x] over {len(ratios)} rounds"
         )
         if args.profile:
-            turns = args.profile * args.window
-            first, last = _by_function(small.profile), _by_function(big.profile)
-            grown = sorted(
-                (
-                    (last.get(name, 0.0) - first.get(name, 0.0), name)
-                    for name in set(first) | set(last)
-                ),
-                reverse=True,
+            print_growth(
+                small.profile,
+                big.profile,
+                args.profile * args.window,
+                "Functions whose own CPU time per turn is larger on the big store ({turns:,} "
+                "profiled turns on each, alternated; µs per turn, profiler overhead included "
+                "alike)",
+                ("small", "big", "difference"),
+                args.top,
             )
-            print(
-                f"\nFunctions whose own CPU time per turn is larger on the big store ({turns:,} "
-                "profiled turns on each, alternated; µs per turn, profiler overhead included alike):\n"
-            )
-            print("| function | small | big | difference |")
-            print("|---|---:|---:|---:|")
-            for delta, name in grown[: args.top]:
-                print(
-                    f"| {name} | {first.get(name, 0.0) / turns * 1e6:.1f} "
-                    f"| {last.get(name, 0.0) / turns * 1e6:.1f} | {delta / turns * 1e6:+.1f} |"
-                )
-            total = (sum(last.values()) - sum(first.values())) / turns * 1e6
-            print(f"| all functions | | | {total:+.1f} |")
     finally:
         for host in hosts:
             await host.storage.close()
@@ -292,27 +308,16 @@ async def run(args: argparse.Namespace) -> None:
                 flush=True,
             )
         if early is not None and late is not None:
-            turns = args.profile * args.window
-            first, last = _by_function(early), _by_function(late)
-            grown = sorted(
-                (
-                    (last.get(name, 0.0) - first.get(name, 0.0), name)
-                    for name in set(first) | set(last)
-                ),
-                reverse=True,
+            print_growth(
+                early,
+                late,
+                args.profile * args.window,
+                "Functions whose own CPU time per turn grew most, the first {turns:,} turns "
+                "against the last {turns:,} (cProfile timed by the thread's CPU clock, store "
+                "calls only; µs per turn, profiler overhead included alike)",
+                ("first", "last", "grown by"),
+                args.top,
             )
-            print(
-                f"\nFunctions whose own CPU time per turn grew most, first {turns:,} turns against "
-                f"the last {turns:,} (cProfile timed by the thread's CPU clock, store calls only; "
-                "µs per turn, profiler overhead included alike):\n"
-            )
-            print("| function | first | last | grown by |")
-            print("|---|---:|---:|---:|")
-            for delta, name in grown[: args.top]:
-                print(
-                    f"| {name} | {first.get(name, 0.0) / turns * 1e6:.1f} "
-                    f"| {last.get(name, 0.0) / turns * 1e6:.1f} | {delta / turns * 1e6:+.1f} |"
-                )
     finally:
         await storage.close()
         shutil.rmtree(base, ignore_errors=True)
