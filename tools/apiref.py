@@ -18,6 +18,7 @@ import itertools
 import re
 import sys
 import textwrap
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +163,10 @@ def _entry(module: ModuleType, where: str, name: str, constants: dict[str, str])
 def _is_alias(value: Any) -> bool:
     """A type alias or a typing construct: shown as a value, not called."""
 
-    return type(value).__module__ in ("typing", "types") and not inspect.isfunction(value)
+    return (
+        isinstance(value, types.GenericAlias)
+        or type(value).__module__ in ("typing", "types", "collections.abc", "_collections_abc")
+    ) and not inspect.isfunction(value)
 
 
 def _def(function: Any) -> str:
