@@ -317,8 +317,16 @@ class WriteLog:
             leaf = read([(0, seq - 1)])[0]
             path = merkle.inclusion_proof(seq - 1, size, read)
             root = merkle.tree_hash(size, read)
+            data = txn.get(seq_key(seq), db=self.db)
+            tombstone = None if data is None else decode_record(seq, data).tombstone
         return InclusionProof(
-            seq, seq - 1, size, leaf.hex(), [value.hex() for value in path], root.hex()
+            seq,
+            seq - 1,
+            size,
+            leaf.hex(),
+            [value.hex() for value in path],
+            root.hex(),
+            None if tombstone is None else tombstone.erasure,
         )
 
     def prove_consistency(self, old: int, new: int | None = None) -> ConsistencyProof:

@@ -50,6 +50,7 @@ from ..log.records import (
     encode_tombstone,
     record_leaf,
 )
+from ..projections import StorageRequestError
 from ..projections import userstate as us
 from ..projections.rebuild import schedule_rebuild
 from ..projections.search_index import INDEX_DIR
@@ -91,8 +92,8 @@ def plan_erasure(
     records: Iterable[dict[str, Any]], conversation: int, with_forks: bool = False
 ) -> ErasurePlan:
     """What erasing ``conversation`` removes from the log ``records`` (the plain records of
-    ``decode_record_builtins``, every one, in order). ``KeyError`` when the log holds no such
-    conversation; ``ValueError`` naming the forks (without ``with_forks``) or a document of
+    ``decode_record_builtins``, every one, in order). ``StorageRequestError`` when the log
+    holds no such conversation; ``ValueError`` naming the forks (without ``with_forks``) or a document of
     another conversation copied from an erased one."""
 
     batches = [(int(r["seq"]), list(r["writes"])) for r in records]
@@ -117,7 +118,7 @@ def plan_erasure(
                 if with_forks:
                     erased_conversations.add(id)
     if not found:
-        raise KeyError(f"The log holds no conversation {conversation}")
+        raise StorageRequestError(f"Unknown conversation: {conversation} (the log holds none)")
     if forks and not with_forks:
         named = ", ".join(f"{id} (of {origin})" for id, origin in sorted(forks.items()))
         raise ValueError(
@@ -146,8 +147,8 @@ def _belongs(
     if kind in ("entry", "submission"):
         return bool(value.get("conversationId") in conversations)
     if kind == "task":
-        if value.get("conversationId") in conversations or value.get("id") in tasks:
-            tasks.add(value["id"])
+        if value.get("conversationId") in conversations:
+            tasks.add(value["id"])  # its documents go with it
             return True
         return False
     if kind in ("document.create", "document.copy"):
