@@ -20,25 +20,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import lmdb
-import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT
 
 from ..errors import WriterLockedError
 from ..log.records import (
-    Erasure,
-    Write,
     check_committed_at,
-    encode_batch,
-    encode_erasure,
-    encode_tombstone,
 )
 from ..log.storedir import sync_directory, take_writer_lock
-from ..projections import Projector
 from ..storage.lmdb_storage import LmdbStorage
 from .export import ROOT_TRAILER
 from .jsonlines import from_json
 from .pisource import SQLITE_HEADER
+from .tombstones import erased_parts, take_in_erased
 from .unreadable import Unreadable, read_document
 from .words import plural
 
@@ -306,7 +299,7 @@ async def import_export(
             seq, committed_at, writes = parse_batch(number, line)
             if seq != expected and not renumber:
                 raise _out_of_order(number, seq, expected)
-            erased = _erased_parts(number, line)
+            erased = erased_parts(number, line)
             try:
                 if erased is not None:
                     if seq != expected:
@@ -314,7 +307,7 @@ async def import_export(
                             "a tombstone or an erasure keeps its sequence (its leaf hash covers "
                             "it): it cannot be renumbered"
                         )
-                    new_seq = await _take_in_erased(storage, seq, committed_at, writes, erased)
+                    new_seq = await take_in_erased(storage, seq, committed_at, writes, erased)
                 else:
                     new_seq = await storage.commit(
                         writes, BACKGROUND_CONTEXT, committed_at=committed_at
@@ -333,66 +326,6 @@ async def import_export(
         if trailer is not None:
             report.root = _check_root(storage, report, *trailer)
     return report
-
-
-def _erased_parts(number: int, line: str) -> tuple[str, Any] | None:
-    """``("erased", its object)`` of a tombstone's line, ``("erasure", its object)`` of an
-    erasure record's, ``None`` for a batch's."""
-
-    if '"erased"' not in line and '"erasure"' not in line:
-        return None
-    value = from_json(line)
-    found = [(name, value[name]) for name in ("erased", "erasure") if name in value]
-    if len(found) > 1:
-        raise ValueError(f"Line {number} of the export is both a tombstone and an erasure")
-    return found[0] if found else None
-
-
-async def _take_in_erased(
-    storage: LmdbStorage, seq: int, committed_at: int, writes: list[Any], erased: tuple[str, Any]
-) -> int:
-    """Append an exported tombstone or erasure record at ``seq``, as the exporting store held
-    it (its leaf hash included), and fold its writes."""
-
-    kind, value = erased
-    try:
-        if kind == "erasure":
-            if writes:
-                raise ValueError("an erasure record holds no writes")
-            record, _ = encode_erasure(msgspec.convert(value, Erasure), committed_at)
-            batch: list[Write] = []
-        else:
-            fields = msgspec.convert(value, _ErasedLine)
-            leaf = bytes.fromhex(fields.leaf) if _HEX64.fullmatch(fields.leaf) else b""
-            encoded = encode_batch(writes)
-            record = encode_tombstone(
-                encoded.payload, committed_at, leaf, fields.erasure, fields.writes
-            )
-            batch = encoded.writes
-    except msgspec.ValidationError as error:
-        raise ValueError(f"'{kind}': {error}") from None
-    log, env = storage.log, storage.log.env
-
-    def work(txn: lmdb.Transaction[bytes], projector: Projector) -> tuple[int, int]:
-        outcome = projector.admit(txn, batch, lambda: log.append_record(txn, seq, record))
-        if isinstance(outcome, Exception):
-            raise ValueError(str(outcome))
-        if env.journal is not None:
-            env.journal.stage(seq, record)
-        return outcome
-
-    new_seq, max_id = await asyncio.to_thread(storage.take_in, work)
-    storage.taken_in(max_id)
-    return new_seq
-
-
-class _ErasedLine(msgspec.Struct, forbid_unknown_fields=True):
-    leaf: str
-    erasure: int
-    writes: int
-
-
-_HEX64: Final = re.compile(r"[0-9a-f]{64}")
 
 
 def parse_root(number: int, line: str) -> tuple[int, bytes]:
