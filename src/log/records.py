@@ -198,6 +198,17 @@ class Tombstone(msgspec.Struct, frozen=True):
     erased: int
 
 
+class CompressedRecord(msgspec.Struct, array_like=True):
+    """A record of format 2 or 3 as it is written: five fields, byte for byte what earlier
+    versions wrote and read."""
+
+    format: int
+    committed_at: int
+    checksum: int
+    payload: bytes
+    size: int
+
+
 class RawRecord(msgspec.Struct, array_like=True):
     """A format-1 record as it is written: four fields, byte for byte what earlier versions wrote
     and read (``LogRecord`` reads it, its ``size`` left 0)."""
@@ -305,7 +316,7 @@ def encode_record(payload: bytes, committed_at: int) -> bytes:
             RawRecord(RAW_FORMAT, committed_at, _checksum(committed_at, payload), payload)
         )
     return _record_encoder.encode(
-        LogRecord(
+        CompressedRecord(
             record_format, committed_at, _checksum(committed_at, stored), stored, len(payload)
         )
     )
@@ -493,6 +504,7 @@ __all__ = [
     "ZSTD_FORMAT",
     "BaseContent",
     "Commit",
+    "CompressedRecord",
     "Content",
     "ConversationWrite",
     "CopySource",
