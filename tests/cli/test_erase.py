@@ -16,32 +16,9 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 
 from tests.cli.test_transparency import NAME
+from tests.storage.test_compact import WRITER
 from tests.support.cli_call import call
-
-_HOLD = """
-import asyncio, sys
-from pi_durable_lmdb import LmdbStorage
-
-async def main():
-    storage = await LmdbStorage.open(sys.argv[1], durability="process")
-    print("open", flush=True)
-    await asyncio.to_thread(sys.stdin.read)
-    await storage.close()
-
-asyncio.run(main())
-"""
-
-
-def _message(id: int, conversation: int, text: str) -> dict[str, object]:
-    return {
-        "type": "entry",
-        "value": {
-            "id": id,
-            "conversationId": conversation,
-            "kind": "message",
-            "message": {"role": "user", "content": text, "timestamp": 1},
-        },
-    }
+from tests.support.workload import message
 
 
 async def _store(path: Path) -> tuple[int, int]:
@@ -50,14 +27,14 @@ async def _store(path: Path) -> tuple[int, int]:
     first = await storage.mint_id()
     await storage.commit(
         [{"type": "conversation", "value": {"id": id}} for id in (a, b)]
-        + [_message(first, a, "private words")],
+        + [message(first, a, "private words")],
         CTX,
     )
     for turn in range(20):  # mixed batches: a's and b's writes in one record
         await storage.commit(
             [
-                _message(await storage.mint_id(), a, f"a {turn}"),
-                _message(await storage.mint_id(), b, f"b {turn}"),
+                message(await storage.mint_id(), a, f"a {turn}"),
+                message(await storage.mint_id(), b, f"b {turn}"),
             ],
             CTX,
         )
@@ -85,7 +62,7 @@ def test_erase_keeps_every_proof(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert f"{fork} (of {a})" in err and "--with-forks" in err
 
     holder = subprocess.Popen(  # another process's writer holds the store
-        [sys.executable, "-c", _HOLD, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-c", WRITER, str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"open\n"

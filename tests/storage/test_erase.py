@@ -24,7 +24,7 @@ from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
 from tests.support.cli_call import call
 from tests.support.compare import REFUSALS, canonical
-from tests.support.workload import Workload, snapshot
+from tests.support.workload import Workload, message, snapshot
 
 
 def _scope_in(record: dict[str, Any], conversations: set[int], tasks: set[int]) -> bool:
@@ -140,18 +140,6 @@ def test_every_other_read_equals_memory_storage_without_the_erased_writes(
     assert verify(tmp_path / "store") is None
 
 
-def _message(id: int, conversation: int, text: str) -> dict[str, Any]:
-    return {
-        "type": "entry",
-        "value": {
-            "id": id,
-            "conversationId": conversation,
-            "kind": "message",
-            "message": {"role": "user", "content": text, "timestamp": 1},
-        },
-    }
-
-
 async def _conversations(path: Path, durability: str, marker: str) -> dict[str, int]:
     """Conversations A (with ``marker`` in an entry, a document's revisions and a task's input,
     some in batches shared with B) and B, and a fork-free third, C."""
@@ -162,8 +150,8 @@ async def _conversations(path: Path, durability: str, marker: str) -> dict[str, 
     await storage.commit([{"type": "conversation", "value": {"id": id}} for id in (a, b, c)], CTX)
     for turn in range(40):
         writes = [
-            _message(await storage.mint_id(), b, f"b says {turn} " + secrets.token_hex(8)),
-            _message(await storage.mint_id(), a, f"a says {turn}: {marker}"),
+            message(await storage.mint_id(), b, f"b says {turn} " + secrets.token_hex(8)),
+            message(await storage.mint_id(), a, f"a says {turn}: {marker}"),
         ]
         if turn == 3:
             writes.append(
@@ -207,7 +195,7 @@ async def _conversations(path: Path, durability: str, marker: str) -> dict[str, 
                 }
             )
         await storage.commit(writes, CTX)
-        await storage.commit([_message(await storage.mint_id(), c, f"c {turn}")], CTX)
+        await storage.commit([message(await storage.mint_id(), c, f"c {turn}")], CTX)
     await storage.close()
     return ids
 
@@ -296,7 +284,7 @@ def test_forks_are_refused_and_named_unless_erased_too(tmp_path: Path) -> None:
         a, fork, other = [await storage.mint_id() for _ in range(3)]
         entry = await storage.mint_id()
         await storage.commit(
-            [{"type": "conversation", "value": {"id": a}}, _message(entry, a, "hi")], CTX
+            [{"type": "conversation", "value": {"id": a}}, message(entry, a, "hi")], CTX
         )
         await storage.commit(
             [
