@@ -238,12 +238,11 @@ def scrub(path: str | os.PathLike[str]) -> CompactReport:
     """Once an erasure committed and the store is closed everywhere: take the erased bytes off
     the disk. The word index is deleted (the next search folds the log into it again), every
     journal segment is written over with zeros past its header (a closed store's segments hold
-    nothing recovery needs), and ``data.mdb`` is replaced by its compacting copy (``compact``),
-    whose pages are written afresh: no free page, nor the unused part of a page that held a
-    rewritten record, is copied. Refused (``StoreInUseError``) while any process has it open."""
+    nothing recovery needs), and ``data.mdb`` is replaced by its compacting copy (``compact``):
+    no free page is copied, and the unused middle of every page copied is zeros. Refused (``StoreInUseError``) while any process has it open."""
 
     path = os.path.abspath(os.fspath(path))
-    report = compact(path)  # refuses a store in use, or a journal to replay, before anything
+    report = compact(path, zero_gaps=True)  # refuses a store in use or a journal to replay first
     index = os.path.join(path, INDEX_DIR)
     if os.path.isdir(index) and not os.path.islink(index):
         shutil.rmtree(index)

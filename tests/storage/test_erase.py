@@ -10,6 +10,7 @@ import asyncio
 import copy
 import os
 import secrets
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,23 @@ async def _conversations(path: Path, durability: str, marker: str) -> dict[str, 
     return ids
 
 
+def _dirty_gaps(data: Path) -> list[int]:
+    """The branch and leaf pages of an LMDB file whose unused middle is not all zeros."""
+
+    raw, size, dirty = data.read_bytes(), 4096, []
+    number = 2
+    while number < len(raw) // size:
+        page = raw[number * size : (number + 1) * size]
+        flags, lower, upper = struct.unpack_from("<HHH", page, 10)
+        if flags & 0x04:  # an overflow run: its length overlays lower and upper
+            number += lower | upper << 16
+            continue
+        if flags & 0x03 and not flags & 0x20 and any(page[lower:upper]):
+            dirty.append(number)
+        number += 1
+    return dirty
+
+
 def _files_holding(path: Path, needle: bytes) -> list[str]:
     found = []
     for root, _, files in os.walk(path):
@@ -250,6 +268,7 @@ def test_no_file_of_the_store_holds_erased_bytes(
 
     assert _files_holding(path, marker.encode()) == []
     assert not (path / "search.index").exists()
+    assert _dirty_gaps(path / "data.mdb") == []
 
     async def decoded() -> None:
         storage = await LmdbStorage.open(path, durability="process", readonly=True)
