@@ -193,9 +193,12 @@ def _zero_gaps(file: str) -> None:
             if flags & _P_OVERFLOW:
                 number += max(1, lower | upper << 16)  # mp_pages: the run's length
                 continue
-            if flags & (_P_BRANCH | _P_LEAF) and not flags & _P_LEAF2:
-                if _PAGE_HEADER.size <= lower < upper <= size:
-                    os.pwrite(fd, bytes(upper - lower), number * size + lower)
+            if (
+                flags & (_P_BRANCH | _P_LEAF)
+                and not flags & _P_LEAF2
+                and _PAGE_HEADER.size <= lower < upper <= size
+            ):
+                os.pwrite(fd, bytes(upper - lower), number * size + lower)
             number += 1
     finally:
         os.close(fd)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import lmdb
@@ -89,19 +89,18 @@ def _scope_owner(record: Any) -> tuple[str, int] | None:
 
 
 def plan_erasure(
-    records: Iterable[dict[str, Any]], conversation: int, with_forks: bool = False
+    records: Callable[[], Iterable[dict[str, Any]]], conversation: int, with_forks: bool = False
 ) -> ErasurePlan:
-    """What erasing ``conversation`` removes from the log ``records`` (the plain records of
-    ``decode_record_builtins``, every one, in order). ``StorageRequestError`` when the log
+    """What erasing ``conversation`` removes from the log, which ``records()`` reads (the plain
+    records of ``decode_record_builtins``, every one, in order; read twice, never held whole). ``StorageRequestError`` when the log
     holds no such conversation; ``ValueError`` naming the forks (without ``with_forks``) or a document of
     another conversation copied from an erased one."""
 
-    batches = [(int(r["seq"]), list(r["writes"])) for r in records]
     erased_conversations = {conversation}
     found = False
     forks: dict[int, int] = {}
-    for _, writes in batches:
-        for write in writes:
+    for record in records():
+        for write in record["writes"]:
             if write.get("type") != "conversation":
                 continue
             value: dict[str, Any] = write.get("value") or {}
@@ -129,8 +128,9 @@ def plan_erasure(
     documents: set[int] = set()
     erased: dict[int, list[int]] = {}
     count = 0
-    for seq, writes in batches:
-        for at, write in enumerate(writes):
+    for record in records():
+        seq = int(record["seq"])
+        for at, write in enumerate(record["writes"]):
             if _belongs(write, erased_conversations, tasks, documents, seq):
                 erased.setdefault(seq, []).append(at)
                 count += 1

@@ -511,7 +511,7 @@ class LmdbStorage(StorageReads, Storage):
         verify_checksums = self._model.unseal is t.unseal
         with self._committer.exclusive():
             plan = plan_erasure(
-                log.read(decode=decode_record_builtins), conversation_id, with_forks
+                lambda: log.read(decode=decode_record_builtins), conversation_id, with_forks
             )
             names = stored_projections(env)
             journal = env.journal
