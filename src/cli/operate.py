@@ -162,7 +162,8 @@ def _register_erase(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "appended. Then, the store closed, the word index is deleted, the journal's segments "
         "zeroed and data.mdb compacted: no file of the store holds the erased bytes. Takes the "
         "writer lock and needs the store closed everywhere; never creates a store. A "
-        "conversation with forks is refused, naming them, unless --with-forks.",
+        "conversation with forks is refused, naming them, unless --with-forks. Run again on a "
+        "conversation already erased, it finishes the scrub (after an erase that was stopped).",
     )
     store_argument(sub)
     sub.add_argument(
@@ -187,7 +188,8 @@ def _register_erase(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _erase(args: argparse.Namespace) -> int:
-    from ..storage.erase import scrub
+    from ..projections import StorageRequestError
+    from ..storage.erase import erased_by, scrub
     from ..storage.lmdb_storage import LmdbStorage
 
     require_store(args.path)
@@ -195,9 +197,16 @@ def _erase(args: argparse.Namespace) -> int:
     async def run() -> str:
         storage = await LmdbStorage.open(args.path)
         try:
-            report = await storage.erase_conversation(
-                args.conversation, reason=args.reason, by=args.by, with_forks=args.with_forks
-            )
+            try:
+                report = await storage.erase_conversation(
+                    args.conversation, reason=args.reason, by=args.by, with_forks=args.with_forks
+                )
+            except StorageRequestError:
+                done = erased_by(storage.log, args.conversation)
+                if done is None:
+                    raise
+                # Erased by a run that stopped before its scrub: this one finishes it.
+                return f"{args.path}: conversation {args.conversation} was erased by erasure record {done}"
         finally:
             await storage.close()
         return (

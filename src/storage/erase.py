@@ -45,6 +45,7 @@ from ..log.compact import CompactReport, compact
 from ..log.journal import HEADER_SIZE, JOURNAL_DIR
 from ..log.records import (
     Erasure,
+    decode_record,
     decode_record_builtins,
     encode_erasure,
     encode_tombstone,
@@ -227,6 +228,15 @@ def rewrite(
     return seq
 
 
+def erased_by(log: WriteLog, conversation: int) -> int | None:
+    """The sequence of the erasure record that erased ``conversation``, if one did."""
+
+    for commit in log.read(decode=decode_record):
+        if commit.erasure is not None and conversation in commit.erasure.conversations:
+            return commit.seq
+    return None
+
+
 def stored_projections(env: Environment) -> list[str]:
     """The names of the user projections the store holds, served or being built."""
 
@@ -273,6 +283,7 @@ __all__ = [
     "ErasurePlan",
     "ErasureReport",
     "check_reason",
+    "erased_by",
     "plan_erasure",
     "rewrite",
     "scrub",

@@ -269,6 +269,8 @@ def test_no_file_of_the_store_holds_erased_bytes(
     assert _files_holding(path, marker.encode()) == []
     assert not (path / "search.index").exists()
     assert _dirty_gaps(path / "data.mdb") == []
+    for segment in (path / "journal").glob("*.seg"):  # recycled segments too: zeros past the header
+        assert not any(segment.read_bytes()[4096:]), segment
 
     async def decoded() -> None:
         storage = await LmdbStorage.open(path, durability="process", readonly=True)
@@ -332,3 +334,28 @@ def test_forks_are_refused_and_named_unless_erased_too(tmp_path: Path) -> None:
         await storage.close()
 
     asyncio.run(run())
+
+
+def test_erase_again_finishes_the_scrub_of_an_erasure_that_stopped_before_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "store"
+    marker = "m" + secrets.token_hex(24)
+    ids = asyncio.run(_conversations(path, "power", marker))
+
+    async def erase_only() -> int:  # what a run killed between its erasure and its scrub did
+        storage = await LmdbStorage.open(path)
+        try:
+            return (await storage.erase_conversation(ids["a"], reason="asked")).seq
+        finally:
+            await storage.close()
+
+    seq = asyncio.run(erase_only())
+    assert _files_holding(path, marker.encode()), "the projections' old pages still hold it"
+    code, out, err = call(capsys, "erase", path, "--conversation", ids["a"], "--reason", "again")
+    assert code == 0, err
+    assert f"was erased by erasure record {seq}; scrubbed the disk" in out
+    assert _files_holding(path, marker.encode()) == []
+    assert _dirty_gaps(path / "data.mdb") == []
+    code, out, err = call(capsys, "erase", path, "--conversation", 999_999, "--reason", "r")
+    assert code == 2 and "Unknown conversation: 999999" in err
