@@ -91,6 +91,12 @@ def test_erase_keeps_every_proof(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert f"erased conversations {a}, {fork}" in out
     code, out, err = call(capsys, "verify", store)
     assert code == 0, err + out
+    code, out, err = call(capsys, "tail", store, "-n", 2)
+    assert code == 0, err
+    assert (
+        f"erasure of conversation {a}, {fork}: 23 writes from 22 records ('art. 17 request 12')"
+        in out
+    )
 
     code, exported, err = call(capsys, "export", store)
     assert code == 0, err
