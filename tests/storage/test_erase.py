@@ -19,8 +19,9 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.errors import StorageRequestError
 from pi_durable.storage import MemoryStorage
 from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.log import Environment, WriteLog, codec
 from pi_durable_lmdb.log.compact import compact
-from pi_durable_lmdb.log.records import decode_record_builtins
+from pi_durable_lmdb.log.records import decode_record_builtins, encode_tombstone, record_leaf
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
 from tests.support.cli_call import call
@@ -359,3 +360,41 @@ def test_erase_again_finishes_the_scrub_of_an_erasure_that_stopped_before_it(
     assert _dirty_gaps(path / "data.mdb") == []
     code, out, err = call(capsys, "erase", path, "--conversation", 999_999, "--reason", "r")
     assert code == 2 and "Unknown conversation: 999999" in err
+
+
+def test_verify_names_a_tombstone_no_erasure_record_lists(tmp_path: Path) -> None:
+    """A record made a tombstone by hand, outside an erasure (its writes all kept, so the
+    projections agree): verify names it."""
+
+    path = tmp_path / "store"
+
+    async def fill() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        a = await storage.mint_id()
+        await storage.commit([{"type": "conversation", "value": {"id": a}}], CTX)
+        await storage.commit([message(await storage.mint_id(), a, "hello")], CTX)
+        await storage.close()
+
+    asyncio.run(fill())
+    assert verify(path) is None
+    env = Environment(path, durability="process")
+    try:
+        log = WriteLog(env)
+
+        def forge(txn: Any) -> None:
+            data = log.record(txn, 2)
+            assert data is not None
+            line = decode_record_builtins(2, data)
+            tombstone = encode_tombstone(
+                codec.encode(line["writes"]), line["committedAt"], record_leaf(2, data), 7, 1
+            )
+            log.replace(txn, 2, tombstone)
+
+        env.write(forge)
+    finally:
+        env.close()
+    found = verify(path)
+    assert found is not None
+    assert "record 2 is a tombstone of erasure 7, which is no erasure record listing it" in str(
+        found
+    )
