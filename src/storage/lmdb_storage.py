@@ -517,14 +517,16 @@ class LmdbStorage(StorageReads, Storage):
             journal = env.journal
             if journal is not None:
                 journal.checkpoint()  # a power cut before the next one undoes the erasure whole
-            self._model.documents.close()  # its snapshots are for the tables swapped out
             seq = env.write(lambda txn: rewrite(txn, env, log, plan, reason, by, names))
-            if journal is not None:
-                journal.checkpoint_rewrite()
-            log.committed()
-            rebuild(env, log)
-            self._model = open_core(env, log, verify_checksums=verify_checksums)
-            self._projector = self._committer.projector = Projector(self._model)
+            try:  # committed: whatever fails next, reads must not serve the erased tables
+                if journal is not None:
+                    journal.checkpoint_rewrite()
+            finally:
+                log.committed()
+                self._model.documents.close()  # its snapshots are for the tables swapped out
+                rebuild(env, log)
+                self._model = open_core(env, log, verify_checksums=verify_checksums)
+                self._projector = self._committer.projector = Projector(self._model)
         logger.info(
             "erased conversations %s of store %s: %d writes in %d records, erasure record %d",
             plan.conversations,
