@@ -131,6 +131,22 @@ class HandleCollector(Collector):
         )
         failures.add_metric([], counters.commit_failures)
         yield failures
+        for name, text, value in (
+            (
+                "direct_commits",
+                "Commits made on their caller's thread (the rest took the writer thread)",
+                counters.direct_commits,
+            ),
+            (
+                "device_flushes",
+                "Device flushes of a power writer: journal frames, checkpoints, segments",
+                counters.device_flushes,
+            ),
+            ("checkpoints", "Checkpoints a power writer made durable", counters.checkpoints),
+        ):
+            family = CounterMetricFamily(f"{PREFIX}_{name}", text)
+            family.add_metric([], value)
+            yield family
         yield _histogram(
             "commit_seconds", "From a commit call to its acknowledgement", counters.commit_seconds
         )

@@ -6,11 +6,14 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Iterator
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..log import CorruptRecordError, Environment, WriteLog
 from ..log.records import decode_record_builtins
 from .jsonlines import to_json
+
+if TYPE_CHECKING:
+    from ..storage.lmdb_storage import LmdbStorage
 
 
 def seq_at(log: WriteLog, ms: int) -> int:
@@ -26,6 +29,21 @@ def seq_at(log: WriteLog, ms: int) -> int:
         return 0
     seqs = range(first, head + 1)
     return first - 1 + bisect.bisect_right(seqs, ms, key=lambda seq: _committed_at(log, seq))
+
+
+async def read_as_of(storage: LmdbStorage, as_of: int | None) -> Any:
+    """What reads ``storage`` as it was right after log sequence ``as_of`` (None: now); a
+    sequence past the log's head is refused naming it and the head, in a reader's words."""
+
+    if as_of is None:
+        return storage
+    head = storage.log.head()
+    if as_of > head:
+        raise ValueError(
+            f"log sequence {as_of} is not in the log yet: the log's head is {head} "
+            f"(a sequence from 0 to {head})"
+        )
+    return await storage.as_of(as_of)
 
 
 def _committed_at(log: WriteLog, seq: int) -> int:
@@ -96,6 +114,7 @@ def export_lines(
 __all__ = [
     "ROOT_TRAILER",
     "export_lines",
+    "read_as_of",
     "seq_at",
     "seq_range",
 ]

@@ -197,13 +197,13 @@ async def list_records(
     if limit is not None and limit <= 0:
         return
     from ..storage.lmdb_storage import LmdbStorage
-    from .export import seq_at
+    from .export import read_as_of, seq_at
 
     storage = await LmdbStorage.open(path, readonly=True)
     try:
         if as_of_time is not None:
             as_of = seq_at(storage.log, as_of_time)
-        source: StorageReads = storage if as_of is None else await storage.as_of(as_of)
+        source: StorageReads = await read_as_of(storage, as_of)
         found = 0
         async for record in _candidates(source, kind, filters if use_index else []):
             if all(condition.matches(record) for condition in filters):

@@ -34,6 +34,8 @@ class Whole(msgspec.Struct, frozen=True):
     high: int = INT64_MAX
 
     def rule(self) -> str:
+        if self.low == -INT64_MAX and self.high == INT64_MAX:
+            return "a whole number, such as 3"
         if self.high == INT64_MAX:
             return f"a whole number, {self.low} or more"
         return f"a whole number from {self.low} to {self.high}"

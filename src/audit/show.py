@@ -9,7 +9,7 @@ import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT
 
 from ..storage.lmdb_storage import LmdbStorage
-from .export import seq_at
+from .export import read_as_of, seq_at
 from .unreadable import Unreadable, document_record, read_document
 
 SHOW_KINDS = ("conversation", "entry", "task", "submission", "document")
@@ -37,7 +37,7 @@ async def show(
     try:
         if as_of_time is not None:
             as_of = seq_at(storage.log, as_of_time)
-        source: Any = storage if as_of is None else await storage.as_of(as_of)
+        source: Any = await read_as_of(storage, as_of)
         return await _read_one(source, kind, id), as_of
     finally:
         await storage.close()

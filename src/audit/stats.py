@@ -357,6 +357,9 @@ def format_footprint(info: Stats) -> list[str]:
         f"free pages       {foot.free_pages:,} of the file's {foot.pages_up_to_last_used:,} pages up to its last used one "
         f"(freePages of pagesUpToLastUsed: held by no database, reused before the file grows); "
         f"{format_bytes(foot.free_bytes)} free with the file's tail ({foot.free_share:.1%} of the file)",
+        "                 (normal: LMDB never overwrites a page, so each commit frees the old copies of "
+        "the pages it rewrote for the next commits to reuse; most of a young store; compact gives "
+        "them back)",
         f"log per record   {'-' if per_record is None else format_bytes(int(per_record))}",
         f"{'database':<40} {'entries':>9} {'branch':>7} {'leaf':>7} {'overflow':>8} {'bytes':>10} {'B/entry':>8}",
     ]

@@ -15,6 +15,7 @@ imported.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -34,8 +35,9 @@ __all__ = ["EXIT_BUG", "EXIT_DAMAGE", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser(words)
+    args = _parse(parser, words)
     from .common import interruptible, say_interrupted  # the engine loads once a command runs
 
     with interruptible():
@@ -48,11 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from ..audit.access import require_access
-    from .common import DAMAGE, KNOWN_REFUSALS
+    from .common import DAMAGE, KNOWN_REFUSALS, refusal, usage
 
     try:
         if getattr(args, "reads_store", False) and args.path is not None:
             require_access(args.path)
+            if os.path.exists(args.path) and not os.path.isdir(args.path):
+                raise usage(f"{args.path} is a file, not a store (a store is a directory)")
         return int(args.run(args) or 0)
     except DAMAGE as error:
         print(f"durable-log: damage: {error}", file=sys.stderr)
@@ -62,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.close()  # the reader went away (``| head``): not an error
         return EXIT_OK
     except KNOWN_REFUSALS as error:
-        print(f"durable-log: {str(error) or type(error).__name__}", file=sys.stderr)
+        print(f"durable-log: {refusal(error)}", file=sys.stderr)
         _debug(args)
         return EXIT_USAGE
     except Exception as error:
@@ -76,6 +80,25 @@ def _run(args: argparse.Namespace) -> int:
         )
         traceback.print_exc(file=sys.stderr)
         return EXIT_BUG
+
+
+def _parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """``words`` parsed; a usage error is said by the parser it belongs to: an argument the
+    command does not take by the command's own (its usage line, ``durable-log verify: error:
+    ...``), a word before the command, or no command, by the top-level one."""
+
+    args, extra = parser.parse_known_args(words)
+    name = getattr(args, "command", None)
+    if name is None:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error("a COMMAND is required (durable-log --help lists them)")
+    if extra:
+        before = words.index(name) if name in words else len(words)
+        if extra[0] in words[:before]:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.parsers[name].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _debug(args: argparse.Namespace) -> None:
@@ -102,7 +125,8 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="print the traceback of any error, not only of an unexpected one",
     )
-    commands = parser.add_subparsers(required=True, metavar="COMMAND", title="commands")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    parser.set_defaults(parsers=commands.choices)  # whose usage a usage error prints
     wanted = None if argv is None else command_in(list(argv))
     family = None if wanted is None else COMMANDS[wanted][0]
     for name, (module, help) in COMMANDS.items():

@@ -71,6 +71,25 @@ COMMANDS: Final = {
 the order ``--help`` lists them."""
 
 
+READS: Final = frozenset(
+    {
+        "stats",
+        "show",
+        "tail",
+        "verify",
+        "search",
+        "list",
+        "checkpoint",
+        "prove",
+        "verify-proof",
+        "projections",
+    }
+)
+"""The commands that read and report: each prints text by default and JSON with ``--json``, one
+shape per command (docs/operations.md, "What --json prints"); ``tests/cli/test_surface.py``
+holds each to it."""
+
+
 def command_in(argv: list[str]) -> str | None:
     """The command ``argv`` names: its first word that is not an option (the top-level options
     take no value), when it is one of ``COMMANDS``."""
@@ -130,6 +149,7 @@ def family(module: str) -> ModuleType:
 
 __all__ = [
     "COMMANDS",
+    "READS",
     "command_in",
     "family",
 ]

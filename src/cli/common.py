@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import signal
 import sys
 import time
@@ -44,6 +45,7 @@ from .status import EXIT_DAMAGE as EXIT_DAMAGE
 from .status import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from .status import EXIT_OK as EXIT_OK
 from .status import EXIT_USAGE as EXIT_USAGE
+from .status import SEE_EXIT_STATUS
 from .status import Formatter as Formatter
 
 # ── refusals and their exit codes ─────────────────────────────────────────────
@@ -79,9 +81,35 @@ SERVE_MODULES: Final = ("aiohttp", "jinja2", "prometheus_client")
 def serve_missing(missing: str) -> ValueError:
     """The refusal of ``serve`` without the ``[web]`` extra (exit 2)."""
 
-    return usage(
-        f"durable-log serve needs the [web] extra ({missing} is not installed): {install_hint('web')}"
-    )
+    return usage(f"serve needs the [web] extra ({missing} is not installed): {install_hint('web')}")
+
+
+def refusal(error: BaseException) -> str:
+    """The one line of a known refusal, in the user's terms: a file the system refused is named
+    with what is wrong with it, never with Python's ``[Errno N]`` text."""
+
+    if isinstance(error, OSError) and not isinstance(error, LogError) and error.errno in _OS_WORDS:
+        name = error.filename if error.filename is not None else "a file"
+        return f"{name}: {_OS_WORDS[error.errno]}"
+    text = str(error) or type(error).__name__
+    return text[len(PREFIX) :] if text.startswith(PREFIX) else text
+
+
+PREFIX: Final = "durable-log: "
+"""What the command's every message starts with: a refusal's own text never repeats it."""
+
+_OS_WORDS: Final = {
+    errno.ENOENT: "no such file or directory",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EISDIR: "is a directory, not a file",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.EEXIST: "already exists",
+    errno.ENOSPC: "no space left on the device",
+    errno.EROFS: "on a read-only file system",
+    errno.ENAMETOOLONG: "the name is too long",
+    errno.ELOOP: "too many symbolic links",
+}
 
 
 def usage(message: str) -> ValueError:
@@ -98,12 +126,56 @@ def add_command(
     name: str,
     help: str,
     description: str | None = None,
+    *,
+    example: str,
 ) -> argparse.ArgumentParser:
-    """A sub-command with the exit codes, time format and examples as its epilog."""
+    """A sub-command whose ``--help`` is its own: what it does, its options, ``example`` (a
+    command line that runs as printed) and a pointer to the exit statuses every command shares,
+    which ``durable-log --help`` and docs/operations.md spell out once."""
 
     return commands.add_parser(
-        name, help=help, description=description or help, epilog=EPILOG, formatter_class=Formatter
+        name,
+        help=help,
+        description=description or help,
+        epilog=f"example:\n  {example}\n\n{SEE_EXIT_STATUS}",
+        formatter_class=Formatter,
     )
+
+
+def json_option(sub: argparse.ArgumentParser, shape: str) -> None:
+    """``--json``: what a command that reads prints instead of its text, ``shape`` saying what
+    (docs/operations.md, "What --json prints", lists every command's)."""
+
+    sub.add_argument("--json", action="store_true", help=f"print JSON instead of text: {shape}")
+
+
+# ── kinds of record ───────────────────────────────────────────────────────────
+
+KINDS: Final = {
+    "conversation": "conversations",
+    "entry": "entries",
+    "task": "tasks",
+    "submission": "submissions",
+    "document": "documents",
+}
+"""The kinds of record, singular -> plural: every command takes either spelling of a kind."""
+KIND_HELP: Final = "conversation, entry, task, submission or document (or the plural)"
+
+
+def kind(text: str) -> str:
+    """An argparse ``type=``: a kind of record in either spelling, as its singular."""
+
+    word = text.strip().lower()
+    for singular, plural in KINDS.items():
+        if word in (singular, plural):
+            return singular
+    raise argparse.ArgumentTypeError(f"{text!r} is not a kind of record: {KIND_HELP}")
+
+
+def plural_kind(text: str) -> str:
+    """An argparse ``type=``: a kind of record in either spelling, as its plural."""
+
+    return KINDS[kind(text)]
 
 
 def store_argument(sub: argparse.ArgumentParser) -> None:
@@ -188,6 +260,44 @@ def print_json(value: Any) -> None:
     """One JSON document on stdout, lossless (surrogates escaped, integers of any size)."""
 
     print(to_json(value))
+
+
+def cell_text(field: str, value: Any) -> str:
+    """A record's value as text: a string as it is, a time (``TIME_FIELDS``: Unix ms) in ISO
+    8601 as every command prints times, anything else as JSON."""
+
+    if isinstance(value, str):
+        return value
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and field.rsplit(".", 1)[-1] in TIME_FIELDS
+        and 0 <= value <= MAX_TIME
+    ):
+        return numbers.format_time(value)
+    return to_json(value)
+
+
+TIME_FIELDS: Final = frozenset({"startedAt", "endedAt", "committedAt"})
+"""The records' fields that hold a time, Unix ms (a document's ``createdAt`` and ``retiredAt``
+are log sequences)."""
+
+
+MAX_TIME: Final = 253402300799999
+"""9999-12-31T23:59:59.999Z in Unix ms: a larger ``...At`` value is printed as the number."""
+
+
+def print_outcome(label: str, holds: bool, summary: str, result: Any | None) -> int:
+    """The outcome of a check (``verify``, ``verify-proof``): ``result`` as JSON when asked for
+    (not None), else ``label: summary`` on stdout when it holds, on stderr when not; 0 or 1."""
+
+    if result is not None:
+        print_json(result)
+    elif holds:
+        print(f"{label}: {summary}")
+    else:
+        print(f"{label}: {summary}", file=sys.stderr)
+    return EXIT_OK if holds else EXIT_DAMAGE
 
 
 def readable(text: str) -> str:
@@ -313,24 +423,34 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "KINDS",
+    "KIND_HELP",
     "KNOWN_REFUSALS",
+    "PREFIX",
     "READ_ONLY",
     "SERVE_MODULES",
+    "TIME_FIELDS",
     "Formatter",
     "Progress",
     "add_command",
+    "cell_text",
     "conversation_id",
     "count",
     "install_hint",
     "interruptible",
     "interval",
+    "json_option",
+    "kind",
     "nats_options",
+    "plural_kind",
     "point",
     "print_json",
+    "print_outcome",
     "progress_on",
     "progress_option",
     "readable",
     "record_id",
+    "refusal",
     "run_until_signalled",
     "say_interrupted",
     "sequence",

@@ -191,7 +191,10 @@ def _count(n: int | None, one: str, many: str) -> str:
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = add_command(
-        commands, "demo", "run a small agent host on a store, then show what it wrote"
+        commands,
+        "demo",
+        "run a small agent host on a store, then show what it wrote",
+        example="durable-log demo",
     )
     sub.add_argument(
         "path", nargs="?", metavar="PATH", help="the store's directory (default: ./demo-store)"
@@ -241,6 +244,7 @@ def main(path: str | None) -> int:
         f"  durable-log export {path} > log.jsonl && durable-log import log.jsonl copy-store\n"
         f"  durable-log rebuild {path}                # rebuild projections beside the live ones\n"
         f"  durable-log search {path} 'writer killed' # find entries, documents, tasks by their words\n"
+        f"  durable-log list {path} entries           # the messages as a table (tasks, documents, ...)\n"
         f"  durable-log serve {path}                  # the web view (the [web] extra)\n"
     )
     return 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..audit.export import seq_at
+from ..audit.export import read_as_of, seq_at
 from ..audit.search import SearchResults, catch_up, index_exists, remove_index, search
 from ..audit.stats import require_store
 from ..storage.lmdb_storage import LmdbStorage
@@ -26,6 +26,7 @@ from .common import (
     READ_ONLY,
     add_command,
     as_of_option,
+    json_option,
     note,
     print_json,
     readable,
@@ -45,6 +46,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         f"value, tasks by their kind and state (words are letters and digits, case ignored); the store is "
         f"{READ_ONLY}. The first search builds the store's word index "
         f"in PATH/search.index (delete it to reclaim its bytes: the next search builds it again).",
+        example="durable-log search demo-store 'writer killed'",
     )
     store_argument(sub)
     sub.add_argument(
@@ -60,7 +62,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="SEQ",
         help="entries written at or before this sequence (the next page)",
     )
-    sub.add_argument("--json", action="store_true", help="print one JSON object")
+    json_option(sub, '{"words", "asOf", "head", "entries", "documents", "tasks", ...}')
     sub.set_defaults(run=_search)
 
 
@@ -69,6 +71,10 @@ def _search(args: argparse.Namespace) -> int:
     args.text = " ".join(args.text)  # the words as typed, quoted or not
     if not args.text.strip():
         raise usage("TEXT is empty: give the words to find")
+    from ..projections.search_index import all_words
+
+    if not all_words(args.text):
+        raise usage(f"{args.text!r} holds no word to find: words are letters and digits")
     results = asyncio.run(_run(args))
     if args.json:
         print_json(msgspec.to_builtins(results))
@@ -96,11 +102,7 @@ async def _run(args: argparse.Namespace) -> SearchResults:
             as_of, as_of_time = seq_or_time(args.as_of)
             if as_of_time is not None:
                 as_of = seq_at(storage.log, as_of_time)
-            if as_of is not None:
-                head = storage.log.head()
-                if as_of > head:
-                    raise usage(f"--as-of {as_of}: the log's head is {head}")
-            reader = storage if as_of is None else await storage.as_of(as_of)
+            reader = await read_as_of(storage, as_of)
             return await search(index, storage, reader, args.text, as_of, args.before)
         finally:
             await storage.close()

@@ -16,7 +16,7 @@ import msgspec
 from ..audit.export import seq_range
 from ..audit.jsonlines import to_json
 from ..audit.numbers import DIFFERENCES, argument
-from ..audit.show import SHOW_KINDS, UnreadableDocument, show
+from ..audit.show import UnreadableDocument, show
 from ..audit.stats import format_stats, lease_of, require_store, stats
 from ..audit.tail import StreamTail, Tail, TailFilter, commit_to_builtins, open_stream, summarize
 from ..audit.verify import check, record_outcome
@@ -25,18 +25,22 @@ from ..log.environment import check_store_id
 from ..log.records import WRITE_TYPES
 from . import transparency
 from .common import (
-    EXIT_DAMAGE,
     EXIT_OK,
     EXIT_USAGE,
+    KIND_HELP,
     READ_ONLY,
     Progress,
     add_command,
     as_of_option,
+    cell_text,
     conversation_id,
     count,
     interval,
+    json_option,
+    kind,
     nats_options,
     print_json,
+    print_outcome,
     progress_on,
     progress_option,
     readable,
@@ -66,9 +70,10 @@ def _register_stats(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "stats",
         "head sequence, record counts, sizes, projections",
         f"Statistics of a store; {READ_ONLY}.",
+        example="durable-log stats demo-store",
     )
     store_argument(sub)
-    sub.add_argument("--json", action="store_true", help="print one JSON object")
+    json_option(sub, "one object, the fields of the text")
     sub.add_argument(
         "--nats", metavar="URL", help="also ask NATS for the store's writer lease (with --stream)"
     )
@@ -121,19 +126,16 @@ def _register_show(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         commands,
         "show",
         "print one record as the store reads it, now or at an earlier point",
-        f"Print one record as JSON (a document with its value), as the Storage contract reads it; {READ_ONLY}.",
+        "Print one record (a document with its value) as the Storage contract reads it, a field "
+        f"a line, times in ISO 8601 (--json: the record as one line of JSON); {READ_ONLY}.",
+        example="durable-log show demo-store task 3",
     )
     store_argument(sub)
-    sub.add_argument(
-        "kind", choices=SHOW_KINDS, metavar="KIND", help=f"one of: {', '.join(SHOW_KINDS)}"
-    )
+    sub.add_argument("kind", type=kind, metavar="KIND", help=KIND_HELP)
     sub.add_argument("id", type=record_id, metavar="ID", help="the record's id")
     as_of_option(sub)
-    sub.add_argument(
-        "--pretty",
-        action="store_true",
-        help="indent the JSON for reading (the default is one line)",
-    )
+    json_option(sub, "the record, on one line")
+    sub.add_argument("--pretty", action="store_true", help="print the JSON indented for reading")
     sub.set_defaults(run=_show)
 
 
@@ -158,9 +160,31 @@ def _show(args: argparse.Namespace) -> int:
         import json
 
         print(readable(json.dumps(json.loads(to_json(found)), indent=2, ensure_ascii=False)))
-    else:
+    elif args.json:
         print_json(found)
+    else:
+        print(readable(record_text(found)))
     return EXIT_OK
+
+
+def record_text(record: Any) -> str:
+    """A record as ``show`` prints it by default: a field a line (``state.status: terminal``),
+    nested records flattened to dotted names, lists and other values as JSON, times
+    (``common.TIME_FIELDS``) in ISO 8601."""
+
+    import json
+
+    lines: list[str] = []
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for name, inner in value.items():
+                add(f"{prefix}.{name}" if prefix else str(name), inner)
+        else:
+            lines.append(f"{prefix}: {cell_text(prefix, value)}")
+
+    add("", json.loads(to_json(record)))
+    return "\n".join(lines)
 
 
 # ── tail ──────────────────────────────────────────────────────────────────────
@@ -176,6 +200,7 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "With --nats URL --stream S instead of PATH, read the batches from the NATS stream itself "
         "(no local store): those of store --store ID, or of every store the stream carries, each "
         "line then naming its store (--from is then a log sequence of each store).",
+        example="durable-log tail demo-store --limit 3",
     )
     sub.add_argument(
         "path", nargs="?", metavar="PATH", help="the store's directory (not with --nats)"
@@ -217,11 +242,7 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         action="store_true",
         help="then keep printing new batches as they are committed, until Ctrl-C",
     )
-    sub.add_argument(
-        "--json",
-        action="store_true",
-        help='one JSON object per batch: {"seq", "committedAt", "writes"}',
-    )
+    json_option(sub, 'one object per batch, {"seq", "committedAt", "writes"}')
     sub.add_argument(
         "--conversation",
         type=conversation_id,
@@ -232,12 +253,28 @@ def _register_tail(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "--type",
         dest="types",
         action="append",
-        choices=WRITE_TYPES,
+        type=write_kind,
         metavar="KIND",
-        help=f"only writes of this kind (repeatable): {', '.join(WRITE_TYPES)}",
+        help=f"only writes of this kind (repeatable): {KIND_HELP}, the document's all four, "
+        f"or one of them: {', '.join(t for t in WRITE_TYPES if '.' in t)}",
     )
     transparency.checkpoint_options(sub)
     sub.set_defaults(run=_tail)
+
+
+def write_kind(text: str) -> str:
+    """``tail --type``: a kind of record in either spelling (``document``: its four kinds of
+    write), or a kind of document write (``document.change``)."""
+
+    if text.strip() in WRITE_TYPES:
+        return text.strip()
+    return kind(text)
+
+
+def _write_types(given: str) -> tuple[str, ...]:
+    if given == "document":
+        return tuple(t for t in WRITE_TYPES if t.startswith("document."))
+    return (given,)
 
 
 DEFAULT_LAST: Final = 10
@@ -258,7 +295,9 @@ def _tail(args: argparse.Namespace) -> int:
         raise usage("--to ends the range, --follow never ends: use one")
     if args.from_seq is not None and args.to_seq is not None and args.from_seq > args.to_seq:
         raise usage(f"--from {args.from_seq} is after --to {args.to_seq}: an empty range")
-    types = frozenset(args.types) if args.types else None
+    types = (
+        frozenset(t for given in args.types for t in _write_types(given)) if args.types else None
+    )
     filter = TailFilter(args.conversation, types)
     args.signer = transparency.checkpoint_signer(args)
     if args.nats is not None:
@@ -432,6 +471,7 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "check the log and re-fold it against the projections",
         "Check every log record's checksum and order, fold the whole log into scratch projections and "
         f"compare them with the live ones key by key; {READ_ONLY}. Exit 1 if anything differs.",
+        example="durable-log verify demo-store",
     )
     store_argument(sub)
     sub.add_argument(
@@ -442,6 +482,7 @@ def _register_verify(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="list at most N differences (default 20)",
     )
     progress_option(sub)
+    json_option(sub, '{"path", "sound", "summary", ...} (with --trusted: its checks)')
     transparency.trusted_options(sub)
     sub.set_defaults(run=_verify)
 
@@ -453,17 +494,41 @@ def _verify(args: argparse.Namespace) -> int:
         args.path, progress=Progress("verify", None, progress_on(args)), limit=args.max_differences
     )
     record_outcome(args.path, report)
-    if report.sound:
-        print(f"{args.path}: {report.summary()}")
-        return EXIT_OK
-    print(f"{args.path}: {report.summary()}", file=sys.stderr)
-    return EXIT_DAMAGE
+    counts = (report.head, report.records, report.keys, report.tables, round(report.seconds, 3))
+    differences = ([str(each) for each in report.differences], report.more)
+    unreadable = ([each.describe() for each in report.unreadable], report.more_unreadable)
+    result = None
+    if args.json:
+        result = VerifyResult(
+            args.path, report.sound, *counts, *differences, *unreadable, report.summary()
+        )
+    return print_outcome(args.path, report.sound, report.summary(), result)
+
+
+class VerifyResult(msgspec.Struct):
+    """What ``verify --json`` prints: the report of its text, field by field."""
+
+    path: str
+    sound: bool
+    head: int
+    records: int
+    keys: int
+    tables: int
+    seconds: float
+    differences: list[str]
+    moreDifferences: int
+    unreadable: list[str]
+    moreUnreadable: int
+    summary: str
 
 
 __all__ = [
     "DEFAULT_LAST",
     "STORE_BIRTH_GRACE",
     "STORE_WAIT_POLL",
+    "VerifyResult",
     "past_head",
+    "record_text",
     "register",
+    "write_kind",
 ]

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Iterable, Iterator
 
 from ..audit.export import export_lines
 from ..audit.words import format_bytes, plural
@@ -48,6 +49,7 @@ def _register_export(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "the log as JSON Lines",
         'The log as JSON Lines, {"seq", "committedAt", "writes"} per line, lossless: durable-log import '
         f"rebuilds the same store from it; {READ_ONLY}.",
+        example="durable-log export demo-store > log.jsonl",
     )
     store_argument(sub)
     sub.add_argument(
@@ -63,6 +65,12 @@ def _register_export(commands: argparse._SubParsersAction[argparse.ArgumentParse
         type=sequence,
         metavar="SEQ",
         help="last log sequence (default: the head)",
+    )
+    sub.add_argument(
+        "--seq",
+        type=sequence,
+        metavar="SEQ",
+        help="only record SEQ: the one line verify-proof --record reads (--from SEQ --to SEQ)",
     )
     sub.add_argument(
         "--since",
@@ -86,6 +94,10 @@ def _register_export(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _export(args: argparse.Namespace) -> int:
+    if args.seq is not None:
+        if args.from_seq is not None or args.to_seq is not None or args.root:
+            raise usage("--seq is the range of one record: not with --from, --to or --root")
+        args.from_seq = args.to_seq = args.seq
     if args.from_seq is not None and args.to_seq is not None and args.from_seq > args.to_seq:
         raise usage(f"--from {args.from_seq} is after --to {args.to_seq}: an empty range")
     if args.since is not None and args.until is not None and args.since > args.until:
@@ -128,6 +140,7 @@ def _register_import(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "with --from-pi-durable, from a pi-durable SQLite file or JSONL directory. The store is built "
         "in a temporary directory, synced once and renamed to NEWPATH at the end: a failed import "
         "leaves nothing behind.",
+        example="durable-log import log.jsonl restored-store",
     )
     sub.add_argument(
         "source",
@@ -176,16 +189,36 @@ def _import(args: argparse.Namespace) -> int:
         if args.source == "-":
             report = Progress("import", None, progress_on(args), unit="commits")
             return await migrate.import_export(
-                sys.stdin.buffer, args.path, report, renumber=args.renumber
+                _not_empty(sys.stdin.buffer, "stdin"), args.path, report, renumber=args.renumber
             )
         report = Progress("import", _count_lines(args.source), progress_on(args), unit="commits")
         with open(
             args.source, "rb"
         ) as lines:  # bytes: each line is decoded strictly, named if not UTF-8
-            return await migrate.import_export(lines, args.path, report, renumber=args.renumber)
+            return await migrate.import_export(
+                _not_empty(lines, args.source), args.path, report, renumber=args.renumber
+            )
 
-    print(asyncio.run(run()))
+    try:
+        print(asyncio.run(run()))
+    except ValueError as error:  # a line of the export refused ("Line 3 of the export ..."):
+        said = str(error)  # named with its file too
+        if args.from_pi_durable or not said.startswith("Line "):
+            raise
+        raise usage(f"{'stdin' if args.source == '-' else args.source}: {said}") from None
     return EXIT_OK
+
+
+def _not_empty(lines: Iterable[bytes], name: str) -> Iterator[bytes]:
+    """The lines of an export, refused at their end when none held anything (an empty file):
+    inside the import, so that the store begun for it is removed."""
+
+    seen = False
+    for line in lines:
+        seen = seen or bool(line.strip())
+        yield line
+    if not seen:
+        raise usage(f"{name} is empty: an export holds a line per batch, and it holds none")
 
 
 def _count_lines(path: str) -> int | None:
@@ -206,6 +239,7 @@ def _register_backup(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "Copy a store, even while a writer commits, with LMDB's own copy from one read snapshot, into "
         "the new directory DEST (made beside it and renamed into place when complete). LMDB files "
         f"never shrink: --compact leaves out free pages, so the copy is as small as the data; {READ_ONLY}.",
+        example="durable-log backup demo-store demo-store.bak --compact",
     )
     store_argument(sub)
     sub.add_argument("dest", metavar="DEST", help="the copy's directory (must not exist)")
@@ -238,6 +272,7 @@ def _register_restore(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "stream position, so it can go on as a replica or, its writer lost, as the writer. It is "
         "built in a temporary directory beside NEWPATH, synced once and renamed to NEWPATH at the "
         "end: a failed restore leaves nothing behind.",
+        example="durable-log restore --nats nats://127.0.0.1:4222 --stream LOGS --store ID restored-store",
     )
     nats_options(sub)
     sub.add_argument(

@@ -47,6 +47,7 @@ def _register_rebuild(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "fold the whole log into fresh projections beside the live ones, then swap",
         "Fold the whole log into fresh core projections beside the live ones, then swap them in "
         "(a killed rebuild resumes). Takes the writer lock; never creates a store.",
+        example="durable-log rebuild demo-store",
     )
     store_argument(sub)
     sub.add_argument(
@@ -106,6 +107,7 @@ def _register_compact(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "closed everywhere: refuses while a writer or another process's reader has it open. A "
         "power writer's journal left by a power cut is replayed first. "
         "Never creates a store.",
+        example="durable-log compact demo-store",
     )
     store_argument(sub)
     progress_option(sub)
@@ -164,6 +166,7 @@ def _register_erase(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "writer lock and needs the store closed everywhere; never creates a store. A "
         "conversation with forks is refused, naming them, unless --with-forks. Run again on a "
         "conversation already erased, it finishes the scrub (after an erase that was stopped).",
+        example="durable-log erase demo-store --conversation 22 --reason 'erasure request 17'",
     )
     store_argument(sub)
     sub.add_argument(
@@ -237,6 +240,7 @@ def _register_replica(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "and keep taking each new record until Ctrl-C or SIGTERM (exit 0), printing where it stands "
         "to stderr every --interval seconds. Exit 1 if a message of the stream is refused (not a "
         "sound record of the store): the replica keeps what came before it.",
+        example="durable-log replica replica-store --nats nats://127.0.0.1:4222 --stream LOGS --store ID",
     )
     sub.add_argument("path", metavar="PATH", help="the replica's directory (made when missing)")
     nats_options(sub)
@@ -311,6 +315,7 @@ def _register_promote(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "fence on the store's subject (no earlier writer's append can land after it) and take in "
         "everything the stream holds. Then the lease is released, so the host that opens PATH "
         "next with durability='replicated' writes at once. Exit 2 if another writer keeps its lease.",
+        example="durable-log promote replica-store --nats nats://127.0.0.1:4222 --stream LOGS",
     )
     store_argument(sub)
     sub.add_argument(

@@ -16,7 +16,16 @@ from ..audit.stats import projection_statuses, require_store
 from ..audit.words import plural
 from ..log.storedir import writer_holders
 from ..projections.userstate import BuildStatus, ProjectionStatus
-from .common import EXIT_DAMAGE, EXIT_OK, READ_ONLY, add_command, print_json, readable, usage
+from .common import (
+    EXIT_DAMAGE,
+    EXIT_OK,
+    READ_ONLY,
+    add_command,
+    json_option,
+    print_json,
+    readable,
+    usage,
+)
 
 _ACTIONS = ("retry", "drop")
 
@@ -35,11 +44,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "free) and status; its program, if it still defines it, folds it again from the start. "
         "retry and drop take the writer lock and never create a store. The listing exits 1 when "
         "a projection (or its build) is failed.",
+        example="durable-log projections demo-store",
     )
     sub.add_argument(
         "words", nargs="+", metavar="ARGS", help="PATH, or retry PATH NAME, or drop PATH NAME"
     )
-    sub.add_argument("--json", action="store_true", help="print one JSON object (the listing)")
+    json_option(sub, "one object, each projection's status by its name (the listing)")
     sub.add_argument(
         "--follow",
         action="store_true",

@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         f"(.json, .csv), /healthz and /metrics; {READ_ONLY}. "
         f"It binds to loopback; another address needs --token, which every request must then carry "
         f"(Authorization: Bearer T, or ?token=T once); put it behind a TLS reverse proxy to serve "
-        f"it to others (README, Web view).",
+        f"it to others (docs/operations.md, Web view).",
+        example="durable-log serve demo-store",
     )
     store_argument(sub)
     sub.add_argument(

@@ -24,6 +24,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "unless asked: --keep N drops all but the store's N newest snapshots, and --trim then removes "
         "the store's messages on S older than the oldest snapshot kept (a replica further behind, or a "
         "restore to an earlier point, then needs a snapshot).",
+        example="durable-log snapshot demo-store --nats nats://127.0.0.1:4222 --stream LOGS",
     )
     sub.add_argument("path", metavar="PATH", help="the store's directory")
     sub.add_argument(

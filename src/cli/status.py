@@ -55,6 +55,13 @@ examples:
 """
 
 
+SEE_EXIT_STATUS: Final = """\
+exit status: 0 done, 1 damage found, 2 could not run, 3 a bug, 130 Ctrl-C;
+what each means, and the time formats: durable-log --help, or docs/operations.md
+(Exit status and inputs)"""
+"""What each command's ``--help`` ends with, instead of repeating the whole of ``EPILOG``."""
+
+
 class Formatter(argparse.HelpFormatter):
     """Descriptions wrapped to the terminal; the epilog (a table and examples) kept as written."""
 
@@ -70,5 +77,6 @@ __all__ = [
     "EXIT_DAMAGE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "SEE_EXIT_STATUS",
     "Formatter",
 ]

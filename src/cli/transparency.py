@@ -13,6 +13,8 @@ import re
 import sys
 from collections.abc import Callable
 
+import msgspec
+
 from ..audit.jsonlines import to_json
 from ..audit.transparency import checkpoint, prove, prove_consistency, verify_trusted
 from ..audit.witness import publish_checkpoint
@@ -25,7 +27,9 @@ from .common import (
     READ_ONLY,
     add_command,
     count,
+    json_option,
     print_json,
+    print_outcome,
     sequence,
     store_argument,
     usage,
@@ -52,9 +56,11 @@ def _register_keygen(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "keygen",
         "make an Ed25519 key that signs checkpoints",
         "Write a new Ed25519 signing key named NAME (C2SP signed-note format, readable by Go's "
-        "sumdb/note) to NAME.key (owner-only; '/' and ':' in NAME become '_') or --out, and print "
-        "its verifier key, which auditors keep to check checkpoints. Name it after the store, e.g. "
+        "sumdb/note) to NAME.key (owner-only; '/' and ':' in NAME become '_') or --out FILE, and "
+        "its verifier key, which auditors keep to check checkpoints, to NAME.pub beside it (FILE "
+        "with .pub for .key); the verifier key is printed too. Name it after the store, e.g. "
         "audit.example.com/orders. Never overwrites a file.",
+        example="durable-log keygen audit.example.com/demo",
     )
     sub.add_argument(
         "name",
@@ -62,7 +68,9 @@ def _register_keygen(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="the key's name (no spaces, no '+'); checkpoints' origin by default",
     )
     sub.add_argument(
-        "--out", metavar="FILE", help="where to write the signing key (default NAME.key)"
+        "--out",
+        metavar="FILE",
+        help="where to write the signing key (default NAME.key); the verifier key goes beside it",
     )
     sub.set_defaults(run=_keygen)
 
@@ -71,18 +79,42 @@ def key_file_name(name: str) -> str:
     return re.sub(r"[/:\\]", "_", name) + ".key"
 
 
+def verifier_file_name(key_file: str) -> str:
+    """Where ``keygen`` writes the verifier key of the signing key it writes to ``key_file``."""
+
+    return (key_file[: -len(".key")] if key_file.endswith(".key") else key_file) + ".pub"
+
+
 def _keygen(args: argparse.Namespace) -> int:
     signer = generate_signer(args.name)
     out = args.out or key_file_name(args.name)
+    public = verifier_file_name(out)
+    for name in (out, public):
+        if os.path.lexists(name):
+            raise usage(f"{name} exists: keygen never overwrites a key (pass --out FILE)")
+    _write_new(out, signer.text(), 0o600)
     try:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise usage(f"{out} exists: keygen never overwrites a key (pass --out FILE)") from None
-    with os.fdopen(fd, "w") as handle:
-        handle.write(signer.text() + "\n")
-    print(f"wrote the signing key of {signer.name} to {out}; its verifier key:", file=sys.stderr)
+        _write_new(public, signer.verifier().text(), 0o644)
+    except BaseException:
+        os.unlink(out)  # both or neither: a signing key whose verifier key was not written
+        raise
+    print(
+        f"wrote the signing key of {signer.name} to {out} and its verifier key to {public}:",
+        file=sys.stderr,
+    )
     print(signer.verifier().text())
     return EXIT_OK
+
+
+def _write_new(name: str, line: str, mode: int) -> None:
+    """Write ``line`` to a new file ``name`` (refused if it exists, by the system)."""
+
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        raise usage(f"{name} exists: keygen never overwrites a key (pass --out FILE)") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(line + "\n")
 
 
 def _read_key_text(value: str, what: str) -> str:
@@ -97,6 +129,8 @@ def _read_key_text(value: str, what: str) -> str:
             return data.decode("utf-8").strip()
         except UnicodeDecodeError:
             raise NoteError(f"{value} does not hold a {what} (not UTF-8)") from None
+    if "+" not in value:  # a key's text is name+keyid+key: this was meant as a file
+        raise usage(f"{value}: no such file or directory (nor a {what} given as text)")
     return value.strip()
 
 
@@ -111,6 +145,7 @@ def _register_checkpoint(commands: argparse._SubParsersAction[argparse.ArgumentP
         "Print a C2SP tlog-checkpoint of the store's log: origin, tree size, root hash, signed with "
         f"KEYFILE (from keygen). Keep it: verify --trusted proves later that the store still holds "
         f"this history; {READ_ONLY}.",
+        example="durable-log checkpoint demo-store --key audit.example.com_demo.key > demo.checkpoint",
     )
     store_argument(sub)
     sub.add_argument(
@@ -141,6 +176,7 @@ def _register_checkpoint(commands: argparse._SubParsersAction[argparse.ArgumentP
         metavar="S",
         help="with --publish: the stream whose bucket S-checkpoints witnesses it",
     )
+    json_option(sub, '{"checkpoint": NOTE}, the note as text prints it')
     sub.set_defaults(run=_checkpoint)
 
 
@@ -149,14 +185,21 @@ def _checkpoint(args: argparse.Namespace) -> int:
         raise usage("--publish goes with --nats URL and --stream S, all three or none")
     signer = parse_signer(_read_key_text(args.key, "signing key"))
     if not args.publish:
-        sys.stdout.write(checkpoint(args.path, signer, args.origin, args.size))
+        note = checkpoint(args.path, signer, args.origin, args.size)
+        if args.json:
+            print_json({"checkpoint": note})
+        else:
+            sys.stdout.write(note)
         return EXIT_OK
     try:
         done = publish_checkpoint(args.path, signer, args.nats, args.stream, args.origin, args.size)
     except CheckpointRefusedError as error:
         print(f"{args.path}: {error}", file=sys.stderr)
         return EXIT_DAMAGE
-    sys.stdout.write(done.note)
+    if args.json:
+        print_json({"checkpoint": done.note})
+    else:
+        sys.stdout.write(done.note)
     what = "published" if done.published else "already there"
     print(
         f"{what}: {done.bucket} key {done.key} revision {done.revision} (tree size {done.tree_size})",
@@ -176,6 +219,7 @@ def _register_prove(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "With SEQ: the inclusion proof of record SEQ in the tree of N records (RFC 9162 2.1.3). "
         "With --from OLD: the consistency proof from the tree of OLD records to that of NEW "
         f"(2.1.4). Hashes in lowercase hex; {READ_ONLY}.",
+        example="durable-log prove demo-store 3 --json > proof.json",
     )
     store_argument(sub)
     sub.add_argument("seq", nargs="?", type=sequence, metavar="SEQ", help="the record to prove")
@@ -195,7 +239,7 @@ def _register_prove(commands: argparse._SubParsersAction[argparse.ArgumentParser
     sub.add_argument(
         "--to", dest="new", type=count, metavar="NEW", help="... to this one (default: the head)"
     )
-    sub.add_argument("--json", action="store_true", help="print the proof as one JSON object")
+    json_option(sub, "the proof, one object (what verify-proof reads)")
     sub.set_defaults(run=_prove)
 
 
@@ -254,7 +298,10 @@ def _register_verify_proof(commands: argparse._SubParsersAction[argparse.Argumen
         "stdin), against a signed checkpoint and its signer's verifier key, with no store: an "
         "inclusion proof must lead to the checkpoint's root in the tree of its size; a consistency "
         "proof must start or end at the checkpoint. With --record, the record line (as export "
-        "prints it) must hash to the proof's leaf. Exit 0 when it holds, 1 naming what does not.",
+        "prints it: export PATH --seq SEQ) must hash to the proof's leaf. Exit 0 when it holds, 1 "
+        "naming what does not.",
+        example="durable-log verify-proof proof.json --checkpoint demo.checkpoint "
+        "--vkey audit.example.com_demo.pub",
     )
     sub.add_argument("proof", metavar="PROOF_JSON", help="the proof's file, or - for stdin")
     sub.add_argument(
@@ -264,32 +311,58 @@ def _register_verify_proof(commands: argparse._SubParsersAction[argparse.Argumen
         "--vkey",
         required=True,
         metavar="FILE",
-        help="the verifier key keygen printed, or a file holding it",
+        help="the verifier key keygen printed, or its file (NAME.pub)",
     )
     sub.add_argument(
         "--record",
         metavar="LINE_FILE",
         help="a file holding the proved record's line of an export (an inclusion proof)",
     )
+    json_option(sub, '{"proof", "holds", "kind", "steps", "problems", "summary"}')
     sub.set_defaults(run=_verify_proof)
 
 
 def _verify_proof(args: argparse.Namespace) -> int:
     from ..audit.proofs import check_proof, read_proof
 
-    verifier = parse_verifier(_read_key_text(args.vkey, "verifier key"))
-    try:
+    try:  # in the order of the command line: the proof first
         proof = read_proof(_read_input(args.proof, MAX_NOTE))
     except ValueError as error:
         raise usage(f"{args.proof}: {error}") from None
     note = _read_input(args.checkpoint, MAX_NOTE)
+    verifier = parse_verifier(_read_key_text(args.vkey, "verifier key"))
     record = None if args.record is None else _record_line(args.record)
     report = check_proof(proof, note, verifier, record)
-    if report.holds:
-        print(f"{args.proof}: {report.summary()}")
-        return EXIT_OK
-    print(f"{args.proof}: {report.summary()}", file=sys.stderr)
-    return EXIT_DAMAGE
+    result = None
+    if args.json:
+        result = ProofResult(
+            args.proof, report.holds, report.kind, report.steps, report.problems, report.summary()
+        )
+    return print_outcome(args.proof, report.holds, report.summary(), result)
+
+
+class ProofResult(msgspec.Struct):
+    """What ``verify-proof --json`` prints: the checks of its text."""
+
+    proof: str
+    holds: bool
+    kind: str
+    steps: list[str]
+    problems: list[str]
+    summary: str
+
+
+class TrustedResult(msgspec.Struct):
+    """What ``verify --trusted --json`` prints: the checks of its text."""
+
+    path: str
+    sound: bool
+    checkpointSize: int
+    head: int
+    steps: list[str]
+    problems: list[str]
+    seconds: float
+    summary: str
 
 
 MAX_NOTE = 1 << 20
@@ -317,7 +390,7 @@ def _record_line(name: str) -> bytes:
     if len(lines) != 1:
         raise usage(
             f"{name} holds {len(lines)} lines, not the one line of the proved record "
-            "(durable-log export PATH --from SEQ --to SEQ prints it)"
+            "(durable-log export PATH --seq SEQ prints it)"
         )
     return lines[0]
 
@@ -353,11 +426,13 @@ def verify_against(args: argparse.Namespace) -> int:
     with open(args.trusted, "rb") as handle:
         note = handle.read(1 << 20)
     report = verify_trusted(args.path, note, verifier)
-    if report.sound:
-        print(f"{args.path}: {report.summary()}")
-        return EXIT_OK
-    print(f"{args.path}: {report.summary()}", file=sys.stderr)
-    return EXIT_DAMAGE
+    checks = (report.checkpoint_size, report.head, report.steps, report.problems)
+    result = None
+    if getattr(args, "json", False):
+        result = TrustedResult(
+            args.path, report.sound, *checks, round(report.seconds, 3), report.summary()
+        )
+    return print_outcome(args.path, report.sound, report.summary(), result)
 
 
 # ── tail --follow --checkpoints ───────────────────────────────────────────────
@@ -416,11 +491,14 @@ __all__ = [
     "CHECKPOINT_POLL",
     "MAX_KEY_FILE",
     "VKEY_VARIABLE",
+    "ProofResult",
+    "TrustedResult",
     "checkpoint_options",
     "checkpoint_signer",
     "key_file_name",
     "print_checkpoints",
     "register",
     "trusted_options",
+    "verifier_file_name",
     "verify_against",
 ]

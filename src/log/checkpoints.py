@@ -59,6 +59,10 @@ class Checkpoints:
         if made:
             sync_directory(directory)
         self.slots = [self._read(path) for path in self.paths]
+        self._fds: list[int | None] = [None, None]
+        """Each slot's descriptor, opened at its first ``write`` and kept (a checkpoint every
+        few commits need not open and close a file each), closed by ``close`` or a failed
+        write."""
 
     @staticmethod
     def _read(path: str) -> CheckpointRecord | None:
@@ -113,14 +117,28 @@ class Checkpoints:
             raise StoreFormatError(
                 f"A checkpoint record of {len(raw)} bytes does not fit its slot of {_CHECKPOINT_SIZE}"
             )
-        fd = os.open(self.paths[index], os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        fd = self._fds[index]
+        if fd is None:
+            fd = self._fds[index] = os.open(
+                self.paths[index], os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+            )
         try:
             os.pwrite(fd, raw, 0)
             os.fdatasync(fd)
-        finally:
+        except BaseException:
+            self._fds[index] = None  # the next attempt opens the file afresh
             os.close(fd)
+            raise
         self.slots[index] = record
         return record
+
+    def close(self) -> None:
+        """Close the slots' descriptors (a later ``write`` opens them again)."""
+
+        fds, self._fds = self._fds, [None, None]
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
 
 
 __all__ = [

@@ -354,8 +354,16 @@ def check_json(value: object) -> None:
     common path keeps no set of ancestors.
     """
 
+    check_json_at(value, 0)
+
+
+def check_json_at(value: object, depth: int) -> None:
+    """``check_json`` for a value that will sit ``depth`` levels into a commit (a document's
+    value under the batch, its write and its content: 3): its containers count from there, so
+    one nesting past ``MAX_DEPTH`` raises what a commit of it would."""
+
     try:
-        deep(_check, value, 0)
+        deep(_check, value, depth)
     except _TooDeep:
         if _has_cycle(value, set()):
             raise TypeError("Value contains cycles and is not strict JSON") from None
@@ -432,6 +440,7 @@ __all__ = [
     "EXT_STR",
     "MAX_DEPTH",
     "check_json",
+    "check_json_at",
     "decode",
     "decode_bounded",
     "decode_deep",

@@ -75,6 +75,31 @@ class EngineCounters:
         """Batches per write transaction (the writer thread)."""
         self.flush_seconds = Histogram(SECONDS)
         """LMDB's commit of a write transaction, its sync included (the writer thread)."""
+        self.direct_commits = 0
+        """Batches committed on their caller's thread (the committer's direct path); the rest of
+        ``group_batches``'s count went through the writer thread. A ``power`` store whose share
+        here falls is paying two thread hand-offs per commit (``storage.committer``)."""
+        self.journal_flushes = 0
+        """Device flushes of journal frames (one per write transaction with log records, one
+        more per frame unmade): the flush a ``power`` commit waits for."""
+        self.checkpoints = 0
+        """Checkpoints made durable (``log.journaled``): two device flushes each, off the commit
+        path (``data.mdb``, then the checkpoint record)."""
+        self.segment_flushes = 0
+        """Device flushes of journal segments being made or grown (a segment's ``fsync`` and its
+        directory's); ``segments_ahead`` of the segments were made off the commit path."""
+        self.segments_ahead = 0
+        """Journal segments made ready on the checkpoint thread before the commit that needs them
+        (``Journal.prepare``)."""
+        self.segment_switches = 0
+        """Times the journal moved on to its next segment, on the commit path: a switch to a
+        segment made ahead, or one made then (its flushes in ``segment_flushes``)."""
+
+    @property
+    def device_flushes(self) -> int:
+        """Every device flush the ``power`` engine made: frames, checkpoints, segments."""
+
+        return self.journal_flushes + 2 * self.checkpoints + self.segment_flushes
 
 
 __all__ = [

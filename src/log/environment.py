@@ -199,7 +199,9 @@ class Environment:
                 if not os.path.exists(os.path.join(self.path, "data.mdb")):
                     create_data_file(self.path, map_size)
                 if mode.journaled:
-                    self.journal = CommitJournal(self.path, journal or JournalOptions())
+                    self.journal = CommitJournal(
+                        self.path, journal or JournalOptions(), self.counters
+                    )
             handle = self._shared = shared.acquire(self.path, mode, map_size)
             if created:
                 sync_directory(os.path.dirname(self.path))

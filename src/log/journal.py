@@ -27,7 +27,11 @@ a frame overwrites allocated, written blocks and ``fdatasync`` has no file metad
 truncated: once released it is *recycled* (renamed to a new number, its header rewritten and
 synced), as PostgreSQL recycles WAL segments and RocksDB ``recycle_log_file_num`` does; a
 released segment smaller than the size a new one gets is deleted instead when that one is made
-(nothing needs it, and it would never fit again). ``journal/checkpoint.0`` and ``.1`` hold
+(nothing needs it, and it would never fit again). The next segment is made ready ahead, off the
+commit path (``prepare``, called after each checkpoint on the checkpoint thread: recycled or
+made, numbered, header and name synced), so the commit that fills a segment only switches to
+it; one made ready and never written is the chain's empty end to recovery (no frame of its
+number), and the next writer life recycles it. ``journal/checkpoint.0`` and ``.1`` hold
 checkpoint records (``log.checkpoints``), written alternately (the one not holding the newest),
 each whole or rejected by its checksum, so a cut while one is written leaves the other.
 
@@ -66,6 +70,7 @@ import xxhash
 from ..errors import JournalDamagedError, StoreFormatError, StoreFullError
 from .checkpoints import CheckpointRecord as CheckpointRecord
 from .checkpoints import Checkpoints as Checkpoints
+from .counters import EngineCounters
 from .storedir import sync_directory
 
 JOURNAL_DIR: Final = "journal"
@@ -78,6 +83,7 @@ _FRAME = struct.Struct(
     ">IIIIQQQ"
 )  # magic, body length, count, reserved, segment, first seq, checksum
 _LENGTH = struct.Struct(">I")
+_CHECKSUM = struct.Struct(">Q")
 _ZEROS: Final = bytes(1 << 20)
 SEGMENT_SHARE = 64
 """A new segment is about ``data.mdb``'s size over this (``segment_sizing``)."""
@@ -85,7 +91,8 @@ SEGMENT_SHARE = 64
 _faults: set[str] = set()
 """Planted faults, for the power-loss explorer's writer process only (``tools/harness/powerloss``): never
 set by the package. ``skip-journal-flush``, ``skip-pin``, ``recycle-early``: each must make the
-explorer fail; ``segment-gap`` (a failed segment uses up its number) must make the I/O fault
+explorer fail (with ``recycle-early`` no segment is made ready ahead: the journal moves on by
+recycling inline, where the planted fault takes the segment that just filled); ``segment-gap`` (a failed segment uses up its number) must make the I/O fault
 checker (``tools/harness/io_faults.py``) fail."""
 
 
@@ -201,10 +208,17 @@ def _read_header(path: str) -> tuple[int, int] | None:
 
 
 def encode_frame(number: int, salt: int, first: int, records: list[bytes]) -> bytes:
-    body = b"".join(_LENGTH.pack(len(data)) + data for data in records)
+    """One frame's bytes: its header (checksum seeded with the segment's salt over header and
+    body) and body. Built with one copy of the records and the checksum streamed over the two
+    parts (it runs on the committing thread, once per commit)."""
+
+    length = _LENGTH.pack
+    body = b"".join([part for data in records for part in (length(len(data)), data)])
     head = _FRAME.pack(_FRAME_MAGIC, len(body), len(records), 0, number, first, 0)[:-8]
-    checksum = xxhash.xxh3_64_intdigest(head + body, seed=salt)
-    return head + struct.pack(">Q", checksum) + body
+    hasher = xxhash.xxh3_64(seed=salt)
+    hasher.update(head)
+    hasher.update(body)
+    return b"".join((head, _CHECKSUM.pack(hasher.intdigest()), body))
 
 
 def read_frames(data: bytes | memoryview, number: int, salt: int) -> list[tuple[int, list[bytes]]]:
@@ -248,7 +262,8 @@ def segment_sizing(options: JournalOptions, data_bytes: int, needed: int) -> int
 
     Why so: a segment is preallocated whole and stays on disk for reuse, so its size is paid in
     bytes by every store, while a small one costs a rotation (a recycled segment renamed and its
-    header synced, two flushes on the commit path) every time it fills. Tied to the store's size,
+    header synced, two flushes: ahead, on the checkpoint thread, when one was made ready in
+    time, else on the commit path) every time it fills. Tied to the store's size,
     the journal stays a small share of a small store (two segments: about 1/32 of it), and a
     store that has grown, which a host writes to at a rate, gets segments that rotate seldom."""
 
@@ -276,8 +291,12 @@ class Journal:
     lists between them.
     """
 
-    def __init__(self, store: str, options: JournalOptions) -> None:
+    def __init__(
+        self, store: str, options: JournalOptions, counters: EngineCounters | None = None
+    ) -> None:
         self.directory = os.path.join(store, JOURNAL_DIR)
+        self.counters = counters if counters is not None else EngineCounters()
+        """Where the journal counts its flushes and segments (the environment's)."""
         self._data = os.path.join(store, "data.mdb")
         self.options = options
         self._lock = threading.Lock()
@@ -315,6 +334,12 @@ class Journal:
         )
         self.written = 0
         """Bytes of frames written since this journal opened (a checkpoint trigger)."""
+        self._making = threading.Lock()
+        """Held while a segment is made or moved on to (``prepare`` on the checkpoint thread,
+        ``_next_segment`` on the committing one): one number taken at a time."""
+        self._ready: tuple[_Segment, int] | None = None
+        """The segment made ready ahead (``prepare``) and its open descriptor: not yet in
+        ``segments`` (nothing may release it), the chain's next number."""
         self.checkpoints = Checkpoints(self.directory)
 
     # ── reading (recovery) ─────────────────────────────────────────────────
@@ -425,6 +450,7 @@ class Journal:
         self._staged = self._offset  # from here a failure unmakes it (``abandon``)
         if "skip-journal-flush" not in _faults:
             os.fdatasync(self._fd)
+            self.counters.journal_flushes += 1
         self._offset += len(frame)
         self.written += len(frame)
 
@@ -441,13 +467,107 @@ class Journal:
             return
         os.pwrite(self._fd, bytes(_FRAME.size), self._staged)
         os.fdatasync(self._fd)
+        self.counters.journal_flushes += 1
         self._offset, self._staged = self._staged, None
 
     def _next_segment(self, needed: int) -> _Segment:
-        """Move on to a new segment: a released one renamed and given a new header, or a new file
-        of zeros. Its header and name are durable before any frame goes into it. On failure the
-        segment in use stays current and open, and the number stays free for the next attempt
-        (a failure never leaves a hole in the chain): no frame was written under it."""
+        """Move on to a new segment: the one ``prepare`` made ready (grown first if ``needed``
+        does not fit it), else one made now (``_make``). Its header and name are durable before
+        any frame goes into it. On failure the segment in use stays current and open, and the
+        number stays free for the next attempt (a failure never leaves a hole in the chain): no
+        frame was written under it."""
+
+        with self._making:
+            ready, self._ready = self._ready, None
+            if ready is not None:
+                segment, fd = ready
+                try:
+                    self._grow(segment, fd, needed)
+                except BaseException:
+                    self._ready = ready  # still whole and next in the chain: the next attempt's
+                    raise
+            else:
+                segment, fd = self._make(needed)
+            with self._lock:
+                self.segments[segment.number] = segment
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd, self.current, self._offset = fd, segment, HEADER_SIZE
+            self.counters.segment_switches += 1
+            return segment
+
+    def prepare(self) -> bool:
+        """Off the commit path (a checkpoint, after it released segments): make the segment the
+        journal moves on to next ready now, numbered, sized, its header and name durable, so
+        that moving on (``_next_segment``) is a switch of descriptors instead of a file made,
+        two ``fsync`` calls and a rename on the commit that fills the segment in use. Made from
+        a released segment when one is free; a new file only once the segment in use is half
+        written (a small store keeps one segment until it needs a second). Whether one was made.
+
+        Crash safety: a ready segment is the chain's next number with a valid header and no
+        frame of its life (a recycled file's old frames name another number and salt), so
+        recovery reads it as the chain's empty end, and the next writer life recycles it."""
+
+        if self.current is None or "recycle-early" in _faults:
+            return False  # planted: moving on recycles inline, where the fault bites
+        with self._making:
+            current = self.current
+            if self._ready is not None or current is None:
+                return False
+            with self._lock:
+                free = bool(self._free)
+            if not free and self._offset - HEADER_SIZE < (current.size - HEADER_SIZE) // 2:
+                return False
+            self._ready = self._make(HEADER_SIZE)
+            self.counters.segments_ahead += 1
+            return True
+
+    @property
+    def ready(self) -> int | None:
+        """The number of the segment made ready ahead (``prepare``), if one is."""
+
+        ready = self._ready
+        return None if ready is None else ready[0].number
+
+    def _drop_ready(self) -> None:
+        """The segment made ready goes back to the free list (a new writer life, a close)."""
+
+        with self._making:
+            ready, self._ready = self._ready, None
+        if ready is None:
+            return
+        segment, fd = ready
+        os.close(fd)
+        with self._lock:
+            self._free.append(segment)
+
+    def _grow(self, segment: _Segment, fd: int, needed: int) -> None:
+        """A ready segment smaller than a frame to go into it (a big commit): zeros written up to
+        the size a new one would get now, and synced, before the frame goes in. Its header is
+        durable already, and its number stays the chain's next."""
+
+        if segment.size >= needed:
+            return
+        try:
+            data_bytes = os.path.getsize(self._data)
+        except OSError:
+            data_bytes = 0
+        size = segment_sizing(self.options, data_bytes, needed)
+        try:
+            at = segment.size
+            while at < size:
+                at += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), size - at)], at)
+            os.fsync(fd)
+        except OSError as error:
+            raise _full(error, self.directory, size) from error
+        self.counters.segment_flushes += 1
+        segment.size = size
+
+    def _make(self, needed: int) -> tuple[_Segment, int]:
+        """A segment numbered ``next_number``, held under ``_making``: a released one renamed and
+        given a new header, or a new file of zeros, durable (header, size and name); with its
+        open descriptor. On failure the number stays free and nothing of the attempt is in the
+        way of the next (``_failed_segment``)."""
 
         try:
             data_bytes = os.path.getsize(self._data)
@@ -505,6 +625,7 @@ class Journal:
             os.pwrite(fd, _segment_header(number, salt), 0)
             os.fsync(fd)
             sync_directory(self.directory)
+            self.counters.segment_flushes += 2
         except BaseException as error:
             self._failed_segment(fd, path, reuse, renamed, size)
             if "segment-gap" in _faults:
@@ -513,13 +634,7 @@ class Journal:
                 raise _full(error, self.directory, size) from error
             raise
         self.next_number = number + 1
-        segment = _Segment(path, number, salt, size)
-        with self._lock:
-            self.segments[number] = segment
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd, self.current, self._offset = fd, segment, HEADER_SIZE
-        return segment
+        return _Segment(path, number, salt, size), fd
 
     def _failed_segment(
         self, fd: int | None, path: str, reuse: _Segment | None, renamed: bool, size: int
@@ -564,6 +679,7 @@ class Journal:
             self._fd = None
         self.current = None
         self._staged = None
+        self._drop_ready()
         self.release(self.next_number)
         return self._next_segment(HEADER_SIZE).number
 
@@ -585,9 +701,14 @@ class Journal:
                 self._free.append(self.segments.pop(number))
 
     def close(self) -> None:
+        """Close every descriptor (the segment in use, the one made ready, the checkpoint
+        slots); a ready segment goes back to the free list."""
+
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self._drop_ready()
+        self.checkpoints.close()
 
     def trim(self) -> None:
         """After a clean close (``data.mdb`` synced, the marker gone, so no recovery reads a

@@ -38,6 +38,7 @@ import time
 import lmdb
 
 from ..errors import StoreFormatError
+from .counters import EngineCounters
 from .journal import Journal, JournalOptions, planted
 from .shared import Gate, SharedEnv
 from .storedir import (
@@ -67,9 +68,13 @@ class CommitJournal:
     Made before LMDB maps the file (a recovery writes the checkpoint's meta pages back first),
     then ``attach``-ed to the environment once it is open."""
 
-    def __init__(self, path: str, options: JournalOptions) -> None:
+    def __init__(
+        self, path: str, options: JournalOptions, counters: EngineCounters | None = None
+    ) -> None:
         self.path = path
-        self._journal = Journal(path, options)
+        self._journal = Journal(path, options, counters)
+        self.counters = self._journal.counters
+        """The environment's counters: checkpoints here, flushes and segments in the journal."""
         self._env: lmdb.Environment | None = None  # these three are the environment's (``attach``)
         self._gate = Gate()
         self._dbs: dict[bytes, lmdb._Database] = {}
@@ -92,8 +97,10 @@ class CommitJournal:
         """Journaled commits between checkpoints now (``_adapt``)."""
         self._last_page = 0
         """``data.mdb``'s last page number at the last checkpoint."""
-        self._last_free = 0
-        """Its free pages then (``_adapt``)."""
+        self._last_free: int | None = 0
+        """Its free pages then (``_adapt``); None when they were not counted (the file had not
+        grown, so nothing needed them then), to be counted in the pin of that checkpoint once a
+        later one finds the file grown."""
         self._wake = threading.Condition()
         self._stopping = False
         self._worker = Requests(
@@ -285,36 +292,92 @@ class CommitJournal:
             if pin is not None:
                 pin.abort()
             raise
+        self.counters.checkpoints += 1
         old, self._pin = self._pin, pin
-        if old is not None:
-            old.abort()
+        try:
+            if pin is not None:
+                try:
+                    self._adapt(pin, old, commits, last)
+                except (
+                    lmdb.Error
+                ):  # a handle a swap dropped meanwhile: the bound stays until the next one
+                    pass
+        finally:
+            if old is not None:  # the state before: its pages may be reused from now on
+                old.abort()
         journal.release(segment)
-        if pin is not None:
-            try:
-                self._adapt(pin, commits, last)
-            except (
-                lmdb.Error
-            ):  # a handle a swap dropped meanwhile: the bound stays until the next one
-                pass
+        self._prepare()
 
-    def _adapt(self, pin: lmdb.Transaction[bytes], commits: int, last: int) -> None:
+    def _prepare(self) -> None:
+        """After a checkpoint released segments: the journal's next segment made ready now, off
+        the commit path (``Journal.prepare``). A failure is logged, not raised: the commit that
+        fills the segment in use makes the next one itself, and reports what goes wrong then."""
+
+        try:
+            self._journal.prepare()
+        except Exception:
+            _log.warning(
+                "the next journal segment of the store at %s could not be made ahead; the commit "
+                "that needs it makes it",
+                self.path,
+                exc_info=True,
+            )
+
+    def _adapt(
+        self,
+        pin: lmdb.Transaction[bytes],
+        old: lmdb.Transaction[bytes] | None,
+        commits: int,
+        last: int,
+    ) -> None:
         """The commit bound until the next checkpoint (see the module docstring), from the
-        state ``pin`` holds (``last``: its last page number) and the ``commits`` since the
-        checkpoint before."""
+        state ``pin`` holds (``last``: its last page number), the one ``old`` held (the
+        checkpoint before, still pinned) and the ``commits`` since the checkpoint before.
+
+        Free pages are counted only when the file grew since the checkpoint before (a ``stat``
+        of every database, twice when that checkpoint's count was skipped: then in ``old``):
+        only then do they decide anything, and most checkpoints of a store find the file as
+        it was (its commits reuse the pages the checkpoint before let go)."""
 
         options = self._journal.options
-        used = 2 + sum(pages(pin.stat(db)) for db in list(self._dbs.values())) + pages(pin.stat())
-        free = max(0, last + 1 - used)
-        # Grown by more than its data: new records alone (the log only grows) are not pages the
-        # pin kept from reuse, and counting them halved the bound of every growing store.
-        grew = self._last_page > 0 and last > self._last_page and free > self._last_free
+        grew = False
+        free: int | None = None
+        if self._last_page > 0 and last > self._last_page:
+            if self._last_free is None:
+                self._last_free = (
+                    self._free_pages(old, self._last_page, earlier=True)
+                    if old is not None
+                    else None
+                )
+            free = self._free_pages(pin, last)
+            # Grown by more than its data: new records alone (the log only grows) are not pages
+            # the pin kept from reuse, and counting them halved the bound of every growing store.
+            grew = self._last_free is not None and free > self._last_free
         self._last_page, self._last_free = last, free
-        if grew and free > max(options.pinned_pages, options.pinned_share * (last + 1)):
+        if (
+            grew
+            and free is not None
+            and free > max(options.pinned_pages, options.pinned_share * (last + 1))
+        ):
             self._bound = max(1, self._bound // 2)
         elif commits >= self._bound:
             self._bound = min(
                 options.checkpoint_commits, self._bound + (1 if grew else self._bound)
             )
+
+    def _free_pages(self, txn: lmdb.Transaction[bytes], last: int, earlier: bool = False) -> int:
+        """The pages of the state ``txn`` holds that no database uses (``last``: its last page
+        number), counted as ``stats`` counts them. ``earlier``: a state pinned before some of
+        the databases were made (the checkpoint before's): those held no page in it."""
+
+        used = 2 + pages(txn.stat())
+        for db in list(self._dbs.values()):
+            try:
+                used += pages(txn.stat(db))
+            except lmdb.InvalidParameterError:
+                if not earlier:
+                    raise
+        return max(0, last + 1 - used)
 
     # ── map changes (``Environment._remap``) ────────────────────────────────
 
@@ -338,6 +401,7 @@ class CommitJournal:
         segment = self._replay_from if self._replay_from is not None else journal.current_number
         self.env.sync(True)
         journal.checkpoints.write(self._epoch, segment, meta)
+        self.counters.checkpoints += 1
         journal.release(segment)
         self._since = (0, journal.written, time.monotonic())
 
@@ -453,6 +517,7 @@ class CommitJournal:
             epoch = secrets.randbits(63) | 1
             segment = journal.begin()  # no marker now: no recovery can read an earlier segment
             journal.checkpoints.write(epoch, segment, meta)
+            self.counters.checkpoints += 1
             mark_power(self.path, epoch)
             self._epoch, self._replay_from = epoch, None
             journal.release(segment)

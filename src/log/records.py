@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, NamedTuple, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 import msgspec
 
@@ -80,10 +80,17 @@ Content: TypeAlias = BaseContent | DeltaContent
 
 
 class CopySource(msgspec.Struct, forbid_unknown_fields=True):
-    """The document a copy is made from, and the point (a sequence, or ``"current"``) it is read at."""
+    """The document a copy is made from, and the point it is read at: ``"current"``, or a
+    number, compared with the log's sequences as the reference compares it (``3.5`` reads as
+    ``3``, ``2**70`` past every sequence, ``True`` as ``1``), kept as it was written."""
 
     id: int
-    at: int | Literal["current"]
+    at: Any
+
+    def __post_init__(self) -> None:
+        at = self.at
+        if at != "current" and not isinstance(at, (int, float)):  # a bool is an int
+            raise ValueError(f"source.at must be a number or 'current', not {at!r}")
 
 
 class DocumentCreateWrite(
@@ -255,9 +262,42 @@ def encode_batch(writes: Sequence[Mapping[str, Any]]) -> EncodedBatch:
     codec.check_json(batch)
     payload = codec.encode(batch)
     try:
-        return EncodedBatch(payload, codec.decode_with(_batch_decoder, payload))
+        decoded: list[Write] = codec.decode_with(_batch_decoder, payload)
     except msgspec.ValidationError as error:
         raise ValueError(f"Invalid storage write: {error}") from None
+    for write in decoded:
+        if type(write) is DocumentChangeWrite and type(write.content) is DeltaContent:
+            check_delta_depth(write.content.ops)
+    return EncodedBatch(payload, decoded)
+
+
+VALUE_DEPTH: Final = 3
+"""The levels a document's value sits under in a commit (the batch, the write, its content):
+``codec.check_json`` counts them, so a commit holds a value ``codec.MAX_DEPTH - 3`` deep."""
+
+
+def check_delta_depth(ops: Any) -> None:
+    """Refuse, as ``codec.check_json`` refuses a commit of such a value (``TypeError``), a delta
+    op that would nest its document deeper than a commit may hold a value: a value set at a
+    path of ``n`` segments sits ``n`` levels into the document (``s``), items spliced into the
+    array there ``n + 1`` (``p``). Otherwise such a document could be neither stored nor read
+    (nor its value committed again). It reads the op alone, not the document, so an op that
+    would fail anyway (its path leads nowhere) is refused all the same. A path of 2 segments or
+    fewer cannot nest too deep: ``check_json`` bounded the op's value deeper in the batch."""
+
+    if type(ops) is not list:
+        return
+    for op in ops:
+        if type(op) is not list or len(op) < 3 or type(op[1]) is not list or len(op[1]) <= 2:
+            continue  # the applier refuses a malformed op as the reference does
+        verb, path = op[0], op[1]
+        if verb == "s" and len(op) == 3:
+            if type(op[2]) is dict or type(op[2]) is list:
+                codec.check_json_at(op[2], VALUE_DEPTH + len(path))
+        elif verb == "p" and len(op) == 5 and type(op[4]) is list:
+            for item in op[4]:
+                if type(item) is dict or type(item) is list:
+                    codec.check_json_at(item, VALUE_DEPTH + len(path) + 1)
 
 
 def decode_batch(payload: bytes | memoryview) -> list[Write]:
@@ -500,6 +540,7 @@ __all__ = [
     "FORMAT_VERSION",
     "RAW_FORMAT",
     "TOMBSTONE_FORMAT",
+    "VALUE_DEPTH",
     "WRITE_TYPES",
     "ZSTD_FORMAT",
     "BaseContent",
@@ -524,6 +565,7 @@ __all__ = [
     "TombstoneRecord",
     "Write",
     "check_committed_at",
+    "check_delta_depth",
     "decode_batch",
     "decode_record",
     "decode_record_builtins",

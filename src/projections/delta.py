@@ -13,17 +13,24 @@ Behaviours kept on purpose because the reference has them:
 * A missing object key in the middle of a path raises ``KeyError``; ``s`` at index ``len`` of an
   array and ``a``/``t`` there raise ``IndexError``; ``p`` clamps an index past the end.
 * A path prefix that cannot be walked reports that prefix, not the whole path.
-* An integer segment addressing an object sets or deletes an integer key there.
+* An integer segment addressing an object sets or deletes an integer key there, and the value
+  then holds a key JSON cannot: the reference's store raises ``TypeError`` (``NON_STRING_KEYS``)
+  when a read copies such a value out, and reads it again once a later op removed the key. A
+  replay (``apply_batches``) does the same: it sets the key and raises at its end if one is
+  left. A commit's own apply (``apply_ops``, ``Folding.apply``) refuses the set itself with that
+  ``TypeError``, before it changes anything: the store marks the document broken, so its
+  reads replay, and no value it keeps holds such a key (it could not encode or read one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from pi_durable.delta import PathError, UnsafePathError
 
 from ..log import codec
+from ..log.records import check_delta_depth
 
 Json: TypeAlias = Any
 Op: TypeAlias = list[Any]
@@ -32,6 +39,9 @@ Path: TypeAlias = list[str | int]
 RESERVED_SEGMENTS = frozenset({"__proto__", "constructor", "prototype"})
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+
+NON_STRING_KEYS: Final = "Value must contain strict JSON string keys"
+"""What pi-durable raises (``TypeError``) copying out a value with a key that is not a string."""
 
 
 def copy_json(value: Json) -> Json:
@@ -188,9 +198,44 @@ def _replace(root: Json, op: Op) -> Json:
 
 
 def _set(root: Json, op: Op) -> Json:
+    return _set_key(root, op, False)[0]
+
+
+def _set_key(root: Json, op: Op, any_key: bool) -> tuple[Json, bool]:
+    """``s``: the root, and whether it set an integer key in an object, which only ``any_key``
+    (a replay's, as the reference applies it) allows."""
+
     parent, key = _member(root, op[1])
+    keyed = isinstance(parent, dict) and type(key) is int
+    if keyed and not any_key:
+        raise TypeError(NON_STRING_KEYS)
     parent[key] = copy_json(op[2])
-    return root
+    return root, keyed
+
+
+def _holds_non_string_key(value: Json) -> bool:
+    """Whether an object in ``value`` has a key that is not a string (found without recursion)."""
+
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            for key, item in node.items():
+                if type(key) is not str:
+                    return True
+                if type(item) is dict or type(item) is list:
+                    stack.append(item)
+        elif type(node) is list:
+            stack.extend(item for item in node if type(item) is dict or type(item) is list)
+    return False
+
+
+def unreadable_value(error: BaseException) -> bool:
+    """Whether ``error`` is a replay's ``TypeError`` for a value holding a key that is not a
+    string, which the reference raises copying the value out, not resolving it (a copy of such
+    a document fails with it, unwrapped, once the batch's copies are resolved)."""
+
+    return type(error) is TypeError and error.args == (NON_STRING_KEYS,)
 
 
 def _delete(root: Json, op: Op) -> Json:
@@ -250,12 +295,16 @@ _APPLIERS: dict[str, Callable[[Json, Op], Json]] = {
 
 
 def apply_ops(root: Json, ops: Iterable[Op]) -> Json:
-    """Apply one batch in place and return the root, which ``r`` may have replaced.
+    """Apply one batch of a commit in place and return the root, which ``r`` may have replaced.
 
     Each op is validated just before it runs, so a failing op leaves earlier ones applied, as in
-    the reference. Inserted payloads are copied so the tree never aliases the caller's ops.
+    the reference. Inserted payloads are copied so the tree never aliases the caller's ops. An
+    ``s`` of an integer key in an object raises ``TypeError`` (see the module's notes), and so
+    does, before any op runs, a batch nesting the value deeper than a commit may hold one
+    (``records.check_delta_depth``: a commit refuses it; a log written before may hold it).
     """
 
+    check_delta_depth(ops)
     for op in ops:
         validate_op(op)
         root = _APPLIERS[op[0]](root, op)
@@ -263,13 +312,19 @@ def apply_ops(root: Json, ops: Iterable[Op]) -> Json:
 
 
 def apply_batches(root: Json, batches: Iterable[Iterable[Op]]) -> Json:
-    """Apply ordered batches to a copy, leaving the caller's tree untouched (``Folding``: text
-    appends are joined once, so a replay costs the bytes it reads, whatever the mix of ops)."""
+    """Replay ordered batches on a copy, leaving the caller's tree untouched (``Folding``: text
+    appends are joined once, so a replay costs the bytes it reads, whatever the mix of ops).
 
-    folding = Folding(copy_json(root))
+    The value read, as the reference's store reads it: integer keys set in objects are kept
+    while later ops may remove them, and ``TypeError`` is raised if one is left at the end."""
+
+    folding = Folding(copy_json(root), replay=True)
     for ops in batches:
         folding.apply(ops)
-    return folding.joined()
+    value = folding.joined()
+    if folding.keyed and _holds_non_string_key(value):
+        raise TypeError(NON_STRING_KEYS)
+    return value
 
 
 class Folding:
@@ -278,23 +333,36 @@ class Folding:
     Why: an append copies the whole text it extends, so a transcript that grows every turn
     replayed one append at a time cost its length times its turns, and a run of appends broken
     by any other op (``[["a", ["text"], line], ["s", ["turns"], n]]``, each turn) could not be
-    joined. Here each path's appends wait in a list; an op whose path is a prefix of a pending
-    one, or lies under it, joins that path's appends first (nothing else can see them). The
-    first append to a path is applied as it comes (it raises what the reference raises when the
-    path holds no text); the ones after it cannot fail while nothing touched that path, so the
-    value and any error are the reference's. A batch that raises leaves the folding spoiled:
-    the caller drops it (a document's ``broken`` state)."""
+    joined. Here each path's appends wait in a list; before an op that can see or move a
+    pending text, that path's appends are joined (``_join_under``): an op whose path is a
+    prefix of the pending one (on the text, on a container holding it: ``r``, ``s``, ``d``,
+    ``p``, ``m``), one under it, and a ``d`` of an element of an array holding it, before it
+    (the elements after the deleted one shift down, the pending text with them). Nothing else
+    can: a set, append or trim beside it, a delete after it, ops on other arrays. So a run of
+    appends to one text stays pending through the other ops of each turn and costs its length
+    once. The first append to a path is applied as it comes (it raises what the reference
+    raises when the path holds no text); the ones after it cannot fail while nothing touched
+    that path, so the value and any error are the reference's. A batch that raises leaves the
+    folding spoiled: the caller drops it (a document's ``broken`` state).
 
-    __slots__ = ("pending", "root")
+    A commit's folding refuses an ``s`` of an integer key in an object as ``apply_ops`` does; a
+    ``replay`` sets it, noting it in ``keyed`` (``apply_batches`` checks the value it ends
+    with)."""
 
-    def __init__(self, root: Json) -> None:
+    __slots__ = ("keyed", "pending", "replay", "root")
+
+    def __init__(self, root: Json, *, replay: bool = False) -> None:
         self.root = root
         """Owned: the caller hands over a tree nobody else holds."""
         self.pending: dict[tuple[str | int, ...], list[str]] = {}
+        self.replay = replay
+        self.keyed = False
+        """Whether a replay set an integer key in an object (it may have been removed since)."""
 
     def apply(self, ops: Iterable[Op]) -> None:
         """Apply one batch in place (ops validated one by one, as ``apply_ops``)."""
 
+        check_delta_depth(ops)
         pending = self.pending
         for op in ops:
             validate_op(op)
@@ -304,16 +372,28 @@ class Folding:
                 pending[path].append(op[2])
                 continue
             if pending:
-                self._join_under(path)
+                self._join_under(path, verb)
+            if verb == "s" and self.replay:
+                self.root, keyed = _set_key(self.root, op, True)
+                self.keyed = self.keyed or keyed
+                continue
             self.root = _APPLIERS[verb](self.root, op)
             if verb == "a":
                 pending[path] = []
 
-    def _join_under(self, path: tuple[str | int, ...]) -> None:
-        """Join the pending appends an op at ``path`` could see or change."""
+    def _join_under(self, path: tuple[str | int, ...], verb: str) -> None:
+        """Join the pending appends an op ``verb`` at ``path`` could see, change or move."""
 
         size = len(path)
-        for key in [key for key in self.pending if key[:size] == path or path[: len(key)] == key]:
+        parent, last = path[:-1], path[-1] if path else None
+        shifts = verb == "d" and type(last) is int
+        for key in [
+            key
+            for key in self.pending
+            if key[:size] == path
+            or path[: len(key)] == key
+            or (shifts and _after(key, parent, last))
+        ]:
             suffixes = self.pending.pop(key)
             if suffixes:
                 self.root = _join_appends(self.root, list(key), suffixes)
@@ -329,11 +409,23 @@ class Folding:
         return self.root
 
 
+def _after(key: tuple[str | int, ...], parent: tuple[str | int, ...], index: Any) -> bool:
+    """Whether ``key`` runs through an element of the array at ``parent`` after ``index``
+    (deleting ``index`` moves it: an object's integer key moves nothing, but joining is safe)."""
+
+    size = len(parent)
+    if len(key) <= size or key[:size] != parent:
+        return False
+    at = key[size]
+    return type(at) is int and at > index
+
+
 def _join_appends(root: Json, path: Path, suffixes: list[str]) -> Json:
     return _APPLIERS["a"](root, ["a", path, "".join(suffixes)]) if suffixes else root
 
 
 __all__ = [
+    "NON_STRING_KEYS",
     "RESERVED_SEGMENTS",
     "Folding",
     "Op",
@@ -342,5 +434,6 @@ __all__ = [
     "apply_batches",
     "apply_ops",
     "copy_json",
+    "unreadable_value",
     "validate_op",
 ]

@@ -746,7 +746,8 @@ class Documents:
                     self._scheduled.discard(key)
 
     def drain(self) -> bool:
-        """Wait until every queued snapshot is packed; whether any is left to ``land``."""
+        """Wait until every queued snapshot is packed (and a look for lost ones has ended);
+        whether any is left to ``land``."""
 
         with self._wake:
             self._packed.wait_for(lambda: self._queued == 0)
@@ -758,8 +759,8 @@ class Documents:
 
         with self._wake:
             self._closing = True
+            self._queued -= len(self._packing)  # the one being packed, if any, counts itself out
             self._packing.clear()
-            self._queued = 0
             self._packed.notify_all()
             self._packer.wake()
         self._packer.join()

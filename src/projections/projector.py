@@ -33,6 +33,7 @@ from ..log.records import (
     TaskWrite,
 )
 from . import tables as t
+from .delta import unreadable_value
 from .readmodel import (
     MAX_SAFE_INTEGER,
     ReadModel,
@@ -175,6 +176,7 @@ class Projector:
             )
         }
         resolved: list[Write] = []
+        unreadable: Exception | None = None  # raised once every copy resolved, as the reference
         for write in writes:
             if type(write) is not DocumentCopyWrite:
                 resolved.append(write)
@@ -182,7 +184,12 @@ class Projector:
             try:
                 resolved.append(self._resolve_copy(txn, write, changed))
             except Exception as error:
+                if unreadable_value(error):
+                    unreadable = unreadable or error
+                    continue
                 raise ValueError(f"Document copy {write.record['id']} was rejected") from error
+        if unreadable is not None:
+            raise unreadable
         return resolved
 
     def _resolve_copy(

@@ -12,8 +12,11 @@ acknowledged commit is durable in the mode's sense and visible to every later re
 Where a commit runs:
 
 - **directly**, on the caller's thread, when nothing else is being committed (no other task of
-  the loop, no other thread): in ``process`` mode always, and in ``power`` mode while the last
-  ``FAST_RUN`` journal flushes each took at most ``FAST_FLUSH``. One sequential committer keeps
+  the loop, no other thread): in ``process`` mode always, and in ``power`` mode while at most
+  ``SLOW_ALLOWED`` of the last ``FLUSH_WINDOW`` journal flushes took more than ``FAST_FLUSH``
+  (a tolerance, not a run of fast ones: a busy machine's scheduler delays a flush now and then,
+  and one such delay must not send a fast device's commits to the writer thread, whose two
+  hand-offs then cost every commit more than the delay did once). One sequential committer keeps
   its speed, since the two thread hand-offs would cost more than the commit (or, in ``power``,
   than its fast flush). A run of direct commits yields to the loop every 2 ms; if another commit
   showed up meanwhile, the loop's commits go to groups for a while (``CONTENDED``); a ``power``
@@ -79,9 +82,15 @@ writer thread instead (the holder normally lets go within a few puts)."""
 FAST_FLUSH: Final = 0.001
 """Seconds from a ``power`` commit's journal flush to LMDB's commit at most, for the flush to
 count as fast: a commit on the caller's thread holds its event loop that long."""
-FAST_RUN: Final = 8
-"""Fast flushes in a row before ``power`` commits run on the caller's thread (again, after a
-slow one): one slow flush sends them back to the writer thread."""
+FLUSH_WINDOW: Final = 8
+"""The last journal flushes the direct-path rule looks at (``SLOW_ALLOWED``)."""
+SLOW_ALLOWED: Final = 3
+"""Slow flushes (over ``FAST_FLUSH``) among the last ``FLUSH_WINDOW`` with which ``power``
+commits still run on the caller's thread: scattered slow ones (a scheduler's wake-up late on a
+loaded machine) keep the direct path; a device slow more often than that sends commits to the
+writer thread, and they come back once the window holds no more than this many again. A store
+opens as if its window were all slow: ``FLUSH_WINDOW - SLOW_ALLOWED`` fast flushes first."""
+_WINDOW_MASK: Final = (1 << FLUSH_WINDOW) - 1
 RESOLVE_CHUNK: Final = 8
 """Callers resumed per turn of their loop: a big group's callers must not all run before the
 loop's other tasks get a turn."""
@@ -143,10 +152,13 @@ class Committer:
         network (a stream), which must not stall the caller's loop."""
         self._journaled = stream is None and env.journal is not None and env.journal.background
         """``power`` commits may run on the caller's thread while the device's flushes are fast
-        (``_fast_flushes``); not when checkpoints run on the committing thread (their two
+        (``_fast``); not when checkpoints run on the committing thread (their two
         flushes would hold the caller's loop)."""
-        self._fast_flushes = 0
-        """Journal flushes in a row that took at most ``FAST_FLUSH`` (``_flushed``)."""
+        self._slow_flushes = _WINDOW_MASK
+        """The last ``FLUSH_WINDOW`` journal flushes, one bit each (1: slow), newest lowest
+        (``_flushed``); all slow until the device has shown itself."""
+        self._fast = False
+        """``power`` commits may run on the caller's thread: at most ``SLOW_ALLOWED`` bits set."""
         if self._journaled:
             env.on_flush = self._flushed
         self._lock = threading.Lock()
@@ -188,9 +200,7 @@ class Committer:
         """Append and fold one encoded batch; returns its sequence and the highest id it wrote."""
 
         loop = asyncio.get_running_loop()
-        if (
-            self._direct or (self._journaled and self._fast_flushes >= FAST_RUN)
-        ) and loop not in self._gathering:
+        if (self._direct or (self._journaled and self._fast)) and loop not in self._gathering:
             direct_commits = self._direct_commits
             direct_commits.append(None)  # atomic (the GIL), like its pop
             try:
@@ -206,9 +216,11 @@ class Committer:
                     try:
                         if not self._closed and not self._queue and loop not in self._gathering:
                             self._commits += 1
-                            return self._env.write(
+                            result = self._env.write(
                                 lambda txn: self._commit_one(txn, payload, batch, committed_at)
                             )
+                            self._env.counters.direct_commits += 1
+                            return result
                     finally:
                         self._lock.release()
             finally:
@@ -220,7 +232,9 @@ class Committer:
         ``_lock``): ``seconds`` it took, so whether ``power`` commits may run on the caller's
         thread, where the next flush holds the caller's loop."""
 
-        self._fast_flushes = self._fast_flushes + 1 if seconds <= FAST_FLUSH else 0
+        window = ((self._slow_flushes << 1) | (seconds > FAST_FLUSH)) & _WINDOW_MASK
+        self._slow_flushes = window
+        self._fast = window.bit_count() <= SLOW_ALLOWED
 
     def _take_direct(self) -> bool:
         """``_lock`` for a direct commit: at once, or, while a holder that yields to commits
@@ -570,9 +584,10 @@ __all__ = [
     "CONTENDED",
     "DIRECT_RUN",
     "FAST_FLUSH",
-    "FAST_RUN",
+    "FLUSH_WINDOW",
     "MAX_GROUP",
     "RESOLVE_CHUNK",
+    "SLOW_ALLOWED",
     "YIELD_WAIT",
     "Committer",
 ]

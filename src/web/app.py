@@ -561,7 +561,7 @@ def _wants_html(request: web.Request) -> bool:
 
 
 async def record_json(request: web.Request) -> web.Response:
-    """One record as ``durable-log show`` prints it, now or ``?as_of=``."""
+    """One record as ``durable-log show --json`` prints it, now or ``?as_of=``."""
 
     kind, id = request.match_info["kind"], path_number(request, "id")
     if kind not in SHOW_KINDS:

@@ -54,6 +54,24 @@ def test_bench_fills_the_marked_block_of_the_docs(tmp_path: Path) -> None:
     )
     assert "x (floor: lmdb (process) + one flush) |" in target, target
     assert "One device flush on the stores' disk" in text
+    assert "### Power commits: path and flushes" in text, text
+    paths = text.split("### Power commits: path and flushes", 1)[1].split("\n### ", 1)[0]
+    assert "| commit_turn | " in paths and "| session_turn | " in paths, paths
+
+
+def test_bench_reports_each_power_workload_s_commit_paths_and_flushes() -> None:
+    """The paths table: per workload, the share of commits on the caller's thread and on the
+    writer thread, and device flushes and checkpoints per commit, from the engine's counters."""
+
+    from tools.bench.report_markdown import Results, paths_table
+
+    results = Results()
+    # (batches, direct, device flushes, checkpoints, segment switches, made ahead) per pass
+    results.paths["commit_turn"] = [(100, 90, 120, 10, 1, 1), (100, 50, 124, 12, 2, 1)]
+    lines = paths_table(results)
+    row = next(line for line in lines if line.startswith("| commit_turn |"))
+    assert row == "| commit_turn | 200 | 70.0% | 30.0% | 50%–90% | 1.220 | 0.110 | 3 (2) |", row
+    assert paths_table(Results()) == []
 
 
 def test_bench_rewrites_the_blocks_marked_when_it_was_a_script(tmp_path: Path) -> None:
@@ -206,3 +224,36 @@ def test_bench_footprint_covers_a_short_turn() -> None:
         and result["lmdb"]["bytes"] > 0
         and result["sqlite"]["bytes"] > 0
     ), result
+
+
+def test_host_growth_reports_each_window_and_what_grew() -> None:
+    """``tools.bench.host_growth``: a row per window of turns (the store's CPU per turn, by
+    method, the document's size, the deepest trees) and, profiled, the functions that grew."""
+
+    out = _run("-m", "tools.bench.host_growth", "--turns", "40", "--window", "20", "--profile", "1")
+    rows = [line for line in out.splitlines() if line.startswith(("| 20 |", "| 40 |"))]
+    assert len(rows) == 2 and "commit " in rows[0], out
+    assert "Functions whose own CPU time per turn grew most" in out, out
+
+
+def test_host_growth_pairs_a_small_store_with_a_big_one() -> None:
+    """``--paired``: two stores side by side in alternated windows, the big one's time over the
+    small one's per round, and (profiled) the functions that cost more on the big one."""
+
+    out = _run(
+        "-m",
+        "tools.bench.host_growth",
+        "--paired",
+        "10",
+        "--turns",
+        "40",
+        "--window",
+        "10",
+        "--rounds",
+        "2",
+        "--profile",
+        "1",
+    )
+    assert "| small | 10 |" in out and "| big | 40 |" in out, out
+    assert "big / small, per round: median" in out, out
+    assert "Functions whose own CPU time per turn is larger on the big store" in out, out

@@ -77,7 +77,7 @@ def test_from_past_the_head_is_said_on_stderr(store: Path) -> None:
 
 
 def test_show_pretty_indents_the_same_json(store: Path) -> None:
-    flat = run("show", store, "entry", 12)
+    flat = run("show", store, "entry", 12, "--json")
     pretty = run("show", store, "entry", 12, "--pretty")
     assert pretty.returncode == 0 and json.loads(pretty.stdout) == json.loads(flat.stdout)
     assert (
@@ -94,6 +94,8 @@ def test_free_pages_say_what_they_count_with_the_json_keys_name(store: Path) -> 
         in line
     )
     assert "(freePages of pagesUpToLastUsed" in line
+    why = text.splitlines()[text.splitlines().index(line) + 1]
+    assert "normal: LMDB never overwrites a page" in why, "a large free share is said to be fine"
     assert info["usedPages"] == info["pagesUpToLastUsed"]  # the older key, kept for its readers
 
 

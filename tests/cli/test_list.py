@@ -21,6 +21,7 @@ from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit.listing import LIST_KINDS, list_records, parse_where, record_fields
 
 from tests.support.cli_call import call
+from tests.support.demo_store import make_demo
 
 TASK_IDS = range(100, 110)
 DATA: list[Any] = [1, "1", True, None, {"n": 1}, [1], 1.5, "x" * 100, "two\nlines"]
@@ -237,10 +238,12 @@ def test_the_formats(capsys: pytest.CaptureFixture[str], store: tuple[Path, int]
     task = _list(path, "tasks", [], limit=1)[0]
     assert json.loads(first["state"]) == task["state"] and first["kind"] == task["kind"]
     assert first["background"] in ("true", "false") and first["owner"] == ""
-    code, out, err = call(capsys, "list", path, "entries")
+    code, out, err = call(
+        capsys, "list", path, "entries", "--columns", "id,conversationId,kind,data"
+    )
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].split() == ["id", "conversationId", "kind", "head", "byTaskId", "data"]
+    assert lines[0].split() == ["id", "conversationId", "kind", "data"]
     assert all(len(line) < 120 for line in lines), "long values are cut"
     assert any(line.endswith("x" * 39 + "…") for line in lines)
     assert any(line.endswith("two\\nlines") for line in lines), "one line per record"
@@ -273,7 +276,7 @@ def test_bad_input_is_exit_2_with_a_message_and_writes_nothing(
     path, head = store
     before = _digest(path)
     cases: list[tuple[tuple[object, ...], str]] = [
-        (("task",), "invalid choice: 'task' (choose from 'conversations', 'entries', 'tasks'"),
+        (("tusks",), "'tusks' is not a kind of record: conversation, entry, task, submission"),
         (
             ("tasks", "--where", "state.stat=x"),
             "unknown field 'state.stat' of state; its fields: status, checkpoint",
@@ -342,3 +345,52 @@ def test_a_table_holds_cells_not_values(capsys: pytest.CaptureFixture[str], tmp_
     assert code == 0, err
     assert len(out.splitlines()) == 3002
     assert peak < 15_000_000, f"peak {peak:,} bytes (the entries themselves take 30 MB)"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("demo")
+    make_demo(directory)
+    return directory / "demo-store"
+
+
+def test_a_table_reads_as_a_person_scans_it(
+    demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries show what their messages say, cut at the terminal's width; the columns no record
+    fills are left out; times are ISO 8601 as every command prints them."""
+
+    monkeypatch.setenv("COLUMNS", "72")
+    code, out, err = call(capsys, "list", demo, "entries")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["id", "conversationId", "kind", "text"], (
+        "head, byTaskId, data: empty"
+    )
+    assert "user: What does the durable log store?" in out
+    assert all(len(line) <= 72 for line in lines) and any(line.endswith("…") for line in lines)
+    code, out, err = call(capsys, "list", demo, "tasks")
+    header, _, first, *_ = out.splitlines()
+    assert header.split()[-1] == "endedAt" and "startedAt" not in header
+    ended = first.split()[-1]
+    assert ended.startswith("20") and ended.endswith("Z") and "T" in ended, first
+
+
+def test_columns_are_chosen_and_either_spelling_of_a_kind_lists_the_same(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = call(
+        capsys, "list", demo, "task", "--columns", "id,endedAt,state.outcome.status,owner"
+    )
+    assert code == 0, err
+    assert out.splitlines()[0].split() == ["id", "endedAt", "state.outcome.status", "owner"]
+    assert "completed" in out
+    assert (
+        call(capsys, "list", demo, "tasks", "--json")[1]
+        == (call(capsys, "list", demo, "task", "--format", "json")[1])
+    )
+    code, out, _ = call(capsys, "list", demo, "entry", "--columns", "id,text", "--format", "csv")
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[0] == ["id", "text"] and rows[1][1].startswith("user: ")
+    code, out, _ = call(capsys, "list", demo, "submissions")
+    assert out.splitlines()[0].split()[:3] == ["id", "conversationId", "type"], "no rows: all"

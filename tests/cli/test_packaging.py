@@ -34,9 +34,10 @@ def _run(args: list[str], **options: object) -> subprocess.CompletedProcess[str]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md", "LICENSE", "pi_durable_lmdb_launcher.py"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("src", "pi_durable_lmdb_launcher"):
+        shutil.copytree(ROOT / tree, source / tree, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     built = _run(
         [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(source)]
@@ -87,11 +88,12 @@ def test_the_wheel_holds_one_package_typed(wheel: Path) -> None:
             next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         ).decode()
     tops = {name.split("/")[0] for name in names}
-    # beside the one package, the command's entry point: a module that imports none of it
-    # before it has installed its Ctrl-C handler (tests/cli/test_startup.py)
-    launcher = "pi_durable_lmdb_launcher.py"
+    # beside the one package, the command's entry point: a package that imports none of it
+    # before it has installed its Ctrl-C handler (tests/cli/test_startup.py), typed like it
+    launcher = "pi_durable_lmdb_launcher"
     assert tops == {"pi_durable_lmdb", launcher, wheel.name.split("-py3")[0] + ".dist-info"}, tops
     assert "pi_durable_lmdb/py.typed" in names
+    assert "pi_durable_lmdb_launcher/py.typed" in names
     for sub in ("log", "projections", "storage", "cli"):
         assert f"pi_durable_lmdb/{sub}/__init__.py" in names
     assert not any(
@@ -161,6 +163,28 @@ def test_mypy_strict_accepts_the_typed_host(installed: Path, tmp_path: Path) -> 
             str(ROOT / "tests" / "support" / "typed_host.py"),
         ],
         env={**os.environ, "MYPYPATH": str(installed)},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_strict_accepts_the_installed_package(installed: Path, tmp_path: Path) -> None:
+    """``mypy --strict -p pi_durable_lmdb`` on the installed copy: its ``python -m`` entry imports
+    the launcher beside it, which must be typed too (a bare module is "installed, but missing
+    library stubs or py.typed")."""
+
+    done = _run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "-p",
+            "pi_durable_lmdb",
+        ],
+        env={**os.environ, "PYTHONPATH": str(installed)},  # found as a user's site-packages
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr

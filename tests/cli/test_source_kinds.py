@@ -64,7 +64,6 @@ KINDS = [
 ]
 
 DOES_ITS_JOB = {
-    ("import", "empty file"): "an empty export is the export of an empty store",
     ("demo", "missing"): "demo makes its store",
     ("demo", "directory"): "demo makes its store in an empty directory",
     **{

@@ -10,28 +10,15 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.demo_store import BIN, BOUND, durable_log, make_demo, run_as_printed
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BIN = os.path.dirname(sys.executable)  # where the venv's durable-log script is
-BOUND = 120  # seconds: far beyond what any of them takes, even on a loaded machine
 COMMAND = re.compile(r"(?:\.venv/bin/)?(durable-log [^`\n]*\bdemo-store\b[^`\n]*)")
-
-
-def _demo(directory: Path) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "pi_durable_lmdb.cli", "demo"],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def _commands(text: str) -> list[str]:
@@ -52,7 +39,7 @@ def _suggested() -> list[tuple[str, str]]:
 
     found = [(path.name, command) for path in TEXTS for command in _commands(path.read_text())]
     with tempfile.TemporaryDirectory() as scratch:
-        said = _demo(Path(scratch))
+        said = make_demo(Path(scratch))
     suggested = said.split("Try next", 1)[1]
     found += [("demo output", command) for command in _commands(suggested)]
     return found
@@ -64,7 +51,7 @@ SUGGESTED = _suggested()
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("demo")
-    _demo(directory)
+    make_demo(directory)
     return directory
 
 
@@ -85,14 +72,7 @@ def test_a_suggested_command_works_as_printed(
     if "--follow" in command.split() or command.split()[1] == "serve":
         _runs_until_stopped(command, here, env)
         return
-    done = subprocess.run(
-        ["bash", "-c", "set -o pipefail; " + command],
-        cwd=here,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BOUND,
-    )
+    done = run_as_printed(command, here)
     assert done.returncode == 0, f"{where}: {command}\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stderr
 
@@ -124,16 +104,37 @@ def _runs_until_stopped(command: str, here: Path, env: dict[str, str]) -> None:
 
 def test_search_takes_the_words_as_typed_quoted_or_not(made: Path) -> None:
     def search(*words: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "pi_durable_lmdb.cli", "search", "demo-store", *words, "--json"],
-            cwd=made,
-            capture_output=True,
-            text=True,
-            timeout=BOUND,
-        )
+        done = durable_log("search", "demo-store", *words, "--json", cwd=made)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
     several = search("writer", "killed")
     assert several == search("writer killed") and '"words":["writer","killed"]' in several
     assert '"entries":[]' not in several  # the demo's question and its answer
+
+
+AUDIT = ROOT / "docs" / "audit.md"
+
+
+def _quick_start() -> list[str]:
+    """The command lines of docs/audit.md's quick start, in order, comments left out."""
+
+    text = AUDIT.read_text().split("## Quick start", 1)[1]
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [
+        line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def test_the_audit_quick_start_runs_as_printed(made: Path, tmp_path: Path) -> None:
+    """Every line, in order, in a directory holding a store ``orders``: each file a later line
+    names (the verifier key, the checkpoint, the proof, the record's line) an earlier one wrote."""
+
+    lines = _quick_start()
+    assert len(lines) >= 6 and lines[-1].startswith("durable-log verify-proof "), lines
+    shutil.copytree(made / "demo-store", tmp_path / "orders")
+    for line in lines:
+        done = run_as_printed(line, tmp_path)
+        assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+        assert "Traceback" not in done.stderr
+    assert "holds" in done.stdout, done.stdout  # verify-proof: the proof and the record check

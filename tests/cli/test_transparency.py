@@ -236,7 +236,11 @@ def test_bad_input_is_exit_2_with_a_message(
     monkeypatch.delenv("DURABLE_LOG_VKEY", raising=False)
     cases = [
         (("verify", path, "--trusted", trusted), "needs the verifier key"),
-        (("verify", path, "--trusted", trusted, "--vkey", "nonsense"), "three fields"),
+        (
+            ("verify", path, "--trusted", trusted, "--vkey", "nonsense"),
+            "nonsense: no such file or directory (nor a verifier key given as text)",
+        ),
+        (("verify", path, "--trusted", trusted, "--vkey", "a+b"), "three fields"),
         (("verify", path, "--trusted", key_file, "--vkey", vkey), "signed note"),
         (("checkpoint", path, "--key", trusted), "PRIVATE+KEY+"),
         (("prove", path), "SEQ"),

@@ -52,11 +52,11 @@ NATS = ["--nats", "nats://127.0.0.1:1", "--stream", "S"]
 COMMANDS: dict[str, tuple[list[str], int]] = {
     "stats": (["stats", "STORE", "--json"], 0),
     "show a conversation": (["show", "STORE", "conversation", "ROOT"], 0),
-    "show the document": (["show", "STORE", "document", "HISTORY"], 0),
-    "show the current-only document": (["show", "STORE", "document", "SESSION"], 0),
-    "show every other failure": (["show", "STORE", "document", "SESSION"], 0),
+    "show the document": (["show", "STORE", "document", "HISTORY", "--json"], 0),
+    "show the current-only document": (["show", "STORE", "document", "SESSION", "--json"], 0),
+    "show every other failure": (["show", "STORE", "document", "SESSION", "--json"], 0),
     "show the document before its failing change": (
-        ["show", "STORE", "document", "HISTORY", "--as-of", "GOOD"],
+        ["show", "STORE", "document", "HISTORY", "--as-of", "GOOD", "--json"],
         0,
     ),
     "tail": (["tail", "STORE", "--json"], 0),
@@ -149,7 +149,7 @@ def test_every_command_answers_as_usual(
         _says_unreadable(err, made, id)
     if name == "show every other failure":
         for id, error in made["others"].items():
-            code, out, err = call(capsys, "show", path, "document", id)
+            code, out, err = call(capsys, "show", path, "document", id, "--json")
             assert code == 0 and json.loads(out)["unreadable"]["seq"] == made["bad"], err
             assert json.loads(out)["unreadable"]["error"].startswith(error), out
     if name == "show the document before its failing change":
@@ -170,7 +170,9 @@ def test_every_command_answers_as_usual(
         listed = {json.loads(line)["id"] for line in out.splitlines()}
         assert {made["history"], made["session"], *made["others"]} <= listed, out
     if name == "import":  # the new store holds the same change, and fails as the old one
-        code, out, err = call(capsys, "show", tmp_path / "new", "document", made["history"])
+        code, out, err = call(
+            capsys, "show", tmp_path / "new", "document", made["history"], "--json"
+        )
         assert code == 0 and json.loads(out)["unreadable"]["seq"] == made["bad"], err
 
 

@@ -151,7 +151,7 @@ def test_bad_input_is_exit_2_with_a_message_and_writes_nothing(
         ((extra,), "its fields are"),
         ((short,), "leafHash: 'abc' is not a hash (64 lowercase hex digits)"),
         ((typed,), "Expected `int`, got `str` - at `$.treeSize`"),
-        ((tmp_path / "missing",), "No such file or directory"),
+        ((tmp_path / "missing",), "missing: no such file or directory"),
         (("in40", "--record", tmp_path / "two"), "holds 2 lines, not the one line"),
         (("in40", "--record", tmp_path / "garbage"), "is not a batch: not JSON"),
         (("to40", "--record", audited["line7"]), "a record line goes with an inclusion proof"),

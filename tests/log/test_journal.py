@@ -62,6 +62,24 @@ def test_frames_read_back_whole_and_a_cut_or_changed_byte_ends_the_chain() -> No
     assert read_frames(data, number, salt + 1) == []
 
 
+@pytest.mark.parametrize("sizes", [[0], [1], [650], [10, 0, 4000, 7], [70000]])
+def test_a_frame_s_bytes_are_the_format_s_header_checksum_and_body(sizes: list[int]) -> None:
+    """``encode_frame`` (built in one copy, its checksum streamed) gives the format's bytes: a
+    header (magic, body length, count, segment, first sequence), the xxh3-64 seeded with the
+    salt over header and body, then each record's u32 length and bytes."""
+
+    import struct
+
+    import xxhash
+
+    records = [bytes([n % 251]) * size for n, size in enumerate(sizes)]
+    body = b"".join(struct.pack(">I", len(data)) + data for data in records)
+    head = struct.pack(">IIIIQQ", 0x504A4652, len(body), len(records), 0, 7, 42)
+    expected = head + struct.pack(">Q", xxhash.xxh3_64_intdigest(head + body, seed=99)) + body
+    assert encode_frame(7, 99, 42, records) == expected
+    assert read_frames(bytes(HEADER_SIZE) + expected, 7, 99) == [(42, records)]
+
+
 def _write(journal: Journal, records: list[tuple[int, bytes]]) -> None:
     journal.write(records)
     journal.confirm()
@@ -137,6 +155,42 @@ def test_checkpoint_records_alternate_and_a_torn_newest_leaves_the_one_before(
         file.write(bytes(50))
     older = Checkpoints(str(tmp_path)).newest(1)
     assert older is not None and (older.generation, older.segment) == (4, 14)
+
+
+def test_checkpoint_slots_keep_their_descriptors_and_a_failed_write_opens_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint every few commits writes its slot through a descriptor kept open (no
+    open and close each time); a write that fails drops it, the next opens the file again, and
+    after a close a write opens them again. Every record reads back as the newest."""
+
+    checkpoints = Checkpoints(str(tmp_path))
+    checkpoints.write(1, 10, b"a" * 8192)
+    checkpoints.write(1, 11, b"b" * 8192)
+    kept = list(checkpoints._fds)
+    assert None not in kept, "a slot's descriptor was not kept"
+    checkpoints.write(1, 12, b"c" * 8192)
+    assert checkpoints._fds == kept, "a slot was opened again"
+    real = os.fdatasync
+    failing = {"left": 1}
+
+    def fdatasync(fd: int) -> None:
+        if fd in kept and failing["left"]:
+            failing["left"] -= 1
+            raise OSError(5, "injected")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    with pytest.raises(OSError):
+        checkpoints.write(1, 13, b"d" * 8192)
+    assert checkpoints._fds.count(None) == 1, "the failed slot's descriptor was kept"
+    newest = checkpoints.write(1, 13, b"d" * 8192)
+    assert Checkpoints(str(tmp_path)).newest(1) == newest
+    checkpoints.close()
+    assert checkpoints._fds == [None, None]
+    again = checkpoints.write(1, 14, b"e" * 8192)
+    assert Checkpoints(str(tmp_path)).newest(1) == again
+    checkpoints.close()
 
 
 KILLED_WRITER = """

@@ -11,6 +11,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.journal import HEADER_SIZE, Journal, JournalOptions, segment_sizing
+from pi_durable_lmdb.log.journaled import CommitJournal
 
 KiB = 1024
 
@@ -87,9 +88,11 @@ def test_segments_grow_with_the_store_and_outgrown_free_ones_are_deleted(tmp_pat
     journal.close()
 
 
-async def _commit_turns(path: Path, options: JournalOptions, turns: int) -> tuple[int, int]:
-    """(data.mdb's bytes, the commit bound at the end) after ``turns`` commits of an entry and a
-    task record each."""
+async def _commit_turns(
+    path: Path, options: JournalOptions, turns: int, words: int = 80
+) -> tuple[int, int]:
+    """(data.mdb's bytes, the commit bound at the end) after ``turns`` commits of an entry (of
+    ``words`` words) and a task record each."""
 
     storage = await LmdbStorage.open(path, journal=options)
     try:
@@ -103,7 +106,7 @@ async def _commit_turns(path: Path, options: JournalOptions, turns: int) -> tupl
                             "id": 10 + n,
                             "conversationId": 1,
                             "kind": "m",
-                            "data": {"n": n, "text": "word " * 80},
+                            "data": {"n": n, "text": "word " * words},
                         },
                     },
                     {
@@ -215,3 +218,70 @@ async def test_a_clean_close_keeps_one_segment_and_the_next_life_recycles_it(
         assert sorted(item["id"] for item in page["items"]) == [*range(100, 112), 200]
     finally:
         await storage.close()
+
+
+@pytest.mark.parametrize(
+    ("pinned_share", "pinned_pages", "skipped"),
+    [(0.05, 8, False), (JournalOptions.pinned_share, JournalOptions.pinned_pages, True)],
+)
+async def test_the_commit_bound_counts_free_pages_only_when_the_file_grew_and_adapts_as_before(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pinned_share: float,
+    pinned_pages: int,
+    skipped: bool,
+) -> None:
+    """``_adapt`` counts a state's free pages (a ``stat`` of every database) only at a
+    checkpoint that finds the file grown, counting the checkpoint before's in the pin it still
+    holds when that one was skipped: the bound after every checkpoint is the one the rule gives
+    when every checkpoint counts (a shadow of it here, fed the same states). A tight share
+    (the file grows at nearly every checkpoint) moves the bound often; with the default one
+    most checkpoints find the file as it was and count nothing."""
+
+    counted: list[int] = []
+    bounds: list[tuple[int, int]] = []
+    grown: list[bool] = []  # per checkpoint: the file grew since the one before
+    counts: list[int] = []  # per checkpoint: free pages counted (states stat-ed)
+    shadow = {"last": 0, "free": 0, "bound": 1}
+    real_free = CommitJournal._free_pages
+    real_adapt = CommitJournal._adapt
+
+    def free_pages(self: CommitJournal, txn: Any, last: int, earlier: bool = False) -> int:
+        counted.append(last)
+        return real_free(self, txn, last, earlier)
+
+    def adapt(self: CommitJournal, pin: Any, old: Any, commits: int, last: int) -> None:
+        options = self._journal.options
+        grown.append(last > shadow["last"] > 0)
+        before = len(counted)
+        free = real_free(self, pin, last)  # the rule with every checkpoint counted
+        grew = shadow["last"] > 0 and last > shadow["last"] and free > shadow["free"]
+        shadow["last"], shadow["free"] = last, free
+        if grew and free > max(options.pinned_pages, options.pinned_share * (last + 1)):
+            shadow["bound"] = max(1, shadow["bound"] // 2)
+        elif commits >= shadow["bound"]:
+            shadow["bound"] = min(
+                options.checkpoint_commits, shadow["bound"] + (1 if grew else shadow["bound"])
+            )
+        real_adapt(self, pin, old, commits, last)
+        bounds.append((self.bound, shadow["bound"]))
+        counts.append(len(counted) - before)
+
+    monkeypatch.setattr(CommitJournal, "_free_pages", free_pages)
+    monkeypatch.setattr(CommitJournal, "_adapt", adapt)
+    options = JournalOptions(
+        checkpoint_commits=32,
+        checkpoint_seconds=1e9,
+        pinned_share=pinned_share,
+        pinned_pages=pinned_pages,
+        background=False,
+    )
+    await _commit_turns(tmp_path / "store", options, 600, words=8)
+    assert len(bounds) > 10, bounds
+    assert [mine for mine, _ in bounds] == [rule for _, rule in bounds], bounds
+    assert len({mine for mine, _ in bounds}) > 2, "the bound never moved: nothing was compared"
+    assert all(count <= (2 if grew else 0) for grew, count in zip(grown, counts)), [
+        (g, c) for g, c in zip(grown, counts) if c > (2 if g else 0)
+    ]
+    if skipped:
+        assert not all(grown), "every checkpoint found the file grown: none skipped its count"

@@ -12,6 +12,7 @@ from pi_durable import delta as reference
 from pi_durable.json import FrozenDict, FrozenList
 from pi_durable.json import copy_json as reference_copy_json
 from pi_durable_lmdb.projections.delta import (
+    NON_STRING_KEYS,
     PathError,
     UnsafePathError,
     apply_batches,
@@ -168,12 +169,66 @@ def outcome(apply: Any, root: Any, ops: list[Any]) -> tuple[str, str, str]:
     return "ok", repr(result), repr(root)
 
 
+def reference_commit(root: Any, ops: list[Any]) -> Any:
+    """The reference's applier, but refusing, as a commit's apply here does, an ``s`` of an
+    integer key in an object (``TypeError``, where the set would happen: after every check)."""
+
+    for op in ops:
+        reference.apply(copy.deepcopy(root), [copy.deepcopy(op)])  # raises as the reference does
+        if op[0] == "s" and type(op[1][-1]) is int:
+            parent = root
+            for segment in op[1][:-1]:
+                parent = parent[segment]
+            if isinstance(parent, dict):
+                raise TypeError(NON_STRING_KEYS)
+        root = reference.apply(root, [op])
+    return root
+
+
+def reference_read(root: Any, batches: list[list[Any]]) -> Any:
+    """The value pi-durable's store reads: the batches replayed, then copied out (a key that is
+    not a string raises ``TypeError`` there)."""
+
+    return reference_copy_json(reference.apply_immutable_batches(root, batches))
+
+
 @pytest.mark.slow
 @SETTINGS
 @given(cases())
 def test_apply_ops_matches_reference(case: tuple[Any, list[Any]]) -> None:
     root, ops = case
-    assert outcome(apply_ops, root, ops) == outcome(reference.apply, root, ops)
+    assert outcome(apply_ops, root, ops) == outcome(reference_commit, root, ops)
+
+
+@pytest.mark.parametrize(
+    ("root", "ops", "value"),
+    [
+        ({"o": {}}, [["s", ["o", 5], 1], ["d", ["o", 5]]], {"o": {}}),
+        ({"o": {}}, [["s", ["o", 5], 1], ["s", ["o"], {}]], {"o": {}}),
+        ({"o": {}}, [["s", ["o", 5], "x"], ["a", ["o", 5], "y"], ["d", ["o", 5]]], {"o": {}}),
+        ({}, [["s", [0], 1], ["s", ["n"], 1], ["d", [0]]], {"n": 1}),
+        ({"o": {}}, [["s", ["o", 5], 1], ["s", ["o", "5"], 2]], TypeError),
+        ({"o": {}}, [["s", ["o", 5], 1]], TypeError),
+        ({"o": {}}, [["s", ["o", 5], 1], ["s", ["x", "y"], 1]], KeyError),
+    ],
+)
+def test_an_integer_key_set_in_an_object_is_refused_by_a_commit_and_read_as_the_reference_reads(
+    root: Any, ops: list[Any], value: Any
+) -> None:
+    """A commit's apply refuses the set before it changes anything; a replay keeps the key while
+    later ops may remove it and raises what the reference's read raises if one is left."""
+
+    kept = copy.deepcopy(root)
+    with pytest.raises(TypeError, match=NON_STRING_KEYS):
+        apply_ops(kept, ops)
+    assert kept == root
+    mine = outcome(apply_batches, root, [ops[:1], ops[1:]])
+    theirs = outcome(reference_read, root, [ops[:1], ops[1:]])
+    assert mine[:2] == theirs[:2]
+    if isinstance(value, type):
+        assert mine[0] == value.__name__
+    else:
+        assert apply_batches(root, [ops]) == value
 
 
 @st.composite
@@ -240,9 +295,7 @@ def test_apply_batches_matches_reference_and_leaves_input_alone(
 ) -> None:
     batches = [[data.draw(ops_for(root)) for _ in batch] for batch in shape]
     snapshot = copy.deepcopy(root)
-    assert outcome(apply_batches, root, batches) == outcome(
-        reference.apply_immutable_batches, root, batches
-    )
+    assert outcome(apply_batches, root, batches) == outcome(reference_read, root, batches)
     try:
         apply_batches(root, batches)
     except REFUSALS:
@@ -426,9 +479,7 @@ def test_runs_of_appends_joined_match_the_reference(root: Any, batches: list[lis
     once: the same value, or the same error, as the reference applying them one by one, whatever
     breaks the run (another path, another verb, a path that holds no text)."""
 
-    assert outcome(apply_batches, root, batches) == outcome(
-        reference.apply_immutable_batches, root, batches
-    )
+    assert outcome(apply_batches, root, batches) == outcome(reference_read, root, batches)
 
 
 def test_a_long_run_of_appends_across_batches_is_the_whole_text_once() -> None:

@@ -81,6 +81,15 @@ def test_handle_counts_commits_groups_flushes_and_failures(tmp_path: Path, durab
             assert 1 <= transactions <= 20
             assert got[("pi_durable_lmdb_flush_seconds_count", ())] >= transactions
             assert ("pi_durable_lmdb_replication_lag_records", ()) not in got
+            # Which path the commits took and what a power writer flushed (the first commit
+            # of a loop's turn may run directly, the others beside it are grouped).
+            assert 0 <= got[("pi_durable_lmdb_direct_commits_total", ())] <= 20
+            flushes = got[("pi_durable_lmdb_device_flushes_total", ())]
+            checkpoints = got[("pi_durable_lmdb_checkpoints_total", ())]
+            if durability == "power":
+                assert flushes >= transactions + 2 * checkpoints and checkpoints >= 1
+            else:
+                assert flushes == checkpoints == 0
         finally:
             await storage.close()
 

@@ -481,7 +481,12 @@ def test_records_are_the_json_show_prints_now_and_as_of_a_sequence_or_a_time(
         status, body, _ = get(f"{server.url}/records/{kind}/{id}{suffix}")
         assert status == 200, body
         printed = _cli(
-            "show", path, kind, str(id), *([] if as_of is None else ["--as-of", str(as_of)])
+            "show",
+            path,
+            kind,
+            str(id),
+            "--json",
+            *([] if as_of is None else ["--as-of", str(as_of)]),
         )
         assert json.loads(body) == json.loads(printed)
     at_five = json.loads(get(f"{server.url}/log/5")[1])["committedAt"]

@@ -194,7 +194,13 @@ def _recording(commits: list[list[tuple[Any, ...]]], names: _Names) -> Iterator[
     def write(self: Any, work: Callable[[Any], Any]) -> Any:
         ops: list[tuple[Any, ...]] = []
         commits.append(ops)
-        return original(self, lambda txn: work(_RecordingTxn(txn, ops, names)))
+
+        def recorded(txn: Any) -> Any:
+            wrapped = _RecordingTxn(txn, ops, names)
+            self.writing.txn = wrapped  # its effects are those of the transaction it records
+            return work(wrapped)
+
+        return original(self, recorded)
 
     environment.Environment.write = write  # type: ignore[method-assign]
     try:

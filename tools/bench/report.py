@@ -167,6 +167,44 @@ class Store:
 # ── running ──────────────────────────────────────────────────────────────────
 
 
+def engine_counts(store: Store) -> tuple[int, ...] | None:
+    """A ``power`` LMDB store's commit counters now (``log.counters``), for ``Results.paths``:
+    batches committed, those committed on the caller's thread, device flushes, checkpoints,
+    journal segment switches and segments made ahead; None for another backend or class, or an
+    engine without these counters."""
+
+    if store.backend != "lmdb" or store.mode != "power":
+        return None
+    counters = store.storage.counters
+    try:
+        return (
+            int(counters.group_batches.sum),
+            counters.direct_commits,
+            counters.device_flushes,
+            counters.checkpoints,
+            counters.segment_switches,
+            counters.segments_ahead,
+        )
+    except AttributeError:
+        return None
+
+
+async def measure_counted(
+    workload: Workload, store: Store, state: Any, round: int, results: Results
+) -> dict[str, tuple[float, int, Any]]:
+    """``workload.measure``, and for a ``power`` LMDB store what its commits did meanwhile
+    (which path, how many flushes: ``Results.paths``)."""
+
+    before = engine_counts(store)
+    timings = await workload.measure(store, state, round)
+    after = engine_counts(store)
+    if before is not None and after is not None and round >= 0:
+        results.paths.setdefault(workload.name, []).append(
+            tuple(b - a for a, b in zip(before, after))
+        )
+    return timings
+
+
 def rotated(items: tuple[Any, ...], round: int) -> list[Any]:
     shift = round % len(items)
     return list(items[shift:] + items[:shift])
@@ -217,7 +255,7 @@ async def run_fresh(
             await store.open()
             state = await workload.populate(store, scale)
             gc.collect()
-            timings = await workload.measure(store, state, round)
+            timings = await measure_counted(workload, store, state, round, results)
             results.add(mode, backend, round, timings)
             await store.close()
             results.sizes.setdefault((workload.name, mode, backend), []).append(
@@ -260,7 +298,9 @@ async def run_workload(
         for backend in rotated(backends, round):
             store, state = stores[backend]
             gc.collect()
-            results.add(mode, backend, round, await workload.measure(store, state, round))
+            results.add(
+                mode, backend, round, await measure_counted(workload, store, state, round, results)
+            )
         _log(f"  {workload.name} [{mode}] round {round + 1}/{rounds}")
     for backend, (store, state) in stores.items():
         await store.close()

@@ -64,6 +64,10 @@ class Results:
     source: str = "unknown"
     flushes: list[float] = field(default_factory=list)
     """One flush on the disk of the stores (``flush``), at the start and the end of the run."""
+    paths: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    """Per workload, per timed pass of a ``power`` LMDB store: its counters' growth (batches,
+    direct, device flushes, checkpoints, segment switches, segments made ahead:
+    ``report.engine_counts``)."""
 
     def add(
         self, mode: str, backend: str, round: int, timings: dict[str, tuple[float, int, Any]]
@@ -223,6 +227,7 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
             lines.append(
                 f"| {name} | {mode} | {LABELS[(backend, mode)]} | {_bytes(size)} | {count} | {per} |"
             )
+    lines += paths_table(results)
     lines += host_table(results)
     if results.rss:
         baselines = {
@@ -254,6 +259,39 @@ def render(results: Results, args: argparse.Namespace, command: str) -> str:
         lines += ["", "### Answers that differ from SQLite", ""]
         lines += [f"- {mismatch}" for mismatch in results.mismatches]
     return "\n".join(lines) + "\n"
+
+
+def paths_table(results: Results) -> list[str]:
+    """Where the ``power`` LMDB store's timed commits went and what they flushed: the share
+    committed on the caller's thread (the rest took the writer thread's two hand-offs), device
+    flushes per commit (frames, checkpoints, segments), checkpoints per commit and how many
+    segment switches found their segment made ahead. Counts, not times: a loaded machine
+    changes them little, so a regression (commits pushed to the writer thread, more flushes)
+    shows here when the times are too noisy to tell."""
+
+    if not results.paths:
+        return []
+    lines = [
+        "",
+        "### Power commits: path and flushes (LMDB, timed passes, counted by the engine)",
+        "",
+        "| workload | commits | on the caller's thread | writer thread | share direct per pass "
+        "(min–max) | device flushes / commit | checkpoints / commit | segment switches (made ahead) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, passes in results.paths.items():
+        batches, direct, flushes, checkpoints, switches, ahead = (
+            sum(column) for column in zip(*passes)
+        )
+        if not batches:
+            continue
+        shares = [p[1] / p[0] for p in passes if p[0]]
+        lines.append(
+            f"| {name} | {batches:,} | {direct / batches:.1%} | {(batches - direct) / batches:.1%} "
+            f"| {min(shares):.0%}–{max(shares):.0%} | {flushes / batches:.3f} "
+            f"| {checkpoints / batches:.3f} | {switches:,} ({ahead:,}) |"
+        )
+    return lines
 
 
 SQLITE_SYNC = {"process": "NORMAL", "power": "FULL"}

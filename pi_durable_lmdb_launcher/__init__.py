@@ -2,7 +2,7 @@
 
 Importing the package and its command line takes a moment, and a SIGINT then would print a Python
 traceback (Python's own handler raises ``KeyboardInterrupt`` wherever the import is). This module
-lives beside the package, not in it, so that loading it imports nothing of it: it installs a
+is a package beside the package (typed, like it), not in it, so that loading it imports nothing of it: it installs a
 handler that exits 130 with the command's one line (nothing has been written yet), then imports
 and runs ``pi_durable_lmdb.cli.main``, whose own handler takes over while a command runs and
 hands back to this one when it ends. A plain ``import pi_durable_lmdb`` installs nothing.
@@ -35,7 +35,7 @@ def main() -> int:
 
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored: ``cmd &``
         signal.signal(signal.SIGINT, _interrupted)
-    from pi_durable_lmdb.cli import main as run  # type: ignore[import-not-found]  # (src/ to mypy)
+    from pi_durable_lmdb.cli import main as run  # type: ignore[import-not-found, unused-ignore]
 
     status = int(run())
     for stream in (sys.stdout, sys.stderr):  # what the command printed, before Python ends
