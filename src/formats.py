@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-FORMAT_VERSION: Final = 3
+FORMAT_VERSION: Final = 5
 """The newest version of the log record layout; every record carries its own:
 
 1. ``[1, committed_at, checksum, payload]``: the encoded writes as they are.
@@ -17,10 +17,17 @@ FORMAT_VERSION: Final = 3
    its preset dictionary), ``size`` bytes once inflated.
 3. ``[3, committed_at, checksum, frame, size]``: the encoded writes as one zstd frame with the same
    preset dictionary (``log.zstd``: half deflate's CPU on the commit path).
+4. ``[4, committed_at, checksum, kept, 0, leaf, erasure, erased]``: a tombstone, what an erasure
+   (``storage.erase``) leaves of a record: the writes it kept, as encoded, the leaf hash the
+   record had (the Merkle tree keeps it), the erasure record's sequence and how many writes it
+   removed; the checksum covers every field after it.
+5. ``[5, committed_at, checksum, erasure]``: an erasure record, an ``Erasure`` (the conversations
+   erased, the records made tombstones, the caller's reason); it holds no writes.
 
 A writer stores a batch as format 3 when compressing saves bytes, as format 2 when its frame
 would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs of one value),
-else as format 1, which every version reads; all three are read. The checksum covers the stored
+else as format 1, which every version reads; all five are read. Only an erasure writes formats 4
+and 5, so a store nobody erased from stays readable by versions that know formats 1 to 3. The checksum covers the stored
 bytes, so damage is caught before anything is decompressed."""
 
 SCHEMA_VERSION: Final = 9

@@ -23,12 +23,15 @@ from typing import Any, Final
 from pi_durable.context import BACKGROUND_CONTEXT
 
 from ..errors import WriterLockedError
-from ..log.records import check_committed_at
+from ..log.records import (
+    check_committed_at,
+)
 from ..log.storedir import sync_directory, take_writer_lock
 from ..storage.lmdb_storage import LmdbStorage
 from .export import ROOT_TRAILER
 from .jsonlines import from_json
 from .pisource import SQLITE_HEADER
+from .tombstones import erased_parts, take_in_erased
 from .unreadable import Unreadable, read_document
 from .words import plural
 
@@ -296,10 +299,19 @@ async def import_export(
             seq, committed_at, writes = parse_batch(number, line)
             if seq != expected and not renumber:
                 raise _out_of_order(number, seq, expected)
+            erased = erased_parts(number, line)
             try:
-                new_seq = await storage.commit(
-                    writes, BACKGROUND_CONTEXT, committed_at=committed_at
-                )
+                if erased is not None:
+                    if seq != expected:
+                        raise ValueError(
+                            "a tombstone or an erasure keeps its sequence (its leaf hash covers "
+                            "it): it cannot be renumbered"
+                        )
+                    new_seq = await take_in_erased(storage, seq, committed_at, writes, erased)
+                else:
+                    new_seq = await storage.commit(
+                        writes, BACKGROUND_CONTEXT, committed_at=committed_at
+                    )
             except (ValueError, TypeError) as error:
                 raise ValueError(
                     f"Line {number} of the export (sequence {seq}) is refused: {error}"

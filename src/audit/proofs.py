@@ -72,7 +72,8 @@ def read_proof(text: str | bytes) -> Proof:
     for shape, fields in _SHAPES:
         if fields[0] not in value:
             continue
-        if sorted(value) != sorted(fields):
+        optional = ["erased"] if shape is InclusionProof else []
+        if sorted(set(value) - set(optional)) != sorted(fields):
             raise refuse(f"its fields are {sorted(value)}, not {list(fields)}")
         try:
             proof = msgspec.convert(value, shape)
@@ -103,7 +104,13 @@ def record_leaf(line: str | bytes) -> tuple[int, bytes]:
     """``(seq, leaf hash)`` of one exported record line (``export``'s ``{"seq", "committedAt",
     "writes"}``); ``ValueError`` naming what is not a record line."""
 
-    seq, committed_at, writes = parse_batch(1, decode_line(1, line))
+    text = decode_line(1, line)
+    seq, committed_at, writes = parse_batch(1, text)
+    if '"erased"' in text and "erased" in from_json(text):
+        raise ValueError(
+            f"the record line of {seq} is a tombstone (its content was erased): only a line "
+            "exported before the erasure hashes to its leaf"
+        )
     try:
         payload = encode_batch(writes).payload
     except (ValueError, TypeError) as error:
@@ -175,6 +182,11 @@ def _inclusion(
                 f"leaf {proof.leaf_hash} is record {proof.seq} of the signed tree (inclusion "
                 f"proof of {plural(len(proof.inclusion), 'hash', 'hashes')} verified)"
             )
+    if proof.erased is not None:
+        done.steps.append(
+            f"record {proof.seq}'s content was erased (erasure record {proof.erased}): its leaf "
+            "hash stays in the tree, and only a line kept from before the erasure hashes to it"
+        )
     if leaf is not None:
         seq, hashed = leaf
         if seq != proof.seq:

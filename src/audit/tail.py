@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..log import Commit, Environment, WriteLog, write_to_builtins
 from ..log.records import WRITE_TYPES, decode_record, decode_record_builtins
 from ..projections.rebuild import Following
@@ -23,13 +25,25 @@ if TYPE_CHECKING:
 
 
 def commit_to_builtins(commit: Commit, writes: Iterable[Any] | None = None) -> dict[str, Any]:
-    return {
+    """A commit as ``export`` writes it: a tombstone with its ``erased``, an erasure record
+    with its ``erasure``."""
+
+    line: dict[str, Any] = {
         "seq": commit.seq,
         "committedAt": commit.committed_at,
         "writes": [
             write_to_builtins(write) for write in (commit.writes if writes is None else writes)
         ],
     }
+    if commit.tombstone is not None:
+        line["erased"] = {
+            "leaf": commit.tombstone.leaf.hex(),
+            "erasure": commit.tombstone.erasure,
+            "writes": commit.tombstone.erased,
+        }
+    if commit.erasure is not None:
+        line["erasure"] = msgspec.to_builtins(commit.erasure)
+    return line
 
 
 # ── tail ──────────────────────────────────────────────────────────────────────
@@ -122,6 +136,11 @@ class Tail:
 
         return self.filter.select(commit.writes, self._document_record)
 
+    def shown(self, commit: Commit, writes: list[Any]) -> bool:
+        """Whether ``commit`` is shown: a kept write, or, unfiltered, an erasure record."""
+
+        return bool(writes) or (commit.erasure is not None and self.filter.everything)
+
     def _document_record(self, id: int) -> Any:
         txn, model = self._core.read()  # a rebuild elsewhere may swap generations
         with txn:
@@ -139,7 +158,11 @@ class Tail:
         while high >= first and len(found) < count:
             low = max(first, high - 255)
             commits: Iterator[Commit] = self.log.read(low, high)
-            chunk = [(commit, writes) for commit in commits if (writes := self.select(commit))]
+            chunk = [
+                (commit, writes)
+                for commit in commits
+                if self.shown(commit, writes := self.select(commit))
+            ]
             found[:0] = chunk
             high = low - 1
         return found[max(0, len(found) - count) :] if count else []
@@ -163,7 +186,7 @@ class Tail:
             return
         async for commit in source:
             writes = self.select(commit)
-            if not writes:
+            if not self.shown(commit, writes):
                 continue
             yield commit, writes
             shown += 1
@@ -328,6 +351,17 @@ def summarize(commit: Commit, writes: list[Any]) -> str:
 
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(commit.committed_at / 1000))
     parts = [_describe(write) for write in writes]
+    if commit.tombstone is not None:
+        parts.append(
+            f"{plural(commit.tombstone.erased, 'write')} erased (erasure {commit.tombstone.erasure})"
+        )
+    if commit.erasure is not None:
+        erasure = commit.erasure
+        parts.append(
+            f"erasure of conversation {', '.join(map(str, erasure.conversations))}: "
+            f"{plural(erasure.writes, 'write')} from {plural(len(erasure.records), 'record')}"
+            f" ({erasure.reason!r})"
+        )
     return f"{commit.seq:>8}  {stamp}.{commit.committed_at % 1000:03d}Z  " + "; ".join(parts)
 
 

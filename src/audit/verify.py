@@ -19,6 +19,7 @@ from ..log import Commit, Environment, WriteLog, key_seq, seq_key
 from ..log.records import decode_record
 from ..log.storedir import replace_file
 from ..log.tree import TILE, TREE_DB
+from ..log.writelog import LOG_DB
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
 from ..projections.history import log_rows
@@ -109,6 +110,8 @@ def describe_key(table: str, key: bytes) -> str:
 
     if table == TREE_DB:
         return "the log's Merkle tree:"
+    if table == LOG_DB:
+        return "the log:"
     if len(key) == 8 and table in _ROW_KINDS:
         return f"{_ROW_KINDS[table]} {t.read_u64(key)}"
     if len(key) == 8 and table == t.RECORD_IDS:
@@ -168,11 +171,12 @@ def check(
             report = progress or _silent
             expected = log.head()  # a writer may commit more meanwhile
             folded = records = 0
+            erased = _Erasures()
             while True:  # the bulk, in chunks, each from its own short read transaction
                 commits = log.take(folded + 1, None, 512)
                 if len(commits) < 512:
                     break
-                _fold_into(scratch, projector, commits)
+                _fold_into(scratch, projector, commits, erased)
                 folded = commits[-1].seq
                 records += len(commits)
                 report(folded, max(folded, expected))
@@ -183,13 +187,14 @@ def check(
                 rest: list[Commit] = []
                 if cursor.set_range(seq_key(folded + 1)):
                     rest = [decode_record(key_seq(key), value) for key, value in cursor]
-                _fold_into(scratch, projector, rest)
+                _fold_into(scratch, projector, rest, erased)
                 scratch.write(lambda scratch_txn: mark_lockstep(scratch_txn, projector.model))
                 report(head, head)
                 result = VerifyReport(
                     records=records + len(rest), tables=len(t.TABLES) + 1, head=head
                 )
                 _compare(txn, live, projector.model, result, limit)
+                erased.compare(result, limit)
                 if result.sound:  # rows that differ from the log may name what is not there
                     _find_unreadable(txn, live, result, limit)
             _compare_tree(log, head, result, limit)
@@ -271,9 +276,46 @@ def _silent(done: int, total: int) -> None:
     pass
 
 
-def _fold_into(scratch: Environment, projector: Projector, commits: list[Commit]) -> None:
+def _fold_into(
+    scratch: Environment, projector: Projector, commits: list[Commit], erased: _Erasures
+) -> None:
+    erased.note(commits)
     if commits:
         scratch.write(lambda txn: projector.fold(txn, commits))
+
+
+class _Erasures:
+    """The log's tombstones and erasure records, by sequence: each tombstone must name an
+    erasure record that lists it, and each record an erasure lists must be a tombstone (of it,
+    or of a later erasure)."""
+
+    def __init__(self) -> None:
+        self.tombstones: dict[int, int] = {}
+        self.erasures: dict[int, set[int]] = {}
+
+    def note(self, commits: list[Commit]) -> None:
+        for commit in commits:
+            if commit.tombstone is not None:
+                self.tombstones[commit.seq] = commit.tombstone.erasure
+            if commit.erasure is not None:
+                self.erasures[commit.seq] = set(commit.erasure.records)
+
+    def compare(self, report: VerifyReport, limit: int) -> None:
+        found = [
+            (seq, f"is a tombstone of erasure {erasure}, which is no erasure record listing it")
+            for seq, erasure in sorted(self.tombstones.items())
+            if seq not in self.erasures.get(erasure, ())
+        ] + [
+            (seq, f"is listed by erasure {erasure} but is not a tombstone of it")
+            for erasure, listed in sorted(self.erasures.items())
+            for seq in sorted(listed)
+            if self.tombstones.get(seq, 0) < erasure
+        ]
+        kept = found[: max(limit - len(report.differences), 0)]
+        report.differences.extend(
+            Difference(LOG_DB, seq_key(seq), seq, f"record {seq} {detail}") for seq, detail in kept
+        )
+        report.more += len(found) - len(kept)
 
 
 def _compare_tree(log: WriteLog, head: int, report: VerifyReport, limit: int) -> None:

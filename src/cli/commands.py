@@ -44,6 +44,10 @@ COMMANDS: Final = {
         "operate",
         "give the file's free pages back: LMDB's compacting copy swapped in place",
     ),
+    "erase": (
+        "operate",
+        "erase a conversation from the log, the projections and the disk; proofs still hold",
+    ),
     "replica": ("operate", "keep a replica of a store level with its NATS stream, until Ctrl-C"),
     "promote": ("operate", "make a replica (or any copy) of a store the writer of its stream"),
     "keygen": ("transparency", "make an Ed25519 key that signs checkpoints"),

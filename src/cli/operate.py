@@ -1,4 +1,4 @@
-"""Operating a store: ``rebuild`` its projections, ``compact`` its file, keep a ``replica`` level with its NATS stream,
+"""Operating a store: ``rebuild`` its projections, ``compact`` its file, ``erase`` a conversation, keep a ``replica`` level with its NATS stream,
 ``promote`` a copy to be its stream's writer. These take the writer's place (the lock, the lease);
 they never create a store they were meant to repair."""
 
@@ -17,6 +17,7 @@ from .common import (
     EXIT_OK,
     Progress,
     add_command,
+    conversation_id,
     interval,
     nats_options,
     note,
@@ -31,6 +32,7 @@ from .common import (
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _register_rebuild(commands)
     _register_compact(commands)
+    _register_erase(commands)
     _register_replica(commands)
     _register_promote(commands)
 
@@ -144,6 +146,84 @@ def _compact(args: argparse.Namespace) -> int:
     print(
         f"{args.path}: compacted {format_bytes(report.before)} to {format_bytes(report.after)} "
         f"({plural(report.records, 'log record')}, head sequence {report.head})"
+    )
+    return EXIT_OK
+
+
+# ── erase ───────────────────────────────────────────────────────────────────
+
+
+def _register_erase(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "erase",
+        "erase a conversation from the log, the projections and the disk; proofs still hold",
+        "Erase conversation ID: its entries, tasks, submissions and the documents scoped to it "
+        "leave the log (each record holding them becomes a tombstone that keeps its leaf hash, "
+        "so every proof still holds) and the projections, and an erasure record with REASON is "
+        "appended. Then, the store closed, the word index is deleted, the journal's segments "
+        "zeroed and data.mdb compacted: no file of the store holds the erased bytes. Takes the "
+        "writer lock and needs the store closed everywhere; never creates a store. A "
+        "conversation with forks is refused, naming them, unless --with-forks. Run again on a "
+        "conversation already erased, it finishes the scrub (after an erase that was stopped).",
+        example="durable-log erase demo-store --conversation 22 --reason 'erasure request 17'",
+    )
+    store_argument(sub)
+    sub.add_argument(
+        "--conversation",
+        required=True,
+        type=conversation_id,
+        metavar="ID",
+        help="the conversation to erase",
+    )
+    sub.add_argument(
+        "--reason", required=True, metavar="TEXT", help="why, kept in the erasure record"
+    )
+    sub.add_argument(
+        "--by", default="", metavar="TEXT", help="who asked, kept in the erasure record"
+    )
+    sub.add_argument(
+        "--with-forks",
+        action="store_true",
+        help="erase the conversation's forks and owned conversations too (else they are refused)",
+    )
+    sub.set_defaults(run=_erase)
+
+
+def _erase(args: argparse.Namespace) -> int:
+    from ..projections import StorageRequestError
+    from ..storage.erase import erased_by, scrub
+    from ..storage.lmdb_storage import LmdbStorage
+
+    require_store(args.path)
+
+    async def run() -> str:
+        storage = await LmdbStorage.open(args.path)
+        try:
+            try:
+                report = await storage.erase_conversation(
+                    args.conversation, reason=args.reason, by=args.by, with_forks=args.with_forks
+                )
+            except StorageRequestError:
+                done = erased_by(storage.log, args.conversation)
+                if done is None:
+                    raise
+                # Erased by a run that stopped before its scrub: this one finishes it.
+                return f"{args.path}: conversation {args.conversation} was erased by erasure record {done}"
+        finally:
+            await storage.close()
+        return (
+            f"{args.path}: erased conversation{'s' if len(report.conversations) > 1 else ''} "
+            f"{', '.join(map(str, report.conversations))}: "
+            f"{plural(report.writes, 'write')} from {plural(len(report.records), 'record')} "
+            f"(tombstones now), erasure record {report.seq}"
+        )
+
+    said = asyncio.run(run())
+    compacted = scrub(args.path)
+    print(
+        f"{said}; scrubbed the disk: data.mdb compacted from {format_bytes(compacted.before)} to "
+        f"{format_bytes(compacted.after)}, journal zeroed, word index deleted"
     )
     return EXIT_OK
 

@@ -263,6 +263,11 @@ def _prove(args: argparse.Namespace) -> int:
             )
             for value in inclusion.inclusion:
                 print(f"  {value}")
+            if inclusion.erased is not None:
+                print(
+                    f"record {inclusion.seq}'s content was erased by erasure record "
+                    f"{inclusion.erased}: its leaf hash stays, the writes it named are gone"
+                )
         return EXIT_OK
     if args.size is not None:
         raise usage("--size goes with SEQ; a consistency proof takes --from and --to")

@@ -59,8 +59,13 @@ class CompactReport(msgspec.Struct, frozen=True):
     head: int
 
 
-def compact(path: str | os.PathLike[str]) -> CompactReport:
-    """Replace the store's ``data.mdb`` with its compacting copy, in place and atomically."""
+def compact(path: str | os.PathLike[str], zero_gaps: bool = False) -> CompactReport:
+    """Replace the store's ``data.mdb`` with its compacting copy, in place and atomically.
+
+    ``zero_gaps`` (an erasure's scrub): before the copy is checked, the unused middle of each of
+    its branch and leaf pages (between the node pointers and the nodes) is written with zeros.
+    LMDB copies a page whole, and that middle may hold what a page or a buffer LMDB reused held
+    before: the bytes of a deleted or rewritten record."""
 
     path = os.path.abspath(os.fspath(path))
     data = os.path.join(path, "data.mdb")
@@ -83,6 +88,8 @@ def compact(path: str | os.PathLike[str]) -> CompactReport:
                 before = os.path.getsize(data)
                 records, head = _copy(path, staging)
                 copied = os.path.join(staging, "data.mdb")
+                if zero_gaps:
+                    _zero_gaps(copied)
                 _check_copy(staging, records, head)
                 os.chmod(copied, os.stat(data).st_mode & 0o777)
                 _fsync(copied)
@@ -158,6 +165,43 @@ def _copy(path: str, staging: str) -> tuple[int, int]:
         return records, head
     finally:
         env.close()
+
+
+_PAGE_HEADER = struct.Struct("<QHHHH")
+"""An LMDB page's header: page number, pad, flags, lower, upper (``mp_pages`` of an overflow
+page's first page overlays lower and upper)."""
+_P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_LEAF2 = 0x01, 0x02, 0x04, 0x20
+
+
+def _zero_gaps(file: str) -> None:
+    """Zeros over the unused middle ``[lower, upper)`` of every branch and leaf page of the
+    LMDB file ``file`` (not a LEAF2 page, whose fixed-size keys start at its header; overflow
+    pages are skipped whole)."""
+
+    env = lmdb.open(file, readonly=True, lock=False, max_dbs=MAX_DBS, subdir=False)
+    try:
+        size = env.stat()["psize"]
+    finally:
+        env.close()
+    fd = os.open(file, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    try:
+        pages = os.fstat(fd).st_size // size
+        number = 2  # pages 0 and 1 are the meta pages
+        while number < pages:
+            header = os.pread(fd, _PAGE_HEADER.size, number * size)
+            _, _, flags, lower, upper = _PAGE_HEADER.unpack(header)
+            if flags & _P_OVERFLOW:
+                number += max(1, lower | upper << 16)  # mp_pages: the run's length
+                continue
+            if (
+                flags & (_P_BRANCH | _P_LEAF)
+                and not flags & _P_LEAF2
+                and _PAGE_HEADER.size <= lower < upper <= size
+            ):
+                os.pwrite(fd, bytes(upper - lower), number * size + lower)
+            number += 1
+    finally:
+        os.close(fd)
 
 
 def _check_copy(staging: str, records: int, head: int) -> None:

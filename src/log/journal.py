@@ -683,6 +683,13 @@ class Journal:
         self.release(self.next_number)
         return self._next_segment(HEADER_SIZE).number
 
+    def roll(self) -> int:
+        """Move on to a new segment now (an erasure's, whose rewritten records are in no frame):
+        the checkpoint taken next names it, so the chain recovery reads after that checkpoint
+        starts with the frames written after the rewrite. Its number."""
+
+        return self._next_segment(HEADER_SIZE).number
+
     def release(self, below: int) -> None:
         """A checkpoint is durable that needs no segment numbered below ``below``: they may be
         recycled."""

@@ -256,6 +256,17 @@ class CommitJournal:
         with self._checkpointing:
             self._checkpoint()
 
+    def checkpoint_rewrite(self) -> None:
+        """After a write transaction that rewrote records in place and staged no frame (an
+        erasure, which took a ``checkpoint`` right before it): the journal moves to a new
+        segment and a checkpoint makes the rewrite durable in ``data.mdb``. A power cut before
+        that checkpoint is durable restores the one before the rewrite, with no frame after it:
+        the rewrite is undone whole. Raises what the checkpoint raised."""
+
+        with self._writing:
+            self._journal.roll()
+        self.checkpoint()
+
     def _checkpoint(self) -> None:
         """A checkpoint, holding ``_checkpointing``: a state pinned and its meta pages copied
         with no write transaction open (``_writing``), then synced off the commit path."""

@@ -26,6 +26,11 @@ DEFLATED_FORMAT: Final = 2
 """A record whose writes are deflated against a preset dictionary (``log.deflate``)."""
 ZSTD_FORMAT: Final = 3
 """A record whose writes are one zstd frame (``log.zstd``)."""
+TOMBSTONE_FORMAT: Final = 4
+"""A record some of whose writes were erased (``storage.erase``): the writes kept, as they were
+encoded, and the leaf hash the record had before, which the log's Merkle tree keeps."""
+ERASURE_FORMAT: Final = 5
+"""The record of an erasure: what was erased, when, by whom and why (an ``Erasure``)."""
 
 
 class ConversationWrite(
@@ -159,6 +164,56 @@ class LogRecord(msgspec.Struct, array_like=True):
     checksum: int
     payload: bytes
     size: int = 0
+    leaf: bytes = b""
+    erasure: int = 0
+    erased: int = 0
+
+
+class TombstoneRecord(msgspec.Struct, array_like=True):
+    """A record of format 4 as it is written: ``payload`` the writes kept (encoded, stored as
+    they are), ``leaf`` the record's leaf hash before the erasure, ``erasure`` the sequence of
+    the erasure record, ``erased`` how many writes it removed. The checksum covers
+    ``committed_at``, ``leaf``, ``erasure``, ``erased`` and ``payload``."""
+
+    format: int
+    committed_at: int
+    checksum: int
+    payload: bytes
+    size: int
+    leaf: bytes
+    erasure: int
+    erased: int
+
+
+class Erasure(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    """What an erasure record (format 5) holds: the conversations erased, the records it turned
+    into tombstones, and the caller's words for who asked and why."""
+
+    conversations: list[int]
+    records: list[int]
+    reason: str
+    writes: int
+    by: str = ""
+
+
+class Tombstone(msgspec.Struct, frozen=True):
+    """What a tombstone says of its record: its leaf hash before the erasure, the erasure
+    record's sequence, and how many of its writes were erased."""
+
+    leaf: bytes
+    erasure: int
+    erased: int
+
+
+class CompressedRecord(msgspec.Struct, array_like=True):
+    """A record of format 2 or 3 as it is written: five fields, byte for byte what earlier
+    versions wrote and read."""
+
+    format: int
+    committed_at: int
+    checksum: int
+    payload: bytes
+    size: int
 
 
 class RawRecord(msgspec.Struct, array_like=True):
@@ -177,11 +232,16 @@ class Commit(msgspec.Struct, frozen=True):
     seq: int
     committed_at: int
     writes: list[Write]
+    tombstone: Tombstone | None = None
+    """Set on a record some of whose writes were erased: ``writes`` are those kept."""
+    erasure: Erasure | None = None
+    """Set on an erasure record, which holds no writes."""
 
 
 _batch_decoder: Final = codec.decoder(list[Write])
 _record_decoder: Final = msgspec.msgpack.Decoder(LogRecord)
 _record_encoder: Final = msgspec.msgpack.Encoder()
+_erasure_decoder: Final = msgspec.msgpack.Decoder(Erasure)
 
 
 class EncodedBatch(NamedTuple):
@@ -296,21 +356,72 @@ def encode_record(payload: bytes, committed_at: int) -> bytes:
             RawRecord(RAW_FORMAT, committed_at, _checksum(committed_at, payload), payload)
         )
     return _record_encoder.encode(
-        LogRecord(
+        CompressedRecord(
             record_format, committed_at, _checksum(committed_at, stored), stored, len(payload)
         )
     )
+
+
+def _tombstone_checksum(
+    committed_at: int, leaf: bytes, erasure: int, erased: int, payload: bytes
+) -> int:
+    head = committed_at.to_bytes(8, "big", signed=True) + leaf
+    head += erasure.to_bytes(8, "big") + erased.to_bytes(8, "big")
+    return zlib.crc32(payload, zlib.crc32(head))
+
+
+def encode_tombstone(
+    payload: bytes, committed_at: int, leaf: bytes, erasure: int, erased: int
+) -> bytes:
+    """A tombstone record (format 4): the kept writes' ``payload`` (from ``codec.encode``, stored
+    as they are: the erased writes' bytes are in no frame), the record's former ``leaf`` hash, the
+    ``erasure`` record's sequence and the number of writes ``erased``."""
+
+    committed_at = check_committed_at(committed_at)
+    if len(leaf) != 32 or not 0 < erasure < 2**64 or not 0 < erased < 2**64:
+        raise ValueError("A tombstone needs a 32-byte leaf hash, its erasure and a count erased")
+    payload = bytes(payload)
+    checksum = _tombstone_checksum(committed_at, leaf, erasure, erased, payload)
+    return _record_encoder.encode(
+        TombstoneRecord(
+            TOMBSTONE_FORMAT, committed_at, checksum, payload, 0, bytes(leaf), erasure, erased
+        )
+    )
+
+
+def encode_erasure(erasure: Erasure, committed_at: int) -> tuple[bytes, bytes]:
+    """An erasure record (format 5) and the bytes its leaf hash is taken over."""
+
+    committed_at = check_committed_at(committed_at)
+    payload = _record_encoder.encode(erasure)
+    record = RawRecord(ERASURE_FORMAT, committed_at, _checksum(committed_at, payload), payload)
+    return _record_encoder.encode(record), payload
 
 
 def decode_record(seq: int, data: bytes | memoryview) -> Commit:
     """Verify and decode one stored record; damage raises ``CorruptRecordError`` naming ``seq``."""
 
     record, payload = _verified(seq, data)
+    if record.format == ERASURE_FORMAT:
+        return Commit(seq, record.committed_at, [], erasure=_erasure(seq, payload))
     try:
         writes = codec.decode_bounded(payload, _batch_decoder)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as error:
         raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
-    return Commit(seq, record.committed_at, writes)
+    return Commit(seq, record.committed_at, writes, _tombstone(record))
+
+
+def _tombstone(record: LogRecord) -> Tombstone | None:
+    if record.format != TOMBSTONE_FORMAT:
+        return None
+    return Tombstone(record.leaf, record.erasure, record.erased)
+
+
+def _erasure(seq: int, payload: bytes) -> Erasure:
+    try:
+        return _erasure_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise CorruptRecordError(seq, f"undecodable erasure ({error})") from None
 
 
 def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]:
@@ -318,13 +429,23 @@ def decode_record_builtins(seq: int, data: bytes | memoryview) -> dict[str, Any]
     writes exactly as committed, without building Structs (tailing and exporting)."""
 
     record, payload = _verified(seq, data)
+    if record.format == ERASURE_FORMAT:
+        erasure = msgspec.to_builtins(_erasure(seq, payload))
+        return {"seq": seq, "committedAt": record.committed_at, "writes": [], "erasure": erasure}
     try:
         writes = codec.decode_bounded(payload)
     except (msgspec.DecodeError, ValueError) as error:
         raise CorruptRecordError(seq, f"undecodable writes ({error})") from None
     if not isinstance(writes, list):
         raise CorruptRecordError(seq, "the writes are not an array")
-    return {"seq": seq, "committedAt": record.committed_at, "writes": writes}
+    line = {"seq": seq, "committedAt": record.committed_at, "writes": writes}
+    if record.format == TOMBSTONE_FORMAT:
+        line["erased"] = {
+            "leaf": record.leaf.hex(),
+            "erasure": record.erasure,
+            "writes": record.erased,
+        }
+    return line
 
 
 class _LegacyExt(Exception):
@@ -348,6 +469,8 @@ def record_leaf(seq: int, data: bytes | memoryview) -> bytes:
     extension value is re-encoded first); damage raises ``CorruptRecordError``."""
 
     record, payload = _verified(seq, data)
+    if record.format == TOMBSTONE_FORMAT:  # the hash of the record as it was committed
+        return record.leaf
     if record.format != RAW_FORMAT:  # compressed formats came after the legacy extension left
         return record_leaf_hash(seq, record.committed_at, payload)
     try:
@@ -359,6 +482,10 @@ def record_leaf(seq: int, data: bytes | memoryview) -> bytes:
     return record_leaf_hash(seq, record.committed_at, payload)
 
 
+_FORMATS: Final = (RAW_FORMAT, DEFLATED_FORMAT, ZSTD_FORMAT, TOMBSTONE_FORMAT, ERASURE_FORMAT)
+_STORED_AS_IS: Final = (RAW_FORMAT, TOMBSTONE_FORMAT, ERASURE_FORMAT)
+
+
 def _verified(seq: int, data: bytes | memoryview) -> tuple[LogRecord, bytes]:
     """The record's header and its encoded writes (decompressed), once its checksum holds."""
 
@@ -366,17 +493,27 @@ def _verified(seq: int, data: bytes | memoryview) -> tuple[LogRecord, bytes]:
         record = _record_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise CorruptRecordError(seq, f"undecodable header ({error})") from None
-    if record.format not in (RAW_FORMAT, DEFLATED_FORMAT, ZSTD_FORMAT):
+    if record.format not in _FORMATS:
         raise CorruptRecordError(seq, f"unsupported record format {record.format}")
-    if (record.format == RAW_FORMAT) != (record.size == 0):
+    if (record.format in _STORED_AS_IS) != (record.size == 0):
         raise CorruptRecordError(seq, f"a record of format {record.format} with size {record.size}")
+    tombstone = record.format == TOMBSTONE_FORMAT
+    if tombstone != (len(record.leaf) == 32) or tombstone != (record.erasure > 0 < record.erased):
+        raise CorruptRecordError(
+            seq, f"a record of format {record.format} with a tombstone's fields wrong"
+        )
     try:
-        checksum = _checksum(record.committed_at, record.payload)
+        if tombstone:
+            checksum = _tombstone_checksum(
+                record.committed_at, record.leaf, record.erasure, record.erased, record.payload
+            )
+        else:
+            checksum = _checksum(record.committed_at, record.payload)
     except OverflowError:
-        raise CorruptRecordError(seq, "commit time out of range") from None
+        raise CorruptRecordError(seq, "commit time or tombstone out of range") from None
     if checksum != record.checksum:
         raise CorruptRecordError(seq, "checksum mismatch")
-    if record.format == RAW_FORMAT:
+    if record.format in _STORED_AS_IS:
         return record, record.payload
     if record.format == ZSTD_FORMAT:
         try:
@@ -399,13 +536,16 @@ __all__ = [
     "COMMITTED_AT_MAX",
     "COMMITTED_AT_MIN",
     "DEFLATED_FORMAT",
+    "ERASURE_FORMAT",
     "FORMAT_VERSION",
     "RAW_FORMAT",
+    "TOMBSTONE_FORMAT",
     "VALUE_DEPTH",
     "WRITE_TYPES",
     "ZSTD_FORMAT",
     "BaseContent",
     "Commit",
+    "CompressedRecord",
     "Content",
     "ConversationWrite",
     "CopySource",
@@ -416,10 +556,13 @@ __all__ = [
     "DocumentRetireWrite",
     "EncodedBatch",
     "EntryWrite",
+    "Erasure",
     "LogRecord",
     "RawRecord",
     "SubmissionWrite",
     "TaskWrite",
+    "Tombstone",
+    "TombstoneRecord",
     "Write",
     "check_committed_at",
     "check_delta_depth",
@@ -427,7 +570,9 @@ __all__ = [
     "decode_record",
     "decode_record_builtins",
     "encode_batch",
+    "encode_erasure",
     "encode_record",
+    "encode_tombstone",
     "record_leaf",
     "write_to_builtins",
 ]

@@ -84,9 +84,10 @@ def _offset(leaf: int, level: int) -> int:
     return _HASH * (_hashes_before(leaf) - _hashes_before(leaf - leaf % TILE) + level)
 
 
-class InclusionProof(msgspec.Struct, rename="camel", frozen=True):
+class InclusionProof(msgspec.Struct, rename="camel", frozen=True, omit_defaults=True):
     """That record ``seq`` is leaf ``leaf_index`` of the tree of ``tree_size`` leaves with root
-    ``root_hash`` (RFC 9162 2.1.3; hashes in lowercase hex)."""
+    ``root_hash`` (RFC 9162 2.1.3; hashes in lowercase hex). ``erased``: the sequence of the
+    erasure record that erased the record's content (a tombstone keeps its leaf hash), if any."""
 
     seq: int
     leaf_index: int
@@ -94,6 +95,7 @@ class InclusionProof(msgspec.Struct, rename="camel", frozen=True):
     leaf_hash: str
     inclusion: list[str]
     root_hash: str
+    erased: int | None = None
 
 
 class ConsistencyProof(msgspec.Struct, rename="camel", frozen=True):

@@ -1,8 +1,9 @@
 """The sequenced write log: append in a caller's transaction, read ranges, follow live.
 
 Key: the commit sequence as 8 bytes big-endian, so LMDB's byte order is numeric order and
-appends go to the end of the tree. Value: one ``LogRecord``. Records are never rewritten or
-deleted, so the last key plus one is always a fresh sequence, across reopen and crashes alike.
+appends go to the end of the tree. Value: one ``LogRecord``. Records are never deleted, so the
+last key plus one is always a fresh sequence, across reopen and crashes alike; the one rewrite is
+an erasure's, which puts a tombstone keeping the record's leaf hash over it (``replace``).
 """
 
 from __future__ import annotations
@@ -124,6 +125,20 @@ class WriteLog:
             )
         self.tree.append_leaf(txn, seq, record_leaf(seq, data))
         return seq
+
+    def replace(self, txn: lmdb.Transaction[bytes], seq: int, data: bytes) -> None:
+        """Put ``data`` over record ``seq`` inside ``txn``: only an erasure does, with a tombstone
+        (``records.encode_tombstone``) that keeps the record's leaf hash, so the tree stays as it
+        is. The journal is not told: the erasure makes its transaction durable itself."""
+
+        old = txn.get(seq_key(seq), db=self.db)
+        if old is None:
+            raise LogError(f"The log holds no record {seq} to replace; nothing was committed")
+        if record_leaf(seq, data) != record_leaf(seq, old):
+            raise LogError(
+                f"The record put over {seq} does not keep its leaf hash; nothing was committed"
+            )
+        txn.put(seq_key(seq), data, db=self.db)
 
     def record(self, txn: lmdb.Transaction[bytes], seq: int) -> bytes | None:
         """The stored bytes of record ``seq``, as ``txn`` sees them."""
@@ -302,8 +317,16 @@ class WriteLog:
             leaf = read([(0, seq - 1)])[0]
             path = merkle.inclusion_proof(seq - 1, size, read)
             root = merkle.tree_hash(size, read)
+            data = txn.get(seq_key(seq), db=self.db)
+            tombstone = None if data is None else decode_record(seq, data).tombstone
         return InclusionProof(
-            seq, seq - 1, size, leaf.hex(), [value.hex() for value in path], root.hex()
+            seq,
+            seq - 1,
+            size,
+            leaf.hex(),
+            [value.hex() for value in path],
+            root.hex(),
+            None if tombstone is None else tombstone.erasure,
         )
 
     def prove_consistency(self, old: int, new: int | None = None) -> ConsistencyProof:

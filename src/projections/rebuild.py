@@ -206,6 +206,19 @@ def catch_up(
     return done
 
 
+def schedule_rebuild(txn: lmdb.Transaction[bytes], env: Environment) -> None:
+    """Inside ``txn``: mark a rebuild of the core projections begun and not yet folded, so that
+    ``rebuild`` (or, should this process die first, the next writer's open) folds the whole log
+    into a fresh generation and swaps it in; until then the active generation serves reads."""
+
+    raw = txn.get(CORE_KEY, db=env.db(REGISTRY_DB))
+    header = t.CoreHeader(0, t.SCHEMA_VERSION) if raw is None else t.header_decoder.decode(raw)
+    target = header.generation + 1 if header.building is None else header.building
+    env.drop_dbs(txn, [t.db_name(target, name) for name in t.TABLES])
+    env.forget_dbs([t.db_name(target, name) for name in t.TABLES])
+    _put_header(txn, env, t.CoreHeader(header.generation, header.schema_version, target))
+
+
 def rebuild(env: Environment, log: WriteLog, progress: Progress | None = None) -> ReadModel:
     """Fold the whole log into a new generation beside the active one, then swap."""
 
@@ -287,4 +300,5 @@ __all__ = [
     "projection_state",
     "read_header",
     "rebuild",
+    "schedule_rebuild",
 ]

@@ -40,7 +40,7 @@ from ..log.durability import Mode, Role, mode_for
 from ..log.environment import DEFAULT_MAP_SIZE
 from ..log.journal import JournalOptions
 from ..log.journaled import CommitJournal
-from ..log.records import decode_record
+from ..log.records import decode_record, decode_record_builtins
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.applier import StreamApplier
 from ..log.stream.jetstream import link_for
@@ -54,6 +54,7 @@ from ..projections.history import AsOfTxn
 from ..projections.rebuild import CORE_KEY, REGISTRY_DB, begin_following, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 from .committer import Committer
+from .erase import ErasureReport, check_reason, plan_erasure, rewrite, stored_projections
 from .ids import IdMinter
 from .options import OpenOptions
 from .reads import StorageReads
@@ -474,6 +475,67 @@ class LmdbStorage(StorageReads, Storage):
             self.log.tree.rebuild(self.log, progress)
             self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
             self._projector = self._committer.projector = Projector(self._model)
+
+    async def erase_conversation(
+        self,
+        conversation_id: int,
+        context: Context | None = None,
+        *,
+        reason: str,
+        by: str = "",
+        with_forks: bool = False,
+    ) -> ErasureReport:
+        """Erase conversation ``conversation_id`` and everything that belongs to it from the log
+        and the projections (``storage.erase``): each record holding its writes becomes a
+        tombstone keeping its leaf hash, an erasure record naming ``reason`` (and ``by``) is
+        appended, and the projections are rebuilt. Forks and owned conversations are refused,
+        named, unless ``with_forks``. The bytes leave the disk once the store is closed and
+        ``storage.erase.scrub`` ran (``durable-log erase`` does both)."""
+
+        self.check_open()
+        reason, by = check_reason(reason, by)
+        if type(conversation_id) is not int:
+            raise TypeError(f"conversation_id must be an int, not {type(conversation_id).__name__}")
+        if self._env.readonly or self._link is not None:
+            raise PermissionError(
+                f"The store at {self.path} is "
+                + ("open read-only" if self._env.readonly else "on a stream")
+                + ": an erasure needs a local writer (replicated stores are not yet covered)"
+            )
+        if self.projections.projections:
+            raise ValueError(
+                "An erasure drops the user projections, which this program defines: open the "
+                "store without projections= to erase"
+            )
+        env, log = self._env, self.log
+        verify_checksums = self._model.unseal is t.unseal
+        with self._committer.exclusive():
+            plan = plan_erasure(
+                lambda: log.read(decode=decode_record_builtins), conversation_id, with_forks
+            )
+            names = stored_projections(env)
+            journal = env.journal
+            if journal is not None:
+                journal.checkpoint()  # a power cut before the next one undoes the erasure whole
+            seq = env.write(lambda txn: rewrite(txn, env, log, plan, reason, by, names))
+            try:  # committed: whatever fails next, reads must not serve the erased tables
+                if journal is not None:
+                    journal.checkpoint_rewrite()
+            finally:
+                log.committed()
+                self._model.documents.close()  # its snapshots are for the tables swapped out
+                rebuild(env, log)
+                self._model = open_core(env, log, verify_checksums=verify_checksums)
+                self._projector = self._committer.projector = Projector(self._model)
+        logger.info(
+            "erased conversations %s of store %s: %d writes in %d records, erasure record %d",
+            plan.conversations,
+            self.path,
+            plan.writes,
+            len(plan.erased),
+            seq,
+        )
+        return ErasureReport(seq, plan.conversations, sorted(plan.erased), plan.writes)
 
     async def as_of(self, seq: int) -> StorageView:
         """A read-only view answering every read as the store did right after commit ``seq``.

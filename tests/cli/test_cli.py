@@ -195,6 +195,7 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
         "import",
         "rebuild",
         "compact",
+        "erase",
         "backup",
         "restore",
         "replica",

@@ -405,6 +405,7 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
         "import": [path, str(tmp_path / "y")],
         "rebuild": [path],
         "compact": [path],
+        "erase": [path, "--conversation", "1", "--reason", "asked"],
         "backup": [path, str(tmp_path / "y")],
         "restore": [*nats, "--store", "abc", path],
         "replica": [path, *nats, "--store", "abc"],

@@ -36,6 +36,7 @@ COMMANDS: dict[str, list[str]] = {
     "backup": ["backup", "SRC", "NEW"],
     "rebuild": ["rebuild", "SRC"],
     "compact": ["compact", "SRC"],
+    "erase": ["erase", "SRC", "--conversation", "1", "--reason", "asked"],
     "promote": ["promote", "SRC", *NATS],
     "serve": ["serve", "SRC", "--port", "0"],
     "demo": ["demo", "SRC"],
@@ -86,7 +87,7 @@ DOES_ITS_JOB = {
 SKIPPED = {
     **{
         (name, "symlink to a store"): "writes the store: its job"
-        for name in ("rebuild", "compact", "demo")
+        for name in ("rebuild", "compact", "erase", "demo")
     },
     ("promote", "symlink to a store"): "would ask a NATS server",
     ("snapshot", "symlink to a store"): "would ask a NATS server",

@@ -56,7 +56,7 @@ def test_version_and_help_load_nothing_of_the_engine(argv: list[str]) -> None:
     assert heavy == [], heavy
     assert cli == ["pi_durable_lmdb.cli.commands", "pi_durable_lmdb.cli.status"], cli
     if argv == ["--version"]:
-        assert out.startswith("durable-log ") and "(log format 3, projection schema " in out
+        assert out.startswith("durable-log ") and "(log format 5, projection schema " in out
     if argv == ["--help"]:
         for name in COMMANDS:
             assert name in out, name

@@ -86,6 +86,7 @@ ELSEWHERE = {
     "restore": "reads a NATS stream only; its PATH is the store it builds",
     "replica": "reads a NATS stream only; its PATH is the replica it keeps",
     "verify-proof": "reads a proof and a signed checkpoint only, no store",
+    "erase": "rewrites the store: tests/cli/test_erase.py and tests/storage/test_erase.py",
 }
 
 

@@ -245,7 +245,12 @@ def test_records_of_format_2_and_3_made_elsewhere_read() -> None:
         ),  # never inflates past the size
         (msgspec.msgpack.encode([2, 5, crc(5, b"not deflate"), b"not deflate", 50]), "deflate"),
         (msgspec.msgpack.encode([1, 5, crc(5, b"\x90"), b"\x90", 1]), "format 1 with size"),
-        (msgspec.msgpack.encode([4, 5, crc(5, b"\x90"), b"\x90"]), "unsupported record format 4"),
+        (msgspec.msgpack.encode([6, 5, crc(5, b"\x90"), b"\x90"]), "unsupported record format 6"),
+        (msgspec.msgpack.encode([4, 5, crc(5, b"\x90"), b"\x90"]), "tombstone's fields wrong"),
+        (
+            msgspec.msgpack.encode([4, 5, crc(5, b"\x90"), b"\x90", 0, bytes(32), 7, 1]),
+            "checksum mismatch",
+        ),  # a tombstone's checksum covers its leaf, erasure and count too
     ],
 )
 def test_a_record_that_lies_about_its_deflated_writes_is_corrupt(

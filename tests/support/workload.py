@@ -199,6 +199,20 @@ class Workload:
         }
 
 
+def message(id: int, conversation: int, text: str) -> dict[str, Any]:
+    """An entry write: a user's message ``text`` in ``conversation``."""
+
+    return {
+        "type": "entry",
+        "value": {
+            "id": id,
+            "conversationId": conversation,
+            "kind": "message",
+            "message": {"role": "user", "content": text, "timestamp": 1},
+        },
+    }
+
+
 async def _call(store: Any, method: str, *args: Any) -> Any:
     try:
         return ("ok", await getattr(store, method)(*args))

@@ -1,0 +1,400 @@
+"""Erasing a conversation (``storage.erase``, ``durable-log erase``): afterwards every read of
+every other conversation, now and as of earlier points, is what pi-durable's ``MemoryStorage``
+answers when it folds the log without the erased writes; the erased one reads as never written;
+forks are refused unless erased too; no file of the store holds the erased bytes; the log's
+proofs still hold and an export with tombstones imports to the same store."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import secrets
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.errors import StorageRequestError
+from pi_durable.storage import MemoryStorage
+from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.log import Environment, WriteLog, codec
+from pi_durable_lmdb.log.compact import compact
+from pi_durable_lmdb.log.records import decode_record_builtins, encode_tombstone, record_leaf
+from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
+from tests.support.cli_call import call
+from tests.support.compare import REFUSALS, canonical
+from tests.support.workload import Workload, message, snapshot
+
+
+def _scope_in(record: dict[str, Any], conversations: set[int], tasks: set[int]) -> bool:
+    scope = record.get("scope", {})
+    if scope.get("kind") == "conversation":
+        return scope.get("conversationId") in conversations
+    return scope.get("kind") == "task" and scope.get("taskId") in tasks
+
+
+def _without(
+    batches: dict[int, list[dict[str, Any]]], conversations: set[int]
+) -> dict[int, list[dict[str, Any]]]:
+    """The test's own reading of what belongs to ``conversations``: the batches without it."""
+
+    tasks: set[int] = set()
+    documents: set[int] = set()
+    kept: dict[int, list[dict[str, Any]]] = {}
+    for seq, writes in sorted(batches.items()):
+        kept[seq] = []
+        for write in writes:
+            kind, value = write["type"], write.get("value", {})
+            if kind == "conversation":
+                gone = value["id"] in conversations
+            elif kind in ("entry", "submission", "task"):
+                gone = value["conversationId"] in conversations
+                if gone and kind == "task":
+                    tasks.add(value["id"])
+            elif kind in ("document.create", "document.copy"):
+                gone = _scope_in(write["record"], conversations, tasks)
+                if gone:
+                    documents.add(write["record"]["id"])
+            else:
+                gone = write["id"] in documents
+            if not gone:
+                kept[seq].append(write)
+    return kept
+
+
+async def _fill(
+    path: Path, seed: int, count: int = 70
+) -> tuple[LmdbStorage, Workload, dict[int, Any]]:
+    work = Workload(seed)
+    storage = await LmdbStorage.open(path, durability="process")
+    accepted: dict[int, list[dict[str, Any]]] = {}
+    for _ in range(count):
+        writes = work.batch()
+        try:
+            seq = await storage.commit(copy.deepcopy(writes), CTX)
+        except REFUSALS:
+            continue
+        accepted[seq] = writes
+    return storage, work, accepted
+
+
+async def _memory(batches: dict[int, list[dict[str, Any]]], upto: int) -> MemoryStorage:
+    memory = MemoryStorage()
+    for seq in range(1, upto + 1):
+        assert await memory.commit(copy.deepcopy(batches.get(seq, [])), CTX) == seq
+    return memory
+
+
+@pytest.mark.parametrize("seed", [3, 11, 29])
+def test_every_other_read_equals_memory_storage_without_the_erased_writes(
+    tmp_path: Path, seed: int
+) -> None:
+    async def run() -> None:
+        storage, work, accepted = await _fill(tmp_path / "store", seed)
+        report = None
+        for conversation in [*work.conversations[1:], 1]:
+            try:
+                report = await storage.erase_conversation(
+                    conversation, reason="art. 17 request", by="dpo", with_forks=True
+                )
+            except StorageRequestError:  # a fork the workload drew in a refused batch
+                continue
+            except ValueError as error:  # a kept document copies an erased one: refused whole
+                assert "is a copy of document" in str(error)
+                continue
+            break
+        assert report is not None, f"seed {seed}: no conversation could be erased"
+        erased = set(report.conversations)
+        kept = _without(accepted, erased)
+        head = storage.log.head()
+        assert head == report.seq == max(accepted) + 1
+        # The log holds exactly the kept writes; the tombstones keep every sequence.
+        for seq in range(1, head):
+            line = decode_record_builtins(seq, storage.log.raw_chunk(seq, seq)[0][1])
+            assert line["writes"] == kept.get(seq, []), f"seed {seed}: record {seq}"
+            assert ("erased" in line) == (seq in report.records)
+        assert report.writes == sum(len(w) for w in accepted.values()) - sum(
+            len(w) for w in kept.values()
+        )
+        memory = await _memory(kept, head)
+        assert canonical(await snapshot(storage, work, head)) == canonical(
+            await snapshot(memory, work, head)
+        ), f"seed {seed}: now"
+        for point in sorted({1, head // 3, head // 2, head - 1}):
+            view = await storage.as_of(point)
+            assert canonical(await snapshot(view, work, point)) == canonical(
+                await snapshot(await _memory(kept, point), work, point)
+            ), f"seed {seed}: as of {point}"
+        for conversation in erased:
+            assert await storage.conversation(conversation, CTX) is None
+        await storage.close()
+        # A fresh open (projections read from disk) answers the same.
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        assert canonical(await snapshot(storage, work, head)) == canonical(
+            await snapshot(memory, work, head)
+        ), f"seed {seed}: reopened"
+        await storage.close()
+
+    asyncio.run(run())
+    assert verify(tmp_path / "store") is None
+
+
+async def _conversations(path: Path, durability: str, marker: str) -> dict[str, int]:
+    """Conversations A (with ``marker`` in an entry, a document's revisions and a task's input,
+    some in batches shared with B) and B, and a fork-free third, C."""
+
+    storage = await LmdbStorage.open(path, durability=durability)  # type: ignore[arg-type]
+    ids = {name: await storage.mint_id() for name in ("a", "b", "c", "doc", "task")}
+    a, b, c = ids["a"], ids["b"], ids["c"]
+    await storage.commit([{"type": "conversation", "value": {"id": id}} for id in (a, b, c)], CTX)
+    for turn in range(40):
+        writes = [
+            message(await storage.mint_id(), b, f"b says {turn} " + secrets.token_hex(8)),
+            message(await storage.mint_id(), a, f"a says {turn}: {marker}"),
+        ]
+        if turn == 3:
+            writes.append(
+                {
+                    "type": "document.create",
+                    "record": {
+                        "id": ids["doc"],
+                        "kind": "notes",
+                        "scope": {"kind": "conversation", "conversationId": a},
+                        "history": "rewindable",
+                        "fork": "current",
+                    },
+                    "content": {"kind": "base", "version": 1, "value": {"text": marker}},
+                }
+            )
+            writes.append(
+                {
+                    "type": "task",
+                    "value": {
+                        "id": ids["task"],
+                        "conversationId": a,
+                        "kind": "research",
+                        "version": 1,
+                        "input": {"query": marker},
+                        "state": {"status": "pending"},
+                        "background": False,
+                        "abortRequested": False,
+                    },
+                }
+            )
+        if turn > 3 and turn % 5 == 0:
+            writes.append(
+                {
+                    "type": "document.change",
+                    "id": ids["doc"],
+                    "content": {
+                        "kind": "delta",
+                        "version": 1,
+                        "ops": [["s", ["text"], f"{marker} {turn}"]],
+                    },
+                }
+            )
+        await storage.commit(writes, CTX)
+        await storage.commit([message(await storage.mint_id(), c, f"c {turn}")], CTX)
+    await storage.close()
+    return ids
+
+
+def _dirty_gaps(data: Path) -> list[int]:
+    """The branch and leaf pages of an LMDB file whose unused middle is not all zeros."""
+
+    raw, size, dirty = data.read_bytes(), 4096, []
+    number = 2
+    while number < len(raw) // size:
+        page = raw[number * size : (number + 1) * size]
+        flags, lower, upper = struct.unpack_from("<HHH", page, 10)
+        if flags & 0x04:  # an overflow run: its length overlays lower and upper
+            number += lower | upper << 16
+            continue
+        if flags & 0x03 and not flags & 0x20 and any(page[lower:upper]):
+            dirty.append(number)
+        number += 1
+    return dirty
+
+
+def _files_holding(path: Path, needle: bytes) -> list[str]:
+    found = []
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as file:
+                if needle in file.read():
+                    found.append(os.path.join(root, name))
+    return found
+
+
+async def _reads_of(path: Path, conversation: int) -> Any:
+    storage = await LmdbStorage.open(path, durability="process", readonly=True)
+    try:
+        pages = []
+        cursor = None
+        while True:
+            page = await storage.scan_entries(
+                {"conversationId": conversation, "order": "ascending"}, 50, cursor, CTX
+            )
+            pages.append(page)
+            cursor = page.get("next")
+            if cursor is None:
+                return pages
+    finally:
+        await storage.close()
+
+
+@pytest.mark.parametrize("compacted_first", [False, True])
+@pytest.mark.parametrize("durability", ["process", "power"])
+def test_no_file_of_the_store_holds_erased_bytes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, durability: str, compacted_first: bool
+) -> None:
+    path = tmp_path / "store"
+    marker = "m" + secrets.token_hex(24)
+    ids = asyncio.run(_conversations(path, durability, marker))
+    assert call(capsys, "search", path, marker)[0] == 0  # the word index holds it too
+    if compacted_first:
+        compact(path)
+    assert _files_holding(path, marker.encode()), "the marker must be on disk before"
+    before_b = asyncio.run(_reads_of(path, ids["b"]))
+    before_c = asyncio.run(_reads_of(path, ids["c"]))
+
+    code, out, err = call(
+        capsys, "erase", path, "--conversation", ids["a"], "--reason", "erasure request 7"
+    )
+    assert code == 0, err
+    assert "erased conversation" in out
+
+    assert _files_holding(path, marker.encode()) == []
+    assert not (path / "search.index").exists()
+    assert _dirty_gaps(path / "data.mdb") == []
+    for segment in (path / "journal").glob("*.seg"):  # recycled segments too: zeros past the header
+        assert not any(segment.read_bytes()[4096:]), segment
+
+    async def decoded() -> None:
+        storage = await LmdbStorage.open(path, durability="process", readonly=True)
+        try:
+            for line in storage.log.read(decode=decode_record_builtins):
+                assert marker not in repr(line)
+            assert await storage.conversation(ids["a"], CTX) is None
+            assert await storage.task(ids["task"], CTX) is None
+            assert await storage.document(ids["doc"], "current", CTX) is None
+        finally:
+            await storage.close()
+
+    asyncio.run(decoded())
+    assert asyncio.run(_reads_of(path, ids["b"])) == before_b
+    assert asyncio.run(_reads_of(path, ids["c"])) == before_c
+    # A writer opens it again as ever (power: a fresh journal life), and search finds nothing.
+    asyncio.run(_reopen(path, durability))
+    code, out, err = call(capsys, "search", path, marker)
+    assert code in (0, 1), err
+    assert "entries (0)" in out and "documents (0)" in out and "tasks (0)" in out
+    assert _files_holding(path, marker.encode()) == []
+
+
+async def _reopen(path: Path, durability: str) -> None:
+    storage = await LmdbStorage.open(path, durability=durability)  # type: ignore[arg-type]
+    await storage.close()
+
+
+def test_forks_are_refused_and_named_unless_erased_too(tmp_path: Path) -> None:
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        a, fork, other = [await storage.mint_id() for _ in range(3)]
+        entry = await storage.mint_id()
+        await storage.commit(
+            [{"type": "conversation", "value": {"id": a}}, message(entry, a, "hi")], CTX
+        )
+        await storage.commit(
+            [
+                {
+                    "type": "conversation",
+                    "value": {"id": fork, "parent": {"conversationId": a, "at": entry}},
+                },
+                {"type": "conversation", "value": {"id": other}},
+            ],
+            CTX,
+        )
+        head = storage.log.head()
+        with pytest.raises(ValueError, match=f"forks or owned conversations: {fork} \\(of {a}\\)"):
+            await storage.erase_conversation(a, reason="asked")
+        assert storage.log.head() == head  # refused whole: nothing written
+        with pytest.raises(REFUSALS, match="Unknown conversation"):
+            await storage.erase_conversation(999_999, reason="asked")
+        with pytest.raises(ValueError, match="needs a reason"):
+            await storage.erase_conversation(a, reason=" ")
+        report = await storage.erase_conversation(a, reason="asked", with_forks=True)
+        assert report.conversations == sorted([a, fork])
+        assert report.records == [1, 2]
+        for gone in (a, fork):
+            assert await storage.conversation(gone, CTX) is None
+        assert await storage.conversation(other, CTX) == {"id": other}
+        await storage.close()
+
+    asyncio.run(run())
+
+
+def test_erase_again_finishes_the_scrub_of_an_erasure_that_stopped_before_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "store"
+    marker = "m" + secrets.token_hex(24)
+    ids = asyncio.run(_conversations(path, "power", marker))
+
+    async def erase_only() -> int:  # what a run killed between its erasure and its scrub did
+        storage = await LmdbStorage.open(path)
+        try:
+            return (await storage.erase_conversation(ids["a"], reason="asked")).seq
+        finally:
+            await storage.close()
+
+    seq = asyncio.run(erase_only())
+    assert _files_holding(path, marker.encode()), "the projections' old pages still hold it"
+    code, out, err = call(capsys, "erase", path, "--conversation", ids["a"], "--reason", "again")
+    assert code == 0, err
+    assert f"was erased by erasure record {seq}; scrubbed the disk" in out
+    assert _files_holding(path, marker.encode()) == []
+    assert _dirty_gaps(path / "data.mdb") == []
+    code, out, err = call(capsys, "erase", path, "--conversation", 999_999, "--reason", "r")
+    assert code == 2 and "Unknown conversation: 999999" in err
+
+
+def test_verify_names_a_tombstone_no_erasure_record_lists(tmp_path: Path) -> None:
+    """A record made a tombstone by hand, outside an erasure (its writes all kept, so the
+    projections agree): verify names it."""
+
+    path = tmp_path / "store"
+
+    async def fill() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        a = await storage.mint_id()
+        await storage.commit([{"type": "conversation", "value": {"id": a}}], CTX)
+        await storage.commit([message(await storage.mint_id(), a, "hello")], CTX)
+        await storage.close()
+
+    asyncio.run(fill())
+    assert verify(path) is None
+    env = Environment(path, durability="process")
+    try:
+        log = WriteLog(env)
+
+        def forge(txn: Any) -> None:
+            data = log.record(txn, 2)
+            assert data is not None
+            line = decode_record_builtins(2, data)
+            tombstone = encode_tombstone(
+                codec.encode(line["writes"]), line["committedAt"], record_leaf(2, data), 7, 1
+            )
+            log.replace(txn, 2, tombstone)
+
+        env.write(forge)
+    finally:
+        env.close()
+    found = verify(path)
+    assert found is not None
+    assert "record 2 is a tombstone of erasure 7, which is no erasure record listing it" in str(
+        found
+    )
