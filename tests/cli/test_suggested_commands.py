@@ -126,6 +126,7 @@ def _quick_start() -> list[str]:
     ]
 
 
+@pytest.mark.slow  # a store, keys, checkpoints and proofs, line by line (about 5 s)
 def test_the_audit_quick_start_runs_as_printed(made: Path, tmp_path: Path) -> None:
     """Every line, in order, in a directory holding a store ``orders``: each file a later line
     names (the verifier key, the checkpoint, the proof, the record's line) an earlier one wrote."""

@@ -154,11 +154,13 @@ def examples_ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return here
 
 
+@pytest.mark.slow  # runs every example on a demo store (about 18 s)
 def test_every_example_runs_as_printed(examples_ran: Path) -> None:
     assert (examples_ran / "audit.example.com_demo.pub").is_file()
     assert (examples_ran / "restored-store" / "data.mdb").is_file()
 
 
+@pytest.mark.slow  # on the store every example ran on
 @pytest.mark.parametrize("name", sorted(READS))
 def test_a_command_that_reads_prints_text_then_json_with_json(
     name: str,

@@ -153,6 +153,7 @@ def _run(
     return acked, code
 
 
+@pytest.mark.slow  # children killed at several points (about 5 s each)
 @pytest.mark.parametrize("durability", ["process", "power"])
 def test_a_kill_during_an_erasure_leaves_all_or_nothing(tmp_path: Path, durability: str) -> None:
     made = tmp_path / "made"

@@ -89,6 +89,7 @@ async def _head(path: Path) -> int:
         await storage.close()
 
 
+@pytest.mark.slow  # about 1,450 requests (about 5 s)
 async def test_every_link_of_every_page_at_every_point_answers(
     store: tuple[Path, dict[str, Any]], client: ClientSession
 ) -> None:
