@@ -678,17 +678,7 @@ class Documents:
                     ):
                         lost.append((id, row))
                 for id, head in lost:
-                    version, value, deltas = self.replay(txn, id, head.snapshot)
-                    packing = t.CurrentValue(
-                        version,
-                        deltas,
-                        value,
-                        size=head.size,
-                        seq=head.snapshot,
-                        chain=head.snapshot_chain,
-                    )
-                    key = t.u64_pair(id, head.snapshot)
-                    self._defer(_Packing(key, head.snapshot_chain, packing))
+                    self._defer(self._repacking(txn, id, head))
             if len(keys) < LOOK_CHUNK:
                 return
             after = keys[-1] + b"\0"
@@ -707,11 +697,17 @@ class Documents:
         writing = self.env.writing
         if writing is None or writing.txn is not txn:
             return  # not a live commit of this handle: the next one, or the packer's look, will
+        packing = self._repacking(txn, id, head)
+        writing.on_commit(lambda: self._defer(packing))
+
+    def _repacking(self, txn: lmdb.Transaction[bytes], id: int, head: t.CurrentValue) -> _Packing:
+        """The snapshot ``head`` names, replayed in ``txn``, to be packed again."""
+
         version, value, deltas = self.replay(txn, id, head.snapshot)
         row = t.CurrentValue(
             version, deltas, value, size=head.size, seq=head.snapshot, chain=head.snapshot_chain
         )
-        writing.on_commit(lambda: self._defer(_Packing(key, head.snapshot_chain, row)))
+        return _Packing(t.u64_pair(id, head.snapshot), head.snapshot_chain, row)
 
     def land(self, txn: lmdb.Transaction[bytes]) -> None:
         """Put the snapshots packed so far. One is dropped when its revision is gone (its

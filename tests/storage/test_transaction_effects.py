@@ -28,11 +28,12 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit import verify
-from pi_durable_lmdb.log import Environment
 from pi_durable_lmdb.log.journal import Journal
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
 from pi_durable_lmdb.projections import Projector, documents
+from pi_durable_lmdb.projections.tables import DOCUMENT_SNAPSHOTS
 
+from tests.projections.test_documents import rows_of
 from tools.bench.workloads import ROOT, conversation, document_create
 from tools.harness.faults import commit_fails, failing
 
@@ -276,25 +277,13 @@ def test_a_snapshot_lost_with_a_killed_writer_is_packed_again_when_a_writer_open
     assert child.returncode == -signal.SIGKILL, child.stderr
 
     async def snapshots_after_reopen() -> tuple[int, int]:
-        before = _snapshot_count(path)
+        before = len(rows_of(path, DOCUMENT_SNAPSHOTS))
         storage = await LmdbStorage.open(path, durability="process")
         await storage.close()  # the close waits for the packer and puts what it packed
-        return before, _snapshot_count(path)
+        return before, len(rows_of(path, DOCUMENT_SNAPSHOTS))
 
     assert asyncio.run(snapshots_after_reopen()) == (0, 1)
     assert verify(path) is None
-
-
-def _snapshot_count(path: Path) -> int:
-    env = Environment(path, readonly=True)
-    try:
-        with env.read() as txn:
-            names = [bytes(key).decode() for key, _ in txn.cursor()]
-        db = env.db(next(n for n in names if n.endswith(".documents.snapshots")))
-        with env.read() as txn:
-            return sum(1 for _ in txn.cursor(db=db))
-    finally:
-        env.close()
 
 
 _KILLED_WRITER = """
