@@ -17,6 +17,9 @@ What it shows: between two checkpoints a read transaction pins the last one, so 
 page freed after it and every commit's copy-on-write pages are new pages, all written out by the
 next checkpoint; the interval moves that cost around (commit latency, p99, the close) but does
 not remove it. ``process`` mode, without the pin, rewrites the same hot pages in the page cache.
+The last row is the benchmark report's floor of a ``power`` commit (``report.OneFlush``: the
+``process`` commit behind one 1 KiB flush): against the row without checkpoints, what keeping
+``data.mdb`` recoverable costs beyond the one flush.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.journal import JournalOptions
 
 from tools.bench.device import device_counters
+from tools.bench.report import OneFlush
 from tools.bench.workloads import ROOT, Ids, conversation, task, turn_batches
 
 NEVER = 10**9
@@ -63,6 +67,7 @@ INTERVALS: dict[str, dict[str, Any]] = {
         "segment_min": 32 << 20,
     },
     "`process` mode (no pin, no flush; reference)": {"process": True},
+    "floor: `process` mode + one flush per commit (nothing recoverable)": {"floor": True},
 }
 
 
@@ -74,6 +79,8 @@ async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[fl
     try:
         if options.get("process"):
             storage = await LmdbStorage.open(path, durability="process")
+        elif options.get("floor"):
+            storage = OneFlush(await LmdbStorage.open(path, durability="process"), path)
         else:
             storage = await LmdbStorage.open(
                 path, durability="power", journal=JournalOptions(**options)
