@@ -23,6 +23,7 @@ from ..projections import tables as t
 from ..projections import userstate
 from ..projections.rebuild import begin_following, folded_through, open_core, projection_state
 from ..projections.userstate import ProjectionStatus
+from .numbers import format_time
 from .tail import open_stream
 from .words import format_bytes, plural
 
@@ -388,7 +389,7 @@ def _stored_position(txn: lmdb.Transaction[bytes], env: Environment) -> Any:
 
 def format_stats(info: Stats) -> str:
     def when(ms: int | None) -> str:
-        return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+        return "-" if ms is None else format_time(ms)
 
     core = info.projections.core
     lines = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from ..log import Commit, Environment, WriteLog, write_to_builtins
 from ..log.records import WRITE_TYPES, decode_record, decode_record_builtins
 from ..projections.rebuild import Following
 from .jsonlines import to_json
+from .numbers import format_time
 from .words import plural
 
 if TYPE_CHECKING:
@@ -349,7 +349,6 @@ def _in_range(
 def summarize(commit: Commit, writes: list[Any]) -> str:
     """One readable line: sequence, UTC time, and a short phrase per write."""
 
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(commit.committed_at / 1000))
     parts = [_describe(write) for write in writes]
     if commit.tombstone is not None:
         parts.append(
@@ -362,7 +361,7 @@ def summarize(commit: Commit, writes: list[Any]) -> str:
             f"{plural(erasure.writes, 'write')} from {plural(len(erasure.records), 'record')}"
             f" ({erasure.reason!r})"
         )
-    return f"{commit.seq:>8}  {stamp}.{commit.committed_at % 1000:03d}Z  " + "; ".join(parts)
+    return f"{commit.seq:>8}  {format_time(commit.committed_at)}  " + "; ".join(parts)
 
 
 def _describe(write: Any) -> str:

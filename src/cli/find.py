@@ -9,12 +9,12 @@ import argparse
 import asyncio
 import os
 import sys
-import time
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..audit.export import read_as_of, seq_at
+from ..audit.numbers import format_time
 from ..audit.search import SearchResults, catch_up, index_exists, remove_index, search
 from ..audit.stats import require_store
 from ..storage.lmdb_storage import LmdbStorage
@@ -132,10 +132,6 @@ def _built_index(path: str, fresh: bool) -> SearchIndex:
         raise
 
 
-def _when(ms: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
-
-
 def format_results(results: SearchResults) -> str:
     """The readable form: a section per kind, one line per result, with what ``show`` takes."""
 
@@ -147,7 +143,7 @@ def format_results(results: SearchResults) -> str:
     for hit in results.entries:
         roles = "/".join(hit.roles) or "-"
         lines.append(
-            f"  entry {hit.id}  conversation {hit.conversationId}  seq {hit.seq}  {_when(hit.committedAt)}  {roles}: {hit.text}"
+            f"  entry {hit.id}  conversation {hit.conversationId}  seq {hit.seq}  {format_time(hit.committedAt)}  {roles}: {hit.text}"
         )
     if results.moreEntriesBefore is not None:
         lines.append(f"  … older ones: --before {results.moreEntriesBefore}")

@@ -304,7 +304,7 @@ def test_filtered_follow_survives_a_rebuild_in_another_process(scratch_copy: Pat
         tail.kill()
 
 
-LINE = re.compile(rb"^ *(\d+)  (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})Z  (.+)$")
+LINE = re.compile(rb"^ *(\d+)  (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z  (.+)$")
 
 
 def test_tail_default_readable_format(built: Path) -> None:
