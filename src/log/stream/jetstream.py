@@ -554,6 +554,28 @@ class JetStreamMessages:
                 raise StreamMissingError(f"NATS has no stream {self.stream!r} to trim") from None
             raise ReplicationError(f"NATS refused to trim {subject}: {error}") from None
 
+    async def delete(self, stream_seq: int) -> None:
+        """Remove message ``stream_seq`` with JetStream's secure delete (``$JS.API.STREAM.MSG.DELETE``
+        without ``no_erase``: the server overwrites its bytes); one already gone is no error."""
+
+        import nats.errors
+        import nats.js.errors
+
+        try:
+            await self.connection.js.delete_msg(self.stream, stream_seq)
+        except (TimeoutError, nats.errors.TimeoutError) as error:
+            raise NatsUnavailableError(
+                f"NATS did not delete message {stream_seq} of {self.stream!r} ({type(error).__name__})"
+            ) from None
+        except nats.errors.Error as error:
+            if isinstance(error, nats.js.errors.NotFoundError):
+                if error.err_code in MISSING_CODES:
+                    raise StreamMissingError(f"NATS has no stream {self.stream!r}") from None
+                return  # the message is gone already
+            raise ReplicationError(
+                f"NATS refused to delete message {stream_seq} of {self.stream!r}: {error}"
+            ) from None
+
 
 def link_for(nats: str | Sequence[str] | StreamLink, stream: str) -> StreamLink:
     """The link ``nats`` names: server URLs (a JetStream link is made), or a link given as is."""

@@ -1,0 +1,255 @@
+"""Erasing a conversation of a replicated store (``LmdbStorage.erase_conversation`` on a writer
+with ``durability="replicated"``), against a real nats-server, with a replica and a snapshot:
+
+* the replica's reads equal the writer's, now and as of every point, the erased conversation
+  absent; every other read is what it was;
+* no message of the store's subject and no snapshot in the bucket holds the erased bytes;
+* a restore afterwards (from the log alone, and from the new snapshot) has the writer's reads
+  and tree root and no file holding the bytes; ``verify`` passes on all of them;
+* a replica started after the erasure (meeting the deleted messages' gaps) equals the writer;
+* a writer that stopped before the messages were deleted finishes on its next open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import secrets
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.errors import StorageRequestError
+from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.audit.restore import restore
+from pi_durable_lmdb.audit.tail import open_stream
+from pi_durable_lmdb.log.records import decode_record
+from pi_durable_lmdb.storage import LmdbStorage
+from pi_durable_lmdb.storage.lmdb_storage import ERASING_KEY
+from pi_durable_lmdb.storage.snapshot import MAGIC, snapshots_of, take_snapshot
+
+from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
+from ..support.polling import until_async
+from ..support.replication_helpers import read_subject, subject
+from ..support.workload import message
+
+pytestmark = pytest.mark.slow
+
+STREAM = "erasing"
+
+
+async def _fill(storage: LmdbStorage, marker: str) -> dict[str, int]:
+    """Conversations A (``marker`` in its entries, a document's revisions and a task), B (some
+    of its writes in A's batches) and C."""
+
+    ids = {name: await storage.mint_id() for name in ("a", "b", "c", "doc", "task")}
+    a, b, c = ids["a"], ids["b"], ids["c"]
+    await storage.commit([{"type": "conversation", "value": {"id": id}} for id in (a, b, c)], CTX)
+    for turn in range(12):
+        writes: list[dict[str, Any]] = [
+            message(await storage.mint_id(), b, f"b says {turn} " + secrets.token_hex(4)),
+            message(await storage.mint_id(), a, f"a says {turn}: {marker}"),
+        ]
+        if turn == 2:
+            writes.append(
+                {
+                    "type": "document.create",
+                    "record": {
+                        "id": ids["doc"],
+                        "kind": "notes",
+                        "scope": {"kind": "conversation", "conversationId": a},
+                        "history": "rewindable",
+                        "fork": "current",
+                    },
+                    "content": {"kind": "base", "version": 1, "value": {"text": marker}},
+                }
+            )
+            writes.append(
+                {
+                    "type": "task",
+                    "value": {
+                        "id": ids["task"],
+                        "conversationId": a,
+                        "kind": "research",
+                        "version": 1,
+                        "input": {"query": marker},
+                        "state": {"status": "pending"},
+                        "background": False,
+                        "abortRequested": False,
+                    },
+                }
+            )
+        if turn > 2 and turn % 4 == 0:
+            writes.append(
+                {
+                    "type": "document.change",
+                    "id": ids["doc"],
+                    "content": {
+                        "kind": "delta",
+                        "version": 1,
+                        "ops": [["s", ["text"], f"{marker} {turn}"]],
+                    },
+                }
+            )
+        await storage.commit(writes, CTX)
+        await storage.commit([message(await storage.mint_id(), c, f"c {turn}")], CTX)
+    return ids
+
+
+async def _call(method: Any, *args: Any) -> Any:
+    try:
+        return await method(*args)
+    except StorageRequestError as error:
+        return ("refused", str(error))
+
+
+async def _reads_at(store: Any, ids: dict[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("a", "b", "c"):
+        id = ids[name]
+        out[f"conversation {name}"] = await _call(store.conversation, id, CTX)
+        out[f"entries {name}"] = await _call(
+            store.scan_entries, {"conversationId": id, "order": "ascending"}, 100, None, CTX
+        )
+    out["document"] = await _call(store.document, ids["doc"], "current", CTX)
+    out["task"] = await _call(store.task, ids["task"], CTX)
+    return out
+
+
+async def _reads(store: LmdbStorage, ids: dict[str, int], upto: int) -> dict[int, Any]:
+    """Every read above, now (key 0) and as of every point up to ``upto``."""
+
+    out = {0: await _reads_at(store, ids)}
+    for point in range(1, upto + 1):
+        out[point] = await _reads_at(await store.as_of(point), ids)
+    return out
+
+
+def _others(reads: dict[str, Any]) -> dict[str, Any]:
+    """The reads of B and C."""
+
+    return {k: v for k, v in reads.items() if k.endswith((" b", " c"))}
+
+
+def _files_holding(path: Path, needle: bytes) -> list[str]:
+    found = []
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as file:
+                if needle in file.read():
+                    found.append(os.path.join(root, name))
+    return found
+
+
+async def _snapshot_contents(url: str, store: str) -> list[bytes]:
+    """Each snapshot of ``store`` in the bucket, decompressed."""
+
+    link = await open_stream(url, STREAM)
+    try:
+        out = []
+        for found in snapshots_of(await link.arun(link.snapshots.names()), store):
+            sink = io.BytesIO()
+            await link.arun(link.snapshots.get(found.name, sink))
+            raw = sink.getvalue()
+            assert raw.startswith(MAGIC)
+            (length,) = struct.unpack_from(">I", raw, len(MAGIC))
+            body = raw[len(MAGIC) + 4 + length :]
+            out.append(zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)).read())
+        return out
+    finally:
+        await asyncio.to_thread(link.close)
+
+
+def _tombstones_taken(store: LmdbStorage, records: list[int]) -> bool:
+    with store.log.env.read() as txn:
+        for seq in records:
+            data = store.log.record(txn, seq)
+            if data is None or decode_record(seq, data).tombstone is None:
+                return False
+    return True
+
+
+def test_erasure_reaches_stream_replica_snapshots_and_restores(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
+    marker = "m" + secrets.token_hex(20)
+    url = nats_server.url
+
+    async def body() -> None:
+        writer = await LmdbStorage.open(
+            tmp_path / "writer", durability="replicated", nats=url, stream=STREAM
+        )
+        store = writer.store_id
+        assert store is not None
+        ids = await _fill(writer, marker)
+        head = writer.log.head()
+        replica = await LmdbStorage.open_replica(
+            tmp_path / "replica", nats=url, stream=STREAM, store=store
+        )
+        await replica.wait(head, timeout=60)
+        link = await open_stream(url, STREAM)
+        try:
+            await take_snapshot(tmp_path / "writer", link)
+        finally:
+            await asyncio.to_thread(link.close)
+        before = await _reads(writer, ids, head)
+        assert marker in repr(before[0])
+        assert any(marker.encode() in m.data for m in await read_subject(url, STREAM, subject(STREAM, store)))
+
+        report = await writer.erase_conversation(ids["a"], reason="erasure request 9", by="dpo")
+        assert report.seq == head + 1 and report.conversations == [ids["a"]]
+        await replica.wait(report.seq, timeout=60)
+        await until_async(
+            lambda: _tombstones_taken(replica, report.records),
+            timeout=60,
+            what="the replica takes the tombstones in",
+        )
+
+        after = await _reads(writer, ids, report.seq)
+        # (1) the replica answers as the writer, now and as of every point
+        assert await _reads(replica, ids, report.seq) == after
+        for point, reads in after.items():
+            assert marker not in repr(reads), point
+            assert reads["conversation a"] is None and reads["document"] is None
+            assert reads["task"] is None
+            assert _others(reads) == _others(before[point if point <= head else 0]), point
+        assert replica.log.root() == writer.log.root()
+        # (2) no message of the subject holds the erased bytes
+        messages = await read_subject(url, STREAM, subject(STREAM, store))
+        assert messages and not [m.stream_seq for m in messages if marker.encode() in m.data]
+        # (3) nor any snapshot
+        contents = await _snapshot_contents(url, store)
+        assert contents and not [c for c in contents if marker.encode() in c]
+        root = writer.log.root()
+        await replica.close()
+        await writer.close()
+
+        # (4) restores, from the log alone and from the new snapshot
+        for name, snapshots in (("restored", False), ("restored-snap", True)):
+            path = tmp_path / name
+            assert await restore(url, STREAM, store, path, snapshots=snapshots) == report.seq
+            restored = await LmdbStorage.open(path, durability="process")
+            try:
+                assert await _reads(restored, ids, report.seq) == after
+                assert restored.log.root() == root
+            finally:
+                await restored.close()
+            assert _files_holding(path, marker.encode()) == []
+            assert verify(path) is None
+        # A replica new after the erasure meets the deleted messages' gaps.
+        late = await LmdbStorage.open_replica(tmp_path / "late", nats=url, stream=STREAM, store=store)
+        try:
+            await late.wait(report.seq, timeout=60)
+            assert await _reads(late, ids, report.seq) == after
+            assert late.log.root() == root
+        finally:
+            await late.close()
+        for path in ("writer", "replica", "late"):
+            assert _files_holding(tmp_path / path, marker.encode()) == [], path
+            assert verify(tmp_path / path) is None, path
+
+    asyncio.run(body())
