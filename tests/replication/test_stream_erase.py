@@ -17,9 +17,12 @@ import io
 import os
 import secrets
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import zstandard
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
@@ -27,14 +30,16 @@ from pi_durable.errors import StorageRequestError
 from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.audit.restore import restore
 from pi_durable_lmdb.audit.tail import open_stream
-from pi_durable_lmdb.log.records import decode_record
+from pi_durable_lmdb.log import Environment, WriteLog
+from pi_durable_lmdb.log.records import decode_record, decode_record_builtins
+from pi_durable_lmdb.log.stream.message import Tombstones
 from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.lmdb_storage import ERASING_KEY
 from pi_durable_lmdb.storage.snapshot import MAGIC, snapshots_of, take_snapshot
 
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
 from ..support.polling import until_async
-from ..support.replication_helpers import read_subject, subject
+from ..support.replication_helpers import Message, read_subject, subject
 from ..support.workload import message
 
 pytestmark = pytest.mark.slow
@@ -145,6 +150,57 @@ def _files_holding(path: Path, needle: bytes) -> list[str]:
     return found
 
 
+def _record_holds(seq: int, data: bytes, needle: str) -> bool:
+    """Whether a record holds ``needle``, as stored or decoded (a compressed record's bytes
+    need not show it)."""
+
+    return needle.encode() in data or needle in repr(decode_record_builtins(seq, data))
+
+
+def _holding(messages: list[Message], needle: str) -> list[int]:
+    """The stream sequences of the messages holding ``needle``, records and tombstones decoded."""
+
+    found = []
+    for m in messages:
+        held = needle.encode() in m.data
+        if m.kind == "record":
+            held = held or _record_holds(m.seq, m.data, needle)
+        elif m.kind == "tombstones":
+            tombstones = msgspec.msgpack.decode(m.data, type=Tombstones)
+            held = held or any(_record_holds(s, d, needle) for s, d in tombstones.records)
+        if held:
+            found.append(m.stream_seq)
+    return found
+
+
+def _log_holding(path: Path, needle: str) -> list[int]:
+    """The records of the store at ``path`` that hold ``needle`` (decoded)."""
+
+    env = Environment(path, readonly=True)
+    try:
+        log = WriteLog(env)
+        return [
+            seq
+            for seq, data in log.raw_chunk(1, None, limit=1 << 30)
+            if _record_holds(seq, data, needle)
+        ]
+    finally:
+        env.close()
+
+
+async def _snapshots_holding(url: str, store: str, needle: str, work: Path) -> list[bool]:
+    """For each snapshot of ``store`` in the bucket: whether it holds ``needle``, in its bytes
+    or in a record of its log (decoded)."""
+
+    out = []
+    for index, content in enumerate(await _snapshot_contents(url, store)):
+        copy = work / f"snapshot-{index}"
+        copy.mkdir(parents=True)
+        (copy / "data.mdb").write_bytes(content)
+        out.append(needle.encode() in content or bool(_log_holding(copy, needle)))
+    return out
+
+
 async def _snapshot_contents(url: str, store: str) -> list[bytes]:
     """Each snapshot of ``store`` in the bucket, decompressed."""
 
@@ -196,18 +252,21 @@ def test_erasure_reaches_stream_replica_snapshots_and_restores(
             await take_snapshot(tmp_path / "writer", link)
         finally:
             await asyncio.to_thread(link.close)
+        assert await _snapshots_holding(url, store, marker, tmp_path / "before") == [True]
         before = await _reads(writer, ids, head)
         assert marker in repr(before[0])
-        assert any(marker.encode() in m.data for m in await read_subject(url, STREAM, subject(STREAM, store)))
+        assert _holding(await read_subject(url, STREAM, subject(STREAM, store)), marker)
 
         report = await writer.erase_conversation(ids["a"], reason="erasure request 9", by="dpo")
         assert report.seq == head + 1 and report.conversations == [ids["a"]]
         await replica.wait(report.seq, timeout=60)
+        end = writer.stream_position(STREAM).stream_seq  # the erasure's last tombstones message
         await until_async(
-            lambda: _tombstones_taken(replica, report.records),
+            lambda: replica.replication.status().stream_seq >= end,
             timeout=60,
-            what="the replica takes the tombstones in",
+            what="the replica takes the tombstones in and folds its projections again",
         )
+        assert _tombstones_taken(replica, report.records)
 
         after = await _reads(writer, ids, report.seq)
         # (1) the replica answers as the writer, now and as of every point
@@ -220,10 +279,12 @@ def test_erasure_reaches_stream_replica_snapshots_and_restores(
         assert replica.log.root() == writer.log.root()
         # (2) no message of the subject holds the erased bytes
         messages = await read_subject(url, STREAM, subject(STREAM, store))
-        assert messages and not [m.stream_seq for m in messages if marker.encode() in m.data]
-        # (3) nor any snapshot
-        contents = await _snapshot_contents(url, store)
-        assert contents and not [c for c in contents if marker.encode() in c]
+        assert messages and _holding(messages, marker) == []
+        on_stream = {m.seq for m in messages if m.kind == "record"}
+        assert on_stream == set(range(1, report.seq + 1)) - set(report.records)
+        assert [m.kind for m in messages if m.stream_seq > end - 1] == ["tombstones"]
+        # (3) nor any snapshot (the one taken before replaced by one taken after)
+        assert await _snapshots_holding(url, store, marker, tmp_path / "work") == [False]
         root = writer.log.root()
         await replica.close()
         await writer.close()
@@ -239,9 +300,12 @@ def test_erasure_reaches_stream_replica_snapshots_and_restores(
             finally:
                 await restored.close()
             assert _files_holding(path, marker.encode()) == []
+            assert _log_holding(path, marker) == []
             assert verify(path) is None
         # A replica new after the erasure meets the deleted messages' gaps.
-        late = await LmdbStorage.open_replica(tmp_path / "late", nats=url, stream=STREAM, store=store)
+        late = await LmdbStorage.open_replica(
+            tmp_path / "late", nats=url, stream=STREAM, store=store
+        )
         try:
             await late.wait(report.seq, timeout=60)
             assert await _reads(late, ids, report.seq) == after
@@ -250,6 +314,84 @@ def test_erasure_reaches_stream_replica_snapshots_and_restores(
             await late.close()
         for path in ("writer", "replica", "late"):
             assert _files_holding(tmp_path / path, marker.encode()) == [], path
+            assert _log_holding(tmp_path / path, marker) == [], path
             assert verify(tmp_path / path) is None, path
 
     asyncio.run(body())
+
+
+KILLED_ERASER = """
+import asyncio, os, sys
+from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb.storage import lmdb_storage
+
+path, url, stream, conversation = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+async def die(*args, **kwargs):
+    print("committed", flush=True)
+    os._exit(9)  # killed once the erasure committed, before a message left the stream
+
+lmdb_storage.delete_erased = die
+
+async def main():
+    storage = await LmdbStorage.open(path, durability="replicated", nats=url, stream=stream)
+    await storage.erase_conversation(conversation, reason="a kill test")
+
+asyncio.run(main())
+"""
+
+
+def test_a_writer_killed_before_the_deletes_finishes_them_on_its_next_open(
+    tmp_path: Path, nats_server: NatsNode
+) -> None:
+    marker = "m" + secrets.token_hex(20)
+    url = nats_server.url
+    path = tmp_path / "writer"
+
+    async def fill() -> tuple[str, dict[str, int], int]:
+        writer = await LmdbStorage.open(path, durability="replicated", nats=url, stream=STREAM)
+        try:
+            ids = await _fill(writer, marker)
+            store = writer.store_id
+            assert store is not None
+            link = await open_stream(url, STREAM)
+            try:
+                await take_snapshot(path, link)
+            finally:
+                await asyncio.to_thread(link.close)
+            return store, ids, writer.log.head()
+        finally:
+            await writer.close()
+
+    store, ids, head = asyncio.run(fill())
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_ERASER, str(path), url, STREAM, str(ids["a"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 9 and "committed" in child.stdout, child.stderr
+    messages = asyncio.run(read_subject(url, STREAM, subject(STREAM, store)))
+    assert _holding(messages, marker)  # not deleted yet
+
+    async def reopen() -> None:
+        writer = await LmdbStorage.open(
+            path, durability="replicated", nats=url, stream=STREAM, take_over="force"
+        )
+        try:
+            assert writer.log.head() == head + 1
+            with writer.log.env.read() as txn:
+                assert txn.get(ERASING_KEY, db=writer.log.env.db("meta")) is None
+            # Run again: already erased by record head + 1, nothing left to do.
+            report = await writer.erase_conversation(ids["a"], reason="again")
+            assert report.seq == head + 1
+        finally:
+            await writer.close()
+
+    asyncio.run(reopen())
+    messages = asyncio.run(read_subject(url, STREAM, subject(STREAM, store)))
+    assert _holding(messages, marker) == []
+    assert asyncio.run(_snapshots_holding(url, store, marker, tmp_path / "work")) == [False]
+    assert _files_holding(path, marker.encode()) == []
+    assert _log_holding(path, marker) == []
+    assert verify(path) is None

@@ -76,6 +76,8 @@ MOVED_CODES: Final = frozenset(
     {WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT, DUPLICATE_IN_BATCH}
 )
 """Refusals that mean the subject moved under this writer (another appended or fenced it)."""
+GONE_CODES: Final = frozenset({10043, 10057})
+"""``sequence N not found``, ``no message found``: a message to delete is gone already."""
 UNAVAILABLE_CODES: Final = frozenset({10008, 10023, 10028, 10047})
 """Cluster not available, insufficient resources, memory or storage exhausted: try again later."""
 MISSING_CODES: Final = frozenset({10059, 10060})
@@ -568,9 +570,10 @@ class JetStreamMessages:
                 f"NATS did not delete message {stream_seq} of {self.stream!r} ({type(error).__name__})"
             ) from None
         except nats.errors.Error as error:
-            if isinstance(error, nats.js.errors.NotFoundError):
-                if error.err_code in MISSING_CODES:
-                    raise StreamMissingError(f"NATS has no stream {self.stream!r}") from None
+            code = getattr(error, "err_code", None)
+            if code in MISSING_CODES:
+                raise StreamMissingError(f"NATS has no stream {self.stream!r}") from None
+            if code in GONE_CODES:
                 return  # the message is gone already
             raise ReplicationError(
                 f"NATS refused to delete message {stream_seq} of {self.stream!r}: {error}"
