@@ -302,6 +302,10 @@ def test_erasure_reaches_stream_replica_snapshots_and_restores(
             assert _files_holding(path, marker.encode()) == []
             assert _log_holding(path, marker) == []
             assert verify(path) is None
+        # To a point before the erasure: refused, named (the erased records are not there).
+        with pytest.raises(ValueError, match=f"erased by erasure record {report.seq}"):
+            await restore(url, STREAM, store, tmp_path / "to-before", to_seq=head)
+        assert not (tmp_path / "to-before").exists()
         # A replica new after the erasure meets the deleted messages' gaps.
         late = await LmdbStorage.open_replica(
             tmp_path / "late", nats=url, stream=STREAM, store=store

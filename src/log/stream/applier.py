@@ -56,6 +56,9 @@ class StreamApplier:
         sequence after which to look and the log sequences missing (``TombstoneLookup``)."""
         self.on_rewrite: Callable[[lmdb.Transaction[bytes]], None] | None = None
         """Called in the transaction that put a tombstone over a record this store held."""
+        self.erasure_ahead = 0
+        """The latest erasure record named by a tombstone taken for a deleted message (a reader
+        that stops before it holds a tombstone its log cannot account for)."""
 
     def apply(
         self,
@@ -191,6 +194,7 @@ class StreamApplier:
                     f"the tombstone of record {seq} is not a valid commit here: {outcome}",
                 )
             self.max_id = max(self.max_id, outcome[1])
+            self.erasure_ahead = max(self.erasure_ahead, commit.tombstone.erasure)
         return message.seq - 1
 
     def _put_tombstones(
