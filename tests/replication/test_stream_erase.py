@@ -37,6 +37,7 @@ from pi_durable_lmdb.storage import LmdbStorage
 from pi_durable_lmdb.storage.lmdb_storage import ERASING_KEY
 from pi_durable_lmdb.storage.snapshot import MAGIC, snapshots_of, take_snapshot
 
+from ..support.cli_call import call
 from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
 from ..support.polling import until_async
 from ..support.replication_helpers import Message, read_subject, subject
@@ -399,3 +400,47 @@ def test_a_writer_killed_before_the_deletes_finishes_them_on_its_next_open(
     assert _files_holding(path, marker.encode()) == []
     assert _log_holding(path, marker) == []
     assert verify(path) is None
+
+
+def test_durable_log_erase_with_nats_erases_from_the_stream(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, nats_server: NatsNode
+) -> None:
+    marker = "m" + secrets.token_hex(20)
+    url = nats_server.url
+    path = tmp_path / "writer"
+
+    async def fill() -> tuple[str, dict[str, int]]:
+        writer = await LmdbStorage.open(path, durability="replicated", nats=url, stream=STREAM)
+        try:
+            ids = await _fill(writer, marker)
+            assert writer.store_id is not None
+            return writer.store_id, ids
+        finally:
+            await writer.close()
+
+    store, ids = asyncio.run(fill())
+    a = ids["a"]
+    code, _, err = call(capsys, "erase", path, "--conversation", a, "--reason", "r", "--nats", url)
+    assert code != 0 and "--nats and --stream go together" in err
+    code, out, err = call(
+        capsys,
+        "erase",
+        path,
+        "--conversation",
+        a,
+        "--reason",
+        "r",
+        "--nats",
+        url,
+        "--stream",
+        STREAM,
+    )
+    assert code == 0, err
+    assert "erased conversation" in out
+    messages = asyncio.run(read_subject(url, STREAM, subject(STREAM, store)))
+    assert _holding(messages, marker) == []
+    assert _files_holding(path, marker.encode()) == [] and _log_holding(path, marker) == []
+    restored = tmp_path / "restored"
+    assert asyncio.run(restore(url, STREAM, store, restored)) == messages[-2].seq
+    assert _log_holding(restored, marker) == []
+    assert verify(restored) is None and verify(path) is None
