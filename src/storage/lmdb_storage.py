@@ -85,6 +85,9 @@ REPLAY_CHUNK: Final = 64
 ERASING_KEY: Final = b"erasure.stream"
 """In the meta table while a replicated writer's erasure (its record's sequence) still has
 messages to delete from the stream and snapshots to take again."""
+SCRUB_KEY: Final = b"erasure.scrub"
+"""In the meta table from the transaction in which an erasure rewrote a replicated store's log
+(its writer's, or a replica's taking it from the stream) until the close that scrubs it."""
 
 
 class LmdbStorage(StorageReads, Storage):
@@ -124,6 +127,9 @@ class LmdbStorage(StorageReads, Storage):
         """Records were rewritten by an erasure taken from the stream: fold the projections again."""
         self._scrub_at_close = False
         """An erasure rewrote this store's log: its files are scrubbed once it is closed."""
+        if not env.readonly:
+            with env.read() as txn:
+                self._scrub_at_close = txn.get(SCRUB_KEY, db=self._meta) is not None
         with env.read() as txn:
             self._ids = IdMinter.load(txn, self._meta, self._model.max_record_id(txn) + 1)
 
@@ -430,6 +436,7 @@ class LmdbStorage(StorageReads, Storage):
 
         served = bool(self.projections.projections)  # served here: their program refolds them
         retire_projections(txn, self._env, [] if served else stored_projections(self._env))
+        txn.put(SCRUB_KEY, b"", db=self._meta)
         self._env.effects(txn).on_commit(self._erased_here)
 
     def _erased_here(self) -> None:
@@ -559,7 +566,13 @@ class LmdbStorage(StorageReads, Storage):
         tombstone keeping its leaf hash, an erasure record naming ``reason`` (and ``by``) is
         appended, and the projections are rebuilt. Forks and owned conversations are refused,
         named, unless ``with_forks``. The bytes leave the disk once the store is closed and
-        ``storage.erase.scrub`` ran (``durable-log erase`` does both)."""
+        ``storage.erase.scrub`` ran (``durable-log erase`` does both).
+
+        On a stream, only its replicated writer erases: the erasure record and its tombstones
+        are committed through the stream (every replica applies them), then the erased records'
+        messages are deleted from it and its snapshots taken again (``log.stream.erasure``), and
+        the store is scrubbed when it closes. Asked again for a conversation it erased, it
+        finishes what a stopped run left (the messages, the snapshots) and returns its report."""
 
         self.check_open()
         reason, by = check_reason(reason, by)
@@ -656,6 +669,7 @@ class LmdbStorage(StorageReads, Storage):
                 assert data is not None
                 tombstones.append((number, data))
             txn.put(ERASING_KEY, seq.to_bytes(8, "big"), db=self._meta)
+            txn.put(SCRUB_KEY, b"", db=self._meta)
             writer.publish_erasure(txn, seq, tombstones)
             return seq, planned
 
@@ -739,6 +753,8 @@ class LmdbStorage(StorageReads, Storage):
                     self._env.path,
                     error,
                 )
+        if self._scrub_at_close:
+            self._env.write(lambda txn: txn.delete(SCRUB_KEY, db=self._meta))
         self._env.close()
         self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
         if self._scrub_at_close:
