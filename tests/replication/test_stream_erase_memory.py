@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.log.records import decode_record
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
@@ -64,6 +65,8 @@ def test_a_record_erased_twice_and_a_replica_meeting_the_gaps(tmp_path: Path) ->
         )
         await replica.wait(writer.log.head(), timeout=30)
 
+        with pytest.raises(PermissionError, match="not its stream's writer"):
+            await replica.erase_conversation(a, reason="a replica takes erasures from its writer")
         first = await writer.erase_conversation(a, reason="first")
         second = await writer.erase_conversation(b, reason="second")
         # Half of A's records held B's writes too; the others' tombstones travel again.
