@@ -631,9 +631,12 @@ class LmdbStorage(StorageReads, Storage):
 
         env, log, link = self._env, self.log, writer.link
         subject = subject_of(link.stream, writer.store)
+        planned = log.head()
         try:
             plan = plan_erasure(
-                lambda: log.read(decode=decode_record_builtins), conversation_id, with_forks
+                lambda: log.read(last=planned, decode=decode_record_builtins),
+                conversation_id,
+                with_forks,
             )
         except StorageRequestError:
             done = erased_by(log, conversation_id)
@@ -648,30 +651,30 @@ class LmdbStorage(StorageReads, Storage):
             await self._finish_stream_erasure(writer, done, erasure.records)
             return ErasureReport(done, erasure.conversations, erasure.records, erasure.writes)
         names = stored_projections(env)
-        earlier = (await link.arun(scan_subject(link, subject, writer.store)))[1]
 
         def work(txn: lmdb.Transaction[bytes]) -> tuple[int, ErasurePlan]:
-            planned = plan
             head = log.head(txn)
             writer.settle(txn, self._committer.projector)
-            if log.head(txn) != head:  # the stream held more: this erasure, published by a run
-                for seq in range(head + 1, log.head(txn) + 1):  # of this transaction, or others
-                    erasure = erasure_at(log, txn, seq)
-                    if erasure is not None and conversation_id in erasure.conversations:
-                        txn.put(ERASING_KEY, seq.to_bytes(8, "big"), db=self._meta)
-                        return seq, planned
-                planned = plan_erasure(lambda: records_in(txn, log), conversation_id, with_forks)
-            seq = rewrite(txn, env, log, planned, reason, by, names)
-            again = held_elsewhere(earlier, planned.erased)[1]
+            for seq in range(head + 1, log.head(txn) + 1):  # this erasure, taken back in from
+                erasure = erasure_at(log, txn, seq)  # the stream by a run of this transaction
+                if erasure is not None and conversation_id in erasure.conversations:
+                    txn.put(ERASING_KEY, seq.to_bytes(8, "big"), db=self._meta)
+                    return seq, plan
+            planning = plan
+            if log.head(txn) != planned:  # commits since the plan: plan again, in txn
+                planning = plan_erasure(lambda: records_in(txn, log), conversation_id, with_forks)
+            earlier = link.run(scan_subject(link, subject, writer.store))[1]
+            seq = rewrite(txn, env, log, planning, reason, by, names)
+            again = held_elsewhere(earlier, planning.erased)[1]
             tombstones = []
-            for number in sorted(set(planned.erased) | again):
+            for number in sorted(set(planning.erased) | again):
                 data = log.record(txn, number)
                 assert data is not None
                 tombstones.append((number, data))
             txn.put(ERASING_KEY, seq.to_bytes(8, "big"), db=self._meta)
             txn.put(SCRUB_KEY, b"", db=self._meta)
             writer.publish_erasure(txn, seq, tombstones)
-            return seq, planned
+            return seq, planning
 
         with self._committer.exclusive():
             seq, plan = env.write(work)  # failed after the publish: the next group takes it in
