@@ -7,7 +7,8 @@ with ``durability="replicated"``), against a real nats-server, with a replica an
 * a restore afterwards (from the log alone, and from the new snapshot) has the writer's reads
   and tree root and no file holding the bytes; ``verify`` passes on all of them;
 * a replica started after the erasure (meeting the deleted messages' gaps) equals the writer;
-* a writer that stopped before the messages were deleted finishes on its next open.
+* a writer that stopped before the messages were deleted finishes on its next open;
+* the same on a 3-node cluster (R3), and through `durable-log erase --nats --stream`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pi_durable_lmdb.storage.lmdb_storage import ERASING_KEY
 from pi_durable_lmdb.storage.snapshot import MAGIC, snapshots_of, take_snapshot
 
 from ..support.cli_call import call
-from ..support.natsserver import NatsNode, nats_server  # noqa: F401 - fixtures
+from ..support.natsserver import NatsCluster, NatsNode, nats_cluster, nats_server  # noqa: F401
 from ..support.polling import until_async
 from ..support.replication_helpers import Message, read_subject, subject
 from ..support.workload import message
@@ -230,99 +231,104 @@ def _tombstones_taken(store: LmdbStorage, records: list[int]) -> bool:
     return True
 
 
+async def _erase_everywhere(tmp_path: Path, url: str, replicas: int) -> None:
+    """Writer, replica and snapshot on the stream at ``url`` (``replicas`` copies), an erasure,
+    then every check of the module docstring's first three points."""
+
+    marker = "m" + secrets.token_hex(20)
+    writer = await LmdbStorage.open(
+        tmp_path / "writer", durability="replicated", nats=url, stream=STREAM, replicas=replicas
+    )
+    store = writer.store_id
+    assert store is not None
+    ids = await _fill(writer, marker)
+    head = writer.log.head()
+    replica = await LmdbStorage.open_replica(
+        tmp_path / "replica", nats=url, stream=STREAM, store=store
+    )
+    await replica.wait(head, timeout=60)
+    link = await open_stream(url, STREAM)
+    try:
+        await take_snapshot(tmp_path / "writer", link)
+    finally:
+        await asyncio.to_thread(link.close)
+    assert await _snapshots_holding(url, store, marker, tmp_path / "before") == [True]
+    before = await _reads(writer, ids, head)
+    assert marker in repr(before[0])
+    assert _holding(await read_subject(url, STREAM, subject(STREAM, store)), marker)
+
+    report = await writer.erase_conversation(ids["a"], reason="erasure request 9", by="dpo")
+    assert report.seq == head + 1 and report.conversations == [ids["a"]]
+    await replica.wait(report.seq, timeout=60)
+    end = writer.stream_position(STREAM).stream_seq  # the erasure's last tombstones message
+    await until_async(
+        lambda: replica.replication.status().stream_seq >= end,
+        timeout=60,
+        what="the replica takes the tombstones in and folds its projections again",
+    )
+    assert _tombstones_taken(replica, report.records)
+
+    after = await _reads(writer, ids, report.seq)
+    # (1) the replica answers as the writer, now and as of every point
+    assert await _reads(replica, ids, report.seq) == after
+    for point, reads in after.items():
+        assert marker not in repr(reads), point
+        assert reads["conversation a"] is None and reads["document"] is None
+        assert reads["task"] is None
+        assert _others(reads) == _others(before[point if point <= head else 0]), point
+    assert replica.log.root() == writer.log.root()
+    # (2) no message of the subject holds the erased bytes
+    messages = await read_subject(url, STREAM, subject(STREAM, store))
+    assert messages and _holding(messages, marker) == []
+    on_stream = {m.seq for m in messages if m.kind == "record"}
+    assert on_stream == set(range(1, report.seq + 1)) - set(report.records)
+    assert [m.kind for m in messages if m.stream_seq > end - 1] == ["tombstones"]
+    # (3) nor any snapshot (the one taken before replaced by one taken after)
+    assert await _snapshots_holding(url, store, marker, tmp_path / "work") == [False]
+    root = writer.log.root()
+    await replica.close()
+    await writer.close()
+
+    # (4) restores, from the log alone and from the new snapshot
+    for name, snapshots in (("restored", False), ("restored-snap", True)):
+        path = tmp_path / name
+        assert await restore(url, STREAM, store, path, snapshots=snapshots) == report.seq
+        restored = await LmdbStorage.open(path, durability="process")
+        try:
+            assert await _reads(restored, ids, report.seq) == after
+            assert restored.log.root() == root
+        finally:
+            await restored.close()
+        assert _files_holding(path, marker.encode()) == []
+        assert _log_holding(path, marker) == []
+        assert verify(path) is None
+    # To a point before the erasure: refused, named (the erased records are not there).
+    with pytest.raises(ValueError, match=f"erased by erasure record {report.seq}"):
+        await restore(url, STREAM, store, tmp_path / "to-before", to_seq=head)
+    assert not (tmp_path / "to-before").exists()
+    # A replica new after the erasure meets the deleted messages' gaps.
+    late = await LmdbStorage.open_replica(tmp_path / "late", nats=url, stream=STREAM, store=store)
+    try:
+        await late.wait(report.seq, timeout=60)
+        assert await _reads(late, ids, report.seq) == after
+        assert late.log.root() == root
+    finally:
+        await late.close()
+    for path in ("writer", "replica", "late"):
+        assert _files_holding(tmp_path / path, marker.encode()) == [], path
+        assert _log_holding(tmp_path / path, marker) == [], path
+        assert verify(tmp_path / path) is None, path
+
+
 def test_erasure_reaches_stream_replica_snapshots_and_restores(
     tmp_path: Path, nats_server: NatsNode
 ) -> None:
-    marker = "m" + secrets.token_hex(20)
-    url = nats_server.url
+    asyncio.run(_erase_everywhere(tmp_path, nats_server.url, 1))
 
-    async def body() -> None:
-        writer = await LmdbStorage.open(
-            tmp_path / "writer", durability="replicated", nats=url, stream=STREAM
-        )
-        store = writer.store_id
-        assert store is not None
-        ids = await _fill(writer, marker)
-        head = writer.log.head()
-        replica = await LmdbStorage.open_replica(
-            tmp_path / "replica", nats=url, stream=STREAM, store=store
-        )
-        await replica.wait(head, timeout=60)
-        link = await open_stream(url, STREAM)
-        try:
-            await take_snapshot(tmp_path / "writer", link)
-        finally:
-            await asyncio.to_thread(link.close)
-        assert await _snapshots_holding(url, store, marker, tmp_path / "before") == [True]
-        before = await _reads(writer, ids, head)
-        assert marker in repr(before[0])
-        assert _holding(await read_subject(url, STREAM, subject(STREAM, store)), marker)
 
-        report = await writer.erase_conversation(ids["a"], reason="erasure request 9", by="dpo")
-        assert report.seq == head + 1 and report.conversations == [ids["a"]]
-        await replica.wait(report.seq, timeout=60)
-        end = writer.stream_position(STREAM).stream_seq  # the erasure's last tombstones message
-        await until_async(
-            lambda: replica.replication.status().stream_seq >= end,
-            timeout=60,
-            what="the replica takes the tombstones in and folds its projections again",
-        )
-        assert _tombstones_taken(replica, report.records)
-
-        after = await _reads(writer, ids, report.seq)
-        # (1) the replica answers as the writer, now and as of every point
-        assert await _reads(replica, ids, report.seq) == after
-        for point, reads in after.items():
-            assert marker not in repr(reads), point
-            assert reads["conversation a"] is None and reads["document"] is None
-            assert reads["task"] is None
-            assert _others(reads) == _others(before[point if point <= head else 0]), point
-        assert replica.log.root() == writer.log.root()
-        # (2) no message of the subject holds the erased bytes
-        messages = await read_subject(url, STREAM, subject(STREAM, store))
-        assert messages and _holding(messages, marker) == []
-        on_stream = {m.seq for m in messages if m.kind == "record"}
-        assert on_stream == set(range(1, report.seq + 1)) - set(report.records)
-        assert [m.kind for m in messages if m.stream_seq > end - 1] == ["tombstones"]
-        # (3) nor any snapshot (the one taken before replaced by one taken after)
-        assert await _snapshots_holding(url, store, marker, tmp_path / "work") == [False]
-        root = writer.log.root()
-        await replica.close()
-        await writer.close()
-
-        # (4) restores, from the log alone and from the new snapshot
-        for name, snapshots in (("restored", False), ("restored-snap", True)):
-            path = tmp_path / name
-            assert await restore(url, STREAM, store, path, snapshots=snapshots) == report.seq
-            restored = await LmdbStorage.open(path, durability="process")
-            try:
-                assert await _reads(restored, ids, report.seq) == after
-                assert restored.log.root() == root
-            finally:
-                await restored.close()
-            assert _files_holding(path, marker.encode()) == []
-            assert _log_holding(path, marker) == []
-            assert verify(path) is None
-        # To a point before the erasure: refused, named (the erased records are not there).
-        with pytest.raises(ValueError, match=f"erased by erasure record {report.seq}"):
-            await restore(url, STREAM, store, tmp_path / "to-before", to_seq=head)
-        assert not (tmp_path / "to-before").exists()
-        # A replica new after the erasure meets the deleted messages' gaps.
-        late = await LmdbStorage.open_replica(
-            tmp_path / "late", nats=url, stream=STREAM, store=store
-        )
-        try:
-            await late.wait(report.seq, timeout=60)
-            assert await _reads(late, ids, report.seq) == after
-            assert late.log.root() == root
-        finally:
-            await late.close()
-        for path in ("writer", "replica", "late"):
-            assert _files_holding(tmp_path / path, marker.encode()) == [], path
-            assert _log_holding(tmp_path / path, marker) == [], path
-            assert verify(tmp_path / path) is None, path
-
-    asyncio.run(body())
+@pytest.mark.cluster
+def test_erasure_on_a_three_node_cluster(tmp_path: Path, nats_cluster: NatsCluster) -> None:
+    asyncio.run(_erase_everywhere(tmp_path, nats_cluster.urls, 3))
 
 
 KILLED_ERASER = """
