@@ -4,9 +4,10 @@ with ``durability="replicated"``), against a real nats-server, with a replica an
 * the replica's reads equal the writer's, now and as of every point, the erased conversation
   absent; every other read is what it was;
 * no message of the store's subject and no snapshot in the bucket holds the erased bytes;
-* a restore afterwards (from the log alone, and from the new snapshot) has the writer's reads
-  and tree root and no file holding the bytes; ``verify`` passes on all of them;
-* a replica started after the erasure (meeting the deleted messages' gaps) equals the writer;
+* a restore afterwards (from the log alone, meeting the deleted messages' gaps, and from the
+  new snapshot) has the writer's reads and tree root and no file holding the bytes; ``verify``
+  passes on all of them; a restore to a point before the erasure is refused, named;
+* a replica started after the erasure (from the new snapshot) equals the writer;
 * a writer that stopped before the messages were deleted finishes on its next open;
 * the same on a 3-node cluster (R3), and through `durable-log erase --nats --stream`.
 """
