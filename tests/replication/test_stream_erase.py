@@ -232,9 +232,12 @@ def _tombstones_taken(store: LmdbStorage, records: list[int]) -> bool:
     return True
 
 
-async def _erase_everywhere(tmp_path: Path, url: str, replicas: int) -> None:
+async def _erase_everywhere(
+    tmp_path: Path, url: str, replicas: int, server_files: Path | None = None
+) -> None:
     """Writer, replica and snapshot on the stream at ``url`` (``replicas`` copies), an erasure,
-    then every check of the module docstring's first three points."""
+    then every check of the module docstring's first three points; ``server_files``: the
+    server's store directory, which must not hold the erased bytes either."""
 
     marker = "m" + secrets.token_hex(20)
     writer = await LmdbStorage.open(
@@ -257,6 +260,8 @@ async def _erase_everywhere(tmp_path: Path, url: str, replicas: int) -> None:
     before = await _reads(writer, ids, head)
     assert marker in repr(before[0])
     assert _holding(await read_subject(url, STREAM, subject(STREAM, store)), marker)
+    if server_files is not None:
+        assert _files_holding(server_files, marker.encode())
 
     report = await writer.erase_conversation(ids["a"], reason="erasure request 9", by="dpo")
     assert report.seq == head + 1 and report.conversations == [ids["a"]]
@@ -286,6 +291,8 @@ async def _erase_everywhere(tmp_path: Path, url: str, replicas: int) -> None:
     assert [m.kind for m in messages if m.stream_seq > end - 1] == ["tombstones"]
     # (3) nor any snapshot (the one taken before replaced by one taken after)
     assert await _snapshots_holding(url, store, marker, tmp_path / "work") == [False]
+    if server_files is not None:  # secure deletes: the server's files do not hold it either
+        assert _files_holding(server_files, marker.encode()) == []
     root = writer.log.root()
     await replica.close()
     await writer.close()
@@ -324,7 +331,7 @@ async def _erase_everywhere(tmp_path: Path, url: str, replicas: int) -> None:
 def test_erasure_reaches_stream_replica_snapshots_and_restores(
     tmp_path: Path, nats_server: NatsNode
 ) -> None:
-    asyncio.run(_erase_everywhere(tmp_path, nats_server.url, 1))
+    asyncio.run(_erase_everywhere(tmp_path, nats_server.url, 1, nats_server.store_dir))
 
 
 @pytest.mark.cluster
