@@ -2,7 +2,8 @@
 JetStream, deterministic): a record erased twice (its first tombstone kept another conversation's
 writes the second erasure removes) leaves the stream with no message holding either
 conversation's bytes and a current tombstone of every erased record; a replica that held the
-records and one that meets the gaps both hold the writer's log byte for byte."""
+records (following, or closed meanwhile) and one that meets the gaps all hold the writer's log
+byte for byte; a replica refuses to erase."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pi_durable_lmdb.storage import LmdbStorage
 
 from ..support.polling import until_async
 from ..support.workload import message
-from .test_stream_erase import _reads, _record_holds
+from .test_stream_erase import _files_holding, _log_holding, _reads, _record_holds
 
 STREAM, STORE = "mem", "erasing-store"
 
@@ -64,6 +65,11 @@ def test_a_record_erased_twice_and_a_replica_meeting_the_gaps(tmp_path: Path) ->
             tmp_path / "r", nats=MemoryLink(server), stream=STREAM, store=STORE
         )
         await replica.wait(writer.log.head(), timeout=30)
+        away = await LmdbStorage.open_replica(
+            tmp_path / "away", nats=MemoryLink(server), stream=STREAM, store=STORE
+        )
+        await away.wait(writer.log.head(), timeout=30)
+        await away.close()  # closed while the erasures happen: it takes them in when it opens
 
         with pytest.raises(PermissionError, match="not its stream's writer"):
             await replica.erase_conversation(a, reason="a replica takes erasures from its writer")
@@ -107,13 +113,25 @@ def test_a_record_erased_twice_and_a_replica_meeting_the_gaps(tmp_path: Path) ->
             tmp_path / "late", nats=MemoryLink(server), stream=STREAM, store=STORE
         )
         await late.wait(head, timeout=30)
+        away = await LmdbStorage.open_replica(
+            tmp_path / "away", nats=MemoryLink(server), stream=STREAM, store=STORE
+        )
+        await until_async(
+            lambda: away.replication.status().stream_seq >= end,
+            timeout=30,
+            what="the reopened replica takes the erasures in",
+        )
         expected = await _reads(writer, ids, head)
-        for other in (replica, late):
+        for other in (replica, late, away):
             assert _log(other) == _log(writer)
             assert other.log.root() == writer.log.root()
             assert await _reads(other, ids, head) == expected
         assert expected[0]["conversation a"] is None and expected[0]["conversation b"] is None
-        for storage in (late, replica, writer):
+        for storage in (away, late, replica, writer):
             await storage.close()
+        for name in ("w", "r", "late", "away"):  # scrubbed as they closed
+            for marker in (a_marker, b_marker):
+                assert _files_holding(tmp_path / name, marker.encode()) == [], name
+                assert _log_holding(tmp_path / name, marker) == [], name
 
     asyncio.run(body())
