@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb.errors import OutcomeUnknownError
 from pi_durable_lmdb.log.records import decode_record
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
 from pi_durable_lmdb.log.stream.message import H_KIND, H_SEQ, Tombstones
@@ -133,5 +134,52 @@ def test_a_record_erased_twice_and_a_replica_meeting_the_gaps(tmp_path: Path) ->
             for marker in (a_marker, b_marker):
                 assert _files_holding(tmp_path / name, marker.encode()) == [], name
                 assert _log_holding(tmp_path / name, marker) == [], name
+
+    asyncio.run(body())
+
+
+def test_an_erasure_whose_answer_was_lost_or_whose_publish_was_dropped(tmp_path: Path) -> None:
+    server = MemoryStream(STREAM)
+    marker = "a" + secrets.token_hex(16)
+
+    async def body() -> None:
+        writer = await LmdbStorage.open(
+            tmp_path / "w",
+            durability="replicated",
+            nats=MemoryLink(server),
+            stream=STREAM,
+            store=STORE,
+        )
+        a, b = await writer.mint_id(), await writer.mint_id()
+        await writer.commit([{"type": "conversation", "value": {"id": i}} for i in (a, b)], CTX)
+        for turn in range(4):
+            await writer.commit(
+                [
+                    message(await writer.mint_id(), a, f"{turn} {marker}"),
+                    message(await writer.mint_id(), b, f"b {turn}"),
+                ],
+                CTX,
+            )
+        head = writer.log.head()
+        server.drop_requests = 1  # nothing stored, no answer: nothing erased
+        with pytest.raises(OutcomeUnknownError):
+            await writer.erase_conversation(a, reason="dropped")
+        assert writer.log.head() == head and await writer.conversation(a, CTX) is not None
+        server.lose_answers = 1  # stored, the answer lost: the erasure landed, and is committed
+        report = await writer.erase_conversation(a, reason="answer lost")
+        assert report.seq == head + 1 and await writer.conversation(a, CTX) is None
+        subject = f"{STREAM}.{STORE}.log"
+        kinds = [
+            (m.headers[H_KIND], int(m.headers[H_SEQ])) for m in server.subject_messages(subject)
+        ]
+        assert kinds.count(("record", report.seq)) == 1 and kinds[-1] == ("tombstones", report.seq)
+        await writer.commit([message(await writer.mint_id(), b, "after")], CTX)
+        late = await LmdbStorage.open_replica(
+            tmp_path / "late", nats=MemoryLink(server), stream=STREAM, store=STORE
+        )
+        await late.wait(writer.log.head(), timeout=30)
+        assert _log(late) == _log(writer)
+        for storage in (late, writer):
+            await storage.close()
 
     asyncio.run(body())
