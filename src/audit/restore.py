@@ -50,7 +50,8 @@ async def restore(
     by that point) unless ``snapshots`` is false. Returns the new store's head sequence.
 
     ``ValueError``: ``path`` is not empty, the stream holds no record ``to_seq`` or none
-    committed by ``to_time``, or both are given;
+    committed by ``to_time``, both are given, or the point is before an erasure of records
+    before it (the stream holds only their tombstones);
     ``NatsUnavailableError``: no server answered; ``StreamMissingError``: no such stream, or it
     holds nothing of ``store``; ``ForeignMessageError``: a message of the subject is not a sound
     record of the store (nothing is left behind)."""
@@ -88,6 +89,13 @@ async def restore(
                     f"Stream {stream!r} holds no record of store {store} committed at or before "
                     f"{format_time(to_time)} (or its log before a later snapshot was trimmed); "
                     "nothing was restored"
+                )
+            if follower.applier.erasure_ahead > head:
+                raise ValueError(
+                    f"Records of store {store} up to {head} include records erased by erasure "
+                    f"record {follower.applier.erasure_ahead}, which comes later: the stream holds "
+                    f"only their tombstones; restore to {follower.applier.erasure_ahead} or later "
+                    "(nothing was restored)"
                 )
             if to_seq is not None and head < to_seq:
                 raise ValueError(

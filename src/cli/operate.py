@@ -165,7 +165,10 @@ def _register_erase(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "zeroed and data.mdb compacted: no file of the store holds the erased bytes. Takes the "
         "writer lock and needs the store closed everywhere; never creates a store. A "
         "conversation with forks is refused, naming them, unless --with-forks. Run again on a "
-        "conversation already erased, it finishes the scrub (after an erase that was stopped).",
+        "conversation already erased, it finishes the scrub (after an erase that was stopped). "
+        "With --nats URL --stream S, the store is opened as the stream's replicated writer: the "
+        "erasure travels the stream to every replica, the erased records' messages are deleted "
+        "from it and its snapshots taken again.",
         example="durable-log erase demo-store --conversation 22 --reason 'erasure request 17'",
     )
     store_argument(sub)
@@ -187,6 +190,14 @@ def _register_erase(commands: argparse._SubParsersAction[argparse.ArgumentParser
         action="store_true",
         help="erase the conversation's forks and owned conversations too (else they are refused)",
     )
+    sub.add_argument(
+        "--nats",
+        metavar="URL",
+        help="the store's NATS servers, for a replicated store (with --stream)",
+    )
+    sub.add_argument(
+        "--stream", metavar="S", help="the stream that carries the store's log (with --nats)"
+    )
     sub.set_defaults(run=_erase)
 
 
@@ -196,9 +207,17 @@ def _erase(args: argparse.Namespace) -> int:
     from ..storage.lmdb_storage import LmdbStorage
 
     require_store(args.path)
+    if (args.nats is None) != (args.stream is None):
+        raise usage("--nats and --stream go together")
 
     async def run() -> str:
-        storage = await LmdbStorage.open(args.path)
+        storage = (
+            await LmdbStorage.open(args.path)
+            if args.nats is None
+            else await LmdbStorage.open(
+                args.path, durability="replicated", nats=args.nats, stream=args.stream
+            )
+        )
         try:
             try:
                 report = await storage.erase_conversation(

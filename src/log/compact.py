@@ -89,7 +89,7 @@ def compact(path: str | os.PathLike[str], zero_gaps: bool = False) -> CompactRep
                 records, head = _copy(path, staging)
                 copied = os.path.join(staging, "data.mdb")
                 if zero_gaps:
-                    _zero_gaps(copied)
+                    zero_page_gaps(copied)
                 _check_copy(staging, records, head)
                 os.chmod(copied, os.stat(data).st_mode & 0o777)
                 _fsync(copied)
@@ -173,7 +173,7 @@ page's first page overlays lower and upper)."""
 _P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_LEAF2 = 0x01, 0x02, 0x04, 0x20
 
 
-def _zero_gaps(file: str) -> None:
+def zero_page_gaps(file: str) -> None:
     """Zeros over the unused middle ``[lower, upper)`` of every branch and leaf page of the
     LMDB file ``file`` (not a LEAF2 page, whose fixed-size keys start at its header; overflow
     pages are skipped whole)."""
@@ -239,4 +239,5 @@ def _fsync(file: str) -> None:
 __all__ = [
     "CompactReport",
     "compact",
+    "zero_page_gaps",
 ]

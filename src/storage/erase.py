@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 import lmdb
@@ -220,12 +220,37 @@ def rewrite(
     erasure = Erasure(plan.conversations, sorted(plan.erased), reason, plan.writes, by)
     record, _ = encode_erasure(erasure, at)
     log.append_record(txn, seq, record)  # in no journal frame, as the tombstones
+    retire_projections(txn, env, projections)
+    return seq
+
+
+def retire_projections(
+    txn: lmdb.Transaction[bytes], env: Environment, projections: list[str]
+) -> None:
+    """Inside ``txn``, once records were rewritten: the core projections marked for a rebuild
+    and the stored user ``projections`` (their names) dropped."""
+
     schedule_rebuild(txn, env)
     dropped: list[str] = []
     for name in projections:
         dropped += us.drop_stored(env, txn, name, [n for n in projections if n != name])
     env.forget_dbs(dropped)
-    return seq
+
+
+def records_in(txn: lmdb.Transaction[bytes], log: WriteLog) -> Iterator[dict[str, Any]]:
+    """Every record of the log as ``txn`` sees it, as ``plan_erasure`` reads them."""
+
+    for seq in range(1, log.head(txn) + 1):
+        data = log.record(txn, seq)
+        assert data is not None
+        yield decode_record_builtins(seq, data)
+
+
+def erasure_at(log: WriteLog, txn: lmdb.Transaction[bytes], seq: int) -> Erasure | None:
+    """The erasure record ``seq`` is, if it is one."""
+
+    data = log.record(txn, seq)
+    return None if data is None else decode_record(seq, data).erasure
 
 
 def erased_by(log: WriteLog, conversation: int) -> int | None:
@@ -284,7 +309,10 @@ __all__ = [
     "ErasureReport",
     "check_reason",
     "erased_by",
+    "erasure_at",
     "plan_erasure",
+    "records_in",
+    "retire_projections",
     "rewrite",
     "scrub",
     "stored_projections",

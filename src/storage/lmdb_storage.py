@@ -25,7 +25,7 @@ from pi_durable.types import (
     StorageWrite,
 )
 
-from ..errors import DamageError, NotWriterError, StoreStateError
+from ..errors import DamageError, DurableLmdbError, NotWriterError, StoreStateError
 from ..log import (
     Durability,
     Environment,
@@ -43,30 +43,51 @@ from ..log.journaled import CommitJournal
 from ..log.records import decode_record, decode_record_builtins
 from ..log.storedir import UNSYNCED_FILE
 from ..log.stream.applier import StreamApplier
+from ..log.stream.erasure import delete_erased, held_elsewhere, scan_subject
 from ..log.stream.jetstream import link_for
 from ..log.stream.lease import DEFAULT_LEASE_TTL
 from ..log.stream.link import StreamLink
+from ..log.stream.message import subject_of
 from ..log.stream.position import StreamPosition, read_position
 from ..log.stream.shipper import Shipper
-from ..projections import Projector, ReadModel
+from ..log.stream.writer import StreamWriter
+from ..projections import Projector, ReadModel, StorageRequestError
 from ..projections import tables as t
 from ..projections.history import AsOfTxn
 from ..projections.rebuild import CORE_KEY, REGISTRY_DB, begin_following, open_core, rebuild
 from ..projections.user import Projection, UserProjections
 from .committer import Committer
-from .erase import ErasureReport, check_reason, plan_erasure, rewrite, stored_projections
+from .erase import (
+    ErasurePlan,
+    ErasureReport,
+    check_reason,
+    erased_by,
+    erasure_at,
+    plan_erasure,
+    records_in,
+    retire_projections,
+    rewrite,
+    scrub,
+    stored_projections,
+)
 from .ids import IdMinter
 from .options import OpenOptions
 from .reads import StorageReads
 from .replica import Follower
 from .roles import Following, Replication, ReplicationRole, Shipping, Standalone, Writing
-from .snapshot import seed_new
+from .snapshot import replace_snapshots, seed_new
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 REPLAY_CHUNK: Final = 64
 """Journal records replayed per write transaction at open."""
+ERASING_KEY: Final = b"erasure.stream"
+"""In the meta table while a replicated writer's erasure (its record's sequence) still has
+messages to delete from the stream and snapshots to take again."""
+SCRUB_KEY: Final = b"erasure.scrub"
+"""In the meta table from the transaction in which an erasure rewrote a replicated store's log
+(its writer's, or a replica's taking it from the stream) until the close that scrubs it."""
 
 
 class LmdbStorage(StorageReads, Storage):
@@ -102,6 +123,13 @@ class LmdbStorage(StorageReads, Storage):
         each read, so they follow a rebuild's swap made by the writer."""
         self._link: StreamLink | None = None
         self._role: ReplicationRole = Standalone(self)
+        self._refold = False
+        """Records were rewritten by an erasure taken from the stream: fold the projections again."""
+        self._scrub_at_close = False
+        """An erasure rewrote this store's log: its files are scrubbed once it is closed."""
+        if not env.readonly:
+            with env.read() as txn:
+                self._scrub_at_close = txn.get(SCRUB_KEY, db=self._meta) is not None
         with env.read() as txn:
             self._ids = IdMinter.load(txn, self._meta, self._model.max_record_id(txn) + 1)
 
@@ -321,12 +349,17 @@ class LmdbStorage(StorageReads, Storage):
                 self, link, self._env, self.log, self._meta, take_over, lease_ttl
             )
             writer = role.writer
+            writer.applier.on_rewrite = self._rewritten
             self._committer.replicate(writer)
             role.lease.on_lost = self._deposed
             role.lease.start_renewing()  # now: taking in a long stream must not let the lease lapse
             await self._committer.write(
                 lambda txn: None
             )  # a group fences and settles before anything else
+            if self._refold:  # it took in another writer's erasure over records it held
+                with self._committer.exclusive():
+                    self._fold_again()
+            await self._finish_erasing(writer)
             self._ids.raise_floor(writer.applier.max_id)
             if writer.position is not None and writer.position.ids_reserved:
                 self._ids.skip_reserved(
@@ -335,6 +368,20 @@ class LmdbStorage(StorageReads, Storage):
         else:
             self._role = Shipping(self, Shipper(link, self.log, store))
             self._role.start()
+
+    async def _finish_erasing(self, writer: StreamWriter) -> None:
+        """An erasure this store's writer committed and did not see through (killed before its
+        messages left the stream): finish it."""
+
+        with self._env.read() as txn:
+            raw = txn.get(ERASING_KEY, db=self._meta)
+            erasure = None if raw is None else erasure_at(self.log, txn, int.from_bytes(raw, "big"))
+        if raw is not None and erasure is not None:
+            logger.warning(
+                "erasure record %d: finishing it on the stream", int.from_bytes(raw, "big")
+            )
+            self._scrub_at_close = True
+            await self._finish_stream_erasure(writer, int.from_bytes(raw, "big"), erasure.records)
 
     @property
     def replication(self) -> Replication:
@@ -379,14 +426,43 @@ class LmdbStorage(StorageReads, Storage):
     def stream_applier(self, stream: str, store: str) -> StreamApplier:
         """An applier of ``store``'s messages on ``stream`` to this store's log and position."""
 
-        return StreamApplier(stream, store, self.log, self._meta)
+        applier = StreamApplier(stream, store, self.log, self._meta)
+        applier.on_rewrite = self._rewritten
+        return applier
+
+    def _rewritten(self, txn: lmdb.Transaction[bytes]) -> None:
+        """In the transaction that put an erasure's tombstones from the stream over this store's
+        records: the projections are marked for a rebuild, folded again once it commits."""
+
+        served = bool(self.projections.projections)  # served here: their program refolds them
+        retire_projections(txn, self._env, [] if served else stored_projections(self._env))
+        txn.put(SCRUB_KEY, b"", db=self._meta)
+        self._env.effects(txn).on_commit(self._erased_here)
+
+    def _erased_here(self) -> None:
+        self._refold = self._scrub_at_close = True
 
     def take_in(self, work: Callable[[lmdb.Transaction[bytes], Projector], T]) -> T:
         """Run ``work`` in one write transaction with no group beside it (on a worker thread,
         never the link's loop, which a commit of a writer being deposed may be waiting on)."""
 
         with self._committer.exclusive():
-            return self._env.write(lambda txn: work(txn, self._committer.projector))
+            result = self._env.write(lambda txn: work(txn, self._committer.projector))
+            if self._refold:
+                self.log.committed()
+                self._fold_again()
+            return result
+
+    def _fold_again(self) -> None:
+        """With the committer held: fold the whole log into fresh core projections (after an
+        erasure rewrote records)."""
+
+        self._refold = False
+        verify_checksums = self._model.unseal is t.unseal
+        self._model.documents.close()  # its snapshots are for the tables swapped out
+        rebuild(self._env, self.log)
+        self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
+        self._projector = self._committer.projector = Projector(self._model)
 
     def taken_in(self, max_id: int) -> None:
         """After ``take_in`` committed: its ids are never minted, and readers and user
@@ -490,25 +566,33 @@ class LmdbStorage(StorageReads, Storage):
         tombstone keeping its leaf hash, an erasure record naming ``reason`` (and ``by``) is
         appended, and the projections are rebuilt. Forks and owned conversations are refused,
         named, unless ``with_forks``. The bytes leave the disk once the store is closed and
-        ``storage.erase.scrub`` ran (``durable-log erase`` does both)."""
+        ``storage.erase.scrub`` ran (``durable-log erase`` does both).
+
+        On a stream, only its replicated writer erases: the erasure record and its tombstones
+        are committed through the stream (every replica applies them), then the erased records'
+        messages are deleted from it and its snapshots taken again (``log.stream.erasure``), and
+        the store is scrubbed when it closes. Asked again for a conversation it erased, it
+        finishes what a stopped run left (the messages, the snapshots) and returns its report."""
 
         self.check_open()
         reason, by = check_reason(reason, by)
         if type(conversation_id) is not int:
             raise TypeError(f"conversation_id must be an int, not {type(conversation_id).__name__}")
-        if self._env.readonly or self._link is not None:
+        writer = getattr(self._role, "writer", None)
+        if self._env.readonly or (self._link is not None and writer is None):
             raise PermissionError(
                 f"The store at {self.path} is "
-                + ("open read-only" if self._env.readonly else "on a stream")
-                + ": an erasure needs a local writer (replicated stores are not yet covered)"
+                + ("open read-only" if self._env.readonly else "not its stream's writer")
+                + ": an erasure needs its writer (durability='replicated' on a stream)"
             )
         if self.projections.projections:
             raise ValueError(
                 "An erasure drops the user projections, which this program defines: open the "
                 "store without projections= to erase"
             )
+        if writer is not None:
+            return await self._erase_on_stream(writer, conversation_id, reason, by, with_forks)
         env, log = self._env, self.log
-        verify_checksums = self._model.unseal is t.unseal
         with self._committer.exclusive():
             plan = plan_erasure(
                 lambda: log.read(decode=decode_record_builtins), conversation_id, with_forks
@@ -523,10 +607,11 @@ class LmdbStorage(StorageReads, Storage):
                     journal.checkpoint_rewrite()
             finally:
                 log.committed()
-                self._model.documents.close()  # its snapshots are for the tables swapped out
-                rebuild(env, log)
-                self._model = open_core(env, log, verify_checksums=verify_checksums)
-                self._projector = self._committer.projector = Projector(self._model)
+                self._fold_again()
+        self._erased(plan, seq)
+        return ErasureReport(seq, plan.conversations, sorted(plan.erased), plan.writes)
+
+    def _erased(self, plan: ErasurePlan, seq: int) -> None:
         logger.info(
             "erased conversations %s of store %s: %d writes in %d records, erasure record %d",
             plan.conversations,
@@ -535,7 +620,93 @@ class LmdbStorage(StorageReads, Storage):
             len(plan.erased),
             seq,
         )
+
+    async def _erase_on_stream(
+        self, writer: StreamWriter, conversation_id: int, reason: str, by: str, with_forks: bool
+    ) -> ErasureReport:
+        """A replicated writer's erasure (``log.stream.erasure``): the rewrite and the erasure
+        record in one transaction that commits once the stream holds the record and its
+        tombstones; then the erased records' messages leave the stream and its snapshots are
+        taken again. Run again after it stopped half way, it finishes what is left."""
+
+        env, log, link = self._env, self.log, writer.link
+        subject = subject_of(link.stream, writer.store)
+        planned = log.head()
+        try:
+            plan = plan_erasure(
+                lambda: log.read(last=planned, decode=decode_record_builtins),
+                conversation_id,
+                with_forks,
+            )
+        except StorageRequestError:
+            done = erased_by(log, conversation_id)
+            if done is None:
+                raise
+            logger.warning(
+                "conversation %d already erased by record %d, finishing", conversation_id, done
+            )
+            with env.read() as txn:
+                erasure = erasure_at(log, txn, done)
+            assert erasure is not None
+            await self._finish_stream_erasure(writer, done, erasure.records)
+            return ErasureReport(done, erasure.conversations, erasure.records, erasure.writes)
+        names = stored_projections(env)
+
+        def work(txn: lmdb.Transaction[bytes]) -> tuple[int, ErasurePlan]:
+            head = log.head(txn)
+            writer.settle(txn, self._committer.projector)
+            for seq in range(head + 1, log.head(txn) + 1):  # this erasure, taken back in from
+                erasure = erasure_at(log, txn, seq)  # the stream by a run of this transaction
+                if erasure is not None and conversation_id in erasure.conversations:
+                    txn.put(ERASING_KEY, seq.to_bytes(8, "big"), db=self._meta)
+                    return seq, plan
+            planning = plan
+            if log.head(txn) != planned:  # commits since the plan: plan again, in txn
+                planning = plan_erasure(lambda: records_in(txn, log), conversation_id, with_forks)
+            earlier = link.run(scan_subject(link, subject, writer.store))[1]
+            seq = rewrite(txn, env, log, planning, reason, by, names)
+            again = held_elsewhere(earlier, planning.erased)[1]
+            tombstones = []
+            for number in sorted(set(planning.erased) | again):
+                data = log.record(txn, number)
+                assert data is not None
+                tombstones.append((number, data))
+            txn.put(ERASING_KEY, seq.to_bytes(8, "big"), db=self._meta)
+            txn.put(SCRUB_KEY, b"", db=self._meta)
+            writer.publish_erasure(txn, seq, tombstones)
+            return seq, planning
+
+        with self._committer.exclusive():
+            seq, plan = env.write(work)  # failed after the publish: the next group takes it in
+            writer.committed()
+            log.committed()
+            self._scrub_at_close = True
+            self._fold_again()
+        self._erased(plan, seq)
+        await self._finish_stream_erasure(writer, seq, sorted(plan.erased))
         return ErasureReport(seq, plan.conversations, sorted(plan.erased), plan.writes)
+
+    async def _finish_stream_erasure(
+        self, writer: StreamWriter, seq: int, records: Sequence[int]
+    ) -> None:
+        """Delete the messages of erasure record ``seq``'s ``records`` from the stream, take its
+        snapshots again, then clear the mark that this is left to do (run again at the next open
+        of a writer killed before)."""
+
+        link = writer.link
+        subject = subject_of(link.stream, writer.store)
+        deleted = await link.arun(delete_erased(link, subject, writer.store, seq, records))
+        replaced = await replace_snapshots(self.path, link, writer.store)
+        with self._committer.exclusive():
+            self._env.write(lambda txn: txn.delete(ERASING_KEY, db=self._meta))
+        logger.info(
+            "erasure record %d of store %s: %d messages deleted from stream %s, %d snapshots replaced",
+            seq,
+            self.path,
+            deleted,
+            link.stream,
+            len(replaced),
+        )
 
     async def as_of(self, seq: int) -> StorageView:
         """A read-only view answering every read as the store did right after commit ``seq``.
@@ -585,8 +756,15 @@ class LmdbStorage(StorageReads, Storage):
                     self._env.path,
                     error,
                 )
+        if self._scrub_at_close:
+            self._env.write(lambda txn: txn.delete(SCRUB_KEY, db=self._meta))
         self._env.close()
         self.log.wake()  # a follower in this process raises StoreClosedError now, not at its next poll
+        if self._scrub_at_close:
+            try:  # the erased bytes off the disk: free pages, page gaps, the word index
+                await asyncio.to_thread(scrub, self._env.path)
+            except (OSError, DurableLmdbError) as error:
+                logger.error("%s was not scrubbed after an erasure: %s", self._env.path, error)
 
     def check_open(self) -> None:
         """Raise ``StoreClosedError`` once the store is closed."""

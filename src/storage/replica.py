@@ -6,6 +6,8 @@ works on it as on the writer. Records are taken in a chunk per LMDB transaction,
 the stream position they reach, so a replica killed at any moment resumes exactly where its
 store stands. A message that is not the next record of this store (a forged, corrupt or foreign
 one) stops the replica with an error naming its stream sequence; nothing of it is applied.
+An erasure reaches a replica as the writer's erasure record and its tombstones (``log.stream.
+erasure``): its log is rewritten to the writer's bytes and its projections folded again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import lmdb
 from ..errors import ForeignMessageError, ReplicationError
 from ..log import WriteLog
 from ..log.stream.applier import StreamApplier
+from ..log.stream.erasure import TombstoneLookup
 from ..log.stream.link import StreamLink
 from ..log.stream.message import RawMessage, StreamMessage, parse_message, subject_of
 from ..log.stream.position import StreamPosition
@@ -91,6 +94,7 @@ class Follower:
         self.link, self.storage, self.store = link, storage, store
         self.subject = subject_of(link.stream, store)
         self.applier = storage.stream_applier(link.stream, store)
+        self.applier.tombstones = TombstoneLookup(link, self.subject, store)
         self.error: ForeignMessageError | None = None
         self.last_error: str | None = None
         self.stream_seq = 0

@@ -36,6 +36,7 @@ import zstandard
 
 from ..errors import ReplicationError, SnapshotUnsoundError
 from ..log import Environment, WriteLog
+from ..log.compact import zero_page_gaps
 from ..log.stream.link import StreamLink
 from ..log.stream.message import subject_of
 from ..log.stream.position import read_position
@@ -129,6 +130,7 @@ def write_snapshot(
     copy = os.path.join(work, "copy")
     backup(path, copy, compact=True)
     data = os.path.join(copy, "data.mdb")
+    zero_page_gaps(data)  # a page's unused middle may hold what it held before (an erased record)
     env = Environment(copy, readonly=True)
     try:
         store, log, meta = (
@@ -320,6 +322,25 @@ async def _retain(
         report.trimmed_below = kept[0].stream_seq
 
 
+async def replace_snapshots(
+    path: str | os.PathLike[str], link: StreamLink, store: str
+) -> list[str]:
+    """After an erasure: when the stream's bucket holds snapshots of ``store``, publish a fresh
+    one of the store at ``path`` and delete every older one (they hold the erased records).
+    Returns the names deleted."""
+
+    older = snapshots_of(await link.arun(link.snapshots.names()), store)
+    if not older:
+        return []
+    report = await take_snapshot(path, link)
+    deleted = []
+    for old in older:
+        if old.name != report.name:
+            await link.arun(link.snapshots.delete(old.name))
+            deleted.append(old.name)
+    return deleted
+
+
 def seed(
     link: StreamLink,
     store: str,
@@ -399,6 +420,7 @@ __all__ = [
     "SnapshotName",
     "SnapshotReport",
     "read_snapshot",
+    "replace_snapshots",
     "seed",
     "seed_new",
     "snapshot_name",

@@ -76,6 +76,8 @@ MOVED_CODES: Final = frozenset(
     {WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_CONSTANT, DUPLICATE_IN_BATCH}
 )
 """Refusals that mean the subject moved under this writer (another appended or fenced it)."""
+GONE_CODES: Final = frozenset({10043, 10057})
+"""``sequence N not found``, ``no message found``: a message to delete is gone already."""
 UNAVAILABLE_CODES: Final = frozenset({10008, 10023, 10028, 10047})
 """Cluster not available, insufficient resources, memory or storage exhausted: try again later."""
 MISSING_CODES: Final = frozenset({10059, 10060})
@@ -553,6 +555,29 @@ class JetStreamMessages:
             if isinstance(error, nats.js.errors.NotFoundError) and error.err_code in MISSING_CODES:
                 raise StreamMissingError(f"NATS has no stream {self.stream!r} to trim") from None
             raise ReplicationError(f"NATS refused to trim {subject}: {error}") from None
+
+    async def delete(self, stream_seq: int) -> None:
+        """Remove message ``stream_seq`` with JetStream's secure delete (``$JS.API.STREAM.MSG.DELETE``
+        without ``no_erase``: the server overwrites its bytes); one already gone is no error."""
+
+        import nats.errors
+        import nats.js.errors
+
+        try:
+            await self.connection.js.delete_msg(self.stream, stream_seq)
+        except (TimeoutError, nats.errors.TimeoutError) as error:
+            raise NatsUnavailableError(
+                f"NATS did not delete message {stream_seq} of {self.stream!r} ({type(error).__name__})"
+            ) from None
+        except nats.errors.Error as error:
+            code = getattr(error, "err_code", None)
+            if code in MISSING_CODES:
+                raise StreamMissingError(f"NATS has no stream {self.stream!r}") from None
+            if code in GONE_CODES:
+                return  # the message is gone already
+            raise ReplicationError(
+                f"NATS refused to delete message {stream_seq} of {self.stream!r}: {error}"
+            ) from None
 
 
 def link_for(nats: str | Sequence[str] | StreamLink, stream: str) -> StreamLink:

@@ -30,6 +30,8 @@ What a ``Stream`` promises:
   sequence, at most ``batch`` of them, in order and unchecked (``RawMessage``): a catch-up's bulk
   read, checked and folded off the link's loop while the next batch is fetched. An empty list
   means the server that answered holds nothing more.
+- ``delete(stream_seq)`` removes one message, its bytes overwritten where the engine keeps them
+  (JetStream's secure delete); one already gone is no error. Only an erasure asks for it.
 - ``trim(subject, keep_from)`` removes the subject's messages below stream sequence ``keep_from``
   (only ever asked for by an explicit retention policy); sequences are never reused.
 - Without the stream (``ensure_stream`` not yet run with ``create``): ``StreamMissingError``, but
@@ -114,6 +116,8 @@ class Stream(Protocol):
     def check_size(self, size: int) -> None: ...
 
     async def trim(self, subject: str, keep_from: int) -> None: ...
+
+    async def delete(self, stream_seq: int) -> None: ...
 
 
 class KeyValue(Protocol):

@@ -230,6 +230,11 @@ class MemoryMessages:
                 m for m in self.server.messages if m.subject != subject or m.stream_seq >= keep_from
             ]
 
+    async def delete(self, stream_seq: int) -> None:
+        self.server.answer()
+        with self.server.lock:
+            self.server.messages = [m for m in self.server.messages if m.stream_seq != stream_seq]
+
 
 class MemoryKeys:
     """The key-value role of a ``MemoryLink`` (``link.KeyValue``), on the stream's clock."""

@@ -47,10 +47,12 @@ tree has just stored its tiles, so the root costs a few reads)."""
 _ROOT_HEX: Final = re.compile(r"[0-9a-f]{64}")
 _logger = logging.getLogger(__name__)
 
-Kind = Literal["record", "fence", "ids"]
-KINDS: Final = ("record", "fence", "ids")
+Kind = Literal["record", "fence", "ids", "tombstones"]
+KINDS: Final = ("record", "fence", "ids", "tombstones")
 """``record``: a log record. ``fence``: a new writer's first message, which moves the subject on
-so that no earlier writer's conditional append can land after it. ``ids``: an id block reserved."""
+so that no earlier writer's conditional append can land after it. ``ids``: an id block reserved.
+``tombstones``: right after an erasure record, the tombstones it put over earlier records (whose
+own messages are then deleted from the stream)."""
 
 _MAX_SEQ: Final = 2**64 - 1
 """Log sequences are unsigned 64-bit (big-endian keys)."""
@@ -67,12 +69,22 @@ class IdReservation(msgspec.Struct, tag="ids", forbid_unknown_fields=True):
     upto: int
 
 
-Control = Fence | IdReservation
+class Tombstones(msgspec.Struct, tag="tombstones", forbid_unknown_fields=True):
+    """The tombstones (log sequence, record as the log stores it) an erasure record put in
+    place: a reader that holds those records puts them over its own, one that meets a deleted
+    record's gap takes them instead."""
+
+    erasure: int
+    records: list[tuple[int, bytes]]
+
+
+Control = Fence | IdReservation | Tombstones
+_CONTROL_TYPES: Final = {"fence": Fence, "ids": IdReservation, "tombstones": Tombstones}
 _control_encoder: Final = msgspec.msgpack.Encoder()
 _control_decoder: Final = msgspec.msgpack.Decoder(Control)
 
 
-def encode_control(control: Fence | IdReservation) -> bytes:
+def encode_control(control: Control) -> bytes:
     return _control_encoder.encode(control)
 
 
@@ -93,7 +105,7 @@ class StreamMessage(NamedTuple):
     """The writer's tree root of the first ``seq`` records, when the record carries it (``H_ROOT``)."""
 
     @property
-    def control(self) -> Fence | IdReservation:
+    def control(self) -> Control:
         return _control_decoder.decode(self.data)
 
 
@@ -204,11 +216,11 @@ def parse_message(
             control = _control_decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise refuse(f"an undecodable {kind} message ({error})") from None
-        if not isinstance(control, Fence if kind == "fence" else IdReservation):
+        if not isinstance(control, _CONTROL_TYPES[kind]):
             raise refuse(
                 f"its body is a {type(control).__name__}, not what a {kind!r} message carries"
             )
-        return StreamMessage(stream_seq, found, kind, epoch, seq, body)  # type: ignore[arg-type]
+        return StreamMessage(stream_seq, found, kind, epoch, seq, body)
     if headers.get(H_MSG_ID) != f"{found}:{seq}":
         raise refuse(
             f"its {H_MSG_ID} {headers.get(H_MSG_ID)!r} does not name record {seq} of store {found}"
@@ -276,6 +288,7 @@ __all__ = [
     "Kind",
     "RawMessage",
     "StreamMessage",
+    "Tombstones",
     "carried_root",
     "check_size",
     "check_stream_name",

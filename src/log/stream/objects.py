@@ -43,7 +43,8 @@ class JetStreamSnapshots:
         await get(connection.js, connection.nc, connection.stream, name, sink, connection.timeout)
 
     async def delete(self, name: str) -> None:
-        await delete(self.connection.js, self.connection.stream, name)
+        connection = self.connection
+        await delete(connection.js, connection.nc, connection.stream, name, connection.timeout)
 
 
 def bucket_name(stream: str) -> str:
@@ -199,7 +200,30 @@ async def get(js: Any, nc: Any, stream: str, name: str, sink: BinaryIO, timeout:
         )
 
 
-async def delete(js: Any, stream: str, name: str) -> None:
+async def _erase_chunks(
+    js: Any, nc: Any, store: Any, stream: str, name: str, timeout: float
+) -> None:
+    """Delete object ``name``'s chunks one by one with JetStream's secure delete (the server
+    overwrites each), before the object store's own delete purges what is left: a snapshot
+    dropped after an erasure leaves none of its bytes in the bucket's stream."""
+
+    info = await store.get_info(name)
+    if not info.nuid:
+        return
+    subject, objects = f"$O.{bucket_name(stream)}.C.{info.nuid}", f"OBJ_{bucket_name(stream)}"
+    after = 0
+    while True:
+        batch = await direct_batch(
+            nc, objects, subject, after, CHUNKS_PER_BATCH, CHUNKS_PER_BATCH * CHUNK, timeout
+        )
+        if not batch:
+            return
+        for chunk in batch:
+            await js.delete_msg(objects, chunk.stream_seq)
+        after = batch[-1].stream_seq
+
+
+async def delete(js: Any, nc: Any, stream: str, name: str, timeout: float) -> None:
     import nats.errors
     import nats.js.errors
 
@@ -207,6 +231,7 @@ async def delete(js: Any, stream: str, name: str) -> None:
     if store is None:
         return
     try:
+        await _erase_chunks(js, nc, store, stream, name, timeout)
         await store.delete(name)
     except nats.js.errors.NotFoundError:
         pass

@@ -35,6 +35,7 @@ from ...errors import (
 )
 from .. import Environment, WriteLog
 from .applier import FETCH_CHUNK, Admitter, StreamApplier
+from .erasure import TombstoneLookup, tombstone_messages
 from .lease import WriterLease
 from .link import StreamLink
 from .message import (
@@ -69,6 +70,7 @@ class StreamWriter:
         self.link, self.env, self.log, self.store, self.meta = link, env, log, store, meta
         self.subject = subject_of(link.stream, store)
         self.applier = StreamApplier(link.stream, store, log, meta)
+        self.applier.tombstones = TombstoneLookup(link, self.subject, store)
         self.epoch = 0
         self.expected = 0
         """The stream sequence of the subject's last message, as this writer last saw it."""
@@ -262,6 +264,33 @@ class StreamWriter:
         if self.failure is not None:
             raise self.failure
         self._publish(txn, seqs)
+
+    def publish_erasure(
+        self, txn: lmdb.Transaction[bytes], seq: int, tombstones: list[tuple[int, bytes]]
+    ) -> None:
+        """Publish erasure record ``seq`` appended in ``txn`` and, in the same atomic batch, the
+        ``tombstones`` (log sequence, record) it put in place (``erasure.py``); returns once the
+        stream holds them. Anything else raises, and the caller must abort ``txn``."""
+
+        if self.failure is not None:
+            raise self.failure
+        data = self.log.record(txn, seq)
+        assert data is not None
+        limit = getattr(self.link.messages, "max_payload", 0)
+        messages = [
+            (
+                record_headers(
+                    self.store,
+                    seq,
+                    self.epoch,
+                    carried_root(seq, lambda: self.log.tree_root(txn, seq)),
+                ),
+                data,
+            ),
+            *tombstone_messages(self.store, self.epoch, seq, tombstones, limit),
+        ]
+        self._send(txn, messages, seq)
+        self.in_doubt_seqs = [seq]
 
     def check_size(self, payload: bytes) -> None:
         """Refuse, before it is appended, a batch whose record the server could not take."""

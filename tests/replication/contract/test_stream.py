@@ -167,3 +167,19 @@ async def test_a_subject_trimmed_to_nothing_is_empty_again(engine: Engine) -> No
     with pytest.raises(StreamMovedError):
         await engine(stream.publish(subject, [message(upto=3)], last))
     assert await engine(stream.publish(subject, [message(upto=3)], 0)) > last
+
+
+async def test_a_deleted_message_is_gone_and_deleting_it_again_is_no_error(engine: Engine) -> None:
+    stream, subject = engine.link.messages, engine.subject()
+    last = await engine(stream.publish(subject, [message(upto=n) for n in (1, 2, 3)], 0))
+    await engine(stream.delete(last - 1))
+    await engine(stream.delete(last - 1))
+    got = await engine(stream.fetch(subject, 0, batch=10))
+    assert [raw.stream_seq for raw in got] == [last - 2, last]
+
+    async def read() -> list[int]:
+        return [m.stream_seq async for m, _ in stream.read(subject, 0, store=None, follow=False)]
+
+    assert await engine(read()) == [last - 2, last]
+    assert (await engine(stream.last(subject, "s1"))).stream_seq == last
+    assert await engine(stream.publish(subject, [message(upto=4)], last)) > last

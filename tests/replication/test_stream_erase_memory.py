@@ -1,0 +1,185 @@
+"""Erasures on a replicated store, on the in-memory stream engine (the same code path as on
+JetStream, deterministic): a record erased twice (its first tombstone kept another conversation's
+writes the second erasure removes) leaves the stream with no message holding either
+conversation's bytes and a current tombstone of every erased record; a replica that held the
+records (following, or closed meanwhile) and one that meets the gaps all hold the writer's log
+byte for byte; a replica refuses to erase."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb.errors import OutcomeUnknownError
+from pi_durable_lmdb.log.records import decode_record
+from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
+from pi_durable_lmdb.log.stream.message import H_KIND, H_SEQ, Tombstones
+from pi_durable_lmdb.storage import LmdbStorage
+
+from ..support.polling import until_async
+from ..support.workload import message
+from .test_stream_erase import _files_holding, _log_holding, _reads, _record_holds
+
+STREAM, STORE = "mem", "erasing-store"
+
+
+def _log(storage: LmdbStorage) -> list[tuple[int, bytes]]:
+    return storage.log.raw_chunk(1, None, limit=1 << 30)
+
+
+def test_a_record_erased_twice_and_a_replica_meeting_the_gaps(tmp_path: Path) -> None:
+    server = MemoryStream(STREAM)
+    a_marker, b_marker = "a" + secrets.token_hex(16), "b" + secrets.token_hex(16)
+
+    async def body() -> None:
+        writer = await LmdbStorage.open(
+            tmp_path / "w",
+            durability="replicated",
+            nats=MemoryLink(server),
+            stream=STREAM,
+            store=STORE,
+        )
+        ids = {name: await writer.mint_id() for name in ("a", "b", "c", "doc", "task")}
+        a, b, c = ids["a"], ids["b"], ids["c"]
+        await writer.commit([{"type": "conversation", "value": {"id": i}} for i in (a, b, c)], CTX)
+        for turn in range(6):
+            writes: list[dict[str, Any]] = [
+                message(await writer.mint_id(), a, f"{turn} {a_marker}"),
+                message(await writer.mint_id(), b, f"{turn} {b_marker}"),
+                message(await writer.mint_id(), c, f"c {turn}"),
+            ]
+            await writer.commit(writes, CTX)
+            await writer.commit([message(await writer.mint_id(), b, f"{turn} {b_marker}")], CTX)
+            await writer.commit(
+                [
+                    message(await writer.mint_id(), a, f"{turn} {a_marker}"),
+                    message(await writer.mint_id(), c, f"c {turn} again"),
+                ],
+                CTX,
+            )
+        replica = await LmdbStorage.open_replica(
+            tmp_path / "r", nats=MemoryLink(server), stream=STREAM, store=STORE
+        )
+        await replica.wait(writer.log.head(), timeout=30)
+        away = await LmdbStorage.open_replica(
+            tmp_path / "away", nats=MemoryLink(server), stream=STREAM, store=STORE
+        )
+        await away.wait(writer.log.head(), timeout=30)
+        await away.close()  # closed while the erasures happen: it takes them in when it opens
+
+        with pytest.raises(PermissionError, match="not its stream's writer"):
+            await replica.erase_conversation(a, reason="a replica takes erasures from its writer")
+        first = await writer.erase_conversation(a, reason="first")
+        second = await writer.erase_conversation(b, reason="second")
+        # Half of A's records held B's writes too; the others' tombstones travel again.
+        assert set(first.records) & set(second.records) and set(first.records) - set(second.records)
+        head = writer.log.head()
+        assert head == second.seq
+
+        subject = f"{STREAM}.{STORE}.log"
+        messages = server.subject_messages(subject)
+        current: dict[int, bytes] = {}
+        for m in messages:
+            kind, seq = m.headers[H_KIND], int(m.headers[H_SEQ])
+            if kind == "record":
+                assert seq not in second.records
+                assert not _record_holds(seq, m.data, a_marker)
+                assert not _record_holds(seq, m.data, b_marker)
+            elif kind == "tombstones":
+                for number, data in msgspec.msgpack.decode(m.data, type=Tombstones).records:
+                    assert not _record_holds(number, data, a_marker)
+                    assert not _record_holds(number, data, b_marker)
+                    current[number] = data
+        # Every tombstone of the writer's log is on the stream as the log holds it.
+        tombstones = {
+            seq: data
+            for seq, data in _log(writer)
+            if decode_record(seq, data).tombstone is not None
+        }
+        assert set(tombstones) == set(first.records) | set(second.records)
+        assert {seq: current[seq] for seq in tombstones} == tombstones
+
+        end = writer.stream_position(STREAM).stream_seq
+        await until_async(
+            lambda: replica.replication.status().stream_seq >= end,
+            timeout=30,
+            what="the replica takes the tombstones in",
+        )
+        late = await LmdbStorage.open_replica(
+            tmp_path / "late", nats=MemoryLink(server), stream=STREAM, store=STORE
+        )
+        await late.wait(head, timeout=30)
+        away = await LmdbStorage.open_replica(
+            tmp_path / "away", nats=MemoryLink(server), stream=STREAM, store=STORE
+        )
+        await until_async(
+            lambda: away.replication.status().stream_seq >= end,
+            timeout=30,
+            what="the reopened replica takes the erasures in",
+        )
+        expected = await _reads(writer, ids, head)
+        for other in (replica, late, away):
+            assert _log(other) == _log(writer)
+            assert other.log.root() == writer.log.root()
+            assert await _reads(other, ids, head) == expected
+        assert expected[0]["conversation a"] is None and expected[0]["conversation b"] is None
+        for storage in (away, late, replica, writer):
+            await storage.close()
+        for name in ("w", "r", "late", "away"):  # scrubbed as they closed
+            for marker in (a_marker, b_marker):
+                assert _files_holding(tmp_path / name, marker.encode()) == [], name
+                assert _log_holding(tmp_path / name, marker) == [], name
+
+    asyncio.run(body())
+
+
+def test_an_erasure_whose_answer_was_lost_or_whose_publish_was_dropped(tmp_path: Path) -> None:
+    server = MemoryStream(STREAM)
+    marker = "a" + secrets.token_hex(16)
+
+    async def body() -> None:
+        writer = await LmdbStorage.open(
+            tmp_path / "w",
+            durability="replicated",
+            nats=MemoryLink(server),
+            stream=STREAM,
+            store=STORE,
+        )
+        a, b = await writer.mint_id(), await writer.mint_id()
+        await writer.commit([{"type": "conversation", "value": {"id": i}} for i in (a, b)], CTX)
+        for turn in range(4):
+            await writer.commit(
+                [
+                    message(await writer.mint_id(), a, f"{turn} {marker}"),
+                    message(await writer.mint_id(), b, f"b {turn}"),
+                ],
+                CTX,
+            )
+        head = writer.log.head()
+        server.drop_requests = 1  # nothing stored, no answer: nothing erased
+        with pytest.raises(OutcomeUnknownError):
+            await writer.erase_conversation(a, reason="dropped")
+        assert writer.log.head() == head and await writer.conversation(a, CTX) is not None
+        server.lose_answers = 1  # stored, the answer lost: the erasure landed, and is committed
+        report = await writer.erase_conversation(a, reason="answer lost")
+        assert report.seq == head + 1 and await writer.conversation(a, CTX) is None
+        subject = f"{STREAM}.{STORE}.log"
+        kinds = [
+            (m.headers[H_KIND], int(m.headers[H_SEQ])) for m in server.subject_messages(subject)
+        ]
+        assert kinds.count(("record", report.seq)) == 1 and kinds[-1] == ("tombstones", report.seq)
+        await writer.commit([message(await writer.mint_id(), b, "after")], CTX)
+        late = await LmdbStorage.open_replica(
+            tmp_path / "late", nats=MemoryLink(server), stream=STREAM, store=STORE
+        )
+        await late.wait(writer.log.head(), timeout=30)
+        assert _log(late) == _log(writer)
+        for storage in (late, writer):
+            await storage.close()
+
+    asyncio.run(body())
