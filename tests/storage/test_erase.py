@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.errors import StorageRequestError
-from pi_durable.storage import MemoryStorage
 from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import Environment, WriteLog, codec
 from pi_durable_lmdb.log.compact import compact
@@ -26,43 +25,8 @@ from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
 from tests.support.cli_call import call
 from tests.support.compare import REFUSALS, canonical
+from tests.support.erasure import memory_of, without
 from tests.support.workload import Workload, message, snapshot
-
-
-def _scope_in(record: dict[str, Any], conversations: set[int], tasks: set[int]) -> bool:
-    scope = record.get("scope", {})
-    if scope.get("kind") == "conversation":
-        return scope.get("conversationId") in conversations
-    return scope.get("kind") == "task" and scope.get("taskId") in tasks
-
-
-def _without(
-    batches: dict[int, list[dict[str, Any]]], conversations: set[int]
-) -> dict[int, list[dict[str, Any]]]:
-    """The test's own reading of what belongs to ``conversations``: the batches without it."""
-
-    tasks: set[int] = set()
-    documents: set[int] = set()
-    kept: dict[int, list[dict[str, Any]]] = {}
-    for seq, writes in sorted(batches.items()):
-        kept[seq] = []
-        for write in writes:
-            kind, value = write["type"], write.get("value", {})
-            if kind == "conversation":
-                gone = value["id"] in conversations
-            elif kind in ("entry", "submission", "task"):
-                gone = value["conversationId"] in conversations
-                if gone and kind == "task":
-                    tasks.add(value["id"])
-            elif kind in ("document.create", "document.copy"):
-                gone = _scope_in(write["record"], conversations, tasks)
-                if gone:
-                    documents.add(write["record"]["id"])
-            else:
-                gone = write["id"] in documents
-            if not gone:
-                kept[seq].append(write)
-    return kept
 
 
 async def _fill(
@@ -79,13 +43,6 @@ async def _fill(
             continue
         accepted[seq] = writes
     return storage, work, accepted
-
-
-async def _memory(batches: dict[int, list[dict[str, Any]]], upto: int) -> MemoryStorage:
-    memory = MemoryStorage()
-    for seq in range(1, upto + 1):
-        assert await memory.commit(copy.deepcopy(batches.get(seq, [])), CTX) == seq
-    return memory
 
 
 @pytest.mark.parametrize("seed", [3, 11, 29])
@@ -108,7 +65,8 @@ def test_every_other_read_equals_memory_storage_without_the_erased_writes(
             break
         assert report is not None, f"seed {seed}: no conversation could be erased"
         erased = set(report.conversations)
-        kept = _without(accepted, erased)
+        kept, refused = without(accepted, erased)
+        assert refused == []
         head = storage.log.head()
         assert head == report.seq == max(accepted) + 1
         # The log holds exactly the kept writes; the tombstones keep every sequence.
@@ -119,14 +77,14 @@ def test_every_other_read_equals_memory_storage_without_the_erased_writes(
         assert report.writes == sum(len(w) for w in accepted.values()) - sum(
             len(w) for w in kept.values()
         )
-        memory = await _memory(kept, head)
+        memory = await memory_of(kept, head)
         assert canonical(await snapshot(storage, work, head)) == canonical(
             await snapshot(memory, work, head)
         ), f"seed {seed}: now"
         for point in sorted({1, head // 3, head // 2, head - 1}):
             view = await storage.as_of(point)
             assert canonical(await snapshot(view, work, point)) == canonical(
-                await snapshot(await _memory(kept, point), work, point)
+                await snapshot(await memory_of(kept, point), work, point)
             ), f"seed {seed}: as of {point}"
         for conversation in erased:
             assert await storage.conversation(conversation, CTX) is None
@@ -332,6 +290,83 @@ def test_forks_are_refused_and_named_unless_erased_too(tmp_path: Path) -> None:
         for gone in (a, fork):
             assert await storage.conversation(gone, CTX) is None
         assert await storage.conversation(other, CTX) == {"id": other}
+        await storage.close()
+
+    asyncio.run(run())
+
+
+def _task(id: int, conversation: int) -> dict[str, Any]:
+    return {
+        "type": "task",
+        "value": {
+            "id": id,
+            "conversationId": conversation,
+            "kind": "research",
+            "version": 1,
+            "input": {},
+            "state": {"status": "pending"},
+            "background": False,
+            "abortRequested": False,
+        },
+    }
+
+
+def test_what_reads_through_an_erased_conversation_goes_whatever_its_place_in_the_log(
+    tmp_path: Path,
+) -> None:
+    """A conversation owned by a fork, committed before that fork, and a document of a task
+    committed before the task's record: both belong to the erased conversation."""
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        a, fork, owned, other, task, doc = [await storage.mint_id() for _ in range(6)]
+        batches = {
+            1: [
+                {"type": "conversation", "value": {"id": a}},
+                {"type": "conversation", "value": {"id": other}},
+            ],
+            2: [
+                {
+                    "type": "conversation",
+                    "value": {"id": owned, "owner": {"conversationId": fork, "taskId": task}},
+                }
+            ],
+            3: [
+                {
+                    "type": "document.create",
+                    "record": {
+                        "id": doc,
+                        "kind": "notes",
+                        "scope": {"kind": "task", "taskId": task},
+                        "history": "latest",
+                        "fork": "current",
+                    },
+                    "content": {"kind": "base", "version": 1, "value": {"text": "of the task"}},
+                }
+            ],
+            4: [
+                {
+                    "type": "conversation",
+                    "value": {"id": fork, "parent": {"conversationId": a, "at": 1}},
+                },
+                _task(task, a),
+            ],
+        }
+        for seq, writes in batches.items():
+            assert await storage.commit(copy.deepcopy(writes), CTX) == seq
+        with pytest.raises(ValueError, match=f"{fork} \\(of {a}\\), {owned} \\(of {fork}\\)"):
+            await storage.erase_conversation(a, reason="asked")
+        report = await storage.erase_conversation(a, reason="asked", with_forks=True)
+        assert report.conversations == sorted([a, fork, owned])
+        assert report.records == [1, 2, 3, 4]
+        kept, _ = without(batches, {a, fork, owned})
+        kept[5] = []
+        memory = await memory_of(kept, 5)
+        for id in (a, fork, owned, other):
+            assert await storage.conversation(id, CTX) == await memory.conversation(id, CTX)
+        assert await storage.conversation(owned, CTX) is None
+        assert await storage.document(doc, "current", CTX) is None
+        assert await storage.task(task, CTX) is None
         await storage.close()
 
     asyncio.run(run())
