@@ -21,6 +21,7 @@ from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import Environment, WriteLog, codec
 from pi_durable_lmdb.log.compact import compact
 from pi_durable_lmdb.log.records import decode_record_builtins, encode_tombstone, record_leaf
+from pi_durable_lmdb.storage.erase import scrub
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
 from tests.support.cli_call import call
@@ -105,7 +106,8 @@ async def _conversations(path: Path, durability: str, marker: str) -> dict[str, 
     some in batches shared with B) and B, and a fork-free third, C."""
 
     storage = await LmdbStorage.open(path, durability=durability)  # type: ignore[arg-type]
-    ids = {name: await storage.mint_id() for name in ("a", "b", "c", "doc", "task")}
+    names = ("a", "b", "c", "doc", "task", "long", "submission")
+    ids = {name: await storage.mint_id() for name in names}
     a, b, c = ids["a"], ids["b"], ids["c"]
     await storage.commit([{"type": "conversation", "value": {"id": id}} for id in (a, b, c)], CTX)
     for turn in range(40):
@@ -140,6 +142,42 @@ async def _conversations(path: Path, durability: str, marker: str) -> dict[str, 
                         "background": False,
                         "abortRequested": False,
                     },
+                }
+            )
+        if turn == 5:  # a document past many chunks, with snapshots of its long history
+            writes.append(
+                {
+                    "type": "document.create",
+                    "record": {
+                        "id": ids["long"],
+                        "kind": "transcript",
+                        "scope": {"kind": "task", "taskId": ids["task"]},
+                        "history": "rewindable",
+                        "fork": "current",
+                    },
+                    "content": {"kind": "base", "version": 1, "value": {"text": ""}},
+                }
+            )
+            writes.append(
+                {
+                    "type": "submission",
+                    "value": {
+                        "id": ids["submission"],
+                        "conversationId": a,
+                        "type": "input",
+                        "requestId": marker,
+                        "status": "unanswered",
+                        "reason": marker,
+                    },
+                }
+            )
+        if turn > 5:
+            text = f" {turn} {marker} " + secrets.token_hex(2000)
+            writes.append(
+                {
+                    "type": "document.change",
+                    "id": ids["long"],
+                    "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], text]]},
                 }
             )
         if turn > 3 and turn % 5 == 0:
@@ -204,10 +242,24 @@ async def _reads_of(path: Path, conversation: int) -> Any:
         await storage.close()
 
 
+async def _erase_and_scrub(path: Path, durability: str, conversation: int) -> None:
+    """The Python path ``docs/forgetting.md`` gives: erase, close, ``scrub``."""
+
+    storage = await LmdbStorage.open(path, durability=durability)  # type: ignore[arg-type]
+    await storage.erase_conversation(conversation, reason="erasure request 7")
+    await storage.close()
+    scrub(path)
+
+
+@pytest.mark.parametrize("via", ["cli", "python"])
 @pytest.mark.parametrize("compacted_first", [False, True])
 @pytest.mark.parametrize("durability", ["process", "power"])
 def test_no_file_of_the_store_holds_erased_bytes(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, durability: str, compacted_first: bool
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    durability: str,
+    compacted_first: bool,
+    via: str,
 ) -> None:
     path = tmp_path / "store"
     marker = "m" + secrets.token_hex(24)
@@ -219,11 +271,14 @@ def test_no_file_of_the_store_holds_erased_bytes(
     before_b = asyncio.run(_reads_of(path, ids["b"]))
     before_c = asyncio.run(_reads_of(path, ids["c"]))
 
-    code, out, err = call(
-        capsys, "erase", path, "--conversation", ids["a"], "--reason", "erasure request 7"
-    )
-    assert code == 0, err
-    assert "erased conversation" in out
+    if via == "cli":
+        code, out, err = call(
+            capsys, "erase", path, "--conversation", ids["a"], "--reason", "erasure request 7"
+        )
+        assert code == 0, err
+        assert "erased conversation" in out
+    else:
+        asyncio.run(_erase_and_scrub(path, durability, ids["a"]))
 
     assert _files_holding(path, marker.encode()) == []
     assert not (path / "search.index").exists()
@@ -238,7 +293,9 @@ def test_no_file_of_the_store_holds_erased_bytes(
                 assert marker not in repr(line)
             assert await storage.conversation(ids["a"], CTX) is None
             assert await storage.task(ids["task"], CTX) is None
-            assert await storage.document(ids["doc"], "current", CTX) is None
+            for id in ("doc", "long"):
+                assert await storage.document(ids[id], "current", CTX) is None
+            assert await storage.submission(ids["submission"], CTX) is None
         finally:
             await storage.close()
 
