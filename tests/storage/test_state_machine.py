@@ -133,6 +133,11 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         self.erased: set[int] = set()
         self.erased_ids: set[int] = set()
 
+    def id_pool(self) -> list[int]:
+        """The draws' ids, erased ones too: a store takes them again as the reference does."""
+
+        return super().id_pool() + sorted(self.erased_ids)[-4:]
+
     # ── plumbing ────────────────────────────────────────────────────────
 
     def run(self, make: Callable[[], Any]) -> Any:
@@ -510,6 +515,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             )
             family = StorageRequestError if expected.startswith("Unknown") else ValueError
             assert isinstance(error, family), _describe(outcome)
+            assert self.ours.log.head() == max(self.batches), "a refused erasure wrote"
             self.check_everything()  # nothing changed
             return
         if outcome[0] == "error":
