@@ -446,7 +446,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             assert isinstance(value, int) and not isinstance(value, bool), (
                 f"mint_id returned {value!r}"
             )
-            floor = max([*self.record_types, 1])
+            floor = max([*self.record_types, *self.erased_ids, 1])  # erased ids: never again
             if self.STRICT_MINT:
                 floor = max(floor, self.ours_minted_max)
             assert value > floor, f"mint_id after reopen returned {value}, not above {floor}"
