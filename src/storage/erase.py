@@ -97,35 +97,46 @@ def plan_erasure(
     holds no such conversation; ``ValueError`` naming the forks (without ``with_forks``) or a document of
     another conversation copied from an erased one."""
 
-    erased_conversations = {conversation}
     found = False
-    forks: dict[int, int] = {}
+    through: dict[int, set[int]] = {}  # conversation -> the conversations it reads through
+    task_conversations: dict[int, set[int]] = {}  # task -> the conversations its records name
     for record in records():
         for write in record["writes"]:
-            if write.get("type") != "conversation":
-                continue
+            kind = write.get("type")
             value: dict[str, Any] = write.get("value") or {}
-            id: int = value.get("id", 0)
-            if id == conversation:
-                found = True
+            if kind == "task":
+                task_conversations.setdefault(value.get("id", 0), set()).add(
+                    value.get("conversationId", 0)
+                )
+            if kind != "conversation":
                 continue
-            through = [
-                (value.get(field) or {}).get("conversationId") for field in ("parent", "owner")
-            ]
-            origin = next((c for c in through if c in erased_conversations), None)
-            if origin is not None and id not in erased_conversations:
-                forks[id] = origin
-                if with_forks:
-                    erased_conversations.add(id)
+            id: int = value.get("id", 0)
+            found = found or id == conversation
+            origins = {(value.get(f) or {}).get("conversationId") for f in ("parent", "owner")}
+            through.setdefault(id, set()).update(o for o in origins if o is not None and o != id)
     if not found:
         raise StorageRequestError(f"Unknown conversation: {conversation} (the log holds none)")
+    # Closed over the whole log: a fork may be written before the conversation it reads through.
+    erased_conversations = {conversation}
+    forks: dict[int, int] = {}
+    while True:
+        more = {
+            id: min(origins & erased_conversations)
+            for id, origins in through.items()
+            if id not in erased_conversations and origins & erased_conversations
+        }
+        if not more:
+            break
+        forks.update(more)
+        erased_conversations.update(more)
     if forks and not with_forks:
         named = ", ".join(f"{id} (of {origin})" for id, origin in sorted(forks.items()))
         raise ValueError(
             f"Conversation {conversation} has forks or owned conversations: {named}; "
             "erase them too with --with-forks (with_forks=True)"
         )
-    tasks: set[int] = set()
+    # A task's documents go with it wherever they stand in the log, before its record too.
+    tasks = {id for id, named in task_conversations.items() if named & erased_conversations}
     documents: set[int] = set()
     erased: dict[int, list[int]] = {}
     count = 0
@@ -148,10 +159,7 @@ def _belongs(
     if kind in ("entry", "submission"):
         return bool(value.get("conversationId") in conversations)
     if kind == "task":
-        if value.get("conversationId") in conversations:
-            tasks.add(value["id"])  # its documents go with it
-            return True
-        return False
+        return bool(value.get("conversationId") in conversations)
     if kind in ("document.create", "document.copy"):
         record = write.get("record") or {}
         owner = _scope_owner(record)

@@ -8,7 +8,10 @@ detached values; invalid requests raise ``StorageRequestError`` where the refere
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import inspect
+import traceback
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar, cast, overload
 
 import msgspec
@@ -354,6 +357,49 @@ class StorageReads:
                 )
                 for seq, revision in self._model.revisions(txn, id)
             ]
+
+
+def _releasing(read: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """``read``, letting go of its read transaction when it raises. py-lmdb keeps an ended read
+    transaction's slot in LMDB's reader table (126 per store, shared by every process) until
+    the object is freed, and an exception's traceback holds the frames that held it: a caller
+    keeping a few hundred refusals (``gather(..., return_exceptions=True)`` over unknown ids)
+    would leave no slot for any reader of the store. The frames' locals are cleared instead
+    (the traceback still names every line)."""
+
+    @functools.wraps(read)
+    async def released(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await read(*args, **kwargs)
+        except BaseException as error:
+            _clear_frames(error)
+            raise
+
+    return released
+
+
+def _clear_frames(error: BaseException) -> None:
+    """Clear the locals of the finished frames ``error`` passed through, and of those of the
+    exceptions chained to it inside them (a caller's own exception it was raised while
+    handling keeps its frames)."""
+
+    inside: set[int] = set()
+    chained: BaseException | None = error
+    while chained is not None and id(chained) not in inside:
+        tb = chained.__traceback__
+        if chained is not error and (tb is None or id(tb.tb_frame) not in inside):
+            return
+        while tb is not None:
+            inside.add(id(tb.tb_frame))
+            tb = tb.tb_next
+        inside.add(id(chained))
+        traceback.clear_frames(chained.__traceback__)  # skips the frames still running
+        chained = chained.__cause__ or chained.__context__
+
+
+for _name, _method in list(vars(StorageReads).items()):  # every read of the contract and more
+    if not _name.startswith("_") and inspect.iscoroutinefunction(_method):
+        setattr(StorageReads, _name, _releasing(_method))
 
 
 class DocumentRevision(msgspec.Struct, frozen=True):

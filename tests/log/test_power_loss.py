@@ -524,6 +524,19 @@ def test_long_documents_read_back_equal_in_every_crash_state(recorder: str, mode
     assert summary.outcomes.get("ok", 0) > 0
 
 
+def test_an_erasure_is_all_or_nothing_in_every_crash_state(recorder: str) -> None:
+    """One conversation erased with its forks two thirds into the single caller's workload (the
+    store reopened without its user projection for it): in every crash state the erasure record
+    is there and every record it planned is a tombstone holding the acknowledged batch without
+    the erased writes, or there is no erasure record and no tombstone; once ``erase_conversation``
+    returned it is there; every acknowledged commit, before and after it, is kept."""
+
+    summary = explore("power", WORKLOAD_STATES, 11, recorder, batches=24, workload="erase")
+    assert summary.states == WORKLOAD_STATES
+    assert [f"{failure.state}: {failure.problems[:3]}" for failure in summary.failures] == []
+    assert summary.erasures.get("present", 0) > 0, summary.erasures
+
+
 PLANTED_FAULTS = [
     ("group", "fdatasync:store/data.mdb", 36),  # the checkpoints' data sync
     ("group", "fdatasync:*journal/0", 36),  # the group's journal frame flush

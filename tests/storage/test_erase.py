@@ -17,52 +17,17 @@ from typing import Any
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable.errors import StorageRequestError
-from pi_durable.storage import MemoryStorage
 from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import Environment, WriteLog, codec
 from pi_durable_lmdb.log.compact import compact
 from pi_durable_lmdb.log.records import decode_record_builtins, encode_tombstone, record_leaf
+from pi_durable_lmdb.storage.erase import scrub
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
 from tests.support.cli_call import call
 from tests.support.compare import REFUSALS, canonical
+from tests.support.erasure import memory_of, without
 from tests.support.workload import Workload, message, snapshot
-
-
-def _scope_in(record: dict[str, Any], conversations: set[int], tasks: set[int]) -> bool:
-    scope = record.get("scope", {})
-    if scope.get("kind") == "conversation":
-        return scope.get("conversationId") in conversations
-    return scope.get("kind") == "task" and scope.get("taskId") in tasks
-
-
-def _without(
-    batches: dict[int, list[dict[str, Any]]], conversations: set[int]
-) -> dict[int, list[dict[str, Any]]]:
-    """The test's own reading of what belongs to ``conversations``: the batches without it."""
-
-    tasks: set[int] = set()
-    documents: set[int] = set()
-    kept: dict[int, list[dict[str, Any]]] = {}
-    for seq, writes in sorted(batches.items()):
-        kept[seq] = []
-        for write in writes:
-            kind, value = write["type"], write.get("value", {})
-            if kind == "conversation":
-                gone = value["id"] in conversations
-            elif kind in ("entry", "submission", "task"):
-                gone = value["conversationId"] in conversations
-                if gone and kind == "task":
-                    tasks.add(value["id"])
-            elif kind in ("document.create", "document.copy"):
-                gone = _scope_in(write["record"], conversations, tasks)
-                if gone:
-                    documents.add(write["record"]["id"])
-            else:
-                gone = write["id"] in documents
-            if not gone:
-                kept[seq].append(write)
-    return kept
 
 
 async def _fill(
@@ -79,13 +44,6 @@ async def _fill(
             continue
         accepted[seq] = writes
     return storage, work, accepted
-
-
-async def _memory(batches: dict[int, list[dict[str, Any]]], upto: int) -> MemoryStorage:
-    memory = MemoryStorage()
-    for seq in range(1, upto + 1):
-        assert await memory.commit(copy.deepcopy(batches.get(seq, [])), CTX) == seq
-    return memory
 
 
 @pytest.mark.parametrize("seed", [3, 11, 29])
@@ -108,7 +66,8 @@ def test_every_other_read_equals_memory_storage_without_the_erased_writes(
             break
         assert report is not None, f"seed {seed}: no conversation could be erased"
         erased = set(report.conversations)
-        kept = _without(accepted, erased)
+        kept, refused = without(accepted, erased)
+        assert refused == []
         head = storage.log.head()
         assert head == report.seq == max(accepted) + 1
         # The log holds exactly the kept writes; the tombstones keep every sequence.
@@ -119,14 +78,14 @@ def test_every_other_read_equals_memory_storage_without_the_erased_writes(
         assert report.writes == sum(len(w) for w in accepted.values()) - sum(
             len(w) for w in kept.values()
         )
-        memory = await _memory(kept, head)
+        memory = await memory_of(kept, head)
         assert canonical(await snapshot(storage, work, head)) == canonical(
             await snapshot(memory, work, head)
         ), f"seed {seed}: now"
         for point in sorted({1, head // 3, head // 2, head - 1}):
             view = await storage.as_of(point)
             assert canonical(await snapshot(view, work, point)) == canonical(
-                await snapshot(await _memory(kept, point), work, point)
+                await snapshot(await memory_of(kept, point), work, point)
             ), f"seed {seed}: as of {point}"
         for conversation in erased:
             assert await storage.conversation(conversation, CTX) is None
@@ -147,7 +106,8 @@ async def _conversations(path: Path, durability: str, marker: str) -> dict[str, 
     some in batches shared with B) and B, and a fork-free third, C."""
 
     storage = await LmdbStorage.open(path, durability=durability)  # type: ignore[arg-type]
-    ids = {name: await storage.mint_id() for name in ("a", "b", "c", "doc", "task")}
+    names = ("a", "b", "c", "doc", "task", "long", "submission")
+    ids = {name: await storage.mint_id() for name in names}
     a, b, c = ids["a"], ids["b"], ids["c"]
     await storage.commit([{"type": "conversation", "value": {"id": id}} for id in (a, b, c)], CTX)
     for turn in range(40):
@@ -182,6 +142,42 @@ async def _conversations(path: Path, durability: str, marker: str) -> dict[str, 
                         "background": False,
                         "abortRequested": False,
                     },
+                }
+            )
+        if turn == 5:  # a document past many chunks, with snapshots of its long history
+            writes.append(
+                {
+                    "type": "document.create",
+                    "record": {
+                        "id": ids["long"],
+                        "kind": "transcript",
+                        "scope": {"kind": "task", "taskId": ids["task"]},
+                        "history": "rewindable",
+                        "fork": "current",
+                    },
+                    "content": {"kind": "base", "version": 1, "value": {"text": ""}},
+                }
+            )
+            writes.append(
+                {
+                    "type": "submission",
+                    "value": {
+                        "id": ids["submission"],
+                        "conversationId": a,
+                        "type": "input",
+                        "requestId": marker,
+                        "status": "unanswered",
+                        "reason": marker,
+                    },
+                }
+            )
+        if turn > 5:
+            text = f" {turn} {marker} " + secrets.token_hex(2000)
+            writes.append(
+                {
+                    "type": "document.change",
+                    "id": ids["long"],
+                    "content": {"kind": "delta", "version": 1, "ops": [["a", ["text"], text]]},
                 }
             )
         if turn > 3 and turn % 5 == 0:
@@ -246,10 +242,24 @@ async def _reads_of(path: Path, conversation: int) -> Any:
         await storage.close()
 
 
+async def _erase_and_scrub(path: Path, durability: str, conversation: int) -> None:
+    """The Python path ``docs/forgetting.md`` gives: erase, close, ``scrub``."""
+
+    storage = await LmdbStorage.open(path, durability=durability)  # type: ignore[arg-type]
+    await storage.erase_conversation(conversation, reason="erasure request 7")
+    await storage.close()
+    scrub(path)
+
+
+@pytest.mark.parametrize("via", ["cli", "python"])
 @pytest.mark.parametrize("compacted_first", [False, True])
 @pytest.mark.parametrize("durability", ["process", "power"])
 def test_no_file_of_the_store_holds_erased_bytes(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, durability: str, compacted_first: bool
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    durability: str,
+    compacted_first: bool,
+    via: str,
 ) -> None:
     path = tmp_path / "store"
     marker = "m" + secrets.token_hex(24)
@@ -261,11 +271,14 @@ def test_no_file_of_the_store_holds_erased_bytes(
     before_b = asyncio.run(_reads_of(path, ids["b"]))
     before_c = asyncio.run(_reads_of(path, ids["c"]))
 
-    code, out, err = call(
-        capsys, "erase", path, "--conversation", ids["a"], "--reason", "erasure request 7"
-    )
-    assert code == 0, err
-    assert "erased conversation" in out
+    if via == "cli":
+        code, out, err = call(
+            capsys, "erase", path, "--conversation", ids["a"], "--reason", "erasure request 7"
+        )
+        assert code == 0, err
+        assert "erased conversation" in out
+    else:
+        asyncio.run(_erase_and_scrub(path, durability, ids["a"]))
 
     assert _files_holding(path, marker.encode()) == []
     assert not (path / "search.index").exists()
@@ -280,7 +293,9 @@ def test_no_file_of_the_store_holds_erased_bytes(
                 assert marker not in repr(line)
             assert await storage.conversation(ids["a"], CTX) is None
             assert await storage.task(ids["task"], CTX) is None
-            assert await storage.document(ids["doc"], "current", CTX) is None
+            for id in ("doc", "long"):
+                assert await storage.document(ids[id], "current", CTX) is None
+            assert await storage.submission(ids["submission"], CTX) is None
         finally:
             await storage.close()
 
@@ -332,6 +347,83 @@ def test_forks_are_refused_and_named_unless_erased_too(tmp_path: Path) -> None:
         for gone in (a, fork):
             assert await storage.conversation(gone, CTX) is None
         assert await storage.conversation(other, CTX) == {"id": other}
+        await storage.close()
+
+    asyncio.run(run())
+
+
+def _task(id: int, conversation: int) -> dict[str, Any]:
+    return {
+        "type": "task",
+        "value": {
+            "id": id,
+            "conversationId": conversation,
+            "kind": "research",
+            "version": 1,
+            "input": {},
+            "state": {"status": "pending"},
+            "background": False,
+            "abortRequested": False,
+        },
+    }
+
+
+def test_what_reads_through_an_erased_conversation_goes_whatever_its_place_in_the_log(
+    tmp_path: Path,
+) -> None:
+    """A conversation owned by a fork, committed before that fork, and a document of a task
+    committed before the task's record: both belong to the erased conversation."""
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        a, fork, owned, other, task, doc = [await storage.mint_id() for _ in range(6)]
+        batches = {
+            1: [
+                {"type": "conversation", "value": {"id": a}},
+                {"type": "conversation", "value": {"id": other}},
+            ],
+            2: [
+                {
+                    "type": "conversation",
+                    "value": {"id": owned, "owner": {"conversationId": fork, "taskId": task}},
+                }
+            ],
+            3: [
+                {
+                    "type": "document.create",
+                    "record": {
+                        "id": doc,
+                        "kind": "notes",
+                        "scope": {"kind": "task", "taskId": task},
+                        "history": "latest",
+                        "fork": "current",
+                    },
+                    "content": {"kind": "base", "version": 1, "value": {"text": "of the task"}},
+                }
+            ],
+            4: [
+                {
+                    "type": "conversation",
+                    "value": {"id": fork, "parent": {"conversationId": a, "at": 1}},
+                },
+                _task(task, a),
+            ],
+        }
+        for seq, writes in batches.items():
+            assert await storage.commit(copy.deepcopy(writes), CTX) == seq
+        with pytest.raises(ValueError, match=f"{fork} \\(of {a}\\), {owned} \\(of {fork}\\)"):
+            await storage.erase_conversation(a, reason="asked")
+        report = await storage.erase_conversation(a, reason="asked", with_forks=True)
+        assert report.conversations == sorted([a, fork, owned])
+        assert report.records == [1, 2, 3, 4]
+        kept, _ = without(batches, {a, fork, owned})
+        kept[5] = []
+        memory = await memory_of(kept, 5)
+        for id in (a, fork, owned, other):
+            assert await storage.conversation(id, CTX) == await memory.conversation(id, CTX)
+        assert await storage.conversation(owned, CTX) is None
+        assert await storage.document(doc, "current", CTX) is None
+        assert await storage.task(task, CTX) is None
         await storage.close()
 
     asyncio.run(run())

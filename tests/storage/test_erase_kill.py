@@ -28,7 +28,7 @@ from tools.harness.iofaults.check import reboot
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 ERASING_WRITER = textwrap.dedent("""
-    import asyncio, os, sys
+    import asyncio, os, sys, threading
     from pi_durable.context import BACKGROUND_CONTEXT as CTX
     from pi_durable_lmdb import LmdbStorage
     from pi_durable_lmdb.log.journal import JournalOptions
@@ -36,6 +36,7 @@ ERASING_WRITER = textwrap.dedent("""
     from pi_durable_lmdb.storage import lmdb_storage
 
     store, durability, point, a, b = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    acks = sys.argv[6] if len(sys.argv) > 6 else ""  # a thread commits of b beside the erasure
 
     def die(*args, **kwargs):
         os._exit(9)
@@ -55,9 +56,30 @@ ERASING_WRITER = textwrap.dedent("""
             id = await storage.mint_id()
             await storage.commit([entry(id, b)], CTX)
             print("ack", id, flush=True)
+        stop, started = threading.Event(), threading.Event()
+
+        def beside():  # its own loop: commits acknowledged in the side file once they returned
+            async def commits():
+                with open(acks, "a") as out:
+                    while not stop.is_set():
+                        id = await storage.mint_id()
+                        await storage.commit([entry(id, b)], CTX)
+                        out.write(f"{id}\\n")
+                        out.flush()
+                        started.set()
+            asyncio.run(commits())
+
+        thread = threading.Thread(target=beside)
+        if acks:
+            thread.start()
+            await asyncio.to_thread(started.wait)
         print("erasing", flush=True)
         await storage.erase_conversation(a, reason="a kill test")
         print("erased", flush=True)
+        if acks:
+            await asyncio.sleep(0.2)  # the thread commits on after the erasure too
+            stop.set()
+            await asyncio.to_thread(thread.join)
         for _ in range(10):  # acknowledged after it
             id = await storage.mint_id()
             await storage.commit([entry(id, b)], CTX)
@@ -129,10 +151,20 @@ async def _check(
 
 
 def _run(
-    path: Path, durability: str, point: str, a: int, b: int, rng: random.Random
+    path: Path,
+    durability: str,
+    point: str,
+    a: int,
+    b: int,
+    rng: random.Random,
+    acks: Path | None = None,
 ) -> tuple[list[int], int]:
+    """Run the writer to its kill: the ids it acknowledged (on its output, and with ``acks``
+    in that file, from the thread that commits beside the erasure) and its exit code."""
+
+    side = [] if acks is None else [str(acks)]
     child = subprocess.Popen(
-        [sys.executable, "-c", ERASING_WRITER, str(path), durability, point, str(a), str(b)],
+        [sys.executable, "-c", ERASING_WRITER, str(path), durability, point, str(a), str(b), *side],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -150,6 +182,9 @@ def _run(
     code = child.wait(timeout=300)
     rest = child.stdout.read().decode().split("\n")
     acked += [int(line.split()[1]) for line in rest if line.startswith("ack ")]
+    if acks is not None:  # whole lines only: the kill may cut the last one
+        written = acks.read_text()
+        acked += [int(line) for line in written[: written.rfind("\n") + 1].split()]
     return acked, code
 
 
@@ -175,3 +210,39 @@ def test_a_kill_during_an_erasure_leaves_all_or_nothing(tmp_path: Path, durabili
     assert outcomes[0] is True  # the log was rewritten: the next open rebuilt the projections
     if durability == "power":
         assert outcomes[1] is False  # the rewrite was never made durable: undone whole
+
+
+@pytest.mark.slow  # children killed at several points (about 5 s each)
+@pytest.mark.parametrize("durability", ["process", "power"])
+def test_a_kill_during_an_erasure_loses_no_commit_made_beside_it(
+    tmp_path: Path, durability: str
+) -> None:
+    """Another thread of the writer commits entries of another conversation before, during and
+    after the erasure; killed at each point (and a power cut for ``power``), the store keeps
+    every commit that thread saw return, and the conversation is whole or erased."""
+
+    made = tmp_path / "made"
+    a, b, count = asyncio.run(_make(made, durability))
+    rng = random.Random(f"beside {durability}")
+    points = ["before-rebuild"] + (["before-durable"] if durability == "power" else [])
+    points += ["random"] * 4 + ["none"]
+    outcomes = []
+    for number, point in enumerate(points):
+        path = tmp_path / f"case{number}"
+        shutil.copytree(made, path)
+        acks = tmp_path / f"acks{number}"
+        acked, code = _run(path, durability, point, a, b, rng, acks)
+        beside = acks.read_text().split()
+        assert beside, "the thread beside the erasure committed nothing"
+        if point not in ("random", "none"):
+            assert code == 9
+        if point == "none":
+            assert code == 0, "the writer failed"
+        if durability == "power":
+            reboot(path)
+        outcomes.append(asyncio.run(_check(path, durability, a, b, count, acked)))
+        assert verify(path) is None
+    assert outcomes[0] is True
+    if durability == "power":
+        assert outcomes[1] is False
+    assert outcomes[-1] is True

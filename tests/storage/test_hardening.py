@@ -2,7 +2,8 @@
 
 * document addresses and scopes are identified by the reference's text of them;
 * readers across a rebuild, reads after ``close()``, a ``wait`` pending at ``close()``;
-* a truncated ``data.mdb`` is named at open, never read past its end.
+* a truncated ``data.mdb`` is named at open, never read past its end;
+* refusals a caller keeps do not keep read transactions (LMDB's reader table) with them.
 
 ``docs/reliability.md`` lists each finding with its test.
 """
@@ -809,3 +810,28 @@ def test_a_writer_dying_while_it_rewrites_its_marker_leaves_the_old_one_whole(
     else:
         assert storedir.read_power_marker(path) == (storedir.boot_id() or b"unknown", 0x1234)
     assert sorted(os.listdir(path)) == [f"{marker}.unsynced"]  # no staged copy left behind
+
+
+async def test_refusals_a_caller_keeps_leave_the_reader_table_free(tmp_path: Path) -> None:
+    """py-lmdb keeps an ended read transaction's slot in the reader table (126 per store) while
+    the object lives, and a refusal's traceback held the frames holding it: 300 kept refusals,
+    of the store's reads and of a view's, once left no slot for any other read."""
+
+    storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        view = await storage.as_of(1)
+        refusals = await asyncio.gather(
+            *(
+                reader.scan_entries({"conversationId": 1000 + n}, 2, None, CTX)
+                for n in range(150)
+                for reader in (storage, view)
+            ),
+            return_exceptions=True,
+        )
+        assert all("Unknown conversation" in str(refusal) for refusal in refusals)
+        assert await storage.conversation(1, CTX) == {"id": 1}
+        assert await view.conversation(1, CTX) == {"id": 1}
+        assert refusals[0].__traceback__ is not None  # still says where it was raised
+    finally:
+        await storage.close()

@@ -23,7 +23,15 @@ What it drives:
 * strings with non-ASCII characters, astral characters and lone surrogates everywhere strings go;
 * closing and reopening the backend on the same directory (MemoryStorage keeps its state);
 * ``check_everything``: all records, indexes, point reads and every document at each of its
-  revision points, as a rule of its own and after each reopen.
+  revision points, as a rule of its own and after each reopen;
+* ``erase`` (stores that have ``erase_conversation``): a conversation, with or without its forks,
+  or an unknown or erased one. The test works out from the committed batches alone what goes
+  (``tests/support/erasure.py``) and which refusal is due (unknown, forks, a kept copy of an
+  erased document): a refusal must raise it and change nothing. After an erasure the reference
+  is a ``MemoryStorage`` that folded the batches without the erased writes, an empty batch in
+  the erasure record's place (so sequences and ``commit`` results still match) and its next id
+  where it was (erased ids are never minted again): every read, of the erased ids too, is
+  compared now, and, through ``as_of``, with a ``MemoryStorage`` folded up to sampled points.
 
 Invalid delta ops are stored as MemoryStorage stores them (it does not check ops when it commits);
 reading such a document raises whatever ``pi_durable.delta.apply`` raises, and ours must match.
@@ -68,6 +76,7 @@ from pi_durable.storage.memory import MemoryStorage
 from tests.support.compare import REFUSALS
 
 from ..support.compare import canonical
+from ..support.erasure import Batches, erased_with, is_conversation, memory_of, without
 from ..support.machine_draws import (
     CTX,
     MachineDraws,
@@ -118,6 +127,16 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         self.documents: dict[int, dict[str, Any]] = {}
         self.minted: list[int] = []
         self.ours_minted_max = 0
+        # Every committed batch by sequence (an erasure's record is an empty one), and the
+        # conversations erased and ids of the records erased, whose reads stay checked.
+        self.batches: Batches = {}
+        self.erased: set[int] = set()
+        self.erased_ids: set[int] = set()
+
+    def id_pool(self) -> list[int]:
+        """The draws' ids, erased ones too: a store takes them again as the reference does."""
+
+        return super().id_pool() + sorted(self.erased_ids)[-4:]
 
     # ── plumbing ────────────────────────────────────────────────────────
 
@@ -128,20 +147,36 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         return self.loop.run_until_complete(go())
 
     @staticmethod
-    async def _call(store: Any, method: str, args: tuple[Any, ...], ctx: bool) -> tuple[str, Any]:
+    async def _call(
+        store: Any,
+        method: str,
+        args: tuple[Any, ...],
+        ctx: bool,
+        kwargs: dict[str, Any] | None = None,
+    ) -> tuple[str, Any]:
         call_args = copy.deepcopy(args)  # each store gets its own arguments
         if ctx:
             call_args = (*call_args, CTX)
         try:
-            return ("ok", await getattr(store, method)(*call_args))
+            return ("ok", await getattr(store, method)(*call_args, **(kwargs or {})))
         except REFUSALS as error:
             return ("error", error)
 
-    def outcome(self, store: Any, method: str, args: tuple[Any, ...], ctx: bool) -> tuple[str, Any]:
-        return self.run(lambda: self._call(store, method, args, ctx))
+    def outcome(
+        self,
+        store: Any,
+        method: str,
+        args: tuple[Any, ...],
+        ctx: bool,
+        kwargs: dict[str, Any] | None = None,
+    ) -> tuple[str, Any]:
+        return self.run(lambda: self._call(store, method, args, ctx, kwargs))
 
-    def same_all(self, calls: list[tuple[str, str, tuple[Any, ...]]]) -> None:
-        """Compare many independent reads, each store's in one event-loop turn (it is faster).
+    def same_all(
+        self, calls: list[tuple[str, str, tuple[Any, ...]]], ref: Any = None, ours: Any = None
+    ) -> None:
+        """Compare many independent reads, each store's in one event-loop turn (it is faster),
+        of the two stores or of ``ref`` and ``ours`` (views as of one point).
 
         A method named ``walk:scan_x`` walks that scan to its end (``args``: query, limit).
         """
@@ -155,9 +190,11 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
                     results.append(await self._call(store, method, args, True))
             return results
 
-        ref = self.run(lambda: on(self.ref))
-        ours = self.run(lambda: on(self.ours))
-        for (label, method, _), left, right in zip(calls, ref, ours, strict=True):
+        left_store = self.ref if ref is None else ref
+        right_store = self.ours if ours is None else ours
+        lefts = self.run(lambda: on(left_store))
+        rights = self.run(lambda: on(right_store))
+        for (label, method, _), left, right in zip(calls, lefts, rights, strict=True):
             if method.startswith("walk:"):
                 self.compare_walks(label, method[5:], left, right)
             else:
@@ -290,6 +327,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         self.compare(f"commit {label}", ref, ours)
         event(f"commit {label}: " + ("ok" if ref[0] == "ok" else _message_shape(ref[1])))
         if ref[0] == "ok":
+            self.batches[ref[1]] = copy.deepcopy(writes)
             self.apply_model(writes, ref[1])
             return True
         # After a rejected commit both stores must still agree on every record.
@@ -408,7 +446,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             assert isinstance(value, int) and not isinstance(value, bool), (
                 f"mint_id returned {value!r}"
             )
-            floor = max([*self.record_types, 1])
+            floor = max([*self.record_types, *self.erased_ids, 1])  # erased ids: never again
             if self.STRICT_MINT:
                 floor = max(floor, self.ours_minted_max)
             assert value > floor, f"mint_id after reopen returned {value}, not above {floor}"
@@ -437,6 +475,101 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         self.reopened = True
         self.check_everything()
 
+    # ── erasure ─────────────────────────────────────────────────────────
+
+    @precondition(lambda self: hasattr(self.ours, "erase_conversation"))
+    @rule(data=st.data())
+    def erase(self, data: Any) -> None:
+        """Erase a conversation (now and then an unknown or erased one, or one with forks),
+        then compare every read, now and as of sampled points, with a ``MemoryStorage`` that
+        folded the committed batches without the erased writes (and an empty batch for the
+        erasure record: sequences match). Refusals must leave everything as it was."""
+
+        if data.draw(st.integers(0, 5), label="known") > 0:
+            target = data.draw(st.sampled_from(self.conversations), label="erase")
+        else:
+            target = data.draw(st.sampled_from([*sorted(self.erased), 3, 9]), label="erase")
+        with_forks = data.draw(st.booleans(), label="with forks")
+        outcome = self.outcome(
+            self.ours,
+            "erase_conversation",
+            (target,),
+            False,
+            kwargs={"reason": "machine", "with_forks": with_forks},
+        )
+        gone = erased_with(self.batches, target)
+        kept, refused = without(self.batches, gone)
+        expected: str | None = None
+        if not is_conversation(self.batches, target):
+            expected = "Unknown conversation"
+        elif len(gone) > 1 and not with_forks:
+            expected = "has forks or owned conversations"
+        elif refused:
+            expected = "is a copy of document"
+        if expected is not None:
+            event(f"erase refused: {expected}")
+            error = outcome[1] if outcome[0] == "error" else None
+            assert error is not None and expected in str(error), (
+                f"erase {target} (with forks {with_forks}, {sorted(gone)}): expected a refusal "
+                f"naming {expected!r}, got {_describe(outcome)}"
+            )
+            family = StorageRequestError if expected.startswith("Unknown") else ValueError
+            assert isinstance(error, family), _describe(outcome)
+            assert self.ours.log.head() == max(self.batches), "a refused erasure wrote"
+            self.check_everything()  # nothing changed
+            return
+        if outcome[0] == "error":
+            raise AssertionError(
+                f"erase {target} (with forks {with_forks}) refused: {_describe(outcome)}"
+            ) from outcome[1]
+        report = outcome[1]
+        head = max(self.batches, default=0) + 1
+        removed = sum(len(w) for w in self.batches.values()) - sum(len(w) for w in kept.values())
+        changed = sorted(seq for seq in self.batches if kept[seq] != self.batches[seq])
+        assert (report.seq, report.conversations, report.records, report.writes) == (
+            head,
+            sorted(gone),
+            changed,
+            removed,
+        ), f"erase {target}: report {report}"
+        event(f"erased {len(gone)} conversation(s), {removed} writes")
+        for seq, writes in self.batches.items():
+            for write in writes:
+                if write not in kept[seq]:
+                    value = write.get("value") or write.get("record") or {}
+                    self.erased_ids.add(value.get("id", write.get("id")))
+        self.erased |= gone
+        kept[head] = []  # the erasure record
+        self.replace_reference(kept)
+        if not self.conversations:  # the draws need one: a fresh root
+            fresh = max([*self.known_ids(), *self.erased_ids, *self.minted]) + 1
+            self.commit("fresh root", [{"type": "conversation", "value": {"id": fresh}}])
+        self.check_everything()
+        points = sorted(
+            {data.draw(st.integers(1, head), label="as of") for _ in range(2)} | {head - 1, head}
+        )
+        for point in points:
+            if point < 1:
+                continue
+            memory = self.run(lambda point=point: memory_of(self.batches, point))
+            view = self.run(lambda point=point: self.ours.as_of(point))
+            self.same_all(self.everything(), ref=memory, ours=view)
+            self.run(lambda memory=memory: memory.close(CTX))
+
+    def replace_reference(self, batches: Batches) -> None:
+        """The reference folds ``batches`` afresh; the model is drawn from them again. Ids are
+        never minted again, erased ones included: the reference's next id stays where it was."""
+
+        next_id = self.ref._next_id
+        self.run(lambda: self.ref.close(CTX))
+        self.ref = self.run(lambda: memory_of(batches, max(batches)))
+        self.ref._next_id = max(self.ref._next_id, next_id)
+        self.batches = batches
+        self.seqs, self.record_types, self.conversations, self.entries = [], {}, [], []
+        self.tasks, self.submissions, self.documents = {}, {}, {}
+        for seq, writes in sorted(batches.items()):
+            self.apply_model(writes, seq)
+
     # ── reads ───────────────────────────────────────────────────────────
 
     def check_tables(self) -> list[tuple[str, str, tuple[Any, ...]]]:
@@ -463,7 +596,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
                     ({"ownerTaskId": task}, 10_000, None),
                 )
             )
-        conversations = sorted(set(self.conversations) | {2})
+        conversations = sorted(set(self.conversations) | self.erased | {2})
         for conversation in conversations:
             calls.append(
                 (
@@ -509,14 +642,19 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
     def check_everything(self) -> None:
         """Compare the complete observable state of both stores, point reads included."""
 
+        self.same_all(self.everything())
+
+    def everything(self) -> list[tuple[str, str, tuple[Any, ...]]]:
+        """The reads of ``check_everything``, over the erased records' ids too."""
+
         calls = self.check_tables()
-        conversations = sorted(set(self.conversations) | {2})
+        conversations = sorted(set(self.conversations) | self.erased | {2})
         for conversation in conversations:
             calls.append((f"({conversation})", "conversation", (conversation,)))
             calls.append(
                 (f"({conversation}, None)", "find_latest_head_marker", (conversation, None))
             )
-        for id in self.known_ids():
+        for id in sorted(set(self.known_ids()) | self.erased_ids):
             calls.append((f"({id})", "entry", (id,)))
             calls.append((f"({id})", "task", (id,)))
             calls.append((f"({id})", "submission", (id,)))
@@ -543,7 +681,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             for at in points:
                 calls.append((f"({id}, {at})", "document", (id, at)))
                 calls.append((f"({address!r}, {at})", "find_document", (address, at)))
-        self.same_all(calls)
+        return calls
 
     @rule(data=st.data())
     def read_conversations(self, data: Any) -> None:

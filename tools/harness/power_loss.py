@@ -49,6 +49,7 @@ def main() -> int:
             "group",
             "documents",
             "longdocs",
+            "erase",
             "import",
             "restore",
             "backup",
@@ -58,6 +59,7 @@ def main() -> int:
         help="single: one committer; group: concurrent callers (group commit), some cancelled; "
         "documents: one committer on documents past a chunk (head rows, snapshots); "
         "longdocs: one committer on documents many chunks long (every read checked); "
+        "erase: one committer, one conversation erased two thirds in (all or nothing); "
         "import, restore (a real nats-server), backup (--compact), backup-plain: the durable-log "
         "command building NEWPATH (the mode is then the source's, not the command's)",
     )
@@ -99,7 +101,8 @@ def main() -> int:
         )
     print(
         f"{summary.recordings} recordings ({summary.events} events), outcomes {summary.outcomes}, "
-        f"variants {summary.by_variant}, {summary.duplicates} duplicate states skipped, {summary.seconds:.0f} s",
+        f"variants {summary.by_variant}, {summary.duplicates} duplicate states skipped, {summary.seconds:.0f} s"
+        + (f", erasure {summary.erasures}" if summary.erasures else ""),
         flush=True,
     )
     print(f"power_loss: {summary.states} states, {len(summary.failures)} failures", flush=True)

@@ -193,14 +193,22 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
                 problem = sequences_problem(seqs, head)
                 if problem is not None:
                     problems.append(problem)
+                expected = dict(acked)
+                if job.get("erasure") is not None:
+                    present, found_problems = _erasure_problems(reader, job["erasure"], expected)
+                    result["erasure"] = "present" if present else "absent"
+                    problems += found_problems
                 for seq in seqs:
+                    commit = reader.log.get(seq)
+                    if commit is not None and commit.erasure is not None:
+                        continue  # judged by _erasure_problems
                     found = canonical(
                         [write_to_builtins(write) for write in reader.log.get(seq).writes]
                     )  # type: ignore[union-attr]
-                    if seq in acked:
-                        if found != acked[seq]:
+                    if seq in expected:
+                        if found != expected[seq]:
                             problems.append(
-                                f"CHANGED: sequence {seq} holds {found[:150]}, acknowledged {acked[seq][:150]}"
+                                f"CHANGED: sequence {seq} holds {found[:150]}, acknowledged {expected[seq][:150]}"
                             )
                             continue
                         for write in json.loads(found):
@@ -292,6 +300,43 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"VERIFY (after the writer) raised {_error(error)}")
     result["outcome"] = "failed" if problems else "ok"
     return result
+
+
+def _erasure_problems(
+    reader: Any, erasure: dict[str, Any], expected: dict[int, str]
+) -> tuple[bool, list[str]]:
+    """The erase workload's erasure is all or nothing: its record at its sequence and every
+    planned record a tombstone holding the acknowledged batch without the erased writes (which
+    ``expected`` then holds), or no erasure record and no tombstone (a required one: LOST).
+    Whether the erasure is there, and the problems."""
+
+    seq: int = erasure["seq"]
+    planned = {int(number): set(positions) for number, positions in erasure["erased"].items()}
+    record = reader.log.get(seq) if seq <= reader.log.head() else None
+    present = record is not None and record.erasure is not None
+    if present:
+        if sorted(record.erasure.records) != sorted(planned):
+            return True, [
+                f"ERASURE: record {seq} names {record.erasure.records}, planned {sorted(planned)}"
+            ]
+        for number, gone in planned.items():
+            if number in expected:
+                batch = json.loads(expected[number])
+                kept = [write for at, write in enumerate(batch) if at not in gone]
+                expected[number] = canonical(kept)
+    problems: list[str] = []
+    for commit in reader.log.read():
+        if commit.erasure is not None and commit.seq != seq:
+            problems.append(f"ERASURE: an erasure record at {commit.seq}, none was made there")
+        if (commit.tombstone is not None) != (present and commit.seq in planned):
+            problems.append(
+                f"PARTIAL ERASURE: record {commit.seq} is "
+                + ("a tombstone" if commit.tombstone is not None else "whole")
+                + f", the erasure record {'is' if present else 'is not'} there"
+            )
+    if erasure["required"] and not present:
+        problems.append(f"LOST: the erasure returned (record {seq}), the log holds none")
+    return present, problems
 
 
 def sequences_problem(seqs: list[int], head: int) -> str | None:

@@ -93,6 +93,8 @@ class Summary:
     outcomes: dict[str, int] = field(default_factory=dict)
     by_variant: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    erasures: dict[str, int] = field(default_factory=dict)
+    """The erase workload's states by whether the erasure is in them (present, absent)."""
     recordings: int = 0
     events: int = 0
     duplicates: int = 0
@@ -111,6 +113,8 @@ def expectations(
     created = False
     expect: dict[str, Any] | None = None  # a command workload: what a complete NEWPATH holds
     done = False
+    erasure: dict[str, Any] | None = None  # the erase workload's, once intended
+    erased_at = -1
     for index, line in marks(events, point):
         word, _, rest = line.partition(" ")
         word, _, tag = word.partition("@")
@@ -129,6 +133,11 @@ def expectations(
             expect = {"digest": digest, "head": int(head), "store": store}
         elif word == "done":
             done = True
+        elif word == "erase-intent":
+            erasure = json.loads(rest)
+        elif word == "erased":
+            erased_at = index
+    last_sync = -1
     if mode == "power":
         required = sorted(acked)
     else:  # acknowledged before the data file's last completed sync
@@ -143,6 +152,8 @@ def expectations(
             default=-1,
         )
         required = sorted(seq for seq, at in ack_at.items() if at < last_sync)
+    if erasure is not None:  # required once it returned (process: and the data file synced)
+        erasure["required"] = erased_at >= 0 and (mode == "power" or erased_at < last_sync)
     return {
         "acked": {str(seq): batch for seq, batch in acked.items()},
         "required": required,
@@ -152,6 +163,7 @@ def expectations(
         "expect": expect,
         "done": done,
         "workload": workload,
+        "erasure": erasure,
     }
 
 
@@ -272,7 +284,9 @@ def explore(
                     recording.events, candidate.point, candidate.variant, candidate.seed
                 )
                 expected = expectations(recording.events, candidate.point, mode, workload)
-                digest = state.digest() + json.dumps([expected["required"], expected["done"]])
+                digest = state.digest() + json.dumps(
+                    [expected["required"], expected["done"], expected["erasure"]]
+                )
                 if digest in seen and only is None:
                     summary.duplicates += 1
                     continue
@@ -375,6 +389,8 @@ def _check_batch(
         else:
             outcome = "ok"
         summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
+        if "erasure" in result:
+            summary.erasures[result["erasure"]] = summary.erasures.get(result["erasure"], 0) + 1
         if problems:
             point_event = recording.events[state_id.point - 1] if state_id.point else None
             detail = (

@@ -28,6 +28,12 @@ cancels some callers while they wait (``task.cancel()``, ``asyncio.wait_for`` ti
 marks carry the caller's tag: ``intent@TAG JSON``, ``ack@TAG SEQ``, ``cancel@TAG`` (a cancelled
 caller's batch may or may not be in the log, whole; never in part).
 
+``--workload erase`` is the single caller's workload with an erasure two thirds in: the store
+reopened without the user projection, one conversation erased with its forks
+(``erase_conversation``), then reopened with it. Its marks: ``erase-intent JSON`` (the erasure
+record's sequence and, by record, the positions of the writes that go, as ``plan_erasure``
+reads the log before) and ``erased SEQ`` once it returned.
+
 ``--workload documents`` is the single caller's workload with documents grown like transcripts
 (a few kilobytes and a counter per change): long values kept as head rows, snapshots,
 and the map growing under them.
@@ -333,6 +339,16 @@ async def run(args: argparse.Namespace) -> None:
             await storage.close()
             storage = await open_store()
             work.storage = storage
+        if args.workload == "erase" and number == 2 * args.batches // 3:
+            marks.say("phase erase")
+            await storage.close()
+            plain = await LmdbStorage.open(
+                args.store, durability=args.durability, map_size=64 * 1024, **journal_options(args)
+            )
+            await erase_one(plain, work, marks)
+            await plain.close()
+            storage = await open_store()
+            work.storage = storage
         await work.commit(await work.batch())
         if number % 7 == 0:
             await asyncio.sleep(0)  # let the user projection fold behind the commits
@@ -340,6 +356,44 @@ async def run(args: argparse.Namespace) -> None:
     marks.say("phase close")
     await storage.close()
     marks.say("phase closed")
+
+
+async def erase_one(storage: Any, work: Workload, marks: Marks) -> None:
+    """Erase one of the workload's conversations, with its forks (the first the erasure takes),
+    and forget what went from the workload's model."""
+
+    import json
+
+    from pi_durable.errors import StorageRequestError
+    from pi_durable_lmdb.log.records import decode_record_builtins
+    from pi_durable_lmdb.storage.erase import plan_erasure
+
+    for conversation in work.rng.sample(work.conversations, len(work.conversations)):
+        try:
+            plan = plan_erasure(
+                lambda: storage.log.read(decode=decode_record_builtins), conversation, True
+            )
+        except (ValueError, StorageRequestError):
+            continue
+        seq = storage.log.head() + 1
+        erased = {str(number): positions for number, positions in plan.erased.items()}
+        marks.say("erase-intent " + json.dumps({"seq": seq, "erased": erased}))
+        report = await storage.erase_conversation(
+            conversation, reason="power cut test", with_forks=True
+        )
+        assert report.seq == seq, (report, seq)
+        marks.say(f"erased {seq}")
+        gone = set(plan.conversations)
+        work.conversations = [c for c in work.conversations if c not in gone]
+        work.entries = {c: ids for c, ids in work.entries.items() if c not in gone}
+        work.tasks = {id: c for id, c in work.tasks.items() if c not in gone}
+        work.documents = {
+            id: doc
+            for id, doc in work.documents.items()
+            if doc["record"]["scope"]["conversationId"] not in gone
+        }
+        return
+    raise AssertionError("no conversation of the workload could be erased")
 
 
 GROUP_KINDS = ["entry", "entry", "entry", "newtask", "fork"]
@@ -580,7 +634,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--workload",
-        choices=["single", "group", "documents", "longdocs", *COMMANDS],
+        choices=["single", "group", "documents", "longdocs", "erase", *COMMANDS],
         default="single",
     )
     parser.add_argument(
