@@ -25,7 +25,7 @@ from pi_durable.types import (
     StorageWrite,
 )
 
-from ..errors import DamageError, NotWriterError, StoreStateError
+from ..errors import DamageError, HistoryTrimmed, NotWriterError, StoreStateError
 from ..log import (
     Durability,
     Environment,
@@ -61,6 +61,15 @@ from .reads import StorageReads
 from .replica import Follower
 from .roles import Following, Replication, ReplicationRole, Shipping, Standalone, Writing
 from .snapshot import seed_new
+from .trim import (
+    TrimReport,
+    check_before,
+    commit_trim,
+    due,
+    fold_base,
+    keep_window,
+    reach,
+)
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -102,6 +111,10 @@ class LmdbStorage(StorageReads, Storage):
         each read, so they follow a rebuild's swap made by the writer."""
         self._link: StreamLink | None = None
         self._role: ReplicationRole = Standalone(self)
+        self._keep_history: int | None = None
+        """``keep_history=``: the last records the log keeps (``None``: all)."""
+        self._first_kept = self.log.first()
+        self._trimming = False
         with env.read() as txn:
             self._ids = IdMinter.load(txn, self._meta, self._model.max_record_id(txn) + 1)
 
@@ -154,6 +167,7 @@ class LmdbStorage(StorageReads, Storage):
         take_over: bool | Literal["force"] = False,
         lease_ttl: int = DEFAULT_LEASE_TTL,
         journal: JournalOptions | None = None,
+        keep_history: int | None = None,
     ) -> LmdbStorage:
         """Open (or create) the store in directory ``path``; see ``log.environment`` for modes.
 
@@ -176,9 +190,20 @@ class LmdbStorage(StorageReads, Storage):
         each renewal): held by another process, the open fails with ``NotWriterError``, unless
         ``take_over=True`` (wait for it to expire, then fence the old writer out) or
         ``take_over="force"`` (fence it out at once). It then takes in what the stream holds.
+
+        ``keep_history=N``: the writer keeps the log's last ``N`` records and trims the older
+        ones into the log's base (``trim``) at the open and whenever the log holds half as many
+        again; reads as of a trimmed sequence raise ``HistoryTrimmed``. Not on a stream, nor
+        read-only, nor with ``projections``.
         """
 
-        options = OpenOptions(durability, readonly, nats, stream, replicas, take_over)
+        options = OpenOptions(
+            durability, readonly, nats, stream, replicas, take_over, keep_window(keep_history)
+        )
+        if keep_history is not None and projections:
+            raise ValueError(
+                "keep_history= trims the records user projections fold from: open with one or the other"
+            )
         link = options.link()
         mode = mode_for(durability, Role.READER if readonly else Role.WRITER)
         try:
@@ -215,6 +240,13 @@ class LmdbStorage(StorageReads, Storage):
         storage.projections.kick()
         if not readonly:
             storage._model.documents.look_for_lost()  # snapshots a stopped writer never put
+        if options.keep_history is not None:
+            storage._keep_history = options.keep_history
+            try:
+                await storage._keep_window(storage.log.head())
+            except BaseException:
+                await storage.close()
+                raise
         logger.info(
             "opened store %s (%s%s): head %d",
             storage.path,
@@ -436,6 +468,8 @@ class LmdbStorage(StorageReads, Storage):
             counters.commit_failures += 1
             raise
         counters.commit_seconds.observe(time.perf_counter() - began)
+        if self._keep_history is not None:
+            await self._keep_window(seq)
         return Seq(seq)
 
     @property
@@ -508,6 +542,11 @@ class LmdbStorage(StorageReads, Storage):
                 "store without projections= to erase"
             )
         env, log = self._env, self.log
+        if log.trimmed_before():
+            raise ValueError(
+                f"The log of {self.path} is trimmed: an erasure covers an untrimmed log only "
+                "(erase before trimming)"
+            )
         verify_checksums = self._model.unseal is t.unseal
         with self._committer.exclusive():
             plan = plan_erasure(
@@ -547,7 +586,81 @@ class LmdbStorage(StorageReads, Storage):
         head = self.log.head()
         if type(seq) is not int or not 0 <= seq <= head:
             raise ValueError(f"as_of() needs a committed sequence from 0 to {head}, not {seq!r}")
+        point = self.log.trimmed_before()
+        if seq < point:
+            raise HistoryTrimmed(point, seq)
         return StorageView(self, seq)
+
+    async def trim(
+        self, before: int, progress: Callable[[int, int], None] | None = None
+    ) -> TrimReport:
+        """Drop the log's records before sequence ``before`` (rounded down to a whole tile of the
+        log's tree, the head always kept), folded into the log's base (``storage.trim``): reads
+        now are unchanged, reads as of a sequence before the point raise ``HistoryTrimmed``, and
+        every root and proof of the log's tree stays valid. Refused on a read-only store, on a
+        stream and beside user projections. The file shrinks once the closed store is compacted
+        (``durable-log trim`` does both)."""
+
+        self.check_open()
+        before = check_before(before)
+        if self._env.readonly or self._link is not None:
+            raise PermissionError(
+                f"The store at {self.path} is "
+                + ("open read-only" if self._env.readonly else "on a stream")
+                + ": a trim needs a local writer (stores on a stream are not covered)"
+            )
+        env, log = self._env, self.log
+        if self.projections.projections or stored_projections(env):
+            raise ValueError(
+                "A trim drops the records user projections fold from: trim a store without "
+                "user projections (drop them first: durable-log projections drop)"
+            )
+        verify_checksums = self._model.unseal is t.unseal
+        with self._committer.exclusive():
+            log.tree.catch_up(log)  # the dropped records' leaves must be in stored tiles
+            kept = log.trimmed_before()
+            with env.read() as txn:
+                point = reach(log, txn, before)
+            if point <= max(kept, 1):
+                return TrimReport(max(kept, 1), before, 0, 0)
+            chunks, rows = fold_base(log, point, progress)
+            journal = env.journal
+            if journal is not None:
+                journal.checkpoint()  # a power cut before the next one undoes the trim whole
+            dropped = env.write(lambda txn: commit_trim(txn, env, log, point, chunks, rows))
+            try:  # committed: reads must not serve the tables of the untrimmed log
+                if journal is not None:
+                    journal.checkpoint_rewrite()
+            finally:
+                log.committed()
+                self._model.documents.close()  # its snapshots are for the tables swapped out
+                rebuild(env, log)
+                self._model = open_core(env, log, verify_checksums=verify_checksums)
+                self._projector = self._committer.projector = Projector(self._model)
+        logger.info(
+            "trimmed store %s: %d records before %d folded into its base (%d rows)",
+            self.path,
+            dropped,
+            point,
+            rows,
+        )
+        return TrimReport(point, before, dropped, rows)
+
+    async def _keep_window(self, head: int) -> None:
+        """``keep_history=``: trim back to the window once the log passed it by the margin."""
+
+        keep = self._keep_history
+        if keep is None or self._trimming:
+            return
+        point = due(self._first_kept, head, keep)
+        if point is None:
+            return
+        self._trimming = True
+        try:
+            report = await self.trim(point)
+            self._first_kept = max(report.point, self._first_kept)
+        finally:
+            self._trimming = False
 
     async def close(self, context: Context | None = None) -> None:
         """Wait for the commits in flight, sync and release the store; every later call is
