@@ -22,8 +22,8 @@ from ..log.tree import TILE, TREE_DB
 from ..log.writelog import LOG_DB
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
-from ..projections.history import log_rows
 from ..projections.base import load_base
+from ..projections.history import log_rows
 from ..projections.rebuild import Progress, begin_following, mark_lockstep, open_core
 from .unreadable import Unreadable, failing_change
 from .words import plural
