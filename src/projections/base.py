@@ -54,7 +54,9 @@ def load_base(model: ReadModel, log: WriteLog) -> int:
             for name, key, value in rows:
                 if name not in model.db or name in (t.STATE, t.HISTORY):
                     raise CorruptProjectionError(log_base.BASE_DB, key)
-                txn.put(key, value, db=model.db[name])
+                db = model.db[name]
+                if not txn.put(key, value, db=db, append=True):  # in key order: fill pages
+                    txn.put(key, value, db=db)
             if number == last:
                 _finish(txn, model, header.point)
 
