@@ -298,8 +298,12 @@ class StorageReads:
             found = cast("StoredDocument | None", self._model.materialize(txn, id, at))
         if at != "current":  # a point the read accepted: before a trim's, it is gone
             point = log_base.point(self._model.env)
-            if point and point_bound(at) < point:
-                raise HistoryTrimmed(point, point_bound(at))
+            try:
+                bound = point_bound(at) if point else None
+            except (TypeError, ValueError):  # not a number: no point the log ever had
+                bound = None
+            if bound is not None and bound < point:
+                raise HistoryTrimmed(point, bound)
         return found
 
     async def scan_documents(

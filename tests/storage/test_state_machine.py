@@ -23,7 +23,11 @@ What it drives:
 * strings with non-ASCII characters, astral characters and lone surrogates everywhere strings go;
 * closing and reopening the backend on the same directory (MemoryStorage keeps its state);
 * ``check_everything``: all records, indexes, point reads and every document at each of its
-  revision points, as a rule of its own and after each reopen.
+  revision points, as a rule of its own and after each reopen;
+* ``trim`` (a backend with ``trim``: this store): the log trimmed before a drawn sequence; then
+  every read now, and as of drawn points the trim keeps (against a reference that replays the
+  commits up to the point), equals the reference's, and a read as of a dropped point (a view, a
+  document at it) raises ``HistoryTrimmed``.
 
 Invalid delta ops are stored as MemoryStorage stores them (it does not check ops when it commits);
 reading such a document raises whatever ``pi_durable.delta.apply`` raises, and ours must match.
@@ -46,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -64,6 +69,8 @@ from hypothesis.stateful import (
 )
 from pi_durable.errors import StorageRequestError
 from pi_durable.storage.memory import MemoryStorage
+from pi_durable_lmdb import HistoryTrimmed
+from pi_durable_lmdb.log.tree import TILE
 
 from tests.support.compare import REFUSALS
 
@@ -118,6 +125,10 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         self.documents: dict[int, dict[str, Any]] = {}
         self.minted: list[int] = []
         self.ours_minted_max = 0
+        self.batches: dict[int, list[dict[str, Any]]] = {}
+        """Every committed batch by sequence: a trim's points are read from a replay of them."""
+        self.trimmed = 0
+        """The first sequence our log keeps since a trim (0: never trimmed)."""
 
     # ── plumbing ────────────────────────────────────────────────────────
 
@@ -140,8 +151,14 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
     def outcome(self, store: Any, method: str, args: tuple[Any, ...], ctx: bool) -> tuple[str, Any]:
         return self.run(lambda: self._call(store, method, args, ctx))
 
-    def same_all(self, calls: list[tuple[str, str, tuple[Any, ...]]]) -> None:
-        """Compare many independent reads, each store's in one event-loop turn (it is faster).
+    def same_all(
+        self,
+        calls: list[tuple[str, str, tuple[Any, ...]]],
+        reference: Any = None,
+        backend: Any = None,
+    ) -> None:
+        """Compare many independent reads, each store's in one event-loop turn (it is faster):
+        of the reference and ours, or of ``reference`` and ``backend`` (views as of a point).
 
         A method named ``walk:scan_x`` walks that scan to its end (``args``: query, limit).
         """
@@ -155,8 +172,8 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
                     results.append(await self._call(store, method, args, True))
             return results
 
-        ref = self.run(lambda: on(self.ref))
-        ours = self.run(lambda: on(self.ours))
+        ref = self.run(lambda: on(self.ref if reference is None else reference))
+        ours = self.run(lambda: on(self.ours if backend is None else backend))
         for (label, method, _), left, right in zip(calls, ref, ours, strict=True):
             if method.startswith("walk:"):
                 self.compare_walks(label, method[5:], left, right)
@@ -290,6 +307,7 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         self.compare(f"commit {label}", ref, ours)
         event(f"commit {label}: " + ("ok" if ref[0] == "ok" else _message_shape(ref[1])))
         if ref[0] == "ok":
+            self.batches[ref[1]] = copy.deepcopy(writes)
             self.apply_model(writes, ref[1])
             return True
         # After a rejected commit both stores must still agree on every record.
@@ -541,9 +559,72 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             # Each revision point of the document, and the commit before its first.
             points = sorted({*document["points"][-4:], max(document["points"][0] - 1, 1)})
             for at in points:
-                calls.append((f"({id}, {at})", "document", (id, at)))
+                if at >= self.trimmed:
+                    calls.append((f"({id}, {at})", "document", (id, at)))
+                else:
+                    self.expect_trimmed(f"document({id}, {at})", "document", (id, at))
                 calls.append((f"({address!r}, {at})", "find_document", (address, at)))
         self.same_all(calls)
+
+    def before_trim(self, at: Any) -> bool:
+        """Whether a document point is one our trim dropped."""
+
+        try:
+            return at != "current" and math.floor(at) < self.trimmed
+        except (TypeError, ValueError, OverflowError):
+            return False
+
+    def expect_trimmed(self, label: str, method: str, args: tuple[Any, ...]) -> None:
+        """A read as of a point our trim dropped: ``HistoryTrimmed``, unless the reference
+        refuses it as well (a document that keeps no history)."""
+
+        ours = self.outcome(self.ours, method, args, True)
+        if ours[0] == "error" and isinstance(ours[1], HistoryTrimmed):
+            return
+        self.compare(label, self.outcome(self.ref, method, args, True), ours)
+
+    # ── trimming old history (LmdbStorage.trim) ─────────────────────────
+
+    def replay(self, seq: int) -> MemoryStorage:
+        """A reference holding the commits up to ``seq``: the store as of it."""
+
+        async def build() -> MemoryStorage:
+            memory = MemoryStorage()
+            for at in range(1, seq + 1):
+                assert await memory.commit(copy.deepcopy(self.batches[at]), CTX) == at
+            return memory
+
+        return self.run(build)
+
+    @precondition(lambda self: hasattr(self.ours, "trim") and len(self.seqs) > TILE + 1)
+    @rule(data=st.data())
+    def trim(self, data: Any) -> None:
+        """Trim our log before a drawn sequence: every read now, and as of drawn points the trim
+        keeps, is the reference's; a read as of a point it dropped raises ``HistoryTrimmed``."""
+
+        head = self.seqs[-1]
+        before = data.draw(st.integers(1, head), label="trim before")
+        report = self.run(lambda: self.ours.trim(before))
+        assert max(self.trimmed, 1) <= report.point <= max(before, self.trimmed, 1)
+        assert report.records == 0 or report.point > self.trimmed
+        self.trimmed = max(self.trimmed, report.point)
+        event(f"trim: {'dropped records' if report.records else 'nothing to drop'}")
+        self.check_everything()
+        points = data.draw(
+            st.lists(st.integers(self.trimmed, head), min_size=1, max_size=1),
+            label="as of",
+        )
+        for at in points:
+            view = self.run(lambda at=at: self.ours.as_of(at))
+            memory = self.replay(at)
+            try:
+                self.same_all(self.check_tables(), reference=memory, backend=view)
+            finally:
+                self.run(lambda memory=memory: memory.close(CTX))
+        if self.trimmed > 1:
+            at = data.draw(st.integers(0, self.trimmed - 1), label="as of a trimmed point")
+            outcome = self.outcome(self.ours, "as_of", (at,), False)
+            assert outcome[0] == "error" and isinstance(outcome[1], HistoryTrimmed), outcome
 
     @rule(data=st.data())
     def read_conversations(self, data: Any) -> None:
@@ -670,7 +751,10 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         ids = sorted(set(self.known_ids()) | set(self.documents))
         id = data.draw(st.sampled_from(ids), label="document id")
         at = self.draw_seq_point(data)
-        self.same(f"({id}, {at})", "document", id, at)
+        if self.before_trim(at):
+            self.expect_trimmed(f"document({id}, {at})", "document", (id, at))
+        else:
+            self.same(f"({id}, {at})", "document", id, at)
         if self.documents and data.draw(st.booleans(), label="known address"):
             record = self.documents[
                 data.draw(st.sampled_from(sorted(self.documents)), label="address of")
