@@ -1,7 +1,8 @@
 """``durable-log trim``: a writer command (refused while a writer holds the store) that drops the
 log's records before a point and compacts the file; afterwards ``verify`` passes, proofs from a
 checkpoint signed before the trim still verify, reading commands given a trimmed ``--as-of``
-exit 2 with one line, and ``export`` of the trimmed range is refused."""
+exit 2 with one line (the web view answers 400), and ``export`` of the trimmed range is
+refused."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pi_durable_lmdb import LmdbStorage
 from tests.cli.test_transparency import NAME
 from tests.storage.test_compact import WRITER
 from tests.support.cli_call import call
+from tests.support.served import get, serve
 from tests.support.workload import message
 
 
@@ -32,6 +34,7 @@ async def _store(path: Path) -> int:
     return conversation
 
 
+@pytest.mark.slow  # a writer process, a web server process and a dozen commands
 def test_trim_drops_the_prefix_and_keeps_every_proof(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -109,6 +112,12 @@ def test_trim_drops_the_prefix_and_keeps_every_proof(
         assert code == 0, err + out
     code, proof, err = call(capsys, "prove", store, "--from", 10, "--to", 200, "--json")
     assert (code, proof) == (0, consistency), err
+
+    with serve(store) as served:  # the web view: the request's fault, a 400 naming the point
+        status, body, _ = get(served.url + "/index.json?as_of=100")
+        assert status == 400 and "history before sequence 145 was trimmed" in body, body
+        status, body, _ = get(served.url + "/index.json?as_of=145")
+        assert status == 200, body
 
     code, out, err = call(capsys, "trim", store, "--before", 100)
     assert code == 0, err
