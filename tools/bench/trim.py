@@ -26,10 +26,10 @@ from typing import Any
 
 from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
-
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit.stats import stats
 from pi_durable_lmdb.cli import main as durable_log
+
 from tools.bench.host import Transcript, summary
 from tools.bench.workloads import ROOT, conversation, entry
 
