@@ -2,7 +2,7 @@
 
 A store of N turns (each an entry, a model message with usage data, and one more line in a
 conversation document never checkpointed, through a pi-durable ``Session``; ``process``
-durability) is closed and measured, trimmed to its last N/10 records with ``durable-log trim``
+durability) is closed, compacted (free pages are no trim's doing) and measured, trimmed to its last N/10 records with ``durable-log trim``
 (which compacts the file), and measured again: every file of the store directory, and where the
 bytes went (the ``stats`` footprint's largest databases).
 
@@ -29,6 +29,7 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit.stats import stats
 from pi_durable_lmdb.cli import main as durable_log
+from pi_durable_lmdb.log.compact import compact
 
 from tools.bench.host import Transcript, summary
 from tools.bench.workloads import ROOT, conversation, entry
@@ -79,6 +80,7 @@ def measure(turns: int) -> dict[str, Any]:
         started = time.monotonic()
         asyncio.run(build(path, turns))
         built = time.monotonic() - started
+        compact(path)  # the untrimmed store without free pages: only the trim's share is counted
         before, where_before = directory_bytes(path), largest(path)
         head = turns + 1
         started = time.monotonic()
