@@ -186,3 +186,39 @@ def test_keep_history_keeps_a_window(tmp_path: Path) -> None:
 
     asyncio.run(run())
     assert verify(path) is None
+
+
+def test_a_task_last_written_before_the_point_reads_as_of_it_after_a_change(
+    tmp_path: Path,
+) -> None:
+    """A task's history keeps a reference to the record that wrote its previous value: one the
+    trim dropped must not be referred to, so the previous value is kept whole."""
+
+    def task(status: str, n: int) -> dict[str, Any]:
+        value = {"id": 2, "conversationId": 1, "kind": "answer", "version": 1, "input": {"n": n}}
+        return {
+            "type": "task",
+            "value": {
+                **value,
+                "background": False,
+                "abortRequested": False,
+                "state": {"status": status},
+            },
+        }
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        for n in range(2, 20):  # the task, written over and over, last before the point
+            await storage.commit([task("running", n)], CTX)
+        for n in range(20, 40):
+            await storage.commit([{"type": "conversation", "value": {"id": 1000 + n}}], CTX)
+        assert (await storage.trim(2 * TILE + 1)).point == 2 * TILE + 1
+        await storage.commit([task("pending", 40)], CTX)
+        view = await storage.as_of(2 * TILE + 1)
+        assert (await view.task(2, CTX))["input"] == {"n": 19}
+        assert (await storage.task(2, CTX))["input"] == {"n": 40}
+        await storage.close()
+
+    asyncio.run(run())
+    assert verify(tmp_path / "store") is None
