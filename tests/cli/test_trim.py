@@ -74,6 +74,8 @@ def test_trim_drops_the_prefix_and_keeps_every_proof(
     assert (store / "data.mdb").stat().st_size < size
     code, out, err = call(capsys, "verify", store)
     assert code == 0, err + out
+    code, out, err = call(capsys, "stats", store, "--json")
+    assert code == 0 and json.loads(out)["trimmedBefore"] == 145, err
 
     code, out, err = call(capsys, "list", store, "entries", "--json")
     assert (code, out) == (0, before_list), err
