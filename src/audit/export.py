@@ -99,7 +99,7 @@ def export_lines(
         log = WriteLog(env)
         low, high = seq_range(log, first, last, since, until)
         point = log.trimmed_before()
-        if low < point <= high:
+        if low < point and low <= high:  # the range reaches records the trim dropped
             raise ValueError(
                 f"The log's records before {point} were trimmed into its base, which an export "
                 f"does not carry: export from sequence {point} on (--first {point}), without --root"

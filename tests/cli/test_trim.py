@@ -93,6 +93,8 @@ def test_trim_drops_the_prefix_and_keeps_every_proof(
     code, out, err = call(capsys, "export", store)
     assert code == 2
     assert err.count("\n") == 1 and "export from sequence 145 on" in err
+    code, out, err = call(capsys, "export", store, "--seq", 3)
+    assert code == 2 and err.count("\n") == 1 and "export from sequence 145 on" in err
     code, out, err = call(capsys, "export", store, "--from", 145)
     assert code == 0, err
     assert len(out.splitlines()) == 200 - 144
