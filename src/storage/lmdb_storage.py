@@ -510,6 +510,29 @@ class LmdbStorage(StorageReads, Storage):
             self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
             self._projector = self._committer.projector = Projector(self._model)
 
+    def _rewrite(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
+        """Run ``work``, which rewrites the log in place and marks the core projections for a
+        rebuild (an erasure, a trim), in one write transaction holding the writer, then rebuild
+        them. A ``power`` writer takes a checkpoint right before it and another on a fresh
+        journal segment right after: a power cut undoes it whole or keeps it."""
+
+        env, log = self._env, self.log
+        verify_checksums = self._model.unseal is t.unseal
+        journal = env.journal
+        if journal is not None:
+            journal.checkpoint()  # a power cut before the next one undoes the rewrite whole
+        done = env.write(work)
+        try:  # committed: whatever fails next, reads must not serve the tables it replaced
+            if journal is not None:
+                journal.checkpoint_rewrite()
+        finally:
+            log.committed()
+            self._model.documents.close()  # its snapshots are for the tables swapped out
+            rebuild(env, log)
+            self._model = open_core(env, log, verify_checksums=verify_checksums)
+            self._projector = self._committer.projector = Projector(self._model)
+        return done
+
     async def erase_conversation(
         self,
         conversation_id: int,
@@ -547,25 +570,12 @@ class LmdbStorage(StorageReads, Storage):
                 f"The log of {self.path} is trimmed: an erasure covers an untrimmed log only "
                 "(erase before trimming)"
             )
-        verify_checksums = self._model.unseal is t.unseal
         with self._committer.exclusive():
             plan = plan_erasure(
                 lambda: log.read(decode=decode_record_builtins), conversation_id, with_forks
             )
             names = stored_projections(env)
-            journal = env.journal
-            if journal is not None:
-                journal.checkpoint()  # a power cut before the next one undoes the erasure whole
-            seq = env.write(lambda txn: rewrite(txn, env, log, plan, reason, by, names))
-            try:  # committed: whatever fails next, reads must not serve the erased tables
-                if journal is not None:
-                    journal.checkpoint_rewrite()
-            finally:
-                log.committed()
-                self._model.documents.close()  # its snapshots are for the tables swapped out
-                rebuild(env, log)
-                self._model = open_core(env, log, verify_checksums=verify_checksums)
-                self._projector = self._committer.projector = Projector(self._model)
+            seq = self._rewrite(lambda txn: rewrite(txn, env, log, plan, reason, by, names))
         logger.info(
             "erased conversations %s of store %s: %d writes in %d records, erasure record %d",
             plan.conversations,
@@ -615,7 +625,6 @@ class LmdbStorage(StorageReads, Storage):
                 "A trim drops the records user projections fold from: trim a store without "
                 "user projections (drop them first: durable-log projections drop)"
             )
-        verify_checksums = self._model.unseal is t.unseal
         with self._committer.exclusive():
             log.tree.catch_up(log)  # the dropped records' leaves must be in stored tiles
             kept = log.trimmed_before()
@@ -624,19 +633,7 @@ class LmdbStorage(StorageReads, Storage):
             if point <= max(kept, 1):
                 return TrimReport(max(kept, 1), before, 0, 0)
             chunks, rows = fold_base(log, point, progress)
-            journal = env.journal
-            if journal is not None:
-                journal.checkpoint()  # a power cut before the next one undoes the trim whole
-            dropped = env.write(lambda txn: commit_trim(txn, env, log, point, chunks, rows))
-            try:  # committed: reads must not serve the tables of the untrimmed log
-                if journal is not None:
-                    journal.checkpoint_rewrite()
-            finally:
-                log.committed()
-                self._model.documents.close()  # its snapshots are for the tables swapped out
-                rebuild(env, log)
-                self._model = open_core(env, log, verify_checksums=verify_checksums)
-                self._projector = self._committer.projector = Projector(self._model)
+            dropped = self._rewrite(lambda txn: commit_trim(txn, env, log, point, chunks, rows))
         logger.info(
             "trimmed store %s: %d records before %d folded into its base (%d rows)",
             self.path,
