@@ -8,11 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +17,9 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import HistoryTrimmed, LmdbStorage
 from pi_durable_lmdb.audit import verify
 
+from tests.support.killed_writer import run_killed
 from tools.harness.iofaults.check import reboot
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 RECORDS = 400
 BEFORE = 300  # a whole tile on: 289
 
@@ -115,40 +111,6 @@ async def _check(path: Path, durability: str, conversation: int, acked: list[int
         await storage.close()
 
 
-def _run(
-    path: Path, durability: str, point: str, conversation: int, rng: random.Random
-) -> tuple[list[int], int]:
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            TRIMMING_WRITER,
-            str(path),
-            durability,
-            point,
-            str(conversation),
-            str(BEFORE),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert child.stdout is not None
-    acked: list[int] = []
-    for raw in child.stdout:
-        line = raw.decode().split()
-        if line[0] == "ack":
-            acked.append(int(line[1]))
-        if line[0] == "trimming" and point == "random":
-            time.sleep(rng.uniform(0, 0.3))
-            child.send_signal(signal.SIGKILL)
-            break
-    code = child.wait(timeout=300)
-    rest = child.stdout.read().decode().split("\n")
-    acked += [int(line.split()[1]) for line in rest if line.startswith("ack ")]
-    return acked, code
-
-
 @pytest.mark.slow  # children killed at several points (a few seconds each)
 @pytest.mark.parametrize("durability", ["process", "power"])
 def test_a_kill_during_a_trim_leaves_all_or_nothing(tmp_path: Path, durability: str) -> None:
@@ -162,7 +124,8 @@ def test_a_kill_during_a_trim_leaves_all_or_nothing(tmp_path: Path, durability: 
     for number, point in enumerate(points):
         path = tmp_path / f"case{number}"
         shutil.copytree(made, path)
-        acked, code = _run(path, durability, point, conversation, rng)
+        args = [str(path), durability, point, str(conversation), str(BEFORE)]
+        acked, code = run_killed(TRIMMING_WRITER, args, "trimming", point == "random", rng, 0.3)
         if point != "random":
             assert code == 9
         if durability == "power" and point not in ("before-commit", "before-rebuild"):
