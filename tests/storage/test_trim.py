@@ -222,3 +222,33 @@ def test_a_task_last_written_before_the_point_reads_as_of_it_after_a_change(
 
     asyncio.run(run())
     assert verify(tmp_path / "store") is None
+
+
+def test_a_trim_past_an_erasure_keeps_the_erased_conversation_erased(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        await storage.commit([{"type": "conversation", "value": {"id": id}} for id in (1, 2)], CTX)
+        for n in range(3, 60):
+            entry = {"id": n, "conversationId": 1 + n % 2, "kind": "note", "data": f"words {n}"}
+            await storage.commit([{"type": "entry", "value": entry}], CTX)
+        erasure = (await storage.erase_conversation(2, reason="a request")).seq
+        for n in range(60, 80):
+            await storage.commit([{"type": "conversation", "value": {"id": 1000 + n}}], CTX)
+        point = (await storage.trim(erasure - 10)).point
+        assert point < erasure  # the erasure record is kept, some of its tombstones are not
+        assert await storage.conversation(2, CTX) is None
+        assert await storage.conversation(1, CTX) == {"id": 1}
+        query = {"conversationId": 1, "order": "ascending"}
+        page = await storage.scan_entries(query, 100, None, CTX)
+        assert [item["id"] for item in page["items"]] == list(range(4, 60, 2))
+        await storage.close()
+        assert verify(path) is None
+        storage = await LmdbStorage.open(path, durability="process")
+        assert (await storage.trim(storage.log.head())).point > erasure  # and past it
+        assert await storage.conversation(2, CTX) is None
+        await storage.close()
+
+    asyncio.run(run())
+    assert verify(path) is None
