@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import lmdb
 
 from ..errors import CorruptProjectionError
-from ..log import Environment, WriteLog
+from ..log import WriteLog
 from ..log import base as log_base
 from . import tables as t
 from .readmodel import ReadModel
@@ -72,14 +72,7 @@ def _finish(txn: lmdb.Transaction[bytes], model: ReadModel, point: int) -> None:
     txn.put(t.STATE_KEY, t.encode_state(state), db=model.db[t.STATE])
 
 
-def has_base(env: Environment) -> bool:
-    """Whether the log of ``env`` was trimmed (it has a base)."""
-
-    return log_base.point(env) > 0
-
-
 __all__ = [
     "base_rows",
-    "has_base",
     "load_base",
 ]
