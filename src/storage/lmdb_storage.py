@@ -241,8 +241,14 @@ class LmdbStorage(StorageReads, Storage):
         if not readonly:
             storage._model.documents.look_for_lost()  # snapshots a stopped writer never put
         if options.keep_history is not None:
-            storage._keep_history = options.keep_history
             try:
+                if stored_projections(storage._env):
+                    raise ValueError(
+                        f"keep_history= trims the records user projections fold from, and the "
+                        f"store at {storage.path} holds some: drop them first "
+                        "(durable-log projections drop)"
+                    )
+                storage._keep_history = options.keep_history
                 await storage._keep_window(storage.log.head())
             except BaseException:
                 await storage.close()
@@ -644,7 +650,9 @@ class LmdbStorage(StorageReads, Storage):
         return TrimReport(point, before, dropped, rows)
 
     async def _keep_window(self, head: int) -> None:
-        """``keep_history=``: trim back to the window once the log passed it by the margin."""
+        """``keep_history=``: trim back to the window once the log passed it by the margin. A
+        trim that fails is logged, not raised: the commit that found it due is durable, and the
+        next one tries again."""
 
         keep = self._keep_history
         if keep is None or self._trimming:
@@ -656,6 +664,8 @@ class LmdbStorage(StorageReads, Storage):
         try:
             report = await self.trim(point)
             self._first_kept = max(report.point, self._first_kept)
+        except Exception:
+            logger.exception("store %s: trimming to its last %d records failed", self.path, keep)
         finally:
             self._trimming = False
 

@@ -252,3 +252,28 @@ def test_a_trim_past_an_erasure_keeps_the_erased_conversation_erased(tmp_path: P
 
     asyncio.run(run())
     assert verify(path) is None
+
+
+def test_user_projections_refuse_a_trim_and_keep_history(tmp_path: Path) -> None:
+    from tests.projections.test_projections import EntryCounter
+
+    path = tmp_path / "store"
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process", projections=[EntryCounter()])
+        await _fill(storage, Workload(13), 60)
+        await storage.projections.wait(storage.log.head())
+        with pytest.raises(ValueError, match="user projections fold from"):
+            await storage.trim(TILE + 1)
+        await storage.close()
+        with pytest.raises(ValueError, match="open with one or the other"):
+            await LmdbStorage.open(path, projections=[EntryCounter()], keep_history=TILE)
+        with pytest.raises(ValueError, match="holds some: drop them first"):
+            await LmdbStorage.open(path, keep_history=TILE)
+        storage = await LmdbStorage.open(path, durability="process")  # still a writer's store
+        with pytest.raises(ValueError, match="user projections fold from"):
+            await storage.trim(TILE + 1)
+        assert storage.log.first() == 1
+        await storage.close()
+
+    asyncio.run(run())
