@@ -65,6 +65,7 @@ from .trim import (
     TrimReport,
     check_before,
     commit_trim,
+    discard_scratch,
     due,
     fold_base,
     keep_window,
@@ -99,6 +100,7 @@ class LmdbStorage(StorageReads, Storage):
             self.log.tree.catch_up(
                 self.log, progress
             )  # a store written before the tree, or behind it
+            discard_scratch(env.path)  # what a trim killed before its end left
         self.projections = UserProjections(
             env, self.log, projections, lambda: self._committer, lambda: self._model
         )

@@ -12,8 +12,8 @@ root, every inclusion proof of a kept record and every consistency proof between
 is what it was. Reads now are unchanged; a read as of a sequence before the point raises
 ``HistoryTrimmed``.
 
-The base is folded first, beside the store (a scratch environment in a temporary directory: the
-base of an earlier trim, then the records up to the point). Then one write transaction writes the
+The base is folded first, beside the store (a scratch environment in ``SCRATCH_DIR`` of the
+store's directory: the base of an earlier trim, then the records up to the point). Then one write transaction writes the
 base, deletes the records before the point and marks the core projections for a rebuild, which
 follows at once (from the base and the kept records; the history rows before the point are not
 in it). A kill before that transaction commits leaves the store untrimmed; after, trimmed, and
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Final
@@ -43,6 +42,9 @@ from ..projections.base import base_rows
 from ..projections.readmodel import ReadModel
 from ..projections.rebuild import Progress, catch_up, schedule_rebuild
 
+SCRATCH_DIR: Final = "trim.scratch"
+"""In the store's directory: where a trim folds its base, removed once it is folded; a trim
+killed meanwhile leaves it to the next trim or writer's open, which remove it."""
 KEEP_MARGIN: Final = 0.5
 """``keep_history=N`` trims once the log holds more than ``N * (1 + KEEP_MARGIN)`` records (back to
 ``N``, give or take a tile): a trim's cost is spread over ``N * KEEP_MARGIN`` commits."""
@@ -83,10 +85,12 @@ def fold_base(
     log: WriteLog, point: int, progress: Progress | None = None
 ) -> tuple[list[bytes], int]:
     """The base of ``point``: the log's base and records before ``point`` folded into scratch
-    tables in a temporary directory, their rows as stored chunks (``log.base.chunked``), and
+    tables in the store's directory (``SCRATCH_DIR``), their rows as stored chunks (``log.base.chunked``), and
     how many rows."""
 
-    scratch_dir = tempfile.mkdtemp(prefix="durable-trim-")
+    scratch_dir = os.path.join(log.env.path, SCRATCH_DIR)
+    discard_scratch(log.env.path)
+    os.mkdir(scratch_dir, 0o700)
     try:
         scratch = Environment(os.path.join(scratch_dir, "store"), durability="process")
         try:
@@ -107,9 +111,17 @@ def fold_base(
         finally:
             scratch.close()
     finally:
-        shutil.rmtree(scratch_dir, ignore_errors=True)
+        discard_scratch(log.env.path)
     log_base.base_db(log.env, create=True)  # its handle, before the trim's transaction
     return chunks, count[0]
+
+
+def discard_scratch(path: str) -> None:
+    """Remove what a trim left in the store's directory at ``path`` (the writer's to call)."""
+
+    scratch = os.path.join(path, SCRATCH_DIR)
+    if os.path.isdir(scratch) and not os.path.islink(scratch):
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def commit_trim(
@@ -161,9 +173,11 @@ def due(first: int, head: int, keep: int) -> int | None:
 
 __all__ = [
     "KEEP_MARGIN",
+    "SCRATCH_DIR",
     "TrimReport",
     "check_before",
     "commit_trim",
+    "discard_scratch",
     "due",
     "fold_base",
     "keep_window",

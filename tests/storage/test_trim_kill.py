@@ -16,6 +16,7 @@ import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import HistoryTrimmed, LmdbStorage
 from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.storage.trim import SCRATCH_DIR
 
 from tests.support.killed_writer import run_killed
 from tools.harness.iofaults.check import reboot
@@ -94,6 +95,7 @@ async def _entries(storage: Any, conversation: int) -> list[int]:
 async def _check(path: Path, durability: str, conversation: int, acked: list[int]) -> bool:
     storage = await LmdbStorage.open(path, durability=durability)  # type: ignore[arg-type]
     try:
+        assert not (path / SCRATCH_DIR).exists(), "the open removes what a killed trim left"
         first = storage.log.first()
         assert first in (1, 289), f"the log begins at {first}: a trim in part"
         trimmed = first == 289
