@@ -345,6 +345,19 @@ class ProjectionFailed(StoreStateError):
         self.name, self.seq, self.error = name, seq, error
 
 
+class HistoryTrimmed(StoreStateError):
+    """A read as of a point the store no longer keeps: its history before sequence ``point`` was
+    trimmed (``durable-log trim``, ``keep_history=``) into the log's base, so the state right
+    after ``asked`` is gone. Read as of ``point`` or later, or now."""
+
+    def __init__(self, point: int, asked: int) -> None:
+        super().__init__(
+            f"The store's history before sequence {point} was trimmed: it cannot be read as of "
+            f"sequence {asked} (read as of {point} or later)"
+        )
+        self.point, self.asked = point, asked
+
+
 class SearchIndexError(StoreStateError):
     """The store's word index (``search.index``) cannot be used as it is: its header is
     unreadable, or other processes keep resetting it. It is only a projection of the log: delete
@@ -384,6 +397,7 @@ __all__ = [
     "DurableLmdbError",
     "ForeignMessageError",
     "ForkedEnvironmentError",
+    "HistoryTrimmed",
     "JournalReplayPending",
     "LeaseLapsedError",
     "LogError",

@@ -299,7 +299,7 @@ def test_each_family_registers_its_own_commands() -> None:
         demo: {"demo"},
         inspect: {"stats", "show", "tail", "verify"},
         move: {"export", "import", "backup", "restore"},
-        operate: {"rebuild", "compact", "erase", "replica", "promote"},
+        operate: {"rebuild", "compact", "erase", "trim", "replica", "promote"},
         transparency: {"keygen", "checkpoint", "prove", "verify-proof"},
         lists: {"list"},
     }

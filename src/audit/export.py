@@ -98,6 +98,12 @@ def export_lines(
     try:
         log = WriteLog(env)
         low, high = seq_range(log, first, last, since, until)
+        point = log.trimmed_before()
+        if low < point and low <= high:  # the range reaches records the trim dropped
+            raise ValueError(
+                f"The log's records before {point} were trimmed into its base, which an export "
+                f"does not carry: export from sequence {point} on (--first {point}), without --root"
+            )
         if root and low != 1:
             raise ValueError(
                 f"An export with its root starts at sequence 1 (a root covers the log's first records), not {low}"

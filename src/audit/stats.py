@@ -158,6 +158,9 @@ class Stats(msgspec.Struct, frozen=True, rename="camel"):
     replication: Replication | UnsetType = UNSET
     shipping: Shipping | UnsetType = UNSET
     lease: LeaseHolder | UnsetType | None = UNSET
+    trimmed_before: int | UnsetType = UNSET
+    """The log's first record since a trim (``storage.trim``): the records before it are folded
+    into the log's base. Left out when the log was never trimmed."""
 
 
 async def lease_of(nats: str | Sequence[str], stream: str, store: str | None) -> LeaseHolder | None:
@@ -248,7 +251,9 @@ def stats(path: str | os.PathLike[str]) -> Stats:
         }
         shipping_stopped = stopped_reason(env.path)
         tree = _tree(env, log, head)
+        trimmed = log.trimmed_before()
         return Stats(
+            trimmed_before=trimmed or UNSET,
             path=env.path,
             store_id=env.store_id,
             format_version=FORMAT_VERSION,
@@ -398,6 +403,11 @@ def format_stats(info: Stats) -> str:
         f"format version   {info.format_version}",
         f"head sequence    {info.head_seq}",
         f"log records      {info.records:,}",
+        *(
+            [f"trimmed before   sequence {info.trimmed_before} (folded into the log's base)"]
+            if isinstance(info.trimmed_before, int)
+            else []
+        ),
         f"first commit     {when(info.first_committed_at)}",
         f"last commit      {when(info.last_committed_at)}",
         f"file size        {format_bytes(info.file_bytes)}",

@@ -22,6 +22,7 @@ from ..log.tree import TILE, TREE_DB
 from ..log.writelog import LOG_DB
 from ..projections import Projector, ReadModel
 from ..projections import tables as t
+from ..projections.base import load_base
 from ..projections.history import log_rows
 from ..projections.rebuild import Progress, begin_following, mark_lockstep, open_core
 from .unreadable import Unreadable, failing_change
@@ -170,8 +171,9 @@ def check(
             projector = Projector(ReadModel(scratch, 0))
             report = progress or _silent
             expected = log.head()  # a writer may commit more meanwhile
-            folded = records = 0
-            erased = _Erasures()
+            point = load_base(projector.model, log)  # a trimmed log folds on from its base
+            folded, records = max(point - 1, 0), 0
+            erased = _Erasures(point)
             while True:  # the bulk, in chunks, each from its own short read transaction
                 commits = log.take(folded + 1, None, 512)
                 if len(commits) < 512:
@@ -289,7 +291,9 @@ class _Erasures:
     erasure record that lists it, and each record an erasure lists must be a tombstone (of it,
     or of a later erasure)."""
 
-    def __init__(self) -> None:
+    def __init__(self, point: int = 0) -> None:
+        self.point = point
+        """The log's first record after a trim: the records before it are in its base."""
         self.tombstones: dict[int, int] = {}
         self.erasures: dict[int, set[int]] = {}
 
@@ -309,7 +313,7 @@ class _Erasures:
             (seq, f"is listed by erasure {erasure} but is not a tombstone of it")
             for erasure, listed in sorted(self.erasures.items())
             for seq in sorted(listed)
-            if self.tombstones.get(seq, 0) < erasure
+            if seq >= self.point and self.tombstones.get(seq, 0) < erasure
         ]
         kept = found[: max(limit - len(report.differences), 0)]
         report.differences.extend(

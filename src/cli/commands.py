@@ -48,6 +48,10 @@ COMMANDS: Final = {
         "operate",
         "erase a conversation from the log, the projections and the disk; proofs still hold",
     ),
+    "trim": (
+        "operate",
+        "drop the log's records before a point, folded into its base; proofs still hold",
+    ),
     "replica": ("operate", "keep a replica of a store level with its NATS stream, until Ctrl-C"),
     "promote": ("operate", "make a replica (or any copy) of a store the writer of its stream"),
     "keygen": ("transparency", "make an Ed25519 key that signs checkpoints"),

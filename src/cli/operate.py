@@ -1,4 +1,5 @@
-"""Operating a store: ``rebuild`` its projections, ``compact`` its file, ``erase`` a conversation, keep a ``replica`` level with its NATS stream,
+"""Operating a store: ``rebuild`` its projections, ``compact`` its file, ``erase`` a conversation,
+``trim`` its old history, keep a ``replica`` level with its NATS stream,
 ``promote`` a copy to be its stream's writer. These take the writer's place (the lock, the lease);
 they never create a store they were meant to repair."""
 
@@ -21,9 +22,11 @@ from .common import (
     interval,
     nats_options,
     note,
+    point,
     progress_on,
     progress_option,
     run_until_signalled,
+    seq_or_time,
     store_argument,
     usage,
 )
@@ -33,6 +36,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     _register_rebuild(commands)
     _register_compact(commands)
     _register_erase(commands)
+    _register_trim(commands)
     _register_replica(commands)
     _register_promote(commands)
 
@@ -243,6 +247,67 @@ def _erase(args: argparse.Namespace) -> int:
     print(
         f"{said}; scrubbed the disk: data.mdb compacted from {format_bytes(compacted.before)} to "
         f"{format_bytes(compacted.after)}, journal zeroed, word index deleted"
+    )
+    return EXIT_OK
+
+
+# ── trim ────────────────────────────────────────────────────────────────────
+
+
+def _register_trim(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = add_command(
+        commands,
+        "trim",
+        "drop the log's records before a point, folded into its base; proofs still hold",
+        "Drop the log's records before SEQ (or those committed before TIME), keeping in their "
+        "place the state they fold to (the log's base), then compact data.mdb so the file "
+        "shrinks. The point is rounded down to a whole tile of the log's Merkle tree (16 "
+        "records), the head is always kept; reads now are unchanged, every root and proof still "
+        "holds, and a read as of a sequence before the point is refused. Takes the writer lock "
+        "and needs the store closed everywhere; refused on a store with user projections; never "
+        "creates a store.",
+        example="durable-log trim demo-store --before 4097",
+    )
+    store_argument(sub)
+    sub.add_argument(
+        "--before",
+        required=True,
+        type=point,
+        metavar="SEQ|TIME",
+        help="the first log sequence to keep, or a time (ISO 8601): the records committed before it go",
+    )
+    sub.set_defaults(run=_trim)
+
+
+def _trim(args: argparse.Namespace) -> int:
+    from ..audit.export import seq_at
+    from ..log.compact import compact
+    from ..storage.lmdb_storage import LmdbStorage
+
+    require_store(args.path)
+    before, at_time = seq_or_time(args.before)
+
+    async def run() -> str:
+        storage = await LmdbStorage.open(args.path)
+        try:
+            asked = before if at_time is None else seq_at(storage.log, at_time - 1) + 1
+            if asked is None or asked < 1:
+                raise usage(f"--before must name sequence 1 or later, not {asked}")
+            report = await storage.trim(asked)
+        finally:
+            await storage.close()
+        if report.records == 0:
+            return f"{args.path}: nothing to trim before {asked}: the log keeps sequence {report.point} on"
+        return (
+            f"{args.path}: trimmed {plural(report.records, 'record')} before sequence "
+            f"{report.point} into the log's base ({plural(report.rows, 'row')})"
+        )
+
+    said = asyncio.run(run())
+    compacted = compact(args.path)
+    print(
+        f"{said}; data.mdb compacted from {format_bytes(compacted.before)} to "
+        f"{format_bytes(compacted.after)}"
     )
     return EXIT_OK
 

@@ -18,7 +18,10 @@ records after the last stored tile, and all of a store written before the tree, 
 the log when a root or proof needs them (``reader_at``); a writer's open and close write every
 whole tile the tree lacks (``catch_up``). ``rebuild`` writes every tile again from the
 log, over the stored ones (never a tree with a hole); ``check`` recomputes it and compares every
-stored tile.
+stored tile. After a trim (``log.base``) the leaves before the log's first record are in stored
+tiles only (a trim drops whole tiles' records, and only those the tree stores): ``rebuild`` and
+``check`` start at the first record, from the stored frontier there, and every root, inclusion
+proof and consistency proof reads them as before.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Records(Protocol):
     chunk at a time."""
 
     def head(self, txn: lmdb.Transaction[bytes] | None = None) -> int: ...
+    def first(self, txn: lmdb.Transaction[bytes] | None = None) -> int: ...
     def raw_chunk(
         self, first: int, last: int | None, limit: int = ...
     ) -> list[tuple[int, bytes]]: ...
@@ -310,7 +314,8 @@ class TreeStore:
         db = self.env.db(TREE_DB)
         with self.env.read() as txn:
             head = log.head(txn)
-        done = self._write_tiles(log, merkle.TreeBuilder(), head, progress, append=False)
+            builder = self._past_trim(txn, log)
+        done = self._write_tiles(log, builder, head, progress, append=False)
 
         def trim(txn: lmdb.Transaction[bytes]) -> None:
             cursor = txn.cursor(db=db)
@@ -352,6 +357,22 @@ class TreeStore:
                 progress(builder.size, head)
         return done
 
+    def _past_trim(self, txn: lmdb.Transaction[bytes], log: Records) -> merkle.TreeBuilder:
+        """A builder at the log's first stored record: empty, or, once a trim dropped the
+        records before it (always a whole number of tiles), at the stored tiles' frontier there:
+        their leaves can no longer be hashed from the log, so the stored tiles are theirs."""
+
+        first = log.first(txn)
+        kept = first - 1 if first > 1 else 0
+        if kept == 0:
+            return merkle.TreeBuilder()
+        if kept % TILE or kept > self.size(txn):
+            raise ProofError(
+                f"the log's first record is {first}, but the log tree holds {self.size(txn)} "
+                "leaves in whole tiles: the leaves before it are lost"
+            )
+        return merkle.TreeBuilder(kept, self.reader(txn)(merkle.frontier(kept)))
+
     # ── checking ────────────────────────────────────────────────────────────
 
     def check(self, log: Records, head: int, limit: int = 20) -> tuple[list[str], int]:
@@ -371,8 +392,9 @@ class TreeStore:
         size = min(
             size, head - head % TILE
         )  # tiles past the records this check covers were written since
-        builder = merkle.TreeBuilder()
-        for chunk in _chunks(log, 1, size):
+        with self.env.read() as txn:
+            builder = self._past_trim(txn, log)
+        for chunk in _chunks(log, builder.size + 1, size):
             first = builder.size // TILE
             tiles = _tiles(builder, chunk)
             with self.env.read() as txn:

@@ -1,9 +1,11 @@
 """The sequenced write log: append in a caller's transaction, read ranges, follow live.
 
 Key: the commit sequence as 8 bytes big-endian, so LMDB's byte order is numeric order and
-appends go to the end of the tree. Value: one ``LogRecord``. Records are never deleted, so the
-last key plus one is always a fresh sequence, across reopen and crashes alike; the one rewrite is
-an erasure's, which puts a tombstone keeping the record's leaf hash over it (``replace``).
+appends go to the end of the tree. Value: one ``LogRecord``. Only a trim deletes records, the
+oldest ones and never the head, so the last key plus one is always a fresh sequence, across
+reopen and crashes alike; the records it drops are folded into the log's base (``log.base``) and
+their leaves stay in the stored tree. The one rewrite is an erasure's, which puts a tombstone
+keeping the record's leaf hash over it (``replace``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import lmdb
 from ..errors import CorruptRecordError, LogError
 from ..tlog import merkle
 from ..tlog.note import Checkpoint, Signer, parse_signer, sign_checkpoint
+from . import base
 from .environment import Environment
 from .records import Commit, decode_record, encode_record, record_leaf
 from .threads import Waiters
@@ -140,6 +143,27 @@ class WriteLog:
             )
         txn.put(seq_key(seq), data, db=self.db)
 
+    def drop_before(self, txn: lmdb.Transaction[bytes], point: int) -> int:
+        """Delete, inside ``txn``, every record before ``point`` (a trim, which writes the base
+        of ``point`` in the same transaction); ``point`` must not pass the head. Returns how
+        many records went."""
+
+        head = self.head(txn)
+        if not 1 <= point <= head:
+            raise LogError(f"A trim keeps the log's head: sequence {point} is not from 1 to {head}")
+        cursor = txn.cursor(db=self.db)
+        dropped = 0
+        found = cursor.first()
+        while found and key_seq(cursor.key()) < point:
+            found = cursor.delete()
+            dropped += 1
+        return dropped
+
+    def trimmed_before(self) -> int:
+        """The first sequence the log keeps since a trim (``log.base``); 0 if never trimmed."""
+
+        return base.point(self.env)
+
     def record(self, txn: lmdb.Transaction[bytes], seq: int) -> bytes | None:
         """The stored bytes of record ``seq``, as ``txn`` sees them."""
 
@@ -173,12 +197,16 @@ class WriteLog:
         cursor = txn.cursor(db=self.db)
         return key_seq(cursor.key()) if cursor.last() else 0
 
-    def first(self) -> int:
+    def first(self, txn: lmdb.Transaction[bytes] | None = None) -> int:
+        """The first stored sequence (above 1 once trimmed), 0 for an empty log."""
+
         if self.db is None:
             return 0
-        with self.env.read() as txn:
-            cursor = txn.cursor(db=self.db)
-            return key_seq(cursor.key()) if cursor.first() else 0
+        if txn is None:
+            with self.env.read() as read_txn:
+                return self.first(read_txn)
+        cursor = txn.cursor(db=self.db)
+        return key_seq(cursor.key()) if cursor.first() else 0
 
     def count(self) -> int:
         if self.db is None:

@@ -17,6 +17,7 @@ import lmdb
 from ..errors import ProjectionsBehind, StoreFormatError
 from ..log import Environment, WriteLog
 from . import tables as t
+from .base import load_base
 from .projector import Projector
 from .readmodel import ReadModel
 
@@ -188,12 +189,24 @@ class Following:
 
 
 def catch_up(
-    env: Environment, log: WriteLog, model: ReadModel, progress: Progress | None = None
+    env: Environment,
+    log: WriteLog,
+    model: ReadModel,
+    progress: Progress | None = None,
+    last: int | None = None,
 ) -> int:
-    """Fold every record ``model`` lacks, a chunk per transaction; returns how many."""
+    """Fold every record ``model`` lacks (up to ``last``; default: the head), a chunk per
+    transaction, in ``env`` (``model``'s environment, which may be another than the log's);
+    returns how many. Fresh tables of a trimmed log take its base first (``projections.base``)."""
 
     projector = Projector(model)
-    folded, head = folded_seq(env, log, model), log.head()
+    with env.read() as txn:
+        state = projection_state(txn, model)
+    if state is None:
+        load_base(model, log)
+    with env.read() as txn:
+        folded = folded_through(txn, log, projection_state(txn, model))
+    head = log.head() if last is None else last
     done = 0
     while folded < head:
         commits = log.take(folded + 1, head, FOLD_CHUNK)

@@ -64,13 +64,20 @@ class Rows:
             writer = self._writer(table, key, history_key)
             if writer is None:
                 return  # this commit already kept what the key held before it
-            if writer < self.seq:  # a value this commit wrote itself is no commit's last write
+            # A value this commit wrote itself is no commit's last write; one written before a
+            # trim's point is in no record the log keeps (nor is its writer known): kept whole.
+            if writer < self.seq and writer >= self._trimmed():
                 before = t.history_logged(writer, previous)
         if before is None:
             before = t.history_value(previous)
         # The first change in a commit holds the value from before the commit; keep it.
         if not self.txn.put(history_key, before, db=self._history, append=True):
             self.txn.put(history_key, before, db=self._history, overwrite=False)
+
+    def _trimmed(self) -> int:
+        """The point of the log's base these tables were folded from (``projections.base``)."""
+
+        return t.trimmed_point(self.txn, self.db)
 
     def _writer(self, table: str, key: bytes, history_key: bytes) -> int | None:
         """The commit that wrote ``key``'s live value: the newest one that changed it (its

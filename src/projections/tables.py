@@ -469,6 +469,17 @@ class ProjectionState(msgspec.Struct):
 
 
 STATE_KEY: Final = b"core"
+TRIMMED_KEY: Final = b"trimmed"
+"""In ``STATE``: the point of the log's base the tables were folded from (``projections.base``);
+absent when they were folded from sequence 1."""
+
+
+def trimmed_point(txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database]) -> int:
+    """The point of the log's base the tables ``db`` were folded from; 0: from sequence 1."""
+
+    raw = txn.get(TRIMMED_KEY, db=db[STATE])
+    return 0 if raw is None else read_u64(raw)
+
 
 _encoder: Final = msgspec.msgpack.Encoder()
 any_decoder: Final = codec.decoder()
@@ -535,6 +546,7 @@ __all__ = [
     "TASKS_BY_STATUS",
     "TASK_STATUSES",
     "TASK_STATUS_KEYS",
+    "TRIMMED_KEY",
     "UNVERSIONED",
     "CoreHeader",
     "CurrentValue",
@@ -566,6 +578,7 @@ __all__ = [
     "seal",
     "state_decoder",
     "text_key",
+    "trimmed_point",
     "u64",
     "u64_pair",
     "unpack_row",

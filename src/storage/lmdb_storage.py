@@ -25,7 +25,7 @@ from pi_durable.types import (
     StorageWrite,
 )
 
-from ..errors import DamageError, DurableLmdbError, NotWriterError, StoreStateError
+from ..errors import DamageError, DurableLmdbError, HistoryTrimmed, NotWriterError, StoreStateError
 from ..log import (
     Durability,
     Environment,
@@ -76,6 +76,16 @@ from .reads import StorageReads
 from .replica import Follower
 from .roles import Following, Replication, ReplicationRole, Shipping, Standalone, Writing
 from .snapshot import replace_snapshots, seed_new
+from .trim import (
+    TrimReport,
+    check_before,
+    commit_trim,
+    discard_scratch,
+    due,
+    fold_base,
+    keep_window,
+    reach,
+)
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -111,6 +121,7 @@ class LmdbStorage(StorageReads, Storage):
             self.log.tree.catch_up(
                 self.log, progress
             )  # a store written before the tree, or behind it
+            discard_scratch(env.path)  # what a trim killed before its end left
         self.projections = UserProjections(
             env, self.log, projections, lambda: self._committer, lambda: self._model
         )
@@ -130,6 +141,10 @@ class LmdbStorage(StorageReads, Storage):
         if not env.readonly:
             with env.read() as txn:
                 self._scrub_at_close = txn.get(SCRUB_KEY, db=self._meta) is not None
+        self._keep_history: int | None = None
+        """``keep_history=``: the last records the log keeps (``None``: all)."""
+        self._first_kept = self.log.first()
+        self._trimming = False
         with env.read() as txn:
             self._ids = IdMinter.load(txn, self._meta, self._model.max_record_id(txn) + 1)
 
@@ -182,6 +197,7 @@ class LmdbStorage(StorageReads, Storage):
         take_over: bool | Literal["force"] = False,
         lease_ttl: int = DEFAULT_LEASE_TTL,
         journal: JournalOptions | None = None,
+        keep_history: int | None = None,
     ) -> LmdbStorage:
         """Open (or create) the store in directory ``path``; see ``log.environment`` for modes.
 
@@ -204,9 +220,20 @@ class LmdbStorage(StorageReads, Storage):
         each renewal): held by another process, the open fails with ``NotWriterError``, unless
         ``take_over=True`` (wait for it to expire, then fence the old writer out) or
         ``take_over="force"`` (fence it out at once). It then takes in what the stream holds.
+
+        ``keep_history=N``: the writer keeps the log's last ``N`` records and trims the older
+        ones into the log's base (``trim``) at the open and whenever the log holds half as many
+        again; reads as of a trimmed sequence raise ``HistoryTrimmed``. Not on a stream, nor
+        read-only, nor with ``projections``.
         """
 
-        options = OpenOptions(durability, readonly, nats, stream, replicas, take_over)
+        options = OpenOptions(
+            durability, readonly, nats, stream, replicas, take_over, keep_window(keep_history)
+        )
+        if keep_history is not None and projections:
+            raise ValueError(
+                "keep_history= trims the records user projections fold from: open with one or the other"
+            )
         link = options.link()
         mode = mode_for(durability, Role.READER if readonly else Role.WRITER)
         try:
@@ -243,6 +270,19 @@ class LmdbStorage(StorageReads, Storage):
         storage.projections.kick()
         if not readonly:
             storage._model.documents.look_for_lost()  # snapshots a stopped writer never put
+        if options.keep_history is not None:
+            try:
+                if stored_projections(storage._env):
+                    raise ValueError(
+                        f"keep_history= trims the records user projections fold from, and the "
+                        f"store at {storage.path} holds some: drop them first "
+                        "(durable-log projections drop)"
+                    )
+                storage._keep_history = options.keep_history
+                await storage._keep_window(storage.log.head())
+            except BaseException:
+                await storage.close()
+                raise
         logger.info(
             "opened store %s (%s%s): head %d",
             storage.path,
@@ -512,6 +552,8 @@ class LmdbStorage(StorageReads, Storage):
             counters.commit_failures += 1
             raise
         counters.commit_seconds.observe(time.perf_counter() - began)
+        if self._keep_history is not None:
+            await self._keep_window(seq)
         return Seq(seq)
 
     @property
@@ -551,6 +593,25 @@ class LmdbStorage(StorageReads, Storage):
             self.log.tree.rebuild(self.log, progress)
             self._model = open_core(self._env, self.log, verify_checksums=verify_checksums)
             self._projector = self._committer.projector = Projector(self._model)
+
+    def _rewrite(self, work: Callable[[lmdb.Transaction[bytes]], T]) -> T:
+        """Run ``work``, which rewrites the log in place and marks the core projections for a
+        rebuild (an erasure, a trim), in one write transaction holding the writer, then rebuild
+        them. A ``power`` writer takes a checkpoint right before it and another on a fresh
+        journal segment right after: a power cut undoes it whole or keeps it."""
+
+        env = self._env
+        journal = env.journal
+        if journal is not None:
+            journal.checkpoint()  # a power cut before the next one undoes the rewrite whole
+        done = env.write(work)
+        try:  # committed: whatever fails next, reads must not serve the tables it replaced
+            if journal is not None:
+                journal.checkpoint_rewrite()
+        finally:
+            self.log.committed()
+            self._fold_again()
+        return done
 
     async def erase_conversation(
         self,
@@ -593,21 +654,17 @@ class LmdbStorage(StorageReads, Storage):
         if writer is not None:
             return await self._erase_on_stream(writer, conversation_id, reason, by, with_forks)
         env, log = self._env, self.log
+        if log.trimmed_before():
+            raise ValueError(
+                f"The log of {self.path} is trimmed: an erasure covers an untrimmed log only "
+                "(erase before trimming)"
+            )
         with self._committer.exclusive():
             plan = plan_erasure(
                 lambda: log.read(decode=decode_record_builtins), conversation_id, with_forks
             )
             names = stored_projections(env)
-            journal = env.journal
-            if journal is not None:
-                journal.checkpoint()  # a power cut before the next one undoes the erasure whole
-            seq = env.write(lambda txn: rewrite(txn, env, log, plan, reason, by, names))
-            try:  # committed: whatever fails next, reads must not serve the erased tables
-                if journal is not None:
-                    journal.checkpoint_rewrite()
-            finally:
-                log.committed()
-                self._fold_again()
+            seq = self._rewrite(lambda txn: rewrite(txn, env, log, plan, reason, by, names))
         self._erased(plan, seq)
         return ErasureReport(seq, plan.conversations, sorted(plan.erased), plan.writes)
 
@@ -718,7 +775,72 @@ class LmdbStorage(StorageReads, Storage):
         head = self.log.head()
         if type(seq) is not int or not 0 <= seq <= head:
             raise ValueError(f"as_of() needs a committed sequence from 0 to {head}, not {seq!r}")
+        point = self.log.trimmed_before()
+        if seq < point:
+            raise HistoryTrimmed(point, seq)
         return StorageView(self, seq)
+
+    async def trim(
+        self, before: int, progress: Callable[[int, int], None] | None = None
+    ) -> TrimReport:
+        """Drop the log's records before sequence ``before`` (rounded down to a whole tile of the
+        log's tree, the head always kept), folded into the log's base (``storage.trim``): reads
+        now are unchanged, reads as of a sequence before the point raise ``HistoryTrimmed``, and
+        every root and proof of the log's tree stays valid. Refused on a read-only store, on a
+        stream and beside user projections. The file shrinks once the closed store is compacted
+        (``durable-log trim`` does both)."""
+
+        self.check_open()
+        before = check_before(before)
+        if self._env.readonly or self._link is not None:
+            raise PermissionError(
+                f"The store at {self.path} is "
+                + ("open read-only" if self._env.readonly else "on a stream")
+                + ": a trim needs a local writer (stores on a stream are not covered)"
+            )
+        env, log = self._env, self.log
+        if self.projections.projections or stored_projections(env):
+            raise ValueError(
+                "A trim drops the records user projections fold from: trim a store without "
+                "user projections (drop them first: durable-log projections drop)"
+            )
+        with self._committer.exclusive():
+            log.tree.catch_up(log)  # the dropped records' leaves must be in stored tiles
+            kept = log.trimmed_before()
+            with env.read() as txn:
+                point = reach(log, txn, before)
+            if point <= max(kept, 1):
+                return TrimReport(max(kept, 1), before, 0, 0)
+            chunks, rows = fold_base(log, point, progress)
+            dropped = self._rewrite(lambda txn: commit_trim(txn, env, log, point, chunks, rows))
+        logger.info(
+            "trimmed store %s: %d records before %d folded into its base (%d rows)",
+            self.path,
+            dropped,
+            point,
+            rows,
+        )
+        return TrimReport(point, before, dropped, rows)
+
+    async def _keep_window(self, head: int) -> None:
+        """``keep_history=``: trim back to the window once the log passed it by the margin. A
+        trim that fails is logged, not raised: the commit that found it due is durable, and the
+        next one tries again."""
+
+        keep = self._keep_history
+        if keep is None or self._trimming:
+            return
+        point = due(self._first_kept, head, keep)
+        if point is None:
+            return
+        self._trimming = True
+        try:
+            report = await self.trim(point)
+            self._first_kept = max(report.point, self._first_kept)
+        except Exception:
+            logger.exception("store %s: trimming to its last %d records failed", self.path, keep)
+        finally:
+            self._trimming = False
 
     async def close(self, context: Context | None = None) -> None:
         """Wait for the commits in flight, sync and release the store; every later call is

@@ -23,6 +23,8 @@ class OpenOptions:
     stream: str | None = None
     replicas: int = 1
     take_over: bool | Literal["force"] = False
+    keep_history: int | None = None
+    """The last records a writer's log keeps (``storage.trim``); ``None``: all."""
 
     def __post_init__(self) -> None:
         durability, nats = self.durability, self.nats
@@ -45,6 +47,10 @@ class OpenOptions:
         if self.take_over and durability != "replicated":
             raise ValueError(
                 "take_over= is for durability='replicated' writers (the lease guards the stream)"
+            )
+        if self.keep_history is not None and (self.readonly or nats is not None):
+            raise ValueError(
+                "keep_history= is for a writer without a stream: a trim needs a local writer"
             )
         if type(self.replicas) is not int or not 1 <= self.replicas <= 5:
             raise ValueError(

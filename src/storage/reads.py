@@ -42,9 +42,11 @@ from pi_durable.types import (
     TaskRecord,
 )
 
+from ..errors import HistoryTrimmed
+from ..log import base as log_base
 from ..projections import ReadModel, StorageRequestError
 from ..projections import tables as t
-from ..projections.readmodel import address_key, as_key_id, is_alive_at, scope_key
+from ..projections.readmodel import address_key, as_key_id, is_alive_at, point_bound, scope_key
 from .scan import cursor_after, is_safe_int, page_of, reference_page, scan_start, take_page
 
 T = TypeVar("T")
@@ -296,7 +298,16 @@ class StorageReads:
         """One incarnation's value and version, materialized from its nearest base and deltas."""
 
         with self._read() as txn:
-            return cast("StoredDocument | None", self._model.materialize(txn, id, at))
+            found = cast("StoredDocument | None", self._model.materialize(txn, id, at))
+        if at != "current":  # a point the read accepted: before a trim's, it is gone
+            point = log_base.point(self._model.env)
+            try:
+                bound = point_bound(at) if point else None
+            except (TypeError, ValueError):  # not a number: no point the log ever had
+                bound = None
+            if bound is not None and bound < point:
+                raise HistoryTrimmed(point, bound)
+        return found
 
     async def scan_documents(
         self, query: DocumentQuery, limit: int, cursor: Cursor | None, context: Context

@@ -18,7 +18,7 @@ from pi_durable.types import ConversationId, DocumentId, Seq
 
 from ..audit.export import seq_at
 from ..audit.unreadable import Unreadable, document_record, read_document
-from ..errors import BadQueryError
+from ..errors import BadQueryError, HistoryTrimmed
 from ..projections import StorageRequestError
 from ..storage.lmdb_storage import LmdbStorage
 from ..storage.reads import StorageReads
@@ -126,10 +126,13 @@ class Store:
         storage = await self.storage()
         kind, value = found
         if kind == "time":
-            return seq_at(storage.log, value)
+            value = seq_at(storage.log, value)
         head = storage.log.head()
         if value > head:
             raise BadQueryError(f"as_of: {value} is after the log's head, {head}")
+        trimmed = storage.log.trimmed_before()
+        if value < trimmed:  # a request for what the store no longer keeps: the request's fault
+            raise BadQueryError(f"as_of: {HistoryTrimmed(trimmed, value)}")
         return value
 
     async def reader(self, as_of: int | None) -> StorageReads:

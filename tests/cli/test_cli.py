@@ -196,6 +196,7 @@ def test_help_documents_every_argument_and_the_exit_codes() -> None:
         "rebuild",
         "compact",
         "erase",
+        "trim",
         "backup",
         "restore",
         "replica",

@@ -406,6 +406,7 @@ def _valid_args(name: str, tmp_path: Path) -> list[str]:
         "rebuild": [path],
         "compact": [path],
         "erase": [path, "--conversation", "1", "--reason", "asked"],
+        "trim": [path, "--before", "17"],
         "backup": [path, str(tmp_path / "y")],
         "restore": [*nats, "--store", "abc", path],
         "replica": [path, *nats, "--store", "abc"],

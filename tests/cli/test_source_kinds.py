@@ -37,6 +37,7 @@ COMMANDS: dict[str, list[str]] = {
     "rebuild": ["rebuild", "SRC"],
     "compact": ["compact", "SRC"],
     "erase": ["erase", "SRC", "--conversation", "1", "--reason", "asked"],
+    "trim": ["trim", "SRC", "--before", "17"],
     "promote": ["promote", "SRC", *NATS],
     "serve": ["serve", "SRC", "--port", "0"],
     "demo": ["demo", "SRC"],
@@ -87,7 +88,7 @@ DOES_ITS_JOB = {
 SKIPPED = {
     **{
         (name, "symlink to a store"): "writes the store: its job"
-        for name in ("rebuild", "compact", "erase", "demo")
+        for name in ("rebuild", "compact", "erase", "trim", "demo")
     },
     ("promote", "symlink to a store"): "would ask a NATS server",
     ("snapshot", "symlink to a store"): "would ask a NATS server",

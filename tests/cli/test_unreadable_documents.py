@@ -87,6 +87,7 @@ ELSEWHERE = {
     "replica": "reads a NATS stream only; its PATH is the replica it keeps",
     "verify-proof": "reads a proof and a signed checkpoint only, no store",
     "erase": "rewrites the store: tests/cli/test_erase.py and tests/storage/test_erase.py",
+    "trim": "rewrites the store: tests/cli/test_trim.py and tests/storage/test_trim.py",
 }
 
 

@@ -9,11 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +19,8 @@ from pi_durable.errors import StorageRequestError
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.audit import verify
 
+from tests.support.killed_writer import run_killed
 from tools.harness.iofaults.check import reboot
-
-ROOT = Path(__file__).resolve().parent.parent.parent
 
 ERASING_WRITER = textwrap.dedent("""
     import asyncio, os, sys, threading
@@ -150,44 +145,6 @@ async def _check(
         await storage.close()
 
 
-def _run(
-    path: Path,
-    durability: str,
-    point: str,
-    a: int,
-    b: int,
-    rng: random.Random,
-    acks: Path | None = None,
-) -> tuple[list[int], int]:
-    """Run the writer to its kill: the ids it acknowledged (on its output, and with ``acks``
-    in that file, from the thread that commits beside the erasure) and its exit code."""
-
-    side = [] if acks is None else [str(acks)]
-    child = subprocess.Popen(
-        [sys.executable, "-c", ERASING_WRITER, str(path), durability, point, str(a), str(b), *side],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert child.stdout is not None
-    acked: list[int] = []
-    for raw in child.stdout:
-        line = raw.decode().split()
-        if line[0] == "ack":
-            acked.append(int(line[1]))
-        if line[0] == "erasing" and point == "random":
-            time.sleep(rng.uniform(0, 0.25))
-            child.send_signal(signal.SIGKILL)
-            break
-    code = child.wait(timeout=300)
-    rest = child.stdout.read().decode().split("\n")
-    acked += [int(line.split()[1]) for line in rest if line.startswith("ack ")]
-    if acks is not None:  # whole lines only: the kill may cut the last one
-        written = acks.read_text()
-        acked += [int(line) for line in written[: written.rfind("\n") + 1].split()]
-    return acked, code
-
-
 @pytest.mark.slow  # children killed at several points (about 5 s each)
 @pytest.mark.parametrize("durability", ["process", "power"])
 def test_a_kill_during_an_erasure_leaves_all_or_nothing(tmp_path: Path, durability: str) -> None:
@@ -200,7 +157,8 @@ def test_a_kill_during_an_erasure_leaves_all_or_nothing(tmp_path: Path, durabili
     for number, point in enumerate(points):
         path = tmp_path / f"case{number}"
         shutil.copytree(made, path)
-        acked, code = _run(path, durability, point, a, b, rng)
+        args = [str(path), durability, point, str(a), str(b)]
+        acked, code = run_killed(ERASING_WRITER, args, "erasing", point == "random", rng, 0.25)
         if point != "random":
             assert code == 9
         if durability == "power" and point != "before-rebuild":
@@ -231,7 +189,10 @@ def test_a_kill_during_an_erasure_loses_no_commit_made_beside_it(
         path = tmp_path / f"case{number}"
         shutil.copytree(made, path)
         acks = tmp_path / f"acks{number}"
-        acked, code = _run(path, durability, point, a, b, rng, acks)
+        args = [str(path), durability, point, str(a), str(b), str(acks)]
+        acked, code = run_killed(
+            ERASING_WRITER, args, "erasing", point == "random", rng, 0.25, acks
+        )
         beside = acks.read_text().split()
         assert beside, "the thread beside the erasure committed nothing"
         if point not in ("random", "none"):

@@ -31,7 +31,11 @@ What it drives:
   is a ``MemoryStorage`` that folded the batches without the erased writes, an empty batch in
   the erasure record's place (so sequences and ``commit`` results still match) and its next id
   where it was (erased ids are never minted again): every read, of the erased ids too, is
-  compared now, and, through ``as_of``, with a ``MemoryStorage`` folded up to sampled points.
+  compared now, and, through ``as_of``, with a ``MemoryStorage`` folded up to sampled points;
+* ``trim`` (a backend with ``trim``: this store): the log trimmed before a drawn sequence; then
+  every read now, and as of drawn points the trim keeps (against a reference that replays the
+  commits up to the point), equals the reference's, and a read as of a dropped point (a view, a
+  document at it) raises ``HistoryTrimmed``; an erasure of a trimmed log is refused.
 
 Invalid delta ops are stored as MemoryStorage stores them (it does not check ops when it commits);
 reading such a document raises whatever ``pi_durable.delta.apply`` raises, and ours must match.
@@ -54,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -72,6 +77,8 @@ from hypothesis.stateful import (
 )
 from pi_durable.errors import StorageRequestError
 from pi_durable.storage.memory import MemoryStorage
+from pi_durable_lmdb import HistoryTrimmed
+from pi_durable_lmdb.log.tree import TILE
 
 from tests.support.compare import REFUSALS
 
@@ -132,6 +139,8 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         self.batches: Batches = {}
         self.erased: set[int] = set()
         self.erased_ids: set[int] = set()
+        self.trimmed = 0
+        """The first sequence our log keeps since a trim (0: never trimmed)."""
 
     def id_pool(self) -> list[int]:
         """The draws' ids, erased ones too: a store takes them again as the reference does."""
@@ -500,7 +509,9 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         gone = erased_with(self.batches, target)
         kept, refused = without(self.batches, gone)
         expected: str | None = None
-        if not is_conversation(self.batches, target):
+        if self.trimmed > 1:
+            expected = "is trimmed"
+        elif not is_conversation(self.batches, target):
             expected = "Unknown conversation"
         elif len(gone) > 1 and not with_forks:
             expected = "has forks or owned conversations"
@@ -679,9 +690,61 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
             # Each revision point of the document, and the commit before its first.
             points = sorted({*document["points"][-4:], max(document["points"][0] - 1, 1)})
             for at in points:
-                calls.append((f"({id}, {at})", "document", (id, at)))
+                if at >= self.trimmed:
+                    calls.append((f"({id}, {at})", "document", (id, at)))
+                else:
+                    self.expect_trimmed(f"document({id}, {at})", "document", (id, at))
                 calls.append((f"({address!r}, {at})", "find_document", (address, at)))
         return calls
+
+    def before_trim(self, at: Any) -> bool:
+        """Whether a document point is one our trim dropped."""
+
+        try:
+            return at != "current" and math.floor(at) < self.trimmed
+        except (TypeError, ValueError, OverflowError):
+            return False
+
+    def expect_trimmed(self, label: str, method: str, args: tuple[Any, ...]) -> None:
+        """A read as of a point our trim dropped: ``HistoryTrimmed``, unless the reference
+        refuses it as well (a document that keeps no history)."""
+
+        ours = self.outcome(self.ours, method, args, True)
+        if ours[0] == "error" and isinstance(ours[1], HistoryTrimmed):
+            return
+        self.compare(label, self.outcome(self.ref, method, args, True), ours)
+
+    # ── trimming old history (LmdbStorage.trim) ─────────────────────────
+
+    @precondition(lambda self: hasattr(self.ours, "trim") and len(self.seqs) > TILE + 1)
+    @rule(data=st.data())
+    def trim(self, data: Any) -> None:
+        """Trim our log before a drawn sequence: every read now, and as of drawn points the trim
+        keeps, is the reference's; a read as of a point it dropped raises ``HistoryTrimmed``."""
+
+        head = self.seqs[-1]
+        before = data.draw(st.integers(1, head), label="trim before")
+        report = self.run(lambda: self.ours.trim(before))
+        assert max(self.trimmed, 1) <= report.point <= max(before, self.trimmed, 1)
+        assert report.records == 0 or report.point > self.trimmed
+        self.trimmed = max(self.trimmed, report.point)
+        event(f"trim: {'dropped records' if report.records else 'nothing to drop'}")
+        self.check_everything()
+        points = data.draw(
+            st.lists(st.integers(self.trimmed, head), min_size=1, max_size=1),
+            label="as of",
+        )
+        for at in points:
+            view = self.run(lambda at=at: self.ours.as_of(at))
+            memory = self.run(lambda at=at: memory_of(self.batches, at))
+            try:
+                self.same_all(self.check_tables(), ref=memory, ours=view)
+            finally:
+                self.run(lambda memory=memory: memory.close(CTX))
+        if self.trimmed > 1:
+            at = data.draw(st.integers(0, self.trimmed - 1), label="as of a trimmed point")
+            outcome = self.outcome(self.ours, "as_of", (at,), False)
+            assert outcome[0] == "error" and isinstance(outcome[1], HistoryTrimmed), outcome
 
     @rule(data=st.data())
     def read_conversations(self, data: Any) -> None:
@@ -808,7 +871,10 @@ class StorageMachine(MachineDraws, RuleBasedStateMachine):
         ids = sorted(set(self.known_ids()) | set(self.documents))
         id = data.draw(st.sampled_from(ids), label="document id")
         at = self.draw_seq_point(data)
-        self.same(f"({id}, {at})", "document", id, at)
+        if self.before_trim(at):
+            self.expect_trimmed(f"document({id}, {at})", "document", (id, at))
+        else:
+            self.same(f"({id}, {at})", "document", id, at)
         if self.documents and data.draw(st.booleans(), label="known address"):
             record = self.documents[
                 data.draw(st.sampled_from(sorted(self.documents)), label="address of")

@@ -231,8 +231,9 @@ async def _pages(store: Any, method: str, query: dict[str, Any], limit: int) -> 
     return pages
 
 
-async def snapshot(store: Any, work: Workload, seq: int) -> dict[str, Any]:
-    """Every read we know how to ask, over the ids the workload may have used."""
+async def snapshot(store: Any, work: Workload, seq: int, since: int = 1) -> dict[str, Any]:
+    """Every read we know how to ask, over the ids the workload may have used (documents as of
+    points from ``since``: a trimmed store keeps none before its point)."""
 
     out: dict[str, Any] = {}
     ids = list(range(1, work.next_id + 2))
@@ -242,7 +243,7 @@ async def snapshot(store: Any, work: Workload, seq: int) -> dict[str, Any]:
         out[f"task {id}"] = await _call(store, "task", id, CTX)
         out[f"submission {id}"] = await _call(store, "submission", id, CTX)
         out[f"document {id} current"] = await _call(store, "document", id, "current", CTX)
-        for point in range(1, seq + 1, max(1, seq // 6)):
+        for point in range(since, seq + 1, max(1, seq // 6)):
             out[f"document {id} at {point}"] = await _call(store, "document", id, point, CTX)
     for conversation in work.conversations + [999]:
         for order in ("ascending", "descending"):
