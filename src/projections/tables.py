@@ -179,7 +179,7 @@ def unpack_entry(value: bytes, table: str, key: bytes) -> bytes:
     if value[:1] != PACKED:
         return value
     try:
-        return zstd.decompress(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0])
+        return zstd.decompress(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0], False)
     except (ValueError, struct.error):
         raise CorruptProjectionError(table, key) from None
 
