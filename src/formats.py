@@ -38,7 +38,7 @@ version 8 keeps a long document's row as a head (``CurrentValue.held``, ``docume
 value; version 9 names the chain of the snapshot a head placed (``CurrentValue.snapshot_chain``)
 and keeps snapshots without history rows (a snapshot is a shortcut to a value the revisions
 hold, put after its commit or never); version 10 keeps entry rows zstd-compressed
-(``tables.pack_entry``: half the bytes of a conversation's entries)."""
+(``tables.pack_entry``: a third fewer bytes for a conversation's entries)."""
 
 
 __all__ = [
