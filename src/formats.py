@@ -30,14 +30,15 @@ else as format 1, which every version reads; all five are read. Only an erasure 
 and 5, so a store nobody erased from stays readable by versions that know formats 1 to 3. The checksum covers the stored
 bytes, so damage is caught before anything is decompressed."""
 
-SCHEMA_VERSION: Final = 9
+SCHEMA_VERSION: Final = 10
 """Bump when any table of ``projections.tables`` changes shape: the projections are then rebuilt
 from the log. Version 6 keys document addresses and scopes by the reference's text of them;
 version 7 spaces a document's snapshots by the bytes of its deltas as well (``SNAPSHOT_SHARE``);
 version 8 keeps a long document's row as a head (``CurrentValue.held``, ``documents``), not its
 value; version 9 names the chain of the snapshot a head placed (``CurrentValue.snapshot_chain``)
 and keeps snapshots without history rows (a snapshot is a shortcut to a value the revisions
-hold, put after its commit or never)."""
+hold, put after its commit or never); version 10 keeps entry rows zstd-compressed
+(``tables.pack_entry``: a third fewer bytes for a conversation's entries)."""
 
 
 __all__ = [

@@ -356,7 +356,7 @@ class Projector:
         rows.put(
             t.ENTRIES_BY_CONVERSATION,
             t.u64_pair(conversation_id, id),
-            t.encode_row(t.EntryRow(rows.seq, value)),
+            t.pack_entry(t.encode_row(t.EntryRow(rows.seq, value))),
         )
         if "head" in value:
             rows.put(t.HEADS_BY_CONVERSATION, t.u64_pair(conversation_id, id), b"")

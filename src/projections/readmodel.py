@@ -158,11 +158,7 @@ class ReadModel:
         conversation = registered[9:17]  # after the type code and the claiming commit's sequence
         row_key = conversation + t.u64(key)
         raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, row_key)
-        return (
-            None
-            if raw is None
-            else t.decode_row(t.entry_decoder, raw, t.ENTRIES_BY_CONVERSATION, row_key)
-        )
+        return None if raw is None else t.decode_entry(raw, row_key)
 
     def submission_id_by_request(
         self, txn: lmdb.Transaction[bytes], conversation_id: object, request_id: object
@@ -226,7 +222,7 @@ class ReadModel:
             if len(records) == limit:
                 return records, True
             value = self.unseal(raw, table, row_key)
-            records.append(t.decode_row(t.entry_decoder, value, table, row_key).record)
+            records.append(t.decode_entry(value, row_key).record)
         return records, False
 
     def entry_page(
@@ -248,11 +244,13 @@ class ReadModel:
         segments = self._fork_segments(txn, conversation_id, minimum, upper)
         cursor = txn.cursor(db=self.db[t.ENTRIES_BY_CONVERSATION])
         walk = cursor.iterprev if descending else cursor.iternext
-        checked, checksum, checksum_of, decode = (
+        checked, checksum, checksum_of, decode, packed, unpack = (
             self.checked,
             t.checksum,
             t.checksum_of,
             _decode_entry,
+            t.PACKED,
+            t.unpack_entry,
         )
         skip = t.SUM_SIZE
         rows: list[t.EntryRow] = []
@@ -271,12 +269,12 @@ class ReadModel:
                 value = raw[skip:]
                 if checked and checksum(value) != checksum_of(raw)[0]:
                     raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
+                if value[:1] == packed:
+                    value = unpack(value, t.ENTRIES_BY_CONVERSATION, key)
                 try:
                     rows.append(decode(value))
                 except RecursionError:  # an entry nested deeper than the default stack allows
-                    rows.append(
-                        t.decode_row(t.entry_decoder, value, t.ENTRIES_BY_CONVERSATION, key)
-                    )
+                    rows.append(t.decode_entry(value, key))
                 except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
                     raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key) from None
         return rows, False
@@ -332,7 +330,7 @@ class ReadModel:
                 raw = self.value(txn, t.ENTRIES_BY_CONVERSATION, key)
                 if raw is None:  # a head whose entry is gone
                     raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
-                return t.decode_row(t.entry_decoder, raw, t.ENTRIES_BY_CONVERSATION, key).record
+                return t.decode_entry(raw, key).record
         return None
 
     # ── documents ───────────────────────────────────────────────────────────

@@ -4,6 +4,7 @@ that come sooner when the pages the pin keeps from reuse would outgrow their sha
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,12 @@ async def _commit_turns(
                             "id": 10 + n,
                             "conversationId": 1,
                             "kind": "m",
-                            "data": {"n": n, "text": "word " * words},
+                            # as many bytes as ``words`` words, random: an entry row that
+                            # compresses keeps nothing of a repeated word's bytes
+                            "data": {
+                                "n": n,
+                                "text": random.Random(n).randbytes(words * 5 // 2).hex(),
+                            },
                         },
                     },
                     {

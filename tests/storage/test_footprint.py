@@ -1,5 +1,5 @@
 """Where a store's bytes go: ``stats``' page breakdown, history kept by reference to the log,
-long document values in chunks.
+long document values in chunks, entry rows packed.
 
 Every test works on real LMDB files written through ``LmdbStorage``; the page counts are checked
 against an independent reading of the same file with py-lmdb itself.
@@ -21,6 +21,7 @@ from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.log import Environment
 from pi_durable_lmdb.log.environment import MAIN_DB
+from pi_durable_lmdb.projections import tables
 
 from tests.support.cli_call import call
 from tools.bench.workloads import ROOT, conversation, document_create, document_delta, entry, task
@@ -267,3 +268,104 @@ def test_document_reads_at_every_point_use_packed_snapshots_as_memory_storage_an
     finally:
         env.close()
     assert len(snapshots) == 4 and all(value[8:9] == b"\xc1" for _, value in snapshots)
+
+
+# ── entry rows packed ──────────────────────────────────────────────────────────
+
+
+def entry_rows(path: Path) -> list[tuple[bytes, bytes]]:
+    env = Environment(path, readonly=True)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(n for n in names if n.endswith(".entries.by_conversation")))
+        with env.read() as txn:
+            return [(bytes(k), bytes(v)) for k, v in txn.cursor(db=db)]
+    finally:
+        env.close()
+
+
+def test_entry_rows_are_packed_and_read_back_as_memory_storage_answers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model message's entry row is kept zstd-packed (fewer bytes, more rows a page);
+    a one-line entry too short to save bytes is kept as it is; every read answers as before."""
+
+    path = tmp_path / "store"
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        memory = MemoryStorage()
+        try:
+            for store in (storage, memory):
+                await store.commit([conversation(ROOT)], CTX)
+                for n in range(1, 41):
+                    value = entry(1000 + n, ROOT, n)
+                    if n % 4 == 0:
+                        value = {"id": 1000 + n, "conversationId": ROOT, "kind": "note"}
+                    await store.commit([{"type": "entry", "value": value}], CTX)
+            for descending in (False, True):
+                query = {"conversationId": ROOT, "descending": descending}
+                ours = await storage.scan_entries(query, 7, None, CTX)
+                assert ours == await memory.scan_entries(query, 7, None, CTX)
+                assert len(ours["items"]) == 7
+            for id in (1001, 1004, 1040, 9999):
+                assert await storage.entry(id, CTX) == await memory.entry(id, CTX)
+            view = await storage.as_of(20)
+            assert await view.entry(1019, CTX) == await memory.entry(1019, CTX)
+            assert await view.entry(1020, CTX) is None
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    rows = entry_rows(path)
+    assert len(rows) == 40
+    packed = [value for _, value in rows if value[8:9] == b"\xc1"]
+    plain = [value for _, value in rows if value[8:9] != b"\xc1"]
+    assert len(packed) == 30 and len(plain) == 10
+    assert max(map(len, packed)) < 0.8 * len(codec_row(entry(1001, ROOT, 1)))
+    assert call(capsys, "verify", path)[0] == 0
+
+
+def codec_row(value: Any) -> bytes:
+    return tables.encode_row(tables.EntryRow(2, value))
+
+
+def test_an_unpacked_entry_row_reads_and_a_damaged_frame_is_named(tmp_path: Path) -> None:
+    """Rows written unpacked (as before schema 10) still read; a packed row whose checksum holds
+    but whose frame does not decompress raises ``CorruptProjectionError``, not garbage."""
+
+    path = tmp_path / "store"
+    write_turns(path, 3)
+    (first, packed), (second, other) = entry_rows(path)[:2]
+    encoded = tables.unpack_entry(packed[8:], tables.ENTRIES_BY_CONVERSATION, first)
+    assert encoded != packed[8:]
+    frame = other[8:]
+    broken = frame[:-6] + bytes(6)
+    env = Environment(path)
+    try:
+        with env.read() as txn:
+            names = [bytes(key).decode() for key, _ in txn.cursor()]
+        db = env.db(next(n for n in names if n.endswith(".entries.by_conversation")))
+
+        def rewrite(txn: Any) -> None:
+            txn.put(first, tables.seal(encoded), db=db)
+            txn.put(second, tables.seal(broken), db=db)
+
+        env.write(rewrite)
+    finally:
+        env.close()
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            found = await storage.entry(1001, CTX)
+            assert found is not None and found["entry"] == entry(1001, ROOT, 1, 2)
+            with pytest.raises(CorruptProjectionError):
+                await storage.entry(1002, CTX)
+            with pytest.raises(CorruptProjectionError):
+                await storage.scan_entries({"conversationId": ROOT}, 10, None, CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())

@@ -487,7 +487,12 @@ async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(
                     [
                         {
                             "type": "entry",
-                            "value": {"id": id, "conversationId": 1, "text": "x" * 8000},
+                            # random: a text that compresses would not fill the disk
+                            "value": {
+                                "id": id,
+                                "conversationId": 1,
+                                "text": os.urandom(4000).hex(),
+                            },
                         }
                     ],
                     CTX,

@@ -20,7 +20,7 @@ written locally before), and refuses to go on if the two histories differ.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 import lmdb
@@ -326,9 +326,7 @@ class StreamWriter:
                     data,
                 )
             )
-        position = self._send(txn, messages, seqs[-1])
-        self.in_doubt_seqs = list(seqs)
-        return position
+        return self._send(txn, messages, seqs[-1], seqs=seqs)
 
     def _send(
         self,
@@ -336,6 +334,7 @@ class StreamWriter:
         messages: list[tuple[dict[str, str], bytes]],
         head: int,
         ids: int = 0,
+        seqs: Sequence[int] = (),
     ) -> StreamPosition:
         if self.lease is not None:
             self.lease.check()
@@ -382,7 +381,9 @@ class StreamWriter:
             self.last_error = str(error)
             raise
         self.expected = last
-        self.in_doubt = True
+        # In doubt from here: the local puts below can fail (a full map) after the stream took
+        # the records, and the run again must know which of its batches landed.
+        self.in_doubt, self.in_doubt_seqs = True, list(seqs)
         self.acked_seq = head
         position = read_position(txn, self.meta, self.link.stream)
         position = StreamPosition(
