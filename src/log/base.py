@@ -45,7 +45,9 @@ Row = tuple[str, bytes, bytes]
 class BaseHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The base's description: records before ``point`` are folded into its ``rows`` rows, in
     ``chunks`` chunks; ``committed_at``: the commit time (Unix ms) of record ``point - 1``;
-    ``trimmed_at``: when the trim ran (Unix ms)."""
+    ``trimmed_at``: when the trim ran (Unix ms); ``shape``: the version of the rows' shape,
+    opaque here (the projections' schema that wrote them: a fold reading rows of another shape
+    must convert them, or refuse)."""
 
     format: int
     point: int
@@ -53,6 +55,7 @@ class BaseHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rows: int
     committed_at: int
     trimmed_at: int
+    shape: int
 
 
 class BaseChunk(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
@@ -154,14 +157,15 @@ def write(
     rows: int,
     committed_at: int,
     trimmed_at: int,
+    shape: int,
 ) -> BaseHeader:
     """Inside ``txn``: the base replaced by ``chunks`` (from ``chunked``), of the records before
-    ``point`` (``db``: ``base_db(env, create=True)``'s)."""
+    ``point`` (``db``: ``base_db(env, create=True)``'s), rows of version ``shape``."""
 
     txn.drop(db, delete=False)
     for number, chunk in enumerate(chunks):
         txn.put(_CHUNK_PREFIX + _U64.pack(number), chunk, db=db)
-    header = BaseHeader(BASE_FORMAT, point, len(chunks), rows, committed_at, trimmed_at)
+    header = BaseHeader(BASE_FORMAT, point, len(chunks), rows, committed_at, trimmed_at, shape)
     txn.put(_HEADER_KEY, _encoder.encode(header), db=db)
     return header
 

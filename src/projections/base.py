@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import lmdb
 
-from ..errors import CorruptProjectionError
+from ..errors import CorruptProjectionError, StoreStateError
 from ..log import WriteLog
 from ..log import base as log_base
 from . import tables as t
@@ -44,6 +44,13 @@ def load_base(model: ReadModel, log: WriteLog) -> int:
         header = log_base.read_header(db, txn)
     if header is None:
         return 0
+    if header.shape != t.SCHEMA_VERSION:
+        raise StoreStateError(
+            f"The log's base at {log.env.path} holds the rows of projections schema "
+            f"{header.shape}, and this program's projections are schema {t.SCHEMA_VERSION}: "
+            "no conversion of a base between them exists, so the projections cannot be folded "
+            "(open the store with a program of that schema)"
+        )
     chunks = log_base.rows(log.env, header)
     last = header.chunks - 1
     for number, rows in enumerate(chunks):

@@ -38,6 +38,7 @@ from ..log import Environment, WriteLog
 from ..log import base as log_base
 from ..log.records import decode_record
 from ..log.tree import TILE
+from ..projections import tables as t
 from ..projections.base import base_rows
 from ..projections.readmodel import ReadModel
 from ..projections.rebuild import Progress, catch_up, schedule_rebuild
@@ -141,7 +142,9 @@ def commit_trim(
     committed_at = decode_record(point - 1, data).committed_at
     db = log_base.base_db(env)
     assert db is not None, "made before the transaction (fold_base)"
-    log_base.write(db, txn, point, chunks, rows, committed_at, time.time_ns() // 1_000_000)
+    log_base.write(
+        db, txn, point, chunks, rows, committed_at, time.time_ns() // 1_000_000, t.SCHEMA_VERSION
+    )
     dropped = log.drop_before(txn, point)
     schedule_rebuild(txn, env)
     return dropped

@@ -277,3 +277,47 @@ def test_user_projections_refuse_a_trim_and_keep_history(tmp_path: Path) -> None
         await storage.close()
 
     asyncio.run(run())
+
+
+def test_a_base_of_another_projections_schema_is_refused_by_a_rebuild(tmp_path: Path) -> None:
+    """The base holds projection rows: a program of another schema cannot fold them as they are,
+    so its rebuild refuses, naming both schemas, and leaves the store as it was."""
+
+    from pi_durable_lmdb.errors import StoreStateError
+    from pi_durable_lmdb.log import base as log_base
+    from pi_durable_lmdb.projections import tables as t
+    from pi_durable_lmdb.projections.rebuild import rebuild
+
+    async def run() -> None:
+        path = tmp_path / "store"
+        storage = await LmdbStorage.open(path, durability="process")
+        await _fill(storage, Workload(7), 60)
+        assert (await storage.trim(TILE + 1)).records == TILE
+        env, log = storage._env, storage.log
+        db = log_base.base_db(env)
+        with env.read() as txn:
+            header = log_base.read_header(db, txn)
+        assert header is not None and header.shape == t.SCHEMA_VERSION
+        chunks = list(
+            log_base.chunked([row for rows in log_base.rows(env, header) for row in rows])
+        )
+        assert db is not None
+        env.write(
+            lambda txn: log_base.write(
+                db,
+                txn,
+                header.point,
+                chunks,
+                header.rows,
+                header.committed_at,
+                header.trimmed_at,
+                t.SCHEMA_VERSION - 1,
+            )
+        )
+        with pytest.raises(
+            StoreStateError, match=f"schema {t.SCHEMA_VERSION - 1}.*schema {t.SCHEMA_VERSION}"
+        ):
+            rebuild(env, log)
+        await storage.close()
+
+    asyncio.run(run())
