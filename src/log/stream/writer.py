@@ -274,19 +274,9 @@ class StreamWriter:
 
         if self.failure is not None:
             raise self.failure
-        data = self.log.record(txn, seq)
-        assert data is not None
         limit = getattr(self.link.messages, "max_payload", 0)
         messages = [
-            (
-                record_headers(
-                    self.store,
-                    seq,
-                    self.epoch,
-                    carried_root(seq, lambda: self.log.tree_root(txn, seq)),
-                ),
-                data,
-            ),
+            self._record_message(txn, seq),
             *tombstone_messages(self.store, self.epoch, seq, tombstones, limit),
         ]
         self._send(txn, messages, seq)
@@ -311,22 +301,18 @@ class StreamWriter:
         self._send(txn, [message], head, upto)
 
     def _publish(self, txn: lmdb.Transaction[bytes], seqs: list[int]) -> StreamPosition:
-        messages = []
-        for seq in seqs:
-            data = self.log.record(txn, seq)
-            assert data is not None
-            messages.append(
-                (
-                    record_headers(
-                        self.store,
-                        seq,
-                        self.epoch,
-                        carried_root(seq, lambda: self.log.tree_root(txn, seq)),
-                    ),
-                    data,
-                )
-            )
+        messages = [self._record_message(txn, seq) for seq in seqs]
         return self._send(txn, messages, seqs[-1], seqs=seqs)
+
+    def _record_message(
+        self, txn: lmdb.Transaction[bytes], seq: int
+    ) -> tuple[dict[str, str], bytes]:
+        """The message of record ``seq`` as ``txn`` holds it: its headers and its bytes."""
+
+        data = self.log.record(txn, seq)
+        assert data is not None
+        root = carried_root(seq, lambda: self.log.tree_root(txn, seq))
+        return record_headers(self.store, seq, self.epoch, root), data
 
     def _send(
         self,
