@@ -260,8 +260,13 @@ async def _erase_everywhere(
     before = await _reads(writer, ids, head)
     assert marker in repr(before[0])
     assert _holding(await read_subject(url, STREAM, subject(STREAM, store)), marker)
-    if server_files is not None:
-        assert _files_holding(server_files, marker.encode())
+    if server_files is not None:  # the server writes its message blocks out on its own time
+        await until_async(
+            lambda: bool(_files_holding(server_files, marker.encode())),
+            timeout=30,
+            what="the server's files hold the marker before the erasure",
+            interval=0.2,
+        )
 
     report = await writer.erase_conversation(ids["a"], reason="erasure request 9", by="dpo")
     assert report.seq == head + 1 and report.conversations == [ids["a"]]
