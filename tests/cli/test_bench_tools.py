@@ -257,3 +257,41 @@ def test_host_growth_pairs_a_small_store_with_a_big_one() -> None:
     assert "| small | 10 |" in out and "| big | 40 |" in out, out
     assert "big / small, per round: median" in out, out
     assert "Functions whose own CPU time per turn is larger on the big store" in out, out
+
+
+async def test_commit_path_parts_survive_a_thread_and_coroutines_interleaving() -> None:
+    """A part on the writer thread that outlives the coroutine it started beside, and a second
+    coroutine starting meanwhile, each keep their own frames: every part is counted once and no
+    part's time lands on another's."""
+
+    import asyncio
+    import threading
+
+    from tools.bench import commit_path
+
+    entered, release = threading.Event(), threading.Event()
+
+    def on_writer_thread() -> None:
+        entered.set()
+        release.wait()
+
+    async def commit() -> None:
+        await asyncio.sleep(0)
+
+    sync_part = commit_path._timed("writer", on_writer_thread)
+    async_part = commit_path._timed_async("commit", commit)
+    commit_path._self.clear()
+    commit_path._calls.clear()
+    first = asyncio.ensure_future(async_part())
+    await asyncio.sleep(0)  # the first commit has started and suspended
+    writer = threading.Thread(target=sync_part)
+    writer.start()
+    entered.wait()
+    await first  # ends while the writer thread's part runs
+    second = asyncio.ensure_future(async_part())
+    await asyncio.sleep(0)  # the second commit has started and suspended
+    release.set()
+    writer.join()  # the writer thread's part ends while the second commit is suspended
+    await second
+    assert dict(commit_path._calls) == {"writer": 1, "commit": 2}
+    assert all(seconds >= 0 for seconds in commit_path._self.values()), commit_path._self

@@ -1,4 +1,4 @@
-"""Where a sequential commit's CPU goes (issue 23 item 3), and py-lmdb's floor for the same work.
+"""Where a sequential commit's CPU goes, and py-lmdb's floor for the same work.
 
 Runs ``commit_turn`` (or ``commit_doc_delta``) of ``tools/bench/report.py`` against ``LmdbStorage`` in
 ``process`` mode, three ways, per round:
@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar, Token
 from typing import Any
 
 import lmdb
@@ -44,46 +45,54 @@ from tools.bench.workloads import WORKLOADS
 
 _self: dict[str, float] = defaultdict(float)
 _calls: dict[str, int] = defaultdict(int)
-_stack: list[list[Any]] = []  # [name, started, time spent in wrapped callees]
+# The innermost wrapped part running in this context: ``[name, started, time spent in wrapped
+# callees, the part it runs in]``. A context variable, not one shared list: a group's parts run on
+# the writer thread while the caller's coroutines run (and suspend) on the loop, each asyncio task
+# in a context of its own, so a shared stack's pops would take each other's frames.
+_current: ContextVar[list[Any] | None] = ContextVar("commit_path_part", default=None)
+
+
+def _enter(name: str, clock: Callable[[], float]) -> tuple[list[Any], Token[list[Any] | None]]:
+    frame = [name, clock(), 0.0, _current.get()]
+    return frame, _current.set(frame)
+
+
+def _leave(frame: list[Any], token: Token[list[Any] | None], clock: Callable[[], float]) -> None:
+    _current.reset(token)
+    spent = clock() - frame[1]
+    name = frame[0]
+    _self[name] += spent - frame[2]
+    _calls[name] += 1
+    if frame[3] is not None:
+        frame[3][2] += spent
 
 
 def _timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     clock = time.perf_counter
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        frame = [name, clock(), 0.0]
-        _stack.append(frame)
+        frame, token = _enter(name, clock)
         try:
             return function(*args, **kwargs)
         finally:
-            _stack.pop()
-            spent = clock() - frame[1]
-            _self[name] += spent - frame[2]
-            _calls[name] += 1
-            if _stack:
-                _stack[-1][2] += spent
+            _leave(frame, token, clock)
 
     return wrapper
 
 
 def _timed_async(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """A coroutine's self time, measured only while it runs (a direct commit never suspends
-    between its first and last step, except the rare yield of a run of direct commits)."""
+    """A coroutine's self time from its start to its end (a direct commit never suspends
+    between its first and last step, except the rare yield of a run of direct commits; a
+    commit handed to the writer thread counts its wait, its parts there counting apart)."""
 
     clock = time.perf_counter
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        frame = [name, clock(), 0.0]
-        _stack.append(frame)
+        frame, token = _enter(name, clock)
         try:
             return await function(*args, **kwargs)
         finally:
-            _stack.remove(frame)
-            spent = clock() - frame[1]
-            _self[name] += spent - frame[2]
-            _calls[name] += 1
-            if _stack:
-                _stack[-1][2] += spent
+            _leave(frame, token, clock)
 
     return wrapper
 
