@@ -344,10 +344,12 @@ def _checksum(committed_at: int, payload: bytes) -> int:
 def encode_record(payload: bytes, committed_at: int) -> bytes:
     """One record for the log; a header field it could not read back is refused here."""
 
-    committed_at = check_committed_at(committed_at)
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise TypeError(f"A log record's payload must be bytes, not {type(payload).__name__}")
-    payload = bytes(payload)
+    if type(committed_at) is not int or not COMMITTED_AT_MIN <= committed_at <= COMMITTED_AT_MAX:
+        committed_at = check_committed_at(committed_at)  # raises, naming what is wrong
+    if type(payload) is not bytes:
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"A log record's payload must be bytes, not {type(payload).__name__}")
+        payload = bytes(payload)
     stored, record_format = zstd.compress(payload), ZSTD_FORMAT
     if stored is not None and zstd.dense(stored, len(payload)):  # beyond what a reader accepts
         stored, record_format = deflate(payload), DEFLATED_FORMAT

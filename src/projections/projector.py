@@ -66,6 +66,9 @@ _DOCUMENT_WRITES: Final = frozenset(
     {DocumentCreateWrite, DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite}
 )
 
+_NAMING_WRITES: Final = frozenset({DocumentChangeWrite, DocumentRetireWrite})
+"""Writes that name an existing document rather than claim an id."""
+
 _TABLE_OF = {
     ConversationWrite: "conversation",
     EntryWrite: "entry",
@@ -152,9 +155,10 @@ class Projector:
         if check:
             for write in writes:
                 _check_shape(write)
-        documents = not _DOCUMENT_WRITES.isdisjoint(map(type, writes))
-        plan = Plan(self._resolve_copies(txn, writes) if documents else writes)
-        if check:
+        kinds = set(map(type, writes))
+        documents = not _DOCUMENT_WRITES.isdisjoint(kinds)
+        plan = Plan(self._resolve_copies(txn, writes) if DocumentCopyWrite in kinds else writes)
+        if check and not kinds <= _NAMING_WRITES:  # those alone claim no id: max_id stays 0
             self._check_ids(txn, plan)
         if documents:  # else there is nothing to group or check: a turn's batch skips both walks
             self._group_document_commands(plan)
@@ -163,8 +167,6 @@ class Projector:
         return plan
 
     def _resolve_copies(self, txn: lmdb.Transaction[bytes], writes: list[Write]) -> list[Write]:
-        if not any(type(write) is DocumentCopyWrite for write in writes):
-            return writes
         changed = {
             write.record["id"]
             if isinstance(write, (DocumentCreateWrite, DocumentCopyWrite))

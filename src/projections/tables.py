@@ -216,7 +216,11 @@ def put_value(
     every chunk."""
 
     key = u64(id)
-    old_chunks = _chunk_count(txn, db, key)
+    # A value read whole was one row: only a value longer than a chunk is ever chunked.
+    old_chunks = 0 if stored is not None and len(stored) <= CHUNK else _chunk_count(txn, db, key)
+    if old_chunks == 0 and len(encoded) <= CHUNK:
+        txn.put(key, seal(encoded), db=db)
+        return
     chunks = range(0, len(encoded), CHUNK) if len(encoded) > CHUNK else range(0)
     for index, at in enumerate(chunks):
         chunk = encoded[at : at + CHUNK]

@@ -440,7 +440,9 @@ class Committer:
             self._log.committed()
             self._env.counters.group_batches.observe(len(results))
             # Once, with the highest: all ``on_commit`` does with an id is raise a floor to it.
-            self._on_commit(max(max_id for _, max_id in results))
+            self._on_commit(
+                results[0][1] if len(results) == 1 else max(max_id for _, max_id in results)
+            )
         elif stream is not None:
             self._on_commit(0)
 
