@@ -348,8 +348,10 @@ class Environment:
         (the only device flush a commit waits for), and the frame is unmade if the commit fails.
         """
 
-        self.check_open()
-        self.check_process()
+        if self._closed:
+            self.check_open()
+        if shared.forks != self._forks:  # cheaper than os.getpid() on every commit
+            self.check_process()
         if self.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
         journal = self.journal

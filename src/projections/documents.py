@@ -148,10 +148,13 @@ class DocumentCache:
     def put(self, id: int, chain: str, folding: Folding, size: int) -> None:
         """Hold ``folding`` (owned by the cache from now on) under ``chain``."""
 
+        self._put(id, _Entry(chain, folding, size))
+
+    def _put(self, id: int, entry: _Entry) -> None:
         with self._lock:
             self._drop(id)
-            self._items[id] = _Entry(chain, folding, size)
-            self._bytes += size
+            self._items[id] = entry
+            self._bytes += entry.size
             self._trim(id)
 
     def discard(self, id: int) -> None:
@@ -292,7 +295,7 @@ class Documents:
             if entry is None:
                 self.cache.discard(id)
             else:
-                self.cache.put(id, entry.chain, entry.folding, entry.size)
+                self.cache._put(id, entry)  # the transaction's own entry, no other holds it
         if staged.landed:
             with self._wake:  # put: they leave the queue of what is ready
                 for key in staged.landed:

@@ -60,6 +60,8 @@ class Plan:
     max_id: int = 0
     current: dict[int, tuple[t.CurrentValue, bytes]] = field(default_factory=dict)
     """Current values the checks read (and their stored bytes), for the fold to continue from."""
+    records: bool = True
+    """Whether the batch writes anything but document commands (else the fold skips that walk)."""
 
 
 _DOCUMENT_WRITES: Final = frozenset(
@@ -158,6 +160,7 @@ class Projector:
         kinds = set(map(type, writes))
         documents = not _DOCUMENT_WRITES.isdisjoint(kinds)
         plan = Plan(self._resolve_copies(txn, writes) if DocumentCopyWrite in kinds else writes)
+        plan.records = not kinds <= _DOCUMENT_WRITES
         if check and not kinds <= _NAMING_WRITES:  # those alone claim no id: max_id stays 0
             self._check_ids(txn, plan)
         if documents:  # else there is nothing to group or check: a turn's batch skips both walks
@@ -299,7 +302,7 @@ class Projector:
             if action.create is not None and not action.retire:
                 live += 1
             live_counts[address] = live
-        if any(live > 1 for live in live_counts.values()):
+        if live_counts and any(live > 1 for live in live_counts.values()):
             raise ValueError("Document address already has a current incarnation")
 
     # ── application ─────────────────────────────────────────────────────────
@@ -315,7 +318,7 @@ class Projector:
         where plain deltas leave documents' values for the caller to write (see ``fold``)."""
 
         rows = Rows(txn, self.db, seq)
-        for write in plan.writes:
+        for write in plan.writes if plan.records else ():
             match write:
                 case EntryWrite():
                     self._put_entry(rows, write.value)

@@ -466,3 +466,74 @@ def test_a_long_document_reads_the_same_after_rebuild_backup_compact_and_export_
     assert call(capsys, "import", dump, imported)[0] == 0
     assert asyncio.run(reads(imported)) == expected
     assert call(capsys, "verify", imported)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (100, 200),
+        (100, 3 * tbl.CHUNK),
+        (tbl.CHUNK, tbl.CHUNK + 1),
+        (3 * tbl.CHUNK, 100),
+        (3 * tbl.CHUNK, 2 * tbl.CHUNK + 5),
+    ],
+)
+def test_a_value_put_over_the_one_its_transaction_read_leaves_the_rows_of_a_plain_put(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    """``put_value`` given the value its transaction read (which spares it reading the row
+    again) leaves the rows it leaves when it reads them itself: a short row, chunks added,
+    chunks dropped."""
+
+    stores: list[dict[bytes, bytes]] = []
+    for given in (False, True):
+        env = Environment(tmp_path / f"given-{given}", durability="process")
+        try:
+            db = env.db("values")
+            env.write(lambda txn: tbl.put_value(txn, db, 7, b"a" * before))
+
+            def over(txn: Any) -> None:
+                stored = tbl.get_value(txn, db, 7, tbl.unseal)
+                assert stored == b"a" * before
+                tbl.put_value(txn, db, 7, b"b" * after, stored if given else None)
+
+            env.write(over)
+            with env.read() as txn:
+                assert tbl.get_value(txn, db, 7, tbl.unseal) == b"b" * after
+                stores.append({bytes(key): bytes(value) for key, value in txn.cursor(db=db)})
+        finally:
+            env.close()
+    assert stores[0] == stores[1]
+    assert len(stores[1]) == (1 if after <= tbl.CHUNK else 1 + -(-after // tbl.CHUNK))
+
+
+def test_a_delta_commit_reads_no_key_twice(tmp_path: Path) -> None:
+    """A delta to a short document and to a long one reads each key once: the document's row
+    read by the checks is the one its new row is put over."""
+
+    from tools.bench import commit_path
+
+    async def run() -> list[list[tuple[Any, ...]]]:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        commits: list[list[tuple[Any, ...]]] = []
+        try:
+            await storage.commit([conversation(ROOT)], CTX)
+            await storage.commit([document_create(2)], CTX)
+            names = commit_path._Names()
+            delta = [change(2, [["a", ["text"], "more text"]])]
+            with commit_path._recording(commits, names):
+                await storage.commit(delta, CTX)
+                await storage.commit(delta, CTX)
+            await storage.commit([base(2, "y" * 3 * tbl.CHUNK)], CTX)
+            with commit_path._recording(commits, names):
+                await storage.commit(delta, CTX)
+                await storage.commit(delta, CTX)
+        finally:
+            await storage.close()
+        return commits
+
+    commits = asyncio.run(run())
+    assert len(commits) == 4
+    for ops in commits:
+        reads = [(index, args[0]) for op, index, args, _ in ops if op == "get"]
+        assert reads and len(reads) == len(set(reads)), ops
