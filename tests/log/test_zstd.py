@@ -5,6 +5,7 @@ refused before or instead of being decompressed; each thread has its own context
 from __future__ import annotations
 
 import threading
+import tracemalloc
 
 import msgspec
 import pytest
@@ -187,3 +188,20 @@ def test_a_frame_whose_body_does_not_hold_its_claim_is_refused() -> None:
     for damaged in (frame[:-5], claiming(len(data) - 10), claiming(len(data) + 10)):
         with pytest.raises(ValueError, match="zstd"):
             unframe(damaged)
+
+
+def test_unframe_reserves_nothing_for_a_claim_past_the_bound() -> None:
+    """A valid frame of a few hundred bytes that declares 64 MiB is refused from its header:
+    the process never holds the 64 MiB zstd would otherwise reserve before decompressing."""
+
+    size = 64 << 20
+    frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(size))
+    assert dense(frame, size) and len(frame) < 1 << 16
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="times its size"):
+            unframe(frame)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20

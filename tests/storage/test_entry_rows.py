@@ -166,9 +166,8 @@ DAMAGE: dict[str, Callable[[bytes], bytes]] = {
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_frame_that_does_not_hold_what_it_declares_is_named(tmp_path: Path, damage: str) -> None:
     """A packed row whose seal holds but whose frame is damaged raises
-    ``CorruptProjectionError`` from a page, a read by id and a read as of a commit; nothing
-    bigger than the bound is reserved (the dense claim names a mebibyte from a few bytes); the
-    rows around it read as before."""
+    ``CorruptProjectionError`` from a page, a read by id and a read as of a commit; the rows
+    around it read as before."""
 
     path = tmp_path / "store"
     write_store(path)
