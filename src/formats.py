@@ -30,7 +30,7 @@ else as format 1, which every version reads; all five are read. Only an erasure 
 and 5, so a store nobody erased from stays readable by versions that know formats 1 to 3. The checksum covers the stored
 bytes, so damage is caught before anything is decompressed."""
 
-SCHEMA_VERSION: Final = 10
+SCHEMA_VERSION: Final = 11
 """Bump when any table of ``projections.tables`` changes shape: the projections are then rebuilt
 from the log. Version 6 keys document addresses and scopes by the reference's text of them;
 version 7 spaces a document's snapshots by the bytes of its deltas as well (``SNAPSHOT_SHARE``);
@@ -38,10 +38,18 @@ version 8 keeps a long document's row as a head (``CurrentValue.held``, ``docume
 value; version 9 names the chain of the snapshot a head placed (``CurrentValue.snapshot_chain``)
 and keeps snapshots without history rows (a snapshot is a shortcut to a value the revisions
 hold, put after its commit or never); version 10 keeps entry rows zstd-compressed
-(``tables.pack_entry``: a third fewer bytes for a conversation's entries)."""
+(``tables.pack_entry``: a third fewer bytes for a conversation's entries); version 11 keeps a
+packed entry row as its zstd frame alone, which declares its own size (no marker byte and size
+before it: a page of entries reads faster), and reads version 10's rows, so a log's base
+trimmed under version 10 still folds (``READABLE_SCHEMAS``)."""
+
+READABLE_SCHEMAS: Final = frozenset({10, SCHEMA_VERSION})
+"""The projections schemas whose rows this program reads as they are: a log's base holding the
+rows of one of them (``log.base``, what a trim kept) folds into this schema's tables."""
 
 
 __all__ = [
     "FORMAT_VERSION",
+    "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
 ]

@@ -44,10 +44,11 @@ def load_base(model: ReadModel, log: WriteLog) -> int:
         header = log_base.read_header(db, txn)
     if header is None:
         return 0
-    if header.shape != t.SCHEMA_VERSION:
+    if header.shape not in t.READABLE_SCHEMAS:
         raise StoreStateError(
             f"The log's base at {log.env.path} holds the rows of projections schema "
-            f"{header.shape}, and this program's projections are schema {t.SCHEMA_VERSION}: "
+            f"{header.shape}, and this program's projections are schema {t.SCHEMA_VERSION}, "
+            f"which read the rows of schemas {', '.join(map(str, sorted(t.READABLE_SCHEMAS)))}: "
             "no conversion of a base between them exists, so the projections cannot be folded "
             "(open the store with a program of that schema)"
         )

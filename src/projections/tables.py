@@ -17,6 +17,7 @@ import msgspec
 import xxhash
 
 from ..errors import CorruptProjectionError
+from ..formats import READABLE_SCHEMAS as READABLE_SCHEMAS
 from ..formats import SCHEMA_VERSION as SCHEMA_VERSION
 from ..log import codec, zstd
 from ..log.deflate import deflate, inflate
@@ -162,23 +163,33 @@ def unpack_row(value: bytes, table: str, key: bytes) -> bytes:
 def pack_entry(encoded: bytes) -> bytes:
     """An entry row zstd-compressed (the log's preset dictionary, at ``zstd.FAST_LEVEL``: every
     page of entries a host reads decompresses each row, and that level's frames decompress
-    several times faster) when that saves bytes: ``PACKED`` + 4-byte size + one zstd frame; else
-    ``encoded`` itself. Entry rows are most of a conversation store's bytes (a ~0.8 KB model
-    message: 4 rows a 4 KiB page; packed, ~0.6 KB: 6)."""
+    several times faster) when that saves bytes: the zstd frame alone, which declares its own
+    size and starts with ``zstd.MAGIC`` (an encoded ``EntryRow``, a msgpack array, never does);
+    else ``encoded`` itself. Entry rows are most of a conversation store's bytes (a ~0.8 KB
+    model message: 4 rows a 4 KiB page; packed, ~0.6 KB: 6)."""
 
     frame = zstd.compress(encoded, fast=True) if len(encoded) < 1 << 32 else None
     if frame is None or zstd.dense(frame, len(encoded)):
         return encoded
-    return PACKED + _SIZE.pack(len(encoded)) + frame
+    return frame
+
+
+FRAMED: Final = zstd.MAGIC[:1]
+"""The first byte of a packed entry row (schema 11 on): its frame's."""
 
 
 def unpack_entry(value: bytes, table: str, key: bytes) -> bytes:
-    """The encoded entry row ``pack_entry`` kept (a row not led by ``PACKED`` is stored as it
-    is); a frame that does not hold what its size says raises ``CorruptProjectionError``."""
+    """The encoded entry row ``pack_entry`` kept: a row led by ``FRAMED`` is one zstd frame; one
+    led by ``PACKED`` is schema 10's form (``PACKED`` + 4-byte size + the frame), which a log's
+    base trimmed under that schema still holds; any other is stored as it is. A frame that does
+    not hold what it declares raises ``CorruptProjectionError``."""
 
-    if value[:1] != PACKED:
+    first = value[:1]
+    if first != FRAMED and first != PACKED:
         return value
     try:
+        if first == FRAMED:
+            return zstd.unframe(value)
         return zstd.decompress(value[1 + _SIZE.size :], _SIZE.unpack_from(value, 1)[0], False)
     except (ValueError, struct.error):
         raise CorruptProjectionError(table, key) from None
@@ -398,6 +409,10 @@ checksum: Final = xxhash.xxh3_64_intdigest
 tampering (the log's Merkle tree does that)."""
 checksum_of: Final = _SUM.unpack_from
 """``checksum_of(raw)[0]``: the checksum a sealed value was stored with."""
+seal_of: Final = xxhash.xxh3_64_digest
+"""``seal_of(value)``: the bytes ``seal`` puts before ``value`` (xxh3's digest is big-endian, as
+the seal packs it): a scan loop compares them with ``raw[:SUM_SIZE]``, one call and no unpacking,
+and a row shorter than the seal simply differs."""
 
 
 def seal(value: bytes) -> bytes:
@@ -564,6 +579,7 @@ __all__ = [
     "DOCUMENT_SNAPSHOTS",
     "DOCUMENT_VALUES",
     "ENTRIES_BY_CONVERSATION",
+    "FRAMED",
     "HEADS_BY_CONVERSATION",
     "HISTORY",
     "LOGGED",
@@ -571,6 +587,7 @@ __all__ = [
     "MAX_ID",
     "PACKED",
     "PRESENT",
+    "READABLE_SCHEMAS",
     "RECORD_IDS",
     "RECORD_TYPES",
     "RECORD_TYPE_NAMES",
@@ -621,6 +638,7 @@ __all__ = [
     "read_u64",
     "revision_decoder",
     "seal",
+    "seal_of",
     "state_decoder",
     "text_key",
     "trimmed_point",

@@ -5,6 +5,7 @@ refused before or instead of being decompressed; each thread has its own context
 from __future__ import annotations
 
 import threading
+import tracemalloc
 
 import msgspec
 import pytest
@@ -12,7 +13,15 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pi_durable_lmdb.log.deflate import MIN_SAVING, MIN_SIZE, PRESET
-from pi_durable_lmdb.log.zstd import MAX_EXPANSION, compress, decompress, dense
+from pi_durable_lmdb.log.zstd import (
+    MAGIC,
+    MAX_EXPANSION,
+    compress,
+    decompress,
+    dense,
+    frame_reader,
+    unframe,
+)
 
 _BATCHES = st.builds(
     lambda id, text, status: msgspec.msgpack.encode(
@@ -126,3 +135,73 @@ def test_a_frame_denser_than_the_bound_is_refused_before_anything_is_reserved() 
     for claim in (2**40, 2**63, 2**64 + 5):
         with pytest.raises(ValueError, match="claims"):
             decompress(b"\x28\xb5\x2f\xfd" + bytes(21), claim)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_VALUES)
+def test_a_fast_frame_unframes_back_by_its_own_declared_size(data: bytes) -> None:
+    """``compress(fast=True)``'s frames (entry rows) read back through ``unframe`` and through
+    ``frame_reader``'s two steps alike, each frame starting with ``MAGIC``."""
+
+    out = compress(data, fast=True)
+    if out is None or dense(out, len(data)):  # stored as it is: never unframed
+        return
+    assert out[:4] == MAGIC
+    assert unframe(out) == data
+    claim, read = frame_reader()
+    assert 0 < claim(out) <= MAX_EXPANSION * len(out) and read(out) == data
+
+
+@pytest.mark.parametrize(
+    ("frame", "named"),
+    [
+        (b"", "not a zstd frame"),
+        (b"\x28\xb5\x2f\xfd", "not a zstd frame"),
+        (b"\x28" + bytes(40), "not a zstd frame"),
+        (zstandard.ZstdCompressor(write_content_size=False).compress(b"x" * 100), "no size"),
+        (zstandard.ZstdCompressor(write_content_size=True).compress(b""), "0 bytes"),
+        (zstandard.ZstdCompressor().compress(bytes(1 << 20)), "times its size"),
+    ],
+    ids=["empty", "magic alone", "garbage", "no size", "empty frame", "dense"],
+)
+def test_unframe_names_what_is_wrong_and_reserves_nothing_past_the_bound(
+    frame: bytes, named: str
+) -> None:
+    """A frame ``unframe`` refuses raises ``ValueError`` naming why; a claim past
+    ``MAX_EXPANSION`` is refused from the frame's header alone."""
+
+    with pytest.raises(ValueError, match=named):
+        unframe(frame)
+
+
+def test_a_frame_whose_body_does_not_hold_its_claim_is_refused() -> None:
+    """Cut short, or declaring more or fewer bytes than it holds: zstd writes exactly the
+    declared size or fails, and ``unframe`` says so."""
+
+    data = b"a model message of some length, with its usage and its data " * 12
+    frame = compress(data, fast=True)
+    assert frame is not None and frame[4] == 0x60  # single segment, a 2-byte size field
+
+    def claiming(size: int) -> bytes:
+        return frame[:5] + (size - 256).to_bytes(2, "little") + frame[7:]
+
+    for damaged in (frame[:-5], claiming(len(data) - 10), claiming(len(data) + 10)):
+        with pytest.raises(ValueError, match="zstd"):
+            unframe(damaged)
+
+
+def test_unframe_reserves_nothing_for_a_claim_past_the_bound() -> None:
+    """A valid frame of a few hundred bytes that declares 64 MiB is refused from its header:
+    the process never holds the 64 MiB zstd would otherwise reserve before decompressing."""
+
+    size = 64 << 20
+    frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(bytes(size))
+    assert dense(frame, size) and len(frame) < 1 << 16
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="times its size"):
+            unframe(frame)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20

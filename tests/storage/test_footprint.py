@@ -320,8 +320,8 @@ def test_entry_rows_are_packed_and_read_back_as_memory_storage_answers(
     asyncio.run(run())
     rows = entry_rows(path)
     assert len(rows) == 40
-    packed = [value for _, value in rows if value[8:9] == b"\xc1"]
-    plain = [value for _, value in rows if value[8:9] != b"\xc1"]
+    packed = [value for _, value in rows if value[8:9] == tables.FRAMED]
+    plain = [value for _, value in rows if value[8:9] != tables.FRAMED]
     assert len(packed) == 30 and len(plain) == 10
     assert max(map(len, packed)) < 0.8 * len(codec_row(entry(1001, ROOT, 1)))
     assert call(capsys, "verify", path)[0] == 0
