@@ -120,7 +120,7 @@ PARTS: tuple[tuple[str, Any, str, bool], ...] = (
 )
 for _label, _owner, _name, _ in PARTS:
     if not hasattr(_owner, _name):
-        raise SystemExit(f"bench_commit_path: {_owner.__name__}.{_name} is gone; update PARTS")
+        raise SystemExit(f"commit_path: {_owner.__name__}.{_name} is gone; update PARTS")
 
 
 @contextmanager

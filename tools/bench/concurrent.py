@@ -160,7 +160,7 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
             formats = log_formats(path)
             if (backend == RAW) != (formats == {1}):
                 raise SystemExit(
-                    f"bench_concurrent: the {_label(backend, mode)} store's log holds record formats {sorted(formats)}"
+                    f"concurrent: the {_label(backend, mode)} store's log holds record formats {sorted(formats)}"
                 )
     finally:
         zstd.MIN_SIZE = threshold
