@@ -295,3 +295,19 @@ async def test_commit_path_parts_survive_a_thread_and_coroutines_interleaving() 
     await second
     assert dict(commit_path._calls) == {"writer": 1, "commit": 2}
     assert all(seconds >= 0 for seconds in commit_path._self.values()), commit_path._self
+
+
+def test_host_calls_lists_each_storage_method_of_a_session_turn_on_both_stores() -> None:
+    """``tools.bench.host_calls``: per durability class, the Storage methods a Session turn
+    calls on this store and on SQLite in the same run (calls and CPU per turn), and the turn's
+    wall time and CPU."""
+
+    out = _run("-m", "tools.bench.host_calls", "--fill", "20", "--turns", "10", "--windows", "2")
+    for mode, sqlite in (("process", "SQLite NORMAL"), ("power", "SQLite FULL")):
+        assert f"{mode}: lmdb ({mode}) and {sqlite}, 2 alternated windows of 10 turns" in out, out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")]
+    for name in ("commit", "conversation", "mint_id"):
+        found = [row for row in rows if row[0] == f"| {name}"]
+        assert len(found) == 2, out  # one row per class
+        assert all(row[1] == "1.00" and row[3] == "1.00" for row in found), out
+    assert "| whole turn: process CPU µs |" in out, out

@@ -72,15 +72,18 @@ def populate_host(name: str, turns: int) -> Any:
     return populate
 
 
+async def turn(tx: Any, n: int) -> None:
+    """Turn ``n`` of the host, in a Session transaction: the entry, and one more line in the
+    transcript."""
+
+    value = entry(0, ROOT, n)
+    await tx.append_entry(ROOT, {key: value[key] for key in ("kind", "model", "data")})
+    transcript = await tx.doc(Transcript, ROOT)
+    transcript["text"] += summary(n)
+
+
 async def measure_host(store: Any, state: HostState, round: int) -> Timings:
     session = state.session
-
-    async def turn(tx: Any, n: int) -> None:
-        value = entry(0, ROOT, n)
-        await tx.append_entry(ROOT, {key: value[key] for key in ("kind", "model", "data")})
-        transcript = await tx.doc(Transcript, ROOT)
-        transcript["text"] += summary(n)
-
     state.timed.inside = 0.0
     started = time.perf_counter()
     for n in range(1, state.count + 1):
