@@ -179,8 +179,9 @@ def test_bench_runs_the_session_host_in_both_classes_and_reports_time_and_bytes(
     tmp_path: Path,
 ) -> None:
     """The Session host (``tools/bench/host.py``): power, process, SQLite FULL and NORMAL in the
-    same rounds, every store answering the same document length, and the host's two tables
-    (with the stores' own part of each turn, ``.in_store``)."""
+    same rounds, every store answering the same document length, and the host's tables (with
+    the stores' own part of each turn, ``.in_store``, and each class's ceiling: the floor of a
+    one-flush commit and ``MemoryStorage``)."""
 
     out = _run(
         "-m",
@@ -206,6 +207,10 @@ def test_bench_runs_the_session_host_in_both_classes_and_reports_time_and_bytes(
     assert times.count(" ms |") == 4 and times.count("x** [") == 3, times
     own = next(line for line in out.splitlines() if line.startswith("| host_1000.in_store | 20 |"))
     assert own.count(" ms |") == 4 and own.count("x** [") == 3, own  # the stores' own part
+    ceilings = out.split("Ceilings, in the same rounds", 1)[1].split("\n\n| workload", 2)[1]
+    for row in ("host_1000", "host_1000.in_store"):  # floor and memory, against FULL and NORMAL
+        line = next(line for line in ceilings.splitlines() if line.startswith(f"| {row} |"))
+        assert line.count(" ms |") == 2 and line.count("x** [") == 2, line
     sizes = [
         line
         for line in out.splitlines()

@@ -97,6 +97,43 @@ async def measure_host(store: Any, state: HostState, round: int) -> Timings:
     }
 
 
+CEILING_STORES = (("power", "floor"), ("process", "memory"))
+"""The stores that bound each class on the host's turns: this engine's ``process`` commit path
+behind one flush per commit (``report.OneFlush``), and pi-durable's ``MemoryStorage``."""
+
+
+def ceilings_table(results: Any, rows: list[str]) -> list[str]:
+    """The host's turns on the stores that bound each class, and their ratios against SQLite:
+    a host target above its class's ratio here cannot be met by this engine's design (its work,
+    then one flush) on this machine."""
+
+    if not any((row, *key) in results.series for row in rows for key in CEILING_STORES):
+        return []
+    lines = [
+        "",
+        "Ceilings, in the same rounds: `floor` is this engine's `process` commit path behind one "
+        "journal-like flush per commit (`OneFlush` in `tools/bench/report.py`: no checkpoint, "
+        "nothing recoverable), the least a `power` turn can cost; `memory` is pi-durable's "
+        "`MemoryStorage`, the least any store can cost a turn.",
+        "",
+        "| workload | floor | memory | FULL / floor (power's ceiling) | NORMAL / memory (process's ceiling) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in rows:
+        cells = []
+        for mode, backend in CEILING_STORES:
+            series = results.series.get((name, mode, backend))
+            cells.append(
+                f"{statistics.median(series.times.values()) * 1e3:.2f} ms" if series else "—"
+            )
+        lines.append(
+            f"| {name} | {' | '.join(cells)} "
+            f"| {_ratio(_paired(results, name, ('power', 'sqlite'), ('power', 'floor')))} "
+            f"| {_ratio(_paired(results, name, ('process', 'sqlite'), ('process', 'memory')))} |"
+        )
+    return lines
+
+
 async def transcript_length(storage: Any) -> int:
     """How many turns the stored document holds (the digest every backend must agree on)."""
 
@@ -117,7 +154,7 @@ HOST_WORKLOADS: dict[str, Workload] = {
         True,
         populate_host(f"host_{turns}", turns),
         measure_host,
-        backends=("lmdb", "sqlite"),
+        backends=("lmdb", "sqlite", "floor", "memory"),
         commits=lambda state: state.commits,
         rounds=1 if turns in LONG_SIZES else None,
     )
@@ -196,6 +233,7 @@ def host_table(results: Any) -> list[str]:
             f"| {_ratio(_paired(results, name, ('process', 'sqlite'), ('process', 'lmdb')))} "
             f"| {_ratio(_paired(results, name, ('power', 'lmdb'), ('process', 'lmdb')))} |"
         )
+    lines += ceilings_table(results, rows)
     lines += [
         "",
         "| workload | lmdb (power) | SQLite FULL | lmdb (process) | SQLite NORMAL | power / FULL bytes (<= 2) "

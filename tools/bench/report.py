@@ -341,6 +341,7 @@ async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Resu
                 for mode in workload.modes
                 if mode in args.modes
                 for backend in workload.backends
+                if backend in MODE_BACKENDS[mode]
             )
             _log(f"{name}: {', '.join(LABELS[(backend, mode)] for mode, backend in pairs)}")
             rounds = min(args.rounds, args.host_rounds, workload.rounds or args.rounds)

@@ -27,7 +27,9 @@ CEILINGS = {"process": "memory", "power": "floor"}
 """Per class, the backend that bounds what any design of this engine can reach here on a commit: in
 ``process``, pi-durable's ``MemoryStorage`` (no I/O, no encoding); in ``power``, ``OneFlush``
 (this engine's ``process`` commit path plus one device flush per commit)."""
-COMMIT_ROWS = frozenset({"commit_turn", "commit_doc_delta", "session_turn"})
+COMMIT_ROWS = frozenset(
+    {"commit_turn", "commit_doc_delta", "session_turn", "host_1000", "host_10000", "host_100000"}
+)
 """The workloads that write: the ceilings bound them (a read may well beat MemoryStorage)."""
 
 # (row, mode, required lmdb/sqlite ratio, also faster than MemoryStorage)
@@ -41,6 +43,9 @@ TARGETS: tuple[tuple[str, str, float, bool], ...] = (
     ("read_doc_tail.current", "process", 100.0, False),
     ("read_doc_tail.middle", "process", 3.0, False),
     ("scan_tasks_status", "process", 2.0, False),
+    ("host_10000", "power", 1.1, False),
+    ("host_10000", "process", 1.0, False),
+    ("host_10000.in_store", "process", 2.0, False),
 )
 
 
