@@ -342,6 +342,7 @@ async def run_all(args: argparse.Namespace, names: list[str], base: str) -> Resu
                 if mode in args.modes
                 for backend in workload.backends
                 if backend in MODE_BACKENDS[mode]
+                and (backend in args.backends or backend in ("lmdb", "sqlite"))
             )
             _log(f"{name}: {', '.join(LABELS[(backend, mode)] for mode, backend in pairs)}")
             rounds = min(args.rounds, args.host_rounds, workload.rounds or args.rounds)
