@@ -380,28 +380,32 @@ _PLAIN: Final = frozenset({str, int, bool, type(None)})
 
 
 def _check(value: object, depth: int) -> None:
+    # Containers first (the only kinds this is called for besides floats and subclasses: callers
+    # skip plain leaves), each level's depth computed once for all its items.
     kind = type(value)
+    if kind in _OBJECT_TYPES:
+        if depth >= MAX_DEPTH:
+            raise _TooDeep
+        depth += 1
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str and not isinstance(key, str):
+                raise TypeError("Value must contain strict JSON string keys")
+            if type(item) not in _PLAIN:
+                _check(item, depth)
+        return
+    if kind in _ARRAY_TYPES:
+        if depth >= MAX_DEPTH:
+            raise _TooDeep
+        depth += 1
+        for item in value:  # type: ignore[attr-defined]
+            if type(item) not in _PLAIN:
+                _check(item, depth)
+        return
     if kind in _PLAIN:
         return
     if kind is float:
         if not math.isfinite(value):  # type: ignore[arg-type]
             raise TypeError("Value contains a non-finite number and is not strict JSON")
-        return
-    if kind in _OBJECT_TYPES:
-        if depth >= MAX_DEPTH:
-            raise _TooDeep
-        for key, item in value.items():  # type: ignore[attr-defined]
-            if type(key) is not str and not isinstance(key, str):
-                raise TypeError("Value must contain strict JSON string keys")
-            if type(item) not in _PLAIN:
-                _check(item, depth + 1)
-        return
-    if kind in _ARRAY_TYPES:
-        if depth >= MAX_DEPTH:
-            raise _TooDeep
-        for item in value:  # type: ignore[attr-defined]
-            if type(item) not in _PLAIN:
-                _check(item, depth + 1)
         return
     if isinstance(value, (str, int)):  # subclasses such as StrEnum, IntEnum
         return

@@ -71,7 +71,10 @@ _DOCUMENT_WRITES: Final = frozenset(
 _NAMING_WRITES: Final = frozenset({DocumentChangeWrite, DocumentRetireWrite})
 """Writes that name an existing document rather than claim an id."""
 
-_TABLE_OF = {
+_UNCLAIMED_WRITES: Final = frozenset({DocumentCopyWrite, DocumentChangeWrite, DocumentRetireWrite})
+"""Writes whose id check is elsewhere: a copy is resolved to a create first."""
+
+_TABLE_OF: Final[dict[type, str]] = {
     ConversationWrite: "conversation",
     EntryWrite: "entry",
     TaskWrite: "task",
@@ -221,17 +224,18 @@ class Projector:
     def _check_ids(self, txn: lmdb.Transaction[bytes], plan: Plan) -> None:
         claimed: dict[int, str] = {}
         max_id = 0
+        record_type = self.model.record_type
         for write in plan.writes:
-            match write:
-                case DocumentCreateWrite():
-                    table, id = "document", write.record["id"]
-                case ConversationWrite() | EntryWrite() | TaskWrite() | SubmissionWrite():
-                    table, id = _TABLE_OF[type(write)], write.value["id"]
-                case DocumentCopyWrite() | DocumentChangeWrite() | DocumentRetireWrite():
-                    continue  # a copy is resolved to a create; the others name an existing id
-                case _:
-                    assert_never(write)
-            existing = self.model.record_type(txn, id)
+            table = _TABLE_OF.get(type(write))  # the record writes, by their exact type
+            if table is not None:
+                id = write.value["id"]  # type: ignore[union-attr]
+            elif type(write) is DocumentCreateWrite:
+                table, id = "document", write.record["id"]
+            elif type(write) in _UNCLAIMED_WRITES:
+                continue  # a copy is resolved to a create; the others name an existing id
+            else:
+                raise AssertionError(f"no id check for a {type(write).__name__}")
+            existing = record_type(txn, id)
             earlier = claimed.get(id)
             if table in ("conversation", "entry", "document"):
                 if existing is not None:
