@@ -76,8 +76,10 @@ def main() -> int:
     parser.add_argument(
         "--fault",
         default="",
-        choices=["", "skip-journal-flush", "skip-pin", "recycle-early"],
-        help="a planted fault in the power writer's journal (log.journal._faults); the explorer must then fail",
+        choices=["", "skip-journal-flush", "skip-pin", "recycle-early", "split-trim"],
+        help="a planted fault in the power writer's journal (log.journal._faults), or (trim "
+        "workload) a trim whose records are dropped in a transaction after its base's; the "
+        "explorer must then fail",
     )
     parser.add_argument("--state", help="check one state again: RECORDING_SEED:POINT:VARIANT:SEED")
     parser.add_argument("--keep", help="copy every failing state's files into this directory")

@@ -293,7 +293,7 @@ def journal_options(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     from pi_durable_lmdb.log import journal
 
-    for fault in args.fault:
+    for fault in set(args.fault) - {"split-trim"}:  # the trim's own, not the journal's
         journal._faults.add(fault)
     journal.SEGMENT_SHARE = 24  # so the journal's segments grow late in a recording (see above)
     return {
@@ -359,7 +359,7 @@ async def run(args: argparse.Namespace) -> None:
             work.storage = storage
         if trim and number in (2 * args.batches // 3, args.batches - 1):
             marks.say("phase trim")
-            await trim_to_head(storage, marks)
+            await trim_to_head(storage, marks, "split-trim" in args.fault)
         await work.commit(await work.batch())
         if number % 7 == 0:
             await asyncio.sleep(0)  # let the user projection fold behind the commits
@@ -407,10 +407,14 @@ async def erase_one(storage: Any, work: Workload, marks: Marks) -> None:
     raise AssertionError("no conversation of the workload could be erased")
 
 
-async def trim_to_head(storage: Any, marks: Marks) -> None:
+async def trim_to_head(storage: Any, marks: Marks, split: bool = False) -> None:
     """Trim the log to its head: the records before the last whole tile of the log's tree
     (``TILE`` records) the head is past leave the store, folded into its base. Marks the point
-    the trim reaches when it moves the point on."""
+    the trim reaches when it moves the point on.
+
+    ``split`` plants a fault: the base is written in the trim's transaction and the records
+    before the point are dropped in a later one, so some crash states hold both (the explorer
+    must then fail)."""
 
     import json
 
@@ -421,7 +425,16 @@ async def trim_to_head(storage: Any, marks: Marks) -> None:
     if point <= max(storage.log.trimmed_before(), 1):
         return
     marks.say("trim-intent " + json.dumps({"before": head, "point": point}))
-    report = await storage.trim(head)
+    if split:
+        log = storage.log
+        drop_before = log.drop_before
+        log.drop_before = lambda txn, point: 0  # type: ignore[method-assign]
+    try:
+        report = await storage.trim(head)
+    finally:
+        if split:
+            log.drop_before = drop_before  # type: ignore[method-assign]
+            storage._env.write(lambda txn: drop_before(txn, point))
     assert report.point == point, (report, point)
     marks.say(f"trimmed {point}")
 
@@ -671,8 +684,9 @@ def main() -> None:
         "--fault",
         action="append",
         default=[],
-        choices=["skip-journal-flush", "skip-pin", "recycle-early"],
-        help="a planted fault of the power journal (the explorer must then fail)",
+        choices=["skip-journal-flush", "skip-pin", "recycle-early", "split-trim"],
+        help="a planted fault of the power journal, or a trim made in two transactions "
+        "(split-trim); the explorer must then fail",
     )
     args = parser.parse_args()
     if args.workload in COMMANDS:
