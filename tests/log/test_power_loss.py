@@ -537,7 +537,7 @@ def test_an_erasure_is_all_or_nothing_in_every_crash_state(recorder: str) -> Non
     assert summary.erasures.get("present", 0) > 0, summary.erasures
 
 
-@pytest.mark.slow  # a recording and 100 crash states checked (about 10 s)
+@pytest.mark.slow  # a recording and 100 crash states checked (about 7 s)
 def test_a_trim_is_all_or_nothing_in_every_crash_state(recorder: str) -> None:
     """The log trimmed to its head two thirds into the single caller's workload and again before
     its last batch: in every crash state the log is untrimmed (records from 1, no base) or
@@ -553,7 +553,7 @@ def test_a_trim_is_all_or_nothing_in_every_crash_state(recorder: str) -> None:
     assert summary.trims.get("2 of 2", 0) > 0, summary.trims
 
 
-@pytest.mark.slow  # a recording and 100 crash states checked (about 10 s)
+@pytest.mark.slow  # a recording and 100 crash states checked (about 7 s)
 def test_a_trim_made_in_two_transactions_fails_the_exploration(recorder: str) -> None:
     """The trim's check can fail: a writer whose trim writes the base in one transaction and
     drops the records before the point in the next leaves crash states holding both."""
