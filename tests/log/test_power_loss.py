@@ -537,10 +537,42 @@ def test_an_erasure_is_all_or_nothing_in_every_crash_state(recorder: str) -> Non
     assert summary.erasures.get("present", 0) > 0, summary.erasures
 
 
+@pytest.mark.slow  # a recording and 100 crash states checked (about 7 s)
+def test_a_trim_is_all_or_nothing_in_every_crash_state(recorder: str) -> None:
+    """The log trimmed to its head two thirds into the single caller's workload and again before
+    its last batch: in every crash state the log is untrimmed (records from 1, no base) or
+    trimmed at an intended point (its base there, no record before it, a read before it
+    refused); once ``trim`` returned it is there; every kind of record, now and as of kept
+    points, lists as a fresh store lists after the acknowledged batches; every acknowledged
+    commit, before and after the trims, is kept."""
+
+    summary = explore("power", WORKLOAD_STATES, 11, recorder, batches=36, workload="trim")
+    assert summary.states == WORKLOAD_STATES
+    assert [f"{failure.state}: {failure.problems[:3]}" for failure in summary.failures] == []
+    assert summary.trims.get("absent", 0) > 0, summary.trims
+    assert summary.trims.get("2 of 2", 0) > 0, summary.trims
+
+
+@pytest.mark.slow  # a recording and 100 crash states checked (about 7 s)
+def test_a_trim_made_in_two_transactions_fails_the_exploration(recorder: str) -> None:
+    """The trim's check can fail: a writer whose trim writes the base in one transaction and
+    drops the records before the point in the next leaves crash states holding both."""
+
+    summary = explore(
+        "power", WORKLOAD_STATES, 11, recorder, batches=36, workload="trim", fault="split-trim"
+    )
+    assert any(
+        problem.startswith("PARTIAL TRIM")
+        for failure in summary.failures
+        for problem in failure.problems
+    ), summary.outcomes
+
+
 PLANTED_FAULTS = [
     ("group", "fdatasync:store/data.mdb", 36),  # the checkpoints' data sync
     ("group", "fdatasync:*journal/0", 36),  # the group's journal frame flush
     ("single", "fdatasync:*journal/checkpoint", 30),  # the checkpoint record's flush
+    ("trim", "fdatasync:*journal/checkpoint", 36),  # the checkpoints that make a trim durable
     ("longdocs", "fdatasync:*journal/0", 40),  # a long turn's journal frame flush
     ("import", "fdatasync:data.mdb", 12),  # the new store's sync before the rename
     ("import", "dirsync:/store", 12),  # the parent's sync after the rename

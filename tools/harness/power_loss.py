@@ -40,7 +40,9 @@ def main() -> int:
         "--seed", type=int, default=1, help="first recording's seed (later ones count up)"
     )
     parser.add_argument(
-        "--batches", type=int, default=30, help="batches each recorded writer commits"
+        "--batches",
+        type=int,
+        help="batches each recorded writer commits (default 30; trim 36, so it trims twice)",
     )
     parser.add_argument(
         "--workload",
@@ -50,6 +52,7 @@ def main() -> int:
             "documents",
             "longdocs",
             "erase",
+            "trim",
             "import",
             "restore",
             "backup",
@@ -60,6 +63,7 @@ def main() -> int:
         "documents: one committer on documents past a chunk (head rows, snapshots); "
         "longdocs: one committer on documents many chunks long (every read checked); "
         "erase: one committer, one conversation erased two thirds in (all or nothing); "
+        "trim: one committer, the log trimmed two thirds in and near the end (all or nothing); "
         "import, restore (a real nats-server), backup (--compact), backup-plain: the durable-log "
         "command building NEWPATH (the mode is then the source's, not the command's)",
     )
@@ -72,8 +76,10 @@ def main() -> int:
     parser.add_argument(
         "--fault",
         default="",
-        choices=["", "skip-journal-flush", "skip-pin", "recycle-early"],
-        help="a planted fault in the power writer's journal (log.journal._faults); the explorer must then fail",
+        choices=["", "skip-journal-flush", "skip-pin", "recycle-early", "split-trim"],
+        help="a planted fault in the power writer's journal (log.journal._faults), or (trim "
+        "workload) a trim whose records are dropped in a transaction after its base's; the "
+        "explorer must then fail",
     )
     parser.add_argument("--state", help="check one state again: RECORDING_SEED:POINT:VARIANT:SEED")
     parser.add_argument("--keep", help="copy every failing state's files into this directory")
@@ -81,6 +87,8 @@ def main() -> int:
         "--minutes", type=float, help="stop after this long (the last line still counts)"
     )
     args = parser.parse_args()
+    if args.batches is None:
+        args.batches = 36 if args.workload == "trim" else 30
     with tempfile.TemporaryDirectory(prefix="powerloss-cc-") as build:
         recorder = build_recorder(build)
         only = StateId.parse(args.state) if args.state else None
@@ -102,7 +110,8 @@ def main() -> int:
     print(
         f"{summary.recordings} recordings ({summary.events} events), outcomes {summary.outcomes}, "
         f"variants {summary.by_variant}, {summary.duplicates} duplicate states skipped, {summary.seconds:.0f} s"
-        + (f", erasure {summary.erasures}" if summary.erasures else ""),
+        + (f", erasure {summary.erasures}" if summary.erasures else "")
+        + (f", trims {summary.trims}" if summary.trims else ""),
         flush=True,
     )
     print(f"power_loss: {summary.states} states, {len(summary.failures)} failures", flush=True)

@@ -19,6 +19,13 @@ Per state, in this order:
    the next sequence; the user projection catches up and equals a fresh count over the log;
 4. ``verify`` again after the writer closed.
 
+In the ``trim`` workload (no user projection: a trim is refused beside one) step 2 also checks
+that the trims are all or nothing: the log begins at 1 with no base, or at the point of a trim
+the recording intended with its base there, no record before it and every trim that returned
+kept (``_trim_problems``); then every kind of record, listed now and as of kept points, equals
+what a fresh store committing the acknowledged batches before the point and the kept records
+lists (``_trim_reads_problems``).
+
 In the ``longdocs`` workload, steps 2 and 3 also read every document at ``current`` and at every
 sequence of the log, which must equal what pi-durable's ``MemoryStorage`` answers after the same
 batches (``longdocs.documents_problems``).
@@ -131,6 +138,8 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
     damaged_error: type[BaseException] = StoreDamagedError
 
     path = job["dir"]
+    trims: list[dict[str, Any]] = job.get("trims", [])
+    user = [] if job["workload"] == "trim" else [EntryCounts()]
     acked: dict[int, str] = {int(seq): batch for seq, batch in job["acked"].items()}
     required: list[int] = job["required"]
     maybe: dict[
@@ -162,7 +171,7 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
         except BaseException as error:
             problems.append(f"READ-ONLY OPEN/READ raised {_error(error)}, not JournalReplayPending")
         try:
-            replaying = await LmdbStorage.open(path, projections=[EntryCounts()])
+            replaying = await LmdbStorage.open(path, projections=user)
             await replaying.close()
         except BaseException as error:
             if isinstance(error, damaged_error):
@@ -190,10 +199,14 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             try:
                 head = reader.log.head()
                 seqs = [seq for seq, _ in _all_rows(reader)]
-                problem = sequences_problem(seqs, head)
+                first = reader.log.trimmed_before() or 1
+                problem = sequences_problem(seqs, head, first)
                 if problem is not None:
                     problems.append(problem)
                 expected = dict(acked)
+                if job["workload"] == "trim":
+                    result["trim"], found_problems = await _trim_problems(reader, trims, acked)
+                    problems += found_problems
                 if job.get("erasure") is not None:
                     present, found_problems = _erasure_problems(reader, job["erasure"], expected)
                     result["erasure"] = "present" if present else "absent"
@@ -243,10 +256,12 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
             f"LOST: acknowledged sequences {missing[:10]} (of {len(missing)}) missing; head {head}"
         )
     result["head"] = head
+    if exists and job["workload"] == "trim" and not problems:
+        problems += await _trim_reads_problems(path, acked)
 
     # 3. the writer
     try:
-        storage = await LmdbStorage.open(path, projections=[EntryCounts()])
+        storage = await LmdbStorage.open(path, projections=user)
     except BaseException as error:
         if isinstance(error, damaged_error):
             result["outcome"] = "refused"
@@ -272,14 +287,15 @@ async def check_state(job: dict[str, Any]) -> dict[str, Any]:
         seq = await storage.commit(batch, CTX)
         if seq != writer_head + 1:
             problems.append(f"SEQUENCE: a new commit got {seq} after head {writer_head}")
-        await asyncio.wait_for(storage.projections.wait(seq), 10)
-        with storage.projections.read("entry_counts") as tables:
-            held = read_counts(tables)
-        expected = counts_of(storage.log.read())
-        if held != expected:
-            problems.append(
-                f"USER PROJECTION: holds {sorted(held.items())[:6]}, the log counts {sorted(expected.items())[:6]}"
-            )
+        if user:
+            await asyncio.wait_for(storage.projections.wait(seq), 10)
+            with storage.projections.read("entry_counts") as tables:
+                held = read_counts(tables)
+            expected = counts_of(storage.log.read())
+            if held != expected:
+                problems.append(
+                    f"USER PROJECTION: holds {sorted(held.items())[:6]}, the log counts {sorted(expected.items())[:6]}"
+                )
         if job["workload"] == "longdocs" and not problems:
             seqs = list(range(1, storage.log.head() + 1))
             problems += await documents_problems(storage, _batches(storage, seqs))
@@ -339,13 +355,120 @@ def _erasure_problems(
     return present, problems
 
 
-def sequences_problem(seqs: list[int], head: int) -> str | None:
-    """What is wrong with a log holding ``seqs`` under ``head``, if anything. A damaged head may
-    be ~2**63: nothing here is as long as the head (a list of it once took 21 GB)."""
+def sequences_problem(seqs: list[int], head: int, first: int = 1) -> str | None:
+    """What is wrong with a log holding ``seqs`` under ``head`` from ``first`` (above 1 once
+    trimmed), if anything. A damaged head may be ~2**63: nothing here is as long as the head (a
+    list of it once took 21 GB)."""
 
-    if len(seqs) == head and all(seq == n for n, seq in enumerate(seqs, 1)):
+    if (not seqs and head == 0) or (
+        seqs and seqs[-1] == head and all(seq == n for n, seq in enumerate(seqs, first))
+    ):
         return None
-    return f"LOG: sequences are not 1..{head}: {seqs[:5]}...{seqs[-5:]}"
+    return f"LOG: sequences are not {first}..{head}: {seqs[:5]}...{seqs[-5:]}"
+
+
+async def _trim_problems(
+    reader: Any, trims: list[dict[str, Any]], acked: dict[int, str]
+) -> tuple[str, list[str]]:
+    """The trim workload's trims are all or nothing: the log untrimmed (no base, its records from
+    1), or trimmed at the point of a trim the recording intended (its base there, its records from
+    the point on, a read as of the sequence before refused); every trim that returned is kept (a
+    required one not there: LOST), and every record before the point was acknowledged. Which
+    trims are there (``absent``, ``N of M``), and the problems."""
+
+    from pi_durable_lmdb import HistoryTrimmed
+    from pi_durable_lmdb.log import base as log_base
+
+    point = reader.log.trimmed_before()
+    first = reader.log.first()
+    with reader._env.read() as txn:
+        header = log_base.read_header(log_base.base_db(reader._env), txn)
+    problems: list[str] = []
+    points = [trim["point"] for trim in trims]
+    if point == 0:
+        label = "absent"
+        if header is not None:
+            problems.append(f"PARTIAL TRIM: a base before {header.point}, the log untrimmed")
+        if first not in (0, 1):
+            problems.append(f"PARTIAL TRIM: no base, the log begins at {first}")
+    else:
+        label = f"{points.index(point) + 1} of {len(points)}" if point in points else "unknown"
+        if point not in points:
+            problems.append(f"TRIM: the log is trimmed before {point}, intended {points}")
+        if first != point:
+            problems.append(f"PARTIAL TRIM: the base is before {point}, the log begins at {first}")
+        missing = [seq for seq in range(1, point) if seq not in acked]
+        if missing:
+            problems.append(f"TRIM: records {missing[:5]} before the point were never acknowledged")
+        try:
+            await reader.as_of(point - 1)
+            problems.append(f"TRIM: a read as of {point - 1}, before the point, was not refused")
+        except HistoryTrimmed:
+            pass
+    lost = [trim["point"] for trim in trims if trim["required"] and trim["point"] > point]
+    if lost:
+        problems.append(
+            f"LOST: the trim before {lost[0]} returned, the log is trimmed before {point}"
+        )
+    return label, problems
+
+
+TRIM_KINDS = ("conversations", "entries", "tasks", "documents")
+
+
+async def _trim_reads_problems(path: str, acked: dict[int, str]) -> list[str]:
+    """A trimmed state reads as the log says: every kind of record, now and as of the point,
+    the middle of the kept records and the head, equals what a fresh store lists after committing
+    the acknowledged batches before the point and then the kept records (commit times aside)."""
+
+    import shutil
+    import tempfile
+
+    from pi_durable_lmdb.audit.listing import list_records
+    from pi_durable_lmdb.log import write_to_builtins
+    from pi_durable_lmdb.storage import LmdbStorage
+
+    storage = await LmdbStorage.open(path, readonly=True)
+    try:
+        point, head = storage.log.trimmed_before(), storage.log.head()
+        if not point:
+            return []
+        batches = [json.loads(acked[seq]) for seq in range(1, point)]
+        batches += [
+            [write_to_builtins(write) for write in storage.log.get(seq).writes]
+            for seq in range(point, head + 1)
+        ]
+    finally:
+        await storage.close()
+    reference = tempfile.mkdtemp(prefix="powerloss-trim-ref-")
+    problems: list[str] = []
+    try:
+        made = await LmdbStorage.open(reference, durability="process")
+        try:
+            for writes in batches:
+                await made.commit(writes, CTX)
+        finally:
+            await made.close()
+        for as_of in sorted({point, (point + head) // 2, head}) + [None]:
+            for kind in TRIM_KINDS:
+                mine = [_timeless(r) async for r in list_records(path, kind, as_of=as_of)]
+                theirs = [_timeless(r) async for r in list_records(reference, kind, as_of=as_of)]
+                if mine != theirs:
+                    problems.append(
+                        f"TRIMMED READ: {kind} as of {as_of} list {canonical(mine)[:200]}, "
+                        f"the untrimmed log {canonical(theirs)[:200]}"
+                    )
+    finally:
+        shutil.rmtree(reference, ignore_errors=True)
+    return problems[:5]
+
+
+def _timeless(record: Any) -> str:
+    """A listed record without the commit times a fresh store gives it anew."""
+
+    if isinstance(record, dict):
+        record = {k: v for k, v in record.items() if not k.endswith("At")}
+    return canonical(record)
 
 
 def _batches(storage: Any, seqs: list[int]) -> list[list[dict[str, Any]]]:

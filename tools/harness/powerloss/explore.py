@@ -95,6 +95,8 @@ class Summary:
     failures: list[Failure] = field(default_factory=list)
     erasures: dict[str, int] = field(default_factory=dict)
     """The erase workload's states by whether the erasure is in them (present, absent)."""
+    trims: dict[str, int] = field(default_factory=dict)
+    """The trim workload's states by the trims in them (absent, ``N of M`` intended)."""
     recordings: int = 0
     events: int = 0
     duplicates: int = 0
@@ -115,6 +117,7 @@ def expectations(
     done = False
     erasure: dict[str, Any] | None = None  # the erase workload's, once intended
     erased_at = -1
+    trims: list[dict[str, Any]] = []  # the trim workload's, each once intended
     for index, line in marks(events, point):
         word, _, rest = line.partition(" ")
         word, _, tag = word.partition("@")
@@ -137,6 +140,10 @@ def expectations(
             erasure = json.loads(rest)
         elif word == "erased":
             erased_at = index
+        elif word == "trim-intent":
+            trims.append({"point": json.loads(rest)["point"], "returned": -1})
+        elif word == "trimmed":
+            trims[-1]["returned"] = index
     last_sync = -1
     if mode == "power":
         required = sorted(acked)
@@ -154,6 +161,9 @@ def expectations(
         required = sorted(seq for seq, at in ack_at.items() if at < last_sync)
     if erasure is not None:  # required once it returned (process: and the data file synced)
         erasure["required"] = erased_at >= 0 and (mode == "power" or erased_at < last_sync)
+    for trim in trims:  # required once it returned (process: and the data file synced)
+        returned = trim.pop("returned")
+        trim["required"] = returned >= 0 and (mode == "power" or returned < last_sync)
     return {
         "acked": {str(seq): batch for seq, batch in acked.items()},
         "required": required,
@@ -164,6 +174,7 @@ def expectations(
         "done": done,
         "workload": workload,
         "erasure": erasure,
+        "trims": trims,
     }
 
 
@@ -285,7 +296,7 @@ def explore(
                 )
                 expected = expectations(recording.events, candidate.point, mode, workload)
                 digest = state.digest() + json.dumps(
-                    [expected["required"], expected["done"], expected["erasure"]]
+                    [expected["required"], expected["done"], expected["erasure"], expected["trims"]]
                 )
                 if digest in seen and only is None:
                     summary.duplicates += 1
@@ -391,6 +402,8 @@ def _check_batch(
         summary.outcomes[outcome] = summary.outcomes.get(outcome, 0) + 1
         if "erasure" in result:
             summary.erasures[result["erasure"]] = summary.erasures.get(result["erasure"], 0) + 1
+        if "trim" in result:
+            summary.trims[result["trim"]] = summary.trims.get(result["trim"], 0) + 1
         if problems:
             point_event = recording.events[state_id.point - 1] if state_id.point else None
             detail = (

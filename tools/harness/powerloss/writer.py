@@ -34,6 +34,12 @@ reopened without the user projection, one conversation erased with its forks
 record's sequence and, by record, the positions of the writes that go, as ``plan_erasure``
 reads the log before) and ``erased SEQ`` once it returned.
 
+``--workload trim`` is the single caller's workload, without the user projection (a trim is
+refused beside one), with the log trimmed to its head two thirds in and again before the last
+batch (``LmdbStorage.trim``; the point rounded down to a whole tile of the log's tree, so the
+second trim moves it on once the log holds two tiles more). Its marks: ``trim-intent JSON`` (the
+sequence asked and the point the trim reaches) and ``trimmed POINT`` once it returned.
+
 ``--workload documents`` is the single caller's workload with documents grown like transcripts
 (a few kilobytes and a counter per change): long values kept as head rows, snapshots,
 and the map growing under them.
@@ -287,7 +293,7 @@ def journal_options(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     from pi_durable_lmdb.log import journal
 
-    for fault in args.fault:
+    for fault in set(args.fault) - {"split-trim"}:  # the trim's own, not the journal's
         journal._faults.add(fault)
     journal.SEGMENT_SHARE = 24  # so the journal's segments grow late in a recording (see above)
     return {
@@ -310,12 +316,14 @@ async def run(args: argparse.Namespace) -> None:
     marks = Marks(args.marks)
     rng = random.Random(args.seed)
 
+    trim = args.workload == "trim"
+
     async def open_store() -> Any:
         return await LmdbStorage.open(
             args.store,
             durability=args.durability,
             map_size=64 * 1024,
-            projections=[EntryCounts()],
+            projections=[] if trim else [EntryCounts()],
             **journal_options(args),
         )
 
@@ -349,6 +357,9 @@ async def run(args: argparse.Namespace) -> None:
             await plain.close()
             storage = await open_store()
             work.storage = storage
+        if trim and number in (2 * args.batches // 3, args.batches - 1):
+            marks.say("phase trim")
+            await trim_to_head(storage, marks, "split-trim" in args.fault)
         await work.commit(await work.batch())
         if number % 7 == 0:
             await asyncio.sleep(0)  # let the user projection fold behind the commits
@@ -394,6 +405,38 @@ async def erase_one(storage: Any, work: Workload, marks: Marks) -> None:
         }
         return
     raise AssertionError("no conversation of the workload could be erased")
+
+
+async def trim_to_head(storage: Any, marks: Marks, split: bool = False) -> None:
+    """Trim the log to its head: the records before the last whole tile of the log's tree
+    (``TILE`` records) the head is past leave the store, folded into its base. Marks the point
+    the trim reaches when it moves the point on.
+
+    ``split`` plants a fault: the base is written in the trim's transaction and the records
+    before the point are dropped in a later one, so some crash states hold both (the explorer
+    must then fail)."""
+
+    import json
+
+    from pi_durable_lmdb.log.tree import TILE
+
+    head = storage.log.head()
+    point = (head - 1) // TILE * TILE + 1
+    if point <= max(storage.log.trimmed_before(), 1):
+        return
+    marks.say("trim-intent " + json.dumps({"before": head, "point": point}))
+    if split:
+        log = storage.log
+        drop_before = log.drop_before
+        log.drop_before = lambda txn, point: 0  # type: ignore[method-assign]
+    try:
+        report = await storage.trim(head)
+    finally:
+        if split:
+            log.drop_before = drop_before  # type: ignore[method-assign]
+            storage._env.write(lambda txn: drop_before(txn, point))
+    assert report.point == point, (report, point)
+    marks.say(f"trimmed {point}")
 
 
 GROUP_KINDS = ["entry", "entry", "entry", "newtask", "fork"]
@@ -634,15 +677,16 @@ def main() -> None:
     )
     parser.add_argument(
         "--workload",
-        choices=["single", "group", "documents", "longdocs", "erase", *COMMANDS],
+        choices=["single", "group", "documents", "longdocs", "erase", "trim", *COMMANDS],
         default="single",
     )
     parser.add_argument(
         "--fault",
         action="append",
         default=[],
-        choices=["skip-journal-flush", "skip-pin", "recycle-early"],
-        help="a planted fault of the power journal (the explorer must then fail)",
+        choices=["skip-journal-flush", "skip-pin", "recycle-early", "split-trim"],
+        help="a planted fault of the power journal, or a trim made in two transactions "
+        "(split-trim); the explorer must then fail",
     )
     args = parser.parse_args()
     if args.workload in COMMANDS:
