@@ -23,9 +23,13 @@ from ..support.natsserver import NatsNode, nats_server  # noqa: F401  (fixture)
 
 
 def entry(id: int, size: int) -> dict[str, object]:
+    """An entry of about ``size`` bytes of text that does not compress (entry rows and log
+    records are stored compressed: a repeated letter would never grow the map)."""
+
+    text = random.Random(id).randbytes(size // 2 + 1).hex()[:size]
     return {
         "type": "entry",
-        "value": {"id": id, "conversationId": 1, "kind": "message", "text": "x" * size},
+        "value": {"id": id, "conversationId": 1, "kind": "message", "text": text},
     }
 
 

@@ -528,7 +528,13 @@ async def test_a_full_disk_fails_the_commit_loses_nothing_and_recovers(
                     [
                         {
                             "type": "entry",
-                            "value": {"id": id, "conversationId": 1, "text": "y" * 8000},
+                            # random, as above: entry rows and records are compressed, and
+                            # a repeated letter fits in the pages the store already holds
+                            "value": {
+                                "id": id,
+                                "conversationId": 1,
+                                "text": os.urandom(4000).hex(),
+                            },
                         }
                     ],
                     CTX,
