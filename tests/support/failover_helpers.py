@@ -22,6 +22,7 @@ from pi_durable_lmdb.log.records import decode_record_builtins
 
 from .natsserver import NatsCluster
 from .polling import until_async
+from .replication_helpers import open_writer as open_retrying
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -177,7 +178,10 @@ def intents(child: Child) -> dict[int, list[dict[str, Any]]]:
 async def open_writer(
     cluster: NatsCluster, path: Path, store: str, take_over: Any = True
 ) -> LmdbStorage:
-    return await LmdbStorage.open(
+    """A replicated writer of ``store`` on the cluster, tried again while the cluster cannot
+    place a new stream's replicas yet (``replication_helpers.open_writer``)."""
+
+    return await open_retrying(
         path,
         durability="replicated",
         nats=cluster.urls,
