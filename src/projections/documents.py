@@ -148,9 +148,11 @@ class DocumentCache:
     def put(self, id: int, chain: str, folding: Folding, size: int) -> None:
         """Hold ``folding`` (owned by the cache from now on) under ``chain``."""
 
-        self._put(id, _Entry(chain, folding, size))
+        self.hold(id, _Entry(chain, folding, size))
 
-    def _put(self, id: int, entry: _Entry) -> None:
+    def hold(self, id: int, entry: _Entry) -> None:
+        """Hold ``entry`` as it is (a committed transaction's own, which nothing else holds)."""
+
         with self._lock:
             self._drop(id)
             self._items[id] = entry
@@ -295,7 +297,7 @@ class Documents:
             if entry is None:
                 self.cache.discard(id)
             else:
-                self.cache._put(id, entry)  # the transaction's own entry, no other holds it
+                self.cache.hold(id, entry)  # the transaction's own entry, no other holds it
         if staged.landed:
             with self._wake:  # put: they leave the queue of what is ready
                 for key in staged.landed:

@@ -138,32 +138,20 @@ def harness_options(clock: list[int]) -> dict[str, Any]:
 
 
 async def open_writer(args: argparse.Namespace) -> Any:
-    from pi_durable_lmdb import LmdbStorage, NatsUnavailableError, ReplicationError
+    from tests.support.replication_helpers import open_writer as open_retrying
 
     take_over: Any = {"no": False, "yes": True, "force": "force"}[args.take_over]
     say("opening")
-    # Tried again for up to 30 s, as ``replication_helpers.open_writer`` does: a cluster that
-    # just started (or whose peer missed a heartbeat on a loaded machine) may not place a new
-    # stream's replicas yet ("no suitable peers for placement", which the engine passes on).
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            storage = await LmdbStorage.open(
-                args.dir,
-                durability="replicated",
-                nats=args.nats,
-                stream=args.stream,
-                replicas=args.replicas,
-                store=args.store,
-                take_over=take_over,
-                lease_ttl=args.ttl,
-            )
-            break
-        except ReplicationError as error:
-            transient = isinstance(error, NatsUnavailableError) or "no suitable peers" in str(error)
-            if not transient or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+    storage = await open_retrying(
+        args.dir,
+        durability="replicated",
+        nats=args.nats,
+        stream=args.stream,
+        replicas=args.replicas,
+        store=args.store,
+        take_over=take_over,
+        lease_ttl=args.ttl,
+    )
     say("opened", storage.replication.epoch, storage.log.head())
     return storage
 
