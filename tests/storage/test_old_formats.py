@@ -97,9 +97,14 @@ import zstandard  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pi_durable_lmdb.errors import CorruptRecordError  # noqa: E402
-from pi_durable_lmdb.log import codec  # noqa: E402
+from pi_durable_lmdb.log import codec, zstd  # noqa: E402
 from pi_durable_lmdb.log.deflate import PRESET  # noqa: E402
-from pi_durable_lmdb.log.records import decode_record, encode_record, write_to_builtins  # noqa: E402
+from pi_durable_lmdb.log.records import (  # noqa: E402
+    RAW_BELOW,
+    decode_record,
+    encode_record,
+    write_to_builtins,
+)
 
 from tests.support.workload import Workload  # noqa: E402
 from tools.bench.workloads import document_delta  # noqa: E402
@@ -152,8 +157,40 @@ def test_a_turn_record_is_compressed_to_fit_six_to_a_page() -> None:
     stored = encode_record(payload, 1_760_000_000_000)
     assert msgspec.msgpack.decode(stored)[0] == 3
     assert len(stored) + 18 <= (4096 - 16) // 6  # key, node header, pointer: six records a page
-    delta = encode_record(codec.encode([document_delta(2)]), 1_760_000_000_000)
-    assert len(delta) <= 64
+
+
+def test_a_small_batch_is_stored_raw_and_reads_back() -> None:
+    """A document delta's batch is under ``RAW_BELOW``: stored as format 1, byte for byte what
+    that format always wrote (compressing it would save about 50 bytes for a third of the
+    record's encoding time); a batch of ``RAW_BELOW`` bytes is compressed."""
+
+    at = 1_760_000_000_000
+    payload = codec.encode([document_delta(2)])
+    assert len(payload) < RAW_BELOW
+    stored = encode_record(payload, at)
+    assert stored == msgspec.msgpack.encode([1, at, crc(at, payload), payload])
+    commit = decode_record(4, stored)
+    assert codec.encode([write_to_builtins(write) for write in commit.writes]) == payload
+    frame = codec.encode([{"type": "conversation", "value": {"id": 5, "x": "t" * 40}}])
+    for size in (RAW_BELOW - 1, RAW_BELOW):
+        text = "t" * (size - len(frame) + 40)  # a str8 either way: one byte per letter
+        payload = codec.encode([{"type": "conversation", "value": {"id": 5, "x": text}}])
+        assert len(payload) == size
+        fields = msgspec.msgpack.decode(encode_record(payload, at))
+        assert fields[0] == (1 if size < RAW_BELOW else 3)
+
+
+def test_a_small_batch_compressed_by_an_earlier_version_still_reads() -> None:
+    """Earlier versions compressed every batch of 48 bytes or more: such records read as before."""
+
+    payload = codec.encode([document_delta(2)])
+    frame = zstd.compress(payload)
+    assert frame is not None
+    earlier = msgspec.msgpack.encode([3, 5, crc(5, frame), frame, len(payload)])
+    expected = decode_record(1, msgspec.msgpack.encode([1, 5, crc(5, payload), payload]))
+    assert decode_record(1, earlier) == expected
+    assert decode_record(1, zstd_record(payload)) == expected
+    assert decode_record(1, deflated_record(payload)) == expected
 
 
 def deflated_record(payload: bytes, size: int | None = None, at: int = 5) -> bytes:
