@@ -372,16 +372,17 @@ class Projector:
 
     def _put_task(self, rows: Rows, value: Any) -> None:
         id = value["id"]
-        previous = rows.replace(t.TASKS, t.u64(id), codec.encode(value))
+        key = t.u64(id)
+        previous = rows.replace(t.TASKS, key, t.written_row(rows.seq, codec.encode(value)))
         status = t.TASK_STATUS_KEYS[value["state"]["status"]]
         if previous is None:
-            rows.claim(t.u64(id), "task")
+            rows.claim(key, "task")
         else:
-            old_status = t.TASK_STATUS_KEYS[_task_status(previous, t.u64(id))]
+            old_status = t.TASK_STATUS_KEYS[_task_status(previous[t.WRITER_SIZE :], key)]
             if old_status == status:
                 return
-            rows.delete(t.TASKS_BY_STATUS, old_status + t.u64(id))
-        rows.put(t.TASKS_BY_STATUS, status + t.u64(id), b"")
+            rows.delete(t.TASKS_BY_STATUS, old_status + key)
+        rows.put(t.TASKS_BY_STATUS, status + key, b"")
 
     def _put_submission(self, rows: Rows, value: Any) -> None:
         id = value["id"]
