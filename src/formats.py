@@ -43,12 +43,14 @@ packed entry row as its zstd frame alone, which declares its own size (no marker
 before it: a page of entries reads faster), and reads version 10's rows, so a log's base
 trimmed under version 10 still folds (``READABLE_SCHEMAS``); version 12 leads a task row with the
 sequence of the commit that wrote it, which its ``HISTORY`` value refers to when a commit
-replaces it (no walk of ``HISTORY`` to find it)."""
+replaces it (no walk of ``HISTORY`` to find it), and a task's status row holds the sequence that
+created it, so a status change keeps one ``HISTORY`` row, not two."""
 
 READABLE_SCHEMAS: Final = frozenset({10, 11, SCHEMA_VERSION})
 """The projections schemas whose rows this program reads: a log's base holding the rows of one of
-them (``log.base``, what a trim kept) folds into this schema's tables (the task rows of 10 and 11
-led by writer 0 as they are loaded, ``projections.base``; every other row as it is)."""
+them (``log.base``, what a trim kept) folds into this schema's tables (the task and task status
+rows of 10 and 11 led by 0 as they are loaded, ``projections.base``; every other row as it
+is)."""
 
 
 __all__ = [

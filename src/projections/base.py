@@ -8,7 +8,7 @@ point in its ``STATE`` table (``tables.TRIMMED_KEY``), and marks it folded to ``
 the log (open, rebuild, verify) then goes on from there as it would have from sequence 1. A task
 row (``tables.LOGGED_TABLES``) is kept led by writer 0, whatever commit before the point wrote it
 (the trim drops that record); one of a base of schema 10 or 11, which held the encoded task alone,
-is led by 0 as it is loaded.
+is led by 0 as it is loaded, and a status row of such a base (empty) becomes one created at 0.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def load_base(model: ReadModel, log: WriteLog) -> int:
             for name, key, value in rows:
                 if name not in model.db or name in (t.STATE, t.HISTORY):
                     raise CorruptProjectionError(log_base.BASE_DB, key)
-                if unled and name in t.LOGGED_TABLES:
+                if unled and (name in t.LOGGED_TABLES or name in t.BORN_IN_VALUE):
                     value = _led(name, key, value)
                 db = model.db[name]
                 if not txn.put(key, value, db=db, append=True):  # in key order: fill pages
@@ -89,8 +89,9 @@ _WRITER_LED = 12
 
 
 def _led(name: str, key: bytes, value: bytes) -> bytes:
-    """A ``LOGGED_TABLES`` row of an earlier schema (the encoded value alone) led by writer 0, as
-    a base's rows are."""
+    """A row of an earlier schema in this one's shape: a ``LOGGED_TABLES`` row (the encoded value
+    alone) led by writer 0, as a base's rows are; a ``BORN_IN_VALUE`` row (empty) created at 0,
+    before the point."""
 
     return t.seal(t.written_row(0, t.unseal(value, name, key)))
 

@@ -382,7 +382,7 @@ class Projector:
             if old_status == status:
                 return
             rows.delete(t.TASKS_BY_STATUS, old_status + key)
-        rows.put(t.TASKS_BY_STATUS, status + key, b"")
+        rows.put(t.TASKS_BY_STATUS, status + key, t.u64(rows.seq))
 
     def _put_submission(self, rows: Rows, value: Any) -> None:
         id = value["id"]

@@ -44,7 +44,7 @@ class Rows:
             return None  # appended: the key sorts after all others, so it was not there
         previous = self.txn.replace(key, sealed, db=db)
         if previous is None:
-            if table not in t.BORN_KNOWN:
+            if table not in t.BORN_KNOWN and table not in t.BORN_IN_VALUE:
                 self._remember(table, key, None)
             return None
         before = t.unseal(previous, table, key)
@@ -61,10 +61,13 @@ class Rows:
 
     def delete(self, table: str, key: bytes) -> None:
         previous = self.txn.pop(key, db=self.db[table])
-        if previous is not None:
-            if table in t.LOGGED_TABLES:
-                t.unseal(previous, table, key)  # its writer is read: checked first
-            self._remember(table, key, previous)
+        if previous is None:
+            return
+        if table in t.BORN_IN_VALUE and t.unseal(previous, table, key) == t.u64(self.seq):
+            return  # created by this commit: no view saw it
+        if table in t.LOGGED_TABLES:
+            t.unseal(previous, table, key)  # its writer is read: checked first
+        self._remember(table, key, previous)
 
     def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:
         """Keep in ``HISTORY`` what ``key`` held before this commit: ``previous``, as stored and

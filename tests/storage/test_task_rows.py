@@ -1,7 +1,8 @@
 """Task rows as stored since schema 12: led by the sequence of the commit that wrote them, which
 the ``HISTORY`` value of a replaced row refers to (no walk of ``HISTORY`` to find it); a row
-loaded from the log's base is led by 0 and kept whole when replaced; a base trimmed under
-schema 11 (task rows without a writer) still folds."""
+loaded from the log's base is led by 0 and kept whole when replaced; a status row holds the
+sequence that created it, so a status change keeps one ``HISTORY`` row; a base trimmed under
+schema 11 (task rows without a writer, empty status rows) still folds."""
 
 from __future__ import annotations
 
@@ -75,6 +76,58 @@ def test_a_task_row_names_its_writer_and_a_change_refers_to_it(tmp_path: Path) -
             assert (await view.task(2, CTX))["input"] == {"n": 1}
             page = await view.scan_tasks({"status": "pending"}, 10, None, CTX)
             assert [item["input"] for item in page["items"]] == [{"n": 1}]
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    assert verify(tmp_path / "store") is None
+
+
+def status_history(storage: LmdbStorage) -> list[tuple[bytes, int]]:
+    """The status rows ``HISTORY`` keeps: ``(status key, sequence)``."""
+
+    code = t.TABLE_CODES[t.TASKS_BY_STATUS]
+    with storage._env.read() as txn:
+        cursor = txn.cursor(db=storage._model.db[t.HISTORY])
+        found = cursor.set_range(code)
+        kept = []
+        while found and cursor.key()[:1] == code:
+            key = bytes(cursor.key())
+            kept.append((key[1:-8], t.read_u64(key, len(key) - 8)))
+            found = cursor.next()
+    return kept
+
+
+def test_a_status_change_keeps_one_history_row_and_views_scan_by_status(tmp_path: Path) -> None:
+    statuses = ["pending", "running", "sleeping", "running", "running", "waiting", "running"]
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            seqs = [
+                await storage.commit([task(status, n)], CTX) for n, status in enumerate(statuses)
+            ]
+            with storage._env.read() as txn:
+                rows = list(txn.cursor(db=storage._model.db[t.TASKS_BY_STATUS]))
+            assert [(bytes(key), t.unseal(bytes(raw), "", b"")) for key, raw in rows] == [
+                (t.TASK_STATUS_KEYS["running"] + KEY, t.u64(seqs[-1]))
+            ]
+            changes = [
+                (t.TASK_STATUS_KEYS[before] + KEY, seq)
+                for before, after, seq in zip(statuses[:-1], statuses[1:], seqs[1:], strict=True)
+                if before != after
+            ]
+            assert status_history(storage) == sorted(changes)  # the old status's row alone
+            # Within one commit: running -> sleeping -> running, then sleeping -> waiting.
+            inner = await storage.commit([task("sleeping", 8), task("running", 9)], CTX)
+            moved = await storage.commit([task("sleeping", 10), task("waiting", 11)], CTX)
+            history = statuses + ["running", "waiting"]
+            for at, status in zip([*seqs, inner, moved], history, strict=True):
+                view = await storage.as_of(at)
+                for name in t.TASK_STATUSES:
+                    page = await view.scan_tasks({"status": name}, 10, None, CTX)
+                    assert len(page["items"]) == (name == status), (at, name)
         finally:
             await storage.close()
 
@@ -173,8 +226,11 @@ def test_a_base_trimmed_under_schema_11_folds(tmp_path: Path) -> None:
             for name, key, value in rows:
                 if name == t.TASKS:  # schema 11's row: the encoded task alone
                     value = t.seal(t.unseal(value, name, key)[t.WRITER_SIZE :])
+                if name == t.TASKS_BY_STATUS:  # and its status row: empty
+                    value = t.seal(b"")
                 old.append((name, key, value))
         assert sum(1 for name, _, _ in old if name == t.TASKS) == 1
+        assert sum(1 for name, _, _ in old if name == t.TASKS_BY_STATUS) == 1
         chunks = list(log_base.chunked(old))
         env.write(
             lambda txn: log_base.write(
