@@ -122,8 +122,8 @@ def test_a_status_change_keeps_one_history_row_and_views_scan_by_status(tmp_path
             # Within one commit: running -> sleeping -> running, then sleeping -> waiting.
             inner = await storage.commit([task("sleeping", 8), task("running", 9)], CTX)
             moved = await storage.commit([task("sleeping", 10), task("waiting", 11)], CTX)
-            history = statuses + ["running", "waiting"]
-            for at, status in zip([*seqs, inner, moved], history, strict=True):
+            history = [None, *statuses, "running", "waiting"]  # None: before the task was
+            for at, status in zip([seqs[0] - 1, *seqs, inner, moved], history, strict=True):
                 view = await storage.as_of(at)
                 for name in t.TASK_STATUSES:
                     page = await view.scan_tasks({"status": name}, 10, None, CTX)
