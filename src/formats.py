@@ -30,7 +30,7 @@ else as format 1, which every version reads; all five are read. Only an erasure 
 and 5, so a store nobody erased from stays readable by versions that know formats 1 to 3. The checksum covers the stored
 bytes, so damage is caught before anything is decompressed."""
 
-SCHEMA_VERSION: Final = 11
+SCHEMA_VERSION: Final = 12
 """Bump when any table of ``projections.tables`` changes shape: the projections are then rebuilt
 from the log. Version 6 keys document addresses and scopes by the reference's text of them;
 version 7 spaces a document's snapshots by the bytes of its deltas as well (``SNAPSHOT_SHARE``);
@@ -41,11 +41,16 @@ hold, put after its commit or never); version 10 keeps entry rows zstd-compresse
 (``tables.pack_entry``: a third fewer bytes for a conversation's entries); version 11 keeps a
 packed entry row as its zstd frame alone, which declares its own size (no marker byte and size
 before it: a page of entries reads faster), and reads version 10's rows, so a log's base
-trimmed under version 10 still folds (``READABLE_SCHEMAS``)."""
+trimmed under version 10 still folds (``READABLE_SCHEMAS``); version 12 leads a task row with the
+sequence of the commit that wrote it, which its ``HISTORY`` value refers to when a commit
+replaces it (no walk of ``HISTORY`` to find it), and a task's status row holds the sequence that
+created it, so a status change keeps one ``HISTORY`` row, not two."""
 
-READABLE_SCHEMAS: Final = frozenset({10, SCHEMA_VERSION})
-"""The projections schemas whose rows this program reads as they are: a log's base holding the
-rows of one of them (``log.base``, what a trim kept) folds into this schema's tables."""
+READABLE_SCHEMAS: Final = frozenset({10, 11, SCHEMA_VERSION})
+"""The projections schemas whose rows this program reads: a log's base holding the rows of one of
+them (``log.base``, what a trim kept) folds into this schema's tables (the task and task status
+rows of 10 and 11 led by 0 as they are loaded, ``projections.base``; every other row as it
+is)."""
 
 
 __all__ = [

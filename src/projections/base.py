@@ -5,7 +5,10 @@ drops, and the fold that starts from them.
 rows but ``STATE`` (the fold's own state) and ``HISTORY`` (what keys held before commits the trim
 drops: no view reads before the point). ``load_base`` puts them into a fresh generation, with the
 point in its ``STATE`` table (``tables.TRIMMED_KEY``), and marks it folded to ``point - 1``: every fold of
-the log (open, rebuild, verify) then goes on from there as it would have from sequence 1.
+the log (open, rebuild, verify) then goes on from there as it would have from sequence 1. A task
+row (``tables.LOGGED_TABLES``) is kept led by writer 0, whatever commit before the point wrote it
+(the trim drops that record); one of a base of schema 10 or 11, which held the encoded task alone,
+is led by 0 as it is loaded, and a status row of such a base (empty) becomes one created at 0.
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ def base_rows(txn: lmdb.Transaction[bytes], model: ReadModel) -> Iterator[log_ba
         if name in (t.STATE, t.HISTORY):
             continue
         for key, value in txn.cursor(db=model.db[name]):
-            yield name, bytes(key), bytes(value)
+            if name in t.LOGGED_TABLES:  # its writer is a record the trim drops: none, 0
+                body = t.unseal(value, name, key)[t.WRITER_SIZE :]
+                yield name, bytes(key), t.seal(t.written_row(0, body))
+            else:
+                yield name, bytes(key), bytes(value)
 
 
 def load_base(model: ReadModel, log: WriteLog) -> int:
@@ -52,6 +59,7 @@ def load_base(model: ReadModel, log: WriteLog) -> int:
             "no conversion of a base between them exists, so the projections cannot be folded "
             "(open the store with a program of that schema)"
         )
+    unled = header.shape < _WRITER_LED
     chunks = log_base.rows(log.env, header)
     last = header.chunks - 1
     for number, rows in enumerate(chunks):
@@ -62,6 +70,8 @@ def load_base(model: ReadModel, log: WriteLog) -> int:
             for name, key, value in rows:
                 if name not in model.db or name in (t.STATE, t.HISTORY):
                     raise CorruptProjectionError(log_base.BASE_DB, key)
+                if unled and (name in t.LOGGED_TABLES or name in t.BORN_IN_VALUE):
+                    value = _led(name, key, value)
                 db = model.db[name]
                 if not txn.put(key, value, db=db, append=True):  # in key order: fill pages
                     txn.put(key, value, db=db)
@@ -72,6 +82,18 @@ def load_base(model: ReadModel, log: WriteLog) -> int:
     if header.chunks == 0:
         env.write(lambda txn: _finish(txn, model, header.point))
     return header.point
+
+
+_WRITER_LED = 12
+"""The first schema whose ``LOGGED_TABLES`` rows are led by their writer's sequence."""
+
+
+def _led(name: str, key: bytes, value: bytes) -> bytes:
+    """A row of an earlier schema in this one's shape: a ``LOGGED_TABLES`` row (the encoded value
+    alone) led by writer 0, as a base's rows are; a ``BORN_IN_VALUE`` row (empty) created at 0,
+    before the point."""
+
+    return t.seal(t.written_row(0, t.unseal(value, name, key)))
 
 
 def _finish(txn: lmdb.Transaction[bytes], model: ReadModel, point: int) -> None:

@@ -2,8 +2,10 @@
 
 ``HISTORY`` holds, under ``code + key + seq``, what ``key`` held just before commit ``seq``
 changed it (``ABSENT`` when the commit created it, unless the key itself tells when it was
-created: ``tables.BORN_KNOWN``). So as of sequence ``S`` a key holds nothing if it was created
-after ``S``, else the before-image of its first change after ``S``, else its live value.
+created, ``tables.BORN_KNOWN``, or its row does, ``tables.BORN_IN_VALUE``). So as of sequence
+``S`` a key holds nothing if it was created after ``S``, else the before-image of its first change
+after ``S`` (for ``BORN_IN_VALUE``: if that row was created at or before ``S``), else its live
+value.
 ``AsOfTxn`` offers the two calls the read model makes, ``get`` and ``cursor``, with that meaning,
 so every read query runs unchanged against the past. Cost: one extra seek per key read, and
 nothing at all to open a view.
@@ -90,11 +92,23 @@ class AsOfTxn:
         if code is None:  # no history (a document's snapshots): the live row, once born
             return self.txn.get(key, db=self._db[table])
         cursor = self._seek
+        value: bytes | None
         if cursor.set_range(code + key + t.u64(self.seq + 1)):
             found = cursor.key()
             if found[:-8] == code + key:
-                return t.history_before(cursor.value(), found, self._log_rows)
-        return self.txn.get(key, db=self._db[table])
+                value = t.history_before(cursor.value(), found, self._log_rows)
+                return self._created(table, key, value)
+        value = self.txn.get(key, db=self._db[table])
+        return self._created(table, key, value)
+
+    def _created(self, table: str, key: bytes, value: bytes | None) -> bytes | None:
+        """``value`` (sealed), unless it is a row of ``BORN_IN_VALUE`` created after the view."""
+
+        if value is None or table not in t.BORN_IN_VALUE:
+            return value
+        if t.read_u64(t.unseal(value, table, key)) > self.seq:
+            return None
+        return value
 
     def _born(self, table: str, key: bytes) -> int:
         """The commit that created ``key`` (tables in ``BORN_KNOWN``); past any view if unknown."""

@@ -222,9 +222,17 @@ class Projector:
         return DocumentCreateWrite(record, BaseContent(stored["version"], stored["value"]))
 
     def _check_ids(self, txn: lmdb.Transaction[bytes], plan: Plan) -> None:
+        """Each id a batch writes is free or already its record type's (the id registry, read
+        here directly: ``_check_shape`` proved every id a positive safe integer)."""
+
         claimed: dict[int, str] = {}
         max_id = 0
-        record_type = self.model.record_type
+        ids, unseal, names, u64 = (
+            self.db[t.RECORD_IDS],
+            self.model.unseal,
+            t.RECORD_TYPE_NAMES,
+            t.u64,
+        )
         for write in plan.writes:
             table = _TABLE_OF.get(type(write))  # the record writes, by their exact type
             if table is not None:
@@ -235,7 +243,9 @@ class Projector:
                 continue  # a copy is resolved to a create; the others name an existing id
             else:
                 raise AssertionError(f"no id check for a {type(write).__name__}")
-            existing = record_type(txn, id)
+            key = u64(id)
+            raw = txn.get(key, db=ids)
+            existing = None if raw is None else names[unseal(raw, t.RECORD_IDS, key)[:1]]
             earlier = claimed.get(id)
             if table in ("conversation", "entry", "document"):
                 if existing is not None:
@@ -248,7 +258,8 @@ class Projector:
                 if earlier is not None and earlier != table:
                     raise ValueError(f"ID {id} is written as two record types")
             claimed[id] = table
-            max_id = max(max_id, id)
+            if id > max_id:
+                max_id = id
         plan.max_id = max_id
 
     def _group_document_commands(self, plan: Plan) -> None:
@@ -372,16 +383,17 @@ class Projector:
 
     def _put_task(self, rows: Rows, value: Any) -> None:
         id = value["id"]
-        previous = rows.replace(t.TASKS, t.u64(id), codec.encode(value))
+        key = t.u64(id)
+        previous = rows.replace(t.TASKS, key, t.written_row(rows.seq, codec.encode(value)))
         status = t.TASK_STATUS_KEYS[value["state"]["status"]]
         if previous is None:
-            rows.claim(t.u64(id), "task")
+            rows.claim(key, "task")
         else:
-            old_status = t.TASK_STATUS_KEYS[_task_status(previous, t.u64(id))]
+            old_status = t.TASK_STATUS_KEYS[_task_status(previous[t.WRITER_SIZE :], key)]
             if old_status == status:
                 return
-            rows.delete(t.TASKS_BY_STATUS, old_status + t.u64(id))
-        rows.put(t.TASKS_BY_STATUS, status + t.u64(id), b"")
+            rows.delete(t.TASKS_BY_STATUS, old_status + key)
+        rows.put(t.TASKS_BY_STATUS, status + key, t.u64(rows.seq))
 
     def _put_submission(self, rows: Rows, value: Any) -> None:
         id = value["id"]

@@ -125,7 +125,9 @@ class ReadModel:
             return None
         packed = _pack(key)
         raw = self.value(txn, table, packed)
-        return None if raw is None else t.decode_row(t.any_decoder, raw, table, packed)
+        if raw is None:
+            return None
+        return t.decode_row(t.any_decoder, t.row_body(table, raw), table, packed)
 
     def record_type(self, txn: lmdb.Transaction[bytes], id: int) -> str | None:
         key = as_key_id(id)
@@ -189,6 +191,7 @@ class ReadModel:
         rows = rows_in_range(txn, self.db[index or table], prefix, low, high, descending)
         decode, checked, seal_of = codec.decode, self.unseal is t.unseal, t.seal_of
         records = self.db[table]
+        body = t.WRITER_SIZE if table in t.LOGGED_TABLES else 0  # past a row's writer
         for key, raw in rows:
             if index is not None:
                 key = key[-8:]  # the index key ends with the record's id
@@ -200,7 +203,7 @@ class ReadModel:
             if checked and seal_of(value) != raw[: t.SUM_SIZE]:
                 raise CorruptProjectionError(table, key)
             try:
-                decoded = decode(value)
+                decoded = decode(value[body:] if body else value)
             except (msgspec.DecodeError, ValueError):
                 raise CorruptProjectionError(table, key) from None
             yield decoded

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import lmdb
 
-from ..errors import CorruptProjectionError
 from . import tables as t
 
 
@@ -41,63 +40,55 @@ class Rows:
 
         sealed = t.seal(value)
         db = self.db[table]
-        previous: bytes | None
         if table in t.APPENDED and self.txn.put(key, sealed, db=db, append=True):
-            previous = None  # appended: the key sorts after all others, so it was not there
-        else:
-            previous = self.txn.replace(key, sealed, db=db)
-        if previous != sealed and (previous is not None or table not in t.BORN_KNOWN):
+            return None  # appended: the key sorts after all others, so it was not there
+        previous = self.txn.replace(key, sealed, db=db)
+        if previous is None:
+            if table not in t.BORN_KNOWN and table not in t.BORN_IN_VALUE:
+                self._remember(table, key, None)
+            return None
+        before = t.unseal(previous, table, key)
+        if table in t.LOGGED_TABLES:
+            if before[t.WRITER_SIZE :] == value[t.WRITER_SIZE :]:
+                # The same value again: the row keeps naming the commit that wrote it, which a
+                # later change in this commit must find to keep the value from before it.
+                self.txn.put(key, previous, db=db)
+            else:
+                self._remember(table, key, previous)
+        elif previous != sealed:
             self._remember(table, key, previous)
-        return None if previous is None else t.unseal(previous, table, key)
+        return before
 
     def delete(self, table: str, key: bytes) -> None:
         previous = self.txn.pop(key, db=self.db[table])
-        if previous is not None:
-            self._remember(table, key, previous)
+        if previous is None:
+            return
+        if table in t.BORN_IN_VALUE and t.unseal(previous, table, key) == t.u64(self.seq):
+            return  # created by this commit: no view saw it
+        if table in t.LOGGED_TABLES:
+            t.unseal(previous, table, key)  # its writer is read: checked first
+        self._remember(table, key, previous)
 
     def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:
-        if table in t.UNVERSIONED or (previous is None and table in t.BORN_KNOWN):
+        """Keep in ``HISTORY`` what ``key`` held before this commit: ``previous``, as stored and
+        checked (``None``: nothing)."""
+
+        if table in t.UNVERSIONED:
             return
-        history_key = t.history_key(table, key, self.seq)
-        before = None
+        kept: bytes | None = None
         if previous is not None and table in t.LOGGED_TABLES:
-            writer = self._writer(table, key, history_key)
-            if writer is None:
-                return  # this commit already kept what the key held before it
-            # A value this commit wrote itself is no commit's last write; one written before a
-            # trim's point is in no record the log keeps (nor is its writer known): kept whole.
-            if writer < self.seq and writer >= self._trimmed():
-                before = t.history_logged(writer, previous)
-        if before is None:
-            before = t.history_value(previous)
+            writer = t.read_u64(previous, t.SUM_SIZE)
+            if writer == self.seq:
+                return  # this commit wrote the live value: it already kept the one before it
+            # A row written before a trim's point (led by 0) is in no record the log keeps: whole.
+            if writer:
+                kept = t.history_logged(writer, previous)
+        if kept is None:
+            kept = t.history_value(previous)
+        history_key = t.history_key(table, key, self.seq)
         # The first change in a commit holds the value from before the commit; keep it.
-        if not self.txn.put(history_key, before, db=self._history, append=True):
-            self.txn.put(history_key, before, db=self._history, overwrite=False)
-
-    def _trimmed(self) -> int:
-        """The point of the log's base these tables were folded from (``projections.base``)."""
-
-        return t.trimmed_point(self.txn, self.db)
-
-    def _writer(self, table: str, key: bytes, history_key: bytes) -> int | None:
-        """The commit that wrote ``key``'s live value: the newest one that changed it (its
-        newest ``HISTORY`` key), else the one that created it (the id registry); ``None`` when
-        this commit already kept the key's previous value."""
-
-        cursor = self.txn.cursor(db=self._history)
-        if cursor.set_range(history_key):
-            if cursor.key() == history_key:
-                return None
-            found = cursor.prev()
-        else:
-            found = cursor.last()
-        prefix = history_key[:-8]
-        if found and cursor.key()[:-8] == prefix:
-            return t.read_u64(cursor.key(), len(prefix))
-        claimed = self.txn.get(key, db=self.db[t.RECORD_IDS])
-        if claimed is None:
-            raise CorruptProjectionError(t.RECORD_IDS, key)
-        return t.read_u64(t.unseal(claimed, t.RECORD_IDS, key), 1)
+        if not self.txn.put(history_key, kept, db=self._history, append=True):
+            self.txn.put(history_key, kept, db=self._history, overwrite=False)
 
 
 __all__ = [

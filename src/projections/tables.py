@@ -104,6 +104,11 @@ BORN_WITH_TRAILING_SEQ: Final = frozenset({DOCUMENT_REVISIONS, DOCUMENT_SNAPSHOT
 BORN_KNOWN: Final = BORN_WITH_ID | BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ
 """Tables whose keys' first commit is known from the key, so ``HISTORY`` need not mark their
 creation: it keeps only what later commits overwrote or deleted."""
+BORN_IN_VALUE: Final = frozenset({TASKS_BY_STATUS})
+"""Tables whose row is the 8-byte sequence of the commit that created the key (an index row
+holding nothing else), so ``HISTORY`` need not mark a creation either: a view as of ``S`` sees a
+row (live, or the one a later change kept) only if it was created at or before ``S``. A task's
+status change then keeps one ``HISTORY`` row, the old status's, not two (schema 12 on)."""
 APPENDED: Final = (
     BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ | {CONVERSATIONS, CONVERSATION_PARENTS}
 )
@@ -125,11 +130,17 @@ LOGGED: Final = b"\x03"
 - ``PRESENT`` + the sealed previous value;
 - ``DEFLATED`` + 4-byte size + the sealed previous value deflated;
 - ``LOGGED`` + 8-byte sequence ``W`` + the previous value's 8-byte checksum: the row is the one
-  commit ``W`` left, re-encoded from the log (its last write of the record), and checked against
-  the checksum. Only for ``LOGGED_TABLES``, whose rows are a write's value encoded as it is: a
-  task rewritten every turn then costs the history 17 bytes, not a copy of the task (the log
-  is never truncated, so commit ``W``'s record is always there)."""
+  commit ``W`` left, re-encoded from the log (its last write of the record) behind ``W``, and
+  checked against the checksum. Only for ``LOGGED_TABLES``, whose rows are a write's value
+  encoded as it is behind the sequence that wrote it: a task rewritten every turn then costs the
+  history 17 bytes, not a copy of the task (a trim keeps no record before its point, so a row
+  written before it, led by 0, is kept whole)."""
 LOGGED_TABLES: Final = frozenset({TASKS})
+"""Tables whose rows are ``u64(W)`` + the encoded value commit ``W`` wrote (``written_row``), ``W``
+0 for a row loaded from the log's base: the commit a replaced row's ``HISTORY`` value refers to
+is read from the row itself, not found by a walk of ``HISTORY`` (schema 12 on)."""
+WRITER_SIZE: Final = 8
+"""The bytes of the writer's sequence that leads a ``LOGGED_TABLES`` row."""
 _LOGGED = struct.Struct(">QQ")
 
 LogRows = Callable[[str, bytes, int], "bytes | None"]
@@ -313,6 +324,19 @@ def history_value(previous: bytes | None) -> bytes:
     return DEFLATED + _SIZE.pack(len(previous)) + deflated
 
 
+def written_row(seq: int, encoded: bytes) -> bytes:
+    """A ``LOGGED_TABLES`` row: the value ``encoded`` behind the sequence ``seq`` that wrote it."""
+
+    return _U64.pack(seq) + encoded
+
+
+def row_body(table: str, value: bytes) -> bytes:
+    """The encoded value of an unsealed row of ``table``: past the writer's sequence that leads a
+    ``LOGGED_TABLES`` row, else the row itself."""
+
+    return value[WRITER_SIZE:] if table in LOGGED_TABLES else value
+
+
 def history_logged(seq: int, previous: bytes) -> bytes:
     """The ``LOGGED`` history value of ``previous`` (sealed), which commit ``seq`` wrote."""
 
@@ -339,7 +363,7 @@ def history_before(value: bytes, key: bytes, log_rows: LogRows) -> bytes | None:
             seq, sum = _LOGGED.unpack_from(value, 1)
             encoded = log_rows(table, key[1:-8], seq)
             if encoded is not None:
-                return _SUM.pack(sum) + encoded  # unsealing it checks it
+                return _SUM.pack(sum) + _U64.pack(seq) + encoded  # unsealing it checks it
     raise CorruptProjectionError(HISTORY, key)
 
 
@@ -559,6 +583,7 @@ def encode_state(state: ProjectionState | CoreHeader) -> bytes:
 __all__ = [
     "ABSENT",
     "APPENDED",
+    "BORN_IN_VALUE",
     "BORN_KNOWN",
     "BORN_WITH_ID",
     "BORN_WITH_TRAILING_ID",
@@ -608,6 +633,7 @@ __all__ = [
     "TASK_STATUS_KEYS",
     "TRIMMED_KEY",
     "UNVERSIONED",
+    "WRITER_SIZE",
     "CoreHeader",
     "CurrentValue",
     "EntryRow",
@@ -637,6 +663,7 @@ __all__ = [
     "put_value",
     "read_u64",
     "revision_decoder",
+    "row_body",
     "seal",
     "seal_of",
     "state_decoder",
@@ -647,4 +674,5 @@ __all__ = [
     "unpack_entry",
     "unpack_row",
     "unseal",
+    "written_row",
 ]

@@ -244,7 +244,7 @@ def mark_schema_10(path: Path) -> None:
     env = Environment(path)
     try:
         header = projections_rebuild.read_header(env)
-        assert header is not None and header.schema_version == tables.SCHEMA_VERSION == 11
+        assert header is not None and header.schema_version == tables.SCHEMA_VERSION
         old = tables.CoreHeader(header.generation, 10)
         registry = env.db(projections_rebuild.REGISTRY_DB)
         env.write(
@@ -256,7 +256,7 @@ def mark_schema_10(path: Path) -> None:
 
 def test_a_store_of_schema_10_is_rebuilt_at_its_open(tmp_path: Path) -> None:
     """A store whose projections are schema 10 (rows with marker and size) opens for writing
-    into schema 11: every entry row becomes its frame alone, and reads answer as before."""
+    into this schema: every entry row becomes its frame alone, and reads answer as before."""
 
     path = tmp_path / "store"
     write_store(path)
@@ -269,7 +269,7 @@ def test_a_store_of_schema_10_is_rebuilt_at_its_open(tmp_path: Path) -> None:
 
 
 def test_a_base_trimmed_under_schema_10_folds(tmp_path: Path) -> None:
-    """A log's base holding schema 10's rows is read by schema 11: the rebuild at the open of a
+    """A log's base holding schema 10's rows is read by this schema: the rebuild at the open of a
     store of schema 10 folds it, and the entries it holds read as ``MemoryStorage`` answers."""
 
     path = tmp_path / "store"
@@ -290,7 +290,7 @@ def test_a_base_trimmed_under_schema_10_folds(tmp_path: Path) -> None:
         assert db is not None
         with env.read() as txn:
             header = log_base.read_header(db, txn)
-        assert header is not None and header.shape == 11
+        assert header is not None and header.shape == tables.SCHEMA_VERSION
         old = []
         for rows in log_base.rows(env, header):
             for name, key, value in rows:

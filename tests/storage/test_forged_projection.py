@@ -42,10 +42,11 @@ async def test_a_forged_projected_value_with_a_valid_checksum_is_corrupt_project
     key = t.u64(3)
     raw = raw_value(storage, t.TASKS, key)
     await storage.close()
-    body = forge(raw[t.SUM_SIZE :])
+    led = t.SUM_SIZE + t.WRITER_SIZE  # a task row is led by the sequence that wrote it
+    body = raw[t.SUM_SIZE : led] + forge(raw[led:])
     assert len(body) == len(raw) - t.SUM_SIZE
     with pytest.raises((msgspec.DecodeError, ValueError)):
-        codec.decode(body)
+        codec.decode(body[t.WRITER_SIZE :])
     assert edit_on_disk(path, key, raw, lambda _: t.seal(body)) >= 1
     storage = await LmdbStorage.open(path, readonly=True)
     try:
@@ -75,7 +76,8 @@ async def test_a_commit_over_a_forged_projected_value_is_refused_as_corrupt_proj
     key = t.u64(3)
     raw = raw_value(storage, t.TASKS, key)
     await storage.close()
-    edit_on_disk(path, key, raw, lambda _: t.seal(forge(raw[t.SUM_SIZE :])))
+    led = t.SUM_SIZE + t.WRITER_SIZE
+    edit_on_disk(path, key, raw, lambda _: t.seal(raw[t.SUM_SIZE : led] + forge(raw[led:])))
     storage = await LmdbStorage.open(path, durability="process")
     try:
         head = storage.log.head()

@@ -1,0 +1,255 @@
+"""Task rows as stored since schema 12: led by the sequence of the commit that wrote them, which
+the ``HISTORY`` value of a replaced row refers to (no walk of ``HISTORY`` to find it); a row
+loaded from the log's base is led by 0 and kept whole when replaced; a status row holds the
+sequence that created it, so a status change keeps one ``HISTORY`` row; a base trimmed under
+schema 11 (task rows without a writer, empty status rows) still folds."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.log import Environment
+from pi_durable_lmdb.log import base as log_base
+from pi_durable_lmdb.log.tree import TILE
+from pi_durable_lmdb.projections import rebuild as projections_rebuild
+from pi_durable_lmdb.projections import tables as t
+from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
+KEY = t.u64(2)
+
+
+def task(status: str, n: int) -> dict[str, Any]:
+    return {
+        "type": "task",
+        "value": {
+            "id": 2,
+            "conversationId": 1,
+            "kind": "answer",
+            "version": 1,
+            "input": {"n": n},
+            "background": False,
+            "abortRequested": False,
+            "state": {"status": status},
+        },
+    }
+
+
+def task_row(storage: LmdbStorage) -> bytes:
+    with storage._env.read() as txn:
+        raw = txn.get(KEY, db=storage._model.db[t.TASKS])
+    assert raw is not None
+    return t.unseal(bytes(raw), t.TASKS, KEY)
+
+
+def history_of(storage: LmdbStorage, seq: int) -> bytes | None:
+    with storage._env.read() as txn:
+        raw = txn.get(t.history_key(t.TASKS, KEY, seq), db=storage._model.db[t.HISTORY])
+    return None if raw is None else bytes(raw)
+
+
+def test_a_task_row_names_its_writer_and_a_change_refers_to_it(tmp_path: Path) -> None:
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            first = await storage.commit([task("pending", 1)], CTX)
+            assert task_row(storage)[: t.WRITER_SIZE] == t.u64(first)
+            second = await storage.commit([task("running", 2)], CTX)
+            row = task_row(storage)
+            assert t.read_u64(row) == second
+            assert (
+                t.decode_row(t.any_decoder, t.row_body(t.TASKS, row), t.TASKS, KEY)
+                == (task("running", 2)["value"])
+            )
+            kept = history_of(storage, second)
+            assert kept is not None and kept[:1] == t.LOGGED
+            assert t.read_u64(kept, 1) == first
+            # The same value again is no change: the row keeps naming the commit that wrote it.
+            assert await storage.commit([task("running", 2)], CTX) == second + 1
+            assert t.read_u64(task_row(storage)) == second
+            assert history_of(storage, second + 1) is None
+            view = await storage.as_of(first)
+            assert (await view.task(2, CTX))["input"] == {"n": 1}
+            page = await view.scan_tasks({"status": "pending"}, 10, None, CTX)
+            assert [item["input"] for item in page["items"]] == [{"n": 1}]
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    assert verify(tmp_path / "store") is None
+
+
+def status_history(storage: LmdbStorage) -> list[tuple[bytes, int]]:
+    """The status rows ``HISTORY`` keeps: ``(status key, sequence)``."""
+
+    code = t.TABLE_CODES[t.TASKS_BY_STATUS]
+    with storage._env.read() as txn:
+        cursor = txn.cursor(db=storage._model.db[t.HISTORY])
+        found = cursor.set_range(code)
+        kept = []
+        while found and cursor.key()[:1] == code:
+            key = bytes(cursor.key())
+            kept.append((key[1:-8], t.read_u64(key, len(key) - 8)))
+            found = cursor.next()
+    return kept
+
+
+def test_a_status_change_keeps_one_history_row_and_views_scan_by_status(tmp_path: Path) -> None:
+    statuses = ["pending", "running", "sleeping", "running", "running", "waiting", "running"]
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            seqs = [
+                await storage.commit([task(status, n)], CTX) for n, status in enumerate(statuses)
+            ]
+            with storage._env.read() as txn:
+                rows = list(txn.cursor(db=storage._model.db[t.TASKS_BY_STATUS]))
+            assert [(bytes(key), t.unseal(bytes(raw), "", b"")) for key, raw in rows] == [
+                (t.TASK_STATUS_KEYS["running"] + KEY, t.u64(seqs[-1]))
+            ]
+            changes = [
+                (t.TASK_STATUS_KEYS[before] + KEY, seq)
+                for before, after, seq in zip(statuses[:-1], statuses[1:], seqs[1:], strict=True)
+                if before != after
+            ]
+            assert status_history(storage) == sorted(changes)  # the old status's row alone
+            # Within one commit: running -> sleeping -> running, then sleeping -> waiting.
+            inner = await storage.commit([task("sleeping", 8), task("running", 9)], CTX)
+            moved = await storage.commit([task("sleeping", 10), task("waiting", 11)], CTX)
+            history = [None, *statuses, "running", "waiting"]  # None: before the task was
+            for at, status in zip([seqs[0] - 1, *seqs, inner, moved], history, strict=True):
+                view = await storage.as_of(at)
+                for name in t.TASK_STATUSES:
+                    page = await view.scan_tasks({"status": name}, 10, None, CTX)
+                    assert len(page["items"]) == (name == status), (at, name)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    assert verify(tmp_path / "store") is None
+
+
+def test_a_task_rewritten_unchanged_then_changed_in_one_commit_reads_as_before_it(
+    tmp_path: Path,
+) -> None:
+    """The first write of a commit leaves the value as it was: the second must still keep the
+    value from before the commit, and a view before it reads that value."""
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            first = await storage.commit([task("pending", 1)], CTX)
+            both = [task("pending", 1), task("running", 2)]
+            second = await storage.commit(both, CTX)
+            again = [task("running", 3), task("running", 3)]
+            third = await storage.commit(again, CTX)
+            for at, n, status in ((first, 1, "pending"), (second, 2, "running"), (third, 3, None)):
+                view = await storage.as_of(at)
+                assert (await view.task(2, CTX))["input"] == {"n": n}
+                if status is not None:
+                    page = await view.scan_tasks({"status": status}, 10, None, CTX)
+                    assert [item["input"] for item in page["items"]] == [{"n": n}]
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    assert verify(tmp_path / "store") is None
+
+
+async def _trimmed_store(path: Path) -> tuple[int, int]:
+    """A store whose task was last written before the trim's point; returns the point and the
+    sequence of a change to the task after it."""
+
+    storage = await LmdbStorage.open(path, durability="process")
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        for n in range(2, 20):
+            await storage.commit([task("running", n)], CTX)
+        for n in range(20, 2 * TILE + 10):
+            await storage.commit([{"type": "conversation", "value": {"id": 1000 + n}}], CTX)
+        point = (await storage.trim(2 * TILE + 1)).point
+        assert t.read_u64(task_row(storage)) == 0  # its writer is a dropped record
+        changed = await storage.commit([task("sleeping", 40)], CTX)
+        kept = history_of(storage, changed)
+        assert kept is not None and kept[:1] != t.LOGGED  # kept whole
+        return point, changed
+    finally:
+        await storage.close()
+
+
+async def _check_reads(path: Path, point: int, changed: int) -> None:
+    storage = await LmdbStorage.open(path, durability="process")
+    try:
+        view = await storage.as_of(point)
+        assert (await view.task(2, CTX))["input"] == {"n": 19}
+        page = await view.scan_tasks({"status": "running"}, 10, None, CTX)
+        assert [item["input"] for item in page["items"]] == [{"n": 19}]
+        assert (await storage.task(2, CTX))["input"] == {"n": 40}
+        later = await storage.commit([task("running", 41)], CTX)
+        kept = history_of(storage, later)
+        assert kept is not None and kept[:1] == t.LOGGED and t.read_u64(kept, 1) == changed
+        assert (await (await storage.as_of(changed)).task(2, CTX))["input"] == {"n": 40}
+    finally:
+        await storage.close()
+
+
+def test_a_task_row_from_the_base_is_led_by_0_and_kept_whole(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    point, changed = asyncio.run(_trimmed_store(path))
+    asyncio.run(_check_reads(path, point, changed))
+    assert verify(path) is None
+
+
+def test_a_base_trimmed_under_schema_11_folds(tmp_path: Path) -> None:
+    """A base of schema 11 holds task rows without their writer: a store of schema 11 opens for
+    writing into this schema, its rebuild loads them led by 0, and reads and views answer as
+    before."""
+
+    path = tmp_path / "store"
+    point, changed = asyncio.run(_trimmed_store(path))
+    env = Environment(path)
+    try:
+        db = log_base.base_db(env)
+        assert db is not None
+        with env.read() as txn:
+            header = log_base.read_header(db, txn)
+        assert header is not None and header.shape == t.SCHEMA_VERSION
+        old = []
+        for rows in log_base.rows(env, header):
+            for name, key, value in rows:
+                if name == t.TASKS:  # schema 11's row: the encoded task alone
+                    value = t.seal(t.unseal(value, name, key)[t.WRITER_SIZE :])
+                if name == t.TASKS_BY_STATUS:  # and its status row: empty
+                    value = t.seal(b"")
+                old.append((name, key, value))
+        assert sum(1 for name, _, _ in old if name == t.TASKS) == 1
+        assert sum(1 for name, _, _ in old if name == t.TASKS_BY_STATUS) == 1
+        chunks = list(log_base.chunked(old))
+        env.write(
+            lambda txn: log_base.write(
+                db,
+                txn,
+                header.point,
+                chunks,
+                header.rows,
+                header.committed_at,
+                header.trimmed_at,
+                11,
+            )
+        )
+        core = projections_rebuild.read_header(env)
+        assert core is not None
+        registry = env.db(projections_rebuild.REGISTRY_DB)
+        marked = t.encode_state(t.CoreHeader(core.generation, 11))
+        env.write(lambda txn: txn.put(projections_rebuild.CORE_KEY, marked, db=registry))
+    finally:
+        env.close()
+    asyncio.run(_check_reads(path, point, changed))
+    assert verify(path) is None
