@@ -251,19 +251,38 @@ class ReadModel:
             self.checked,
             t.seal_of,
             _decode_entry,
-            t.FRAMED,
-            t.PACKED,
+            t.FRAMED[0],
+            t.PACKED[0],
         )
         claim, decompress = zstd.frame_reader()  # zstd.unframe inline: a call a row is a sixth
         bound, zstd_error = zstd.MAX_EXPANSION, zstd.Error
         skip = t.SUM_SIZE
+        # A fork chain's page mostly passes over segments it takes nothing from: each costs a
+        # seek and a key, not a range's calls and a first row's copy (``key_range``, ``seek``).
+        pack, low, top = t.u64, max(minimum, 0), t.MAX_ID
+        plain = descending and not hasattr(cursor, "seek_at_or_before")
+        set_range, key_of, step_back, to_end = (
+            cursor.set_range,
+            cursor.key,
+            cursor.prev,
+            cursor.last,
+        )
         rows: list[t.EntryRow] = []
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
-            bounds = key_range(t.u64(segment_id), minimum, segment_upper)
-            if bounds is None:
+            high = min(segment_upper, top)
+            if low > high:
                 continue
-            first, last = bounds
-            if not seek(cursor, first, last, descending):
+            prefix = pack(segment_id)
+            first, last = prefix + pack(low), prefix + pack(high)
+            if plain:  # ``seek``'s downward case, and the range's lower bound checked here
+                if set_range(last):
+                    if key_of() != last and not step_back():
+                        continue
+                elif not to_end():
+                    continue
+                if key_of() < first:
+                    continue
+            elif not seek(cursor, first, last, descending):
                 continue
             for key, raw in walk():  # (key, value) pairs made in C, from the current row on
                 if key < first or key > last:
@@ -273,15 +292,14 @@ class ReadModel:
                 value = raw[skip:]
                 if checked and seal_of(value) != raw[:skip]:
                     raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
-                lead = value[:1]
-                if lead == framed:
+                if value and value[0] == framed:  # an int: no one-byte slice a row
                     try:
                         if not 0 < claim(value) <= bound * len(value):
                             raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key)
                         value = decompress(value)
                     except (zstd_error, MemoryError):
                         raise CorruptProjectionError(t.ENTRIES_BY_CONVERSATION, key) from None
-                elif lead == packed:  # schema 10's form, from a log's base
+                elif value and value[0] == packed:  # schema 10's form, from a log's base
                     value = t.unpack_entry(value, t.ENTRIES_BY_CONVERSATION, key)
                 try:
                     rows.append(decode(value))
