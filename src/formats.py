@@ -43,7 +43,7 @@ packed entry row as its zstd frame alone, which declares its own size (no marker
 before it: a page of entries reads faster), and reads version 10's rows, so a log's base
 trimmed under version 10 still folds (``READABLE_SCHEMAS``); version 12 leads a task row with the
 sequence of the commit that wrote it, which its ``HISTORY`` value refers to when a commit
-replaces it (no walk of ``HISTORY`` to find it), and a task's status row holds the sequence that
+replaces it (no walk of ``HISTORY`` to find it), and a task's or a submission's status row holds the sequence that
 created it, so a status change keeps one ``HISTORY`` row, not two."""
 
 READABLE_SCHEMAS: Final = frozenset({10, 11, SCHEMA_VERSION})

@@ -413,7 +413,7 @@ class Projector:
                 if rows.get(t.SUBMISSIONS_BY_REQUEST, key) == t.u64(id):
                     rows.delete(t.SUBMISSIONS_BY_REQUEST, key)
         if previous is None or previous["status"] != value["status"]:
-            rows.put(t.SUBMISSIONS_BY_STATUS, status + t.u64(id), b"")
+            rows.put(t.SUBMISSIONS_BY_STATUS, status + t.u64(id), t.u64(rows.seq))
         request = value.get("requestId")
         if request is not None:
             rows.put(

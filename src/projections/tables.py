@@ -104,11 +104,12 @@ BORN_WITH_TRAILING_SEQ: Final = frozenset({DOCUMENT_REVISIONS, DOCUMENT_SNAPSHOT
 BORN_KNOWN: Final = BORN_WITH_ID | BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ
 """Tables whose keys' first commit is known from the key, so ``HISTORY`` need not mark their
 creation: it keeps only what later commits overwrote or deleted."""
-BORN_IN_VALUE: Final = frozenset({TASKS_BY_STATUS})
+BORN_IN_VALUE: Final = frozenset({TASKS_BY_STATUS, SUBMISSIONS_BY_STATUS})
 """Tables whose row is the 8-byte sequence of the commit that created the key (an index row
 holding nothing else), so ``HISTORY`` need not mark a creation either: a view as of ``S`` sees a
 row (live, or the one a later change kept) only if it was created at or before ``S``. A task's
-status change then keeps one ``HISTORY`` row, the old status's, not two (schema 12 on)."""
+or a submission's status change then keeps one ``HISTORY`` row, the old status's, not two
+(schema 12 on)."""
 APPENDED: Final = (
     BORN_WITH_TRAILING_ID | BORN_WITH_TRAILING_SEQ | {CONVERSATIONS, CONVERSATION_PARENTS}
 )

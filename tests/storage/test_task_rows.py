@@ -253,3 +253,51 @@ def test_a_base_trimmed_under_schema_11_folds(tmp_path: Path) -> None:
         env.close()
     asyncio.run(_check_reads(path, point, changed))
     assert verify(path) is None
+
+
+def submission(status: str) -> dict[str, Any]:
+    return {"type": "submission", "value": {"id": 3, "conversationId": 1, "status": status}}
+
+
+def test_a_submission_status_change_keeps_one_history_row_and_views_scan_by_status(
+    tmp_path: Path,
+) -> None:
+    """A submission's status row holds the sequence that created it, as a task's does."""
+
+    statuses = ["queued", "placed", "placed", "done", "unanswered"]
+    key = t.u64(3)
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            seqs = [await storage.commit([submission(status)], CTX) for status in statuses]
+            with storage._env.read() as txn:
+                rows = list(txn.cursor(db=storage._model.db[t.SUBMISSIONS_BY_STATUS]))
+            assert [(bytes(row), t.unseal(bytes(raw), "", b"")) for row, raw in rows] == [
+                (t.SUBMISSION_STATUS_KEYS["unanswered"] + key, t.u64(seqs[-1]))
+            ]
+            code = t.TABLE_CODES[t.SUBMISSIONS_BY_STATUS]
+            with storage._env.read() as txn:
+                cursor = txn.cursor(db=storage._model.db[t.HISTORY])
+                kept = [
+                    (bytes(found[1:-8]), t.read_u64(found, len(found) - 8))
+                    for found, _ in cursor
+                    if found[:1] == code
+                ]
+            changes = [
+                (t.SUBMISSION_STATUS_KEYS[before] + key, seq)
+                for before, after, seq in zip(statuses[:-1], statuses[1:], seqs[1:], strict=True)
+                if before != after
+            ]
+            assert kept == sorted(changes)  # the old status's row alone, none for a creation
+            for at, status in zip([seqs[0] - 1, *seqs], [None, *statuses], strict=True):
+                view = await storage.as_of(at)
+                for name in t.SUBMISSION_STATUSES:
+                    page = await view.scan_submissions({"status": name}, 10, None, CTX)
+                    assert len(page["items"]) == (name == status), (at, name)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+    assert verify(tmp_path / "store") is None
