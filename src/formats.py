@@ -24,9 +24,10 @@ FORMAT_VERSION: Final = 5
 5. ``[5, committed_at, checksum, erasure]``: an erasure record, an ``Erasure`` (the conversations
    erased, the records made tombstones, the caller's reason); it holds no writes.
 
-A writer stores a batch as format 3 when compressing saves bytes, as format 2 when its frame
-would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs of one value),
-else as format 1, which every version reads; all five are read. Only an erasure writes formats 4
+A writer stores a batch as format 1, which every version reads, when its payload is shorter
+than ``log.records.RAW_BELOW`` or compressing would not save bytes; as format 2 when its frame
+would be too dense for a reader to accept (``log.zstd.MAX_EXPANSION``: long runs of one value);
+else as format 3; all five are read. Only an erasure writes formats 4
 and 5, so a store nobody erased from stays readable by versions that know formats 1 to 3. The checksum covers the stored
 bytes, so damage is caught before anything is decompressed."""
 
@@ -48,9 +49,9 @@ created it, so a status change keeps one ``HISTORY`` row, not two."""
 
 READABLE_SCHEMAS: Final = frozenset({10, 11, SCHEMA_VERSION})
 """The projections schemas whose rows this program reads: a log's base holding the rows of one of
-them (``log.base``, what a trim kept) folds into this schema's tables (the task and task status
-rows of 10 and 11 led by 0 as they are loaded, ``projections.base``; every other row as it
-is)."""
+them (``log.base``, what a trim kept) folds into this schema's tables (``projections.base``: a
+task row of 10 or 11 is led by writer 0 as it is loaded, and a task's or a submission's status
+row holds creation 0; every other row as it is)."""
 
 
 __all__ = [

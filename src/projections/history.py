@@ -106,7 +106,7 @@ class AsOfTxn:
 
         if value is None or table not in t.BORN_IN_VALUE:
             return value
-        if t.read_u64(t.unseal(value, table, key)) > self.seq:
+        if t.leading_seq(t.unseal(value, table, key), table, key) > self.seq:
             return None
         return value
 

@@ -227,10 +227,10 @@ class Projector:
 
         claimed: dict[int, str] = {}
         max_id = 0
-        ids, unseal, names, u64 = (
+        ids, unseal, type_name, u64 = (
             self.db[t.RECORD_IDS],
             self.model.unseal,
-            t.RECORD_TYPE_NAMES,
+            t.record_type_name,
             t.u64,
         )
         for write in plan.writes:
@@ -245,7 +245,7 @@ class Projector:
                 raise AssertionError(f"no id check for a {type(write).__name__}")
             key = u64(id)
             raw = txn.get(key, db=ids)
-            existing = None if raw is None else names[unseal(raw, t.RECORD_IDS, key)[:1]]
+            existing = None if raw is None else type_name(unseal(raw, t.RECORD_IDS, key), key)
             earlier = claimed.get(id)
             if table in ("conversation", "entry", "document"):
                 if existing is not None:

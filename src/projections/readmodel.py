@@ -131,8 +131,11 @@ class ReadModel:
 
     def record_type(self, txn: lmdb.Transaction[bytes], id: int) -> str | None:
         key = as_key_id(id)
-        raw = None if key is None else self.value(txn, t.RECORD_IDS, t.u64(key))
-        return None if raw is None else t.RECORD_TYPE_NAMES[raw[:1]]
+        if key is None:
+            return None
+        packed = t.u64(key)
+        raw = self.value(txn, t.RECORD_IDS, packed)
+        return None if raw is None else t.record_type_name(raw, packed)
 
     def max_record_id(self, txn: lmdb.Transaction[bytes]) -> int:
         cursor = txn.cursor(db=self.db[t.RECORD_IDS])

@@ -49,6 +49,7 @@ class Rows:
             return None
         before = t.unseal(previous, table, key)
         if table in t.LOGGED_TABLES:
+            t.leading_seq(before, table, key)  # its writer is read: checked first
             if before[t.WRITER_SIZE :] == value[t.WRITER_SIZE :]:
                 # The same value again: the row keeps naming the commit that wrote it, which a
                 # later change in this commit must find to keep the value from before it.
@@ -63,10 +64,12 @@ class Rows:
         previous = self.txn.pop(key, db=self.db[table])
         if previous is None:
             return
-        if table in t.BORN_IN_VALUE and t.unseal(previous, table, key) == t.u64(self.seq):
-            return  # created by this commit: no view saw it
+        if table in t.BORN_IN_VALUE:
+            created = t.leading_seq(t.unseal(previous, table, key), table, key)
+            if created == self.seq:
+                return  # created by this commit: no view saw it
         if table in t.LOGGED_TABLES:
-            t.unseal(previous, table, key)  # its writer is read: checked first
+            t.leading_seq(t.unseal(previous, table, key), table, key)  # read next: checked first
         self._remember(table, key, previous)
 
     def _remember(self, table: str, key: bytes, previous: bytes | None) -> None:

@@ -325,6 +325,25 @@ def history_value(previous: bytes | None) -> bytes:
     return DEFLATED + _SIZE.pack(len(previous)) + deflated
 
 
+def leading_seq(value: bytes, table: str, key: bytes) -> int:
+    """The sequence that leads an unsealed ``LOGGED_TABLES`` or ``BORN_IN_VALUE`` row; a row too
+    short to hold one (damage its checksum did not catch) raises ``CorruptProjectionError``."""
+
+    if len(value) < WRITER_SIZE:
+        raise CorruptProjectionError(table, key)
+    return read_u64(value)
+
+
+def record_type_name(value: bytes, key: bytes) -> str:
+    """The record type an unsealed ``RECORD_IDS`` row names; an unknown type byte raises
+    ``CorruptProjectionError``."""
+
+    name = RECORD_TYPE_NAMES.get(value[:1])
+    if name is None:
+        raise CorruptProjectionError(RECORD_IDS, key)
+    return name
+
+
 def written_row(seq: int, encoded: bytes) -> bytes:
     """A ``LOGGED_TABLES`` row: the value ``encoded`` behind the sequence ``seq`` that wrote it."""
 
@@ -659,10 +678,12 @@ __all__ = [
     "history_key",
     "history_logged",
     "history_value",
+    "leading_seq",
     "pack_entry",
     "pack_row",
     "put_value",
     "read_u64",
+    "record_type_name",
     "revision_decoder",
     "row_body",
     "seal",

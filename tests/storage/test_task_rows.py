@@ -10,8 +10,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.audit import verify
+from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.log import Environment
 from pi_durable_lmdb.log import base as log_base
 from pi_durable_lmdb.log.tree import TILE
@@ -172,6 +174,7 @@ async def _trimmed_store(path: Path) -> tuple[int, int]:
         await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
         for n in range(2, 20):
             await storage.commit([task("running", n)], CTX)
+        await storage.commit([submission("placed")], CTX)
         for n in range(20, 2 * TILE + 10):
             await storage.commit([{"type": "conversation", "value": {"id": 1000 + n}}], CTX)
         point = (await storage.trim(2 * TILE + 1)).point
@@ -191,6 +194,8 @@ async def _check_reads(path: Path, point: int, changed: int) -> None:
         assert (await view.task(2, CTX))["input"] == {"n": 19}
         page = await view.scan_tasks({"status": "running"}, 10, None, CTX)
         assert [item["input"] for item in page["items"]] == [{"n": 19}]
+        page = await view.scan_submissions({"status": "placed"}, 10, None, CTX)
+        assert [item["id"] for item in page["items"]] == [3]
         assert (await storage.task(2, CTX))["input"] == {"n": 40}
         later = await storage.commit([task("running", 41)], CTX)
         kept = history_of(storage, later)
@@ -226,11 +231,12 @@ def test_a_base_trimmed_under_schema_11_folds(tmp_path: Path) -> None:
             for name, key, value in rows:
                 if name == t.TASKS:  # schema 11's row: the encoded task alone
                     value = t.seal(t.unseal(value, name, key)[t.WRITER_SIZE :])
-                if name == t.TASKS_BY_STATUS:  # and its status row: empty
+                if name in (t.TASKS_BY_STATUS, t.SUBMISSIONS_BY_STATUS):  # status rows: empty
                     value = t.seal(b"")
                 old.append((name, key, value))
         assert sum(1 for name, _, _ in old if name == t.TASKS) == 1
         assert sum(1 for name, _, _ in old if name == t.TASKS_BY_STATUS) == 1
+        assert sum(1 for name, _, _ in old if name == t.SUBMISSIONS_BY_STATUS) == 1
         chunks = list(log_base.chunked(old))
         env.write(
             lambda txn: log_base.write(
@@ -301,3 +307,87 @@ def test_a_submission_status_change_keeps_one_history_row_and_views_scan_by_stat
 
     asyncio.run(run())
     assert verify(tmp_path / "store") is None
+
+
+def _forge(path: Path, table: str, key: bytes, body: bytes) -> None:
+    """Put ``body`` (sealed: its checksum holds) at ``key`` of the core projections' ``table``."""
+
+    env = Environment(path)
+    try:
+        with env.read() as txn:
+            names = [bytes(name).decode() for name, _ in txn.cursor()]
+        (name,) = [name for name in names if name.endswith("." + table)]
+        db = env.db(name)
+        env.write(lambda txn: txn.put(key, t.seal(body), db=db))
+    finally:
+        env.close()
+
+
+async def _two_task_commits(path: Path) -> int:
+    storage = await LmdbStorage.open(path, durability="process")
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+        await storage.commit([task("pending", 1)], CTX)
+        return await storage.commit([task("running", 2)], CTX)
+    finally:
+        await storage.close()
+
+
+def test_a_task_row_too_short_for_its_writer_refuses_the_commit_as_damage(
+    tmp_path: Path,
+) -> None:
+    """A task row whose checksum holds but which is shorter than its writer's sequence is damage:
+    a commit over it is refused with ``CorruptProjectionError``, nothing written."""
+
+    path = tmp_path / "store"
+    asyncio.run(_two_task_commits(path))
+    _forge(path, t.TASKS, KEY, b"\x91")
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            head = storage.log.head()
+            with pytest.raises(CorruptProjectionError, match="'tasks'"):
+                await storage.commit([task("waiting", 3)], CTX)
+            assert storage.log.head() == head
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_status_row_too_short_for_its_creation_is_damage_to_a_view(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    second = asyncio.run(_two_task_commits(path))
+    _forge(path, t.TASKS_BY_STATUS, t.TASK_STATUS_KEYS["running"] + KEY, b"")
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, readonly=True)
+        try:
+            view = await storage.as_of(second)
+            with pytest.raises(CorruptProjectionError, match=r"'tasks\.by_status'"):
+                await view.scan_tasks({"status": "running"}, 10, None, CTX)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
+
+
+def test_an_id_registry_row_of_an_unknown_type_refuses_the_commit_as_damage(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    asyncio.run(_two_task_commits(path))
+    _forge(path, t.RECORD_IDS, KEY, b"z" + t.u64(2))
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(path, durability="process")
+        try:
+            head = storage.log.head()
+            with pytest.raises(CorruptProjectionError, match="'record_ids'"):
+                await storage.commit([task("waiting", 3)], CTX)
+            assert storage.log.head() == head
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
