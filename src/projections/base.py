@@ -33,11 +33,8 @@ def base_rows(txn: lmdb.Transaction[bytes], model: ReadModel) -> Iterator[log_ba
         for key, value in txn.cursor(db=model.db[name]):
             if name in t.LOGGED_TABLES:  # its writer is a record the trim drops: none, 0
                 unsealed = t.unseal(value, name, key)
-                t.leading_seq(
-                    unsealed, name, key
-                )  # a damaged row is refused, not trimmed into another
-                body = unsealed[t.WRITER_SIZE :]
-                yield name, bytes(key), t.seal(t.written_row(0, body))
+                t.leading_seq(unsealed, name, key)  # damage is refused, not carried on
+                yield name, bytes(key), t.seal(t.written_row(0, unsealed[t.WRITER_SIZE :]))
             else:
                 yield name, bytes(key), bytes(value)
 

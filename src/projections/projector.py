@@ -223,16 +223,11 @@ class Projector:
 
     def _check_ids(self, txn: lmdb.Transaction[bytes], plan: Plan) -> None:
         """Each id a batch writes is free or already its record type's (the id registry, read
-        here directly: ``_check_shape`` proved every id a positive safe integer)."""
+        by key: ``_check_shape`` proved every id a positive safe integer)."""
 
         claimed: dict[int, str] = {}
         max_id = 0
-        ids, unseal, type_name, u64 = (
-            self.db[t.RECORD_IDS],
-            self.model.unseal,
-            t.record_type_name,
-            t.u64,
-        )
+        value, type_name, u64 = self.model.value, t.record_type_name, t.u64
         for write in plan.writes:
             table = _TABLE_OF.get(type(write))  # the record writes, by their exact type
             if table is not None:
@@ -244,8 +239,8 @@ class Projector:
             else:
                 raise AssertionError(f"no id check for a {type(write).__name__}")
             key = u64(id)
-            raw = txn.get(key, db=ids)
-            existing = None if raw is None else type_name(unseal(raw, t.RECORD_IDS, key), key)
+            raw = value(txn, t.RECORD_IDS, key)
+            existing = None if raw is None else type_name(raw, key)
             earlier = claimed.get(id)
             if table in ("conversation", "entry", "document"):
                 if existing is not None:

@@ -260,32 +260,13 @@ class ReadModel:
         claim, decompress = zstd.frame_reader()  # zstd.unframe inline: a call a row is a sixth
         bound, zstd_error = zstd.MAX_EXPANSION, zstd.Error
         skip = t.SUM_SIZE
-        # A fork chain's page mostly passes over segments it takes nothing from: each costs a
-        # seek and a key, not a range's calls and a first row's copy (``key_range``, ``seek``).
-        pack, low, top = t.u64, max(minimum, 0), t.MAX_ID
-        plain = descending and not hasattr(cursor, "seek_at_or_before")
-        set_range, key_of, step_back, to_end = (
-            cursor.set_range,
-            cursor.key,
-            cursor.prev,
-            cursor.last,
-        )
         rows: list[t.EntryRow] = []
         for segment_id, segment_upper in segments if descending else reversed(list(segments)):
-            high = min(segment_upper, top)
-            if low > high:
+            bounds = key_range(t.u64(segment_id), minimum, segment_upper)
+            if bounds is None:
                 continue
-            prefix = pack(segment_id)
-            first, last = prefix + pack(low), prefix + pack(high)
-            if plain:  # ``seek``'s downward case, and the range's lower bound checked here
-                if set_range(last):
-                    if key_of() != last and not step_back():
-                        continue
-                elif not to_end():
-                    continue
-                if key_of() < first:
-                    continue
-            elif not seek(cursor, first, last, descending):
+            first, last = bounds
+            if not seek(cursor, first, last, descending):
                 continue
             for key, raw in walk():  # (key, value) pairs made in C, from the current row on
                 if key < first or key > last:

@@ -576,13 +576,6 @@ TRIMMED_KEY: Final = b"trimmed"
 absent when they were folded from sequence 1."""
 
 
-def trimmed_point(txn: lmdb.Transaction[bytes], db: dict[str, lmdb._Database]) -> int:
-    """The point of the log's base the tables ``db`` were folded from; 0: from sequence 1."""
-
-    raw = txn.get(TRIMMED_KEY, db=db[STATE])
-    return 0 if raw is None else read_u64(raw)
-
-
 _encoder: Final = msgspec.msgpack.Encoder()
 any_decoder: Final = codec.decoder()
 entry_decoder: Final = codec.decoder(EntryRow)
@@ -690,7 +683,6 @@ __all__ = [
     "seal_of",
     "state_decoder",
     "text_key",
-    "trimmed_point",
     "u64",
     "u64_pair",
     "unpack_entry",

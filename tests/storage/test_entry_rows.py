@@ -22,12 +22,11 @@ from pi_durable.storage import MemoryStorage
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.log import Environment, zstd
-from pi_durable_lmdb.log import base as log_base
 from pi_durable_lmdb.log.tree import TILE
-from pi_durable_lmdb.projections import rebuild as projections_rebuild
 from pi_durable_lmdb.projections import tables
 
 from tests.storage.test_footprint import entry_rows
+from tests.support.bases import mark_core_schema, rewrite_base
 from tools.bench.workloads import ROOT, conversation, entry, task
 
 TURNS = 12
@@ -243,13 +242,7 @@ def mark_schema_10(path: Path) -> None:
 
     env = Environment(path)
     try:
-        header = projections_rebuild.read_header(env)
-        assert header is not None and header.schema_version == tables.SCHEMA_VERSION
-        old = tables.CoreHeader(header.generation, 10)
-        registry = env.db(projections_rebuild.REGISTRY_DB)
-        env.write(
-            lambda txn: txn.put(projections_rebuild.CORE_KEY, tables.encode_state(old), db=registry)
-        )
+        mark_core_schema(env, 10)
     finally:
         env.close()
 
@@ -286,33 +279,15 @@ def test_a_base_trimmed_under_schema_10_folds(tmp_path: Path) -> None:
     asyncio.run(trim())
     env = Environment(path)
     try:
-        db = log_base.base_db(env)
-        assert db is not None
-        with env.read() as txn:
-            header = log_base.read_header(db, txn)
-        assert header is not None and header.shape == tables.SCHEMA_VERSION
-        old = []
-        for rows in log_base.rows(env, header):
-            for name, key, value in rows:
-                if name == tables.ENTRIES_BY_CONVERSATION:
-                    encoded = tables.unpack_entry(value[tables.SUM_SIZE :], name, key)
-                    value = tables.seal(schema_10_row(encoded))
-                old.append((name, key, value))
+
+        def schema_10(name: str, key: bytes, value: bytes) -> bytes:
+            if name != tables.ENTRIES_BY_CONVERSATION:
+                return value
+            encoded = tables.unpack_entry(value[tables.SUM_SIZE :], name, key)
+            return tables.seal(schema_10_row(encoded))
+
+        old = rewrite_base(env, 10, schema_10)
         assert sum(1 for name, _, value in old if value[8:9] == tables.PACKED) == TILE - 1
-
-        def put(txn: Any) -> None:
-            log_base.write(
-                db,
-                txn,
-                header.point,
-                list(log_base.chunked(old)),
-                header.rows,
-                header.committed_at,
-                header.trimmed_at,
-                10,
-            )
-
-        env.write(put)
     finally:
         env.close()
     mark_schema_10(path)

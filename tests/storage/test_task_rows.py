@@ -7,19 +7,27 @@ schema 11 (task rows without a writer, empty status rows) still folds."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable.storage.memory import MemoryStorage
 from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.errors import CorruptProjectionError
 from pi_durable_lmdb.log import Environment
-from pi_durable_lmdb.log import base as log_base
 from pi_durable_lmdb.log.tree import TILE
-from pi_durable_lmdb.projections import rebuild as projections_rebuild
+from pi_durable_lmdb.projections import Projector
 from pi_durable_lmdb.projections import tables as t
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
+from tools.harness.faults import commit_fails, failing
+
+from ..support.bases import mark_core_schema, rewrite_base
 
 KEY = t.u64(2)
 
@@ -221,40 +229,19 @@ def test_a_base_trimmed_under_schema_11_folds(tmp_path: Path) -> None:
     point, changed = asyncio.run(_trimmed_store(path))
     env = Environment(path)
     try:
-        db = log_base.base_db(env)
-        assert db is not None
-        with env.read() as txn:
-            header = log_base.read_header(db, txn)
-        assert header is not None and header.shape == t.SCHEMA_VERSION
-        old = []
-        for rows in log_base.rows(env, header):
-            for name, key, value in rows:
-                if name == t.TASKS:  # schema 11's row: the encoded task alone
-                    value = t.seal(t.unseal(value, name, key)[t.WRITER_SIZE :])
-                if name in (t.TASKS_BY_STATUS, t.SUBMISSIONS_BY_STATUS):  # status rows: empty
-                    value = t.seal(b"")
-                old.append((name, key, value))
+
+        def schema_11(name: str, key: bytes, value: bytes) -> bytes:
+            if name == t.TASKS:  # schema 11's row: the encoded task alone
+                return t.seal(t.unseal(value, name, key)[t.WRITER_SIZE :])
+            if name in (t.TASKS_BY_STATUS, t.SUBMISSIONS_BY_STATUS):  # status rows: empty
+                return t.seal(b"")
+            return value
+
+        old = rewrite_base(env, 11, schema_11)
         assert sum(1 for name, _, _ in old if name == t.TASKS) == 1
         assert sum(1 for name, _, _ in old if name == t.TASKS_BY_STATUS) == 1
         assert sum(1 for name, _, _ in old if name == t.SUBMISSIONS_BY_STATUS) == 1
-        chunks = list(log_base.chunked(old))
-        env.write(
-            lambda txn: log_base.write(
-                db,
-                txn,
-                header.point,
-                chunks,
-                header.rows,
-                header.committed_at,
-                header.trimmed_at,
-                11,
-            )
-        )
-        core = projections_rebuild.read_header(env)
-        assert core is not None
-        registry = env.db(projections_rebuild.REGISTRY_DB)
-        marked = t.encode_state(t.CoreHeader(core.generation, 11))
-        env.write(lambda txn: txn.put(projections_rebuild.CORE_KEY, marked, db=registry))
+        mark_core_schema(env, 11)
     finally:
         env.close()
     asyncio.run(_check_reads(path, point, changed))
@@ -333,6 +320,19 @@ async def _two_task_commits(path: Path) -> int:
         await storage.close()
 
 
+async def _commit_refused_as_damage(path: Path, table: str) -> None:
+    """A change of the task is refused as damage to ``table`` (a pattern), with nothing written."""
+
+    storage = await LmdbStorage.open(path, durability="process")
+    try:
+        head = storage.log.head()
+        with pytest.raises(CorruptProjectionError, match=table):
+            await storage.commit([task("waiting", 3)], CTX)
+        assert storage.log.head() == head
+    finally:
+        await storage.close()
+
+
 def test_a_task_row_too_short_for_its_writer_refuses_the_commit_as_damage(
     tmp_path: Path,
 ) -> None:
@@ -342,18 +342,7 @@ def test_a_task_row_too_short_for_its_writer_refuses_the_commit_as_damage(
     path = tmp_path / "store"
     asyncio.run(_two_task_commits(path))
     _forge(path, t.TASKS, KEY, b"\x91")
-
-    async def run() -> None:
-        storage = await LmdbStorage.open(path, durability="process")
-        try:
-            head = storage.log.head()
-            with pytest.raises(CorruptProjectionError, match="'tasks'"):
-                await storage.commit([task("waiting", 3)], CTX)
-            assert storage.log.head() == head
-        finally:
-            await storage.close()
-
-    asyncio.run(run())
+    asyncio.run(_commit_refused_as_damage(path, "'tasks'"))
 
 
 def test_a_status_row_too_short_for_its_creation_is_damage_to_a_view(tmp_path: Path) -> None:
@@ -379,15 +368,96 @@ def test_an_id_registry_row_of_an_unknown_type_refuses_the_commit_as_damage(
     path = tmp_path / "store"
     asyncio.run(_two_task_commits(path))
     _forge(path, t.RECORD_IDS, KEY, b"z" + t.u64(2))
+    asyncio.run(_commit_refused_as_damage(path, "'record_ids'"))
 
-    async def run() -> None:
+
+@pytest.mark.parametrize("point", ["work", "commit"])
+def test_a_task_change_failing_after_its_checks_leaves_no_row_nobody_committed(
+    tmp_path: Path, point: str
+) -> None:
+    """A commit that changes a task's status and fails after its checks (in its fold, or at
+    LMDB's commit) leaves neither its task row, its writer, nor a status or ``HISTORY`` row: the
+    next good commit takes its sequence, and a fresh handle's reads, now and as of every point,
+    are ``MemoryStorage``'s given only the acknowledged commits."""
+
+    path = tmp_path / "store"
+    statuses = ["pending", "running", "sleeping", "running", "waiting", "running"]
+
+    async def write() -> MemoryStorage:
+        memory = MemoryStorage()
         storage = await LmdbStorage.open(path, durability="process")
         try:
-            head = storage.log.head()
-            with pytest.raises(CorruptProjectionError, match="'record_ids'"):
-                await storage.commit([task("waiting", 3)], CTX)
-            assert storage.log.head() == head
+            for store in (storage, memory):
+                await store.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            for n, status in enumerate(statuses):
+                if n == 3:
+                    head = storage.log.head()
+                    failed = [task("sleeping", 99), submission("done")]
+                    if point == "work":
+                        with failing(Projector, "apply", lambda *_: True, OSError(5, "injected")):
+                            with pytest.raises(OSError, match="injected"):
+                                await storage.commit(failed, CTX)
+                    else:
+                        with commit_fails(storage._env), pytest.raises(lmdb.Error):
+                            await storage.commit(failed, CTX)
+                    assert storage.log.head() == head
+                for store in (storage, memory):
+                    await store.commit([task(status, n), submission("queued")], CTX)
         finally:
             await storage.close()
+        return memory
 
-    asyncio.run(run())
+    memory = asyncio.run(write())
+
+    read = subprocess.run(
+        [sys.executable, "-c", _READ_VIEWS, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(read.stdout)  # read by a fresh process
+    assert seen["head"] == len(statuses) + 1
+    for at, statuses_seen in enumerate(seen["views"], start=1):
+        tasks = {name: inputs for name, inputs in statuses_seen["tasks"].items() if inputs}
+        assert tasks == ({statuses[at - 2]: [{"n": at - 2}]} if at >= 2 else {}), at
+        submissions = {name: ids for name, ids in statuses_seen["submissions"].items() if ids}
+        assert submissions == ({"queued": [3]} if at >= 2 else {}), at
+    assert seen["task"] == asyncio.run(memory.task(2, CTX))
+    assert seen["submission"] == asyncio.run(memory.submission(3, CTX))
+    assert verify(path) is None
+
+
+_READ_VIEWS = """
+import asyncio, json, sys
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb.projections import tables as t
+from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
+
+async def main():
+    reader = await LmdbStorage.open(sys.argv[1], readonly=True)
+    try:
+        head = reader.log.head()
+        views = []
+        for at in range(1, head + 1):
+            view = await reader.as_of(at)
+            tasks = {}
+            for name in t.TASK_STATUSES:
+                page = await view.scan_tasks({"status": name}, 10, None, CTX)
+                tasks[name] = [item["input"] for item in page["items"]]
+            submissions = {}
+            for name in t.SUBMISSION_STATUSES:
+                page = await view.scan_submissions({"status": name}, 10, None, CTX)
+                submissions[name] = [item["id"] for item in page["items"]]
+            views.append({"tasks": tasks, "submissions": submissions})
+        print(json.dumps({
+            "head": head,
+            "views": views,
+            "task": await reader.task(2, CTX),
+            "submission": await reader.submission(3, CTX),
+        }))
+    finally:
+        await reader.close()
+
+asyncio.run(main())
+"""

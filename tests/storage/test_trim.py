@@ -19,6 +19,7 @@ from pi_durable_lmdb.audit.export import export_lines
 from pi_durable_lmdb.log.tree import TILE
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
+from tests.support.bases import rewrite_base
 from tests.support.compare import REFUSALS, canonical
 from tests.support.workload import Workload, snapshot
 
@@ -285,7 +286,6 @@ def test_a_base_of_another_projections_schema_is_refused_by_a_rebuild(tmp_path: 
     store as it was."""
 
     from pi_durable_lmdb.errors import StoreStateError
-    from pi_durable_lmdb.log import base as log_base
     from pi_durable_lmdb.projections import tables as t
     from pi_durable_lmdb.projections.rebuild import rebuild
 
@@ -295,26 +295,7 @@ def test_a_base_of_another_projections_schema_is_refused_by_a_rebuild(tmp_path: 
         await _fill(storage, Workload(7), 60)
         assert (await storage.trim(TILE + 1)).records == TILE
         env, log = storage._env, storage.log
-        db = log_base.base_db(env)
-        with env.read() as txn:
-            header = log_base.read_header(db, txn)
-        assert header is not None and header.shape == t.SCHEMA_VERSION
-        chunks = list(
-            log_base.chunked([row for rows in log_base.rows(env, header) for row in rows])
-        )
-        assert db is not None
-        env.write(
-            lambda txn: log_base.write(
-                db,
-                txn,
-                header.point,
-                chunks,
-                header.rows,
-                header.committed_at,
-                header.trimmed_at,
-                min(t.READABLE_SCHEMAS) - 1,
-            )
-        )
+        rewrite_base(env, min(t.READABLE_SCHEMAS) - 1)
         with pytest.raises(
             StoreStateError,
             match=f"schema {min(t.READABLE_SCHEMAS) - 1}.*schema {t.SCHEMA_VERSION}",
