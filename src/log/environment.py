@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Final, TypeVar
@@ -90,12 +91,29 @@ class WriteTransaction:
     work again in a fresh transaction; a failed flush, commit or publish aborts it). Callbacks
     run on the committing thread, in the order given, once; ``txn`` is LMDB's transaction."""
 
-    __slots__ = ("_aborted", "_committed", "txn")
+    __slots__ = ("_aborted", "_committed", "_held", "_holds", "txn")
 
     def __init__(self, txn: lmdb.Transaction[bytes]) -> None:
         self.txn = txn
         self._committed: list[Callable[[], None]] = []
         self._aborted: list[Callable[[], None]] = []
+        self._holds: list[threading.RLock] = []
+        self._held: list[threading.RLock] = []
+
+    def hold(self, lock: threading.RLock) -> None:
+        """Hold ``lock`` from just before LMDB's commit until the commit's callbacks ran: what
+        the commit makes visible to other threads and what its callbacks do then are one step
+        for anyone who takes ``lock`` (an id minter: no id a commit stores is minted between
+        the two). Reentrant, so a callback may take it again."""
+
+        self._holds.append(lock)
+
+    def _acquire(self) -> None:
+        """Right before LMDB's commit (after the journal's flush): take the held locks."""
+
+        for lock in self._holds:
+            lock.acquire()
+            self._held.append(lock)
 
     def on_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once this transaction has committed (never if it does not)."""
@@ -112,7 +130,12 @@ class WriteTransaction:
 
         callbacks = self._committed if committed else self._aborted
         self._committed, self._aborted = [], []
-        _run_all(callbacks, 0)
+        try:
+            _run_all(callbacks, 0)
+        finally:
+            held, self._held = self._held, []
+            for lock in reversed(held):
+                lock.release()
 
 
 def _run_all(callbacks: list[Callable[[], None]], start: int) -> None:
@@ -373,6 +396,7 @@ class Environment:
                         framed = (
                             journal.flush()
                         )  # what work staged, one flushed frame: before the commit
+                    writing._acquire()
                     txn.commit()
                     seconds = self.clock() - began
                     self.counters.flush_seconds.observe(seconds)  # with a journal, its flush

@@ -63,7 +63,14 @@ from typing import Any, Final
 import lmdb
 
 from ..errors import ReplicationError
-from ..log import Environment, MapBusyError, StoreClosedError, Write, WriteLog
+from ..log import (
+    Environment,
+    MapBusyError,
+    StoreClosedError,
+    Write,
+    WriteLog,
+    WriteTransaction,
+)
 from ..log.stream.writer import StreamWriter
 from ..log.threads import Worker
 from ..projections import Projector
@@ -136,8 +143,13 @@ class Committer:
         projector: Projector,
         on_commit: Callable[[int], None],
         stream: StreamWriter | None = None,
+        hold: threading.RLock | None = None,
     ) -> None:
         self._env = env
+        self._hold = hold
+        """Held by each transaction of batches from LMDB's commit until ``on_commit`` ran
+        (``WriteTransaction.hold``): the id minter's lock, so no id a commit stores is minted
+        while its batches are visible and the floor not raised yet."""
         self._log = log
         self.projector = projector
         self._on_commit = on_commit
@@ -285,7 +297,7 @@ class Committer:
         )
         if isinstance(outcome, Exception):
             raise outcome
-        self._env.effects(txn).on_commit(lambda: self._committed([outcome]))
+        self._effects(txn).on_commit(lambda: self._committed([outcome]))
         return outcome
 
     async def write(self, work: Callable[[lmdb.Transaction[bytes]], Any]) -> Any:
@@ -492,7 +504,15 @@ class Committer:
         if stream is not None and records:
             # The stream decides the order: the transaction commits only once it holds them.
             stream.publish(txn, [seq for seq, _ in records])
-        self._env.effects(txn).on_commit(lambda: self._group_committed(jobs, stream))
+        self._effects(txn).on_commit(lambda: self._group_committed(jobs, stream))
+
+    def _effects(self, txn: lmdb.Transaction[bytes]) -> WriteTransaction:
+        """The effects of a transaction of batches, holding ``hold`` across its commit."""
+
+        effects = self._env.effects(txn)
+        if self._hold is not None:
+            effects.hold(self._hold)
+        return effects
 
     def _group_committed(self, jobs: list[_Job], stream: StreamWriter | None) -> None:
         """A group's transaction committed: its publish is settled, and its batches have the

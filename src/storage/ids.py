@@ -31,21 +31,31 @@ PublishIds: TypeAlias = "Callable[[lmdb.Transaction[bytes], int], None]"
 class IdMinter:
     """A store's id counter and its durable reservation, safe from any thread or event loop."""
 
-    def __init__(self, meta: lmdb._Database, stored: int, reserved: int) -> None:
+    def __init__(
+        self, meta: lmdb._Database, stored: int, reserved: int, lock: threading.RLock | None = None
+    ) -> None:
         """``stored``: one above the highest id the store holds; ``reserved``: the durable
-        reservation read from ``meta`` (0 when none was made)."""
+        reservation read from ``meta`` (0 when none was made); ``lock``: the minter's lock,
+        which the store's commits hold from LMDB's commit until they raised the floor
+        (``Committer``), so an id visible in the store is never minted."""
 
         self._meta = meta
-        self._lock = threading.Lock()
+        self._lock = threading.RLock() if lock is None else lock
         self._reserved = reserved
         self._next_id = max(2, stored, reserved)
 
     @classmethod
-    def load(cls, txn: lmdb.Transaction[bytes], meta: lmdb._Database, stored: int) -> IdMinter:
+    def load(
+        cls,
+        txn: lmdb.Transaction[bytes],
+        meta: lmdb._Database,
+        stored: int,
+        lock: threading.RLock | None = None,
+    ) -> IdMinter:
         """The minter of a store holding ids below ``stored``, its reservation read in ``txn``."""
 
         raw = txn.get(RESERVED_KEY, db=meta)
-        return cls(meta, stored, 0 if raw is None else _U64.unpack(raw)[0])
+        return cls(meta, stored, 0 if raw is None else _U64.unpack(raw)[0], lock)
 
     async def mint(self, reserve: Callable[[int], Awaitable[int]]) -> int:
         """A fresh id; when the reserved block is used up, ``reserve(wanted)`` makes the next

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -125,7 +126,10 @@ class LmdbStorage(StorageReads, Storage):
         self.projections = UserProjections(
             env, self.log, projections, lambda: self._committer, lambda: self._model
         )
-        self._committer = Committer(env, self.log, self._projector, self._after_commit)
+        ids_lock = threading.RLock()  # the minter's, held by commits until the floor is raised
+        self._committer = Committer(
+            env, self.log, self._projector, self._after_commit, hold=ids_lock
+        )
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
         self._registry = env.db(REGISTRY_DB)
@@ -146,7 +150,7 @@ class LmdbStorage(StorageReads, Storage):
         self._first_kept = self.log.first()
         self._trimming = False
         with env.read() as txn:
-            self._ids = IdMinter.load(txn, self._meta, self._model.max_record_id(txn) + 1)
+            self._ids = IdMinter.load(txn, self._meta, self._model.max_record_id(txn) + 1, ids_lock)
 
     def _replay(self, journal: CommitJournal) -> None:
         """After an unclean stop of a journaled ``power`` writer: append and fold the journal's

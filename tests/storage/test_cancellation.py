@@ -218,3 +218,56 @@ def test_a_commit_cancelled_in_its_group_raises_the_id_floor(tmp_path: Any) -> N
             await storage.close()
 
     asyncio.run(main())
+
+
+def test_an_id_a_commit_made_visible_is_not_minted_before_its_floor_is_raised(
+    tmp_path: Any,
+) -> None:
+    """A commit made on one thread is visible to readers as soon as LMDB's commit returns, and
+    raises the id floor in its effects right after: a ``mint_id`` on another thread in between
+    must not hand out an id that commit stores. The commit's effects are held at the floor's
+    raise until the other thread has asked for its id; the id it gets is above the stored one."""
+
+    import threading
+
+    from pi_durable_lmdb.storage import ids as ids_module
+
+    async def run() -> None:
+        storage = await LmdbStorage.open(tmp_path / "store", durability="process")
+        try:
+            await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+            taken = await storage.mint_id()  # the reservation is made: no commit needed to mint
+            stored = taken + 1  # the id the next mint would hand out
+            visible, go = threading.Event(), threading.Event()
+            original = ids_module.IdMinter.raise_floor
+
+            def held(self: Any, max_id: int) -> None:
+                if max_id == stored:
+                    visible.set()  # LMDB's commit returned: readers see the task
+                    go.wait(30)
+                original(self, max_id)
+
+            ids_module.IdMinter.raise_floor = held  # type: ignore[method-assign]
+            try:
+                committer = threading.Thread(
+                    target=lambda: asyncio.run(storage.commit([task_write(stored)], CTX))
+                )
+                committer.start()
+                assert visible.wait(60)
+                minted: list[int] = []
+                minter = threading.Thread(
+                    target=lambda: minted.append(asyncio.run(storage.mint_id()))
+                )
+                minter.start()
+                minter.join(0.2)  # an id handed out now is one the floor does not cover yet
+                go.set()
+                minter.join(60)
+                committer.join(60)
+            finally:
+                ids_module.IdMinter.raise_floor = original  # type: ignore[method-assign]
+            assert await storage.task(stored, CTX) is not None
+            assert minted and minted[0] > stored, (minted, stored)
+        finally:
+            await storage.close()
+
+    asyncio.run(run())
