@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -114,8 +116,10 @@ def test_bench_device_reports_both_backends() -> None:
     assert len(rows) == 2 and all("KiB" in row for row in rows), out
 
 
-def test_bench_commit_path_reports_the_parts_and_both_floors() -> None:
-    out = _run("-m", "tools.bench.commit_path", "--rounds", "1")
+@pytest.mark.parametrize("workload", ["commit_turn", "host_1000"])
+def test_bench_commit_path_reports_the_parts_and_both_floors(workload: str) -> None:
+    out = _run("-m", "tools.bench.commit_path", "--workload", workload, "--rounds", "1")
+    assert out.startswith(f"## {workload}, process mode"), out
     assert "| **plain total (no wrappers)** |" in out, out
     floors = [line for line in out.splitlines() if line.startswith("| py-lmdb floor")]
     assert len(floors) == 2 and "merged into one" in floors[1], out
@@ -135,14 +139,30 @@ def test_profile_concurrent_splits_the_cpu_per_thread() -> None:
     assert "groups:" in out and "batches each" in out, out
 
 
-def test_bench_checkpoints_reports_each_interval_and_the_process_reference(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workload", ["commit_turn", "host"])
+def test_bench_checkpoints_reports_each_interval_and_the_process_reference(
+    tmp_path: Path, workload: str
+) -> None:
     out = _run(
-        "-m", "tools.bench.checkpoints", "--commits", "40", "--rounds", "1", "--dir", str(tmp_path)
+        "-m",
+        "tools.bench.checkpoints",
+        "--workload",
+        workload,
+        "--commits",
+        "40",
+        "--rounds",
+        "1",
+        "--dir",
+        str(tmp_path),
     )
+    assert out.startswith(f"`{workload}`, `power`, 40 commits"), out
     rows = [
-        line for line in out.splitlines() if line.startswith(("| every", "| none", "| `process`"))
+        line
+        for line in out.splitlines()
+        if line.startswith(("| every", "| none", "| `process`", "| floor"))
     ]
-    assert len(rows) == 5, out
+    assert len(rows) == 10, out
+    assert sum("pages per commit flushed" in row for row in rows) == 4, out
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert cells[1].endswith("µs") and float(cells[4]) >= 0 and float(cells[5]) >= 0, row

@@ -1,8 +1,10 @@
 """What checkpoints cost a sequential ``power`` committer, by checkpoint interval.
 
-Usage: ``python -m tools.bench.checkpoints [--commits N] [--rounds R] [--dir DIR]``. Each round
-runs ``commit_turn`` (an entry and its task record per commit, ``tools/bench/workloads.py``) on a
-fresh store per interval (interleaved), then closes it (a clean close syncs everything, so what
+Usage: ``python -m tools.bench.checkpoints [--workload W] [--commits N] [--rounds R] [--dir DIR]``.
+Each round runs ``commit_turn`` (an entry and its task record per commit,
+``tools/bench/workloads.py``), or with ``--workload host`` the report's Session host turn (an
+entry and one more line of a growing document, ``tools/bench/host.py``), on a fresh store per
+interval (interleaved), then closes it (a clean close syncs everything, so what
 checkpoints left undone is paid there). Per interval, medians over rounds of:
 
 * the median and p99 of one commit;
@@ -20,7 +22,7 @@ not remove it. ``process`` mode, without the pin, rewrites the same hot pages in
 The row after it is the benchmark report's floor of a ``power`` commit (``report.OneFlush``: the
 ``process`` commit behind one 1 KiB flush): against the row without checkpoints, what keeping
 ``data.mdb`` recoverable costs beyond the one flush. The last rows put an emulated checkpoint
-on that floor (``FloorWithPages``): a side file takes 16, 8 or 4 pages of 4 KiB per commit and a
+on that floor (``FloorWithPages``): a side file takes 16, 12, 8 or 4 pages of 4 KiB per commit and a
 thread flushes them every 16 commits. If the 16-page row costs what the default row does, the
 gap between ``power`` and its floor is those bytes on the device, and the 8- and 4-page rows say
 what fewer pages per commit would buy.
@@ -40,11 +42,13 @@ import tempfile
 import time
 from typing import Any
 
+from pi_durable import create_session
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.journal import JournalOptions
 
 from tools.bench.device import device_counters
+from tools.bench.host import turn as host_turn
 from tools.bench.report import OneFlush
 from tools.bench.workloads import ROOT, Ids, conversation, task, turn_batches
 
@@ -78,7 +82,7 @@ INTERVALS: dict[str, dict[str, Any]] = {
             "floor": True,
             "pages": pages,
         }
-        for pages in (16, 8, 4)
+        for pages in (16, 12, 8, 4)
     },
 }
 """The last rows emulate a checkpoint on the floor: what ``power`` would cost if a commit left
@@ -127,7 +131,22 @@ class FloorWithPages(OneFlush):
         return await super().close(*args, **kwargs)
 
 
-async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[float, ...]:
+async def _host_turns(storage: Any, commits: int) -> list[float]:
+    """``commits`` Session host turns (``tools.bench.host.turn``), each timed."""
+
+    await storage.commit([conversation(ROOT)], CTX)
+    session = create_session(storage)
+    times = []
+    for n in range(1, commits + 1):
+        started = time.perf_counter()
+        await session.commit(lambda tx, n=n: host_turn(tx, n), CTX)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+async def one(
+    options: dict[str, Any], commits: int, directory: str, workload: str = "commit_turn"
+) -> tuple[float, ...]:
     """``(median, p99, per commit with the close, device bytes, pages, user CPU, system CPU)``,
     each per commit."""
 
@@ -146,20 +165,28 @@ async def one(options: dict[str, Any], commits: int, directory: str) -> tuple[fl
             storage = await LmdbStorage.open(
                 path, durability="power", journal=JournalOptions(**options)
             )
-        ids = Ids()
-        task_id = ids()
-        await storage.commit([conversation(ROOT)], CTX)
-        await storage.commit([{"type": "task", "value": task(task_id, ROOT, 0, "pending")}], CTX)
-        batches = turn_batches(ids, task_id, commits)
         before_pages = os.path.getsize(os.path.join(path, "data.mdb")) // 4096
-        os.sync()
-        written, _ = device_counters(path)
-        times = []
-        cpu = resource.getrusage(resource.RUSAGE_SELF)
-        for writes in batches:
-            started = time.perf_counter()
-            await storage.commit(writes, CTX)
-            times.append(time.perf_counter() - started)
+        if workload == "host":
+            os.sync()
+            written, _ = device_counters(path)
+            cpu = resource.getrusage(resource.RUSAGE_SELF)
+            times = await _host_turns(storage, commits)
+        else:
+            ids = Ids()
+            task_id = ids()
+            await storage.commit([conversation(ROOT)], CTX)
+            await storage.commit(
+                [{"type": "task", "value": task(task_id, ROOT, 0, "pending")}], CTX
+            )
+            batches = turn_batches(ids, task_id, commits)
+            os.sync()
+            written, _ = device_counters(path)
+            times = []
+            cpu = resource.getrusage(resource.RUSAGE_SELF)
+            for writes in batches:
+                started = time.perf_counter()
+                await storage.commit(writes, CTX)
+                times.append(time.perf_counter() - started)
         started = time.perf_counter()
         await storage.close()
         closing = time.perf_counter() - started
@@ -185,6 +212,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--workload", choices=("commit_turn", "host"), default="commit_turn")
     parser.add_argument("--commits", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument(
@@ -199,11 +227,13 @@ async def main() -> None:
         )  # rotated: drift hits all alike
         for name in names:
             results[name].append(
-                await one(INTERVALS[name], args.commits, args.dir or tempfile.gettempdir())
+                await one(
+                    INTERVALS[name], args.commits, args.dir or tempfile.gettempdir(), args.workload
+                )
             )
             print(f"round {round} {name}: done", file=sys.stderr, flush=True)
     print(
-        f"`commit_turn`, `power`, {args.commits} commits per store, medians of {args.rounds} rounds\n"
+        f"`{args.workload}`, `power`, {args.commits} commits per store, medians of {args.rounds} rounds\n"
     )
     print(
         "| checkpoint | commit median | commit p99 | per commit, close included | device KiB per commit "

@@ -1,7 +1,8 @@
 """Where a sequential commit's CPU goes, and py-lmdb's floor for the same work.
 
-Runs ``commit_turn`` (or ``commit_doc_delta``) of ``tools/bench/report.py`` against ``LmdbStorage`` in
-``process`` mode, three ways, per round:
+Runs ``commit_turn`` (or ``commit_doc_delta``, or the Session host ``host_1000`` or ``host_10000``,
+whose plain total then holds the Session's part of each turn too) of ``tools/bench/report.py``
+against ``LmdbStorage`` in ``process`` mode, three ways, per round:
 
 1. **plain**: the commits as the benchmark runs them, timed as a whole (µs per commit);
 2. **parts**: the same with ``perf_counter`` wrappers around the commit path's functions, each
@@ -16,6 +17,7 @@ Runs ``commit_turn`` (or ``commit_doc_delta``) of ``tools/bench/report.py`` agai
 
     python -m tools.bench.commit_path                       # commit_turn, 5 rounds
     python -m tools.bench.commit_path --workload commit_doc_delta --rounds 3
+    python -m tools.bench.commit_path --workload host_1000 --rounds 3
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pi_durable_lmdb.log import codec, environment, writelog, zstd
 from pi_durable_lmdb.projections import projector, rows, tables
 from pi_durable_lmdb.storage import committer, lmdb_storage
 
+from tools.bench.host import HOST_WORKLOADS
 from tools.bench.report import Store
 from tools.bench.workloads import WORKLOADS
 
@@ -271,7 +274,7 @@ async def one_round(workload: str, base: str, how: str) -> tuple[float, int, Any
     """One fresh store's timed pass; ``(seconds, commits, extra)``: for ``plain``, ``extra`` is
     the thread's CPU seconds over the pass (steadier than wall time on a shared machine)."""
 
-    spec = WORKLOADS[workload]
+    spec = {**WORKLOADS, **HOST_WORKLOADS}[workload]
     store = Store("lmdb", "process", tempfile.mkdtemp(prefix=f"{how}-", dir=base))
     await store.open()
     try:
@@ -309,7 +312,9 @@ async def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--workload", default="commit_turn", choices=("commit_turn", "commit_doc_delta")
+        "--workload",
+        default="commit_turn",
+        choices=("commit_turn", "commit_doc_delta", "host_1000", "host_10000"),
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", default=None, help="parent of the temporary stores")
