@@ -74,6 +74,13 @@ class IdMinter:
             with self._lock:
                 self._reserved = max(self._reserved, reserved)
 
+    @property
+    def floor(self) -> int:
+        """The lowest id that may still be minted: one above every id stored or handed out."""
+
+        with self._lock:
+            return self._next_id
+
     def reserve_in(
         self, txn: lmdb.Transaction[bytes], wanted: int, publish: PublishIds | None = None
     ) -> int:

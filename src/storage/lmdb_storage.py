@@ -655,6 +655,9 @@ class LmdbStorage(StorageReads, Storage):
                 "An erasure drops the user projections, which this program defines: open the "
                 "store without projections= to erase"
             )
+        # The erased ids leave the store, and with them the floor a reopen mints above: the
+        # durable reservation keeps it (a no-op for minting when a block is reserved already).
+        await self._reserve_ids(self._ids.floor)
         if writer is not None:
             return await self._erase_on_stream(writer, conversation_id, reason, by, with_forks)
         env, log = self._env, self.log

@@ -352,6 +352,38 @@ def test_forks_are_refused_and_named_unless_erased_too(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("durability", ["process", "power"])
+async def test_ids_an_erasure_took_out_of_the_store_are_never_minted_again(
+    tmp_path: Path, durability: str
+) -> None:
+    """An erased conversation's ids leave the store, but ids are never handed out twice: the
+    floor the minter starts from after a reopen counts them (``MemoryStorage`` never reuses an
+    id either)."""
+
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability=durability)
+    await storage.commit([{"type": "conversation", "value": {"id": 2}}], CTX)
+    await storage.commit(
+        [
+            {"type": "conversation", "value": {"id": 7}},
+            message(8, 7, "the highest ids, erased below"),
+            {"type": "conversation", "value": {"id": 9, "parent": {"conversationId": 7, "at": 8}}},
+        ],
+        CTX,
+    )
+    report = await storage.erase_conversation(7, reason="asked", with_forks=True)
+    assert report.conversations == [7, 9]
+    await storage.close()  # nothing minted yet: no block of ids was reserved before
+    for _ in range(2):  # reopened twice: the floor is durable, not only in memory
+        storage = await LmdbStorage.open(path, durability=durability)
+        try:
+            assert await storage.conversation(9, CTX) is None
+            minted = await storage.mint_id()
+            assert minted > 9, f"mint_id after the erasure and a reopen returned {minted}"
+        finally:
+            await storage.close()
+
+
 def _task(id: int, conversation: int) -> dict[str, Any]:
     return {
         "type": "task",
