@@ -20,7 +20,10 @@ file growth counts growth that comes from contiguous runs for long values as if 
 had run out. Why not a trigger on file
 growth alone: each growth-ended interval leaves its pages free for the next, so intervals
 lengthen up to the commit bound and the file grows as far as it did without one. A bound by
-journal bytes (half the segment in use) keeps two segments taking turns.
+journal bytes (half the segment in use) keeps two segments taking turns. A commit that reaches
+a bound while the checkpoint already asked of the thread has not yet pinned its state asks for
+no other (``_requested``): it is in that one, and a second would follow it with a commit or two
+since, two device flushes for nothing (a third of a host's checkpoints were such).
 
 ``CommitJournal`` is what an ``Environment`` of ``Mode.JOURNALED`` holds as ``journal`` (None in
 every other mode): its one write loop (``Environment.write``) calls the hooks here around each
@@ -102,6 +105,9 @@ class CommitJournal:
         grown, so nothing needed them then), to be counted in the pin of that checkpoint once a
         later one finds the file grown."""
         self._wake = threading.Condition()
+        self._requested = False
+        """A checkpoint was asked of the thread and has not yet pinned its state: the commits
+        that end meanwhile are in it, so they ask for no other (``committed``)."""
         self._stopping = False
         self._worker = Requests(
             f"lmdb-checkpoint {path}", self._wake, self._checkpoint_now, lambda: self._stopping
@@ -219,7 +225,9 @@ class CommitJournal:
                 )
             return
         with self._wake:
-            self._worker.want()
+            if not self._requested:  # else the one asked for, not begun yet, holds this commit
+                self._requested = True
+                self._worker.want()
 
     def wrote(self) -> None:
         """A write transaction without a frame committed (a user projection's chunk, a
@@ -245,6 +253,8 @@ class CommitJournal:
             _log.exception(
                 "checkpoint of the store at %s failed; commits go on in the journal", self.path
             )
+        finally:
+            self._requested = False  # however it ended (it may have failed before its pin)
 
     def checkpoint(self) -> None:
         """Make every commit so far durable in ``data.mdb`` and record it as the checkpoint that
@@ -282,6 +292,7 @@ class CommitJournal:
                 )
                 commits = self._since[0]
                 self._since = (0, journal.written, time.monotonic())
+                self._requested = False  # commits from here on are not in this checkpoint
                 last = int(self.env.info()["last_pgno"])
         finally:
             self._gate.held.pop()

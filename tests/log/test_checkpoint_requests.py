@@ -1,0 +1,108 @@
+"""When a ``power`` writer asks its checkpoint thread for a checkpoint (``log.journaled``):
+commits that end while the checkpoint asked for has not yet pinned its state are in that
+checkpoint, so they ask for no other. A second one would come right after it with a commit or
+two since, and cost its two device flushes for nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb import LmdbStorage
+from pi_durable_lmdb.log.journal import JournalOptions
+from pi_durable_lmdb.log.journaled import CommitJournal
+
+PATIENCE = 60.0
+"""Seconds a wait for the checkpoint thread may take: a bound no load crosses."""
+
+
+def conversation(id: int) -> dict[str, object]:
+    return {
+        "type": "conversation",
+        "value": {"id": id, "createdAt": 1, "ownerTaskId": None, "metadata": {}},
+    }
+
+
+async def _until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + PATIENCE
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {PATIENCE} s for {what}")
+        await asyncio.sleep(0.002)
+
+
+async def _every_commit_checkpoints(tmp_path: Path) -> tuple[LmdbStorage, CommitJournal]:
+    storage = await LmdbStorage.open(
+        tmp_path / "store", durability="power", journal=JournalOptions(checkpoint_commits=1)
+    )
+    journal = storage._env.journal
+    assert isinstance(journal, CommitJournal)
+    await _until(  # what the open wrote asked for its checkpoint: let it end
+        lambda: not journal._requested and not journal._checkpointing.locked(), "a quiet writer"
+    )
+    return storage, journal
+
+
+async def test_commits_before_a_requested_checkpoint_pins_its_state_ask_for_no_other(
+    tmp_path: Path,
+) -> None:
+    storage, journal = await _every_commit_checkpoints(tmp_path)
+    try:
+        held = journal._checkpointing
+        held.acquire()  # the checkpoint thread's next run waits here, before it pins anything
+        try:
+            before = storage.counters.checkpoints
+            await storage.commit([conversation(1)], CTX)  # asks for a checkpoint
+            await _until(lambda: not journal._worker.wanted, "the thread to take the request")
+            for id in (2, 3, 4):  # each reaches the bound of one commit
+                await storage.commit([conversation(id)], CTX)
+            assert not journal._worker.wanted, "a second checkpoint was asked for"
+        finally:
+            held.release()
+        await _until(lambda: storage.counters.checkpoints == before + 1, "the checkpoint")
+        await _until(lambda: not journal._checkpointing.locked(), "the checkpoint to end")
+        assert journal._since[0] == 0, "the checkpoint left commits out"
+        assert not journal._worker.wanted
+        assert storage.counters.checkpoints == before + 1
+
+        # The next commit asks again: a request ends with the checkpoint it asked for.
+        await storage.commit([conversation(5)], CTX)
+        await _until(lambda: storage.counters.checkpoints == before + 2, "the next checkpoint")
+    finally:
+        await storage.close()
+
+
+async def test_a_checkpoint_that_fails_leaves_the_next_commit_free_to_ask_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage, journal = await _every_commit_checkpoints(tmp_path)
+    try:
+        failed: list[int] = []
+        real = journal._checkpoint
+
+        def fail_once() -> None:
+            if not failed:
+                failed.append(1)
+                raise OSError(5, "an injected checkpoint failure")
+            real()
+
+        monkeypatch.setattr(journal, "_checkpoint", fail_once)
+        before = storage.counters.checkpoints
+        await storage.commit([conversation(1)], CTX)
+        await _until(lambda: bool(failed), "the failing checkpoint")
+        await _until(lambda: not journal._requested, "the failed request to end")
+        assert storage.counters.checkpoints == before
+        await storage.commit([conversation(2)], CTX)
+        await _until(lambda: storage.counters.checkpoints == before + 1, "the checkpoint after it")
+        assert "an injected checkpoint failure" in caplog.text
+    finally:
+        await storage.close()
+    reopened = await LmdbStorage.open(tmp_path / "store", durability="power")
+    try:
+        assert [await reopened.conversation(id, CTX) is not None for id in (1, 2)] == [True, True]
+    finally:
+        await reopened.close()
