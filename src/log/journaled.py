@@ -104,6 +104,8 @@ class CommitJournal:
         """Its free pages then (``_adapt``); None when they were not counted (the file had not
         grown, so nothing needed them then), to be counted in the pin of that checkpoint once a
         later one finds the file grown."""
+        self._meta_file: tuple[int, int] | None = None
+        """``data.mdb`` open for ``_read_meta``, and the bytes of its two meta pages."""
         self._wake = threading.Condition()
         self._requested = False
         """A checkpoint was asked of the thread and has not yet pinned its state: the commits
@@ -441,17 +443,32 @@ class CommitJournal:
             pin.abort()
 
     def _read_meta(self) -> bytes:
-        """LMDB's two meta pages as the file holds them now (no write transaction is open)."""
+        """LMDB's two meta pages as the file holds them now (no write transaction is open).
 
-        size = 2 * int(self.env.stat()["psize"])
-        fd = os.open(os.path.join(self.path, "data.mdb"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        One ``pread`` of a descriptor kept open for the writer's life (``_meta_file``): a
+        checkpoint reads them holding ``_writing``, so every commit waits for this, and each
+        system call here is a hand-back of the GIL the committing thread may keep busy."""
+
+        if self._meta_file is None:
+            size = 2 * int(self.env.stat()["psize"])
+            fd = os.open(
+                os.path.join(self.path, "data.mdb"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+            )
+            self._meta_file = (fd, size)
+        fd, size = self._meta_file
         try:
             meta = os.pread(fd, size, 0)
-        finally:
-            os.close(fd)
+        except BaseException:
+            self._close_meta_file()  # the next checkpoint opens the file afresh
+            raise
         if len(meta) != size:
             raise StoreFormatError(f"{self.path}/data.mdb is shorter than its two meta pages")
         return meta
+
+    def _close_meta_file(self) -> None:
+        meta_file, self._meta_file = self._meta_file, None
+        if meta_file is not None:
+            os.close(meta_file[0])
 
     # ── recovery and writer lives ───────────────────────────────────────────
 
@@ -549,6 +566,7 @@ class CommitJournal:
                 clear_unsynced(self.path, POWER_FILE)
             except OSError:
                 pass
+        self._close_meta_file()
         self._journal.close()
 
     def close(self) -> None:
@@ -571,6 +589,7 @@ class CommitJournal:
                     self._journal.close()
         finally:
             self._drop_pin()
+            self._close_meta_file()
 
 
 __all__ = [

@@ -1,11 +1,14 @@
-"""When a ``power`` writer asks its checkpoint thread for a checkpoint (``log.journaled``):
-commits that end while the checkpoint asked for has not yet pinned its state are in that
-checkpoint, so they ask for no other. A second one would come right after it with a commit or
-two since, and cost its two device flushes for nothing."""
+"""A ``power`` writer's checkpoint thread (``log.journaled``).
+
+When a commit asks it for a checkpoint, the commits that end while that checkpoint has not yet
+pinned its state are in it, so they ask for no other: a second one would come right after it
+with a commit or two since, and cost its two device flushes for nothing. And what a checkpoint
+keeps open (the descriptor it reads LMDB's meta pages through) lives as long as the writer."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -106,3 +109,35 @@ async def test_a_checkpoint_that_fails_leaves_the_next_commit_free_to_ask_again(
         assert [await reopened.conversation(id, CTX) is not None for id in (1, 2)] == [True, True]
     finally:
         await reopened.close()
+
+
+def _descriptors_of(path: Path) -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            pass  # closed meanwhile
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+async def test_checkpoints_read_the_meta_pages_through_one_descriptor_closed_with_the_writer(
+    tmp_path: Path,
+) -> None:
+    storage, journal = await _every_commit_checkpoints(tmp_path)
+    data = (tmp_path / "store" / "data.mdb").resolve()
+    try:
+        before = storage.counters.checkpoints
+        await storage.commit([conversation(1)], CTX)
+        await _until(lambda: storage.counters.checkpoints > before, "a checkpoint")
+        await _until(lambda: not journal._requested, "its end")
+        open_now = _descriptors_of(data)
+        for id in range(2, 12):
+            await storage.commit([conversation(id)], CTX)
+            await _until(lambda: not journal._requested, "each checkpoint")
+        assert storage.counters.checkpoints >= before + 5
+        assert _descriptors_of(data) == open_now, "a checkpoint left a descriptor open"
+    finally:
+        await storage.close()
+    assert _descriptors_of(data) == 0, "the closed writer left data.mdb open"
