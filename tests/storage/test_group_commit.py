@@ -158,10 +158,22 @@ def test_threads_and_loops_mixing_commits_mint_id_and_reads(tmp_path: Path) -> N
             for id in ids:  # read-your-writes, right after the acknowledgement
                 read = await storage.entry(id, CTX)
                 assert read is not None and read["commitSeq"] == seq, (id, seq, read)
-            page = await storage.scan_entries(
-                {"conversationId": 1, "minEntryId": ids[0], "maxEntryId": ids[-1]}, 10, None, CTX
-            )
-            assert [entry["id"] for entry in page["items"]] == sorted(ids, reverse=True)
+            # Other threads mint between two mints of one agent: their entries may lie between.
+            between: list[int] = []
+            cursor = None
+            while True:
+                page = await storage.scan_entries(
+                    {"conversationId": 1, "minEntryId": ids[0], "maxEntryId": ids[-1]},
+                    50,
+                    cursor,
+                    CTX,
+                )
+                between += [entry["id"] for entry in page["items"]]
+                cursor = page.get("next")
+                if cursor is None:
+                    break
+            assert between == sorted(between, reverse=True)
+            assert [id for id in between if id in ids] == sorted(ids, reverse=True)
             with lock:
                 assert seq not in acked
                 acked[seq] = ids
@@ -169,13 +181,15 @@ def test_threads_and_loops_mixing_commits_mint_id_and_reads(tmp_path: Path) -> N
     async def thread(n: int) -> None:
         await asyncio.gather(*(agent(n, k) for k in range(4)))
 
-    _in_threads(4, thread)
-    assert len(minted) == len(set(minted)), "mint_id handed out an id twice"
-    logged = _log_entries(storage)
-    for seq, ids in acked.items():
-        assert logged[seq] == ids
-    assert len(logged) == len(acked) + 1
-    asyncio.run(storage.close())
+    try:
+        _in_threads(4, thread)
+        assert len(minted) == len(set(minted)), "mint_id handed out an id twice"
+        logged = _log_entries(storage)
+        for seq, ids in acked.items():
+            assert logged[seq] == ids
+        assert len(logged) == len(acked) + 1
+    finally:
+        asyncio.run(storage.close())  # a failure here leaves no writer thread to the next test
     assert verify(path) is None
 
     async def reopened() -> int:
