@@ -655,10 +655,10 @@ class LmdbStorage(StorageReads, Storage):
                 "An erasure drops the user projections, which this program defines: open the "
                 "store without projections= to erase"
             )
-        # The erased ids leave the store, and with them the floor a reopen mints above: the
-        # durable reservation keeps it (a no-op for minting when a block is reserved already).
-        await self._reserve_ids(self._ids.floor)
         if writer is not None:
+            # The erased ids leave the registry a reopening store takes its id floor from: the
+            # durable reservation, published on the stream, keeps them from being minted again.
+            await self._reserve_ids(self._ids.floor)
             return await self._erase_on_stream(writer, conversation_id, reason, by, with_forks)
         env, log = self._env, self.log
         if log.trimmed_before():
@@ -671,7 +671,16 @@ class LmdbStorage(StorageReads, Storage):
                 lambda: log.read(decode=decode_record_builtins), conversation_id, with_forks
             )
             names = stored_projections(env)
-            seq = self._rewrite(lambda txn: rewrite(txn, env, log, plan, reason, by, names))
+            ids = self._ids
+
+            def erase(txn: lmdb.Transaction[bytes]) -> int:
+                # The erased ids leave the registry a reopening store takes its id floor from:
+                # the durable reservation, raised in the same transaction, keeps them from
+                # being minted again (nothing commits meanwhile: the committer is held).
+                ids.reserve_in(txn, ids.floor)
+                return rewrite(txn, env, log, plan, reason, by, names)
+
+            seq = self._rewrite(erase)
         self._erased(plan, seq)
         return ErasureReport(seq, plan.conversations, sorted(plan.erased), plan.writes)
 
