@@ -19,7 +19,7 @@ from pi_durable_lmdb.errors import OutcomeUnknownError
 from pi_durable_lmdb.log.records import decode_record
 from pi_durable_lmdb.log.stream.memory import MemoryLink, MemoryStream
 from pi_durable_lmdb.log.stream.message import H_KIND, H_SEQ, Tombstones
-from pi_durable_lmdb.storage import LmdbStorage
+from pi_durable_lmdb.storage import LmdbStorage, lmdb_storage
 
 from ..support.polling import until_async
 from ..support.workload import message
@@ -181,5 +181,60 @@ def test_an_erasure_whose_answer_was_lost_or_whose_publish_was_dropped(tmp_path:
         assert _log(late) == _log(writer)
         for storage in (late, writer):
             await storage.close()
+
+    asyncio.run(body())
+
+
+def test_an_erasure_whose_scan_meets_a_replica_behind_finds_its_messages_once_they_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the stream acknowledged the erasure record, the scan that finds the messages to
+    delete may be answered by a replica that does not hold it yet: it scans again until it does
+    (a three-node cluster under load met this), and the erased bytes still leave the stream."""
+
+    server = MemoryStream(STREAM)
+    marker = "a" + secrets.token_hex(16)
+    real_delete = lmdb_storage.delete_erased
+
+    async def behind(*args: Any, **kwargs: Any) -> int:
+        server.lagging_fetches = 2  # the next two scans answer without the erasure's append
+        return await real_delete(*args, **kwargs)
+
+    monkeypatch.setattr(lmdb_storage, "delete_erased", behind)
+
+    async def body() -> None:
+        writer = await LmdbStorage.open(
+            tmp_path / "w",
+            durability="replicated",
+            nats=MemoryLink(server),
+            stream=STREAM,
+            store=STORE,
+        )
+        a, b = await writer.mint_id(), await writer.mint_id()
+        await writer.commit([{"type": "conversation", "value": {"id": i}} for i in (a, b)], CTX)
+        for turn in range(3):
+            await writer.commit(
+                [
+                    message(await writer.mint_id(), a, f"{turn} {marker}"),
+                    message(await writer.mint_id(), b, f"b {turn}"),
+                ],
+                CTX,
+            )
+        subject = f"{STREAM}.{STORE}.log"
+
+        def holding() -> list[int]:
+            return [
+                m.stream_seq
+                for m in server.subject_messages(subject)
+                if m.headers[H_KIND] == "record"
+                and _record_holds(int(m.headers[H_SEQ]), m.data, marker)
+            ]
+
+        assert len(holding()) == 3
+        report = await writer.erase_conversation(a, reason="a replica behind")
+        assert server.lagging_fetches == 0, "the scans did not meet the replica behind"
+        assert report.conversations == [a]
+        assert holding() == [], "an erased record's message is still on the stream"
+        await writer.close()
 
     asyncio.run(body())

@@ -17,6 +17,8 @@ record's tombstone from the ``tombstones`` message that covers it, further on th
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable
 from typing import Final
 
@@ -126,6 +128,13 @@ async def delete_erased(
 
     erased = set(records)
     by_seq, tombstones = await scan_subject(link, subject, store)
+    deadline, pause = time.monotonic() + link.timeout, 0.01
+    while erasure not in by_seq and time.monotonic() < deadline:
+        # The stream acknowledged the erasure record's message once most of its replicas held
+        # it: the scan's consumer may read one that has not stored it yet. It comes.
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, 0.25)
+        by_seq, tombstones = await scan_subject(link, subject, store)
     at = by_seq.get(erasure)
     if at is None:
         raise ReplicationError(

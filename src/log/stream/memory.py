@@ -82,6 +82,10 @@ class MemoryStream:
     down: bool = False
     drop_requests: int = 0
     lose_answers: int = 0
+    lagging_fetches: int = 0
+    """The next this many ``fetch`` answers come from a replica one append behind: without the
+    messages of the last append (a replicated stream acknowledges an append once most of its
+    replicas hold it)."""
     messages: list[_Message] = field(default_factory=list)
     keys: dict[str, _Key] = field(default_factory=dict)
     buckets: dict[str, dict[str, _Key]] = field(default_factory=dict)
@@ -91,6 +95,8 @@ class MemoryStream:
     revision: int = 0
     last_seq: int = 0
     """The stream sequence of the last message ever stored (a trim does not lower it)."""
+    last_append: int = 0
+    """The stream sequence of the first message of the last append."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -176,6 +182,7 @@ class MemoryMessages:
             last = mine[-1].stream_seq if mine else 0
             if last != expected:
                 raise StreamMovedError(subject, expected, last)
+            server.last_append = server.last_seq + 1
             for headers, body in messages:
                 server.last_seq += 1
                 server.messages.append(
@@ -208,8 +215,12 @@ class MemoryMessages:
             await asyncio.sleep(0.005)
 
     async def fetch(self, subject: str, after: int, *, batch: int) -> list[RawMessage]:
-        self.server.answer()
-        found = self.server.subject_messages(subject, after)
+        server = self.server
+        server.answer()
+        found = server.subject_messages(subject, after)
+        if server.lagging_fetches:
+            server.lagging_fetches -= 1
+            found = [message for message in found if message.stream_seq < server.last_append]
         return [
             RawMessage(
                 message.stream_seq, dict(message.headers), message.data, len(found) - index - 1
