@@ -138,28 +138,34 @@ def test_a_record_erased_twice_and_a_replica_meeting_the_gaps(tmp_path: Path) ->
     asyncio.run(body())
 
 
+async def _writer_of_two(
+    path: Path, server: MemoryStream, marker: str, turns: int
+) -> tuple[LmdbStorage, int, int]:
+    """A replicated writer on ``server`` with conversations ``a`` and ``b``, and ``turns``
+    commits each holding a message of both, ``a``'s with ``marker``."""
+
+    writer = await LmdbStorage.open(
+        path, durability="replicated", nats=MemoryLink(server), stream=STREAM, store=STORE
+    )
+    a, b = await writer.mint_id(), await writer.mint_id()
+    await writer.commit([{"type": "conversation", "value": {"id": i}} for i in (a, b)], CTX)
+    for turn in range(turns):
+        await writer.commit(
+            [
+                message(await writer.mint_id(), a, f"{turn} {marker}"),
+                message(await writer.mint_id(), b, f"b {turn}"),
+            ],
+            CTX,
+        )
+    return writer, a, b
+
+
 def test_an_erasure_whose_answer_was_lost_or_whose_publish_was_dropped(tmp_path: Path) -> None:
     server = MemoryStream(STREAM)
     marker = "a" + secrets.token_hex(16)
 
     async def body() -> None:
-        writer = await LmdbStorage.open(
-            tmp_path / "w",
-            durability="replicated",
-            nats=MemoryLink(server),
-            stream=STREAM,
-            store=STORE,
-        )
-        a, b = await writer.mint_id(), await writer.mint_id()
-        await writer.commit([{"type": "conversation", "value": {"id": i}} for i in (a, b)], CTX)
-        for turn in range(4):
-            await writer.commit(
-                [
-                    message(await writer.mint_id(), a, f"{turn} {marker}"),
-                    message(await writer.mint_id(), b, f"b {turn}"),
-                ],
-                CTX,
-            )
+        writer, a, b = await _writer_of_two(tmp_path / "w", server, marker, 4)
         head = writer.log.head()
         server.drop_requests = 1  # nothing stored, no answer: nothing erased
         with pytest.raises(OutcomeUnknownError):
@@ -203,23 +209,7 @@ def test_an_erasure_whose_scan_meets_a_replica_behind_finds_its_messages_once_th
     monkeypatch.setattr(lmdb_storage, "delete_erased", behind)
 
     async def body() -> None:
-        writer = await LmdbStorage.open(
-            tmp_path / "w",
-            durability="replicated",
-            nats=MemoryLink(server),
-            stream=STREAM,
-            store=STORE,
-        )
-        a, b = await writer.mint_id(), await writer.mint_id()
-        await writer.commit([{"type": "conversation", "value": {"id": i}} for i in (a, b)], CTX)
-        for turn in range(3):
-            await writer.commit(
-                [
-                    message(await writer.mint_id(), a, f"{turn} {marker}"),
-                    message(await writer.mint_id(), b, f"b {turn}"),
-                ],
-                CTX,
-            )
+        writer, a, _ = await _writer_of_two(tmp_path / "w", server, marker, 3)
         subject = f"{STREAM}.{STORE}.log"
 
         def holding() -> list[int]:
