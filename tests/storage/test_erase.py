@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 import secrets
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from pi_durable_lmdb.audit import verify
 from pi_durable_lmdb.log import Environment, WriteLog, codec
 from pi_durable_lmdb.log.compact import compact
 from pi_durable_lmdb.log.records import decode_record_builtins, encode_tombstone, record_leaf
+from pi_durable_lmdb.storage import lmdb_storage
 from pi_durable_lmdb.storage.erase import scrub
 from pi_durable_lmdb.storage.lmdb_storage import LmdbStorage
 
@@ -382,6 +386,72 @@ async def test_ids_an_erasure_took_out_of_the_store_are_never_minted_again(
             assert minted > 9, f"mint_id after the erasure and a reopen returned {minted}"
         finally:
             await storage.close()
+
+
+_READ_AFTER = """
+import asyncio, json, sys
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb import LmdbStorage
+
+async def main():
+    storage = await LmdbStorage.open(sys.argv[1], durability=sys.argv[2])
+    try:
+        seen = {"head": storage.log.head(), "minted": await storage.mint_id()}
+        for id in (7, 9):
+            seen[str(id)] = await storage.conversation(id, CTX) is not None
+        page = await storage.scan_entries({"conversationId": 7}, 10, None, CTX)
+        seen["entries"] = [entry["id"] for entry in page["items"]]
+        print(json.dumps(seen))
+    finally:
+        await storage.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("durability", ["process", "power"])
+async def test_an_erasure_failing_after_its_checks_leaves_the_store_as_it_was(
+    tmp_path: Path, durability: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The erasure's transaction (its rewrite, its id reservation) fails once its work is done:
+    nothing is erased, and a fresh process reads the store and mints as before it."""
+
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability=durability)
+    await storage.commit(
+        [
+            {"type": "conversation", "value": {"id": 7}},
+            message(8, 7, "kept: the erasure fails"),
+            {"type": "conversation", "value": {"id": 9, "parent": {"conversationId": 7, "at": 8}}},
+        ],
+        CTX,
+    )
+    head = storage.log.head()
+    real_rewrite = lmdb_storage.rewrite
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        real_rewrite(*args, **kwargs)
+        raise OSError(5, "injected after the erasure's checks and work")
+
+    monkeypatch.setattr(lmdb_storage, "rewrite", failing)
+    try:
+        with pytest.raises(OSError, match="injected after"):
+            await storage.erase_conversation(7, reason="asked", with_forks=True)
+        assert storage.log.head() == head
+        assert await storage.conversation(9, CTX) is not None
+    finally:
+        await storage.close()
+    monkeypatch.undo()
+    read = subprocess.run(
+        [sys.executable, "-c", _READ_AFTER, str(path), durability],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(read.stdout)  # read by a fresh process
+    assert seen == {"head": head, "minted": 10, "7": True, "9": True, "entries": [8]}
+    assert verify(path) is None
 
 
 def _task(id: int, conversation: int) -> dict[str, Any]:
