@@ -168,7 +168,7 @@ def test_bench_checkpoints_reports_each_interval_and_the_process_reference(
         assert cells[1].endswith("µs") and float(cells[4]) >= 0 and float(cells[5]) >= 0, row
 
 
-def test_bench_concurrent_gives_the_power_ceiling_and_the_raw_record_rows() -> None:
+def test_bench_concurrent_gives_the_ceilings_and_the_raw_record_rows() -> None:
     out = _run(
         "-m",
         "tools.bench.concurrent",
@@ -187,8 +187,10 @@ def test_bench_concurrent_gives_the_power_ceiling_and_the_raw_record_rows() -> N
     for row in (
         "| power | 4 | lmdb (power, log records raw) |",
         "| process | 4 | lmdb (process, log records raw) |",
+        "| process | 4 | memory |",  # the ceiling: a store that stores nothing
     ):
         assert row in out, out
+    assert "| power | 4 | memory |" not in out, out
     ceiling = next(
         line for line in out.splitlines() if line.startswith("Ceiling of the power class, 4 agents")
     )

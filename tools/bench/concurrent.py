@@ -8,7 +8,8 @@ work and the machine's noise, with commits only encoded). Backends run interleav
 noisy machine slows all alike; ratios are taken per round and the median is reported.
 
 Classes, compared only within a class: ``power`` = LMDB ``power`` | SQLite WAL ``synchronous=FULL``;
-``process`` = LMDB ``process`` | SQLite WAL ``synchronous=NORMAL``.
+``process`` = LMDB ``process`` | SQLite WAL ``synchronous=NORMAL``, beside pi-durable's
+``MemoryStorage``: it stores nothing, so its ratio is the ceiling of any store's on these agents.
 
 With both classes, a last line gives the power class's ceiling: ``process`` mode, which flushes
 nothing, against SQLite FULL. ``--raw-records`` adds a row per class for the same store with every
@@ -97,6 +98,12 @@ async def run_agents(storage: Any, agents: int, turns: int) -> tuple[float, list
     return elapsed, [per_agent * agents / elapsed, cpu / (per_agent * agents)] + stalls
 
 
+BACKENDS = ("lmdb", "sqlite", "memory", "none")
+"""The rows of a run, each round in this order or its reverse. ``memory`` (pi-durable's
+``MemoryStorage``, process class only) stores nothing: its ratio is the ceiling of any store's
+on the same agents, the work of checking and copying each commit and of the loop."""
+
+
 class NoStore:
     """The floor: the same agents and ticker, each commit only encoded (``encode_batch``) and
     followed by a yield. Its stalls are the machine's and the agents' own, not a store's."""
@@ -176,7 +183,7 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
 
 async def main_async(args: argparse.Namespace) -> str:
     base = tempfile.mkdtemp(prefix="bench-concurrent-")
-    backends = ("lmdb", RAW, "sqlite", "none") if args.raw_records else ("lmdb", "sqlite", "none")
+    backends = ("lmdb", RAW, "sqlite", "memory", "none") if args.raw_records else BACKENDS
     results: dict[tuple[str, str, int], list[dict[str, float]]] = {}
     try:
         for round in range(args.rounds):
@@ -184,6 +191,8 @@ async def main_async(args: argparse.Namespace) -> str:
                 for mode in args.modes:
                     order = backends if round % 2 == 0 else backends[::-1]
                     for backend in order:
+                        if backend == "memory" and mode != "process":
+                            continue  # it stores nothing: a row of the process class only
                         turns = args.turns if mode == "process" else args.power_turns
                         figures = await measure(backend, mode, agents, max(turns, agents), base)
                         results.setdefault((backend, mode, agents), []).append(figures)
@@ -204,13 +213,15 @@ async def main_async(args: argparse.Namespace) -> str:
         for agents in args.agents:
             sqlite = results[("sqlite", mode, agents)]
             for backend in backends:
+                if (backend, mode, agents) not in results:
+                    continue
                 runs = results[(backend, mode, agents)]
                 rates = [run["rate"] for run in runs]
                 ratios = [run["rate"] / other["rate"] for run, other in zip(runs, sqlite)]
                 lines.append(
                     f"| {mode} | {agents} | {_label(backend, mode)} | {statistics.median(rates):,.0f} "
                     f"| {min(rates):,.0f}–{max(rates):,.0f} "
-                    f"| {'—' if backend not in ('lmdb', RAW) else f'{statistics.median(ratios):.2f}x'} "
+                    f"| {'—' if backend not in ('lmdb', RAW, 'memory') else f'{statistics.median(ratios):.2f}x'} "
                     f"| {statistics.median(run['cpu'] for run in runs) * 1e6:.1f} "
                     f"| {statistics.median(run['p99'] for run in runs) * 1e3:.2f} ms "
                     f"| {max(run['max'] for run in runs) * 1e3:.1f} ms |"
