@@ -168,10 +168,16 @@ def test_bench_checkpoints_reports_each_interval_and_the_process_reference(
         assert cells[1].endswith("µs") and float(cells[4]) >= 0 and float(cells[5]) >= 0, row
 
 
-def test_bench_concurrent_gives_the_ceilings_and_the_raw_record_rows() -> None:
+def test_bench_concurrent_gives_the_ceilings_and_the_raw_record_rows(tmp_path: Path) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text(
+        "before\n<!-- bench_concurrent: begin -->\nold\n<!-- bench_concurrent: end -->\nafter\n"
+    )
     out = _run(
         "-m",
         "tools.bench.concurrent",
+        "--write",
+        str(page),
         "--agents",
         "4",
         "--modes",
@@ -191,6 +197,12 @@ def test_bench_concurrent_gives_the_ceilings_and_the_raw_record_rows() -> None:
     ):
         assert row in out, out
     assert "| power | 4 | memory |" not in out, out
+    written = page.read_text()
+    assert written.startswith(
+        "before\n<!-- bench_concurrent: begin -->\n`python -m tools.bench.concurrent "
+    )
+    assert "old" not in written and written.endswith("<!-- bench_concurrent: end -->\nafter\n")
+    assert "| process | 4 | memory |" in written, written
     ceiling = next(
         line for line in out.splitlines() if line.startswith("Ceiling of the power class, 4 agents")
     )

@@ -21,6 +21,7 @@ Usage::
     python -m tools.bench.concurrent                       # 1, 8, 64 agents, 3 rounds
     python -m tools.bench.concurrent --agents 64 --rounds 5 --turns 3000
     python -m tools.bench.concurrent --agents 64 --raw-records
+    python -m tools.bench.concurrent --agents 64 --rounds 7 --write   # into docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ import msgspec
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb.log import zstd
 
-from tools.bench.report import LABELS, Store
+from tools import ROOT
+from tools.bench.report import LABELS, Store, source_version
+from tools.bench.report_markdown import write_marked
 from tools.bench.workloads import Ids, conversation, entry, task
+
+DOCS = ROOT / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- bench_concurrent: begin -->", "<!-- bench_concurrent: end -->"
+"""The lines around the report ``--write`` puts into ``DOCS``."""
 
 RAW = "lmdb-raw"
 """The ``--raw-records`` backend: ``lmdb`` with no log record compressed."""
@@ -263,13 +270,27 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also the store with its log records not compressed",
     )
+    parser.add_argument(
+        "--write",
+        nargs="?",
+        const=str(DOCS),
+        metavar="PATH",
+        help=f"put the report into PATH (default {DOCS.relative_to(ROOT)}), between the lines "
+        f"{BEGIN} and {END}",
+    )
     args = parser.parse_args(argv)
     args.agents = args.agents or [1, 8, 64]
     args.modes = [mode for mode in args.modes.split(",") if mode]
-    print(
+    command = (
         f"$ python -m tools.bench.concurrent {' '.join(argv if argv is not None else sys.argv[1:])}"
     )
-    print(asyncio.run(main_async(args)))
+    report = asyncio.run(main_async(args))
+    print(command)
+    print(report)
+    if args.write:
+        source = source_version()
+        block = f"{BEGIN}\n`{command[2:]}` on {source}:\n\n{report}\n{END}"
+        write_marked(args.write, block, BEGIN, END)
     return 0
 
 
