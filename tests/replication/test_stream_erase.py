@@ -105,6 +105,9 @@ async def _fill(storage: LmdbStorage, marker: str) -> dict[str, int]:
             )
         await storage.commit(writes, CTX)
         await storage.commit([message(await storage.mint_id(), c, f"c {turn}")], CTX)
+    # A batch under ``RAW_BELOW``, stored as it is: the marker's bytes are then in what a server
+    # stores of it, whatever zstd made of the larger batches (their literals may be coded).
+    await storage.commit([message(await storage.mint_id(), a, marker)], CTX)
     return ids
 
 
@@ -259,7 +262,9 @@ async def _erase_everywhere(
     assert await _snapshots_holding(url, store, marker, tmp_path / "before") == [True]
     before = await _reads(writer, ids, head)
     assert marker in repr(before[0])
-    assert _holding(await read_subject(url, STREAM, subject(STREAM, store)), marker)
+    messages = await read_subject(url, STREAM, subject(STREAM, store))
+    assert _holding(messages, marker)
+    assert any(marker.encode() in m.data for m in messages)  # as stored: what a server's files hold
     if server_files is not None:  # the server writes its message blocks out on its own time
         await until_async(
             lambda: bool(_files_holding(server_files, marker.encode())),
