@@ -7,9 +7,7 @@ keeps open (the descriptor it reads LMDB's meta pages through) lives as long as 
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +16,8 @@ from pi_durable.context import BACKGROUND_CONTEXT as CTX
 from pi_durable_lmdb import LmdbStorage
 from pi_durable_lmdb.log.journal import JournalOptions
 from pi_durable_lmdb.log.journaled import CommitJournal
+
+from ..support.polling import until_async
 
 PATIENCE = 60.0
 """Seconds a wait for the checkpoint thread may take: a bound no load crosses."""
@@ -30,12 +30,8 @@ def conversation(id: int) -> dict[str, object]:
     }
 
 
-async def _until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {PATIENCE} s for {what}")
-        await asyncio.sleep(0.002)
+async def _until(predicate: Callable[[], object], what: str) -> None:
+    await until_async(predicate, timeout=PATIENCE, what=what, interval=0.002)
 
 
 async def _every_commit_checkpoints(tmp_path: Path) -> tuple[LmdbStorage, CommitJournal]:

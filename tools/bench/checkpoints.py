@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pi_durable import create_session
@@ -131,17 +132,19 @@ class FloorWithPages(OneFlush):
         return await super().close(*args, **kwargs)
 
 
-async def _host_turns(storage: Any, commits: int) -> list[float]:
-    """``commits`` Session host turns (``tools.bench.host.turn``), each timed."""
+async def _prepare(storage: Any, workload: str, commits: int) -> Callable[[int], Awaitable[object]]:
+    """The untimed start of ``workload`` on ``storage``; then commit ``n`` (1 to ``commits``):
+    a ``commit_turn`` batch, or a Session host turn (``tools.bench.host.turn``)."""
 
     await storage.commit([conversation(ROOT)], CTX)
-    session = create_session(storage)
-    times = []
-    for n in range(1, commits + 1):
-        started = time.perf_counter()
-        await session.commit(lambda tx, n=n: host_turn(tx, n), CTX)
-        times.append(time.perf_counter() - started)
-    return times
+    if workload == "host":
+        session = create_session(storage)
+        return lambda n: session.commit(lambda tx: host_turn(tx, n), CTX)
+    ids = Ids()
+    task_id = ids()
+    await storage.commit([{"type": "task", "value": task(task_id, ROOT, 0, "pending")}], CTX)
+    batches = turn_batches(ids, task_id, commits)
+    return lambda n: storage.commit(batches[n - 1], CTX)
 
 
 async def one(
@@ -166,27 +169,15 @@ async def one(
                 path, durability="power", journal=JournalOptions(**options)
             )
         before_pages = os.path.getsize(os.path.join(path, "data.mdb")) // 4096
-        if workload == "host":
-            os.sync()
-            written, _ = device_counters(path)
-            cpu = resource.getrusage(resource.RUSAGE_SELF)
-            times = await _host_turns(storage, commits)
-        else:
-            ids = Ids()
-            task_id = ids()
-            await storage.commit([conversation(ROOT)], CTX)
-            await storage.commit(
-                [{"type": "task", "value": task(task_id, ROOT, 0, "pending")}], CTX
-            )
-            batches = turn_batches(ids, task_id, commits)
-            os.sync()
-            written, _ = device_counters(path)
-            times = []
-            cpu = resource.getrusage(resource.RUSAGE_SELF)
-            for writes in batches:
-                started = time.perf_counter()
-                await storage.commit(writes, CTX)
-                times.append(time.perf_counter() - started)
+        step = await _prepare(storage, workload, commits)
+        os.sync()
+        written, _ = device_counters(path)
+        times = []
+        cpu = resource.getrusage(resource.RUSAGE_SELF)
+        for n in range(1, commits + 1):
+            started = time.perf_counter()
+            await step(n)
+            times.append(time.perf_counter() - started)
         started = time.perf_counter()
         await storage.close()
         closing = time.perf_counter() - started

@@ -190,7 +190,7 @@ async def measure(backend: str, mode: str, agents: int, turns: int, base: str) -
 
 async def main_async(args: argparse.Namespace) -> str:
     base = tempfile.mkdtemp(prefix="bench-concurrent-")
-    backends = ("lmdb", RAW, "sqlite", "memory", "none") if args.raw_records else BACKENDS
+    backends = ("lmdb", RAW, *BACKENDS[1:]) if args.raw_records else BACKENDS
     results: dict[tuple[str, str, int], list[dict[str, float]]] = {}
     try:
         for round in range(args.rounds):
@@ -282,14 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     args.agents = args.agents or [1, 8, 64]
     args.modes = [mode for mode in args.modes.split(",") if mode]
     command = (
-        f"$ python -m tools.bench.concurrent {' '.join(argv if argv is not None else sys.argv[1:])}"
+        f"python -m tools.bench.concurrent {' '.join(argv if argv is not None else sys.argv[1:])}"
     )
     report = asyncio.run(main_async(args))
-    print(command)
-    print(report)
+    print(f"$ {command}\n{report}")
     if args.write:
-        source = source_version()
-        block = f"{BEGIN}\n`{command[2:]}` on {source}:\n\n{report}\n{END}"
+        block = f"{BEGIN}\n`{command}` on {source_version()}:\n\n{report}\n{END}"
         write_marked(args.write, block, BEGIN, END)
     return 0
 
