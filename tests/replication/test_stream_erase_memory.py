@@ -8,7 +8,9 @@ byte for byte; a replica refuses to erase."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +162,47 @@ async def _writer_of_two(
     return writer, a, b
 
 
+_READ = """
+import asyncio, json, sys
+from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb import LmdbStorage
+
+async def main():
+    storage = await LmdbStorage.open(sys.argv[1], readonly=True)
+    try:
+        conversation = int(sys.argv[2])
+        page = await storage.scan_entries({"conversationId": conversation}, 100, None, CTX)
+        print(json.dumps({
+            "head": storage.log.head(),
+            "conversation": await storage.conversation(conversation, CTX) is not None,
+            "entries": len(page["items"]),
+            "marker": sys.argv[3] in json.dumps(page["items"]),
+        }))
+    finally:
+        await storage.close()
+
+asyncio.run(main())
+"""
+
+
+async def _read_in_a_fresh_process(path: Path, conversation: int, marker: str) -> Any:
+    """What a read-only handle in another process reads of ``conversation`` in the store."""
+
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _READ,
+        str(path),
+        str(conversation),
+        marker,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 120)
+    assert child.returncode == 0, err.decode()[-2000:]
+    return json.loads(out)
+
+
 def test_an_erasure_whose_answer_was_lost_or_whose_publish_was_dropped(tmp_path: Path) -> None:
     server = MemoryStream(STREAM)
     marker = "a" + secrets.token_hex(16)
@@ -171,6 +214,12 @@ def test_an_erasure_whose_answer_was_lost_or_whose_publish_was_dropped(tmp_path:
         with pytest.raises(OutcomeUnknownError):
             await writer.erase_conversation(a, reason="dropped")
         assert writer.log.head() == head and await writer.conversation(a, CTX) is not None
+        assert await _read_in_a_fresh_process(tmp_path / "w", a, marker) == {
+            "head": head,
+            "conversation": True,
+            "entries": 4,
+            "marker": True,
+        }
         server.lose_answers = 1  # stored, the answer lost: the erasure landed, and is committed
         report = await writer.erase_conversation(a, reason="answer lost")
         assert report.seq == head + 1 and await writer.conversation(a, CTX) is None
