@@ -93,6 +93,19 @@ class Mode(enum.Enum):
         return self is Mode.PROCESS or self is Mode.REPLICATED
 
     @property
+    def mapped(self) -> bool:
+        """LMDB writes pages through a writable map (``MDB_WRITEMAP``): no ``pwrite`` per dirty
+        page at each commit, which is most of what an unsynced commit costs LMDB. Only where
+        nothing syncs at a commit: what a mapped write reaches is the page cache, as a
+        ``pwrite``'s does, so a killed process loses nothing either way; ``power`` keeps
+        ``pwrite`` (its checkpoints and the power-loss explorer see each page written). Only
+        on a file system that overwrites in place (``storedir.overwrites_in_place``), with the
+        file allocated before it is mapped (``storedir.allocate``): a full disk is then an
+        error at a growth, never a SIGBUS at a write."""
+
+        return self.unsynced and self.writes
+
+    @property
     def lmdb_sync(self) -> bool:
         """LMDB's own ``sync`` flag: it syncs data and meta pages at every commit (a reader, which
         commits nothing, keeps LMDB's default)."""

@@ -45,11 +45,13 @@ from .shared import SharedEnv
 from .storedir import MAX_DBS as MAX_DBS
 from .storedir import UNSYNCED_FILE as UNSYNCED_FILE
 from .storedir import (
+    allocate,
     boot_id,
     clear_unsynced,
     create_data_file,
     make_private_dir,
     mark_unsynced,
+    next_allocation,
     read_power_marker,
     refuse_after_crash,
     refuse_links,
@@ -378,6 +380,7 @@ class Environment:
         if self.readonly:
             raise PermissionError(f"The store at {self.path} is open read-only")
         journal = self.journal
+        growths = 0
         while True:
             self._gate.enter()  # held from begin to commit: write transactions are not in the reader table
             full = None
@@ -447,7 +450,8 @@ class Environment:
                     finally:
                         self._held.pop()
                     raise
-            self.grow(self.env.info()["map_size"], full)
+            growths += 1
+            self.grow(self.env.info()["map_size"], full, growths)
 
     def _explain(self, error: lmdb.Error) -> None:
         """A full disk surfaces from LMDB as an I/O error; say what it is."""
@@ -464,19 +468,25 @@ class Environment:
                 "nothing was written, free some space and commit again",
             ) from error
 
-    def grow(self, full: int | None = None, txn: lmdb.Transaction[bytes] | None = None) -> None:
-        """Double the map; ``full`` is the size a write found full (if another thread grew it
-        meanwhile, there is nothing to do). Called outside any transaction, or by ``write`` with
-        ``txn``, its write transaction that found the map full (still counted in ``held``),
-        which is aborted here."""
+    def grow(
+        self, full: int | None = None, txn: lmdb.Transaction[bytes] | None = None, growths: int = 1
+    ) -> None:
+        """Grow the map: double it, or for a writer that writes through it (``Mode.mapped``)
+        allocate a sixteenth more of the file first (``storedir.next_allocation``; ``growths``:
+        how many times in a row the same write found it full). ``full`` is the size a write
+        found full (if another thread grew it meanwhile, there is nothing to do). Called outside
+        any transaction, or by ``write`` with ``txn``, its write transaction that found the map
+        full (still counted in ``held``), which is aborted here."""
 
         if txn is None:
             self._gate.enter()
-        self._remap(2, full, txn)
+        self._remap(2, full, txn, growths)
 
-    def _remap(self, factor: int, full: int | None, txn: lmdb.Transaction[bytes] | None) -> None:
-        """Change the memory map: ``factor`` 2 doubles it, 0 adopts the size another process
-        grew it to. ``mdb_env_set_mapsize`` must not run while any transaction of this process
+    def _remap(
+        self, factor: int, full: int | None, txn: lmdb.Transaction[bytes] | None, growths: int = 1
+    ) -> None:
+        """Change the memory map: ``factor`` 2 grows it (``grow``), 0 adopts the size another
+        process grew it to. ``mdb_env_set_mapsize`` must not run while any transaction of this process
         is open (LMDB does not check; py-lmdb invalidates them, or older versions crash), and
         reads run inline on any thread: so new transactions are kept out (``growing``), those
         open are waited for, at most ``REMAP_DRAIN`` at a time, then the map changes.
@@ -511,9 +521,9 @@ class Environment:
                         if self._drained(time.monotonic() + REMAP_DRAIN):
                             if journal is not None:
                                 journal.unpin()
-                            self.env.set_mapsize(
-                                0 if factor == 0 else self.env.info()["map_size"] * factor
-                            )
+                            self.env.set_mapsize(self._next_map_size(factor, growths))
+                            if factor:
+                                self.counters.map_growths += 1
                             if journal is not None:
                                 journal.pin()
                             return
@@ -527,6 +537,18 @@ class Environment:
         finally:
             self._open_gate()
             gate.lock.release()
+
+    def _next_map_size(self, factor: int, growths: int) -> int:
+        """The size ``_remap`` sets (0: the one the newest meta page holds). A mapped writer's
+        file is allocated to it first, and never adopts a size it did not allocate (it is the
+        only writer: nobody else grows its map)."""
+
+        size = int(self.env.info()["map_size"])
+        if not self._shared.mapped:
+            return 0 if factor == 0 else size * factor
+        grown = next_allocation(size, growths)
+        allocate(self.path, grown)  # StoreFullError here leaves the map and the store as they were
+        return grown
 
     def _open_gate(self) -> None:
         gate = self._gate

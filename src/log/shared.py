@@ -16,7 +16,14 @@ import lmdb
 
 from ..errors import DurabilityConflictError, WriterLockedError
 from .durability import Mode
-from .storedir import MAX_DBS, check_not_truncated, refuse_links
+from .storedir import (
+    MAX_DBS,
+    allocate,
+    check_not_truncated,
+    mapped_size,
+    overwrites_in_place,
+    refuse_links,
+)
 
 REMAP_DRAIN: Final = 0.02
 """Seconds a map change keeps new transactions out while waiting for the open ones to end,
@@ -58,9 +65,12 @@ class SharedEnv:
     is fixed when it opens (py-lmdb cannot change ``MDB_NOSYNC`` later), so a writer sharing it
     must ask for a mode that syncs as ``mode`` does."""
 
-    def __init__(self, env: lmdb.Environment, mode: Mode) -> None:
+    def __init__(self, env: lmdb.Environment, mode: Mode, mapped: bool = False) -> None:
         self.env = env
         self.mode = mode
+        self.mapped = mapped
+        """LMDB writes pages through the map (``Mode.mapped``, on a file system that overwrites
+        in place): its file is allocated as far as the map goes (``storedir.allocate``)."""
         self.readonly = not mode.writes
         self.users = 0
         self.dbs: dict[bytes, lmdb._Database] = {}
@@ -98,6 +108,10 @@ def _acquire(
     if shared is None:
         refuse_links(path)
         check_not_truncated(path)
+        mapped = mode.mapped and overwrites_in_place(path)
+        if mapped:  # LMDB makes the file as long as the map: every block of it allocated
+            map_size = mapped_size(path, map_size)
+            allocate(path, map_size)
         env = lmdb.open(
             path,
             map_size=map_size,
@@ -108,9 +122,10 @@ def _acquire(
             mode=0o600,
             create=mode.writes,
             max_spare_txns=4,
+            writemap=mapped,
         )
         env.reader_check()
-        shared = open_envs[real] = SharedEnv(env, mode)
+        shared = open_envs[real] = SharedEnv(env, mode, mapped)
     elif mode.writes:
         _refuse_conflict(path, mode)
     shared.users += 1

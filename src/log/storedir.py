@@ -23,6 +23,7 @@ from ..errors import (
     JournalReplayPending,
     StoreDamagedError,
     StoreFormatError,
+    StoreFullError,
     TruncatedStoreError,
     WriterLockedError,
 )
@@ -82,6 +83,96 @@ def create_data_file(path: str, map_size: int) -> None:
     os.rename(os.path.join(staging, "data.mdb"), os.path.join(path, "data.mdb"))
     sync_directory(path)
     shutil.rmtree(staging, ignore_errors=True)
+
+
+ALLOCATION_STEP: Final = 256 << 10
+"""The least a mapped ``data.mdb`` grows by at once (``next_allocation``), and the most a new
+store's file starts with (``mapped_size``)."""
+ALLOCATION_GRAIN: Final = 64 << 10
+"""Mapped sizes are multiples of this (of every OS page size LMDB may use)."""
+ALLOCATION_SHARE: Final = 16
+"""A mapped file grows by at least its size over this at once: remaps stay rare as a store
+grows (about 70 from 16 MiB to 1 GiB), and the file holds at most a sixteenth more than LMDB
+uses."""
+
+
+def _grain(size: int) -> int:
+    return -(-size // ALLOCATION_GRAIN) * ALLOCATION_GRAIN
+
+
+def mapped_size(path: str, map_size: int) -> int:
+    """The map a writer that writes pages through it (``Mode.mapped``) opens ``data.mdb`` with:
+    the file's size (what earlier writers allocated), and for a new file at most
+    ``ALLOCATION_STEP`` (``map_size`` is the upper bound asked for, not what the disk gives)."""
+
+    try:
+        size = os.stat(os.path.join(path, "data.mdb")).st_size
+    except FileNotFoundError:
+        size = 0
+    return _grain(max(size, min(map_size, ALLOCATION_STEP)))
+
+
+def next_allocation(size: int, growths: int = 1) -> int:
+    """The mapped size after ``size`` was found full ``growths`` times in a row by one write:
+    a sixteenth more (``ALLOCATION_SHARE``, at least ``ALLOCATION_STEP``), twice as much at each
+    growth in a row, so a big transaction is run again a few times, not once per step."""
+
+    step = max(size // ALLOCATION_SHARE, ALLOCATION_STEP) << min(max(growths, 1) - 1, 16)
+    return _grain(size + step)
+
+
+IN_PLACE_FILE_SYSTEMS: Final = frozenset({"ext2", "ext3", "ext4", "xfs", "tmpfs"})
+"""File systems that overwrite an allocated block where it is: a page written through the map
+there needs no new block, so ``allocate`` leaves nothing for a full disk to refuse later. A
+copy-on-write one (btrfs, ZFS) writes every overwrite to a new block, which a full disk would
+refuse with a SIGBUS; there, and wherever the type is not known, LMDB writes with ``pwrite``."""
+
+
+def overwrites_in_place(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether the file system holding ``path`` is one of ``IN_PLACE_FILE_SYSTEMS`` (the mount
+    whose point is the longest prefix of its real path, the last such in ``mountinfo``)."""
+
+    real = os.path.realpath(path)
+    best, kind = -1, ""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields = line.split(" - ", 1)
+                head, tail = fields[0].split(), fields[1].split() if len(fields) == 2 else []
+                if len(head) < 5 or not tail:
+                    continue
+                point = head[4].replace("\\040", " ").replace("\\011", "\t")
+                point = point.replace("\\012", "\n").replace("\\134", "\\")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= best:
+                    best, kind = len(point), tail[0]
+    except OSError:
+        return False
+    return kind in IN_PLACE_FILE_SYSTEMS
+
+
+def allocate(path: str, size: int) -> None:
+    """Give ``data.mdb`` all the blocks of its first ``size`` bytes (``posix_fallocate``), before
+    LMDB maps them writable. A writer that writes pages through the map (``MDB_WRITEMAP``)
+    touches file blocks from its own memory, where a block the disk has no room for is not an
+    error but a SIGBUS that kills the process; so the map never goes past what is allocated, and a
+    full disk is ``StoreFullError`` here, before any transaction writes, with the store as it
+    was."""
+
+    file = os.path.join(path, "data.mdb")
+    descriptor = os.open(file, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.posix_fallocate(descriptor, 0, size)
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise StoreFullError(
+                error.errno,
+                f"No space left to grow {file} to {size} bytes: {os.strerror(error.errno)}; "
+                "nothing was written, free some space and commit again",
+            ) from error
+        raise
+    finally:
+        os.close(descriptor)
 
 
 def remove_leftover_copy(path: str) -> None:

@@ -197,7 +197,7 @@ def test_map_growth_with_a_reader_in_another_process(tmp_path: Path) -> None:
             commit(env, log, child.batch(n, 50_000))
         commit(env, log, child.batch(123, 1_500_000))
         grown = env.env.info()["map_size"]
-        assert grown >= 8 * 1024 * 1024 > small
+        assert grown >= 64 * small and env.counters.map_growths >= 2
         assert [c.seq for c in log.read(1)] == list(range(1, 125))
         for c in log.read(1):
             same([write_to_builtins(w) for w in c.writes], child.batch(c.seq - 1, _size_of(c)))

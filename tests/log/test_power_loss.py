@@ -186,6 +186,62 @@ def test_the_recorder_catches_lmdb_inside_the_py_lmdb_extension(
     assert meta.offset in (32, 4096 + 32) and len(meta.data) < 4096
 
 
+def _replayed(events: list[Event], path: str) -> bytes:
+    """The bytes of ``path`` once every recorded write and truncation of it has landed."""
+
+    content = bytearray()
+    for event in events:
+        if event.path != path:
+            continue
+        if event.kind == TRUNCATE:
+            del content[event.offset :]
+            content.extend(bytes(event.offset - len(content)))
+        elif event.kind == WRITE:
+            end = event.offset + len(event.data)
+            content.extend(bytes(max(0, end - len(content))))
+            content[event.offset : end] = event.data
+    return bytes(content)
+
+
+def test_the_recorder_sees_writes_through_lmdb_s_writable_map(
+    recorder: str, tmp_path: Path
+) -> None:
+    """With ``writemap`` LMDB stores pages through its map and calls nothing per write: the shim
+    records the pages that changed when the map is synced (then the sync, as the file's
+    ``fdatasync``) or unmapped (a close without a sync), so replaying the recording gives the
+    file's bytes exactly, and the synced state is ordered before what was written after it."""
+
+    events = _run_recorded(
+        recorder,
+        tmp_path,
+        """
+        import lmdb, os, sys
+        store = sys.argv[1]
+        env = lmdb.open(store, map_size=1 << 20, sync=False, writemap=True)
+        with env.begin(write=True) as txn:
+            for i in range(40):
+                txn.put(b"k%03d" % i, b"v" * 300)
+        env.sync(True)
+        with env.begin(write=True) as txn:
+            for i in range(40, 60):
+                txn.put(b"k%03d" % i, os.urandom(300))
+        env.set_mapsize(2 << 20)  # unmaps: what was stored and not synced is still written
+        with env.begin(write=True) as txn:
+            txn.put(b"last", b"w" * 5000)
+        env.close()
+    """,
+    )
+    kinds = [(event.kind, event.path) for event in events if event.kind != MKDIR]
+    assert MSYNC not in [kind for kind, _ in kinds]  # each msync is named as its file's sync
+    synced = kinds.index((FDATASYNC, "data.mdb"))
+    assert (WRITE, "data.mdb") in kinds[:synced]  # the first commit's pages, before their sync
+    assert (WRITE, "data.mdb") in kinds[synced + 1 :]  # the rest, unsynced
+    assert kinds.count((FDATASYNC, "data.mdb")) == 1
+    actual = (tmp_path / "store" / "data.mdb").read_bytes()
+    assert len(actual) == 2 << 20
+    assert _replayed(events, "data.mdb") == actual
+
+
 def _event(
     index: int, kind: int, path: str = "f", offset: int = 0, data: bytes = b"", synced: bool = False
 ) -> Event:

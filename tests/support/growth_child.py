@@ -172,6 +172,7 @@ def writer(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         readers.join()
     end_size = env.env.info()["map_size"]
+    growths = env.counters.map_growths
     lost = []
     for seq, id in acked.items():
         commit = storage.log.get(seq)
@@ -192,6 +193,7 @@ def writer(args: argparse.Namespace) -> dict[str, Any]:
         "lost": lost,
         "start_size": start_size,
         "end_size": end_size,
+        "growths": growths,
     }
 
 

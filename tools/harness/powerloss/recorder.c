@@ -22,8 +22,15 @@
  * fdatasync, fsync, msync and ftruncate through the dynamic linker). Each recorded call runs under
  * one mutex, so threads' events are recorded in the order the OS saw the calls complete.
  * Descriptors duplicated with dup/dup2/fcntl(F_DUPFD) are not followed: neither LMDB nor the
- * engine duplicates one. Writes through a shared mapping are invisible here; LMDB makes them only
- * with MDB_WRITEMAP, which the engine does not use (an msync would show it).
+ * engine duplicates one.
+ *
+ * Writes through a shared writable mapping of a store file (LMDB's MDB_WRITEMAP, which the engine
+ * uses where nothing syncs at a commit) make no call to see. So each such mapping keeps a shadow
+ * of the file's bytes as last recorded, and at each msync or munmap of it the pages that differ
+ * are recorded as writes of that file (an msync of it then as its fdatasync). They are recorded
+ * when synced or unmapped, not when stored: the model has them land no earlier than that, which
+ * can only hide a bug of a writer that relies on its file between two syncs, as none may (a
+ * `process` writer's store is refused after a power cut while it is open).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -440,12 +447,101 @@ int sync_file_range(int fd, off64_t offset, off64_t count, unsigned int flags) {
     return result;
 }
 
+#define MAX_MAPS 16
+#define SHADOW_PAGE 4096
+#define MAX_RUN (64 * SHADOW_PAGE)
+struct mapping { char *base; size_t length; off_t offset; int fd; char *path; unsigned char *shadow; };
+static struct mapping maps[MAX_MAPS];
+
+static struct mapping *mapping_at(const void *address) {
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (maps[i].base && (const char *)address >= maps[i].base && (const char *)address < maps[i].base + maps[i].length)
+            return &maps[i];
+    return NULL;
+}
+
+/* Record as writes the pages of `m` that differ from its shadow (bounded by the file's size: a
+ * page past the end is not there to read), and make the shadow what was recorded. */
+static void record_mapped(struct mapping *m) {
+    size_t length = m->length;
+    struct stat st;
+    if (fds[m->fd].kind == KIND_FILE && fds[m->fd].path && strcmp(fds[m->fd].path, m->path) == 0 && fstat(m->fd, &st) == 0) {
+        uint64_t end = st.st_size > m->offset ? (uint64_t)(st.st_size - m->offset) : 0;
+        if (end < length) length = (size_t)end;
+    }
+    size_t at = 0;
+    while (at < length) {
+        size_t n = length - at < SHADOW_PAGE ? length - at : SHADOW_PAGE;
+        if (memcmp(m->base + at, m->shadow + at, n) == 0) { at += n; continue; }
+        size_t start = at;
+        while (at < length && at - start < MAX_RUN) {
+            n = length - at < SHADOW_PAGE ? length - at : SHADOW_PAGE;
+            if (memcmp(m->base + at, m->shadow + at, n) == 0) break;
+            at += n;
+        }
+        struct iovec iov = {m->base + start, at - start};
+        emit(EV_WRITE, 0, (uint64_t)m->offset + start, m->path, strlen(m->path), &iov, 1, at - start);
+        memcpy(m->shadow + start, m->base + start, at - start);
+    }
+}
+
+static void *mapped(void *result, size_t length, int prot, int flags, int fd, off_t offset) {
+    if (result == MAP_FAILED || !watched(fd) || fds[fd].kind != KIND_FILE || !(prot & PROT_WRITE) || !(flags & MAP_SHARED))
+        return result;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_MAPS; i++) {
+        if (maps[i].base) continue;
+        unsigned char *shadow = malloc(length);
+        if (!shadow) break;
+        ssize_t got = pread(fd, shadow, length, offset);
+        if (got < 0) got = 0;
+        memset(shadow + got, 0, length - (size_t)got);
+        maps[i] = (struct mapping){result, length, offset, fd, strdup(fds[fd].path), shadow};
+        pthread_mutex_unlock(&lock);
+        return result;
+    }
+    static const char message[] = "recorder: cannot follow a writable mapping of a store file\n";
+    syscall(SYS_write, 2, message, sizeof message - 1);
+    abort();
+}
+
+void *mmap(void *address, size_t length, int prot, int flags, int fd, off_t offset) {
+    REAL(mmap);
+    return mapped(real_mmap(address, length, prot, flags, fd, offset), length, prot, flags, fd, offset);
+}
+
+void *mmap64(void *address, size_t length, int prot, int flags, int fd, off_t offset) {
+    REAL(mmap64);
+    return mapped(real_mmap64(address, length, prot, flags, fd, offset), length, prot, flags, fd, offset);
+}
+
+int munmap(void *address, size_t length) {
+    REAL(munmap);
+    if (record_fd < 0 || inside) return real_munmap(address, length);
+    pthread_mutex_lock(&lock);
+    struct mapping *m = mapping_at(address);
+    if (m && m->base == (char *)address) {  /* what the process stored and never synced stays in the file */
+        record_mapped(m);
+        free(m->shadow);
+        free(m->path);
+        *m = (struct mapping){0};
+    }
+    int result = real_munmap(address, length);
+    pthread_mutex_unlock(&lock);
+    return result;
+}
+
 int msync(void *address, size_t length, int flags) {
     REAL(msync);
     if (record_fd < 0 || inside) return real_msync(address, length, flags);
     pthread_mutex_lock(&lock);
+    struct mapping *m = mapping_at(address);
+    if (m) record_mapped(m);
     int result = real_msync(address, length, flags);
-    if (result == 0 && (flags & MS_SYNC)) emit(EV_MSYNC, (uint32_t)flags, (uint64_t)(uintptr_t)address, NULL, 0, NULL, 0, 0);
+    if (result == 0 && (flags & MS_SYNC)) {
+        if (m) { if (!dropped("fdatasync", m->path)) emit_path(EV_FDATASYNC, 0, 0, m->path); }
+        else emit(EV_MSYNC, (uint32_t)flags, (uint64_t)(uintptr_t)address, NULL, 0, NULL, 0, 0);
+    }
     pthread_mutex_unlock(&lock);
     return result;
 }
