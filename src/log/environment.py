@@ -77,6 +77,9 @@ T = TypeVar("T")
 
 STORE_FORMAT: Final = 1
 DEFAULT_MAP_SIZE: Final = 1 << 30
+"""``map_size``: the address space a ``power`` writer or a reader maps at first (doubled when a
+write finds it full); for a writer that writes through the map (``Mode.mapped``), the most its new
+file is allocated at first (``storedir.mapped_size``: what it grows by from there)."""
 _META_DB: Final = b"meta"
 _HEADER_KEY: Final = b"store"
 REMAP_PATIENCE: Final = 5.0

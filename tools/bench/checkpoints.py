@@ -8,6 +8,8 @@ interval (interleaved), then closes it (a clean close syncs everything, so what
 checkpoints left undone is paid there). Per interval, medians over rounds of:
 
 * the median and p99 of one commit;
+* the mean of one commit, the close left out: what the benchmark report's host rows time (a
+  loop of turns, then an untimed close);
 * the time per commit including the close: what a long run pays, checkpoints and all;
 * the block device's bytes written per commit, between two ``sync()`` calls around commits and
   close (``/proc/diskstats``, as ``tools/bench/device.py``: other work on the disk counts too);
@@ -150,8 +152,8 @@ async def _prepare(storage: Any, workload: str, commits: int) -> Callable[[int],
 async def one(
     options: dict[str, Any], commits: int, directory: str, workload: str = "commit_turn"
 ) -> tuple[float, ...]:
-    """``(median, p99, per commit with the close, device bytes, pages, user CPU, system CPU)``,
-    each per commit."""
+    """``(median, p99, mean, per commit with the close, device bytes, pages, user CPU, system
+    CPU)``, each per commit."""
 
     path = os.path.join(tempfile.mkdtemp(prefix="bench-checkpoints-", dir=directory), "store")
     try:
@@ -191,6 +193,7 @@ async def one(
     return (
         statistics.median(times),
         times[min(len(times) - 1, int(len(times) * 0.99))],
+        sum(times) / commits,
         (sum(times) + closing) / commits,
         written / commits,
         pages / commits,
@@ -227,16 +230,17 @@ async def main() -> None:
         f"`{args.workload}`, `power`, {args.commits} commits per store, medians of {args.rounds} rounds\n"
     )
     print(
-        "| checkpoint | commit median | commit p99 | per commit, close included | device KiB per commit "
-        "| data.mdb pages per commit | CPU per commit: user + system |"
+        "| checkpoint | commit median | commit p99 | commit mean | per commit, close included "
+        "| device KiB per commit | data.mdb pages per commit | CPU per commit: user + system |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, rows in results.items():
-        median, p99, whole, written, pages, user, system = (
-            statistics.median(row[i] for row in rows) for i in range(7)
+        median, p99, mean, whole, written, pages, user, system = (
+            statistics.median(row[i] for row in rows) for i in range(8)
         )
         print(
-            f"| {name} | {median * 1e6:.0f} µs | {p99 * 1e6:.0f} µs | {whole * 1e6:.0f} µs | {written / 1024:.1f} "
+            f"| {name} | {median * 1e6:.0f} µs | {p99 * 1e6:.0f} µs | {mean * 1e6:.0f} µs "
+            f"| {whole * 1e6:.0f} µs | {written / 1024:.1f} "
             f"| {pages:.2f} | {user * 1e6:.0f} + {system * 1e6:.0f} µs |"
         )
 
