@@ -42,23 +42,24 @@ from .pages import PageStats as PageStats
 from .pages import tally
 from .shared import REMAP_DRAIN as REMAP_DRAIN
 from .shared import SharedEnv
-from .storedir import MAX_DBS as MAX_DBS
-from .storedir import UNSYNCED_FILE as UNSYNCED_FILE
 from .storedir import (
-    allocate,
+    ALLOCATION_STEP,
     boot_id,
     clear_unsynced,
     create_data_file,
+    grow_allocation,
     make_private_dir,
     mark_unsynced,
-    next_allocation,
     read_power_marker,
     refuse_after_crash,
     refuse_links,
     remove_leftover_copy,
     sync_directory,
     take_writer_lock,
+    trim_data_file,
 )
+from .storedir import MAX_DBS as MAX_DBS
+from .storedir import UNSYNCED_FILE as UNSYNCED_FILE
 from .storeid import (
     STORE_ID_PATTERN as STORE_ID_PATTERN,
 )
@@ -78,10 +79,13 @@ T = TypeVar("T")
 STORE_FORMAT: Final = 1
 DEFAULT_MAP_SIZE: Final = 1 << 30
 """``map_size``: the address space a ``power`` writer or a reader maps at first (doubled when a
-write finds it full); for a writer that writes through the map (``Mode.mapped``), the most its new
-file is allocated at first (``storedir.mapped_size``: what it grows by from there)."""
+write finds it full). A writer that writes through the map (``Mode.mapped``) maps its file as it
+is instead (``storedir.mapped_size``) and grows it as its writes need."""
 _META_DB: Final = b"meta"
 _HEADER_KEY: Final = b"store"
+GROW_AHEAD_EVERY: Final = 8
+"""Writes between two looks at how much of a mapped writer's map is left (``_grow_ahead``):
+``ALLOCATION_STEP`` is 64 pages, far more than eight writes of a turn take."""
 REMAP_PATIENCE: Final = 5.0
 """Seconds a map change retries before giving up (``MapBusyError``): a read transaction of
 this process stayed open all that time (held across an ``await``, or on the growing thread)."""
@@ -234,6 +238,10 @@ class Environment:
             if created:
                 sync_directory(os.path.dirname(self.path))
             self.env = self._shared.env
+            self._mapped = self._shared.mapped
+            self._page_size = int(self.env.stat()["psize"])
+            self._writes = 0
+            self._last_pgno = int(self.env.info()["last_pgno"])
             self._dbs = self._shared.dbs
             self._gate = self._shared.gate
             self._held = self._gate.held
@@ -441,6 +449,8 @@ class Environment:
                         journal.committed()  # a checkpoint when one is due
                     elif journal is not None:
                         journal.wrote()  # its freed pages count toward the next checkpoint too
+                if self._mapped:
+                    self._grow_ahead()
                 return result
             if framed and journal is not None:
                 try:
@@ -455,6 +465,30 @@ class Environment:
                     raise
             growths += 1
             self.grow(self.env.info()["map_size"], full, growths)
+
+    def _grow_ahead(self) -> None:
+        """A mapped writer grows its map, every ``GROW_AHEAD_EVERY`` writes while its writes add
+        pages, once less than ``ALLOCATION_STEP`` of it is left: a write that finds the map full is aborted and run
+        again after the growth, and a group's write is all its batches; ahead of time, it costs
+        the remap alone. After the commit, so it can only try: a full disk, or this process's
+        transactions still open after one ``REMAP_DRAIN``, leave the growth to the write that
+        needs the room (which reports what stops it)."""
+
+        self._writes += 1
+        if self._writes % GROW_AHEAD_EVERY:
+            return
+        info = self.env.info()
+        size, last = int(info["map_size"]), int(info["last_pgno"])
+        if last == self._last_pgno:
+            return  # nothing added pages since the last look (the open's writes of nothing)
+        self._last_pgno = last
+        if size - (last + 1) * self._page_size >= ALLOCATION_STEP:
+            return
+        self._gate.enter()
+        try:
+            self._remap(2, size, None, patience=REMAP_DRAIN)
+        except (StoreFullError, MapBusyError):
+            pass
 
     def _explain(self, error: lmdb.Error) -> None:
         """A full disk surfaces from LMDB as an I/O error; say what it is."""
@@ -475,7 +509,7 @@ class Environment:
         self, full: int | None = None, txn: lmdb.Transaction[bytes] | None = None, growths: int = 1
     ) -> None:
         """Grow the map: double it, or for a writer that writes through it (``Mode.mapped``)
-        allocate a sixteenth more of the file first (``storedir.next_allocation``; ``growths``:
+        allocate more of the file first (``storedir.grow_allocation``; ``growths``:
         how many times in a row the same write found it full). ``full`` is the size a write
         found full (if another thread grew it meanwhile, there is nothing to do). Called outside
         any transaction, or by ``write`` with ``txn``, its write transaction that found the map
@@ -486,7 +520,12 @@ class Environment:
         self._remap(2, full, txn, growths)
 
     def _remap(
-        self, factor: int, full: int | None, txn: lmdb.Transaction[bytes] | None, growths: int = 1
+        self,
+        factor: int,
+        full: int | None,
+        txn: lmdb.Transaction[bytes] | None,
+        growths: int = 1,
+        patience: float | None = None,
     ) -> None:
         """Change the memory map: ``factor`` 2 grows it (``grow``), 0 adopts the size another
         process grew it to. ``mdb_env_set_mapsize`` must not run while any transaction of this process
@@ -501,7 +540,7 @@ class Environment:
 
         gate = self._gate
         journal = self.journal
-        deadline = time.monotonic() + REMAP_PATIENCE
+        deadline = time.monotonic() + (REMAP_PATIENCE if patience is None else patience)
         locked = gate.lock.acquire(blocking=False)
         try:
             if locked:
@@ -549,9 +588,7 @@ class Environment:
         size = int(self.env.info()["map_size"])
         if not self._shared.mapped:
             return 0 if factor == 0 else size * factor
-        grown = next_allocation(size, growths)
-        allocate(self.path, grown)  # StoreFullError here leaves the map and the store as they were
-        return grown
+        return grow_allocation(self.path, size, growths)  # StoreFullError: the map as it was
 
     def _open_gate(self) -> None:
         gate = self._gate
@@ -644,14 +681,18 @@ class Environment:
         if os.getpid() != self._pid or self._closed:
             return  # a forked child must not touch the parent's environment
         self._closed = True
+        used = None
         try:
             if self.journal is not None:
                 self.journal.close()
             elif not self.readonly:
                 self.env.sync(True)
+                if self._mapped:
+                    used = (int(self.env.info()["last_pgno"]) + 1) * self._page_size
                 clear_unsynced(self.path)
         finally:
-            shared.release(self._shared)
+            if shared.release(self._shared) and used is not None:
+                trim_data_file(self.path, used)  # what the map held beyond LMDB's pages
             self._release_lock()
 
     def stat_sizes(self) -> dict[str, int]:

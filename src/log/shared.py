@@ -110,7 +110,7 @@ def _acquire(
         check_not_truncated(path)
         mapped = mode.mapped and overwrites_in_place(path)
         if mapped:  # LMDB makes the file as long as the map: every block of it allocated
-            map_size = mapped_size(path, map_size)
+            map_size = mapped_size(path)
             allocate(path, map_size)
         env = lmdb.open(
             path,
@@ -154,13 +154,14 @@ def _refuse_conflict(path: str, mode: Mode) -> None:
         raise DurabilityConflictError(path, mode.value, shared.mode.value)
 
 
-def release(shared: SharedEnv) -> None:
-    """One handle fewer on ``shared``; the last one closes it before another open may begin."""
+def release(shared: SharedEnv) -> bool:
+    """One handle fewer on ``shared``; the last one closes it before another open may begin
+    (True: this call closed it)."""
 
     with _opening:
         shared.users -= 1
         if shared.users:
-            return
+            return False
         closing = shared.closing = threading.Event()
     try:
         shared.env.close()
@@ -170,6 +171,7 @@ def release(shared: SharedEnv) -> None:
                 if value is shared:
                     del open_envs[key]
         closing.set()
+    return True
 
 
 forks = 0

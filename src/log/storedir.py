@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import shutil
 import struct
@@ -86,39 +87,71 @@ def create_data_file(path: str, map_size: int) -> None:
 
 
 ALLOCATION_STEP: Final = 256 << 10
-"""The least a mapped ``data.mdb`` grows by at once (``next_allocation``), and the most a new
-store's file starts with (``mapped_size``)."""
-ALLOCATION_GRAIN: Final = 64 << 10
-"""Mapped sizes are multiples of this (of every OS page size LMDB may use)."""
+"""The least a mapped ``data.mdb`` grows by at once (``grow_allocation``)."""
+ALLOCATION_GRAIN: Final = mmap.PAGESIZE
+"""Mapped sizes are multiples of this: LMDB maps whole OS pages."""
+GROWTH_CAP: Final = 64 << 20
+"""A mapped file doubles until its growth would pass this, then grows by this much at once,
+and beyond ``ALLOCATION_SHARE`` times this by a sixteenth of its size. Each growth remaps the
+file, and every page a commit then writes faults once more (on ext4, with an inode update each):
+about 3 ms a growth under 64 agents, so growth comes in few, big steps. What it allocates
+beyond LMDB's pages is disk the open store holds, given back at a clean close
+(``trim_data_file``)."""
 ALLOCATION_SHARE: Final = 16
-"""A mapped file grows by at least its size over this at once: remaps stay rare as a store
-grows (about 70 from 16 MiB to 1 GiB), and the file holds at most a sixteenth more than LMDB
-uses."""
+"""Beyond ``ALLOCATION_SHARE * GROWTH_CAP`` (1 GiB) a mapped file grows by its size over this."""
 
 
 def _grain(size: int) -> int:
     return -(-size // ALLOCATION_GRAIN) * ALLOCATION_GRAIN
 
 
-def mapped_size(path: str, map_size: int) -> int:
+def mapped_size(path: str) -> int:
     """The map a writer that writes pages through it (``Mode.mapped``) opens ``data.mdb`` with:
-    the file's size (what earlier writers allocated), and for a new file at most
-    ``ALLOCATION_STEP`` (``map_size`` is the upper bound asked for, not what the disk gives)."""
+    the file as it is (what LMDB uses after a clean close, what was allocated after a crash), so
+    an open neither changes the file nor needs room on the disk; the first write that needs
+    more grows it (``grow_allocation``)."""
 
-    try:
-        size = os.stat(os.path.join(path, "data.mdb")).st_size
-    except FileNotFoundError:
-        size = 0
-    return _grain(max(size, min(map_size, ALLOCATION_STEP)))
+    return _grain(max(os.stat(os.path.join(path, "data.mdb")).st_size, ALLOCATION_GRAIN))
 
 
 def next_allocation(size: int, growths: int = 1) -> int:
-    """The mapped size after ``size`` was found full ``growths`` times in a row by one write:
-    a sixteenth more (``ALLOCATION_SHARE``, at least ``ALLOCATION_STEP``), twice as much at each
-    growth in a row, so a big transaction is run again a few times, not once per step."""
+    """The mapped size after ``size`` was found full ``growths`` times in a row by one write
+    (``GROWTH_CAP``), twice the step at each growth in a row: a big transaction is run again a
+    few times, not once per step."""
 
-    step = max(size // ALLOCATION_SHARE, ALLOCATION_STEP) << min(max(growths, 1) - 1, 16)
-    return _grain(size + step)
+    step = max(min(size, GROWTH_CAP), size // ALLOCATION_SHARE, ALLOCATION_STEP)
+    return _grain(size + (step << min(max(growths, 1) - 1, 16)))
+
+
+def grow_allocation(path: str, size: int, growths: int = 1) -> int:
+    """Allocate ``data.mdb`` up to ``next_allocation(size, growths)`` and return that size; on a
+    disk without room for it, halve the step down to ``ALLOCATION_STEP`` before giving up with
+    ``StoreFullError`` (a commit that needs a few pages must not fail for want of a big step)."""
+
+    step = next_allocation(size, growths) - size
+    while True:
+        try:
+            allocate(path, size + step)
+            return size + step
+        except StoreFullError:
+            if step <= ALLOCATION_STEP:
+                raise
+            step = max(ALLOCATION_STEP, _grain(step // 2))
+
+
+def trim_data_file(path: str, used: int) -> None:
+    """Give back what a mapped writer allocated beyond the ``used`` bytes of LMDB's pages, at a
+    clean close (the data synced, the environment closed, the writer lock still held): past its
+    last page LMDB holds nothing, and a reader in another process touches no page past the last
+    one its snapshot names. Cut or not by a crash, the file is sound either way."""
+
+    file = os.path.join(path, "data.mdb")
+    used = _grain(used)
+    try:
+        if os.stat(file).st_size > used:
+            os.truncate(file, used)
+    except OSError:
+        pass  # the next writer maps what is there
 
 
 IN_PLACE_FILE_SYSTEMS: Final = frozenset({"ext2", "ext3", "ext4", "xfs", "tmpfs"})
@@ -561,22 +594,32 @@ def check_not_truncated(path: str) -> None:
 
 
 __all__ = [
+    "ALLOCATION_GRAIN",
+    "ALLOCATION_SHARE",
+    "ALLOCATION_STEP",
     "BOOT_ID",
     "COMPACTING",
+    "GROWTH_CAP",
+    "IN_PLACE_FILE_SYSTEMS",
     "MAX_DBS",
     "POWER_FILE",
     "STAGING",
     "UNSYNCED_FILE",
     "WRITER_LOCK",
+    "allocate",
     "boot_id",
     "check_not_truncated",
     "clear_markers",
     "clear_unsynced",
     "create_data_file",
+    "grow_allocation",
     "lock_holders",
     "make_private_dir",
+    "mapped_size",
     "mark_power",
     "mark_unsynced",
+    "next_allocation",
+    "overwrites_in_place",
     "read_power_marker",
     "refuse_after_crash",
     "refuse_links",
@@ -585,4 +628,5 @@ __all__ = [
     "settle_power_marker",
     "sync_directory",
     "take_writer_lock",
+    "trim_data_file",
 ]

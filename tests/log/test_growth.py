@@ -59,7 +59,7 @@ def _assert_clean(result: dict[str, Any]) -> None:
 
 
 def test_map_growth_while_reader_threads_read(tmp_path: Path) -> None:
-    """A tiny map grows at least six times (group commits on the writer thread and direct ones)
+    """A tiny map grows at least four times (group commits on the writer thread and direct ones)
     while four threads, each on its own loop, read the store without a pause."""
 
     path = tmp_path / "store"
@@ -67,7 +67,7 @@ def test_map_growth_while_reader_threads_read(tmp_path: Path) -> None:
         _child("writer", str(path), "--map-size", str(SMALL), "--readers", "4", "--commits", "600")
     )
     _assert_clean(result)
-    assert result["growths"] >= 6 and result["end_size"] > result["start_size"], result
+    assert result["growths"] >= 4 and result["end_size"] > result["start_size"], result
     assert result["acked"] == 600 and result["lost"] == []
     assert verify(path) is None
 
