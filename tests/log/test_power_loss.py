@@ -317,6 +317,16 @@ def test_process_mode_refuses_a_store_it_may_have_damaged(recorder: str) -> None
     assert summary.outcomes.get("refused", 0) > 0 and summary.outcomes.get("ok", 0) > 0
 
 
+def test_process_mode_fails_without_the_sync_of_its_map(recorder: str) -> None:
+    """A ``process`` writer writes its pages through LMDB's map and syncs them once, at its close
+    (``msync``, recorded as the file's ``fdatasync`` with the pages it wrote): left out of the
+    recording, states after the close lose acknowledged commits. So the exploration above sees
+    what a mapped writer stores, and can fail."""
+
+    summary = explore("process", WORKLOAD_STATES, 3, recorder, drop="fdatasync:data.mdb")
+    assert summary.failures, f"process without its map's sync: {summary.outcomes}"
+
+
 def test_a_process_mode_store_killed_in_this_boot_opens_and_one_from_an_earlier_boot_is_refused(
     tmp_path: Path,
 ) -> None:
