@@ -467,12 +467,12 @@ class Environment:
             self.grow(self.env.info()["map_size"], full, growths)
 
     def _grow_ahead(self) -> None:
-        """A mapped writer grows its map, every ``GROW_AHEAD_EVERY`` writes while its writes add
-        pages, once less than ``ALLOCATION_STEP`` of it is left: a write that finds the map full is aborted and run
-        again after the growth, and a group's write is all its batches; ahead of time, it costs
-        the remap alone. After the commit, so it can only try: a full disk, or this process's
-        transactions still open after one ``REMAP_DRAIN``, leave the growth to the write that
-        needs the room (which reports what stops it)."""
+        """A mapped writer grows its map ahead, looking every ``GROW_AHEAD_EVERY`` writes while
+        they add pages, once less than ``ALLOCATION_STEP`` of it is left: a write that finds the
+        map full is aborted and run again after the growth, and a group's write is all its
+        batches; ahead of time, a growth costs the remap alone. After the commit, so it can only
+        try: a full disk, or this process's transactions still open after one ``REMAP_DRAIN``,
+        leave the growth to the write that needs the room (which reports what stops it)."""
 
         self._writes += 1
         if self._writes % GROW_AHEAD_EVERY:
@@ -528,10 +528,11 @@ class Environment:
         patience: float | None = None,
     ) -> None:
         """Change the memory map: ``factor`` 2 grows it (``grow``), 0 adopts the size another
-        process grew it to. ``mdb_env_set_mapsize`` must not run while any transaction of this process
-        is open (LMDB does not check; py-lmdb invalidates them, or older versions crash), and
-        reads run inline on any thread: so new transactions are kept out (``growing``), those
-        open are waited for, at most ``REMAP_DRAIN`` at a time, then the map changes.
+        process grew it to; ``patience``: seconds to try for (``REMAP_PATIENCE`` unless given).
+        ``mdb_env_set_mapsize`` must not run while any transaction of this process is open (LMDB
+        does not check; py-lmdb invalidates them, or older versions crash), and reads run inline
+        on any thread: so new transactions are kept out (``growing``), those open are waited
+        for, at most ``REMAP_DRAIN`` at a time, then the map changes.
 
         The caller is counted in ``held`` (this pops it). ``txn``, the write transaction that
         found the map full, is aborted here, after ``growing`` is set: py-lmdb's abort of a write
@@ -586,7 +587,7 @@ class Environment:
         only writer: nobody else grows its map)."""
 
         size = int(self.env.info()["map_size"])
-        if not self._shared.mapped:
+        if not self._mapped:
             return 0 if factor == 0 else size * factor
         return grow_allocation(self.path, size, growths)  # StoreFullError: the map as it was
 
