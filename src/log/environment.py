@@ -471,8 +471,10 @@ class Environment:
         they add pages, once less than ``ALLOCATION_STEP`` of it is left: a write that finds the
         map full is aborted and run again after the growth, and a group's write is all its
         batches; ahead of time, a growth costs the remap alone. After the commit, so it can only
-        try: a full disk, or this process's transactions still open after one ``REMAP_DRAIN``,
-        leave the growth to the write that needs the room (which reports what stops it)."""
+        try, and never raises: its caller's write committed, and must not hear of a failure.
+        A full disk, an I/O error, or this process's
+        transactions still open after one ``REMAP_DRAIN`` leave the growth to the write that
+        needs the room, which reports what stops it."""
 
         self._writes += 1
         if self._writes % GROW_AHEAD_EVERY:
@@ -487,7 +489,7 @@ class Environment:
         self._gate.enter()
         try:
             self._remap(2, size, None, patience=REMAP_DRAIN)
-        except (StoreFullError, MapBusyError):
+        except Exception:  # noqa: BLE001 - its caller committed; the write that needs the room says why
             pass
 
     def _explain(self, error: lmdb.Error) -> None:

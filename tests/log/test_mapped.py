@@ -6,11 +6,18 @@ where a map written through without its file allocated killed the process with S
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import inspect
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from pi_durable.context import BACKGROUND_CONTEXT as CTX
+from pi_durable_lmdb.log import environment
 from pi_durable_lmdb.log.storedir import (
     ALLOCATION_SHARE,
     ALLOCATION_STEP,
@@ -94,3 +101,73 @@ async def test_a_process_writer_maps_an_allocated_file_and_a_power_writer_does_n
         assert not storage._env.env.flags()["writemap"]
     finally:
         await storage.close()
+
+
+_READ = """
+import asyncio, json, sys
+from pi_durable_lmdb import LmdbStorage
+
+async def main():
+    storage = await LmdbStorage.open(sys.argv[1], readonly=True)
+    try:
+        seqs = {}
+        for id in json.loads(sys.argv[2]):
+            row = await storage.entry(id)
+            seqs[id] = None if row is None else row["commitSeq"]
+        print(json.dumps({"head": storage.log.head(), "seqs": seqs}))
+    finally:
+        await storage.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_growth_ahead_that_fails_leaves_each_commit_committed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mapped writer grows its map ahead after a commit: an I/O error there comes after the
+    commit, so its caller must hear of the commit only (it heard EIO before). The first growth
+    ahead fails with EIO, alone and in groups of commits; a fresh process then finds every entry
+    once, at its acknowledged seq."""
+
+    if not overwrites_in_place(str(tmp_path)):
+        pytest.skip(f"{tmp_path} is on a file system that does not overwrite in place")
+    real = environment.grow_allocation
+    failed: list[int] = []
+
+    def failing_ahead(path: str, size: int, growths: int = 1) -> int:
+        if not failed and any(frame.function == "_grow_ahead" for frame in inspect.stack()):
+            failed.append(size)
+            raise OSError(errno.EIO, "injected: the allocation ahead failed")
+        return real(path, size, growths)
+
+    monkeypatch.setattr(environment, "grow_allocation", failing_ahead)
+    path = tmp_path / "store"
+    storage = await LmdbStorage.open(path, durability="process")
+    acked: dict[int, int] = {}
+    try:
+        await storage.commit([{"type": "conversation", "value": {"id": 1}}], CTX)
+
+        async def one() -> None:
+            id = await storage.mint_id()
+            text = os.urandom(2000).hex()
+            acked[id] = await storage.commit(
+                [{"type": "entry", "value": {"id": id, "conversationId": 1, "text": text}}], CTX
+            )
+
+        for round in range(40):  # alone, then in groups of eight
+            await asyncio.gather(*(one() for _ in range(1 if round % 2 else 8)))
+        assert failed, "no growth ahead was tried"
+        head = storage.log.head()
+    finally:
+        await storage.close()
+    done = subprocess.run(
+        [sys.executable, "-c", _READ, str(path), json.dumps(sorted(acked))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    read = json.loads(done.stdout)
+    assert read["head"] == head == len(acked) + 1  # no batch committed twice
+    assert read["seqs"] == {str(id): seq for id, seq in acked.items()}
