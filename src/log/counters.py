@@ -92,8 +92,9 @@ class EngineCounters:
         """Journal segments made ready on the checkpoint thread before the commit that needs them
         (``Journal.prepare``)."""
         self.map_growths = 0
-        """Times this handle grew LMDB's map (a write found it full): each one waits for every
-        transaction of the process to end and runs the write again."""
+        """Times this handle grew LMDB's map (a write found it full, or a mapped writer grew it
+        ahead): each waits for every transaction of the process to end, and one a write found
+        full runs that write again."""
         self.segment_switches = 0
         """Times the journal moved on to its next segment, on the commit path: a switch to a
         segment made ahead, or one made then (its flushes in ``segment_flushes``)."""

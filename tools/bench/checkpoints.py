@@ -136,7 +136,7 @@ class FloorWithPages(OneFlush):
 
 async def _prepare(storage: Any, workload: str, commits: int) -> Callable[[int], Awaitable[object]]:
     """The untimed start of ``workload`` on ``storage``; then commit ``n`` (1 to ``commits``):
-    a ``commit_turn`` batch, or a Session host turn (``tools.bench.host.turn``)."""
+    a ``commit_turn`` batch, or a ``Session`` host turn (``tools.bench.host.turn``)."""
 
     await storage.commit([conversation(ROOT)], CTX)
     if workload == "host":
